@@ -1,0 +1,525 @@
+//! The job model of CONTRACT §1–2 and the arguments and results of store operations.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::Error;
+use crate::id::JobId;
+use crate::time::{Clock, SystemClock, Timestamp};
+
+/// The state of a job (CONTRACT §2). A queued job whose `run_at` is in the future is
+/// *scheduled*, but still `Queued`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JobState {
+    /// Waiting to be claimed (ready, or scheduled for later).
+    Queued,
+    /// Claimed by a worker that holds its lease.
+    Running,
+    /// Completed. Terminal.
+    Succeeded,
+    /// Failed for good: no retry asked, or attempts used up. Terminal.
+    Dead,
+    /// Cancelled by an operator. Terminal.
+    Cancelled,
+}
+
+impl JobState {
+    /// Every state, in declaration order.
+    pub const ALL: [JobState; 5] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    /// Whether the job will never run again unless an operator retries it.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled
+        )
+    }
+
+    /// The lower-case name stored by backends.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        JobState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| Error::invalid("state", format!("unknown state {s:?}")))
+    }
+}
+
+/// A fencing token: proof of holding a job's lease. Every claim of a job issues a
+/// token greater than all earlier tokens of that job (CONTRACT C6), so a worker whose
+/// lease was reclaimed can never act on the job again (CONTRACT L9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseToken(u64);
+
+impl LeaseToken {
+    /// A token from its stored value.
+    pub const fn new(value: u64) -> Self {
+        LeaseToken(value)
+    }
+
+    /// The stored value.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The lease of a running job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The worker holding it.
+    pub worker: String,
+    /// The fencing token every call on the job must carry.
+    pub token: LeaseToken,
+    /// The lease is expired once the clock is strictly past this instant (CONTRACT R1).
+    pub expires_at: Timestamp,
+}
+
+/// The default `max_attempts` of a new job (CONTRACT §1).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
+
+/// A job to enqueue. Only the queue is required.
+///
+/// ```
+/// use jobs_core::NewJob;
+/// let job = NewJob::new("emails")
+///     .payload(&b"{\"to\":\"ada@example.com\"}"[..])
+///     .idempotency_key("welcome-ada")
+///     .priority(10)
+///     .max_attempts(5);
+/// assert_eq!(job.queue, "emails");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJob {
+    /// The queue to wait in: `[A-Za-z0-9._:-]`, 1..=128 bytes.
+    pub queue: String,
+    /// Opaque bytes handed to the handler.
+    pub payload: Bytes,
+    /// The scope of the idempotency key; empty by default.
+    pub tenant: String,
+    /// Deduplicates enqueues within the store's dedup window (CONTRACT E2).
+    pub idempotency_key: Option<String>,
+    /// Higher runs first.
+    pub priority: i16,
+    /// Earliest time the job may run; `None` means now.
+    pub run_at: Option<Timestamp>,
+    /// Claims allowed before the job is dead; at least 1.
+    pub max_attempts: u32,
+    /// The job that spawned this one.
+    pub parent: Option<JobId>,
+}
+
+impl NewJob {
+    /// A job for `queue` with an empty payload and every other field at its default.
+    pub fn new(queue: impl Into<String>) -> Self {
+        NewJob {
+            queue: queue.into(),
+            payload: Bytes::new(),
+            tenant: String::new(),
+            idempotency_key: None,
+            priority: 0,
+            run_at: None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            parent: None,
+        }
+    }
+
+    /// Sets the payload.
+    pub fn payload(mut self, payload: impl Into<Bytes>) -> Self {
+        self.payload = payload.into();
+        self
+    }
+
+    /// Sets the payload to the JSON form of `value`.
+    pub fn json<T: serde::Serialize + ?Sized>(mut self, value: &T) -> Result<Self, Error> {
+        let bytes = serde_json::to_vec(value)
+            .map_err(|err| Error::invalid("payload", format!("cannot encode as JSON: {err}")))?;
+        self.payload = Bytes::from(bytes);
+        Ok(self)
+    }
+
+    /// Sets the tenant that scopes the idempotency key.
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = tenant.into();
+        self
+    }
+
+    /// Sets the idempotency key.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Sets the priority (higher runs first).
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Sets the earliest time the job may run.
+    pub fn run_at(mut self, at: Timestamp) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// Sets how many claims the job gets before it is dead.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Records the job that spawned this one (fan-out).
+    pub fn parent(mut self, parent: JobId) -> Self {
+        self.parent = Some(parent);
+        self
+    }
+}
+
+/// A stored job, as `get` shows it. The payload is read separately (`Store::payload`)
+/// so listing jobs does not move payload bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Minted by the store at enqueue.
+    pub id: JobId,
+    /// The queue it waits in.
+    pub queue: String,
+    /// The scope of its idempotency key.
+    pub tenant: String,
+    /// Its idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// Higher runs first.
+    pub priority: i16,
+    /// The time the job became (or becomes) ready: as given at enqueue, then moved by
+    /// every return to `queued` (release, retry, reclaim, failure with retry).
+    pub run_at: Timestamp,
+    /// Claims allowed before the job is dead.
+    pub max_attempts: u32,
+    /// The job that spawned it.
+    pub parent: Option<JobId>,
+    /// Its state.
+    pub state: JobState,
+    /// Claims so far.
+    pub attempts: u32,
+    /// The current lease, while running.
+    pub lease: Option<Lease>,
+    /// When it was enqueued.
+    pub created_at: Timestamp,
+    /// When it was last claimed.
+    pub started_at: Option<Timestamp>,
+    /// When its lease was last claimed or extended.
+    pub heartbeat_at: Option<Timestamp>,
+    /// When it reached a terminal state.
+    pub finished_at: Option<Timestamp>,
+    /// The text of the last failure or eviction.
+    pub last_error: Option<String>,
+    /// The bytes stored on success.
+    pub result: Option<Bytes>,
+    /// Whether an operator asked the running job to stop.
+    pub cancel_requested: bool,
+}
+
+impl Job {
+    /// Whether the job is queued and its `run_at` has come.
+    pub fn is_ready(&self, now: Timestamp) -> bool {
+        self.state == JobState::Queued && self.run_at <= now
+    }
+
+    /// Where the job stands in the claim order (CONTRACT C3), given its enqueue sequence.
+    pub fn ready_order(&self, seq: u64) -> crate::order::ReadyOrder {
+        crate::order::ReadyOrder::new(self.priority, self.run_at, seq)
+    }
+}
+
+/// A job handed out by `claim`, with its payload and lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedJob {
+    /// The job as stored after the claim (running, lease set).
+    pub job: Job,
+    /// Its payload.
+    pub payload: Bytes,
+}
+
+impl ClaimedJob {
+    /// The job's id.
+    pub fn id(&self) -> JobId {
+        self.job.id
+    }
+
+    /// The fencing token of this claim.
+    pub fn token(&self) -> LeaseToken {
+        // A claimed job always carries its lease; a zero token is never current, so a
+        // malformed value can only make later calls fail with lease lost.
+        self.job
+            .lease
+            .as_ref()
+            .map_or(LeaseToken::new(0), |lease| lease.token)
+    }
+
+    /// Decodes the payload as JSON.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
+        serde_json::from_slice(&self.payload)
+            .map_err(|err| Error::invalid("payload", format!("not the expected JSON: {err}")))
+    }
+}
+
+/// The answer to an enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The new job's id, or the existing job's id for a duplicate (CONTRACT E2).
+    pub id: JobId,
+    /// False when the idempotency key matched an existing job.
+    pub created: bool,
+}
+
+/// The arguments of a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// The queues to claim from; the claim order spans all of them (CONTRACT C3).
+    pub queues: Vec<String>,
+    /// Who claims: recorded in the lease.
+    pub worker: String,
+    /// How long the lease lasts without a heartbeat.
+    pub lease_ttl: Duration,
+    /// The most jobs to hand out.
+    pub limit: usize,
+}
+
+impl ClaimRequest {
+    /// A claim of at most one job.
+    pub fn new<Q: Into<String>>(
+        queues: impl IntoIterator<Item = Q>,
+        worker: impl Into<String>,
+        lease_ttl: Duration,
+    ) -> Self {
+        ClaimRequest {
+            queues: queues.into_iter().map(Into::into).collect(),
+            worker: worker.into(),
+            lease_ttl,
+            limit: 1,
+        }
+    }
+
+    /// Sets the most jobs to hand out.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
+/// What `fail` should do with the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Queue it again, ready at this time, unless its attempts are used up (CONTRACT L6).
+    At(Timestamp),
+    /// Make it dead now (CONTRACT L7).
+    Never,
+}
+
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Whether an operator asked the job to stop (CONTRACT L1).
+    pub cancel_requested: bool,
+    /// The new lease expiry.
+    pub expires_at: Timestamp,
+}
+
+/// A job that `reclaim` took from an expired lease, and where it went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReclaimedJob {
+    /// The job.
+    pub id: JobId,
+    /// `Queued` (will run again), `Dead` (last attempt) or `Cancelled` (cancel was
+    /// requested), per CONTRACT R1 and R3.
+    pub state: JobState,
+}
+
+/// Counts of one queue's jobs per state (CONTRACT A3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Queued and due.
+    pub ready: u64,
+    /// Queued with `run_at` in the future.
+    pub scheduled: u64,
+    /// Claimed and leased.
+    pub running: u64,
+    /// Completed.
+    pub succeeded: u64,
+    /// Failed for good.
+    pub dead: u64,
+    /// Cancelled.
+    pub cancelled: u64,
+}
+
+impl QueueStats {
+    /// All jobs counted.
+    pub fn total(&self) -> u64 {
+        self.ready + self.scheduled + self.running + self.succeeded + self.dead + self.cancelled
+    }
+}
+
+/// A page request for `list` (CONTRACT A4): one queue, optionally one state, newest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    /// The queue to list.
+    pub queue: String,
+    /// Only jobs in this state, if set.
+    pub state: Option<JobState>,
+    /// The most jobs per page: 1..=1000.
+    pub limit: usize,
+    /// Continue after this job (from [`ListPage::next`]).
+    pub cursor: Option<JobId>,
+}
+
+impl ListQuery {
+    /// The first page of `queue`, 100 jobs at most.
+    pub fn new(queue: impl Into<String>) -> Self {
+        ListQuery {
+            queue: queue.into(),
+            state: None,
+            limit: 100,
+            cursor: None,
+        }
+    }
+
+    /// Only jobs in `state`.
+    pub fn state(mut self, state: JobState) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// At most `limit` jobs per page.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Continue after `cursor`.
+    pub fn after(mut self, cursor: JobId) -> Self {
+        self.cursor = Some(cursor);
+        self
+    }
+}
+
+/// One page of `list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// Newest first.
+    pub jobs: Vec<Job>,
+    /// The cursor of the next page; `None` on the last page.
+    pub next: Option<JobId>,
+}
+
+/// Settings every store takes (CONTRACT §1, §3, A5).
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    /// Isolates stores sharing one database or server (CONTRACT C8):
+    /// `[A-Za-z0-9._:-]`, 1..=64 bytes.
+    pub namespace: String,
+    /// The largest payload or result accepted. Default 16 MiB.
+    pub max_payload_bytes: usize,
+    /// How long an idempotency key deduplicates, from the first job's creation
+    /// (CONTRACT E6). Default 24 hours.
+    pub dedup_window: Duration,
+    /// How long a terminal job is kept after it finished (CONTRACT A5). Default 7 days.
+    pub retention: Duration,
+    /// The source of "now" for every decision (CONTRACT §3).
+    pub clock: Arc<dyn Clock>,
+}
+
+/// The default `max_payload_bytes`: 16 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            namespace: "default".to_owned(),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            dedup_window: Duration::from_secs(24 * 60 * 60),
+            retention: Duration::from_secs(7 * 24 * 60 * 60),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl StoreSettings {
+    /// Sets the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets the largest payload or result accepted.
+    pub fn max_payload_bytes(mut self, max: usize) -> Self {
+        self.max_payload_bytes = max;
+        self
+    }
+
+    /// Sets the dedup window.
+    pub fn dedup_window(mut self, window: Duration) -> Self {
+        self.dedup_window = window;
+        self
+    }
+
+    /// Sets the retention of terminal jobs.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets the clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The current instant on this store's clock.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// Whether a dedup record made at `created_at` still deduplicates at `now`:
+    /// the window is half-open, `[created_at, created_at + window)`.
+    pub fn dedup_active(&self, created_at: Timestamp, now: Timestamp) -> bool {
+        now < created_at.saturating_add(self.dedup_window)
+    }
+
+    /// Terminal jobs that finished at or before this instant are due for deletion.
+    pub fn retention_cutoff(&self, now: Timestamp) -> Timestamp {
+        now.saturating_sub(self.retention)
+    }
+}

@@ -1,0 +1,156 @@
+//! The `Store` trait: what a backend must implement, and nothing more.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::error::Result;
+use crate::id::JobId;
+use crate::model::{
+    ClaimRequest, ClaimedJob, Enqueued, Heartbeat, Job, JobState, LeaseToken, ListPage, ListQuery,
+    NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
+};
+
+/// A durable job store: the contract of `CONTRACT.md`, one method per operation.
+///
+/// Object-safe, so services hold an `Arc<dyn Store>` and choose the backend at run
+/// time. Every method validates its input with [`crate::validate`] before writing, and
+/// takes "now" from [`StoreSettings::clock`], never from the server.
+///
+/// There are no default methods: a wrapper store must forward every operation, so it
+/// cannot lose behaviour by accident. Conveniences live in [`StoreExt`].
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug {
+    /// The settings the store was opened with, its clock included.
+    fn settings(&self) -> &StoreSettings;
+
+    /// Rules E1–E7: adds a job, or returns the existing job for a live idempotency key.
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued>;
+
+    /// Rule E9: the same as enqueueing each job in order, answered in order. A batch
+    /// holding an invalid job is refused whole and writes nothing.
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>>;
+
+    /// Rule E1: the job as stored, or [`crate::Error::NotFound`].
+    async fn get(&self, id: JobId) -> Result<Job>;
+
+    /// Rule E1: the job's payload bytes, exactly as enqueued.
+    async fn payload(&self, id: JobId) -> Result<Bytes>;
+
+    /// Rule E8: the jobs enqueued with `parent`, oldest first.
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>>;
+
+    /// Rules C1–C9: leases up to `request.limit` ready jobs in claim order and returns
+    /// them, with payloads, in that order.
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>>;
+
+    /// Rule L1: extends the lease to now + `ttl`; reports a requested cancellation.
+    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat>;
+
+    /// Rules L4, L5: marks the job succeeded and stores `result`.
+    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()>;
+
+    /// Rules L6, L7: records `error` and requeues the job at the retry time, or makes it
+    /// dead when asked to or when its attempts are used up. Returns the new state.
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+    ) -> Result<JobState>;
+
+    /// Rule L8: gives the job back, ready now, without counting the attempt.
+    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()>;
+
+    /// Rules R1–R6: recovers up to `limit` jobs whose lease expired.
+    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>>;
+
+    /// Rule A1: cancels a queued job, asks a running one to stop, leaves a terminal one.
+    /// Returns the job's state afterwards.
+    async fn cancel(&self, id: JobId) -> Result<JobState>;
+
+    /// Rule A2: queues a dead or cancelled job again with its attempts reset.
+    /// Any other state is refused with [`crate::Error::InvalidState`].
+    async fn retry(&self, id: JobId) -> Result<()>;
+
+    /// Rule A3: counts of one queue's jobs per state.
+    async fn stats(&self, queue: &str) -> Result<QueueStats>;
+
+    /// Rule A4: one page of a queue's jobs, newest first.
+    async fn list(&self, query: ListQuery) -> Result<ListPage>;
+
+    /// Rule A5: deletes up to `limit` terminal jobs whose retention has passed, with
+    /// their index entries. Returns how many were deleted.
+    async fn purge(&self, limit: usize) -> Result<u64>;
+
+    /// Resolves when work may have arrived on one of `queues`, or after `timeout`
+    /// (real time), whichever comes first. Spurious wake-ups are allowed; a claimer
+    /// calls `claim` after it either way.
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()>;
+}
+
+/// Conveniences over any [`Store`], written once in terms of the trait.
+#[async_trait]
+pub trait StoreExt: Store {
+    /// Enqueues a job on `queue` whose payload is `value` as JSON.
+    async fn enqueue_json<T>(&self, queue: &str, value: &T) -> Result<Enqueued>
+    where
+        T: serde::Serialize + Sync + ?Sized,
+    {
+        let job = NewJob::new(queue).json(value)?;
+        self.enqueue(job).await
+    }
+
+    /// Reads a job's payload as JSON.
+    async fn payload_json<T>(&self, id: JobId) -> Result<T>
+    where
+        T: serde::de::DeserializeOwned,
+    {
+        let bytes = self.payload(id).await?;
+        serde_json::from_slice(&bytes).map_err(|err| {
+            crate::Error::invalid("payload", format!("not the expected JSON: {err}"))
+        })
+    }
+
+    /// Claims at most one job.
+    async fn claim_one(
+        &self,
+        queues: &[&str],
+        worker: &str,
+        lease_ttl: Duration,
+    ) -> Result<Option<ClaimedJob>> {
+        let request = ClaimRequest::new(queues.iter().copied(), worker, lease_ttl).limit(1);
+        Ok(self.claim(request).await?.into_iter().next())
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// Compile-time proof that the trait is object-safe and that its futures are
+    /// `Send`, so `Arc<dyn Store>` can be used from any tokio task.
+    #[allow(dead_code)]
+    fn store_futures_are_send(store: Arc<dyn Store>) {
+        fn is_send<T: Send>(_: &T) {}
+        fn is_send_sync<T: Send + Sync>(_: &T) {}
+        is_send_sync(&store);
+        let id = JobId::mint(crate::Timestamp::from_millis(0));
+        let token = LeaseToken::new(1);
+        is_send(&store.enqueue(NewJob::new("q")));
+        is_send(&store.claim(ClaimRequest::new(["q"], "w", Duration::from_secs(1))));
+        is_send(&store.heartbeat(id, token, Duration::from_secs(1)));
+        is_send(&store.complete(id, token, None));
+        is_send(&store.fail(id, token, "boom", Retry::Never));
+        is_send(&store.reclaim(10));
+        is_send(&store.enqueue_json("q", &42));
+        is_send(&store.claim_one(&["q"], "w", Duration::from_secs(1)));
+    }
+}

@@ -1,0 +1,281 @@
+//! Validation of every input, written once and called by every backend before it
+//! writes anything (CONTRACT E7).
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::model::{ClaimRequest, ListQuery, NewJob, StoreSettings};
+
+/// Longest queue name, in bytes.
+pub const MAX_QUEUE_BYTES: usize = 128;
+/// Longest tenant, in bytes.
+pub const MAX_TENANT_BYTES: usize = 256;
+/// Longest idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 512;
+/// Longest worker id, in bytes.
+pub const MAX_WORKER_BYTES: usize = 256;
+/// Longest namespace, in bytes.
+pub const MAX_NAMESPACE_BYTES: usize = 64;
+/// The most jobs one claim may ask for; larger batches hold a backend's lock or a
+/// Redis script too long for no gain.
+pub const MAX_CLAIM_LIMIT: usize = 10_000;
+/// The most jobs one `list` page may hold.
+pub const MAX_LIST_LIMIT: usize = 1_000;
+/// The most jobs one enqueue batch may hold.
+pub const MAX_BATCH_LEN: usize = 10_000;
+/// Longest `last_error` kept; longer messages are cut at a character boundary.
+pub const MAX_ERROR_BYTES: usize = 64 * 1024;
+/// The longest lease or heartbeat extension: a year. Longer is surely a unit mistake.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(366 * 24 * 60 * 60);
+
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
+}
+
+fn validate_name(field: &'static str, value: &str, max: usize) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if value.len() > max {
+        return Err(Error::invalid(
+            field,
+            format!("is {} bytes, the limit is {max}", value.len()),
+        ));
+    }
+    if let Some(bad) = value.bytes().find(|b| !is_name_byte(*b)) {
+        return Err(Error::invalid(
+            field,
+            format!("holds byte {bad:#04x}; allowed are A-Z a-z 0-9 . _ : -"),
+        ));
+    }
+    Ok(())
+}
+
+/// A queue name: `[A-Za-z0-9._:-]`, 1..=128 bytes.
+pub fn validate_queue(queue: &str) -> Result<()> {
+    validate_name("queue", queue, MAX_QUEUE_BYTES)
+}
+
+/// A namespace: `[A-Za-z0-9._:-]`, 1..=64 bytes.
+pub fn validate_namespace(namespace: &str) -> Result<()> {
+    validate_name("namespace", namespace, MAX_NAMESPACE_BYTES)
+}
+
+/// A worker id: any UTF-8, 1..=256 bytes.
+pub fn validate_worker(worker: &str) -> Result<()> {
+    if worker.is_empty() || worker.len() > MAX_WORKER_BYTES {
+        return Err(Error::invalid(
+            "worker",
+            format!("must be 1..={MAX_WORKER_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// A lease length: at least a millisecond, at most [`MAX_LEASE_TTL`].
+pub fn validate_lease_ttl(ttl: Duration) -> Result<()> {
+    if ttl < Duration::from_millis(1) || ttl > MAX_LEASE_TTL {
+        return Err(Error::invalid(
+            "lease_ttl",
+            "must be between 1 ms and 366 days",
+        ));
+    }
+    Ok(())
+}
+
+/// A payload or result against the store's size limit.
+pub fn validate_size(field: &'static str, size: usize, settings: &StoreSettings) -> Result<()> {
+    if size > settings.max_payload_bytes {
+        return Err(Error::PayloadTooLarge {
+            field,
+            size,
+            max: settings.max_payload_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Every field of a new job (CONTRACT E7). Whether `parent` exists is for the backend
+/// to check, inside the same transaction as the insert.
+pub fn validate_new_job(job: &NewJob, settings: &StoreSettings) -> Result<()> {
+    validate_queue(&job.queue)?;
+    if job.tenant.len() > MAX_TENANT_BYTES {
+        return Err(Error::invalid(
+            "tenant",
+            format!(
+                "is {} bytes, the limit is {MAX_TENANT_BYTES}",
+                job.tenant.len()
+            ),
+        ));
+    }
+    if let Some(key) = &job.idempotency_key {
+        if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+            return Err(Error::invalid(
+                "idempotency_key",
+                format!(
+                    "is {} bytes, it must be 1..={MAX_IDEMPOTENCY_KEY_BYTES}",
+                    key.len()
+                ),
+            ));
+        }
+    }
+    validate_size("payload", job.payload.len(), settings)?;
+    if job.max_attempts == 0 {
+        return Err(Error::invalid("max_attempts", "must be at least 1"));
+    }
+    Ok(())
+}
+
+/// A batch of new jobs: each job, and the batch's length. A batch with one bad job is
+/// refused whole, so a caller never has to find out which half was written.
+pub fn validate_batch(jobs: &[NewJob], settings: &StoreSettings) -> Result<()> {
+    if jobs.len() > MAX_BATCH_LEN {
+        return Err(Error::invalid(
+            "jobs",
+            format!("a batch holds at most {MAX_BATCH_LEN} jobs"),
+        ));
+    }
+    jobs.iter()
+        .try_for_each(|job| validate_new_job(job, settings))
+}
+
+/// A claim's arguments (CONTRACT C1): at least one valid queue, a worker, a lease.
+pub fn validate_claim(request: &ClaimRequest) -> Result<()> {
+    if request.queues.is_empty() {
+        return Err(Error::invalid("queues", "name at least one queue"));
+    }
+    request
+        .queues
+        .iter()
+        .try_for_each(|queue| validate_queue(queue))?;
+    validate_worker(&request.worker)?;
+    validate_lease_ttl(request.lease_ttl)?;
+    if request.limit > MAX_CLAIM_LIMIT {
+        return Err(Error::invalid(
+            "limit",
+            format!("a claim takes at most {MAX_CLAIM_LIMIT} jobs"),
+        ));
+    }
+    Ok(())
+}
+
+/// A `list` page request.
+pub fn validate_list(query: &ListQuery) -> Result<()> {
+    validate_queue(&query.queue)?;
+    if query.limit == 0 || query.limit > MAX_LIST_LIMIT {
+        return Err(Error::invalid(
+            "limit",
+            format!("a page holds 1..={MAX_LIST_LIMIT} jobs"),
+        ));
+    }
+    Ok(())
+}
+
+/// The settings of a store being opened.
+pub fn validate_settings(settings: &StoreSettings) -> Result<()> {
+    validate_namespace(&settings.namespace)?;
+    if settings.max_payload_bytes == 0 {
+        return Err(Error::invalid("max_payload_bytes", "must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Cuts an error message to [`MAX_ERROR_BYTES`] at a character boundary, so one huge
+/// panic message cannot bloat every later read of the job.
+pub fn truncate_error(message: &str) -> &str {
+    if message.len() <= MAX_ERROR_BYTES {
+        return message;
+    }
+    let mut end = MAX_ERROR_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    &message[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names_are_checked_byte_by_byte() {
+        assert!(validate_queue("emails.high:v2_x-1").is_ok());
+        assert_eq!(
+            validate_queue("").err().and_then(|e| e.invalid_field()),
+            Some("queue")
+        );
+        assert!(validate_queue("with space").is_err());
+        assert!(validate_queue("ünïcode").is_err());
+        assert!(validate_queue(&"q".repeat(128)).is_ok());
+        assert!(validate_queue(&"q".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn new_job_limits_name_their_field() {
+        let settings = StoreSettings::default().max_payload_bytes(8);
+        let field = |job: NewJob| {
+            validate_new_job(&job, &settings)
+                .err()
+                .and_then(|e| e.invalid_field())
+        };
+        assert_eq!(field(NewJob::new("q")), None);
+        assert_eq!(
+            field(NewJob::new("q").tenant("t".repeat(257))),
+            Some("tenant")
+        );
+        assert_eq!(field(NewJob::new("q").tenant("t".repeat(256))), None);
+        assert_eq!(
+            field(NewJob::new("q").idempotency_key("")),
+            Some("idempotency_key")
+        );
+        assert_eq!(
+            field(NewJob::new("q").idempotency_key("k".repeat(513))),
+            Some("idempotency_key")
+        );
+        assert_eq!(
+            field(NewJob::new("q").payload(vec![0u8; 9])),
+            Some("payload")
+        );
+        assert_eq!(field(NewJob::new("q").payload(vec![0u8; 8])), None);
+        assert_eq!(
+            field(NewJob::new("q").max_attempts(0)),
+            Some("max_attempts")
+        );
+    }
+
+    #[test]
+    fn claims_need_queues_and_a_sane_lease() {
+        let ok = ClaimRequest::new(["a"], "w", Duration::from_secs(30));
+        assert!(validate_claim(&ok).is_ok());
+        assert!(validate_claim(&ok.clone().limit(0)).is_ok());
+        let no_queues = ClaimRequest::new(Vec::<String>::new(), "w", Duration::from_secs(1));
+        assert_eq!(
+            validate_claim(&no_queues)
+                .err()
+                .and_then(|e| e.invalid_field()),
+            Some("queues")
+        );
+        let zero_lease = ClaimRequest::new(["a"], "w", Duration::ZERO);
+        assert_eq!(
+            validate_claim(&zero_lease)
+                .err()
+                .and_then(|e| e.invalid_field()),
+            Some("lease_ttl")
+        );
+        let no_worker = ClaimRequest::new(["a"], "", Duration::from_secs(1));
+        assert_eq!(
+            validate_claim(&no_worker)
+                .err()
+                .and_then(|e| e.invalid_field()),
+            Some("worker")
+        );
+    }
+
+    #[test]
+    fn truncation_keeps_utf8_whole() {
+        let long = "é".repeat(MAX_ERROR_BYTES);
+        let cut = truncate_error(&long);
+        assert!(cut.len() <= MAX_ERROR_BYTES);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
+}
