@@ -1,0 +1,1 @@
+//! One public function per rule of CONTRACT.md, named after it.
