@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use jobs_core::{async_trait, JobId, ManualClock, Result, Store, StoreSettings};
 
+pub mod model_check;
 pub mod rules;
 
 #[doc(hidden)]

@@ -1,0 +1,1 @@
+//! Rule M1: random operation sequences checked against a reference model.
