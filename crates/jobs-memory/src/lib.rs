@@ -1,14 +1,245 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod state;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use jobs_core::validate::{
+    truncate_error, validate_batch, validate_claim, validate_lease_ttl, validate_list,
+    validate_new_job, validate_queue, validate_settings, validate_size,
+};
+use jobs_core::{
+    async_trait, Bytes, ClaimRequest, ClaimedJob, Enqueued, Heartbeat, Job, JobId, JobState,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result, Retry, Store,
+    StoreSettings,
+};
+use tokio::sync::Notify;
+
+use state::State;
+
+/// One namespace's data and its wake-up signal.
+#[derive(Debug, Default)]
+struct Namespace {
+    state: Mutex<State>,
+    work_arrived: Notify,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl Namespace {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock can only come from a bug in this crate; the
+        // state is updated so that every step leaves it consistent, so keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+    /// Wakes every waiting claimer, and leaves a permit for a claimer that is between
+    /// its empty claim and its wait, so that one does not sleep through the news.
+    fn signal_work(&self) {
+        self.work_arrived.notify_waiters();
+        self.work_arrived.notify_one();
+    }
+}
+
+/// Plays the part of a database server: stores opened on it with the same namespace
+/// share their data, as reconnecting clients would, and namespaces are isolated.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryServer {
+    namespaces: Arc<Mutex<HashMap<String, Arc<Namespace>>>>,
+}
+
+impl MemoryServer {
+    /// An empty server.
+    pub fn new() -> Self {
+        MemoryServer::default()
+    }
+
+    fn namespace(&self, name: &str) -> Arc<Namespace> {
+        let mut namespaces = self
+            .namespaces
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(namespaces.entry(name.to_owned()).or_default())
+    }
+
+    /// Opens a store on `settings.namespace`, creating the namespace if it is new.
+    pub fn open(&self, settings: StoreSettings) -> Result<MemoryStore> {
+        validate_settings(&settings)?;
+        let namespace = self.namespace(&settings.namespace);
+        Ok(MemoryStore {
+            namespace,
+            settings,
+        })
+    }
+
+    /// Deletes the record of job `id` while leaving every index entry that points to
+    /// it, as an eviction would. For fault-injection tests (CONTRACT C7, R5).
+    /// Returns whether the record existed.
+    pub fn vanish(&self, namespace: &str, id: JobId) -> bool {
+        self.namespace(namespace).lock().vanish(id)
+    }
+}
+
+/// The in-memory store.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    namespace: Arc<Namespace>,
+    settings: StoreSettings,
+}
+
+impl MemoryStore {
+    /// A store with its own private data.
+    pub fn new(settings: StoreSettings) -> Result<Self> {
+        MemoryServer::new().open(settings)
+    }
+
+    fn now(&self) -> jobs_core::Timestamp {
+        self.settings.now()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn settings(&self) -> &StoreSettings {
+        &self.settings
+    }
+
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        validate_new_job(&job, &self.settings)?;
+        let now = self.now();
+        let enqueued = {
+            let mut state = self.namespace.lock();
+            state.check_parents(std::slice::from_ref(&job))?;
+            state.enqueue(job, now, &self.settings)
+        };
+        if enqueued.created {
+            self.namespace.signal_work();
+        }
+        Ok(enqueued)
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        validate_batch(&jobs, &self.settings)?;
+        let now = self.now();
+        let results: Vec<Enqueued> = {
+            let mut state = self.namespace.lock();
+            state.check_parents(&jobs)?;
+            jobs.into_iter()
+                .map(|job| state.enqueue(job, now, &self.settings))
+                .collect()
+        };
+        if results.iter().any(|e| e.created) {
+            self.namespace.signal_work();
+        }
+        Ok(results)
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        self.namespace.lock().job(id).cloned()
+    }
+
+    async fn payload(&self, id: JobId) -> Result<Bytes> {
+        self.namespace.lock().payload(id)
+    }
+
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        Ok(self.namespace.lock().children(parent))
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
+        validate_claim(&request)?;
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        Ok(self.namespace.lock().claim(&request, now))
+    }
+
+    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
+        validate_lease_ttl(ttl)?;
+        let now = self.now();
+        self.namespace.lock().heartbeat(id, token, ttl, now)
+    }
+
+    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
+        if let Some(bytes) = &result {
+            validate_size("result", bytes.len(), &self.settings)?;
+        }
+        let now = self.now();
+        self.namespace.lock().complete(id, token, result, now)
+    }
+
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+    ) -> Result<JobState> {
+        let now = self.now();
+        let state = self
+            .namespace
+            .lock()
+            .fail(id, token, truncate_error(error), retry, now)?;
+        if state == JobState::Queued {
+            self.namespace.signal_work();
+        }
+        Ok(state)
+    }
+
+    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
+        let now = self.now();
+        let state = self.namespace.lock().release(id, token, now)?;
+        if state == JobState::Queued {
+            self.namespace.signal_work();
+        }
+        Ok(())
+    }
+
+    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
+        let now = self.now();
+        let reclaimed = self.namespace.lock().reclaim(limit, now);
+        if reclaimed.iter().any(|r| r.state == JobState::Queued) {
+            self.namespace.signal_work();
+        }
+        Ok(reclaimed)
+    }
+
+    async fn cancel(&self, id: JobId) -> Result<JobState> {
+        let now = self.now();
+        self.namespace.lock().cancel(id, now)
+    }
+
+    async fn retry(&self, id: JobId) -> Result<()> {
+        let now = self.now();
+        self.namespace.lock().retry(id, now)?;
+        self.namespace.signal_work();
+        Ok(())
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        validate_queue(queue)?;
+        let now = self.now();
+        Ok(self.namespace.lock().stats(queue, now))
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        validate_list(&query)?;
+        Ok(self.namespace.lock().list(&query))
+    }
+
+    async fn purge(&self, limit: usize) -> Result<u64> {
+        let cutoff = self.settings.retention_cutoff(self.now());
+        Ok(self.namespace.lock().purge(limit, cutoff))
+    }
+
+    async fn wait_for_work(&self, _queues: &[String], timeout: Duration) -> Result<()> {
+        // Any queue's news wakes every waiter: a spurious wake-up costs one empty claim,
+        // while per-queue signals would cost a map lookup on every enqueue.
+        let _ = tokio::time::timeout(timeout, self.namespace.work_arrived.notified()).await;
+        Ok(())
     }
 }

@@ -1,0 +1,574 @@
+//! One namespace's jobs and the ordered indexes over them.
+//!
+//! The job records are the truth; the indexes only point at them. Every code path that
+//! follows an index entry tolerates a missing record (CONTRACT C7, R5) and drops the
+//! entry, because `MemoryServer::vanish` deletes records behind the indexes' back.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use jobs_core::{
+    Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState, Lease,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
+    StoreSettings, Timestamp, LEASE_EXPIRED,
+};
+
+#[derive(Debug)]
+struct Record {
+    job: Job,
+    payload: Bytes,
+    /// The enqueue sequence drawn when the job last entered `queued`.
+    seq: u64,
+    /// The last fencing token issued for this job; the next claim issues one more.
+    last_token: u64,
+}
+
+/// The per-queue indexes.
+#[derive(Debug, Default)]
+struct QueueIndex {
+    /// Queued jobs whose `run_at` had come when they were indexed, in claim order.
+    ready: BTreeSet<(ReadyOrder, JobId)>,
+    /// Queued jobs due later, by `run_at`; promoted into `ready` when due.
+    scheduled: BTreeSet<(Timestamp, u64, JobId)>,
+    /// Every job of the queue, by id (creation order), for `list` and `stats`.
+    all: BTreeSet<JobId>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    jobs: HashMap<JobId, Record>,
+    queues: HashMap<String, QueueIndex>,
+    /// Running jobs by lease expiry, so reclaim touches only expired leases (R6).
+    leases: BTreeSet<(Timestamp, JobId)>,
+    /// Terminal jobs by `finished_at`, so purge touches only jobs past retention.
+    finished: BTreeSet<(Timestamp, JobId)>,
+    /// (tenant, key) -> (job, when the key was taken).
+    dedup: HashMap<(String, String), (JobId, Timestamp)>,
+    children: BTreeMap<JobId, BTreeSet<JobId>>,
+    next_seq: u64,
+}
+
+fn lease_lost(id: JobId) -> Error {
+    Error::LeaseLost { id }
+}
+
+impl State {
+    fn draw_seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+
+    /// Adds the record's index entries for its current state.
+    fn index(&mut self, id: JobId, now: Timestamp) {
+        let Some(record) = self.jobs.get(&id) else {
+            return;
+        };
+        let job = &record.job;
+        match job.state {
+            JobState::Queued => {
+                let queue = self.queues.entry(job.queue.clone()).or_default();
+                if job.run_at <= now {
+                    queue.ready.insert((job.ready_order(record.seq), id));
+                } else {
+                    queue.scheduled.insert((job.run_at, record.seq, id));
+                }
+            }
+            JobState::Running => {
+                if let Some(lease) = &job.lease {
+                    self.leases.insert((lease.expires_at, id));
+                }
+            }
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
+                if let Some(finished_at) = job.finished_at {
+                    self.finished.insert((finished_at, id));
+                }
+            }
+        }
+    }
+
+    /// Removes the record's index entries for its current state.
+    fn unindex(&mut self, id: JobId) {
+        let Some(record) = self.jobs.get(&id) else {
+            return;
+        };
+        let job = &record.job;
+        match job.state {
+            JobState::Queued => {
+                if let Some(queue) = self.queues.get_mut(&job.queue) {
+                    queue.ready.remove(&(job.ready_order(record.seq), id));
+                    queue.scheduled.remove(&(job.run_at, record.seq, id));
+                }
+            }
+            JobState::Running => {
+                if let Some(lease) = &job.lease {
+                    self.leases.remove(&(lease.expires_at, id));
+                }
+            }
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
+                if let Some(finished_at) = job.finished_at {
+                    self.finished.remove(&(finished_at, id));
+                }
+            }
+        }
+    }
+
+    /// Applies `change` to a job, keeping the indexes in step. A change that sends the
+    /// job (back) to `queued` gets a fresh sequence number, so it queues behind the
+    /// jobs already ready (DECISIONS: claim order).
+    fn transition<T>(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        change: impl FnOnce(&mut Job) -> T,
+    ) -> Option<T> {
+        self.unindex(id);
+        let next_seq = self.next_seq + 1;
+        let record = self.jobs.get_mut(&id)?;
+        let was = record.job.state;
+        let result = change(&mut record.job);
+        if record.job.state == JobState::Queued && was != JobState::Queued {
+            record.seq = next_seq;
+            self.next_seq = next_seq;
+        }
+        self.index(id, now);
+        Some(result)
+    }
+
+    /// Like [`State::transition`], for a job whose existence the caller just checked.
+    fn transition_checked<T>(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        change: impl FnOnce(&mut Job) -> T,
+    ) -> Result<T> {
+        self.transition(id, now, change)
+            .ok_or(Error::NotFound { id })
+    }
+
+    /// The record of a running job whose lease `token` is current (CONTRACT L2, L3).
+    fn check_lease(&self, id: JobId, token: LeaseToken) -> Result<()> {
+        let record = self.jobs.get(&id).ok_or(Error::NotFound { id })?;
+        let job = &record.job;
+        let current = job.lease.as_ref().map(|lease| lease.token);
+        if job.state != JobState::Running || current != Some(token) {
+            return Err(lease_lost(id));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_parents(&self, jobs: &[NewJob]) -> Result<()> {
+        for job in jobs {
+            if let Some(parent) = job.parent {
+                if !self.jobs.contains_key(&parent) {
+                    return Err(Error::invalid(
+                        "parent",
+                        format!("job {parent} does not exist"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn enqueue(
+        &mut self,
+        new: NewJob,
+        now: Timestamp,
+        settings: &StoreSettings,
+    ) -> Enqueued {
+        let dedup_key = new
+            .idempotency_key
+            .as_ref()
+            .map(|key| (new.tenant.clone(), key.clone()));
+        if let Some(key) = &dedup_key {
+            if let Some(&(id, taken_at)) = self.dedup.get(key) {
+                if self.jobs.contains_key(&id) && settings.dedup_active(taken_at, now) {
+                    return Enqueued { id, created: false };
+                }
+            }
+        }
+        let id = JobId::mint(now);
+        let seq = self.draw_seq();
+        let job = Job {
+            id,
+            queue: new.queue,
+            tenant: new.tenant,
+            idempotency_key: new.idempotency_key,
+            priority: new.priority,
+            run_at: new.run_at.unwrap_or(now),
+            max_attempts: new.max_attempts,
+            parent: new.parent,
+            state: JobState::Queued,
+            attempts: 0,
+            lease: None,
+            created_at: now,
+            started_at: None,
+            heartbeat_at: None,
+            finished_at: None,
+            last_error: None,
+            result: None,
+            cancel_requested: false,
+        };
+        if let Some(parent) = job.parent {
+            self.children.entry(parent).or_default().insert(id);
+        }
+        self.queues
+            .entry(job.queue.clone())
+            .or_default()
+            .all
+            .insert(id);
+        self.jobs.insert(
+            id,
+            Record {
+                job,
+                payload: new.payload,
+                seq,
+                last_token: 0,
+            },
+        );
+        self.index(id, now);
+        if let Some(key) = dedup_key {
+            self.dedup.insert(key, (id, now));
+        }
+        Enqueued { id, created: true }
+    }
+
+    pub(crate) fn job(&self, id: JobId) -> Result<&Job> {
+        self.jobs
+            .get(&id)
+            .map(|record| &record.job)
+            .ok_or(Error::NotFound { id })
+    }
+
+    pub(crate) fn payload(&self, id: JobId) -> Result<Bytes> {
+        self.jobs
+            .get(&id)
+            .map(|record| record.payload.clone())
+            .ok_or(Error::NotFound { id })
+    }
+
+    pub(crate) fn children(&self, parent: JobId) -> Vec<Job> {
+        self.children
+            .get(&parent)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.jobs.get(id).map(|record| record.job.clone()))
+            .collect()
+    }
+
+    /// Moves the queue's scheduled jobs that are due into its ready index.
+    fn promote_due(&mut self, queue: &str, now: Timestamp) {
+        let Some(index) = self.queues.get_mut(queue) else {
+            return;
+        };
+        while let Some(&(run_at, seq, id)) = index.scheduled.first() {
+            if run_at > now {
+                break;
+            }
+            index.scheduled.pop_first();
+            if let Some(record) = self.jobs.get(&id) {
+                index
+                    .ready
+                    .insert((ReadyOrder::new(record.job.priority, run_at, seq), id));
+            }
+        }
+    }
+
+    pub(crate) fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Vec<ClaimedJob> {
+        let mut candidates: Vec<(ReadyOrder, JobId)> = Vec::new();
+        for queue in &request.queues {
+            self.promote_due(queue, now);
+            let Some(index) = self.queues.get_mut(queue) else {
+                continue;
+            };
+            // Each queue contributes at most `limit` live candidates; entries whose record
+            // vanished are dropped on the way (CONTRACT C7).
+            let mut taken = 0;
+            let mut stale = Vec::new();
+            for entry in index.ready.iter() {
+                if taken == request.limit {
+                    break;
+                }
+                if self.jobs.contains_key(&entry.1) {
+                    candidates.push(*entry);
+                    taken += 1;
+                } else {
+                    stale.push(*entry);
+                }
+            }
+            for entry in stale {
+                index.ready.remove(&entry);
+            }
+        }
+        // The order spans all named queues and is applied before cutting to `limit` (C3).
+        candidates.sort_unstable();
+        candidates.dedup();
+        candidates.truncate(request.limit);
+
+        let expires_at = now.saturating_add(request.lease_ttl);
+        candidates
+            .into_iter()
+            .filter_map(|(_, id)| {
+                let token = self.jobs.get_mut(&id).map_or(0, |record| {
+                    record.last_token += 1;
+                    record.last_token
+                });
+                let job = self.transition(id, now, |job| {
+                    job.state = JobState::Running;
+                    job.attempts = job.attempts.saturating_add(1);
+                    job.started_at = Some(now);
+                    job.heartbeat_at = Some(now);
+                    job.lease = Some(Lease {
+                        worker: request.worker.clone(),
+                        token: LeaseToken::new(token),
+                        expires_at,
+                    });
+                    job.clone()
+                })?;
+                let payload = self.jobs.get(&id)?.payload.clone();
+                Some(ClaimedJob { job, payload })
+            })
+            .collect()
+    }
+
+    pub(crate) fn heartbeat(
+        &mut self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        self.check_lease(id, token)?;
+        let expires_at = now.saturating_add(ttl);
+        self.transition_checked(id, now, |job| {
+            job.heartbeat_at = Some(now);
+            if let Some(lease) = &mut job.lease {
+                lease.expires_at = expires_at;
+            }
+            Heartbeat {
+                cancel_requested: job.cancel_requested,
+                expires_at,
+            }
+        })
+    }
+
+    fn finish(job: &mut Job, state: JobState, now: Timestamp) {
+        job.state = state;
+        job.lease = None;
+        job.finished_at = Some(now);
+    }
+
+    pub(crate) fn complete(
+        &mut self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.check_lease(id, token)?;
+        self.transition_checked(id, now, |job| {
+            Self::finish(job, JobState::Succeeded, now);
+            job.result = result;
+        })
+    }
+
+    pub(crate) fn fail(
+        &mut self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        self.check_lease(id, token)?;
+        self.transition_checked(id, now, |job| {
+            job.last_error = Some(error.to_owned());
+            match retry {
+                _ if job.cancel_requested => Self::finish(job, JobState::Cancelled, now),
+                Retry::At(at) if job.attempts < job.max_attempts => {
+                    job.state = JobState::Queued;
+                    job.lease = None;
+                    job.run_at = at;
+                }
+                _ => Self::finish(job, JobState::Dead, now),
+            }
+            job.state
+        })
+    }
+
+    pub(crate) fn release(
+        &mut self,
+        id: JobId,
+        token: LeaseToken,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        self.check_lease(id, token)?;
+        self.transition_checked(id, now, |job| {
+            if job.cancel_requested {
+                Self::finish(job, JobState::Cancelled, now);
+            } else {
+                job.state = JobState::Queued;
+                job.lease = None;
+                job.run_at = now;
+                job.attempts = job.attempts.saturating_sub(1);
+            }
+            job.state
+        })
+    }
+
+    pub(crate) fn reclaim(&mut self, limit: usize, now: Timestamp) -> Vec<ReclaimedJob> {
+        let mut reclaimed = Vec::new();
+        while reclaimed.len() < limit {
+            let Some(&(expires_at, id)) = self.leases.first() else {
+                break;
+            };
+            // Strictly past the expiry (CONTRACT R1, R2).
+            if expires_at >= now {
+                break;
+            }
+            if !self.jobs.contains_key(&id) {
+                // A vanished record: drop the entry, never requeue or recreate (R5).
+                self.leases.pop_first();
+                continue;
+            }
+            let reclaimed_state = self.transition(id, now, |job| {
+                job.last_error = Some(LEASE_EXPIRED.to_owned());
+                if job.cancel_requested {
+                    Self::finish(job, JobState::Cancelled, now);
+                } else if job.attempts >= job.max_attempts {
+                    Self::finish(job, JobState::Dead, now);
+                } else {
+                    job.state = JobState::Queued;
+                    job.lease = None;
+                    job.run_at = now;
+                }
+                job.state
+            });
+            if let Some(state) = reclaimed_state {
+                reclaimed.push(ReclaimedJob { id, state });
+            }
+        }
+        reclaimed
+    }
+
+    pub(crate) fn cancel(&mut self, id: JobId, now: Timestamp) -> Result<JobState> {
+        let state = self.job(id)?.state;
+        Ok(match state {
+            JobState::Queued => self.transition_checked(id, now, |job| {
+                Self::finish(job, JobState::Cancelled, now);
+                job.state
+            })?,
+            JobState::Running => self.transition_checked(id, now, |job| {
+                job.cancel_requested = true;
+                job.state
+            })?,
+            terminal => terminal,
+        })
+    }
+
+    pub(crate) fn retry(&mut self, id: JobId, now: Timestamp) -> Result<()> {
+        let state = self.job(id)?.state;
+        if !matches!(state, JobState::Dead | JobState::Cancelled) {
+            return Err(Error::InvalidState {
+                id,
+                state,
+                operation: "retry",
+            });
+        }
+        self.transition_checked(id, now, |job| {
+            job.state = JobState::Queued;
+            job.run_at = now;
+            job.attempts = 0;
+            job.cancel_requested = false;
+            job.finished_at = None;
+            job.result = None;
+            job.lease = None;
+        })
+    }
+
+    pub(crate) fn stats(&mut self, queue: &str, now: Timestamp) -> QueueStats {
+        let mut stats = QueueStats::default();
+        let Some(index) = self.queues.get(queue) else {
+            return stats;
+        };
+        for job in index
+            .all
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(|r| &r.job)
+        {
+            match job.state {
+                JobState::Queued if job.run_at <= now => stats.ready += 1,
+                JobState::Queued => stats.scheduled += 1,
+                JobState::Running => stats.running += 1,
+                JobState::Succeeded => stats.succeeded += 1,
+                JobState::Dead => stats.dead += 1,
+                JobState::Cancelled => stats.cancelled += 1,
+            }
+        }
+        stats
+    }
+
+    pub(crate) fn list(&self, query: &ListQuery) -> ListPage {
+        let Some(index) = self.queues.get(&query.queue) else {
+            return ListPage {
+                jobs: Vec::new(),
+                next: None,
+            };
+        };
+        let newest_first = match query.cursor {
+            Some(cursor) => index.all.range(..cursor).rev(),
+            None => index.all.range(..).rev(),
+        };
+        let jobs: Vec<Job> = newest_first
+            .filter_map(|id| self.jobs.get(id))
+            .map(|record| &record.job)
+            .filter(|job| query.state.is_none_or(|state| job.state == state))
+            .take(query.limit)
+            .cloned()
+            .collect();
+        let next = if jobs.len() == query.limit {
+            jobs.last().map(|job| job.id)
+        } else {
+            None
+        };
+        ListPage { jobs, next }
+    }
+
+    pub(crate) fn purge(&mut self, limit: usize, cutoff: Timestamp) -> u64 {
+        let mut purged = 0;
+        while (purged as usize) < limit {
+            let Some(&(finished_at, id)) = self.finished.first() else {
+                break;
+            };
+            if finished_at > cutoff {
+                break;
+            }
+            self.finished.pop_first();
+            let Some(record) = self.jobs.remove(&id) else {
+                continue;
+            };
+            let job = record.job;
+            if let Some(index) = self.queues.get_mut(&job.queue) {
+                index.all.remove(&id);
+            }
+            if let Some(key) = job.idempotency_key {
+                let key = (job.tenant, key);
+                if self.dedup.get(&key).is_some_and(|(owner, _)| *owner == id) {
+                    self.dedup.remove(&key);
+                }
+            }
+            if let Some(parent) = job.parent {
+                if let Some(siblings) = self.children.get_mut(&parent) {
+                    siblings.remove(&id);
+                }
+            }
+            purged += 1;
+        }
+        purged
+    }
+
+    pub(crate) fn vanish(&mut self, id: JobId) -> bool {
+        self.jobs.remove(&id).is_some()
+    }
+}
