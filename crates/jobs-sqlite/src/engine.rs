@@ -1,0 +1,491 @@
+//! The threads that own the connections: one writer that commits operations in groups,
+//! and a pool of readers. Async callers hand them closures over a channel and await the
+//! answer on a oneshot, so no SQLite call ever runs on the async runtime.
+//!
+//! One engine serves every store opened on the same file (and configuration) in a
+//! process: two writers in one process would only queue on SQLite's file lock, and
+//! sharing the writer lets an enqueue through one store wake claimers of another.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use jobs_core::{Error, Result};
+use rusqlite::Connection;
+use tokio::sync::{oneshot, watch, Notify};
+
+use crate::config::SqliteConfig;
+use crate::error::{db_error, stopped, DbResultExt};
+use crate::schema;
+
+/// The writer's view of one group transaction, handed to each operation.
+pub(crate) struct WriteTx<'a> {
+    conn: &'a Connection,
+    seq: &'a mut SeqCounter,
+    wakes: &'a mut HashSet<i64>,
+}
+
+impl WriteTx<'_> {
+    /// The connection, inside the group's `BEGIN IMMEDIATE` transaction.
+    pub(crate) fn conn(&self) -> &Connection {
+        self.conn
+    }
+
+    /// The next value of the store-wide sequence that orders jobs entering `queued`
+    /// (docs/DECISIONS.md). Read from the file once per group and written back before the
+    /// commit, so a group of a thousand enqueues touches the counter row once.
+    pub(crate) fn next_seq(&mut self) -> Result<i64> {
+        let next = match self.seq.next {
+            Some(next) => next,
+            None => {
+                let stored: i64 = self
+                    .conn
+                    .prepare_cached("SELECT value FROM jobq_meta WHERE name = 'seq'")
+                    .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+                    .db("read the sequence")?;
+                self.seq.loaded = Some(stored);
+                stored + 1
+            }
+        };
+        self.seq.next = Some(next + 1);
+        Ok(next)
+    }
+
+    /// Asks for the waiters of namespace `ns` to be woken once the group commits.
+    pub(crate) fn wake(&mut self, ns: i64) {
+        self.wakes.insert(ns);
+    }
+}
+
+#[derive(Default)]
+struct SeqCounter {
+    /// The value stored when the group first asked, if it asked.
+    loaded: Option<i64>,
+    /// The next value to hand out.
+    next: Option<i64>,
+}
+
+impl SeqCounter {
+    fn pending_write(&self) -> Option<i64> {
+        match (self.loaded, self.next) {
+            (Some(loaded), Some(next)) if next - 1 > loaded => Some(next - 1),
+            _ => None,
+        }
+    }
+}
+
+/// An operation waiting for the writer.
+trait WriteOp: Send {
+    /// Runs the operation inside the group transaction and returns what to do once the
+    /// group's fate is known.
+    fn run(self: Box<Self>, tx: &mut WriteTx<'_>) -> Box<dyn Finish>;
+    /// Answers without running: the group could not begin.
+    fn abort(self: Box<Self>, error: Error);
+}
+
+/// An operation that ran, waiting for the commit before it answers.
+trait Finish: Send {
+    fn finish(self: Box<Self>, commit: std::result::Result<(), &CommitError>);
+}
+
+struct Call<F, T> {
+    f: F,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+struct Ran<T> {
+    result: Result<T>,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<F, T> WriteOp for Call<F, T>
+where
+    F: FnOnce(&mut WriteTx<'_>) -> Result<T> + Send,
+    T: Send + 'static,
+{
+    fn run(self: Box<Self>, tx: &mut WriteTx<'_>) -> Box<dyn Finish> {
+        let Call { f, reply } = *self;
+        let result = in_savepoint(tx, f);
+        Box::new(Ran { result, reply })
+    }
+
+    fn abort(self: Box<Self>, error: Error) {
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+impl<T: Send> Finish for Ran<T> {
+    fn finish(self: Box<Self>, commit: std::result::Result<(), &CommitError>) {
+        let answer = match (commit, self.result) {
+            // A failed operation changed nothing; its own error is the truer answer.
+            (_, Err(err)) => Err(err),
+            (Ok(()), Ok(value)) => Ok(value),
+            (Err(commit), Ok(_)) => Err(commit.to_error()),
+        };
+        // The caller may have stopped waiting (its future was dropped); nothing to do.
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// Runs one operation between `SAVEPOINT` and `RELEASE`, rolling back to the savepoint
+/// if it fails, so one failed operation never undoes the others of its group.
+fn in_savepoint<T>(
+    tx: &mut WriteTx<'_>,
+    f: impl FnOnce(&mut WriteTx<'_>) -> Result<T>,
+) -> Result<T> {
+    let exec = |conn: &Connection, sql: &str| {
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([]))
+            .db("manage a savepoint")
+    };
+    exec(tx.conn, "SAVEPOINT op")?;
+    match f(tx) {
+        Ok(value) => {
+            exec(tx.conn, "RELEASE op")?;
+            Ok(value)
+        }
+        Err(err) => {
+            exec(tx.conn, "ROLLBACK TO op")?;
+            exec(tx.conn, "RELEASE op")?;
+            // A wake-up the operation asked for stays: spurious wake-ups are allowed.
+            Err(err)
+        }
+    }
+}
+
+/// Why a group did not commit, told to each of its operations.
+struct CommitError {
+    message: String,
+    retryable: bool,
+}
+
+impl CommitError {
+    fn from_error(err: &Error) -> Self {
+        CommitError {
+            message: err.to_string(),
+            retryable: err.is_retryable(),
+        }
+    }
+
+    fn to_error(&self) -> Error {
+        if self.retryable {
+            Error::Unavailable {
+                message: format!("the group commit failed: {}", self.message),
+                source: None,
+            }
+        } else {
+            Error::Backend {
+                message: format!("the group commit failed: {}", self.message),
+                source: None,
+            }
+        }
+    }
+}
+
+type ReadFn = Box<dyn FnOnce(Result<&Connection>) + Send>;
+
+/// The wake-up signal of each namespace, shared by the writer and the stores.
+#[derive(Default)]
+pub(crate) struct Wakers {
+    by_ns: Mutex<HashMap<i64, Arc<Notify>>>,
+}
+
+impl Wakers {
+    pub(crate) fn for_ns(&self, ns: i64) -> Arc<Notify> {
+        let mut map = self.by_ns.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(ns).or_default().clone()
+    }
+
+    fn wake(&self, namespaces: &HashSet<i64>) {
+        let map = self.by_ns.lock().unwrap_or_else(|p| p.into_inner());
+        for ns in namespaces {
+            if let Some(notify) = map.get(ns) {
+                notify.notify_waiters();
+            }
+        }
+    }
+}
+
+/// The threads and channels serving one file.
+pub(crate) struct Engine {
+    writer: mpsc::Sender<Box<dyn WriteOp>>,
+    readers: mpsc::Sender<ReadFn>,
+    ready: watch::Receiver<Option<std::result::Result<(), String>>>,
+    pub(crate) wakers: Arc<Wakers>,
+    pub(crate) config: SqliteConfig,
+    pub(crate) path: PathBuf,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("path", &self.path)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+type Registry = Mutex<HashMap<(PathBuf, SqliteConfig), Weak<Engine>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// A path that names the same file however it was spelled, so two stores on one file
+/// share one engine. The file may not exist yet, so only its directory is resolved.
+fn canonical(path: &Path) -> Result<PathBuf> {
+    let invalid = |why: &str| Error::invalid("path", format!("{}: {why}", path.display()));
+    let file = path.file_name().ok_or_else(|| invalid("names no file"))?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let dir = std::fs::canonicalize(&dir)
+        .map_err(|err| Error::unavailable(format!("resolve {}", dir.display()), err))?;
+    Ok(dir.join(file))
+}
+
+impl Engine {
+    /// The engine serving `path` with `config`, started if none runs in this process.
+    pub(crate) async fn get(path: &Path, config: &SqliteConfig) -> Result<Arc<Engine>> {
+        let key = (canonical(path)?, config.clone());
+        let engine = {
+            let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, engine| engine.strong_count() > 0);
+            match map.get(&key).and_then(Weak::upgrade) {
+                Some(engine) => engine,
+                None => {
+                    let engine = Arc::new(Engine::start(key.0.clone(), config.clone()));
+                    map.insert(key.clone(), Arc::downgrade(&engine));
+                    engine
+                }
+            }
+        };
+        let mut ready = engine.ready.clone();
+        let outcome = ready
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| stopped())?
+            .clone();
+        match outcome {
+            Some(Err(message)) => {
+                // Forget the failed engine so the next open tries again.
+                let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+                if map
+                    .get(&key)
+                    .is_some_and(|weak| std::ptr::eq(weak.as_ptr(), Arc::as_ptr(&engine)))
+                {
+                    map.remove(&key);
+                }
+                Err(Error::Unavailable {
+                    message: format!("cannot open {}: {message}", key.0.display()),
+                    source: None,
+                })
+            }
+            _ => Ok(engine),
+        }
+    }
+
+    fn start(path: PathBuf, config: SqliteConfig) -> Engine {
+        let (writer_tx, writer_rx) = mpsc::channel::<Box<dyn WriteOp>>();
+        let (reader_tx, reader_rx) = mpsc::channel::<ReadFn>();
+        let (ready_tx, ready_rx) = watch::channel(None);
+        let wakers = Arc::new(Wakers::default());
+        let thread_wakers = wakers.clone();
+        let thread_path = path.clone();
+        let thread_config = config.clone();
+        let spawned = std::thread::Builder::new()
+            .name("jobs-sqlite-writer".to_owned())
+            .spawn(move || {
+                let conn = match schema::open_writer(&thread_path, &thread_config) {
+                    Ok(conn) => conn,
+                    Err(err) => {
+                        let _ = ready_tx.send(Some(Err(err.to_string())));
+                        return;
+                    }
+                };
+                // Readers start only now, after the migrations, so none of them ever sees
+                // a file without the schema.
+                let reader_rx = Arc::new(Mutex::new(reader_rx));
+                for n in 0..thread_config.readers {
+                    let rx = reader_rx.clone();
+                    let path = thread_path.clone();
+                    let config = thread_config.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("jobs-sqlite-reader-{n}"))
+                        .spawn(move || reader_loop(&path, &config, &rx));
+                    if let Err(err) = spawned {
+                        let _ = ready_tx.send(Some(Err(format!("spawn a reader: {err}"))));
+                        return;
+                    }
+                }
+                let _ = ready_tx.send(Some(Ok(())));
+                writer_loop(conn, &writer_rx, thread_config.max_group, &thread_wakers);
+            });
+        let (ready_rx, writer_tx) = match spawned {
+            Ok(_) => (ready_rx, writer_tx),
+            Err(err) => {
+                let (tx, rx) = watch::channel(Some(Err(format!("spawn the writer: {err}"))));
+                drop(tx);
+                (rx, writer_tx)
+            }
+        };
+        Engine {
+            writer: writer_tx,
+            readers: reader_tx,
+            ready: ready_rx,
+            wakers,
+            config,
+            path,
+        }
+    }
+
+    /// Runs `f` on the writer thread inside a group transaction and answers once the
+    /// group has committed.
+    pub(crate) async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&mut WriteTx<'_>) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.writer
+            .send(Box::new(Call { f, reply }))
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Runs `f` on a reader thread.
+    pub(crate) async fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job: ReadFn = Box::new(move |conn: Result<&Connection>| {
+            let _ = reply.send(conn.and_then(f));
+        });
+        self.readers.send(job).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+fn reader_loop(path: &Path, config: &SqliteConfig, rx: &Mutex<mpsc::Receiver<ReadFn>>) {
+    let mut conn: Option<Connection> = None;
+    loop {
+        let job = {
+            let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
+            rx.recv()
+        };
+        let Ok(job) = job else { return };
+        if conn.is_none() {
+            match schema::open_reader(path, config) {
+                Ok(opened) => conn = Some(opened),
+                Err(err) => {
+                    job(Err(err));
+                    continue;
+                }
+            }
+        }
+        match conn.as_ref() {
+            Some(conn) => job(Ok(conn)),
+            None => job(Err(stopped())),
+        }
+    }
+}
+
+fn writer_loop(
+    mut conn: Connection,
+    rx: &mpsc::Receiver<Box<dyn WriteOp>>,
+    max_group: usize,
+    wakers: &Wakers,
+) {
+    let mut group: Vec<Box<dyn WriteOp>> = Vec::with_capacity(max_group.min(1024));
+    // Everything that queued up while the previous group was committing forms the next
+    // group: under load the groups grow and the fsyncs per job shrink, with no delay
+    // added when the writer is idle.
+    while let Ok(first) = rx.recv() {
+        group.push(first);
+        while group.len() < max_group {
+            match rx.try_recv() {
+                Ok(op) => group.push(op),
+                Err(_) => break,
+            }
+        }
+        run_group(&mut conn, &mut group, wakers);
+    }
+}
+
+fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &Wakers) {
+    let begin = conn
+        .prepare_cached("BEGIN IMMEDIATE")
+        .and_then(|mut stmt| stmt.execute([]))
+        .db("begin a write transaction");
+    if let Err(err) = begin {
+        let commit_error = CommitError::from_error(&err);
+        for op in group.drain(..) {
+            op.abort(commit_error.to_error());
+        }
+        return;
+    }
+    let mut seq = SeqCounter::default();
+    let mut wakes = HashSet::new();
+    let mut finished: Vec<Box<dyn Finish>> = Vec::with_capacity(group.len());
+    {
+        let mut tx = WriteTx {
+            conn,
+            seq: &mut seq,
+            wakes: &mut wakes,
+        };
+        for op in group.drain(..) {
+            if tx.conn.is_autocommit() {
+                // SQLite rolled the whole transaction back on its own (a full disk, an
+                // I/O error): running on would commit each statement separately.
+                op.abort(lost_transaction().to_error());
+                continue;
+            }
+            finished.push(op.run(&mut tx));
+        }
+    }
+    let outcome = if conn.is_autocommit() {
+        Err(lost_transaction())
+    } else {
+        commit(conn, &seq)
+    };
+    match &outcome {
+        Ok(()) => {
+            for done in finished {
+                done.finish(Ok(()));
+            }
+            wakers.wake(&wakes);
+        }
+        Err(err) => {
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            for done in finished {
+                done.finish(Err(err));
+            }
+        }
+    }
+}
+
+fn lost_transaction() -> CommitError {
+    CommitError {
+        message: "sqlite rolled the transaction back after an error".to_owned(),
+        retryable: true,
+    }
+}
+
+fn commit(conn: &Connection, seq: &SeqCounter) -> std::result::Result<(), CommitError> {
+    let run = || -> rusqlite::Result<()> {
+        if let Some(value) = seq.pending_write() {
+            conn.prepare_cached("UPDATE jobq_meta SET value = ?1 WHERE name = 'seq'")?
+                .execute([value])?;
+        }
+        conn.prepare_cached("COMMIT")?.execute([])?;
+        Ok(())
+    };
+    run().map_err(|err| CommitError::from_error(&db_error("commit", err)))
+}

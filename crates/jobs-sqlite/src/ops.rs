@@ -1,0 +1,843 @@
+//! The SQL behind each operation. Writes run on the writer thread inside a group
+//! transaction ([`WriteTx`]); reads run on a reader connection. Every "now" comes from
+//! the store's clock, passed in; no query calls SQLite's time functions (CONTRACT §3).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use jobs_core::validate::truncate_error;
+use jobs_core::{
+    ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState, Lease, LeaseToken,
+    ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
+    StoreSettings, Timestamp, LEASE_EXPIRED,
+};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use crate::engine::WriteTx;
+use crate::error::DbResultExt;
+
+const QUEUED: i64 = 0;
+const RUNNING: i64 = 1;
+const SUCCEEDED: i64 = 2;
+const DEAD: i64 = 3;
+const CANCELLED: i64 = 4;
+
+fn state_code(state: JobState) -> i64 {
+    match state {
+        JobState::Queued => QUEUED,
+        JobState::Running => RUNNING,
+        JobState::Succeeded => SUCCEEDED,
+        JobState::Dead => DEAD,
+        JobState::Cancelled => CANCELLED,
+    }
+}
+
+fn state_from_code(code: i64) -> Option<JobState> {
+    Some(match code {
+        QUEUED => JobState::Queued,
+        RUNNING => JobState::Running,
+        SUCCEEDED => JobState::Succeeded,
+        DEAD => JobState::Dead,
+        CANCELLED => JobState::Cancelled,
+        _ => return None,
+    })
+}
+
+/// The columns [`job_from_row`] reads, in its order.
+const JOB_COLUMNS: &str = "id, queue, tenant, idem_key, priority, run_at, max_attempts, \
+     parent, state, attempts, lease_worker, lease_token, lease_expires_at, created_at, \
+     started_at, heartbeat_at, finished_at, last_error, result, cancel_requested";
+
+fn id_from_blob(what: &str, bytes: &[u8]) -> Result<JobId> {
+    let array: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| Error::corrupt(what.to_owned(), format!("id of {} bytes", bytes.len())))?;
+    JobId::from_bytes(array).map_err(|err| Error::corrupt(what.to_owned(), err.to_string()))
+}
+
+fn millis(value: Option<i64>) -> Option<Timestamp> {
+    value.map(Timestamp::from_millis)
+}
+
+/// A token as SQLite stores it. Tokens count claims, so a value past `i64::MAX` was
+/// never issued: it can only be stale.
+fn token_value(token: LeaseToken) -> Option<i64> {
+    i64::try_from(token.get()).ok()
+}
+
+fn job_from_row(row: &Row<'_>) -> Result<Job> {
+    let read = |err| crate::error::db_error("read a job row", err);
+    let id_bytes: Vec<u8> = row.get(0).map_err(read)?;
+    let id = id_from_blob("job id", &id_bytes)?;
+    let what = || format!("job {id}");
+    let corrupt = |field: &str, value: i64| {
+        Error::corrupt(what(), format!("{field} holds {value}, out of range"))
+    };
+    let get_i64 = |index: usize| -> Result<i64> { row.get(index).map_err(read) };
+    let get_opt_i64 = |index: usize| -> Result<Option<i64>> { row.get(index).map_err(read) };
+
+    let priority_raw = get_i64(4)?;
+    let priority = i16::try_from(priority_raw).map_err(|_| corrupt("priority", priority_raw))?;
+    let max_attempts_raw = get_i64(6)?;
+    let max_attempts =
+        u32::try_from(max_attempts_raw).map_err(|_| corrupt("max_attempts", max_attempts_raw))?;
+    let parent = match row.get::<_, Option<Vec<u8>>>(7).map_err(read)? {
+        Some(bytes) => Some(id_from_blob(&what(), &bytes)?),
+        None => None,
+    };
+    let state_raw = get_i64(8)?;
+    let state = state_from_code(state_raw).ok_or_else(|| corrupt("state", state_raw))?;
+    let attempts_raw = get_i64(9)?;
+    let attempts = u32::try_from(attempts_raw).map_err(|_| corrupt("attempts", attempts_raw))?;
+    let lease = if state == JobState::Running {
+        let worker: Option<String> = row.get(10).map_err(read)?;
+        let token_raw = get_i64(11)?;
+        let token = u64::try_from(token_raw).map_err(|_| corrupt("lease_token", token_raw))?;
+        let expires = get_opt_i64(12)?;
+        match (worker, expires) {
+            (Some(worker), Some(expires)) => Some(Lease {
+                worker,
+                token: LeaseToken::new(token),
+                expires_at: Timestamp::from_millis(expires),
+            }),
+            _ => return Err(Error::corrupt(what(), "running without a lease")),
+        }
+    } else {
+        None
+    };
+    let result: Option<Vec<u8>> = row.get(18).map_err(read)?;
+    Ok(Job {
+        id,
+        queue: row.get(1).map_err(read)?,
+        tenant: row.get(2).map_err(read)?,
+        idempotency_key: row.get(3).map_err(read)?,
+        priority,
+        run_at: Timestamp::from_millis(get_i64(5)?),
+        max_attempts,
+        parent,
+        state,
+        attempts,
+        lease,
+        created_at: Timestamp::from_millis(get_i64(13)?),
+        started_at: millis(get_opt_i64(14)?),
+        heartbeat_at: millis(get_opt_i64(15)?),
+        finished_at: millis(get_opt_i64(16)?),
+        last_error: row.get(17).map_err(read)?,
+        result: result.map(Bytes::from),
+        cancel_requested: get_i64(19)? != 0,
+    })
+}
+
+fn job_exists(conn: &Connection, ns: i64, id: JobId) -> Result<bool> {
+    conn.prepare_cached("SELECT 1 FROM jobq_jobs WHERE ns = ?1 AND id = ?2")
+        .and_then(|mut stmt| stmt.exists(params![ns, id.to_bytes()]))
+        .db("look a job up")
+}
+
+/// Resolves (creating it if new) the small integer that stands for `name` in every row.
+pub(crate) fn namespace_id(tx: &mut WriteTx<'_>, name: &str) -> Result<i64> {
+    let conn = tx.conn();
+    conn.prepare_cached("INSERT OR IGNORE INTO jobq_namespaces (name) VALUES (?1)")
+        .and_then(|mut stmt| stmt.execute([name]))
+        .db("register the namespace")?;
+    conn.prepare_cached("SELECT id FROM jobq_namespaces WHERE name = ?1")
+        .and_then(|mut stmt| stmt.query_row([name], |row| row.get(0)))
+        .db("read the namespace id")
+}
+
+/// Rules E1–E7 for one job, already validated.
+pub(crate) fn enqueue(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    settings: &StoreSettings,
+    job: &NewJob,
+    now: Timestamp,
+) -> Result<Enqueued> {
+    if let Some(parent) = job.parent {
+        if !job_exists(tx.conn(), ns, parent)? {
+            return Err(Error::invalid("parent", format!("no job {parent} exists")));
+        }
+    }
+    if let Some(key) = &job.idempotency_key {
+        let existing: Option<(Vec<u8>, i64)> = tx
+            .conn()
+            .prepare_cached(
+                "SELECT job_id, created_at FROM jobq_dedup
+                 WHERE ns = ?1 AND tenant = ?2 AND key = ?3",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row(params![ns, job.tenant, key], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .optional()
+            })
+            .db("look the idempotency key up")?;
+        if let Some((id_bytes, created_at)) = existing {
+            let id = id_from_blob("idempotency record", &id_bytes)?;
+            // The key counts only while its window is open and its job still exists
+            // (E2, E6); a key whose job is gone is taken over by the new job (E5).
+            if settings.dedup_active(Timestamp::from_millis(created_at), now)
+                && job_exists(tx.conn(), ns, id)?
+            {
+                return Ok(Enqueued { id, created: false });
+            }
+        }
+    }
+
+    let id = JobId::mint(now);
+    let seq = tx.next_seq()?;
+    let run_at = job.run_at.unwrap_or(now);
+    let conn = tx.conn();
+    conn.prepare_cached(
+        "INSERT INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
+             max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key, parent)
+         VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, 0, ?7, 0, 0, ?8, ?9, ?10, ?11)",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            ns,
+            id.to_bytes(),
+            job.queue,
+            job.priority,
+            run_at.as_millis(),
+            seq,
+            job.max_attempts,
+            now.as_millis(),
+            job.tenant,
+            job.idempotency_key,
+            job.parent.map(JobId::to_bytes),
+        ])
+    })
+    .db("insert the job")?;
+    let row = conn.last_insert_rowid();
+    // OR REPLACE: a payload row left behind by a job deleted outside this crate must not
+    // block the new job that reuses its rowid.
+    conn.prepare_cached("INSERT OR REPLACE INTO jobq_payloads (job, payload) VALUES (?1, ?2)")
+        .and_then(|mut stmt| stmt.execute(params![row, &job.payload[..]]))
+        .db("insert the payload")?;
+    if let Some(key) = &job.idempotency_key {
+        conn.prepare_cached(
+            "INSERT OR REPLACE INTO jobq_dedup (ns, tenant, key, job_id, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![ns, job.tenant, key, id.to_bytes(), now.as_millis()])
+        })
+        .db("record the idempotency key")?;
+    }
+    if run_at <= now {
+        tx.wake(ns);
+    }
+    Ok(Enqueued { id, created: true })
+}
+
+/// Up to `limit` ready jobs of one queue in claim order, appended to `out`.
+///
+/// SQLite cannot skip from one priority band to the next inside a range scan, so a
+/// plain `ORDER BY priority DESC, run_at, seq` with `run_at <= now` would walk every
+/// *scheduled* job of a band before reaching the ready jobs of the next. This walks the
+/// bands itself: one index seek finds the next lower priority that has queued jobs, one
+/// range scan takes that band's ready jobs. The cost follows the jobs returned and the
+/// bands visited, not the scheduled backlog.
+fn ready_candidates(
+    conn: &Connection,
+    ns: i64,
+    queue: &str,
+    now: Timestamp,
+    limit: usize,
+    out: &mut Vec<(ReadyOrder, i64)>,
+) -> Result<()> {
+    let mut band = conn
+        .prepare_cached(
+            "SELECT priority FROM jobq_jobs INDEXED BY jobq_jobs_ready
+             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority < ?3
+             ORDER BY priority DESC LIMIT 1",
+        )
+        .db("prepare the priority scan")?;
+    let mut ready = conn
+        .prepare_cached(
+            "SELECT job, run_at, seq FROM jobq_jobs INDEXED BY jobq_jobs_ready
+             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority = ?3 AND run_at <= ?4
+             ORDER BY run_at, seq LIMIT ?5",
+        )
+        .db("prepare the ready scan")?;
+    let mut below = i64::from(i16::MAX) + 1;
+    let mut found = 0usize;
+    while found < limit {
+        let priority: Option<i64> = band
+            .query_row(params![ns, queue, below], |row| row.get(0))
+            .optional()
+            .db("find the next priority")?;
+        let Some(priority) = priority else { break };
+        let as_i16 = i16::try_from(priority).map_err(|_| {
+            Error::corrupt(
+                format!("queue {queue}"),
+                format!("priority {priority} out of range"),
+            )
+        })?;
+        let remaining = i64::try_from(limit - found).unwrap_or(i64::MAX);
+        let mut rows = ready
+            .query(params![ns, queue, priority, now.as_millis(), remaining])
+            .db("scan ready jobs")?;
+        while let Some(row) = rows.next().db("scan ready jobs")? {
+            let job: i64 = row.get(0).db("read a ready job")?;
+            let run_at: i64 = row.get(1).db("read a ready job")?;
+            let seq: i64 = row.get(2).db("read a ready job")?;
+            let seq = u64::try_from(seq).unwrap_or(0);
+            out.push((
+                ReadyOrder::new(as_i16, Timestamp::from_millis(run_at), seq),
+                job,
+            ));
+            found += 1;
+        }
+        below = priority;
+    }
+    Ok(())
+}
+
+/// Rules C1–C9: one transaction picks the ready set across the queues, orders it, cuts
+/// it to `limit`, and leases each job.
+pub(crate) fn claim(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<ClaimedJob>> {
+    let conn = tx.conn();
+    let mut queues: Vec<&str> = request.queues.iter().map(String::as_str).collect();
+    queues.sort_unstable();
+    queues.dedup();
+    let mut candidates = Vec::new();
+    for queue in queues {
+        ready_candidates(conn, ns, queue, now, request.limit, &mut candidates)?;
+    }
+    // Each queue gave its first `limit` jobs, so the first `limit` of the merge are the
+    // first `limit` of the whole ready set (C3).
+    candidates.sort_by_key(|(order, _)| *order);
+    candidates.truncate(request.limit);
+
+    let expires_at = now.saturating_add(request.lease_ttl);
+    let mut update = conn
+        .prepare_cached(&format!(
+            "UPDATE jobq_jobs SET state = 1, attempts = attempts + 1,
+                 lease_token = lease_token + 1, lease_worker = ?2, lease_expires_at = ?3,
+                 started_at = ?4, heartbeat_at = ?4
+             WHERE job = ?1 RETURNING {JOB_COLUMNS}"
+        ))
+        .db("prepare the claim")?;
+    let mut payload = conn
+        .prepare_cached("SELECT payload FROM jobq_payloads WHERE job = ?1")
+        .db("prepare the payload read")?;
+    let mut claimed = Vec::with_capacity(candidates.len());
+    for (_, row) in candidates {
+        let job = {
+            let mut rows = update
+                .query(params![
+                    row,
+                    request.worker,
+                    expires_at.as_millis(),
+                    now.as_millis()
+                ])
+                .db("lease a job")?;
+            match rows.next().db("lease a job")? {
+                Some(returned) => job_from_row(returned)?,
+                None => continue,
+            }
+        };
+        let bytes: Option<Vec<u8>> = payload
+            .query_row([row], |r| r.get(0))
+            .optional()
+            .db("read a payload")?;
+        let bytes =
+            bytes.ok_or_else(|| Error::corrupt(format!("job {}", job.id), "payload missing"))?;
+        claimed.push(ClaimedJob {
+            job,
+            payload: Bytes::from(bytes),
+        });
+    }
+    Ok(claimed)
+}
+
+/// The parts of a job that the lease calls decide on.
+struct LeaseRow {
+    row: i64,
+    attempts: i64,
+    max_attempts: i64,
+    cancel_requested: bool,
+}
+
+/// L2, L3: the job must exist (else not found), be running, and carry `token` (else
+/// lease lost).
+fn check_lease(conn: &Connection, ns: i64, id: JobId, token: LeaseToken) -> Result<LeaseRow> {
+    let found: Option<(i64, i64, i64, i64, i64, i64)> = conn
+        .prepare_cached(
+            "SELECT job, state, lease_token, attempts, max_attempts, cancel_requested
+             FROM jobq_jobs WHERE ns = ?1 AND id = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![ns, id.to_bytes()], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                    row.get(5)?,
+                ))
+            })
+            .optional()
+        })
+        .db("read the lease")?;
+    let Some((row, state, current, attempts, max_attempts, cancel)) = found else {
+        return Err(Error::NotFound { id });
+    };
+    if state != RUNNING || token_value(token) != Some(current) {
+        return Err(Error::LeaseLost { id });
+    }
+    Ok(LeaseRow {
+        row,
+        attempts,
+        max_attempts,
+        cancel_requested: cancel != 0,
+    })
+}
+
+/// Rule L1.
+pub(crate) fn heartbeat(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    id: JobId,
+    token: LeaseToken,
+    ttl: Duration,
+    now: Timestamp,
+) -> Result<Heartbeat> {
+    let conn = tx.conn();
+    let lease = check_lease(conn, ns, id, token)?;
+    let expires_at = now.saturating_add(ttl);
+    conn.prepare_cached(
+        "UPDATE jobq_jobs SET lease_expires_at = ?2, heartbeat_at = ?3 WHERE job = ?1",
+    )
+    .and_then(|mut stmt| stmt.execute(params![lease.row, expires_at.as_millis(), now.as_millis()]))
+    .db("extend the lease")?;
+    Ok(Heartbeat {
+        cancel_requested: lease.cancel_requested,
+        expires_at,
+    })
+}
+
+/// Rules L4, L5.
+pub(crate) fn complete(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    id: JobId,
+    token: LeaseToken,
+    result: Option<&[u8]>,
+    now: Timestamp,
+) -> Result<()> {
+    let conn = tx.conn();
+    let lease = check_lease(conn, ns, id, token)?;
+    conn.prepare_cached(
+        "UPDATE jobq_jobs SET state = 2, result = ?2, lease_worker = NULL,
+             lease_expires_at = NULL, finished_at = ?3
+         WHERE job = ?1",
+    )
+    .and_then(|mut stmt| stmt.execute(params![lease.row, result, now.as_millis()]))
+    .db("complete the job")?;
+    Ok(())
+}
+
+/// Ends a job for good: `succeeded` is set by [`complete`]; this is `dead` or
+/// `cancelled`, with the lease cleared and `last_error` set when given.
+fn finish(conn: &Connection, row: i64, state: i64, error: Option<&str>, now: Timestamp) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE jobq_jobs SET state = ?2, lease_worker = NULL, lease_expires_at = NULL,
+             finished_at = ?3, last_error = COALESCE(?4, last_error)
+         WHERE job = ?1",
+    )
+    .and_then(|mut stmt| stmt.execute(params![row, state, now.as_millis(), error]))
+    .db("finish the job")?;
+    Ok(())
+}
+
+/// Puts a job back in `queued`, ready at `run_at`, behind every job already there
+/// (a fresh `seq`). `attempts_delta` takes back an attempt on release (L8).
+fn requeue(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    row: i64,
+    run_at: Timestamp,
+    attempts_delta: i64,
+    error: Option<&str>,
+) -> Result<()> {
+    let seq = tx.next_seq()?;
+    tx.conn()
+        .prepare_cached(
+            "UPDATE jobq_jobs SET state = 0, run_at = ?2, seq = ?3,
+                 attempts = MAX(attempts + ?4, 0), lease_worker = NULL,
+                 lease_expires_at = NULL, last_error = COALESCE(?5, last_error)
+             WHERE job = ?1",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![row, run_at.as_millis(), seq, attempts_delta, error])
+        })
+        .db("requeue the job")?;
+    tx.wake(ns);
+    Ok(())
+}
+
+/// Rules L6, L7, and a cancellation asked for while the job ran (docs/DECISIONS.md).
+pub(crate) fn fail(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    id: JobId,
+    token: LeaseToken,
+    error: &str,
+    retry: Retry,
+    now: Timestamp,
+) -> Result<JobState> {
+    let lease = check_lease(tx.conn(), ns, id, token)?;
+    let error = truncate_error(error);
+    if lease.cancel_requested {
+        finish(tx.conn(), lease.row, CANCELLED, Some(error), now)?;
+        return Ok(JobState::Cancelled);
+    }
+    match retry {
+        Retry::At(at) if lease.attempts < lease.max_attempts => {
+            requeue(tx, ns, lease.row, at, 0, Some(error))?;
+            Ok(JobState::Queued)
+        }
+        _ => {
+            finish(tx.conn(), lease.row, DEAD, Some(error), now)?;
+            Ok(JobState::Dead)
+        }
+    }
+}
+
+/// Rule L8.
+pub(crate) fn release(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    id: JobId,
+    token: LeaseToken,
+    now: Timestamp,
+) -> Result<()> {
+    let lease = check_lease(tx.conn(), ns, id, token)?;
+    if lease.cancel_requested {
+        return finish(tx.conn(), lease.row, CANCELLED, None, now);
+    }
+    requeue(tx, ns, lease.row, now, -1, None)
+}
+
+/// Rules R1–R6: only the expired leases are read, through the lease index.
+pub(crate) fn reclaim(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    limit: usize,
+    now: Timestamp,
+) -> Result<Vec<ReclaimedJob>> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let expired: Vec<(i64, Vec<u8>, i64, i64, i64)> = tx
+        .conn()
+        .prepare_cached(
+            "SELECT job, id, attempts, max_attempts, cancel_requested
+             FROM jobq_jobs INDEXED BY jobq_jobs_lease
+             WHERE ns = ?1 AND state = 1 AND lease_expires_at < ?2
+             ORDER BY lease_expires_at LIMIT ?3",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![ns, now.as_millis(), limit], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
+            })?
+            .collect()
+        })
+        .db("find expired leases")?;
+    let mut reclaimed = Vec::with_capacity(expired.len());
+    for (row, id_bytes, attempts, max_attempts, cancel) in expired {
+        let id = id_from_blob("job id", &id_bytes)?;
+        let state = if cancel != 0 {
+            finish(tx.conn(), row, CANCELLED, Some(LEASE_EXPIRED), now)?;
+            JobState::Cancelled
+        } else if attempts >= max_attempts {
+            finish(tx.conn(), row, DEAD, Some(LEASE_EXPIRED), now)?;
+            JobState::Dead
+        } else {
+            requeue(tx, ns, row, now, 0, Some(LEASE_EXPIRED))?;
+            JobState::Queued
+        };
+        reclaimed.push(ReclaimedJob { id, state });
+    }
+    Ok(reclaimed)
+}
+
+fn current_state(conn: &Connection, ns: i64, id: JobId) -> Result<(i64, JobState)> {
+    let found: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT job, state FROM jobq_jobs WHERE ns = ?1 AND id = ?2")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![ns, id.to_bytes()], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()
+        })
+        .db("read the job state")?;
+    let (row, code) = found.ok_or(Error::NotFound { id })?;
+    let state = state_from_code(code)
+        .ok_or_else(|| Error::corrupt(format!("job {id}"), format!("state {code}")))?;
+    Ok((row, state))
+}
+
+/// Rule A1.
+pub(crate) fn cancel(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) -> Result<JobState> {
+    let (row, state) = current_state(tx.conn(), ns, id)?;
+    match state {
+        JobState::Queued => {
+            finish(tx.conn(), row, CANCELLED, None, now)?;
+            Ok(JobState::Cancelled)
+        }
+        JobState::Running => {
+            tx.conn()
+                .prepare_cached("UPDATE jobq_jobs SET cancel_requested = 1 WHERE job = ?1")
+                .and_then(|mut stmt| stmt.execute([row]))
+                .db("request cancellation")?;
+            Ok(JobState::Running)
+        }
+        terminal => Ok(terminal),
+    }
+}
+
+/// Rule A2.
+pub(crate) fn retry(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) -> Result<()> {
+    let (row, state) = current_state(tx.conn(), ns, id)?;
+    if !matches!(state, JobState::Dead | JobState::Cancelled) {
+        return Err(Error::InvalidState {
+            id,
+            state,
+            operation: "retry",
+        });
+    }
+    let seq = tx.next_seq()?;
+    tx.conn()
+        .prepare_cached(
+            "UPDATE jobq_jobs SET state = 0, run_at = ?2, seq = ?3, attempts = 0,
+                 cancel_requested = 0, finished_at = NULL, result = NULL,
+                 lease_worker = NULL, lease_expires_at = NULL
+             WHERE job = ?1",
+        )
+        .and_then(|mut stmt| stmt.execute(params![row, now.as_millis(), seq]))
+        .db("retry the job")?;
+    tx.wake(ns);
+    Ok(())
+}
+
+/// Rule A5: deletes terminal jobs past retention with their payloads and the
+/// idempotency records that point at them.
+pub(crate) fn purge(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    settings: &StoreSettings,
+    limit: usize,
+    now: Timestamp,
+) -> Result<u64> {
+    let cutoff = settings.retention_cutoff(now);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let conn = tx.conn();
+    let due: Vec<(i64, Vec<u8>, String, Option<String>)> = conn
+        .prepare_cached(
+            "SELECT job, id, tenant, idem_key FROM jobq_jobs INDEXED BY jobq_jobs_finished
+             WHERE ns = ?1 AND finished_at IS NOT NULL AND finished_at <= ?2
+             ORDER BY finished_at LIMIT ?3",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![ns, cutoff.as_millis(), limit], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })?
+            .collect()
+        })
+        .db("find jobs past retention")?;
+    let mut deleted = 0u64;
+    for (row, id, tenant, key) in due {
+        delete_record(conn, row)?;
+        if let Some(key) = key {
+            conn.prepare_cached(
+                "DELETE FROM jobq_dedup
+                 WHERE ns = ?1 AND tenant = ?2 AND key = ?3 AND job_id = ?4",
+            )
+            .and_then(|mut stmt| stmt.execute(params![ns, tenant, key, id]))
+            .db("delete the idempotency record")?;
+        }
+        deleted += 1;
+    }
+    Ok(deleted)
+}
+
+fn delete_record(conn: &Connection, row: i64) -> Result<()> {
+    conn.prepare_cached("DELETE FROM jobq_jobs WHERE job = ?1")
+        .and_then(|mut stmt| stmt.execute([row]))
+        .db("delete the job")?;
+    conn.prepare_cached("DELETE FROM jobq_payloads WHERE job = ?1")
+        .and_then(|mut stmt| stmt.execute([row]))
+        .db("delete the payload")?;
+    Ok(())
+}
+
+/// Deletes a job's record and payload but keeps its idempotency record: a lost record,
+/// for testing C7 and R5.
+pub(crate) fn vanish(tx: &mut WriteTx<'_>, ns: i64, id: JobId) -> Result<()> {
+    let (row, _) = current_state(tx.conn(), ns, id)?;
+    delete_record(tx.conn(), row)
+}
+
+/// Rule E1.
+pub(crate) fn get(conn: &Connection, ns: i64, id: JobId) -> Result<Job> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobq_jobs WHERE ns = ?1 AND id = ?2"
+        ))
+        .db("prepare get")?;
+    let mut rows = stmt.query(params![ns, id.to_bytes()]).db("read a job")?;
+    match rows.next().db("read a job")? {
+        Some(row) => job_from_row(row),
+        None => Err(Error::NotFound { id }),
+    }
+}
+
+/// Rule E1: the payload bytes.
+pub(crate) fn payload(conn: &Connection, ns: i64, id: JobId) -> Result<Bytes> {
+    let found: Option<Option<Vec<u8>>> = conn
+        .prepare_cached(
+            "SELECT p.payload FROM jobq_jobs j LEFT JOIN jobq_payloads p ON p.job = j.job
+             WHERE j.ns = ?1 AND j.id = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![ns, id.to_bytes()], |row| row.get(0))
+                .optional()
+        })
+        .db("read a payload")?;
+    match found {
+        None => Err(Error::NotFound { id }),
+        Some(None) => Err(Error::corrupt(format!("job {id}"), "payload missing")),
+        Some(Some(bytes)) => Ok(Bytes::from(bytes)),
+    }
+}
+
+fn collect_jobs(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Vec<Job>> {
+    let mut stmt = conn.prepare_cached(sql).db("prepare a job query")?;
+    let mut rows = stmt.query(params).db("query jobs")?;
+    let mut jobs = Vec::new();
+    while let Some(row) = rows.next().db("query jobs")? {
+        jobs.push(job_from_row(row)?);
+    }
+    Ok(jobs)
+}
+
+/// Rule E8.
+pub(crate) fn children(conn: &Connection, ns: i64, parent: JobId) -> Result<Vec<Job>> {
+    collect_jobs(
+        conn,
+        &format!(
+            "SELECT {JOB_COLUMNS} FROM jobq_jobs INDEXED BY jobq_jobs_parent
+             WHERE ns = ?1 AND parent = ?2 ORDER BY id"
+        ),
+        params![ns, parent.to_bytes()],
+    )
+}
+
+/// Rule A3, from one snapshot.
+pub(crate) fn stats(conn: &Connection, ns: i64, queue: &str, now: Timestamp) -> Result<QueueStats> {
+    let tx = conn.unchecked_transaction().db("begin a read")?;
+    let mut stats = QueueStats::default();
+    let mut queued = 0u64;
+    {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT state, COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_state
+                 WHERE ns = ?1 AND queue = ?2 GROUP BY state",
+            )
+            .db("prepare stats")?;
+        let mut rows = stmt.query(params![ns, queue]).db("count jobs")?;
+        while let Some(row) = rows.next().db("count jobs")? {
+            let code: i64 = row.get(0).db("count jobs")?;
+            let count: i64 = row.get(1).db("count jobs")?;
+            let count = u64::try_from(count).unwrap_or(0);
+            match state_from_code(code) {
+                Some(JobState::Queued) => queued = count,
+                Some(JobState::Running) => stats.running = count,
+                Some(JobState::Succeeded) => stats.succeeded = count,
+                Some(JobState::Dead) => stats.dead = count,
+                Some(JobState::Cancelled) => stats.cancelled = count,
+                None => {
+                    return Err(Error::corrupt(
+                        format!("queue {queue}"),
+                        format!("{count} jobs in unknown state {code}"),
+                    ))
+                }
+            }
+        }
+    }
+    let ready: i64 = tx
+        .prepare_cached(
+            "SELECT COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_ready
+             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND run_at <= ?3",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![ns, queue, now.as_millis()], |r| r.get(0)))
+        .db("count ready jobs")?;
+    stats.ready = u64::try_from(ready).unwrap_or(0).min(queued);
+    stats.scheduled = queued - stats.ready;
+    tx.finish().db("end a read")?;
+    Ok(stats)
+}
+
+/// Rule A4: newest first by id. Without a state filter it merges one index range per
+/// state, so every page is a few short index scans whatever the queue's size.
+pub(crate) fn list(conn: &Connection, ns: i64, query: &ListQuery) -> Result<ListPage> {
+    // Every id is 16 bytes; 17 bytes of 0xff sort after all of them.
+    let cursor: Vec<u8> = match query.cursor {
+        Some(id) => id.to_bytes().to_vec(),
+        None => vec![0xff; 17],
+    };
+    let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+    let states: Vec<JobState> = match query.state {
+        Some(state) => vec![state],
+        None => JobState::ALL.to_vec(),
+    };
+    let tx = conn.unchecked_transaction().db("begin a read")?;
+    let sql = format!(
+        "SELECT {JOB_COLUMNS} FROM jobq_jobs INDEXED BY jobq_jobs_state
+         WHERE ns = ?1 AND queue = ?2 AND state = ?3 AND id < ?4
+         ORDER BY id DESC LIMIT ?5"
+    );
+    let mut jobs = Vec::new();
+    for state in states {
+        jobs.extend(collect_jobs(
+            &tx,
+            &sql,
+            params![ns, query.queue, state_code(state), cursor, limit],
+        )?);
+    }
+    tx.finish().db("end a read")?;
+    jobs.sort_unstable_by(|a, b| b.id.cmp(&a.id));
+    jobs.truncate(query.limit);
+    let next = if jobs.len() == query.limit {
+        jobs.last().map(|job| job.id)
+    } else {
+        None
+    };
+    Ok(ListPage { jobs, next })
+}
+
+/// Whether any of `queues` holds a ready job: what `wait_for_work` polls.
+pub(crate) fn has_ready(conn: &Connection, ns: i64, queues: &[String], now: Timestamp) -> Result<bool> {
+    let mut found = Vec::new();
+    for queue in queues {
+        ready_candidates(conn, ns, queue, now, 1, &mut found)?;
+        if !found.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

@@ -1,0 +1,208 @@
+//! Opening connections and the versioned schema.
+//!
+//! Every table is prefixed `jobq_` and the schema version lives in `jobq_meta`, not in
+//! `PRAGMA user_version`, so the queue can share a file with an application's own tables
+//! and migrations.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use jobs_core::{Error, Result};
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+
+use crate::config::SqliteConfig;
+use crate::error::DbResultExt;
+
+/// The migrations, in order. Entry `i` moves the schema from version `i` to `i + 1`.
+/// Applied migrations are never edited: a change is a new entry.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // Version 1.
+    //
+    // `jobq_jobs.ns` is a small integer from `jobq_namespaces`, so no index repeats the
+    // namespace string. Payloads live in their own table: SQLite rewrites a whole row on
+    // every UPDATE, and a claim or a heartbeat must not copy a 16 MiB payload.
+    // `lease_token` is the last token issued and outlives the lease, so the next claim
+    // hands out a greater one (CONTRACT C6).
+    r#"
+    CREATE TABLE jobq_namespaces (
+        id   INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE
+    );
+
+    CREATE TABLE jobq_jobs (
+        job              INTEGER PRIMARY KEY,
+        ns               INTEGER NOT NULL,
+        id               BLOB NOT NULL,
+        queue            TEXT NOT NULL,
+        state            INTEGER NOT NULL,
+        priority         INTEGER NOT NULL,
+        run_at           INTEGER NOT NULL,
+        seq              INTEGER NOT NULL,
+        attempts         INTEGER NOT NULL,
+        max_attempts     INTEGER NOT NULL,
+        lease_token      INTEGER NOT NULL,
+        lease_worker     TEXT,
+        lease_expires_at INTEGER,
+        cancel_requested INTEGER NOT NULL,
+        created_at       INTEGER NOT NULL,
+        started_at       INTEGER,
+        heartbeat_at     INTEGER,
+        finished_at      INTEGER,
+        tenant           TEXT NOT NULL,
+        idem_key         TEXT,
+        parent           BLOB,
+        last_error       TEXT,
+        result           BLOB
+    );
+
+    -- get, payload and every lease call: one job by id.
+    CREATE UNIQUE INDEX jobq_jobs_id ON jobq_jobs (ns, id);
+    -- claim: the ready set of one queue in claim order (CONTRACT C3), queued jobs only.
+    CREATE INDEX jobq_jobs_ready ON jobq_jobs (ns, queue, priority, run_at, seq)
+        WHERE state = 0;
+    -- reclaim: running jobs by lease expiry, so the cost follows the expired ones (R6).
+    CREATE INDEX jobq_jobs_lease ON jobq_jobs (ns, lease_expires_at) WHERE state = 1;
+    -- list (newest first by id, per state) and stats (counts per state).
+    CREATE INDEX jobq_jobs_state ON jobq_jobs (ns, queue, state, id);
+    -- purge: terminal jobs by the time they finished.
+    CREATE INDEX jobq_jobs_finished ON jobq_jobs (ns, finished_at)
+        WHERE finished_at IS NOT NULL;
+    -- children: a parent's jobs, oldest first.
+    CREATE INDEX jobq_jobs_parent ON jobq_jobs (ns, parent, id) WHERE parent IS NOT NULL;
+
+    CREATE TABLE jobq_payloads (
+        job     INTEGER PRIMARY KEY,
+        payload BLOB NOT NULL
+    );
+
+    -- The idempotency index: (tenant, key) -> the job it made, and when (E2, E5, E6).
+    CREATE TABLE jobq_dedup (
+        ns         INTEGER NOT NULL,
+        tenant     TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        job_id     BLOB NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (ns, tenant, key)
+    ) WITHOUT ROWID;
+
+    INSERT INTO jobq_meta (name, value) VALUES ('seq', 0);
+    "#,
+];
+
+/// The schema version this build writes.
+pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+fn open_connection(path: &Path, config: &SqliteConfig) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
+    let conn = Connection::open_with_flags(path, flags).db("open the database file")?;
+    conn.busy_timeout(config.busy_timeout)
+        .db("set the busy timeout")?;
+    Ok(conn)
+}
+
+/// Runs `f` again while another connection holds a lock that the busy handler does not
+/// wait for (switching the journal mode of a new file is one), up to the busy timeout.
+fn retry_busy<T>(timeout: Duration, mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match f() {
+            Err(rusqlite::Error::SqliteFailure(failure, message))
+                if matches!(
+                    failure.code,
+                    ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked
+                ) =>
+            {
+                if Instant::now() >= deadline {
+                    return Err(rusqlite::Error::SqliteFailure(failure, message));
+                }
+                // A deliberate back-off: another process is creating the file.
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Opens the writer's connection: WAL mode, the chosen `synchronous`, then the
+/// migrations.
+pub(crate) fn open_writer(path: &Path, config: &SqliteConfig) -> Result<Connection> {
+    let mut conn = open_connection(path, config)?;
+    let mode: String = retry_busy(config.busy_timeout, || {
+        conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+    })
+    .db("switch to WAL mode")?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Backend {
+            message: format!(
+                "sqlite refused WAL mode (journal_mode is {mode}); the file must be on a local file system"
+            ),
+            source: None,
+        });
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {};
+         PRAGMA temp_store = MEMORY;
+         PRAGMA cache_size = -32768;
+         PRAGMA journal_size_limit = 67108864;",
+        config.synchronous.pragma_value()
+    ))
+    .db("set the connection pragmas")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    retry_busy(config.busy_timeout, || migrate(&mut conn)).map_err(|err| {
+        crate::error::db_error("apply the schema migrations", err)
+    })??;
+    Ok(conn)
+}
+
+/// Opens a reader's connection. `query_only` makes a write through it an error, so a
+/// mistake cannot bypass the writer's group commit.
+pub(crate) fn open_reader(path: &Path, config: &SqliteConfig) -> Result<Connection> {
+    let conn = open_connection(path, config)?;
+    conn.execute_batch("PRAGMA query_only = 1; PRAGMA temp_store = MEMORY;")
+        .db("set the reader pragmas")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+/// Applies the missing migrations in one `BEGIN IMMEDIATE` transaction. Two processes
+/// opening a new file at once serialise on the write lock; the second finds the version
+/// already current and applies nothing. The outer result is SQLite's (retried while
+/// busy); the inner one refuses a file from a newer build.
+fn migrate(conn: &mut Connection) -> rusqlite::Result<Result<()>> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS jobq_meta (
+             name  TEXT PRIMARY KEY,
+             value INTEGER NOT NULL
+         ) WITHOUT ROWID;
+         INSERT OR IGNORE INTO jobq_meta (name, value) VALUES ('schema_version', 0);",
+    )?;
+    let version: i64 = tx.query_row(
+        "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
+        [],
+        |row| row.get(0),
+    )?;
+    if version > SCHEMA_VERSION {
+        return Ok(Err(Error::Backend {
+            message: format!(
+                "the file's job schema is version {version}, newer than this build's {SCHEMA_VERSION}; upgrade jobs-sqlite"
+            ),
+            source: None,
+        }));
+    }
+    let start = usize::try_from(version.max(0)).unwrap_or(0);
+    for (index, migration) in MIGRATIONS.iter().enumerate().skip(start) {
+        tx.execute_batch(migration)?;
+        tx.execute(
+            "UPDATE jobq_meta SET value = ?1 WHERE name = 'schema_version'",
+            [index as i64 + 1],
+        )?;
+    }
+    tx.commit()?;
+    Ok(Ok(()))
+}
