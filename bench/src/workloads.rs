@@ -1,0 +1,337 @@
+//! The workloads of `cargo xtask bench`, each measured on one fresh store.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jobs_core::{ClaimRequest, JobState, NewJob, Store};
+use tokio::task::JoinSet;
+
+use crate::drain::{self, DrainConfig, Driver};
+use crate::progress::Progress;
+use crate::report::{millis, quantile, rate, Line};
+
+/// The queue every workload uses (the namespace isolates runs).
+pub const QUEUE: &str = "bench";
+
+/// Options shared by the workloads.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The backend name, for the result lines.
+    pub backend: String,
+    /// Jobs per run.
+    pub jobs: u64,
+    /// Jobs run at once by the workers.
+    pub concurrency: usize,
+    /// Jobs per claim of the loop driver.
+    pub claim_batch: usize,
+    /// Jobs per `enqueue_batch`.
+    pub enqueue_batch: usize,
+    /// Concurrent producers of the one-at-a-time enqueue workload.
+    pub producers: usize,
+    /// Jobs per second of the latency workload's producer.
+    pub rate: u64,
+    /// The drain driver.
+    pub driver: Driver,
+    /// How long without a finished job before a run is declared stalled.
+    pub stall: Duration,
+}
+
+impl Options {
+    fn line(&self, workload: &str) -> Line {
+        Line::new(workload, &self.backend).int("jobs", self.jobs)
+    }
+
+    fn drain_config(&self) -> DrainConfig {
+        DrainConfig {
+            queue: QUEUE.to_owned(),
+            concurrency: self.concurrency,
+            batch: self.claim_batch,
+            lease: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The payload of job `index`: its number in decimal, as a JSON number (what apalis
+/// stores for a `u64` argument too).
+pub fn payload(index: u64) -> NewJob {
+    NewJob::new(QUEUE).payload(index.to_string().into_bytes())
+}
+
+/// Enqueues jobs `range` in batches of `batch`, as fast as the store takes them.
+async fn fill(store: &dyn Store, range: std::ops::Range<u64>, batch: usize) -> Result<(), String> {
+    let mut next = range.start;
+    while next < range.end {
+        let end = (next + batch as u64).min(range.end);
+        let jobs: Vec<NewJob> = (next..end).map(payload).collect();
+        store
+            .enqueue_batch(jobs)
+            .await
+            .map_err(|e| format!("enqueue_batch: {e}"))?;
+        next = end;
+    }
+    Ok(())
+}
+
+/// `enqueue-one`: `producers` tasks each enqueue their share one job per call.
+pub async fn enqueue_one(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+    let per_producer = opts.jobs.div_ceil(opts.producers as u64);
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for p in 0..opts.producers as u64 {
+        let store = Arc::clone(&store);
+        let range = (p * per_producer)..((p + 1) * per_producer).min(opts.jobs);
+        tasks.spawn(async move {
+            for i in range {
+                store
+                    .enqueue(payload(i))
+                    .await
+                    .map_err(|e| format!("enqueue: {e}"))?;
+            }
+            Ok::<(), String>(())
+        });
+    }
+    join_all(tasks).await?;
+    let elapsed = started.elapsed();
+    opts.line("enqueue-one")
+        .int("producers", opts.producers as u64)
+        .num("value", rate(opts.jobs, elapsed))
+        .text("unit", "jobs/s")
+        .num("seconds", elapsed.as_secs_f64())
+        .emit();
+    Ok(())
+}
+
+/// `enqueue-batch`: one producer enqueues `enqueue_batch` jobs per call.
+pub async fn enqueue_batch(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+    let started = Instant::now();
+    fill(store.as_ref(), 0..opts.jobs, opts.enqueue_batch).await?;
+    let elapsed = started.elapsed();
+    opts.line("enqueue-batch")
+        .int("batch", opts.enqueue_batch as u64)
+        .num("value", rate(opts.jobs, elapsed))
+        .text("unit", "jobs/s")
+        .num("seconds", elapsed.as_secs_f64())
+        .emit();
+    Ok(())
+}
+
+/// `e2e-backlog`: enqueue every job, then start the workers and time them from the
+/// first job started to the last completion stored.
+pub async fn e2e_backlog(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+    let fill_started = Instant::now();
+    fill(store.as_ref(), 0..opts.jobs, opts.enqueue_batch.max(1)).await?;
+    let fill_time = fill_started.elapsed();
+    let progress = Arc::new(Progress::new(opts.jobs, false));
+    let workers = drain::start(
+        opts.driver,
+        Arc::clone(&store),
+        &opts.drain_config(),
+        Arc::clone(&progress),
+    )
+    .await?;
+    let waited = progress.wait(opts.stall).await;
+    let stopped = workers.stop().await;
+    waited?;
+    stopped?;
+    let span = progress.span().ok_or("no job ran")?;
+    check_drained(store.as_ref()).await?;
+    opts.line("e2e-backlog")
+        .int("concurrency", opts.concurrency as u64)
+        .text("driver", opts.driver.name())
+        .num("value", rate(opts.jobs, span))
+        .text("unit", "jobs/s")
+        .num("seconds", span.as_secs_f64())
+        .num("fill_seconds", fill_time.as_secs_f64())
+        .emit();
+    Ok(())
+}
+
+/// `e2e-producer`: start the workers on an empty queue, then one producer enqueues
+/// every job in batches while they run; timed from the first job started to the last
+/// completion stored.
+pub async fn e2e_producer(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+    let progress = Arc::new(Progress::new(opts.jobs, false));
+    let workers = drain::start(
+        opts.driver,
+        Arc::clone(&store),
+        &opts.drain_config(),
+        Arc::clone(&progress),
+    )
+    .await?;
+    let producer = {
+        let store = Arc::clone(&store);
+        let (jobs, batch) = (opts.jobs, opts.enqueue_batch.max(1));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            fill(store.as_ref(), 0..jobs, batch).await?;
+            Ok::<Duration, String>(started.elapsed())
+        })
+    };
+    let waited = progress.wait(opts.stall).await;
+    let stopped = workers.stop().await;
+    let produced = producer.await.map_err(|e| format!("producer: {e}"))?;
+    waited?;
+    stopped?;
+    let produce_time = produced?;
+    let span = progress.span().ok_or("no job ran")?;
+    check_drained(store.as_ref()).await?;
+    opts.line("e2e-producer")
+        .int("concurrency", opts.concurrency as u64)
+        .int("batch", opts.enqueue_batch as u64)
+        .text("driver", opts.driver.name())
+        .num("value", rate(opts.jobs, span))
+        .text("unit", "jobs/s")
+        .num("seconds", span.as_secs_f64())
+        .num("produce_rate", rate(opts.jobs, produce_time))
+        .emit();
+    Ok(())
+}
+
+/// `latency`: a producer enqueues one job at a time at a steady rate into idle workers;
+/// the pickup latency of a job runs from its enqueue returning to its handler starting.
+pub async fn latency(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+    let progress = Arc::new(Progress::new(opts.jobs, true));
+    let workers = drain::start(
+        opts.driver,
+        Arc::clone(&store),
+        &opts.drain_config(),
+        Arc::clone(&progress),
+    )
+    .await?;
+    // Let the workers reach their idle wait before the first job arrives.
+    idle(Duration::from_millis(200)).await;
+    let mut returned = Vec::with_capacity(opts.jobs as usize);
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / opts.rate.max(1) as f64));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for i in 0..opts.jobs {
+        ticks.tick().await;
+        store
+            .enqueue(payload(i))
+            .await
+            .map_err(|e| format!("enqueue: {e}"))?;
+        returned.push(Instant::now());
+    }
+    let waited = progress.wait(opts.stall).await;
+    let stopped = workers.stop().await;
+    waited?;
+    stopped?;
+    let mut latencies: Vec<f64> = returned
+        .iter()
+        .enumerate()
+        .map(|(i, enqueued)| {
+            let started = progress.start_of(i).ok_or(format!("job {i} never started"))?;
+            // A handler may start before the enqueue call has returned to the producer;
+            // that pickup took no time after the enqueue returned.
+            Ok(millis(started.saturating_duration_since(*enqueued)))
+        })
+        .collect::<Result<_, String>>()?;
+    latencies.sort_by(f64::total_cmp);
+    opts.line("latency")
+        .int("rate", opts.rate)
+        .int("concurrency", opts.concurrency as u64)
+        .text("driver", opts.driver.name())
+        .num("p50_ms", quantile(&latencies, 0.50))
+        .num("p99_ms", quantile(&latencies, 0.99))
+        .num("max_ms", quantile(&latencies, 1.0))
+        .num("value", quantile(&latencies, 0.50))
+        .text("unit", "ms")
+        .emit();
+    Ok(())
+}
+
+/// `reclaim`: `jobs` live leases and a few expired ones; times `reclaim` recovering the
+/// expired ones, several times.
+pub async fn reclaim(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+    const EXPIRED: usize = 10;
+    const REPEATS: usize = 20;
+    let live = opts.jobs;
+    fill(store.as_ref(), 0..(EXPIRED as u64), EXPIRED).await?;
+    fill(store.as_ref(), (EXPIRED as u64)..(EXPIRED as u64 + live), 1_000).await?;
+    let short = Duration::from_millis(1);
+    let long = Duration::from_secs(3_600);
+    // The first jobs enqueued are claimed first (FIFO), on a lease that runs out at once.
+    let request = |ttl: Duration, limit: usize| {
+        ClaimRequest::new([QUEUE], "bench-reclaim", ttl).limit(limit)
+    };
+    let expiring = store
+        .claim(request(short, EXPIRED))
+        .await
+        .map_err(|e| format!("claim: {e}"))?;
+    if expiring.len() != EXPIRED {
+        return Err(format!("claimed {} expiring jobs, wanted {EXPIRED}", expiring.len()));
+    }
+    let mut leased = 0u64;
+    while leased < live {
+        let limit = (live - leased).min(1_000) as usize;
+        let claimed = store
+            .claim(request(long, limit))
+            .await
+            .map_err(|e| format!("claim: {e}"))?;
+        if claimed.is_empty() {
+            return Err(format!("only {leased} of {live} jobs could be leased"));
+        }
+        leased += claimed.len() as u64;
+    }
+    let mut expired_times = Vec::with_capacity(REPEATS);
+    let mut empty_times = Vec::with_capacity(REPEATS);
+    for _ in 0..REPEATS {
+        // The clock has millisecond resolution and expiry is strict (R1): wait past it.
+        idle(Duration::from_millis(5)).await;
+        let started = Instant::now();
+        let reclaimed = store.reclaim(100).await.map_err(|e| format!("reclaim: {e}"))?;
+        expired_times.push(millis(started.elapsed()));
+        if reclaimed.len() != EXPIRED || reclaimed.iter().any(|r| r.state != JobState::Queued) {
+            return Err(format!("reclaim returned {reclaimed:?}, wanted {EXPIRED} requeued"));
+        }
+        let started = Instant::now();
+        let none = store.reclaim(100).await.map_err(|e| format!("reclaim: {e}"))?;
+        empty_times.push(millis(started.elapsed()));
+        if !none.is_empty() {
+            return Err(format!("a second reclaim returned {none:?}"));
+        }
+        // The requeued jobs are the only ready ones: lease them again, briefly.
+        let again = store
+            .claim(request(short, EXPIRED))
+            .await
+            .map_err(|e| format!("claim: {e}"))?;
+        if again.len() != EXPIRED {
+            return Err(format!("re-claimed {} jobs, wanted {EXPIRED}", again.len()));
+        }
+    }
+    expired_times.sort_by(f64::total_cmp);
+    empty_times.sort_by(f64::total_cmp);
+    opts.line("reclaim")
+        .int("expired", EXPIRED as u64)
+        .int("repeats", REPEATS as u64)
+        .num("value", quantile(&expired_times, 0.5))
+        .text("unit", "ms")
+        .num("max_ms", quantile(&expired_times, 1.0))
+        .num("empty_ms", quantile(&empty_times, 0.5))
+        .emit();
+    Ok(())
+}
+
+/// Checks the queue holds no ready or running job: every job ran and completed.
+async fn check_drained(store: &dyn Store) -> Result<(), String> {
+    let stats = store.stats(QUEUE).await.map_err(|e| format!("stats: {e}"))?;
+    if stats.ready + stats.scheduled + stats.running + stats.dead + stats.cancelled != 0 {
+        return Err(format!("queue not drained cleanly: {stats:?}"));
+    }
+    Ok(())
+}
+
+/// Waits for `duration` of real time (a benchmark pause, not a test's wait for expiry).
+async fn idle(duration: Duration) {
+    tokio::time::sleep_until(tokio::time::Instant::now() + duration).await;
+}
+
+async fn join_all(mut tasks: JoinSet<Result<(), String>>) -> Result<(), String> {
+    let mut first_error = None;
+    while let Some(joined) = tasks.join_next().await {
+        let outcome = joined.map_err(|e| format!("task: {e}")).and_then(|r| r);
+        if let Err(err) = outcome {
+            first_error.get_or_insert(err);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
