@@ -1,0 +1,63 @@
+//! The shared conformance suite against SQLite: every test of this binary shares one
+//! file, so namespaces are tested side by side in it (CONTRACT C8), and each `open` is
+//! a new store over that file (a reopen, CONTRACT A6).
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use jobs_core::{async_trait, JobId, Result, Store, StoreSettings};
+use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+
+struct SqliteHarness {
+    path: PathBuf,
+}
+
+/// One file per test process, in the target directory. Files of test processes that
+/// are gone are removed first, so runs do not pile them up.
+fn shared_file() -> PathBuf {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sqlite-conformance");
+        let _ = std::fs::create_dir_all(&dir);
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let pid = name.split('.').next().unwrap_or_default();
+                if !pid.is_empty() && !PathBuf::from(format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        dir.join(format!("{}.db", std::process::id()))
+    })
+    .clone()
+}
+
+fn config() -> SqliteConfig {
+    // The suite checks behaviour, not power-loss durability; NORMAL keeps the hundreds
+    // of small transactions of the suite from waiting on fsync. The crash test covers
+    // FULL.
+    SqliteConfig::default().synchronous(Synchronous::Normal)
+}
+
+#[async_trait]
+impl jobs_conformance::Harness for SqliteHarness {
+    async fn open(&self, settings: StoreSettings) -> Result<Arc<dyn Store>> {
+        let store = SqliteStore::open_with(&self.path, settings, config()).await?;
+        Ok(Arc::new(store))
+    }
+
+    async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
+        let settings = StoreSettings::default().namespace(namespace);
+        let store = SqliteStore::open_with(&self.path, settings, config()).await?;
+        store.vanish(id).await
+    }
+}
+
+async fn harness() -> Option<SqliteHarness> {
+    Some(SqliteHarness {
+        path: shared_file(),
+    })
+}
+
+jobs_conformance::conformance_tests!(harness);

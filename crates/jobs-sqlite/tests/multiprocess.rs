@@ -1,0 +1,266 @@
+//! Several OS processes drain one queue from one file: every job is claimed exactly
+//! once, across processes as well as inside each.
+//!
+//! The test binary runs itself again as the child processes: `child_drainer` does its
+//! work only when `JOBS_SQLITE_CHILD_DB` is set, and is a no-op in a normal run.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobs_core::{ClaimRequest, JobId, JobState, NewJob, Store, StoreSettings};
+use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+
+const CHILD_DB: &str = "JOBS_SQLITE_CHILD_DB";
+const CHILD_NAME: &str = "JOBS_SQLITE_CHILD_NAME";
+const QUEUES: [&str; 2] = ["mp-a", "mp-b"];
+const JOBS: usize = 1500;
+const CHILDREN: usize = 3;
+
+fn settings() -> StoreSettings {
+    StoreSettings::default().namespace("multiprocess")
+}
+
+fn config() -> SqliteConfig {
+    // A short poll so that the parent's late enqueues reach waiting children quickly.
+    SqliteConfig::default()
+        .synchronous(Synchronous::Normal)
+        .poll_interval(Duration::from_millis(20))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => panic!("cannot start a runtime: {err}"),
+    }
+}
+
+/// The queue of the parent's "all enqueued" marker, which no drainer claims from.
+const DONE_QUEUE: &str = "mp-done";
+
+/// Claims, in batches of varying size, from both queues, completing each job and
+/// printing `CLAIMED <id>` once the completion is acknowledged. Stops when a claim comes
+/// back empty *after* the parent's marker was seen: the marker is enqueued after every
+/// job, so by then every job exists and an empty claim means all were taken.
+async fn drain(store: Arc<SqliteStore>, worker: String) -> Vec<String> {
+    let queues: Vec<String> = QUEUES.iter().map(|q| q.to_string()).collect();
+    let mut lines = Vec::new();
+    let mut limit = 1;
+    loop {
+        let all_enqueued = match store.stats(DONE_QUEUE).await {
+            Ok(stats) => stats.ready > 0,
+            Err(err) => panic!("{worker}: stats failed: {err}"),
+        };
+        let request = ClaimRequest::new(queues.clone(), worker.clone(), Duration::from_secs(600))
+            .limit(limit);
+        limit = limit % 7 + 1;
+        let claimed = match store.claim(request).await {
+            Ok(claimed) => claimed,
+            Err(err) if err.is_retryable() => continue,
+            Err(err) => panic!("{worker}: claim failed: {err}"),
+        };
+        if claimed.is_empty() {
+            if all_enqueued {
+                return lines;
+            }
+            let _ = store.wait_for_work(&queues, Duration::from_millis(200)).await;
+            continue;
+        }
+        for job in claimed {
+            if let Err(err) = store.complete(job.id(), job.token(), None).await {
+                panic!("{worker}: complete of {} failed: {err}", job.id());
+            }
+            let line = format!("CLAIMED {}", job.id());
+            println!("{line}");
+            lines.push(line);
+        }
+    }
+}
+
+#[test]
+fn child_drainer() {
+    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
+        return;
+    };
+    runtime().block_on(async move {
+        let store = match SqliteStore::open_with(&db, settings(), config()).await {
+            Ok(store) => Arc::new(store),
+            Err(err) => panic!("child {name}: open failed: {err}"),
+        };
+        let tasks: Vec<_> = (0..2)
+            .map(|t| tokio::spawn(drain(store.clone(), format!("{name}-t{t}"))))
+            .collect();
+        for task in tasks {
+            if let Err(err) = task.await {
+                panic!("child {name}: a task failed: {err}");
+            }
+        }
+    });
+}
+
+fn spawn_child(db: &Path, name: &str) -> std::process::Child {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(err) => panic!("no current exe: {err}"),
+    };
+    let spawned = Command::new(exe)
+        .args(["--exact", "child_drainer", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_DB, db)
+        .env(CHILD_NAME, name)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn();
+    match spawned {
+        Ok(child) => child,
+        Err(err) => panic!("cannot start child {name}: {err}"),
+    }
+}
+
+#[test]
+fn processes_drain_one_queue_claiming_each_job_exactly_once() {
+    if std::env::var(CHILD_DB).is_ok() {
+        return;
+    }
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => panic!("no temp dir: {err}"),
+    };
+    let db = dir.path().join("queue.db");
+    let rt = runtime();
+    let store = rt.block_on(async {
+        match SqliteStore::open_with(&db, settings(), config()).await {
+            Ok(store) => Arc::new(store),
+            Err(err) => panic!("open failed: {err}"),
+        }
+    });
+
+    // Half the jobs exist before the children start; the rest arrive while they drain,
+    // so claims race with enqueues across processes, not only with each other.
+    let enqueue = |range: std::ops::Range<usize>| {
+        let store = store.clone();
+        async move {
+            let mut ids = Vec::new();
+            for chunk in range.collect::<Vec<_>>().chunks(100) {
+                let jobs = chunk
+                    .iter()
+                    .map(|i| {
+                        NewJob::new(QUEUES[i % 2])
+                            .priority((i % 3) as i16)
+                            .payload(format!("job {i}").into_bytes())
+                    })
+                    .collect();
+                match store.enqueue_batch(jobs).await {
+                    Ok(done) => ids.extend(done.into_iter().map(|e| e.id)),
+                    Err(err) => panic!("enqueue failed: {err}"),
+                }
+            }
+            ids
+        }
+    };
+    let mut expected: Vec<JobId> = rt.block_on(enqueue(0..JOBS / 2));
+
+    let mut children: Vec<_> = (0..CHILDREN)
+        .map(|n| spawn_child(&db, &format!("child{n}")))
+        .collect();
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|child| {
+            let stdout = child.stdout.take();
+            std::thread::spawn(move || {
+                let Some(stdout) = stdout else {
+                    return Vec::new();
+                };
+                BufReader::new(stdout)
+                    .lines()
+                    .map_while(|line| line.ok())
+                    // libtest may print "test child_drainer ... " on the same line first.
+                    .filter_map(|line| line.split("CLAIMED ").nth(1).map(str::to_owned))
+                    .collect::<Vec<String>>()
+            })
+        })
+        .collect();
+
+    // The parent drains too, in-process, while it enqueues the second half.
+    let parent_claims = rt.block_on(async {
+        let drainer = tokio::spawn(drain(store.clone(), "parent".to_owned()));
+        expected.extend(enqueue(JOBS / 2..JOBS).await);
+        if let Err(err) = store.enqueue(NewJob::new(DONE_QUEUE)).await {
+            panic!("enqueue of the marker failed: {err}");
+        }
+        match drainer.await {
+            Ok(lines) => lines,
+            Err(err) => panic!("the parent's drainer failed: {err}"),
+        }
+    });
+
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for line in parent_claims {
+        if let Some(id) = line.strip_prefix("CLAIMED ") {
+            *seen.entry(id.to_owned()).or_default() += 1;
+        }
+    }
+    let mut per_process = vec![seen.len()];
+    for (child, reader) in children.iter_mut().zip(readers) {
+        let ids = match reader.join() {
+            Ok(ids) => ids,
+            Err(_) => panic!("a reader thread panicked"),
+        };
+        per_process.push(ids.len());
+        for id in ids {
+            *seen.entry(id).or_default() += 1;
+        }
+        match child.wait() {
+            Ok(status) => assert!(status.success(), "a child failed: {status}"),
+            Err(err) => panic!("cannot wait for a child: {err}"),
+        }
+    }
+
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "jobs claimed more than once: {twice:?}");
+    if seen.len() != JOBS {
+        let missing: Vec<_> = expected
+            .iter()
+            .filter(|id| !seen.contains_key(&id.to_string()))
+            .collect();
+        let states: Vec<_> = rt.block_on(async {
+            let mut states = Vec::new();
+            for id in &missing {
+                states.push(store.get(**id).await.map(|job| (job.state, job.attempts, job.lease)));
+            }
+            states
+        });
+        panic!("{} of {JOBS} jobs claimed (per process {per_process:?}); missing: {states:?}", seen.len());
+    }
+    for id in &expected {
+        assert_eq!(seen.get(&id.to_string()), Some(&1), "job {id} was not claimed once");
+    }
+    // More than one process took part, or the test proved nothing about processes.
+    let active = per_process.iter().filter(|n| **n > 0).count();
+    assert!(active >= 2, "only one process claimed jobs: {per_process:?}");
+
+    rt.block_on(async {
+        for id in &expected {
+            match store.get(*id).await {
+                Ok(job) => {
+                    assert_eq!(job.state, JobState::Succeeded, "job {id}");
+                    assert_eq!(job.attempts, 1, "job {id} was claimed more than once");
+                }
+                Err(err) => panic!("job {id}: {err}"),
+            }
+        }
+        for queue in QUEUES {
+            let stats = match store.stats(queue).await {
+                Ok(stats) => stats,
+                Err(err) => panic!("stats failed: {err}"),
+            };
+            assert_eq!(stats.ready + stats.running + stats.scheduled, 0, "{queue}: {stats:?}");
+        }
+    });
+}
