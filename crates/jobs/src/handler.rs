@@ -1,0 +1,460 @@
+//! What a handler sees (`JobContext`), what it returns (`JobOutput`, `JobError`), and the
+//! type-erased form the worker keeps per queue.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use jobs_core::{BoxError, Enqueued, Job, JobId, LeaseToken, NewJob, Store};
+use tokio_util::sync::CancellationToken;
+
+/// Why a running handler was asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CancelReason {
+    /// An operator called `cancel` on the job; a heartbeat reported it (CONTRACT A1, L1).
+    Requested,
+    /// The worker no longer holds the job's lease: it expired and was reclaimed, or the
+    /// job was changed under it (CONTRACT L9). Another worker may already be running it.
+    LeaseLost,
+    /// The worker is shutting down and the grace period ran out; the job is released
+    /// (CONTRACT L8) and will run again elsewhere.
+    Shutdown,
+}
+
+/// The cancellation state shared by a running job, its heartbeat and the worker.
+#[derive(Debug, Default)]
+pub(crate) struct CancelState {
+    pub(crate) token: CancellationToken,
+    reason: OnceLock<CancelReason>,
+}
+
+impl CancelState {
+    /// Records `reason` (the first reason wins) and cancels the token.
+    pub(crate) fn cancel(&self, reason: CancelReason) {
+        let _ = self.reason.set(reason);
+        self.token.cancel();
+    }
+
+    pub(crate) fn reason(&self) -> Option<CancelReason> {
+        self.reason.get().copied()
+    }
+}
+
+/// Everything a handler gets besides its payload: the job as claimed, its lease token,
+/// a cancellation token, and the store (to enqueue follow-up jobs).
+///
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct JobContext {
+    inner: Arc<ContextInner>,
+}
+
+struct ContextInner {
+    job: Job,
+    token: LeaseToken,
+    worker: Arc<str>,
+    cancel: Arc<CancelState>,
+    store: Arc<dyn Store>,
+}
+
+impl fmt::Debug for JobContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobContext")
+            .field("id", &self.inner.job.id)
+            .field("queue", &self.inner.job.queue)
+            .field("attempt", &self.inner.job.attempts)
+            .field("worker", &self.inner.worker)
+            .field("cancelled", &self.inner.cancel.token.is_cancelled())
+            .finish()
+    }
+}
+
+impl JobContext {
+    pub(crate) fn new(
+        job: Job,
+        token: LeaseToken,
+        worker: Arc<str>,
+        cancel: Arc<CancelState>,
+        store: Arc<dyn Store>,
+    ) -> Self {
+        JobContext {
+            inner: Arc::new(ContextInner {
+                job,
+                token,
+                worker,
+                cancel,
+                store,
+            }),
+        }
+    }
+
+    /// The job's id.
+    pub fn id(&self) -> JobId {
+        self.inner.job.id
+    }
+
+    /// The queue the job came from.
+    pub fn queue(&self) -> &str {
+        &self.inner.job.queue
+    }
+
+    /// Which attempt this is, starting at 1.
+    pub fn attempt(&self) -> u32 {
+        self.inner.job.attempts
+    }
+
+    /// Whether a failure now would make the job dead instead of retrying it.
+    pub fn is_last_attempt(&self) -> bool {
+        self.inner.job.attempts >= self.inner.job.max_attempts
+    }
+
+    /// The job as the claim returned it (state `running`, lease set).
+    pub fn job(&self) -> &Job {
+        &self.inner.job
+    }
+
+    /// The fencing token of this claim. Pass it to systems that should refuse writes
+    /// from a worker whose lease was taken over (it only ever grows per job).
+    pub fn lease_token(&self) -> LeaseToken {
+        self.inner.token
+    }
+
+    /// The id of the worker running the job.
+    pub fn worker_id(&self) -> &str {
+        &self.inner.worker
+    }
+
+    /// The token that is cancelled when the handler should stop: the job was cancelled
+    /// by an operator, its lease was lost, or the worker's shutdown grace ran out.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.inner.cancel.token
+    }
+
+    /// Whether the handler has been asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.token.is_cancelled()
+    }
+
+    /// Resolves when the handler is asked to stop. Select on it around long work.
+    pub async fn cancelled(&self) {
+        self.inner.cancel.token.cancelled().await;
+    }
+
+    /// Why the handler was asked to stop, once it was.
+    pub fn cancel_reason(&self) -> Option<CancelReason> {
+        self.inner.cancel.reason()
+    }
+
+    /// The store the job came from.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// Enqueues `job` with this job as its parent (fan-out, CONTRACT E8).
+    pub async fn enqueue_child(&self, job: NewJob) -> jobs_core::Result<Enqueued> {
+        let enqueued = self.inner.store.enqueue(job.parent(self.id())).await?;
+        Ok(enqueued)
+    }
+}
+
+/// When a failed attempt should run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RetryAdvice {
+    /// After the worker's backoff delay for this attempt.
+    Backoff,
+    /// After this delay instead of the backoff.
+    After(Duration),
+    /// Never: the job goes dead now.
+    Never,
+}
+
+/// A handler's failure: its message (stored as the job's `last_error`) and whether the
+/// job may be retried.
+///
+/// Any error converts into a retryable `JobError` with `?`, so handlers can use the
+/// errors of the libraries they call directly. Use [`JobError::permanent`] for failures
+/// that would fail again however often they were retried (bad input, a missing record).
+///
+/// ```
+/// use jobs::JobError;
+/// fn check(amount: i64) -> Result<(), JobError> {
+///     if amount < 0 {
+///         return Err(JobError::permanent(format!("negative amount {amount}")));
+///     }
+///     let _parsed: u32 = "42".parse()?; // any std error converts, retryable
+///     Ok(())
+/// }
+/// ```
+pub struct JobError {
+    message: String,
+    pub(crate) retry: RetryAdvice,
+    source: Option<BoxError>,
+}
+
+impl JobError {
+    /// A failure that is retried with the worker's backoff.
+    pub fn retry(message: impl Into<String>) -> Self {
+        JobError {
+            message: message.into(),
+            retry: RetryAdvice::Backoff,
+            source: None,
+        }
+    }
+
+    /// A failure that is retried after `delay` (on the store's clock) instead of the
+    /// worker's backoff, for example when a remote service said when to come back.
+    pub fn retry_after(message: impl Into<String>, delay: Duration) -> Self {
+        JobError {
+            message: message.into(),
+            retry: RetryAdvice::After(delay),
+            source: None,
+        }
+    }
+
+    /// A failure that must not be retried: the job goes dead at once (CONTRACT L7).
+    pub fn permanent(message: impl Into<String>) -> Self {
+        JobError {
+            message: message.into(),
+            retry: RetryAdvice::Never,
+            source: None,
+        }
+    }
+
+    /// Wraps `error` as a retryable failure, keeping it as the source.
+    pub fn from_error(error: impl Into<BoxError>) -> Self {
+        let source = error.into();
+        JobError {
+            message: source.to_string(),
+            retry: RetryAdvice::Backoff,
+            source: Some(source),
+        }
+    }
+
+    /// The same failure, but never retried.
+    pub fn into_permanent(mut self) -> Self {
+        self.retry = RetryAdvice::Never;
+        self
+    }
+
+    /// Whether the job may run again after this failure.
+    pub fn is_retryable(&self) -> bool {
+        self.retry != RetryAdvice::Never
+    }
+
+    /// The message, without its sources.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The error this failure wraps, if any.
+    pub fn source(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.source.as_deref()
+    }
+
+    /// The text stored as `last_error`: the message followed by the chain of causes
+    /// not already part of it.
+    pub(crate) fn to_error_text(&self) -> String {
+        let mut text = self.message.clone();
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = match &self.source {
+            // The message of `from_error` is the source's own text; start at its cause.
+            Some(source) if source.to_string() == self.message => source.source(),
+            Some(source) => Some(source.as_ref()),
+            None => None,
+        };
+        while let Some(err) = cause {
+            text.push_str(": ");
+            text.push_str(&err.to_string());
+            cause = err.source();
+        }
+        text
+    }
+}
+
+impl fmt::Debug for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobError")
+            .field("message", &self.message)
+            .field("retry", &self.retry)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_error_text())
+    }
+}
+
+/// Any error (and `&str`/`String`) becomes a retryable failure, so `?` works in handlers.
+/// `JobError` itself is not a `std::error::Error`, as with `anyhow::Error`, which is
+/// what makes this blanket conversion possible.
+impl<E: Into<BoxError>> From<E> for JobError {
+    fn from(error: E) -> Self {
+        JobError::from_error(error)
+    }
+}
+
+/// What a successful handler returns; stored as the job's `result`.
+pub trait JobOutput: Send {
+    /// The bytes to store, or `None` for no result. An error here fails the attempt.
+    fn into_result(self) -> Result<Option<Bytes>, JobError>;
+}
+
+impl JobOutput for () {
+    fn into_result(self) -> Result<Option<Bytes>, JobError> {
+        Ok(None)
+    }
+}
+
+impl JobOutput for Bytes {
+    fn into_result(self) -> Result<Option<Bytes>, JobError> {
+        Ok(Some(self))
+    }
+}
+
+impl JobOutput for Option<Bytes> {
+    fn into_result(self) -> Result<Option<Bytes>, JobError> {
+        Ok(self)
+    }
+}
+
+impl JobOutput for Vec<u8> {
+    fn into_result(self) -> Result<Option<Bytes>, JobError> {
+        Ok(Some(Bytes::from(self)))
+    }
+}
+
+impl JobOutput for String {
+    fn into_result(self) -> Result<Option<Bytes>, JobError> {
+        Ok(Some(Bytes::from(self)))
+    }
+}
+
+impl JobOutput for &'static str {
+    fn into_result(self) -> Result<Option<Bytes>, JobError> {
+        Ok(Some(Bytes::from_static(self.as_bytes())))
+    }
+}
+
+/// A result stored as JSON: return `Json(value)` from a handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Json<T>(pub T);
+
+impl<T: serde::Serialize + Send> JobOutput for Json<T> {
+    fn into_result(self) -> Result<Option<Bytes>, JobError> {
+        let bytes = serde_json::to_vec(&self.0).map_err(|err| {
+            JobError::permanent(format!("cannot encode the result as JSON: {err}"))
+        })?;
+        Ok(Some(Bytes::from(bytes)))
+    }
+}
+
+/// The boxed future a type-erased handler returns.
+pub(crate) type HandlerFuture = BoxFuture<'static, Result<Option<Bytes>, JobError>>;
+
+/// A handler with its payload and output types erased, as the worker stores it.
+pub(crate) trait ErasedHandler: Send + Sync {
+    fn call(&self, ctx: JobContext, payload: Bytes) -> HandlerFuture;
+}
+
+/// Names a handler's argument and output types so its `ErasedHandler` impl can bound
+/// them, without owning (or requiring `Send` of) any value of those types.
+pub(crate) type TypeMarker<T> = PhantomData<fn() -> T>;
+
+/// A handler over raw payload bytes.
+pub(crate) struct BytesHandler<F, Fut, O> {
+    pub(crate) f: F,
+    pub(crate) _types: TypeMarker<(Fut, O)>,
+}
+
+impl<F, Fut, O> ErasedHandler for BytesHandler<F, Fut, O>
+where
+    F: Fn(JobContext, Bytes) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<O, JobError>> + Send + 'static,
+    O: JobOutput + 'static,
+{
+    fn call(&self, ctx: JobContext, payload: Bytes) -> HandlerFuture {
+        let fut = (self.f)(ctx, payload);
+        Box::pin(async move { fut.await?.into_result() })
+    }
+}
+
+/// A handler over a JSON payload decoded into `T`.
+pub(crate) struct JsonHandler<F, T, Fut, O> {
+    pub(crate) f: F,
+    pub(crate) _types: TypeMarker<(T, Fut, O)>,
+}
+
+impl<F, T, Fut, O> ErasedHandler for JsonHandler<F, T, Fut, O>
+where
+    F: Fn(JobContext, T) -> Fut + Send + Sync + 'static,
+    T: serde::de::DeserializeOwned + Send + 'static,
+    Fut: Future<Output = Result<O, JobError>> + Send + 'static,
+    O: JobOutput + 'static,
+{
+    fn call(&self, ctx: JobContext, payload: Bytes) -> HandlerFuture {
+        match serde_json::from_slice::<T>(&payload) {
+            Ok(value) => {
+                let fut = (self.f)(ctx, value);
+                Box::pin(async move { fut.await?.into_result() })
+            }
+            // A payload that does not decode now never will: retrying cannot help.
+            Err(err) => {
+                let error = JobError::permanent(format!(
+                    "payload is not a valid {}: {err}",
+                    std::any::type_name::<T>()
+                ));
+                Box::pin(async move { Err(error) })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("upload failed")
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn error_text_carries_the_cause_chain_once() {
+        let err = JobError::from(Outer(std::io::Error::other("connection reset")));
+        assert!(err.is_retryable());
+        assert_eq!(err.to_error_text(), "upload failed: connection reset");
+        let plain = JobError::from("boom");
+        assert_eq!(plain.to_error_text(), "boom");
+        let permanent = JobError::permanent("bad input");
+        assert!(!permanent.is_retryable());
+        assert_eq!(permanent.to_string(), "bad input");
+    }
+
+    #[test]
+    fn outputs_become_results() {
+        assert_eq!(().into_result().ok(), Some(None));
+        assert_eq!(
+            "done".to_owned().into_result().ok(),
+            Some(Some(Bytes::from_static(b"done")))
+        );
+        assert_eq!(
+            Json(serde_json::json!({"n": 1})).into_result().ok(),
+            Some(Some(Bytes::from_static(br#"{"n":1}"#)))
+        );
+    }
+}

@@ -1,0 +1,726 @@
+//! The worker runtime, tested on every backend.
+//!
+//! Each scenario is written once, as an async function over a [`Backend`] (something
+//! that opens stores on given settings), and instantiated per backend by
+//! `runtime_tests!`. Time that the store decides (lease expiry, retry times) is driven
+//! with a `ManualClock`; the runtime's own real-time intervals (heartbeat, reclaim,
+//! poll) are set short, and the tests wait on observable events: handler signals on
+//! channels, and the store's state polled in a loop bounded by a timeout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jobs::{
+    async_trait, Backoff, Bytes, CancelReason, Clock, JobContext, JobError, JobId, JobState, Json,
+    LeaseToken, ManualClock, NewJob, Store, StoreSettings, Worker, WorkerBuilder,
+};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+/// How long any wait in these tests may take before the test fails. Generous: the
+/// machine is shared and slow; a passing run never comes near it.
+const PATIENCE: Duration = Duration::from_secs(20);
+/// The lease every test worker takes.
+const LEASE: Duration = Duration::from_secs(30);
+
+/// Opens stores of one backend. Stores opened with the same namespace share data
+/// (as two processes on one database do).
+#[async_trait]
+trait Backend: Send + Sync {
+    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store>;
+}
+
+/// One test's world: a backend, a manual clock, and a namespace of its own.
+struct Env {
+    backend: Box<dyn Backend>,
+    clock: ManualClock,
+    settings: StoreSettings,
+}
+
+impl Env {
+    fn new(backend: Box<dyn Backend>) -> Self {
+        let clock = ManualClock::default();
+        let settings = StoreSettings::default()
+            .namespace(unique_namespace())
+            .clock(Arc::new(clock.clone()));
+        Env {
+            backend,
+            clock,
+            settings,
+        }
+    }
+
+    /// A new handle on this test's data.
+    async fn store(&self) -> Arc<dyn Store> {
+        self.backend.open(self.settings.clone()).await
+    }
+}
+
+/// A namespace no other test, in this process or another, uses.
+fn unique_namespace() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("rt-{}-{nanos:x}-{n}", std::process::id())
+}
+
+/// What a test does when its server is unreachable: a loud skip, or a failure when
+/// `JOBS_REQUIRE_SERVICES=1` (as in CI). The same policy as
+/// `jobs_conformance::skip_or_fail`, kept here so these tests build while the
+/// conformance crate is being changed.
+fn skip_or_fail<T>(service: &str, url: &str, error: &dyn std::fmt::Display) -> Option<T> {
+    if std::env::var("JOBS_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
+        panic!("{service} at {url} is required (JOBS_REQUIRE_SERVICES=1) but unreachable: {error}");
+    }
+    eprintln!("\n*** SKIPPED: {service} at {url} is unreachable ({error}).\n");
+    None
+}
+
+/// A worker builder with intervals short enough for tests and no jitter.
+fn test_worker(store: Arc<dyn Store>, name: &str) -> WorkerBuilder {
+    Worker::builder(store)
+        .worker_id(name)
+        .lease(LEASE)
+        .heartbeat_interval(Duration::from_millis(20))
+        .poll_interval(Duration::from_millis(20))
+        .reclaim_interval(Duration::from_millis(20))
+        .purge_interval(Duration::from_millis(200))
+        .backoff(Backoff {
+            initial: Duration::from_secs(10),
+            max: Duration::from_secs(3600),
+            jitter: 0.0,
+        })
+}
+
+/// Polls the job until `done` holds; fails the test with the last state seen after
+/// [`PATIENCE`].
+async fn wait_for(
+    store: &dyn Store,
+    id: JobId,
+    what: &str,
+    done: impl Fn(&jobs::Job) -> bool,
+) -> jobs::Job {
+    let mut last = None;
+    let mut ticker = tokio::time::interval(Duration::from_millis(5));
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            ticker.tick().await;
+            match store.get(id).await {
+                Ok(job) if done(&job) => return job,
+                Ok(job) => last = Some(job),
+                Err(err) => panic!("get({id}) failed while waiting for {what}: {err}"),
+            }
+        }
+    })
+    .await;
+    match waited {
+        Ok(job) => job,
+        Err(_) => panic!("timed out waiting for {what}; last seen: {last:#?}"),
+    }
+}
+
+async fn recv<T>(rx: &mut mpsc::UnboundedReceiver<T>, what: &str) -> T {
+    match tokio::time::timeout(PATIENCE, rx.recv()).await {
+        Ok(Some(value)) => value,
+        Ok(None) => panic!("channel closed while waiting for {what}"),
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+async fn enqueue(store: &dyn Store, job: NewJob) -> JobId {
+    match store.enqueue(job).await {
+        Ok(enqueued) => enqueued.id,
+        Err(err) => panic!("enqueue failed: {err}"),
+    }
+}
+
+fn build(builder: WorkerBuilder) -> Worker {
+    match builder.build() {
+        Ok(worker) => worker,
+        Err(err) => panic!("the worker did not build: {err}"),
+    }
+}
+
+/// What a handler saw: the job, its lease token and attempt.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    id: JobId,
+    token: LeaseToken,
+    attempt: u32,
+}
+
+fn seen(ctx: &JobContext) -> Seen {
+    Seen {
+        id: ctx.id(),
+        token: ctx.lease_token(),
+        attempt: ctx.attempt(),
+    }
+}
+
+mod scenarios {
+    use super::*;
+
+    /// Every job runs exactly once, its result is stored, with two workers (on two
+    /// store handles) competing for the jobs.
+    pub async fn runs_once_and_stores_result(env: Env) {
+        let store = env.store().await;
+        let mut ids = Vec::new();
+        for n in 0..40u32 {
+            let job = NewJob::new("math").json(&n).expect("encode");
+            ids.push(enqueue(store.as_ref(), job).await);
+        }
+        let runs: Arc<Mutex<HashMap<JobId, u32>>> = Arc::default();
+        let mut handles = Vec::new();
+        for name in ["w1", "w2"] {
+            let runs = runs.clone();
+            let worker = test_worker(env.store().await, name)
+                .concurrency(4)
+                .claim_batch(3)
+                .json_handler("math", move |ctx: JobContext, n: u32| {
+                    let runs = runs.clone();
+                    async move {
+                        *runs
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .entry(ctx.id())
+                            .or_default() += 1;
+                        Ok(Json(n * 2))
+                    }
+                });
+            handles.push(build(worker).spawn());
+        }
+        for (n, id) in ids.iter().enumerate() {
+            let job = wait_for(store.as_ref(), *id, "success", |j| {
+                j.state == JobState::Succeeded
+            })
+            .await;
+            assert_eq!(job.attempts, 1);
+            assert!(job.lease.is_none());
+            assert!(job.finished_at.is_some());
+            let expected = serde_json::to_vec(&(n as u32 * 2)).expect("encode");
+            assert_eq!(
+                job.result.as_deref(),
+                Some(&expected[..]),
+                "result of job {n}"
+            );
+        }
+        for handle in handles {
+            handle.shutdown().await;
+        }
+        let runs = runs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert_eq!(runs.len(), ids.len(), "every job ran");
+        assert!(runs.values().all(|&n| n == 1), "a job ran twice: {runs:?}");
+        let stats = store.stats("math").await.expect("stats");
+        assert_eq!(stats.succeeded, 40);
+        assert_eq!(stats.total(), 40);
+    }
+
+    /// A failing job is retried at `now + backoff(attempt)` on the store's clock, and is
+    /// dead after `max_attempts`.
+    pub async fn failures_retry_with_backoff_then_die(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(env.store().await, "w").handler(
+            "flaky",
+            move |ctx: JobContext, _payload: Bytes| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(ctx.attempt());
+                    Err::<(), _>(JobError::retry(format!("boom {}", ctx.attempt())))
+                }
+            },
+        );
+        let handle = build(worker).spawn();
+        let id = enqueue(store.as_ref(), NewJob::new("flaky").max_attempts(3)).await;
+
+        // Backoff: 10 s, then 20 s (no jitter), from the failure's instant.
+        for (attempt, delay) in [(1u32, 10u64), (2, 20)] {
+            assert_eq!(recv(&mut rx, "an attempt").await, attempt);
+            let job = wait_for(store.as_ref(), id, "the retry", |j| {
+                j.state == JobState::Queued && j.attempts == attempt
+            })
+            .await;
+            assert_eq!(
+                job.run_at,
+                env.clock.now().saturating_add(Duration::from_secs(delay)),
+                "retry {attempt} is scheduled by the backoff on the store clock"
+            );
+            assert_eq!(job.last_error.as_deref(), Some(&*format!("boom {attempt}")));
+            env.clock.advance(Duration::from_secs(delay));
+        }
+        assert_eq!(recv(&mut rx, "the last attempt").await, 3);
+        let job = wait_for(store.as_ref(), id, "death", |j| j.state == JobState::Dead).await;
+        assert_eq!(job.attempts, 3);
+        assert_eq!(job.last_error.as_deref(), Some("boom 3"));
+        assert!(job.finished_at.is_some());
+        handle.shutdown().await;
+        assert!(rx.try_recv().is_err(), "a dead job ran again");
+    }
+
+    /// A permanent error, and a payload a typed handler cannot decode, go dead at once
+    /// whatever attempts are left.
+    pub async fn permanent_errors_go_dead_at_once(env: Env) {
+        let store = env.store().await;
+        let worker = test_worker(env.store().await, "w")
+            .handler("strict", |_ctx, _payload| async {
+                Err::<(), _>(JobError::permanent("invalid invoice"))
+            })
+            .json_handler("typed", |_ctx, n: u64| async move { Ok(Json(n)) });
+        let handle = build(worker).spawn();
+        let strict = enqueue(store.as_ref(), NewJob::new("strict").max_attempts(5)).await;
+        let garbage = enqueue(
+            store.as_ref(),
+            NewJob::new("typed").payload("not json").max_attempts(5),
+        )
+        .await;
+        let job = wait_for(store.as_ref(), strict, "death", |j| {
+            j.state == JobState::Dead
+        })
+        .await;
+        assert_eq!(job.attempts, 1);
+        assert_eq!(job.last_error.as_deref(), Some("invalid invoice"));
+        let job = wait_for(store.as_ref(), garbage, "death", |j| {
+            j.state == JobState::Dead
+        })
+        .await;
+        assert_eq!(job.attempts, 1);
+        assert!(
+            job.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("payload is not a valid u64")),
+            "{:?}",
+            job.last_error
+        );
+        handle.shutdown().await;
+    }
+
+    /// A worker that dies mid-job (no release) loses the job once its lease runs out:
+    /// another worker reclaims and runs it, and the dead worker's late calls are refused.
+    pub async fn dead_workers_jobs_are_reclaimed(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let doomed = test_worker(env.store().await, "doomed").handler(
+            "work",
+            move |ctx: JobContext, _payload: Bytes| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(seen(&ctx));
+                    std::future::pending::<()>().await;
+                    Ok(())
+                }
+            },
+        );
+        let doomed = build(doomed).spawn();
+        let id = enqueue(store.as_ref(), NewJob::new("work")).await;
+        let first = recv(&mut rx, "the first run").await;
+        assert_eq!(first.id, id);
+        doomed.abort();
+        let _ = tokio::time::timeout(PATIENCE, doomed.join()).await;
+        let job = store.get(id).await.expect("get");
+        assert_eq!(
+            job.state,
+            JobState::Running,
+            "a crashed worker releases nothing"
+        );
+        assert_eq!(job.lease.as_ref().map(|l| l.token), Some(first.token));
+
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let survivor = test_worker(env.store().await, "survivor").handler(
+            "work",
+            move |ctx: JobContext, _payload: Bytes| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(seen(&ctx));
+                    Ok("second time lucky")
+                }
+            },
+        );
+        let survivor = build(survivor).spawn();
+        // Expiry is strict (R1): one millisecond past the lease.
+        env.clock.advance(LEASE + Duration::from_millis(1));
+        let second = recv(&mut rx, "the rerun").await;
+        assert_eq!(second.id, id);
+        assert_eq!(second.attempt, 2);
+        assert!(second.token > first.token);
+        let job = wait_for(store.as_ref(), id, "success", |j| {
+            j.state == JobState::Succeeded
+        })
+        .await;
+        assert_eq!(job.result.as_deref(), Some(&b"second time lucky"[..]));
+        assert_eq!(job.attempts, 2);
+
+        let late = store.complete(id, first.token, None).await;
+        assert!(late.as_ref().is_err_and(|e| e.is_lease_lost()), "{late:?}");
+        let late = store
+            .fail(id, first.token, "late", jobs::Retry::Never)
+            .await;
+        assert!(late.as_ref().is_err_and(|e| e.is_lease_lost()), "{late:?}");
+        assert_eq!(
+            store.get(id).await.expect("get").state,
+            JobState::Succeeded,
+            "the late calls changed nothing"
+        );
+        survivor.shutdown().await;
+    }
+
+    /// Heartbeats keep a job that runs far longer than its lease: the clock moves well
+    /// past the original expiry and nothing reclaims it.
+    pub async fn heartbeats_keep_long_jobs(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let finish = Arc::new(Notify::new());
+        let finish_in_handler = finish.clone();
+        let worker = test_worker(env.store().await, "w").handler(
+            "long",
+            move |ctx: JobContext, _payload: Bytes| {
+                let tx = tx.clone();
+                let finish = finish_in_handler.clone();
+                async move {
+                    let _ = tx.send(seen(&ctx));
+                    finish.notified().await;
+                    Ok(())
+                }
+            },
+        );
+        let handle = build(worker).spawn();
+        let id = enqueue(store.as_ref(), NewJob::new("long")).await;
+        let first = recv(&mut rx, "the run").await;
+        let original_expiry = store
+            .get(id)
+            .await
+            .expect("get")
+            .lease
+            .map(|l| l.expires_at)
+            .expect("a lease");
+
+        // Five steps of two thirds of the lease: 100 s in all, over three leases.
+        for _ in 0..5 {
+            env.clock.advance(LEASE * 2 / 3);
+            let now = env.clock.now();
+            let job = wait_for(store.as_ref(), id, "a heartbeat", |j| {
+                j.heartbeat_at == Some(now)
+            })
+            .await;
+            assert_eq!(
+                job.lease.as_ref().map(|l| l.expires_at),
+                Some(now.saturating_add(LEASE))
+            );
+        }
+        assert!(env.clock.now() > original_expiry);
+        let reclaimed = store.reclaim(100).await.expect("reclaim");
+        assert!(
+            reclaimed.is_empty(),
+            "reclaimed a heartbeating job: {reclaimed:?}"
+        );
+        let job = store.get(id).await.expect("get");
+        assert_eq!(job.state, JobState::Running);
+        assert_eq!(job.attempts, 1);
+        assert_eq!(job.lease.map(|l| l.token), Some(first.token));
+
+        finish.notify_one();
+        let job = wait_for(store.as_ref(), id, "success", |j| {
+            j.state == JobState::Succeeded
+        })
+        .await;
+        assert_eq!(job.attempts, 1);
+        assert!(rx.try_recv().is_err(), "the job ran twice");
+        handle.shutdown().await;
+    }
+
+    /// Shutdown stops claiming, lets a handler that finishes within the grace period
+    /// complete, releases the one that does not, and the released job runs on the next
+    /// worker.
+    pub async fn shutdown_releases_unfinished_jobs(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let finish_quick = Arc::new(Notify::new());
+        let finish = finish_quick.clone();
+        let worker = test_worker(env.store().await, "leaving")
+            .concurrency(2)
+            .shutdown_grace(Duration::from_millis(300))
+            .handler("work", move |ctx: JobContext, payload: Bytes| {
+                let tx = tx.clone();
+                let finish = finish.clone();
+                async move {
+                    let _ = tx.send(ctx.id());
+                    if payload == "quick" {
+                        finish.notified().await;
+                    } else {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok(())
+                }
+            });
+        let handle = build(worker).spawn();
+        let quick = enqueue(store.as_ref(), NewJob::new("work").payload("quick")).await;
+        let stuck = enqueue(store.as_ref(), NewJob::new("work").payload("stuck")).await;
+        let mut started = [
+            recv(&mut rx, "a start").await,
+            recv(&mut rx, "a start").await,
+        ];
+        started.sort();
+        let mut expected = [quick, stuck];
+        expected.sort();
+        assert_eq!(started, expected);
+
+        handle.shutdown_handle().shutdown();
+        let late = enqueue(store.as_ref(), NewJob::new("work").payload("late")).await;
+        finish_quick.notify_one();
+        tokio::time::timeout(PATIENCE, handle.join())
+            .await
+            .expect("the worker stops after its grace period");
+
+        let job = store.get(quick).await.expect("get");
+        assert_eq!(
+            job.state,
+            JobState::Succeeded,
+            "finished within the grace period"
+        );
+        let job = store.get(stuck).await.expect("get");
+        assert_eq!(
+            job.state,
+            JobState::Queued,
+            "released at the end of the grace"
+        );
+        assert_eq!(job.attempts, 0, "a release does not count the attempt");
+        assert!(job.lease.is_none());
+        let job = store.get(late).await.expect("get");
+        assert_eq!(
+            job.state,
+            JobState::Queued,
+            "nothing is claimed during shutdown"
+        );
+        assert_eq!(job.attempts, 0);
+        assert!(rx.try_recv().is_err());
+
+        let next = test_worker(env.store().await, "next")
+            .handler("work", |_ctx, _payload| async { Ok(()) });
+        let next = build(next).spawn();
+        for id in [stuck, late] {
+            let job = wait_for(store.as_ref(), id, "success", |j| {
+                j.state == JobState::Succeeded
+            })
+            .await;
+            assert_eq!(job.attempts, 1);
+            assert_eq!(job.lease, None);
+        }
+        next.shutdown().await;
+    }
+
+    /// A panicking handler is a failed attempt (retried with backoff); the worker,
+    /// with a single slot, goes on to run the next job.
+    pub async fn panics_are_failed_attempts(env: Env) {
+        let store = env.store().await;
+        let worker = test_worker(env.store().await, "w").concurrency(1).handler(
+            "work",
+            |ctx: JobContext, payload: Bytes| async move {
+                if payload == "panic" && ctx.attempt() == 1 {
+                    panic!("kaboom on attempt {}", ctx.attempt());
+                }
+                Ok(())
+            },
+        );
+        let handle = build(worker).spawn();
+        let panics = enqueue(store.as_ref(), NewJob::new("work").payload("panic")).await;
+        let calm = enqueue(store.as_ref(), NewJob::new("work").payload("calm")).await;
+        wait_for(store.as_ref(), calm, "the next job", |j| {
+            j.state == JobState::Succeeded
+        })
+        .await;
+        let job = wait_for(store.as_ref(), panics, "the failure", |j| {
+            j.state == JobState::Queued && j.attempts == 1
+        })
+        .await;
+        assert_eq!(
+            job.last_error.as_deref(),
+            Some("handler panicked: kaboom on attempt 1")
+        );
+        assert_eq!(
+            job.run_at,
+            env.clock.now().saturating_add(Duration::from_secs(10))
+        );
+        env.clock.advance(Duration::from_secs(10));
+        let job = wait_for(store.as_ref(), panics, "the retry", |j| {
+            j.state == JobState::Succeeded
+        })
+        .await;
+        assert_eq!(job.attempts, 2);
+        handle.shutdown().await;
+    }
+
+    /// Cancelling a running job cancels the handler's token; the handler stops and the
+    /// job ends cancelled. A handler that ignores the token is dropped after the cancel
+    /// grace period.
+    pub async fn cancel_stops_the_handler(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (stopped_tx, mut stopped_rx) = mpsc::unbounded_channel();
+        let worker = test_worker(env.store().await, "w")
+            .cancel_grace(Duration::from_millis(100))
+            .handler("work", move |ctx: JobContext, payload: Bytes| {
+                let tx = tx.clone();
+                let stopped_tx = stopped_tx.clone();
+                async move {
+                    let _ = tx.send(ctx.id());
+                    if payload == "stubborn" {
+                        std::future::pending::<()>().await;
+                    }
+                    ctx.cancelled().await;
+                    let _ = stopped_tx.send((ctx.id(), ctx.cancel_reason()));
+                    Err::<(), _>(JobError::retry("stopped on request"))
+                }
+            });
+        let handle = build(worker).spawn();
+        let polite = enqueue(store.as_ref(), NewJob::new("work").payload("polite")).await;
+        let stubborn = enqueue(store.as_ref(), NewJob::new("work").payload("stubborn")).await;
+        recv(&mut rx, "a start").await;
+        recv(&mut rx, "a start").await;
+
+        for id in [polite, stubborn] {
+            let state = store.cancel(id).await.expect("cancel");
+            assert_eq!(state, JobState::Running);
+        }
+        let (id, reason) = recv(&mut stopped_rx, "the handler to stop").await;
+        assert_eq!(id, polite);
+        assert_eq!(reason, Some(CancelReason::Requested));
+        let job = wait_for(store.as_ref(), polite, "cancellation", |j| {
+            j.state == JobState::Cancelled
+        })
+        .await;
+        assert_eq!(
+            job.last_error.as_deref(),
+            Some("cancelled: stopped on request")
+        );
+        let job = wait_for(store.as_ref(), stubborn, "cancellation", |j| {
+            j.state == JobState::Cancelled
+        })
+        .await;
+        assert!(job
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("did not stop")));
+        handle.shutdown().await;
+        assert!(stopped_rx.try_recv().is_err());
+    }
+
+    /// When the lease is taken over (expired, reclaimed, claimed by another), the next
+    /// heartbeat cancels the handler, and the worker leaves the new holder's job alone.
+    pub async fn lost_lease_cancels_the_handler(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
+        let (release_tx, release_rx) = oneshot::channel::<()>();
+        let release_rx = Arc::new(tokio::sync::Mutex::new(Some(release_rx)));
+        let worker = test_worker(env.store().await, "slow")
+            .concurrency(1)
+            .disable_reclaim()
+            .handler("work", move |ctx: JobContext, _payload: Bytes| {
+                let tx = tx.clone();
+                let lost_tx = lost_tx.clone();
+                let release_rx = release_rx.clone();
+                async move {
+                    let _ = tx.send(seen(&ctx));
+                    ctx.cancelled().await;
+                    let _ = lost_tx.send(ctx.cancel_reason());
+                    // Keep the only slot busy until the test has looked.
+                    if let Some(rx) = release_rx.lock().await.take() {
+                        let _ = rx.await;
+                    }
+                    Ok(())
+                }
+            });
+        let handle = build(worker).spawn();
+        let id = enqueue(store.as_ref(), NewJob::new("work")).await;
+        let first = recv(&mut rx, "the run").await;
+
+        // A heartbeat landing between the clock's move and the reclaim still extends
+        // the expired lease (its token is current), so move past that one too.
+        let mut reclaimed = Vec::new();
+        for _ in 0..100 {
+            env.clock.advance(LEASE + Duration::from_millis(1));
+            reclaimed = store.reclaim(10).await.expect("reclaim");
+            if !reclaimed.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(reclaimed.len(), 1);
+        let thief = store
+            .claim(jobs::ClaimRequest::new(["work"], "thief", LEASE))
+            .await
+            .expect("claim");
+        assert_eq!(thief.len(), 1, "the reclaimed job is claimable");
+        let token = thief[0].token();
+        assert!(token > first.token);
+
+        let reason = recv(&mut lost_rx, "the handler to be cancelled").await;
+        assert_eq!(reason, Some(CancelReason::LeaseLost));
+        let _ = release_tx.send(());
+        // Shutdown waits for the handler to return and the worker to act on it.
+        handle.shutdown().await;
+        let job = store.get(id).await.expect("get");
+        assert_eq!(
+            job.state,
+            JobState::Running,
+            "the old holder changed nothing"
+        );
+        assert_eq!(job.lease.map(|l| l.token), Some(token));
+        store
+            .complete(id, token, None)
+            .await
+            .expect("the new holder completes");
+    }
+}
+
+macro_rules! runtime_tests {
+    ($backend:ident, $open:expr) => {
+        mod $backend {
+            use super::*;
+
+            async fn env() -> Option<Env> {
+                let backend: Option<Box<dyn Backend>> = $open.await;
+                backend.map(Env::new)
+            }
+
+            runtime_tests!(@each
+                runs_once_and_stores_result,
+                failures_retry_with_backoff_then_die,
+                permanent_errors_go_dead_at_once,
+                dead_workers_jobs_are_reclaimed,
+                heartbeats_keep_long_jobs,
+                shutdown_releases_unfinished_jobs,
+                panics_are_failed_attempts,
+                cancel_stops_the_handler,
+                lost_lease_cancels_the_handler,
+            );
+        }
+    };
+    (@each $($scenario:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                if let Some(env) = env().await {
+                    scenarios::$scenario(env).await;
+                }
+            }
+        )*
+    };
+}
+
+struct Memory(jobs_memory::MemoryServer);
+
+#[async_trait]
+impl Backend for Memory {
+    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
+        Arc::new(self.0.open(settings).expect("open a memory store"))
+    }
+}
+
+async fn memory() -> Option<Box<dyn Backend>> {
+    Some(Box::new(Memory(jobs_memory::MemoryServer::new())))
+}
+
+runtime_tests!(memory, memory());
