@@ -1,14 +1,17 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod backend;
+mod complete;
+mod error;
+mod row;
+mod schema;
+mod sql;
+mod store;
+mod wake;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use backend::{PostgresBackend, PostgresConfig, DEFAULT_SCHEMA};
+pub use store::PostgresStore;
+
+/// Re-exported so callers can build pools and options without naming sqlx's version.
+pub use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};

@@ -1,0 +1,242 @@
+//! Connecting: configuration, the pool, migrations, and what stores share.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobs_core::{validate, Error, Result, StoreSettings};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgPool};
+
+use crate::schema;
+use crate::sql::Statements;
+use crate::store::PostgresStore;
+use crate::wake::Wake;
+
+/// The schema the tables live in unless configured otherwise.
+pub const DEFAULT_SCHEMA: &str = "jobs";
+
+/// How long a pooled connection may sit idle before it is pinged on its way out.
+/// Recently used connections go out without the extra round trip; one killed
+/// under us then fails its next statement with `Unavailable` and is replaced.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// How to reach the database and shape the pool.
+///
+/// ```
+/// use jobs_postgres::PostgresConfig;
+/// let config = PostgresConfig::new("postgres://app:secret@db.internal/app")?
+///     .schema("jobs")?
+///     .max_connections(8);
+/// // The password never appears in debug output.
+/// assert!(!format!("{config:?}").contains("secret"));
+/// # Ok::<(), jobs_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct PostgresConfig {
+    options: PgConnectOptions,
+    schema: String,
+    max_connections: u32,
+    min_connections: u32,
+    acquire_timeout: Duration,
+}
+
+impl PostgresConfig {
+    /// A configuration from a `postgres://` URL, with the default schema (`jobs`),
+    /// 10 connections at most, and a 10 s wait for a free connection.
+    pub fn new(url: &str) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|err| Error::invalid("url", format!("not a Postgres URL: {err}")))?;
+        Ok(Self::from_options(options))
+    }
+
+    /// A configuration from sqlx connect options (TLS, sockets, passwords from
+    /// elsewhere, session parameters).
+    pub fn from_options(options: PgConnectOptions) -> Self {
+        PostgresConfig {
+            options,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            max_connections: 10,
+            min_connections: 0,
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// The schema holding the tables: 1..=48 bytes of `a-z`, `0-9`, `_`. Stores of
+    /// every namespace share it; a separate schema is a separate set of tables.
+    pub fn schema(mut self, schema: impl Into<String>) -> Result<Self> {
+        let schema = schema.into();
+        schema::quote_schema(&schema)?;
+        self.schema = schema;
+        Ok(self)
+    }
+
+    /// The most connections the pool opens (at least 1). The wake-up listener holds
+    /// one more of its own once `wait_for_work` is first called.
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Connections the pool keeps open even when idle.
+    pub fn min_connections(mut self, min: u32) -> Self {
+        self.min_connections = min;
+        self
+    }
+
+    /// How long a call waits for a free connection before failing with `Unavailable`.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// The `application_name` the server shows for this pool's connections.
+    pub fn application_name(mut self, name: &str) -> Self {
+        self.options = self.options.application_name(name);
+        self
+    }
+
+    /// The connect options, to adjust anything not covered here.
+    pub fn options(&self) -> &PgConnectOptions {
+        &self.options
+    }
+
+    /// The pool options this configuration stands for.
+    fn pool_options(&self) -> PgPoolOptions {
+        PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .min_connections(self.min_connections.min(self.max_connections))
+            .acquire_timeout(self.acquire_timeout)
+            // sqlx pings every idle connection before handing it out, a round trip
+            // per statement; ping only those idle long enough to have gone stale.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+    }
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("host", &self.options.get_host())
+            .field("port", &self.options.get_port())
+            .field("database", &self.options.get_database())
+            .field("username", &self.options.get_username())
+            .field("schema", &self.schema)
+            .field("max_connections", &self.max_connections)
+            .field("min_connections", &self.min_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every store of one backend shares: the pool, the schema's statements, the
+/// wake-up listener.
+pub(crate) struct Shared {
+    pub(crate) pool: PgPool,
+    pub(crate) schema: String,
+    pub(crate) sql: Statements,
+    /// The NOTIFY channel of this schema.
+    pub(crate) channel: String,
+    pub(crate) wake: Wake,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool.size())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A migrated database schema and a connection pool: the factory of stores.
+///
+/// Stores of any number of namespaces can be made from one backend; they share its
+/// pool and its wake-up listener. Cloning is cheap.
+///
+/// ```no_run
+/// use jobs_core::StoreSettings;
+/// use jobs_postgres::{PostgresBackend, PostgresConfig};
+/// # async fn example() -> jobs_core::Result<()> {
+/// let backend = PostgresBackend::connect(PostgresConfig::new("postgres://localhost/app")?).await?;
+/// let billing = backend.store(StoreSettings::default().namespace("billing"))?;
+/// let email = backend.store(StoreSettings::default().namespace("email"))?;
+/// # let _ = (billing, email);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PostgresBackend {
+    shared: Arc<Shared>,
+}
+
+impl PostgresBackend {
+    /// Opens a pool and brings the schema to the latest version.
+    ///
+    /// Fails with `Unavailable` when the server cannot be reached.
+    pub async fn connect(config: PostgresConfig) -> Result<Self> {
+        let pool = config.pool_options().connect_lazy_with(config.options.clone());
+        Self::from_pool(pool, &config.schema).await
+    }
+
+    /// Uses an existing pool (its size and options are the caller's) with the
+    /// tables in `schema`, migrating it first.
+    pub async fn from_pool(pool: PgPool, schema: &str) -> Result<Self> {
+        let quoted = schema::quote_schema(schema)?;
+        schema::migrate(&pool, schema, &quoted).await?;
+        let channel = format!("{schema}.jobs_wake");
+        let shared = Shared {
+            wake: Wake::new(pool.clone(), channel.clone()),
+            sql: Statements::new(&quoted),
+            schema: schema.to_owned(),
+            channel,
+            pool,
+        };
+        Ok(PostgresBackend {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// A store on this backend for `settings.namespace`.
+    pub fn store(&self, settings: StoreSettings) -> Result<PostgresStore> {
+        validate::validate_settings(&settings)?;
+        Ok(PostgresStore::new(Arc::clone(&self.shared), settings))
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.shared.pool
+    }
+
+    /// The schema holding the tables.
+    pub fn schema(&self) -> &str {
+        &self.shared.schema
+    }
+
+    /// The schema's applied migration version.
+    pub async fn schema_version(&self) -> Result<i32> {
+        let quoted = schema::quote_schema(&self.shared.schema)?;
+        schema::current_version(&self.shared.pool, &quoted).await
+    }
+
+    /// Deletes the row of job `id` in `namespace` directly, leaving any dedup entry
+    /// that points to it: what a lost record or a careless operator does. For tests
+    /// of the store's handling of vanished jobs (CONTRACT C7, E5, R5).
+    pub async fn vanish(&self, namespace: &str, id: jobs_core::JobId) -> Result<()> {
+        sqlx::query(self.shared.sql.vanish.sql())
+            .bind(namespace)
+            .bind(crate::row::PgUuid::from_id(id))
+            .execute(&self.shared.pool)
+            .await
+            .map_err(|err| crate::error::map("vanish", err))?;
+        Ok(())
+    }
+}

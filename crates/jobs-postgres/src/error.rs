@@ -1,0 +1,72 @@
+//! How driver failures become the contract's error kinds (CONTRACT §5).
+
+use jobs_core::Error;
+
+/// SQLSTATEs after which the same call may succeed if tried again: the connection
+/// broke or was refused (class 08, server shutdown 57P01–57P03, too many connections),
+/// the statement was cancelled or timed out, or it lost a serialization or deadlock
+/// race and was rolled back.
+fn is_transient(code: &str) -> bool {
+    code.starts_with("08")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "57P04" | "57P05" | "53300" | "57014" | "40001" | "40P01"
+                | "55P03"
+        )
+}
+
+/// Maps a sqlx error: connection trouble is `Unavailable` (retryable), an undecodable
+/// value is `Corrupt`, anything else is `Backend` with the driver's error as source.
+pub(crate) fn map(what: &str, err: sqlx::Error) -> Error {
+    match &err {
+        sqlx::Error::Database(db) => {
+            let transient = db.code().is_some_and(|code| is_transient(&code));
+            if transient {
+                Error::unavailable(format!("{what}: {}", db.message()), err)
+            } else {
+                Error::backend(format!("{what}: {}", db.message()), err)
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Error::unavailable(format!("{what}: {err}"), err),
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
+            Error::corrupt(what.to_owned(), err.to_string())
+        }
+        _ => Error::backend(format!("{what}: {err}"), err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_failures_are_retryable_and_decoding_failures_corrupt() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(map("claim", sqlx::Error::Io(io)).is_retryable());
+        assert!(map("claim", sqlx::Error::PoolTimedOut).is_retryable());
+        assert!(map("claim", sqlx::Error::PoolClosed).is_retryable());
+        assert!(matches!(
+            map("get", sqlx::Error::Decode("bad".into())),
+            Error::Corrupt { .. }
+        ));
+        assert!(matches!(
+            map("get", sqlx::Error::RowNotFound),
+            Error::Backend { .. }
+        ));
+    }
+
+    #[test]
+    fn sqlstates_split_into_transient_and_not() {
+        for code in ["08006", "08003", "57P01", "53300", "40001", "40P01", "57014"] {
+            assert!(is_transient(code), "{code}");
+        }
+        for code in ["23505", "42P01", "22P02", "XX000"] {
+            assert!(!is_transient(code), "{code}");
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Values between Rust and Postgres: the `uuid` wire form of job ids, and jobs read
+//! from rows, where anything out of shape is `Error::Corrupt`, never a panic.
+
+use bytes::Bytes;
+use jobs_core::{Error, Job, JobId, JobState, Lease, LeaseToken, Result, Timestamp};
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgRow, PgTypeInfo, PgValueFormat};
+use sqlx::postgres::{PgValueRef, Postgres};
+use sqlx::{Decode, Encode, Row, Type};
+
+/// The OIDs of `uuid` and `uuid[]`, fixed in every Postgres since 8.3.
+const UUID_OID: Oid = Oid(2950);
+const UUID_ARRAY_OID: Oid = Oid(2951);
+
+/// A job id on the wire: Postgres `uuid`, 16 bytes in binary form.
+///
+/// Written here rather than through sqlx's `uuid` feature so the crate needs no
+/// uuid library; decoding stops at the bytes, and [`PgUuid::job_id`] checks that they
+/// are a UUIDv7, so a foreign value in the column is reported as corrupt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct PgUuid(pub(crate) [u8; 16]);
+
+impl PgUuid {
+    pub(crate) fn from_id(id: JobId) -> Self {
+        PgUuid(id.to_bytes())
+    }
+
+    /// The largest uuid: the cursor before the first page of a newest-first listing.
+    pub(crate) const MAX: PgUuid = PgUuid([0xff; 16]);
+
+    pub(crate) fn job_id(self) -> Result<JobId> {
+        JobId::from_bytes(self.0).map_err(|_| {
+            Error::corrupt(
+                format!("job id {}", hex(&self.0)),
+                "the stored id is not a UUIDv7",
+            )
+        })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Type<Postgres> for PgUuid {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(UUID_OID)
+    }
+}
+
+impl PgHasArrayType for PgUuid {
+    fn array_type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(UUID_ARRAY_OID)
+    }
+}
+
+impl Encode<'_, Postgres> for PgUuid {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        buf.extend_from_slice(&self.0);
+        Ok(IsNull::No)
+    }
+}
+
+impl Decode<'_, Postgres> for PgUuid {
+    fn decode(value: PgValueRef<'_>) -> Result<Self, BoxDynError> {
+        match value.format() {
+            PgValueFormat::Binary => {
+                let bytes: [u8; 16] = value
+                    .as_bytes()?
+                    .try_into()
+                    .map_err(|_| "a uuid is not 16 bytes")?;
+                Ok(PgUuid(bytes))
+            }
+            PgValueFormat::Text => {
+                let text = value.as_str()?;
+                let digits: String = text.chars().filter(|c| *c != '-').collect();
+                let value = u128::from_str_radix(&digits, 16)
+                    .map_err(|_| format!("not a uuid: {text:?}"))?;
+                Ok(PgUuid(value.to_be_bytes()))
+            }
+        }
+    }
+}
+
+/// Reads column `index`, reporting a failure as a corrupt record of `what`.
+pub(crate) fn column<'r, T>(row: &'r PgRow, index: usize, what: &dyn Fn() -> String) -> Result<T>
+where
+    T: Decode<'r, Postgres> + Type<Postgres>,
+{
+    row.try_get(index)
+        .map_err(|err| Error::corrupt(what(), format!("column {index}: {err}")))
+}
+
+fn text(bytes: Vec<u8>, field: &str, what: &dyn Fn() -> String) -> Result<String> {
+    String::from_utf8(bytes).map_err(|_| Error::corrupt(what(), format!("{field} is not UTF-8")))
+}
+
+fn count(value: i64, field: &str, what: &dyn Fn() -> String) -> Result<u32> {
+    u32::try_from(value).map_err(|_| Error::corrupt(what(), format!("{field} is {value}")))
+}
+
+/// A job from the columns of `sql::job_columns!`, starting at column 0.
+pub(crate) fn job(row: &PgRow) -> Result<Job> {
+    let raw_id: PgUuid = column(row, 0, &|| "job row".to_owned())?;
+    let id = raw_id.job_id()?;
+    let what = || format!("job {id}");
+    let what: &dyn Fn() -> String = &what;
+
+    let state: String = column(row, 9, what)?;
+    let state: JobState = state
+        .parse()
+        .map_err(|_| Error::corrupt(what(), format!("unknown state {state:?}")))?;
+    let parent = column::<Option<PgUuid>>(row, 8, what)?
+        .map(PgUuid::job_id)
+        .transpose()?;
+    let idempotency_key = column::<Option<Vec<u8>>>(row, 3, what)?
+        .map(|key| text(key, "idempotency_key", what))
+        .transpose()?;
+    let lease = if state == JobState::Running {
+        let worker: Option<Vec<u8>> = column(row, 11, what)?;
+        let token: i64 = column(row, 12, what)?;
+        let expires_at: Option<i64> = column(row, 13, what)?;
+        match (worker, expires_at) {
+            (Some(worker), Some(expires_at)) if token > 0 => Some(Lease {
+                worker: text(worker, "lease_worker", what)?,
+                token: LeaseToken::new(token.unsigned_abs()),
+                expires_at: Timestamp::from_millis(expires_at),
+            }),
+            _ => return Err(Error::corrupt(what(), "a running job without a whole lease")),
+        }
+    } else {
+        None
+    };
+    let stamp = |index: usize| -> Result<Option<Timestamp>> {
+        Ok(column::<Option<i64>>(row, index, what)?.map(Timestamp::from_millis))
+    };
+    Ok(Job {
+        id,
+        queue: column(row, 1, what)?,
+        tenant: text(column(row, 2, what)?, "tenant", what)?,
+        idempotency_key,
+        priority: column(row, 4, what)?,
+        run_at: Timestamp::from_millis(column(row, 5, what)?),
+        max_attempts: count(column(row, 7, what)?, "max_attempts", what)?,
+        parent,
+        state,
+        attempts: count(column(row, 10, what)?, "attempts", what)?,
+        lease,
+        created_at: Timestamp::from_millis(column(row, 14, what)?),
+        started_at: stamp(15)?,
+        heartbeat_at: stamp(16)?,
+        finished_at: stamp(17)?,
+        last_error: column::<Option<Vec<u8>>>(row, 18, what)?
+            .map(|bytes| text(bytes, "last_error", what))
+            .transpose()?,
+        result: column::<Option<Vec<u8>>>(row, 19, what)?.map(Bytes::from),
+        cancel_requested: column(row, 20, what)?,
+    })
+}
+
+/// The claim-order sequence of a job row (column 6).
+pub(crate) fn seq(row: &PgRow, id: JobId) -> Result<u64> {
+    let seq: i64 = column(row, 6, &|| format!("job {id}"))?;
+    u64::try_from(seq).map_err(|_| Error::corrupt(format!("job {id}"), format!("seq is {seq}")))
+}
+
+/// A state read back from a row.
+pub(crate) fn state(row: &PgRow, index: usize, what: &dyn Fn() -> String) -> Result<JobState> {
+    let state: String = column(row, index, what)?;
+    state
+        .parse()
+        .map_err(|_| Error::corrupt(what(), format!("unknown state {state:?}")))
+}

@@ -1,0 +1,377 @@
+//! Every statement the store runs, as templates over the schema name.
+//!
+//! The schema is chosen at run time, so the text is rendered once per backend and
+//! kept; sqlx prepares each text once per connection and reuses the plan. Every
+//! value is a bind parameter, and every time is the store's clock passed in as one
+//! (CONTRACT §3): no statement calls `now()` to decide anything.
+
+use std::sync::Arc;
+
+use sqlx::AssertSqlSafe;
+
+/// The columns of a job as `get` shows it, in the order `row::job_from_row` reads them.
+macro_rules! job_columns {
+    () => {
+        "id, queue, tenant, idempotency_key, priority, run_at, seq, max_attempts, parent, \
+         state, attempts, lease_worker, lease_token, lease_expires_at, created_at, \
+         started_at, heartbeat_at, finished_at, last_error, result, cancel_requested"
+    };
+}
+
+/// Enqueues a batch in one statement (CONTRACT E1–E9).
+///
+/// `$1` namespace, `$2` now, `$3..$11` the jobs as parallel arrays (id, queue, tenant,
+/// key, payload, priority, run_at, max_attempts, parent), `$12` the dedup cutoff
+/// (`now - window`: an entry created at or before it no longer deduplicates), `$13`
+/// the wake-up channel.
+///
+/// Dedup is decided by the unique index of `dedup`: a new key inserts its row; a
+/// known key takes the row lock and the `DO UPDATE` keeps the old job when it is
+/// inside the window and still exists, or points the key at the new job otherwise.
+/// Either way `RETURNING` yields the job the key points to, so concurrent enqueues of
+/// one key all learn the one winner. A job row is inserted only for input rows the
+/// key now points to (or without a key), and only when every parent exists.
+const ENQUEUE: &str = r#"
+WITH input AS MATERIALIZED (
+    SELECT t.*, nextval('{schema}.seq') AS seq
+    FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::bytea[],
+                $8::int2[], $9::int8[], $10::int8[], $11::uuid[])
+         WITH ORDINALITY AS t(id, queue, tenant, key, payload, priority, run_at,
+                              max_attempts, parent, ord)
+),
+bad AS (
+    SELECT count(*) AS n FROM input
+    WHERE input.parent IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs p
+                      WHERE p.namespace = $1 AND p.id = input.parent)
+),
+d AS (
+    INSERT INTO {schema}.dedup AS d (namespace, tenant, key, job_id, created_at)
+    SELECT $1, input.tenant, input.key, input.id, $2 FROM input
+    WHERE input.key IS NOT NULL AND (SELECT n FROM bad) = 0
+    ORDER BY input.tenant, input.key
+    ON CONFLICT (namespace, tenant, key) DO UPDATE SET
+        job_id = CASE WHEN d.created_at <= $12 OR NOT {schema}.job_alive(d.namespace, d.job_id)
+                      THEN excluded.job_id ELSE d.job_id END,
+        created_at = CASE WHEN d.created_at <= $12 OR NOT {schema}.job_alive(d.namespace, d.job_id)
+                          THEN excluded.created_at ELSE d.created_at END
+    RETURNING d.tenant, d.key, d.job_id
+),
+j AS (
+    INSERT INTO {schema}.jobs (namespace, id, queue, tenant, idempotency_key, priority,
+                               run_at, seq, max_attempts, parent, state, created_at, payload)
+    SELECT $1, input.id, input.queue, input.tenant, input.key, input.priority,
+           input.run_at, input.seq, input.max_attempts, input.parent, 'queued', $2,
+           input.payload
+    FROM input
+    WHERE (SELECT n FROM bad) = 0
+      AND (input.key IS NULL OR EXISTS (SELECT 1 FROM d WHERE d.job_id = input.id))
+    RETURNING id, queue, run_at
+),
+woke AS (
+    SELECT pg_notify($13, $1 || chr(10) || q.queue)
+    FROM (SELECT DISTINCT queue FROM j WHERE run_at <= $2) q
+)
+SELECT input.ord, COALESCE(d.job_id, input.id) AS id, (j.id IS NOT NULL) AS created,
+       (SELECT n FROM bad) AS bad_parents, (SELECT count(*) FROM woke) AS woken
+FROM input
+LEFT JOIN d ON d.tenant = input.tenant AND d.key = input.key
+LEFT JOIN j ON j.id = input.id
+ORDER BY input.ord
+"#;
+
+/// Claims up to `$4` ready jobs of queues `$2` (CONTRACT C1–C9).
+///
+/// `$1` namespace, `$3` now, `$5` worker, `$6` lease expiry. The selection walks the
+/// partial index `jobs_ready` in claim order (C3), skipping rows another claimer holds,
+/// and the update leases what it locked. `RETURNING` has no order: the caller sorts.
+const CLAIM: &str = concat!(
+    r#"
+WITH cand AS (
+    SELECT id AS cand_id FROM {schema}.jobs
+    WHERE namespace = $1 AND queue = ANY($2::text[]) AND state = 'queued' AND run_at <= $3
+    ORDER BY priority DESC, run_at, seq
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs SET
+    state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
+    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
+FROM cand
+WHERE namespace = $1 AND id = cand.cand_id
+RETURNING "#,
+    job_columns!(),
+    ", payload"
+);
+
+/// Whether a job exists: tells "not found" from "lease lost" after a missed update.
+const EXISTS: &str = "SELECT state FROM {schema}.jobs WHERE namespace = $1 AND id = $2";
+
+const GET: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    " FROM {schema}.jobs WHERE namespace = $1 AND id = $2"
+);
+
+const PAYLOAD: &str = "SELECT payload FROM {schema}.jobs WHERE namespace = $1 AND id = $2";
+
+const CHILDREN: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    " FROM {schema}.jobs WHERE namespace = $1 AND parent = $2 ORDER BY id"
+);
+
+/// Rule L1. `$3` token, `$4` new expiry, `$5` now.
+const HEARTBEAT: &str = r#"
+UPDATE {schema}.jobs SET lease_expires_at = $4, heartbeat_at = $5
+WHERE namespace = $1 AND id = $2 AND state = 'running' AND lease_token = $3
+RETURNING cancel_requested
+"#;
+
+/// Rules L4, L5 for many jobs at once: `$2` ids, `$3` tokens, `$4` results, `$5` now.
+///
+/// Each input row reports whether it completed its job and, when it did not, whether
+/// the job exists at all (lease lost versus not found). An id appears at most once
+/// per batch; the batcher holds a second call for the same id back for the next one.
+const COMPLETE: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($2::uuid[], $3::int8[], $4::bytea[]) AS t(id, token, result)
+),
+done AS (
+    UPDATE {schema}.jobs j SET
+        state = 'succeeded', result = input.result, finished_at = $5,
+        lease_worker = NULL, lease_expires_at = NULL
+    FROM input
+    WHERE j.namespace = $1 AND j.id = input.id AND j.state = 'running'
+      AND j.lease_token = input.token
+    RETURNING j.id
+)
+SELECT input.id, (done.id IS NOT NULL) AS completed,
+       CASE WHEN done.id IS NOT NULL THEN true
+            ELSE EXISTS (SELECT 1 FROM {schema}.jobs x WHERE x.namespace = $1 AND x.id = input.id)
+       END AS found
+FROM input LEFT JOIN done ON done.id = input.id
+"#;
+
+/// Rules L6, L7 and the cancel-while-running decision.
+///
+/// `$3` token, `$4` retry time (NULL: never), `$5` now, `$6` error text. Every `SET`
+/// expression reads the row as it was, so the requeue test is repeated rather than
+/// stored: cancel requested wins, then a retry with attempts left, else dead.
+const FAIL: &str = r#"
+UPDATE {schema}.jobs SET
+    state = CASE WHEN cancel_requested THEN 'cancelled'
+                 WHEN $4::int8 IS NOT NULL AND attempts < max_attempts THEN 'queued'
+                 ELSE 'dead' END,
+    run_at = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
+                  THEN $4::int8 ELSE run_at END,
+    seq = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
+               THEN nextval('{schema}.seq') ELSE seq END,
+    finished_at = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
+                       THEN NULL ELSE $5 END,
+    last_error = $6, lease_worker = NULL, lease_expires_at = NULL
+WHERE namespace = $1 AND id = $2 AND state = 'running' AND lease_token = $3
+RETURNING state
+"#;
+
+/// Rule L8: back to `queued`, ready now, behind the ready jobs, the attempt taken back;
+/// `cancelled` instead when cancellation was requested. `$3` token, `$4` now, `$5`
+/// the wake-up channel.
+const RELEASE: &str = r#"
+WITH r AS (
+    UPDATE {schema}.jobs SET
+        state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
+        attempts = GREATEST(attempts - 1, 0),
+        run_at = CASE WHEN cancel_requested THEN run_at ELSE $4 END,
+        seq = CASE WHEN cancel_requested THEN seq ELSE nextval('{schema}.seq') END,
+        finished_at = CASE WHEN cancel_requested THEN $4 ELSE NULL END,
+        lease_worker = NULL, lease_expires_at = NULL
+    WHERE namespace = $1 AND id = $2 AND state = 'running' AND lease_token = $3
+    RETURNING state, queue
+),
+woke AS (SELECT pg_notify($5, $1 || chr(10) || r.queue) FROM r WHERE r.state = 'queued')
+SELECT r.state, (SELECT count(*) FROM woke) AS woken FROM r
+"#;
+
+/// Rules R1–R6. `$2` now, `$3` limit, `$4` the eviction text, `$5` the channel.
+///
+/// The selection walks `jobs_leases` from the oldest expiry, so its cost follows the
+/// number of expired leases (R6); `SKIP LOCKED` and the re-check of the locked row
+/// make concurrent reclaimers take each job once (R4).
+const RECLAIM: &str = r#"
+WITH expired AS (
+    SELECT id AS expired_id FROM {schema}.jobs
+    WHERE namespace = $1 AND state = 'running' AND lease_expires_at < $2
+    ORDER BY lease_expires_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+),
+r AS (
+    UPDATE {schema}.jobs SET
+        state = CASE WHEN cancel_requested THEN 'cancelled'
+                     WHEN attempts >= max_attempts THEN 'dead'
+                     ELSE 'queued' END,
+        run_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts THEN $2 ELSE run_at END,
+        seq = CASE WHEN NOT cancel_requested AND attempts < max_attempts
+                   THEN nextval('{schema}.seq') ELSE seq END,
+        finished_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts
+                           THEN NULL ELSE $2 END,
+        last_error = $4, lease_worker = NULL, lease_expires_at = NULL
+    FROM expired
+    WHERE namespace = $1 AND id = expired.expired_id
+    RETURNING id, state, queue
+),
+woke AS (
+    SELECT pg_notify($5, $1 || chr(10) || q.queue)
+    FROM (SELECT DISTINCT queue FROM r WHERE state = 'queued') q
+)
+SELECT r.id, r.state, (SELECT count(*) FROM woke) AS woken FROM r
+"#;
+
+/// Rule A1 on a queued or running job. `$3` now.
+const CANCEL: &str = r#"
+UPDATE {schema}.jobs SET
+    state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
+    finished_at = CASE WHEN state = 'queued' THEN $3 ELSE finished_at END,
+    cancel_requested = cancel_requested OR state = 'running'
+WHERE namespace = $1 AND id = $2 AND state IN ('queued', 'running')
+RETURNING state
+"#;
+
+/// Rule A2. `$3` now, `$4` the channel.
+const RETRY: &str = r#"
+WITH r AS (
+    UPDATE {schema}.jobs SET
+        state = 'queued', run_at = $3, seq = nextval('{schema}.seq'), attempts = 0,
+        cancel_requested = false, finished_at = NULL, result = NULL,
+        lease_worker = NULL, lease_expires_at = NULL
+    WHERE namespace = $1 AND id = $2 AND state IN ('dead', 'cancelled')
+    RETURNING queue
+),
+woke AS (SELECT pg_notify($4, $1 || chr(10) || r.queue) FROM r)
+SELECT r.queue, (SELECT count(*) FROM woke) AS woken FROM r
+"#;
+
+/// Rule A3: counts per state, queued split by `run_at <= $3`, from `jobs_listing`.
+const STATS: &str = r#"
+SELECT state, count(*) FILTER (WHERE run_at <= $3) AS due, count(*) AS total
+FROM {schema}.jobs WHERE namespace = $1 AND queue = $2
+GROUP BY state
+"#;
+
+/// Rule A4: one page, newest first. `$3` the states to list, `$4` the exclusive
+/// cursor (the largest uuid for the first page), `$5` the page size. One index range
+/// per state, newest first, merged: a page costs its size, not its depth.
+const LIST: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    r#" FROM unnest($3::text[]) AS s(st),
+LATERAL (
+    SELECT "#,
+    job_columns!(),
+    r#" FROM {schema}.jobs
+    WHERE namespace = $1 AND queue = $2 AND state = s.st AND id < $4
+    ORDER BY id DESC
+    LIMIT $5
+) page
+ORDER BY id DESC
+LIMIT $5
+"#
+);
+
+/// Rule A5: deletes up to `$3` terminal jobs finished at or before `$2`, and up to
+/// `$3` dedup entries created at or before `$4` (outside the window, so inert).
+const PURGE: &str = r#"
+WITH gone AS (
+    DELETE FROM {schema}.jobs j
+    USING (
+        SELECT id AS gone_id FROM {schema}.jobs
+        WHERE namespace = $1 AND state IN ('succeeded', 'dead', 'cancelled')
+          AND finished_at <= $2
+        ORDER BY finished_at
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ) g
+    WHERE j.namespace = $1 AND j.id = g.gone_id
+    RETURNING 1
+),
+keys AS (
+    DELETE FROM {schema}.dedup d
+    USING (
+        SELECT tenant AS t, key AS k FROM {schema}.dedup
+        WHERE namespace = $1 AND created_at <= $4
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ) x
+    WHERE d.namespace = $1 AND d.tenant = x.t AND d.key = x.k
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS jobs, (SELECT count(*) FROM keys) AS keys
+"#;
+
+/// Deletes a job row behind the store's back, as a lost record would (test harnesses).
+const VANISH: &str = "DELETE FROM {schema}.jobs WHERE namespace = $1 AND id = $2";
+
+/// A statement's text, rendered for one schema.
+#[derive(Debug, Clone)]
+pub(crate) struct Text(Arc<str>);
+
+impl Text {
+    fn render(template: &str, schema: &str) -> Self {
+        Text(Arc::from(template.replace("{schema}", schema)))
+    }
+
+    /// The text as sqlx takes it. The schema name was validated and quoted, and every
+    /// value is a bind parameter, so the text is safe.
+    pub(crate) fn sql(&self) -> AssertSqlSafe<Arc<str>> {
+        AssertSqlSafe(Arc::clone(&self.0))
+    }
+}
+
+/// Every statement, rendered for one schema.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) enqueue: Text,
+    pub(crate) claim: Text,
+    pub(crate) exists: Text,
+    pub(crate) get: Text,
+    pub(crate) payload: Text,
+    pub(crate) children: Text,
+    pub(crate) heartbeat: Text,
+    pub(crate) complete: Text,
+    pub(crate) fail: Text,
+    pub(crate) release: Text,
+    pub(crate) reclaim: Text,
+    pub(crate) cancel: Text,
+    pub(crate) retry: Text,
+    pub(crate) stats: Text,
+    pub(crate) list: Text,
+    pub(crate) purge: Text,
+    pub(crate) vanish: Text,
+}
+
+impl Statements {
+    /// Renders every statement for `quoted_schema` (already a quoted identifier).
+    pub(crate) fn new(quoted_schema: &str) -> Self {
+        let r = |template: &str| Text::render(template, quoted_schema);
+        Statements {
+            enqueue: r(ENQUEUE),
+            claim: r(CLAIM),
+            exists: r(EXISTS),
+            get: r(GET),
+            payload: r(PAYLOAD),
+            children: r(CHILDREN),
+            heartbeat: r(HEARTBEAT),
+            complete: r(COMPLETE),
+            fail: r(FAIL),
+            release: r(RELEASE),
+            reclaim: r(RECLAIM),
+            cancel: r(CANCEL),
+            retry: r(RETRY),
+            stats: r(STATS),
+            list: r(LIST),
+            purge: r(PURGE),
+            vanish: r(VANISH),
+        }
+    }
+}

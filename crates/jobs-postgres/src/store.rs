@@ -1,0 +1,663 @@
+//! The `Store` implementation: one statement per operation, time from the store's clock.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use jobs_core::validate::{self, MAX_CLAIM_LIMIT};
+use jobs_core::{
+    async_trait, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
+    Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+};
+use sqlx::postgres::{PgBindIterExt, PgRow};
+use sqlx::{PgPool, Postgres};
+use tokio::time::Instant;
+
+use crate::backend::{PostgresBackend, PostgresConfig, Shared};
+use crate::complete::{Completer, Outcome};
+use crate::error::map;
+use crate::row::{self, column, PgUuid};
+
+/// Most payload bytes sent in one enqueue statement. A larger batch is split into
+/// several statements inside one transaction, so it stays all-or-nothing.
+const MAX_STATEMENT_PAYLOAD: usize = 64 * 1024 * 1024;
+
+/// A job store in one namespace of a PostgreSQL schema.
+///
+/// Cloning is cheap and shares everything. See the crate documentation for the
+/// schema and the statements behind each operation.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    settings: StoreSettings,
+    /// Per queue, the wake-up counter seen when this store last looked for work there,
+    /// so a notice that arrives between an empty claim and `wait_for_work` is not lost.
+    seen: Mutex<HashMap<String, u64>>,
+    completer: Completer,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("schema", &self.inner.shared.schema)
+            .field("namespace", &self.inner.settings.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One of the jobs of an enqueue statement, after the batch's duplicate keys are
+/// folded onto their first occurrence.
+struct Pending<'a> {
+    id: JobId,
+    job: &'a NewJob,
+}
+
+impl PostgresStore {
+    /// Connects to `url`, migrates the default schema, and opens `settings.namespace`.
+    ///
+    /// ```no_run
+    /// use jobs_core::{NewJob, Store, StoreSettings};
+    /// use jobs_postgres::PostgresStore;
+    /// # async fn example() -> jobs_core::Result<()> {
+    /// let store = PostgresStore::connect(
+    ///     "postgres://postgres@127.0.0.1:5432/app",
+    ///     StoreSettings::default().namespace("billing"),
+    /// )
+    /// .await?;
+    /// let job = store.enqueue(NewJob::new("invoices").payload(&b"{}"[..])).await?;
+    /// # let _ = job;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self> {
+        Self::connect_with(PostgresConfig::new(url)?, settings).await
+    }
+
+    /// Connects with a full configuration (schema, pool size, timeouts).
+    pub async fn connect_with(config: PostgresConfig, settings: StoreSettings) -> Result<Self> {
+        PostgresBackend::connect(config).await?.store(settings)
+    }
+
+    /// Uses an existing pool with the default schema.
+    pub async fn from_pool(pool: PgPool, settings: StoreSettings) -> Result<Self> {
+        PostgresBackend::from_pool(pool, crate::DEFAULT_SCHEMA)
+            .await?
+            .store(settings)
+    }
+
+    pub(crate) fn new(shared: Arc<Shared>, settings: StoreSettings) -> Self {
+        PostgresStore {
+            inner: Arc::new(Inner {
+                shared,
+                settings,
+                seen: Mutex::default(),
+                completer: Completer::default(),
+            }),
+        }
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.shared.pool
+    }
+
+    fn sql(&self) -> &crate::sql::Statements {
+        &self.inner.shared.sql
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.settings.namespace
+    }
+
+    fn now(&self) -> Timestamp {
+        self.inner.settings.now()
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.inner
+            .seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Why a lease call matched no row: the job is gone, or its lease is not this one.
+    async fn lease_miss(&self, what: &str, id: JobId) -> Error {
+        match self.state_of(what, id).await {
+            Ok(Some(_)) => Error::LeaseLost { id },
+            Ok(None) => Error::NotFound { id },
+            Err(err) => err,
+        }
+    }
+
+    /// The job's current state, or `None` if it does not exist.
+    async fn state_of(&self, what: &str, id: JobId) -> Result<Option<JobState>> {
+        let row = sqlx::query(self.sql().exists.sql())
+            .bind(self.namespace())
+            .bind(PgUuid::from_id(id))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|err| map(what, err))?;
+        row.map(|row| row::state(&row, 0, &|| format!("job {id}")))
+            .transpose()
+    }
+
+    async fn enqueue_rows<'e, E>(
+        &self,
+        executor: E,
+        now: Timestamp,
+        rows: &[Pending<'_>],
+    ) -> Result<Vec<Enqueued>>
+    where
+        E: sqlx::Executor<'e, Database = Postgres>,
+    {
+        let settings = &self.inner.settings;
+        let result = sqlx::query(self.sql().enqueue.sql())
+            .bind(self.namespace())
+            .bind(now.as_millis())
+            .bind(rows.iter().map(|r| PgUuid::from_id(r.id)).bind_iter())
+            .bind(rows.iter().map(|r| r.job.queue.as_str()).bind_iter())
+            .bind(rows.iter().map(|r| r.job.tenant.as_bytes()).bind_iter())
+            .bind(
+                rows.iter()
+                    .map(|r| r.job.idempotency_key.as_deref().map(str::as_bytes))
+                    .bind_iter(),
+            )
+            .bind(rows.iter().map(|r| &r.job.payload[..]).bind_iter())
+            .bind(rows.iter().map(|r| r.job.priority).bind_iter())
+            .bind(
+                rows.iter()
+                    .map(|r| r.job.run_at.unwrap_or(now).as_millis())
+                    .bind_iter(),
+            )
+            .bind(rows.iter().map(|r| i64::from(r.job.max_attempts)).bind_iter())
+            .bind(rows.iter().map(|r| r.job.parent.map(PgUuid::from_id)).bind_iter())
+            .bind(now.saturating_sub(settings.dedup_window).as_millis())
+            .bind(&self.inner.shared.channel)
+            .fetch_all(executor)
+            .await
+            .map_err(|err| map("enqueue", err))?;
+        let what = || "enqueue result row".to_owned();
+        let mut answers = Vec::with_capacity(rows.len());
+        for row in &result {
+            let bad_parents: i64 = column(row, 3, &what)?;
+            if bad_parents > 0 {
+                let named = match rows {
+                    [only] => only.job.parent.map(|p| format!("job {p} does not exist")),
+                    _ => None,
+                };
+                return Err(Error::invalid(
+                    "parent",
+                    named.unwrap_or_else(|| "a parent job does not exist".to_owned()),
+                ));
+            }
+            let id = column::<PgUuid>(row, 1, &what)?.job_id()?;
+            let created: bool = column(row, 2, &what)?;
+            answers.push(Enqueued { id, created });
+        }
+        if answers.len() != rows.len() {
+            return Err(Error::corrupt(
+                "enqueue",
+                format!("{} answers for {} jobs", answers.len(), rows.len()),
+            ));
+        }
+        Ok(answers)
+    }
+}
+
+/// Sorts claimed rows into claim order (CONTRACT C3): `UPDATE … RETURNING` has none.
+fn claim_order(rows: Vec<PgRow>) -> Result<Vec<ClaimedJob>> {
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        let job = row::job(&row)?;
+        let seq = row::seq(&row, job.id)?;
+        let payload: Vec<u8> = column(&row, 21, &|| format!("job {}", job.id))?;
+        claimed.push((
+            ReadyOrder::new(job.priority, job.run_at, seq),
+            ClaimedJob {
+                job,
+                payload: Bytes::from(payload),
+            },
+        ));
+    }
+    claimed.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(claimed.into_iter().map(|(_, job)| job).collect())
+}
+
+fn token_param(token: LeaseToken) -> i64 {
+    // Stored tokens are positive; one beyond i64 can never be current.
+    i64::try_from(token.get()).unwrap_or(-1)
+}
+
+fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn settings(&self) -> &StoreSettings {
+        &self.inner.settings
+    }
+
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        let mut answers = self.enqueue_batch(vec![job]).await?;
+        answers
+            .pop()
+            .ok_or_else(|| Error::corrupt("enqueue", "no answer for the job"))
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        validate::validate_batch(&jobs, &self.inner.settings)?;
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        // A key repeated in the batch is sent once; the later jobs answer like a
+        // second enqueue would, with the first one's job (E9).
+        let mut first_of_key: HashMap<(&str, &str), usize> = HashMap::new();
+        let mut sent: Vec<Pending<'_>> = Vec::with_capacity(jobs.len());
+        let mut slot: Vec<Result<usize, usize>> = Vec::with_capacity(jobs.len());
+        for job in &jobs {
+            if let Some(key) = job.idempotency_key.as_deref() {
+                if let Some(&index) = first_of_key.get(&(job.tenant.as_str(), key)) {
+                    slot.push(Err(index));
+                    continue;
+                }
+                first_of_key.insert((job.tenant.as_str(), key), sent.len());
+            }
+            slot.push(Ok(sent.len()));
+            sent.push(Pending {
+                id: JobId::mint(now),
+                job,
+            });
+        }
+
+        let mut chunks: Vec<&[Pending<'_>]> = Vec::new();
+        let mut start = 0;
+        let mut bytes = 0;
+        for (index, row) in sent.iter().enumerate() {
+            let size = row.job.payload.len();
+            if index > start && bytes + size > MAX_STATEMENT_PAYLOAD {
+                chunks.push(&sent[start..index]);
+                start = index;
+                bytes = 0;
+            }
+            bytes += size;
+        }
+        chunks.push(&sent[start..]);
+
+        let answers = if let [only] = chunks[..] {
+            self.enqueue_rows(self.pool(), now, only).await?
+        } else {
+            let mut tx = self
+                .pool()
+                .begin()
+                .await
+                .map_err(|err| map("enqueue: begin", err))?;
+            let mut answers = Vec::with_capacity(sent.len());
+            for chunk in chunks {
+                answers.extend(self.enqueue_rows(&mut *tx, now, chunk).await?);
+            }
+            tx.commit()
+                .await
+                .map_err(|err| map("enqueue: commit", err))?;
+            answers
+        };
+
+        slot.into_iter()
+            .map(|slot| match slot {
+                Ok(index) => answers.get(index).copied(),
+                Err(index) => answers.get(index).map(|first| Enqueued {
+                    id: first.id,
+                    created: false,
+                }),
+            })
+            .map(|answer| answer.ok_or_else(|| Error::corrupt("enqueue", "missing answer")))
+            .collect()
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        let row = sqlx::query(self.sql().get.sql())
+            .bind(self.namespace())
+            .bind(PgUuid::from_id(id))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|err| map("get", err))?;
+        match row {
+            Some(row) => row::job(&row),
+            None => Err(Error::NotFound { id }),
+        }
+    }
+
+    async fn payload(&self, id: JobId) -> Result<Bytes> {
+        let row = sqlx::query(self.sql().payload.sql())
+            .bind(self.namespace())
+            .bind(PgUuid::from_id(id))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|err| map("payload", err))?;
+        match row {
+            Some(row) => {
+                let bytes: Vec<u8> = column(&row, 0, &|| format!("job {id}"))?;
+                Ok(Bytes::from(bytes))
+            }
+            None => Err(Error::NotFound { id }),
+        }
+    }
+
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        let rows = sqlx::query(self.sql().children.sql())
+            .bind(self.namespace())
+            .bind(PgUuid::from_id(parent))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|err| map("children", err))?;
+        rows.iter().map(row::job).collect()
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
+        validate::validate_claim(&request)?;
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let hub = &self.inner.shared.wake.hub;
+        if hub.is_active() {
+            // Notices from here on may be for jobs this claim does not see.
+            let counters = hub.observe(self.namespace(), &request.queues);
+            let mut seen = self.seen();
+            for (queue, counter) in request.queues.iter().zip(counters) {
+                seen.insert(queue.clone(), counter);
+            }
+        }
+        let now = self.now();
+        let rows = sqlx::query(self.sql().claim.sql())
+            .bind(self.namespace())
+            .bind(&request.queues)
+            .bind(now.as_millis())
+            .bind(limit_param(request.limit.min(MAX_CLAIM_LIMIT)))
+            .bind(request.worker.as_bytes())
+            .bind(now.saturating_add(request.lease_ttl).as_millis())
+            .fetch_all(self.pool())
+            .await
+            .map_err(|err| map("claim", err))?;
+        claim_order(rows)
+    }
+
+    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
+        validate::validate_lease_ttl(ttl)?;
+        let now = self.now();
+        let expires_at = now.saturating_add(ttl);
+        let row = sqlx::query(self.sql().heartbeat.sql())
+            .bind(self.namespace())
+            .bind(PgUuid::from_id(id))
+            .bind(token_param(token))
+            .bind(expires_at.as_millis())
+            .bind(now.as_millis())
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|err| map("heartbeat", err))?;
+        match row {
+            Some(row) => Ok(Heartbeat {
+                cancel_requested: column(&row, 0, &|| format!("job {id}"))?,
+                expires_at,
+            }),
+            None => Err(self.lease_miss("heartbeat", id).await),
+        }
+    }
+
+    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
+        if let Some(result) = &result {
+            validate::validate_size("result", result.len(), &self.inner.settings)?;
+        }
+        let outcome = self
+            .inner
+            .completer
+            .complete(
+                &self.inner.shared,
+                &self.inner.settings,
+                id,
+                token_param(token),
+                result,
+            )
+            .await?;
+        match outcome {
+            Outcome::Completed => Ok(()),
+            Outcome::LeaseLost => Err(Error::LeaseLost { id }),
+            Outcome::NotFound => Err(Error::NotFound { id }),
+        }
+    }
+
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+    ) -> Result<JobState> {
+        let retry_at = match retry {
+            Retry::At(at) => Some(at.as_millis()),
+            Retry::Never => None,
+        };
+        let row = sqlx::query(self.sql().fail.sql())
+            .bind(self.namespace())
+            .bind(PgUuid::from_id(id))
+            .bind(token_param(token))
+            .bind(retry_at)
+            .bind(self.now().as_millis())
+            .bind(validate::truncate_error(error).as_bytes())
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|err| map("fail", err))?;
+        match row {
+            Some(row) => row::state(&row, 0, &|| format!("job {id}")),
+            None => Err(self.lease_miss("fail", id).await),
+        }
+    }
+
+    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
+        let row = sqlx::query(self.sql().release.sql())
+            .bind(self.namespace())
+            .bind(PgUuid::from_id(id))
+            .bind(token_param(token))
+            .bind(self.now().as_millis())
+            .bind(&self.inner.shared.channel)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|err| map("release", err))?;
+        match row {
+            Some(_) => Ok(()),
+            None => Err(self.lease_miss("release", id).await),
+        }
+    }
+
+    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(self.sql().reclaim.sql())
+            .bind(self.namespace())
+            .bind(self.now().as_millis())
+            .bind(limit_param(limit))
+            .bind(LEASE_EXPIRED.as_bytes())
+            .bind(&self.inner.shared.channel)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|err| map("reclaim", err))?;
+        let what = || "reclaim result row".to_owned();
+        rows.iter()
+            .map(|row| {
+                Ok(ReclaimedJob {
+                    id: column::<PgUuid>(row, 0, &what)?.job_id()?,
+                    state: row::state(row, 1, &what)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn cancel(&self, id: JobId) -> Result<JobState> {
+        // The update acts on a queued or running job; otherwise the job is terminal
+        // and stays as it is. A job that moves between the two statements (a
+        // concurrent retry) is tried again.
+        let mut attempts = 0;
+        loop {
+            let row = sqlx::query(self.sql().cancel.sql())
+                .bind(self.namespace())
+                .bind(PgUuid::from_id(id))
+                .bind(self.now().as_millis())
+                .fetch_optional(self.pool())
+                .await
+                .map_err(|err| map("cancel", err))?;
+            if let Some(row) = row {
+                return row::state(&row, 0, &|| format!("job {id}"));
+            }
+            match self.state_of("cancel", id).await? {
+                None => return Err(Error::NotFound { id }),
+                Some(state) if state.is_terminal() || attempts >= 8 => return Ok(state),
+                Some(_) => attempts += 1,
+            }
+        }
+    }
+
+    async fn retry(&self, id: JobId) -> Result<()> {
+        let row = sqlx::query(self.sql().retry.sql())
+            .bind(self.namespace())
+            .bind(PgUuid::from_id(id))
+            .bind(self.now().as_millis())
+            .bind(&self.inner.shared.channel)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|err| map("retry", err))?;
+        if row.is_some() {
+            return Ok(());
+        }
+        match self.state_of("retry", id).await? {
+            None => Err(Error::NotFound { id }),
+            Some(state) => Err(Error::InvalidState {
+                id,
+                state,
+                operation: "retry",
+            }),
+        }
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        validate::validate_queue(queue)?;
+        let rows = sqlx::query(self.sql().stats.sql())
+            .bind(self.namespace())
+            .bind(queue)
+            .bind(self.now().as_millis())
+            .fetch_all(self.pool())
+            .await
+            .map_err(|err| map("stats", err))?;
+        let what = || format!("stats of queue {queue}");
+        let mut stats = QueueStats::default();
+        for row in &rows {
+            let state = row::state(row, 0, &what)?;
+            let due: i64 = column(row, 1, &what)?;
+            let total: i64 = column(row, 2, &what)?;
+            let due = due.unsigned_abs();
+            let total = total.unsigned_abs();
+            match state {
+                JobState::Queued => {
+                    stats.ready = due;
+                    stats.scheduled = total.saturating_sub(due);
+                }
+                JobState::Running => stats.running = total,
+                JobState::Succeeded => stats.succeeded = total,
+                JobState::Dead => stats.dead = total,
+                JobState::Cancelled => stats.cancelled = total,
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        validate::validate_list(&query)?;
+        let states: Vec<&str> = match query.state {
+            Some(state) => vec![state.as_str()],
+            None => JobState::ALL.iter().map(|s| s.as_str()).collect(),
+        };
+        let rows = sqlx::query(self.sql().list.sql())
+            .bind(self.namespace())
+            .bind(&query.queue)
+            .bind(states)
+            .bind(query.cursor.map_or(PgUuid::MAX, PgUuid::from_id))
+            .bind(limit_param(query.limit))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|err| map("list", err))?;
+        let jobs = rows.iter().map(row::job).collect::<Result<Vec<_>>>()?;
+        let next = if jobs.len() == query.limit {
+            jobs.last().map(|job| job.id)
+        } else {
+            None
+        };
+        Ok(ListPage { jobs, next })
+    }
+
+    async fn purge(&self, limit: usize) -> Result<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let settings = &self.inner.settings;
+        let now = self.now();
+        let row = sqlx::query(self.sql().purge.sql())
+            .bind(self.namespace())
+            .bind(settings.retention_cutoff(now).as_millis())
+            .bind(limit_param(limit))
+            .bind(now.saturating_sub(settings.dedup_window).as_millis())
+            .fetch_one(self.pool())
+            .await
+            .map_err(|err| map("purge", err))?;
+        let jobs: i64 = column(&row, 0, &|| "purge result".to_owned())?;
+        Ok(jobs.unsigned_abs())
+    }
+
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        if queues.is_empty() {
+            return Err(Error::invalid("queues", "name at least one queue"));
+        }
+        queues.iter().try_for_each(|q| validate::validate_queue(q))?;
+        let deadline = Instant::now() + timeout;
+        let wake = &self.inner.shared.wake;
+        if !wake.ensure_listening(deadline).await {
+            // No listener: plain polling, the caller claims after the timeout.
+            tokio::time::sleep_until(deadline).await;
+            return Ok(());
+        }
+        let hub = &wake.hub;
+        let current = hub.observe(self.namespace(), queues);
+        let baseline: Vec<u64> = {
+            let seen = self.seen();
+            queues
+                .iter()
+                .zip(&current)
+                .map(|(queue, now)| seen.get(queue).copied().unwrap_or(*now))
+                .collect()
+        };
+        loop {
+            let notified = hub.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let current = hub.observe(self.namespace(), queues);
+            let moved = current.iter().zip(&baseline).any(|(now, was)| now > was);
+            if moved || Instant::now() >= deadline {
+                let mut seen = self.seen();
+                for (queue, counter) in queues.iter().zip(current) {
+                    seen.insert(queue.clone(), counter);
+                }
+                return Ok(());
+            }
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+}

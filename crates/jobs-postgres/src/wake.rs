@@ -1,0 +1,199 @@
+//! Wake-ups: LISTEN/NOTIFY on one channel per schema, with polling as the fallback.
+//!
+//! Statements that make a job ready now (enqueue, release, reclaim, operator retry)
+//! call `pg_notify(channel, namespace || '\n' || queue)` in the same statement, so
+//! the notice is sent when, and only if, the change commits. One listener connection
+//! per backend receives every notice and bumps a counter per (namespace, queue) that
+//! someone waits on; `wait_for_work` returns as soon as one of its counters moves.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How long a failed listener start keeps `wait_for_work` on plain polling before it
+/// tries to connect again.
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
+
+/// Counters of notices per (namespace, queue), for the keys someone waits on.
+#[derive(Debug, Default)]
+pub(crate) struct Hub {
+    state: Mutex<HubState>,
+    notify: Notify,
+    active: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct HubState {
+    counters: HashMap<String, u64>,
+    /// Bumped when notices may have been lost (listener reconnects): it moves every
+    /// key's observed value, so every waiter wakes and claims.
+    epoch: u64,
+}
+
+fn key(namespace: &str, queue: &str) -> String {
+    format!("{namespace}\n{queue}")
+}
+
+impl Hub {
+    fn lock(&self) -> MutexGuard<'_, HubState> {
+        // The state is counters only: a panic elsewhere cannot leave it inconsistent.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether the listener runs, so that counters move at all.
+    pub(crate) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// The current value of each queue's counter, registering interest in it.
+    pub(crate) fn observe(&self, namespace: &str, queues: &[String]) -> Vec<u64> {
+        let mut state = self.lock();
+        let epoch = state.epoch;
+        queues
+            .iter()
+            .map(|queue| {
+                let counter = state.counters.entry(key(namespace, queue)).or_insert(0);
+                *counter + epoch
+            })
+            .collect()
+    }
+
+    /// Something that resolves on the next counter move; enable it before re-reading
+    /// the counters so that no move between the read and the wait is missed.
+    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    fn on_notice(&self, payload: &str) {
+        let moved = match self.lock().counters.get_mut(payload) {
+            Some(counter) => {
+                *counter += 1;
+                true
+            }
+            None => false,
+        };
+        if moved {
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn on_reset(&self) {
+        self.lock().epoch += 1;
+        self.notify.notify_waiters();
+    }
+}
+
+/// The listener of one backend, started on the first `wait_for_work`.
+#[derive(Debug)]
+pub(crate) struct Wake {
+    pub(crate) hub: Arc<Hub>,
+    channel: String,
+    pool: PgPool,
+    task: tokio::sync::Mutex<ListenerTask>,
+}
+
+#[derive(Debug, Default)]
+struct ListenerTask {
+    handle: Option<JoinHandle<()>>,
+    failed_at: Option<Instant>,
+}
+
+impl Wake {
+    pub(crate) fn new(pool: PgPool, channel: String) -> Self {
+        Wake {
+            hub: Arc::default(),
+            channel,
+            pool,
+            task: tokio::sync::Mutex::default(),
+        }
+    }
+
+    /// Makes sure the listener runs; false when it cannot start by `deadline`, in
+    /// which case the caller polls.
+    pub(crate) async fn ensure_listening(&self, deadline: Instant) -> bool {
+        let mut task = self.task.lock().await;
+        if task.handle.as_ref().is_some_and(|h| !h.is_finished()) {
+            return true;
+        }
+        if task
+            .failed_at
+            .is_some_and(|at| at.elapsed() < RESTART_PAUSE)
+        {
+            return false;
+        }
+        match tokio::time::timeout_at(deadline, self.listen()).await {
+            Ok(Ok(listener)) => {
+                let hub = Arc::clone(&self.hub);
+                // Notices sent before LISTEN took effect are lost: wake every waiter once.
+                hub.on_reset();
+                hub.active.store(true, Ordering::Release);
+                task.handle = Some(tokio::spawn(run(listener, hub)));
+                task.failed_at = None;
+                true
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "cannot LISTEN for wake-ups; polling instead");
+                task.failed_at = Some(Instant::now());
+                false
+            }
+            Err(_) => {
+                task.failed_at = Some(Instant::now());
+                false
+            }
+        }
+    }
+
+    async fn listen(&self) -> Result<PgListener, sqlx::Error> {
+        // A connection of its own: LISTEN holds it for good, which must not take one
+        // from the pool that serves claims.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_lazy_with((*self.pool.connect_options()).clone());
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.ignore_pool_close_event(true);
+        listener.listen(&self.channel).await?;
+        Ok(listener)
+    }
+}
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        if let Some(handle) = self.task.get_mut().handle.take() {
+            handle.abort();
+        }
+    }
+}
+
+async fn run(mut listener: PgListener, hub: Arc<Hub>) {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(notice)) => {
+                hub.on_notice(notice.payload());
+                pause = Duration::from_millis(50);
+            }
+            // The connection dropped and was re-established: notices sent meanwhile
+            // are lost, so wake every waiter to look for itself.
+            Ok(None) => hub.on_reset(),
+            Err(err) => {
+                hub.on_reset();
+                tracing::warn!(error = %err, "wake-up listener failed; reconnecting");
+                // A deliberate back-off: the server is down or refusing us.
+                tokio::time::sleep_until(Instant::now() + pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
