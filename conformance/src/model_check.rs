@@ -268,17 +268,18 @@ fn outcome(op: &Op, note: &str) -> String {
         .unwrap_or_default();
     let class = if note.starts_with("skipped") {
         "skipped".to_owned()
-    } else if let Some(at) = note.find("error ") {
-        note[at..]
-            .split(" job ")
-            .next()
-            .unwrap_or_default()
-            .to_owned()
+    } else if note.contains("error ") || note.contains("not found") {
+        let kinds = ["not found", "lease lost", "invalid", "cannot"];
+        let kind = kinds
+            .iter()
+            .find(|k| note.contains(**k))
+            .unwrap_or(&"other");
+        format!("error: {kind}")
     } else if let Some(rest) = note.strip_prefix("claimed [") {
         format!("claimed {}", rest.matches('#').count())
     } else if let Some(rest) = note.strip_prefix("reclaimed ") {
         format!("reclaimed {}", rest.matches('(').count())
-    } else if note.starts_with("purged") || note.contains("not found") {
+    } else if note.starts_with("purged") {
         note.split(':').next().unwrap_or_default().to_owned()
     } else if note.contains("duplicate") {
         "with a duplicate".to_owned()
