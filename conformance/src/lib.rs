@@ -4,14 +4,155 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use jobs_core::{async_trait, JobId, ManualClock, Result, Store, StoreSettings};
+
+mod scenarios;
 
 pub mod model_check;
 pub mod rules;
 
 #[doc(hidden)]
 pub mod __private {
+    pub use futures::future::BoxFuture;
     pub use tokio;
+
+    /// Runs one scenario the way `#[tokio::test(flavor = "multi_thread",
+    /// worker_threads = 4)]` would, without asking the calling crate to name tokio:
+    /// a fresh multi-threaded runtime per test, so races in the scenarios are real.
+    pub fn run<F: std::future::Future<Output = ()>>(scenario: F) {
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(err) => panic!("cannot start the tokio runtime of a conformance test: {err}"),
+        };
+        runtime.block_on(scenario);
+    }
+}
+
+/// A scenario's entry point as a plain function pointer, so a table of scenarios can
+/// be iterated (see [`SCENARIOS`]).
+pub type ScenarioFn = for<'a> fn(&'a dyn Harness) -> BoxFuture<'a, ()>;
+
+/// One scenario of the suite: a named test of one contract rule.
+///
+/// A scenario panics, with a message naming its rule, when the store breaks the rule;
+/// it returns normally when the store keeps it.
+#[derive(Clone, Copy)]
+pub struct Scenario {
+    /// The scenario's name, which is also the name of its generated test, e.g.
+    /// `"c2_claim_once"`.
+    pub name: &'static str,
+    /// The contract rule it checks, upper case, e.g. `"C2"` (`"M1"` for the model check).
+    pub rule: &'static str,
+    /// Runs the scenario against a harness.
+    pub run: ScenarioFn,
+}
+
+impl std::fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scenario")
+            .field("name", &self.name)
+            .field("rule", &self.rule)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every scenario of the suite, in contract order: the same list
+/// [`conformance_tests!`] expands into tests.
+///
+/// For tools that run scenarios themselves, such as the mutant tests, which run each
+/// scenario against a deliberately broken store and expect it to panic:
+///
+/// ```no_run
+/// # async fn demo(harness: &dyn jobs_conformance::Harness) {
+/// for scenario in jobs_conformance::SCENARIOS.iter().filter(|s| s.rule == "C2") {
+///     (scenario.run)(harness).await;
+/// }
+/// # }
+/// ```
+pub const SCENARIOS: &[Scenario] = crate::__with_scenarios!(__scenario_table!());
+
+/// The scenarios checking `rule` (`"E1"`, `"c2"`: case does not matter).
+pub fn scenarios_for(rule: &str) -> impl Iterator<Item = &'static Scenario> + '_ {
+    SCENARIOS
+        .iter()
+        .filter(move |scenario| scenario.rule.eq_ignore_ascii_case(rule))
+}
+
+/// Expands into one test per scenario of the suite, each named after its scenario
+/// (`c2_claim_once`, …), for the backend `harness` opens.
+///
+/// `harness` is a path to an `async fn() -> Option<H>` with `H: Harness`; it returns
+/// `None` to skip (see [`skip_or_fail`]). Each test runs on a fresh multi-threaded
+/// tokio runtime with four workers; the calling crate needs no tokio dependency for it.
+///
+/// ```ignore
+/// // tests/conformance.rs of a backend crate
+/// async fn harness() -> Option<MyHarness> {
+///     match MyHarness::connect().await {
+///         Ok(harness) => Some(harness),
+///         Err(err) => jobs_conformance::skip_or_fail("my-server", "tcp://localhost", &err),
+///     }
+/// }
+/// jobs_conformance::conformance_tests!(harness);
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:path $(,)?) => {
+        $crate::__with_scenarios!(__conformance_tests_expand!($harness));
+    };
+}
+
+/// The one list of scenarios. Calls `$crate::$callback!` with `(args)` followed by
+/// `RULE module::name,` for every scenario, so the tests, the table and the docs
+/// cannot drift apart.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_scenarios {
+    ($callback:ident ! ($($args:tt)*)) => {
+        $crate::__scenario_list! { $callback ($($args)*) }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests_expand {
+    (($harness:path) $($rule:ident $module:ident :: $name:ident,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::__private::run(async {
+                    let Some(harness) = $harness().await else {
+                        return;
+                    };
+                    $crate::$module::$name(&harness).await;
+                });
+            }
+        )*
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __scenario_table {
+    (() $($rule:ident $module:ident :: $name:ident,)*) => {
+        &[$(
+            $crate::Scenario {
+                name: stringify!($name),
+                rule: stringify!($rule),
+                run: {
+                    fn run(harness: &dyn $crate::Harness) -> $crate::__private::BoxFuture<'_, ()> {
+                        ::std::boxed::Box::pin($crate::$module::$name(harness))
+                    }
+                    run
+                },
+            },
+        )*]
+    };
 }
 
 /// What the suite needs from a backend beyond the [`Store`] trait.

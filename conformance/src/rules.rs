@@ -1,1 +1,23 @@
 //! One public function per rule of CONTRACT.md, named after it.
+//!
+//! Each scenario takes a [`Harness`](crate::Harness), builds its own
+//! [`TestEnv`](crate::TestEnv) (a fresh namespace and a manual clock), drives time only
+//! through that clock, and panics with a message naming the rule when the store breaks
+//! it. Scenarios whose name extends a rule with a choice of `docs/DECISIONS.md` pin
+//! that choice (`l8_release_takes_back_the_attempt`, …).
+//!
+//! Run them through [`conformance_tests!`](crate::conformance_tests), or iterate
+//! [`SCENARIOS`](crate::SCENARIOS).
+
+mod admin;
+mod claim;
+mod enqueue;
+mod lease;
+mod reclaim;
+mod support;
+
+pub use admin::*;
+pub use claim::*;
+pub use enqueue::*;
+pub use lease::*;
+pub use reclaim::*;

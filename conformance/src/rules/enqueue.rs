@@ -1,0 +1,1141 @@
+//! Rules E1–E9: enqueue, idempotency, validation, fan-out, batches.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobs_core::{
+    Bytes, Clock, Enqueued, Job, JobId, JobState, NewJob, QueueStats, Retry, Store, Timestamp,
+    DEFAULT_MAX_ATTEMPTS,
+};
+use tokio::sync::Barrier;
+
+use super::support::{
+    assert_nothing_claimable, assert_stats, assert_stats_agree, assert_unchanged, binary, claim,
+    claim_expecting, drain, enqueue, expect_invalid, expect_not_found, expect_too_large, get,
+    ids_of, join_all, list_all, Must,
+};
+use crate::{Harness, TestEnv};
+
+/// E1: `enqueue` reports a new job; `get` shows it `queued` with every given field
+/// exactly, every lifecycle field empty, `created_at` = now; unset fields take their
+/// defaults; ids of later jobs are greater (time-ordered).
+pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let now = env.clock.now();
+    let parent = enqueue(&*store, NewJob::new("parents"), "E1: enqueue the parent").await;
+    let run_at = now.saturating_add(Duration::from_secs(90));
+    let payload = Bytes::from_static(b"{\"to\":\"ada@example.com\"}");
+    let answer = store
+        .enqueue(
+            NewJob::new("emails.v2")
+                .payload(payload.clone())
+                .tenant("acme")
+                .idempotency_key("welcome-42")
+                .priority(7)
+                .run_at(run_at)
+                .max_attempts(3)
+                .parent(parent),
+        )
+        .await
+        .must("E1: enqueue");
+    assert!(answer.created, "E1: a new job must report created = true");
+    assert!(
+        answer.id > parent,
+        "E1: ids are time-ordered: a later job must have a greater id"
+    );
+    let expected = Job {
+        id: answer.id,
+        queue: "emails.v2".to_owned(),
+        tenant: "acme".to_owned(),
+        idempotency_key: Some("welcome-42".to_owned()),
+        priority: 7,
+        run_at,
+        max_attempts: 3,
+        parent: Some(parent),
+        state: JobState::Queued,
+        attempts: 0,
+        lease: None,
+        created_at: now,
+        started_at: None,
+        heartbeat_at: None,
+        finished_at: None,
+        last_error: None,
+        result: None,
+        cancel_requested: false,
+    };
+    assert_eq!(
+        get(&*store, answer.id, "E1: get").await,
+        expected,
+        "E1: get must show the job queued with every field as given"
+    );
+    assert_eq!(
+        store.payload(answer.id).await.must("E1: payload"),
+        payload,
+        "E1: payload must return the exact bytes"
+    );
+
+    env.clock.advance(Duration::from_millis(1_234));
+    let later = env.clock.now();
+    let plain = enqueue(&*store, NewJob::new("plain"), "E1: enqueue with defaults").await;
+    assert!(plain > answer.id, "E1: ids must increase with creation");
+    assert_eq!(
+        get(&*store, plain, "E1: get the default job").await,
+        Job {
+            id: plain,
+            queue: "plain".to_owned(),
+            tenant: String::new(),
+            idempotency_key: None,
+            priority: 0,
+            run_at: later,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            parent: None,
+            state: JobState::Queued,
+            attempts: 0,
+            lease: None,
+            created_at: later,
+            started_at: None,
+            heartbeat_at: None,
+            finished_at: None,
+            last_error: None,
+            result: None,
+            cancel_requested: false,
+        },
+        "E1: unset fields take their defaults: empty tenant, no key, priority 0, run_at = now, 25 attempts"
+    );
+    assert!(
+        store.payload(plain).await.must("E1: payload").is_empty(),
+        "E1: the default payload is empty"
+    );
+}
+
+/// E1: an empty payload is stored and returned as empty, by `payload` and by `claim`.
+pub async fn e1_payload_empty(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&*store, NewJob::new("q").payload(Vec::new()), "E1").await;
+    assert_eq!(
+        store.payload(id).await.must("E1: payload"),
+        Bytes::new(),
+        "E1: an empty payload must come back empty"
+    );
+    let claimed = claim_expecting(&*store, "q", id, "E1: claim").await;
+    assert!(
+        claimed.payload.is_empty(),
+        "E1: claim must hand out the empty payload"
+    );
+}
+
+/// E1: binary payloads (every byte value, NUL bytes, invalid UTF-8, trailing NULs) come
+/// back byte for byte, by `payload` and by `claim`.
+pub async fn e1_payload_binary_with_nul_bytes(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let mut every_byte: Vec<u8> = (0..=255u8).collect();
+    every_byte.extend_from_slice(&[0xff, 0xfe, 0xc3, 0x28, 0x00, 0x00]);
+    let payloads: Vec<Vec<u8>> = vec![
+        vec![0],
+        vec![0, 0, 0, 0],
+        b"\0leading NUL".to_vec(),
+        b"trailing NUL\0".to_vec(),
+        b"mid\0dle".to_vec(),
+        every_byte,
+        binary(4_099, 7),
+        "ünïcödé ✓ \u{1F980}".as_bytes().to_vec(),
+        b"'\"; DROP TABLE jobs; --\r\n\t{}[]%s%d\\".to_vec(),
+    ];
+    let mut ids = Vec::new();
+    for payload in &payloads {
+        ids.push(enqueue(&*store, NewJob::new("bin").payload(payload.clone()), "E1").await);
+    }
+    for (id, payload) in ids.iter().zip(&payloads) {
+        assert_eq!(
+            store.payload(*id).await.must("E1: payload").as_ref(),
+            payload.as_slice(),
+            "E1: payload must return the exact bytes"
+        );
+    }
+    let claimed = drain(&*store, &["bin"], "E1: claim").await;
+    assert_eq!(ids_of(&claimed), ids, "E1: every binary job is claimable");
+    for (job, payload) in claimed.iter().zip(&payloads) {
+        assert_eq!(
+            job.payload.as_ref(),
+            payload.as_slice(),
+            "E1: claim must hand out the exact payload bytes"
+        );
+    }
+}
+
+/// E1: a payload of exactly `max_payload_bytes` is accepted and returned whole; one
+/// byte more is refused (E7).
+pub async fn e1_payload_exactly_max_size(harness: &dyn Harness) {
+    const MAX: usize = 64 * 1024;
+    let env = TestEnv::new(harness);
+    let store = env.store_with(|s| s.max_payload_bytes(MAX)).await;
+    let payload = binary(MAX, 3);
+    let id = enqueue(&*store, NewJob::new("big").payload(payload.clone()), "E1").await;
+    assert_eq!(
+        store.payload(id).await.must("E1: payload").as_ref(),
+        payload.as_slice(),
+        "E1: a payload of exactly max_payload_bytes must come back whole"
+    );
+    let claimed = claim_expecting(&*store, "big", id, "E1: claim").await;
+    assert_eq!(
+        claimed.payload.as_ref(),
+        payload.as_slice(),
+        "E1: claim must hand out the whole max-size payload"
+    );
+    expect_too_large(
+        store
+            .enqueue(NewJob::new("big").payload(binary(MAX + 1, 3)))
+            .await,
+        "payload",
+        MAX + 1,
+        MAX,
+        "E1/E7: one byte over max_payload_bytes",
+    );
+    assert_stats(
+        &*store,
+        "big",
+        QueueStats {
+            running: 1,
+            ..QueueStats::default()
+        },
+        "E1/E7: the refused payload wrote nothing",
+    )
+    .await;
+}
+
+/// E1: fields at the edges of their ranges round-trip exactly: longest queue name with
+/// every allowed character, longest tenant and key, any UTF-8 in them (NUL included),
+/// extreme priorities, the largest `max_attempts`, a far-future `run_at`.
+pub async fn e1_extreme_field_values_round_trip(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let now = env.clock.now();
+    let alphabet = "ABCXYZabcxyz0189._:-";
+    let long_queue: String = alphabet.chars().cycle().take(128).collect();
+    let long_tenant: String = "é".repeat(128); // 256 bytes
+    let long_key: String = "\u{1F980}".repeat(128); // 512 bytes
+    let far_future = Timestamp::from_millis(253_402_300_799_999); // 9999-12-31T23:59:59.999Z
+    let cases: Vec<NewJob> = vec![
+        NewJob::new(long_queue.clone())
+            .tenant(long_tenant.clone())
+            .idempotency_key(long_key.clone())
+            .priority(i16::MAX)
+            .max_attempts(u32::MAX),
+        NewJob::new("q")
+            .tenant("tenant with spaces, \"quotes\", 'apostrophes', \\ and \n newlines")
+            .idempotency_key("key\0with\0NUL {hash}:tag* ?[]")
+            .priority(i16::MIN)
+            .max_attempts(1)
+            .run_at(far_future),
+        NewJob::new("q")
+            .tenant("\0")
+            .idempotency_key("\u{10FFFF}\u{FEFF}\u{200B}")
+            .priority(-1),
+        NewJob::new("a")
+            .idempotency_key("k")
+            .run_at(now.saturating_sub(Duration::from_secs(86_400 * 365))),
+    ];
+    for job in cases {
+        let id = enqueue(&*store, job.clone(), "E1").await;
+        let stored = get(&*store, id, "E1: get").await;
+        assert_eq!(stored.queue, job.queue, "E1: queue must round-trip");
+        assert_eq!(stored.tenant, job.tenant, "E1: tenant must round-trip");
+        assert_eq!(
+            stored.idempotency_key, job.idempotency_key,
+            "E1: idempotency key must round-trip"
+        );
+        assert_eq!(
+            stored.priority, job.priority,
+            "E1: priority must round-trip"
+        );
+        assert_eq!(
+            stored.max_attempts, job.max_attempts,
+            "E1: max_attempts must round-trip"
+        );
+        assert_eq!(
+            stored.run_at,
+            job.run_at.unwrap_or(now),
+            "E1: run_at must round-trip"
+        );
+        let again = store.enqueue(job.clone()).await.must("E1: enqueue again");
+        assert_eq!(
+            again,
+            Enqueued { id, created: false },
+            "E1/E2: the stored key must still match the same key"
+        );
+    }
+}
+
+/// E2: a second enqueue with the same (tenant, key) returns the first id with
+/// `created = false` and changes nothing: not the payload, not the fields, and nothing
+/// new becomes claimable, even when it names another queue.
+pub async fn e2_duplicate_key_returns_first_id_and_changes_nothing(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let first = enqueue(
+        &*store,
+        NewJob::new("dedup")
+            .tenant("t")
+            .idempotency_key("once")
+            .payload("first"),
+        "E2",
+    )
+    .await;
+    let before = get(&*store, first, "E2: get").await;
+    env.clock.advance(Duration::from_secs(5));
+    for duplicate in [
+        NewJob::new("dedup")
+            .tenant("t")
+            .idempotency_key("once")
+            .payload("second"),
+        NewJob::new("other-queue")
+            .tenant("t")
+            .idempotency_key("once")
+            .payload("third")
+            .priority(9)
+            .max_attempts(2),
+    ] {
+        let answer = store.enqueue(duplicate).await.must("E2: duplicate enqueue");
+        assert_eq!(
+            answer,
+            Enqueued {
+                id: first,
+                created: false
+            },
+            "E2: a duplicate key must return the first id with created = false"
+        );
+    }
+    assert_unchanged(&*store, &before, "E2: a duplicate must not change the job").await;
+    assert_eq!(
+        store.payload(first).await.must("E2: payload"),
+        Bytes::from_static(b"first"),
+        "E2: a duplicate must not overwrite the payload"
+    );
+    assert_stats(
+        &*store,
+        "other-queue",
+        QueueStats::default(),
+        "E2: a duplicate naming another queue must write nothing there",
+    )
+    .await;
+    let claimed = claim(&*store, &["dedup", "other-queue"], 10, "E2: claim").await;
+    assert_eq!(
+        ids_of(&claimed),
+        vec![first],
+        "E2: exactly the first job is claimable"
+    );
+    assert_eq!(claimed[0].payload, Bytes::from_static(b"first"));
+}
+
+/// E2: the key deduplicates whatever the first job's state, while its record exists
+/// and the window runs: running, succeeded, dead, cancelled.
+pub async fn e2_duplicate_key_dedups_in_every_state(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let keyed = |key: &str| NewJob::new("q").idempotency_key(key).max_attempts(1);
+    let running = enqueue(&*store, keyed("running"), "E2").await;
+    let succeeded = enqueue(&*store, keyed("succeeded"), "E2").await;
+    let dead = enqueue(&*store, keyed("dead"), "E2").await;
+    let cancelled = enqueue(&*store, keyed("cancelled"), "E2").await;
+    store.cancel(cancelled).await.must("E2: cancel");
+    let claimed = claim(&*store, &["q"], 3, "E2: claim").await;
+    assert_eq!(ids_of(&claimed), vec![running, succeeded, dead]);
+    store
+        .complete(succeeded, claimed[1].token(), None)
+        .await
+        .must("E2: complete");
+    store
+        .fail(dead, claimed[2].token(), "boom", Retry::Never)
+        .await
+        .must("E2: fail");
+    env.clock.advance(Duration::from_secs(60));
+    for (key, id, state) in [
+        ("running", running, JobState::Running),
+        ("succeeded", succeeded, JobState::Succeeded),
+        ("dead", dead, JobState::Dead),
+        ("cancelled", cancelled, JobState::Cancelled),
+    ] {
+        let before = get(&*store, id, "E2: get").await;
+        assert_eq!(before.state, state);
+        let answer = store
+            .enqueue(keyed(key).payload("again"))
+            .await
+            .must("E2: duplicate");
+        assert_eq!(
+            answer,
+            Enqueued { id, created: false },
+            "E2: a key must deduplicate while its job is {state}"
+        );
+        assert_unchanged(&*store, &before, "E2: a duplicate must not change the job").await;
+    }
+    assert_nothing_claimable(&*store, &["q"], "E2: duplicates made nothing claimable").await;
+    assert_stats_agree(&*store, "q", "E2").await;
+}
+
+/// E3: the same key under another tenant is another job, the empty tenant included.
+pub async fn e3_same_key_other_tenant_is_another_job(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let mut ids = Vec::new();
+    for tenant in ["", "a", "b", "A"] {
+        let id = enqueue(
+            &*store,
+            NewJob::new("q").tenant(tenant).idempotency_key("shared"),
+            "E3: the same key under another tenant must create a job",
+        )
+        .await;
+        ids.push((tenant, id));
+    }
+    let distinct: HashSet<JobId> = ids.iter().map(|(_, id)| *id).collect();
+    assert_eq!(distinct.len(), 4, "E3: each tenant gets its own job");
+    for (tenant, id) in ids {
+        let again = store
+            .enqueue(NewJob::new("q").tenant(tenant).idempotency_key("shared"))
+            .await
+            .must("E3: enqueue again");
+        assert_eq!(
+            again,
+            Enqueued { id, created: false },
+            "E3: tenant {tenant:?} must find its own job"
+        );
+    }
+    assert_eq!(
+        claim(&*store, &["q"], 10, "E3: claim").await.len(),
+        4,
+        "E3: four tenants, four claimable jobs"
+    );
+}
+
+/// E3: (tenant, key) pairs that a naive concatenation or escaping would confuse never
+/// collide: separators moved between tenant and key, NUL, hash-tag braces, case,
+/// Unicode normalisation forms, and prefixes.
+pub async fn e3_distinct_pairs_never_collide(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let pairs: Vec<(&str, &str)> = vec![
+        ("a:b", "c"),
+        ("a", "b:c"),
+        ("a|b", "c"),
+        ("a", "b|c"),
+        ("a\0b", "c"),
+        ("a", "b\0c"),
+        ("", "a:b:c"),
+        ("a:b:c", "x"),
+        ("", "ab"),
+        ("a", "b"),
+        ("ab", "c"),
+        ("a", "bc"),
+        ("{t}", "k"),
+        ("t", "{t}k"),
+        ("t", "k"),
+        ("T", "k"),
+        ("t", "K"),
+        ("t", "k "),
+        (" t", "k"),
+        ("\u{e9}", "k"),
+        ("e\u{301}", "k"),
+        ("t", "k\n"),
+        ("t/", "k"),
+        ("t", "/k"),
+        ("t", "k%"),
+        ("t", "k_"),
+        ("t", "k*"),
+        ("t\\", "k"),
+        ("t", "\\k"),
+    ];
+    let mut seen: HashMap<JobId, (&str, &str)> = HashMap::new();
+    let mut ids = Vec::new();
+    for (tenant, key) in &pairs {
+        let id = enqueue(
+            &*store,
+            NewJob::new("q").tenant(*tenant).idempotency_key(*key),
+            "E3: a distinct (tenant, key) pair must create its own job",
+        )
+        .await;
+        if let Some(other) = seen.insert(id, (tenant, key)) {
+            panic!("E3: ({tenant:?}, {key:?}) collided with {other:?}");
+        }
+        ids.push(id);
+    }
+    for ((tenant, key), id) in pairs.iter().zip(ids) {
+        let again = store
+            .enqueue(NewJob::new("q").tenant(*tenant).idempotency_key(*key))
+            .await
+            .must("E3: enqueue again");
+        assert_eq!(
+            again,
+            Enqueued { id, created: false },
+            "E3: ({tenant:?}, {key:?}) must find its own job again"
+        );
+        let job = get(&*store, id, "E3: get").await;
+        assert_eq!(
+            (job.tenant.as_str(), job.idempotency_key.as_deref()),
+            (*tenant, Some(*key)),
+            "E3: the job must keep its own tenant and key"
+        );
+    }
+}
+
+/// E4: 32 concurrent enqueues of one key, from four connections, create exactly one
+/// job; all return its id; exactly one job is claimable, with the creator's payload.
+pub async fn e4_concurrent_enqueues_of_one_key_create_one_job(harness: &dyn Harness) {
+    const TASKS: usize = 32;
+    const ROUNDS: usize = 3;
+    let env = TestEnv::new(harness);
+    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    for _ in 0..4 {
+        stores.push(env.store().await);
+    }
+    for round in 0..ROUNDS {
+        let key = format!("race-{round}");
+        let barrier = Arc::new(Barrier::new(TASKS));
+        let mut handles = Vec::new();
+        for task in 0..TASKS {
+            let store = Arc::clone(&stores[task % stores.len()]);
+            let barrier = Arc::clone(&barrier);
+            let job = NewJob::new("race")
+                .tenant("e4")
+                .idempotency_key(key.clone())
+                .payload(format!("from task {task}"));
+            handles.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let answer = store.enqueue(job).await.must("E4: concurrent enqueue");
+                (task, answer)
+            }));
+        }
+        let answers = join_all(handles).await;
+        let creators: Vec<usize> = answers
+            .iter()
+            .filter(|(_, a)| a.created)
+            .map(|(task, _)| *task)
+            .collect();
+        assert_eq!(
+            creators.len(),
+            1,
+            "E4: exactly one of {TASKS} concurrent enqueues must create the job (creators: {creators:?})"
+        );
+        let ids: HashSet<JobId> = answers.iter().map(|(_, a)| a.id).collect();
+        assert_eq!(
+            ids.len(),
+            1,
+            "E4: every concurrent enqueue must return the one job's id, got {ids:?}"
+        );
+        let claimed = claim(&*stores[0], &["race"], 100, "E4: claim").await;
+        assert_eq!(
+            claimed.len(),
+            1,
+            "E4: exactly one job is claimable after {TASKS} concurrent enqueues of one key"
+        );
+        assert_eq!(
+            claimed[0].payload,
+            Bytes::from(format!("from task {}", creators[0])),
+            "E4: the job holds the creator's payload"
+        );
+    }
+    assert_stats(
+        &*stores[1],
+        "race",
+        QueueStats {
+            running: ROUNDS as u64,
+            ..QueueStats::default()
+        },
+        "E4: one job per key",
+    )
+    .await;
+}
+
+/// E5: once a key's job is purged, the next enqueue with the key creates a new job and
+/// the key points to it (retention shorter than the dedup window, so the window is not
+/// what frees the key).
+pub async fn e5_key_of_purged_job_creates_new_job(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env
+        .store_with(|s| {
+            s.retention(Duration::from_secs(60))
+                .dedup_window(Duration::from_secs(86_400))
+        })
+        .await;
+    let keyed = || NewJob::new("q").tenant("t").idempotency_key("k");
+    let old = enqueue(&*store, keyed().payload("old"), "E5").await;
+    let claimed = claim_expecting(&*store, "q", old, "E5: claim").await;
+    store
+        .complete(old, claimed.token(), None)
+        .await
+        .must("E5: complete");
+    env.clock.advance(Duration::from_secs(61));
+    assert_eq!(store.purge(100).await.must("E5: purge"), 1, "E5: purge");
+    expect_not_found(store.get(old).await, old, "E5: the purged job is gone");
+    let new = store
+        .enqueue(keyed().payload("new"))
+        .await
+        .must("E5: enqueue after purge");
+    assert!(
+        new.created && new.id != old,
+        "E5: the key of a purged job must create a new job, got {new:?}"
+    );
+    let again = store.enqueue(keyed()).await.must("E5: enqueue again");
+    assert_eq!(
+        again,
+        Enqueued {
+            id: new.id,
+            created: false
+        },
+        "E5: the key must now point to the new job"
+    );
+    let job = claim_expecting(&*store, "q", new.id, "E5: claim the new job").await;
+    assert_eq!(job.payload, Bytes::from_static(b"new"));
+}
+
+/// E5: once a key's job record vanishes (eviction, loss), the next enqueue with the key
+/// creates a new job and the key points to it; the vanished id stays not found.
+pub async fn e5_key_of_vanished_job_creates_new_job(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let keyed = || NewJob::new("q").tenant("t").idempotency_key("k");
+    let old = enqueue(&*store, keyed().payload("old"), "E5").await;
+    env.vanish(old).await;
+    let new = store
+        .enqueue(keyed().payload("new"))
+        .await
+        .must("E5: enqueue after the record vanished");
+    assert!(
+        new.created && new.id != old,
+        "E5: the key of a vanished job must create a new job, got {new:?}"
+    );
+    let again = store.enqueue(keyed()).await.must("E5: enqueue again");
+    assert_eq!(
+        again,
+        Enqueued {
+            id: new.id,
+            created: false
+        },
+        "E5: the key must now point to the new job"
+    );
+    expect_not_found(store.get(old).await, old, "E5: the vanished job stays gone");
+    let job = claim_expecting(&*store, "q", new.id, "E5: claim the new job").await;
+    assert_eq!(job.payload, Bytes::from_static(b"new"));
+    assert_nothing_claimable(&*store, &["q"], "E5: only the new job").await;
+}
+
+/// E6: the dedup window runs from the first job's creation and is half-open: a
+/// duplicate 1 ms before its end is deduplicated (and does not extend it); at its end
+/// the key creates a new job, and then points to it.
+pub async fn e6_dedup_window_runs_from_first_creation(harness: &dyn Harness) {
+    const WINDOW: Duration = Duration::from_secs(3_600);
+    let env = TestEnv::new(harness);
+    let store = env.store_with(|s| s.dedup_window(WINDOW)).await;
+    let keyed = || NewJob::new("q").tenant("t").idempotency_key("k");
+    let first = enqueue(&*store, keyed(), "E6").await;
+    env.clock.advance(WINDOW / 2);
+    let mid = store.enqueue(keyed()).await.must("E6: inside the window");
+    assert_eq!(
+        mid,
+        Enqueued {
+            id: first,
+            created: false
+        },
+        "E6: inside the window the key deduplicates"
+    );
+    env.clock.advance(WINDOW / 2 - Duration::from_millis(1));
+    let last = store.enqueue(keyed()).await.must("E6: 1 ms before the end");
+    assert_eq!(
+        last,
+        Enqueued {
+            id: first,
+            created: false
+        },
+        "E6: 1 ms before the window ends the key still deduplicates"
+    );
+    env.clock.advance(Duration::from_millis(1));
+    let second = store.enqueue(keyed()).await.must("E6: at the window's end");
+    assert!(
+        second.created && second.id != first,
+        "E6: the window runs from the first creation, is half-open, and is not extended by duplicates: at its end the key must create a new job, got {second:?}"
+    );
+    env.clock.advance(Duration::from_millis(1));
+    let again = store.enqueue(keyed()).await.must("E6: after");
+    assert_eq!(
+        again,
+        Enqueued {
+            id: second.id,
+            created: false
+        },
+        "E6: the key must now point to the new job"
+    );
+    assert_eq!(
+        get(&*store, first, "E6: get").await.state,
+        JobState::Queued,
+        "E6: the first job is untouched"
+    );
+    assert_eq!(
+        ids_of(&claim(&*store, &["q"], 10, "E6: claim").await),
+        vec![first, second.id],
+        "E6: both jobs are claimable"
+    );
+}
+
+/// Enqueues `job`, which must be refused naming `field`, and checks nothing was
+/// written: the queue `q` stays empty and the job's (tenant, key), if any, stays free.
+async fn assert_refused(store: &dyn Store, job: NewJob, field: &str, what: &str) {
+    let max = store.settings().max_payload_bytes;
+    let result = store.enqueue(job.clone()).await;
+    if field == "payload" {
+        expect_too_large(result, field, job.payload.len(), max, what);
+    } else {
+        expect_invalid(result, field, what);
+    }
+    assert_stats(store, "q", QueueStats::default(), what).await;
+    assert!(
+        list_all(store, "q", None, what).await.is_empty(),
+        "{what}: a refused job must not be listed"
+    );
+    assert_nothing_claimable(store, &["q"], what).await;
+    if let Some(key) = job
+        .idempotency_key
+        .filter(|k| !k.is_empty() && k.len() <= 512)
+    {
+        if job.tenant.len() <= 256 {
+            let valid = NewJob::new("probe").tenant(job.tenant).idempotency_key(key);
+            let answer = store.enqueue(valid.clone()).await.must(what);
+            assert!(
+                answer.created,
+                "{what}: a refused job must not take its idempotency key"
+            );
+            let again = store.enqueue(valid).await.must(what);
+            assert!(!again.created, "{what}: the probe key must deduplicate");
+        }
+    }
+}
+
+/// E7: an empty queue name is refused naming `queue`; nothing is written.
+pub async fn e7_empty_queue_is_refused(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    assert_refused(
+        &*store,
+        NewJob::new("").idempotency_key("e7-empty-queue"),
+        "queue",
+        "E7: empty queue",
+    )
+    .await;
+}
+
+/// E7: queue names with characters outside `[A-Za-z0-9._:-]`, or longer than 128
+/// bytes, are refused naming `queue`; nothing is written.
+pub async fn e7_bad_queue_name_is_refused(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let too_long = "q".repeat(129);
+    for (i, queue) in [
+        "with space",
+        "slash/queue",
+        "ünïcode",
+        "{q}",
+        "q\0",
+        "q\n",
+        "q*",
+        too_long.as_str(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_refused(
+            &*store,
+            NewJob::new(queue).idempotency_key(format!("e7-bad-queue-{i}")),
+            "queue",
+            &format!("E7: bad queue {queue:?}"),
+        )
+        .await;
+    }
+}
+
+/// E7: a tenant over 256 bytes is refused naming `tenant`; nothing is written.
+pub async fn e7_oversized_tenant_is_refused(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    assert_refused(
+        &*store,
+        NewJob::new("q")
+            .tenant("t".repeat(257))
+            .idempotency_key("e7-tenant"),
+        "tenant",
+        "E7: 257-byte tenant",
+    )
+    .await;
+    assert_refused(
+        &*store,
+        NewJob::new("q").tenant("é".repeat(129)),
+        "tenant",
+        "E7: 258-byte tenant of 129 characters",
+    )
+    .await;
+}
+
+/// E7: an idempotency key that is empty or over 512 bytes is refused naming
+/// `idempotency_key`; nothing is written.
+pub async fn e7_bad_idempotency_key_is_refused(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    assert_refused(
+        &*store,
+        NewJob::new("q").idempotency_key("k".repeat(513)),
+        "idempotency_key",
+        "E7: 513-byte key",
+    )
+    .await;
+    assert_refused(
+        &*store,
+        NewJob::new("q").idempotency_key(""),
+        "idempotency_key",
+        "E7: empty key",
+    )
+    .await;
+}
+
+/// E7: a payload over `max_payload_bytes` is refused as too large, naming `payload`
+/// with its size and the limit; nothing is written, its key stays free.
+pub async fn e7_oversized_payload_is_refused(harness: &dyn Harness) {
+    const MAX: usize = 1_024;
+    let env = TestEnv::new(harness);
+    let store = env.store_with(|s| s.max_payload_bytes(MAX)).await;
+    for size in [MAX + 1, 4 * MAX] {
+        assert_refused(
+            &*store,
+            NewJob::new("q")
+                .payload(binary(size, 1))
+                .tenant("t")
+                .idempotency_key(format!("e7-payload-{size}")),
+            "payload",
+            &format!("E7: {size}-byte payload over a {MAX}-byte limit"),
+        )
+        .await;
+    }
+}
+
+/// E7: `max_attempts = 0` is refused naming `max_attempts`; nothing is written.
+pub async fn e7_zero_max_attempts_is_refused(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    assert_refused(
+        &*store,
+        NewJob::new("q")
+            .max_attempts(0)
+            .idempotency_key("e7-attempts"),
+        "max_attempts",
+        "E7: max_attempts = 0",
+    )
+    .await;
+}
+
+/// E7: an unknown parent (never enqueued, or vanished) is refused naming `parent`;
+/// nothing is written, and the parent gains no children.
+pub async fn e7_unknown_parent_is_refused(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let never = JobId::mint(env.clock.now());
+    assert_refused(
+        &*store,
+        NewJob::new("q").parent(never).idempotency_key("e7-parent"),
+        "parent",
+        "E7: a parent that never existed",
+    )
+    .await;
+    let gone = enqueue(&*store, NewJob::new("parents"), "E7").await;
+    env.vanish(gone).await;
+    assert_refused(
+        &*store,
+        NewJob::new("q").parent(gone).idempotency_key("e7-parent-2"),
+        "parent",
+        "E7: a parent whose record vanished",
+    )
+    .await;
+    let live = enqueue(&*store, NewJob::new("parents"), "E7").await;
+    let child = enqueue(&*store, NewJob::new("q").parent(live), "E7: a known parent").await;
+    assert_eq!(
+        get(&*store, child, "E7").await.parent,
+        Some(live),
+        "E7: a known parent is accepted"
+    );
+}
+
+/// E8: `children(parent)` lists exactly the jobs enqueued with that parent, oldest
+/// first, whatever their queue, priority, schedule or state; other parents' children
+/// and unrelated jobs are not listed; a job without children has none.
+pub async fn e8_children_lists_jobs_of_parent_oldest_first(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let parent = enqueue(&*store, NewJob::new("fan"), "E8").await;
+    let other = enqueue(&*store, NewJob::new("fan"), "E8").await;
+    let mut mine = Vec::new();
+    let mut theirs = Vec::new();
+    for i in 0..12i16 {
+        if i % 4 == 1 {
+            env.clock.advance(Duration::from_millis(5));
+        }
+        let queue = if i % 2 == 0 { "kids-a" } else { "kids-b" };
+        let job = NewJob::new(queue)
+            .priority(if i % 3 == 0 { 10 - i } else { -i })
+            .run_at(
+                env.clock
+                    .now()
+                    .saturating_add(Duration::from_secs(u64::from(12 - i as u16))),
+            );
+        mine.push(enqueue(&*store, job.clone().parent(parent), "E8").await);
+        if i % 3 == 0 {
+            theirs.push(enqueue(&*store, job.clone().parent(other), "E8").await);
+            enqueue(&*store, job, "E8: an unrelated job").await;
+        }
+    }
+    let batch = store
+        .enqueue_batch(vec![
+            NewJob::new("kids-a").parent(parent),
+            NewJob::new("kids-a").parent(other),
+        ])
+        .await
+        .must("E8: batch");
+    mine.push(batch[0].id);
+    theirs.push(batch[1].id);
+    // Children change state; they stay children.
+    env.clock.advance(Duration::from_secs(60));
+    let claimed = claim(&*store, &["kids-a"], 2, "E8: claim").await;
+    store
+        .complete(claimed[0].id(), claimed[0].token(), None)
+        .await
+        .must("E8: complete");
+    store.cancel(mine[3]).await.must("E8: cancel");
+
+    let listed: Vec<JobId> = store
+        .children(parent)
+        .await
+        .must("E8: children")
+        .iter()
+        .map(|job| job.id)
+        .collect();
+    assert_eq!(
+        listed, mine,
+        "E8: children must list exactly the parent's jobs, oldest first"
+    );
+    let listed: Vec<JobId> = store
+        .children(other)
+        .await
+        .must("E8: children")
+        .iter()
+        .map(|job| job.id)
+        .collect();
+    assert_eq!(listed, theirs, "E8: another parent's children");
+    for job in store.children(parent).await.must("E8: children") {
+        assert_eq!(
+            job,
+            get(&*store, job.id, "E8: get").await,
+            "E8: children shows the jobs as get does"
+        );
+    }
+    assert!(
+        store
+            .children(mine[0])
+            .await
+            .must("E8: children of a leaf")
+            .is_empty(),
+        "E8: a job without children has none"
+    );
+}
+
+/// The jobs of the E9 comparison, for one queue and tenant.
+fn e9_jobs(queue: &str, tenant: &str, now: Timestamp, parent: JobId) -> Vec<NewJob> {
+    let job = || NewJob::new(queue).tenant(tenant);
+    vec![
+        job().idempotency_key("k1").payload("a"),
+        job().payload(&b"\0b\xff"[..]).priority(3),
+        job()
+            .idempotency_key("k1")
+            .payload("duplicate inside the batch"),
+        job()
+            .idempotency_key("pre")
+            .payload("duplicate of an older job"),
+        job()
+            .run_at(now.saturating_add(Duration::from_secs(10)))
+            .max_attempts(2),
+        job().payload("c"),
+        job().parent(parent).idempotency_key("k2"),
+        job().priority(3).payload("d"),
+    ]
+}
+
+/// E9: a batch enqueue behaves exactly like the same enqueues one by one: the same
+/// answers in order (duplicates inside the batch and of older jobs included), the same
+/// stored jobs, the same claim order, the same counts.
+pub async fn e9_batch_behaves_like_one_by_one(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let now = env.clock.now();
+    let parent = enqueue(&*store, NewJob::new("parents"), "E9").await;
+    let mut pre = HashMap::new();
+    for tenant in ["solo", "batch"] {
+        let id = enqueue(
+            &*store,
+            NewJob::new("elsewhere")
+                .tenant(tenant)
+                .idempotency_key("pre"),
+            "E9",
+        )
+        .await;
+        pre.insert(tenant, id);
+    }
+    assert!(
+        store
+            .enqueue_batch(Vec::new())
+            .await
+            .must("E9: empty batch")
+            .is_empty(),
+        "E9: an empty batch enqueues nothing and answers nothing"
+    );
+
+    let mut solo = Vec::new();
+    for job in e9_jobs("solo", "solo", now, parent) {
+        solo.push(store.enqueue(job).await.must("E9: one by one"));
+    }
+    let batch = store
+        .enqueue_batch(e9_jobs("batch", "batch", now, parent))
+        .await
+        .must("E9: batch");
+    assert_eq!(batch.len(), solo.len(), "E9: a batch answers once per job");
+    let created: Vec<bool> = batch.iter().map(|a| a.created).collect();
+    assert_eq!(
+        created,
+        solo.iter().map(|a| a.created).collect::<Vec<_>>(),
+        "E9: the batch must report created exactly as one-by-one enqueues do"
+    );
+    assert_eq!(
+        created,
+        vec![true, true, false, false, true, true, true, true],
+        "E9: duplicates inside the batch and of older jobs report created = false"
+    );
+    assert_eq!(
+        batch[2].id, batch[0].id,
+        "E9: a duplicate inside the batch returns the first job"
+    );
+    assert_eq!(
+        batch[3].id, pre["batch"],
+        "E9: a duplicate of an older job returns it"
+    );
+    assert_eq!(solo[3].id, pre["solo"]);
+    let position = |answers: &[Enqueued], id: JobId| answers.iter().position(|a| a.id == id);
+
+    for (s, b) in solo.iter().zip(&batch).filter(|(s, _)| s.created) {
+        let mut one = get(&*store, s.id, "E9: get").await;
+        let mut other = get(&*store, b.id, "E9: get").await;
+        assert_eq!(
+            store.payload(s.id).await.must("E9"),
+            store.payload(b.id).await.must("E9"),
+            "E9: the batch stores the same payload"
+        );
+        for job in [&mut one, &mut other] {
+            job.id = parent;
+            job.queue.clear();
+            job.tenant.clear();
+        }
+        assert_eq!(
+            one, other,
+            "E9: a batch-enqueued job must be stored as the same job enqueued alone"
+        );
+    }
+    assert_eq!(
+        store.stats("solo").await.must("E9"),
+        store.stats("batch").await.must("E9"),
+        "E9: the batch counts as the one-by-one jobs do"
+    );
+    assert_eq!(
+        store.stats("batch").await.must("E9").total(),
+        6,
+        "E9: six distinct new jobs"
+    );
+
+    env.clock.advance(Duration::from_secs(10));
+    let solo_order: Vec<Option<usize>> = ids_of(&drain(&*store, &["solo"], "E9: drain").await)
+        .into_iter()
+        .map(|id| position(&solo, id))
+        .collect();
+    let batch_order: Vec<Option<usize>> = ids_of(&drain(&*store, &["batch"], "E9: drain").await)
+        .into_iter()
+        .map(|id| position(&batch, id))
+        .collect();
+    assert_eq!(
+        batch_order, solo_order,
+        "E9: batch jobs must be claimed in the order one-by-one jobs are"
+    );
+    assert_eq!(
+        batch_order,
+        vec![Some(1), Some(7), Some(0), Some(5), Some(6), Some(4)],
+        "E9: claim order of the batch: priority, then ready time, then position in the batch"
+    );
+    let children: Vec<JobId> = store
+        .children(parent)
+        .await
+        .must("E9: children")
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(
+        children,
+        vec![solo[6].id, batch[6].id],
+        "E9: a batch child is a child"
+    );
+}
+
+/// E9 with the decision "refused whole": a batch holding one invalid job (bad field,
+/// unknown parent) or more than 10,000 jobs is refused with that field's error and
+/// writes nothing, not even its valid jobs or their keys.
+pub async fn e9_invalid_batch_is_refused_whole(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store_with(|s| s.max_payload_bytes(100)).await;
+    let valid = |i: usize| {
+        NewJob::new("q")
+            .tenant("t")
+            .idempotency_key(format!("k{i}"))
+            .payload(format!("{i}"))
+    };
+    let unknown_parent = JobId::mint(env.clock.now());
+    let cases: Vec<(&str, NewJob)> = vec![
+        ("max_attempts", NewJob::new("q").max_attempts(0)),
+        ("queue", NewJob::new("bad queue")),
+        ("payload", NewJob::new("q").payload(vec![0u8; 101])),
+        ("parent", NewJob::new("q").parent(unknown_parent)),
+    ];
+    for (field, bad) in cases {
+        let mut jobs: Vec<NewJob> = (0..3).map(valid).collect();
+        jobs.push(bad);
+        jobs.extend((3..5).map(valid));
+        let result = store.enqueue_batch(jobs).await;
+        let what = format!("E9: a batch with a bad {field}");
+        if field == "payload" {
+            expect_too_large(result, field, 101, 100, &what);
+        } else {
+            expect_invalid(result, field, &what);
+        }
+        assert_stats(&*store, "q", QueueStats::default(), &what).await;
+    }
+    let huge: Vec<NewJob> = (0..10_001).map(|_| NewJob::new("q")).collect();
+    expect_invalid(
+        store.enqueue_batch(huge).await,
+        "jobs",
+        "E9: a batch of 10,001 jobs",
+    );
+    assert_stats(
+        &*store,
+        "q",
+        QueueStats::default(),
+        "E9: refused batches write nothing",
+    )
+    .await;
+    for i in 0..5 {
+        let answer = store.enqueue(valid(i)).await.must("E9: enqueue alone");
+        assert!(
+            answer.created,
+            "E9: a refused batch must not take the keys of its valid jobs"
+        );
+    }
+}

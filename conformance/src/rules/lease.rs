@@ -1,0 +1,600 @@
+//! Rules L1–L9: calls on a running job, fenced by its lease token.
+
+use std::time::Duration;
+
+use jobs_core::{
+    validate, Bytes, ClaimedJob, Clock, Heartbeat, Job, JobId, JobState, LeaseToken, NewJob,
+    QueueStats, Retry, Store,
+};
+
+use super::support::{
+    assert_nothing_claimable, assert_stats, assert_unchanged, binary, claim_expecting, enqueue,
+    expect_invalid, expect_lease_lost, expect_not_found, expect_too_large, get, Must, TTL,
+};
+use crate::{Harness, TestEnv};
+
+/// Every lease call with `token`, each of which must fail with lease lost and leave
+/// the job exactly as `before`.
+async fn assert_all_lease_lost(store: &dyn Store, before: &Job, token: LeaseToken, what: &str) {
+    let id = before.id;
+    expect_lease_lost(
+        store.heartbeat(id, token, TTL).await,
+        id,
+        &format!("{what}: heartbeat"),
+    );
+    assert_unchanged(store, before, &format!("{what}: heartbeat")).await;
+    expect_lease_lost(
+        store
+            .complete(id, token, Some(Bytes::from_static(b"r")))
+            .await,
+        id,
+        &format!("{what}: complete"),
+    );
+    assert_unchanged(store, before, &format!("{what}: complete")).await;
+    for retry in [Retry::Never, Retry::At(store.settings().now())] {
+        expect_lease_lost(
+            store.fail(id, token, "stale", retry).await,
+            id,
+            &format!("{what}: fail"),
+        );
+        assert_unchanged(store, before, &format!("{what}: fail")).await;
+    }
+    expect_lease_lost(
+        store.release(id, token).await,
+        id,
+        &format!("{what}: release"),
+    );
+    assert_unchanged(store, before, &format!("{what}: release")).await;
+}
+
+/// Every lease call on `id`, each of which must fail with not found.
+async fn assert_all_not_found(store: &dyn Store, id: JobId, token: LeaseToken, what: &str) {
+    expect_not_found(
+        store.heartbeat(id, token, TTL).await,
+        id,
+        &format!("{what}: heartbeat"),
+    );
+    expect_not_found(
+        store.complete(id, token, None).await,
+        id,
+        &format!("{what}: complete"),
+    );
+    expect_not_found(
+        store.fail(id, token, "x", Retry::Never).await,
+        id,
+        &format!("{what}: fail"),
+    );
+    expect_not_found(
+        store
+            .fail(id, token, "x", Retry::At(store.settings().now()))
+            .await,
+        id,
+        &format!("{what}: fail with retry"),
+    );
+    expect_not_found(
+        store.release(id, token).await,
+        id,
+        &format!("{what}: release"),
+    );
+    expect_not_found(
+        store.get(id).await,
+        id,
+        &format!("{what}: nothing was created"),
+    );
+    expect_not_found(
+        store.payload(id).await,
+        id,
+        &format!("{what}: no payload was created"),
+    );
+}
+
+/// L1: the holder's heartbeat moves the expiry to now + ttl (later or earlier) and
+/// `heartbeat_at` to now, keeps token, worker, attempts and `started_at`, and reports
+/// whether cancellation was requested; the extended lease survives past the old
+/// expiry.
+pub async fn l1_heartbeat_extends_the_lease(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&*store, NewJob::new("q"), "L1").await;
+    let held = claim_expecting(&*store, "q", id, "L1").await;
+    let claimed_at = env.clock.now();
+    env.clock.advance(Duration::from_secs(20));
+    let now = env.clock.now();
+    let beat = store
+        .heartbeat(id, held.token(), Duration::from_secs(60))
+        .await
+        .must("L1: heartbeat");
+    assert_eq!(
+        beat,
+        Heartbeat {
+            cancel_requested: false,
+            expires_at: now.saturating_add(Duration::from_secs(60)),
+        },
+        "L1: heartbeat reports the new expiry, now + ttl, and no cancellation"
+    );
+    let mut expected = held.job.clone();
+    expected.heartbeat_at = Some(now);
+    if let Some(lease) = expected.lease.as_mut() {
+        lease.expires_at = beat.expires_at;
+    }
+    assert_eq!(
+        get(&*store, id, "L1").await,
+        expected,
+        "L1: heartbeat moves the expiry and heartbeat_at, nothing else"
+    );
+    assert_eq!(expected.started_at, Some(claimed_at));
+
+    // Past the first lease's expiry, inside the extended one: not reclaimed.
+    env.clock.advance(Duration::from_secs(59));
+    assert!(
+        store.reclaim(100).await.must("L1: reclaim").is_empty(),
+        "L1: an extended lease is not reclaimed at its old expiry"
+    );
+    // A shorter ttl moves the expiry earlier: to now + ttl, exactly.
+    let beat = store
+        .heartbeat(id, held.token(), Duration::from_millis(5))
+        .await
+        .must("L1: short heartbeat");
+    assert_eq!(
+        beat.expires_at,
+        env.clock.now().saturating_add(Duration::from_millis(5)),
+        "L1: the expiry is now + ttl even when that is earlier"
+    );
+    store.cancel(id).await.must("L1: cancel");
+    let beat = store
+        .heartbeat(id, held.token(), TTL)
+        .await
+        .must("L1: heartbeat after cancel");
+    assert!(
+        beat.cancel_requested,
+        "L1: heartbeat must report a requested cancellation"
+    );
+    expect_invalid(
+        store.heartbeat(id, held.token(), Duration::ZERO).await,
+        "lease_ttl",
+        "L1: a zero ttl",
+    );
+}
+
+/// L2: after a job is claimed again, every call with the old token fails with lease
+/// lost and changes nothing, field for field; so does a forged token above the
+/// current one; the current holder is unaffected.
+pub async fn l2_stale_token_is_lease_lost_and_changes_nothing(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&*store, NewJob::new("q").payload("p"), "L2").await;
+    let first = claim_expecting(&*store, "q", id, "L2").await;
+    store
+        .fail(id, first.token(), "again", Retry::At(env.clock.now()))
+        .await
+        .must("L2: fail");
+    env.clock.advance(Duration::from_secs(1));
+    let second = claim_expecting(&*store, "q", id, "L2: claim again").await;
+    let before = get(&*store, id, "L2").await;
+    env.clock.advance(Duration::from_secs(1));
+    assert_all_lease_lost(&*store, &before, first.token(), "L2: the old token").await;
+    let forged = LeaseToken::new(second.token().get() + 1);
+    assert_all_lease_lost(
+        &*store,
+        &before,
+        forged,
+        "L2: a token above the current one",
+    )
+    .await;
+    assert_all_lease_lost(&*store, &before, LeaseToken::new(0), "L2: token 0").await;
+    assert_eq!(
+        store.payload(id).await.must("L2"),
+        Bytes::from_static(b"p"),
+        "L2: the payload is unchanged"
+    );
+    store
+        .heartbeat(id, second.token(), TTL)
+        .await
+        .must("L2: the holder's heartbeat");
+    store
+        .complete(id, second.token(), None)
+        .await
+        .must("L2: the holder's complete");
+}
+
+/// L2: lease calls on a job that exists but is not running (queued, scheduled,
+/// succeeded, dead, cancelled) fail with lease lost and change nothing.
+pub async fn l2_calls_on_a_job_not_running_are_lease_lost(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let queued = enqueue(&*store, NewJob::new("q").priority(1), "L2").await;
+    let later = env.clock.now().saturating_add(Duration::from_secs(60));
+    let scheduled = enqueue(&*store, NewJob::new("later").run_at(later), "L2").await;
+    let cancelled = enqueue(&*store, NewJob::new("q"), "L2").await;
+    store.cancel(cancelled).await.must("L2: cancel");
+    let done = enqueue(&*store, NewJob::new("done"), "L2").await;
+    let dead = enqueue(&*store, NewJob::new("dead"), "L2").await;
+    let d = claim_expecting(&*store, "done", done, "L2").await;
+    store.complete(done, d.token(), None).await.must("L2");
+    let x = claim_expecting(&*store, "dead", dead, "L2").await;
+    store
+        .fail(dead, x.token(), "x", Retry::Never)
+        .await
+        .must("L2");
+    env.clock.advance(Duration::from_secs(1));
+    for (id, token) in [
+        (queued, LeaseToken::new(1)),
+        (scheduled, LeaseToken::new(1)),
+        (cancelled, LeaseToken::new(1)),
+        (done, d.token()),
+        (dead, x.token()),
+    ] {
+        let before = get(&*store, id, "L2").await;
+        let what = format!("L2: a {} job", before.state);
+        assert_all_lease_lost(&*store, &before, token, &what).await;
+    }
+    let first = claim_expecting(&*store, "q", queued, "L2: still claimable").await;
+    assert_eq!(
+        first.token(),
+        LeaseToken::new(1),
+        "L2: the refused calls used no token"
+    );
+}
+
+/// L3 with the decision "not found": lease calls on a job that never existed fail
+/// with not found and create nothing.
+pub async fn l3_calls_on_unknown_job_are_not_found(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let unknown = JobId::mint(env.clock.now());
+    assert_all_not_found(&*store, unknown, LeaseToken::new(1), "L3: an unknown job").await;
+    assert_stats(
+        &*store,
+        "q",
+        QueueStats::default(),
+        "L3: nothing was created",
+    )
+    .await;
+}
+
+/// L3 with the decision "not found": lease calls on a running job whose record vanished
+/// fail with not found and recreate nothing; reclaim does not bring it back either.
+pub async fn l3_calls_on_vanished_job_are_not_found(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&*store, NewJob::new("q"), "L3").await;
+    let held = claim_expecting(&*store, "q", id, "L3").await;
+    env.vanish(id).await;
+    assert_all_not_found(&*store, id, held.token(), "L3: a vanished job").await;
+    env.clock.advance(TTL + Duration::from_secs(1));
+    store.reclaim(100).await.must("L3: reclaim");
+    assert_all_not_found(&*store, id, held.token(), "L3: after reclaim").await;
+    assert_nothing_claimable(&*store, &["q"], "L3: nothing was recreated").await;
+}
+
+/// L4: `complete` makes the job `succeeded`, stores the result bytes exactly (binary,
+/// empty, or none), clears the lease and sets `finished_at` to now; the job is not
+/// claimable again.
+pub async fn l4_complete_stores_result_and_finishes(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let results: Vec<Option<Bytes>> = vec![
+        Some(Bytes::from(binary(1_000, 9))),
+        None,
+        Some(Bytes::new()),
+        Some(Bytes::from_static(b"\0")),
+    ];
+    for result in results {
+        let id = enqueue(&*store, NewJob::new("q"), "L4").await;
+        let held = claim_expecting(&*store, "q", id, "L4").await;
+        env.clock.advance(Duration::from_secs(5));
+        store
+            .complete(id, held.token(), result.clone())
+            .await
+            .must("L4: complete");
+        let mut expected = held.job.clone();
+        expected.state = JobState::Succeeded;
+        expected.result = result.clone();
+        expected.lease = None;
+        expected.finished_at = Some(env.clock.now());
+        assert_eq!(
+            get(&*store, id, "L4").await,
+            expected,
+            "L4: complete makes the job succeeded with result {result:?}, lease cleared, finished now"
+        );
+        assert_nothing_claimable(&*store, &["q"], "L4: a succeeded job").await;
+    }
+}
+
+/// L4: a result over `max_payload_bytes` is refused as too large and nothing changes;
+/// a result of exactly the limit is stored.
+pub async fn l4_oversized_result_is_refused_and_changes_nothing(harness: &dyn Harness) {
+    const MAX: usize = 2_048;
+    let env = TestEnv::new(harness);
+    let store = env.store_with(|s| s.max_payload_bytes(MAX)).await;
+    let id = enqueue(&*store, NewJob::new("q"), "L4").await;
+    let held = claim_expecting(&*store, "q", id, "L4").await;
+    let before = get(&*store, id, "L4").await;
+    expect_too_large(
+        store
+            .complete(id, held.token(), Some(Bytes::from(binary(MAX + 1, 0))))
+            .await,
+        "result",
+        MAX + 1,
+        MAX,
+        "L4: a result one byte over the limit",
+    );
+    assert_unchanged(&*store, &before, "L4: a refused result changes nothing").await;
+    let exact = Bytes::from(binary(MAX, 0));
+    store
+        .complete(id, held.token(), Some(exact.clone()))
+        .await
+        .must("L4: a result of exactly the limit");
+    assert_eq!(get(&*store, id, "L4").await.result, Some(exact));
+}
+
+/// L5: a second `complete` with the same token fails with lease lost, and the first
+/// outcome stands (result, `finished_at`); so do later heartbeats, failures, releases.
+pub async fn l5_second_complete_is_lease_lost(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&*store, NewJob::new("q"), "L5").await;
+    let held = claim_expecting(&*store, "q", id, "L5").await;
+    store
+        .complete(id, held.token(), Some(Bytes::from_static(b"first")))
+        .await
+        .must("L5: complete");
+    let before = get(&*store, id, "L5").await;
+    env.clock.advance(Duration::from_secs(10));
+    expect_lease_lost(
+        store
+            .complete(id, held.token(), Some(Bytes::from_static(b"second")))
+            .await,
+        id,
+        "L5: a second complete",
+    );
+    assert_unchanged(&*store, &before, "L5: the first outcome stands").await;
+    assert_all_lease_lost(&*store, &before, held.token(), "L5: calls after complete").await;
+}
+
+/// L6: `fail` with a retry time while attempts remain requeues the job at that time,
+/// keeps `last_error`, clears the lease, leaves it unfinished; not claimable before
+/// the time, claimable at it, and `last_error` survives the next claim.
+pub async fn l6_fail_with_retry_requeues_at_the_given_time(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&*store, NewJob::new("q").max_attempts(3), "L6").await;
+    let held = claim_expecting(&*store, "q", id, "L6").await;
+    let at = env.clock.now().saturating_add(Duration::from_secs(60));
+    assert_eq!(
+        store
+            .fail(id, held.token(), "boom: it broke", Retry::At(at))
+            .await
+            .must("L6: fail"),
+        JobState::Queued,
+        "L6: fail with retry reports queued"
+    );
+    let mut expected = held.job.clone();
+    expected.state = JobState::Queued;
+    expected.run_at = at;
+    expected.lease = None;
+    expected.last_error = Some("boom: it broke".to_owned());
+    let stored = get(&*store, id, "L6").await;
+    assert_eq!(
+        (
+            stored.state,
+            stored.run_at,
+            stored.attempts,
+            &stored.lease,
+            &stored.last_error,
+            stored.finished_at
+        ),
+        (
+            expected.state,
+            expected.run_at,
+            1,
+            &None,
+            &expected.last_error,
+            None
+        ),
+        "L6: queued at the retry time, attempt counted, error kept, lease cleared"
+    );
+    assert_stats(
+        &*store,
+        "q",
+        QueueStats {
+            scheduled: 1,
+            ..QueueStats::default()
+        },
+        "L6: scheduled",
+    )
+    .await;
+    env.clock.advance(Duration::from_millis(59_999));
+    assert_nothing_claimable(&*store, &["q"], "L6: before the retry time").await;
+    env.clock.advance(Duration::from_millis(1));
+    let again = claim_expecting(&*store, "q", id, "L6: at the retry time").await;
+    assert_eq!(again.job.attempts, 2);
+    assert_eq!(
+        again.job.last_error.as_deref(),
+        Some("boom: it broke"),
+        "L6: last_error is kept"
+    );
+    // A retry time in the past is ready at once.
+    let past = env.clock.now().saturating_sub(Duration::from_secs(3_600));
+    store
+        .fail(id, again.token(), "second", Retry::At(past))
+        .await
+        .must("L6: fail with a past time");
+    let third = claim_expecting(&*store, "q", id, "L6: a past retry time is ready now").await;
+    assert_eq!(third.job.last_error.as_deref(), Some("second"));
+}
+
+/// L6 with the decision on `last_error`: a message over 64 KiB is cut at a character
+/// boundary to at most 64 KiB (`jobs_core::validate::truncate_error`).
+pub async fn l6_long_error_is_cut_at_64_kib(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&*store, NewJob::new("q"), "L6").await;
+    let held = claim_expecting(&*store, "q", id, "L6").await;
+    // 3-byte characters, so 64 KiB falls inside one.
+    let message = "€".repeat(30_000);
+    store
+        .fail(id, held.token(), &message, Retry::Never)
+        .await
+        .must("L6: fail with a long message");
+    let stored = get(&*store, id, "L6").await.last_error.unwrap_or_default();
+    assert_eq!(
+        stored,
+        validate::truncate_error(&message),
+        "L6: last_error is cut at 64 KiB on a character boundary"
+    );
+    assert_eq!(stored.len(), 65_535, "L6: 21,845 whole 3-byte characters");
+}
+
+/// L7: `fail` on the last attempt, or with `Retry::Never`, makes the job `dead`:
+/// finished now, lease cleared, error kept, never claimed again.
+pub async fn l7_fail_on_last_attempt_or_no_retry_is_dead(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let two = enqueue(&*store, NewJob::new("q").max_attempts(2), "L7").await;
+    let held = claim_expecting(&*store, "q", two, "L7").await;
+    assert_eq!(
+        store
+            .fail(two, held.token(), "first", Retry::At(env.clock.now()))
+            .await
+            .must("L7"),
+        JobState::Queued,
+        "L7: attempts remain"
+    );
+    let held = claim_expecting(&*store, "q", two, "L7").await;
+    let never = enqueue(&*store, NewJob::new("q"), "L7").await;
+    let one = enqueue(&*store, NewJob::new("q").max_attempts(1), "L7").await;
+    env.clock.advance(Duration::from_secs(3));
+    let later = env.clock.now().saturating_add(Duration::from_secs(1));
+    assert_eq!(
+        store
+            .fail(two, held.token(), "last", Retry::At(later))
+            .await
+            .must("L7: fail on the last attempt"),
+        JobState::Dead,
+        "L7: a failure on the last attempt is dead, whatever retry it asks for"
+    );
+    let h_never = claim_expecting(&*store, "q", never, "L7").await;
+    assert_eq!(
+        store
+            .fail(never, h_never.token(), "never", Retry::Never)
+            .await
+            .must("L7: fail with no retry"),
+        JobState::Dead,
+        "L7: Retry::Never is dead on the first attempt"
+    );
+    let h_one = claim_expecting(&*store, "q", one, "L7").await;
+    assert_eq!(
+        store
+            .fail(one, h_one.token(), "only", Retry::At(later))
+            .await
+            .must("L7: fail with max_attempts 1"),
+        JobState::Dead,
+        "L7: max_attempts = 1 is dead after one failure"
+    );
+    for (id, error) in [(two, "last"), (never, "never"), (one, "only")] {
+        let job = get(&*store, id, "L7").await;
+        assert_eq!(job.state, JobState::Dead, "L7: dead");
+        assert_eq!(job.finished_at, Some(env.clock.now()), "L7: finished now");
+        assert_eq!(job.lease, None, "L7: lease cleared");
+        assert_eq!(job.last_error.as_deref(), Some(error), "L7: error kept");
+    }
+    env.clock.advance(Duration::from_secs(10));
+    assert_nothing_claimable(&*store, &["q"], "L7: dead jobs are not claimed").await;
+    assert_stats(
+        &*store,
+        "q",
+        QueueStats {
+            dead: 3,
+            ..QueueStats::default()
+        },
+        "L7",
+    )
+    .await;
+}
+
+/// L8 with the decision "release takes back the attempt": release makes the job
+/// `queued`, ready now, lease cleared, `attempts - 1`; a job with one attempt can be
+/// claimed and released again and again without dying.
+pub async fn l8_release_takes_back_the_attempt(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&*store, NewJob::new("q").max_attempts(1), "L8").await;
+    let mut last: Option<ClaimedJob> = None;
+    for round in 0..3 {
+        let held = claim_expecting(&*store, "q", id, "L8").await;
+        assert_eq!(
+            held.job.attempts, 1,
+            "L8: after {round} releases the claim is still the first attempt"
+        );
+        env.clock.advance(Duration::from_secs(10));
+        store.release(id, held.token()).await.must("L8: release");
+        let job = get(&*store, id, "L8").await;
+        assert_eq!(job.state, JobState::Queued, "L8: released job is queued");
+        assert_eq!(job.attempts, 0, "L8: release takes back the attempt");
+        assert_eq!(job.lease, None, "L8: lease cleared");
+        assert_eq!(job.run_at, env.clock.now(), "L8: ready now");
+        assert_eq!(job.finished_at, None);
+        assert_stats(
+            &*store,
+            "q",
+            QueueStats {
+                ready: 1,
+                ..QueueStats::default()
+            },
+            "L8: ready",
+        )
+        .await;
+        last = Some(held);
+    }
+    let held = claim_expecting(&*store, "q", id, "L8: still claimable").await;
+    assert!(last.is_some_and(|l| held.token() > l.token()));
+    assert_eq!(
+        store
+            .fail(id, held.token(), "x", Retry::At(env.clock.now()))
+            .await
+            .must("L8"),
+        JobState::Dead,
+        "L8: the one real attempt then fails for good"
+    );
+}
+
+/// L9: after a reclaim and a new claim, every call by the old holder fails with lease
+/// lost and changes nothing, and the new holder's calls succeed.
+pub async fn l9_old_holder_is_fenced_after_reclaim(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let old_store = env.store().await;
+    let new_store = env.store().await;
+    let id = enqueue(&*old_store, NewJob::new("q"), "L9").await;
+    let old = old_store
+        .claim(super::support::request(
+            &["q"],
+            "old",
+            Duration::from_secs(10),
+            1,
+        ))
+        .await
+        .must("L9: claim");
+    let old_token = old[0].token();
+    env.clock.advance(Duration::from_millis(10_001));
+    let reclaimed = new_store.reclaim(10).await.must("L9: reclaim");
+    assert_eq!(reclaimed.len(), 1, "L9: the expired lease is reclaimed");
+    let new = new_store
+        .claim(super::support::request(&["q"], "new", TTL, 1))
+        .await
+        .must("L9: claim again");
+    assert_eq!(new.len(), 1);
+    let before = get(&*new_store, id, "L9").await;
+    assert_all_lease_lost(&*old_store, &before, old_token, "L9: the old holder").await;
+    new_store
+        .heartbeat(id, new[0].token(), TTL)
+        .await
+        .must("L9: the new holder's heartbeat");
+    new_store
+        .complete(id, new[0].token(), Some(Bytes::from_static(b"new")))
+        .await
+        .must("L9: the new holder's complete");
+    let job = get(&*old_store, id, "L9").await;
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.result, Some(Bytes::from_static(b"new")));
+}
