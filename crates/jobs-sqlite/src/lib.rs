@@ -69,9 +69,7 @@ impl SqliteStore {
         config.validate()?;
         let engine = Engine::get(path.as_ref(), &config).await?;
         let name = settings.namespace.clone();
-        let ns = engine
-            .write(move |tx| ops::namespace_id(tx, &name))
-            .await?;
+        let ns = engine.write(move |tx| ops::namespace_id(tx, &name)).await?;
         let notify = engine.wakers.for_ns(ns);
         Ok(SqliteStore {
             settings,
@@ -281,9 +279,14 @@ impl Store for SqliteStore {
     /// [`SqliteConfig::poll_interval`].
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
         if queues.is_empty() {
-            return Err(jobs_core::Error::invalid("queues", "name at least one queue"));
+            return Err(jobs_core::Error::invalid(
+                "queues",
+                "name at least one queue",
+            ));
         }
-        queues.iter().try_for_each(|q| validate::validate_queue(q))?;
+        queues
+            .iter()
+            .try_for_each(|q| validate::validate_queue(q))?;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             // Register for the wake-up before looking, so an enqueue that commits between

@@ -448,7 +448,13 @@ pub(crate) fn complete(
 
 /// Ends a job for good: `succeeded` is set by [`complete`]; this is `dead` or
 /// `cancelled`, with the lease cleared and `last_error` set when given.
-fn finish(conn: &Connection, row: i64, state: i64, error: Option<&str>, now: Timestamp) -> Result<()> {
+fn finish(
+    conn: &Connection,
+    row: i64,
+    state: i64,
+    error: Option<&str>,
+    now: Timestamp,
+) -> Result<()> {
     conn.prepare_cached(
         "UPDATE jobq_jobs SET state = ?2, lease_worker = NULL, lease_expires_at = NULL,
              finished_at = ?3, last_error = COALESCE(?4, last_error)
@@ -820,7 +826,7 @@ pub(crate) fn list(conn: &Connection, ns: i64, query: &ListQuery) -> Result<List
         )?);
     }
     tx.finish().db("end a read")?;
-    jobs.sort_unstable_by(|a, b| b.id.cmp(&a.id));
+    jobs.sort_unstable_by_key(|job| std::cmp::Reverse(job.id));
     jobs.truncate(query.limit);
     let next = if jobs.len() == query.limit {
         jobs.last().map(|job| job.id)
@@ -831,7 +837,12 @@ pub(crate) fn list(conn: &Connection, ns: i64, query: &ListQuery) -> Result<List
 }
 
 /// Whether any of `queues` holds a ready job: what `wait_for_work` polls.
-pub(crate) fn has_ready(conn: &Connection, ns: i64, queues: &[String], now: Timestamp) -> Result<bool> {
+pub(crate) fn has_ready(
+    conn: &Connection,
+    ns: i64,
+    queues: &[String],
+    now: Timestamp,
+) -> Result<bool> {
     let mut found = Vec::new();
     for queue in queues {
         ready_candidates(conn, ns, queue, now, 1, &mut found)?;

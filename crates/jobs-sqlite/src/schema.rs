@@ -105,7 +105,10 @@ fn open_connection(path: &Path, config: &SqliteConfig) -> Result<Connection> {
 
 /// Runs `f` again while another connection holds a lock that the busy handler does not
 /// wait for (switching the journal mode of a new file is one), up to the busy timeout.
-fn retry_busy<T>(timeout: Duration, mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+fn retry_busy<T>(
+    timeout: Duration,
+    mut f: impl FnMut() -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(1);
     loop {
@@ -153,9 +156,8 @@ pub(crate) fn open_writer(path: &Path, config: &SqliteConfig) -> Result<Connecti
     ))
     .db("set the connection pragmas")?;
     conn.set_prepared_statement_cache_capacity(64);
-    retry_busy(config.busy_timeout, || migrate(&mut conn)).map_err(|err| {
-        crate::error::db_error("apply the schema migrations", err)
-    })??;
+    retry_busy(config.busy_timeout, || migrate(&mut conn))
+        .map_err(|err| crate::error::db_error("apply the schema migrations", err))??;
     Ok(conn)
 }
 

@@ -106,7 +106,13 @@ fn run_and_kill(db: &Path, sync: &str, kill_after: usize) -> Acknowledged {
         Err(err) => panic!("no current exe: {err}"),
     };
     let mut child = match Command::new(exe)
-        .args(["--exact", "child_writer", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "child_writer",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(CHILD_DB, db)
         .env(CHILD_SYNC, sync)
         .stdout(Stdio::piped())
@@ -156,7 +162,10 @@ fn check_file(db: &Path, acknowledged: &Acknowledged, sync: &str, round: usize) 
     };
     assert_eq!(integrity, "ok", "{sync}, round {round}");
 
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(err) => panic!("cannot start a runtime: {err}"),
     };

@@ -70,7 +70,9 @@ async fn drain(store: Arc<SqliteStore>, worker: String) -> Vec<String> {
             if all_enqueued {
                 return lines;
             }
-            let _ = store.wait_for_work(&queues, Duration::from_millis(200)).await;
+            let _ = store
+                .wait_for_work(&queues, Duration::from_millis(200))
+                .await;
             continue;
         }
         for job in claimed {
@@ -111,7 +113,13 @@ fn spawn_child(db: &Path, name: &str) -> std::process::Child {
         Err(err) => panic!("no current exe: {err}"),
     };
     let spawned = Command::new(exe)
-        .args(["--exact", "child_drainer", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "child_drainer",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(CHILD_DB, db)
         .env(CHILD_NAME, name)
         .stdout(Stdio::piped())
@@ -232,18 +240,33 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
         let states: Vec<_> = rt.block_on(async {
             let mut states = Vec::new();
             for id in &missing {
-                states.push(store.get(**id).await.map(|job| (job.state, job.attempts, job.lease)));
+                states.push(
+                    store
+                        .get(**id)
+                        .await
+                        .map(|job| (job.state, job.attempts, job.lease)),
+                );
             }
             states
         });
-        panic!("{} of {JOBS} jobs claimed (per process {per_process:?}); missing: {states:?}", seen.len());
+        panic!(
+            "{} of {JOBS} jobs claimed (per process {per_process:?}); missing: {states:?}",
+            seen.len()
+        );
     }
     for id in &expected {
-        assert_eq!(seen.get(&id.to_string()), Some(&1), "job {id} was not claimed once");
+        assert_eq!(
+            seen.get(&id.to_string()),
+            Some(&1),
+            "job {id} was not claimed once"
+        );
     }
     // More than one process took part, or the test proved nothing about processes.
     let active = per_process.iter().filter(|n| **n > 0).count();
-    assert!(active >= 2, "only one process claimed jobs: {per_process:?}");
+    assert!(
+        active >= 2,
+        "only one process claimed jobs: {per_process:?}"
+    );
 
     rt.block_on(async {
         for id in &expected {
@@ -260,7 +283,11 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
                 Ok(stats) => stats,
                 Err(err) => panic!("stats failed: {err}"),
             };
-            assert_eq!(stats.ready + stats.running + stats.scheduled, 0, "{queue}: {stats:?}");
+            assert_eq!(
+                stats.ready + stats.running + stats.scheduled,
+                0,
+                "{queue}: {stats:?}"
+            );
         }
     });
 }

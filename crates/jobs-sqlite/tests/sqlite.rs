@@ -1,0 +1,328 @@
+//! Behaviour specific to the SQLite backend, beyond the shared conformance suite:
+//! migrations, group commit with savepoints, in-process wake-ups, the priority-band
+//! claim scan, and corrupt rows.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobs_core::{
+    ClaimRequest, Clock, Error, JobId, LeaseToken, ManualClock, NewJob, Store, StoreSettings, Timestamp,
+};
+use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous, SCHEMA_VERSION};
+
+fn temp_db() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => panic!("no temp dir: {err}"),
+    };
+    let path = dir.path().join("jobs.db");
+    (dir, path)
+}
+
+fn settings(clock: &ManualClock) -> StoreSettings {
+    StoreSettings::default()
+        .namespace("sqlite-tests")
+        .clock(Arc::new(clock.clone()))
+}
+
+async fn open(path: &Path, settings: StoreSettings, config: SqliteConfig) -> SqliteStore {
+    match SqliteStore::open_with(path, settings, config).await {
+        Ok(store) => store,
+        Err(err) => panic!("open failed: {err}"),
+    }
+}
+
+fn raw(path: &Path) -> rusqlite::Connection {
+    match rusqlite::Connection::open(path) {
+        Ok(conn) => conn,
+        Err(err) => panic!("cannot open {}: {err}", path.display()),
+    }
+}
+
+fn meta(path: &Path, name: &str) -> Vec<i64> {
+    let conn = raw(path);
+    let mut stmt = match conn.prepare("SELECT value FROM jobq_meta WHERE name = ?1") {
+        Ok(stmt) => stmt,
+        Err(err) => panic!("{err}"),
+    };
+    let rows = stmt.query_map([name], |row| row.get(0));
+    match rows.and_then(|rows| rows.collect()) {
+        Ok(values) => values,
+        Err(err) => panic!("{err}"),
+    }
+}
+
+/// Stores opened at once with distinct configurations get distinct writer connections,
+/// so their migrations really race on the new file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_opens_migrate_once() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let opens = (1..=6).map(|readers| {
+        let (path, settings) = (path.clone(), settings(&clock));
+        tokio::spawn(async move {
+            let config = SqliteConfig::default()
+                .synchronous(Synchronous::Normal)
+                .readers(readers);
+            open(&path, settings, config).await
+        })
+    });
+    let mut stores = Vec::new();
+    for open in opens {
+        match open.await {
+            Ok(store) => stores.push(store),
+            Err(err) => panic!("an open panicked: {err}"),
+        }
+    }
+    assert_eq!(meta(&path, "schema_version"), vec![SCHEMA_VERSION]);
+    assert_eq!(meta(&path, "seq").len(), 1, "the seed row was inserted twice");
+    // Every store works, and each sees what the others wrote.
+    let mut ids = Vec::new();
+    for store in &stores {
+        match store.enqueue(NewJob::new("q")).await {
+            Ok(done) => ids.push(done.id),
+            Err(err) => panic!("enqueue failed: {err}"),
+        }
+    }
+    for store in &stores {
+        for id in &ids {
+            assert!(store.get(*id).await.is_ok(), "job {id} not visible");
+        }
+    }
+    // Opening again applies nothing and keeps the data.
+    drop(stores);
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    assert_eq!(meta(&path, "schema_version"), vec![SCHEMA_VERSION]);
+    for id in &ids {
+        assert!(store.get(*id).await.is_ok());
+    }
+}
+
+#[tokio::test]
+async fn a_file_from_a_newer_build_is_refused_untouched() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    drop(open(&path, settings(&clock), SqliteConfig::default()).await);
+    let bumped = raw(&path).execute(
+        "UPDATE jobq_meta SET value = ?1 WHERE name = 'schema_version'",
+        [SCHEMA_VERSION + 1],
+    );
+    assert!(matches!(bumped, Ok(1)));
+    let opened = SqliteStore::open(&path, settings(&clock)).await;
+    match opened {
+        Ok(_) => panic!("a newer schema was accepted"),
+        Err(err) => assert!(err.to_string().contains("newer"), "{err}"),
+    }
+    assert_eq!(meta(&path, "schema_version"), vec![SCHEMA_VERSION + 1]);
+}
+
+/// Operations that fail inside a group roll back to their own savepoint: the others of
+/// the group still commit, and nothing of a failed one stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_operation_does_not_undo_its_group() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = Arc::new(open(&path, settings(&clock), SqliteConfig::default()).await);
+    let unknown = JobId::mint(Timestamp::from_millis(1));
+    let mut tasks = Vec::new();
+    for i in 0..300 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            match i % 3 {
+                // Succeeds.
+                0 => store
+                    .enqueue(NewJob::new("group").payload(vec![1u8; 10]))
+                    .await
+                    .map(|_| "enqueued"),
+                // Fails before writing: no such job.
+                1 => store
+                    .complete(unknown, LeaseToken::new(1), None)
+                    .await
+                    .map(|_| "completed"),
+                // Fails after writing its first job: the second names an unknown
+                // parent, so the whole batch must vanish.
+                _ => store
+                    .enqueue_batch(vec![
+                        NewJob::new("group"),
+                        NewJob::new("group").parent(unknown),
+                    ])
+                    .await
+                    .map(|_| "batch"),
+            }
+        }));
+    }
+    let mut enqueued = 0;
+    for task in tasks {
+        match task.await {
+            Ok(Ok("enqueued")) => enqueued += 1,
+            Ok(Ok(other)) => panic!("{other} should have failed"),
+            Ok(Err(Error::NotFound { .. })) => {}
+            Ok(Err(err)) => assert_eq!(err.invalid_field(), Some("parent"), "{err}"),
+            Err(err) => panic!("a task panicked: {err}"),
+        }
+    }
+    assert_eq!(enqueued, 100);
+    let stats = match store.stats("group").await {
+        Ok(stats) => stats,
+        Err(err) => panic!("stats failed: {err}"),
+    };
+    assert_eq!(stats.total(), 100, "{stats:?}");
+    assert_eq!(stats.ready, 100);
+}
+
+/// With polling made useless (one hour), only the in-process wake-up can end the wait.
+#[tokio::test(flavor = "current_thread")]
+async fn an_enqueue_wakes_a_waiting_claimer_at_once() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let config = SqliteConfig::default()
+        .poll_interval(Duration::from_secs(3600))
+        .readers(1);
+    let store = Arc::new(open(&path, settings(&clock), config.clone()).await);
+    // A second store on the same file and namespace: wake-ups cross stores too.
+    let other = open(&path, settings(&clock), config).await;
+
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let queues = vec!["wake".to_owned()];
+            let _ = started_tx.send(());
+            if let Err(err) = store.wait_for_work(&queues, Duration::from_secs(3600)).await {
+                panic!("wait failed: {err}");
+            }
+            store
+                .claim(ClaimRequest::new(["wake"], "w", Duration::from_secs(30)))
+                .await
+        })
+    };
+    // On this single-threaded runtime the waiter ran up to its first await, so its
+    // readiness check is queued on the only reader; once this read returns, that check
+    // has run and found nothing, and the waiter is parked on the wake-up.
+    let _ = started_rx.await;
+    let _ = other.stats("wake").await;
+
+    let id = match other.enqueue(NewJob::new("wake")).await {
+        Ok(done) => done.id,
+        Err(err) => panic!("enqueue failed: {err}"),
+    };
+    let claimed = match tokio::time::timeout(Duration::from_secs(60), waiter).await {
+        Ok(Ok(Ok(claimed))) => claimed,
+        Ok(Ok(Err(err))) => panic!("claim failed: {err}"),
+        Ok(Err(err)) => panic!("the waiter panicked: {err}"),
+        Err(_) => panic!("the enqueue did not wake the waiter"),
+    };
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].id(), id);
+}
+
+/// Scheduled jobs at high priorities do not hide ready jobs at lower ones, and the
+/// claim order holds across bands and queues.
+#[tokio::test]
+async fn claims_walk_priority_bands_past_scheduled_jobs() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    let later = clock.now().saturating_add(Duration::from_secs(3600));
+    let mut jobs = Vec::new();
+    for priority in [9i16, 5, 3] {
+        for _ in 0..200 {
+            jobs.push(NewJob::new("bands").priority(priority).run_at(later));
+        }
+    }
+    if let Err(err) = store.enqueue_batch(jobs).await {
+        panic!("enqueue failed: {err}");
+    }
+    let mut expected = Vec::new();
+    for (queue, priority) in [("bands", 4i16), ("other", 4), ("bands", 0), ("other", -2)] {
+        match store.enqueue(NewJob::new(queue).priority(priority)).await {
+            Ok(done) => expected.push(done.id),
+            Err(err) => panic!("enqueue failed: {err}"),
+        }
+    }
+    let request = ClaimRequest::new(["bands", "other"], "w", Duration::from_secs(30)).limit(10);
+    let claimed = match store.claim(request).await {
+        Ok(claimed) => claimed,
+        Err(err) => panic!("claim failed: {err}"),
+    };
+    let ids: Vec<JobId> = claimed.iter().map(|job| job.id()).collect();
+    assert_eq!(ids, expected);
+    // Once the clock reaches them, the scheduled ones come out highest band first.
+    clock.advance(Duration::from_secs(3600));
+    let request = ClaimRequest::new(["bands"], "w", Duration::from_secs(30)).limit(250);
+    let claimed = match store.claim(request).await {
+        Ok(claimed) => claimed,
+        Err(err) => panic!("claim failed: {err}"),
+    };
+    let priorities: Vec<i16> = claimed.iter().map(|job| job.job.priority).collect();
+    assert_eq!(priorities.len(), 250);
+    assert!(priorities[..200].iter().all(|p| *p == 9));
+    assert!(priorities[200..].iter().all(|p| *p == 5));
+}
+
+/// A row that cannot be read is reported as corrupt, never a panic or "not found".
+#[tokio::test]
+async fn unreadable_rows_are_reported_as_corrupt() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        match store.enqueue(NewJob::new("corrupt").payload(&b"x"[..])).await {
+            Ok(done) => ids.push(done.id),
+            Err(err) => panic!("enqueue failed: {err}"),
+        }
+    }
+    let conn = raw(&path);
+    let bad_state = conn.execute(
+        "UPDATE jobq_jobs SET state = 42 WHERE id = ?1",
+        [ids[0].to_bytes()],
+    );
+    assert!(matches!(bad_state, Ok(1)));
+    let no_payload = conn.execute(
+        "DELETE FROM jobq_payloads WHERE job = (SELECT job FROM jobq_jobs WHERE id = ?1)",
+        [ids[1].to_bytes()],
+    );
+    assert!(matches!(no_payload, Ok(1)));
+    assert!(matches!(store.get(ids[0]).await, Err(Error::Corrupt { .. })));
+    assert!(matches!(
+        store.stats("corrupt").await,
+        Err(Error::Corrupt { .. })
+    ));
+    assert!(matches!(
+        store.payload(ids[1]).await,
+        Err(Error::Corrupt { .. })
+    ));
+    let request = ClaimRequest::new(["corrupt"], "w", Duration::from_secs(30));
+    assert!(matches!(
+        store.claim(request).await,
+        Err(Error::Corrupt { .. })
+    ));
+    // The failed claim changed nothing.
+    match store.get(ids[1]).await {
+        Ok(job) => assert_eq!(job.attempts, 0),
+        Err(err) => panic!("{err}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_configurations_are_refused() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    for (config, field) in [
+        (SqliteConfig::default().readers(0), "readers"),
+        (SqliteConfig::default().max_group(0), "max_group"),
+        (SqliteConfig::default().poll_interval(Duration::ZERO), "poll_interval"),
+    ] {
+        match SqliteStore::open_with(&path, settings(&clock), config).await {
+            Ok(_) => panic!("{field} was accepted"),
+            Err(err) => assert_eq!(err.invalid_field(), Some(field)),
+        }
+    }
+    let bad_ns = settings(&clock).namespace("no spaces");
+    match SqliteStore::open(&path, bad_ns).await {
+        Ok(_) => panic!("a bad namespace was accepted"),
+        Err(err) => assert_eq!(err.invalid_field(), Some("namespace")),
+    }
+}
