@@ -1,0 +1,67 @@
+//! One connection type over a single server and a cluster, and the mapping of driver
+//! errors into the store's error kinds.
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+
+use jobs_core::Error;
+
+/// A multiplexed connection to one server (reconnecting on its own) or to a cluster.
+/// Cloning is cheap and shares the connection.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// Maps a driver error: anything about reaching the server (I/O, timeouts, a cluster
+/// that is moving or down, a server still loading) is `Unavailable`, which callers may
+/// retry; anything else is `Backend`.
+pub(crate) fn map_err(what: &str, err: RedisError) -> Error {
+    let unavailable = err.is_io_error()
+        || err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_cluster_error()
+        || matches!(
+            err.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(ServerErrorKind::BusyLoading)
+                | ErrorKind::Server(ServerErrorKind::MasterDown)
+                | ErrorKind::Server(ServerErrorKind::ReadOnly)
+        );
+    if unavailable {
+        Error::unavailable(format!("redis {what}"), err)
+    } else {
+        Error::backend(format!("redis {what}"), err)
+    }
+}

@@ -1,0 +1,32 @@
+-- cancel.lua: cancels a queued job, asks a running one to stop, leaves a terminal one
+-- (CONTRACT A1, C9).
+--
+-- KEYS[1] the job's hash       KEYS[2] ready index (zset)
+-- KEYS[3] scheduled index (zset)
+-- KEYS[4] list index (zset)    KEYS[5] finished index (zset)
+-- ARGV[1] job id               ARGV[2] now (ms)
+-- ARGV[3] garbage-collection TTL of a terminal record (ms)
+--
+-- Returns {'ok', state after the call} | {'notfound'}
+--
+-- Atomicity: a queued job leaves the ready and scheduled indexes in the same step that
+-- makes it cancelled, so no claim can take it afterwards.
+
+local job, ready, sched, list, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id, now = ARGV[1], ARGV[2]
+local v = redis.call('HMGET', job, 'state', 'queue', 'order', 'parent')
+if not v[1] then
+  return { 'notfound' }
+end
+local state = v[1]
+if state == 'queued' then
+  local member = queue_member(v[2], v[3], id)
+  redis.call('ZREM', ready, member)
+  redis.call('ZREM', sched, member)
+  finish(job, list, done, v[2], id, v[4] or nil, 'queued', 'cancelled', now, ARGV[3])
+  return { 'ok', 'cancelled' }
+end
+if state == 'running' then
+  redis.call('HSET', job, 'cancel', '1')
+end
+return { 'ok', state }

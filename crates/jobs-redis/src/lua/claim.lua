@@ -1,0 +1,130 @@
+-- claim.lua: leases the first ready jobs of the named queues, in claim order
+-- (CONTRACT C1-C9).
+--
+-- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
+-- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
+-- KEYS[4+i] the hash of candidate i, whose id is ARGV[7+Q+i]
+--
+-- ARGV[1] now (ms)             ARGV[2] worker
+-- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
+-- ARGV[5] hint size            ARGV[6] promotion bound (due scheduled entries moved per call)
+-- ARGV[7] Q, the number of queues; ARGV[8..7+Q] the queues (distinct)
+-- ARGV[8+Q..] candidate ids (see KEYS)
+--
+-- Returns one of:
+--   {'promote'}               more due scheduled jobs than the bound: some were moved to
+--                             the ready index, nothing was claimed; call again
+--   {'ok', claimed, hint}     claimed: one array per leased job, JOB_FIELDS in order, then
+--                             the payload, then the id; hint: the ids now at the head of
+--                             the ready order (at most the hint size), for the next call
+--
+-- The script only touches hashes passed in KEYS, so it cannot follow the ready index to
+-- a job it was not given. It walks the merged head of the named queues in order and
+-- leases each entry whose hash it holds; at the first entry it does not hold it stops,
+-- because leasing anything behind it would break the order. Rust then calls again with
+-- the hint. Entries whose hash is gone are removed on the way (C7) and never written.
+--
+-- Atomicity: each job leaves the ready index and enters the lease index in the same
+-- script that marks it running, so a crash never strands a job in neither.
+
+local now, worker, expires = ARGV[1], ARGV[2], ARGV[3]
+local limit = tonumber(ARGV[4])
+local hint_size = tonumber(ARGV[5])
+local bound = tonumber(ARGV[6])
+local nq = tonumber(ARGV[7])
+local ready, sched, leases, list = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+
+if not promote(ready, sched, now, bound) then
+  return { 'promote' }
+end
+
+local held = {}
+for i = 1, #KEYS - 4 do
+  held[ARGV[7 + nq + i]] = KEYS[4 + i]
+end
+
+-- The first `n` entries of the ready order over all named queues.
+local function head(n)
+  if nq == 1 then
+    local q = ARGV[8]
+    return redis.call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
+  end
+  local all = {}
+  for i = 1, nq do
+    local q = ARGV[7 + i]
+    local part = redis.call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
+    for _, member in ipairs(part) do
+      all[#all + 1] = member
+    end
+  end
+  table.sort(all, function(a, b)
+    return order_less(string.sub(a, -72, -37), string.sub(b, -72, -37))
+  end)
+  local first = {}
+  for i = 1, math.min(n, #all) do
+    first[i] = all[i]
+  end
+  return first
+end
+
+local read_fields = {}
+for i, name in ipairs(JOB_FIELDS) do
+  read_fields[i] = name
+end
+read_fields[#read_fields + 1] = 'payload'
+local F_STATE, F_ATT, F_TOKEN, F_WORKER, F_LEASE, F_STARTED, F_HB = 8, 9, 10, 11, 12, 14, 15
+local F_PAYLOAD = #JOB_FIELDS + 1
+
+local claimed = {}
+local taken = {}
+local lease_pairs = {}
+local list_old = {}
+local list_new = {}
+for _, member in ipairs(head(limit)) do
+  if #claimed >= limit then
+    break
+  end
+  local id = string.sub(member, -36)
+  local job = held[id]
+  if not job then
+    break
+  end
+  local queue = string.sub(member, 1, #member - 73)
+  local v = redis.call('HMGET', job, unpack(read_fields))
+  taken[#taken + 1] = member
+  if v[F_STATE] == 'queued' then
+    local attempts = redis.call('HINCRBY', job, 'att', 1)
+    local token = redis.call('HINCRBY', job, 'token', 1)
+    redis.call('HSET', job, 'state', 'running', 'worker', worker, 'lease_exp', expires,
+      'started', now, 'hb', now)
+    v[F_STATE] = 'running'
+    v[F_ATT] = attempts
+    v[F_TOKEN] = token
+    v[F_WORKER] = worker
+    v[F_LEASE] = expires
+    v[F_STARTED] = now
+    v[F_HB] = now
+    v[F_PAYLOAD + 1] = id
+    claimed[#claimed + 1] = v
+    lease_pairs[#lease_pairs + 1] = expires
+    lease_pairs[#lease_pairs + 1] = lease_member(queue, id)
+    list_old[#list_old + 1] = list_member(queue, 'queued', id)
+    list_new[#list_new + 1] = 0
+    list_new[#list_new + 1] = list_member(queue, 'running', id)
+  elseif not v[F_STATE] then
+    -- The hash vanished under its index entries (C7): drop them, write nothing.
+    list_old[#list_old + 1] = list_member(queue, 'queued', id)
+  end
+  -- Any other state means the entry is stale: it is only dropped.
+end
+
+zrem_members(ready, taken)
+zadd_pairs(leases, lease_pairs)
+zrem_members(list, list_old)
+zadd_pairs(list, list_new)
+
+local hint = {}
+for i, member in ipairs(head(hint_size)) do
+  hint[i] = string.sub(member, -36)
+end
+return { 'ok', claimed, hint }

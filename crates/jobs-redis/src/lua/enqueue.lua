@@ -1,0 +1,123 @@
+-- enqueue.lua: adds a run of N jobs in order, each exactly as one enqueue would
+-- (CONTRACT E1-E6, E9), deciding idempotency inside the script.
+--
+-- KEYS[1]  ready index (zset)        KEYS[2] scheduled index (zset)
+-- KEYS[3]  list index (zset)         KEYS[4] sequence counter (string)
+-- KEYS[5]  children index (zset)
+-- for job j = 1..N, three keys:
+--   KEYS[3j+3] the new job's hash (its id minted by Rust)
+--   KEYS[3j+4] its dedup key, or the namespace's placeholder key when it has none
+--   KEYS[3j+5] its parent's hash, or the placeholder key when it has none
+-- then KEYS[3N+5+e], e = 1..E: hashes of jobs that dedup keys are known to point at,
+--   whose ids are the last E ARGV entries in the same order.
+--
+-- ARGV[1] now (ms)              ARGV[2] dedup cutoff: a key deduplicates while its job's
+--                                       created_at > now - dedup_window
+-- ARGV[3] dedup key TTL in ms ('0': the window is empty, write no dedup key)
+-- ARGV[4] N                     ARGV[5] wake-up channel
+-- for job j, 12 values from ARGV[5 + 12(j-1) + 1]:
+--   id, queue, tenant, idempotency key, has key ('1'/'0'), payload, priority, run_at,
+--   run_at as 16 hex digits, due ('1' when run_at <= now), max_attempts, parent id or ''
+-- then E ids (see the extra KEYS).
+--
+-- Returns one of:
+--   {'ok', {{id, created (1/0)}, ...}}          every job handled
+--   {'parent', j}                              job j's parent does not exist; nothing written
+--   {'need', j, id, {{id, created}, ...}}      job j's dedup key points at `id`, whose hash
+--                                              is not among KEYS: jobs before j are written,
+--                                              j and after are not; Rust retries from j with
+--                                              that hash added
+--
+-- Atomicity: all parents are checked before the first write, and each job's dedup read,
+-- record, indexes and dedup key are written in the same script, so no crash leaves a job
+-- without its index entries or a dedup key pointing at a half-written job.
+
+local now = ARGV[1]
+local cutoff = tonumber(ARGV[2])
+local dedup_ttl = ARGV[3]
+local n = tonumber(ARGV[4])
+local channel = ARGV[5]
+local PER_JOB = 12
+local extra_keys = #KEYS - 5 - 3 * n
+
+for j = 1, n do
+  local a = 5 + PER_JOB * (j - 1)
+  if ARGV[a + 12] ~= '' and redis.call('EXISTS', KEYS[3 * j + 5]) == 0 then
+    return { 'parent', j }
+  end
+end
+
+-- Hashes whose keys this script holds, by job id.
+local known = {}
+for j = 1, n do
+  known[ARGV[5 + PER_JOB * (j - 1) + 1]] = KEYS[3 * j + 3]
+end
+for e = 1, extra_keys do
+  known[ARGV[5 + PER_JOB * n + e]] = KEYS[3 * n + 5 + e]
+end
+
+local results = {}
+local woken = {}
+for j = 1, n do
+  local a = 5 + PER_JOB * (j - 1)
+  local id, queue, tenant, key = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  local has_key = ARGV[a + 5] == '1'
+  local prio, run_at, run_hex = ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
+  local due = ARGV[a + 10] == '1'
+  local parent = ARGV[a + 12]
+  local job, dedup = KEYS[3 * j + 3], KEYS[3 * j + 4]
+
+  local existing = nil
+  if has_key then
+    local current = redis.call('GET', dedup)
+    if current then
+      local current_job = known[current]
+      if not current_job then
+        return { 'need', j, current, results }
+      end
+      -- A key deduplicates while its job exists and is inside the window (E2, E5, E6).
+      local created = redis.call('HGET', current_job, 'created')
+      if created and tonumber(created) > cutoff then
+        existing = current
+      end
+    end
+  end
+
+  if existing then
+    results[#results + 1] = { existing, 0 }
+  else
+    local seq = redis.call('INCR', KEYS[4])
+    local order = order_key(prio, run_hex, seq)
+    local fields = { 'queue', queue, 'tenant', tenant, 'prio', prio, 'run_at', run_at,
+      'max_att', ARGV[a + 11], 'state', 'queued', 'att', '0', 'token', '0', 'created', now,
+      'order', order, 'payload', ARGV[a + 6] }
+    if has_key then
+      fields[#fields + 1] = 'key'
+      fields[#fields + 1] = key
+    end
+    if parent ~= '' then
+      fields[#fields + 1] = 'parent'
+      fields[#fields + 1] = parent
+    end
+    redis.call('HSET', job, unpack(fields))
+    local member = queue_member(queue, order, id)
+    if due then
+      redis.call('ZADD', KEYS[1], 0, member)
+      if not woken[queue] then
+        woken[queue] = true
+        redis.call('PUBLISH', channel, queue)
+      end
+    else
+      redis.call('ZADD', KEYS[2], run_at, member)
+    end
+    redis.call('ZADD', KEYS[3], 0, list_member(queue, 'queued', id))
+    if parent ~= '' then
+      redis.call('ZADD', KEYS[5], 0, child_member(parent, id))
+    end
+    if has_key and dedup_ttl ~= '0' then
+      redis.call('SET', dedup, id, 'PX', dedup_ttl)
+    end
+    results[#results + 1] = { id, 1 }
+  end
+end
+return { 'ok', results }

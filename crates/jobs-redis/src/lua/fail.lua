@@ -1,0 +1,50 @@
+-- fail.lua: records a failure of a running job and requeues it or ends it
+-- (CONTRACT L2, L3, L6, L7; DECISIONS: cancel while running).
+--
+-- KEYS[1] the job's hash       KEYS[2] lease index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[5] ready index (zset)   KEYS[6] scheduled index (zset)
+-- KEYS[7] sequence counter (string)
+-- ARGV[1] job id               ARGV[2] token
+-- ARGV[3] now (ms)             ARGV[4] error text (already cut to 64 KiB)
+-- ARGV[5] retry time (ms), or '' for "never"
+-- ARGV[6] retry time as 16 hex digits    ARGV[7] '1' if the retry time is <= now
+-- ARGV[8] garbage-collection TTL of a terminal record (ms)
+-- ARGV[9] wake-up channel
+--
+-- Returns {'ok', new state} | {'notfound'} | {'lost'}
+--
+-- A cancel-requested job becomes cancelled; a job with attempts left and a retry time is
+-- queued at that time; any other becomes dead.
+--
+-- Atomicity: the job leaves the lease index and enters the ready, scheduled or finished
+-- index in the same step that changes its state.
+
+local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local id, now = ARGV[1], ARGV[3]
+local v = redis.call('HMGET', job, 'state', 'token', 'queue', 'parent', 'att', 'max_att', 'prio', 'cancel')
+if not v[1] then
+  return { 'notfound' }
+end
+if v[1] ~= 'running' or v[2] ~= ARGV[2] then
+  return { 'lost' }
+end
+local queue, parent = v[3], v[4] or nil
+redis.call('HSET', job, 'error', ARGV[4])
+redis.call('ZREM', leases, lease_member(queue, id))
+local state
+if v[8] == '1' then
+  state = 'cancelled'
+  finish(job, list, done, queue, id, parent, 'running', state, now, ARGV[8])
+elseif ARGV[5] ~= '' and tonumber(v[5]) < tonumber(v[6]) then
+  state = 'queued'
+  local due = ARGV[7] == '1'
+  requeue(job, ready, sched, list, seq, queue, id, v[7], ARGV[5], ARGV[6], due, 'running')
+  if due then
+    redis.call('PUBLISH', ARGV[9], queue)
+  end
+else
+  state = 'dead'
+  finish(job, list, done, queue, id, parent, 'running', state, now, ARGV[8])
+end
+return { 'ok', state }

@@ -1,0 +1,143 @@
+-- lib.lua: helpers prepended to every script of this crate (see scripts.rs).
+-- KEYS: none of its own.  ARGV: none of its own.  Returns: nothing; it only defines
+-- local functions and tables that the script after it uses.
+--
+-- Numbers: every timestamp arrives from Rust as an integer string and is stored exactly
+-- as given. Lua only compares them (tonumber; exact below 2^53) and formats small
+-- integers (priority, sequence, counters) with string.format, never with tostring,
+-- which may print 1.7e+12. No value goes through cjson.
+--
+-- Strings: Lua's `<` on strings follows the server's locale (strcoll), so order keys
+-- are compared by their numeric 12-digit chunks instead (order_less).
+
+-- The one-letter state codes used inside index members.
+local STATE_CODE = { queued = 'q', running = 'r', succeeded = 's', dead = 'd', cancelled = 'c' }
+
+-- The job hash fields `get` and `claim` return, in the order the Rust side decodes them.
+local JOB_FIELDS = { 'queue', 'tenant', 'key', 'prio', 'run_at', 'max_att', 'parent', 'state',
+  'att', 'token', 'worker', 'lease_exp', 'created', 'started', 'hb', 'finished', 'error',
+  'result', 'cancel' }
+
+-- Most members one ZADD/ZREM call takes: Lua's unpack is limited to a few thousand values.
+local CHUNK = 1000
+
+-- The claim-order key of CONTRACT C3, byte for byte jobs_core::ReadyOrder::sort_key():
+-- 4 hex digits of inverted priority, 16 of the ready time (formatted by Rust and passed
+-- in, because i64 times do not all fit a double), 16 of the sequence number.
+local function order_key(prio, ready_hex, seq)
+  return string.format('%04x', 32767 - tonumber(prio)) .. ready_hex .. string.format('%016x', seq)
+end
+
+-- Member of the ready and scheduled indexes: queue, space, order key, id.
+local function queue_member(queue, order, id)
+  return queue .. ' ' .. order .. id
+end
+
+-- Member of the list index: queue, space, state code, space, id.
+local function list_member(queue, state, id)
+  return queue .. ' ' .. STATE_CODE[state] .. ' ' .. id
+end
+
+-- Member of the lease index: queue, space, id.
+local function lease_member(queue, id)
+  return queue .. ' ' .. id
+end
+
+-- Member of the finished index: everything purge needs to remove a job's index entries
+-- even when its hash is already gone (server TTL).
+local function done_member(queue, state, id, parent)
+  return queue .. ' ' .. STATE_CODE[state] .. ' ' .. id .. ' ' .. (parent or '')
+end
+
+-- Member of the children index: parent id, space, child id.
+local function child_member(parent, id)
+  return parent .. ' ' .. id
+end
+
+-- ZADD of score/member pairs (flat list), CHUNK pairs per call.
+local function zadd_pairs(key, flat)
+  local n = #flat
+  local i = 1
+  while i <= n do
+    local last = math.min(i + 2 * CHUNK - 1, n)
+    redis.call('ZADD', key, unpack(flat, i, last))
+    i = last + 1
+  end
+end
+
+-- ZREM of members, CHUNK per call.
+local function zrem_members(key, members)
+  local n = #members
+  local i = 1
+  while i <= n do
+    local last = math.min(i + CHUNK - 1, n)
+    redis.call('ZREM', key, unpack(members, i, last))
+    i = last + 1
+  end
+end
+
+-- Moves a job's list entry from one state to another.
+local function move_list(list, queue, id, from, to)
+  redis.call('ZREM', list, list_member(queue, from, id))
+  redis.call('ZADD', list, 0, list_member(queue, to, id))
+end
+
+-- Moves at most `bound` scheduled entries that are due at `now` into the ready index.
+-- Returns true when no due entry is left, so the ready index is the whole ready set.
+local function promote(ready, sched, now, bound)
+  local due = redis.call('ZRANGEBYSCORE', sched, '-inf', now, 'LIMIT', 0, bound)
+  if #due == 0 then
+    return true
+  end
+  local flat = {}
+  for i, member in ipairs(due) do
+    flat[2 * i - 1] = 0
+    flat[2 * i] = member
+  end
+  zadd_pairs(ready, flat)
+  zrem_members(sched, due)
+  if #due < bound then
+    return true
+  end
+  return #redis.call('ZRANGEBYSCORE', sched, '-inf', now, 'LIMIT', 0, 1) == 0
+end
+
+-- Whether order key `a` sorts before `b` (36 hex digits each), exactly and bytewise.
+local function order_less(a, b)
+  for i = 1, 36, 12 do
+    local x = tonumber(string.sub(a, i, i + 11), 16)
+    local y = tonumber(string.sub(b, i, i + 11), 16)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return false
+end
+
+-- A terminal transition: state, finished_at, lease fields gone, indexes moved, and the
+-- server TTL that only collects garbage (decisions use the finished index and the clock).
+local function finish(job, list, done, queue, id, parent, from, to, now, ttl)
+  redis.call('HSET', job, 'state', to, 'finished', now)
+  redis.call('HDEL', job, 'worker', 'lease_exp')
+  move_list(list, queue, id, from, to)
+  redis.call('ZADD', done, now, done_member(queue, to, id, parent))
+  redis.call('PEXPIRE', job, ttl)
+end
+
+-- A return to `queued`: a fresh sequence number (so the job goes behind the jobs already
+-- ready), run_at and order key stored, lease fields gone, indexes moved. `due` says
+-- whether run_at has come (decided by Rust from the same clock reading).
+local function requeue(job, ready, sched, list, seq_key, queue, id, prio, run_at, ready_hex, due, from)
+  local seq = redis.call('INCR', seq_key)
+  local order = order_key(prio, ready_hex, seq)
+  redis.call('HSET', job, 'state', 'queued', 'run_at', run_at, 'order', order)
+  redis.call('HDEL', job, 'worker', 'lease_exp')
+  local member = queue_member(queue, order, id)
+  if due then
+    redis.call('ZADD', ready, 0, member)
+  else
+    redis.call('ZADD', sched, run_at, member)
+  end
+  move_list(list, queue, id, from, 'queued')
+end
+

@@ -1,0 +1,40 @@
+-- purge.lua: deletes terminal jobs whose retention has passed, with every index entry
+-- (CONTRACT A5).
+--
+-- KEYS[1] finished index (zset)   KEYS[2] list index (zset)
+-- KEYS[3] children index (zset)
+-- KEYS[3+i] the hash of the job of finished entry i (ARGV[1+i])
+-- ARGV[1] cutoff (ms): entries finished at or before it are due
+-- ARGV[1+i] finished index member i ("queue state id parent"), read by Rust with
+--           ZRANGEBYSCORE finished -inf cutoff LIMIT 0 limit
+--
+-- Returns the number of jobs deleted.
+--
+-- Each entry is checked again: it must still be in the finished index at or before the
+-- cutoff, so a job retried meanwhile (which leaves that index) is kept. The entry names
+-- the queue, state and parent, so the list and children entries are removed even when
+-- the hash already expired by its server TTL.
+--
+-- Atomicity: the record and all its entries go in one step.
+
+local done, list, children = KEYS[1], KEYS[2], KEYS[3]
+local cutoff = tonumber(ARGV[1])
+local deleted = 0
+for i = 1, #KEYS - 3 do
+  local member = ARGV[1 + i]
+  local score = redis.call('ZSCORE', done, member)
+  if score and tonumber(score) <= cutoff then
+    -- member = queue .. ' ' .. code .. ' ' .. id .. ' ' .. parent (parent may be empty)
+    local queue, code, id, parent = string.match(member, '^(%S+) (%a) (%S+) (%S*)$')
+    if queue then
+      redis.call('DEL', KEYS[3 + i])
+      redis.call('ZREM', list, queue .. ' ' .. code .. ' ' .. id)
+      if parent ~= '' then
+        redis.call('ZREM', children, child_member(parent, id))
+      end
+    end
+    redis.call('ZREM', done, member)
+    deleted = deleted + 1
+  end
+end
+return deleted

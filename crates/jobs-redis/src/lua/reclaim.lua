@@ -1,0 +1,66 @@
+-- reclaim.lua: recovers running jobs whose lease expired (CONTRACT R1-R6).
+--
+-- KEYS[1] lease index (zset)   KEYS[2] ready index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[5] sequence counter (string)
+-- KEYS[5+i] the hash of the job of lease entry i (ARGV[5+i])
+-- ARGV[1] now (ms)             ARGV[2] now as 16 hex digits
+-- ARGV[3] garbage-collection TTL of a terminal record (ms)
+-- ARGV[4] the last_error text of an expired lease
+-- ARGV[5] wake-up channel
+-- ARGV[5+i] lease index member i ("queue id"), read by Rust with
+--           ZRANGEBYSCORE leases -inf (now LIMIT 0 limit
+--
+-- Returns {examined, {{id, new state}, ...}}: examined is the number of lease entries
+-- this call looked at, which is never more than the entries it was given, so its work
+-- follows the number of expired leases, not of running jobs (R6).
+--
+-- Each entry is checked again here: it must still be in the lease index with an expiry
+-- strictly before now (R1, R2), so concurrent reclaimers take each job once (R4). An entry
+-- whose hash is gone is removed and never requeued or recreated (R5).
+--
+-- Atomicity: each job moves from the lease index to the ready or finished index in the
+-- same step that changes its state.
+
+local leases, ready, list, done, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local now, now_hex, ttl, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local now_n = tonumber(now)
+local examined = 0
+local out = {}
+local woken = {}
+for i = 1, #KEYS - 5 do
+  local member = ARGV[5 + i]
+  local job = KEYS[5 + i]
+  examined = examined + 1
+  local score = redis.call('ZSCORE', leases, member)
+  if score and tonumber(score) < now_n then
+    local id = string.sub(member, -36)
+    local queue = string.sub(member, 1, #member - 37)
+    local v = redis.call('HMGET', job, 'state', 'att', 'max_att', 'prio', 'cancel', 'parent')
+    redis.call('ZREM', leases, member)
+    if not v[1] then
+      -- The hash vanished (R5): drop its entries, write nothing.
+      redis.call('ZREM', list, list_member(queue, 'running', id))
+    elseif v[1] == 'running' then
+      redis.call('HSET', job, 'error', message)
+      local state
+      if v[5] == '1' then
+        state = 'cancelled'
+        finish(job, list, done, queue, id, v[6] or nil, 'running', state, now, ttl)
+      elseif tonumber(v[2]) >= tonumber(v[3]) then
+        state = 'dead'
+        finish(job, list, done, queue, id, v[6] or nil, 'running', state, now, ttl)
+      else
+        state = 'queued'
+        requeue(job, ready, nil, list, seq, queue, id, v[4], now, now_hex, true, 'running')
+        if not woken[queue] then
+          woken[queue] = true
+          redis.call('PUBLISH', channel, queue)
+        end
+      end
+      out[#out + 1] = { id, state }
+    end
+    -- Any other state means the entry was stale; it is only removed.
+  end
+end
+return { examined, out }

@@ -1,0 +1,35 @@
+-- release.lua: gives a running job back, ready now, without counting the attempt
+-- (CONTRACT L8; DECISIONS: release, cancel while running).
+--
+-- KEYS[1] the job's hash       KEYS[2] lease index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[5] ready index (zset)   KEYS[6] scheduled index (zset)
+-- KEYS[7] sequence counter (string)
+-- ARGV[1] job id               ARGV[2] token
+-- ARGV[3] now (ms)             ARGV[4] now as 16 hex digits
+-- ARGV[5] garbage-collection TTL of a terminal record (ms)
+-- ARGV[6] wake-up channel
+--
+-- Returns {'ok', new state} | {'notfound'} | {'lost'}
+--
+-- Atomicity: as fail.lua.
+
+local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local id, now = ARGV[1], ARGV[3]
+local v = redis.call('HMGET', job, 'state', 'token', 'queue', 'parent', 'prio', 'cancel')
+if not v[1] then
+  return { 'notfound' }
+end
+if v[1] ~= 'running' or v[2] ~= ARGV[2] then
+  return { 'lost' }
+end
+local queue = v[3]
+redis.call('ZREM', leases, lease_member(queue, id))
+if v[6] == '1' then
+  finish(job, list, done, queue, id, v[4] or nil, 'running', 'cancelled', now, ARGV[5])
+  return { 'ok', 'cancelled' }
+end
+redis.call('HINCRBY', job, 'att', -1)
+requeue(job, ready, sched, list, seq, queue, id, v[5], now, ARGV[4], true, 'running')
+redis.call('PUBLISH', ARGV[6], queue)
+return { 'ok', 'queued' }

@@ -1,0 +1,33 @@
+-- retry.lua: queues a dead or cancelled job again, ready now, attempts reset
+-- (CONTRACT A2; DECISIONS: operator retry).
+--
+-- KEYS[1] the job's hash       KEYS[2] ready index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[5] sequence counter (string)
+-- ARGV[1] job id               ARGV[2] now (ms)
+-- ARGV[3] now as 16 hex digits ARGV[4] wake-up channel
+--
+-- Returns {'ok'} | {'notfound'} | {'state', current state} (not dead or cancelled)
+--
+-- Atomicity: the check and the move are one step, so of concurrent retries exactly one
+-- finds the job dead or cancelled. The record loses its garbage-collection TTL in the same
+-- step (a non-terminal job never expires).
+
+local job, ready, list, done, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id, now = ARGV[1], ARGV[2]
+local v = redis.call('HMGET', job, 'state', 'queue', 'parent', 'prio')
+if not v[1] then
+  return { 'notfound' }
+end
+local state = v[1]
+if state ~= 'dead' and state ~= 'cancelled' then
+  return { 'state', state }
+end
+local queue = v[2]
+redis.call('ZREM', done, done_member(queue, state, id, v[3] or nil))
+redis.call('PERSIST', job)
+redis.call('HSET', job, 'att', '0', 'cancel', '0')
+redis.call('HDEL', job, 'finished', 'result')
+requeue(job, ready, nil, list, seq, queue, id, v[4], now, ARGV[3], true, state)
+redis.call('PUBLISH', ARGV[4], queue)
+return { 'ok' }

@@ -1,0 +1,1015 @@
+//! `RedisStore`: the `Store` contract over Redis, one Lua script per state change.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jobs_core::validate::{
+    truncate_error, validate_batch, validate_claim, validate_lease_ttl, validate_list,
+    validate_queue, validate_settings, validate_size,
+};
+use jobs_core::{
+    async_trait, duration_millis, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat,
+    Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder,
+    ReclaimedJob, Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::{ScriptInvocation, Value};
+
+use crate::codec::{
+    array, decode_job, int, into_opt_bytes, is_missing, job_id, member_id, text, JOB_FIELDS,
+};
+use crate::conn::{map_err, Conn};
+use crate::keys::Keys;
+use crate::scripts;
+use crate::wake::Waker;
+
+/// Due scheduled entries one script call moves to the ready index. Bounds the work of a
+/// call when a large batch of scheduled jobs falls due at once.
+const PROMOTE_BOUND: usize = 1000;
+/// Jobs per enqueue script call, and the payload bytes one call carries at most (a
+/// single larger job still goes alone). Bounds how long one call holds the server.
+const ENQUEUE_CHUNK_JOBS: usize = 512;
+const ENQUEUE_CHUNK_BYTES: usize = 8 * 1024 * 1024;
+/// Entries one reclaim or purge call handles.
+const SWEEP_CHUNK: usize = 1000;
+/// Claim calls that may find their candidates taken by other claimers before a claim
+/// gives up and returns what it has (an empty claim is allowed; the caller claims again).
+const CLAIM_CONTENDED_ROUNDS: usize = 64;
+/// Extra ids a claim asks for beyond its limit, so the next claim of the same queues
+/// usually needs one call.
+const HINT_SLACK: usize = 16;
+/// Garbage-collection margin on top of retention and the dedup window: server TTLs must
+/// never decide anything, so they fire well after the clock's decision.
+const TTL_MARGIN_MS: i64 = 24 * 60 * 60 * 1000;
+/// The longest server TTL set (100 years); longer settings just keep the keys.
+const TTL_MAX_MS: i64 = 100 * 365 * 24 * 60 * 60 * 1000;
+
+/// A job store on Redis or Redis Cluster.
+///
+/// Every state change is one Lua script (EVALSHA), all keys of a namespace share the
+/// hash tag `{namespace}`, and every decision takes "now" from the store's clock. See
+/// `docs/redis.md` for the keys and scripts. Cloning is cheap and shares the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    settings: StoreSettings,
+    keys: Keys,
+    /// The ids at the head of the ready order after the last claim of each queue set,
+    /// so the next claim can pass their hashes in KEYS without reading first.
+    hints: Mutex<HashMap<String, Vec<JobId>>>,
+    waker: Waker,
+    cluster: bool,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL is not kept: it may hold a password.
+        f.debug_struct("RedisStore")
+            .field("namespace", &self.inner.settings.namespace)
+            .field("cluster", &self.inner.cluster)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one `reclaim` did, beyond the jobs it recovered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReclaimReport {
+    /// Lease entries the scripts looked at: only entries already expired when read, so
+    /// this follows the number of expired leases, not of running jobs (CONTRACT R6).
+    pub examined: u64,
+}
+
+/// The ready-time part (16 hex digits) of the claim-order key of `at`.
+fn ready_hex(at: Timestamp) -> String {
+    let key = ReadyOrder::new(0, at, 0).sort_key();
+    key[4..20].to_owned()
+}
+
+fn ttl_ms(duration: Duration) -> i64 {
+    duration_millis(duration)
+        .saturating_add(TTL_MARGIN_MS)
+        .min(TTL_MAX_MS)
+}
+
+fn invalid_parent(parent: Option<JobId>) -> Error {
+    match parent {
+        Some(parent) => Error::invalid("parent", format!("job {parent} does not exist")),
+        None => Error::invalid("parent", "does not exist"),
+    }
+}
+
+/// The status word a script answered with, and the rest of its reply.
+fn status<'a>(reply: &'a Value, what: &str) -> Result<(String, &'a [Value])> {
+    let items = array(reply, what)?;
+    let (first, rest) = items
+        .split_first()
+        .ok_or_else(|| Error::corrupt(what, "empty script reply"))?;
+    Ok((text(first, what)?, rest))
+}
+
+fn unexpected(what: &str, word: &str) -> Error {
+    Error::corrupt(what, format!("unexpected script reply {word:?}"))
+}
+
+fn parse_state(text: &str, what: &str) -> Result<JobState> {
+    text.parse()
+        .map_err(|_| Error::corrupt(what, format!("unknown state {text:?}")))
+}
+
+/// One enqueue script call's answer.
+enum Chunk {
+    Done(Vec<Enqueued>),
+    /// Jobs before `at` (0-based within the chunk) are written; the dedup key of job `at`
+    /// points at `id`, whose hash must be passed too.
+    Need {
+        done: Vec<Enqueued>,
+        at: usize,
+        id: JobId,
+    },
+    /// Job `at`'s parent does not exist; nothing of the chunk was written.
+    Parent(usize),
+}
+
+impl RedisStore {
+    /// Connects to one Redis server, e.g. `redis://127.0.0.1:6379`. The connection
+    /// reconnects by itself; a call made while it is down fails with
+    /// [`Error::Unavailable`].
+    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self> {
+        validate_settings(&settings)?;
+        let client = redis::Client::open(url)
+            .map_err(|err| Error::invalid("url", format!("not a Redis URL: {err}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(30)))
+            .set_number_of_retries(2);
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|err| map_err("connect", err))?;
+        Self::finish_connect(Conn::Single(conn), url.to_owned(), settings, false).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes' URLs. Every key of a
+    /// namespace is in one hash slot, so every script runs on the node owning it.
+    pub async fn connect_cluster<I, S>(urls: I, settings: StoreSettings) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        validate_settings(&settings)?;
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let first = urls
+            .first()
+            .cloned()
+            .ok_or_else(|| Error::invalid("urls", "name at least one cluster node"))?;
+        let client = ClusterClientBuilder::new(urls)
+            .connection_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|err| Error::invalid("urls", format!("not Redis URLs: {err}")))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|err| map_err("connect", err))?;
+        // Pub/sub messages reach every node of a cluster, so one node's URL serves.
+        Self::finish_connect(Conn::Cluster(conn), first, settings, true).await
+    }
+
+    async fn finish_connect(
+        conn: Conn,
+        pubsub_url: String,
+        settings: StoreSettings,
+        cluster: bool,
+    ) -> Result<Self> {
+        let keys = Keys::new(&settings.namespace);
+        let waker = Waker::new(pubsub_url, keys.wake.clone());
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                settings,
+                keys,
+                hints: Mutex::new(HashMap::new()),
+                waker,
+                cluster,
+            }),
+        };
+        // Loading every script now finds a broken server or script at connect time, and
+        // spares the first calls a NOSCRIPT round trip.
+        let mut conn = store.conn();
+        for script in scripts::all() {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|err| map_err("script load", err))?;
+        }
+        Ok(store)
+    }
+
+    fn conn(&self) -> Conn {
+        self.inner.conn.clone()
+    }
+
+    fn keys(&self) -> &Keys {
+        &self.inner.keys
+    }
+
+    fn now(&self) -> Timestamp {
+        self.inner.settings.now()
+    }
+
+    fn terminal_ttl(&self) -> i64 {
+        ttl_ms(self.inner.settings.retention)
+    }
+
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
+        invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err(what, err))
+    }
+
+    /// Resolves once the wake-up subscriber is subscribed (or after `timeout`); returns
+    /// whether it is. Waiting for work works without it, by timeout.
+    pub async fn wake_ready(&self, timeout: Duration) -> bool {
+        self.inner.waker.subscribed(timeout).await
+    }
+
+    /// How many `wait_for_work` calls on this store are waiting now.
+    pub fn waiting_for_work(&self) -> usize {
+        self.inner.waker.waiting()
+    }
+
+    /// [`Store::reclaim`], also reporting how many lease entries the scripts examined.
+    pub async fn reclaim_with_report(
+        &self,
+        limit: usize,
+    ) -> Result<(Vec<ReclaimedJob>, ReclaimReport)> {
+        let mut report = ReclaimReport::default();
+        let mut reclaimed = Vec::new();
+        let now = self.now();
+        let now_text = now.as_millis().to_string();
+        let now_hex = ready_hex(now);
+        let ttl = self.terminal_ttl();
+        let keys = self.keys();
+        while reclaimed.len() < limit {
+            let batch = (limit - reclaimed.len()).min(SWEEP_CHUNK);
+            // Only entries strictly expired (R1): O(log n + expired), whatever the number
+            // of live leases (R6).
+            let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                .arg(&keys.leases)
+                .arg("-inf")
+                .arg(format!("({now_text}"))
+                .arg("LIMIT")
+                .arg(0)
+                .arg(batch)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|err| map_err("reclaim read", err))?;
+            if members.is_empty() {
+                break;
+            }
+            let mut invocation = scripts::RECLAIM.prepare_invoke();
+            invocation
+                .key(&keys.leases)
+                .key(&keys.ready)
+                .key(&keys.list)
+                .key(&keys.done)
+                .key(&keys.seq)
+                .arg(&now_text)
+                .arg(&now_hex)
+                .arg(ttl)
+                .arg(LEASE_EXPIRED)
+                .arg(&keys.wake);
+            for member in &members {
+                let id = member_id(member, "lease index")?;
+                invocation.key(keys.job(id)).arg(member);
+            }
+            let reply = self.invoke(&invocation, "reclaim").await?;
+            let items = array(&reply, "reclaim reply")?;
+            let [examined, jobs] = items else {
+                return Err(Error::corrupt("reclaim reply", "expected two items"));
+            };
+            report.examined += u64::try_from(int(examined, "reclaim reply")?).unwrap_or(0);
+            let jobs = array(jobs, "reclaim reply")?;
+            for job in jobs {
+                let pair = array(job, "reclaim reply")?;
+                let [id, state] = pair else {
+                    return Err(Error::corrupt("reclaim reply", "expected id and state"));
+                };
+                reclaimed.push(ReclaimedJob {
+                    id: job_id(&text(id, "reclaim reply")?, "reclaim reply")?,
+                    state: parse_state(&text(state, "reclaim reply")?, "reclaim reply")?,
+                });
+            }
+            if members.len() < batch || jobs.is_empty() {
+                break;
+            }
+        }
+        Ok((reclaimed, report))
+    }
+
+    /// Runs one enqueue script over `jobs` (with their minted `ids`).
+    async fn enqueue_chunk(
+        &self,
+        jobs: &[NewJob],
+        ids: &[JobId],
+        now: Timestamp,
+        known: &[JobId],
+    ) -> Result<Chunk> {
+        let keys = self.keys();
+        let settings = &self.inner.settings;
+        let window = settings.dedup_window;
+        let dedup_ttl = if window.is_zero() { 0 } else { ttl_ms(window) };
+        let cutoff = now.saturating_sub(window);
+        let mut invocation = scripts::ENQUEUE.prepare_invoke();
+        invocation
+            .key(&keys.ready)
+            .key(&keys.sched)
+            .key(&keys.list)
+            .key(&keys.seq)
+            .key(&keys.children)
+            .arg(now.as_millis())
+            .arg(cutoff.as_millis())
+            .arg(dedup_ttl)
+            .arg(jobs.len())
+            .arg(&keys.wake);
+        for (job, id) in jobs.iter().zip(ids) {
+            let run_at = job.run_at.unwrap_or(now);
+            invocation.key(keys.job(*id));
+            match &job.idempotency_key {
+                Some(key) => invocation.key(keys.dedup(&job.tenant, key)),
+                None => invocation.key(&keys.none),
+            };
+            match job.parent {
+                Some(parent) => invocation.key(keys.job(parent)),
+                None => invocation.key(&keys.none),
+            };
+            invocation
+                .arg(id.to_string())
+                .arg(&job.queue)
+                .arg(&job.tenant)
+                .arg(job.idempotency_key.as_deref().unwrap_or(""))
+                .arg(if job.idempotency_key.is_some() { "1" } else { "0" })
+                .arg(job.payload.as_ref())
+                .arg(job.priority)
+                .arg(run_at.as_millis())
+                .arg(ready_hex(run_at))
+                .arg(if run_at <= now { "1" } else { "0" })
+                .arg(job.max_attempts)
+                .arg(job.parent.map(|p| p.to_string()).unwrap_or_default());
+        }
+        for id in known {
+            invocation.key(keys.job(*id));
+        }
+        for id in known {
+            invocation.arg(id.to_string());
+        }
+        let reply = self.invoke(&invocation, "enqueue").await?;
+        let (word, rest) = status(&reply, "enqueue reply")?;
+        let results = |value: &Value| -> Result<Vec<Enqueued>> {
+            array(value, "enqueue reply")?
+                .iter()
+                .map(|pair| {
+                    let pair = array(pair, "enqueue reply")?;
+                    let [id, created] = pair else {
+                        return Err(Error::corrupt("enqueue reply", "expected id and flag"));
+                    };
+                    Ok(Enqueued {
+                        id: job_id(&text(id, "enqueue reply")?, "enqueue reply")?,
+                        created: int(created, "enqueue reply")? == 1,
+                    })
+                })
+                .collect()
+        };
+        let index = |value: &Value| -> Result<usize> {
+            let j = int(value, "enqueue reply")?;
+            usize::try_from(j)
+                .ok()
+                .and_then(|j| j.checked_sub(1))
+                .filter(|j| *j < jobs.len())
+                .ok_or_else(|| Error::corrupt("enqueue reply", format!("bad job index {j}")))
+        };
+        match (word.as_str(), rest) {
+            ("ok", [done]) => Ok(Chunk::Done(results(done)?)),
+            ("parent", [j]) => Ok(Chunk::Parent(index(j)?)),
+            ("need", [j, id, done]) => Ok(Chunk::Need {
+                done: results(done)?,
+                at: index(j)?,
+                id: job_id(&text(id, "enqueue reply")?, "dedup key")?,
+            }),
+            (word, _) => Err(unexpected("enqueue reply", word)),
+        }
+    }
+
+    /// Checks every parent of a multi-call batch before its first write, so a batch
+    /// naming an unknown parent writes nothing (each script checks its part again).
+    async fn check_parents(&self, jobs: &[NewJob]) -> Result<()> {
+        let parents: Vec<JobId> = jobs
+            .iter()
+            .filter_map(|job| job.parent)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        if parents.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for parent in &parents {
+            pipe.exists(self.keys().job(*parent));
+        }
+        let exists: Vec<bool> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("enqueue parent check", err))?;
+        match parents.iter().zip(exists).find(|(_, exists)| !exists) {
+            Some((parent, _)) => Err(invalid_parent(Some(*parent))),
+            None => Ok(()),
+        }
+    }
+
+    /// The ids the batch's dedup keys point at now, so the scripts rarely have to ask.
+    async fn read_dedup_keys(&self, jobs: &[NewJob]) -> Result<Vec<JobId>> {
+        let keys: Vec<String> = jobs
+            .iter()
+            .filter_map(|job| {
+                let key = job.idempotency_key.as_ref()?;
+                Some(self.keys().dedup(&job.tenant, key))
+            })
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            pipe.get(key);
+        }
+        let values: Vec<Option<String>> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("enqueue dedup read", err))?;
+        values
+            .into_iter()
+            .flatten()
+            .map(|id| job_id(&id, "dedup key"))
+            .collect::<Result<HashSet<_>>>()
+            .map(|ids| ids.into_iter().collect())
+    }
+
+    async fn enqueue_jobs(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+        validate_batch(jobs, &self.inner.settings)?;
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let ids: Vec<JobId> = jobs.iter().map(|_| JobId::mint(now)).collect();
+        let mut known = Vec::new();
+        if jobs.len() > 1 {
+            self.check_parents(jobs).await?;
+            known = self.read_dedup_keys(jobs).await?;
+        }
+        let mut out = Vec::with_capacity(jobs.len());
+        let mut start = 0;
+        let mut needs = 0usize;
+        while start < jobs.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < jobs.len()
+                && end - start < ENQUEUE_CHUNK_JOBS
+                && (end == start || bytes + jobs[end].payload.len() <= ENQUEUE_CHUNK_BYTES)
+            {
+                bytes += jobs[end].payload.len();
+                end += 1;
+            }
+            match self
+                .enqueue_chunk(&jobs[start..end], &ids[start..end], now, &known)
+                .await?
+            {
+                Chunk::Done(done) => {
+                    out.extend(done);
+                    start = end;
+                }
+                Chunk::Need { done, at, id } => {
+                    out.extend(done);
+                    start += at;
+                    needs += 1;
+                    // Each answer names an id the script did not hold, so this only
+                    // repeats while other clients keep repointing the batch's keys.
+                    if needs > jobs.len() + 64 || known.contains(&id) {
+                        return Err(Error::Backend {
+                            message: "dedup keys kept changing under the enqueue".to_owned(),
+                            source: None,
+                        });
+                    }
+                    known.push(id);
+                }
+                Chunk::Parent(at) => return Err(invalid_parent(jobs[start + at].parent)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads jobs by id in one round trip; vanished ones are left out.
+    async fn get_many(&self, ids: &[JobId]) -> Result<Vec<Job>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("HMGET").arg(self.keys().job(*id)).arg(&JOB_FIELDS[..]);
+        }
+        let rows: Vec<Vec<Option<Vec<u8>>>> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("read jobs", err))?;
+        let mut jobs = Vec::with_capacity(ids.len());
+        for (id, row) in ids.iter().zip(rows) {
+            if !is_missing(&row) {
+                jobs.push(decode_job(*id, row)?);
+            }
+        }
+        Ok(jobs)
+    }
+
+    fn lease_call_error(id: JobId, word: &str, what: &str) -> Error {
+        match word {
+            "notfound" => Error::NotFound { id },
+            "lost" => Error::LeaseLost { id },
+            other => unexpected(what, other),
+        }
+    }
+
+    fn decode_claimed(value: Value) -> Result<ClaimedJob> {
+        let Value::Array(items) = value else {
+            return Err(Error::corrupt("claim reply", "expected an array"));
+        };
+        let mut values: Vec<Option<Vec<u8>>> = items.into_iter().map(into_opt_bytes).collect();
+        if values.len() != JOB_FIELDS.len() + 2 {
+            return Err(Error::corrupt("claim reply", "wrong number of fields"));
+        }
+        let id_bytes = values.pop().flatten().unwrap_or_default();
+        let id = job_id(&String::from_utf8_lossy(&id_bytes), "claim reply")?;
+        let payload = values.pop().flatten().map(Bytes::from).unwrap_or_default();
+        Ok(ClaimedJob {
+            job: decode_job(id, values)?,
+            payload,
+        })
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn settings(&self) -> &StoreSettings {
+        &self.inner.settings
+    }
+
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        let mut out = self.enqueue_jobs(std::slice::from_ref(&job)).await?;
+        out.pop()
+            .ok_or_else(|| Error::corrupt("enqueue reply", "no result"))
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        self.enqueue_jobs(&jobs).await
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        let row: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+            .arg(self.keys().job(id))
+            .arg(&JOB_FIELDS[..])
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("get", err))?;
+        if is_missing(&row) {
+            return Err(Error::NotFound { id });
+        }
+        decode_job(id, row)
+    }
+
+    async fn payload(&self, id: JobId) -> Result<Bytes> {
+        let payload: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(self.keys().job(id))
+            .arg("payload")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("payload", err))?;
+        payload.map(Bytes::from).ok_or(Error::NotFound { id })
+    }
+
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        let prefix = format!("{parent} ");
+        let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
+            .arg(&self.keys().children)
+            .arg(format!("[{prefix}"))
+            .arg(format!("({parent}!"))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("children", err))?;
+        let ids = members
+            .iter()
+            .map(|member| member_id(member, "children index"))
+            .collect::<Result<Vec<_>>>()?;
+        self.get_many(&ids).await
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
+        validate_claim(&request)?;
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut queues: Vec<&str> = Vec::with_capacity(request.queues.len());
+        for queue in &request.queues {
+            if !queues.contains(&queue.as_str()) {
+                queues.push(queue);
+            }
+        }
+        let hint_key = queues.join(",");
+        let now = self.now();
+        let now_text = now.as_millis().to_string();
+        let expires = now.saturating_add(request.lease_ttl).as_millis().to_string();
+        let keys = self.keys();
+        let mut candidates = self
+            .inner
+            .hints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&hint_key)
+            .unwrap_or_default();
+        let mut claimed: Vec<ClaimedJob> = Vec::new();
+        let mut contended = 0;
+        let mut promotions = 0usize;
+        loop {
+            let remaining = request.limit - claimed.len();
+            let mut invocation = scripts::CLAIM.prepare_invoke();
+            invocation
+                .key(&keys.ready)
+                .key(&keys.sched)
+                .key(&keys.leases)
+                .key(&keys.list)
+                .arg(&now_text)
+                .arg(&request.worker)
+                .arg(&expires)
+                .arg(remaining)
+                .arg(request.limit + HINT_SLACK)
+                .arg(PROMOTE_BOUND)
+                .arg(queues.len());
+            for queue in &queues {
+                invocation.arg(*queue);
+            }
+            for id in &candidates {
+                invocation.key(keys.job(*id)).arg(id.to_string());
+            }
+            let reply = self.invoke(&invocation, "claim").await?;
+            let Value::Array(mut items) = reply else {
+                return Err(Error::corrupt("claim reply", "expected an array"));
+            };
+            let word = items
+                .first()
+                .map(|w| text(w, "claim reply"))
+                .transpose()?
+                .unwrap_or_default();
+            if word == "promote" {
+                promotions += 1;
+                if promotions > 10_000_000 / PROMOTE_BOUND {
+                    return Err(Error::corrupt("scheduled index", "promotion does not end"));
+                }
+                continue;
+            }
+            if word != "ok" || items.len() != 3 {
+                return Err(unexpected("claim reply", &word));
+            }
+            let hint_value = items.pop().unwrap_or_default();
+            let jobs_value = items.pop().unwrap_or_default();
+            let Value::Array(jobs) = jobs_value else {
+                return Err(Error::corrupt("claim reply", "expected an array of jobs"));
+            };
+            let got = jobs.len();
+            for job in jobs {
+                claimed.push(Self::decode_claimed(job)?);
+            }
+            let hint = array(&hint_value, "claim reply")?
+                .iter()
+                .map(|id| job_id(&text(id, "claim reply")?, "ready index"))
+                .collect::<Result<Vec<_>>>()?;
+            if got == 0 {
+                contended += 1;
+            }
+            if claimed.len() >= request.limit || hint.is_empty() || contended > CLAIM_CONTENDED_ROUNDS
+            {
+                if !hint.is_empty() {
+                    let mut hints = self.inner.hints.lock().unwrap_or_else(|p| p.into_inner());
+                    // The cache only saves round trips; keep it small.
+                    if hints.len() > 256 {
+                        hints.clear();
+                    }
+                    hints.insert(hint_key, hint);
+                }
+                break;
+            }
+            candidates = hint;
+        }
+        Ok(claimed)
+    }
+
+    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
+        validate_lease_ttl(ttl)?;
+        let now = self.now();
+        let expires_at = now.saturating_add(ttl);
+        let keys = self.keys();
+        let mut invocation = scripts::HEARTBEAT.prepare_invoke();
+        invocation
+            .key(keys.job(id))
+            .key(&keys.leases)
+            .arg(id.to_string())
+            .arg(token.get())
+            .arg(now.as_millis())
+            .arg(expires_at.as_millis());
+        let reply = self.invoke(&invocation, "heartbeat").await?;
+        match status(&reply, "heartbeat reply")? {
+            (word, [cancel]) if word == "ok" => Ok(Heartbeat {
+                cancel_requested: text(cancel, "heartbeat reply")? == "1",
+                expires_at,
+            }),
+            (word, _) => Err(Self::lease_call_error(id, &word, "heartbeat reply")),
+        }
+    }
+
+    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
+        if let Some(bytes) = &result {
+            validate_size("result", bytes.len(), &self.inner.settings)?;
+        }
+        let now = self.now();
+        let keys = self.keys();
+        let mut invocation = scripts::COMPLETE.prepare_invoke();
+        invocation
+            .key(keys.job(id))
+            .key(&keys.leases)
+            .key(&keys.list)
+            .key(&keys.done)
+            .arg(id.to_string())
+            .arg(token.get())
+            .arg(now.as_millis())
+            .arg(self.terminal_ttl())
+            .arg(if result.is_some() { "1" } else { "0" })
+            .arg(result.as_deref().unwrap_or(b""));
+        let reply = self.invoke(&invocation, "complete").await?;
+        match status(&reply, "complete reply")? {
+            (word, _) if word == "ok" => Ok(()),
+            (word, _) => Err(Self::lease_call_error(id, &word, "complete reply")),
+        }
+    }
+
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+    ) -> Result<JobState> {
+        let now = self.now();
+        let keys = self.keys();
+        let (at, at_hex, due) = match retry {
+            Retry::At(at) => (at.as_millis().to_string(), ready_hex(at), at <= now),
+            Retry::Never => (String::new(), String::new(), false),
+        };
+        let mut invocation = scripts::FAIL.prepare_invoke();
+        invocation
+            .key(keys.job(id))
+            .key(&keys.leases)
+            .key(&keys.list)
+            .key(&keys.done)
+            .key(&keys.ready)
+            .key(&keys.sched)
+            .key(&keys.seq)
+            .arg(id.to_string())
+            .arg(token.get())
+            .arg(now.as_millis())
+            .arg(truncate_error(error))
+            .arg(at)
+            .arg(at_hex)
+            .arg(if due { "1" } else { "0" })
+            .arg(self.terminal_ttl())
+            .arg(&keys.wake);
+        let reply = self.invoke(&invocation, "fail").await?;
+        match status(&reply, "fail reply")? {
+            (word, [state]) if word == "ok" => {
+                parse_state(&text(state, "fail reply")?, "fail reply")
+            }
+            (word, _) => Err(Self::lease_call_error(id, &word, "fail reply")),
+        }
+    }
+
+    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
+        let now = self.now();
+        let keys = self.keys();
+        let mut invocation = scripts::RELEASE.prepare_invoke();
+        invocation
+            .key(keys.job(id))
+            .key(&keys.leases)
+            .key(&keys.list)
+            .key(&keys.done)
+            .key(&keys.ready)
+            .key(&keys.sched)
+            .key(&keys.seq)
+            .arg(id.to_string())
+            .arg(token.get())
+            .arg(now.as_millis())
+            .arg(ready_hex(now))
+            .arg(self.terminal_ttl())
+            .arg(&keys.wake);
+        let reply = self.invoke(&invocation, "release").await?;
+        match status(&reply, "release reply")? {
+            (word, _) if word == "ok" => Ok(()),
+            (word, _) => Err(Self::lease_call_error(id, &word, "release reply")),
+        }
+    }
+
+    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
+        Ok(self.reclaim_with_report(limit).await?.0)
+    }
+
+    async fn cancel(&self, id: JobId) -> Result<JobState> {
+        let now = self.now();
+        let keys = self.keys();
+        let mut invocation = scripts::CANCEL.prepare_invoke();
+        invocation
+            .key(keys.job(id))
+            .key(&keys.ready)
+            .key(&keys.sched)
+            .key(&keys.list)
+            .key(&keys.done)
+            .arg(id.to_string())
+            .arg(now.as_millis())
+            .arg(self.terminal_ttl());
+        let reply = self.invoke(&invocation, "cancel").await?;
+        match status(&reply, "cancel reply")? {
+            (word, [state]) if word == "ok" => {
+                parse_state(&text(state, "cancel reply")?, "cancel reply")
+            }
+            (word, _) if word == "notfound" => Err(Error::NotFound { id }),
+            (word, _) => Err(unexpected("cancel reply", &word)),
+        }
+    }
+
+    async fn retry(&self, id: JobId) -> Result<()> {
+        let now = self.now();
+        let keys = self.keys();
+        let mut invocation = scripts::RETRY.prepare_invoke();
+        invocation
+            .key(keys.job(id))
+            .key(&keys.ready)
+            .key(&keys.list)
+            .key(&keys.done)
+            .key(&keys.seq)
+            .arg(id.to_string())
+            .arg(now.as_millis())
+            .arg(ready_hex(now))
+            .arg(&keys.wake);
+        let reply = self.invoke(&invocation, "retry").await?;
+        match status(&reply, "retry reply")? {
+            (word, _) if word == "ok" => Ok(()),
+            (word, _) if word == "notfound" => Err(Error::NotFound { id }),
+            (word, [state]) if word == "state" => Err(Error::InvalidState {
+                id,
+                state: parse_state(&text(state, "retry reply")?, "retry reply")?,
+                operation: "retry",
+            }),
+            (word, _) => Err(unexpected("retry reply", &word)),
+        }
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        validate_queue(queue)?;
+        let now = self.now();
+        let keys = self.keys();
+        let mut invocation = scripts::STATS.prepare_invoke();
+        invocation
+            .key(&keys.ready)
+            .key(&keys.sched)
+            .key(&keys.list)
+            .arg(now.as_millis())
+            .arg(PROMOTE_BOUND)
+            .arg(queue);
+        for _ in 0..=(10_000_000 / PROMOTE_BOUND) {
+            let reply = self.invoke(&invocation, "stats").await?;
+            let (word, rest) = status(&reply, "stats reply")?;
+            if word == "promote" {
+                continue;
+            }
+            let counts = rest
+                .iter()
+                .map(|v| int(v, "stats reply").map(|n| u64::try_from(n).unwrap_or(0)))
+                .collect::<Result<Vec<_>>>()?;
+            let [ready, queued, running, succeeded, dead, cancelled] = counts[..] else {
+                return Err(unexpected("stats reply", &word));
+            };
+            return Ok(QueueStats {
+                ready,
+                scheduled: queued.saturating_sub(ready),
+                running,
+                succeeded,
+                dead,
+                cancelled,
+            });
+        }
+        Err(Error::corrupt("scheduled index", "promotion does not end"))
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        validate_list(&query)?;
+        let codes = match query.state {
+            Some(JobState::Queued) => "q",
+            Some(JobState::Running) => "r",
+            Some(JobState::Succeeded) => "s",
+            Some(JobState::Dead) => "d",
+            Some(JobState::Cancelled) => "c",
+            None => "qrsdc",
+        };
+        let mut invocation = scripts::LIST.prepare_invoke();
+        invocation
+            .key(&self.keys().list)
+            .arg(&query.queue)
+            .arg(codes)
+            .arg(query.cursor.map(|c| c.to_string()).unwrap_or_default())
+            .arg(query.limit);
+        let reply = self.invoke(&invocation, "list").await?;
+        let mut ids = Vec::new();
+        for part in array(&reply, "list reply")? {
+            for id in array(part, "list reply")? {
+                ids.push(job_id(&text(id, "list reply")?, "list index")?);
+            }
+        }
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids.dedup();
+        ids.truncate(query.limit);
+        let next = if ids.len() == query.limit {
+            ids.last().copied()
+        } else {
+            None
+        };
+        let mut jobs = self.get_many(&ids).await?;
+        if let Some(state) = query.state {
+            // A job that moved on since the index was read belongs to another page set.
+            jobs.retain(|job| job.state == state);
+        }
+        Ok(ListPage { jobs, next })
+    }
+
+    async fn purge(&self, limit: usize) -> Result<u64> {
+        let cutoff = self.inner.settings.retention_cutoff(self.now());
+        let cutoff_text = cutoff.as_millis().to_string();
+        let keys = self.keys();
+        let mut deleted = 0u64;
+        while (deleted as usize) < limit {
+            let batch = (limit - deleted as usize).min(SWEEP_CHUNK);
+            let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                .arg(&keys.done)
+                .arg("-inf")
+                .arg(&cutoff_text)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(batch)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|err| map_err("purge read", err))?;
+            if members.is_empty() {
+                break;
+            }
+            let mut invocation = scripts::PURGE.prepare_invoke();
+            invocation
+                .key(&keys.done)
+                .key(&keys.list)
+                .key(&keys.children)
+                .arg(&cutoff_text);
+            for member in &members {
+                // member = "queue code id parent"
+                let id = member
+                    .split(' ')
+                    .nth(2)
+                    .ok_or_else(|| Error::corrupt("finished index", format!("bad entry {member:?}")))
+                    .and_then(|id| job_id(id, "finished index"))?;
+                invocation.key(keys.job(id)).arg(member);
+            }
+            let reply = self.invoke(&invocation, "purge").await?;
+            let count = u64::try_from(int(&reply, "purge reply")?).unwrap_or(0);
+            deleted += count;
+            if members.len() < batch || count == 0 {
+                break;
+            }
+        }
+        Ok(deleted)
+    }
+
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        self.inner.waker.wait(queues, timeout).await;
+        Ok(())
+    }
+}

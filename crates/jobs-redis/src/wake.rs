@@ -1,0 +1,130 @@
+//! Wake-ups for claimers waiting for work: every script that makes a job ready publishes
+//! its queue on the namespace's channel; one subscriber task per store fans the messages
+//! out to the waiting calls. A missed message only costs the waiter its timeout: polling
+//! is the fallback.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+
+/// The subscriber of one store, started by the first wait.
+#[derive(Debug)]
+pub(crate) struct Waker {
+    url: String,
+    channel: String,
+    sender: broadcast::Sender<String>,
+    subscribed: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Waker {
+    pub(crate) fn new(url: String, channel: String) -> Self {
+        let (sender, _) = broadcast::channel(1024);
+        let (subscribed, _) = watch::channel(false);
+        Waker {
+            url,
+            channel,
+            sender,
+            subscribed,
+            task: Mutex::new(None),
+        }
+    }
+
+    /// Starts the subscriber task unless it runs.
+    fn ensure_started(&self) {
+        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let url = self.url.clone();
+        let channel = self.channel.clone();
+        let sender = self.sender.clone();
+        let subscribed = self.subscribed.clone();
+        *task = Some(tokio::spawn(listen(url, channel, sender, subscribed)));
+    }
+
+    /// Waits until one of `queues` is published, or `timeout` passes.
+    pub(crate) async fn wait(&self, queues: &[String], timeout: Duration) {
+        self.ensure_started();
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Listen before the subscription is confirmed: the channel buffers for us, and
+        // a wake-up published before the subscriber was there is covered by the timeout.
+        let mut receiver = self.sender.subscribe();
+        let wait = async {
+            loop {
+                match receiver.recv().await {
+                    // The empty name is sent when the subscription broke: wake everyone.
+                    Ok(queue) if queue.is_empty() || queues.contains(&queue) => {
+                        return
+                    }
+                    Ok(_) => continue,
+                    // Lagging behind means many wake-ups: one may be ours.
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline, wait).await;
+    }
+
+    /// How many calls are waiting now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.sender.receiver_count()
+    }
+
+    /// Resolves once the subscriber has confirmed its subscription, or after `timeout`.
+    pub(crate) async fn subscribed(&self, timeout: Duration) -> bool {
+        self.ensure_started();
+        let mut watch = self.subscribed.subscribe();
+        tokio::time::timeout(timeout, watch.wait_for(|ok| *ok))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
+impl Drop for Waker {
+    fn drop(&mut self) {
+        let task = self.task.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(task) = task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Subscribes and forwards messages until the store drops the task; reconnects with a
+/// capped back-off when the connection is lost.
+async fn listen(
+    url: String,
+    channel: String,
+    sender: broadcast::Sender<String>,
+    subscribed: watch::Sender<bool>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if let Ok(client) = redis::Client::open(url.as_str()) {
+            if let Ok(mut pubsub) = client.get_async_pubsub().await {
+                if pubsub.subscribe(&channel).await.is_ok() {
+                    subscribed.send_replace(true);
+                    backoff = Duration::from_millis(50);
+                    let mut messages = pubsub.into_on_message();
+                    while let Some(message) = messages.next().await {
+                        if let Ok(queue) = message.get_payload::<String>() {
+                            let _ = sender.send(queue);
+                        }
+                    }
+                    subscribed.send_replace(false);
+                    // The connection is gone: wake every waiter, whose claim then finds
+                    // out whether the server is back.
+                    let _ = sender.send(String::new());
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
