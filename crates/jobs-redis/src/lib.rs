@@ -9,3 +9,9 @@ mod store;
 mod wake;
 
 pub use store::{ReclaimReport, RedisStore};
+
+/// The key of job `id`'s hash in `namespace`: for operators and test harnesses that
+/// inspect or delete a record behind the store's back (see `docs/redis.md`).
+pub fn job_key(namespace: &str, id: jobs_core::JobId) -> String {
+    keys::Keys::new(namespace).job(id)
+}
