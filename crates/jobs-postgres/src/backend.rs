@@ -46,6 +46,12 @@ impl PostgresConfig {
     /// A configuration from a `postgres://` URL, with the default schema (`jobs`),
     /// 10 connections at most, and a 10 s wait for a free connection.
     pub fn new(url: &str) -> Result<Self> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(Error::invalid(
+                "url",
+                "must start with postgres:// or postgresql://",
+            ));
+        }
         let options = PgConnectOptions::from_str(url)
             .map_err(|err| Error::invalid("url", format!("not a Postgres URL: {err}")))?;
         Ok(Self::from_options(options))
@@ -183,7 +189,9 @@ impl PostgresBackend {
     ///
     /// Fails with `Unavailable` when the server cannot be reached.
     pub async fn connect(config: PostgresConfig) -> Result<Self> {
-        let pool = config.pool_options().connect_lazy_with(config.options.clone());
+        let pool = config
+            .pool_options()
+            .connect_lazy_with(config.options.clone());
         Self::from_pool(pool, &config.schema).await
     }
 

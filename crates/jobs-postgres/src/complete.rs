@@ -160,11 +160,11 @@ async fn execute(shared: &Shared, settings: &StoreSettings, batch: Vec<Call>) {
         Ok(outcomes) => {
             for call in batch {
                 let outcome = outcomes.get(&call.id).copied().ok_or_else(|| {
-                        Error::corrupt(
-                            format!("job {}", call.id),
-                            "the completion batch did not report this job",
-                        )
-                    });
+                    Error::corrupt(
+                        format!("job {}", call.id),
+                        "the completion batch did not report this job",
+                    )
+                });
                 let _ = call.reply.send(outcome);
             }
         }

@@ -10,7 +10,15 @@ fn is_transient(code: &str) -> bool {
     code.starts_with("08")
         || matches!(
             code,
-            "57P01" | "57P02" | "57P03" | "57P04" | "57P05" | "53300" | "57014" | "40001" | "40P01"
+            "57P01"
+                | "57P02"
+                | "57P03"
+                | "57P04"
+                | "57P05"
+                | "53300"
+                | "57014"
+                | "40001"
+                | "40P01"
                 | "55P03"
         )
 }
@@ -62,7 +70,9 @@ mod tests {
 
     #[test]
     fn sqlstates_split_into_transient_and_not() {
-        for code in ["08006", "08003", "57P01", "53300", "40001", "40P01", "57014"] {
+        for code in [
+            "08006", "08003", "57P01", "53300", "40001", "40P01", "57014",
+        ] {
             assert!(is_transient(code), "{code}");
         }
         for code in ["23505", "42P01", "22P02", "XX000"] {

@@ -128,7 +128,12 @@ pub(crate) fn job(row: &PgRow) -> Result<Job> {
                 token: LeaseToken::new(token.unsigned_abs()),
                 expires_at: Timestamp::from_millis(expires_at),
             }),
-            _ => return Err(Error::corrupt(what(), "a running job without a whole lease")),
+            _ => {
+                return Err(Error::corrupt(
+                    what(),
+                    "a running job without a whole lease",
+                ))
+            }
         }
     } else {
         None

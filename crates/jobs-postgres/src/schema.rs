@@ -101,9 +101,7 @@ pub(crate) async fn migrate(pool: &PgPool, schema: &str, quoted: &str) -> Result
             "applied migration"
         );
     }
-    tx.commit()
-        .await
-        .map_err(|err| map("migrate: commit", err))
+    tx.commit().await.map_err(|err| map("migrate: commit", err))
 }
 
 /// The schema's applied version; 0 when it has no migrations table yet.

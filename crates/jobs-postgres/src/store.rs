@@ -176,8 +176,16 @@ impl PostgresStore {
                     .map(|r| r.job.run_at.unwrap_or(now).as_millis())
                     .bind_iter(),
             )
-            .bind(rows.iter().map(|r| i64::from(r.job.max_attempts)).bind_iter())
-            .bind(rows.iter().map(|r| r.job.parent.map(PgUuid::from_id)).bind_iter())
+            .bind(
+                rows.iter()
+                    .map(|r| i64::from(r.job.max_attempts))
+                    .bind_iter(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.job.parent.map(PgUuid::from_id))
+                    .bind_iter(),
+            )
             .bind(now.saturating_sub(settings.dedup_window).as_millis())
             .bind(&self.inner.shared.channel)
             .fetch_all(executor)
@@ -226,7 +234,7 @@ fn claim_order(rows: Vec<PgRow>) -> Result<Vec<ClaimedJob>> {
             },
         ));
     }
-    claimed.sort_by(|a, b| a.0.cmp(&b.0));
+    claimed.sort_by_key(|(order, _)| *order);
     Ok(claimed.into_iter().map(|(_, job)| job).collect())
 }
 
@@ -623,7 +631,9 @@ impl Store for PostgresStore {
         if queues.is_empty() {
             return Err(Error::invalid("queues", "name at least one queue"));
         }
-        queues.iter().try_for_each(|q| validate::validate_queue(q))?;
+        queues
+            .iter()
+            .try_for_each(|q| validate::validate_queue(q))?;
         let deadline = Instant::now() + timeout;
         let wake = &self.inner.shared.wake;
         if !wake.ensure_listening(deadline).await {

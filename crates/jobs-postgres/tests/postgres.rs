@@ -1,0 +1,612 @@
+//! Tests of what is particular to the PostgreSQL backend: races across connections,
+//! server-side connection kills, concurrent migrations, wake-ups, corrupt rows.
+//!
+//! Each needs the server at `DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`) and is skipped loudly without it.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jobs_conformance::unique_namespace;
+use jobs_core::{
+    ClaimRequest, Clock, Error, JobId, JobState, LeaseToken, ManualClock, NewJob, Store,
+    StoreSettings,
+};
+use jobs_postgres::{PgPoolOptions, PostgresBackend, PostgresConfig, PostgresStore};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const TTL: Duration = Duration::from_secs(30);
+
+fn url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+/// A backend of its own (its own pool) on the default schema, or `None` to skip.
+async fn backend(application_name: &str, max_connections: u32) -> Option<PostgresBackend> {
+    let config = PostgresConfig::new(&url())
+        .ok()?
+        .max_connections(max_connections)
+        .application_name(application_name);
+    match PostgresBackend::connect(config).await {
+        Ok(backend) => Some(backend),
+        Err(err) => jobs_conformance::skip_or_fail("PostgreSQL", &url(), &err),
+    }
+}
+
+fn settings(clock: &ManualClock) -> StoreSettings {
+    StoreSettings::default()
+        .namespace(unique_namespace("pg"))
+        .clock(Arc::new(clock.clone()))
+}
+
+fn unique_name(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{prefix}_{}_{nanos:x}", std::process::id())
+}
+
+async fn join<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
+    let mut out = Vec::new();
+    while let Some(done) = set.join_next().await {
+        match done {
+            Ok(value) => out.push(value),
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(err) => panic!("a task did not finish: {err}"),
+        }
+    }
+    out
+}
+
+/// Many enqueues of one key at once, from 4 pools of 4 connections each, must agree
+/// on one job: once for a fresh key, once for a key whose job vanished, once for a
+/// key whose window has passed. The last two are where a snapshot-bound "is the job
+/// still there" check would let a second racer replace the first one's new job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dedup_race_across_connections_creates_one_job() {
+    let mut backends = Vec::new();
+    for _ in 0..4 {
+        let Some(backend) = backend("jobs-postgres-dedup-race", 4).await else {
+            return;
+        };
+        backends.push(backend);
+    }
+    let clock = ManualClock::default();
+    let settings = settings(&clock).dedup_window(Duration::from_secs(60));
+    let stores: Vec<PostgresStore> = backends
+        .iter()
+        .map(|b| b.store(settings.clone()).expect("valid settings"))
+        .collect();
+
+    let race = |round: &'static str| {
+        let stores = stores.clone();
+        async move {
+            let mut set = JoinSet::new();
+            for n in 0..32 {
+                let store = stores[n % stores.len()].clone();
+                set.spawn(async move {
+                    let job = NewJob::new("race")
+                        .tenant("t\0with nul")
+                        .idempotency_key("the-key")
+                        .payload(format!("racer {n}").into_bytes());
+                    store.enqueue(job).await
+                });
+            }
+            let answers: Vec<_> = join(set)
+                .await
+                .into_iter()
+                .map(|answer| match answer {
+                    Ok(answer) => answer,
+                    Err(err) => panic!("{round}: enqueue failed: {err:?}"),
+                })
+                .collect();
+            let ids: HashSet<JobId> = answers.iter().map(|a| a.id).collect();
+            assert_eq!(ids.len(), 1, "{round}: racers got different ids: {ids:?}");
+            let created = answers.iter().filter(|a| a.created).count();
+            (answers[0].id, created)
+        }
+    };
+
+    let (first, created) = race("fresh key").await;
+    assert_eq!(created, 1, "fresh key: exactly one racer creates the job");
+    let stats = stores[0].stats("race").await.expect("stats");
+    assert_eq!(stats.total(), 1, "fresh key: exactly one job exists");
+
+    backends[0]
+        .vanish(&settings.namespace, first)
+        .await
+        .expect("vanish");
+    let (second, created) = race("vanished job").await;
+    assert_ne!(
+        second, first,
+        "vanished job: the key must point to a new job"
+    );
+    assert_eq!(
+        created, 1,
+        "vanished job: exactly one racer creates the job"
+    );
+    assert_eq!(stores[1].stats("race").await.expect("stats").total(), 1);
+
+    clock.advance(Duration::from_secs(60));
+    let (third, created) = race("window passed").await;
+    assert_ne!(
+        third, second,
+        "window passed: the key must point to a new job"
+    );
+    assert_eq!(
+        created, 1,
+        "window passed: exactly one racer creates the job"
+    );
+    assert_eq!(stores[2].stats("race").await.expect("stats").total(), 2);
+
+    // Exactly the two live jobs are claimable, once each.
+    let request = ClaimRequest::new(["race"], "w", TTL).limit(10);
+    let claimed = stores[3].claim(request).await.expect("claim");
+    let claimed: HashSet<JobId> = claimed.iter().map(|c| c.id()).collect();
+    assert_eq!(claimed, HashSet::from([second, third]));
+}
+
+/// Killing every server connection of the store while calls are in flight: the calls
+/// cut off fail with `Unavailable` and nothing else, the pool and the wake-up
+/// listener reconnect, and every enqueue and complete that was acknowledged is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_side_connection_kill_is_unavailable_and_loses_nothing() {
+    let app = unique_name("jobs_kill");
+    let Some(backend) = backend(&app, 4).await else {
+        return;
+    };
+    let admin = match PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url())
+        .await
+    {
+        Ok(pool) => pool,
+        Err(err) => panic!("admin connection: {err}"),
+    };
+    let clock = ManualClock::default();
+    let store = backend.store(settings(&clock)).expect("store");
+
+    // A waiter, so the listener connection is among those killed.
+    store
+        .wait_for_work(&["idle".to_owned()], Duration::ZERO)
+        .await
+        .expect("start the listener");
+
+    let enqueued = Arc::new(Mutex::new(Vec::<JobId>::new()));
+    let completed = Arc::new(Mutex::new(Vec::<JobId>::new()));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let unavailable = Arc::new(AtomicU64::new(0));
+    let successes = Arc::new(AtomicU64::new(0));
+    let progress = Arc::new(Notify::new());
+    let stop = Arc::new(AtomicU64::new(0));
+
+    let mut workers = JoinSet::new();
+    for w in 0..8 {
+        let store = store.clone();
+        let (enqueued, completed, failures) = (
+            Arc::clone(&enqueued),
+            Arc::clone(&completed),
+            Arc::clone(&failures),
+        );
+        let (unavailable, successes, progress, stop) = (
+            Arc::clone(&unavailable),
+            Arc::clone(&successes),
+            Arc::clone(&progress),
+            Arc::clone(&stop),
+        );
+        workers.spawn(async move {
+            let record = |result: Result<(), Error>| match result {
+                Ok(()) => {
+                    successes.fetch_add(1, Ordering::SeqCst);
+                    progress.notify_waiters();
+                }
+                Err(err) if err.is_retryable() => {
+                    unavailable.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(err) => failures
+                    .lock()
+                    .expect("lock")
+                    .push(format!("{err} ({err:?})")),
+            };
+            while stop.load(Ordering::SeqCst) == 0 {
+                let job = NewJob::new("kill").payload(format!("w{w}").into_bytes());
+                match store.enqueue(job).await {
+                    Ok(answer) => {
+                        enqueued.lock().expect("lock").push(answer.id);
+                        record(Ok(()));
+                    }
+                    Err(err) => record(Err(err)),
+                }
+                let request = ClaimRequest::new(["kill"], format!("w{w}"), TTL).limit(2);
+                match store.claim(request).await {
+                    Ok(jobs) => {
+                        record(Ok(()));
+                        for job in jobs {
+                            match store.complete(job.id(), job.token(), None).await {
+                                Ok(()) => {
+                                    completed.lock().expect("lock").push(job.id());
+                                    record(Ok(()));
+                                }
+                                Err(err) => record(Err(err)),
+                            }
+                        }
+                    }
+                    Err(err) => record(Err(err)),
+                }
+            }
+        });
+    }
+
+    let wait_for = |target: u64| {
+        let (successes, progress) = (Arc::clone(&successes), Arc::clone(&progress));
+        async move {
+            loop {
+                let notified = progress.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if successes.load(Ordering::SeqCst) >= target {
+                    return;
+                }
+                notified.await;
+            }
+        }
+    };
+    let guard = Duration::from_secs(60);
+    for round in 1..=5u64 {
+        if tokio::time::timeout(guard, wait_for(round * 150))
+            .await
+            .is_err()
+        {
+            panic!("round {round}: the store made no progress after a kill");
+        }
+        let killed: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&app)
+        .fetch_one(&admin)
+        .await
+        .expect("terminate backends");
+        assert!(
+            killed > 0,
+            "round {round}: no connection of the store to kill"
+        );
+    }
+    // Work goes on after the last kill: the pool has reconnected.
+    if tokio::time::timeout(guard, wait_for(6 * 150 + 200))
+        .await
+        .is_err()
+    {
+        panic!("the store made no progress after the last kill");
+    }
+    stop.store(1, Ordering::SeqCst);
+    join(workers).await;
+    eprintln!(
+        "{} calls succeeded, {} were cut off (Unavailable)",
+        successes.load(Ordering::SeqCst),
+        unavailable.load(Ordering::SeqCst)
+    );
+
+    let failures = failures.lock().expect("lock").clone();
+    assert!(
+        failures.is_empty(),
+        "calls cut off by a kill must fail with Unavailable only: {failures:#?}"
+    );
+    assert!(
+        unavailable.load(Ordering::SeqCst) > 0,
+        "the kills interrupted no call: the test did not exercise anything"
+    );
+
+    // Every acknowledged write is there.
+    let enqueued = enqueued.lock().expect("lock").clone();
+    let completed: HashSet<JobId> = completed.lock().expect("lock").iter().copied().collect();
+    assert!(!completed.is_empty());
+    for id in &enqueued {
+        let job = store.get(*id).await.expect("an acknowledged enqueue");
+        if completed.contains(id) {
+            assert_eq!(
+                job.state,
+                JobState::Succeeded,
+                "acknowledged complete of {id}"
+            );
+        }
+    }
+
+    // Later calls succeed, and wake-ups still arrive: the listener reconnected too.
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .wait_for_work(&["after".to_owned()], Duration::from_secs(120))
+                .await
+        })
+    };
+    let mut sent = 0;
+    let woke = loop {
+        store
+            .enqueue(NewJob::new("after"))
+            .await
+            .expect("enqueue after the kills");
+        sent += 1;
+        if waiter.is_finished() || sent >= 50 {
+            break tokio::time::timeout(guard, waiter).await;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert!(
+        matches!(woke, Ok(Ok(Ok(())))),
+        "wait_for_work did not wake after the kills: {woke:?}"
+    );
+}
+
+/// Many processes connecting at once to a schema that does not exist yet: every one
+/// succeeds, and the schema ends at the latest version, migrated once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_connects_migrate_a_fresh_schema_once() {
+    let schema = unique_name("jobs_migrate");
+    let admin = match PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url())
+        .await
+    {
+        Ok(pool) => pool,
+        Err(err) => {
+            jobs_conformance::skip_or_fail::<()>("PostgreSQL", &url(), &err);
+            return;
+        }
+    };
+    let mut set = JoinSet::new();
+    for _ in 0..12 {
+        let config = PostgresConfig::new(&url())
+            .expect("url")
+            .schema(schema.clone())
+            .expect("schema")
+            .max_connections(1);
+        set.spawn(PostgresBackend::connect(config));
+    }
+    let backends: Vec<PostgresBackend> = join(set)
+        .await
+        .into_iter()
+        .map(|b| b.expect("every concurrent connect succeeds"))
+        .collect();
+    let applied: Vec<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT version FROM \"{schema}\".migrations ORDER BY version"
+    )))
+    .fetch_all(&admin)
+    .await
+    .expect("read migrations");
+    assert_eq!(applied, vec![1], "each migration is applied exactly once");
+    for backend in &backends {
+        assert_eq!(backend.schema_version().await.expect("version"), 1);
+    }
+
+    // The stores of the fresh schema work, and another schema's data is apart.
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let store = backends[0].store(settings.clone()).expect("store");
+    let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    assert_eq!(
+        backends[5]
+            .store(settings.clone())
+            .expect("store")
+            .get(id)
+            .await
+            .expect("get")
+            .id,
+        id
+    );
+    if let Some(default_schema) = backend("jobs-postgres-migrate", 1).await {
+        let other = default_schema.store(settings).expect("store");
+        assert!(other.get(id).await.is_err_and(|e| e.is_not_found()));
+    }
+
+    drop(backends);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop the schema");
+}
+
+/// `wait_for_work` wakes on an enqueue made through another pool (the notice crosses
+/// connections), and not only at its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wait_for_work_wakes_on_enqueue_from_another_connection() {
+    let Some(waiting) = backend("jobs-postgres-wake", 2).await else {
+        return;
+    };
+    let Some(sending) = backend("jobs-postgres-wake", 2).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let waiter_store = waiting.store(settings.clone()).expect("store");
+    let sender = sending.store(settings).expect("store");
+    let queues = vec!["mail".to_owned()];
+
+    for round in 0..5 {
+        // An empty claim first, as a worker does before it waits.
+        let request = ClaimRequest::new(["mail"], "w", TTL).limit(10);
+        assert!(waiter_store
+            .claim(request.clone())
+            .await
+            .expect("claim")
+            .is_empty());
+        let waiter = {
+            let store = waiter_store.clone();
+            let queues = queues.clone();
+            tokio::spawn(
+                async move { store.wait_for_work(&queues, Duration::from_secs(300)).await },
+            )
+        };
+        let started = std::time::Instant::now();
+        sender
+            .enqueue(NewJob::new("mail").payload(vec![round]))
+            .await
+            .expect("enqueue");
+        let woke = tokio::time::timeout(Duration::from_secs(30), waiter).await;
+        assert!(
+            matches!(woke, Ok(Ok(Ok(())))),
+            "round {round}: no wake-up within 30 s of the enqueue: {woke:?}"
+        );
+        eprintln!(
+            "round {round}: woke {:?} after the enqueue began",
+            started.elapsed()
+        );
+        let claimed = waiter_store.claim(request).await.expect("claim");
+        assert_eq!(
+            claimed.len(),
+            1,
+            "round {round}: the woken worker finds the job"
+        );
+    }
+}
+
+/// Concurrent completes, gathered into batches, each get their own answer: the
+/// holder's succeeds, a stale token is lease lost, an unknown id is not found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_completes_answer_each_caller() {
+    let Some(backend) = backend("jobs-postgres-complete", 4).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let store = backend.store(settings(&clock)).expect("store");
+    let jobs: Vec<NewJob> = (0..300u32)
+        .map(|n| NewJob::new("batch").payload(n.to_be_bytes().to_vec()))
+        .collect();
+    store.enqueue_batch(jobs).await.expect("enqueue");
+    let request = ClaimRequest::new(["batch"], "w", TTL).limit(300);
+    let claimed = store.claim(request).await.expect("claim");
+    assert_eq!(claimed.len(), 300);
+
+    let mut set = JoinSet::new();
+    for (n, job) in claimed.iter().enumerate() {
+        let store = store.clone();
+        let (id, token) = (job.id(), job.token());
+        set.spawn(async move {
+            let result = match n % 3 {
+                0 => store.complete(id, token, Some(vec![n as u8].into())).await,
+                1 => {
+                    store
+                        .complete(id, LeaseToken::new(token.get() + 1), None)
+                        .await
+                }
+                _ => {
+                    // The right call and a duplicate with the same token: one wins.
+                    let (a, b) = tokio::join!(
+                        store.complete(id, token, None),
+                        store.complete(id, token, None)
+                    );
+                    assert!(
+                        a.is_ok() != b.is_ok(),
+                        "exactly one of two completes with one token wins: {a:?} {b:?}"
+                    );
+                    let loser = if a.is_ok() { b } else { a };
+                    assert!(loser.is_err_and(|e| e.is_lease_lost()));
+                    Ok(())
+                }
+            };
+            (n, id, result)
+        });
+    }
+    let unknown = JobId::mint(clock.now());
+    let unknown_answer = store.complete(unknown, LeaseToken::new(1), None).await;
+    assert!(unknown_answer.is_err_and(|e| e.is_not_found()));
+
+    for (n, id, result) in join(set).await {
+        let job = store.get(id).await.expect("get");
+        match n % 3 {
+            0 => {
+                assert!(result.is_ok(), "job {n}: {result:?}");
+                assert_eq!(job.state, JobState::Succeeded);
+                assert_eq!(job.result.as_deref(), Some(&[n as u8][..]));
+            }
+            1 => {
+                assert!(result.is_err_and(|e| e.is_lease_lost()), "job {n}");
+                assert_eq!(
+                    job.state,
+                    JobState::Running,
+                    "a stale complete changes nothing"
+                );
+            }
+            _ => assert_eq!(job.state, JobState::Succeeded),
+        }
+    }
+}
+
+/// A row that does not decode is `Corrupt`, named by its job, and never a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_rows_are_corrupt() {
+    let Some(backend) = backend("jobs-postgres-corrupt", 2).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let store = backend.store(settings.clone()).expect("store");
+    let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+
+    let damage = |sql: &'static str| {
+        let pool = backend.pool().clone();
+        let namespace = settings.namespace.clone();
+        async move {
+            sqlx::query(sql)
+                .bind(namespace)
+                .execute(&pool)
+                .await
+                .expect("damage the row");
+        }
+    };
+    damage("UPDATE jobs.jobs SET attempts = -1 WHERE namespace = $1").await;
+    let err = store.get(id).await.expect_err("a negative attempt count");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains(&id.to_string()), "{err}");
+
+    damage("UPDATE jobs.jobs SET attempts = 0, tenant = '\\xff'::bytea WHERE namespace = $1").await;
+    let err = store.get(id).await.expect_err("a tenant that is not UTF-8");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+
+    damage("UPDATE jobs.jobs SET tenant = '', state = 'running' WHERE namespace = $1").await;
+    let err = store
+        .get(id)
+        .await
+        .expect_err("a running job without a lease");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    let request = ClaimRequest::new(["q"], "w", TTL);
+    assert!(store.claim(request).await.expect("claim").is_empty());
+}
+
+/// A server that cannot be reached is `Unavailable`, not a backend error.
+#[tokio::test]
+async fn unreachable_server_is_unavailable() {
+    let config = PostgresConfig::new("postgres://postgres@127.0.0.1:1/test")
+        .expect("url")
+        .acquire_timeout(Duration::from_secs(2));
+    let err = PostgresBackend::connect(config)
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(err.is_retryable(), "{err:?}");
+}
+
+/// Bad configuration is refused with the field named.
+#[test]
+fn bad_configuration_names_the_field() {
+    let field = |err: Error| err.invalid_field();
+    assert_eq!(
+        PostgresConfig::new("mysql://x").err().and_then(field),
+        Some("url")
+    );
+    let config = PostgresConfig::new(DEFAULT_URL).expect("url");
+    assert_eq!(
+        config
+            .schema("Robert'); DROP TABLE x")
+            .err()
+            .and_then(field),
+        Some("schema")
+    );
+}
