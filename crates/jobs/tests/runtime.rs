@@ -724,3 +724,86 @@ async fn memory() -> Option<Box<dyn Backend>> {
 }
 
 runtime_tests!(memory, memory());
+
+/// A fresh file per test, in its own temporary directory, with the default
+/// configuration (synchronous = FULL), as the quickstart uses it.
+struct Sqlite(tempfile::TempDir);
+
+#[async_trait]
+impl Backend for Sqlite {
+    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
+        let path = self.0.path().join("jobs.db");
+        Arc::new(
+            jobs_sqlite::SqliteStore::open(path, settings)
+                .await
+                .expect("open an sqlite store"),
+        )
+    }
+}
+
+async fn sqlite() -> Option<Box<dyn Backend>> {
+    Some(Box::new(Sqlite(tempfile::tempdir().expect("a temp dir"))))
+}
+
+runtime_tests!(sqlite, sqlite());
+
+#[cfg(feature = "redis")]
+struct Redis(String);
+
+#[cfg(feature = "redis")]
+#[async_trait]
+impl Backend for Redis {
+    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
+        Arc::new(
+            jobs::backends::redis::RedisStore::connect(&self.0, settings)
+                .await
+                .expect("connect to redis"),
+        )
+    }
+}
+
+/// `REDIS_URL`, default `redis://127.0.0.1:6379`; skipped loudly when unreachable.
+#[cfg(feature = "redis")]
+async fn redis() -> Option<Box<dyn Backend>> {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let probe = StoreSettings::default().namespace(unique_namespace());
+    match jobs::backends::redis::RedisStore::connect(&url, probe).await {
+        Ok(_) => Some(Box::new(Redis(url))),
+        Err(err) => skip_or_fail("Redis", &url, &err),
+    }
+}
+
+#[cfg(feature = "redis")]
+runtime_tests!(redis, redis());
+
+/// One small pool per test, shared by the test's stores.
+#[cfg(feature = "postgres")]
+struct Postgres(jobs::backends::postgres::PostgresBackend);
+
+#[cfg(feature = "postgres")]
+#[async_trait]
+impl Backend for Postgres {
+    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
+        Arc::new(self.0.store(settings).expect("a postgres store"))
+    }
+}
+
+/// `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`; skipped loudly
+/// when unreachable.
+#[cfg(feature = "postgres")]
+async fn postgres() -> Option<Box<dyn Backend>> {
+    use jobs::backends::postgres::{PostgresBackend, PostgresConfig};
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let config = PostgresConfig::new(&url)
+        .expect("DATABASE_URL is a postgres URL")
+        .max_connections(4)
+        .application_name("jobs-runtime-tests");
+    match PostgresBackend::connect(config).await {
+        Ok(backend) => Some(Box::new(Postgres(backend))),
+        Err(err) => skip_or_fail("PostgreSQL", &url, &err),
+    }
+}
+
+#[cfg(feature = "postgres")]
+runtime_tests!(postgres, postgres());
