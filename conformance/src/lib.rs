@@ -257,3 +257,40 @@ pub fn skip_or_fail<T>(service: &str, url: &str, error: &dyn std::fmt::Display) 
     );
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn every_rule_has_a_scenario_named_after_it() {
+        let mut rules: Vec<String> = Vec::new();
+        for (letter, count) in [('E', 9), ('C', 9), ('L', 9), ('R', 6), ('A', 6), ('M', 1)] {
+            rules.extend((1..=count).map(|n| format!("{letter}{n}")));
+        }
+        for rule in &rules {
+            assert!(
+                scenarios_for(rule).next().is_some(),
+                "rule {rule} has no scenario"
+            );
+        }
+        let mut names = HashSet::new();
+        for scenario in SCENARIOS {
+            assert!(
+                names.insert(scenario.name),
+                "{} listed twice",
+                scenario.name
+            );
+            let prefix = format!("{}_", scenario.rule.to_ascii_lowercase());
+            assert!(
+                scenario.name.starts_with(&prefix),
+                "{} is listed under rule {}",
+                scenario.name,
+                scenario.rule
+            );
+            assert!(rules.iter().any(|r| r == scenario.rule));
+        }
+    }
+}

@@ -356,8 +356,9 @@ pub async fn a2_retry_of_other_states_is_invalid_state(harness: &dyn Harness) {
     );
 }
 
-/// A2: of 8 concurrent retries of one dead job (four connections), exactly one
-/// succeeds and the rest are refused with `InvalidState`; the job is queued once.
+/// A2: 8 retriers on four connections retry each of 6 dead jobs at once; for every
+/// job exactly one retry succeeds and the rest are refused with `InvalidState`, and the
+/// job is queued once.
 pub async fn a2_concurrent_retries_one_succeeds(harness: &dyn Harness) {
     const JOBS: usize = 6;
     const RETRIERS: usize = 8;
@@ -988,9 +989,9 @@ pub async fn a5_purge_limit_bounds_each_call(harness: &dyn Harness) {
     assert_stats(&*store, "q", QueueStats::default(), "A5: all purged").await;
 }
 
-/// A5: a purged job leaves nothing anything trips over: its idempotency key makes a
-/// new job (E5), its vanished-looking ids are not reclaimed or claimed, and stats and
-/// list agree afterwards.
+/// A5: purged jobs of every terminal state leave nothing anything trips over: no list
+/// page or count shows them, claim and reclaim find nothing, and their idempotency
+/// keys make new jobs (E5) that run.
 pub async fn a5_purged_jobs_leave_nothing_behind(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env

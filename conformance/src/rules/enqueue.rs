@@ -832,7 +832,7 @@ pub async fn e7_zero_max_attempts_is_refused(harness: &dyn Harness) {
 }
 
 /// E7: an unknown parent (never enqueued, or vanished) is refused naming `parent`;
-/// nothing is written, and the parent gains no children.
+/// nothing is written; a known parent is accepted.
 pub async fn e7_unknown_parent_is_refused(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
