@@ -9,8 +9,25 @@ use redis::Value;
 /// The job hash fields `get` reads and `claim.lua` returns, in this order. Must match
 /// `JOB_FIELDS` in `lua/lib.lua`.
 pub(crate) const JOB_FIELDS: [&str; 19] = [
-    "queue", "tenant", "key", "prio", "run_at", "max_att", "parent", "state", "att", "token",
-    "worker", "lease_exp", "created", "started", "hb", "finished", "error", "result", "cancel",
+    "queue",
+    "tenant",
+    "key",
+    "prio",
+    "run_at",
+    "max_att",
+    "parent",
+    "state",
+    "att",
+    "token",
+    "worker",
+    "lease_exp",
+    "created",
+    "started",
+    "hb",
+    "finished",
+    "error",
+    "result",
+    "cancel",
 ];
 
 /// A reply's bytes: bulk and simple strings as they are, integers in decimal, nil as `None`.
@@ -53,7 +70,10 @@ pub(crate) fn int(value: &Value, what: &str) -> Result<i64> {
 pub(crate) fn array<'a>(value: &'a Value, what: &str) -> Result<&'a [Value]> {
     match value {
         Value::Array(items) => Ok(items),
-        other => Err(Error::corrupt(what, format!("expected an array, got {other:?}"))),
+        other => Err(Error::corrupt(
+            what,
+            format!("expected an array, got {other:?}"),
+        )),
     }
 }
 
@@ -64,7 +84,10 @@ pub(crate) fn job_id(text: &str, what: &str) -> Result<JobId> {
 
 /// The id at the end of an index member (every member ends with the 36-character id).
 pub(crate) fn member_id(member: &str, what: &str) -> Result<JobId> {
-    let start = member.len().checked_sub(36).filter(|start| member.is_char_boundary(*start));
+    let start = member
+        .len()
+        .checked_sub(36)
+        .filter(|start| member.is_char_boundary(*start));
     match start {
         Some(start) => job_id(&member[start..], what),
         None => Err(Error::corrupt(what, format!("bad index member {member:?}"))),
@@ -78,7 +101,10 @@ struct Fields<'a> {
 
 impl Fields<'_> {
     fn corrupt(&self, field: &str, reason: impl std::fmt::Display) -> Error {
-        Error::corrupt(format!("job {}", self.id), format!("field {field}: {reason}"))
+        Error::corrupt(
+            format!("job {}", self.id),
+            format!("field {field}: {reason}"),
+        )
     }
 
     fn raw(&self, index: usize) -> Option<&[u8]> {
@@ -88,7 +114,8 @@ impl Fields<'_> {
     fn opt_text(&self, index: usize) -> Result<Option<String>> {
         self.raw(index)
             .map(|bytes| {
-                String::from_utf8(bytes.to_vec()).map_err(|_| self.corrupt(JOB_FIELDS[index], "not UTF-8"))
+                String::from_utf8(bytes.to_vec())
+                    .map_err(|_| self.corrupt(JOB_FIELDS[index], "not UTF-8"))
             })
             .transpose()
     }
@@ -134,10 +161,14 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         values: &values,
     };
     if values.len() < JOB_FIELDS.len() {
-        return Err(f.corrupt("*", format!("{} fields, expected {}", values.len(), JOB_FIELDS.len())));
+        return Err(f.corrupt(
+            "*",
+            format!("{} fields, expected {}", values.len(), JOB_FIELDS.len()),
+        ));
     }
     let state_text = f.text(7)?;
-    let state = JobState::from_str(&state_text).map_err(|_| f.corrupt("state", format!("unknown state {state_text:?}")))?;
+    let state = JobState::from_str(&state_text)
+        .map_err(|_| f.corrupt("state", format!("unknown state {state_text:?}")))?;
     let lease = if state == JobState::Running {
         Some(Lease {
             worker: f.text(10)?,
@@ -149,7 +180,9 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
     };
     let parent = f
         .opt_text(6)?
-        .map(|text| JobId::from_str(&text).map_err(|_| f.corrupt("parent", format!("bad id {text:?}"))))
+        .map(|text| {
+            JobId::from_str(&text).map_err(|_| f.corrupt("parent", format!("bad id {text:?}")))
+        })
         .transpose()?;
     Ok(Job {
         id,

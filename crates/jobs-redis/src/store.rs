@@ -10,9 +10,9 @@ use jobs_core::validate::{
     validate_queue, validate_settings, validate_size,
 };
 use jobs_core::{
-    async_trait, duration_millis, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat,
-    Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder,
-    ReclaimedJob, Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+    async_trait, duration_millis, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job,
+    JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob,
+    Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -356,7 +356,11 @@ impl RedisStore {
                 .arg(&job.queue)
                 .arg(&job.tenant)
                 .arg(job.idempotency_key.as_deref().unwrap_or(""))
-                .arg(if job.idempotency_key.is_some() { "1" } else { "0" })
+                .arg(if job.idempotency_key.is_some() {
+                    "1"
+                } else {
+                    "0"
+                })
                 .arg(job.payload.as_ref())
                 .arg(job.priority)
                 .arg(run_at.as_millis())
@@ -524,7 +528,9 @@ impl RedisStore {
         }
         let mut pipe = redis::pipe();
         for id in ids {
-            pipe.cmd("HMGET").arg(self.keys().job(*id)).arg(&JOB_FIELDS[..]);
+            pipe.cmd("HMGET")
+                .arg(self.keys().job(*id))
+                .arg(&JOB_FIELDS[..]);
         }
         let rows: Vec<Vec<Option<Vec<u8>>>> = pipe
             .query_async(&mut self.conn())
@@ -634,7 +640,10 @@ impl Store for RedisStore {
         let hint_key = queues.join(",");
         let now = self.now();
         let now_text = now.as_millis().to_string();
-        let expires = now.saturating_add(request.lease_ttl).as_millis().to_string();
+        let expires = now
+            .saturating_add(request.lease_ttl)
+            .as_millis()
+            .to_string();
         let keys = self.keys();
         let mut candidates = self
             .inner
@@ -702,7 +711,9 @@ impl Store for RedisStore {
             if got == 0 {
                 contended += 1;
             }
-            if claimed.len() >= request.limit || hint.is_empty() || contended > CLAIM_CONTENDED_ROUNDS
+            if claimed.len() >= request.limit
+                || hint.is_empty()
+                || contended > CLAIM_CONTENDED_ROUNDS
             {
                 if !hint.is_empty() {
                     let mut hints = self.inner.hints.lock().unwrap_or_else(|p| p.into_inner());
@@ -994,7 +1005,9 @@ impl Store for RedisStore {
                 let id = member
                     .split(' ')
                     .nth(2)
-                    .ok_or_else(|| Error::corrupt("finished index", format!("bad entry {member:?}")))
+                    .ok_or_else(|| {
+                        Error::corrupt("finished index", format!("bad entry {member:?}"))
+                    })
                     .and_then(|id| job_id(id, "finished index"))?;
                 invocation.key(keys.job(id)).arg(member);
             }

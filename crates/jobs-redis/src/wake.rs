@@ -57,9 +57,7 @@ impl Waker {
             loop {
                 match receiver.recv().await {
                     // The empty name is sent when the subscription broke: wake everyone.
-                    Ok(queue) if queue.is_empty() || queues.contains(&queue) => {
-                        return
-                    }
+                    Ok(queue) if queue.is_empty() || queues.contains(&queue) => return,
                     Ok(_) => continue,
                     // Lagging behind means many wake-ups: one may be ours.
                     Err(broadcast::error::RecvError::Lagged(_)) => return,
