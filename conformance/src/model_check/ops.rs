@@ -329,17 +329,57 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
     ])
 }
 
+/// A boundary jump followed at once by the operation the boundary matters to, before
+/// anything else moves the clock: the cases off-by-one bugs live in.
+fn idiom() -> impl Strategy<Value = Vec<Op>> {
+    let at = |mark: fn(u16) -> Mark| {
+        (any::<u16>(), offset()).prop_map(move |(n, offset)| Op::AdvanceTo {
+            mark: mark(n),
+            offset,
+        })
+    };
+    let claim = (0..3u8, 0..4u8, ttl()).prop_map(|(worker, queues, ttl_ms)| Op::Claim {
+        worker,
+        queues,
+        limit: 3,
+        ttl_ms,
+    });
+    let keyed = spec().prop_map(|mut spec| {
+        if !matches!(spec.link, Link::Key(_)) {
+            spec.link = Link::Key(0);
+        }
+        spec.max_attempts = spec.max_attempts.max(1);
+        Op::Enqueue(spec)
+    });
+    prop_oneof![
+        3 => (at(Mark::LeaseExpiry), 1..=3usize)
+            .prop_map(|(jump, limit)| vec![jump, Op::Reclaim { limit }]),
+        1 => (at(Mark::LeaseExpiry), pick(), ttl()).prop_map(|(jump, claim, ttl_ms)| vec![
+            jump,
+            Op::Heartbeat { claim, forge: false, ttl_ms },
+        ]),
+        2 => (at(Mark::RunAt), claim).prop_map(|(jump, claim)| vec![jump, claim]),
+        2 => (at(Mark::DedupEnd), keyed).prop_map(|(jump, enqueue)| vec![jump, enqueue]),
+        2 => (at(Mark::RetentionEnd), 1..=3usize)
+            .prop_map(|(jump, limit)| vec![jump, Op::Purge { limit }]),
+    ]
+}
+
 /// A sequence of `max_len / 2` to `max_len` operations.
 pub(crate) fn sequence(max_len: usize) -> SBoxedStrategy<Vec<Op>> {
     let max_len = max_len.max(1);
-    // Long sequences reach the late states (purged, retried, reclaimed twice); short
-    // ones are what shrinking is for.
     // A few enqueues first, so the early steps have work to act on.
     let prelude = prop::collection::vec(spec().prop_map(Op::Enqueue), 2..=5);
-    let rest = prop::collection::vec(op(), max_len.div_ceil(2)..=max_len);
+    // Long sequences reach the late states (purged, retried, reclaimed twice); short
+    // ones are what shrinking is for.
+    let chunk = prop_oneof![
+        12 => op().prop_map(|op| vec![op]),
+        1 => idiom(),
+    ];
+    let rest = prop::collection::vec(chunk, max_len.div_ceil(2)..=max_len);
     (prelude, rest)
         .prop_map(move |(mut ops, rest)| {
-            ops.extend(rest);
+            ops.extend(rest.into_iter().flatten());
             ops.truncate(max_len);
             ops
         })
