@@ -149,8 +149,6 @@ pub(crate) struct Shared {
     pub(crate) pool: PgPool,
     pub(crate) schema: String,
     pub(crate) sql: Statements,
-    /// The NOTIFY channel of this schema.
-    pub(crate) channel: String,
     pub(crate) wake: Wake,
 }
 
@@ -201,11 +199,11 @@ impl PostgresBackend {
         let quoted = schema::quote_schema(schema)?;
         schema::migrate(&pool, schema, &quoted).await?;
         let channel = format!("{schema}.jobs_wake");
+        let sql = Statements::new(&quoted);
         let shared = Shared {
-            wake: Wake::new(pool.clone(), channel.clone()),
-            sql: Statements::new(&quoted),
+            wake: Wake::new(pool.clone(), channel, sql.notify.clone()),
+            sql,
             schema: schema.to_owned(),
-            channel,
             pool,
         };
         Ok(PostgresBackend {

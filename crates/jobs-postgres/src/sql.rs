@@ -22,8 +22,7 @@ macro_rules! job_columns {
 ///
 /// `$1` namespace, `$2` now, `$3..$11` the jobs as parallel arrays (id, queue, tenant,
 /// key, payload, priority, run_at, max_attempts, parent), `$12` the dedup cutoff
-/// (`now - window`: an entry created at or before it no longer deduplicates), `$13`
-/// the wake-up channel.
+/// (`now - window`: an entry created at or before it no longer deduplicates).
 ///
 /// Dedup is decided by the unique index of `dedup`: a new key inserts its row; a
 /// known key takes the row lock and the `DO UPDATE` keeps the old job when it is
@@ -66,33 +65,40 @@ j AS (
     FROM input
     WHERE (SELECT n FROM bad) = 0
       AND (input.key IS NULL OR EXISTS (SELECT 1 FROM d WHERE d.job_id = input.id))
-    RETURNING id, queue, run_at
-),
-woke AS (
-    SELECT pg_notify($13, $1 || chr(10) || q.queue)
-    FROM (SELECT DISTINCT queue FROM j WHERE run_at <= $2) q
+    RETURNING id
 )
 SELECT input.ord, COALESCE(d.job_id, input.id) AS id, (j.id IS NOT NULL) AS created,
-       (SELECT n FROM bad) AS bad_parents, (SELECT count(*) FROM woke) AS woken
+       (SELECT n FROM bad) AS bad_parents
 FROM input
 LEFT JOIN d ON d.tenant = input.tenant AND d.key = input.key
 LEFT JOIN j ON j.id = input.id
 ORDER BY input.ord
 "#;
 
-/// Claims up to `$4` ready jobs of queues `$2` (CONTRACT C1–C9).
+/// Claims up to `$4` ready jobs of queues `$2` (distinct names) (CONTRACT C1–C9).
 ///
-/// `$1` namespace, `$3` now, `$5` worker, `$6` lease expiry. The selection walks the
-/// partial index `jobs_ready` in claim order (C3), skipping rows another claimer holds,
-/// and the update leases what it locked. `RETURNING` has no order: the caller sorts.
+/// `$1` namespace, `$3` now, `$5` worker, `$6` lease expiry. For each queue, the inner
+/// selection walks that queue's range of the partial index `jobs_ready` in claim order
+/// (C3) and locks its first `$4` ready rows, skipping rows another claimer holds; the
+/// outer one merges the queues and keeps the first `$4` overall, so the order spans
+/// every queue and is applied before the limit. (A single `queue = ANY($2)` scan
+/// cannot use the index order: it reads every ready row of the queues and sorts.)
+/// Rows locked but not kept are free again when the statement ends. The update
+/// leases the kept rows; `RETURNING` has no order, so the caller sorts.
 const CLAIM: &str = concat!(
     r#"
 WITH cand AS (
-    SELECT id AS cand_id FROM {schema}.jobs
-    WHERE namespace = $1 AND queue = ANY($2::text[]) AND state = 'queued' AND run_at <= $3
-    ORDER BY priority DESC, run_at, seq
+    SELECT c.cand_id
+    FROM unnest($2::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s FROM {schema}.jobs
+        WHERE namespace = $1 AND queue = q.name AND state = 'queued' AND run_at <= $3
+        ORDER BY priority DESC, run_at, seq
+        LIMIT $4
+        FOR UPDATE SKIP LOCKED
+    ) c
+    ORDER BY c.p DESC, c.r, c.s
     LIMIT $4
-    FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs SET
     state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
@@ -175,25 +181,20 @@ RETURNING state
 "#;
 
 /// Rule L8: back to `queued`, ready now, behind the ready jobs, the attempt taken back;
-/// `cancelled` instead when cancellation was requested. `$3` token, `$4` now, `$5`
-/// the wake-up channel.
+/// `cancelled` instead when cancellation was requested. `$3` token, `$4` now.
 const RELEASE: &str = r#"
-WITH r AS (
-    UPDATE {schema}.jobs SET
-        state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
-        attempts = GREATEST(attempts - 1, 0),
-        run_at = CASE WHEN cancel_requested THEN run_at ELSE $4 END,
-        seq = CASE WHEN cancel_requested THEN seq ELSE nextval('{schema}.seq') END,
-        finished_at = CASE WHEN cancel_requested THEN $4 ELSE NULL END,
-        lease_worker = NULL, lease_expires_at = NULL
-    WHERE namespace = $1 AND id = $2 AND state = 'running' AND lease_token = $3
-    RETURNING state, queue
-),
-woke AS (SELECT pg_notify($5, $1 || chr(10) || r.queue) FROM r WHERE r.state = 'queued')
-SELECT r.state, (SELECT count(*) FROM woke) AS woken FROM r
+UPDATE {schema}.jobs SET
+    state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
+    attempts = GREATEST(attempts - 1, 0),
+    run_at = CASE WHEN cancel_requested THEN run_at ELSE $4 END,
+    seq = CASE WHEN cancel_requested THEN seq ELSE nextval('{schema}.seq') END,
+    finished_at = CASE WHEN cancel_requested THEN $4 ELSE NULL END,
+    lease_worker = NULL, lease_expires_at = NULL
+WHERE namespace = $1 AND id = $2 AND state = 'running' AND lease_token = $3
+RETURNING state, queue
 "#;
 
-/// Rules R1–R6. `$2` now, `$3` limit, `$4` the eviction text, `$5` the channel.
+/// Rules R1–R6. `$2` now, `$3` limit, `$4` the eviction text.
 ///
 /// The selection walks `jobs_leases` from the oldest expiry, so its cost follows the
 /// number of expired leases (R6); `SKIP LOCKED` and the re-check of the locked row
@@ -205,27 +206,20 @@ WITH expired AS (
     ORDER BY lease_expires_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-),
-r AS (
-    UPDATE {schema}.jobs SET
-        state = CASE WHEN cancel_requested THEN 'cancelled'
-                     WHEN attempts >= max_attempts THEN 'dead'
-                     ELSE 'queued' END,
-        run_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts THEN $2 ELSE run_at END,
-        seq = CASE WHEN NOT cancel_requested AND attempts < max_attempts
-                   THEN nextval('{schema}.seq') ELSE seq END,
-        finished_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts
-                           THEN NULL ELSE $2 END,
-        last_error = $4, lease_worker = NULL, lease_expires_at = NULL
-    FROM expired
-    WHERE namespace = $1 AND id = expired.expired_id
-    RETURNING id, state, queue
-),
-woke AS (
-    SELECT pg_notify($5, $1 || chr(10) || q.queue)
-    FROM (SELECT DISTINCT queue FROM r WHERE state = 'queued') q
 )
-SELECT r.id, r.state, (SELECT count(*) FROM woke) AS woken FROM r
+UPDATE {schema}.jobs SET
+    state = CASE WHEN cancel_requested THEN 'cancelled'
+                 WHEN attempts >= max_attempts THEN 'dead'
+                 ELSE 'queued' END,
+    run_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts THEN $2 ELSE run_at END,
+    seq = CASE WHEN NOT cancel_requested AND attempts < max_attempts
+               THEN nextval('{schema}.seq') ELSE seq END,
+    finished_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts
+                       THEN NULL ELSE $2 END,
+    last_error = $4, lease_worker = NULL, lease_expires_at = NULL
+FROM expired
+WHERE namespace = $1 AND id = expired.expired_id
+RETURNING id, state, queue
 "#;
 
 /// Rule A1 on a queued or running job. `$3` now.
@@ -238,19 +232,26 @@ WHERE namespace = $1 AND id = $2 AND state IN ('queued', 'running')
 RETURNING state
 "#;
 
-/// Rule A2. `$3` now, `$4` the channel.
+/// Rule A2. `$3` now.
 const RETRY: &str = r#"
-WITH r AS (
-    UPDATE {schema}.jobs SET
-        state = 'queued', run_at = $3, seq = nextval('{schema}.seq'), attempts = 0,
-        cancel_requested = false, finished_at = NULL, result = NULL,
-        lease_worker = NULL, lease_expires_at = NULL
-    WHERE namespace = $1 AND id = $2 AND state IN ('dead', 'cancelled')
-    RETURNING queue
-),
-woke AS (SELECT pg_notify($4, $1 || chr(10) || r.queue) FROM r)
-SELECT r.queue, (SELECT count(*) FROM woke) AS woken FROM r
+UPDATE {schema}.jobs SET
+    state = 'queued', run_at = $3, seq = nextval('{schema}.seq'), attempts = 0,
+    cancel_requested = false, finished_at = NULL, result = NULL,
+    lease_worker = NULL, lease_expires_at = NULL
+WHERE namespace = $1 AND id = $2 AND state IN ('dead', 'cancelled')
+RETURNING queue
 "#;
+
+/// Sends wake-up notices, one per `$2` payload, on channel `$1`.
+///
+/// Its own transaction, never the one that wrote the jobs: a transaction that
+/// notifies holds a database-wide lock from its commit until the commit is flushed,
+/// so notifying inside every enqueue would serialize all enqueues on the disk flush.
+/// A notice promises nothing durable, so this transaction does not wait for the
+/// flush (`synchronous_commit` off, for this transaction only) and holds that lock
+/// for microseconds.
+const NOTIFY: &str = "SELECT set_config('synchronous_commit', 'off', true), \
+     count(pg_notify($1, payload)) FROM unnest($2::text[]) AS p(payload)";
 
 /// Rule A3: counts per state, queued split by `run_at <= $3`, from `jobs_listing`.
 const STATS: &str = r#"
@@ -348,6 +349,7 @@ pub(crate) struct Statements {
     pub(crate) list: Text,
     pub(crate) purge: Text,
     pub(crate) vanish: Text,
+    pub(crate) notify: Text,
 }
 
 impl Statements {
@@ -372,6 +374,7 @@ impl Statements {
             list: r(LIST),
             purge: r(PURGE),
             vanish: r(VANISH),
+            notify: r(NOTIFY),
         }
     }
 }

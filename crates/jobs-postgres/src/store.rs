@@ -187,7 +187,6 @@ impl PostgresStore {
                     .bind_iter(),
             )
             .bind(now.saturating_sub(settings.dedup_window).as_millis())
-            .bind(&self.inner.shared.channel)
             .fetch_all(executor)
             .await
             .map_err(|err| map("enqueue", err))?;
@@ -318,6 +317,13 @@ impl Store for PostgresStore {
             answers
         };
 
+        let ready = sent
+            .iter()
+            .zip(&answers)
+            .filter(|(row, answer)| answer.created && row.job.run_at.is_none_or(|at| at <= now))
+            .map(|(row, _)| row.job.queue.as_str());
+        self.inner.shared.wake.announce(self.namespace(), ready);
+
         slot.into_iter()
             .map(|slot| match slot {
                 Ok(index) => answers.get(index).copied(),
@@ -383,10 +389,17 @@ impl Store for PostgresStore {
                 seen.insert(queue.clone(), counter);
             }
         }
+        // Each queue once: a queue named twice would see its own locked rows again.
+        let mut queues: Vec<&str> = Vec::with_capacity(request.queues.len());
+        for queue in &request.queues {
+            if !queues.contains(&queue.as_str()) {
+                queues.push(queue);
+            }
+        }
         let now = self.now();
         let rows = sqlx::query(self.sql().claim.sql())
             .bind(self.namespace())
-            .bind(&request.queues)
+            .bind(queues)
             .bind(now.as_millis())
             .bind(limit_param(request.limit.min(MAX_CLAIM_LIMIT)))
             .bind(request.worker.as_bytes())
@@ -474,14 +487,21 @@ impl Store for PostgresStore {
             .bind(PgUuid::from_id(id))
             .bind(token_param(token))
             .bind(self.now().as_millis())
-            .bind(&self.inner.shared.channel)
             .fetch_optional(self.pool())
             .await
             .map_err(|err| map("release", err))?;
-        match row {
-            Some(_) => Ok(()),
-            None => Err(self.lease_miss("release", id).await),
+        let Some(row) = row else {
+            return Err(self.lease_miss("release", id).await);
+        };
+        let what = || format!("job {id}");
+        if row::state(&row, 0, &what)? == JobState::Queued {
+            let queue: String = column(&row, 1, &what)?;
+            self.inner
+                .shared
+                .wake
+                .announce(self.namespace(), [queue.as_str()]);
         }
+        Ok(())
     }
 
     async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
@@ -493,19 +513,27 @@ impl Store for PostgresStore {
             .bind(self.now().as_millis())
             .bind(limit_param(limit))
             .bind(LEASE_EXPIRED.as_bytes())
-            .bind(&self.inner.shared.channel)
             .fetch_all(self.pool())
             .await
             .map_err(|err| map("reclaim", err))?;
         let what = || "reclaim result row".to_owned();
-        rows.iter()
-            .map(|row| {
-                Ok(ReclaimedJob {
-                    id: column::<PgUuid>(row, 0, &what)?.job_id()?,
-                    state: row::state(row, 1, &what)?,
-                })
-            })
-            .collect()
+        let mut reclaimed = Vec::with_capacity(rows.len());
+        let mut requeued: Vec<String> = Vec::new();
+        for row in &rows {
+            let job = ReclaimedJob {
+                id: column::<PgUuid>(row, 0, &what)?.job_id()?,
+                state: row::state(row, 1, &what)?,
+            };
+            if job.state == JobState::Queued {
+                requeued.push(column(row, 2, &what)?);
+            }
+            reclaimed.push(job);
+        }
+        self.inner
+            .shared
+            .wake
+            .announce(self.namespace(), requeued.iter().map(String::as_str));
+        Ok(reclaimed)
     }
 
     async fn cancel(&self, id: JobId) -> Result<JobState> {
@@ -537,11 +565,15 @@ impl Store for PostgresStore {
             .bind(self.namespace())
             .bind(PgUuid::from_id(id))
             .bind(self.now().as_millis())
-            .bind(&self.inner.shared.channel)
             .fetch_optional(self.pool())
             .await
             .map_err(|err| map("retry", err))?;
-        if row.is_some() {
+        if let Some(row) = row {
+            let queue: String = column(&row, 0, &|| format!("job {id}"))?;
+            self.inner
+                .shared
+                .wake
+                .announce(self.namespace(), [queue.as_str()]);
             return Ok(());
         }
         match self.state_of("retry", id).await? {
@@ -636,19 +668,22 @@ impl Store for PostgresStore {
             .try_for_each(|q| validate::validate_queue(q))?;
         let deadline = Instant::now() + timeout;
         let wake = &self.inner.shared.wake;
+        let hub = &wake.hub;
+        // Read before the listener may start: starting it moves every counter (notices
+        // sent before LISTEN are lost), so a first wait returns at once and the
+        // caller's next claim covers that gap.
+        let before = hub.observe(self.namespace(), queues);
         if !wake.ensure_listening(deadline).await {
             // No listener: plain polling, the caller claims after the timeout.
             tokio::time::sleep_until(deadline).await;
             return Ok(());
         }
-        let hub = &wake.hub;
-        let current = hub.observe(self.namespace(), queues);
         let baseline: Vec<u64> = {
             let seen = self.seen();
             queues
                 .iter()
-                .zip(&current)
-                .map(|(queue, now)| seen.get(queue).copied().unwrap_or(*now))
+                .zip(&before)
+                .map(|(queue, was)| seen.get(queue).copied().unwrap_or(*was))
                 .collect()
         };
         loop {

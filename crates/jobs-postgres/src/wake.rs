@@ -1,12 +1,15 @@
 //! Wake-ups: LISTEN/NOTIFY on one channel per schema, with polling as the fallback.
 //!
-//! Statements that make a job ready now (enqueue, release, reclaim, operator retry)
-//! call `pg_notify(channel, namespace || '\n' || queue)` in the same statement, so
-//! the notice is sent when, and only if, the change commits. One listener connection
-//! per backend receives every notice and bumps a counter per (namespace, queue) that
+//! After a statement that made jobs ready now commits (enqueue, release, reclaim,
+//! operator retry), the store hands `namespace '\n' queue` to this backend's sender
+//! task, which sends every pending notice in one short transaction of its own (see
+//! `sql::NOTIFY` for why not in the writing transaction). One listener connection per
+//! backend receives every notice and bumps a counter per (namespace, queue) that
 //! someone waits on; `wait_for_work` returns as soon as one of its counters moves.
+//! A notice lost to a crash between the commit and the send only delays the job until
+//! the next poll.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -16,6 +19,8 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+use crate::sql::Text;
 
 /// How long a failed listener start keeps `wait_for_work` on plain polling before it
 /// tries to connect again.
@@ -92,13 +97,24 @@ impl Hub {
     }
 }
 
-/// The listener of one backend, started on the first `wait_for_work`.
+/// Notices waiting to be sent.
+#[derive(Debug, Default)]
+struct Outbox {
+    pending: Mutex<HashSet<String>>,
+    signal: Notify,
+}
+
+/// The listener of one backend, started on the first `wait_for_work`, and the sender
+/// of its notices, started on the first notice.
 #[derive(Debug)]
 pub(crate) struct Wake {
     pub(crate) hub: Arc<Hub>,
     channel: String,
     pool: PgPool,
+    notify_sql: Text,
     task: tokio::sync::Mutex<ListenerTask>,
+    outbox: Arc<Outbox>,
+    sender: Mutex<Option<JoinHandle<()>>>,
 }
 
 #[derive(Debug, Default)]
@@ -108,13 +124,48 @@ struct ListenerTask {
 }
 
 impl Wake {
-    pub(crate) fn new(pool: PgPool, channel: String) -> Self {
+    pub(crate) fn new(pool: PgPool, channel: String, notify_sql: Text) -> Self {
         Wake {
             hub: Arc::default(),
             channel,
             pool,
+            notify_sql,
             task: tokio::sync::Mutex::default(),
+            outbox: Arc::default(),
+            sender: Mutex::default(),
         }
+    }
+
+    /// Announces ready work on `queues` of `namespace` to every listening process.
+    /// Call it after the change committed, so a woken worker finds the jobs.
+    pub(crate) fn announce<'q>(&self, namespace: &str, queues: impl IntoIterator<Item = &'q str>) {
+        {
+            let mut pending = self
+                .outbox
+                .pending
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let before = pending.len();
+            pending.extend(queues.into_iter().map(|queue| key(namespace, queue)));
+            if pending.len() == before {
+                return;
+            }
+        }
+        let mut sender = self
+            .sender
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let running = sender.as_ref().is_some_and(|h| !h.is_finished());
+        if !running && tokio::runtime::Handle::try_current().is_ok() {
+            *sender = Some(tokio::spawn(send_notices(
+                self.pool.clone(),
+                self.channel.clone(),
+                self.notify_sql.clone(),
+                Arc::clone(&self.outbox),
+            )));
+        }
+        drop(sender);
+        self.outbox.signal.notify_one();
     }
 
     /// Makes sure the listener runs; false when it cannot start by `deadline`, in
@@ -172,6 +223,39 @@ impl Drop for Wake {
     fn drop(&mut self) {
         if let Some(handle) = self.task.get_mut().handle.take() {
             handle.abort();
+        }
+        let sender = self
+            .sender
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(handle) = sender.take() {
+            handle.abort();
+        }
+    }
+}
+
+/// Sends pending notices, one transaction at a time; notices announced while one is
+/// in flight go together in the next.
+async fn send_notices(pool: PgPool, channel: String, sql: Text, outbox: Arc<Outbox>) {
+    loop {
+        outbox.signal.notified().await;
+        let payloads: Vec<String> = outbox
+            .pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .drain()
+            .collect();
+        if payloads.is_empty() {
+            continue;
+        }
+        if let Err(err) = sqlx::query(sql.sql())
+            .bind(&channel)
+            .bind(&payloads)
+            .execute(&pool)
+            .await
+        {
+            // Waiters fall back to polling; the next announcement tries again.
+            tracing::debug!(error = %err, "wake-up notices not sent");
         }
     }
 }
