@@ -129,9 +129,9 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn join_all<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send,
 {
     let handles: Vec<_> = futures.map(tokio::spawn).collect();
