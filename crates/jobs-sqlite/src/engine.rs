@@ -78,8 +78,8 @@ impl SeqCounter {
 /// An operation waiting for the writer.
 trait WriteOp: Send {
     /// Runs the operation inside the group transaction and returns what to do once the
-    /// group's fate is known.
-    fn run(self: Box<Self>, tx: &mut WriteTx<'_>) -> Box<dyn Finish>;
+    /// group's fate is known, or the error that spoiled the whole transaction.
+    fn run(self: Box<Self>, tx: &mut WriteTx<'_>) -> std::result::Result<Box<dyn Finish>, Spoiled>;
     /// Answers without running: the group could not begin.
     fn abort(self: Box<Self>, error: Error);
 }
@@ -92,7 +92,12 @@ trait Finish: Send {
 struct Call<F, T> {
     f: F,
     reply: oneshot::Sender<Result<T>>,
+    savepoint: bool,
 }
+
+/// An operation failed after it had written: without a savepoint to roll back to, the
+/// group transaction holds a half-done operation and must not commit.
+struct Spoiled(CommitError);
 
 struct Ran<T> {
     result: Result<T>,
@@ -104,10 +109,31 @@ where
     F: FnOnce(&mut WriteTx<'_>) -> Result<T> + Send,
     T: Send + 'static,
 {
-    fn run(self: Box<Self>, tx: &mut WriteTx<'_>) -> Box<dyn Finish> {
-        let Call { f, reply } = *self;
-        let result = in_savepoint(tx, f);
-        Box::new(Ran { result, reply })
+    fn run(self: Box<Self>, tx: &mut WriteTx<'_>) -> std::result::Result<Box<dyn Finish>, Spoiled> {
+        let Call {
+            f,
+            reply,
+            savepoint,
+        } = *self;
+        let result = if savepoint {
+            in_savepoint(tx, f)
+        } else {
+            // Most operations check everything before their first write, so a logical
+            // refusal (not found, lease lost) leaves nothing behind and needs no
+            // savepoint. If one fails after it wrote (only a database error can do that),
+            // the group is rolled back whole and every operation in it is told so.
+            let before = tx.conn.total_changes();
+            let result = f(tx);
+            if let Err(err) = &result {
+                if tx.conn.total_changes() != before {
+                    let spoiled = CommitError::from_error(err);
+                    let _ = reply.send(result);
+                    return Err(Spoiled(spoiled));
+                }
+            }
+            result
+        };
+        Ok(Box::new(Ran { result, reply }))
     }
 
     fn abort(self: Box<Self>, error: Error) {
@@ -344,14 +370,39 @@ impl Engine {
 
     /// Runs `f` on the writer thread inside a group transaction and answers once the
     /// group has committed.
+    ///
+    /// `f` must not fail after its first write except through a database error (check
+    /// first, then write); an operation that can refuse halfway uses [`Self::write_atomic`].
     pub(crate) async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&mut WriteTx<'_>) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit(f, false).await
+    }
+
+    /// Like [`Self::write`], inside a savepoint of its own: if `f` fails at any point, its
+    /// writes are undone and the rest of the group commits.
+    pub(crate) async fn write_atomic<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&mut WriteTx<'_>) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit(f, true).await
+    }
+
+    async fn submit<T, F>(&self, f: F, savepoint: bool) -> Result<T>
     where
         F: FnOnce(&mut WriteTx<'_>) -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         self.writer
-            .send(Box::new(Call { f, reply }))
+            .send(Box::new(Call {
+                f,
+                reply,
+                savepoint,
+            }))
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
@@ -432,6 +483,7 @@ fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &
     let mut seq = SeqCounter::default();
     let mut wakes = HashSet::new();
     let mut finished: Vec<Box<dyn Finish>> = Vec::with_capacity(group.len());
+    let mut spoiled: Option<CommitError> = None;
     {
         let mut tx = WriteTx {
             conn,
@@ -439,19 +491,27 @@ fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &
             wakes: &mut wakes,
         };
         for op in group.drain(..) {
+            if let Some(err) = &spoiled {
+                op.abort(err.to_error());
+                continue;
+            }
             if tx.conn.is_autocommit() {
                 // SQLite rolled the whole transaction back on its own (a full disk, an
                 // I/O error): running on would commit each statement separately.
+                spoiled = Some(lost_transaction());
                 op.abort(lost_transaction().to_error());
                 continue;
             }
-            finished.push(op.run(&mut tx));
+            match op.run(&mut tx) {
+                Ok(done) => finished.push(done),
+                Err(Spoiled(err)) => spoiled = Some(err),
+            }
         }
     }
-    let outcome = if conn.is_autocommit() {
-        Err(lost_transaction())
-    } else {
-        commit(conn, &seq)
+    let outcome = match spoiled {
+        Some(err) => Err(err),
+        None if conn.is_autocommit() => Err(lost_transaction()),
+        None => commit(conn, &seq),
     };
     match &outcome {
         Ok(()) => {

@@ -116,10 +116,10 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let (ns, settings) = (self.ns, self.settings.clone());
-        // One operation, so one savepoint: a job refused inside the transaction (an
-        // unknown parent) undoes the whole batch.
+        // One operation in its own savepoint: a job refused inside the transaction (an
+        // unknown parent) undoes the whole batch, and only the batch.
         self.engine
-            .write(move |tx| {
+            .write_atomic(move |tx| {
                 let now = settings.now();
                 jobs.iter()
                     .map(|job| ops::enqueue(tx, ns, &settings, job, now))
@@ -153,8 +153,9 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let (ns, settings) = (self.ns, self.settings.clone());
+        // A savepoint: a corrupt row found after some jobs were leased undoes the claim.
         self.engine
-            .write(move |tx| {
+            .write_atomic(move |tx| {
                 let now = settings.now();
                 ops::claim(tx, ns, &request, now)
             })

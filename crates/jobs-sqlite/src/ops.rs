@@ -563,9 +563,22 @@ pub(crate) fn reclaim(
             .collect()
         })
         .db("find expired leases")?;
+    // Every id is read before the first write, so a corrupt one refuses the whole
+    // reclaim without leaving part of it done.
+    let expired = expired
+        .into_iter()
+        .map(|(row, id, attempts, max_attempts, cancel)| {
+            Ok((
+                row,
+                id_from_blob("job id", &id)?,
+                attempts,
+                max_attempts,
+                cancel,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut reclaimed = Vec::with_capacity(expired.len());
-    for (row, id_bytes, attempts, max_attempts, cancel) in expired {
-        let id = id_from_blob("job id", &id_bytes)?;
+    for (row, id, attempts, max_attempts, cancel) in expired {
         let state = if cancel != 0 {
             finish(tx.conn(), row, CANCELLED, Some(LEASE_EXPIRED), now)?;
             JobState::Cancelled

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    ClaimRequest, Clock, Error, JobId, LeaseToken, ManualClock, NewJob, Store, StoreSettings, Timestamp,
+    ClaimRequest, Clock, Error, JobId, LeaseToken, ManualClock, NewJob, Store, StoreSettings,
+    Timestamp,
 };
 use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous, SCHEMA_VERSION};
 
@@ -76,7 +77,11 @@ async fn concurrent_first_opens_migrate_once() {
         }
     }
     assert_eq!(meta(&path, "schema_version"), vec![SCHEMA_VERSION]);
-    assert_eq!(meta(&path, "seq").len(), 1, "the seed row was inserted twice");
+    assert_eq!(
+        meta(&path, "seq").len(),
+        1,
+        "the seed row was inserted twice"
+    );
     // Every store works, and each sees what the others wrote.
     let mut ids = Vec::new();
     for store in &stores {
@@ -189,7 +194,10 @@ async fn an_enqueue_wakes_a_waiting_claimer_at_once() {
         tokio::spawn(async move {
             let queues = vec!["wake".to_owned()];
             let _ = started_tx.send(());
-            if let Err(err) = store.wait_for_work(&queues, Duration::from_secs(3600)).await {
+            if let Err(err) = store
+                .wait_for_work(&queues, Duration::from_secs(3600))
+                .await
+            {
                 panic!("wait failed: {err}");
             }
             store
@@ -269,7 +277,10 @@ async fn unreadable_rows_are_reported_as_corrupt() {
     let store = open(&path, settings(&clock), SqliteConfig::default()).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
-        match store.enqueue(NewJob::new("corrupt").payload(&b"x"[..])).await {
+        match store
+            .enqueue(NewJob::new("corrupt").payload(&b"x"[..]))
+            .await
+        {
             Ok(done) => ids.push(done.id),
             Err(err) => panic!("enqueue failed: {err}"),
         }
@@ -285,7 +296,10 @@ async fn unreadable_rows_are_reported_as_corrupt() {
         [ids[1].to_bytes()],
     );
     assert!(matches!(no_payload, Ok(1)));
-    assert!(matches!(store.get(ids[0]).await, Err(Error::Corrupt { .. })));
+    assert!(matches!(
+        store.get(ids[0]).await,
+        Err(Error::Corrupt { .. })
+    ));
     assert!(matches!(
         store.stats("corrupt").await,
         Err(Error::Corrupt { .. })
@@ -313,7 +327,10 @@ async fn bad_configurations_are_refused() {
     for (config, field) in [
         (SqliteConfig::default().readers(0), "readers"),
         (SqliteConfig::default().max_group(0), "max_group"),
-        (SqliteConfig::default().poll_interval(Duration::ZERO), "poll_interval"),
+        (
+            SqliteConfig::default().poll_interval(Duration::ZERO),
+            "poll_interval",
+        ),
     ] {
         match SqliteStore::open_with(&path, settings(&clock), config).await {
             Ok(_) => panic!("{field} was accepted"),

@@ -1,0 +1,114 @@
+//! An ad-hoc throughput measurement, not a test: enqueue, then claim + complete, with a
+//! few concurrent tokio tasks, in each durability mode.
+//!
+//! ```text
+//! cargo run --release -p jobs-sqlite --example throughput -- [jobs] [tasks] [claim-batch] [enqueue-batch] [full|normal]
+//! ```
+//!
+//! With an enqueue batch of 1 each task enqueues one job at a time; with more it uses
+//! `enqueue_batch`. Claimed jobs of one claim are completed concurrently.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jobs_core::{ClaimRequest, NewJob, Store, StoreSettings};
+use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+
+fn arg(n: usize, default: usize) -> usize {
+    std::env::args()
+        .nth(n)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> jobs_core::Result<()> {
+    let jobs = arg(1, 20_000);
+    let tasks = arg(2, 2);
+    let batch = arg(3, 1);
+    let enqueue_batch = arg(4, 1).max(1);
+    let modes = match std::env::args().nth(5).as_deref() {
+        Some("full") => vec![Synchronous::Full],
+        Some("normal") => vec![Synchronous::Normal],
+        _ => vec![Synchronous::Full, Synchronous::Normal],
+    };
+    println!("{jobs} jobs, {tasks} tasks, claim batch {batch}, enqueue batch {enqueue_batch}");
+    for synchronous in modes {
+        let dir = tempfile::tempdir().map_err(|e| jobs_core::Error::backend("tempdir", e))?;
+        let path = dir.path().join("bench.db");
+        let config = SqliteConfig::default().synchronous(synchronous);
+        let store =
+            Arc::new(SqliteStore::open_with(&path, StoreSettings::default(), config).await?);
+
+        let started = Instant::now();
+        let per_task = jobs / tasks;
+        let mut handles = Vec::new();
+        for _ in 0..tasks {
+            let store = store.clone();
+            handles.push(tokio::spawn(async move {
+                let mut left = per_task;
+                while left > 0 {
+                    let n = left.min(enqueue_batch);
+                    left -= n;
+                    if n == 1 {
+                        store
+                            .enqueue(NewJob::new("bench").payload(&b"{}"[..]))
+                            .await?;
+                    } else {
+                        let jobs = (0..n)
+                            .map(|_| NewJob::new("bench").payload(&b"{}"[..]))
+                            .collect();
+                        store.enqueue_batch(jobs).await?;
+                    }
+                }
+                Ok::<_, jobs_core::Error>(())
+            }));
+        }
+        for handle in handles {
+            handle
+                .await
+                .map_err(|e| jobs_core::Error::backend("join", e))??;
+        }
+        let enqueue = started.elapsed();
+
+        let started = Instant::now();
+        let mut handles = Vec::new();
+        for t in 0..tasks {
+            let store = store.clone();
+            handles.push(tokio::spawn(async move {
+                let mut done = 0usize;
+                loop {
+                    let request =
+                        ClaimRequest::new(["bench"], format!("w{t}"), Duration::from_secs(60))
+                            .limit(batch);
+                    let claimed = store.claim(request).await?;
+                    if claimed.is_empty() {
+                        return Ok::<_, jobs_core::Error>(done);
+                    }
+                    // Completions of one batch go out together, so they share a commit.
+                    let completions = claimed
+                        .iter()
+                        .map(|job| store.complete(job.id(), job.token(), None));
+                    for result in futures::future::join_all(completions).await {
+                        result?;
+                    }
+                    done += claimed.len();
+                }
+            }));
+        }
+        let mut done = 0;
+        for handle in handles {
+            done += handle
+                .await
+                .map_err(|e| jobs_core::Error::backend("join", e))??;
+        }
+        let drain = started.elapsed();
+        let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
+        println!(
+            "{synchronous:?}: enqueue {:.0} jobs/s; claim+complete {:.0} jobs/s ({done} jobs)",
+            rate(per_task * tasks, enqueue),
+            rate(done, drain),
+        );
+    }
+    Ok(())
+}
