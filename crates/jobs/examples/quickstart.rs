@@ -30,7 +30,7 @@ const JOBS: u64 = 10_000;
 const BATCH: usize = 1_000;
 const PROBES: u64 = 1_000;
 const WORKERS: usize = 2;
-const CONCURRENCY: usize = 32;
+const CONCURRENCY: usize = 128;
 
 /// A job's payload: its number and when it was enqueued.
 #[derive(Serialize, Deserialize)]

@@ -73,6 +73,12 @@ fn sqlite_path(url: &str) -> Result<String> {
     Ok(path.to_owned())
 }
 
+#[cfg(not(all(
+    feature = "memory",
+    feature = "sqlite",
+    feature = "redis",
+    feature = "postgres"
+)))]
 fn feature_off(feature: &str) -> Error {
     Error::invalid(
         "url",

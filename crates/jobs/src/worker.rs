@@ -6,6 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -486,6 +487,8 @@ impl Worker {
             config,
             metrics,
             running: Mutex::new(HashMap::new()),
+            handlers_running: AtomicUsize::new(0),
+            slot_freed: Notify::new(),
             reclaimed: Notify::new(),
         });
         let span = tracing::info_span!("worker", worker = %shared.config.worker_id);
@@ -499,6 +502,10 @@ struct Shared {
     metrics: WorkerMetrics,
     /// The jobs whose handlers are running, for the heartbeat.
     running: Mutex<HashMap<JobId, RunningJob>>,
+    /// Handlers running now: what the concurrency limit counts.
+    handlers_running: AtomicUsize,
+    /// Woken when a handler returns and its slot is free.
+    slot_freed: Notify,
     /// Woken when a reclaim put jobs back, so an idle worker claims them at once.
     reclaimed: Notify,
 }
@@ -544,14 +551,21 @@ async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
         if shutdown.is_cancelled() {
             break;
         }
-        let free = config.concurrency.saturating_sub(jobs.len());
-        if free == 0 {
+        // A slot frees when its handler returns; the outcome call then finishes in the
+        // background, so it shares a store round trip (a group commit, a pipeline) with
+        // the claim that refills the slot instead of delaying it. Outcome calls in flight
+        // are bounded too, so a slow store pushes back on claiming.
+        let free = config
+            .concurrency
+            .saturating_sub(shared.handlers_running.load(Ordering::Acquire));
+        if free == 0 || jobs.len() >= 2 * config.concurrency {
             tokio::select! {
-                done = jobs.join_next() => {
+                done = jobs.join_next(), if !jobs.is_empty() => {
                     if let Some(done) = done {
                         log_job_task_end(done);
                     }
                 }
+                () = shared.slot_freed.notified() => {}
                 () = shutdown.cancelled() => {}
             }
             continue;
@@ -669,6 +683,7 @@ impl ErrorDelay {
 
 fn start_job(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: ClaimedJob) {
     let cancel = Arc::new(CancelState::default());
+    shared.handlers_running.fetch_add(1, Ordering::AcqRel);
     shared.running().insert(
         claimed.id(),
         RunningJob {
@@ -683,6 +698,17 @@ fn start_job(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: ClaimedJob) 
         attempt = claimed.job.attempts,
     );
     jobs.spawn(run_job(shared.clone(), claimed, cancel).instrument(span));
+}
+
+/// Frees the job's concurrency slot when dropped: when the handler returned, or when
+/// the task is aborted.
+struct SlotGuard<'a>(&'a Shared);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        self.0.handlers_running.fetch_sub(1, Ordering::AcqRel);
+        self.0.slot_freed.notify_one();
+    }
 }
 
 /// How a handler ended.
@@ -710,6 +736,7 @@ async fn run_job(shared: Arc<Shared>, claimed: ClaimedJob, cancel: Arc<CancelSta
         .record(picked_up_at.duration_since(job.run_at).as_secs_f64());
 
     let Some(handler) = config.handlers.get(&job.queue).cloned() else {
+        drop(SlotGuard(&shared));
         // Only a store breaking CONTRACT C4 hands out a job of a queue not asked for;
         // give it back untouched rather than guess what to run.
         shared.running().remove(&id);
@@ -727,7 +754,10 @@ async fn run_job(shared: Arc<Shared>, claimed: ClaimedJob, cancel: Arc<CancelSta
     );
     let attempt = ctx.attempt();
     let started = Instant::now();
-    let finished = run_handler(handler.as_ref(), ctx, payload, &cancel, config.cancel_grace).await;
+    let finished = {
+        let _slot = SlotGuard(&shared);
+        run_handler(handler.as_ref(), ctx, payload, &cancel, config.cancel_grace).await
+    };
     queue_metrics
         .run_time
         .record(started.elapsed().as_secs_f64());

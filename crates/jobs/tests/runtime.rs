@@ -70,14 +70,28 @@ fn unique_namespace() -> String {
 
 /// What a test does when its server is unreachable: a loud skip, or a failure when
 /// `JOBS_REQUIRE_SERVICES=1` (as in CI). The same policy as
-/// `jobs_conformance::skip_or_fail`, kept here so these tests build while the
-/// conformance crate is being changed.
+/// `jobs_conformance::skip_or_fail`, kept here so these tests do not depend on the
+/// conformance crate.
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 fn skip_or_fail<T>(service: &str, url: &str, error: &dyn std::fmt::Display) -> Option<T> {
     if std::env::var("JOBS_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
         panic!("{service} at {url} is required (JOBS_REQUIRE_SERVICES=1) but unreachable: {error}");
     }
     eprintln!("\n*** SKIPPED: {service} at {url} is unreachable ({error}).\n");
     None
+}
+
+/// The Redis and Postgres runtime tests are compiled only with those features of this
+/// crate (`--all-features`); without them, say so, and fail where services are required.
+#[cfg_attr(all(feature = "redis", feature = "postgres"), allow(dead_code))]
+fn backend_feature_off(feature: &str) {
+    let message = format!(
+        "the runtime tests on {feature} are not built: run `cargo test -p jobs --all-features`"
+    );
+    if std::env::var("JOBS_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
+        panic!("{message} (JOBS_REQUIRE_SERVICES=1)");
+    }
+    eprintln!("\n*** SKIPPED: {message}.\n");
 }
 
 /// A worker builder with intervals short enough for tests and no jitter.
@@ -776,6 +790,12 @@ async fn redis() -> Option<Box<dyn Backend>> {
 #[cfg(feature = "redis")]
 runtime_tests!(redis, redis());
 
+#[cfg(not(feature = "redis"))]
+#[test]
+fn redis_tests_need_the_redis_feature() {
+    backend_feature_off("redis");
+}
+
 /// One small pool per test, shared by the test's stores.
 #[cfg(feature = "postgres")]
 struct Postgres(jobs::backends::postgres::PostgresBackend);
@@ -807,3 +827,9 @@ async fn postgres() -> Option<Box<dyn Backend>> {
 
 #[cfg(feature = "postgres")]
 runtime_tests!(postgres, postgres());
+
+#[cfg(not(feature = "postgres"))]
+#[test]
+fn postgres_tests_need_the_postgres_feature() {
+    backend_feature_off("postgres");
+}
