@@ -941,3 +941,90 @@ pub async fn c9_cancelled_jobs_are_never_claimed(harness: &dyn Harness) {
     }
     assert_stats_agree(&*store, "q", "C9").await;
 }
+
+/// C9 under concurrency: one canceller cancels 60 ready jobs while three claimers on
+/// their own connections drain the queue. Each job ends exactly one way: cancelled
+/// (cancel said `Cancelled`, and no claimer got it) or claimed once with
+/// cancellation requested (cancel said `Running`, and the holder's heartbeat reports
+/// it).
+pub async fn c9_cancel_racing_claim_has_one_winner(harness: &dyn Harness) {
+    const JOBS: usize = 60;
+    const CLAIMERS: usize = 3;
+    let env = TestEnv::new(harness);
+    let seed = env.store().await;
+    let mut ids = Vec::new();
+    for _ in 0..JOBS {
+        ids.push(enqueue(&*seed, NewJob::new("q"), "C9").await);
+    }
+    let barrier = Arc::new(Barrier::new(CLAIMERS + 1));
+    let mut claimers = Vec::new();
+    for c in 0..CLAIMERS {
+        let store = env.store().await;
+        let barrier = Arc::clone(&barrier);
+        claimers.push(tokio::spawn(async move {
+            let worker = format!("claimer-{c}");
+            barrier.wait().await;
+            let mut mine = Vec::new();
+            loop {
+                let batch = store
+                    .claim(request(&["q"], &worker, TTL, 3))
+                    .await
+                    .must("C9: claim");
+                if batch.is_empty() {
+                    return mine;
+                }
+                mine.extend(batch.iter().map(|job| (job.id(), job.token())));
+            }
+        }));
+    }
+    let canceller = {
+        let store = env.store().await;
+        let barrier = Arc::clone(&barrier);
+        // Newest first, so the canceller and the claimers meet in the middle.
+        let order: Vec<JobId> = ids.iter().rev().copied().collect();
+        tokio::spawn(async move {
+            barrier.wait().await;
+            let mut answers = HashMap::new();
+            for id in order {
+                answers.insert(id, store.cancel(id).await.must("C9: cancel"));
+            }
+            answers
+        })
+    };
+    let mut claimed: HashMap<JobId, LeaseToken> = HashMap::new();
+    for (id, token) in join_all(claimers).await.into_iter().flatten() {
+        assert!(
+            claimed.insert(id, token).is_none(),
+            "C9: job {id} was claimed twice"
+        );
+    }
+    let answers = join_all(vec![canceller]).await.remove(0);
+    for id in &ids {
+        let job = get(&*seed, *id, "C9").await;
+        match (answers[id], claimed.get(id)) {
+            (JobState::Cancelled, None) => assert_eq!(
+                job.state,
+                JobState::Cancelled,
+                "C9: a job whose cancel won stays cancelled"
+            ),
+            (JobState::Cancelled, Some(_)) => panic!(
+                "C9: job {id} was claimed although its cancel reported it cancelled"
+            ),
+            (JobState::Running, Some(token)) => {
+                assert!(
+                    job.state == JobState::Running && job.cancel_requested,
+                    "C9: a job claimed before its cancel runs with cancellation requested, got {job:?}"
+                );
+                let beat = seed
+                    .heartbeat(*id, *token, TTL)
+                    .await
+                    .must("C9: the holder's heartbeat");
+                assert!(beat.cancel_requested, "C9: the holder learns of the cancel");
+            }
+            (state, holder) => panic!(
+                "C9: cancel of job {id} answered {state} with holder {holder:?}: each job must be either cancelled unclaimed or claimed and cancel-requested"
+            ),
+        }
+    }
+    assert_nothing_claimable(&*seed, &["q"], "C9: nothing left").await;
+}

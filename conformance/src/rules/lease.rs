@@ -1,5 +1,6 @@
 //! Rules L1–L9: calls on a running job, fenced by its lease token.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
@@ -9,7 +10,8 @@ use jobs_core::{
 
 use super::support::{
     assert_nothing_claimable, assert_stats, assert_unchanged, binary, claim_expecting, enqueue,
-    expect_invalid, expect_lease_lost, expect_not_found, expect_too_large, get, Must, TTL,
+    expect_invalid, expect_lease_lost, expect_not_found, expect_too_large, get, join_all, request,
+    Must, TTL,
 };
 use crate::{Harness, TestEnv};
 
@@ -567,12 +569,7 @@ pub async fn l9_old_holder_is_fenced_after_reclaim(harness: &dyn Harness) {
     let new_store = env.store().await;
     let id = enqueue(&*old_store, NewJob::new("q"), "L9").await;
     let old = old_store
-        .claim(super::support::request(
-            &["q"],
-            "old",
-            Duration::from_secs(10),
-            1,
-        ))
+        .claim(request(&["q"], "old", Duration::from_secs(10), 1))
         .await
         .must("L9: claim");
     let old_token = old[0].token();
@@ -580,7 +577,7 @@ pub async fn l9_old_holder_is_fenced_after_reclaim(harness: &dyn Harness) {
     let reclaimed = new_store.reclaim(10).await.must("L9: reclaim");
     assert_eq!(reclaimed.len(), 1, "L9: the expired lease is reclaimed");
     let new = new_store
-        .claim(super::support::request(&["q"], "new", TTL, 1))
+        .claim(request(&["q"], "new", TTL, 1))
         .await
         .must("L9: claim again");
     assert_eq!(new.len(), 1);
@@ -597,4 +594,96 @@ pub async fn l9_old_holder_is_fenced_after_reclaim(harness: &dyn Harness) {
     let job = get(&*old_store, id, "L9").await;
     assert_eq!(job.state, JobState::Succeeded);
     assert_eq!(job.result, Some(Bytes::from_static(b"new")));
+}
+
+/// L9 under concurrency: 60 head-on races, one per job. Each lease is made to expire
+/// alone, then its holder's call (`complete` for half the jobs, `heartbeat` for the
+/// rest) and a `reclaim` on another connection are started at once. Exactly one may
+/// win: the holder's call succeeds and reclaim does not return the job, or reclaim
+/// returns it and the holder's call fails with lease lost; the stored state agrees.
+pub async fn l9_holder_racing_reclaim_has_one_winner(harness: &dyn Harness) {
+    const JOBS: u64 = 60;
+    let env = TestEnv::new(harness);
+    let seed = env.store().await;
+    let holder = env.store().await;
+    let reclaimer = env.store().await;
+    let t0 = env.clock.now();
+    // Lease i expires at t0 + 10 s + i ms, so each step of the clock expires one more.
+    let mut held = Vec::new();
+    for i in 0..JOBS {
+        let id = enqueue(&*seed, NewJob::new("q"), "L9").await;
+        let ttl = Duration::from_millis(10_000 + i);
+        let claimed = seed
+            .claim(request(&["q"], "holder", ttl, 1))
+            .await
+            .must("L9: claim");
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(claimed[0].id(), id);
+        held.push((id, claimed[0].token()));
+    }
+    for (i, (id, token)) in held.into_iter().enumerate() {
+        env.clock
+            .set(t0.saturating_add(Duration::from_millis(10_001 + i as u64)));
+        let complete = i % 2 == 0;
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let call = {
+            let store = Arc::clone(&holder);
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                if complete {
+                    store.complete(id, token, None).await
+                } else {
+                    store
+                        .heartbeat(id, token, Duration::from_secs(600))
+                        .await
+                        .map(|_| ())
+                }
+            })
+        };
+        let reclaim = {
+            let store = Arc::clone(&reclaimer);
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.reclaim(10).await
+            })
+        };
+        let reclaimed = join_all(vec![reclaim]).await.remove(0).must("L9: reclaim");
+        let holder_won = match join_all(vec![call]).await.remove(0) {
+            Ok(()) => true,
+            Err(jobs_core::Error::LeaseLost { .. }) => false,
+            Err(err) => panic!("L9: the holder's call on job {id} failed: {err}"),
+        };
+        let reclaimed: Vec<JobId> = reclaimed.iter().map(|r| r.id).collect();
+        assert!(
+            reclaimed.iter().all(|r| *r == id),
+            "L9: only job {id}'s lease had expired, reclaim returned {reclaimed:?}"
+        );
+        assert!(
+            holder_won != reclaimed.contains(&id),
+            "L9: job {id}: the holder's {} {} and reclaim {} it; exactly one may win",
+            if complete { "complete" } else { "heartbeat" },
+            if holder_won { "succeeded" } else { "failed" },
+            if reclaimed.contains(&id) {
+                "took"
+            } else {
+                "did not take"
+            },
+        );
+        let job = get(&*seed, id, "L9").await;
+        let expected = match (holder_won, complete) {
+            (false, _) => JobState::Queued,
+            (true, true) => JobState::Succeeded,
+            (true, false) => JobState::Running,
+        };
+        assert_eq!(
+            job.state, expected,
+            "L9: job {id} must be where its winner left it"
+        );
+    }
+    assert!(
+        seed.reclaim(100).await.must("L9").is_empty(),
+        "L9: every race was settled"
+    );
 }
