@@ -77,7 +77,7 @@ fn skip_or_fail<T>(service: &str, url: &str, error: &dyn std::fmt::Display) -> O
     if std::env::var("JOBS_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
         panic!("{service} at {url} is required (JOBS_REQUIRE_SERVICES=1) but unreachable: {error}");
     }
-    eprintln!("\n*** SKIPPED: {service} at {url} is unreachable ({error}).\n");
+    loud(&format!("{service} at {url} is unreachable ({error})"));
     None
 }
 
@@ -91,7 +91,14 @@ fn backend_feature_off(feature: &str) {
     if std::env::var("JOBS_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
         panic!("{message} (JOBS_REQUIRE_SERVICES=1)");
     }
-    eprintln!("\n*** SKIPPED: {message}.\n");
+    loud(&message);
+}
+
+/// Prints a skip notice straight to stderr: `eprintln!` inside a passing test is
+/// captured by the test harness and never shown, which would make the skip silent.
+fn loud(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {message}.\n");
 }
 
 /// A worker builder with intervals short enough for tests and no jitter.
