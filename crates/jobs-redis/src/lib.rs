@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod batch;
 mod codec;
 mod conn;
 mod keys;

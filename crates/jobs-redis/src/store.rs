@@ -18,6 +18,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{ScriptInvocation, Value};
 
+use crate::batch::Completer;
 use crate::codec::{
     array, decode_job, int, into_opt_bytes, is_missing, job_id, member_id, text, JOB_FIELDS,
 };
@@ -65,6 +66,7 @@ struct Inner {
     /// so the next claim can pass their hashes in KEYS without reading first.
     hints: Mutex<HashMap<String, Vec<JobId>>>,
     waker: Waker,
+    completer: Completer,
     cluster: bool,
 }
 
@@ -189,6 +191,7 @@ impl RedisStore {
     ) -> Result<Self> {
         let keys = Keys::new(&settings.namespace);
         let waker = Waker::new(pubsub_url, keys.wake.clone());
+        let completer = Completer::new(conn.clone(), keys.clone(), ttl_ms(settings.retention));
         let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -196,6 +199,7 @@ impl RedisStore {
                 keys,
                 hints: Mutex::new(HashMap::new()),
                 waker,
+                completer,
                 cluster,
             }),
         };
@@ -758,24 +762,7 @@ impl Store for RedisStore {
             validate_size("result", bytes.len(), &self.inner.settings)?;
         }
         let now = self.now();
-        let keys = self.keys();
-        let mut invocation = scripts::COMPLETE.prepare_invoke();
-        invocation
-            .key(keys.job(id))
-            .key(&keys.leases)
-            .key(&keys.list)
-            .key(&keys.done)
-            .arg(id.to_string())
-            .arg(token.get())
-            .arg(now.as_millis())
-            .arg(self.terminal_ttl())
-            .arg(if result.is_some() { "1" } else { "0" })
-            .arg(result.as_deref().unwrap_or(b""));
-        let reply = self.invoke(&invocation, "complete").await?;
-        match status(&reply, "complete reply")? {
-            (word, _) if word == "ok" => Ok(()),
-            (word, _) => Err(Self::lease_call_error(id, &word, "complete reply")),
-        }
+        self.inner.completer.complete(id, token, now, result).await
     }
 
     async fn fail(

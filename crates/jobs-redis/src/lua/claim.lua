@@ -93,10 +93,11 @@ for _, member in ipairs(head(limit)) do
   local v = redis.call('HMGET', job, unpack(read_fields))
   taken[#taken + 1] = member
   if v[F_STATE] == 'queued' then
-    local attempts = redis.call('HINCRBY', job, 'att', 1)
-    local token = redis.call('HINCRBY', job, 'token', 1)
-    redis.call('HSET', job, 'state', 'running', 'worker', worker, 'lease_exp', expires,
-      'started', now, 'hb', now)
+    -- Counters are small integers: incremented and formatted exactly, in one write.
+    local attempts = string.format('%d', (tonumber(v[F_ATT]) or 0) + 1)
+    local token = string.format('%d', (tonumber(v[F_TOKEN]) or 0) + 1)
+    redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
+      'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
     v[F_STATE] = 'running'
     v[F_ATT] = attempts
     v[F_TOKEN] = token

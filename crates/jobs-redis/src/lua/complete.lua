@@ -1,30 +1,52 @@
--- complete.lua: marks a running job succeeded and stores its result (CONTRACT L2-L5).
+-- complete.lua: marks running jobs succeeded and stores their results (CONTRACT L2-L5),
+-- N completions in one call (concurrent completes are batched by the store).
 --
--- KEYS[1] the job's hash       KEYS[2] lease index (zset)
--- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
--- ARGV[1] job id               ARGV[2] token
--- ARGV[3] now (ms)             ARGV[4] garbage-collection TTL of the record (ms)
--- ARGV[5] '1' if a result is given, else '0'
--- ARGV[6] the result bytes (ignored when ARGV[5] is '0')
+-- KEYS[1] lease index (zset)   KEYS[2] list index (zset)
+-- KEYS[3] finished index (zset)
+-- KEYS[3+j] the hash of job j, j = 1..N
+-- ARGV[1] garbage-collection TTL of a terminal record (ms)
+-- for job j, 5 values from ARGV[1 + 5(j-1) + 1]:
+--   id, token, now (ms), '1' if a result is given else '0', the result bytes
 --
--- Returns {'ok'} | {'notfound'} | {'lost'}
+-- Returns one status per job, in order: 'ok' | 'notfound' | 'lost'.
 --
--- Atomicity: state, result, lease index, list index and finished index change in one step;
--- a second complete with the same token finds the job no longer running (L5).
+-- Atomicity: each job's state, result, lease, list and finished entries change in the
+-- same call, and the whole batch is one script. Jobs are handled in order, so a second
+-- completion of one job in the same batch finds it no longer running (L5), exactly as a
+-- second call would.
 
-local job, leases, list, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local id, now = ARGV[1], ARGV[3]
-local v = redis.call('HMGET', job, 'state', 'token', 'queue', 'parent')
-if not v[1] then
-  return { 'notfound' }
+local leases, list, done = KEYS[1], KEYS[2], KEYS[3]
+local ttl = ARGV[1]
+local out = {}
+local lease_old, list_old, list_new, done_new = {}, {}, {}, {}
+for j = 1, #KEYS - 3 do
+  local a = 1 + 5 * (j - 1)
+  local job = KEYS[3 + j]
+  local id, token, now = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local v = redis.call('HMGET', job, 'state', 'token', 'queue', 'parent')
+  if not v[1] then
+    out[j] = 'notfound'
+  elseif v[1] ~= 'running' or v[2] ~= token then
+    out[j] = 'lost'
+  else
+    local queue = v[3]
+    if ARGV[a + 4] == '1' then
+      redis.call('HSET', job, 'state', 'succeeded', 'finished', now, 'result', ARGV[a + 5])
+    else
+      redis.call('HSET', job, 'state', 'succeeded', 'finished', now)
+    end
+    redis.call('PEXPIRE', job, ttl)
+    lease_old[#lease_old + 1] = lease_member(queue, id)
+    list_old[#list_old + 1] = list_member(queue, 'running', id)
+    list_new[#list_new + 1] = 0
+    list_new[#list_new + 1] = list_member(queue, 'succeeded', id)
+    done_new[#done_new + 1] = now
+    done_new[#done_new + 1] = done_member(queue, 'succeeded', id, v[4] or nil)
+    out[j] = 'ok'
+  end
 end
-if v[1] ~= 'running' or v[2] ~= ARGV[2] then
-  return { 'lost' }
-end
-local queue = v[3]
-if ARGV[5] == '1' then
-  redis.call('HSET', job, 'result', ARGV[6])
-end
-redis.call('ZREM', leases, lease_member(queue, id))
-finish(job, list, done, queue, id, v[4] or nil, 'running', 'succeeded', now, ARGV[4])
-return { 'ok' }
+zrem_members(leases, lease_old)
+zrem_members(list, list_old)
+zadd_pairs(list, list_new)
+zadd_pairs(done, done_new)
+return out

@@ -2,7 +2,7 @@
 -- (CONTRACT E1-E6, E9), deciding idempotency inside the script.
 --
 -- KEYS[1]  ready index (zset)        KEYS[2] scheduled index (zset)
--- KEYS[3]  list index (zset)         KEYS[4] sequence counter (string)
+-- KEYS[3]  list index (zset)         KEYS[4] sequence counter (string, INCRBY N once)
 -- KEYS[5]  children index (zset)
 -- for job j = 1..N, three keys:
 --   KEYS[3j+3] the new job's hash (its id minted by Rust)
@@ -56,8 +56,21 @@ for e = 1, extra_keys do
   known[ARGV[5 + PER_JOB * n + e]] = KEYS[3 * n + 5 + e]
 end
 
+-- Sequence numbers for the whole run in one step; a job that turns out to be a duplicate
+-- leaves a gap, which the order does not mind.
+local seq_base = redis.call('INCRBY', KEYS[4], n) - n
+
 local results = {}
 local woken = {}
+local ready_pairs, sched_pairs, list_pairs, child_pairs = {}, {}, {}, {}
+-- Index entries are written together at the end (fewer calls); nothing in between reads them.
+local function flush()
+  zadd_pairs(KEYS[1], ready_pairs)
+  zadd_pairs(KEYS[2], sched_pairs)
+  zadd_pairs(KEYS[3], list_pairs)
+  zadd_pairs(KEYS[5], child_pairs)
+end
+
 for j = 1, n do
   local a = 5 + PER_JOB * (j - 1)
   local id, queue, tenant, key = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
@@ -73,6 +86,7 @@ for j = 1, n do
     if current then
       local current_job = known[current]
       if not current_job then
+        flush()
         return { 'need', j, current, results }
       end
       -- A key deduplicates while its job exists and is inside the window (E2, E5, E6).
@@ -86,8 +100,7 @@ for j = 1, n do
   if existing then
     results[#results + 1] = { existing, 0 }
   else
-    local seq = redis.call('INCR', KEYS[4])
-    local order = order_key(prio, run_hex, seq)
+    local order = order_key(prio, run_hex, seq_base + j)
     local fields = { 'queue', queue, 'tenant', tenant, 'prio', prio, 'run_at', run_at,
       'max_att', ARGV[a + 11], 'state', 'queued', 'att', '0', 'token', '0', 'created', now,
       'order', order, 'payload', ARGV[a + 6] }
@@ -102,22 +115,27 @@ for j = 1, n do
     redis.call('HSET', job, unpack(fields))
     local member = queue_member(queue, order, id)
     if due then
-      redis.call('ZADD', KEYS[1], 0, member)
-      if not woken[queue] then
-        woken[queue] = true
-        redis.call('PUBLISH', channel, queue)
-      end
+      ready_pairs[#ready_pairs + 1] = 0
+      ready_pairs[#ready_pairs + 1] = member
+      woken[queue] = true
     else
-      redis.call('ZADD', KEYS[2], run_at, member)
+      sched_pairs[#sched_pairs + 1] = run_at
+      sched_pairs[#sched_pairs + 1] = member
     end
-    redis.call('ZADD', KEYS[3], 0, list_member(queue, 'queued', id))
+    list_pairs[#list_pairs + 1] = 0
+    list_pairs[#list_pairs + 1] = list_member(queue, 'queued', id)
     if parent ~= '' then
-      redis.call('ZADD', KEYS[5], 0, child_member(parent, id))
+      child_pairs[#child_pairs + 1] = 0
+      child_pairs[#child_pairs + 1] = child_member(parent, id)
     end
     if has_key and dedup_ttl ~= '0' then
       redis.call('SET', dedup, id, 'PX', dedup_ttl)
     end
     results[#results + 1] = { id, 1 }
   end
+end
+flush()
+for queue in pairs(woken) do
+  redis.call('PUBLISH', channel, queue)
 end
 return { 'ok', results }

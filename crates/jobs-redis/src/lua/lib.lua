@@ -114,24 +114,23 @@ local function order_less(a, b)
   return false
 end
 
--- A terminal transition: state, finished_at, lease fields gone, indexes moved, and the
--- server TTL that only collects garbage (decisions use the finished index and the clock).
+-- A terminal transition: state, finished_at, indexes moved, and the server TTL that only
+-- collects garbage (decisions use the finished index and the clock). `worker` and
+-- `lease_exp` stay as a record of the last lease; they are a lease only while running.
 local function finish(job, list, done, queue, id, parent, from, to, now, ttl)
   redis.call('HSET', job, 'state', to, 'finished', now)
-  redis.call('HDEL', job, 'worker', 'lease_exp')
   move_list(list, queue, id, from, to)
   redis.call('ZADD', done, now, done_member(queue, to, id, parent))
   redis.call('PEXPIRE', job, ttl)
 end
 
 -- A return to `queued`: a fresh sequence number (so the job goes behind the jobs already
--- ready), run_at and order key stored, lease fields gone, indexes moved. `due` says
--- whether run_at has come (decided by Rust from the same clock reading).
+-- ready), run_at and order key stored, indexes moved. `due` says whether run_at has come
+-- (decided by Rust from the same clock reading).
 local function requeue(job, ready, sched, list, seq_key, queue, id, prio, run_at, ready_hex, due, from)
   local seq = redis.call('INCR', seq_key)
   local order = order_key(prio, ready_hex, seq)
   redis.call('HSET', job, 'state', 'queued', 'run_at', run_at, 'order', order)
-  redis.call('HDEL', job, 'worker', 'lease_exp')
   local member = queue_member(queue, order, id)
   if due then
     redis.call('ZADD', ready, 0, member)
