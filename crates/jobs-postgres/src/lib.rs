@@ -2,7 +2,9 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod batch;
 mod complete;
+mod enqueue;
 mod error;
 mod row;
 mod schema;

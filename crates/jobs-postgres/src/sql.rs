@@ -18,37 +18,43 @@ macro_rules! job_columns {
     };
 }
 
-/// Enqueues a batch in one statement (CONTRACT E1–E9).
+/// Enqueues many jobs in one statement (CONTRACT E1–E9).
 ///
 /// `$1` namespace, `$2` now, `$3..$11` the jobs as parallel arrays (id, queue, tenant,
 /// key, payload, priority, run_at, max_attempts, parent), `$12` the dedup cutoff
-/// (`now - window`: an entry created at or before it no longer deduplicates).
+/// (`now - window`: an entry created at or before it no longer deduplicates), `$13`
+/// whole: when true, one unknown parent writes nothing at all (an `enqueue_batch`);
+/// when false, only that job is refused (calls gathered from different callers).
+/// Keys are distinct within one statement.
 ///
 /// Dedup is decided by the unique index of `dedup`: a new key inserts its row; a
 /// known key takes the row lock and the `DO UPDATE` keeps the old job when it is
 /// inside the window and still exists, or points the key at the new job otherwise.
 /// Either way `RETURNING` yields the job the key points to, so concurrent enqueues of
 /// one key all learn the one winner. A job row is inserted only for input rows the
-/// key now points to (or without a key), and only when every parent exists.
+/// key now points to (or without a key).
 const ENQUEUE: &str = r#"
 WITH input AS MATERIALIZED (
-    SELECT t.*, nextval('{schema}.seq') AS seq
+    SELECT t.*, nextval('{schema}.seq') AS seq,
+           (t.parent IS NULL OR EXISTS (SELECT 1 FROM {schema}.jobs p
+                                        WHERE p.namespace = $1 AND p.id = t.parent)) AS parent_ok
     FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::bytea[],
                 $8::int2[], $9::int8[], $10::int8[], $11::uuid[])
          WITH ORDINALITY AS t(id, queue, tenant, key, payload, priority, run_at,
                               max_attempts, parent, ord)
 ),
 bad AS (
-    SELECT count(*) AS n FROM input
-    WHERE input.parent IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs p
-                      WHERE p.namespace = $1 AND p.id = input.parent)
+    SELECT count(*) FILTER (WHERE NOT parent_ok) AS n FROM input
+),
+ok AS (
+    SELECT * FROM input
+    WHERE parent_ok AND (NOT $13::bool OR (SELECT n FROM bad) = 0)
 ),
 d AS (
     INSERT INTO {schema}.dedup AS d (namespace, tenant, key, job_id, created_at)
-    SELECT $1, input.tenant, input.key, input.id, $2 FROM input
-    WHERE input.key IS NOT NULL AND (SELECT n FROM bad) = 0
-    ORDER BY input.tenant, input.key
+    SELECT $1, ok.tenant, ok.key, ok.id, $2 FROM ok
+    WHERE ok.key IS NOT NULL
+    ORDER BY ok.tenant, ok.key
     ON CONFLICT (namespace, tenant, key) DO UPDATE SET
         job_id = CASE WHEN d.created_at <= $12 OR NOT {schema}.job_alive(d.namespace, d.job_id)
                       THEN excluded.job_id ELSE d.job_id END,
@@ -59,16 +65,14 @@ d AS (
 j AS (
     INSERT INTO {schema}.jobs (namespace, id, queue, tenant, idempotency_key, priority,
                                run_at, seq, max_attempts, parent, state, created_at, payload)
-    SELECT $1, input.id, input.queue, input.tenant, input.key, input.priority,
-           input.run_at, input.seq, input.max_attempts, input.parent, 'queued', $2,
-           input.payload
-    FROM input
-    WHERE (SELECT n FROM bad) = 0
-      AND (input.key IS NULL OR EXISTS (SELECT 1 FROM d WHERE d.job_id = input.id))
+    SELECT $1, ok.id, ok.queue, ok.tenant, ok.key, ok.priority, ok.run_at, ok.seq,
+           ok.max_attempts, ok.parent, 'queued', $2, ok.payload
+    FROM ok
+    WHERE ok.key IS NULL OR EXISTS (SELECT 1 FROM d WHERE d.job_id = ok.id)
     RETURNING id
 )
 SELECT input.ord, COALESCE(d.job_id, input.id) AS id, (j.id IS NOT NULL) AS created,
-       (SELECT n FROM bad) AS bad_parents
+       input.parent_ok, (SELECT n FROM bad) AS bad_parents
 FROM input
 LEFT JOIN d ON d.tenant = input.tenant AND d.key = input.key
 LEFT JOIN j ON j.id = input.id

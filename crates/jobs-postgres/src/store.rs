@@ -12,18 +12,16 @@ use jobs_core::{
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
     Store, StoreSettings, Timestamp, LEASE_EXPIRED,
 };
-use sqlx::postgres::{PgBindIterExt, PgRow};
-use sqlx::{PgPool, Postgres};
+use sqlx::postgres::PgRow;
+use sqlx::PgPool;
 use tokio::time::Instant;
 
 use crate::backend::{PostgresBackend, PostgresConfig, Shared};
-use crate::complete::{Completer, Outcome};
+use crate::batch::Batcher;
+use crate::complete::{Completion, Completions, Outcome};
+use crate::enqueue::{enqueue_all, Enqueues};
 use crate::error::map;
 use crate::row::{self, column, PgUuid};
-
-/// Most payload bytes sent in one enqueue statement. A larger batch is split into
-/// several statements inside one transaction, so it stays all-or-nothing.
-const MAX_STATEMENT_PAYLOAD: usize = 64 * 1024 * 1024;
 
 /// A job store in one namespace of a PostgreSQL schema.
 ///
@@ -40,7 +38,8 @@ struct Inner {
     /// Per queue, the wake-up counter seen when this store last looked for work there,
     /// so a notice that arrives between an empty claim and `wait_for_work` is not lost.
     seen: Mutex<HashMap<String, u64>>,
-    completer: Completer,
+    enqueues: Batcher<Enqueues>,
+    completions: Batcher<Completions>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -50,13 +49,6 @@ impl fmt::Debug for PostgresStore {
             .field("namespace", &self.inner.settings.namespace)
             .finish_non_exhaustive()
     }
-}
-
-/// One of the jobs of an enqueue statement, after the batch's duplicate keys are
-/// folded onto their first occurrence.
-struct Pending<'a> {
-    id: JobId,
-    job: &'a NewJob,
 }
 
 impl PostgresStore {
@@ -98,7 +90,8 @@ impl PostgresStore {
                 shared,
                 settings,
                 seen: Mutex::default(),
-                completer: Completer::default(),
+                enqueues: Batcher::default(),
+                completions: Batcher::default(),
             }),
         }
     }
@@ -147,75 +140,6 @@ impl PostgresStore {
         row.map(|row| row::state(&row, 0, &|| format!("job {id}")))
             .transpose()
     }
-
-    async fn enqueue_rows<'e, E>(
-        &self,
-        executor: E,
-        now: Timestamp,
-        rows: &[Pending<'_>],
-    ) -> Result<Vec<Enqueued>>
-    where
-        E: sqlx::Executor<'e, Database = Postgres>,
-    {
-        let settings = &self.inner.settings;
-        let result = sqlx::query(self.sql().enqueue.sql())
-            .bind(self.namespace())
-            .bind(now.as_millis())
-            .bind(rows.iter().map(|r| PgUuid::from_id(r.id)).bind_iter())
-            .bind(rows.iter().map(|r| r.job.queue.as_str()).bind_iter())
-            .bind(rows.iter().map(|r| r.job.tenant.as_bytes()).bind_iter())
-            .bind(
-                rows.iter()
-                    .map(|r| r.job.idempotency_key.as_deref().map(str::as_bytes))
-                    .bind_iter(),
-            )
-            .bind(rows.iter().map(|r| &r.job.payload[..]).bind_iter())
-            .bind(rows.iter().map(|r| r.job.priority).bind_iter())
-            .bind(
-                rows.iter()
-                    .map(|r| r.job.run_at.unwrap_or(now).as_millis())
-                    .bind_iter(),
-            )
-            .bind(
-                rows.iter()
-                    .map(|r| i64::from(r.job.max_attempts))
-                    .bind_iter(),
-            )
-            .bind(
-                rows.iter()
-                    .map(|r| r.job.parent.map(PgUuid::from_id))
-                    .bind_iter(),
-            )
-            .bind(now.saturating_sub(settings.dedup_window).as_millis())
-            .fetch_all(executor)
-            .await
-            .map_err(|err| map("enqueue", err))?;
-        let what = || "enqueue result row".to_owned();
-        let mut answers = Vec::with_capacity(rows.len());
-        for row in &result {
-            let bad_parents: i64 = column(row, 3, &what)?;
-            if bad_parents > 0 {
-                let named = match rows {
-                    [only] => only.job.parent.map(|p| format!("job {p} does not exist")),
-                    _ => None,
-                };
-                return Err(Error::invalid(
-                    "parent",
-                    named.unwrap_or_else(|| "a parent job does not exist".to_owned()),
-                ));
-            }
-            let id = column::<PgUuid>(row, 1, &what)?.job_id()?;
-            let created: bool = column(row, 2, &what)?;
-            answers.push(Enqueued { id, created });
-        }
-        if answers.len() != rows.len() {
-            return Err(Error::corrupt(
-                "enqueue",
-                format!("{} answers for {} jobs", answers.len(), rows.len()),
-            ));
-        }
-        Ok(answers)
-    }
 }
 
 /// Sorts claimed rows into claim order (CONTRACT C3): `UPDATE … RETURNING` has none.
@@ -253,10 +177,12 @@ impl Store for PostgresStore {
     }
 
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        let mut answers = self.enqueue_batch(vec![job]).await?;
-        answers
-            .pop()
-            .ok_or_else(|| Error::corrupt("enqueue", "no answer for the job"))
+        validate::validate_new_job(&job, &self.inner.settings)?;
+        let batch = || Enqueues {
+            shared: Arc::clone(&self.inner.shared),
+            settings: self.inner.settings.clone(),
+        };
+        self.inner.enqueues.call(batch, job).await?
     }
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
@@ -264,76 +190,7 @@ impl Store for PostgresStore {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let now = self.now();
-        // A key repeated in the batch is sent once; the later jobs answer like a
-        // second enqueue would, with the first one's job (E9).
-        let mut first_of_key: HashMap<(&str, &str), usize> = HashMap::new();
-        let mut sent: Vec<Pending<'_>> = Vec::with_capacity(jobs.len());
-        let mut slot: Vec<Result<usize, usize>> = Vec::with_capacity(jobs.len());
-        for job in &jobs {
-            if let Some(key) = job.idempotency_key.as_deref() {
-                if let Some(&index) = first_of_key.get(&(job.tenant.as_str(), key)) {
-                    slot.push(Err(index));
-                    continue;
-                }
-                first_of_key.insert((job.tenant.as_str(), key), sent.len());
-            }
-            slot.push(Ok(sent.len()));
-            sent.push(Pending {
-                id: JobId::mint(now),
-                job,
-            });
-        }
-
-        let mut chunks: Vec<&[Pending<'_>]> = Vec::new();
-        let mut start = 0;
-        let mut bytes = 0;
-        for (index, row) in sent.iter().enumerate() {
-            let size = row.job.payload.len();
-            if index > start && bytes + size > MAX_STATEMENT_PAYLOAD {
-                chunks.push(&sent[start..index]);
-                start = index;
-                bytes = 0;
-            }
-            bytes += size;
-        }
-        chunks.push(&sent[start..]);
-
-        let answers = if let [only] = chunks[..] {
-            self.enqueue_rows(self.pool(), now, only).await?
-        } else {
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|err| map("enqueue: begin", err))?;
-            let mut answers = Vec::with_capacity(sent.len());
-            for chunk in chunks {
-                answers.extend(self.enqueue_rows(&mut *tx, now, chunk).await?);
-            }
-            tx.commit()
-                .await
-                .map_err(|err| map("enqueue: commit", err))?;
-            answers
-        };
-
-        let ready = sent
-            .iter()
-            .zip(&answers)
-            .filter(|(row, answer)| answer.created && row.job.run_at.is_none_or(|at| at <= now))
-            .map(|(row, _)| row.job.queue.as_str());
-        self.inner.shared.wake.announce(self.namespace(), ready);
-
-        slot.into_iter()
-            .map(|slot| match slot {
-                Ok(index) => answers.get(index).copied(),
-                Err(index) => answers.get(index).map(|first| Enqueued {
-                    id: first.id,
-                    created: false,
-                }),
-            })
-            .map(|answer| answer.ok_or_else(|| Error::corrupt("enqueue", "missing answer")))
-            .collect()
+        enqueue_all(&self.inner.shared, &self.inner.settings, &jobs).await
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
@@ -436,17 +293,16 @@ impl Store for PostgresStore {
         if let Some(result) = &result {
             validate::validate_size("result", result.len(), &self.inner.settings)?;
         }
-        let outcome = self
-            .inner
-            .completer
-            .complete(
-                &self.inner.shared,
-                &self.inner.settings,
-                id,
-                token_param(token),
-                result,
-            )
-            .await?;
+        let batch = || Completions {
+            shared: Arc::clone(&self.inner.shared),
+            settings: self.inner.settings.clone(),
+        };
+        let call = Completion {
+            id,
+            token: token_param(token),
+            result,
+        };
+        let outcome = self.inner.completions.call(batch, call).await?;
         match outcome {
             Outcome::Completed => Ok(()),
             Outcome::LeaseLost => Err(Error::LeaseLost { id }),

@@ -63,7 +63,7 @@ async fn join<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
     out
 }
 
-/// Many enqueues of one key at once, from 4 pools of 4 connections each, must agree
+/// Many enqueues of one key at once, from 16 stores over 4 pools of 4 connections, must agree
 /// on one job: once for a fresh key, once for a key whose job vanished, once for a
 /// key whose window has passed. The last two are where a snapshot-bound "is the job
 /// still there" check would let a second racer replace the first one's new job.
@@ -78,8 +78,12 @@ async fn dedup_race_across_connections_creates_one_job() {
     }
     let clock = ManualClock::default();
     let settings = settings(&clock).dedup_window(Duration::from_secs(60));
+    // Sixteen stores (each with its own queue of calls) over the four pools: sixteen
+    // statements on the key at once, on sixteen connections.
     let stores: Vec<PostgresStore> = backends
         .iter()
+        .cycle()
+        .take(16)
         .map(|b| b.store(settings.clone()).expect("valid settings"))
         .collect();
 
@@ -472,6 +476,67 @@ async fn wait_for_work_wakes_on_enqueue_from_another_connection() {
             "round {round}: the woken worker finds the job"
         );
     }
+}
+
+/// Concurrent single enqueues of one store share statements, yet each caller gets
+/// its own answer: a job naming an unknown parent is refused alone, callers sharing a
+/// key all get one job, and every other job is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gathered_enqueues_answer_each_caller() {
+    let Some(backend) = backend("jobs-postgres-enqueue", 4).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let store = backend.store(settings(&clock)).expect("store");
+    let parent = store
+        .enqueue(NewJob::new("parents"))
+        .await
+        .expect("parent")
+        .id;
+    let unknown = JobId::mint(clock.now());
+
+    let mut set = JoinSet::new();
+    for n in 0..300usize {
+        let store = store.clone();
+        set.spawn(async move {
+            let job = match n % 10 {
+                0 => NewJob::new("gather").parent(unknown),
+                1 => NewJob::new("gather").parent(parent),
+                2 | 3 => NewJob::new("gather").idempotency_key(format!("k{}", n / 10)),
+                _ => NewJob::new("gather"),
+            };
+            (n, store.enqueue(job).await)
+        });
+    }
+    let answers = join(set).await;
+    let mut by_key: std::collections::HashMap<usize, Vec<jobs_core::Enqueued>> =
+        std::collections::HashMap::new();
+    for (n, answer) in answers {
+        match n % 10 {
+            0 => assert_eq!(
+                answer.err().and_then(|e| e.invalid_field()),
+                Some("parent"),
+                "call {n}: an unknown parent is refused"
+            ),
+            2 | 3 => by_key
+                .entry(n / 10)
+                .or_default()
+                .push(answer.expect("a keyed enqueue")),
+            _ => assert!(answer.expect("a plain enqueue").created, "call {n}"),
+        }
+    }
+    for (key, answers) in by_key {
+        assert_eq!(answers[0].id, answers[1].id, "key {key}: one job");
+        assert_eq!(
+            answers.iter().filter(|a| a.created).count(),
+            1,
+            "key {key}: created once"
+        );
+    }
+    let stats = store.stats("gather").await.expect("stats");
+    // Of 300 calls: 30 refused, 30 children, 30 keys of two callers each, 180 plain.
+    assert_eq!(stats.total(), 30 + 30 + 180, "{stats:?}");
+    assert_eq!(store.children(parent).await.expect("children").len(), 30);
 }
 
 /// Concurrent completes, gathered into batches, each get their own answer: the
