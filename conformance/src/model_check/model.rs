@@ -49,7 +49,7 @@ pub(crate) struct ModelLease {
 }
 
 /// One job of the model.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ModelJob {
     /// False once `purge` deleted it.
     pub present: bool,
