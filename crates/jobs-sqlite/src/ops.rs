@@ -43,10 +43,15 @@ fn state_from_code(code: i64) -> Option<JobState> {
     })
 }
 
-/// The columns [`job_from_row`] reads, in its order.
-const JOB_COLUMNS: &str = "id, queue, tenant, idem_key, priority, run_at, max_attempts, \
-     parent, state, attempts, lease_worker, lease_token, lease_expires_at, created_at, \
-     started_at, heartbeat_at, finished_at, last_error, result, cancel_requested";
+/// The columns [`job_from_row`] reads, in its order. A macro, so the queries that use
+/// it are `concat!`ed at compile time instead of formatted on every call.
+macro_rules! job_columns {
+    () => {
+        "id, queue, tenant, idem_key, priority, run_at, max_attempts, parent, state, \
+         attempts, lease_worker, lease_token, lease_expires_at, created_at, started_at, \
+         heartbeat_at, finished_at, last_error, result, cancel_requested"
+    };
+}
 
 fn id_from_blob(what: &str, bytes: &[u8]) -> Result<JobId> {
     let array: [u8; 16] = bytes
@@ -316,43 +321,66 @@ pub(crate) fn claim(
     candidates.sort_by_key(|(order, _)| *order);
     candidates.truncate(request.limit);
 
+    // Everything is read and checked before the first write, so a corrupt row or a
+    // missing payload refuses the claim with nothing leased, and the claim needs no
+    // savepoint (whose sub-journal would copy every page it touches).
+    let mut read = conn
+        .prepare_cached(concat!(
+            "SELECT ",
+            job_columns!(),
+            ", j.lease_token, p.payload
+             FROM jobq_jobs j LEFT JOIN jobq_payloads p ON p.job = j.job
+             WHERE j.job = ?1"
+        ))
+        .db("prepare the claim read")?;
+    let mut picked = Vec::with_capacity(candidates.len());
+    for (_, row) in &candidates {
+        let mut rows = read.query([row]).db("read a claimed job")?;
+        let Some(found) = rows.next().db("read a claimed job")? else {
+            continue;
+        };
+        let job = job_from_row(found)?;
+        let token: i64 = found.get(20).db("read a claimed job")?;
+        let token = u64::try_from(token)
+            .map_err(|_| Error::corrupt(format!("job {}", job.id), "negative lease token"))?;
+        let payload: Option<Vec<u8>> = found.get(21).db("read a claimed job")?;
+        let payload =
+            payload.ok_or_else(|| Error::corrupt(format!("job {}", job.id), "payload missing"))?;
+        picked.push((*row, job, token, payload));
+    }
+
     let expires_at = now.saturating_add(request.lease_ttl);
     let mut update = conn
-        .prepare_cached(&format!(
+        .prepare_cached(
             "UPDATE jobq_jobs SET state = 1, attempts = attempts + 1,
                  lease_token = lease_token + 1, lease_worker = ?2, lease_expires_at = ?3,
                  started_at = ?4, heartbeat_at = ?4
-             WHERE job = ?1 RETURNING {JOB_COLUMNS}"
-        ))
+             WHERE job = ?1",
+        )
         .db("prepare the claim")?;
-    let mut payload = conn
-        .prepare_cached("SELECT payload FROM jobq_payloads WHERE job = ?1")
-        .db("prepare the payload read")?;
-    let mut claimed = Vec::with_capacity(candidates.len());
-    for (_, row) in candidates {
-        let job = {
-            let mut rows = update
-                .query(params![
-                    row,
-                    request.worker,
-                    expires_at.as_millis(),
-                    now.as_millis()
-                ])
-                .db("lease a job")?;
-            match rows.next().db("lease a job")? {
-                Some(returned) => job_from_row(returned)?,
-                None => continue,
-            }
-        };
-        let bytes: Option<Vec<u8>> = payload
-            .query_row([row], |r| r.get(0))
-            .optional()
-            .db("read a payload")?;
-        let bytes =
-            bytes.ok_or_else(|| Error::corrupt(format!("job {}", job.id), "payload missing"))?;
+    let mut claimed = Vec::with_capacity(picked.len());
+    for (row, mut job, token, payload) in picked {
+        update
+            .execute(params![
+                row,
+                request.worker,
+                expires_at.as_millis(),
+                now.as_millis()
+            ])
+            .db("lease a job")?;
+        // The job as the UPDATE above stored it (C6: `get` shows the same).
+        job.state = JobState::Running;
+        job.attempts = job.attempts.saturating_add(1);
+        job.lease = Some(Lease {
+            worker: request.worker.clone(),
+            token: LeaseToken::new(token.saturating_add(1)),
+            expires_at,
+        });
+        job.started_at = Some(now);
+        job.heartbeat_at = Some(now);
         claimed.push(ClaimedJob {
             job,
-            payload: Bytes::from(bytes),
+            payload: Bytes::from(payload),
         });
     }
     Ok(claimed)
@@ -714,8 +742,10 @@ pub(crate) fn vanish(tx: &mut WriteTx<'_>, ns: i64, id: JobId) -> Result<()> {
 /// Rule E1.
 pub(crate) fn get(conn: &Connection, ns: i64, id: JobId) -> Result<Job> {
     let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {JOB_COLUMNS} FROM jobq_jobs WHERE ns = ?1 AND id = ?2"
+        .prepare_cached(concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM jobq_jobs WHERE ns = ?1 AND id = ?2"
         ))
         .db("prepare get")?;
     let mut rows = stmt.query(params![ns, id.to_bytes()]).db("read a job")?;
@@ -758,8 +788,10 @@ fn collect_jobs(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> 
 pub(crate) fn children(conn: &Connection, ns: i64, parent: JobId) -> Result<Vec<Job>> {
     collect_jobs(
         conn,
-        &format!(
-            "SELECT {JOB_COLUMNS} FROM jobq_jobs INDEXED BY jobq_jobs_parent
+        concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM jobq_jobs INDEXED BY jobq_jobs_parent
              WHERE ns = ?1 AND parent = ?2 ORDER BY id"
         ),
         params![ns, parent.to_bytes()],
@@ -825,8 +857,10 @@ pub(crate) fn list(conn: &Connection, ns: i64, query: &ListQuery) -> Result<List
         None => JobState::ALL.to_vec(),
     };
     let tx = conn.unchecked_transaction().db("begin a read")?;
-    let sql = format!(
-        "SELECT {JOB_COLUMNS} FROM jobq_jobs INDEXED BY jobq_jobs_state
+    let sql = concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM jobq_jobs INDEXED BY jobq_jobs_state
          WHERE ns = ?1 AND queue = ?2 AND state = ?3 AND id < ?4
          ORDER BY id DESC LIMIT ?5"
     );
@@ -834,7 +868,7 @@ pub(crate) fn list(conn: &Connection, ns: i64, query: &ListQuery) -> Result<List
     for state in states {
         jobs.extend(collect_jobs(
             &tx,
-            &sql,
+            sql,
             params![ns, query.queue, state_code(state), cursor, limit],
         )?);
     }

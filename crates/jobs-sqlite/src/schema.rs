@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use jobs_core::{Error, Result};
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
 use crate::config::SqliteConfig;
@@ -100,6 +101,12 @@ fn open_connection(path: &Path, config: &SqliteConfig) -> Result<Connection> {
     let conn = Connection::open_with_flags(path, flags).db("open the database file")?;
     conn.busy_timeout(config.busy_timeout)
         .db("set the busy timeout")?;
+    // The bundled SQLite is built with STAT4, which re-prepares a statement whenever a
+    // parameter used in a range (`run_at <= ?`, `lease_expires_at < ?`) is bound anew:
+    // every claim and reclaim would be parsed again. The query planner stability
+    // guarantee turns that off; the hot queries name their index anyway.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .db("enable the query planner stability guarantee")?;
     Ok(conn)
 }
 
