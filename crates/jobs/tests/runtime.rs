@@ -6,6 +6,9 @@
 //! with a `ManualClock`; the runtime's own real-time intervals (heartbeat, reclaim,
 //! poll) are set short, and the tests wait on observable events: handler signals on
 //! channels, and the store's state polled in a loop bounded by a timeout.
+//!
+//! Memory and SQLite always run. Redis (`REDIS_URL`) and PostgreSQL (`DATABASE_URL`)
+//! are skipped loudly when unreachable, and fail under `JOBS_REQUIRE_SERVICES=1`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,26 +75,12 @@ fn unique_namespace() -> String {
 /// `JOBS_REQUIRE_SERVICES=1` (as in CI). The same policy as
 /// `jobs_conformance::skip_or_fail`, kept here so these tests do not depend on the
 /// conformance crate.
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 fn skip_or_fail<T>(service: &str, url: &str, error: &dyn std::fmt::Display) -> Option<T> {
     if std::env::var("JOBS_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
         panic!("{service} at {url} is required (JOBS_REQUIRE_SERVICES=1) but unreachable: {error}");
     }
     loud(&format!("{service} at {url} is unreachable ({error})"));
     None
-}
-
-/// The Redis and Postgres runtime tests are compiled only with those features of this
-/// crate (`--all-features`); without them, say so, and fail where services are required.
-#[cfg_attr(all(feature = "redis", feature = "postgres"), allow(dead_code))]
-fn backend_feature_off(feature: &str) {
-    let message = format!(
-        "the runtime tests on {feature} are not built: run `cargo test -p jobs --all-features`"
-    );
-    if std::env::var("JOBS_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
-        panic!("{message} (JOBS_REQUIRE_SERVICES=1)");
-    }
-    loud(&message);
 }
 
 /// Prints a skip notice straight to stderr: `eprintln!` inside a passing test is
@@ -768,15 +757,13 @@ async fn sqlite() -> Option<Box<dyn Backend>> {
 
 runtime_tests!(sqlite, sqlite());
 
-#[cfg(feature = "redis")]
 struct Redis(String);
 
-#[cfg(feature = "redis")]
 #[async_trait]
 impl Backend for Redis {
     async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
         Arc::new(
-            jobs::backends::redis::RedisStore::connect(&self.0, settings)
+            jobs_redis::RedisStore::connect(&self.0, settings)
                 .await
                 .expect("connect to redis"),
         )
@@ -784,30 +771,20 @@ impl Backend for Redis {
 }
 
 /// `REDIS_URL`, default `redis://127.0.0.1:6379`; skipped loudly when unreachable.
-#[cfg(feature = "redis")]
 async fn redis() -> Option<Box<dyn Backend>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let probe = StoreSettings::default().namespace(unique_namespace());
-    match jobs::backends::redis::RedisStore::connect(&url, probe).await {
+    match jobs_redis::RedisStore::connect(&url, probe).await {
         Ok(_) => Some(Box::new(Redis(url))),
         Err(err) => skip_or_fail("Redis", &url, &err),
     }
 }
 
-#[cfg(feature = "redis")]
 runtime_tests!(redis, redis());
 
-#[cfg(not(feature = "redis"))]
-#[test]
-fn redis_tests_need_the_redis_feature() {
-    backend_feature_off("redis");
-}
-
 /// One small pool per test, shared by the test's stores.
-#[cfg(feature = "postgres")]
-struct Postgres(jobs::backends::postgres::PostgresBackend);
+struct Postgres(jobs_postgres::PostgresBackend);
 
-#[cfg(feature = "postgres")]
 #[async_trait]
 impl Backend for Postgres {
     async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
@@ -817,9 +794,8 @@ impl Backend for Postgres {
 
 /// `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`; skipped loudly
 /// when unreachable.
-#[cfg(feature = "postgres")]
 async fn postgres() -> Option<Box<dyn Backend>> {
-    use jobs::backends::postgres::{PostgresBackend, PostgresConfig};
+    use jobs_postgres::{PostgresBackend, PostgresConfig};
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let config = PostgresConfig::new(&url)
@@ -832,11 +808,4 @@ async fn postgres() -> Option<Box<dyn Backend>> {
     }
 }
 
-#[cfg(feature = "postgres")]
 runtime_tests!(postgres, postgres());
-
-#[cfg(not(feature = "postgres"))]
-#[test]
-fn postgres_tests_need_the_postgres_feature() {
-    backend_feature_off("postgres");
-}
