@@ -34,7 +34,7 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 use crate::{Harness, TestEnv};
 use model::{Expect, Model, ModelJob, NewModelJob};
-use ops::{Link, Mark, Op, Pick, Spec};
+use ops::{Link, Mark, Op, Pick, Spec, Tok};
 
 /// The queues every sequence works on.
 const QUEUES: [&str; 2] = ["m1-a", "m1-b"];
@@ -368,8 +368,8 @@ impl Run {
     }
 
     /// The claim `pick` names: among the claims still held unless it is wide or none
-    /// is; `forge` then offers the token after the claim's.
-    fn pick_claim(&self, pick: Pick, forge: bool) -> Option<Claim> {
+    /// is; `token` then says which token the call carries.
+    fn pick_claim(&self, pick: Pick, token: Tok) -> Option<Claim> {
         let held: Vec<Claim> = self
             .claims
             .iter()
@@ -388,7 +388,11 @@ impl Run {
         let claim = from.get(usize::from(pick.n) % from.len().max(1))?;
         Some(Claim {
             job: claim.job,
-            token: claim.token + u64::from(forge),
+            token: match token {
+                Tok::Own => claim.token,
+                Tok::Next => claim.token + 1,
+                Tok::Prev => claim.token.saturating_sub(1),
+            },
         })
     }
 
@@ -584,10 +588,10 @@ impl Run {
             }
             Op::Heartbeat {
                 claim,
-                forge,
+                token,
                 ttl_ms,
             } => {
-                let Some(c) = self.pick_claim(*claim, *forge) else {
+                let Some(c) = self.pick_claim(*claim, *token) else {
                     return Ok("skipped: no claims yet".to_owned());
                 };
                 let ttl = Duration::from_millis(*ttl_ms);
@@ -604,10 +608,10 @@ impl Run {
             }
             Op::Complete {
                 claim,
-                forge,
+                token,
                 result,
             } => {
-                let Some(c) = self.pick_claim(*claim, *forge) else {
+                let Some(c) = self.pick_claim(*claim, *token) else {
                     return Ok("skipped: no claims yet".to_owned());
                 };
                 let result = result.then(|| format!("result of step {step}").into_bytes());
@@ -622,10 +626,10 @@ impl Run {
             }
             Op::Fail {
                 claim,
-                forge,
+                token,
                 retry_in,
             } => {
-                let Some(c) = self.pick_claim(*claim, *forge) else {
+                let Some(c) = self.pick_claim(*claim, *token) else {
                     return Ok("skipped: no claims yet".to_owned());
                 };
                 let retry = match retry_in {
@@ -642,8 +646,8 @@ impl Run {
                 agree("fail", id, want, got, |w, g| w == g)
                     .map(|note| format!("#{} token {}: {note}", c.job, c.token))
             }
-            Op::Release { claim, forge } => {
-                let Some(c) = self.pick_claim(*claim, *forge) else {
+            Op::Release { claim, token } => {
+                let Some(c) = self.pick_claim(*claim, *token) else {
                     return Ok("skipped: no claims yet".to_owned());
                 };
                 let id = self.ids[c.job];

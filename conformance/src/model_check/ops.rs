@@ -30,6 +30,17 @@ fn pick() -> impl Strategy<Value = Pick> {
         .prop_map(|(n, wide)| Pick { n, wide })
 }
 
+/// The token a lease call carries, relative to the claim it acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tok {
+    /// The claim's own token.
+    Own,
+    /// One above: never issued yet, unless the job was claimed again since.
+    Next,
+    /// One below: the previous holder's token (0, never issued, on a first claim).
+    Prev,
+}
+
 /// How a new job is tied to others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Link {
@@ -83,26 +94,26 @@ pub(crate) enum Op {
         limit: usize,
         ttl_ms: u64,
     },
-    /// `forge` uses the claim's token + 1 instead of its own.
+    /// `token`: the claim's own token, or one beside it (a forged or an old one).
     Heartbeat {
         claim: Pick,
-        forge: bool,
+        token: Tok,
         ttl_ms: u64,
     },
     Complete {
         claim: Pick,
-        forge: bool,
+        token: Tok,
         result: bool,
     },
     /// `retry_in`: `None` is `Retry::Never`, else `Retry::At(now + ms)`.
     Fail {
         claim: Pick,
-        forge: bool,
+        token: Tok,
         retry_in: Option<i64>,
     },
     Release {
         claim: Pick,
-        forge: bool,
+        token: Tok,
     },
     Reclaim {
         limit: usize,
@@ -221,7 +232,7 @@ fn weighted(arms: Vec<(u32, SBoxedStrategy<Op>)>) -> Union<SBoxedStrategy<Op>> {
 /// One operation, weighted so that sequences build up work, claim it, and then move
 /// it through every state.
 pub(crate) fn op() -> impl Strategy<Value = Op> {
-    let forge = prop_oneof![9 => Just(false), 1 => Just(true)];
+    let forge = prop_oneof![8 => Just(Tok::Own), 1 => Just(Tok::Next), 1 => Just(Tok::Prev)];
     let retry_in = prop_oneof![
         2 => Just(None),
         1 => Just(Some(-5)),
@@ -265,9 +276,9 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
         (
             4,
             (pick(), forge.clone(), ttl())
-                .prop_map(|(claim, forge, ttl_ms)| Op::Heartbeat {
+                .prop_map(|(claim, token, ttl_ms)| Op::Heartbeat {
                     claim,
-                    forge,
+                    token,
                     ttl_ms,
                 })
                 .sboxed(),
@@ -275,9 +286,9 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
         (
             5,
             (pick(), forge.clone(), any::<bool>())
-                .prop_map(|(claim, forge, result)| Op::Complete {
+                .prop_map(|(claim, token, result)| Op::Complete {
                     claim,
-                    forge,
+                    token,
                     result,
                 })
                 .sboxed(),
@@ -285,9 +296,9 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
         (
             5,
             (pick(), forge.clone(), retry_in)
-                .prop_map(|(claim, forge, retry_in)| Op::Fail {
+                .prop_map(|(claim, token, retry_in)| Op::Fail {
                     claim,
-                    forge,
+                    token,
                     retry_in,
                 })
                 .sboxed(),
@@ -295,7 +306,7 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
         (
             3,
             (pick(), forge)
-                .prop_map(|(claim, forge)| Op::Release { claim, forge })
+                .prop_map(|(claim, token)| Op::Release { claim, token })
                 .sboxed(),
         ),
         (
@@ -356,7 +367,7 @@ fn idiom() -> impl Strategy<Value = Vec<Op>> {
             .prop_map(|(jump, limit)| vec![jump, Op::Reclaim { limit }]),
         1 => (at(Mark::LeaseExpiry), pick(), ttl()).prop_map(|(jump, claim, ttl_ms)| vec![
             jump,
-            Op::Heartbeat { claim, forge: false, ttl_ms },
+            Op::Heartbeat { claim, token: Tok::Own, ttl_ms },
         ]),
         2 => (at(Mark::RunAt), claim).prop_map(|(jump, claim)| vec![jump, claim]),
         2 => (at(Mark::DedupEnd), keyed).prop_map(|(jump, enqueue)| vec![jump, enqueue]),
