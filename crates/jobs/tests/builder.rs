@@ -77,9 +77,19 @@ fn bad_settings_are_refused_naming_the_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_until_stops_when_the_signal_resolves() {
+async fn run_until_stops_when_the_signal_resolves_and_children_run() {
     let s = store();
-    let worker = with_handler(Worker::builder(s.clone()))
+    // The handler fans out: the parent job enqueues one child through its context.
+    let worker = Worker::builder(s.clone())
+        .handler(
+            "q",
+            |ctx: jobs::JobContext, payload: jobs::Bytes| async move {
+                if payload == "parent" {
+                    ctx.enqueue_child(NewJob::new("q").payload("child")).await?;
+                }
+                Ok(())
+            },
+        )
         .poll_interval(Duration::from_millis(10))
         .build()
         .expect("build");
@@ -87,18 +97,29 @@ async fn run_until_stops_when_the_signal_resolves() {
     let running = tokio::spawn(worker.run_until(async {
         let _ = signal.await;
     }));
-    let id = s.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    let id = s
+        .enqueue(NewJob::new("q").payload("parent"))
+        .await
+        .expect("enqueue")
+        .id;
     let mut ticker = tokio::time::interval(Duration::from_millis(5));
     let done = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
             ticker.tick().await;
-            if s.get(id).await.expect("get").state == JobState::Succeeded {
+            let children = s.children(id).await.expect("children");
+            if s.get(id).await.expect("get").state == JobState::Succeeded
+                && children.len() == 1
+                && children[0].state == JobState::Succeeded
+            {
                 return;
             }
         }
     })
     .await;
-    assert!(done.is_ok(), "the worker ran the job");
+    assert!(
+        done.is_ok(),
+        "the worker ran the job and the child it enqueued"
+    );
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(20), running)
         .await
