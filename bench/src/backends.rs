@@ -60,7 +60,7 @@ enum Cleanup {
     #[cfg(feature = "redis")]
     Redis(redis::Client),
     #[cfg(feature = "postgres")]
-    Postgres(String),
+    Postgres(String, String),
 }
 
 impl Opened {
@@ -83,7 +83,7 @@ impl Opened {
             #[cfg(feature = "redis")]
             Cleanup::Redis(client) => redis_cleanup(&client, &namespace).await,
             #[cfg(feature = "postgres")]
-            Cleanup::Postgres(url) => postgres_cleanup(&url, &namespace).await,
+            Cleanup::Postgres(url, schema) => postgres_cleanup(&url, &schema).await,
         }
     }
 }
@@ -115,6 +115,55 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 cleanup: Cleanup::Nothing,
             })
         }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => {
+            let dir = tempfile::Builder::new()
+                .prefix("jobs-bench-")
+                .tempdir()
+                .map_err(|e| format!("temp dir: {e}"))?;
+            // The backend's defaults: synchronous = FULL, so every acknowledged write
+            // survives power loss (group commit pays one fsync per batch of writes).
+            let store = jobs_sqlite::SqliteStore::open(dir.path().join("jobs.sqlite3"), settings)
+                .await
+                .map_err(|e| format!("open sqlite: {e}"))?;
+            Ok(Opened {
+                store: Arc::new(store),
+                namespace,
+                cleanup: Cleanup::Dir(dir),
+            })
+        }
+        #[cfg(feature = "redis")]
+        "redis" => {
+            let url = redis_url();
+            let client =
+                redis::Client::open(url.as_str()).map_err(|e| format!("redis url: {e}"))?;
+            let store = jobs_redis::RedisStore::connect(&url, settings)
+                .await
+                .map_err(|e| format!("connect redis: {e}"))?;
+            Ok(Opened {
+                store: Arc::new(store),
+                namespace,
+                cleanup: Cleanup::Redis(client),
+            })
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            // A schema of its own: its tables are dropped whole afterwards, and no
+            // other test's rows are ever touched.
+            let url = postgres_url();
+            let schema = namespace.replace(['-', '.', ':'], "_");
+            let config = jobs_postgres::PostgresConfig::new(&url)
+                .and_then(|c| c.schema(schema.clone()))
+                .map_err(|e| format!("postgres config: {e}"))?;
+            let store = jobs_postgres::PostgresStore::connect_with(config, settings)
+                .await
+                .map_err(|e| format!("connect postgres: {e}"))?;
+            Ok(Opened {
+                store: Arc::new(store),
+                namespace,
+                cleanup: Cleanup::Postgres(url, schema),
+            })
+        }
         other => Err(format!(
             "backend {other:?} is not built into this binary (built: {})",
             compiled().join(", ")
@@ -122,10 +171,114 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
     }
 }
 
+/// Deletes every key of `namespace`: the store's keys all start `jobs:{namespace}:`.
+#[cfg(feature = "redis")]
+async fn redis_cleanup(client: &redis::Client, namespace: &str) -> Result<(), String> {
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("redis cleanup connect: {e}"))?;
+    // `[{]`/`[}]`: braces are literal in Redis globs, but bracketing them is unambiguous.
+    let pattern = format!("jobs:[{{]{namespace}[}}]:*");
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1_000)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("SCAN: {e}"))?;
+        if !keys.is_empty() {
+            redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async::<u64>(&mut conn)
+                .await
+                .map_err(|e| format!("UNLINK: {e}"))?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// Drops the run's schema with everything in it.
+#[cfg(feature = "postgres")]
+async fn postgres_cleanup(url: &str, schema: &str) -> Result<(), String> {
+    let pool = sqlx::PgPool::connect(url)
+        .await
+        .map_err(|e| format!("postgres cleanup connect: {e}"))?;
+    let sql = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+    let dropped = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&pool)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("DROP SCHEMA {schema}: {e}"));
+    pool.close().await;
+    dropped
+}
+
 /// A description of the server behind `backend`, for the report.
 pub async fn server_version(backend: &str) -> Result<String, String> {
     match backend {
         "memory" => Ok("in process".to_owned()),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(format!(
+            "SQLite {} (bundled by rusqlite), synchronous = FULL",
+            rusqlite::version()
+        )),
+        #[cfg(feature = "redis")]
+        "redis" => {
+            let client =
+                redis::Client::open(redis_url().as_str()).map_err(|e| format!("redis url: {e}"))?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| format!("redis connect: {e}"))?;
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| format!("INFO: {e}"))?;
+            let version = info
+                .lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .unwrap_or("unknown")
+                .trim()
+                .to_owned();
+            let persistence: String = redis::cmd("INFO")
+                .arg("persistence")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| format!("INFO: {e}"))?;
+            let aof = persistence
+                .lines()
+                .find_map(|l| l.strip_prefix("aof_enabled:"))
+                .map(|v| if v.trim() == "1" { "AOF on" } else { "AOF off" })
+                .unwrap_or("AOF unknown");
+            Ok(format!("Redis {version} ({aof})"))
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let pool = sqlx::PgPool::connect(&postgres_url())
+                .await
+                .map_err(|e| format!("postgres connect: {e}"))?;
+            let version: String = sqlx::query_scalar("SHOW server_version")
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| format!("server_version: {e}"))?;
+            let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| format!("synchronous_commit: {e}"))?;
+            pool.close().await;
+            Ok(format!(
+                "PostgreSQL {version} (synchronous_commit = {sync})"
+            ))
+        }
         other => Err(format!("no server version for {other:?}")),
     }
 }

@@ -86,9 +86,7 @@ pub async fn start(
         Driver::Loop => Ok(start_loop(store, config, progress)),
         #[cfg(feature = "runtime")]
         Driver::Runtime => Ok(Workers {
-            inner: WorkersInner::Runtime(
-                crate::runtime::start(store, config, progress).await?,
-            ),
+            inner: WorkersInner::Runtime(crate::runtime::start(store, config, progress).await?),
         }),
         #[cfg(not(feature = "runtime"))]
         Driver::Runtime => {
@@ -100,7 +98,9 @@ pub async fn start(
 
 impl Workers {
     /// Stops the workers and waits for them, surfacing the first error any hit.
-    pub async fn stop(self) -> Result<(), String> {
+    /// Returns when every completion was stored, if the handlers could not tell (the
+    /// runtime reports outcomes after its handler returns).
+    pub async fn stop(self) -> Result<Option<std::time::Instant>, String> {
         match self.inner {
             WorkersInner::Loop {
                 mut tasks,
@@ -111,12 +111,14 @@ impl Workers {
                 stop.notify_waiters();
                 let mut first_error = None;
                 while let Some(joined) = tasks.join_next().await {
-                    let outcome = joined.map_err(|e| format!("worker task: {e}")).and_then(|r| r);
+                    let outcome = joined
+                        .map_err(|e| format!("worker task: {e}"))
+                        .and_then(|r| r);
                     if let Err(err) = outcome {
                         first_error.get_or_insert(err);
                     }
                 }
-                first_error.map_or(Ok(()), Err)
+                first_error.map_or(Ok(None), Err)
             }
             #[cfg(feature = "runtime")]
             WorkersInner::Runtime(workers) => workers.stop().await,
@@ -138,9 +140,13 @@ fn start_loop(store: Arc<dyn Store>, config: &DrainConfig, progress: Arc<Progres
             let worker = format!("bench-loop-{n}");
             let queues = vec![config.queue.clone()];
             while !stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                let request = ClaimRequest::new(queues.iter().cloned(), worker.as_str(), config.lease)
-                    .limit(config.batch);
-                let jobs = store.claim(request).await.map_err(|e| format!("claim: {e}"))?;
+                let request =
+                    ClaimRequest::new(queues.iter().cloned(), worker.as_str(), config.lease)
+                        .limit(config.batch);
+                let jobs = store
+                    .claim(request)
+                    .await
+                    .map_err(|e| format!("claim: {e}"))?;
                 if jobs.is_empty() {
                     tokio::select! {
                         waited = store.wait_for_work(&queues, Duration::from_millis(100)) => {

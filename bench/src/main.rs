@@ -135,7 +135,10 @@ fn main() -> ExitCode {
     };
     let workload = parsed.workload.clone();
     let backend = parsed.opts.backend.clone();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("jobs-bench: cannot start tokio: {err}");
@@ -146,7 +149,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             // A failure is a result too: the report records it in the table.
-            Line::new(&workload, &backend).text("error", message.clone()).emit();
+            Line::new(&workload, &backend)
+                .text("error", message.clone())
+                .emit();
             eprintln!("jobs-bench: {workload} on {backend}: {message}");
             ExitCode::FAILURE
         }

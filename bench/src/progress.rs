@@ -76,7 +76,8 @@ impl Progress {
             if self.finished() {
                 return Ok(());
             }
-            let _ = tokio::time::timeout(Duration::from_millis(250), self.all_done.notified()).await;
+            let _ =
+                tokio::time::timeout(Duration::from_millis(250), self.all_done.notified()).await;
             let now_seen = self.completed();
             if now_seen != seen {
                 seen = now_seen;
@@ -90,10 +91,12 @@ impl Progress {
         }
     }
 
-    /// The time from the first handler start to the last completion, once finished.
-    pub fn span(&self) -> Option<Duration> {
+    /// The time from the first handler start to the last completion stored: the last
+    /// [`Self::done`], or `stored_by` when the workers stored completions after it.
+    pub fn span(&self, stored_by: Option<Instant>) -> Option<Duration> {
         let first = *self.first_start.get()?;
         let last = (*self.last_done.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let last = stored_by.map_or(last, |stored| stored.max(last));
         Some(last.saturating_duration_since(first))
     }
 

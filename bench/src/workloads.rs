@@ -132,8 +132,8 @@ pub async fn e2e_backlog(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
     let waited = progress.wait(opts.stall).await;
     let stopped = workers.stop().await;
     waited?;
-    stopped?;
-    let span = progress.span().ok_or("no job ran")?;
+    let stored_by = stopped?;
+    let span = progress.span(stored_by).ok_or("no job ran")?;
     check_drained(store.as_ref()).await?;
     opts.line("e2e-backlog")
         .int("concurrency", opts.concurrency as u64)
@@ -171,9 +171,9 @@ pub async fn e2e_producer(store: Arc<dyn Store>, opts: &Options) -> Result<(), S
     let stopped = workers.stop().await;
     let produced = producer.await.map_err(|e| format!("producer: {e}"))?;
     waited?;
-    stopped?;
+    let stored_by = stopped?;
     let produce_time = produced?;
-    let span = progress.span().ok_or("no job ran")?;
+    let span = progress.span(stored_by).ok_or("no job ran")?;
     check_drained(store.as_ref()).await?;
     opts.line("e2e-producer")
         .int("concurrency", opts.concurrency as u64)
@@ -219,7 +219,9 @@ pub async fn latency(store: Arc<dyn Store>, opts: &Options) -> Result<(), String
         .iter()
         .enumerate()
         .map(|(i, enqueued)| {
-            let started = progress.start_of(i).ok_or(format!("job {i} never started"))?;
+            let started = progress
+                .start_of(i)
+                .ok_or(format!("job {i} never started"))?;
             // A handler may start before the enqueue call has returned to the producer;
             // that pickup took no time after the enqueue returned.
             Ok(millis(started.saturating_duration_since(*enqueued)))
@@ -246,19 +248,26 @@ pub async fn reclaim(store: Arc<dyn Store>, opts: &Options) -> Result<(), String
     const REPEATS: usize = 20;
     let live = opts.jobs;
     fill(store.as_ref(), 0..(EXPIRED as u64), EXPIRED).await?;
-    fill(store.as_ref(), (EXPIRED as u64)..(EXPIRED as u64 + live), 1_000).await?;
+    fill(
+        store.as_ref(),
+        (EXPIRED as u64)..(EXPIRED as u64 + live),
+        1_000,
+    )
+    .await?;
     let short = Duration::from_millis(1);
     let long = Duration::from_secs(3_600);
     // The first jobs enqueued are claimed first (FIFO), on a lease that runs out at once.
-    let request = |ttl: Duration, limit: usize| {
-        ClaimRequest::new([QUEUE], "bench-reclaim", ttl).limit(limit)
-    };
+    let request =
+        |ttl: Duration, limit: usize| ClaimRequest::new([QUEUE], "bench-reclaim", ttl).limit(limit);
     let expiring = store
         .claim(request(short, EXPIRED))
         .await
         .map_err(|e| format!("claim: {e}"))?;
     if expiring.len() != EXPIRED {
-        return Err(format!("claimed {} expiring jobs, wanted {EXPIRED}", expiring.len()));
+        return Err(format!(
+            "claimed {} expiring jobs, wanted {EXPIRED}",
+            expiring.len()
+        ));
     }
     let mut leased = 0u64;
     while leased < live {
@@ -278,13 +287,21 @@ pub async fn reclaim(store: Arc<dyn Store>, opts: &Options) -> Result<(), String
         // The clock has millisecond resolution and expiry is strict (R1): wait past it.
         idle(Duration::from_millis(5)).await;
         let started = Instant::now();
-        let reclaimed = store.reclaim(100).await.map_err(|e| format!("reclaim: {e}"))?;
+        let reclaimed = store
+            .reclaim(100)
+            .await
+            .map_err(|e| format!("reclaim: {e}"))?;
         expired_times.push(millis(started.elapsed()));
         if reclaimed.len() != EXPIRED || reclaimed.iter().any(|r| r.state != JobState::Queued) {
-            return Err(format!("reclaim returned {reclaimed:?}, wanted {EXPIRED} requeued"));
+            return Err(format!(
+                "reclaim returned {reclaimed:?}, wanted {EXPIRED} requeued"
+            ));
         }
         let started = Instant::now();
-        let none = store.reclaim(100).await.map_err(|e| format!("reclaim: {e}"))?;
+        let none = store
+            .reclaim(100)
+            .await
+            .map_err(|e| format!("reclaim: {e}"))?;
         empty_times.push(millis(started.elapsed()));
         if !none.is_empty() {
             return Err(format!("a second reclaim returned {none:?}"));
@@ -313,7 +330,10 @@ pub async fn reclaim(store: Arc<dyn Store>, opts: &Options) -> Result<(), String
 
 /// Checks the queue holds no ready or running job: every job ran and completed.
 async fn check_drained(store: &dyn Store) -> Result<(), String> {
-    let stats = store.stats(QUEUE).await.map_err(|e| format!("stats: {e}"))?;
+    let stats = store
+        .stats(QUEUE)
+        .await
+        .map_err(|e| format!("stats: {e}"))?;
     if stats.ready + stats.scheduled + stats.running + stats.dead + stats.cancelled != 0 {
         return Err(format!("queue not drained cleanly: {stats:?}"));
     }
