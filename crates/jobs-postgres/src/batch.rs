@@ -111,6 +111,9 @@ async fn run<B: Batch>(mut calls: mpsc::UnboundedReceiver<Queued<B>>, batch: Arc
                 Some(call) => waiting.push_back(call),
                 None => return,
             }
+            // One turn of the scheduler lets the rest of a burst (a worker completing
+            // the jobs of one claim) join the first call instead of trailing it.
+            tokio::task::yield_now().await;
         }
         // Gather while every slot is busy: the longer the wait, the bigger the batch.
         let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
