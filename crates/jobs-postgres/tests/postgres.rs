@@ -210,7 +210,9 @@ async fn server_side_connection_kill_is_unavailable_and_loses_nothing() {
                     progress.notify_waiters();
                 }
                 Err(err) if err.is_retryable() => {
-                    unavailable.fetch_add(1, Ordering::SeqCst);
+                    if unavailable.fetch_add(1, Ordering::SeqCst) == 0 {
+                        eprintln!("first call cut off: {err}");
+                    }
                 }
                 Err(err) => failures
                     .lock()
