@@ -14,8 +14,8 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
-/// Tests holding a pool at once: 16 × (4 + 1 listener) connections at most.
-static POOLS: Semaphore = Semaphore::const_new(16);
+/// Tests holding a pool at once: 12 × (4 + 1 listener) connections at most.
+static POOLS: Semaphore = Semaphore::const_new(12);
 
 struct PgHarness {
     backend: PostgresBackend,
