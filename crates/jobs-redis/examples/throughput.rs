@@ -209,6 +209,42 @@ async fn run() -> Res<()> {
             )
             .await;
     }
+    // Claim alone, then complete alone, to split the cost between the two scripts.
+    let batch = (0..jobs.min(50_000))
+        .map(|_| NewJob::new("split").payload(payload.clone()))
+        .collect::<Vec<_>>();
+    for chunk in batch.chunks(1000) {
+        store.enqueue_batch(chunk.to_vec()).await?;
+    }
+    let meter = Meter::start(&mut probe).await;
+    let mut claimed = Vec::new();
+    loop {
+        let request = ClaimRequest::new(["split"], "w", Duration::from_secs(600)).limit(100);
+        let got = store.claim(request).await?;
+        if got.is_empty() {
+            break;
+        }
+        claimed.extend(got);
+    }
+    meter
+        .report(
+            &mut probe,
+            "claim(limit 100) alone, 1 claimer",
+            claimed.len(),
+        )
+        .await;
+    let meter = Meter::start(&mut probe).await;
+    for chunk in claimed.chunks(256) {
+        let completes = chunk
+            .iter()
+            .map(|job| store.complete(job.id(), job.token(), None));
+        for result in join_all(completes).await {
+            result?;
+        }
+    }
+    meter
+        .report(&mut probe, "complete alone, 256 at once", claimed.len())
+        .await;
     cleanup(&url, &namespace).await
 }
 

@@ -159,6 +159,10 @@ async fn execute(mut conn: Conn, keys: &Keys, ttl: i64, batch: Vec<Request>) {
                     "ok" => Ok(()),
                     "notfound" => Err(Error::NotFound { id: request.id }),
                     "lost" => Err(Error::LeaseLost { id: request.id }),
+                    "corrupt" => Err(Error::corrupt(
+                        format!("job {}", request.id),
+                        "unreadable meta field",
+                    )),
                     other => Err(Error::corrupt(
                         "complete reply",
                         format!("unexpected status {other:?}"),

@@ -8,20 +8,14 @@ use redis::Value;
 
 /// The job hash fields `get` reads and `claim.lua` returns, in this order. Must match
 /// `JOB_FIELDS` in `lua/lib.lua`.
-pub(crate) const JOB_FIELDS: [&str; 19] = [
-    "queue",
-    "tenant",
-    "key",
-    "prio",
+pub(crate) const JOB_FIELDS: [&str; 13] = [
+    "meta",
     "run_at",
-    "max_att",
-    "parent",
     "state",
     "att",
     "token",
     "worker",
     "lease_exp",
-    "created",
     "started",
     "hb",
     "finished",
@@ -29,6 +23,73 @@ pub(crate) const JOB_FIELDS: [&str; 19] = [
     "result",
     "cancel",
 ];
+
+/// The fields a job never changes, packed into the `meta` hash field so the scripts read
+/// and write few values per job:
+/// `QUEUE PARENT PRIO MAX_ATTEMPTS CREATED TENANT_LEN KEY_LEN TENANTKEY`, with `PARENT`
+/// and `KEY_LEN` `-` when absent. Tenant and key come last, cut by their byte lengths,
+/// so they may hold spaces or any other character. `lua/lib.lua` (`meta_head`) reads the
+/// first five.
+pub(crate) struct Meta {
+    pub queue: String,
+    pub parent: Option<JobId>,
+    pub priority: i16,
+    pub max_attempts: u32,
+    pub created_at: Timestamp,
+    pub tenant: String,
+    pub idempotency_key: Option<String>,
+}
+
+/// Packs a new job's immutable fields (see [`Meta`]).
+pub(crate) fn encode_meta(job: &jobs_core::NewJob, created_at: Timestamp) -> String {
+    let parent = job.parent.map_or_else(|| "-".to_owned(), |p| p.to_string());
+    let key_len = job
+        .idempotency_key
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), |k| k.len().to_string());
+    format!(
+        "{} {parent} {} {} {} {} {key_len} {}{}",
+        job.queue,
+        job.priority,
+        job.max_attempts,
+        created_at.as_millis(),
+        job.tenant.len(),
+        job.tenant,
+        job.idempotency_key.as_deref().unwrap_or(""),
+    )
+}
+
+/// Unpacks a `meta` field; `None` when it is malformed.
+pub(crate) fn decode_meta(text: &str) -> Option<Meta> {
+    let mut parts = text.splitn(8, ' ');
+    let queue = parts.next()?.to_owned();
+    let parent = match parts.next()? {
+        "-" => None,
+        id => Some(JobId::from_str(id).ok()?),
+    };
+    let priority = parts.next()?.parse().ok()?;
+    let max_attempts = parts.next()?.parse().ok()?;
+    let created_at = Timestamp::from_millis(parts.next()?.parse().ok()?);
+    let tenant_len: usize = parts.next()?.parse().ok()?;
+    let key_len: Option<usize> = match parts.next()? {
+        "-" => None,
+        len => Some(len.parse().ok()?),
+    };
+    let rest = parts.next()?;
+    if rest.len() != tenant_len + key_len.unwrap_or(0) || !rest.is_char_boundary(tenant_len) {
+        return None;
+    }
+    let (tenant, key) = rest.split_at(tenant_len);
+    Some(Meta {
+        queue,
+        parent,
+        priority,
+        max_attempts,
+        created_at,
+        tenant: tenant.to_owned(),
+        idempotency_key: key_len.map(|_| key.to_owned()),
+    })
+}
 
 /// A reply's bytes: bulk and simple strings as they are, integers in decimal, nil as `None`.
 pub(crate) fn opt_bytes(value: &Value) -> Option<Vec<u8>> {
@@ -155,7 +216,7 @@ pub(crate) fn is_missing(values: &[Option<Vec<u8>>]) -> bool {
 
 /// A job from the values of [`JOB_FIELDS`], in order.
 pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<Job> {
-    let result = values.get_mut(17).and_then(Option::take).map(Bytes::from);
+    let result = values.get_mut(11).and_then(Option::take).map(Bytes::from);
     let f = Fields {
         id,
         values: &values,
@@ -166,42 +227,74 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
             format!("{} fields, expected {}", values.len(), JOB_FIELDS.len()),
         ));
     }
-    let state_text = f.text(7)?;
+    let meta_text = f.text(0)?;
+    let meta = decode_meta(&meta_text)
+        .ok_or_else(|| f.corrupt("meta", format!("unreadable: {meta_text:?}")))?;
+    let state_text = f.text(2)?;
     let state = JobState::from_str(&state_text)
         .map_err(|_| f.corrupt("state", format!("unknown state {state_text:?}")))?;
     let lease = if state == JobState::Running {
         Some(Lease {
-            worker: f.text(10)?,
-            token: LeaseToken::new(f.num(9)?),
-            expires_at: f.time(11)?,
+            worker: f.text(5)?,
+            token: LeaseToken::new(f.num(4)?),
+            expires_at: f.time(6)?,
         })
     } else {
         None
     };
-    let parent = f
-        .opt_text(6)?
-        .map(|text| {
-            JobId::from_str(&text).map_err(|_| f.corrupt("parent", format!("bad id {text:?}")))
-        })
-        .transpose()?;
     Ok(Job {
         id,
-        queue: f.text(0)?,
-        tenant: f.opt_text(1)?.unwrap_or_default(),
-        idempotency_key: f.opt_text(2)?,
-        priority: f.num(3)?,
-        run_at: f.time(4)?,
-        max_attempts: f.num(5)?,
-        parent,
+        queue: meta.queue,
+        tenant: meta.tenant,
+        idempotency_key: meta.idempotency_key,
+        priority: meta.priority,
+        run_at: f.time(1)?,
+        max_attempts: meta.max_attempts,
+        parent: meta.parent,
         state,
-        attempts: f.opt_num(8)?.unwrap_or(0),
+        attempts: f.opt_num(3)?.unwrap_or(0),
         lease,
-        created_at: f.time(12)?,
-        started_at: f.opt_time(13)?,
-        heartbeat_at: f.opt_time(14)?,
-        finished_at: f.opt_time(15)?,
-        last_error: f.opt_text(16)?,
+        created_at: meta.created_at,
+        started_at: f.opt_time(7)?,
+        heartbeat_at: f.opt_time(8)?,
+        finished_at: f.opt_time(9)?,
+        last_error: f.opt_text(10)?,
         result,
-        cancel_requested: f.raw(18) == Some(b"1"),
+        cancel_requested: f.raw(12) == Some(b"1"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jobs_core::NewJob;
+
+    #[test]
+    fn meta_round_trips_any_tenant_and_key() {
+        let parent = JobId::mint(Timestamp::from_millis(5));
+        let cases = [
+            NewJob::new("q"),
+            NewJob::new("a.b:c-d_e")
+                .tenant("t with spaces ")
+                .idempotency_key(" k\n{}")
+                .priority(i16::MIN)
+                .max_attempts(u32::MAX)
+                .parent(parent),
+            NewJob::new("q").tenant("ünï").idempotency_key("é"),
+            NewJob::new("q").idempotency_key("-"),
+        ];
+        for job in cases {
+            let text = encode_meta(&job, Timestamp::from_millis(-42));
+            let meta = decode_meta(&text).expect("decodes");
+            assert_eq!(meta.queue, job.queue);
+            assert_eq!(meta.parent, job.parent);
+            assert_eq!(meta.priority, job.priority);
+            assert_eq!(meta.max_attempts, job.max_attempts);
+            assert_eq!(meta.created_at, Timestamp::from_millis(-42));
+            assert_eq!(meta.tenant, job.tenant);
+            assert_eq!(meta.idempotency_key, job.idempotency_key);
+        }
+        assert!(decode_meta("q - 0 1 5 3 - ab").is_none());
+        assert!(decode_meta("garbage").is_none());
+    }
 }

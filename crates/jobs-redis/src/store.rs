@@ -20,7 +20,8 @@ use redis::{ScriptInvocation, Value};
 
 use crate::batch::Completer;
 use crate::codec::{
-    array, decode_job, int, into_opt_bytes, is_missing, job_id, member_id, text, JOB_FIELDS,
+    array, decode_job, encode_meta, int, into_opt_bytes, is_missing, job_id, member_id, text,
+    JOB_FIELDS,
 };
 use crate::conn::{map_err, Conn};
 use crate::keys::Keys;
@@ -358,8 +359,7 @@ impl RedisStore {
             invocation
                 .arg(id.to_string())
                 .arg(&job.queue)
-                .arg(&job.tenant)
-                .arg(job.idempotency_key.as_deref().unwrap_or(""))
+                .arg(encode_meta(job, now))
                 .arg(if job.idempotency_key.is_some() {
                     "1"
                 } else {
@@ -370,7 +370,6 @@ impl RedisStore {
                 .arg(run_at.as_millis())
                 .arg(ready_hex(run_at))
                 .arg(if run_at <= now { "1" } else { "0" })
-                .arg(job.max_attempts)
                 .arg(job.parent.map(|p| p.to_string()).unwrap_or_default());
         }
         for id in known {
@@ -553,6 +552,7 @@ impl RedisStore {
         match word {
             "notfound" => Error::NotFound { id },
             "lost" => Error::LeaseLost { id },
+            "corrupt" => Error::corrupt(format!("job {id}"), "unreadable meta field"),
             other => unexpected(what, other),
         }
     }
@@ -852,8 +852,7 @@ impl Store for RedisStore {
             (word, [state]) if word == "ok" => {
                 parse_state(&text(state, "cancel reply")?, "cancel reply")
             }
-            (word, _) if word == "notfound" => Err(Error::NotFound { id }),
-            (word, _) => Err(unexpected("cancel reply", &word)),
+            (word, _) => Err(Self::lease_call_error(id, &word, "cancel reply")),
         }
     }
 
@@ -874,13 +873,12 @@ impl Store for RedisStore {
         let reply = self.invoke(&invocation, "retry").await?;
         match status(&reply, "retry reply")? {
             (word, _) if word == "ok" => Ok(()),
-            (word, _) if word == "notfound" => Err(Error::NotFound { id }),
             (word, [state]) if word == "state" => Err(Error::InvalidState {
                 id,
                 state: parse_state(&text(state, "retry reply")?, "retry reply")?,
                 operation: "retry",
             }),
-            (word, _) => Err(unexpected("retry reply", &word)),
+            (word, _) => Err(Self::lease_call_error(id, &word, "retry reply")),
         }
     }
 

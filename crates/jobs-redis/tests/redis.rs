@@ -538,10 +538,22 @@ async fn corrupt_record_is_reported() {
     let store = env.store().await;
     let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
     let key = jobs_redis::job_key(&env.settings.namespace, id);
-    let _: () = env.admin.hset(&key, "prio", "high").await.expect("HSET");
+    let meta: String = env.admin.hget(&key, "meta").await.expect("HGET");
+    let _: () = env
+        .admin
+        .hset(&key, "meta", "q - high")
+        .await
+        .expect("HSET");
     let err = store.get(id).await.expect_err("corrupt");
     assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
-    let _: () = env.admin.hset(&key, "prio", "0").await.expect("HSET");
+    // Scripts refuse to act on it too, and write nothing.
+    let err = store.cancel(id).await.expect_err("corrupt");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    let _: () = env.admin.hset(&key, "meta", &meta).await.expect("HSET");
+    assert_eq!(
+        store.get(id).await.expect("readable again").state,
+        JobState::Queued
+    );
     let _: () = env
         .admin
         .hset(&key, "state", "sleeping")

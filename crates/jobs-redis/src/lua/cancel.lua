@@ -7,23 +7,27 @@
 -- ARGV[1] job id               ARGV[2] now (ms)
 -- ARGV[3] garbage-collection TTL of a terminal record (ms)
 --
--- Returns {'ok', state after the call} | {'notfound'}
+-- Returns {'ok', state after the call} | {'notfound'} | {'corrupt'} (unreadable meta)
 --
 -- Atomicity: a queued job leaves the ready and scheduled indexes in the same step that
 -- makes it cancelled, so no claim can take it afterwards.
 
 local job, ready, sched, list, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, now = ARGV[1], ARGV[2]
-local v = redis.call('HMGET', job, 'state', 'queue', 'order', 'parent')
+local v = redis.call('HMGET', job, 'state', 'meta', 'order')
 if not v[1] then
   return { 'notfound' }
 end
 local state = v[1]
+local queue, parent = meta_head(v[2])
 if state == 'queued' then
-  local member = queue_member(v[2], v[3], id)
+  if not queue or not v[3] then
+    return { 'corrupt' }
+  end
+  local member = queue_member(queue, v[3], id)
   redis.call('ZREM', ready, member)
   redis.call('ZREM', sched, member)
-  finish(job, list, done, v[2], id, v[4] or nil, 'queued', 'cancelled', now, ARGV[3])
+  finish(job, list, done, queue, id, parent, 'queued', 'cancelled', now, ARGV[3])
   return { 'ok', 'cancelled' }
 end
 if state == 'running' then

@@ -14,8 +14,8 @@
 -- Returns one of:
 --   {'promote'}               more due scheduled jobs than the bound: some were moved to
 --                             the ready index, nothing was claimed; call again
---   {'ok', claimed, hint}     claimed: one array per leased job, JOB_FIELDS in order, then
---                             the payload, then the id; hint: the ids now at the head of
+--   {'ok', claimed, hint}     claimed: one array per leased job, JOB_FIELDS (lib.lua) in
+--                             order, then the payload, then the id; hint: the ids now at the head of
 --                             the ready order (at most the hint size), for the next call
 --
 -- The script only touches hashes passed in KEYS, so it cannot follow the ready index to
@@ -72,7 +72,7 @@ for i, name in ipairs(JOB_FIELDS) do
   read_fields[i] = name
 end
 read_fields[#read_fields + 1] = 'payload'
-local F_STATE, F_ATT, F_TOKEN, F_WORKER, F_LEASE, F_STARTED, F_HB = 8, 9, 10, 11, 12, 14, 15
+local F_STATE, F_ATT, F_TOKEN, F_WORKER, F_LEASE, F_STARTED, F_HB = 3, 4, 5, 6, 7, 8, 9
 local F_PAYLOAD = #JOB_FIELDS + 1
 
 local claimed = {}

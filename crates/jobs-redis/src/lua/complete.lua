@@ -8,7 +8,7 @@
 -- for job j, 5 values from ARGV[1 + 5(j-1) + 1]:
 --   id, token, now (ms), '1' if a result is given else '0', the result bytes
 --
--- Returns one status per job, in order: 'ok' | 'notfound' | 'lost'.
+-- Returns one status per job, in order: 'ok' | 'notfound' | 'lost' | 'corrupt' (unreadable meta).
 --
 -- Atomicity: each job's state, result, lease, list and finished entries change in the
 -- same call, and the whole batch is one script. Jobs are handled in order, so a second
@@ -23,13 +23,15 @@ for j = 1, #KEYS - 3 do
   local a = 1 + 5 * (j - 1)
   local job = KEYS[3 + j]
   local id, token, now = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local v = redis.call('HMGET', job, 'state', 'token', 'queue', 'parent')
+  local v = redis.call('HMGET', job, 'state', 'token', 'meta')
+  local queue, parent = meta_head(v[3])
   if not v[1] then
     out[j] = 'notfound'
   elseif v[1] ~= 'running' or v[2] ~= token then
     out[j] = 'lost'
+  elseif not queue then
+    out[j] = 'corrupt'
   else
-    local queue = v[3]
     if ARGV[a + 4] == '1' then
       redis.call('HSET', job, 'state', 'succeeded', 'finished', now, 'result', ARGV[a + 5])
     else
@@ -41,7 +43,7 @@ for j = 1, #KEYS - 3 do
     list_new[#list_new + 1] = 0
     list_new[#list_new + 1] = list_member(queue, 'succeeded', id)
     done_new[#done_new + 1] = now
-    done_new[#done_new + 1] = done_member(queue, 'succeeded', id, v[4] or nil)
+    done_new[#done_new + 1] = done_member(queue, 'succeeded', id, parent)
     out[j] = 'ok'
   end
 end

@@ -15,9 +15,9 @@
 --                                       created_at > now - dedup_window
 -- ARGV[3] dedup key TTL in ms ('0': the window is empty, write no dedup key)
 -- ARGV[4] N                     ARGV[5] wake-up channel
--- for job j, 12 values from ARGV[5 + 12(j-1) + 1]:
---   id, queue, tenant, idempotency key, has key ('1'/'0'), payload, priority, run_at,
---   run_at as 16 hex digits, due ('1' when run_at <= now), max_attempts, parent id or ''
+-- for job j, 10 values from ARGV[5 + 10(j-1) + 1]:
+--   id, queue, meta (the packed immutable fields, see lib.lua), has key ('1'/'0'), payload,
+--   priority, run_at, run_at as 16 hex digits, due ('1' when run_at <= now), parent id or ''
 -- then E ids (see the extra KEYS).
 --
 -- Returns one of:
@@ -37,12 +37,12 @@ local cutoff = tonumber(ARGV[2])
 local dedup_ttl = ARGV[3]
 local n = tonumber(ARGV[4])
 local channel = ARGV[5]
-local PER_JOB = 12
+local PER_JOB = 10
 local extra_keys = #KEYS - 5 - 3 * n
 
 for j = 1, n do
   local a = 5 + PER_JOB * (j - 1)
-  if ARGV[a + 12] ~= '' and redis.call('EXISTS', KEYS[3 * j + 5]) == 0 then
+  if ARGV[a + 10] ~= '' and redis.call('EXISTS', KEYS[3 * j + 5]) == 0 then
     return { 'parent', j }
   end
 end
@@ -73,11 +73,11 @@ end
 
 for j = 1, n do
   local a = 5 + PER_JOB * (j - 1)
-  local id, queue, tenant, key = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  local has_key = ARGV[a + 5] == '1'
-  local prio, run_at, run_hex = ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
-  local due = ARGV[a + 10] == '1'
-  local parent = ARGV[a + 12]
+  local id, queue, meta = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local has_key = ARGV[a + 4] == '1'
+  local prio, run_at, run_hex = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
+  local due = ARGV[a + 9] == '1'
+  local parent = ARGV[a + 10]
   local job, dedup = KEYS[3 * j + 3], KEYS[3 * j + 4]
 
   local existing = nil
@@ -90,7 +90,7 @@ for j = 1, n do
         return { 'need', j, current, results }
       end
       -- A key deduplicates while its job exists and is inside the window (E2, E5, E6).
-      local created = redis.call('HGET', current_job, 'created')
+      local _, _, _, _, created = meta_head(redis.call('HGET', current_job, 'meta'))
       if created and tonumber(created) > cutoff then
         existing = current
       end
@@ -101,18 +101,8 @@ for j = 1, n do
     results[#results + 1] = { existing, 0 }
   else
     local order = order_key(prio, run_hex, seq_base + j)
-    local fields = { 'queue', queue, 'tenant', tenant, 'prio', prio, 'run_at', run_at,
-      'max_att', ARGV[a + 11], 'state', 'queued', 'att', '0', 'token', '0', 'created', now,
-      'order', order, 'payload', ARGV[a + 6] }
-    if has_key then
-      fields[#fields + 1] = 'key'
-      fields[#fields + 1] = key
-    end
-    if parent ~= '' then
-      fields[#fields + 1] = 'parent'
-      fields[#fields + 1] = parent
-    end
-    redis.call('HSET', job, unpack(fields))
+    redis.call('HSET', job, 'meta', meta, 'run_at', run_at, 'state', 'queued', 'att', '0',
+      'token', '0', 'order', order, 'payload', ARGV[a + 5])
     local member = queue_member(queue, order, id)
     if due then
       ready_pairs[#ready_pairs + 1] = 0

@@ -12,7 +12,7 @@
 -- ARGV[8] garbage-collection TTL of a terminal record (ms)
 -- ARGV[9] wake-up channel
 --
--- Returns {'ok', new state} | {'notfound'} | {'lost'}
+-- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt'} (unreadable meta)
 --
 -- A cancel-requested job becomes cancelled; a job with attempts left and a retry time is
 -- queued at that time; any other becomes dead.
@@ -22,24 +22,27 @@
 
 local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local id, now = ARGV[1], ARGV[3]
-local v = redis.call('HMGET', job, 'state', 'token', 'queue', 'parent', 'att', 'max_att', 'prio', 'cancel')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel')
 if not v[1] then
   return { 'notfound' }
 end
 if v[1] ~= 'running' or v[2] ~= ARGV[2] then
   return { 'lost' }
 end
-local queue, parent = v[3], v[4] or nil
+local queue, parent, prio, max_att = meta_head(v[3])
+if not queue then
+  return { 'corrupt' }
+end
 redis.call('HSET', job, 'error', ARGV[4])
 redis.call('ZREM', leases, lease_member(queue, id))
 local state
-if v[8] == '1' then
+if v[5] == '1' then
   state = 'cancelled'
   finish(job, list, done, queue, id, parent, 'running', state, now, ARGV[8])
-elseif ARGV[5] ~= '' and tonumber(v[5]) < tonumber(v[6]) then
+elseif ARGV[5] ~= '' and tonumber(v[4]) < tonumber(max_att) then
   state = 'queued'
   local due = ARGV[7] == '1'
-  requeue(job, ready, sched, list, seq, queue, id, v[7], ARGV[5], ARGV[6], due, 'running')
+  requeue(job, ready, sched, list, seq, queue, id, prio, ARGV[5], ARGV[6], due, 'running')
   if due then
     redis.call('PUBLISH', ARGV[9], queue)
   end

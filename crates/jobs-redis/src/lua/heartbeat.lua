@@ -4,18 +4,22 @@
 -- ARGV[1] job id               ARGV[2] token
 -- ARGV[3] now (ms)             ARGV[4] new lease expiry (ms)
 --
--- Returns {'ok', cancel requested ('1'/'0')} | {'notfound'} | {'lost'}
+-- Returns {'ok', cancel requested ('1'/'0')} | {'notfound'} | {'lost'} | {'corrupt'}
 --
 -- Atomicity: the hash and the lease index move together; a missing hash is never written.
 
 local job, leases = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', job, 'state', 'token', 'queue', 'cancel')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel')
 if not v[1] then
   return { 'notfound' }
 end
 if v[1] ~= 'running' or v[2] ~= ARGV[2] then
   return { 'lost' }
 end
+local queue = meta_head(v[3])
+if not queue then
+  return { 'corrupt' }
+end
 redis.call('HSET', job, 'lease_exp', ARGV[4], 'hb', ARGV[3])
-redis.call('ZADD', leases, ARGV[4], lease_member(v[3], ARGV[1]))
+redis.call('ZADD', leases, ARGV[4], lease_member(queue, ARGV[1]))
 return { 'ok', v[4] or '0' }

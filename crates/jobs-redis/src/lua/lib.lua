@@ -14,9 +14,24 @@
 local STATE_CODE = { queued = 'q', running = 'r', succeeded = 's', dead = 'd', cancelled = 'c' }
 
 -- The job hash fields `get` and `claim` return, in the order the Rust side decodes them.
-local JOB_FIELDS = { 'queue', 'tenant', 'key', 'prio', 'run_at', 'max_att', 'parent', 'state',
-  'att', 'token', 'worker', 'lease_exp', 'created', 'started', 'hb', 'finished', 'error',
-  'result', 'cancel' }
+local JOB_FIELDS = { 'meta', 'run_at', 'state', 'att', 'token', 'worker', 'lease_exp',
+  'started', 'hb', 'finished', 'error', 'result', 'cancel' }
+
+-- The fields a job never changes are packed by Rust into one `meta` field, so scripts read
+-- and write few values per job: "QUEUE PARENT PRIO MAX_ATTEMPTS CREATED TLEN KLEN TENANTKEY"
+-- (PARENT and KLEN are '-' when absent; tenant and key come last, by length, so they may
+-- hold any byte). Returns queue, parent (nil if none), priority, max attempts, created_at
+-- as strings, or nil when the field is missing or malformed.
+local function meta_head(meta)
+  if not meta then
+    return nil
+  end
+  local queue, parent, prio, max_att, created = string.match(meta, '^(%S+) (%S+) (%S+) (%S+) (%S+) ')
+  if parent == '-' then
+    parent = nil
+  end
+  return queue, parent, prio, max_att, created
+end
 
 -- Most members one ZADD/ZREM call takes: Lua's unpack is limited to a few thousand values.
 local CHUNK = 1000

@@ -36,23 +36,24 @@ for i = 1, #KEYS - 5 do
   if score and tonumber(score) < now_n then
     local id = string.sub(member, -36)
     local queue = string.sub(member, 1, #member - 37)
-    local v = redis.call('HMGET', job, 'state', 'att', 'max_att', 'prio', 'cancel', 'parent')
+    local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel')
+    local _, parent, prio, max_att = meta_head(v[3])
     redis.call('ZREM', leases, member)
     if not v[1] then
       -- The hash vanished (R5): drop its entries, write nothing.
       redis.call('ZREM', list, list_member(queue, 'running', id))
-    elseif v[1] == 'running' then
+    elseif v[1] == 'running' and prio then
       redis.call('HSET', job, 'error', message)
       local state
-      if v[5] == '1' then
+      if v[4] == '1' then
         state = 'cancelled'
-        finish(job, list, done, queue, id, v[6] or nil, 'running', state, now, ttl)
-      elseif tonumber(v[2]) >= tonumber(v[3]) then
+        finish(job, list, done, queue, id, parent, 'running', state, now, ttl)
+      elseif tonumber(v[2]) >= tonumber(max_att) then
         state = 'dead'
-        finish(job, list, done, queue, id, v[6] or nil, 'running', state, now, ttl)
+        finish(job, list, done, queue, id, parent, 'running', state, now, ttl)
       else
         state = 'queued'
-        requeue(job, ready, nil, list, seq, queue, id, v[4], now, now_hex, true, 'running')
+        requeue(job, ready, nil, list, seq, queue, id, prio, now, now_hex, true, 'running')
         if not woken[queue] then
           woken[queue] = true
           redis.call('PUBLISH', channel, queue)
@@ -60,7 +61,8 @@ for i = 1, #KEYS - 5 do
       end
       out[#out + 1] = { id, state }
     end
-    -- Any other state means the entry was stale; it is only removed.
+    -- Any other state means the entry was stale, and an unreadable meta field cannot be
+    -- requeued: either way the entry is only removed (`get` reports the corrupt record).
   end
 end
 return { examined, out }

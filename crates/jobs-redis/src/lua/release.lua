@@ -10,26 +10,29 @@
 -- ARGV[5] garbage-collection TTL of a terminal record (ms)
 -- ARGV[6] wake-up channel
 --
--- Returns {'ok', new state} | {'notfound'} | {'lost'}
+-- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt'} (unreadable meta)
 --
 -- Atomicity: as fail.lua.
 
 local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local id, now = ARGV[1], ARGV[3]
-local v = redis.call('HMGET', job, 'state', 'token', 'queue', 'parent', 'prio', 'cancel')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel')
 if not v[1] then
   return { 'notfound' }
 end
 if v[1] ~= 'running' or v[2] ~= ARGV[2] then
   return { 'lost' }
 end
-local queue = v[3]
+local queue, parent, prio = meta_head(v[3])
+if not queue then
+  return { 'corrupt' }
+end
 redis.call('ZREM', leases, lease_member(queue, id))
-if v[6] == '1' then
-  finish(job, list, done, queue, id, v[4] or nil, 'running', 'cancelled', now, ARGV[5])
+if v[4] == '1' then
+  finish(job, list, done, queue, id, parent, 'running', 'cancelled', now, ARGV[5])
   return { 'ok', 'cancelled' }
 end
 redis.call('HINCRBY', job, 'att', -1)
-requeue(job, ready, sched, list, seq, queue, id, v[5], now, ARGV[4], true, 'running')
+requeue(job, ready, sched, list, seq, queue, id, prio, now, ARGV[4], true, 'running')
 redis.call('PUBLISH', ARGV[6], queue)
 return { 'ok', 'queued' }

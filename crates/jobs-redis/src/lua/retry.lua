@@ -7,7 +7,8 @@
 -- ARGV[1] job id               ARGV[2] now (ms)
 -- ARGV[3] now as 16 hex digits ARGV[4] wake-up channel
 --
--- Returns {'ok'} | {'notfound'} | {'state', current state} (not dead or cancelled)
+-- Returns {'ok'} | {'notfound'} | {'state', current state} (not dead or cancelled) |
+-- {'corrupt'} (unreadable meta)
 --
 -- Atomicity: the check and the move are one step, so of concurrent retries exactly one
 -- finds the job dead or cancelled. The record loses its garbage-collection TTL in the same
@@ -15,7 +16,7 @@
 
 local job, ready, list, done, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, now = ARGV[1], ARGV[2]
-local v = redis.call('HMGET', job, 'state', 'queue', 'parent', 'prio')
+local v = redis.call('HMGET', job, 'state', 'meta')
 if not v[1] then
   return { 'notfound' }
 end
@@ -23,11 +24,14 @@ local state = v[1]
 if state ~= 'dead' and state ~= 'cancelled' then
   return { 'state', state }
 end
-local queue = v[2]
-redis.call('ZREM', done, done_member(queue, state, id, v[3] or nil))
+local queue, parent, prio = meta_head(v[2])
+if not queue then
+  return { 'corrupt' }
+end
+redis.call('ZREM', done, done_member(queue, state, id, parent))
 redis.call('PERSIST', job)
 redis.call('HSET', job, 'att', '0', 'cancel', '0')
 redis.call('HDEL', job, 'finished', 'result')
-requeue(job, ready, nil, list, seq, queue, id, v[4], now, ARGV[3], true, state)
+requeue(job, ready, nil, list, seq, queue, id, prio, now, ARGV[3], true, state)
 redis.call('PUBLISH', ARGV[4], queue)
 return { 'ok' }
