@@ -252,7 +252,11 @@ pub fn skip_or_fail<T>(service: &str, url: &str, error: &dyn std::fmt::Display) 
     if required {
         panic!("{service} at {url} is required (JOBS_REQUIRE_SERVICES=1) but unreachable: {error}");
     }
-    eprintln!(
+    // Written to the process's stderr directly: the test harness captures `eprintln!`
+    // of passing tests, which would make the skip silent.
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
         "\n*** SKIPPED: {service} at {url} is unreachable ({error}).\n*** Start it, or set the URL; CI sets JOBS_REQUIRE_SERVICES=1 and fails here.\n"
     );
     None
