@@ -743,7 +743,26 @@ async fn cluster_namespaces_spread_over_masters() {
         let store = RedisStore::connect_cluster(&urls, settings)
             .await
             .expect("connect cluster");
+        // Wake-ups cross the cluster: the subscriber listens on the first node, the
+        // script publishes on whichever master owns the namespace.
+        assert!(store.wake_ready(Duration::from_secs(10)).await);
+        let waiter = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .wait_for_work(&["q".to_owned()], Duration::from_secs(60))
+                    .await
+            })
+        };
+        while store.waiting_for_work() == 0 {
+            tokio::task::yield_now().await;
+        }
         let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter was not woken across the cluster")
+            .expect("join")
+            .expect("wait_for_work");
         let claimed = store
             .claim_one(&["q"], "w", Duration::from_secs(1))
             .await
