@@ -53,7 +53,13 @@ async fn drain(store: Arc<SqliteStore>, worker: String) -> Vec<String> {
     let queues: Vec<String> = QUEUES.iter().map(|q| q.to_string()).collect();
     let mut lines = Vec::new();
     let mut limit = 1;
+    // A bound, so a child whose parent died does not run forever.
+    let started = std::time::Instant::now();
     loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "{worker}: still draining after five minutes"
+        );
         let all_enqueued = match store.stats(DONE_QUEUE).await {
             Ok(stats) => stats.ready > 0,
             Err(err) => panic!("{worker}: stats failed: {err}"),
@@ -108,18 +114,17 @@ fn child_drainer() {
 }
 
 fn spawn_child(db: &Path, name: &str) -> std::process::Child {
+    spawn_test(db, name, "child_drainer")
+}
+
+/// Runs test `test` of this binary as a child process with the child environment set.
+fn spawn_test(db: &Path, name: &str, test: &str) -> std::process::Child {
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(err) => panic!("no current exe: {err}"),
     };
     let spawned = Command::new(exe)
-        .args([
-            "--exact",
-            "child_drainer",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
         .env(CHILD_DB, db)
         .env(CHILD_NAME, name)
         .stdout(Stdio::piped())
@@ -288,6 +293,108 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
                 0,
                 "{queue}: {stats:?}"
             );
+        }
+    });
+}
+
+const KEYS: usize = 25;
+
+/// Child mode of the next test: open the (possibly new) file and enqueue one job per
+/// shared idempotency key, printing `KEY <n> <id> <created>`.
+#[test]
+fn child_opener() {
+    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
+        return;
+    };
+    runtime().block_on(async move {
+        let store = match SqliteStore::open_with(&db, settings(), config()).await {
+            Ok(store) => store,
+            Err(err) => panic!("child {name}: open failed: {err}"),
+        };
+        for n in 0..KEYS {
+            let job = NewJob::new("keys")
+                .tenant("shared")
+                .idempotency_key(format!("key-{n}"))
+                .payload(name.clone().into_bytes());
+            match store.enqueue(job).await {
+                Ok(done) => println!("\nKEY {n} {} {}", done.id, done.created),
+                Err(err) => panic!("child {name}: enqueue failed: {err}"),
+            }
+        }
+    });
+}
+
+/// Four processes open a file that does not exist yet at the same moment: the schema is
+/// created once, and their enqueues with the same idempotency keys make one job per key,
+/// whoever wins each key.
+#[test]
+fn processes_opening_a_new_file_at_once_migrate_once_and_share_keys() {
+    if std::env::var(CHILD_DB).is_ok() {
+        return;
+    }
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => panic!("no temp dir: {err}"),
+    };
+    let db = dir.path().join("fresh.db");
+    let mut children: Vec<_> = (0..4)
+        .map(|n| spawn_test(&db, &format!("opener{n}"), "child_opener"))
+        .collect();
+    let mut by_key: HashMap<String, Vec<(String, bool)>> = HashMap::new();
+    for child in &mut children {
+        let Some(stdout) = child.stdout.take() else {
+            panic!("a child has no stdout");
+        };
+        for line in BufReader::new(stdout).lines().map_while(|line| line.ok()) {
+            let Some(rest) = line.split("KEY ").nth(1) else {
+                continue;
+            };
+            let parts: Vec<&str> = rest.split_whitespace().collect();
+            if let [key, id, created] = parts[..] {
+                by_key
+                    .entry(key.to_owned())
+                    .or_default()
+                    .push((id.to_owned(), created == "true"));
+            }
+        }
+        match child.wait() {
+            Ok(status) => assert!(status.success(), "a child failed: {status}"),
+            Err(err) => panic!("cannot wait for a child: {err}"),
+        }
+    }
+    assert_eq!(by_key.len(), KEYS);
+    for (key, answers) in &by_key {
+        assert_eq!(answers.len(), 4, "key {key}: {answers:?}");
+        let first = &answers[0].0;
+        assert!(
+            answers.iter().all(|(id, _)| id == first),
+            "key {key}: {answers:?}"
+        );
+        let created = answers.iter().filter(|(_, created)| *created).count();
+        assert_eq!(created, 1, "key {key}: {answers:?}");
+    }
+
+    let conn = match rusqlite::Connection::open(&db) {
+        Ok(conn) => conn,
+        Err(err) => panic!("{err}"),
+    };
+    let versions: Vec<i64> = match conn
+        .prepare("SELECT value FROM jobq_meta WHERE name = 'schema_version'")
+        .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
+    {
+        Ok(versions) => versions,
+        Err(err) => panic!("{err}"),
+    };
+    assert_eq!(versions, vec![jobs_sqlite::SCHEMA_VERSION]);
+    let rt = runtime();
+    rt.block_on(async {
+        let store = match SqliteStore::open_with(&db, settings(), config()).await {
+            Ok(store) => store,
+            Err(err) => panic!("open failed: {err}"),
+        };
+        match store.stats("keys").await {
+            Ok(stats) => assert_eq!(stats.total(), KEYS as u64, "{stats:?}"),
+            Err(err) => panic!("stats failed: {err}"),
         }
     });
 }
