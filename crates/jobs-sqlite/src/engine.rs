@@ -126,7 +126,14 @@ where
             let result = f(tx);
             if let Err(err) = &result {
                 if tx.conn.total_changes() != before {
-                    let spoiled = CommitError::from_error(err);
+                    // The other operations of the group did nothing wrong: they are told
+                    // to retry, which will succeed.
+                    let spoiled = CommitError {
+                        message: format!(
+                            "another operation of the group failed after writing: {err}"
+                        ),
+                        retryable: true,
+                    };
                     let _ = reply.send(result);
                     return Err(Spoiled(spoiled));
                 }

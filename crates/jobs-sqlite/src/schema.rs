@@ -215,3 +215,40 @@ fn migrate(conn: &mut Connection) -> rusqlite::Result<Result<()>> {
     tx.commit()?;
     Ok(Ok(()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Synchronous;
+
+    #[test]
+    fn the_writer_gets_the_chosen_synchronous_mode_and_wal() {
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(err) => panic!("{err}"),
+        };
+        for (mode, expected) in [
+            (Synchronous::Full, 2),
+            (Synchronous::Normal, 1),
+            (Synchronous::Off, 0),
+        ] {
+            let config = SqliteConfig::default().synchronous(mode);
+            let conn = match open_writer(&dir.path().join("sync.db"), &config) {
+                Ok(conn) => conn,
+                Err(err) => panic!("{err}"),
+            };
+            let pragma = |name: &str| -> String {
+                match conn.query_row(&format!("PRAGMA {name}"), [], |row| {
+                    row.get::<_, rusqlite::types::Value>(0)
+                }) {
+                    Ok(rusqlite::types::Value::Integer(n)) => n.to_string(),
+                    Ok(rusqlite::types::Value::Text(text)) => text,
+                    Ok(other) => format!("{other:?}"),
+                    Err(err) => panic!("{err}"),
+                }
+            };
+            assert_eq!(pragma("synchronous"), expected.to_string(), "{mode:?}");
+            assert_eq!(pragma("journal_mode"), "wal");
+        }
+    }
+}

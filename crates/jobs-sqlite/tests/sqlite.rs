@@ -343,3 +343,58 @@ async fn bad_configurations_are_refused() {
         Err(err) => assert_eq!(err.invalid_field(), Some("namespace")),
     }
 }
+
+/// An operation that fails after it wrote, with no savepoint to return to, must not
+/// leave half of itself behind: its group is rolled back whole, and the bystanders are
+/// told to retry. A trigger makes the payload insert of one enqueue fail after its job
+/// row was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_database_error_rolls_back_its_whole_group() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = Arc::new(open(&path, settings(&clock), SqliteConfig::default()).await);
+    let trigger = raw(&path).execute_batch(
+        "CREATE TRIGGER boom BEFORE INSERT ON jobq_payloads WHEN NEW.payload = X'626f6f6d'
+         BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+    );
+    assert!(trigger.is_ok(), "{trigger:?}");
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let payload: &'static [u8] = if i % 50 == 7 { b"boom" } else { b"fine" };
+            (
+                payload,
+                store.enqueue(NewJob::new("late").payload(payload)).await,
+            )
+        }));
+    }
+    let mut created = Vec::new();
+    for task in tasks {
+        match task.await {
+            Ok((b"fine", Ok(done))) => created.push(done.id),
+            Ok((b"fine", Err(err))) => assert!(err.is_retryable(), "bystander: {err}"),
+            Ok((_, Ok(done))) => panic!("the failing enqueue succeeded: {}", done.id),
+            // Its own error, or, when another failing enqueue spoiled the group first,
+            // the bystanders' retryable one.
+            Ok((_, Err(err))) => assert!(
+                matches!(err, Error::Backend { .. }) || err.is_retryable(),
+                "{err}"
+            ),
+            Err(err) => panic!("a task panicked: {err}"),
+        }
+    }
+    // Exactly the acknowledged jobs exist, each with its payload: no job row of a failed
+    // enqueue survived without its payload.
+    let stats = match store.stats("late").await {
+        Ok(stats) => stats,
+        Err(err) => panic!("{err}"),
+    };
+    assert_eq!(stats.total(), created.len() as u64, "{stats:?}");
+    for id in created {
+        match store.payload(id).await {
+            Ok(bytes) => assert_eq!(&bytes[..], b"fine"),
+            Err(err) => panic!("job {id}: {err}"),
+        }
+    }
+}
