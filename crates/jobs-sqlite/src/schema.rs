@@ -96,8 +96,7 @@ pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 fn open_connection(path: &Path, config: &SqliteConfig) -> Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX
-        | OpenFlags::SQLITE_OPEN_URI;
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).db("open the database file")?;
     conn.busy_timeout(config.busy_timeout)
         .db("set the busy timeout")?;
