@@ -7,10 +7,19 @@
 //! the end of a dedup window or of a retention), runs it on a fresh store, and runs it
 //! on the reference model in [`model`], written from CONTRACT.md and
 //! docs/DECISIONS.md alone. After every step it compares what the store answered with
-//! what the model allows, then reads every job back and checks the invariants: each
-//! job is in exactly one state (every state listing agrees with `get`), no running job
-//! is claimable, `stats` agree with the jobs, and every job is found by `get` until
-//! `purge` removes it.
+//! what the model allows, then checks the invariants on the whole store: every job,
+//! as listed, equals the model's, field by field; the per-state listings partition
+//! each queue (each job in exactly one state); `stats` agree; no claim hands out a
+//! running job; and every job is found by `get` until `purge` removes it (the jobs the
+//! step changed are read back at once, all of them every eighth step and at the end).
+//!
+//! Where the documents leave a choice to the store, the model accepts any allowed
+//! answer and adopts it: which expired jobs a limited `reclaim` takes and how jobs
+//! reclaimed by one call are ordered among themselves, which jobs a limited `purge`
+//! deletes, whether releasing a cancel-requested job takes back its attempt, the
+//! `started_at`/`heartbeat_at` of a job no longer running, and the `cancel_requested`
+//! flag of a finished one. Store ids map to model ids in order of creation, and must
+//! be time-ordered.
 //!
 //! Knobs (environment variables): `JOBS_M1_CASES` (default 64), `JOBS_M1_OPS` (the
 //! longest sequence, default 40), `JOBS_M1_SEED` (replays a run; a failure prints its
