@@ -476,6 +476,11 @@ fn writer_loop(
 }
 
 fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &Wakers) {
+    if !conn.is_autocommit() {
+        // A transaction left open by a failed commit whose rollback failed too would make
+        // every later BEGIN fail; end it first (its group was already told it failed).
+        let _ = conn.execute_batch("ROLLBACK");
+    }
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut stmt| stmt.execute([]))
