@@ -39,14 +39,7 @@ fn namespace() -> StoreSettings {
 }
 
 fn skip_or_fail(service: &str, err: &jobs::Error) {
-    use std::io::Write;
-    if std::env::var("JOBS_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
-        panic!("{service} is required (JOBS_REQUIRE_SERVICES=1) but unreachable: {err}");
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n*** SKIPPED: {service} is unreachable ({err}).\n"
-    );
+    let _: Option<()> = jobs_conformance::skip_or_fail(service, "its default URL", err);
 }
 
 #[cfg(feature = "sqlite")]

@@ -11,7 +11,6 @@
 //! are skipped loudly when unreachable, and fail under `JOBS_REQUIRE_SERVICES=1`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,33 +61,10 @@ impl Env {
 
 /// A namespace no other test, in this process or another, uses.
 fn unique_namespace() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("rt-{}-{nanos:x}-{n}", std::process::id())
+    jobs_conformance::unique_namespace("rt")
 }
 
-/// What a test does when its server is unreachable: a loud skip, or a failure when
-/// `JOBS_REQUIRE_SERVICES=1` (as in CI). The same policy as
-/// `jobs_conformance::skip_or_fail`, kept here so these tests do not depend on the
-/// conformance crate.
-fn skip_or_fail<T>(service: &str, url: &str, error: &dyn std::fmt::Display) -> Option<T> {
-    if std::env::var("JOBS_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
-        panic!("{service} at {url} is required (JOBS_REQUIRE_SERVICES=1) but unreachable: {error}");
-    }
-    loud(&format!("{service} at {url} is unreachable ({error})"));
-    None
-}
-
-/// Prints a skip notice straight to stderr: `eprintln!` inside a passing test is
-/// captured by the test harness and never shown, which would make the skip silent.
-fn loud(message: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {message}.\n");
-}
+use jobs_conformance::skip_or_fail;
 
 /// A worker builder with intervals short enough for tests and no jitter.
 fn test_worker(store: Arc<dyn Store>, name: &str) -> WorkerBuilder {
