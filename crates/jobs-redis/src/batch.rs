@@ -125,6 +125,7 @@ async fn execute(mut conn: Conn, keys: &Keys, ttl: i64, batch: Vec<Request>) {
         .key(&keys.leases)
         .key(&keys.list)
         .key(&keys.done)
+        .key(&keys.running)
         .arg(ttl);
     for request in &batch {
         invocation

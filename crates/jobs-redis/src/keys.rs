@@ -19,6 +19,8 @@ pub(crate) struct Keys {
     pub leases: String,
     /// Every job by queue and state (zset, score 0, member `queue state-code id`).
     pub list: String,
+    /// Lease entries per queue (hash, queue -> count): the running jobs of a queue.
+    pub running: String,
     /// Terminal jobs (zset, score finished_at, member `queue state-code id parent`).
     pub done: String,
     /// Parent-to-child links (zset, score 0, member `parent child`).
@@ -40,6 +42,7 @@ impl Keys {
             sched: key("sched"),
             leases: key("leases"),
             list: key("list"),
+            running: key("running"),
             done: key("done"),
             children: key("children"),
             seq: key("seq"),
@@ -124,6 +127,7 @@ mod tests {
             keys.sched.clone(),
             keys.leases.clone(),
             keys.list.clone(),
+            keys.running.clone(),
             keys.done.clone(),
             keys.children.clone(),
             keys.seq.clone(),

@@ -287,6 +287,7 @@ impl RedisStore {
                 .key(&keys.list)
                 .key(&keys.done)
                 .key(&keys.seq)
+                .key(&keys.running)
                 .arg(&now_text)
                 .arg(&now_hex)
                 .arg(ttl)
@@ -548,6 +549,57 @@ impl RedisStore {
         Ok(jobs)
     }
 
+    /// Up to `limit` ids of `queue`'s list index under the state `codes`, newest first,
+    /// after `cursor`: one consistent read of every code's range, merged.
+    async fn list_ids(
+        &self,
+        queue: &str,
+        codes: &str,
+        cursor: Option<JobId>,
+        limit: usize,
+    ) -> Result<Vec<JobId>> {
+        let mut invocation = scripts::LIST.prepare_invoke();
+        invocation
+            .key(&self.keys().list)
+            .arg(queue)
+            .arg(codes)
+            .arg(cursor.map(|c| c.to_string()).unwrap_or_default())
+            .arg(limit);
+        let reply = self.invoke(&invocation, "list").await?;
+        let mut ids = Vec::new();
+        for part in array(&reply, "list reply")? {
+            for id in array(part, "list reply")? {
+                ids.push(job_id(&text(id, "list reply")?, "list index")?);
+            }
+        }
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids.dedup();
+        ids.truncate(limit);
+        Ok(ids)
+    }
+
+    /// The ids of `queue`'s running jobs, newest first, after `cursor`, from the lease
+    /// index (read whole: it holds one entry per running job of the namespace).
+    async fn running_ids(&self, queue: &str, cursor: Option<JobId>) -> Result<Vec<JobId>> {
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&self.keys().leases)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("list running", err))?;
+        let prefix = format!("{queue} ");
+        let mut ids = Vec::new();
+        for member in members.iter().filter(|m| m.starts_with(&prefix)) {
+            let id = member_id(member, "lease index")?;
+            if cursor.is_none_or(|cursor| id < cursor) {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(ids)
+    }
+
     fn lease_call_error(id: JobId, word: &str, what: &str) -> Error {
         match word {
             "notfound" => Error::NotFound { id },
@@ -667,6 +719,7 @@ impl Store for RedisStore {
                 .key(&keys.sched)
                 .key(&keys.leases)
                 .key(&keys.list)
+                .key(&keys.running)
                 .arg(&now_text)
                 .arg(&request.worker)
                 .arg(&expires)
@@ -743,6 +796,7 @@ impl Store for RedisStore {
         invocation
             .key(keys.job(id))
             .key(&keys.leases)
+            .key(&keys.running)
             .arg(id.to_string())
             .arg(token.get())
             .arg(now.as_millis())
@@ -787,6 +841,7 @@ impl Store for RedisStore {
             .key(&keys.ready)
             .key(&keys.sched)
             .key(&keys.seq)
+            .key(&keys.running)
             .arg(id.to_string())
             .arg(token.get())
             .arg(now.as_millis())
@@ -817,6 +872,7 @@ impl Store for RedisStore {
             .key(&keys.ready)
             .key(&keys.sched)
             .key(&keys.seq)
+            .key(&keys.running)
             .arg(id.to_string())
             .arg(token.get())
             .arg(now.as_millis())
@@ -891,6 +947,7 @@ impl Store for RedisStore {
             .key(&keys.ready)
             .key(&keys.sched)
             .key(&keys.list)
+            .key(&keys.running)
             .arg(now.as_millis())
             .arg(PROMOTE_BOUND)
             .arg(queue);
@@ -904,9 +961,12 @@ impl Store for RedisStore {
                 .iter()
                 .map(|v| int(v, "stats reply").map(|n| u64::try_from(n).unwrap_or(0)))
                 .collect::<Result<Vec<_>>>()?;
-            let [ready, queued, running, succeeded, dead, cancelled] = counts[..] else {
+            let [ready, active, running, succeeded, dead, cancelled] = counts[..] else {
                 return Err(unexpected("stats reply", &word));
             };
+            // Queued and running jobs share the list code 'a'; the lease entries tell
+            // them apart.
+            let queued = active.saturating_sub(running);
             return Ok(QueueStats {
                 ready,
                 scheduled: queued.saturating_sub(ready),
@@ -921,42 +981,54 @@ impl Store for RedisStore {
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
         validate_list(&query)?;
+        // Running jobs are read from the lease index (bounded by how many run); every
+        // other page from the list index, whose code 'a' holds queued and running jobs
+        // alike, so a queued page skips the running ones on the way.
+        let running = match query.state {
+            Some(JobState::Running) => Some(self.running_ids(&query.queue, query.cursor).await?),
+            _ => None,
+        };
         let codes = match query.state {
-            Some(JobState::Queued) => "q",
-            Some(JobState::Running) => "r",
+            Some(JobState::Queued) | Some(JobState::Running) => "a",
             Some(JobState::Succeeded) => "s",
             Some(JobState::Dead) => "d",
             Some(JobState::Cancelled) => "c",
-            None => "qrsdc",
+            None => "asdc",
         };
-        let mut invocation = scripts::LIST.prepare_invoke();
-        invocation
-            .key(&self.keys().list)
-            .arg(&query.queue)
-            .arg(codes)
-            .arg(query.cursor.map(|c| c.to_string()).unwrap_or_default())
-            .arg(query.limit);
-        let reply = self.invoke(&invocation, "list").await?;
-        let mut ids = Vec::new();
-        for part in array(&reply, "list reply")? {
-            for id in array(part, "list reply")? {
-                ids.push(job_id(&text(id, "list reply")?, "list index")?);
+        let mut cursor = query.cursor;
+        let mut offset = 0;
+        let mut jobs = Vec::with_capacity(query.limit);
+        loop {
+            let ids: Vec<JobId> = match &running {
+                Some(all) => {
+                    let chunk: Vec<JobId> =
+                        all.iter().skip(offset).take(query.limit).copied().collect();
+                    offset += chunk.len();
+                    chunk
+                }
+                None => {
+                    self.list_ids(&query.queue, codes, cursor, query.limit)
+                        .await?
+                }
+            };
+            let exhausted = ids.len() < query.limit;
+            for job in self.get_many(&ids).await? {
+                if query.state.is_none_or(|state| job.state == state) {
+                    let id = job.id;
+                    jobs.push(job);
+                    if jobs.len() == query.limit {
+                        return Ok(ListPage {
+                            jobs,
+                            next: Some(id),
+                        });
+                    }
+                }
             }
+            if exhausted {
+                return Ok(ListPage { jobs, next: None });
+            }
+            cursor = ids.last().copied();
         }
-        ids.sort_unstable_by(|a, b| b.cmp(a));
-        ids.dedup();
-        ids.truncate(query.limit);
-        let next = if ids.len() == query.limit {
-            ids.last().copied()
-        } else {
-            None
-        };
-        let mut jobs = self.get_many(&ids).await?;
-        if let Some(state) = query.state {
-            // A job that moved on since the index was read belongs to another page set.
-            jobs.retain(|job| job.state == state);
-        }
-        Ok(ListPage { jobs, next })
     }
 
     async fn purge(&self, limit: usize) -> Result<u64> {

@@ -807,3 +807,66 @@ async fn cluster_namespaces_spread_over_masters() {
         "12 namespaces all landed on one master: {nodes_used:?}"
     );
 }
+
+/// Queued and running jobs share one list code, so pages of either state skip the other
+/// on the way; running pages come from the lease index. Pages stay full and join up.
+#[tokio::test]
+async fn list_pages_by_state_through_interleaved_queued_and_running_jobs() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    // Even jobs high priority: the claim takes exactly them, so states alternate by id.
+    let ids = enqueue_all(
+        &store,
+        (0..10)
+            .map(|i| NewJob::new("q").priority(if i % 2 == 0 { 1 } else { 0 }))
+            .collect(),
+    )
+    .await;
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(5))
+        .await
+        .expect("claim");
+    let running: Vec<JobId> = ids.iter().step_by(2).rev().copied().collect();
+    let queued: Vec<JobId> = ids.iter().skip(1).step_by(2).rev().copied().collect();
+    assert_eq!(claimed.len(), 5);
+
+    for (state, expected) in [(JobState::Queued, &queued), (JobState::Running, &running)] {
+        let mut seen = Vec::new();
+        let mut query = ListQuery::new("q").state(state).limit(2);
+        loop {
+            let page = store.list(query.clone()).await.expect("list");
+            assert!(page.jobs.iter().all(|job| job.state == state));
+            seen.extend(page.jobs.iter().map(|job| job.id));
+            match page.next {
+                Some(next) => {
+                    assert_eq!(page.jobs.len(), 2, "a page with a cursor is full");
+                    query = query.after(next);
+                }
+                None => break,
+            }
+        }
+        assert_eq!(&seen, expected, "{state:?}");
+    }
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!((stats.ready, stats.running), (5, 5));
+
+    // A running job vanishes; reclaim drops its entries and the counts follow.
+    let _: () = env
+        .admin
+        .del(jobs_redis::job_key(&env.settings.namespace, ids[0]))
+        .await
+        .expect("DEL");
+    env.clock.advance(Duration::from_secs(6));
+    let reclaimed = store.reclaim(100).await.expect("reclaim");
+    assert_eq!(reclaimed.len(), 4);
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!((stats.ready, stats.running, stats.total()), (9, 0, 9));
+    let all = store
+        .list(ListQuery::new("q").limit(100))
+        .await
+        .expect("list");
+    assert_eq!(all.jobs.len(), 9);
+    env.cleanup().await;
+}

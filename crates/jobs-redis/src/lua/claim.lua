@@ -3,7 +3,8 @@
 --
 -- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
 -- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
--- KEYS[4+i] the hash of candidate i, whose id is ARGV[7+Q+i]
+-- KEYS[5] running counters (hash: queue -> lease entries)
+-- KEYS[5+i] the hash of candidate i, whose id is ARGV[7+Q+i]
 --
 -- ARGV[1] now (ms)             ARGV[2] worker
 -- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
@@ -24,23 +25,24 @@
 -- because leasing anything behind it would break the order. Rust then calls again with
 -- the hint. Entries whose hash is gone are removed on the way (C7) and never written.
 --
--- Atomicity: each job leaves the ready index and enters the lease index in the same
--- script that marks it running, so a crash never strands a job in neither.
+-- Atomicity: each job leaves the ready index and enters the lease index (and its queue's
+-- running counter) in the same script that marks it running, so a crash never strands a
+-- job in neither.
 
 local now, worker, expires = ARGV[1], ARGV[2], ARGV[3]
 local limit = tonumber(ARGV[4])
 local hint_size = tonumber(ARGV[5])
 local bound = tonumber(ARGV[6])
 local nq = tonumber(ARGV[7])
-local ready, sched, leases, list = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ready, sched, leases, list, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 if not promote(ready, sched, now, bound) then
   return { 'promote' }
 end
 
 local held = {}
-for i = 1, #KEYS - 4 do
-  held[ARGV[7 + nq + i]] = KEYS[4 + i]
+for i = 1, #KEYS - 5 do
+  held[ARGV[7 + nq + i]] = KEYS[5 + i]
 end
 
 -- The first `n` entries of the ready order over all named queues.
@@ -77,9 +79,8 @@ local F_PAYLOAD = #JOB_FIELDS + 1
 
 local claimed = {}
 local taken = {}
-local lease_pairs = {}
+local lease_pairs = {}  -- per queue: flat score/member list
 local list_old = {}
-local list_new = {}
 for _, member in ipairs(head(limit)) do
   if #claimed >= limit then
     break
@@ -107,11 +108,14 @@ for _, member in ipairs(head(limit)) do
     v[F_HB] = now
     v[F_PAYLOAD + 1] = id
     claimed[#claimed + 1] = v
-    lease_pairs[#lease_pairs + 1] = expires
-    lease_pairs[#lease_pairs + 1] = lease_member(queue, id)
-    list_old[#list_old + 1] = list_member(queue, 'queued', id)
-    list_new[#list_new + 1] = 0
-    list_new[#list_new + 1] = list_member(queue, 'running', id)
+    local pairs_of_queue = lease_pairs[queue]
+    if not pairs_of_queue then
+      pairs_of_queue = {}
+      lease_pairs[queue] = pairs_of_queue
+    end
+    pairs_of_queue[#pairs_of_queue + 1] = expires
+    pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
+    -- The list entry stays: queued and running share the code 'a'.
   elseif not v[F_STATE] then
     -- The hash vanished under its index entries (C7): drop them, write nothing.
     list_old[#list_old + 1] = list_member(queue, 'queued', id)
@@ -120,9 +124,11 @@ for _, member in ipairs(head(limit)) do
 end
 
 zrem_members(ready, taken)
-zadd_pairs(leases, lease_pairs)
+for queue, flat in pairs(lease_pairs) do
+  zadd_pairs(leases, flat)
+  redis.call('HINCRBY', running, queue, string.format('%d', #flat / 2))
+end
 zrem_members(list, list_old)
-zadd_pairs(list, list_new)
 
 local hint = {}
 for i, member in ipairs(head(hint_size)) do

@@ -3,7 +3,8 @@
 --
 -- KEYS[1] lease index (zset)   KEYS[2] list index (zset)
 -- KEYS[3] finished index (zset)
--- KEYS[3+j] the hash of job j, j = 1..N
+-- KEYS[4] running counters (hash: queue -> lease entries)
+-- KEYS[4+j] the hash of job j, j = 1..N
 -- ARGV[1] garbage-collection TTL of a terminal record (ms)
 -- for job j, 5 values from ARGV[1 + 5(j-1) + 1]:
 --   id, token, now (ms), '1' if a result is given else '0', the result bytes
@@ -15,13 +16,13 @@
 -- completion of one job in the same batch finds it no longer running (L5), exactly as a
 -- second call would.
 
-local leases, list, done = KEYS[1], KEYS[2], KEYS[3]
+local leases, list, done, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ttl = ARGV[1]
 local out = {}
 local lease_old, list_old, list_new, done_new = {}, {}, {}, {}
-for j = 1, #KEYS - 3 do
+for j = 1, #KEYS - 4 do
   local a = 1 + 5 * (j - 1)
-  local job = KEYS[3 + j]
+  local job = KEYS[4 + j]
   local id, token, now = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local v = redis.call('HMGET', job, 'state', 'token', 'meta')
   local queue, parent = meta_head(v[3])
@@ -38,7 +39,12 @@ for j = 1, #KEYS - 3 do
       redis.call('HSET', job, 'state', 'succeeded', 'finished', now)
     end
     redis.call('PEXPIRE', job, ttl)
-    lease_old[#lease_old + 1] = lease_member(queue, id)
+    local of_queue = lease_old[queue]
+    if not of_queue then
+      of_queue = {}
+      lease_old[queue] = of_queue
+    end
+    of_queue[#of_queue + 1] = lease_member(queue, id)
     list_old[#list_old + 1] = list_member(queue, 'running', id)
     list_new[#list_new + 1] = 0
     list_new[#list_new + 1] = list_member(queue, 'succeeded', id)
@@ -47,7 +53,20 @@ for j = 1, #KEYS - 3 do
     out[j] = 'ok'
   end
 end
-zrem_members(leases, lease_old)
+-- Per queue, so each running counter drops by exactly the entries removed.
+for queue, members in pairs(lease_old) do
+  local removed = 0
+  local n = #members
+  local i = 1
+  while i <= n do
+    local last = math.min(i + CHUNK - 1, n)
+    removed = removed + redis.call('ZREM', leases, unpack(members, i, last))
+    i = last + 1
+  end
+  if removed > 0 then
+    redis.call('HINCRBY', running, queue, string.format('%d', -removed))
+  end
+end
 zrem_members(list, list_old)
 zadd_pairs(list, list_new)
 zadd_pairs(done, done_new)

@@ -5,6 +5,7 @@
 -- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
 -- KEYS[5] ready index (zset)   KEYS[6] scheduled index (zset)
 -- KEYS[7] sequence counter (string)
+-- KEYS[8] running counters (hash)
 -- ARGV[1] job id               ARGV[2] token
 -- ARGV[3] now (ms)             ARGV[4] error text (already cut to 64 KiB)
 -- ARGV[5] retry time (ms), or '' for "never"
@@ -34,7 +35,7 @@ if not queue then
   return { 'corrupt' }
 end
 redis.call('HSET', job, 'error', ARGV[4])
-redis.call('ZREM', leases, lease_member(queue, id))
+drop_lease(leases, KEYS[8], queue, id)
 local state
 if v[5] == '1' then
   state = 'cancelled'

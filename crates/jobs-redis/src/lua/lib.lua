@@ -10,8 +10,10 @@
 -- Strings: Lua's `<` on strings follows the server's locale (strcoll), so order keys
 -- are compared by their numeric 12-digit chunks instead (order_less).
 
--- The one-letter state codes used inside index members.
-local STATE_CODE = { queued = 'q', running = 'r', succeeded = 's', dead = 'd', cancelled = 'c' }
+-- The one-letter state codes used inside list index members. Queued and running share
+-- 'a' (active), so a claim does not touch the list index; the lease index and the
+-- per-queue running counter tell the two apart.
+local STATE_CODE = { queued = 'a', running = 'a', succeeded = 's', dead = 'd', cancelled = 'c' }
 
 -- The job hash fields `get` and `claim` return, in the order the Rust side decodes them.
 local JOB_FIELDS = { 'meta', 'run_at', 'state', 'att', 'token', 'worker', 'lease_exp',
@@ -91,8 +93,12 @@ local function zrem_members(key, members)
   end
 end
 
--- Moves a job's list entry from one state to another.
+-- Moves a job's list entry from one state to another (nothing to do between queued
+-- and running, which share a code).
 local function move_list(list, queue, id, from, to)
+  if STATE_CODE[from] == STATE_CODE[to] then
+    return
+  end
   redis.call('ZREM', list, list_member(queue, from, id))
   redis.call('ZADD', list, 0, list_member(queue, to, id))
 end
@@ -127,6 +133,14 @@ local function order_less(a, b)
     end
   end
   return false
+end
+
+-- Removes a job's lease entry, keeping the per-queue running counter equal to the number
+-- of lease entries of the queue.
+local function drop_lease(leases, running, queue, id)
+  if redis.call('ZREM', leases, lease_member(queue, id)) == 1 then
+    redis.call('HINCRBY', running, queue, -1)
+  end
 end
 
 -- A terminal transition: state, finished_at, indexes moved, and the server TTL that only

@@ -1,7 +1,8 @@
 -- list.lua: reads one page of a queue's list index, newest first (CONTRACT A4).
 --
 -- KEYS[1] list index (zset)
--- ARGV[1] queue                ARGV[2] state codes to read (e.g. 'q' or 'qrsdc')
+-- ARGV[1] queue                ARGV[2] state codes to read (e.g. 'a' or 'asdc'; 'a'
+--                              holds queued and running jobs alike)
 -- ARGV[3] cursor id, or '' for the first page
 -- ARGV[4] page size
 --

@@ -3,7 +3,8 @@
 -- KEYS[1] lease index (zset)   KEYS[2] ready index (zset)
 -- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
 -- KEYS[5] sequence counter (string)
--- KEYS[5+i] the hash of the job of lease entry i (ARGV[5+i])
+-- KEYS[6] running counters (hash)
+-- KEYS[6+i] the hash of the job of lease entry i (ARGV[5+i])
 -- ARGV[1] now (ms)             ARGV[2] now as 16 hex digits
 -- ARGV[3] garbage-collection TTL of a terminal record (ms)
 -- ARGV[4] the last_error text of an expired lease
@@ -22,15 +23,15 @@
 -- Atomicity: each job moves from the lease index to the ready or finished index in the
 -- same step that changes its state.
 
-local leases, ready, list, done, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local leases, ready, list, done, seq, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now, now_hex, ttl, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now_n = tonumber(now)
 local examined = 0
 local out = {}
 local woken = {}
-for i = 1, #KEYS - 5 do
+for i = 1, #KEYS - 6 do
   local member = ARGV[5 + i]
-  local job = KEYS[5 + i]
+  local job = KEYS[6 + i]
   examined = examined + 1
   local score = redis.call('ZSCORE', leases, member)
   if score and tonumber(score) < now_n then
@@ -39,6 +40,7 @@ for i = 1, #KEYS - 5 do
     local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel')
     local _, parent, prio, max_att = meta_head(v[3])
     redis.call('ZREM', leases, member)
+    redis.call('HINCRBY', running, queue, -1)
     if not v[1] then
       -- The hash vanished (R5): drop its entries, write nothing.
       redis.call('ZREM', list, list_member(queue, 'running', id))

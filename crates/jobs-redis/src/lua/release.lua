@@ -5,6 +5,7 @@
 -- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
 -- KEYS[5] ready index (zset)   KEYS[6] scheduled index (zset)
 -- KEYS[7] sequence counter (string)
+-- KEYS[8] running counters (hash)
 -- ARGV[1] job id               ARGV[2] token
 -- ARGV[3] now (ms)             ARGV[4] now as 16 hex digits
 -- ARGV[5] garbage-collection TTL of a terminal record (ms)
@@ -27,7 +28,7 @@ local queue, parent, prio = meta_head(v[3])
 if not queue then
   return { 'corrupt' }
 end
-redis.call('ZREM', leases, lease_member(queue, id))
+drop_lease(leases, KEYS[8], queue, id)
 if v[4] == '1' then
   finish(job, list, done, queue, id, parent, 'running', 'cancelled', now, ARGV[5])
   return { 'ok', 'cancelled' }
