@@ -11,14 +11,26 @@ use std::time::Duration;
 /// from outside). See `docs/sqlite.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Synchronous {
-    /// `FULL`: every commit calls `fsync` on the WAL before it is acknowledged, so an
-    /// acknowledged job survives power loss too. Group commit pays one `fsync` for all the
-    /// operations that arrived together, not one per job. The default.
+    /// `FULL` for every commit that holds an enqueue or an operator's `cancel` or
+    /// `retry`; `NORMAL` for commits of workers' calls only (claim, heartbeat, complete,
+    /// fail, release, reclaim, purge). The default.
+    ///
+    /// An acknowledged job is never lost, power loss included. What a power loss may
+    /// undo is the workers' most recent progress, never more than the commits after the
+    /// last synced one (the WAL is append-only, so each `fsync` also secures everything
+    /// before it): a completion or a failure rolls back to `running`, a claim to `queued`,
+    /// and reclaim runs those jobs again, which is the at-least-once delivery every
+    /// crashed worker already causes. The workers' hot path pays no `fsync`.
     #[default]
+    DurableEnqueues,
+    /// `FULL`: every commit calls `fsync` on the WAL before it is acknowledged, so every
+    /// acknowledged call survives power loss. Group commit pays one `fsync` for all the
+    /// operations that arrived together; throughput is then bounded by the number of
+    /// operations in flight per `fsync`.
     Full,
     /// `NORMAL`: commits are written to the WAL without `fsync`; the WAL is synced only at
-    /// checkpoints. A power loss or OS crash may lose the most recent acknowledged commits
-    /// (never corrupting the file); a process crash loses nothing.
+    /// checkpoints. A power loss or OS crash may lose the most recent acknowledged commits,
+    /// enqueues included (never corrupting the file); a process crash loses nothing.
     Normal,
     /// `OFF`: no `fsync` at all, not even at checkpoints. A power loss or OS crash may
     /// lose recent commits and, rarely, corrupt the file. For tests and throwaway queues.
@@ -26,8 +38,12 @@ pub enum Synchronous {
 }
 
 impl Synchronous {
-    pub(crate) fn pragma_value(self) -> &'static str {
+    /// The `PRAGMA synchronous` value of a commit; `durable` tells whether the commit
+    /// holds an enqueue or an operator's action.
+    pub(crate) fn pragma_value(self, durable: bool) -> &'static str {
         match self {
+            Synchronous::DurableEnqueues if durable => "FULL",
+            Synchronous::DurableEnqueues => "NORMAL",
             Synchronous::Full => "FULL",
             Synchronous::Normal => "NORMAL",
             Synchronous::Off => "OFF",
@@ -49,7 +65,7 @@ impl Synchronous {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SqliteConfig {
-    /// When commits reach stable storage. Default [`Synchronous::Full`].
+    /// When commits reach stable storage. Default [`Synchronous::DurableEnqueues`].
     pub synchronous: Synchronous,
     /// How long a connection waits for another process's lock before the operation
     /// fails with `Error::Unavailable`. Default 5 s.
@@ -67,7 +83,7 @@ pub struct SqliteConfig {
 impl Default for SqliteConfig {
     fn default() -> Self {
         SqliteConfig {
-            synchronous: Synchronous::Full,
+            synchronous: Synchronous::DurableEnqueues,
             busy_timeout: Duration::from_secs(5),
             readers: 2,
             poll_interval: Duration::from_millis(100),

@@ -82,6 +82,36 @@ trait WriteOp: Send {
     fn run(self: Box<Self>, tx: &mut WriteTx<'_>) -> std::result::Result<Box<dyn Finish>, Spoiled>;
     /// Answers without running: the group could not begin.
     fn abort(self: Box<Self>, error: Error);
+    /// Whether the operation must reach stable storage under
+    /// [`crate::Synchronous::DurableEnqueues`].
+    fn durable(&self) -> bool;
+}
+
+/// How the writer runs an operation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteMode {
+    /// Inside a savepoint of its own, for operations that may refuse after writing.
+    savepoint: bool,
+    /// Committed with `fsync` under [`crate::Synchronous::DurableEnqueues`].
+    durable: bool,
+}
+
+impl WriteMode {
+    /// A worker's call: checked before it writes; power loss may undo it (re-delivery).
+    pub(crate) const WORKER: WriteMode = WriteMode {
+        savepoint: false,
+        durable: false,
+    };
+    /// An enqueue or an operator's action: checked before it writes; synced.
+    pub(crate) const DURABLE: WriteMode = WriteMode {
+        savepoint: false,
+        durable: true,
+    };
+    /// A batch enqueue: may refuse halfway, so it gets a savepoint; synced.
+    pub(crate) const DURABLE_ATOMIC: WriteMode = WriteMode {
+        savepoint: true,
+        durable: true,
+    };
 }
 
 /// An operation that ran, waiting for the commit before it answers.
@@ -92,7 +122,7 @@ trait Finish: Send {
 struct Call<F, T> {
     f: F,
     reply: oneshot::Sender<Result<T>>,
-    savepoint: bool,
+    mode: WriteMode,
 }
 
 /// An operation failed after it had written: without a savepoint to roll back to, the
@@ -110,12 +140,8 @@ where
     T: Send + 'static,
 {
     fn run(self: Box<Self>, tx: &mut WriteTx<'_>) -> std::result::Result<Box<dyn Finish>, Spoiled> {
-        let Call {
-            f,
-            reply,
-            savepoint,
-        } = *self;
-        let result = if savepoint {
+        let Call { f, reply, mode } = *self;
+        let result = if mode.savepoint {
             in_savepoint(tx, f)
         } else {
             // Most operations check everything before their first write, so a logical
@@ -145,6 +171,10 @@ where
 
     fn abort(self: Box<Self>, error: Error) {
         let _ = self.reply.send(Err(error));
+    }
+
+    fn durable(&self) -> bool {
+        self.mode.durable
     }
 }
 
@@ -355,7 +385,7 @@ impl Engine {
                     }
                 }
                 let _ = ready_tx.send(Some(Ok(())));
-                writer_loop(conn, &writer_rx, thread_config.max_group, &thread_wakers);
+                writer_loop(conn, &writer_rx, &thread_config, &thread_wakers);
             });
         let (ready_rx, writer_tx) = match spawned {
             Ok(_) => (ready_rx, writer_tx),
@@ -378,38 +408,17 @@ impl Engine {
     /// Runs `f` on the writer thread inside a group transaction and answers once the
     /// group has committed.
     ///
-    /// `f` must not fail after its first write except through a database error (check
-    /// first, then write); an operation that can refuse halfway uses [`Self::write_atomic`].
-    pub(crate) async fn write<T, F>(&self, f: F) -> Result<T>
-    where
-        F: FnOnce(&mut WriteTx<'_>) -> Result<T> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.submit(f, false).await
-    }
-
-    /// Like [`Self::write`], inside a savepoint of its own: if `f` fails at any point, its
-    /// writes are undone and the rest of the group commits.
-    pub(crate) async fn write_atomic<T, F>(&self, f: F) -> Result<T>
-    where
-        F: FnOnce(&mut WriteTx<'_>) -> Result<T> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.submit(f, true).await
-    }
-
-    async fn submit<T, F>(&self, f: F, savepoint: bool) -> Result<T>
+    /// Without a savepoint in `mode`, `f` must not fail after its first write except
+    /// through a database error (check first, then write): such a failure rolls back the
+    /// whole group.
+    pub(crate) async fn write<T, F>(&self, mode: WriteMode, f: F) -> Result<T>
     where
         F: FnOnce(&mut WriteTx<'_>) -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         self.writer
-            .send(Box::new(Call {
-                f,
-                reply,
-                savepoint,
-            }))
+            .send(Box::new(Call { f, reply, mode }))
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
@@ -456,10 +465,13 @@ fn reader_loop(path: &Path, config: &SqliteConfig, rx: &Mutex<mpsc::Receiver<Rea
 fn writer_loop(
     mut conn: Connection,
     rx: &mpsc::Receiver<Box<dyn WriteOp>>,
-    max_group: usize,
+    config: &SqliteConfig,
     wakers: &Wakers,
 ) {
+    let max_group = config.max_group;
     let mut group: Vec<Box<dyn WriteOp>> = Vec::with_capacity(max_group.min(1024));
+    // What `open_writer` set.
+    let mut synchronous = config.synchronous.pragma_value(true);
     // Everything that queued up while the previous group was committing forms the next
     // group: under load the groups grow and the fsyncs per job shrink, with no delay
     // added when the writer is idle.
@@ -469,6 +481,23 @@ fn writer_loop(
             match rx.try_recv() {
                 Ok(op) => group.push(op),
                 Err(_) => break,
+            }
+        }
+        // The mode is chosen per group, before BEGIN (SQLite refuses to change it inside
+        // a transaction): a group holding one enqueue is synced whole.
+        let wanted = config
+            .synchronous
+            .pragma_value(group.iter().any(|op| op.durable()));
+        if wanted != synchronous {
+            match conn.execute_batch(&format!("PRAGMA synchronous = {wanted}")) {
+                Ok(()) => synchronous = wanted,
+                Err(err) => {
+                    let error = CommitError::from_error(&db_error("set synchronous", err));
+                    for op in group.drain(..) {
+                        op.abort(error.to_error());
+                    }
+                    continue;
+                }
             }
         }
         run_group(&mut conn, &mut group, wakers);
@@ -560,4 +589,55 @@ fn commit(conn: &Connection, seq: &SeqCounter) -> std::result::Result<(), Commit
         Ok(())
     };
     run().map_err(|err| CommitError::from_error(&db_error("commit", err)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Synchronous;
+
+    async fn synchronous_of(engine: &Engine, mode: WriteMode) -> i64 {
+        let read = engine
+            .write(mode, |tx| {
+                tx.conn()
+                    .query_row("PRAGMA synchronous", [], |row| row.get::<_, i64>(0))
+                    .db("read synchronous")
+            })
+            .await;
+        match read {
+            Ok(value) => value,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_group_is_synced_as_its_mode_asks() {
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(err) => panic!("{err}"),
+        };
+        let path = dir.path().join("modes.db");
+        let (full, normal, off) = (2, 1, 0);
+        for (synchronous, worker, durable) in [
+            (Synchronous::DurableEnqueues, normal, full),
+            (Synchronous::Full, full, full),
+            (Synchronous::Normal, normal, normal),
+            (Synchronous::Off, off, off),
+        ] {
+            let config = SqliteConfig::default().synchronous(synchronous);
+            let engine = match Engine::get(&path, &config).await {
+                Ok(engine) => engine,
+                Err(err) => panic!("{err}"),
+            };
+            // Alternating, so every switch is exercised in both directions.
+            for _ in 0..2 {
+                assert_eq!(synchronous_of(&engine, WriteMode::WORKER).await, worker);
+                assert_eq!(synchronous_of(&engine, WriteMode::DURABLE).await, durable);
+                assert_eq!(
+                    synchronous_of(&engine, WriteMode::DURABLE_ATOMIC).await,
+                    durable
+                );
+            }
+        }
+    }
 }

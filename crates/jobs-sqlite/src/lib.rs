@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 
 pub use config::{SqliteConfig, Synchronous};
 
-use engine::Engine;
+use engine::{Engine, WriteMode};
 
 /// The schema version this build creates and migrates files to.
 pub const SCHEMA_VERSION: i64 = schema::SCHEMA_VERSION;
@@ -71,7 +71,9 @@ impl SqliteStore {
         config.validate()?;
         let engine = Engine::get(path.as_ref(), &config).await?;
         let name = settings.namespace.clone();
-        let ns = engine.write(move |tx| ops::namespace_id(tx, &name)).await?;
+        let ns = engine
+            .write(WriteMode::DURABLE, move |tx| ops::namespace_id(tx, &name))
+            .await?;
         let notify = engine.wakers.for_ns(ns);
         Ok(SqliteStore {
             settings: Arc::new(settings),
@@ -91,7 +93,9 @@ impl SqliteStore {
     /// C7 and R5; never needed in production.
     pub async fn vanish(&self, id: JobId) -> Result<()> {
         let ns = self.ns;
-        self.engine.write(move |tx| ops::vanish(tx, ns, id)).await
+        self.engine
+            .write(WriteMode::WORKER, move |tx| ops::vanish(tx, ns, id))
+            .await
     }
 }
 
@@ -105,7 +109,7 @@ impl Store for SqliteStore {
         validate::validate_new_job(&job, &self.settings)?;
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::DURABLE, move |tx| {
                 let now = settings.now();
                 ops::enqueue(tx, ns, &settings, &job, now)
             })
@@ -121,7 +125,7 @@ impl Store for SqliteStore {
         // One operation in its own savepoint: a job refused inside the transaction (an
         // unknown parent) undoes the whole batch, and only the batch.
         self.engine
-            .write_atomic(move |tx| {
+            .write(WriteMode::DURABLE_ATOMIC, move |tx| {
                 let now = settings.now();
                 jobs.iter()
                     .map(|job| ops::enqueue(tx, ns, &settings, job, now))
@@ -156,7 +160,7 @@ impl Store for SqliteStore {
         }
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::WORKER, move |tx| {
                 let now = settings.now();
                 ops::claim(tx, ns, &request, now)
             })
@@ -167,7 +171,7 @@ impl Store for SqliteStore {
         validate::validate_lease_ttl(ttl)?;
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::WORKER, move |tx| {
                 let now = settings.now();
                 ops::heartbeat(tx, ns, id, token, ttl, now)
             })
@@ -180,7 +184,7 @@ impl Store for SqliteStore {
         }
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::WORKER, move |tx| {
                 let now = settings.now();
                 ops::complete(tx, ns, id, token, result.as_deref(), now)
             })
@@ -197,7 +201,7 @@ impl Store for SqliteStore {
         let error = validate::truncate_error(error).to_owned();
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::WORKER, move |tx| {
                 let now = settings.now();
                 ops::fail(tx, ns, id, token, &error, retry, now)
             })
@@ -207,7 +211,7 @@ impl Store for SqliteStore {
     async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::WORKER, move |tx| {
                 let now = settings.now();
                 ops::release(tx, ns, id, token, now)
             })
@@ -220,7 +224,7 @@ impl Store for SqliteStore {
         }
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::WORKER, move |tx| {
                 let now = settings.now();
                 ops::reclaim(tx, ns, limit, now)
             })
@@ -230,7 +234,7 @@ impl Store for SqliteStore {
     async fn cancel(&self, id: JobId) -> Result<JobState> {
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::DURABLE, move |tx| {
                 let now = settings.now();
                 ops::cancel(tx, ns, id, now)
             })
@@ -240,7 +244,7 @@ impl Store for SqliteStore {
     async fn retry(&self, id: JobId) -> Result<()> {
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::DURABLE, move |tx| {
                 let now = settings.now();
                 ops::retry(tx, ns, id, now)
             })
@@ -269,7 +273,7 @@ impl Store for SqliteStore {
         }
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
-            .write(move |tx| {
+            .write(WriteMode::WORKER, move |tx| {
                 let now = settings.now();
                 ops::purge(tx, ns, &settings, limit, now)
             })

@@ -158,7 +158,8 @@ pub(crate) fn open_writer(path: &Path, config: &SqliteConfig) -> Result<Connecti
          PRAGMA temp_store = MEMORY;
          PRAGMA cache_size = -32768;
          PRAGMA journal_size_limit = 67108864;",
-        config.synchronous.pragma_value()
+        // Migrations are as durable as enqueues; the writer sets the mode per group.
+        config.synchronous.pragma_value(true)
     ))
     .db("set the connection pragmas")?;
     conn.set_prepared_statement_cache_capacity(64);
@@ -227,6 +228,7 @@ mod tests {
             Err(err) => panic!("{err}"),
         };
         for (mode, expected) in [
+            (Synchronous::DurableEnqueues, 2),
             (Synchronous::Full, 2),
             (Synchronous::Normal, 1),
             (Synchronous::Off, 0),

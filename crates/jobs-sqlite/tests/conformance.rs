@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use jobs_core::{async_trait, JobId, Result, Store, StoreSettings};
-use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+use jobs_sqlite::{SqliteConfig, SqliteStore};
 
 struct SqliteHarness {
     path: PathBuf,
@@ -33,11 +33,10 @@ fn shared_file() -> PathBuf {
     .clone()
 }
 
+/// The configuration a new user gets, so the suite checks what they run (the per-group
+/// choice of `synchronous` included).
 fn config() -> SqliteConfig {
-    // The suite checks behaviour, not power-loss durability; NORMAL keeps the hundreds
-    // of small transactions of the suite from waiting on fsync. The crash test covers
-    // FULL.
-    SqliteConfig::default().synchronous(Synchronous::Normal)
+    SqliteConfig::default()
 }
 
 #[async_trait]

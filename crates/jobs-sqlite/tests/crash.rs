@@ -25,6 +25,7 @@ fn settings() -> StoreSettings {
 
 fn config(sync: &str) -> SqliteConfig {
     let synchronous = match sync {
+        "durable-enqueues" => Synchronous::DurableEnqueues,
         "full" => Synchronous::Full,
         "normal" => Synchronous::Normal,
         _ => Synchronous::Off,
@@ -210,6 +211,11 @@ fn kill_rounds(sync: &str) {
         );
         check_file(&db, &acknowledged, sync, round);
     }
+}
+
+#[test]
+fn sigkill_mid_write_loses_nothing_acknowledged_with_durable_enqueues() {
+    kill_rounds("durable-enqueues");
 }
 
 #[test]
