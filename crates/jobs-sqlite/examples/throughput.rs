@@ -2,7 +2,7 @@
 //! few concurrent tokio tasks, in each durability mode.
 //!
 //! ```text
-//! cargo run --release -p jobs-sqlite --example throughput -- [jobs] [tasks] [claim-batch] [enqueue-batch] [full|normal]
+//! cargo run --release -p jobs-sqlite --example throughput -- [jobs] [tasks] [claim-batch] [enqueue-batch] [durable-enqueues|full|normal]
 //! ```
 //!
 //! With an enqueue batch of 1 each task enqueues one job at a time; with more it uses
@@ -30,7 +30,12 @@ async fn main() -> jobs_core::Result<()> {
     let modes = match std::env::args().nth(5).as_deref() {
         Some("full") => vec![Synchronous::Full],
         Some("normal") => vec![Synchronous::Normal],
-        _ => vec![Synchronous::Full, Synchronous::Normal],
+        Some("durable-enqueues") => vec![Synchronous::DurableEnqueues],
+        _ => vec![
+            Synchronous::DurableEnqueues,
+            Synchronous::Full,
+            Synchronous::Normal,
+        ],
     };
     println!("{jobs} jobs, {tasks} tasks, claim batch {batch}, enqueue batch {enqueue_batch}");
     for synchronous in modes {
