@@ -155,7 +155,7 @@ impl RedisStore {
         let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|err| map_err("connect", err))?;
-        Self::finish_connect(Conn::Single(conn), url.to_owned(), settings, false).await
+        Self::finish_connect(Conn::Single(conn), vec![url.to_owned()], settings, false).await
     }
 
     /// Connects to a Redis Cluster through any of its nodes' URLs. Every key of a
@@ -167,11 +167,10 @@ impl RedisStore {
     {
         validate_settings(&settings)?;
         let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        let first = urls
-            .first()
-            .cloned()
-            .ok_or_else(|| Error::invalid("urls", "name at least one cluster node"))?;
-        let client = ClusterClientBuilder::new(urls)
+        if urls.is_empty() {
+            return Err(Error::invalid("urls", "name at least one cluster node"));
+        }
+        let client = ClusterClientBuilder::new(urls.clone())
             .connection_timeout(Duration::from_secs(5))
             .response_timeout(Duration::from_secs(30))
             .build()
@@ -180,18 +179,18 @@ impl RedisStore {
             .get_async_connection()
             .await
             .map_err(|err| map_err("connect", err))?;
-        // Pub/sub messages reach every node of a cluster, so one node's URL serves.
-        Self::finish_connect(Conn::Cluster(conn), first, settings, true).await
+        // Pub/sub messages reach every node of a cluster, so any node's URL serves.
+        Self::finish_connect(Conn::Cluster(conn), urls, settings, true).await
     }
 
     async fn finish_connect(
         conn: Conn,
-        pubsub_url: String,
+        pubsub_urls: Vec<String>,
         settings: StoreSettings,
         cluster: bool,
     ) -> Result<Self> {
         let keys = Keys::new(&settings.namespace);
-        let waker = Waker::new(pubsub_url, keys.wake.clone());
+        let waker = Waker::new(pubsub_urls, keys.wake.clone());
         let completer = Completer::new(conn.clone(), keys.clone(), ttl_ms(settings.retention));
         let store = RedisStore {
             inner: Arc::new(Inner {

@@ -13,7 +13,8 @@ use tokio::task::JoinHandle;
 /// The subscriber of one store, started by the first wait.
 #[derive(Debug)]
 pub(crate) struct Waker {
-    url: String,
+    /// Where to subscribe: one server, or any node of a cluster (tried in turn).
+    urls: Vec<String>,
     channel: String,
     sender: broadcast::Sender<String>,
     subscribed: watch::Sender<bool>,
@@ -21,11 +22,11 @@ pub(crate) struct Waker {
 }
 
 impl Waker {
-    pub(crate) fn new(url: String, channel: String) -> Self {
+    pub(crate) fn new(urls: Vec<String>, channel: String) -> Self {
         let (sender, _) = broadcast::channel(1024);
         let (subscribed, _) = watch::channel(false);
         Waker {
-            url,
+            urls,
             channel,
             sender,
             subscribed,
@@ -39,11 +40,11 @@ impl Waker {
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        let url = self.url.clone();
+        let urls = self.urls.clone();
         let channel = self.channel.clone();
         let sender = self.sender.clone();
         let subscribed = self.subscribed.clone();
-        *task = Some(tokio::spawn(listen(url, channel, sender, subscribed)));
+        *task = Some(tokio::spawn(listen(urls, channel, sender, subscribed)));
     }
 
     /// Waits until one of `queues` is published, or `timeout` passes.
@@ -95,15 +96,16 @@ impl Drop for Waker {
 }
 
 /// Subscribes and forwards messages until the store drops the task; reconnects with a
-/// capped back-off when the connection is lost.
+/// capped back-off when the connection is lost, to the next URL each time (on a cluster,
+/// pub/sub messages reach every node, so any node serves).
 async fn listen(
-    url: String,
+    urls: Vec<String>,
     channel: String,
     sender: broadcast::Sender<String>,
     subscribed: watch::Sender<bool>,
 ) {
     let mut backoff = Duration::from_millis(50);
-    loop {
+    for url in urls.iter().cycle() {
         if let Ok(client) = redis::Client::open(url.as_str()) {
             if let Ok(mut pubsub) = client.get_async_pubsub().await {
                 if pubsub.subscribe(&channel).await.is_ok() {
