@@ -102,6 +102,7 @@ fn child_drainer() {
             Ok(store) => Arc::new(store),
             Err(err) => panic!("child {name}: open failed: {err}"),
         };
+        println!("\nREADY");
         let tasks: Vec<_> = (0..2)
             .map(|t| tokio::spawn(drain(store.clone(), format!("{name}-t{t}"))))
             .collect();
@@ -154,8 +155,9 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
         }
     });
 
-    // Half the jobs exist before the children start; the rest arrive while they drain,
-    // so claims race with enqueues across processes, not only with each other.
+    // Half the jobs arrive at once when every child is waiting, the rest while they and
+    // the parent drain, so claims race with enqueues across processes, not only with
+    // each other.
     let enqueue = |range: std::ops::Range<usize>| {
         let store = store.clone();
         async move {
@@ -177,28 +179,41 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
             ids
         }
     };
-    let mut expected: Vec<JobId> = rt.block_on(enqueue(0..JOBS / 2));
-
     let mut children: Vec<_> = (0..CHILDREN)
         .map(|n| spawn_child(&db, &format!("child{n}")))
         .collect();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let readers: Vec<_> = children
         .iter_mut()
         .map(|child| {
             let stdout = child.stdout.take();
+            let ready = ready_tx.clone();
             std::thread::spawn(move || {
                 let Some(stdout) = stdout else {
                     return Vec::new();
                 };
-                BufReader::new(stdout)
-                    .lines()
-                    .map_while(|line| line.ok())
+                let mut claimed = Vec::new();
+                for line in BufReader::new(stdout).lines().map_while(|line| line.ok()) {
+                    if line.contains("READY") {
+                        let _ = ready.send(());
+                    }
                     // libtest may print "test child_drainer ... " on the same line first.
-                    .filter_map(|line| line.split("CLAIMED ").nth(1).map(str::to_owned))
-                    .collect::<Vec<String>>()
+                    if let Some(id) = line.split("CLAIMED ").nth(1) {
+                        claimed.push(id.to_owned());
+                    }
+                }
+                claimed
             })
         })
         .collect();
+    // Every child has its store open and is waiting for work before the first job
+    // exists, so all processes race for the jobs from the start.
+    for _ in 0..CHILDREN {
+        if ready_rx.recv_timeout(Duration::from_secs(120)).is_err() {
+            panic!("a child did not start");
+        }
+    }
+    let mut expected: Vec<JobId> = rt.block_on(enqueue(0..JOBS / 2));
 
     // The parent drains too, in-process, while it enqueues the second half.
     let parent_claims = rt.block_on(async {
