@@ -305,8 +305,11 @@ fn canonical(path: &Path) -> Result<PathBuf> {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let dir = std::fs::canonicalize(&dir)
-        .map_err(|err| Error::unavailable(format!("resolve {}", dir.display()), err))?;
+    let dir = std::fs::canonicalize(&dir).map_err(|err| match err.kind() {
+        // A directory that is not there is the caller's mistake, not an outage.
+        std::io::ErrorKind::NotFound => invalid("its directory does not exist"),
+        _ => Error::unavailable(format!("resolve {}", dir.display()), err),
+    })?;
     Ok(dir.join(file))
 }
 

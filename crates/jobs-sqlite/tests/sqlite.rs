@@ -337,6 +337,11 @@ async fn bad_configurations_are_refused() {
             Err(err) => assert_eq!(err.invalid_field(), Some(field)),
         }
     }
+    let nowhere = path.join("no-such-dir").join("jobs.db");
+    match SqliteStore::open(&nowhere, settings(&clock)).await {
+        Ok(_) => panic!("a file in a missing directory was opened"),
+        Err(err) => assert_eq!(err.invalid_field(), Some("path"), "{err}"),
+    }
     let bad_ns = settings(&clock).namespace("no spaces");
     match SqliteStore::open(&path, bad_ns).await {
         Ok(_) => panic!("a bad namespace was accepted"),
