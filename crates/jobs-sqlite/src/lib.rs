@@ -28,8 +28,9 @@ pub const SCHEMA_VERSION: i64 = schema::SCHEMA_VERSION;
 /// A [`Store`] in one SQLite file.
 ///
 /// The file is in WAL mode. All writes go through one writer thread that commits the
-/// operations waiting together in one `BEGIN IMMEDIATE` transaction (group commit), each
-/// in its own savepoint; reads run on reader threads. Stores opened on one file in one
+/// operations waiting together in one `BEGIN IMMEDIATE` transaction (group commit), where
+/// one failed operation never undoes another; reads run on reader threads. Stores opened
+/// on one file in one
 /// process share those threads, and any number of processes may open the file at once.
 /// Several namespaces live side by side in one file (CONTRACT C8).
 ///
