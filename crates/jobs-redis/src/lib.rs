@@ -4,6 +4,7 @@
 mod batch;
 mod codec;
 mod conn;
+mod enqueue;
 mod keys;
 mod scripts;
 mod store;

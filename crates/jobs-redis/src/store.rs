@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use jobs_core::validate::{
     truncate_error, validate_batch, validate_claim, validate_lease_ttl, validate_list,
-    validate_queue, validate_settings, validate_size,
+    validate_new_job, validate_queue, validate_settings, validate_size,
 };
 use jobs_core::{
     async_trait, duration_millis, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job,
-    JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob,
-    Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+    JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result,
+    Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -20,10 +20,10 @@ use redis::{ScriptInvocation, Value};
 
 use crate::batch::Completer;
 use crate::codec::{
-    array, decode_job, encode_meta, int, into_opt_bytes, is_missing, job_id, member_id, text,
-    JOB_FIELDS,
+    array, decode_job, int, into_opt_bytes, is_missing, job_id, member_id, text, JOB_FIELDS,
 };
 use crate::conn::{map_err, Conn};
+use crate::enqueue::{invalid_parent, ready_hex, Ctx as EnqueueCtx, Enqueuer, Prepared};
 use crate::keys::Keys;
 use crate::scripts;
 use crate::wake::Waker;
@@ -31,10 +31,6 @@ use crate::wake::Waker;
 /// Due scheduled entries one script call moves to the ready index. Bounds the work of a
 /// call when a large batch of scheduled jobs falls due at once.
 const PROMOTE_BOUND: usize = 1000;
-/// Jobs per enqueue script call, and the payload bytes one call carries at most (a
-/// single larger job still goes alone). Bounds how long one call holds the server.
-const ENQUEUE_CHUNK_JOBS: usize = 512;
-const ENQUEUE_CHUNK_BYTES: usize = 8 * 1024 * 1024;
 /// Entries one reclaim or purge call handles.
 const SWEEP_CHUNK: usize = 1000;
 /// Claim calls that may find their candidates taken by other claimers before a claim
@@ -68,6 +64,8 @@ struct Inner {
     hints: Mutex<HashMap<String, Vec<JobId>>>,
     waker: Waker,
     completer: Completer,
+    enqueuer: Enqueuer,
+    enqueue_ctx: EnqueueCtx,
     cluster: bool,
 }
 
@@ -89,23 +87,10 @@ pub struct ReclaimReport {
     pub examined: u64,
 }
 
-/// The ready-time part (16 hex digits) of the claim-order key of `at`.
-fn ready_hex(at: Timestamp) -> String {
-    let key = ReadyOrder::new(0, at, 0).sort_key();
-    key[4..20].to_owned()
-}
-
 fn ttl_ms(duration: Duration) -> i64 {
     duration_millis(duration)
         .saturating_add(TTL_MARGIN_MS)
         .min(TTL_MAX_MS)
-}
-
-fn invalid_parent(parent: Option<JobId>) -> Error {
-    match parent {
-        Some(parent) => Error::invalid("parent", format!("job {parent} does not exist")),
-        None => Error::invalid("parent", "does not exist"),
-    }
 }
 
 /// The status word a script answered with, and the rest of its reply.
@@ -124,20 +109,6 @@ fn unexpected(what: &str, word: &str) -> Error {
 fn parse_state(text: &str, what: &str) -> Result<JobState> {
     text.parse()
         .map_err(|_| Error::corrupt(what, format!("unknown state {text:?}")))
-}
-
-/// One enqueue script call's answer.
-enum Chunk {
-    Done(Vec<Enqueued>),
-    /// Jobs before `at` (0-based within the chunk) are written; the dedup key of job `at`
-    /// points at `id`, whose hash must be passed too.
-    Need {
-        done: Vec<Enqueued>,
-        at: usize,
-        id: JobId,
-    },
-    /// Job `at`'s parent does not exist; nothing of the chunk was written.
-    Parent(usize),
 }
 
 impl RedisStore {
@@ -192,6 +163,14 @@ impl RedisStore {
         let keys = Keys::new(&settings.namespace);
         let waker = Waker::new(pubsub_urls, keys.wake.clone());
         let completer = Completer::new(conn.clone(), keys.clone(), ttl_ms(settings.retention));
+        let window = settings.dedup_window;
+        let enqueue_ctx = EnqueueCtx {
+            conn: conn.clone(),
+            keys: keys.clone(),
+            window,
+            dedup_ttl: if window.is_zero() { 0 } else { ttl_ms(window) },
+        };
+        let enqueuer = Enqueuer::new(enqueue_ctx.clone());
         let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -200,6 +179,8 @@ impl RedisStore {
                 hints: Mutex::new(HashMap::new()),
                 waker,
                 completer,
+                enqueuer,
+                enqueue_ctx,
                 cluster,
             }),
         };
@@ -320,101 +301,6 @@ impl RedisStore {
         Ok((reclaimed, report))
     }
 
-    /// Runs one enqueue script over `jobs` (with their minted `ids`).
-    async fn enqueue_chunk(
-        &self,
-        jobs: &[NewJob],
-        ids: &[JobId],
-        now: Timestamp,
-        known: &[JobId],
-    ) -> Result<Chunk> {
-        let keys = self.keys();
-        let settings = &self.inner.settings;
-        let window = settings.dedup_window;
-        let dedup_ttl = if window.is_zero() { 0 } else { ttl_ms(window) };
-        let cutoff = now.saturating_sub(window);
-        let mut invocation = scripts::ENQUEUE.prepare_invoke();
-        invocation
-            .key(&keys.ready)
-            .key(&keys.sched)
-            .key(&keys.list)
-            .key(&keys.seq)
-            .key(&keys.children)
-            .arg(now.as_millis())
-            .arg(cutoff.as_millis())
-            .arg(dedup_ttl)
-            .arg(jobs.len())
-            .arg(&keys.wake);
-        for (job, id) in jobs.iter().zip(ids) {
-            let run_at = job.run_at.unwrap_or(now);
-            invocation.key(keys.job(*id));
-            match &job.idempotency_key {
-                Some(key) => invocation.key(keys.dedup(&job.tenant, key)),
-                None => invocation.key(&keys.none),
-            };
-            match job.parent {
-                Some(parent) => invocation.key(keys.job(parent)),
-                None => invocation.key(&keys.none),
-            };
-            invocation
-                .arg(id.to_string())
-                .arg(&job.queue)
-                .arg(encode_meta(job, now))
-                .arg(if job.idempotency_key.is_some() {
-                    "1"
-                } else {
-                    "0"
-                })
-                .arg(job.payload.as_ref())
-                .arg(job.priority)
-                .arg(run_at.as_millis())
-                .arg(ready_hex(run_at))
-                .arg(if run_at <= now { "1" } else { "0" })
-                .arg(job.parent.map(|p| p.to_string()).unwrap_or_default());
-        }
-        for id in known {
-            invocation.key(keys.job(*id));
-        }
-        for id in known {
-            invocation.arg(id.to_string());
-        }
-        let reply = self.invoke(&invocation, "enqueue").await?;
-        let (word, rest) = status(&reply, "enqueue reply")?;
-        let results = |value: &Value| -> Result<Vec<Enqueued>> {
-            array(value, "enqueue reply")?
-                .iter()
-                .map(|pair| {
-                    let pair = array(pair, "enqueue reply")?;
-                    let [id, created] = pair else {
-                        return Err(Error::corrupt("enqueue reply", "expected id and flag"));
-                    };
-                    Ok(Enqueued {
-                        id: job_id(&text(id, "enqueue reply")?, "enqueue reply")?,
-                        created: int(created, "enqueue reply")? == 1,
-                    })
-                })
-                .collect()
-        };
-        let index = |value: &Value| -> Result<usize> {
-            let j = int(value, "enqueue reply")?;
-            usize::try_from(j)
-                .ok()
-                .and_then(|j| j.checked_sub(1))
-                .filter(|j| *j < jobs.len())
-                .ok_or_else(|| Error::corrupt("enqueue reply", format!("bad job index {j}")))
-        };
-        match (word.as_str(), rest) {
-            ("ok", [done]) => Ok(Chunk::Done(results(done)?)),
-            ("parent", [j]) => Ok(Chunk::Parent(index(j)?)),
-            ("need", [j, id, done]) => Ok(Chunk::Need {
-                done: results(done)?,
-                at: index(j)?,
-                id: job_id(&text(id, "enqueue reply")?, "dedup key")?,
-            }),
-            (word, _) => Err(unexpected("enqueue reply", word)),
-        }
-    }
-
     /// Checks every parent of a multi-call batch before its first write, so a batch
     /// naming an unknown parent writes nothing (each script checks its part again).
     async fn check_parents(&self, jobs: &[NewJob]) -> Result<()> {
@@ -471,57 +357,23 @@ impl RedisStore {
             .map(|ids| ids.into_iter().collect())
     }
 
-    async fn enqueue_jobs(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
-        validate_batch(jobs, &self.inner.settings)?;
+    async fn enqueue_jobs(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        validate_batch(&jobs, &self.inner.settings)?;
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
+        self.check_parents(&jobs).await?;
+        let mut known = self.read_dedup_keys(&jobs).await?;
         let now = self.now();
-        let ids: Vec<JobId> = jobs.iter().map(|_| JobId::mint(now)).collect();
-        let mut known = Vec::new();
-        if jobs.len() > 1 {
-            self.check_parents(jobs).await?;
-            known = self.read_dedup_keys(jobs).await?;
-        }
-        let mut out = Vec::with_capacity(jobs.len());
-        let mut start = 0;
-        let mut needs = 0usize;
-        while start < jobs.len() {
-            let mut end = start;
-            let mut bytes = 0;
-            while end < jobs.len()
-                && end - start < ENQUEUE_CHUNK_JOBS
-                && (end == start || bytes + jobs[end].payload.len() <= ENQUEUE_CHUNK_BYTES)
-            {
-                bytes += jobs[end].payload.len();
-                end += 1;
-            }
-            match self
-                .enqueue_chunk(&jobs[start..end], &ids[start..end], now, &known)
-                .await?
-            {
-                Chunk::Done(done) => {
-                    out.extend(done);
-                    start = end;
-                }
-                Chunk::Need { done, at, id } => {
-                    out.extend(done);
-                    start += at;
-                    needs += 1;
-                    // Each answer names an id the script did not hold, so this only
-                    // repeats while other clients keep repointing the batch's keys.
-                    if needs > jobs.len() + 64 || known.contains(&id) {
-                        return Err(Error::Backend {
-                            message: "dedup keys kept changing under the enqueue".to_owned(),
-                            source: None,
-                        });
-                    }
-                    known.push(id);
-                }
-                Chunk::Parent(at) => return Err(invalid_parent(jobs[start + at].parent)),
-            }
-        }
-        Ok(out)
+        let prepared: Vec<Prepared> = jobs
+            .into_iter()
+            .map(|job| Prepared {
+                job,
+                id: JobId::mint(now),
+                now,
+            })
+            .collect();
+        crate::enqueue::run_all(&self.inner.enqueue_ctx, &prepared, &mut known).await
     }
 
     /// Reads jobs by id in one round trip; vanished ones are left out.
@@ -633,13 +485,15 @@ impl Store for RedisStore {
     }
 
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        let mut out = self.enqueue_jobs(std::slice::from_ref(&job)).await?;
-        out.pop()
-            .ok_or_else(|| Error::corrupt("enqueue reply", "no result"))
+        validate_new_job(&job, &self.inner.settings)?;
+        let now = self.now();
+        let id = JobId::mint(now);
+        // Concurrent enqueues of this store go to Redis together, each as called.
+        self.inner.enqueuer.enqueue(Prepared { job, id, now }).await
     }
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        self.enqueue_jobs(&jobs).await
+        self.enqueue_jobs(jobs).await
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {

@@ -870,3 +870,69 @@ async fn list_pages_by_state_through_interleaved_queued_and_running_jobs() {
     assert_eq!(all.jobs.len(), 9);
     env.cleanup().await;
 }
+
+/// Concurrent single enqueues of one store go to Redis together; each still gets its own
+/// answer: duplicates find their first job (an existing one, or one made in the same
+/// group), an unknown parent fails only its own call, and the rest are created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grouped_single_enqueues_keep_their_own_outcomes() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let existing = store
+        .enqueue(NewJob::new("q").idempotency_key("k0"))
+        .await
+        .expect("enqueue")
+        .id;
+    let ghost = JobId::mint(env.clock.now());
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let job = match i % 4 {
+                    0 => NewJob::new("q").idempotency_key("k0"),
+                    1 => NewJob::new("q").idempotency_key("shared"),
+                    2 => NewJob::new("q").parent(ghost),
+                    _ => NewJob::new("q").payload(vec![i as u8; 3]),
+                };
+                (i, store.enqueue(job).await)
+            })
+        })
+        .collect();
+    let mut shared = HashSet::new();
+    let mut shared_created = 0;
+    let mut plain = HashSet::new();
+    for task in tasks {
+        let (i, outcome) = task.await.expect("join");
+        match i % 4 {
+            0 => {
+                let e = outcome.expect("duplicate of an existing key");
+                assert_eq!((e.id, e.created), (existing, false));
+            }
+            1 => {
+                let e = outcome.expect("shared key");
+                shared.insert(e.id);
+                shared_created += usize::from(e.created);
+            }
+            2 => {
+                let err = outcome.expect_err("unknown parent");
+                assert_eq!(err.invalid_field(), Some("parent"), "{err:?}");
+            }
+            _ => {
+                let e = outcome.expect("plain");
+                assert!(e.created);
+                assert_eq!(
+                    store.payload(e.id).await.expect("payload"),
+                    Bytes::from(vec![i as u8; 3])
+                );
+                plain.insert(e.id);
+            }
+        }
+    }
+    assert_eq!((shared.len(), shared_created), (1, 1));
+    assert_eq!(plain.len(), 16);
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!(stats.ready, 1 + 1 + 16);
+    env.cleanup().await;
+}

@@ -11,13 +11,16 @@
 -- then KEYS[3N+5+e], e = 1..E: hashes of jobs that dedup keys are known to point at,
 --   whose ids are the last E ARGV entries in the same order.
 --
--- ARGV[1] now (ms)              ARGV[2] dedup cutoff: a key deduplicates while its job's
---                                       created_at > now - dedup_window
--- ARGV[3] dedup key TTL in ms ('0': the window is empty, write no dedup key)
--- ARGV[4] N                     ARGV[5] wake-up channel
--- for job j, 10 values from ARGV[5 + 10(j-1) + 1]:
---   id, queue, meta (the packed immutable fields, see lib.lua), has key ('1'/'0'), payload,
---   priority, run_at, run_at as 16 hex digits, due ('1' when run_at <= now), parent id or ''
+-- ARGV[1] dedup key TTL in ms ('0': the window is empty, write no dedup key)
+-- ARGV[2] N                     ARGV[3] wake-up channel
+-- for job j, 11 values from ARGV[3 + 11(j-1) + 1]:
+--   id, queue, meta (the packed immutable fields, see lib.lua, created_at included),
+--   has key ('1'/'0'), payload, priority, run_at, run_at as 16 hex digits,
+--   due ('1' when run_at <= the job's now), parent id or '',
+--   dedup cutoff (the job's now - dedup_window: a key deduplicates while its job's
+--   created_at > cutoff)
+-- Each job carries its own clock reading (created_at, due, cutoff): concurrent enqueues
+-- of one store are sent together, each as it was called.
 -- then E ids (see the extra KEYS).
 --
 -- Returns one of:
@@ -32,16 +35,14 @@
 -- record, indexes and dedup key are written in the same script, so no crash leaves a job
 -- without its index entries or a dedup key pointing at a half-written job.
 
-local now = ARGV[1]
-local cutoff = tonumber(ARGV[2])
-local dedup_ttl = ARGV[3]
-local n = tonumber(ARGV[4])
-local channel = ARGV[5]
-local PER_JOB = 10
+local dedup_ttl = ARGV[1]
+local n = tonumber(ARGV[2])
+local channel = ARGV[3]
+local PER_JOB = 11
 local extra_keys = #KEYS - 5 - 3 * n
 
 for j = 1, n do
-  local a = 5 + PER_JOB * (j - 1)
+  local a = 3 + PER_JOB * (j - 1)
   if ARGV[a + 10] ~= '' and redis.call('EXISTS', KEYS[3 * j + 5]) == 0 then
     return { 'parent', j }
   end
@@ -50,10 +51,10 @@ end
 -- Hashes whose keys this script holds, by job id.
 local known = {}
 for j = 1, n do
-  known[ARGV[5 + PER_JOB * (j - 1) + 1]] = KEYS[3 * j + 3]
+  known[ARGV[3 + PER_JOB * (j - 1) + 1]] = KEYS[3 * j + 3]
 end
 for e = 1, extra_keys do
-  known[ARGV[5 + PER_JOB * n + e]] = KEYS[3 * n + 5 + e]
+  known[ARGV[3 + PER_JOB * n + e]] = KEYS[3 * n + 5 + e]
 end
 
 -- Sequence numbers for the whole run in one step; a job that turns out to be a duplicate
@@ -72,7 +73,7 @@ local function flush()
 end
 
 for j = 1, n do
-  local a = 5 + PER_JOB * (j - 1)
+  local a = 3 + PER_JOB * (j - 1)
   local id, queue, meta = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local has_key = ARGV[a + 4] == '1'
   local prio, run_at, run_hex = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
@@ -91,7 +92,7 @@ for j = 1, n do
       end
       -- A key deduplicates while its job exists and is inside the window (E2, E5, E6).
       local _, _, _, _, created = meta_head(redis.call('HGET', current_job, 'meta'))
-      if created and tonumber(created) > cutoff then
+      if created and tonumber(created) > tonumber(ARGV[a + 11]) then
         existing = current
       end
     end
