@@ -14,6 +14,7 @@
 
 mod backends;
 mod drain;
+mod probe;
 mod progress;
 mod report;
 #[cfg(feature = "runtime")]

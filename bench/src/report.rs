@@ -41,6 +41,12 @@ impl Line {
         self
     }
 
+    /// Adds every field of `other`.
+    pub fn merge(mut self, other: Line) -> Self {
+        self.fields.extend(other.fields);
+        self
+    }
+
     /// Prints the line on stdout.
     pub fn emit(self) {
         println!("{}", Value::Object(self.fields));

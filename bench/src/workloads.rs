@@ -7,6 +7,7 @@ use jobs_core::{ClaimRequest, JobState, NewJob, Store};
 use tokio::task::JoinSet;
 
 use crate::drain::{self, DrainConfig, Driver};
+use crate::probe::Probe;
 use crate::progress::Progress;
 use crate::report::{millis, quantile, rate, Line};
 
@@ -122,6 +123,7 @@ pub async fn e2e_backlog(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
     fill(store.as_ref(), 0..opts.jobs, opts.enqueue_batch.max(1)).await?;
     let fill_time = fill_started.elapsed();
     let progress = Arc::new(Progress::new(opts.jobs, false));
+    let probe = Probe::start(&opts.backend).await;
     let workers = drain::start(
         opts.driver,
         Arc::clone(&store),
@@ -134,8 +136,10 @@ pub async fn e2e_backlog(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
     waited?;
     let stored_by = stopped?;
     let span = progress.span(stored_by).ok_or("no job ran")?;
+    let probed = probe.finish(opts.jobs, Line::default()).await;
     check_drained(store.as_ref()).await?;
     opts.line("e2e-backlog")
+        .merge(probed)
         .int("concurrency", opts.concurrency as u64)
         .text("driver", opts.driver.name())
         .num("value", rate(opts.jobs, span))
@@ -151,6 +155,7 @@ pub async fn e2e_backlog(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
 /// completion stored.
 pub async fn e2e_producer(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
     let progress = Arc::new(Progress::new(opts.jobs, false));
+    let probe = Probe::start(&opts.backend).await;
     let workers = drain::start(
         opts.driver,
         Arc::clone(&store),
@@ -174,8 +179,10 @@ pub async fn e2e_producer(store: Arc<dyn Store>, opts: &Options) -> Result<(), S
     let stored_by = stopped?;
     let produce_time = produced?;
     let span = progress.span(stored_by).ok_or("no job ran")?;
+    let probed = probe.finish(opts.jobs, Line::default()).await;
     check_drained(store.as_ref()).await?;
     opts.line("e2e-producer")
+        .merge(probed)
         .int("concurrency", opts.concurrency as u64)
         .int("batch", opts.enqueue_batch as u64)
         .text("driver", opts.driver.name())
