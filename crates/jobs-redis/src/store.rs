@@ -602,9 +602,10 @@ impl Store for RedisStore {
                 }
                 continue;
             }
-            if word != "ok" || items.len() != 3 {
+            if word != "ok" || items.len() != 4 {
                 return Err(unexpected("claim reply", &word));
             }
+            let corrupt_value = items.pop().unwrap_or_default();
             let hint_value = items.pop().unwrap_or_default();
             let jobs_value = items.pop().unwrap_or_default();
             let Value::Array(jobs) = jobs_value else {
@@ -612,7 +613,20 @@ impl Store for RedisStore {
             };
             let got = jobs.len();
             for job in jobs {
-                claimed.push(Self::decode_claimed(job)?);
+                // A leased job whose record cannot be read is not handed out: failing the
+                // whole claim would strand its batch mates until their leases expire.
+                // Its lease runs out and reclaim takes it back; `get` reports it.
+                match Self::decode_claimed(job) {
+                    Ok(job) => claimed.push(job),
+                    Err(err) => tracing::warn!(error = %err, "claimed an unreadable job; skipped"),
+                }
+            }
+            for id in array(&corrupt_value, "claim reply")? {
+                tracing::warn!(
+                    namespace = %self.inner.settings.namespace,
+                    id = %text(id, "claim reply")?,
+                    "a ready job's record is unreadable; it left the ready index"
+                );
             }
             let hint = array(&hint_value, "claim reply")?
                 .iter()

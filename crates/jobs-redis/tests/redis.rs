@@ -936,3 +936,34 @@ async fn grouped_single_enqueues_keep_their_own_outcomes() {
     assert_eq!(stats.ready, 1 + 1 + 16);
     env.cleanup().await;
 }
+
+/// One unreadable record at the head of a queue does not block it: the claim skips it
+/// (it leaves the ready index, unleased) and hands out the jobs behind it.
+#[tokio::test]
+async fn unreadable_job_at_the_head_does_not_block_the_queue() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let ids = enqueue_all(&store, (0..3).map(|_| NewJob::new("q")).collect()).await;
+    let key = jobs_redis::job_key(&env.settings.namespace, ids[0]);
+    let _: () = env
+        .admin
+        .hset(&key, "meta", "not meta")
+        .await
+        .expect("HSET");
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(30)).limit(10))
+        .await
+        .expect("claim");
+    assert_eq!(
+        claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
+        vec![ids[1], ids[2]]
+    );
+    let err = store.get(ids[0]).await.expect_err("corrupt");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    let state: String = env.admin.hget(&key, "state").await.expect("HGET");
+    assert_eq!(state, "queued", "the unreadable job was not leased");
+    assert_eq!(env.zcard("ready").await, 0);
+    env.cleanup().await;
+}

@@ -15,9 +15,13 @@
 -- Returns one of:
 --   {'promote'}               more due scheduled jobs than the bound: some were moved to
 --                             the ready index, nothing was claimed; call again
---   {'ok', claimed, hint}     claimed: one array per leased job, JOB_FIELDS (lib.lua) in
---                             order, then the payload, then the id; hint: the ids now at the head of
---                             the ready order (at most the hint size), for the next call
+--   {'ok', claimed, hint, corrupt}
+--                             claimed: one array per leased job, JOB_FIELDS (lib.lua) in
+--                             order, then the payload, then the id; hint: the ids now at the
+--                             head of the ready order (at most the hint size), for the next
+--                             call; corrupt: ids of jobs whose `meta` cannot be read, which
+--                             are not leased and leave the ready index (so one bad record
+--                             cannot block a queue; `get` reports it as corrupt)
 --
 -- The script only touches hashes passed in KEYS, so it cannot follow the ready index to
 -- a job it was not given. It walks the merged head of the named queues in order and
@@ -78,6 +82,7 @@ local F_STATE, F_ATT, F_TOKEN, F_WORKER, F_LEASE, F_STARTED, F_HB = 3, 4, 5, 6, 
 local F_PAYLOAD = #JOB_FIELDS + 1
 
 local claimed = {}
+local corrupt = {}
 local taken = {}
 local lease_pairs = {}  -- per queue: flat score/member list
 local list_old = {}
@@ -93,7 +98,9 @@ for _, member in ipairs(head(limit)) do
   local queue = string.sub(member, 1, #member - 73)
   local v = redis.call('HMGET', job, unpack(read_fields))
   taken[#taken + 1] = member
-  if v[F_STATE] == 'queued' then
+  if v[F_STATE] == 'queued' and not meta_head(v[1]) then
+    corrupt[#corrupt + 1] = id
+  elseif v[F_STATE] == 'queued' then
     -- Counters are small integers: incremented and formatted exactly, in one write.
     local attempts = string.format('%d', (tonumber(v[F_ATT]) or 0) + 1)
     local token = string.format('%d', (tonumber(v[F_TOKEN]) or 0) + 1)
@@ -134,4 +141,4 @@ local hint = {}
 for i, member in ipairs(head(hint_size)) do
   hint[i] = string.sub(member, -36)
 end
-return { 'ok', claimed, hint }
+return { 'ok', claimed, hint, corrupt }
