@@ -121,8 +121,8 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 .prefix("jobs-bench-")
                 .tempdir()
                 .map_err(|e| format!("temp dir: {e}"))?;
-            // The backend's defaults: synchronous = FULL, so every acknowledged write
-            // survives power loss (group commit pays one fsync per batch of writes).
+            // The backend's default configuration, durability included (see
+            // docs/sqlite.md): what a user who opens a file gets.
             let store = jobs_sqlite::SqliteStore::open(dir.path().join("jobs.sqlite3"), settings)
                 .await
                 .map_err(|e| format!("open sqlite: {e}"))?;
@@ -227,8 +227,9 @@ pub async fn server_version(backend: &str) -> Result<String, String> {
         "memory" => Ok("in process".to_owned()),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(format!(
-            "SQLite {} (bundled by rusqlite), synchronous = FULL",
-            rusqlite::version()
+            "SQLite {} (bundled by rusqlite), jobs-sqlite's default durability: {:?}",
+            rusqlite::version(),
+            jobs_sqlite::SqliteConfig::default().synchronous
         )),
         #[cfg(feature = "redis")]
         "redis" => {

@@ -952,6 +952,39 @@ fn render(settings: &Settings, results: &Results, wall: Duration, root: &Path) -
         }
     }
 
+    // What each job cost, from the counters the bench reads around a drain.
+    let _ = writeln!(
+        md,
+        "\n#### Cost per job (end-to-end, backlog of {}; server counters are server-wide)\n",
+        group_thousands(n)
+    );
+    let _ = writeln!(
+        md,
+        "| backend | driver | client CPU (µs/job) | server CPU (µs/job) | round trips (scripts or commits per job) | WAL fsyncs per job |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for backend in &settings.backends {
+        let cell = |metric: &str| results.cell("jobs", backend, "e2e-backlog", n, metric);
+        let trips = {
+            let scripts = cell("scripts_per_job");
+            let commits = cell("commits_per_job");
+            if scripts.values.is_empty() {
+                commits
+            } else {
+                scripts
+            }
+        };
+        let fmt2 = |v: f64| format!("{v:.2}");
+        let _ = writeln!(
+            md,
+            "| {backend} | worker runtime | {} | {} | {} | {} |",
+            show(&cell("client_cpu_us_per_job"), fmt_ms),
+            show(&cell("server_cpu_us_per_job"), fmt_ms),
+            show(&trips, fmt2),
+            show(&cell("wal_syncs_per_job"), fmt2),
+        );
+    }
+
     // Latency and reclaim.
     let _ = writeln!(md, "\n#### Pickup latency and reclaim\n");
     let _ = writeln!(
