@@ -451,6 +451,58 @@ impl RedisStore {
         Ok(ids)
     }
 
+    /// Reads one claim script reply: `None` when the script only promoted due jobs, else
+    /// how many jobs it leased and the hint for the next call. The leased jobs that can
+    /// be read are appended to `claimed`.
+    fn claim_round(
+        &self,
+        reply: Value,
+        claimed: &mut Vec<ClaimedJob>,
+    ) -> Result<Option<(usize, Vec<JobId>)>> {
+        let Value::Array(mut items) = reply else {
+            return Err(Error::corrupt("claim reply", "expected an array"));
+        };
+        let word = items
+            .first()
+            .map(|w| text(w, "claim reply"))
+            .transpose()?
+            .unwrap_or_default();
+        if word == "promote" {
+            return Ok(None);
+        }
+        if word != "ok" || items.len() != 4 {
+            return Err(unexpected("claim reply", &word));
+        }
+        let corrupt_value = items.pop().unwrap_or_default();
+        let hint_value = items.pop().unwrap_or_default();
+        let jobs_value = items.pop().unwrap_or_default();
+        let Value::Array(jobs) = jobs_value else {
+            return Err(Error::corrupt("claim reply", "expected an array of jobs"));
+        };
+        let got = jobs.len();
+        for job in jobs {
+            // A leased job whose record cannot be read is not handed out: failing the
+            // whole claim would strand its batch mates until their leases expire. Its
+            // lease runs out and reclaim takes it back; `get` reports it.
+            match Self::decode_claimed(job) {
+                Ok(job) => claimed.push(job),
+                Err(err) => tracing::warn!(error = %err, "claimed an unreadable job; skipped"),
+            }
+        }
+        for id in array(&corrupt_value, "claim reply")? {
+            tracing::warn!(
+                namespace = %self.inner.settings.namespace,
+                id = %text(id, "claim reply")?,
+                "a ready job's record is unreadable; it left the ready index"
+            );
+        }
+        let hint = array(&hint_value, "claim reply")?
+            .iter()
+            .map(|id| job_id(&text(id, "claim reply")?, "ready index"))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some((got, hint)))
+    }
+
     fn lease_call_error(id: JobId, word: &str, what: &str) -> Error {
         match word {
             "notfound" => Error::NotFound { id },
@@ -586,52 +638,27 @@ impl Store for RedisStore {
             for id in &candidates {
                 invocation.key(keys.job(*id)).arg(id.to_string());
             }
-            let reply = self.invoke(&invocation, "claim").await?;
-            let Value::Array(mut items) = reply else {
-                return Err(Error::corrupt("claim reply", "expected an array"));
+            let round = match self.invoke(&invocation, "claim").await {
+                Ok(reply) => self.claim_round(reply, &mut claimed),
+                Err(err) => Err(err),
             };
-            let word = items
-                .first()
-                .map(|w| text(w, "claim reply"))
-                .transpose()?
-                .unwrap_or_default();
-            if word == "promote" {
-                promotions += 1;
-                if promotions > 10_000_000 / PROMOTE_BOUND {
-                    return Err(Error::corrupt("scheduled index", "promotion does not end"));
+            let (got, hint) = match round {
+                Ok(Some(round)) => round,
+                Ok(None) => {
+                    promotions += 1;
+                    if promotions > 10_000_000 / PROMOTE_BOUND {
+                        return Err(Error::corrupt("scheduled index", "promotion does not end"));
+                    }
+                    continue;
                 }
-                continue;
-            }
-            if word != "ok" || items.len() != 4 {
-                return Err(unexpected("claim reply", &word));
-            }
-            let corrupt_value = items.pop().unwrap_or_default();
-            let hint_value = items.pop().unwrap_or_default();
-            let jobs_value = items.pop().unwrap_or_default();
-            let Value::Array(jobs) = jobs_value else {
-                return Err(Error::corrupt("claim reply", "expected an array of jobs"));
+                // Jobs leased by earlier rounds are handed out rather than stranded until
+                // their leases expire; the failure shows again on the next call.
+                Err(err) if claimed.is_empty() => return Err(err),
+                Err(err) => {
+                    tracing::debug!(error = %err, "claim round failed; returning the jobs claimed so far");
+                    break;
+                }
             };
-            let got = jobs.len();
-            for job in jobs {
-                // A leased job whose record cannot be read is not handed out: failing the
-                // whole claim would strand its batch mates until their leases expire.
-                // Its lease runs out and reclaim takes it back; `get` reports it.
-                match Self::decode_claimed(job) {
-                    Ok(job) => claimed.push(job),
-                    Err(err) => tracing::warn!(error = %err, "claimed an unreadable job; skipped"),
-                }
-            }
-            for id in array(&corrupt_value, "claim reply")? {
-                tracing::warn!(
-                    namespace = %self.inner.settings.namespace,
-                    id = %text(id, "claim reply")?,
-                    "a ready job's record is unreadable; it left the ready index"
-                );
-            }
-            let hint = array(&hint_value, "claim reply")?
-                .iter()
-                .map(|id| job_id(&text(id, "claim reply")?, "ready index"))
-                .collect::<Result<Vec<_>>>()?;
             if got == 0 {
                 contended += 1;
             }
