@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -342,7 +343,7 @@ fn measure(
         .args(["--backend", backend])
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn();
     let mut child = match child {
         Ok(child) => child,
@@ -352,6 +353,28 @@ fn measure(
         }
     };
     let started = Instant::now();
+    // Drain both pipes while the child runs, so a chatty child never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
@@ -363,14 +386,18 @@ fn measure(
             Ok(None) => thread::sleep(Duration::from_millis(50)),
             Err(err) => {
                 eprintln!("wait failed: {err}");
+                let _ = child.kill();
                 return Outcome::Failed(format!("wait failed: {err}"));
             }
         }
     };
-    let mut stdout = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        let _ = std::io::Read::read_to_string(&mut out, &mut stdout);
-    }
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    let last_stderr = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
     let sample = stdout
         .lines()
         .rev()
@@ -382,7 +409,9 @@ fn measure(
             Outcome::Failed(sample.text("error").unwrap_or_default().to_owned())
         }
         (Some(status), Some(sample)) if status.success() => Outcome::Ok(sample),
-        (Some(status), _) => Outcome::Failed(format!("exited with {status}, no result")),
+        (Some(status), _) => {
+            Outcome::Failed(format!("exited with {status}, no result: {last_stderr}"))
+        }
     };
     match &outcome {
         Outcome::Ok(sample) => {
