@@ -967,3 +967,46 @@ async fn unreadable_job_at_the_head_does_not_block_the_queue() {
     assert_eq!(env.zcard("ready").await, 0);
     env.cleanup().await;
 }
+
+/// Claims over several queues follow one order across all of them: 300 jobs with mixed
+/// priorities and ready times in three queues, claimed in batches of 7, come out exactly
+/// in the order `ReadyOrder` defines (priority, ready time, enqueue order).
+#[tokio::test]
+async fn claims_over_several_queues_merge_in_exact_order() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let now = env.clock.now();
+    let mut jobs = Vec::new();
+    for i in 0..300u64 {
+        let queue = ["a", "b", "c"][(i * 7 % 3) as usize];
+        let priority = ((i * 13) % 5) as i16 - 2;
+        let run_at = Timestamp::from_millis(now.as_millis() - ((i * 31) % 4) as i64);
+        jobs.push((queue, priority, run_at));
+    }
+    let ids = enqueue_all(
+        &store,
+        jobs.iter()
+            .map(|(q, p, t)| NewJob::new(*q).priority(*p).run_at(*t))
+            .collect(),
+    )
+    .await;
+    // Enqueue order is the sequence order: sort by (priority desc, run_at, index).
+    let mut expected: Vec<usize> = (0..jobs.len()).collect();
+    expected.sort_by_key(|&i| (std::cmp::Reverse(jobs[i].1), jobs[i].2, i));
+    let expected: Vec<JobId> = expected.into_iter().map(|i| ids[i]).collect();
+    let mut got = Vec::new();
+    loop {
+        let batch = store
+            .claim(ClaimRequest::new(["c", "a", "b", "a"], "w", Duration::from_secs(60)).limit(7))
+            .await
+            .expect("claim");
+        if batch.is_empty() {
+            break;
+        }
+        got.extend(batch.iter().map(|c| c.id()));
+    }
+    assert_eq!(got, expected);
+    env.cleanup().await;
+}

@@ -49,26 +49,36 @@ for i = 1, #KEYS - 5 do
   held[ARGV[7 + nq + i]] = KEYS[5 + i]
 end
 
--- The first `n` entries of the ready order over all named queues.
+-- The first `n` entries of the ready order over all named queues: each queue's range is
+-- already in order, so a merge of the queues' heads (Q - 1 comparisons per entry).
 local function head(n)
   if nq == 1 then
     local q = ARGV[8]
     return redis.call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
   end
-  local all = {}
+  local parts, pos = {}, {}
   for i = 1, nq do
     local q = ARGV[7 + i]
-    local part = redis.call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
-    for _, member in ipairs(part) do
-      all[#all + 1] = member
-    end
+    parts[i] = redis.call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
+    pos[i] = 1
   end
-  table.sort(all, function(a, b)
-    return order_less(string.sub(a, -72, -37), string.sub(b, -72, -37))
-  end)
   local first = {}
-  for i = 1, math.min(n, #all) do
-    first[i] = all[i]
+  while #first < n do
+    local best, best_order = nil, nil
+    for i = 1, nq do
+      local member = parts[i][pos[i]]
+      if member then
+        local order = string.sub(member, -72, -37)
+        if not best or order_less(order, best_order) then
+          best, best_order = i, order
+        end
+      end
+    end
+    if not best then
+      break
+    end
+    first[#first + 1] = parts[best][pos[best]]
+    pos[best] = pos[best] + 1
   end
   return first
 end
