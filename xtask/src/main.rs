@@ -108,21 +108,37 @@ fn redis_cluster_conformance() -> Result<(), String> {
 fn ci() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"], &[])?;
     cargo(
-        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ],
         &[],
     )?;
     cargo(
-        &["doc", "--workspace", "--no-deps"],
+        &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
     // Features are additive: each backend alone and all together must compile.
     for features in FEATURE_SETS {
         cargo(
-            &["check", "-p", "jobs", "--no-default-features", "--features", features],
+            &[
+                "check",
+                "-p",
+                "jobs",
+                "--no-default-features",
+                "--features",
+                features,
+            ],
             &[],
         )?;
     }
-    cargo(&["test", "--workspace"], &[])?;
+    // All features, so the runtime tests of the `jobs` facade run on every backend.
+    cargo(&["test", "--workspace", "--all-features"], &[])?;
     conformance(&["redis-cluster"])?;
     Ok(())
 }

@@ -38,6 +38,7 @@ fn namespace() -> StoreSettings {
     StoreSettings::default().namespace(format!("connect-{}-{nanos:x}", std::process::id()))
 }
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
 fn skip_or_fail(service: &str, err: &jobs::Error) {
     let _: Option<()> = jobs_conformance::skip_or_fail(service, "its default URL", err);
 }

@@ -64,6 +64,7 @@ fn unique_namespace() -> String {
     jobs_conformance::unique_namespace("rt")
 }
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
 use jobs_conformance::skip_or_fail;
 
 /// A worker builder with intervals short enough for tests and no jitter.
@@ -712,7 +713,7 @@ async fn memory() -> Option<Box<dyn Backend>> {
 runtime_tests!(memory, memory());
 
 /// A fresh file per test, in its own temporary directory, with the default
-/// configuration (synchronous = FULL), as the quickstart uses it.
+/// configuration, as the quickstart uses it.
 struct Sqlite(tempfile::TempDir);
 
 #[async_trait]
@@ -733,34 +734,40 @@ async fn sqlite() -> Option<Box<dyn Backend>> {
 
 runtime_tests!(sqlite, sqlite());
 
+#[cfg(feature = "redis")]
 struct Redis(String);
 
+#[cfg(feature = "redis")]
 #[async_trait]
 impl Backend for Redis {
     async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
         Arc::new(
-            jobs_redis::RedisStore::connect(&self.0, settings)
+            jobs::backends::redis::RedisStore::connect(&self.0, settings)
                 .await
                 .expect("connect to redis"),
         )
     }
 }
 
+#[cfg(feature = "redis")]
 /// `REDIS_URL`, default `redis://127.0.0.1:6379`; skipped loudly when unreachable.
 async fn redis() -> Option<Box<dyn Backend>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let probe = StoreSettings::default().namespace(unique_namespace());
-    match jobs_redis::RedisStore::connect(&url, probe).await {
+    match jobs::backends::redis::RedisStore::connect(&url, probe).await {
         Ok(_) => Some(Box::new(Redis(url))),
         Err(err) => skip_or_fail("Redis", &url, &err),
     }
 }
 
+#[cfg(feature = "redis")]
 runtime_tests!(redis, redis());
 
+#[cfg(feature = "postgres")]
 /// One small pool per test, shared by the test's stores.
-struct Postgres(jobs_postgres::PostgresBackend);
+struct Postgres(jobs::backends::postgres::PostgresBackend);
 
+#[cfg(feature = "postgres")]
 #[async_trait]
 impl Backend for Postgres {
     async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
@@ -768,10 +775,11 @@ impl Backend for Postgres {
     }
 }
 
+#[cfg(feature = "postgres")]
 /// `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`; skipped loudly
 /// when unreachable.
 async fn postgres() -> Option<Box<dyn Backend>> {
-    use jobs_postgres::{PostgresBackend, PostgresConfig};
+    use jobs::backends::postgres::{PostgresBackend, PostgresConfig};
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let config = PostgresConfig::new(&url)
@@ -784,4 +792,5 @@ async fn postgres() -> Option<Box<dyn Backend>> {
     }
 }
 
+#[cfg(feature = "postgres")]
 runtime_tests!(postgres, postgres());
