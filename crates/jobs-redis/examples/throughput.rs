@@ -245,6 +245,36 @@ async fn run() -> Res<()> {
     meter
         .report(&mut probe, "complete alone, 256 at once", claimed.len())
         .await;
+    // Wake-up latency: a waiter on an idle queue, then one enqueue.
+    assert!(
+        store.wake_ready(Duration::from_secs(5)).await,
+        "no wake-up subscriber"
+    );
+    let mut latencies = Vec::new();
+    for _ in 0..20 {
+        let waiter = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .wait_for_work(&["wake".to_owned()], Duration::from_secs(5))
+                    .await
+                    .map(|()| Instant::now())
+            })
+        };
+        while store.waiting_for_work() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let sent = Instant::now();
+        store.enqueue(NewJob::new("wake")).await?;
+        let woken = waiter.await??;
+        latencies.push(woken.duration_since(sent));
+    }
+    latencies.sort();
+    println!(
+        "wake-up after enqueue: median {:?}, max {:?} (20 tries)",
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1]
+    );
     cleanup(&url, &namespace).await
 }
 
