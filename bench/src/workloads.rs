@@ -76,6 +76,7 @@ async fn fill(store: &dyn Store, range: std::ops::Range<u64>, batch: usize) -> R
 /// `enqueue-one`: `producers` tasks each enqueue their share one job per call.
 pub async fn enqueue_one(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
     let per_producer = opts.jobs.div_ceil(opts.producers as u64);
+    let probe = Probe::start(&opts.backend).await;
     let started = Instant::now();
     let mut tasks = JoinSet::new();
     for p in 0..opts.producers as u64 {
@@ -93,7 +94,9 @@ pub async fn enqueue_one(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
     }
     join_all(tasks).await?;
     let elapsed = started.elapsed();
+    let probed = probe.finish(opts.jobs, Line::default()).await;
     opts.line("enqueue-one")
+        .merge(probed)
         .int("producers", opts.producers as u64)
         .num("value", rate(opts.jobs, elapsed))
         .text("unit", "jobs/s")
@@ -104,10 +107,13 @@ pub async fn enqueue_one(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
 
 /// `enqueue-batch`: one producer enqueues `enqueue_batch` jobs per call.
 pub async fn enqueue_batch(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+    let probe = Probe::start(&opts.backend).await;
     let started = Instant::now();
     fill(store.as_ref(), 0..opts.jobs, opts.enqueue_batch).await?;
     let elapsed = started.elapsed();
+    let probed = probe.finish(opts.jobs, Line::default()).await;
     opts.line("enqueue-batch")
+        .merge(probed)
         .int("batch", opts.enqueue_batch as u64)
         .num("value", rate(opts.jobs, elapsed))
         .text("unit", "jobs/s")
