@@ -205,6 +205,29 @@ impl RedisStore {
         &self.inner.keys
     }
 
+    /// Up to `limit` members of the sorted set `key` with the lowest scores, up to
+    /// `max_score` (a Redis score bound: `(n` is exclusive). The sweeps of reclaim and
+    /// purge read their candidates this way, so their cost follows the entries due,
+    /// not the size of the set (CONTRACT R6).
+    async fn oldest_members(
+        &self,
+        key: &str,
+        max_score: &str,
+        limit: usize,
+        what: &'static str,
+    ) -> Result<Vec<String>> {
+        redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg("-inf")
+            .arg(max_score)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err(what, err))
+    }
+
     fn now(&self) -> Timestamp {
         self.inner.settings.now()
     }
@@ -247,16 +270,9 @@ impl RedisStore {
             let batch = (limit - reclaimed.len()).min(SWEEP_CHUNK);
             // Only entries strictly expired (R1): O(log n + expired), whatever the number
             // of live leases (R6).
-            let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                .arg(&keys.leases)
-                .arg("-inf")
-                .arg(format!("({now_text}"))
-                .arg("LIMIT")
-                .arg(0)
-                .arg(batch)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(|err| map_err("reclaim read", err))?;
+            let members = self
+                .oldest_members(&keys.leases, &format!("({now_text}"), batch, "reclaim read")
+                .await?;
             if members.is_empty() {
                 break;
             }
@@ -932,16 +948,9 @@ impl Store for RedisStore {
         let mut deleted = 0u64;
         while (deleted as usize) < limit {
             let batch = (limit - deleted as usize).min(SWEEP_CHUNK);
-            let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                .arg(&keys.done)
-                .arg("-inf")
-                .arg(&cutoff_text)
-                .arg("LIMIT")
-                .arg(0)
-                .arg(batch)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(|err| map_err("purge read", err))?;
+            let members = self
+                .oldest_members(&keys.done, &cutoff_text, batch, "purge read")
+                .await?;
             if members.is_empty() {
                 break;
             }
