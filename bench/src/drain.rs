@@ -165,6 +165,9 @@ fn start_loop(store: Arc<dyn Store>, config: &DrainConfig, progress: Arc<Progres
                         .map_err(|e| format!("complete: {e}"))?;
                     progress.done();
                 }
+                // The memory store's futures never wait: yield, so timers and the
+                // other tasks of the runtime still get their turn.
+                tokio::task::yield_now().await;
             }
             Ok(())
         });

@@ -5,7 +5,7 @@
 // ```text
 // jobs-bench <workload> --backend NAME [--jobs N] [--concurrency C] [--claim-batch B]
 //            [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop]
-//            [--stall-secs S]
+//            [--stall-secs S] [--deadline-secs S]
 // workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, latency, reclaim
 // ```
 
@@ -41,7 +41,7 @@ const WORKLOADS: &[&str] = &[
 fn usage() -> String {
     format!(
         "usage: jobs-bench <{}> --backend <{}> [--jobs N] [--concurrency C] [--claim-batch B] \
-         [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop] [--stall-secs S]",
+         [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop] [--stall-secs S] [--deadline-secs S]",
         WORKLOADS.join("|"),
         backends::compiled().join("|")
     )
@@ -67,6 +67,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         rate: 500,
         driver: Driver::default_for_build(),
         stall: Duration::from_secs(60),
+        deadline: None,
     };
     let mut rest = args[1..].iter();
     while let Some(flag) = rest.next() {
@@ -90,6 +91,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--rate" => opts.rate = number()?,
             "--driver" => opts.driver = Driver::parse(value)?,
             "--stall-secs" => opts.stall = Duration::from_secs(number()?),
+            "--deadline-secs" => opts.deadline = Some(Duration::from_secs(number()?)),
             other => return Err(format!("unknown argument {other:?}\n{}", usage())),
         }
     }

@@ -68,13 +68,19 @@ impl Progress {
         self.completed() >= self.target
     }
 
-    /// Resolves when every job is done, or fails when no job finished for `stall`.
-    pub async fn wait(&self, stall: Duration) -> Result<(), String> {
+    /// Resolves when every job is done (`true`), or once `deadline` has passed since the
+    /// first job started (`false`); fails when no job finished for `stall`.
+    pub async fn wait(&self, stall: Duration, deadline: Option<Duration>) -> Result<bool, String> {
         let mut seen = self.completed();
         let mut last_change = Instant::now();
         loop {
             if self.finished() {
-                return Ok(());
+                return Ok(true);
+            }
+            if let (Some(deadline), Some(first)) = (deadline, self.first_start.get()) {
+                if first.elapsed() >= deadline {
+                    return Ok(false);
+                }
             }
             let _ =
                 tokio::time::timeout(Duration::from_millis(250), self.all_done.notified()).await;
@@ -89,6 +95,11 @@ impl Progress {
                 ));
             }
         }
+    }
+
+    /// When the first handler started.
+    pub fn first_start(&self) -> Option<Instant> {
+        self.first_start.get().copied()
     }
 
     /// The time from the first handler start to the last completion stored: the last

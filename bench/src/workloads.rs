@@ -35,6 +35,8 @@ pub struct Options {
     pub driver: Driver,
     /// How long without a finished job before a run is declared stalled.
     pub stall: Duration,
+    /// `e2e-backlog` stops after draining this long, and reports the rate so far.
+    pub deadline: Option<Duration>,
 }
 
 impl Options {
@@ -137,21 +139,33 @@ pub async fn e2e_backlog(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
         Arc::clone(&progress),
     )
     .await?;
-    let waited = progress.wait(opts.stall).await;
+    let waited = progress.wait(opts.stall, opts.deadline).await;
     let stopped = workers.stop().await;
-    waited?;
+    let finished = waited?;
     let stored_by = stopped?;
-    let span = progress.span(stored_by).ok_or("no job ran")?;
-    let probed = probe.finish(opts.jobs, Line::default()).await;
-    check_drained(store.as_ref()).await?;
+    let (drained, span) = if finished {
+        let span = progress.span(stored_by).ok_or("no job ran")?;
+        (opts.jobs, span)
+    } else {
+        // Past the deadline: the rate over the jobs drained so far, all of them with
+        // the rest of the backlog still waiting behind them.
+        let first = progress.first_start().ok_or("no job ran")?;
+        let end = stored_by.unwrap_or_else(Instant::now);
+        (progress.completed(), end.saturating_duration_since(first))
+    };
+    let probed = probe.finish(drained, Line::default()).await;
+    if finished {
+        check_drained(store.as_ref()).await?;
+    }
     opts.line("e2e-backlog")
         .merge(probed)
         .int("concurrency", opts.concurrency as u64)
         .text("driver", opts.driver.name())
-        .num("value", rate(opts.jobs, span))
+        .num("value", rate(drained, span))
         .text("unit", "jobs/s")
         .num("seconds", span.as_secs_f64())
         .num("fill_seconds", fill_time.as_secs_f64())
+        .int("drained", drained)
         .emit();
     Ok(())
 }
@@ -178,7 +192,7 @@ pub async fn e2e_producer(store: Arc<dyn Store>, opts: &Options) -> Result<(), S
             Ok::<Duration, String>(started.elapsed())
         })
     };
-    let waited = progress.wait(opts.stall).await;
+    let waited = progress.wait(opts.stall, None).await.map(|_| ());
     let stopped = workers.stop().await;
     let produced = producer.await.map_err(|e| format!("producer: {e}"))?;
     waited?;
@@ -224,7 +238,7 @@ pub async fn latency(store: Arc<dyn Store>, opts: &Options) -> Result<(), String
             .map_err(|e| format!("enqueue: {e}"))?;
         returned.push(Instant::now());
     }
-    let waited = progress.wait(opts.stall).await;
+    let waited = progress.wait(opts.stall, None).await.map(|_| ());
     let stopped = workers.stop().await;
     waited?;
     stopped?;

@@ -90,7 +90,7 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
             "--producers" => opts.producers = number()? as usize,
             "--stall-secs" => opts.stall = Duration::from_secs(number()?),
             // Accepted so xtask can pass one argument list to both binaries.
-            "--claim-batch" | "--rate" | "--driver" => {}
+            "--claim-batch" | "--rate" | "--driver" | "--deadline-secs" => {}
             other => return Err(format!("unknown argument {other:?}\n{}", usage())),
         }
     }
