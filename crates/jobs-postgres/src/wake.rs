@@ -181,13 +181,18 @@ impl Wake {
         {
             return false;
         }
-        match tokio::time::timeout_at(deadline, self.listen()).await {
+        match tokio::time::timeout_at(deadline, listen(&self.pool, &self.channel)).await {
             Ok(Ok(listener)) => {
                 let hub = Arc::clone(&self.hub);
                 // Notices sent before LISTEN took effect are lost: wake every waiter once.
                 hub.on_reset();
                 hub.active.store(true, Ordering::Release);
-                task.handle = Some(tokio::spawn(run(listener, hub)));
+                task.handle = Some(tokio::spawn(run(
+                    listener,
+                    hub,
+                    self.pool.clone(),
+                    self.channel.clone(),
+                )));
                 task.failed_at = None;
                 true
             }
@@ -202,21 +207,21 @@ impl Wake {
             }
         }
     }
+}
 
-    async fn listen(&self) -> Result<PgListener, sqlx::Error> {
-        // A connection of its own: LISTEN holds it for good, which must not take one
-        // from the pool that serves claims.
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_lazy_with((*self.pool.connect_options()).clone());
-        let mut listener = PgListener::connect_with(&pool).await?;
-        listener.ignore_pool_close_event(true);
-        listener.listen(&self.channel).await?;
-        Ok(listener)
-    }
+/// Opens a listener on `channel` over a connection of its own: LISTEN holds it for
+/// good, which must not take one from the pool that serves claims.
+async fn listen(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_lazy_with((*pool.connect_options()).clone());
+    let mut listener = PgListener::connect_with(&own).await?;
+    listener.ignore_pool_close_event(true);
+    listener.listen(channel).await?;
+    Ok(listener)
 }
 
 impl Drop for Wake {
@@ -260,19 +265,29 @@ async fn send_notices(pool: PgPool, channel: String, sql: Text, outbox: Arc<Outb
     }
 }
 
-async fn run(mut listener: PgListener, hub: Arc<Hub>) {
-    let mut pause = Duration::from_millis(50);
+async fn run(mut listener: PgListener, hub: Arc<Hub>, pool: PgPool, channel: String) {
     loop {
         match listener.try_recv().await {
-            Ok(Some(notice)) => {
-                hub.on_notice(notice.payload());
-                pause = Duration::from_millis(50);
-            }
-            // The connection dropped and was re-established: notices sent meanwhile
-            // are lost, so wake every waiter to look for itself.
-            Ok(None) => hub.on_reset(),
-            Err(err) => {
+            Ok(Some(notice)) => hub.on_notice(notice.payload()),
+            // The connection dropped (`Ok(None)`) or failed. Notices sent until LISTEN is
+            // back are lost, so reconnect here, and only once LISTEN is in force wake
+            // every waiter to look for itself: a waiter woken earlier could go back to
+            // sleep and miss a notice sent in the gap.
+            Ok(None) | Err(_) => {
+                listener = relisten(&pool, &channel).await;
                 hub.on_reset();
+            }
+        }
+    }
+}
+
+/// Opens a new listener, retrying with a capped back-off while the server refuses.
+async fn relisten(pool: &PgPool, channel: &str) -> PgListener {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match listen(pool, channel).await {
+            Ok(listener) => return listener,
+            Err(err) => {
                 tracing::warn!(error = %err, "wake-up listener failed; reconnecting");
                 // A deliberate back-off: the server is down or refusing us.
                 tokio::time::sleep_until(Instant::now() + pause).await;
