@@ -242,8 +242,18 @@ impl Drop for Wake {
 /// Sends pending notices, one transaction at a time; notices announced while one is
 /// in flight go together in the next.
 async fn send_notices(pool: PgPool, channel: String, sql: Text, outbox: Arc<Outbox>) {
+    // Set after a failed send: the notices go back into the outbox and are sent again
+    // after this pause, without waiting for another announcement. The jobs they
+    // announce are committed; a notice dropped here would leave a waiter asleep until
+    // its poll, and after a server-side kill the pool may hand out a dead connection
+    // or two before it has replaced them.
+    let mut retry_pause: Option<Duration> = None;
     loop {
-        outbox.signal.notified().await;
+        match retry_pause {
+            None => outbox.signal.notified().await,
+            // A deliberate back-off while the server or the pool recovers.
+            Some(pause) => tokio::time::sleep_until(Instant::now() + pause).await,
+        }
         let payloads: Vec<String> = outbox
             .pending
             .lock()
@@ -251,16 +261,27 @@ async fn send_notices(pool: PgPool, channel: String, sql: Text, outbox: Arc<Outb
             .drain()
             .collect();
         if payloads.is_empty() {
+            retry_pause = None;
             continue;
         }
-        if let Err(err) = sqlx::query(sql.sql())
+        match sqlx::query(sql.sql())
             .bind(&channel)
             .bind(&payloads)
             .execute(&pool)
             .await
         {
-            // Waiters fall back to polling; the next announcement tries again.
-            tracing::debug!(error = %err, "wake-up notices not sent");
+            Ok(_) => retry_pause = None,
+            Err(err) => {
+                tracing::debug!(error = %err, "wake-up notices not sent; retrying");
+                outbox
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .extend(payloads);
+                retry_pause = Some(retry_pause.map_or(Duration::from_millis(10), |pause| {
+                    (pause * 2).min(Duration::from_secs(1))
+                }));
+            }
         }
     }
 }
