@@ -525,15 +525,11 @@ impl Store for PostgresStore {
         let deadline = Instant::now() + timeout;
         let wake = &self.inner.shared.wake;
         let hub = &wake.hub;
-        // Read before the listener may start: starting it moves every counter (notices
-        // sent before LISTEN are lost), so a first wait returns at once and the
-        // caller's next claim covers that gap.
+        // Read before the listener may start: once its LISTEN is in force it moves every
+        // counter (notices sent before then are lost), so a first wait returns then and
+        // the caller's next claim covers that gap.
         let before = hub.observe(self.namespace(), queues);
-        if !wake.ensure_listening(deadline).await {
-            // No listener: plain polling, the caller claims after the timeout.
-            tokio::time::sleep_until(deadline).await;
-            return Ok(());
-        }
+        wake.ensure_listening().await;
         let baseline: Vec<u64> = {
             let seen = self.seen();
             queues

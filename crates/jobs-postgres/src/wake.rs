@@ -22,10 +22,6 @@ use tokio::time::Instant;
 
 use crate::sql::Text;
 
-/// How long a failed listener start keeps `wait_for_work` on plain polling before it
-/// tries to connect again.
-const RESTART_PAUSE: Duration = Duration::from_secs(1);
-
 /// Counters of notices per (namespace, queue), for the keys someone waits on.
 #[derive(Debug, Default)]
 pub(crate) struct Hub {
@@ -120,7 +116,6 @@ pub(crate) struct Wake {
 #[derive(Debug, Default)]
 struct ListenerTask {
     handle: Option<JoinHandle<()>>,
-    failed_at: Option<Instant>,
 }
 
 impl Wake {
@@ -168,44 +163,28 @@ impl Wake {
         self.outbox.signal.notify_one();
     }
 
-    /// Makes sure the listener runs; false when it cannot start by `deadline`, in
-    /// which case the caller polls.
-    pub(crate) async fn ensure_listening(&self, deadline: Instant) -> bool {
+    /// Makes sure the listener task runs, starting it if need be. The task connects
+    /// (retrying with back-off) in the background, however short the caller's wait:
+    /// a caller with a short deadline must not abort the start for the next caller.
+    /// Once LISTEN is in force the task wakes every waiter, so a waiter that began
+    /// before then claims and sees what it may have missed.
+    pub(crate) async fn ensure_listening(&self) {
         let mut task = self.task.lock().await;
         if task.handle.as_ref().is_some_and(|h| !h.is_finished()) {
-            return true;
+            return;
         }
-        if task
-            .failed_at
-            .is_some_and(|at| at.elapsed() < RESTART_PAUSE)
-        {
-            return false;
-        }
-        match tokio::time::timeout_at(deadline, listen(&self.pool, &self.channel)).await {
-            Ok(Ok(listener)) => {
-                let hub = Arc::clone(&self.hub);
-                // Notices sent before LISTEN took effect are lost: wake every waiter once.
-                hub.on_reset();
-                hub.active.store(true, Ordering::Release);
-                task.handle = Some(tokio::spawn(run(
-                    listener,
-                    hub,
-                    self.pool.clone(),
-                    self.channel.clone(),
-                )));
-                task.failed_at = None;
-                true
-            }
-            Ok(Err(err)) => {
-                tracing::warn!(error = %err, "cannot LISTEN for wake-ups; polling instead");
-                task.failed_at = Some(Instant::now());
-                false
-            }
-            Err(_) => {
-                task.failed_at = Some(Instant::now());
-                false
-            }
-        }
+        let (hub, pool, channel) = (
+            Arc::clone(&self.hub),
+            self.pool.clone(),
+            self.channel.clone(),
+        );
+        task.handle = Some(tokio::spawn(async move {
+            let listener = relisten(&pool, &channel).await;
+            hub.active.store(true, Ordering::Release);
+            // Notices sent before LISTEN took effect are lost: wake every waiter once.
+            hub.on_reset();
+            run(listener, hub, pool, channel).await;
+        }));
     }
 }
 
