@@ -27,7 +27,7 @@ const PEER_BACKENDS: &[&str] = &["sqlite", "redis", "postgres"];
 const PEER_FALLBACK_SIZES: &[u64] = &[10_000, 5_000, 2_000, 1_000];
 /// How long the 10×N drain may run; past it, its rate over the jobs drained so far is
 /// reported.
-const BIG_DRAIN_DEADLINE: Duration = Duration::from_secs(600);
+const BIG_DRAIN_DEADLINE: Duration = Duration::from_secs(300);
 /// An apalis measurement whose first run takes longer than this runs only once.
 const SLOW_PEER_RUN: Duration = Duration::from_secs(90);
 const BEGIN: &str =
