@@ -743,15 +743,7 @@ impl Store for RedisStore {
             Retry::Never => (String::new(), String::new(), false),
         };
         let mut invocation = scripts::FAIL.prepare_invoke();
-        invocation
-            .key(keys.job(id))
-            .key(&keys.leases)
-            .key(&keys.list)
-            .key(&keys.done)
-            .key(&keys.ready)
-            .key(&keys.sched)
-            .key(&keys.seq)
-            .key(&keys.running)
+        lease_end_keys(&mut invocation, keys, id)
             .arg(id.to_string())
             .arg(token.get())
             .arg(now.as_millis())
@@ -774,15 +766,7 @@ impl Store for RedisStore {
         let now = self.now();
         let keys = self.keys();
         let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation
-            .key(keys.job(id))
-            .key(&keys.leases)
-            .key(&keys.list)
-            .key(&keys.done)
-            .key(&keys.ready)
-            .key(&keys.sched)
-            .key(&keys.seq)
-            .key(&keys.running)
+        lease_end_keys(&mut invocation, keys, id)
             .arg(id.to_string())
             .arg(token.get())
             .arg(now.as_millis())
@@ -985,4 +969,22 @@ impl Store for RedisStore {
         self.inner.waker.wait(queues, timeout).await;
         Ok(())
     }
+}
+
+/// Adds the KEYS shared by the scripts that end a lease and send the job back to
+/// `queued` or to a terminal state (`fail.lua`, `release.lua`), in their headers' order.
+fn lease_end_keys<'i, 'a>(
+    invocation: &'i mut redis::ScriptInvocation<'a>,
+    keys: &Keys,
+    id: JobId,
+) -> &'i mut redis::ScriptInvocation<'a> {
+    invocation
+        .key(keys.job(id))
+        .key(&keys.leases)
+        .key(&keys.list)
+        .key(&keys.done)
+        .key(&keys.ready)
+        .key(&keys.sched)
+        .key(&keys.seq)
+        .key(&keys.running)
 }
