@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    validate, Bytes, ClaimedJob, Clock, Heartbeat, Job, JobId, JobState, LeaseToken, NewJob,
-    QueueStats, Retry, Store,
+    validate, Bytes, ClaimedJob, Clock, Completion, Heartbeat, Job, JobId, JobState, LeaseToken,
+    NewJob, QueueStats, Retry, Store,
 };
 
 use super::support::{
@@ -328,6 +328,145 @@ pub async fn l4_oversized_result_is_refused_and_changes_nothing(harness: &dyn Ha
         .await
         .must("L4: a result of exactly the limit");
     assert_eq!(get(&*store, id, "L4").await.result, Some(exact));
+}
+
+/// L4 through `complete_batch`: every entry completes its job exactly as `complete`
+/// would (state, result, lease cleared, `finished_at` now), answered in order.
+pub async fn l4_complete_batch_completes_each_entry(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let results: Vec<Option<Bytes>> = vec![
+        Some(Bytes::from(binary(1_000, 3))),
+        None,
+        Some(Bytes::new()),
+    ];
+    let mut held = Vec::new();
+    for _ in &results {
+        let id = enqueue(&*store, NewJob::new("q"), "L4 batch").await;
+        held.push(claim_expecting(&*store, "q", id, "L4 batch").await);
+    }
+    env.clock.advance(Duration::from_secs(5));
+    let completions = held
+        .iter()
+        .zip(&results)
+        .map(|(job, result)| Completion::new(job.id(), job.token(), result.clone()))
+        .collect();
+    let answers = store
+        .complete_batch(completions)
+        .await
+        .must("L4: complete_batch");
+    assert_eq!(answers.len(), results.len(), "L4: one answer per entry");
+    for ((job, result), answer) in held.iter().zip(&results).zip(answers) {
+        answer.must("L4: each entry of complete_batch");
+        let mut expected = job.job.clone();
+        expected.state = JobState::Succeeded;
+        expected.result = result.clone();
+        expected.lease = None;
+        expected.finished_at = Some(env.clock.now());
+        assert_eq!(
+            get(&*store, job.id(), "L4 batch").await,
+            expected,
+            "L4: complete_batch completes each job as complete would"
+        );
+    }
+    assert_nothing_claimable(&*store, &["q"], "L4: jobs completed in a batch").await;
+    assert!(
+        store
+            .complete_batch(Vec::new())
+            .await
+            .must("L4: an empty complete_batch")
+            .is_empty(),
+        "L4: an empty complete_batch answers nothing"
+    );
+}
+
+/// L2–L5 through `complete_batch`: an entry with a stale token is lease lost, one for an
+/// unknown job not found, an oversized result too large, a second entry for a job
+/// already completed earlier in the batch lease lost; none of them stops the others,
+/// and the jobs they name are left as they were.
+pub async fn l5_complete_batch_answers_each_entry_alone(harness: &dyn Harness) {
+    const MAX: usize = 2_048;
+    let env = TestEnv::new(harness);
+    let store = env.store_with(|s| s.max_payload_bytes(MAX)).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let id = enqueue(&*store, NewJob::new("q"), "L5 batch").await;
+        held.push(claim_expecting(&*store, "q", id, "L5 batch").await);
+    }
+    let (done, oversized, released, after) = (&held[0], &held[1], &held[2], &held[3]);
+    store
+        .release(released.id(), released.token())
+        .await
+        .must("L5: release");
+    let oversized_before = get(&*store, oversized.id(), "L5 batch").await;
+    let released_before = get(&*store, released.id(), "L5 batch").await;
+    let unknown = JobId::mint(env.clock.now());
+    env.clock.advance(Duration::from_secs(5));
+    let first = Bytes::from_static(b"first");
+    let answers = store
+        .complete_batch(vec![
+            Completion::new(done.id(), done.token(), Some(first.clone())),
+            Completion::new(
+                oversized.id(),
+                oversized.token(),
+                Some(Bytes::from(binary(MAX + 1, 0))),
+            ),
+            Completion::new(released.id(), released.token(), None),
+            Completion::new(unknown, LeaseToken::new(1), None),
+            Completion::new(done.id(), done.token(), Some(Bytes::from_static(b"second"))),
+            Completion::new(after.id(), after.token(), None),
+        ])
+        .await
+        .must("L5: complete_batch");
+    let mut answers = answers.into_iter();
+    let mut next = || {
+        answers
+            .next()
+            .expect("L5: complete_batch answers every entry")
+    };
+    next().must("L5: the first entry");
+    expect_too_large(
+        next(),
+        "result",
+        MAX + 1,
+        MAX,
+        "L5: an oversized result in a batch",
+    );
+    expect_lease_lost(next(), released.id(), "L5: a stale token in a batch");
+    expect_not_found(next(), unknown, "L5: an unknown job in a batch");
+    expect_lease_lost(
+        next(),
+        done.id(),
+        "L5: a second completion in the same batch",
+    );
+    next().must("L5: an entry after refused ones");
+    let stored = get(&*store, done.id(), "L5 batch").await;
+    assert_eq!(
+        (stored.state, stored.result),
+        (JobState::Succeeded, Some(first)),
+        "L5: the first completion in the batch stands"
+    );
+    assert_unchanged(
+        &*store,
+        &oversized_before,
+        "L5: a refused result changes nothing",
+    )
+    .await;
+    assert_unchanged(
+        &*store,
+        &released_before,
+        "L5: a stale token changes nothing",
+    )
+    .await;
+    assert_eq!(
+        get(&*store, after.id(), "L5 batch").await.state,
+        JobState::Succeeded,
+        "L5: entries after refused ones complete"
+    );
+    store
+        .complete(oversized.id(), oversized.token(), None)
+        .await
+        .must("L5: the job whose result was refused still holds its lease");
 }
 
 /// L5: a second `complete` with the same token fails with lease lost, and the first

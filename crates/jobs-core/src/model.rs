@@ -349,6 +349,25 @@ pub enum Retry {
     Never,
 }
 
+/// One entry of [`Store::complete_batch`](crate::Store::complete_batch): the arguments
+/// of one `complete`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The job.
+    pub id: JobId,
+    /// The lease token its claim returned.
+    pub token: LeaseToken,
+    /// The bytes to store as its result.
+    pub result: Option<Bytes>,
+}
+
+impl Completion {
+    /// The completion of `id` under `token`, with `result`.
+    pub fn new(id: JobId, token: LeaseToken, result: Option<Bytes>) -> Self {
+        Completion { id, token, result }
+    }
+}
+
 /// The answer to a heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heartbeat {

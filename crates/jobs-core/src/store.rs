@@ -9,8 +9,8 @@ use bytes::Bytes;
 use crate::error::Result;
 use crate::id::JobId;
 use crate::model::{
-    ClaimRequest, ClaimedJob, Enqueued, Heartbeat, Job, JobState, LeaseToken, ListPage, ListQuery,
-    NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
+    ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, Job, JobState, LeaseToken, ListPage,
+    ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
 };
 
 /// A durable job store: the contract of `CONTRACT.md`, one method per operation.
@@ -19,8 +19,10 @@ use crate::model::{
 /// time. Every method validates its input with [`crate::validate`] before writing, and
 /// takes "now" from [`StoreSettings::clock`], never from the server.
 ///
-/// There are no default methods: a wrapper store must forward every operation, so it
-/// cannot lose behaviour by accident. Conveniences live in [`StoreExt`].
+/// Every operation but one has no default: a wrapper store must forward it, so it
+/// cannot lose behaviour by accident. The one default, [`Store::complete_batch`], is
+/// defined by `complete` and only forgoes a speed-up when not overridden.
+/// Conveniences live in [`StoreExt`].
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug {
     /// The settings the store was opened with, its clock included.
@@ -51,6 +53,23 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Rules L4, L5: marks the job succeeded and stores `result`.
     async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()>;
+
+    /// Rules L4, L5, one `complete` per entry: the answer at index `i` is what
+    /// `complete` would have answered for `completions[i]`, an entry that fails (a stale
+    /// token, an oversized result, a second completion of the same job later in the
+    /// batch) leaves the others alone, and entries take effect in order.
+    ///
+    /// A worker finishing many short jobs hands them over in one call, so a backend can
+    /// record them under one lock, in one transaction or in one script. The default
+    /// issues the `complete` calls concurrently, which keeps a backend that groups
+    /// concurrent calls grouping them; a backend that can do better overrides it.
+    ///
+    /// `Err` means the call failed as a whole, like a failed `complete`: any of the
+    /// entries may or may not have taken effect. Calling again is safe; an entry that
+    /// was recorded then answers lease lost (L5).
+    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
+        Ok(complete_each(self, completions).await)
+    }
 
     /// Rules L6, L7: records `error` and requeues the job at the retry time, or makes it
     /// dead when asked to or when its attempts are used up. Returns the new state.
@@ -90,6 +109,31 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// (real time), whichever comes first. Spurious wake-ups are allowed; a claimer
     /// calls `claim` after it either way.
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()>;
+}
+
+/// [`Store::complete_batch`] as concurrent `complete` calls: its default, and what a
+/// backend that overrides it can fall back on.
+pub async fn complete_each<S: Store + ?Sized>(
+    store: &S,
+    completions: Vec<Completion>,
+) -> Vec<Result<()>> {
+    // Entries for one job are serialised (L5: the first one stands, the next is lease
+    // lost), so only distinct jobs' completions run at the same time.
+    let mut seen = std::collections::HashSet::with_capacity(completions.len());
+    if completions.iter().all(|c| seen.insert(c.id)) {
+        futures_util::future::join_all(
+            completions
+                .into_iter()
+                .map(|c| store.complete(c.id, c.token, c.result)),
+        )
+        .await
+    } else {
+        let mut answers = Vec::with_capacity(completions.len());
+        for c in completions {
+            answers.push(store.complete(c.id, c.token, c.result).await);
+        }
+        answers
+    }
 }
 
 /// Conveniences over any [`Store`], written once in terms of the trait.
@@ -148,6 +192,7 @@ mod tests {
         is_send(&store.claim(ClaimRequest::new(["q"], "w", Duration::from_secs(1))));
         is_send(&store.heartbeat(id, token, Duration::from_secs(1)));
         is_send(&store.complete(id, token, None));
+        is_send(&store.complete_batch(vec![Completion::new(id, token, None)]));
         is_send(&store.fail(id, token, "boom", Retry::Never));
         is_send(&store.reclaim(10));
         is_send(&store.enqueue_json("q", &42));

@@ -12,9 +12,9 @@ use jobs_core::validate::{
     validate_new_job, validate_queue, validate_settings, validate_size,
 };
 use jobs_core::{
-    async_trait, Bytes, ClaimRequest, ClaimedJob, Enqueued, Heartbeat, Job, JobId, JobState,
-    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result, Retry, Store,
-    StoreSettings,
+    async_trait, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, Job, JobId,
+    JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result, Retry,
+    Store, StoreSettings,
 };
 use tokio::sync::Notify;
 
@@ -170,6 +170,20 @@ impl Store for MemoryStore {
         }
         let now = self.now();
         self.namespace.lock().complete(id, token, result, now)
+    }
+
+    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
+        let now = self.now();
+        let mut state = self.namespace.lock();
+        Ok(completions
+            .into_iter()
+            .map(|Completion { id, token, result }| {
+                if let Some(bytes) = &result {
+                    validate_size("result", bytes.len(), &self.settings)?;
+                }
+                state.complete(id, token, result, now)
+            })
+            .collect())
     }
 
     async fn fail(

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    async_trait, validate, Bytes, ClaimRequest, ClaimedJob, Enqueued, Heartbeat, Job, JobId,
-    JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result, Retry,
-    Store, StoreSettings,
+    async_trait, validate, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
+    Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob,
+    Result, Retry, Store, StoreSettings,
 };
 use tokio::sync::Notify;
 
@@ -188,6 +188,34 @@ impl Store for SqliteStore {
             .write(WriteMode::WORKER, move |tx| {
                 let now = settings.now();
                 ops::complete(tx, ns, id, token, result.as_deref(), now)
+            })
+            .await
+    }
+
+    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
+        let (ns, settings) = (self.ns, self.settings.clone());
+        // One write operation for the whole batch: one hand-off to the writer thread and
+        // one reply instead of one per job. A refusal of one entry (checked before it
+        // writes) is its answer; a database error fails the call, and the writer rolls
+        // back what the batch wrote with its group.
+        self.engine
+            .write(WriteMode::WORKER, move |tx| {
+                let now = settings.now();
+                let mut answers = Vec::with_capacity(completions.len());
+                for Completion { id, token, result } in completions {
+                    let answer = match &result {
+                        Some(bytes) => validate::validate_size("result", bytes.len(), &settings),
+                        None => Ok(()),
+                    }
+                    .and_then(|()| ops::complete(tx, ns, id, token, result.as_deref(), now));
+                    match answer {
+                        Err(err @ (Error::Unavailable { .. } | Error::Backend { .. })) => {
+                            return Err(err)
+                        }
+                        answer => answers.push(answer),
+                    }
+                }
+                Ok(answers)
             })
             .await
     }
