@@ -36,16 +36,14 @@ struct Request {
 pub(crate) struct Completer {
     conn: Conn,
     keys: Keys,
-    ttl: i64,
     sender: Mutex<Option<mpsc::UnboundedSender<Request>>>,
 }
 
 impl Completer {
-    pub(crate) fn new(conn: Conn, keys: Keys, ttl: i64) -> Self {
+    pub(crate) fn new(conn: Conn, keys: Keys) -> Self {
         Completer {
             conn,
             keys,
-            ttl,
             sender: Mutex::new(None),
         }
     }
@@ -85,14 +83,14 @@ impl Completer {
             None => request,
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, self.conn.clone(), self.keys.clone(), self.ttl));
+        tokio::spawn(run(rx, self.conn.clone(), self.keys.clone()));
         // The receiver is alive: it was just created and moved into the task.
         let _ = tx.send(request);
         *sender = Some(tx);
     }
 }
 
-async fn run(mut requests: mpsc::UnboundedReceiver<Request>, conn: Conn, keys: Keys, ttl: i64) {
+async fn run(mut requests: mpsc::UnboundedReceiver<Request>, conn: Conn, keys: Keys) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = requests.recv().await {
         // Waiting for a slot lets the next batch grow while the others run.
@@ -114,19 +112,18 @@ async fn run(mut requests: mpsc::UnboundedReceiver<Request>, conn: Conn, keys: K
         let keys = keys.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            execute(conn, &keys, ttl, batch).await;
+            execute(conn, &keys, batch).await;
         });
     }
 }
 
-async fn execute(mut conn: Conn, keys: &Keys, ttl: i64, batch: Vec<Request>) {
+async fn execute(mut conn: Conn, keys: &Keys, batch: Vec<Request>) {
     let mut invocation = scripts::COMPLETE.prepare_invoke();
     invocation
         .key(&keys.leases)
         .key(&keys.list)
         .key(&keys.done)
-        .key(&keys.running)
-        .arg(ttl);
+        .key(&keys.running);
     for request in &batch {
         invocation
             .key(keys.job(request.id))

@@ -3,11 +3,12 @@
 
 use std::str::FromStr;
 
-use jobs_core::{Bytes, Error, Job, JobId, JobState, Lease, LeaseToken, Result, Timestamp};
+use jobs_core::{
+    Bytes, ClaimedJob, Error, Job, JobId, JobState, Lease, LeaseToken, Result, Timestamp,
+};
 use redis::Value;
 
-/// The job hash fields `get` reads and `claim.lua` returns, in this order. Must match
-/// `JOB_FIELDS` in `lua/lib.lua`.
+/// The job hash fields `get` reads, in this order.
 pub(crate) const JOB_FIELDS: [&str; 13] = [
     "meta",
     "run_at",
@@ -207,6 +208,88 @@ impl Fields<'_> {
     fn opt_time(&self, index: usize) -> Result<Option<Timestamp>> {
         Ok(self.opt_num::<i64>(index)?.map(Timestamp::from_millis))
     }
+}
+
+/// What a claim wrote into every job it leased, from its own arguments: `claim.lua`
+/// returns only the fields it did not take from them.
+pub(crate) struct LeaseWrite<'a> {
+    pub worker: &'a str,
+    pub expires_at: Timestamp,
+    /// The claim's clock reading: `started_at` and `heartbeat_at`.
+    pub now: Timestamp,
+}
+
+/// A job leased by `claim.lua`, from its reply entry `[id, meta, run_at, att, token,
+/// error, cancel, payload]` (see the script's header) and what the claim wrote.
+pub(crate) fn decode_claimed(value: Value, lease: &LeaseWrite<'_>) -> Result<ClaimedJob> {
+    let Value::Array(items) = value else {
+        return Err(Error::corrupt("claim reply", "expected an array"));
+    };
+    let Ok::<[Value; 8], _>([id, meta, run_at, att, token, error, cancel, payload]) =
+        items.try_into()
+    else {
+        return Err(Error::corrupt("claim reply", "wrong number of fields"));
+    };
+    let id = job_id(&text(&id, "claim reply")?, "claim reply")?;
+    let values = [
+        into_opt_bytes(meta),
+        into_opt_bytes(run_at),
+        into_opt_bytes(att),
+        into_opt_bytes(token),
+        into_opt_bytes(error),
+    ];
+    // Field names for error messages, in the order of `values`.
+    const NAMES: [&str; 5] = ["meta", "run_at", "att", "token", "error"];
+    let corrupt = |i: usize, reason: &str| {
+        Error::corrupt(format!("job {id}"), format!("field {}: {reason}", NAMES[i]))
+    };
+    let text_at = |i: usize| -> Result<&str> {
+        let bytes = values[i].as_deref().ok_or_else(|| corrupt(i, "missing"))?;
+        std::str::from_utf8(bytes).map_err(|_| corrupt(i, "not UTF-8"))
+    };
+    fn parse<T: FromStr>(text: &str) -> Option<T> {
+        text.parse().ok()
+    }
+    let num_at =
+        |i: usize| -> Result<i64> { parse(text_at(i)?).ok_or_else(|| corrupt(i, "not a number")) };
+    let meta_text = text_at(0)?;
+    let meta =
+        decode_meta(meta_text).ok_or_else(|| corrupt(0, &format!("unreadable: {meta_text:?}")))?;
+    let attempts = parse(text_at(2)?).ok_or_else(|| corrupt(2, "not a number"))?;
+    let token = parse(text_at(3)?).ok_or_else(|| corrupt(3, "not a number"))?;
+    let last_error = values[4]
+        .as_deref()
+        .map(|bytes| String::from_utf8(bytes.to_vec()).map_err(|_| corrupt(4, "not UTF-8")))
+        .transpose()?;
+    let job = Job {
+        id,
+        queue: meta.queue,
+        tenant: meta.tenant,
+        idempotency_key: meta.idempotency_key,
+        priority: meta.priority,
+        run_at: Timestamp::from_millis(num_at(1)?),
+        max_attempts: meta.max_attempts,
+        parent: meta.parent,
+        state: JobState::Running,
+        attempts,
+        lease: Some(Lease {
+            worker: lease.worker.to_owned(),
+            token: LeaseToken::new(token),
+            expires_at: lease.expires_at,
+        }),
+        created_at: meta.created_at,
+        started_at: Some(lease.now),
+        heartbeat_at: Some(lease.now),
+        // A queued job has neither: retry removes both when it requeues a finished job.
+        finished_at: None,
+        last_error,
+        result: None,
+        cancel_requested: matches!(&cancel, Value::BulkString(b) if b == b"1"),
+    };
+    Ok(ClaimedJob {
+        job,
+        payload: into_opt_bytes(payload).map(Bytes::from).unwrap_or_default(),
+    })
 }
 
 /// Whether an HMGET of [`JOB_FIELDS`] found no hash at all.

@@ -20,7 +20,8 @@ use redis::{ScriptInvocation, Value};
 
 use crate::batch::Completer;
 use crate::codec::{
-    array, decode_job, int, into_opt_bytes, is_missing, job_id, member_id, text, JOB_FIELDS,
+    array, decode_claimed, decode_job, int, is_missing, job_id, member_id, text, LeaseWrite,
+    JOB_FIELDS,
 };
 use crate::conn::{map_err, Conn};
 use crate::enqueue::{invalid_parent, ready_hex, Ctx as EnqueueCtx, Enqueuer, Prepared};
@@ -39,7 +40,7 @@ const CLAIM_CONTENDED_ROUNDS: usize = 64;
 /// Extra ids a claim asks for beyond its limit, so the next claim of the same queues
 /// usually needs one call.
 const HINT_SLACK: usize = 16;
-/// Garbage-collection margin on top of retention and the dedup window: server TTLs must
+/// Garbage-collection margin on top of the dedup window: server TTLs must
 /// never decide anything, so they fire well after the clock's decision.
 const TTL_MARGIN_MS: i64 = 24 * 60 * 60 * 1000;
 /// The longest server TTL set (100 years); longer settings just keep the keys.
@@ -162,7 +163,7 @@ impl RedisStore {
     ) -> Result<Self> {
         let keys = Keys::new(&settings.namespace);
         let waker = Waker::new(pubsub_urls, keys.wake.clone());
-        let completer = Completer::new(conn.clone(), keys.clone(), ttl_ms(settings.retention));
+        let completer = Completer::new(conn.clone(), keys.clone());
         let window = settings.dedup_window;
         let enqueue_ctx = EnqueueCtx {
             conn: conn.clone(),
@@ -232,10 +233,6 @@ impl RedisStore {
         self.inner.settings.now()
     }
 
-    fn terminal_ttl(&self) -> i64 {
-        ttl_ms(self.inner.settings.retention)
-    }
-
     async fn invoke(&self, invocation: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
         invocation
             .invoke_async(&mut self.conn())
@@ -264,7 +261,6 @@ impl RedisStore {
         let now = self.now();
         let now_text = now.as_millis().to_string();
         let now_hex = ready_hex(now);
-        let ttl = self.terminal_ttl();
         let keys = self.keys();
         while reclaimed.len() < limit {
             let batch = (limit - reclaimed.len()).min(SWEEP_CHUNK);
@@ -286,7 +282,6 @@ impl RedisStore {
                 .key(&keys.running)
                 .arg(&now_text)
                 .arg(&now_hex)
-                .arg(ttl)
                 .arg(LEASE_EXPIRED)
                 .arg(&keys.wake);
             for member in &members {
@@ -473,6 +468,7 @@ impl RedisStore {
     fn claim_round(
         &self,
         reply: Value,
+        lease: &LeaseWrite<'_>,
         claimed: &mut Vec<ClaimedJob>,
     ) -> Result<Option<(usize, Vec<JobId>)>> {
         let Value::Array(mut items) = reply else {
@@ -500,7 +496,7 @@ impl RedisStore {
             // A leased job whose record cannot be read is not handed out: failing the
             // whole claim would strand its batch mates until their leases expire. Its
             // lease runs out and reclaim takes it back; `get` reports it.
-            match Self::decode_claimed(job) {
+            match decode_claimed(job, lease) {
                 Ok(job) => claimed.push(job),
                 Err(err) => tracing::warn!(error = %err, "claimed an unreadable job; skipped"),
             }
@@ -526,23 +522,6 @@ impl RedisStore {
             "corrupt" => Error::corrupt(format!("job {id}"), "unreadable meta field"),
             other => unexpected(what, other),
         }
-    }
-
-    fn decode_claimed(value: Value) -> Result<ClaimedJob> {
-        let Value::Array(items) = value else {
-            return Err(Error::corrupt("claim reply", "expected an array"));
-        };
-        let mut values: Vec<Option<Vec<u8>>> = items.into_iter().map(into_opt_bytes).collect();
-        if values.len() != JOB_FIELDS.len() + 2 {
-            return Err(Error::corrupt("claim reply", "wrong number of fields"));
-        }
-        let id_bytes = values.pop().flatten().unwrap_or_default();
-        let id = job_id(&String::from_utf8_lossy(&id_bytes), "claim reply")?;
-        let payload = values.pop().flatten().map(Bytes::from).unwrap_or_default();
-        Ok(ClaimedJob {
-            job: decode_job(id, values)?,
-            payload,
-        })
     }
 }
 
@@ -617,10 +596,13 @@ impl Store for RedisStore {
         let hint_key = queues.join(",");
         let now = self.now();
         let now_text = now.as_millis().to_string();
-        let expires = now
-            .saturating_add(request.lease_ttl)
-            .as_millis()
-            .to_string();
+        let expires_at = now.saturating_add(request.lease_ttl);
+        let expires = expires_at.as_millis().to_string();
+        let lease = LeaseWrite {
+            worker: &request.worker,
+            expires_at,
+            now,
+        };
         let keys = self.keys();
         let mut candidates = self
             .inner
@@ -655,7 +637,7 @@ impl Store for RedisStore {
                 invocation.key(keys.job(*id)).arg(id.to_string());
             }
             let round = match self.invoke(&invocation, "claim").await {
-                Ok(reply) => self.claim_round(reply, &mut claimed),
+                Ok(reply) => self.claim_round(reply, &lease, &mut claimed),
                 Err(err) => Err(err),
             };
             let (got, hint) = match round {
@@ -751,7 +733,6 @@ impl Store for RedisStore {
             .arg(at)
             .arg(at_hex)
             .arg(if due { "1" } else { "0" })
-            .arg(self.terminal_ttl())
             .arg(&keys.wake);
         let reply = self.invoke(&invocation, "fail").await?;
         match status(&reply, "fail reply")? {
@@ -771,7 +752,6 @@ impl Store for RedisStore {
             .arg(token.get())
             .arg(now.as_millis())
             .arg(ready_hex(now))
-            .arg(self.terminal_ttl())
             .arg(&keys.wake);
         let reply = self.invoke(&invocation, "release").await?;
         match status(&reply, "release reply")? {
@@ -795,8 +775,7 @@ impl Store for RedisStore {
             .key(&keys.list)
             .key(&keys.done)
             .arg(id.to_string())
-            .arg(now.as_millis())
-            .arg(self.terminal_ttl());
+            .arg(now.as_millis());
         let reply = self.invoke(&invocation, "cancel").await?;
         match status(&reply, "cancel reply")? {
             (word, [state]) if word == "ok" => {

@@ -439,39 +439,50 @@ async fn scripts_are_reloaded_after_script_flush() {
     env.cleanup().await;
 }
 
-/// Non-terminal records never expire; terminal ones get a TTL beyond the retention,
-/// which only collects garbage; a retried job loses it again.
+/// No job record carries a server TTL, terminal ones included: purge deletes them once
+/// retention has passed. Dedup keys expire by their own TTL, beyond the window.
 #[tokio::test]
-async fn only_terminal_records_carry_a_ttl_longer_than_retention() {
+async fn job_records_carry_no_ttl_dedup_keys_do() {
     let Some(mut env) = Env::new().await else {
         return;
     };
     let store = env.store().await;
     let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
-    let job_key = jobs_redis::job_key(&env.settings.namespace, id);
-    let pttl = |admin: &mut MultiplexedConnection| {
-        let key = job_key.clone();
+    let done = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    let pttl = |admin: &mut MultiplexedConnection, id: JobId| {
+        let key = jobs_redis::job_key(&env.settings.namespace, id);
         let mut admin = admin.clone();
         async move {
             let ttl: i64 = admin.pttl(&key).await.expect("PTTL");
             ttl
         }
     };
-    assert_eq!(pttl(&mut env.admin).await, -1, "queued");
+    assert_eq!(pttl(&mut env.admin, id).await, -1, "queued");
     let claimed = store
-        .claim_one(&["q"], "w", Duration::from_secs(30))
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(30)).limit(2))
         .await
-        .expect("claim")
-        .expect("a job");
-    assert_eq!(pttl(&mut env.admin).await, -1, "running");
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(pttl(&mut env.admin, id).await, -1, "running");
+    let token = |job: JobId| {
+        claimed
+            .iter()
+            .find(|c| c.id() == job)
+            .map(|c| c.token())
+            .expect("claimed")
+    };
     store
-        .fail(id, claimed.token(), "boom", Retry::Never)
+        .fail(id, token(id), "boom", Retry::Never)
         .await
         .expect("fail");
-    let retention = env.settings.retention.as_millis() as i64;
-    assert!(pttl(&mut env.admin).await > retention, "dead");
+    store
+        .complete(done, token(done), None)
+        .await
+        .expect("complete");
+    assert_eq!(pttl(&mut env.admin, id).await, -1, "dead");
+    assert_eq!(pttl(&mut env.admin, done).await, -1, "succeeded");
     store.retry(id).await.expect("retry");
-    assert_eq!(pttl(&mut env.admin).await, -1, "retried");
+    assert_eq!(pttl(&mut env.admin, id).await, -1, "retried");
     let dedup = store
         .enqueue(NewJob::new("q").idempotency_key("k"))
         .await
@@ -487,10 +498,10 @@ async fn only_terminal_records_carry_a_ttl_longer_than_retention() {
     env.cleanup().await;
 }
 
-/// A terminal job whose record expired by its server TTL before purge ran: purge still
-/// removes every index entry, from what the finished index records.
+/// A terminal job whose record was deleted behind the store's back before purge ran:
+/// purge still removes every index entry, from what the finished index records.
 #[tokio::test]
-async fn purge_cleans_entries_of_records_already_expired_by_ttl() {
+async fn purge_cleans_entries_of_records_already_gone() {
     let Some(mut env) = Env::new().await else {
         return;
     };
@@ -511,7 +522,7 @@ async fn purge_cleans_entries_of_records_already_expired_by_ttl() {
             .await
             .expect("complete");
     }
-    // The child's record is gone as a server TTL would remove it.
+    // The child's record is gone (an operator's DEL, or a server TTL of an older layout).
     let _: () = env
         .admin
         .del(jobs_redis::job_key(&env.settings.namespace, child))

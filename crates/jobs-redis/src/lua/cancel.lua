@@ -5,7 +5,6 @@
 -- KEYS[3] scheduled index (zset)
 -- KEYS[4] list index (zset)    KEYS[5] finished index (zset)
 -- ARGV[1] job id               ARGV[2] now (ms)
--- ARGV[3] garbage-collection TTL of a terminal record (ms)
 --
 -- Returns {'ok', state after the call} | {'notfound'} | {'corrupt'} (unreadable meta)
 --
@@ -27,7 +26,7 @@ if state == 'queued' then
   local member = queue_member(queue, v[3], id)
   redis.call('ZREM', ready, member)
   redis.call('ZREM', sched, member)
-  finish(job, list, done, queue, id, parent, 'queued', 'cancelled', now, ARGV[3])
+  finish(job, list, done, queue, id, parent, 'queued', 'cancelled', now)
   return { 'ok', 'cancelled' }
 end
 if state == 'running' then

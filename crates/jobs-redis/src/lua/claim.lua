@@ -16,8 +16,12 @@
 --   {'promote'}               more due scheduled jobs than the bound: some were moved to
 --                             the ready index, nothing was claimed; call again
 --   {'ok', claimed, hint, corrupt}
---                             claimed: one array per leased job, JOB_FIELDS (lib.lua) in
---                             order, then the payload, then the id; hint: the ids now at the
+--                             claimed: one array per leased job: id, meta, run_at, att,
+--                             token (both as now stored), error, cancel, payload; the rest
+--                             of the record is what this call wrote from its ARGV (state
+--                             running, worker, lease_exp, started = hb = now) or absent on
+--                             a queued job (finished, result), so Rust fills it in without
+--                             the script reading and returning it; hint: the ids now at the
 --                             head of the ready order (at most the hint size), for the next
 --                             call; corrupt: ids of jobs whose `meta` cannot be read, which
 --                             are not leased and leave the ready index (so one bad record
@@ -83,13 +87,6 @@ local function head(n)
   return first
 end
 
-local read_fields = {}
-for i, name in ipairs(JOB_FIELDS) do
-  read_fields[i] = name
-end
-read_fields[#read_fields + 1] = 'payload'
-local F_STATE, F_ATT, F_TOKEN, F_WORKER, F_LEASE, F_STARTED, F_HB = 3, 4, 5, 6, 7, 8, 9
-local F_PAYLOAD = #JOB_FIELDS + 1
 
 local claimed = {}
 local corrupt = {}
@@ -106,24 +103,22 @@ for _, member in ipairs(head(limit)) do
     break
   end
   local queue = string.sub(member, 1, #member - 73)
-  local v = redis.call('HMGET', job, unpack(read_fields))
+  -- The reply's order (see the header), with the id in front: v[1] is overwritten by it.
+  local v = redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
+    'cancel', 'payload')
   taken[#taken + 1] = member
-  if v[F_STATE] == 'queued' and not meta_head(v[1]) then
+  local state = v[1]
+  if state == 'queued' and not meta_ok(v[2]) then
     corrupt[#corrupt + 1] = id
-  elseif v[F_STATE] == 'queued' then
+  elseif state == 'queued' then
     -- Counters are small integers: incremented and formatted exactly, in one write.
-    local attempts = string.format('%d', (tonumber(v[F_ATT]) or 0) + 1)
-    local token = string.format('%d', (tonumber(v[F_TOKEN]) or 0) + 1)
+    local attempts = string.format('%d', (tonumber(v[4]) or 0) + 1)
+    local token = string.format('%d', (tonumber(v[5]) or 0) + 1)
     redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
       'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
-    v[F_STATE] = 'running'
-    v[F_ATT] = attempts
-    v[F_TOKEN] = token
-    v[F_WORKER] = worker
-    v[F_LEASE] = expires
-    v[F_STARTED] = now
-    v[F_HB] = now
-    v[F_PAYLOAD + 1] = id
+    v[1] = id
+    v[4] = attempts
+    v[5] = token
     claimed[#claimed + 1] = v
     local pairs_of_queue = lease_pairs[queue]
     if not pairs_of_queue then
@@ -133,7 +128,7 @@ for _, member in ipairs(head(limit)) do
     pairs_of_queue[#pairs_of_queue + 1] = expires
     pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
     -- The list entry stays: queued and running share the code 'a'.
-  elseif not v[F_STATE] then
+  elseif not state then
     -- The hash vanished under its index entries (C7): drop them, write nothing.
     list_old[#list_old + 1] = list_member(queue, 'queued', id)
   end

@@ -5,8 +5,7 @@
 -- KEYS[3] finished index (zset)
 -- KEYS[4] running counters (hash: queue -> lease entries)
 -- KEYS[4+j] the hash of job j, j = 1..N
--- ARGV[1] garbage-collection TTL of a terminal record (ms)
--- for job j, 5 values from ARGV[1 + 5(j-1) + 1]:
+-- for job j, 5 values from ARGV[5(j-1) + 1]:
 --   id, token, now (ms), '1' if a result is given else '0', the result bytes
 --
 -- Returns one status per job, in order: 'ok' | 'notfound' | 'lost' | 'corrupt' (unreadable meta).
@@ -15,42 +14,49 @@
 -- same call, and the whole batch is one script. Jobs are handled in order, so a second
 -- completion of one job in the same batch finds it no longer running (L5), exactly as a
 -- second call would.
+--
+-- Cost: per job one HMGET and one HSET; the index entries of the whole batch are written
+-- with one ZREM/ZADD per index (and one ZREM per queue of the lease index, to keep the
+-- running counters exact).
 
 local leases, list, done, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ttl = ARGV[1]
 local out = {}
 local lease_old, list_old, list_new, done_new = {}, {}, {}, {}
+local nl, nn = 0, 0
 for j = 1, #KEYS - 4 do
-  local a = 1 + 5 * (j - 1)
+  local a = 5 * (j - 1)
   local job = KEYS[4 + j]
-  local id, token, now = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local id, now = ARGV[a + 1], ARGV[a + 3]
   local v = redis.call('HMGET', job, 'state', 'token', 'meta')
-  local queue, parent = meta_head(v[3])
   if not v[1] then
     out[j] = 'notfound'
-  elseif v[1] ~= 'running' or v[2] ~= token then
+  elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 2] then
     out[j] = 'lost'
-  elseif not queue then
-    out[j] = 'corrupt'
   else
-    if ARGV[a + 4] == '1' then
-      redis.call('HSET', job, 'state', 'succeeded', 'finished', now, 'result', ARGV[a + 5])
+    local queue, parent = meta_queue_parent(v[3])
+    if not queue then
+      out[j] = 'corrupt'
     else
-      redis.call('HSET', job, 'state', 'succeeded', 'finished', now)
+      if ARGV[a + 4] == '1' then
+        redis.call('HSET', job, 'state', 'succeeded', 'finished', now, 'result', ARGV[a + 5])
+      else
+        redis.call('HSET', job, 'state', 'succeeded', 'finished', now)
+      end
+      local of_queue = lease_old[queue]
+      if not of_queue then
+        of_queue = {}
+        lease_old[queue] = of_queue
+      end
+      of_queue[#of_queue + 1] = queue .. ' ' .. id
+      nl = nl + 1
+      list_old[nl] = queue .. ' a ' .. id
+      nn = nn + 2
+      list_new[nn - 1] = 0
+      list_new[nn] = queue .. ' s ' .. id
+      done_new[nn - 1] = now
+      done_new[nn] = queue .. ' s ' .. id .. ' ' .. (parent or '')
+      out[j] = 'ok'
     end
-    redis.call('PEXPIRE', job, ttl)
-    local of_queue = lease_old[queue]
-    if not of_queue then
-      of_queue = {}
-      lease_old[queue] = of_queue
-    end
-    of_queue[#of_queue + 1] = lease_member(queue, id)
-    list_old[#list_old + 1] = list_member(queue, 'running', id)
-    list_new[#list_new + 1] = 0
-    list_new[#list_new + 1] = list_member(queue, 'succeeded', id)
-    done_new[#done_new + 1] = now
-    done_new[#done_new + 1] = done_member(queue, 'succeeded', id, parent)
-    out[j] = 'ok'
   end
 end
 -- Per queue, so each running counter drops by exactly the entries removed.

@@ -10,8 +10,7 @@
 -- ARGV[3] now (ms)             ARGV[4] error text (already cut to 64 KiB)
 -- ARGV[5] retry time (ms), or '' for "never"
 -- ARGV[6] retry time as 16 hex digits    ARGV[7] '1' if the retry time is <= now
--- ARGV[8] garbage-collection TTL of a terminal record (ms)
--- ARGV[9] wake-up channel
+-- ARGV[8] wake-up channel
 --
 -- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt'} (unreadable meta)
 --
@@ -39,16 +38,16 @@ drop_lease(leases, KEYS[8], queue, id)
 local state
 if v[5] == '1' then
   state = 'cancelled'
-  finish(job, list, done, queue, id, parent, 'running', state, now, ARGV[8])
+  finish(job, list, done, queue, id, parent, 'running', state, now)
 elseif ARGV[5] ~= '' and tonumber(v[4]) < tonumber(max_att) then
   state = 'queued'
   local due = ARGV[7] == '1'
   requeue(job, ready, sched, list, seq, queue, id, prio, ARGV[5], ARGV[6], due, 'running')
   if due then
-    redis.call('PUBLISH', ARGV[9], queue)
+    redis.call('PUBLISH', ARGV[8], queue)
   end
 else
   state = 'dead'
-  finish(job, list, done, queue, id, parent, 'running', state, now, ARGV[8])
+  finish(job, list, done, queue, id, parent, 'running', state, now)
 end
 return { 'ok', state }

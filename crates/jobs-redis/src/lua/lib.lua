@@ -15,10 +15,6 @@
 -- per-queue running counter tell the two apart.
 local STATE_CODE = { queued = 'a', running = 'a', succeeded = 's', dead = 'd', cancelled = 'c' }
 
--- The job hash fields `get` and `claim` return, in the order the Rust side decodes them.
-local JOB_FIELDS = { 'meta', 'run_at', 'state', 'att', 'token', 'worker', 'lease_exp',
-  'started', 'hb', 'finished', 'error', 'result', 'cancel' }
-
 -- The fields a job never changes are packed by Rust into one `meta` field, so scripts read
 -- and write few values per job: "QUEUE PARENT PRIO MAX_ATTEMPTS CREATED TLEN KLEN TENANTKEY"
 -- (PARENT and KLEN are '-' when absent; tenant and key come last, by length, so they may
@@ -33,6 +29,25 @@ local function meta_head(meta)
     parent = nil
   end
   return queue, parent, prio, max_att, created
+end
+
+-- The queue and parent (nil if none) of a `meta` field, or nil when it is missing or
+-- malformed: the same check as meta_head with two captures instead of five, for the hot
+-- scripts that need no more (each capture is a new Lua string).
+local function meta_queue_parent(meta)
+  if not meta then
+    return nil
+  end
+  local queue, parent = string.match(meta, '^(%S+) (%S+) %S+ %S+ %S+ ')
+  if parent == '-' then
+    parent = nil
+  end
+  return queue, parent
+end
+
+-- Whether a `meta` field is readable (meta_head would parse it), without building strings.
+local function meta_ok(meta)
+  return meta ~= nil and string.find(meta, '^%S+ %S+ %S+ %S+ %S+ ') ~= nil
 end
 
 -- Most members one ZADD/ZREM call takes: Lua's unpack is limited to a few thousand values.
@@ -143,14 +158,14 @@ local function drop_lease(leases, running, queue, id)
   end
 end
 
--- A terminal transition: state, finished_at, indexes moved, and the server TTL that only
--- collects garbage (decisions use the finished index and the clock). `worker` and
--- `lease_exp` stay as a record of the last lease; they are a lease only while running.
-local function finish(job, list, done, queue, id, parent, from, to, now, ttl)
+-- A terminal transition: state, finished_at, indexes moved. The record carries no server
+-- TTL: purge deletes it once retention has passed (a PEXPIRE per job cost about a tenth
+-- of a completion's server time). `worker` and `lease_exp` stay as a record of the last
+-- lease; they are a lease only while running.
+local function finish(job, list, done, queue, id, parent, from, to, now)
   redis.call('HSET', job, 'state', to, 'finished', now)
   move_list(list, queue, id, from, to)
   redis.call('ZADD', done, now, done_member(queue, to, id, parent))
-  redis.call('PEXPIRE', job, ttl)
 end
 
 -- A return to `queued`: a fresh sequence number (so the job goes behind the jobs already

@@ -4,12 +4,11 @@
 -- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
 -- KEYS[5] sequence counter (string)
 -- KEYS[6] running counters (hash)
--- KEYS[6+i] the hash of the job of lease entry i (ARGV[5+i])
+-- KEYS[6+i] the hash of the job of lease entry i (ARGV[4+i])
 -- ARGV[1] now (ms)             ARGV[2] now as 16 hex digits
--- ARGV[3] garbage-collection TTL of a terminal record (ms)
--- ARGV[4] the last_error text of an expired lease
--- ARGV[5] wake-up channel
--- ARGV[5+i] lease index member i ("queue id"), read by Rust with
+-- ARGV[3] the last_error text of an expired lease
+-- ARGV[4] wake-up channel
+-- ARGV[4+i] lease index member i ("queue id"), read by Rust with
 --           ZRANGEBYSCORE leases -inf (now LIMIT 0 limit
 --
 -- Returns {examined, {{id, new state}, ...}}: examined is the number of lease entries
@@ -24,13 +23,13 @@
 -- same step that changes its state.
 
 local leases, ready, list, done, seq, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local now, now_hex, ttl, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local now, now_hex, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now_n = tonumber(now)
 local examined = 0
 local out = {}
 local woken = {}
 for i = 1, #KEYS - 6 do
-  local member = ARGV[5 + i]
+  local member = ARGV[4 + i]
   local job = KEYS[6 + i]
   examined = examined + 1
   local score = redis.call('ZSCORE', leases, member)
@@ -49,10 +48,10 @@ for i = 1, #KEYS - 6 do
       local state
       if v[4] == '1' then
         state = 'cancelled'
-        finish(job, list, done, queue, id, parent, 'running', state, now, ttl)
+        finish(job, list, done, queue, id, parent, 'running', state, now)
       elseif tonumber(v[2]) >= tonumber(max_att) then
         state = 'dead'
-        finish(job, list, done, queue, id, parent, 'running', state, now, ttl)
+        finish(job, list, done, queue, id, parent, 'running', state, now)
       else
         state = 'queued'
         requeue(job, ready, nil, list, seq, queue, id, prio, now, now_hex, true, 'running')

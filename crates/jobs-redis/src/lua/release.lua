@@ -8,8 +8,7 @@
 -- KEYS[8] running counters (hash)
 -- ARGV[1] job id               ARGV[2] token
 -- ARGV[3] now (ms)             ARGV[4] now as 16 hex digits
--- ARGV[5] garbage-collection TTL of a terminal record (ms)
--- ARGV[6] wake-up channel
+-- ARGV[5] wake-up channel
 --
 -- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt'} (unreadable meta)
 --
@@ -30,10 +29,10 @@ if not queue then
 end
 drop_lease(leases, KEYS[8], queue, id)
 if v[4] == '1' then
-  finish(job, list, done, queue, id, parent, 'running', 'cancelled', now, ARGV[5])
+  finish(job, list, done, queue, id, parent, 'running', 'cancelled', now)
   return { 'ok', 'cancelled' }
 end
 redis.call('HINCRBY', job, 'att', -1)
 requeue(job, ready, sched, list, seq, queue, id, prio, now, ARGV[4], true, 'running')
-redis.call('PUBLISH', ARGV[6], queue)
+redis.call('PUBLISH', ARGV[5], queue)
 return { 'ok', 'queued' }

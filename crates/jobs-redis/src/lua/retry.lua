@@ -11,8 +11,7 @@
 -- {'corrupt'} (unreadable meta)
 --
 -- Atomicity: the check and the move are one step, so of concurrent retries exactly one
--- finds the job dead or cancelled. The record loses its garbage-collection TTL in the same
--- step (a non-terminal job never expires).
+-- finds the job dead or cancelled.
 
 local job, ready, list, done, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, now = ARGV[1], ARGV[2]
@@ -29,7 +28,6 @@ if not queue then
   return { 'corrupt' }
 end
 redis.call('ZREM', done, done_member(queue, state, id, parent))
-redis.call('PERSIST', job)
 redis.call('HSET', job, 'att', '0', 'cancel', '0')
 redis.call('HDEL', job, 'finished', 'result')
 requeue(job, ready, nil, list, seq, queue, id, prio, now, ARGV[3], true, state)
