@@ -22,6 +22,36 @@ pub const DEFAULT_SCHEMA: &str = "jobs";
 /// under us then fails its next statement with `Unavailable` and is replaced.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
+/// Which commits wait for the WAL to reach the disk (`synchronous_commit`), per kind
+/// of call. See `docs/postgres.md`, "Durability".
+///
+/// Either way a crash of this process loses nothing acknowledged: a commit is done
+/// when the server says so. The choice is about a crash of the database server or
+/// its machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Durability {
+    /// Enqueues and the operator's `cancel` and `retry` commit as the server is
+    /// configured (`synchronous_commit`, normally `on`: flushed, and on synchronous
+    /// standbys, before the call returns). Workers' calls (claim, heartbeat,
+    /// complete, fail, release, reclaim, purge) commit with `synchronous_commit =
+    /// off`, for their own transaction only. The default.
+    ///
+    /// An acknowledged job is never lost. What a server crash may undo is the
+    /// workers' most recent progress, at most the commits of the last
+    /// `3 × wal_writer_delay` (600 ms by default) and only those after the last
+    /// flushed commit (the WAL is one sequence, so flushing a commit flushes
+    /// everything before it): a completion or failure rolls back to `running`, a
+    /// claim to `queued`, and reclaim runs those jobs again, the at-least-once
+    /// delivery a crashed worker already causes. The workers' hot path never waits
+    /// for the disk.
+    #[default]
+    DurableEnqueues,
+    /// Every commit as the server is configured: with `synchronous_commit = on`,
+    /// every acknowledged call survives a server crash. Each claim and each batch of
+    /// completions then waits for a WAL flush.
+    Full,
+}
+
 /// How to reach the database and shape the pool.
 ///
 /// ```
@@ -40,6 +70,7 @@ pub struct PostgresConfig {
     max_connections: u32,
     min_connections: u32,
     acquire_timeout: Duration,
+    durability: Durability,
 }
 
 impl PostgresConfig {
@@ -66,7 +97,14 @@ impl PostgresConfig {
             max_connections: 10,
             min_connections: 0,
             acquire_timeout: Duration::from_secs(10),
+            durability: Durability::default(),
         }
+    }
+
+    /// Which commits wait for the disk; `Durability::DurableEnqueues` by default.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
     }
 
     /// The schema holding the tables: 1..=48 bytes of `a-z`, `0-9`, `_`. Stores of
@@ -139,6 +177,7 @@ impl fmt::Debug for PostgresConfig {
             .field("max_connections", &self.max_connections)
             .field("min_connections", &self.min_connections)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("durability", &self.durability)
             .finish_non_exhaustive()
     }
 }
@@ -190,16 +229,25 @@ impl PostgresBackend {
         let pool = config
             .pool_options()
             .connect_lazy_with(config.options.clone());
-        Self::from_pool(pool, &config.schema).await
+        Self::from_pool_with(pool, &config.schema, config.durability).await
     }
 
     /// Uses an existing pool (its size and options are the caller's) with the
-    /// tables in `schema`, migrating it first.
+    /// tables in `schema`, migrating it first, with the default durability.
     pub async fn from_pool(pool: PgPool, schema: &str) -> Result<Self> {
+        Self::from_pool_with(pool, schema, Durability::default()).await
+    }
+
+    /// `from_pool` with the given durability.
+    pub async fn from_pool_with(
+        pool: PgPool,
+        schema: &str,
+        durability: Durability,
+    ) -> Result<Self> {
         let quoted = schema::quote_schema(schema)?;
         schema::migrate(&pool, schema, &quoted).await?;
         let channel = format!("{schema}.jobs_wake");
-        let sql = Statements::new(&quoted);
+        let sql = Statements::new(&quoted, durability);
         let shared = Shared {
             wake: Wake::new(pool.clone(), channel, sql.notify.clone()),
             sql,

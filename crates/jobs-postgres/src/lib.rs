@@ -12,7 +12,7 @@ mod sql;
 mod store;
 mod wake;
 
-pub use backend::{PostgresBackend, PostgresConfig, DEFAULT_SCHEMA};
+pub use backend::{Durability, PostgresBackend, PostgresConfig, DEFAULT_SCHEMA};
 pub use store::PostgresStore;
 
 /// Re-exported so callers can build pools and options without naming sqlx's version.

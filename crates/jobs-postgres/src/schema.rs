@@ -14,11 +14,18 @@ struct Migration {
 
 /// Every migration, oldest first. A new one is appended with the next version; an
 /// applied one is never edited.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../migrations/0001_init.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "pk_lookups",
+        sql: include_str!("../migrations/0002_pk_lookups.sql"),
+    },
+];
 
 /// The newest schema version this build knows.
 pub(crate) fn latest_version() -> i32 {

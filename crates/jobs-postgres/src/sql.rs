@@ -4,10 +4,34 @@
 //! kept; sqlx prepares each text once per connection and reuses the plan. Every
 //! value is a bind parameter, and every time is the store's clock passed in as one
 //! (CONTRACT §3): no statement calls `now()` to decide anything.
+//!
+//! Lookups of one job bind `namespace = $1 AND id = $2` and test the job's state (and
+//! lease token) inside `( … ) IS TRUE`. The wrapper changes nothing for a row (the
+//! columns are never NULL) but no index can serve it, so the only index matching the
+//! statement is the primary key. A bare `state = 'running'` also matches
+//! `jobs_listing` (which leads with `namespace` and holds `state`) and, before
+//! migration 2, the partial lease index; the jobs table is rarely analyzed (a queue
+//! table turns over faster than autovacuum's thresholds, and some servers run none),
+//! so the planner, guessing that few jobs are running, picked a scan of every running
+//! job in the namespace and every dead index entry left behind by finished ones, per
+//! lookup, and a connection keeps that plan in its prepared statement. Reclaim and
+//! purge wrap their state test the same way, so only their own index (ordered by
+//! expiry or finish time) serves them.
+//!
+//! The statements of workers' calls (claim, heartbeat, complete, fail, release,
+//! reclaim, purge) hold `{relax}` in their `WHERE`: an always-true condition that,
+//! under `Durability::DurableEnqueues`, turns `synchronous_commit` off for the
+//! statement's own transaction (see `Durability`). It is an uncorrelated scalar
+//! subquery, so Postgres runs it once per statement, as a one-time filter evaluated
+//! before any row is read, whether or not a row matches; the commit that ends the
+//! statement's implicit transaction then does not wait for the WAL flush. Enqueue,
+//! cancel and retry do not hold it and commit as the server is configured.
 
 use std::sync::Arc;
 
 use sqlx::AssertSqlSafe;
+
+use crate::backend::Durability;
 
 /// The columns of a job as `get` shows it, in the order `row::job_from_row` reads them.
 macro_rules! job_columns {
@@ -108,7 +132,7 @@ UPDATE {schema}.jobs SET
     state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
     lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
 FROM cand
-WHERE namespace = $1 AND id = cand.cand_id
+WHERE namespace = $1 AND id = cand.cand_id AND {relax}
 RETURNING "#,
     job_columns!(),
     ", payload"
@@ -134,7 +158,8 @@ const CHILDREN: &str = concat!(
 /// Rule L1. `$3` token, `$4` new expiry, `$5` now.
 const HEARTBEAT: &str = r#"
 UPDATE {schema}.jobs SET lease_expires_at = $4, heartbeat_at = $5
-WHERE namespace = $1 AND id = $2 AND state = 'running' AND lease_token = $3
+WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS TRUE
+  AND {relax}
 RETURNING cancel_requested
 "#;
 
@@ -152,8 +177,8 @@ done AS (
         state = 'succeeded', result = input.result, finished_at = $5,
         lease_worker = NULL, lease_expires_at = NULL
     FROM input
-    WHERE j.namespace = $1 AND j.id = input.id AND j.state = 'running'
-      AND j.lease_token = input.token
+    WHERE j.namespace = $1 AND j.id = input.id
+      AND (j.state = 'running' AND j.lease_token = input.token) IS TRUE
     RETURNING j.id
 )
 SELECT input.id, (done.id IS NOT NULL) AS completed,
@@ -161,6 +186,7 @@ SELECT input.id, (done.id IS NOT NULL) AS completed,
             ELSE EXISTS (SELECT 1 FROM {schema}.jobs x WHERE x.namespace = $1 AND x.id = input.id)
        END AS found
 FROM input LEFT JOIN done ON done.id = input.id
+WHERE {relax}
 "#;
 
 /// Rules L6, L7 and the cancel-while-running decision.
@@ -180,7 +206,8 @@ UPDATE {schema}.jobs SET
     finished_at = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
                        THEN NULL ELSE $5 END,
     last_error = $6, lease_worker = NULL, lease_expires_at = NULL
-WHERE namespace = $1 AND id = $2 AND state = 'running' AND lease_token = $3
+WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS TRUE
+  AND {relax}
 RETURNING state
 "#;
 
@@ -194,7 +221,8 @@ UPDATE {schema}.jobs SET
     seq = CASE WHEN cancel_requested THEN seq ELSE nextval('{schema}.seq') END,
     finished_at = CASE WHEN cancel_requested THEN $4 ELSE NULL END,
     lease_worker = NULL, lease_expires_at = NULL
-WHERE namespace = $1 AND id = $2 AND state = 'running' AND lease_token = $3
+WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS TRUE
+  AND {relax}
 RETURNING state, queue
 "#;
 
@@ -206,7 +234,7 @@ RETURNING state, queue
 const RECLAIM: &str = r#"
 WITH expired AS (
     SELECT id AS expired_id FROM {schema}.jobs
-    WHERE namespace = $1 AND state = 'running' AND lease_expires_at < $2
+    WHERE namespace = $1 AND lease_expires_at < $2 AND (state = 'running') IS TRUE
     ORDER BY lease_expires_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -222,7 +250,7 @@ UPDATE {schema}.jobs SET
                        THEN NULL ELSE $2 END,
     last_error = $4, lease_worker = NULL, lease_expires_at = NULL
 FROM expired
-WHERE namespace = $1 AND id = expired.expired_id
+WHERE namespace = $1 AND id = expired.expired_id AND {relax}
 RETURNING id, state, queue
 "#;
 
@@ -232,7 +260,7 @@ UPDATE {schema}.jobs SET
     state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
     finished_at = CASE WHEN state = 'queued' THEN $3 ELSE finished_at END,
     cancel_requested = cancel_requested OR state = 'running'
-WHERE namespace = $1 AND id = $2 AND state IN ('queued', 'running')
+WHERE namespace = $1 AND id = $2 AND (state IN ('queued', 'running')) IS TRUE
 RETURNING state
 "#;
 
@@ -242,7 +270,7 @@ UPDATE {schema}.jobs SET
     state = 'queued', run_at = $3, seq = nextval('{schema}.seq'), attempts = 0,
     cancel_requested = false, finished_at = NULL, result = NULL,
     lease_worker = NULL, lease_expires_at = NULL
-WHERE namespace = $1 AND id = $2 AND state IN ('dead', 'cancelled')
+WHERE namespace = $1 AND id = $2 AND (state IN ('dead', 'cancelled')) IS TRUE
 RETURNING queue
 "#;
 
@@ -286,32 +314,38 @@ LIMIT $5
 
 /// Rule A5: deletes up to `$3` terminal jobs finished at or before `$2`, and up to
 /// `$3` dedup entries created at or before `$4` (outside the window, so inert).
+///
+/// The selections are materialized: run once, whatever the join plan. As a subquery
+/// on the inner side of a nested loop, a `LIMIT … FOR UPDATE SKIP LOCKED` selection
+/// would run again for each outer row and, skipping the rows this statement has
+/// already deleted, return new ones each time: more than `$3` deletions.
 const PURGE: &str = r#"
-WITH gone AS (
-    DELETE FROM {schema}.jobs j
-    USING (
-        SELECT id AS gone_id FROM {schema}.jobs
-        WHERE namespace = $1 AND state IN ('succeeded', 'dead', 'cancelled')
-          AND finished_at <= $2
-        ORDER BY finished_at
-        LIMIT $3
-        FOR UPDATE SKIP LOCKED
-    ) g
+WITH old_jobs AS MATERIALIZED (
+    SELECT id AS gone_id FROM {schema}.jobs
+    WHERE namespace = $1 AND finished_at <= $2
+      AND (state IN ('succeeded', 'dead', 'cancelled')) IS TRUE
+    ORDER BY finished_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}.jobs j USING old_jobs g
     WHERE j.namespace = $1 AND j.id = g.gone_id
     RETURNING 1
 ),
+old_keys AS MATERIALIZED (
+    SELECT tenant AS t, key AS k FROM {schema}.dedup
+    WHERE namespace = $1 AND created_at <= $4
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+),
 keys AS (
-    DELETE FROM {schema}.dedup d
-    USING (
-        SELECT tenant AS t, key AS k FROM {schema}.dedup
-        WHERE namespace = $1 AND created_at <= $4
-        LIMIT $3
-        FOR UPDATE SKIP LOCKED
-    ) x
+    DELETE FROM {schema}.dedup d USING old_keys x
     WHERE d.namespace = $1 AND d.tenant = x.t AND d.key = x.k
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS jobs, (SELECT count(*) FROM keys) AS keys
+WHERE {relax}
 "#;
 
 /// Deletes a job row behind the store's back, as a lost record would (test harnesses).
@@ -321,9 +355,20 @@ const VANISH: &str = "DELETE FROM {schema}.jobs WHERE namespace = $1 AND id = $2
 #[derive(Debug, Clone)]
 pub(crate) struct Text(Arc<str>);
 
+/// `{relax}` under `Durability::DurableEnqueues`: `synchronous_commit` off until the
+/// end of the current transaction (the statement's own, when it runs alone).
+const RELAX: &str = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL";
+
+/// `{relax}` under `Durability::Full`: the server's setting stands.
+const NO_RELAX: &str = "true";
+
 impl Text {
-    fn render(template: &str, schema: &str) -> Self {
-        Text(Arc::from(template.replace("{schema}", schema)))
+    fn render(template: &str, schema: &str, relax: &str) -> Self {
+        Text(Arc::from(
+            template
+                .replace("{schema}", schema)
+                .replace("{relax}", relax),
+        ))
     }
 
     /// The text as sqlx takes it. The schema name was validated and quoted, and every
@@ -357,9 +402,14 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    /// Renders every statement for `quoted_schema` (already a quoted identifier).
-    pub(crate) fn new(quoted_schema: &str) -> Self {
-        let r = |template: &str| Text::render(template, quoted_schema);
+    /// Renders every statement for `quoted_schema` (already a quoted identifier) and
+    /// the durability of workers' commits.
+    pub(crate) fn new(quoted_schema: &str, durability: Durability) -> Self {
+        let relax = match durability {
+            Durability::DurableEnqueues => RELAX,
+            Durability::Full => NO_RELAX,
+        };
+        let r = |template: &str| Text::render(template, quoted_schema, relax);
         Statements {
             enqueue: r(ENQUEUE),
             claim: r(CLAIM),
@@ -380,5 +430,131 @@ impl Statements {
             vanish: r(VANISH),
             notify: r(NOTIFY),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::postgres::PgBindIterExt;
+    use sqlx::{PgPool, Postgres, Transaction};
+
+    use super::*;
+    use crate::row::PgUuid;
+    use crate::{PostgresBackend, PostgresConfig};
+
+    const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+    async fn pool() -> Option<PgPool> {
+        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let config = PostgresConfig::new(&url).ok()?.max_connections(2);
+        match PostgresBackend::connect(config).await {
+            Ok(backend) => Some(backend.pool().clone()),
+            Err(err) => jobs_conformance::skip_or_fail("PostgreSQL", &url, &err),
+        }
+    }
+
+    async fn synchronous_commit(tx: &mut Transaction<'_, Postgres>) -> String {
+        sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+            .fetch_one(&mut **tx)
+            .await
+            .expect("read synchronous_commit")
+    }
+
+    /// Runs `name`'s statement inside a transaction (on a namespace without jobs, so
+    /// it changes nothing) and returns `synchronous_commit` as it stands afterwards in
+    /// that transaction: what the statement's own commit would use.
+    async fn setting_after(pool: &PgPool, sql: &Statements, name: &str) -> String {
+        let ns = "durability-test-no-jobs";
+        let id = PgUuid::MAX;
+        let mut tx = pool.begin().await.expect("begin");
+        let query = match name {
+            "claim" => sqlx::query(sql.claim.sql())
+                .bind(ns)
+                .bind(vec!["q"])
+                .bind(1_i64)
+                .bind(10_i64)
+                .bind(&b"w"[..])
+                .bind(2_i64),
+            "heartbeat" => sqlx::query(sql.heartbeat.sql())
+                .bind(ns)
+                .bind(id)
+                .bind(1_i64)
+                .bind(2_i64)
+                .bind(1_i64),
+            "complete" => sqlx::query(sql.complete.sql())
+                .bind(ns)
+                .bind([id].into_iter().bind_iter())
+                .bind([1_i64].into_iter().bind_iter())
+                .bind([None::<&[u8]>].into_iter().bind_iter())
+                .bind(1_i64),
+            "fail" => sqlx::query(sql.fail.sql())
+                .bind(ns)
+                .bind(id)
+                .bind(1_i64)
+                .bind(Some(2_i64))
+                .bind(1_i64)
+                .bind(&b"e"[..]),
+            "release" => sqlx::query(sql.release.sql())
+                .bind(ns)
+                .bind(id)
+                .bind(1_i64)
+                .bind(1_i64),
+            "reclaim" => sqlx::query(sql.reclaim.sql())
+                .bind(ns)
+                .bind(1_i64)
+                .bind(10_i64)
+                .bind(&b"e"[..]),
+            "purge" => sqlx::query(sql.purge.sql())
+                .bind(ns)
+                .bind(1_i64)
+                .bind(10_i64)
+                .bind(1_i64),
+            "cancel" => sqlx::query(sql.cancel.sql()).bind(ns).bind(id).bind(1_i64),
+            "retry" => sqlx::query(sql.retry.sql()).bind(ns).bind(id).bind(1_i64),
+            other => panic!("no statement {other}"),
+        };
+        query.fetch_all(&mut *tx).await.expect(name);
+        let setting = synchronous_commit(&mut tx).await;
+        tx.rollback().await.expect("rollback");
+        setting
+    }
+
+    const WORKERS: [&str; 7] = [
+        "claim",
+        "heartbeat",
+        "complete",
+        "fail",
+        "release",
+        "reclaim",
+        "purge",
+    ];
+    const OPERATORS: [&str; 2] = ["cancel", "retry"];
+
+    /// Under `DurableEnqueues` every worker statement turns `synchronous_commit` off for
+    /// its transaction, even when it matches no row, and the operator's statements
+    /// leave the server's setting; under `Full` none changes it.
+    #[tokio::test]
+    async fn worker_statements_commit_without_waiting_for_the_flush_by_default() {
+        let Some(pool) = pool().await else { return };
+        let server = {
+            let mut tx = pool.begin().await.expect("begin");
+            synchronous_commit(&mut tx).await
+        };
+        assert_ne!(server, "off", "the test needs a server that syncs commits");
+        let relaxed = Statements::new("\"jobs\"", Durability::DurableEnqueues);
+        let full = Statements::new("\"jobs\"", Durability::Full);
+        for name in WORKERS {
+            assert_eq!(setting_after(&pool, &relaxed, name).await, "off", "{name}");
+            assert_eq!(setting_after(&pool, &full, name).await, server, "{name}");
+        }
+        for name in OPERATORS {
+            assert_eq!(setting_after(&pool, &relaxed, name).await, server, "{name}");
+        }
+        // The setting is the transaction's: the connection keeps the server's.
+        let after: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+            .fetch_one(&pool)
+            .await
+            .expect("read");
+        assert_eq!(after, server);
     }
 }

@@ -386,10 +386,49 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .fetch_all(&admin)
     .await
     .expect("read migrations");
-    assert_eq!(applied, vec![1], "each migration is applied exactly once");
+    assert_eq!(
+        applied,
+        vec![1, 2],
+        "each migration is applied exactly once"
+    );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 1);
+        assert_eq!(backend.schema_version().await.expect("version"), 2);
     }
+
+    // Migration 2 is safe to run again on a migrated schema with jobs in it: forget
+    // that it ran, connect, and it runs once more.
+    let clock = ManualClock::default();
+    let store = backends[0].store(settings(&clock)).expect("store");
+    let queued = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM \"{schema}\".migrations WHERE version = 2"
+    )))
+    .execute(&admin)
+    .await
+    .expect("forget migration 2");
+    let config = PostgresConfig::new(&url())
+        .expect("url")
+        .schema(schema.clone())
+        .expect("schema")
+        .max_connections(1);
+    let again = PostgresBackend::connect(config)
+        .await
+        .expect("migrate again");
+    assert_eq!(again.schema_version().await.expect("version"), 2);
+    assert_eq!(
+        store.get(queued).await.expect("get").state,
+        JobState::Queued
+    );
+    let leases: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_get_indexdef('\"{schema}\".jobs_leases'::regclass)"
+    )))
+    .fetch_one(&admin)
+    .await
+    .expect("read the lease index");
+    assert!(
+        leases.ends_with("WHERE (lease_expires_at IS NOT NULL)"),
+        "{leases}"
+    );
 
     // The stores of the fresh schema work, and another schema's data is apart.
     let clock = ManualClock::default();
