@@ -117,76 +117,121 @@ async fn run(mut requests: mpsc::UnboundedReceiver<Request>, conn: Conn, keys: K
     }
 }
 
-async fn execute(mut conn: Conn, keys: &Keys, batch: Vec<Request>) {
+async fn execute(conn: Conn, keys: &Keys, batch: Vec<Request>) {
+    let entries: Vec<Entry<'_>> = batch
+        .iter()
+        .map(|r| Entry {
+            id: r.id,
+            token: r.token,
+            now: r.now,
+            result: r.result.as_deref(),
+        })
+        .collect();
+    match run_script(conn, keys, &entries).await {
+        Ok(outcomes) => {
+            for (request, outcome) in batch.into_iter().zip(outcomes) {
+                let _ = request.reply.send(outcome);
+            }
+        }
+        Err(err) => {
+            // Every completion of the batch shares the failure, kind and text alike.
+            for request in batch {
+                let _ = request.reply.send(Err(share(&err)));
+            }
+        }
+    }
+}
+
+/// One completion as `complete.lua` takes it.
+pub(crate) struct Entry<'a> {
+    pub id: JobId,
+    pub token: LeaseToken,
+    pub now: Timestamp,
+    pub result: Option<&'a [u8]>,
+}
+
+/// A copy of a whole-call failure for each of the entries it hit.
+pub(crate) fn share(err: &Error) -> Error {
+    let message = err.to_string();
+    if err.is_retryable() {
+        Error::Unavailable {
+            message,
+            source: None,
+        }
+    } else {
+        Error::Backend {
+            message,
+            source: None,
+        }
+    }
+}
+
+/// Whether `entries` fit one script call (see [`MAX_BATCH`]), so a caller with a batch
+/// of its own can send it whole.
+pub(crate) fn fits_one_call(entries: &[Entry<'_>]) -> bool {
+    entries.len() <= MAX_BATCH
+        && entries
+            .iter()
+            .map(|e| e.result.map_or(0, <[u8]>::len))
+            .sum::<usize>()
+            <= MAX_BATCH_BYTES
+}
+
+/// Runs one `complete.lua` call over `entries`, in order; `Err` when the call as a whole
+/// failed, else one outcome per entry.
+pub(crate) async fn run_script(
+    mut conn: Conn,
+    keys: &Keys,
+    entries: &[Entry<'_>],
+) -> Result<Vec<Result<()>>> {
     let mut invocation = scripts::COMPLETE.prepare_invoke();
     invocation
         .key(&keys.leases)
         .key(&keys.list)
         .key(&keys.done)
         .key(&keys.running);
-    for request in &batch {
+    for entry in entries {
         invocation
-            .key(keys.job(request.id))
-            .arg(request.id.to_string())
-            .arg(request.token.get())
-            .arg(request.now.as_millis())
-            .arg(if request.result.is_some() { "1" } else { "0" })
-            .arg(request.result.as_deref().unwrap_or(b""));
+            .key(keys.job(entry.id))
+            .arg(entry.id.to_string())
+            .arg(entry.token.get())
+            .arg(entry.now.as_millis())
+            .arg(if entry.result.is_some() { "1" } else { "0" })
+            .arg(entry.result.unwrap_or(b""));
     }
-    let reply: Result<Value> = invocation
+    let reply: Value = invocation
         .invoke_async(&mut conn)
         .await
-        .map_err(|err| map_err("complete", err));
-    let statuses: Result<Vec<String>> = reply.and_then(|reply| {
-        let items = array(&reply, "complete reply")?;
-        if items.len() != batch.len() {
-            return Err(Error::corrupt(
-                "complete reply",
-                "one status per job expected",
-            ));
-        }
-        items
-            .iter()
-            .map(|item| text(item, "complete reply"))
-            .collect()
-    });
-    match statuses {
-        Ok(statuses) => {
-            for (request, status) in batch.into_iter().zip(statuses) {
-                let outcome = match status.as_str() {
-                    "ok" => Ok(()),
-                    "notfound" => Err(Error::NotFound { id: request.id }),
-                    "lost" => Err(Error::LeaseLost { id: request.id }),
-                    "corrupt" => Err(Error::corrupt(
-                        format!("job {}", request.id),
-                        "unreadable meta field",
-                    )),
-                    other => Err(Error::corrupt(
+        .map_err(|err| map_err("complete", err))?;
+    let items = array(&reply, "complete reply")?;
+    if items.len() != entries.len() {
+        return Err(Error::corrupt(
+            "complete reply",
+            "one status per job expected",
+        ));
+    }
+    let mut outcomes = Vec::with_capacity(entries.len());
+    for (entry, item) in entries.iter().zip(items) {
+        let outcome = match item {
+            Value::SimpleString(s) if s == "ok" => Ok(()),
+            Value::BulkString(b) if b == b"ok" => Ok(()),
+            other => match text(other, "complete reply")?.as_str() {
+                "ok" => Ok(()),
+                "notfound" => Err(Error::NotFound { id: entry.id }),
+                "lost" => Err(Error::LeaseLost { id: entry.id }),
+                "corrupt" => Err(Error::corrupt(
+                    format!("job {}", entry.id),
+                    "unreadable meta field",
+                )),
+                other => {
+                    return Err(Error::corrupt(
                         "complete reply",
                         format!("unexpected status {other:?}"),
-                    )),
-                };
-                let _ = request.reply.send(outcome);
-            }
-        }
-        Err(err) => {
-            // Every completion of the batch shares the failure, kind and text alike.
-            let message = err.to_string();
-            let retryable = err.is_retryable();
-            for request in batch {
-                let shared = if retryable {
-                    Error::Unavailable {
-                        message: message.clone(),
-                        source: None,
-                    }
-                } else {
-                    Error::Backend {
-                        message: message.clone(),
-                        source: None,
-                    }
-                };
-                let _ = request.reply.send(Err(shared));
-            }
-        }
+                    ))
+                }
+            },
+        };
+        outcomes.push(outcome);
     }
+    Ok(outcomes)
 }

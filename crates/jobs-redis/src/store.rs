@@ -10,15 +10,15 @@ use jobs_core::validate::{
     validate_new_job, validate_queue, validate_settings, validate_size,
 };
 use jobs_core::{
-    async_trait, duration_millis, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job,
-    JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result,
-    Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+    async_trait, complete_each, duration_millis, Bytes, ClaimRequest, ClaimedJob, Completion,
+    Enqueued, Error, Heartbeat, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
+    QueueStats, ReclaimedJob, Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{ScriptInvocation, Value};
 
-use crate::batch::Completer;
+use crate::batch::{self, Completer, Entry as BatchEntry};
 use crate::codec::{
     array, decode_claimed, decode_job, int, is_missing, job_id, member_id, text, LeaseWrite,
     JOB_FIELDS,
@@ -709,6 +709,60 @@ impl Store for RedisStore {
         }
         let now = self.now();
         self.inner.completer.complete(id, token, now, result).await
+    }
+
+    /// One `complete.lua` call for the whole batch when it fits one (512 entries, 8 MiB
+    /// of results), with one clock reading; the script handles the entries in order, so a
+    /// second entry for one job answers lease lost (L5). A larger batch goes through
+    /// [`complete_each`], which the grouping of concurrent completes batches anyway.
+    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
+        let now = self.now();
+        let mut answers: Vec<Option<Result<()>>> = Vec::with_capacity(completions.len());
+        let mut entries = Vec::with_capacity(completions.len());
+        for completion in &completions {
+            let size = completion.result.as_ref().map_or(0, Bytes::len);
+            match completion
+                .result
+                .as_ref()
+                .map(|_| validate_size("result", size, &self.inner.settings))
+                .transpose()
+            {
+                // Refused alone, as `complete` would refuse it; the others go on.
+                Err(err) => answers.push(Some(Err(err))),
+                Ok(_) => {
+                    answers.push(None);
+                    entries.push(BatchEntry {
+                        id: completion.id,
+                        token: completion.token,
+                        now,
+                        result: completion.result.as_deref(),
+                    });
+                }
+            }
+        }
+        if entries.is_empty() {
+            return Ok(answers.into_iter().flatten().collect());
+        }
+        if !batch::fits_one_call(&entries) {
+            drop(entries);
+            return Ok(complete_each(self, completions).await);
+        }
+        let mut outcomes = batch::run_script(self.conn(), self.keys(), &entries)
+            .await?
+            .into_iter();
+        Ok(answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    outcomes.next().unwrap_or_else(|| {
+                        Err(Error::corrupt(
+                            "complete reply",
+                            "one status per job expected",
+                        ))
+                    })
+                })
+            })
+            .collect())
     }
 
     async fn fail(

@@ -106,17 +106,17 @@ for j = 1, n do
       'token', '0', 'order', order, 'payload', ARGV[a + 5])
     local member = queue_member(queue, order, id)
     if due then
-      ready_pairs[#ready_pairs + 1] = 0
+      ready_pairs[#ready_pairs + 1] = '0'
       ready_pairs[#ready_pairs + 1] = member
       woken[queue] = true
     else
       sched_pairs[#sched_pairs + 1] = run_at
       sched_pairs[#sched_pairs + 1] = member
     end
-    list_pairs[#list_pairs + 1] = 0
+    list_pairs[#list_pairs + 1] = '0'
     list_pairs[#list_pairs + 1] = list_member(queue, 'queued', id)
     if parent ~= '' then
-      child_pairs[#child_pairs + 1] = 0
+      child_pairs[#child_pairs + 1] = '0'
       child_pairs[#child_pairs + 1] = child_member(parent, id)
     end
     if has_key and dedup_ttl ~= '0' then

@@ -50,6 +50,9 @@ local function meta_ok(meta)
   return meta ~= nil and string.find(meta, '^%S+ %S+ %S+ %S+ %S+ ') ~= nil
 end
 
+-- Scores of lexical indexes are passed as the string '0', never the number: a Lua number
+-- argument is formatted with sprintf on every call.
+
 -- Most members one ZADD/ZREM call takes: Lua's unpack is limited to a few thousand values.
 local CHUNK = 1000
 
@@ -115,7 +118,7 @@ local function move_list(list, queue, id, from, to)
     return
   end
   redis.call('ZREM', list, list_member(queue, from, id))
-  redis.call('ZADD', list, 0, list_member(queue, to, id))
+  redis.call('ZADD', list, '0', list_member(queue, to, id))
 end
 
 -- Moves at most `bound` scheduled entries that are due at `now` into the ready index.
@@ -127,7 +130,7 @@ local function promote(ready, sched, now, bound)
   end
   local flat = {}
   for i, member in ipairs(due) do
-    flat[2 * i - 1] = 0
+    flat[2 * i - 1] = '0'
     flat[2 * i] = member
   end
   zadd_pairs(ready, flat)
@@ -177,7 +180,7 @@ local function requeue(job, ready, sched, list, seq_key, queue, id, prio, run_at
   redis.call('HSET', job, 'state', 'queued', 'run_at', run_at, 'order', order)
   local member = queue_member(queue, order, id)
   if due then
-    redis.call('ZADD', ready, 0, member)
+    redis.call('ZADD', ready, '0', member)
   else
     redis.call('ZADD', sched, run_at, member)
   end
