@@ -12,7 +12,7 @@ use jobs_core::{Bytes, Error, JobId, LeaseToken, Result, Timestamp};
 use redis::Value;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::codec::{array, text};
+use crate::codec::{array, id_string, text};
 use crate::conn::{map_err, Conn};
 use crate::keys::Keys;
 use crate::scripts;
@@ -193,7 +193,7 @@ pub(crate) async fn run_script(
     for entry in entries {
         invocation
             .key(keys.job(entry.id))
-            .arg(entry.id.to_string())
+            .arg(id_string(entry.id))
             .arg(entry.token.get())
             .arg(entry.now.as_millis())
             .arg(if entry.result.is_some() { "1" } else { "0" })

@@ -141,7 +141,73 @@ pub(crate) fn array<'a>(value: &'a Value, what: &str) -> Result<&'a [Value]> {
 
 /// A job id stored by this crate.
 pub(crate) fn job_id(text: &str, what: &str) -> Result<JobId> {
-    JobId::from_str(text).map_err(|_| Error::corrupt(what, format!("bad job id {text:?}")))
+    job_id_bytes(text.as_bytes(), what)
+}
+
+/// [`job_id`] from the bytes of a reply, without copying them into a `String` first.
+pub(crate) fn job_id_bytes(bytes: &[u8], what: &str) -> Result<JobId> {
+    match parse_canonical_id(bytes) {
+        Some(id) => Ok(id),
+        // Anything else `JobId` accepts (there is nothing else this crate writes) goes
+        // through its own parser, so the accepted forms stay exactly the same.
+        None => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|text| JobId::from_str(text).ok())
+            .ok_or_else(|| {
+                Error::corrupt(
+                    what,
+                    format!("bad job id {:?}", String::from_utf8_lossy(bytes)),
+                )
+            }),
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// The canonical text of `id` (36 characters, lowercase, dashes after the 8th, 12th,
+/// 16th and 20th digit), exactly `id.to_string()`, written without the formatting
+/// machinery: ids are formatted once or twice per job on every hot path.
+pub(crate) fn push_id(out: &mut String, id: JobId) {
+    let value = id.as_u128();
+    for digit in 0..32 {
+        if matches!(digit, 8 | 12 | 16 | 20) {
+            out.push('-');
+        }
+        let nibble = (value >> (124 - 4 * digit)) & 0xf;
+        out.push(char::from(HEX[nibble as usize]));
+    }
+}
+
+/// [`push_id`] into a new string.
+pub(crate) fn id_string(id: JobId) -> String {
+    let mut out = String::with_capacity(36);
+    push_id(&mut out, id);
+    out
+}
+
+/// The id of a canonical text (as [`push_id`] writes it, either case of hex digits);
+/// `None` for anything else.
+fn parse_canonical_id(bytes: &[u8]) -> Option<JobId> {
+    if bytes.len() != 36 {
+        return None;
+    }
+    let mut value: u128 = 0;
+    for (i, byte) in bytes.iter().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            if *byte != b'-' {
+                return None;
+            }
+            continue;
+        }
+        let nibble = match byte {
+            b'0'..=b'9' => byte - b'0',
+            b'a'..=b'f' => byte - b'a' + 10,
+            b'A'..=b'F' => byte - b'A' + 10,
+            _ => return None,
+        };
+        value = (value << 4) | u128::from(nibble);
+    }
+    JobId::from_u128(value).ok()
 }
 
 /// The id at the end of an index member (every member ends with the 36-character id).
@@ -230,7 +296,10 @@ pub(crate) fn decode_claimed(value: Value, lease: &LeaseWrite<'_>) -> Result<Cla
     else {
         return Err(Error::corrupt("claim reply", "wrong number of fields"));
     };
-    let id = job_id(&text(&id, "claim reply")?, "claim reply")?;
+    let id = match &id {
+        Value::BulkString(bytes) => job_id_bytes(bytes, "claim reply")?,
+        other => job_id(&text(other, "claim reply")?, "claim reply")?,
+    };
     let values = [
         into_opt_bytes(meta),
         into_opt_bytes(run_at),
@@ -351,6 +420,26 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
 mod tests {
     use super::*;
     use jobs_core::NewJob;
+
+    #[test]
+    fn ids_format_and_parse_as_job_id_does() {
+        for millis in [0, 1, 1_764_000_000_000, 0xffff_ffff_ffff] {
+            let id = JobId::mint(Timestamp::from_millis(millis));
+            let text = id_string(id);
+            assert_eq!(text, id.to_string());
+            assert_eq!(job_id(&text, "t").expect("parses"), id);
+            assert_eq!(job_id(&text.to_uppercase(), "t").expect("parses"), id);
+        }
+        for bad in [
+            "",
+            "x",
+            "0190-",
+            &"0".repeat(36),
+            "g0000000-0000-7000-8000-000000000000",
+        ] {
+            assert!(job_id(bad, "t").is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn meta_round_trips_any_tenant_and_key() {

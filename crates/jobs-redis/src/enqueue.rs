@@ -14,7 +14,7 @@ use jobs_core::{Enqueued, Error, JobId, NewJob, Result, Timestamp};
 use redis::Value;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::codec::{array, encode_meta, int, job_id, text};
+use crate::codec::{array, encode_meta, id_string, int, job_id, text};
 use crate::conn::{map_err, Conn};
 use crate::keys::Keys;
 use crate::scripts;
@@ -111,7 +111,7 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId]) -> Result<Chu
             None => invocation.key(&keys.none),
         };
         invocation
-            .arg(id.to_string())
+            .arg(id_string(id))
             .arg(&job.queue)
             .arg(encode_meta(job, now))
             .arg(if job.idempotency_key.is_some() {
@@ -131,7 +131,7 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId]) -> Result<Chu
         invocation.key(keys.job(*id));
     }
     for id in known {
-        invocation.arg(id.to_string());
+        invocation.arg(id_string(*id));
     }
     let reply = invocation
         .invoke_async(&mut ctx.conn.clone())

@@ -54,7 +54,11 @@ impl Keys {
 
     /// The hash of one job.
     pub(crate) fn job(&self, id: JobId) -> String {
-        format!("{}job:{id}", self.prefix)
+        let mut out = String::with_capacity(self.prefix.len() + 4 + 36);
+        out.push_str(&self.prefix);
+        out.push_str("job:");
+        crate::codec::push_id(&mut out, id);
+        out
     }
 
     /// The dedup key of (tenant, idempotency key): both hex-encoded, so `:` `{` `}` or

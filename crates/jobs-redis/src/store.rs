@@ -20,8 +20,8 @@ use redis::{ScriptInvocation, Value};
 
 use crate::batch::{self, Completer, Entry as BatchEntry};
 use crate::codec::{
-    array, decode_claimed, decode_job, int, is_missing, job_id, member_id, text, LeaseWrite,
-    JOB_FIELDS,
+    array, decode_claimed, decode_job, id_string, int, is_missing, job_id, job_id_bytes, member_id,
+    text, LeaseWrite, JOB_FIELDS,
 };
 use crate::conn::{map_err, Conn};
 use crate::enqueue::{invalid_parent, ready_hex, Ctx as EnqueueCtx, Enqueuer, Prepared};
@@ -510,7 +510,10 @@ impl RedisStore {
         }
         let hint = array(&hint_value, "claim reply")?
             .iter()
-            .map(|id| job_id(&text(id, "claim reply")?, "ready index"))
+            .map(|id| match id {
+                Value::BulkString(bytes) => job_id_bytes(bytes, "ready index"),
+                other => job_id(&text(other, "claim reply")?, "ready index"),
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Some((got, hint)))
     }
@@ -634,7 +637,7 @@ impl Store for RedisStore {
                 invocation.arg(*queue);
             }
             for id in &candidates {
-                invocation.key(keys.job(*id)).arg(id.to_string());
+                invocation.key(keys.job(*id)).arg(id_string(*id));
             }
             let round = match self.invoke(&invocation, "claim").await {
                 Ok(reply) => self.claim_round(reply, &lease, &mut claimed),
