@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use jobs_conformance::{Harness, Scenario, SCENARIOS};
 use jobs_core::{
-    async_trait, Bytes, ClaimRequest, ClaimedJob, Enqueued, Heartbeat, Job, JobId, JobState,
-    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result, Retry, Store,
-    StoreSettings, Timestamp, LEASE_EXPIRED,
+    async_trait, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, Job, JobId,
+    JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result, Retry,
+    Store, StoreSettings, Timestamp, LEASE_EXPIRED,
 };
 use jobs_memory::MemoryServer;
 
@@ -109,6 +109,11 @@ impl Store for Mutant {
 
     async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
         self.bug.complete(&*self.inner, id, token, result).await
+    }
+
+    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
+        // Through the mutant's own `complete`, so a broken complete is broken here too.
+        Ok(jobs_core::complete_each(self, completions).await)
     }
 
     async fn fail(

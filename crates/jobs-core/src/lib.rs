@@ -12,7 +12,7 @@ pub mod validate;
 
 pub use backoff::Backoff;
 pub use error::{BoxError, Error, Result};
-pub use id::JobId;
+pub use id::{JobId, JobIdHasher, JobIdMap};
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, Job, JobState, Lease, LeaseToken,
     ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,

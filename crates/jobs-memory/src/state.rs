@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use jobs_core::{
-    Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState, Lease,
+    Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobIdMap, JobState, Lease,
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
     StoreSettings, Timestamp, LEASE_EXPIRED,
 };
@@ -36,7 +36,7 @@ struct QueueIndex {
 
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    jobs: HashMap<JobId, Record>,
+    jobs: JobIdMap<Record>,
     queues: HashMap<String, QueueIndex>,
     /// Running jobs by lease expiry, so reclaim touches only expired leases (R6).
     leases: BTreeSet<(Timestamp, JobId)>,

@@ -8,6 +8,7 @@
 //! job went: `queued`, `dead` or `cancelled`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use jobs_core::JobState;
 use metrics::{counter, histogram, Counter, Histogram};
@@ -80,9 +81,9 @@ impl QueueMetrics {
 
 /// Every handle one worker records to.
 pub(crate) struct WorkerMetrics {
-    queues: HashMap<String, QueueMetrics>,
+    queues: HashMap<String, Arc<QueueMetrics>>,
     /// For a job of a queue the worker does not serve (a store bug, logged).
-    other: QueueMetrics,
+    other: Arc<QueueMetrics>,
     reclaimed_queued: Counter,
     reclaimed_dead: Counter,
     reclaimed_cancelled: Counter,
@@ -95,9 +96,9 @@ impl WorkerMetrics {
         WorkerMetrics {
             queues: queues
                 .iter()
-                .map(|queue| (queue.clone(), QueueMetrics::new(queue)))
+                .map(|queue| (queue.clone(), Arc::new(QueueMetrics::new(queue))))
                 .collect(),
-            other: QueueMetrics::new("(unknown)"),
+            other: Arc::new(QueueMetrics::new("(unknown)")),
             reclaimed_queued: counter!(JOBS_RECLAIMED, "state" => "queued"),
             reclaimed_dead: counter!(JOBS_RECLAIMED, "state" => "dead"),
             reclaimed_cancelled: counter!(JOBS_RECLAIMED, "state" => "cancelled"),
@@ -106,7 +107,8 @@ impl WorkerMetrics {
         }
     }
 
-    pub(crate) fn queue(&self, queue: &str) -> &QueueMetrics {
+    /// Shared, so an outcome recorded later (a batched completion) counts where it belongs.
+    pub(crate) fn queue(&self, queue: &str) -> &Arc<QueueMetrics> {
         self.queues.get(queue).unwrap_or(&self.other)
     }
 

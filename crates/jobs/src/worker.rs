@@ -6,25 +6,27 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use jobs_core::validate::{validate_lease_ttl, validate_queue, validate_worker, MAX_CLAIM_LIMIT};
 use jobs_core::{
-    Backoff, ClaimRequest, ClaimedJob, Error, JobId, JobState, LeaseToken, Result, Retry, Store,
+    Backoff, ClaimRequest, ClaimedJob, Completion, Error, JobId, JobIdMap, JobState, LeaseToken,
+    Result, Retry, Store,
 };
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::handler::{
-    BytesHandler, CancelReason, CancelState, ErasedHandler, JobContext, JobError, JobOutput,
-    JsonHandler, RetryAdvice,
+    BytesHandler, CancelReason, CancelState, ErasedHandler, HandlerFuture, JobContext, JobError,
+    JobOutput, JsonHandler, RetryAdvice,
 };
 use crate::telemetry::{QueueMetrics, WorkerMetrics};
 
@@ -41,6 +43,8 @@ const REPORT_ATTEMPTS: u32 = 4;
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many heartbeats are in flight at once.
 const HEARTBEAT_FAN_OUT: usize = 32;
+/// The most completions handed to the store in one `complete_batch` call.
+const COMPLETION_BATCH: usize = 256;
 
 /// Configures and builds a [`Worker`]. Start with [`Worker::builder`].
 ///
@@ -241,7 +245,14 @@ impl WorkerBuilder {
                 ));
             }
             queue_names.push(queue.clone());
-            handlers.insert(queue, handler);
+            handlers.insert(
+                queue,
+                QueueHandler {
+                    handler,
+                    inline: AtomicBool::new(true),
+                    slow_polls: AtomicU32::new(0),
+                },
+            );
         }
         let worker_id = self.worker_id.unwrap_or_else(|| {
             format!(
@@ -313,7 +324,7 @@ impl WorkerBuilder {
 
 struct Config {
     store: Arc<dyn Store>,
-    handlers: HashMap<String, Arc<dyn ErasedHandler>>,
+    handlers: HashMap<String, QueueHandler>,
     queue_names: Vec<String>,
     worker_id: Arc<str>,
     concurrency: usize,
@@ -328,6 +339,15 @@ struct Config {
     purge_batch: usize,
     shutdown_grace: Duration,
     cancel_grace: Duration,
+}
+
+/// A queue's handler, and whether its jobs start inline (see [`start_job`]).
+struct QueueHandler {
+    handler: Arc<dyn ErasedHandler>,
+    /// Cleared for good once its first polls proved slow (see [`INLINE_POLL_LIMIT`]).
+    inline: AtomicBool,
+    /// First polls over the limit in a row.
+    slow_polls: AtomicU32,
 }
 
 /// A pool of handlers over one store: claims jobs from its queues, runs them, keeps
@@ -483,16 +503,18 @@ impl Worker {
     pub async fn run(self) {
         let Worker { config, shutdown } = self;
         let metrics = WorkerMetrics::new(&config.queue_names);
+        let (completions, completed) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             config,
             metrics,
-            running: Mutex::new(HashMap::new()),
+            running: Mutex::new(JobIdMap::default()),
+            completions,
             handlers_running: AtomicUsize::new(0),
             slot_freed: Notify::new(),
             reclaimed: Notify::new(),
         });
         let span = tracing::info_span!("worker", worker = %shared.config.worker_id);
-        run_loop(shared, shutdown).instrument(span).await;
+        run_loop(shared, completed, shutdown).instrument(span).await;
     }
 }
 
@@ -501,7 +523,9 @@ struct Shared {
     config: Config,
     metrics: WorkerMetrics,
     /// The jobs whose handlers are running, for the heartbeat.
-    running: Mutex<HashMap<JobId, RunningJob>>,
+    running: Mutex<JobIdMap<RunningJob>>,
+    /// Successes on their way to the store, recorded in batches by the claim loop.
+    completions: mpsc::UnboundedSender<Succeeded>,
     /// Handlers running now: what the concurrency limit counts.
     handlers_running: AtomicUsize,
     /// Woken when a handler returns and its slot is free.
@@ -511,7 +535,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn running(&self) -> MutexGuard<'_, HashMap<JobId, RunningJob>> {
+    fn running(&self) -> MutexGuard<'_, JobIdMap<RunningJob>> {
         // A panic while holding this lock cannot leave the map half-changed (every
         // critical section is one insert, remove or copy), so a poisoned lock is fine.
         self.running
@@ -526,7 +550,11 @@ struct RunningJob {
 }
 
 /// The claim loop, then the shutdown sequence.
-async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
+async fn run_loop(
+    shared: Arc<Shared>,
+    mut completed: mpsc::UnboundedReceiver<Succeeded>,
+    shutdown: CancellationToken,
+) {
     let config = &shared.config;
     let mut background = JoinSet::new();
     background.spawn(heartbeat_loop(shared.clone()));
@@ -543,6 +571,8 @@ async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     );
 
     let mut jobs: JoinSet<()> = JoinSet::new();
+    // Successes handed over by finished handlers, recorded together by this loop.
+    let mut succeeded: Vec<Succeeded> = Vec::with_capacity(COMPLETION_BATCH);
     let mut error_delay = ErrorDelay::default();
     loop {
         while let Some(done) = jobs.try_join_next() {
@@ -551,20 +581,24 @@ async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
         if shutdown.is_cancelled() {
             break;
         }
-        // A slot frees when its handler returns; the outcome call then finishes in the
-        // background, so it shares a store round trip (a group commit, a pipeline) with
-        // the claim that refills the slot instead of delaying it. Outcome calls in flight
-        // are bounded too, so a slow store pushes back on claiming.
+        take_completions(&mut completed, &mut succeeded);
         let free = config
             .concurrency
             .saturating_sub(shared.handlers_running.load(Ordering::Acquire));
+        // Failures and releases are reported by the jobs' tasks; those in flight are
+        // bounded too, so a slow store pushes back on claiming.
         if free == 0 || jobs.len() >= 2 * config.concurrency {
+            if !succeeded.is_empty() {
+                record_completions(&shared, &mut succeeded).await;
+                continue;
+            }
             tokio::select! {
                 done = jobs.join_next(), if !jobs.is_empty() => {
                     if let Some(done) = done {
                         log_job_task_end(done);
                     }
                 }
+                _ = completed.recv_many(&mut succeeded, COMPLETION_BATCH) => {}
                 () = shared.slot_freed.notified() => {}
                 () = shutdown.cancelled() => {}
             }
@@ -577,7 +611,15 @@ async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
             config.lease,
         )
         .limit(limit);
-        match config.store.claim(request).await {
+        // The completions and the claim that refills their slots go out together: they
+        // share a round trip (a group commit, a pipeline) where the store allows, and
+        // run one after the other on this task where it does not (the memory store),
+        // never contending for the same lock from two threads.
+        let ((), claimed) = tokio::join!(
+            record_completions(&shared, &mut succeeded),
+            config.store.claim(request)
+        );
+        match claimed {
             Ok(claimed) => {
                 error_delay.reset();
                 let full = claimed.len() >= limit;
@@ -595,6 +637,11 @@ async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
                 continue;
             }
         }
+        take_completions(&mut completed, &mut succeeded);
+        if !succeeded.is_empty() {
+            // Jobs that finished at once: record them before waiting for more work.
+            record_completions(&shared, &mut succeeded).await;
+        }
         tokio::select! {
             waited = config.store.wait_for_work(&config.queue_names, config.poll_interval) => {
                 if let Err(err) = waited {
@@ -603,6 +650,9 @@ async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
                     error_delay.wait(&shutdown).await;
                 }
             }
+            // A handler finished: its success is recorded and its slot refilled.
+            _ = completed.recv_many(&mut succeeded, COMPLETION_BATCH) => {}
+            () = shared.slot_freed.notified() => {}
             () = shared.reclaimed.notified() => {}
             () = shutdown.cancelled() => {}
         }
@@ -610,11 +660,10 @@ async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
 
     // Graceful shutdown: nothing new is claimed from here on.
     tracing::info!(running = jobs.len(), "worker shutting down");
-    let drained = tokio::time::timeout(config.shutdown_grace, async {
-        while let Some(done) = jobs.join_next().await {
-            log_job_task_end(done);
-        }
-    })
+    let drained = tokio::time::timeout(
+        config.shutdown_grace,
+        finish_jobs(&shared, &mut jobs, &mut completed, &mut succeeded),
+    )
     .await;
     if drained.is_err() {
         let left: Vec<Arc<CancelState>> = shared
@@ -629,16 +678,15 @@ async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
         for cancel in left {
             cancel.cancel(CancelReason::Shutdown);
         }
-        let released = tokio::time::timeout(RELEASE_TIMEOUT, async {
-            while let Some(done) = jobs.join_next().await {
-                log_job_task_end(done);
-            }
-        })
+        let released = tokio::time::timeout(
+            RELEASE_TIMEOUT,
+            finish_jobs(&shared, &mut jobs, &mut completed, &mut succeeded),
+        )
         .await;
         if released.is_err() {
             tracing::error!(
-                jobs = jobs.len(),
-                "could not release every job in time; their leases will expire"
+                jobs = jobs.len() + succeeded.len(),
+                "could not release or complete every job in time; their leases will expire"
             );
         }
     }
@@ -646,6 +694,49 @@ async fn run_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     drop(jobs);
     drop(background);
     tracing::info!("worker stopped");
+}
+
+/// Moves every success handed over so far into `succeeded`, up to a batch.
+fn take_completions(
+    completed: &mut mpsc::UnboundedReceiver<Succeeded>,
+    succeeded: &mut Vec<Succeeded>,
+) {
+    while succeeded.len() < COMPLETION_BATCH {
+        match completed.try_recv() {
+            Ok(done) => succeeded.push(done),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Waits for every job task to end, recording successes as they come (a success left
+/// waiting would let its lease run out), then records the last ones.
+async fn finish_jobs(
+    shared: &Shared,
+    jobs: &mut JoinSet<()>,
+    completed: &mut mpsc::UnboundedReceiver<Succeeded>,
+    succeeded: &mut Vec<Succeeded>,
+) {
+    loop {
+        take_completions(completed, succeeded);
+        if !succeeded.is_empty() {
+            record_completions(shared, succeeded).await;
+            continue;
+        }
+        tokio::select! {
+            done = jobs.join_next() => match done {
+                Some(done) => log_job_task_end(done),
+                None => break,
+            },
+            _ = completed.recv_many(succeeded, COMPLETION_BATCH) => {}
+        }
+    }
+    // Every task has ended; what it handed over is in the channel.
+    take_completions(completed, succeeded);
+    while !succeeded.is_empty() {
+        record_completions(shared, succeeded).await;
+        take_completions(completed, succeeded);
+    }
 }
 
 fn log_job_task_end(done: std::result::Result<(), tokio::task::JoinError>) {
@@ -681,34 +772,169 @@ impl ErrorDelay {
     }
 }
 
+/// Starts a claimed job's handler. A handler whose queue runs inline is polled once
+/// right here: most short handlers finish in that poll, and then the job costs no task,
+/// no wake-up and no thread hand-off. One that does not finish goes on in a task of its
+/// own, as every handler of a queue whose first polls proved slow does from the start.
 fn start_job(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: ClaimedJob) {
+    let config = &shared.config;
+    let token = claimed.token();
+    let ClaimedJob { job, payload } = claimed;
+    let id = job.id;
+    let span = tracing::info_span!(
+        "job",
+        queue = %job.queue,
+        id = %job.id,
+        attempt = job.attempts,
+    );
+    let _entered = span.enter();
+    let metrics = Arc::clone(shared.metrics.queue(&job.queue));
+    metrics.claimed.increment(1);
+    let picked_up_at = job
+        .started_at
+        .unwrap_or_else(|| config.store.settings().now());
+    metrics
+        .pickup_latency
+        .record(picked_up_at.duration_since(job.run_at).as_secs_f64());
+
+    let Some(queue) = config.handlers.get(&job.queue) else {
+        // Only a store breaking CONTRACT C4 hands out a job of a queue not asked for;
+        // give it back untouched rather than guess what to run.
+        tracing::error!("claimed a job of a queue this worker does not serve; releasing it");
+        let (shared, span) = (Arc::clone(shared), span.clone());
+        jobs.spawn(
+            async move { report_outcome(&shared, &metrics, id, token, Report::Release).await }
+                .instrument(span),
+        );
+        return;
+    };
+
     let cancel = Arc::new(CancelState::default());
-    shared.handlers_running.fetch_add(1, Ordering::AcqRel);
+    let slot = SlotGuard::take(shared);
     shared.running().insert(
-        claimed.id(),
+        id,
         RunningJob {
-            token: claimed.token(),
+            token,
             cancel: cancel.clone(),
         },
     );
-    let span = tracing::info_span!(
-        "job",
-        queue = %claimed.job.queue,
-        id = %claimed.job.id,
-        attempt = claimed.job.attempts,
+    let ctx = JobContext::new(
+        job,
+        token,
+        config.worker_id.clone(),
+        cancel.clone(),
+        config.store.clone(),
     );
-    jobs.spawn(run_job(shared.clone(), claimed, cancel).instrument(span));
+    let begun = Begun {
+        id,
+        token,
+        attempt: ctx.attempt(),
+        started: Instant::now(),
+        metrics,
+        cancel,
+    };
+    // Building the future runs the closure's synchronous part, which may panic too.
+    let handler = Arc::clone(&queue.handler);
+    let mut future = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(ctx, payload)))
+    {
+        Ok(future) => future,
+        Err(panic) => {
+            slot.free_inline();
+            let finished = Finished::Panicked(panic_message(panic.as_ref()));
+            conclude_inline(shared, jobs, begun, finished, &span);
+            return;
+        }
+    };
+    if queue.inline.load(Ordering::Relaxed) {
+        // No waker to give: if the handler is not done, its task polls it again at once
+        // and registers its own, so nothing it waits for can be missed.
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
+        if begun.started.elapsed() <= INLINE_POLL_LIMIT {
+            queue.slow_polls.store(0, Ordering::Relaxed);
+        } else if queue.slow_polls.fetch_add(1, Ordering::Relaxed) + 1 >= SLOW_POLLS_IN_A_ROW {
+            // A handler that computes before it first awaits would hold up the claim
+            // loop and every job behind it: from now on this queue's jobs start in tasks.
+            // One slow poll is not enough (the thread may just have been preempted).
+            queue.inline.store(false, Ordering::Relaxed);
+            tracing::info!(
+                "the handler's first polls are slow; its queue's jobs now start in tasks"
+            );
+        }
+        let finished = match polled {
+            Ok(Poll::Ready(result)) => Some(Finished::Returned(result)),
+            // Not done: it goes on below, in a task.
+            Ok(Poll::Pending) => None,
+            Err(panic) => Some(Finished::Panicked(panic_message(panic.as_ref()))),
+        };
+        if let Some(finished) = finished {
+            slot.free_inline();
+            conclude_inline(shared, jobs, begun, finished, &span);
+            return;
+        }
+    }
+    let shared = Arc::clone(shared);
+    let cancel_grace = config.cancel_grace;
+    jobs.spawn(
+        async move {
+            let finished = {
+                let _slot = slot;
+                run_handler(future, &begun.cancel, cancel_grace).await
+            };
+            if let Some(report) = conclude(&shared, &begun, finished) {
+                report_outcome(&shared, &begun.metrics, begun.id, begun.token, report).await;
+            }
+        }
+        .instrument(span.clone()),
+    );
 }
+
+/// First polls of a queue's handler taking longer than this, [`SLOW_POLLS_IN_A_ROW`]
+/// times in a row, move its jobs to tasks.
+const INLINE_POLL_LIMIT: Duration = Duration::from_micros(50);
+/// See [`INLINE_POLL_LIMIT`].
+const SLOW_POLLS_IN_A_ROW: u32 = 3;
 
 /// Frees the job's concurrency slot when dropped: when the handler returned, or when
 /// the task is aborted.
-struct SlotGuard<'a>(&'a Shared);
+struct SlotGuard {
+    shared: Arc<Shared>,
+    /// Whether to wake the claim loop: not when the claim loop frees it itself.
+    wake: bool,
+}
 
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        self.0.handlers_running.fetch_sub(1, Ordering::AcqRel);
-        self.0.slot_freed.notify_one();
+impl SlotGuard {
+    fn take(shared: &Arc<Shared>) -> Self {
+        shared.handlers_running.fetch_add(1, Ordering::AcqRel);
+        SlotGuard {
+            shared: Arc::clone(shared),
+            wake: true,
+        }
     }
+
+    /// Frees the slot from the claim loop, which will see it free without a wake-up.
+    fn free_inline(mut self) {
+        self.wake = false;
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.shared.handlers_running.fetch_sub(1, Ordering::AcqRel);
+        if self.wake {
+            self.shared.slot_freed.notify_one();
+        }
+    }
+}
+
+/// A job whose handler was called.
+struct Begun {
+    id: JobId,
+    token: LeaseToken,
+    attempt: u32,
+    started: Instant,
+    metrics: Arc<QueueMetrics>,
+    cancel: Arc<CancelState>,
 }
 
 /// How a handler ended.
@@ -721,57 +947,47 @@ enum Finished {
     Dropped,
 }
 
-async fn run_job(shared: Arc<Shared>, claimed: ClaimedJob, cancel: Arc<CancelState>) {
+/// Concludes a job that finished in its first poll: a success goes to the claim loop,
+/// any other outcome to a task of its own.
+fn conclude_inline(
+    shared: &Arc<Shared>,
+    jobs: &mut JoinSet<()>,
+    begun: Begun,
+    finished: Finished,
+    span: &tracing::Span,
+) {
+    if let Some(report) = conclude(shared, &begun, finished) {
+        let shared = Arc::clone(shared);
+        jobs.spawn(
+            async move {
+                report_outcome(&shared, &begun.metrics, begun.id, begun.token, report).await;
+            }
+            .instrument(span.clone()),
+        );
+    }
+}
+
+/// Takes a finished handler's job out of the heartbeat's hands and decides what to
+/// report. A success is handed to the claim loop here (`None` is returned, as when the
+/// lease was lost and there is nothing to report); the rest is left to the caller.
+fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report> {
     let config = &shared.config;
-    let token = claimed.token();
-    let ClaimedJob { job, payload } = claimed;
-    let id = job.id;
-    let queue_metrics = shared.metrics.queue(&job.queue);
-    queue_metrics.claimed.increment(1);
-    let picked_up_at = job
-        .started_at
-        .unwrap_or_else(|| config.store.settings().now());
-    queue_metrics
-        .pickup_latency
-        .record(picked_up_at.duration_since(job.run_at).as_secs_f64());
-
-    let Some(handler) = config.handlers.get(&job.queue).cloned() else {
-        drop(SlotGuard(&shared));
-        // Only a store breaking CONTRACT C4 hands out a job of a queue not asked for;
-        // give it back untouched rather than guess what to run.
-        shared.running().remove(&id);
-        tracing::error!("claimed a job of a queue this worker does not serve; releasing it");
-        report_outcome(&shared, queue_metrics, id, token, Report::Release).await;
-        return;
-    };
-
-    let ctx = JobContext::new(
-        job,
-        token,
-        config.worker_id.clone(),
-        cancel.clone(),
-        config.store.clone(),
-    );
-    let attempt = ctx.attempt();
-    let started = Instant::now();
-    let finished = {
-        let _slot = SlotGuard(&shared);
-        run_handler(handler.as_ref(), ctx, payload, &cancel, config.cancel_grace).await
-    };
-    queue_metrics
+    begun
+        .metrics
         .run_time
-        .record(started.elapsed().as_secs_f64());
+        .record(begun.started.elapsed().as_secs_f64());
     // From here the heartbeat leaves the job alone; the outcome call ends the lease.
-    shared.running().remove(&id);
+    shared.running().remove(&begun.id);
 
-    let reason = cancel.reason();
+    let reason = begun.cancel.reason();
     if reason == Some(CancelReason::LeaseLost) {
-        queue_metrics.lease_lost.increment(1);
+        begun.metrics.lease_lost.increment(1);
         tracing::warn!("lease lost while running; the job is no longer ours to report");
-        return;
+        return None;
     }
     let cancelled = reason == Some(CancelReason::Requested);
-    let outcome = match finished {
+    let attempt = begun.attempt;
+    let report = match finished {
         Finished::Returned(Ok(result)) => Report::Complete(result),
         Finished::Returned(Err(error)) if cancelled => {
             Report::Fail(format!("cancelled: {}", error.to_error_text()), None)
@@ -785,7 +1001,7 @@ async fn run_job(shared: Arc<Shared>, claimed: ClaimedJob, cancel: Arc<CancelSta
             Report::Fail(error.to_error_text(), retry_in)
         }
         Finished::Panicked(message) => {
-            queue_metrics.panicked.increment(1);
+            begun.metrics.panicked.increment(1);
             let text = format!("handler panicked: {message}");
             if cancelled {
                 Report::Fail(text, None)
@@ -799,25 +1015,117 @@ async fn run_job(shared: Arc<Shared>, claimed: ClaimedJob, cancel: Arc<CancelSta
         ),
         Finished::Dropped => Report::Release,
     };
-    report_outcome(&shared, queue_metrics, id, token, outcome).await;
+    let Report::Complete(result) = report else {
+        return Some(report);
+    };
+    // Successes are the common case and need no answer here: the claim loop records
+    // them in batches, so a thousand short jobs cost a few store calls.
+    let handed_over = shared.completions.send(Succeeded {
+        completion: Completion::new(begun.id, begun.token, result),
+        metrics: Arc::clone(&begun.metrics),
+    });
+    match handed_over {
+        Ok(()) => None,
+        Err(mpsc::error::SendError(succeeded)) => {
+            // The claim loop is gone only if the worker's own task was aborted midway;
+            // report this one directly rather than drop it.
+            Some(Report::Complete(succeeded.completion.result))
+        }
+    }
 }
 
-/// Runs the handler, catching its panics; when the job is cancelled, gives it the
-/// cancel grace period to return (none at shutdown, whose grace has already passed).
+/// A handler's success, waiting for the claim loop to record it.
+struct Succeeded {
+    completion: Completion,
+    metrics: Arc<QueueMetrics>,
+}
+
+/// Records a batch of successes with `complete_batch`, trying again what failed for
+/// an unavailable store, as `report_outcome` does for one job. Leaves `batch` empty.
+async fn record_completions(shared: &Shared, batch: &mut Vec<Succeeded>) {
+    if batch.is_empty() {
+        return;
+    }
+    let store = &shared.config.store;
+    let mut delay = Duration::from_millis(100);
+    for attempt in 1..=REPORT_ATTEMPTS {
+        let last_attempt = attempt == REPORT_ATTEMPTS;
+        let completions = batch.iter().map(|done| done.completion.clone()).collect();
+        let answers = match store.complete_batch(completions).await {
+            Ok(answers) => answers,
+            Err(err) if err.is_retryable() && !last_attempt => {
+                shared.metrics.store_errors.increment(1);
+                tracing::warn!(error = %err, jobs = batch.len(), "recording completions failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                continue;
+            }
+            Err(err) => {
+                shared.metrics.store_errors.increment(1);
+                tracing::error!(
+                    error = %err,
+                    jobs = batch.len(),
+                    "could not record completions; the leases will expire and the jobs run again"
+                );
+                batch.clear();
+                return;
+            }
+        };
+        if answers.len() != batch.len() {
+            shared.metrics.store_errors.increment(1);
+            tracing::error!(
+                entries = batch.len(),
+                answers = answers.len(),
+                "the store answered a different number of completions than it was given"
+            );
+        }
+        let mut again = Vec::new();
+        for (done, answer) in batch.drain(..).zip(answers) {
+            let id = done.completion.id;
+            match answer {
+                Ok(()) => {
+                    done.metrics.succeeded.increment(1);
+                    tracing::debug!(job = %id, "job succeeded");
+                }
+                Err(err) if err.is_retryable() && !last_attempt => again.push(done),
+                Err(err) if err.is_lease_lost() || err.is_not_found() => {
+                    done.metrics.lease_lost.increment(1);
+                    tracing::warn!(job = %id, error = %err, "lease lost before the outcome was recorded");
+                }
+                Err(err) => {
+                    shared.metrics.store_errors.increment(1);
+                    tracing::error!(
+                        job = %id,
+                        error = %err,
+                        "could not record the outcome; the lease will expire and the job run again"
+                    );
+                }
+            }
+        }
+        if again.is_empty() {
+            return;
+        }
+        shared.metrics.store_errors.increment(1);
+        tracing::warn!(jobs = again.len(), "recording completions failed; retrying");
+        *batch = again;
+        tokio::time::sleep(delay).await;
+        delay *= 2;
+    }
+}
+
+/// Runs a handler's future to its end, catching its panics; when the job is cancelled,
+/// gives it the cancel grace period to return (none at shutdown, whose grace has
+/// already passed).
 async fn run_handler(
-    handler: &dyn ErasedHandler,
-    ctx: JobContext,
-    payload: Bytes,
+    future: HandlerFuture,
     cancel: &CancelState,
     cancel_grace: Duration,
 ) -> Finished {
-    // Building the future runs the closure's synchronous part, which may panic too.
-    let future = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(ctx, payload))) {
-        Ok(future) => future,
-        Err(panic) => return Finished::Panicked(panic_message(panic.as_ref())),
-    };
     let mut future = AssertUnwindSafe(future).catch_unwind();
     let joined = tokio::select! {
+        // The handler first: most return at once, before a cancellation could matter,
+        // and polling the token first would register a waiter only to drop it.
+        biased;
         joined = &mut future => Some(joined),
         () = cancel.token.cancelled() => None,
     };
