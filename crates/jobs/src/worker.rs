@@ -249,8 +249,7 @@ impl WorkerBuilder {
                 queue,
                 QueueHandler {
                     handler,
-                    inline: AtomicBool::new(true),
-                    slow_polls: AtomicU32::new(0),
+                    inline: InlinePolls::new(),
                 },
             );
         }
@@ -344,10 +343,42 @@ struct Config {
 /// A queue's handler, and whether its jobs start inline (see [`start_job`]).
 struct QueueHandler {
     handler: Arc<dyn ErasedHandler>,
-    /// Cleared for good once its first polls proved slow (see [`INLINE_POLL_LIMIT`]).
-    inline: AtomicBool,
-    /// First polls over the limit in a row.
-    slow_polls: AtomicU32,
+    inline: InlinePolls,
+}
+
+/// Whether a queue's handlers get their first poll in the claim loop: yes, until
+/// [`SLOW_POLLS_IN_A_ROW`] first polls in a row took over [`INLINE_POLL_LIMIT`].
+///
+/// A handler that computes before it first awaits would hold up the claim loop and
+/// every job behind it; one slow poll is not enough to say so (the thread may just
+/// have been preempted). The decision is for good: such a handler stays slow.
+#[derive(Debug)]
+struct InlinePolls {
+    allowed: AtomicBool,
+    slow_in_a_row: AtomicU32,
+}
+
+impl InlinePolls {
+    fn new() -> Self {
+        InlinePolls {
+            allowed: AtomicBool::new(true),
+            slow_in_a_row: AtomicU32::new(0),
+        }
+    }
+
+    fn allowed(&self) -> bool {
+        self.allowed.load(Ordering::Relaxed)
+    }
+
+    /// Records how long a first poll took; true if that ended inline polls.
+    fn record(&self, took: Duration) -> bool {
+        if took <= INLINE_POLL_LIMIT {
+            self.slow_in_a_row.store(0, Ordering::Relaxed);
+            return false;
+        }
+        let in_a_row = self.slow_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        in_a_row >= SLOW_POLLS_IN_A_ROW && self.allowed.swap(false, Ordering::Relaxed)
+    }
 }
 
 /// A pool of handlers over one store: claims jobs from its queues, runs them, keeps
@@ -845,18 +876,12 @@ fn start_job(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: ClaimedJob) 
             return;
         }
     };
-    if queue.inline.load(Ordering::Relaxed) {
+    if queue.inline.allowed() {
         // No waker to give: if the handler is not done, its task polls it again at once
         // and registers its own, so nothing it waits for can be missed.
         let mut cx = Context::from_waker(futures::task::noop_waker_ref());
         let polled = std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
-        if begun.started.elapsed() <= INLINE_POLL_LIMIT {
-            queue.slow_polls.store(0, Ordering::Relaxed);
-        } else if queue.slow_polls.fetch_add(1, Ordering::Relaxed) + 1 >= SLOW_POLLS_IN_A_ROW {
-            // A handler that computes before it first awaits would hold up the claim
-            // loop and every job behind it: from now on this queue's jobs start in tasks.
-            // One slow poll is not enough (the thread may just have been preempted).
-            queue.inline.store(false, Ordering::Relaxed);
+        if queue.inline.record(begun.started.elapsed()) {
             tracing::info!(
                 "the handler's first polls are slow; its queue's jobs now start in tasks"
             );
@@ -893,7 +918,7 @@ fn start_job(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: ClaimedJob) 
 /// times in a row, move its jobs to tasks.
 const INLINE_POLL_LIMIT: Duration = Duration::from_micros(50);
 /// See [`INLINE_POLL_LIMIT`].
-const SLOW_POLLS_IN_A_ROW: u32 = 3;
+const SLOW_POLLS_IN_A_ROW: u32 = 4;
 
 /// Frees the job's concurrency slot when dropped: when the handler returned, or when
 /// the task is aborted.
@@ -1360,5 +1385,35 @@ async fn purge_loop(shared: Arc<Shared>, interval: Duration, stop: CancellationT
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_polls_end_after_slow_polls_in_a_row_only() {
+        let fast = INLINE_POLL_LIMIT;
+        let slow = INLINE_POLL_LIMIT + Duration::from_micros(1);
+        let polls = InlinePolls::new();
+        for _ in 0..10 {
+            for _ in 1..SLOW_POLLS_IN_A_ROW {
+                assert!(!polls.record(slow));
+            }
+            assert!(!polls.record(fast), "a fast poll breaks the streak");
+            assert!(polls.allowed());
+        }
+        for _ in 1..SLOW_POLLS_IN_A_ROW {
+            assert!(!polls.record(slow));
+        }
+        assert!(
+            polls.record(slow),
+            "the last slow poll of the streak ends inline polls"
+        );
+        assert!(!polls.allowed());
+        assert!(!polls.record(slow), "ended once, reported once");
+        assert!(!polls.record(fast));
+        assert!(!polls.allowed(), "for good");
     }
 }

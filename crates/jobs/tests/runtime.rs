@@ -11,6 +11,7 @@
 //! are skipped loudly when unreachable, and fail under `JOBS_REQUIRE_SERVICES=1`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -660,6 +661,207 @@ mod scenarios {
             .await
             .expect("the new holder completes");
     }
+
+    /// Successes reach the store through `complete_batch`, many per call, and every
+    /// one is recorded by the time shutdown returns.
+    pub async fn successes_are_recorded_in_batches(env: Env) {
+        const JOBS: usize = 300;
+        let store = env.store().await;
+        let jobs: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("quick")).collect();
+        store.enqueue_batch(jobs).await.expect("enqueue");
+        let counting = Arc::new(CountingStore {
+            inner: env.store().await,
+            completes: AtomicUsize::new(0),
+            batches: AtomicUsize::new(0),
+            batched_entries: AtomicUsize::new(0),
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(counting.clone(), "w").concurrency(32).handler(
+            "quick",
+            move |_ctx: JobContext, _payload: Bytes| {
+                let _ = tx.send(());
+                async { Ok::<(), JobError>(()) }
+            },
+        );
+        let handle = build(worker).spawn();
+        for _ in 0..JOBS {
+            recv(&mut rx, "every handler to run").await;
+        }
+        handle.shutdown().await;
+        let stats = store.stats("quick").await.expect("stats");
+        assert_eq!(
+            stats.succeeded, JOBS as u64,
+            "every success was recorded by shutdown"
+        );
+        assert_eq!(stats.total(), JOBS as u64);
+        assert_eq!(
+            counting.completes.load(Ordering::SeqCst),
+            0,
+            "no success went one by one"
+        );
+        assert_eq!(counting.batched_entries.load(Ordering::SeqCst), JOBS);
+        let batches = counting.batches.load(Ordering::SeqCst);
+        assert!(
+            batches * 4 <= JOBS,
+            "{JOBS} successes took {batches} complete_batch calls: they were not batched"
+        );
+    }
+
+    /// A handler's first poll runs in the worker's own task; once first polls of a
+    /// queue were slow four times in a row (a handler computing before it awaits), its
+    /// jobs start in tasks of their own. (That fast polls break a streak is a unit test
+    /// of the runtime: here, a fast poll preempted on a busy machine looks slow.)
+    pub async fn slow_first_polls_move_jobs_to_tasks(env: Env) {
+        let store = env.store().await;
+        // One job at a time, in this order.
+        let plan = [
+            "probe", "probe", "spin", "spin", "spin", "spin", "probe", "probe",
+        ];
+        for step in plan {
+            enqueue(
+                store.as_ref(),
+                NewJob::new("mixed").payload(step.as_bytes().to_vec()),
+            )
+            .await;
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(env.store().await, "w").concurrency(1).handler(
+            "mixed",
+            move |_ctx: JobContext, payload: Bytes| {
+                let tx = tx.clone();
+                async move {
+                    // The future's first poll: inline, or in a task of its own.
+                    let task = tokio::task::try_id();
+                    if &payload[..] == b"spin" {
+                        // Computes before its first await, as a CPU-bound handler does.
+                        let start = std::time::Instant::now();
+                        while start.elapsed() < Duration::from_millis(2) {
+                            std::hint::spin_loop();
+                        }
+                    } else {
+                        let _ = tx.send(task);
+                    }
+                    Ok::<(), JobError>(())
+                }
+            },
+        );
+        let handle = build(worker).spawn();
+        let mut probes = Vec::new();
+        for _ in 0..4 {
+            probes.push(recv(&mut rx, "a probe job").await);
+        }
+        handle.shutdown().await;
+        let worker_task = probes[0].expect("handlers run in tokio tasks");
+        assert_eq!(
+            probes[1],
+            Some(worker_task),
+            "fast first polls run inline, in the worker's task: {probes:?}"
+        );
+        let (third, fourth) = (probes[2], probes[3]);
+        assert!(
+            third.is_some() && third != Some(worker_task),
+            "after four slow first polls in a row, a job starts in a task of its own"
+        );
+        assert!(
+            fourth.is_some() && fourth != third && fourth != Some(worker_task),
+            "and so does every later one, each in its own task"
+        );
+        let stats = store.stats("mixed").await.expect("stats");
+        assert_eq!(stats.succeeded, plan.len() as u64);
+    }
+}
+
+/// Forwards every call to `inner`, counting how successes reach it.
+#[derive(Debug)]
+struct CountingStore {
+    inner: Arc<dyn Store>,
+    completes: AtomicUsize,
+    batches: AtomicUsize,
+    batched_entries: AtomicUsize,
+}
+
+#[async_trait]
+impl Store for CountingStore {
+    fn settings(&self) -> &StoreSettings {
+        self.inner.settings()
+    }
+    async fn enqueue(&self, job: NewJob) -> jobs::Result<jobs::Enqueued> {
+        self.inner.enqueue(job).await
+    }
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> jobs::Result<Vec<jobs::Enqueued>> {
+        self.inner.enqueue_batch(jobs).await
+    }
+    async fn get(&self, id: JobId) -> jobs::Result<jobs::Job> {
+        self.inner.get(id).await
+    }
+    async fn payload(&self, id: JobId) -> jobs::Result<Bytes> {
+        self.inner.payload(id).await
+    }
+    async fn children(&self, parent: JobId) -> jobs::Result<Vec<jobs::Job>> {
+        self.inner.children(parent).await
+    }
+    async fn claim(&self, request: jobs::ClaimRequest) -> jobs::Result<Vec<jobs::ClaimedJob>> {
+        self.inner.claim(request).await
+    }
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+    ) -> jobs::Result<jobs::Heartbeat> {
+        self.inner.heartbeat(id, token, ttl).await
+    }
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+    ) -> jobs::Result<()> {
+        self.completes.fetch_add(1, Ordering::SeqCst);
+        self.inner.complete(id, token, result).await
+    }
+    async fn complete_batch(
+        &self,
+        completions: Vec<jobs::Completion>,
+    ) -> jobs::Result<Vec<jobs::Result<()>>> {
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        self.batched_entries
+            .fetch_add(completions.len(), Ordering::SeqCst);
+        self.inner.complete_batch(completions).await
+    }
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: jobs::Retry,
+    ) -> jobs::Result<JobState> {
+        self.inner.fail(id, token, error, retry).await
+    }
+    async fn release(&self, id: JobId, token: LeaseToken) -> jobs::Result<()> {
+        self.inner.release(id, token).await
+    }
+    async fn reclaim(&self, limit: usize) -> jobs::Result<Vec<jobs::ReclaimedJob>> {
+        self.inner.reclaim(limit).await
+    }
+    async fn cancel(&self, id: JobId) -> jobs::Result<JobState> {
+        self.inner.cancel(id).await
+    }
+    async fn retry(&self, id: JobId) -> jobs::Result<()> {
+        self.inner.retry(id).await
+    }
+    async fn stats(&self, queue: &str) -> jobs::Result<jobs::QueueStats> {
+        self.inner.stats(queue).await
+    }
+    async fn list(&self, query: jobs::ListQuery) -> jobs::Result<jobs::ListPage> {
+        self.inner.list(query).await
+    }
+    async fn purge(&self, limit: usize) -> jobs::Result<u64> {
+        self.inner.purge(limit).await
+    }
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> jobs::Result<()> {
+        self.inner.wait_for_work(queues, timeout).await
+    }
 }
 
 macro_rules! runtime_tests {
@@ -682,6 +884,8 @@ macro_rules! runtime_tests {
                 panics_are_failed_attempts,
                 cancel_stops_the_handler,
                 lost_lease_cancels_the_handler,
+                successes_are_recorded_in_batches,
+                slow_first_polls_move_jobs_to_tasks,
             );
         }
     };
