@@ -35,8 +35,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    ClaimRequest, Clock, Enqueued, Error, JobId, JobState, LeaseToken, ListQuery, ManualClock,
-    NewJob, Retry, Store, Timestamp,
+    ClaimRequest, Clock, Completion, Enqueued, Error, JobId, JobState, LeaseToken, ListQuery,
+    ManualClock, NewJob, Retry, Store, Timestamp,
 };
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -632,6 +632,47 @@ impl Run {
                     .await;
                 agree("complete", id, want, got, |_, _| true)
                     .map(|note| format!("#{} token {}: {note}", c.job, c.token))
+            }
+            Op::CompleteBatch(entries) => {
+                let mut picked = Vec::new();
+                for (n, (claim, token, result)) in entries.iter().enumerate() {
+                    if let Some(c) = self.pick_claim(*claim, *token) {
+                        let result = result.then(|| format!("result {n} of step {step}"));
+                        picked.push((c, result.map(String::into_bytes)));
+                    }
+                }
+                if picked.is_empty() {
+                    return Ok("skipped: no claims yet".to_owned());
+                }
+                let completions = picked
+                    .iter()
+                    .map(|(c, result)| {
+                        Completion::new(
+                            self.ids[c.job],
+                            LeaseToken::new(c.token),
+                            result.clone().map(Into::into),
+                        )
+                    })
+                    .collect();
+                let answers = match self.store.complete_batch(completions).await {
+                    Ok(answers) => answers,
+                    Err(err) => return Err(format!("complete_batch failed as a whole: {err}")),
+                };
+                if answers.len() != picked.len() {
+                    return Err(format!(
+                        "complete_batch answered {} of {} entries",
+                        answers.len(),
+                        picked.len()
+                    ));
+                }
+                let mut notes = Vec::new();
+                for ((c, result), got) in picked.into_iter().zip(answers) {
+                    let id = self.ids[c.job];
+                    let want = self.model.complete(c.job, c.token, result);
+                    let note = agree("complete_batch entry", id, want, got, |_, _| true)?;
+                    notes.push(format!("#{} token {}: {note}", c.job, c.token));
+                }
+                Ok(notes.join("; "))
             }
             Op::Fail {
                 claim,

@@ -105,6 +105,9 @@ pub(crate) enum Op {
         token: Tok,
         result: bool,
     },
+    /// `complete_batch` of these entries (claim, token, with a result), in order; two
+    /// entries may name the same claim.
+    CompleteBatch(Vec<(Pick, Tok, bool)>),
     /// `retry_in`: `None` is `Retry::Never`, else `Retry::At(now + ms)`.
     Fail {
         claim: Pick,
@@ -291,6 +294,12 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
                     token,
                     result,
                 })
+                .sboxed(),
+        ),
+        (
+            2,
+            prop::collection::vec((pick(), forge.clone(), any::<bool>()), 1..=4)
+                .prop_map(Op::CompleteBatch)
                 .sboxed(),
         ),
         (
