@@ -100,18 +100,70 @@ impl JobId {
     }
 }
 
+/// Where the canonical text has its dashes.
+const DASHES: [usize; 4] = [8, 13, 18, 23];
+/// The length of the canonical text.
+const TEXT_LEN: usize = 36;
+
+impl JobId {
+    /// The canonical text (lower-case hex, dashes after the 8th, 12th, 16th and 20th
+    /// digit) as bytes on the stack. Backends format ids once or more per job on their
+    /// hot paths, so this avoids the formatting machinery and any allocation.
+    pub fn to_canonical_bytes(self) -> [u8; TEXT_LEN] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [b'-'; TEXT_LEN];
+        let mut digit = 0;
+        for (i, slot) in out.iter_mut().enumerate() {
+            if DASHES.contains(&i) {
+                continue;
+            }
+            // Truncation on purpose: one nibble at a time.
+            let nibble = (self.0 >> (124 - 4 * digit)) as usize & 0xf;
+            *slot = HEX[nibble];
+            digit += 1;
+        }
+        out
+    }
+
+    /// Appends the canonical text to `out`.
+    pub fn push_canonical(self, out: &mut String) {
+        let bytes = self.to_canonical_bytes();
+        // Every byte is an ASCII hex digit or a dash.
+        out.extend(bytes.iter().map(|&b| char::from(b)));
+    }
+
+    /// Parses the canonical text (hex digits of either case) from bytes, as a backend
+    /// reads them from a reply, without building a string first.
+    pub fn parse_canonical(bytes: &[u8]) -> Result<Self, Error> {
+        let invalid = || Error::invalid("id", "not a canonical UUID string");
+        if bytes.len() != TEXT_LEN {
+            return Err(invalid());
+        }
+        let mut value: u128 = 0;
+        for (i, byte) in bytes.iter().enumerate() {
+            if DASHES.contains(&i) {
+                if *byte != b'-' {
+                    return Err(invalid());
+                }
+                continue;
+            }
+            let nibble = match byte {
+                b'0'..=b'9' => byte - b'0',
+                b'a'..=b'f' => byte - b'a' + 10,
+                b'A'..=b'F' => byte - b'A' + 10,
+                _ => return Err(invalid()),
+            };
+            value = (value << 4) | u128::from(nibble);
+        }
+        Self::from_u128(value)
+    }
+}
+
 impl fmt::Display for JobId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex = format!("{:032x}", self.0);
-        write!(
-            f,
-            "{}-{}-{}-{}-{}",
-            &hex[0..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..32]
-        )
+        let bytes = self.to_canonical_bytes();
+        // ASCII by construction, so this never fails.
+        f.write_str(std::str::from_utf8(&bytes).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -125,20 +177,7 @@ impl FromStr for JobId {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Error> {
-        let bytes = s.as_bytes();
-        let canonical_shape = bytes.len() == 36
-            && [8, 13, 18, 23].iter().all(|&i| bytes[i] == b'-')
-            && bytes
-                .iter()
-                .enumerate()
-                .all(|(i, b)| matches!(i, 8 | 13 | 18 | 23) || b.is_ascii_hexdigit());
-        if !canonical_shape {
-            return Err(Error::invalid("id", "not a canonical UUID string"));
-        }
-        let hex: String = s.chars().filter(|c| *c != '-').collect();
-        let value = u128::from_str_radix(&hex, 16)
-            .map_err(|_| Error::invalid("id", "not a canonical UUID string"))?;
-        Self::from_u128(value)
+        Self::parse_canonical(s.as_bytes())
     }
 }
 
@@ -222,6 +261,39 @@ mod tests {
     }
 
     #[test]
+    fn canonical_text_matches_the_uuid_layout_and_parses_either_case() {
+        let value: u128 = 0x0123_4567_89ab_7def_8123_4567_89ab_cdef;
+        let id = JobId::from_u128(value).expect("a v7 id");
+        assert_eq!(id.to_string(), "01234567-89ab-7def-8123-456789abcdef");
+        assert_eq!(
+            &id.to_canonical_bytes(),
+            b"01234567-89ab-7def-8123-456789abcdef"
+        );
+        let mut out = String::from("id:");
+        id.push_canonical(&mut out);
+        assert_eq!(out, "id:01234567-89ab-7def-8123-456789abcdef");
+        assert_eq!(
+            JobId::parse_canonical(b"01234567-89AB-7DEF-8123-456789ABCDEF").ok(),
+            Some(id)
+        );
+        for millis in [0, 1, 1_764_000_000_000, 0xffff_ffff_ffff] {
+            let id = JobId::mint(Timestamp::from_millis(millis));
+            assert_eq!(id.to_string().parse::<JobId>().ok(), Some(id));
+        }
+        for bad in [
+            &b""[..],
+            b"x",
+            b"01234567-89ab-7def-8123-456789abcde",
+            b"01234567-89ab-7def-8123-456789abcdef0",
+            b"01234567+89ab-7def-8123-456789abcdef",
+            b"g1234567-89ab-7def-8123-456789abcdef",
+            b"0123456789ab-7def-8123-456789abcdef-",
+        ] {
+            assert!(JobId::parse_canonical(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn successor_carries_without_breaking_version_bits() {
         let id = (5u128 << 80) | VERSION_BITS | RAND_A_MASK | VARIANT_BITS | RAND_B_MASK;
         let next = JobId::successor(id);
@@ -238,7 +310,11 @@ mod tests {
             .map(|_| build.hash_one(JobId::mint(now)))
             .collect();
         let distinct: std::collections::HashSet<u64> = hashes.iter().copied().collect();
-        assert_eq!(distinct.len(), hashes.len(), "distinct ids, distinct hashes");
+        assert_eq!(
+            distinct.len(),
+            hashes.len(),
+            "distinct ids, distinct hashes"
+        );
         // hashbrown picks the bucket from the low bits and the control byte from the
         // top 7: both must vary.
         let low: std::collections::HashSet<u64> = hashes.iter().map(|h| h & 0x3ff).collect();
@@ -255,4 +331,3 @@ mod tests {
         }
     }
 }
-

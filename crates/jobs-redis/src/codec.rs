@@ -146,68 +146,20 @@ pub(crate) fn job_id(text: &str, what: &str) -> Result<JobId> {
 
 /// [`job_id`] from the bytes of a reply, without copying them into a `String` first.
 pub(crate) fn job_id_bytes(bytes: &[u8], what: &str) -> Result<JobId> {
-    match parse_canonical_id(bytes) {
-        Some(id) => Ok(id),
-        // Anything else `JobId` accepts (there is nothing else this crate writes) goes
-        // through its own parser, so the accepted forms stay exactly the same.
-        None => std::str::from_utf8(bytes)
-            .ok()
-            .and_then(|text| JobId::from_str(text).ok())
-            .ok_or_else(|| {
-                Error::corrupt(
-                    what,
-                    format!("bad job id {:?}", String::from_utf8_lossy(bytes)),
-                )
-            }),
-    }
+    JobId::parse_canonical(bytes).map_err(|_| {
+        Error::corrupt(
+            what,
+            format!("bad job id {:?}", String::from_utf8_lossy(bytes)),
+        )
+    })
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-/// The canonical text of `id` (36 characters, lowercase, dashes after the 8th, 12th,
-/// 16th and 20th digit), exactly `id.to_string()`, written without the formatting
-/// machinery: ids are formatted once or twice per job on every hot path.
-pub(crate) fn push_id(out: &mut String, id: JobId) {
-    let value = id.as_u128();
-    for digit in 0..32 {
-        if matches!(digit, 8 | 12 | 16 | 20) {
-            out.push('-');
-        }
-        let nibble = (value >> (124 - 4 * digit)) & 0xf;
-        out.push(char::from(HEX[nibble as usize]));
-    }
-}
-
-/// [`push_id`] into a new string.
+/// The canonical text of `id` in a new string (`JobId::push_canonical`, which skips
+/// the formatting machinery: ids are formatted once or twice per job on hot paths).
 pub(crate) fn id_string(id: JobId) -> String {
     let mut out = String::with_capacity(36);
-    push_id(&mut out, id);
+    id.push_canonical(&mut out);
     out
-}
-
-/// The id of a canonical text (as [`push_id`] writes it, either case of hex digits);
-/// `None` for anything else.
-fn parse_canonical_id(bytes: &[u8]) -> Option<JobId> {
-    if bytes.len() != 36 {
-        return None;
-    }
-    let mut value: u128 = 0;
-    for (i, byte) in bytes.iter().enumerate() {
-        if matches!(i, 8 | 13 | 18 | 23) {
-            if *byte != b'-' {
-                return None;
-            }
-            continue;
-        }
-        let nibble = match byte {
-            b'0'..=b'9' => byte - b'0',
-            b'a'..=b'f' => byte - b'a' + 10,
-            b'A'..=b'F' => byte - b'A' + 10,
-            _ => return None,
-        };
-        value = (value << 4) | u128::from(nibble);
-    }
-    JobId::from_u128(value).ok()
 }
 
 /// The id at the end of an index member (every member ends with the 36-character id).

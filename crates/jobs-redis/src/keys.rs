@@ -57,7 +57,7 @@ impl Keys {
         let mut out = String::with_capacity(self.prefix.len() + 4 + 36);
         out.push_str(&self.prefix);
         out.push_str("job:");
-        crate::codec::push_id(&mut out, id);
+        id.push_canonical(&mut out);
         out
     }
 
