@@ -55,11 +55,17 @@ impl Batch for Completions {
 
     async fn run(&self, calls: &[Completion]) -> Result<Vec<Outcome>> {
         let settings = &self.settings;
+        // Sent in id order. Two batches in flight can share a job (a second call
+        // for it goes in the next batch, which may start before this one ends); a
+        // plan that locks rows in input order then locks them in the same order in
+        // both, so they queue on each other instead of deadlocking.
+        let mut sorted: Vec<&Completion> = calls.iter().collect();
+        sorted.sort_unstable_by_key(|c| c.id);
         let rows = sqlx::query(self.shared.sql.complete.sql())
             .bind(&settings.namespace)
-            .bind(calls.iter().map(|c| PgUuid::from_id(c.id)).bind_iter())
-            .bind(calls.iter().map(|c| c.token).bind_iter())
-            .bind(calls.iter().map(|c| c.result.as_deref()).bind_iter())
+            .bind(sorted.iter().map(|c| PgUuid::from_id(c.id)).bind_iter())
+            .bind(sorted.iter().map(|c| c.token).bind_iter())
+            .bind(sorted.iter().map(|c| c.result.as_deref()).bind_iter())
             .bind(settings.now().as_millis())
             .fetch_all(&self.shared.pool)
             .await
