@@ -9,6 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use jobs_core::{Store, StoreSettings, SystemClock};
 
+use crate::housekeeping::Housekeeping;
+
 /// The backends this binary was built with, in the order `--backend all` runs them.
 pub fn compiled() -> Vec<&'static str> {
     let mut names = Vec::new();
@@ -50,6 +52,8 @@ pub struct Opened {
     pub store: Arc<dyn Store>,
     /// The namespace it writes to.
     pub namespace: String,
+    /// What the server would do on its own in production, where it does not here.
+    pub housekeeping: Housekeeping,
     cleanup: Cleanup,
 }
 
@@ -69,8 +73,10 @@ impl Opened {
         let Opened {
             store,
             namespace,
+            housekeeping,
             cleanup,
         } = self;
+        housekeeping.close().await;
         // Close the store's connections before removing what they point at.
         drop(store);
         match cleanup {
@@ -112,6 +118,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
             Ok(Opened {
                 store: Arc::new(store),
                 namespace,
+                housekeeping: Housekeeping::none(),
                 cleanup: Cleanup::Nothing,
             })
         }
@@ -129,6 +136,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
             Ok(Opened {
                 store: Arc::new(store),
                 namespace,
+                housekeeping: Housekeeping::none(),
                 cleanup: Cleanup::Dir(dir),
             })
         }
@@ -143,6 +151,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
             Ok(Opened {
                 store: Arc::new(store),
                 namespace,
+                housekeeping: Housekeeping::none(),
                 cleanup: Cleanup::Redis(client),
             })
         }
@@ -158,9 +167,11 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
             let store = jobs_postgres::PostgresStore::connect_with(config, settings)
                 .await
                 .map_err(|e| format!("connect postgres: {e}"))?;
+            let housekeeping = Housekeeping::postgres(&url, &schema).await?;
             Ok(Opened {
                 store: Arc::new(store),
                 namespace,
+                housekeeping,
                 cleanup: Cleanup::Postgres(url, schema),
             })
         }
@@ -275,9 +286,21 @@ pub async fn server_version(backend: &str) -> Result<String, String> {
                 .fetch_one(&pool)
                 .await
                 .map_err(|e| format!("synchronous_commit: {e}"))?;
+            let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| format!("autovacuum: {e}"))?;
             pool.close().await;
+            let vacuum = if autovacuum == "on" {
+                "autovacuum = on"
+            } else {
+                "autovacuum = off, so the bench stands in for it: ANALYZE after each fill, \
+                 VACUUM (ANALYZE) every 5 s while workers run"
+            };
             Ok(format!(
-                "PostgreSQL {version} (synchronous_commit = {sync})"
+                "PostgreSQL {version} (synchronous_commit = {sync}; {vacuum}); jobs-postgres's \
+                 default durability: {:?}",
+                jobs_postgres::Durability::default()
             ))
         }
         other => Err(format!("no server version for {other:?}")),

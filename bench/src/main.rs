@@ -14,6 +14,7 @@
 
 mod backends;
 mod drain;
+mod housekeeping;
 mod probe;
 mod progress;
 mod report;
@@ -116,8 +117,8 @@ async fn run(args: Args) -> Result<(), String> {
     let outcome = match workload.as_str() {
         "enqueue-one" => workloads::enqueue_one(store, &opts).await,
         "enqueue-batch" => workloads::enqueue_batch(store, &opts).await,
-        "e2e-backlog" => workloads::e2e_backlog(store, &opts).await,
-        "e2e-producer" => workloads::e2e_producer(store, &opts).await,
+        "e2e-backlog" => workloads::e2e_backlog(store, &opened.housekeeping, &opts).await,
+        "e2e-producer" => workloads::e2e_producer(store, &opened.housekeeping, &opts).await,
         "latency" => workloads::latency(store, &opts).await,
         "reclaim" => workloads::reclaim(store, &opts).await,
         other => Err(format!("unknown workload {other:?}")),

@@ -107,6 +107,7 @@ impl Probe {
 }
 
 async fn snapshot(backend: &str) -> Snapshot {
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(unused_mut))]
     let mut snap = Snapshot {
         client_cpu_us: process_cpu_us("self"),
         ..Snapshot::default()

@@ -7,6 +7,7 @@ use jobs_core::{ClaimRequest, JobState, NewJob, Store};
 use tokio::task::JoinSet;
 
 use crate::drain::{self, DrainConfig, Driver};
+use crate::housekeeping::Housekeeping;
 use crate::probe::Probe;
 use crate::progress::Progress;
 use crate::report::{millis, quantile, rate, Line};
@@ -126,10 +127,16 @@ pub async fn enqueue_batch(store: Arc<dyn Store>, opts: &Options) -> Result<(), 
 
 /// `e2e-backlog`: enqueue every job, then start the workers and time them from the
 /// first job started to the last completion stored.
-pub async fn e2e_backlog(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+pub async fn e2e_backlog(
+    store: Arc<dyn Store>,
+    housekeeping: &Housekeeping,
+    opts: &Options,
+) -> Result<(), String> {
     let fill_started = Instant::now();
     fill(store.as_ref(), 0..opts.jobs, opts.enqueue_batch.max(1)).await?;
     let fill_time = fill_started.elapsed();
+    housekeeping.after_fill().await?;
+    let _vacuum = housekeeping.while_draining();
     let progress = Arc::new(Progress::new(opts.jobs, false));
     let probe = Probe::start(&opts.backend).await;
     let workers = drain::start(
@@ -166,6 +173,7 @@ pub async fn e2e_backlog(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
         .num("seconds", span.as_secs_f64())
         .num("fill_seconds", fill_time.as_secs_f64())
         .int("drained", drained)
+        .flag("autovacuum_stand_in", housekeeping.active())
         .emit();
     Ok(())
 }
@@ -173,7 +181,12 @@ pub async fn e2e_backlog(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
 /// `e2e-producer`: start the workers on an empty queue, then one producer enqueues
 /// every job in batches while they run; timed from the first job started to the last
 /// completion stored.
-pub async fn e2e_producer(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+pub async fn e2e_producer(
+    store: Arc<dyn Store>,
+    housekeeping: &Housekeeping,
+    opts: &Options,
+) -> Result<(), String> {
+    let _vacuum = housekeeping.while_draining();
     let progress = Arc::new(Progress::new(opts.jobs, false));
     let probe = Probe::start(&opts.backend).await;
     let workers = drain::start(

@@ -560,11 +560,14 @@ async fn e2e(peer: &Peer, opts: &Options, producer_alongside: bool) -> Result<()
         ..Counter::default()
     });
     let mut fill_seconds = 0.0;
+    let housekeeping = Housekeeping::start(peer).await?;
     if !producer_alongside {
         let started = Instant::now();
         with_storage!(peer, storage => fill!(storage, 0..opts.jobs, opts.enqueue_batch))?;
         fill_seconds = started.elapsed().as_secs_f64();
+        housekeeping.after_fill().await?;
     }
+    let _vacuum = housekeeping.while_draining();
     let producer = if producer_alongside {
         let (jobs, batch) = (opts.jobs, opts.enqueue_batch);
         let handle = with_storage!(peer, storage => tokio::spawn(async move {
@@ -611,6 +614,58 @@ async fn e2e(peer: &Peer, opts: &Options, producer_alongside: bool) -> Result<()
     };
     line.emit();
     Ok(())
+}
+
+/// The stand-in for autovacuum that jobs-bench runs on its own PostgreSQL runs where
+/// the server has autovacuum off (see `bench/src/housekeeping.rs`), run the same way on
+/// apalis' table, so both queues drain on equal terms.
+struct Housekeeping(Option<apalis_postgres::PgPool>);
+
+impl Housekeeping {
+    const TABLE: &'static str = "apalis.jobs";
+    const VACUUM_EVERY: Duration = Duration::from_secs(5);
+
+    async fn start(peer: &Peer) -> Result<Self, String> {
+        let Peer::Postgres(p) = peer else {
+            return Ok(Housekeeping(None));
+        };
+        let autovacuum: String = sqlx::query_scalar("SELECT current_setting('autovacuum')")
+            .fetch_one(&p.pool)
+            .await
+            .map_err(|e| format!("SHOW autovacuum: {e}"))?;
+        Ok(Housekeeping((autovacuum != "on").then(|| p.pool.clone())))
+    }
+
+    async fn after_fill(&self) -> Result<(), String> {
+        match &self.0 {
+            Some(pool) => sqlx_execute(pool, &format!("ANALYZE {}", Self::TABLE)).await,
+            None => Ok(()),
+        }
+    }
+
+    fn while_draining(&self) -> Option<AbortOnDrop> {
+        let pool = self.0.clone()?;
+        Some(AbortOnDrop(tokio::spawn(async move {
+            let sql = format!("VACUUM (ANALYZE) {}", Self::TABLE);
+            let mut ticker = tokio::time::interval(Self::VACUUM_EVERY);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                if let Err(err) = sqlx_execute(&pool, &sql).await {
+                    eprintln!("housekeeping: {err}");
+                }
+            }
+        })))
+    }
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn info(opts: &Options) -> Result<(), String> {
