@@ -2,7 +2,7 @@
 //! few concurrent tokio tasks, in each durability mode.
 //!
 //! ```text
-//! cargo run --release -p jobs-sqlite --example throughput -- [jobs] [tasks] [claim-batch] [enqueue-batch] [durable-enqueues|full|normal]
+//! cargo run --release -p jobs-sqlite --example sqlite_throughput -- [jobs] [tasks] [claim-batch] [enqueue-batch] [durable-enqueues|full|normal]
 //! ```
 //!
 //! With an enqueue batch of 1 each task enqueues one job at a time; with more it uses

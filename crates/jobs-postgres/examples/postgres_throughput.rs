@@ -2,7 +2,7 @@
 //! and claim + complete. Not a test: it prints jobs per second.
 //!
 //! ```sh
-//! cargo run --release -p jobs-postgres --example throughput -- [jobs] [workers]
+//! cargo run --release -p jobs-postgres --example postgres_throughput -- [jobs] [workers]
 //! ```
 //!
 //! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and a fresh

@@ -1,7 +1,7 @@
 //! Ad-hoc throughput of the Redis store (not a test: numbers depend on the machine).
 //!
 //! ```text
-//! cargo run --release -p jobs-redis --example throughput -- [JOBS] [CONCURRENCY]
+//! cargo run --release -p jobs-redis --example redis_throughput -- [JOBS] [CONCURRENCY]
 //! ```
 //!
 //! Measures single enqueues from concurrent tasks, batched enqueues, and claim+complete
