@@ -53,16 +53,14 @@ impl Housekeeping {
         })
     }
 
-    /// Whether it stands in for autovacuum on this run.
-    pub fn active(&self) -> bool {
+    /// Who vacuums on this run, for the result line (a string: the result lines hold
+    /// only strings and numbers).
+    pub fn describe(&self) -> &'static str {
         #[cfg(feature = "postgres")]
-        {
-            self.target.is_some()
+        if self.target.is_some() {
+            return "bench stand-in";
         }
-        #[cfg(not(feature = "postgres"))]
-        {
-            false
-        }
+        "server or none needed"
     }
 
     /// Closes its connection.

@@ -41,12 +41,6 @@ impl Line {
         self
     }
 
-    /// Adds a boolean field.
-    pub fn flag(mut self, key: &str, value: bool) -> Self {
-        self.fields.insert(key.to_owned(), Value::Bool(value));
-        self
-    }
-
     /// Adds every field of `other`.
     pub fn merge(mut self, other: Line) -> Self {
         self.fields.extend(other.fields);

@@ -173,7 +173,7 @@ pub async fn e2e_backlog(
         .num("seconds", span.as_secs_f64())
         .num("fill_seconds", fill_time.as_secs_f64())
         .int("drained", drained)
-        .flag("autovacuum_stand_in", housekeeping.active())
+        .text("vacuum", housekeeping.describe())
         .emit();
     Ok(())
 }
