@@ -6,7 +6,7 @@
 //! The first completion after a quiet spell goes out at once (no waiting for a batch to
 //! fill); completions arriving while batches are in flight make up the next batch.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use jobs_core::{Bytes, Error, JobId, LeaseToken, Result, Timestamp};
 use redis::Value;
@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::codec::{array, id_string, text};
 use crate::conn::{map_err, Conn};
+use crate::feeder::Feeder;
 use crate::keys::Keys;
 use crate::scripts;
 
@@ -36,7 +37,7 @@ struct Request {
 pub(crate) struct Completer {
     conn: Conn,
     keys: Keys,
-    sender: Mutex<Option<mpsc::UnboundedSender<Request>>>,
+    feeder: Feeder<Request>,
 }
 
 impl Completer {
@@ -44,7 +45,7 @@ impl Completer {
         Completer {
             conn,
             keys,
-            sender: Mutex::new(None),
+            feeder: Feeder::new(),
         }
     }
 
@@ -73,20 +74,8 @@ impl Completer {
     }
 
     fn submit(&self, request: Request) {
-        let mut sender = self.sender.lock().unwrap_or_else(|p| p.into_inner());
-        let request = match sender.as_ref() {
-            Some(live) => match live.send(request) {
-                Ok(()) => return,
-                // The task is gone (its runtime shut down): start a new one.
-                Err(mpsc::error::SendError(request)) => request,
-            },
-            None => request,
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, self.conn.clone(), self.keys.clone()));
-        // The receiver is alive: it was just created and moved into the task.
-        let _ = tx.send(request);
-        *sender = Some(tx);
+        self.feeder
+            .send(request, |rx| run(rx, self.conn.clone(), self.keys.clone()));
     }
 }
 

@@ -7,7 +7,7 @@
 //! points at a job it was not given (Rust calls again with that job's hash), or refuses
 //! the run before writing anything when a parent is missing.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{Enqueued, Error, JobId, NewJob, Result, Timestamp};
@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::codec::{array, encode_meta, id_string, int, job_id, text};
 use crate::conn::{map_err, Conn};
+use crate::feeder::Feeder;
 use crate::keys::Keys;
 use crate::scripts;
 
@@ -238,14 +239,14 @@ struct Request {
 /// the next one. Its task ends when the store (and so the sender) drops.
 pub(crate) struct Enqueuer {
     ctx: Ctx,
-    sender: Mutex<Option<mpsc::UnboundedSender<Request>>>,
+    feeder: Feeder<Request>,
 }
 
 impl Enqueuer {
     pub(crate) fn new(ctx: Ctx) -> Self {
         Enqueuer {
             ctx,
-            sender: Mutex::new(None),
+            feeder: Feeder::new(),
         }
     }
 
@@ -262,20 +263,8 @@ impl Enqueuer {
     }
 
     fn submit(&self, request: Request) {
-        let mut sender = self.sender.lock().unwrap_or_else(|p| p.into_inner());
-        let request = match sender.as_ref() {
-            Some(live) => match live.send(request) {
-                Ok(()) => return,
-                // The task is gone (its runtime shut down): start a new one.
-                Err(mpsc::error::SendError(request)) => request,
-            },
-            None => request,
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(group_loop(rx, self.ctx.clone()));
-        // The receiver is alive: it was just created and moved into the task.
-        let _ = tx.send(request);
-        *sender = Some(tx);
+        self.feeder
+            .send(request, |rx| group_loop(rx, self.ctx.clone()));
     }
 }
 

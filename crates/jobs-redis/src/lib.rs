@@ -5,6 +5,7 @@ mod batch;
 mod codec;
 mod conn;
 mod enqueue;
+mod feeder;
 mod keys;
 mod scripts;
 mod store;
