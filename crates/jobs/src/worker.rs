@@ -1068,23 +1068,18 @@ struct Succeeded {
 /// Records a batch of successes with `complete_batch`, trying again what failed for
 /// an unavailable store, as `report_outcome` does for one job. Leaves `batch` empty.
 async fn record_completions(shared: &Shared, batch: &mut Vec<Succeeded>) {
-    if batch.is_empty() {
-        return;
-    }
     let store = &shared.config.store;
     let mut delay = Duration::from_millis(100);
     for attempt in 1..=REPORT_ATTEMPTS {
+        if batch.is_empty() {
+            return;
+        }
         let last_attempt = attempt == REPORT_ATTEMPTS;
         let completions = batch.iter().map(|done| done.completion.clone()).collect();
-        let answers = match store.complete_batch(completions).await {
-            Ok(answers) => answers,
-            Err(err) if err.is_retryable() && !last_attempt => {
-                shared.metrics.store_errors.increment(1);
-                tracing::warn!(error = %err, jobs = batch.len(), "recording completions failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-                continue;
-            }
+        // What to try again after the back-off: the whole batch, or its failed entries.
+        let again = match store.complete_batch(completions).await {
+            Ok(answers) => answer_each(shared, batch, answers, last_attempt),
+            Err(err) if err.is_retryable() && !last_attempt => std::mem::take(batch),
             Err(err) => {
                 shared.metrics.store_errors.increment(1);
                 tracing::error!(
@@ -1096,37 +1091,6 @@ async fn record_completions(shared: &Shared, batch: &mut Vec<Succeeded>) {
                 return;
             }
         };
-        if answers.len() != batch.len() {
-            shared.metrics.store_errors.increment(1);
-            tracing::error!(
-                entries = batch.len(),
-                answers = answers.len(),
-                "the store answered a different number of completions than it was given"
-            );
-        }
-        let mut again = Vec::new();
-        for (done, answer) in batch.drain(..).zip(answers) {
-            let id = done.completion.id;
-            match answer {
-                Ok(()) => {
-                    done.metrics.succeeded.increment(1);
-                    tracing::debug!(job = %id, "job succeeded");
-                }
-                Err(err) if err.is_retryable() && !last_attempt => again.push(done),
-                Err(err) if err.is_lease_lost() || err.is_not_found() => {
-                    done.metrics.lease_lost.increment(1);
-                    tracing::warn!(job = %id, error = %err, "lease lost before the outcome was recorded");
-                }
-                Err(err) => {
-                    shared.metrics.store_errors.increment(1);
-                    tracing::error!(
-                        job = %id,
-                        error = %err,
-                        "could not record the outcome; the lease will expire and the job run again"
-                    );
-                }
-            }
-        }
         if again.is_empty() {
             return;
         }
@@ -1136,6 +1100,48 @@ async fn record_completions(shared: &Shared, batch: &mut Vec<Succeeded>) {
         tokio::time::sleep(delay).await;
         delay *= 2;
     }
+}
+
+/// Counts and logs each answer of a `complete_batch` call, draining `batch`; returns
+/// the entries the store was unavailable for, to try again unless this was the last try.
+fn answer_each(
+    shared: &Shared,
+    batch: &mut Vec<Succeeded>,
+    answers: Vec<Result<()>>,
+    last_attempt: bool,
+) -> Vec<Succeeded> {
+    if answers.len() != batch.len() {
+        shared.metrics.store_errors.increment(1);
+        tracing::error!(
+            entries = batch.len(),
+            answers = answers.len(),
+            "the store answered a different number of completions than it was given"
+        );
+    }
+    let mut again = Vec::new();
+    for (done, answer) in batch.drain(..).zip(answers) {
+        let id = done.completion.id;
+        match answer {
+            Ok(()) => {
+                done.metrics.succeeded.increment(1);
+                tracing::debug!(job = %id, "job succeeded");
+            }
+            Err(err) if err.is_retryable() && !last_attempt => again.push(done),
+            Err(err) if err.is_lease_lost() || err.is_not_found() => {
+                done.metrics.lease_lost.increment(1);
+                tracing::warn!(job = %id, error = %err, "lease lost before the outcome was recorded");
+            }
+            Err(err) => {
+                shared.metrics.store_errors.increment(1);
+                tracing::error!(
+                    job = %id,
+                    error = %err,
+                    "could not record the outcome; the lease will expire and the job run again"
+                );
+            }
+        }
+    }
+    again
 }
 
 /// Runs a handler's future to its end, catching its panics; when the job is cancelled,

@@ -669,12 +669,7 @@ mod scenarios {
         let store = env.store().await;
         let jobs: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("quick")).collect();
         store.enqueue_batch(jobs).await.expect("enqueue");
-        let counting = Arc::new(CountingStore {
-            inner: env.store().await,
-            completes: AtomicUsize::new(0),
-            batches: AtomicUsize::new(0),
-            batched_entries: AtomicUsize::new(0),
-        });
+        let counting = Arc::new(CountingStore::new(env.store().await, 0));
         let (tx, mut rx) = mpsc::unbounded_channel();
         let worker = test_worker(counting.clone(), "w").concurrency(32).handler(
             "quick",
@@ -704,6 +699,39 @@ mod scenarios {
         assert!(
             batches * 4 <= JOBS,
             "{JOBS} successes took {batches} complete_batch calls: they were not batched"
+        );
+    }
+
+    /// A `complete_batch` that fails as a whole with the store unavailable is tried
+    /// again after a back-off, and every success is recorded once.
+    pub async fn unavailable_completions_are_tried_again(env: Env) {
+        const JOBS: usize = 20;
+        let store = env.store().await;
+        let jobs: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("quick")).collect();
+        store.enqueue_batch(jobs).await.expect("enqueue");
+        let counting = Arc::new(CountingStore::new(env.store().await, 2));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(counting.clone(), "w")
+            .concurrency(JOBS)
+            .handler("quick", move |_ctx: JobContext, _payload: Bytes| {
+                let _ = tx.send(());
+                async { Ok::<(), JobError>(()) }
+            });
+        let handle = build(worker).spawn();
+        for _ in 0..JOBS {
+            recv(&mut rx, "every handler to run").await;
+        }
+        handle.shutdown().await;
+        let stats = store.stats("quick").await.expect("stats");
+        assert_eq!(
+            stats.succeeded, JOBS as u64,
+            "recorded after the store came back"
+        );
+        assert_eq!(stats.total(), JOBS as u64, "no job lost or added");
+        assert_eq!(counting.unavailable_batches.load(Ordering::SeqCst), 0);
+        assert!(
+            counting.batches.load(Ordering::SeqCst) >= 3,
+            "two refused calls, then one that took"
         );
     }
 
@@ -778,6 +806,20 @@ struct CountingStore {
     completes: AtomicUsize,
     batches: AtomicUsize,
     batched_entries: AtomicUsize,
+    /// This many `complete_batch` calls fail as a whole, unavailable, writing nothing.
+    unavailable_batches: AtomicUsize,
+}
+
+impl CountingStore {
+    fn new(inner: Arc<dyn Store>, unavailable_batches: usize) -> Self {
+        CountingStore {
+            inner,
+            completes: AtomicUsize::new(0),
+            batches: AtomicUsize::new(0),
+            batched_entries: AtomicUsize::new(0),
+            unavailable_batches: AtomicUsize::new(unavailable_batches),
+        }
+    }
 }
 
 #[async_trait]
@@ -825,6 +867,16 @@ impl Store for CountingStore {
         completions: Vec<jobs::Completion>,
     ) -> jobs::Result<Vec<jobs::Result<()>>> {
         self.batches.fetch_add(1, Ordering::SeqCst);
+        let refuse = self
+            .unavailable_batches
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refuse {
+            return Err(jobs::Error::Unavailable {
+                message: "test: the store is down".to_owned(),
+                source: None,
+            });
+        }
         self.batched_entries
             .fetch_add(completions.len(), Ordering::SeqCst);
         self.inner.complete_batch(completions).await
@@ -885,6 +937,7 @@ macro_rules! runtime_tests {
                 cancel_stops_the_handler,
                 lost_lease_cancels_the_handler,
                 successes_are_recorded_in_batches,
+                unavailable_completions_are_tried_again,
                 slow_first_polls_move_jobs_to_tasks,
             );
         }
