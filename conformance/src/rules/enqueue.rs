@@ -36,7 +36,8 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
                 .priority(7)
                 .run_at(run_at)
                 .max_attempts(3)
-                .parent(parent),
+                .parent(parent)
+                .timeout(Duration::from_millis(90_500)),
         )
         .await
         .must("E1: enqueue");
@@ -54,6 +55,7 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
         run_at,
         max_attempts: 3,
         parent: Some(parent),
+        timeout: Some(Duration::from_millis(90_500)),
         state: JobState::Queued,
         attempts: 0,
         lease: None,
@@ -91,6 +93,7 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
             run_at: later,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             parent: None,
+            timeout: None,
             state: JobState::Queued,
             attempts: 0,
             lease: None,
@@ -108,6 +111,69 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
         store.payload(plain).await.must("E1: payload").is_empty(),
         "E1: the default payload is empty"
     );
+}
+
+/// E1: a job's timeout is stored exactly and shown by `get`, `claim`, `list` and
+/// `children`, whether it was enqueued alone or in a batch; a job without one shows none.
+pub async fn e1_timeout_round_trips(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let parent = enqueue(&*store, NewJob::new("parents"), "E1: parent").await;
+    let alone = Duration::from_millis(1);
+    let batched = Duration::from_secs(366 * 24 * 60 * 60);
+    let single = enqueue(
+        &*store,
+        NewJob::new("q").timeout(alone).parent(parent),
+        "E1: enqueue with a timeout",
+    )
+    .await;
+    let answers = store
+        .enqueue_batch(vec![
+            NewJob::new("q").timeout(batched).parent(parent),
+            NewJob::new("q").parent(parent),
+        ])
+        .await
+        .must("E1: enqueue_batch with timeouts");
+    let expected = [
+        (single, Some(alone)),
+        (answers[0].id, Some(batched)),
+        (answers[1].id, None),
+    ];
+    for (id, timeout) in expected {
+        assert_eq!(
+            get(&*store, id, "E1 timeout").await.timeout,
+            timeout,
+            "E1: get shows the timeout as enqueued"
+        );
+    }
+    let listed = list_all(&*store, "q", None, "E1 timeout").await;
+    for (id, timeout) in expected {
+        let job = listed.iter().find(|job| job.id == id);
+        assert_eq!(
+            job.map(|job| job.timeout),
+            Some(timeout),
+            "E1: list shows the timeout as enqueued"
+        );
+    }
+    let children = store.children(parent).await.must("E1: children");
+    assert_eq!(
+        children.iter().map(|job| job.timeout).collect::<Vec<_>>(),
+        expected
+            .iter()
+            .map(|(_, timeout)| *timeout)
+            .collect::<Vec<_>>(),
+        "E1: children show the timeout as enqueued"
+    );
+    let claimed = drain(&*store, &["q"], "E1 timeout").await;
+    assert_eq!(claimed.len(), 3, "E1: every job is claimable");
+    for (id, timeout) in expected {
+        let job = claimed.iter().find(|job| job.id() == id);
+        assert_eq!(
+            job.map(|job| job.job.timeout),
+            Some(timeout),
+            "E1: claim hands the timeout to the worker"
+        );
+    }
 }
 
 /// E1: an empty payload is stored and returned as empty, by `payload` and by `claim`.
@@ -829,6 +895,25 @@ pub async fn e7_zero_max_attempts_is_refused(harness: &dyn Harness) {
         "E7: max_attempts = 0",
     )
     .await;
+}
+
+/// E7: a timeout of zero, or one that is not whole milliseconds, is refused naming
+/// `timeout`; nothing is written.
+pub async fn e7_bad_timeout_is_refused(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    for (timeout, key) in [
+        (Duration::ZERO, "e7-timeout-zero"),
+        (Duration::from_micros(1_500), "e7-timeout-fraction"),
+    ] {
+        assert_refused(
+            &*store,
+            NewJob::new("q").timeout(timeout).idempotency_key(key),
+            "timeout",
+            &format!("E7: timeout {timeout:?}"),
+        )
+        .await;
+    }
 }
 
 /// E7: an unknown parent (never enqueued, or vanished) is refused naming `parent`;

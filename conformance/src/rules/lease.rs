@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    validate, Bytes, ClaimedJob, Clock, Completion, Heartbeat, Job, JobId, JobState, LeaseToken,
-    NewJob, QueueStats, Retry, Store,
+    validate, Bytes, ClaimedJob, Clock, Completion, Heartbeat, HeldLease, Job, JobId, JobState,
+    LeaseToken, NewJob, QueueStats, Retry, Store,
 };
 
 use super::support::{
@@ -825,4 +825,158 @@ pub async fn l9_holder_racing_reclaim_has_one_winner(harness: &dyn Harness) {
         seed.reclaim(100).await.must("L9").is_empty(),
         "L9: every race was settled"
     );
+}
+
+/// L1 through `heartbeat_batch`: every entry extends its lease to now + ttl and answers
+/// as `heartbeat` would (new expiry, cancel requested), in order; an empty batch
+/// answers nothing; an invalid ttl fails the whole call.
+pub async fn l1_heartbeat_batch_extends_each_lease(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let id = enqueue(&*store, NewJob::new("q"), "L1 batch").await;
+        held.push(claim_expecting(&*store, "q", id, "L1 batch").await);
+    }
+    let cancelled = held[1].id();
+    store
+        .cancel(cancelled)
+        .await
+        .must("L1: cancel a running job");
+    env.clock.advance(Duration::from_secs(7));
+    let ttl = Duration::from_secs(45);
+    let leases = held
+        .iter()
+        .map(|job| HeldLease::new(job.id(), job.token()))
+        .collect();
+    let answers = store
+        .heartbeat_batch(leases, ttl)
+        .await
+        .must("L1: heartbeat_batch");
+    assert_eq!(answers.len(), held.len(), "L1: one answer per entry");
+    let expires_at = env.clock.now().saturating_add(ttl);
+    for (job, answer) in held.iter().zip(answers) {
+        let beat = answer.must("L1: each entry of heartbeat_batch");
+        assert_eq!(
+            beat,
+            Heartbeat {
+                cancel_requested: job.id() == cancelled,
+                expires_at,
+            },
+            "L1: heartbeat_batch answers each entry as heartbeat would"
+        );
+        let stored = get(&*store, job.id(), "L1 batch").await;
+        assert_eq!(
+            stored
+                .lease
+                .as_ref()
+                .map(|lease| (lease.token, lease.expires_at)),
+            Some((job.token(), expires_at)),
+            "L1: heartbeat_batch extends each lease to now + ttl"
+        );
+        assert_eq!(
+            stored.heartbeat_at,
+            Some(env.clock.now()),
+            "L1: heartbeat_batch records the heartbeat time"
+        );
+    }
+    assert!(
+        store
+            .heartbeat_batch(Vec::new(), ttl)
+            .await
+            .must("L1: an empty heartbeat_batch")
+            .is_empty(),
+        "L1: an empty heartbeat_batch answers nothing"
+    );
+    let before = get(&*store, held[0].id(), "L1 batch").await;
+    expect_invalid(
+        store
+            .heartbeat_batch(
+                vec![HeldLease::new(held[0].id(), held[0].token())],
+                Duration::ZERO,
+            )
+            .await,
+        "lease_ttl",
+        "L1: heartbeat_batch with a zero ttl",
+    );
+    assert_unchanged(&*store, &before, "L1: heartbeat_batch with a zero ttl").await;
+}
+
+/// L1–L3 through `heartbeat_batch`: an entry with a stale token is lease lost, one for
+/// an unknown job not found, one for a finished job lease lost; none of them stops the
+/// entries after it, and the jobs they name are left as they were.
+pub async fn l1_heartbeat_batch_answers_each_entry_alone(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let id = enqueue(&*store, NewJob::new("q"), "L1 batch").await;
+        held.push(claim_expecting(&*store, "q", id, "L1 batch").await);
+    }
+    let (first, released, completed, last) = (&held[0], &held[1], &held[2], &held[3]);
+    store
+        .release(released.id(), released.token())
+        .await
+        .must("L1: release");
+    store
+        .complete(completed.id(), completed.token(), None)
+        .await
+        .must("L1: complete");
+    let released_before = get(&*store, released.id(), "L1 batch").await;
+    let completed_before = get(&*store, completed.id(), "L1 batch").await;
+    let unknown = JobId::mint(env.clock.now());
+    env.clock.advance(Duration::from_secs(3));
+    let answers = store
+        .heartbeat_batch(
+            vec![
+                HeldLease::new(first.id(), first.token()),
+                HeldLease::new(released.id(), released.token()),
+                HeldLease::new(unknown, LeaseToken::new(1)),
+                HeldLease::new(completed.id(), completed.token()),
+                HeldLease::new(last.id(), last.token()),
+            ],
+            TTL,
+        )
+        .await
+        .must("L1: heartbeat_batch");
+    assert_eq!(answers.len(), 5, "L1: heartbeat_batch answers every entry");
+    let mut answers = answers.into_iter();
+    let expires_at = env.clock.now().saturating_add(TTL);
+    let first_answer = answers.next().expect("five answers");
+    assert_eq!(
+        first_answer.must("L1: the first entry").expires_at,
+        expires_at,
+        "L1: a good entry before bad ones is extended"
+    );
+    expect_lease_lost(
+        answers.next().expect("five answers"),
+        released.id(),
+        "L1: a released job's token in a batch",
+    );
+    expect_not_found(
+        answers.next().expect("five answers"),
+        unknown,
+        "L1: an unknown job in a batch",
+    );
+    expect_lease_lost(
+        answers.next().expect("five answers"),
+        completed.id(),
+        "L1: a completed job's token in a batch",
+    );
+    assert_eq!(
+        answers
+            .next()
+            .expect("five answers")
+            .must("L1: the last entry")
+            .expires_at,
+        expires_at,
+        "L1: a good entry after bad ones is extended"
+    );
+    assert_unchanged(&*store, &released_before, "L1: a stale entry in a batch").await;
+    assert_unchanged(
+        &*store,
+        &completed_before,
+        "L1: a finished entry in a batch",
+    )
+    .await;
 }

@@ -14,12 +14,12 @@ pub use backoff::Backoff;
 pub use error::{BoxError, Error, Result};
 pub use id::{JobId, JobIdHasher, JobIdMap};
 pub use model::{
-    ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, Job, JobState, Lease, LeaseToken,
-    ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
+    ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
 };
 pub use order::ReadyOrder;
-pub use store::{complete_each, Store, StoreExt};
+pub use store::{complete_each, heartbeat_each, Store, StoreExt};
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
 
 /// The `last_error` a job gets when its lease expires and `reclaim` takes it back

@@ -141,6 +141,9 @@ pub struct NewJob {
     pub max_attempts: u32,
     /// The job that spawned this one.
     pub parent: Option<JobId>,
+    /// How long one attempt may run before the worker cancels it and fails the attempt
+    /// as timed out; `None` leaves it to the worker's default.
+    pub timeout: Option<Duration>,
 }
 
 impl NewJob {
@@ -155,6 +158,7 @@ impl NewJob {
             run_at: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             parent: None,
+            timeout: None,
         }
     }
 
@@ -207,6 +211,13 @@ impl NewJob {
         self.parent = Some(parent);
         self
     }
+
+    /// Sets how long one attempt may run, overriding the worker's default timeout.
+    /// Whole milliseconds, above zero.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
 }
 
 /// A stored job, as `get` shows it. The payload is read separately (`Store::payload`)
@@ -230,6 +241,9 @@ pub struct Job {
     pub max_attempts: u32,
     /// The job that spawned it.
     pub parent: Option<JobId>,
+    /// How long one attempt may run, as given at enqueue (whole milliseconds); `None`
+    /// leaves it to the worker's default.
+    pub timeout: Option<Duration>,
     /// Its state.
     pub state: JobState,
     /// Claims so far.
@@ -365,6 +379,23 @@ impl Completion {
     /// The completion of `id` under `token`, with `result`.
     pub fn new(id: JobId, token: LeaseToken, result: Option<Bytes>) -> Self {
         Completion { id, token, result }
+    }
+}
+
+/// One entry of [`Store::heartbeat_batch`](crate::Store::heartbeat_batch): a lease to
+/// extend, named by its job and the token its claim returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HeldLease {
+    /// The job.
+    pub id: JobId,
+    /// The lease token its claim returned.
+    pub token: LeaseToken,
+}
+
+impl HeldLease {
+    /// The lease of `id` taken under `token`.
+    pub fn new(id: JobId, token: LeaseToken) -> Self {
+        HeldLease { id, token }
     }
 }
 

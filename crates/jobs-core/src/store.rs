@@ -9,8 +9,8 @@ use bytes::Bytes;
 use crate::error::Result;
 use crate::id::JobId;
 use crate::model::{
-    ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, Job, JobState, LeaseToken, ListPage,
-    ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
+    ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
 };
 
 /// A durable job store: the contract of `CONTRACT.md`, one method per operation.
@@ -19,9 +19,10 @@ use crate::model::{
 /// time. Every method validates its input with [`crate::validate`] before writing, and
 /// takes "now" from [`StoreSettings::clock`], never from the server.
 ///
-/// Every operation but one has no default: a wrapper store must forward it, so it
-/// cannot lose behaviour by accident. The one default, [`Store::complete_batch`], is
-/// defined by `complete` and only forgoes a speed-up when not overridden.
+/// Every operation but two has no default: a wrapper store must forward it, so it
+/// cannot lose behaviour by accident. The two defaults, [`Store::complete_batch`] and
+/// [`Store::heartbeat_batch`], are defined by `complete` and `heartbeat` and only forgo
+/// a speed-up when not overridden.
 /// Conveniences live in [`StoreExt`].
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug {
@@ -50,6 +51,26 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Rule L1: extends the lease to now + `ttl`; reports a requested cancellation.
     async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat>;
+
+    /// Rule L1, one `heartbeat` per entry, all with the same `ttl`: the answer at index
+    /// `i` is what `heartbeat` would have answered for `leases[i]`, and an entry that
+    /// fails (a stale token, an unknown job) leaves the others alone.
+    ///
+    /// A worker extends every lease it holds with one call per heartbeat interval, so a
+    /// backend can renew them under one lock, in one statement or in one script. The
+    /// default issues the `heartbeat` calls concurrently; every backend of this
+    /// workspace overrides it with one round trip.
+    ///
+    /// `Err` means the call failed as a whole (the store was unavailable, or `ttl` is
+    /// invalid): any entry may or may not have been extended. Calling again is safe.
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        crate::validate::validate_lease_ttl(ttl)?;
+        Ok(heartbeat_each(self, leases, ttl).await)
+    }
 
     /// Rules L4, L5: marks the job succeeded and stores `result`.
     async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()>;
@@ -136,6 +157,21 @@ pub async fn complete_each<S: Store + ?Sized>(
     }
 }
 
+/// [`Store::heartbeat_batch`] as concurrent `heartbeat` calls: its default, and what a
+/// backend that overrides it can fall back on.
+pub async fn heartbeat_each<S: Store + ?Sized>(
+    store: &S,
+    leases: Vec<HeldLease>,
+    ttl: Duration,
+) -> Vec<Result<Heartbeat>> {
+    futures_util::future::join_all(
+        leases
+            .into_iter()
+            .map(|lease| store.heartbeat(lease.id, lease.token, ttl)),
+    )
+    .await
+}
+
 /// Conveniences over any [`Store`], written once in terms of the trait.
 #[async_trait]
 pub trait StoreExt: Store {
@@ -193,6 +229,7 @@ mod tests {
         is_send(&store.heartbeat(id, token, Duration::from_secs(1)));
         is_send(&store.complete(id, token, None));
         is_send(&store.complete_batch(vec![Completion::new(id, token, None)]));
+        is_send(&store.heartbeat_batch(vec![HeldLease::new(id, token)], Duration::from_secs(1)));
         is_send(&store.fail(id, token, "boom", Retry::Never));
         is_send(&store.reclaim(10));
         is_send(&store.enqueue_json("q", &42));

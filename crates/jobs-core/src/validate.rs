@@ -123,6 +123,21 @@ pub fn validate_new_job(job: &NewJob, settings: &StoreSettings) -> Result<()> {
     if job.max_attempts == 0 {
         return Err(Error::invalid("max_attempts", "must be at least 1"));
     }
+    if let Some(timeout) = job.timeout {
+        validate_timeout(timeout)?;
+    }
+    Ok(())
+}
+
+/// A job's timeout: whole milliseconds, above zero, at most [`MAX_LEASE_TTL`], so every
+/// backend stores it exactly.
+pub fn validate_timeout(timeout: Duration) -> Result<()> {
+    if timeout.is_zero() || timeout > MAX_LEASE_TTL || timeout.subsec_nanos() % 1_000_000 != 0 {
+        return Err(Error::invalid(
+            "timeout",
+            "must be whole milliseconds, above zero and at most 366 days",
+        ));
+    }
     Ok(())
 }
 

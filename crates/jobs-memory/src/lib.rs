@@ -12,9 +12,9 @@ use jobs_core::validate::{
     validate_new_job, validate_queue, validate_settings, validate_size,
 };
 use jobs_core::{
-    async_trait, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, Job, JobId,
-    JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result, Retry,
-    Store, StoreSettings,
+    async_trait, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job,
+    JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result,
+    Retry, Store, StoreSettings,
 };
 use tokio::sync::Notify;
 
@@ -162,6 +162,20 @@ impl Store for MemoryStore {
         validate_lease_ttl(ttl)?;
         let now = self.now();
         self.namespace.lock().heartbeat(id, token, ttl, now)
+    }
+
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        validate_lease_ttl(ttl)?;
+        let now = self.now();
+        let mut state = self.namespace.lock();
+        Ok(leases
+            .into_iter()
+            .map(|lease| state.heartbeat(lease.id, lease.token, ttl, now))
+            .collect())
     }
 
     async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {

@@ -198,6 +198,7 @@ impl State {
             run_at: new.run_at.unwrap_or(now),
             max_attempts: new.max_attempts,
             parent: new.parent,
+            timeout: new.timeout,
             state: JobState::Queued,
             attempts: 0,
             lease: None,

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use jobs_core::{
     async_trait, validate, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
-    Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob,
-    Result, Retry, Store, StoreSettings,
+    HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats,
+    ReclaimedJob, Result, Retry, Store, StoreSettings,
 };
 use tokio::sync::Notify;
 
@@ -175,6 +175,34 @@ impl Store for SqliteStore {
             .write(WriteMode::WORKER, move |tx| {
                 let now = settings.now();
                 ops::heartbeat(tx, ns, id, token, ttl, now)
+            })
+            .await
+    }
+
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        validate::validate_lease_ttl(ttl)?;
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ns, settings) = (self.ns, self.settings.clone());
+        // One write operation for every lease the worker holds, as complete_batch.
+        self.engine
+            .write(WriteMode::WORKER, move |tx| {
+                let now = settings.now();
+                let mut answers = Vec::with_capacity(leases.len());
+                for lease in leases {
+                    match ops::heartbeat(tx, ns, lease.id, lease.token, ttl, now) {
+                        Err(err @ (Error::Unavailable { .. } | Error::Backend { .. })) => {
+                            return Err(err)
+                        }
+                        answer => answers.push(answer),
+                    }
+                }
+                Ok(answers)
             })
             .await
     }

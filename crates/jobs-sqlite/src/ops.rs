@@ -49,9 +49,12 @@ macro_rules! job_columns {
     () => {
         "id, queue, tenant, idem_key, priority, run_at, max_attempts, parent, state, \
          attempts, lease_worker, lease_token, lease_expires_at, created_at, started_at, \
-         heartbeat_at, finished_at, last_error, result, cancel_requested"
+         heartbeat_at, finished_at, last_error, result, cancel_requested, timeout_ms"
     };
 }
+
+/// How many columns `job_columns!` names: a query that reads more puts them after.
+const JOB_COLUMNS: usize = 21;
 
 fn id_from_blob(what: &str, bytes: &[u8]) -> Result<JobId> {
     let array: [u8; 16] = bytes
@@ -111,6 +114,15 @@ fn job_from_row(row: &Row<'_>) -> Result<Job> {
         None
     };
     let result: Option<Vec<u8>> = row.get(18).map_err(read)?;
+    let timeout = match get_opt_i64(20)? {
+        Some(ms) => Some(Duration::from_millis(
+            u64::try_from(ms)
+                .ok()
+                .filter(|ms| *ms > 0)
+                .ok_or_else(|| corrupt("timeout_ms", ms))?,
+        )),
+        None => None,
+    };
     Ok(Job {
         id,
         queue: row.get(1).map_err(read)?,
@@ -120,6 +132,7 @@ fn job_from_row(row: &Row<'_>) -> Result<Job> {
         run_at: Timestamp::from_millis(get_i64(5)?),
         max_attempts,
         parent,
+        timeout,
         state,
         attempts,
         lease,
@@ -195,8 +208,9 @@ pub(crate) fn enqueue(
     let conn = tx.conn();
     conn.prepare_cached(
         "INSERT INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
-             max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key, parent)
-         VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, 0, ?7, 0, 0, ?8, ?9, ?10, ?11)",
+             max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key, parent,
+             timeout_ms)
+         VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, 0, ?7, 0, 0, ?8, ?9, ?10, ?11, ?12)",
     )
     .and_then(|mut stmt| {
         stmt.execute(params![
@@ -211,6 +225,7 @@ pub(crate) fn enqueue(
             job.tenant,
             job.idempotency_key,
             job.parent.map(JobId::to_bytes),
+            job.timeout.map(jobs_core::duration_millis),
         ])
     })
     .db("insert the job")?;
@@ -340,10 +355,10 @@ pub(crate) fn claim(
             continue;
         };
         let job = job_from_row(found)?;
-        let token: i64 = found.get(20).db("read a claimed job")?;
+        let token: i64 = found.get(JOB_COLUMNS).db("read a claimed job")?;
         let token = u64::try_from(token)
             .map_err(|_| Error::corrupt(format!("job {}", job.id), "negative lease token"))?;
-        let payload: Option<Vec<u8>> = found.get(21).db("read a claimed job")?;
+        let payload: Option<Vec<u8>> = found.get(JOB_COLUMNS + 1).db("read a claimed job")?;
         let payload =
             payload.ok_or_else(|| Error::corrupt(format!("job {}", job.id), "payload missing"))?;
         picked.push((*row, job, token, payload));

@@ -88,6 +88,11 @@ pub(crate) const MIGRATIONS: &[&str] = &[
 
     INSERT INTO jobq_meta (name, value) VALUES ('seq', 0);
     "#,
+    // Version 2: a job's own time limit per attempt, in milliseconds (`NewJob::timeout`).
+    // Nullable, so adding it rewrites no row.
+    r#"
+    ALTER TABLE jobq_jobs ADD COLUMN timeout_ms INTEGER;
+    "#,
 ];
 
 /// The schema version this build writes.
