@@ -2,9 +2,11 @@
 //! developer runs.
 //!
 //! - `cargo xtask conformance [--backend memory|sqlite|redis|redis-cluster|postgres|all]`
+//! - `cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]`
 //! - `cargo xtask ci`
 
 mod bench;
+mod chaos;
 mod redis_cluster;
 
 use std::env;
@@ -17,6 +19,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("conformance") => backend_arg(&args[1..]).and_then(|b| conformance(&b)),
         Some("bench") => bench::run(&args[1..]),
+        Some("chaos") => chaos::run(&args[1..]),
         Some("ci") => ci(),
         _ => Err(usage()),
     };
@@ -31,7 +34,9 @@ fn main() -> ExitCode {
 
 fn usage() -> String {
     format!(
-        "usage:\n  cargo xtask conformance [--backend {}|all]\n  cargo xtask ci",
+        "usage:\n  cargo xtask conformance [--backend {}|all]\n  \
+         cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]\n  \
+         cargo xtask ci",
         BACKENDS.join("|")
     )
 }
@@ -140,8 +145,23 @@ fn ci() -> Result<(), String> {
     // All features, so the runtime tests of the `jobs` facade run on every backend.
     cargo(&["test", "--workspace", "--all-features"], &[])?;
     conformance(&["redis-cluster"])?;
+    // A short chaos run (docs/reliability.md): every multi-process backend under
+    // kills and connection faults, 20 s each, about 2 minutes in all. It reuses the
+    // debug build of the test step above.
+    chaos::run_with(&chaos::Options {
+        backends: chaos::BACKENDS.iter().map(|b| (*b).to_owned()).collect(),
+        jobs: CI_CHAOS_JOBS,
+        seconds: CI_CHAOS_SECONDS,
+        release: false,
+        seed: chaos::seed_from_clock(),
+    })?;
     Ok(())
 }
+
+/// Jobs per backend in CI's short chaos run.
+const CI_CHAOS_JOBS: u64 = 5_000;
+/// Seconds of faults per backend in CI's short chaos run.
+const CI_CHAOS_SECONDS: u64 = 20;
 
 /// The feature sets of the `jobs` facade that CI compiles.
 const FEATURE_SETS: &[&str] = &[

@@ -1,0 +1,788 @@
+//! The checker: reads every history file of a run, the orchestrator's fault log and
+//! the store's final state, and decides.
+//!
+//! - **lost**: an acknowledged job that is not `succeeded` at the end (or is missing);
+//! - **double completions**: more than one completion of a job accepted;
+//! - **stale accepted**: an outcome (complete, fail, release) accepted under token `t`
+//!   although a claim with a higher token had been returned before the call began, or
+//!   a completion accepted under `t` for a job later claimed again with a higher token;
+//! - **stuck**: a job still `running` whose lease has passed;
+//! - **extra runs**: a run that follows an earlier run of the same job which did not
+//!   end in an accepted fail or release (a planned retry or a shutdown release). Each
+//!   one is explained by the earlier run's process having been SIGKILLed after that
+//!   run began and before an accepted outcome, else by a store fault (Redis
+//!   `CLIENT KILL`, Redis SIGKILL until it answers again, `pg_terminate_backend`)
+//!   between the earlier claim (less a second) and the later one, else it is
+//!   **unexplained**;
+//! - **other violations**: a token handed out twice for one job, one claim run twice,
+//!   a history line cut anywhere but at the end of its file.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use futures::StreamExt;
+use jobs::{Error, Job, JobId, JobState, Store};
+use serde::{Deserialize, Serialize};
+
+use crate::history::{now_us, Event, Op, ProcessHistory};
+use crate::StoreArgs;
+
+/// Arguments of `jobs-chaos drain`.
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The longest wait, in seconds.
+    #[arg(long, default_value_t = 60)]
+    timeout_s: u64,
+}
+
+/// Waits until the queue has nothing ready, scheduled or running; prints the last
+/// counts. Fails if that does not happen in time.
+pub async fn drain(args: DrainArgs) -> Result<(), String> {
+    let store = crate::patiently("opening the store", || crate::open_store(&args.store)).await;
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
+    loop {
+        match store.stats(&args.store.queue).await {
+            Ok(stats) => {
+                let left = stats.ready + stats.scheduled + stats.running;
+                if left == 0 || Instant::now() >= deadline {
+                    println!(
+                        "{{\"ready\":{},\"scheduled\":{},\"running\":{},\"succeeded\":{},\"dead\":{},\"cancelled\":{}}}",
+                        stats.ready, stats.scheduled, stats.running, stats.succeeded, stats.dead, stats.cancelled
+                    );
+                    if left == 0 {
+                        return Ok(());
+                    }
+                    return Err(format!(
+                        "{left} jobs still not done after {}s",
+                        args.timeout_s
+                    ));
+                }
+            }
+            Err(err) if Instant::now() >= deadline => {
+                return Err(format!("stats kept failing: {err}"));
+            }
+            Err(_) => {}
+        }
+        // Polling a store from outside the runtime under test: a wait on real time.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Arguments of `jobs-chaos check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The backend's name, for the verdict.
+    #[arg(long)]
+    backend: String,
+    /// The orchestrator's fault log.
+    #[arg(long)]
+    faults: PathBuf,
+    /// When the fault window began (µs since the epoch).
+    #[arg(long)]
+    fault_start_us: u64,
+    /// When it ended (µs since the epoch).
+    #[arg(long)]
+    fault_end_us: u64,
+}
+
+/// One line of the orchestrator's fault log.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Fault {
+    /// When it was injected (µs since the epoch).
+    pub t: u64,
+    /// `kill_worker`, `kill_producer`, `client_kill`, `redis_kill`, `pg_terminate`.
+    pub kind: String,
+    /// The process killed, for kills.
+    pub pid: Option<u32>,
+    /// When the fault was over (a restarted server answering again); `t` if absent.
+    pub end: Option<u64>,
+}
+
+impl Fault {
+    fn is_store_fault(&self) -> bool {
+        matches!(
+            self.kind.as_str(),
+            "client_kill" | "redis_kill" | "pg_terminate"
+        )
+    }
+}
+
+/// The verdict of one backend's run: one JSON line on standard output.
+#[derive(Debug, Default, Serialize)]
+pub struct Verdict {
+    /// The backend.
+    pub backend: String,
+    /// Distinct jobs whose enqueue was acknowledged.
+    pub jobs: usize,
+    /// Jobs claimed that no acknowledged enqueue named (a batch cut by a producer kill
+    /// and sent again without keys): not promised, not checked for loss.
+    pub unacknowledged_jobs_run: usize,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, usize>,
+    /// Acknowledged jobs not `succeeded` at the end.
+    pub lost: usize,
+    /// Jobs with more than one accepted completion.
+    pub double_completions: usize,
+    /// Outcomes accepted under a stale token (see the module docs).
+    pub stale_accepted: usize,
+    /// Jobs left running after their lease passed.
+    pub stuck: usize,
+    /// Token reuse, a claim run twice, a corrupt history line.
+    pub other_violations: usize,
+    /// Handler runs in all.
+    pub runs: usize,
+    /// Runs after an accepted retryable failure or release (planned).
+    pub planned_reruns: usize,
+    /// Extra runs explained by a SIGKILLed worker.
+    pub extra_runs_worker_kill: usize,
+    /// Extra runs explained by a store fault.
+    pub extra_runs_store_fault: usize,
+    /// Extra runs nothing explains.
+    pub extra_runs_unexplained: usize,
+    /// Workers SIGKILLed.
+    pub worker_kills: usize,
+    /// Sum over worker kills of the claims the killed process held without an
+    /// accepted outcome (kills × jobs in flight).
+    pub claims_in_flight_at_kills: usize,
+    /// The same for handler runs begun.
+    pub runs_in_flight_at_kills: usize,
+    /// Jobs that ended `succeeded` although no completion of theirs was answered
+    /// `Ok` (an answer lost to a fault; a retry then found it done): not an error.
+    pub succeeded_without_acknowledged_completion: usize,
+    /// Distinct jobs completed per second during the fault window.
+    pub throughput_under_faults: f64,
+    /// Acknowledged jobs per second from the first acknowledged enqueue to the last
+    /// accepted completion.
+    pub throughput_overall: f64,
+    /// History lines cut by a kill (the last line of a killed process's file).
+    pub cut_lines: usize,
+    /// Whether every check passed.
+    pub passed: bool,
+    /// A few examples of each failure, for the report.
+    pub examples: Vec<String>,
+}
+
+impl Verdict {
+    /// Whether every check passed.
+    pub fn passed(&self) -> bool {
+        self.lost == 0
+            && self.double_completions == 0
+            && self.stale_accepted == 0
+            && self.stuck == 0
+            && self.other_violations == 0
+            && self.extra_runs_unexplained == 0
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    token: u64,
+    pid: u32,
+    t: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outcome {
+    op: Op,
+    token: u64,
+    pid: u32,
+    t0: u64,
+    t: u64,
+    ok: bool,
+}
+
+#[derive(Debug, Default)]
+struct JobHistory {
+    claims: Vec<Claim>,
+    /// Run starts: token, pid, time.
+    runs: Vec<Claim>,
+    outcomes: Vec<Outcome>,
+    heartbeats_refused: usize,
+}
+
+impl JobHistory {
+    fn accepted(&self, token: u64) -> Option<&Outcome> {
+        self.outcomes.iter().find(|o| o.ok && o.token == token)
+    }
+}
+
+/// Runs the checks and prints the verdict.
+pub async fn run(args: CheckArgs) -> Result<(), String> {
+    let histories = crate::history::read_dir(&args.store.run_dir, None)
+        .map_err(|err| format!("cannot read the histories: {err}"))?;
+    let faults = read_faults(&args.faults)?;
+    let mut verdict = judge_history(&args.backend, &histories, &faults);
+    let store = crate::patiently("opening the store", || crate::open_store(&args.store)).await;
+    let (acked, jobs) = collect(&histories);
+    let mut ids: Vec<JobId> = acked.keys().copied().collect();
+    ids.extend(jobs.keys().filter(|id| !acked.contains_key(id)).copied());
+    let finals = final_states(&store, ids).await?;
+    judge_final(&mut verdict, &acked, &jobs, &finals);
+    throughput(
+        &mut verdict,
+        &acked,
+        &jobs,
+        args.fault_start_us,
+        args.fault_end_us,
+    );
+    verdict.cut_lines = histories.iter().map(|h| h.bad_lines).sum();
+    verdict.passed = verdict.passed();
+    let line = serde_json::to_string(&verdict).map_err(|err| format!("encode verdict: {err}"))?;
+    println!("{line}");
+    Ok(())
+}
+
+fn read_faults(path: &std::path::Path) -> Result<Vec<Fault>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(err) => return Err(format!("cannot read {}: {err}", path.display())),
+    };
+    text.lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            serde_json::from_str(line).map_err(|err| format!("bad fault line {line:?}: {err}"))
+        })
+        .collect()
+}
+
+/// Acknowledged jobs (id → first acknowledgement) and every worker-side record per job.
+fn collect(histories: &[ProcessHistory]) -> (HashMap<JobId, u64>, HashMap<JobId, JobHistory>) {
+    let mut acked: HashMap<JobId, u64> = HashMap::new();
+    let mut jobs: HashMap<JobId, JobHistory> = HashMap::new();
+    for history in histories {
+        let pid = history.pid;
+        for event in &history.events {
+            match event {
+                Event::Enqueued { t, id, .. } => {
+                    let first = acked.entry(*id).or_insert(*t);
+                    *first = (*first).min(*t);
+                }
+                Event::Claim { t, id, token } => jobs.entry(*id).or_default().claims.push(Claim {
+                    token: *token,
+                    pid,
+                    t: *t,
+                }),
+                Event::RunStart { t, id, token, .. } => {
+                    jobs.entry(*id).or_default().runs.push(Claim {
+                        token: *token,
+                        pid,
+                        t: *t,
+                    })
+                }
+                Event::Outcome {
+                    t0,
+                    t,
+                    op,
+                    id,
+                    token,
+                    ok,
+                    ..
+                } => jobs.entry(*id).or_default().outcomes.push(Outcome {
+                    op: *op,
+                    token: *token,
+                    pid,
+                    t0: *t0,
+                    t: *t,
+                    ok: *ok,
+                }),
+                Event::HeartbeatRefused { id: Some(id), .. } => {
+                    jobs.entry(*id).or_default().heartbeats_refused += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    (acked, jobs)
+}
+
+/// Every check that needs only the histories and the fault log.
+fn judge_history(backend: &str, histories: &[ProcessHistory], faults: &[Fault]) -> Verdict {
+    let mut verdict = Verdict {
+        backend: backend.to_owned(),
+        ..Verdict::default()
+    };
+    for fault in faults {
+        *verdict.faults.entry(fault.kind.clone()).or_default() += 1;
+    }
+    for history in histories {
+        if history.bad_inner_line {
+            verdict.other_violations += 1;
+            example(
+                &mut verdict,
+                format!("corrupt history line in {}-{}", history.role, history.pid),
+            );
+        }
+    }
+    let kills: HashMap<u32, u64> = faults
+        .iter()
+        .filter(|f| f.kind == "kill_worker")
+        .filter_map(|f| f.pid.map(|pid| (pid, f.t)))
+        .collect();
+    verdict.worker_kills = kills.len();
+    let store_faults: Vec<(u64, u64)> = faults
+        .iter()
+        .filter(|f| f.is_store_fault())
+        .map(|f| (f.t, f.end.unwrap_or(f.t).max(f.t)))
+        .collect();
+    let (_, jobs) = collect(histories);
+
+    // Kills × jobs in flight: what each killed process held without an accepted outcome.
+    for history in histories.iter().filter(|h| kills.contains_key(&h.pid)) {
+        let mut accepted: HashSet<(JobId, u64)> = HashSet::new();
+        for event in &history.events {
+            if let Event::Outcome {
+                id,
+                token,
+                ok: true,
+                ..
+            } = event
+            {
+                accepted.insert((*id, *token));
+            }
+        }
+        for event in &history.events {
+            match event {
+                Event::Claim { id, token, .. } if !accepted.contains(&(*id, *token)) => {
+                    verdict.claims_in_flight_at_kills += 1;
+                }
+                Event::RunStart { id, token, .. } if !accepted.contains(&(*id, *token)) => {
+                    verdict.runs_in_flight_at_kills += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    let mut ids: Vec<&JobId> = jobs.keys().collect();
+    ids.sort();
+    for id in ids {
+        let Some(job) = jobs.get(id) else { continue };
+        judge_job(&mut verdict, *id, job, &kills, &store_faults);
+    }
+    verdict
+}
+
+fn judge_job(
+    verdict: &mut Verdict,
+    id: JobId,
+    job: &JobHistory,
+    kills: &HashMap<u32, u64>,
+    store_faults: &[(u64, u64)],
+) {
+    // C6: every claim of a job has a token of its own.
+    let mut claims: BTreeMap<u64, Claim> = BTreeMap::new();
+    for claim in &job.claims {
+        if claims.insert(claim.token, *claim).is_some() {
+            verdict.other_violations += 1;
+            example(
+                verdict,
+                format!("{id}: token {} handed out twice", claim.token),
+            );
+        }
+    }
+    // One claim, one run.
+    let mut runs: BTreeMap<u64, Claim> = BTreeMap::new();
+    for run in &job.runs {
+        if runs.insert(run.token, *run).is_some() {
+            verdict.other_violations += 1;
+            example(
+                verdict,
+                format!("{id}: the claim with token {} ran twice", run.token),
+            );
+        }
+    }
+    verdict.runs += runs.len();
+
+    let completions: Vec<&Outcome> = job
+        .outcomes
+        .iter()
+        .filter(|o| o.ok && o.op == Op::Complete)
+        .collect();
+    if completions.len() > 1 {
+        verdict.double_completions += 1;
+        example(
+            verdict,
+            format!(
+                "{id}: {} completions accepted (tokens {:?})",
+                completions.len(),
+                completions.iter().map(|o| o.token).collect::<Vec<_>>()
+            ),
+        );
+    }
+    for outcome in job.outcomes.iter().filter(|o| o.ok) {
+        let newer_before = job
+            .claims
+            .iter()
+            .find(|c| c.token > outcome.token && c.t < outcome.t0);
+        let newer_after_success = (outcome.op == Op::Complete)
+            .then(|| job.claims.iter().find(|c| c.token > outcome.token))
+            .flatten();
+        if let Some(claim) = newer_before.or(newer_after_success) {
+            verdict.stale_accepted += 1;
+            example(
+                verdict,
+                format!(
+                    "{id}: {:?} accepted under token {} (pid {}, call {}..{} µs) while token {} was claimed by pid {} at {} µs",
+                    outcome.op, outcome.token, outcome.pid, outcome.t0, outcome.t, claim.token, claim.pid, claim.t
+                ),
+            );
+        }
+    }
+
+    // Extra runs, in token order.
+    let tokens: Vec<(u64, Claim)> = runs.iter().map(|(t, r)| (*t, *r)).collect();
+    for pair in tokens.windows(2) {
+        let (earlier, later) = (pair[0], pair[1]);
+        let earlier_outcome = job.accepted(earlier.0);
+        match earlier_outcome {
+            Some(o) if matches!(o.op, Op::Fail | Op::Release) => {
+                verdict.planned_reruns += 1;
+                continue;
+            }
+            _ => {}
+        }
+        let killed = kills
+            .get(&earlier.1.pid)
+            .is_some_and(|kill| *kill >= earlier.1.t && earlier_outcome.is_none());
+        let from = claims
+            .get(&earlier.0)
+            .map_or(earlier.1.t, |c| c.t)
+            .saturating_sub(1_000_000);
+        let to = claims.get(&later.0).map_or(later.1.t, |c| c.t);
+        let store_fault = store_faults.iter().any(|(s, e)| *s <= to && *e >= from);
+        if killed {
+            verdict.extra_runs_worker_kill += 1;
+        } else if store_fault {
+            verdict.extra_runs_store_fault += 1;
+        } else {
+            verdict.extra_runs_unexplained += 1;
+            let answers: Vec<String> = job
+                .outcomes
+                .iter()
+                .filter(|o| o.token == earlier.0)
+                .map(|o| {
+                    format!(
+                        "{:?} ok={} after {} µs",
+                        o.op,
+                        o.ok,
+                        o.t.saturating_sub(o.t0)
+                    )
+                })
+                .collect();
+            example(
+                verdict,
+                format!(
+                    "{id}: unexplained rerun: token {} (pid {}, run at {} µs, answers {answers:?}, {} heartbeats refused) then token {} (pid {}, run at {} µs)",
+                    earlier.0, earlier.1.pid, earlier.1.t, job.heartbeats_refused, later.0, later.1.pid, later.1.t
+                ),
+            );
+        }
+    }
+}
+
+/// The store's state of every job, read with `get` (retrying what a restarted server
+/// may still refuse).
+async fn final_states(
+    store: &std::sync::Arc<dyn Store>,
+    ids: Vec<JobId>,
+) -> Result<HashMap<JobId, Option<Job>>, String> {
+    let answers: Vec<(JobId, Result<Option<Job>, Error>)> = futures::stream::iter(ids)
+        .map(|id| async move {
+            let mut tries = 0;
+            loop {
+                match store.get(id).await {
+                    Ok(job) => return (id, Ok(Some(job))),
+                    Err(err) if err.is_not_found() => return (id, Ok(None)),
+                    Err(err) if tries < 20 => {
+                        tries += 1;
+                        let _ = err;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(err) => return (id, Err(err)),
+                }
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let mut out = HashMap::with_capacity(answers.len());
+    for (id, answer) in answers {
+        let job = answer.map_err(|err| format!("cannot read job {id}: {err}"))?;
+        out.insert(id, job);
+    }
+    Ok(out)
+}
+
+/// The checks on the final state: lost, stuck, and what the history cannot tell.
+fn judge_final(
+    verdict: &mut Verdict,
+    acked: &HashMap<JobId, u64>,
+    jobs: &HashMap<JobId, JobHistory>,
+    finals: &HashMap<JobId, Option<Job>>,
+) {
+    verdict.jobs = acked.len();
+    verdict.unacknowledged_jobs_run = jobs.keys().filter(|id| !acked.contains_key(id)).count();
+    let now_ms = i64::try_from(now_us() / 1_000).unwrap_or(i64::MAX);
+    let mut ids: Vec<&JobId> = finals.keys().collect();
+    ids.sort();
+    for id in ids {
+        let state = finals.get(id).and_then(Option::as_ref);
+        if acked.contains_key(id) && state.is_none_or(|job| job.state != JobState::Succeeded) {
+            verdict.lost += 1;
+            let shown = state.map_or("missing".to_owned(), |job| {
+                format!(
+                    "{} (attempts {}, last_error {:?})",
+                    job.state, job.attempts, job.last_error
+                )
+            });
+            example(verdict, format!("{id}: lost: {shown}"));
+        }
+        if let Some(job) = state {
+            if job.state == JobState::Running
+                && job
+                    .lease
+                    .as_ref()
+                    .is_none_or(|lease| lease.expires_at.as_millis() < now_ms)
+            {
+                verdict.stuck += 1;
+                example(
+                    verdict,
+                    format!("{id}: running after its lease passed: {:?}", job.lease),
+                );
+            }
+            if job.state == JobState::Succeeded
+                && jobs
+                    .get(id)
+                    .is_some_and(|h| !h.outcomes.iter().any(|o| o.ok && o.op == Op::Complete))
+            {
+                verdict.succeeded_without_acknowledged_completion += 1;
+            }
+        }
+    }
+}
+
+fn throughput(
+    verdict: &mut Verdict,
+    acked: &HashMap<JobId, u64>,
+    jobs: &HashMap<JobId, JobHistory>,
+    start_us: u64,
+    end_us: u64,
+) {
+    let firsts: Vec<u64> = jobs
+        .values()
+        .filter_map(|h| {
+            h.outcomes
+                .iter()
+                .filter(|o| o.ok && o.op == Op::Complete)
+                .map(|o| o.t)
+                .min()
+        })
+        .collect();
+    let window = end_us.saturating_sub(start_us).max(1) as f64 / 1e6;
+    let in_window = firsts
+        .iter()
+        .filter(|t| **t >= start_us && **t <= end_us)
+        .count();
+    verdict.throughput_under_faults = (in_window as f64 / window * 10.0).round() / 10.0;
+    let first_ack = acked.values().min().copied().unwrap_or(0);
+    let last_done = firsts.iter().max().copied().unwrap_or(first_ack);
+    let span = last_done.saturating_sub(first_ack).max(1) as f64 / 1e6;
+    verdict.throughput_overall = (acked.len() as f64 / span * 10.0).round() / 10.0;
+}
+
+/// Keeps up to 20 examples, enough to start an investigation.
+fn example(verdict: &mut Verdict, text: String) {
+    if verdict.examples.len() < 20 {
+        verdict.examples.push(text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: i64) -> JobId {
+        JobId::mint(jobs::Timestamp::from_millis(1_000 + n))
+    }
+
+    fn worker(pid: u32, events: Vec<Event>) -> ProcessHistory {
+        ProcessHistory {
+            role: "worker".into(),
+            pid,
+            events,
+            bad_lines: 0,
+            bad_inner_line: false,
+        }
+    }
+
+    fn claim(t: u64, id: JobId, token: u64) -> Event {
+        Event::Claim { t, id, token }
+    }
+
+    fn start(t: u64, id: JobId, token: u64) -> Event {
+        Event::RunStart {
+            t,
+            id,
+            token,
+            attempt: 1,
+        }
+    }
+
+    fn outcome(t: u64, op: Op, id: JobId, token: u64, ok: bool) -> Event {
+        Event::Outcome {
+            t0: t,
+            t: t + 1,
+            op,
+            id,
+            token,
+            ok,
+            lease_lost: !ok,
+            err: None,
+        }
+    }
+
+    fn kill(t: u64, pid: u32) -> Fault {
+        Fault {
+            t,
+            kind: "kill_worker".into(),
+            pid: Some(pid),
+            end: None,
+        }
+    }
+
+    #[test]
+    fn a_rerun_after_a_kill_is_explained_and_counted_in_flight() {
+        let a = id(1);
+        let histories = vec![
+            worker(10, vec![claim(100, a, 1), start(110, a, 1)]),
+            worker(
+                11,
+                vec![
+                    claim(5_000_000, a, 2),
+                    start(5_000_010, a, 2),
+                    outcome(5_000_100, Op::Complete, a, 2, true),
+                ],
+            ),
+        ];
+        let verdict = judge_history("t", &histories, &[kill(200, 10)]);
+        assert_eq!(verdict.extra_runs_worker_kill, 1);
+        assert_eq!(
+            (
+                verdict.claims_in_flight_at_kills,
+                verdict.runs_in_flight_at_kills
+            ),
+            (1, 1)
+        );
+        assert!(verdict.passed(), "{verdict:?}");
+    }
+
+    #[test]
+    fn a_rerun_with_no_kill_and_no_fault_is_unexplained() {
+        let a = id(2);
+        let histories = vec![
+            worker(
+                10,
+                vec![
+                    claim(100, a, 1),
+                    start(110, a, 1),
+                    outcome(200, Op::Complete, a, 1, false),
+                ],
+            ),
+            worker(
+                11,
+                vec![
+                    claim(5_000_000, a, 2),
+                    start(5_000_010, a, 2),
+                    outcome(5_000_100, Op::Complete, a, 2, true),
+                ],
+            ),
+        ];
+        let verdict = judge_history("t", &histories, &[]);
+        assert_eq!(verdict.extra_runs_unexplained, 1);
+        assert!(!verdict.passed());
+        let faulted = judge_history(
+            "t",
+            &histories,
+            &[Fault {
+                t: 3_000_000,
+                kind: "pg_terminate".into(),
+                pid: None,
+                end: None,
+            }],
+        );
+        assert_eq!(
+            (
+                faulted.extra_runs_store_fault,
+                faulted.extra_runs_unexplained
+            ),
+            (1, 0)
+        );
+    }
+
+    #[test]
+    fn planned_retries_are_not_extra() {
+        let a = id(3);
+        let histories = vec![worker(
+            10,
+            vec![
+                claim(100, a, 1),
+                start(110, a, 1),
+                outcome(120, Op::Fail, a, 1, true),
+                claim(300, a, 2),
+                start(310, a, 2),
+                outcome(320, Op::Complete, a, 2, true),
+            ],
+        )];
+        let verdict = judge_history("t", &histories, &[]);
+        assert_eq!((verdict.planned_reruns, verdict.runs), (1, 2));
+        assert!(verdict.passed(), "{verdict:?}");
+    }
+
+    #[test]
+    fn stale_and_double_completions_are_caught() {
+        let a = id(4);
+        let histories = vec![
+            worker(
+                10,
+                vec![
+                    claim(100, a, 1),
+                    start(110, a, 1),
+                    outcome(9_000, Op::Complete, a, 1, true),
+                ],
+            ),
+            worker(
+                11,
+                vec![
+                    claim(5_000, a, 2),
+                    start(5_010, a, 2),
+                    outcome(6_000, Op::Complete, a, 2, true),
+                ],
+            ),
+        ];
+        let verdict = judge_history("t", &histories, &[]);
+        assert_eq!(verdict.double_completions, 1);
+        assert_eq!(verdict.stale_accepted, 1);
+        assert!(!verdict.passed());
+    }
+
+    #[test]
+    fn a_reused_token_and_a_twice_run_claim_are_violations() {
+        let a = id(5);
+        let histories = vec![
+            worker(
+                10,
+                vec![claim(100, a, 1), start(110, a, 1), start(120, a, 1)],
+            ),
+            worker(11, vec![claim(200, a, 1)]),
+        ];
+        let verdict = judge_history("t", &histories, &[]);
+        assert_eq!(verdict.other_violations, 2);
+    }
+}

@@ -1,0 +1,1088 @@
+//! `cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]`:
+//! the chaos suite of issue #11. Standard library only.
+//!
+//! For each backend it builds `jobs-chaos` once, starts a producer and three worker
+//! processes (the real `jobs` runtime), and for S seconds injects faults at random
+//! moments: SIGKILL of a worker (a new one starts at once), SIGKILL of the producer in
+//! the middle of a batch (a new one resumes the plan, re-sending the same keys), and
+//! per backend Redis `CLIENT KILL` and SIGKILL + restart of a Redis with AOF that this
+//! task starts itself, PostgreSQL `pg_terminate_backend` of the workers' own
+//! connections (found by their `application_name`), and for SQLite worker kills at
+//! random sub-millisecond moments, which land in the middle of commits. Then it lets
+//! the workers drain the queue, stops them gracefully (their standard input closes),
+//! and runs `jobs-chaos check` on the history. See docs/reliability.md.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The backends with several processes sharing one store. `memory` is one process's
+/// private store, so there is nothing to kill but the store itself.
+pub const BACKENDS: &[&str] = &["sqlite", "redis", "postgres"];
+/// Worker processes kept running at all times.
+const WORKERS: usize = 3;
+/// The port of the Redis this task starts for itself: away from the shared 6379 and
+/// from the throwaway cluster's 17000–17002.
+const REDIS_PORT: u16 = 17_100;
+/// How long the workers get to drain the queue after the faults stop.
+const DRAIN_TIMEOUT_S: u64 = 60;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Backends, in order.
+    pub backends: Vec<String>,
+    /// Jobs in each backend's plan.
+    pub jobs: u64,
+    /// Seconds of faults per backend.
+    pub seconds: u64,
+    /// Build and run `jobs-chaos` with `--release`.
+    pub release: bool,
+    /// The random seed (printed, so a run can be repeated).
+    pub seed: u64,
+}
+
+fn usage() -> String {
+    "usage: cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S] [--release] [--seed N]\n\
+     (memory is not a multi-process backend and is skipped)"
+        .to_owned()
+}
+
+/// `cargo xtask chaos …` from its arguments.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let mut options = Options {
+        backends: BACKENDS.iter().map(|b| (*b).to_owned()).collect(),
+        jobs: 20_000,
+        seconds: 60,
+        release: false,
+        seed: seed_from_clock(),
+    };
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let mut value = |name: &str| {
+            rest.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value\n{}", usage()))
+        };
+        match arg.as_str() {
+            "--backend" => {
+                let chosen = value("--backend")?;
+                options.backends = match chosen.as_str() {
+                    "all" => BACKENDS.iter().map(|b| (*b).to_owned()).collect(),
+                    "memory" => {
+                        eprintln!(
+                            "chaos: the memory backend lives inside one process, so no worker or \
+                             producer process can be killed under it: skipped (sqlite, redis and \
+                             postgres are the multi-process backends)"
+                        );
+                        return Ok(());
+                    }
+                    name if BACKENDS.contains(&name) => vec![name.to_owned()],
+                    other => return Err(format!("unknown backend {other:?}\n{}", usage())),
+                }
+            }
+            "--jobs" => options.jobs = number(&value("--jobs")?)?,
+            "--seconds" => options.seconds = number(&value("--seconds")?)?,
+            "--seed" => options.seed = number(&value("--seed")?)?,
+            "--release" => options.release = true,
+            other => return Err(format!("unknown argument {other:?}\n{}", usage())),
+        }
+    }
+    if options.jobs == 0 || options.seconds == 0 {
+        return Err("--jobs and --seconds must be above zero".to_owned());
+    }
+    run_with(&options)
+}
+
+fn number(text: &str) -> Result<u64, String> {
+    text.parse()
+        .map_err(|_| format!("{text:?} is not a whole number"))
+}
+
+/// Runs the suite with `options`; fails if any backend fails a check.
+pub fn run_with(options: &Options) -> Result<(), String> {
+    let started = Instant::now();
+    let root = workspace_root();
+    let bin = build(&root, options.release)?;
+    eprintln!(
+        "chaos: seed {} ({} jobs, {} s of faults per backend)",
+        options.seed, options.jobs, options.seconds
+    );
+    let mut rng = Rng::new(options.seed);
+    let mut rows = Vec::new();
+    let mut failed = Vec::new();
+    for backend in &options.backends {
+        eprintln!("\n==> chaos: {backend}");
+        let outcome = run_backend(&root, &bin, backend, options, &mut rng);
+        match outcome {
+            Ok(row) => {
+                if !row.passed {
+                    failed.push(format!("{backend}: {}", row.failures()));
+                }
+                rows.push(row);
+            }
+            Err(err) => failed.push(format!("{backend}: {err}")),
+        }
+    }
+    let table = table(&rows);
+    println!("\n{table}");
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "chaos: {} backend(s) in {elapsed:.0} s",
+        options.backends.len()
+    );
+    let results = chaos_root(&root).join("last-results.md");
+    let _ = fs::write(
+        &results,
+        format!("{table}\n(seed {}, {elapsed:.0} s)\n", options.seed),
+    );
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("chaos checks failed:\n  {}", failed.join("\n  ")))
+    }
+}
+
+/// The workspace root: the parent of this crate's directory.
+fn workspace_root() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent()
+        .map_or_else(|| here.to_path_buf(), Path::to_path_buf)
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the current directory,
+/// as cargo reads it) or `<root>/target`.
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            if dir.is_absolute() {
+                dir
+            } else {
+                std::env::current_dir().map_or(dir.clone(), |cwd| cwd.join(dir))
+            }
+        }
+        None => root.join("target"),
+    }
+}
+
+fn chaos_root(root: &Path) -> PathBuf {
+    target_dir(root).join("chaos")
+}
+
+/// Builds `jobs-chaos` and returns the binary's path.
+fn build(root: &Path, release: bool) -> Result<PathBuf, String> {
+    let mut args = vec!["build", "-p", "jobs-chaos"];
+    if release {
+        args.push("--release");
+    }
+    crate::cargo(&args, &[])?;
+    let bin = target_dir(root)
+        .join(if release { "release" } else { "debug" })
+        .join(format!("jobs-chaos{}", std::env::consts::EXE_SUFFIX));
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "built jobs-chaos, but {} is not there",
+            bin.display()
+        ))
+    }
+}
+
+/// One row of the results table: the numbers of `jobs-chaos check`'s verdict.
+#[derive(Debug, Default)]
+struct Row {
+    backend: String,
+    passed: bool,
+    jobs: u64,
+    faults: u64,
+    fault_kinds: String,
+    lost: u64,
+    double: u64,
+    stale: u64,
+    stuck: u64,
+    other: u64,
+    extra_kill: u64,
+    extra_store: u64,
+    extra_unexplained: u64,
+    planned: u64,
+    worker_kills: u64,
+    claims_in_flight: u64,
+    runs_in_flight: u64,
+    throughput_faults: f64,
+    throughput_overall: f64,
+    drained: bool,
+    graceful: bool,
+    seconds: f64,
+}
+
+impl Row {
+    fn failures(&self) -> String {
+        let mut parts = Vec::new();
+        for (name, n) in [
+            ("lost", self.lost),
+            ("double completions", self.double),
+            ("stale completions accepted", self.stale),
+            ("stuck", self.stuck),
+            ("unexplained extra runs", self.extra_unexplained),
+            ("other violations", self.other),
+        ] {
+            if n > 0 {
+                parts.push(format!("{n} {name}"));
+            }
+        }
+        if !self.drained {
+            parts.push("the queue did not drain in time".to_owned());
+        }
+        if !self.graceful {
+            parts.push("a worker did not shut down gracefully".to_owned());
+        }
+        parts.join(", ")
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | extra runs: worker kill / store fault / unexplained | worker kills × in flight (claims / runs) | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
+         |---|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {} | {} ({}) | {} | {} | {} | {} | {} / {} / {} | {} × … = {} / {} | {} | {:.0} | {:.0} | {} |\n",
+            r.backend,
+            r.jobs,
+            r.faults,
+            r.fault_kinds,
+            r.lost,
+            r.double,
+            r.stale,
+            r.stuck,
+            r.extra_kill,
+            r.extra_store,
+            r.extra_unexplained,
+            r.worker_kills,
+            r.claims_in_flight,
+            r.runs_in_flight,
+            r.planned,
+            r.throughput_faults,
+            r.throughput_overall,
+            if r.passed { "pass".to_owned() } else { format!("FAIL: {}", r.failures()) },
+        ));
+    }
+    out
+}
+
+/// A worker or producer process of the run.
+struct Proc {
+    child: Child,
+    /// Closing it asks the process to stop gracefully.
+    stdin: Option<ChildStdin>,
+    /// The PostgreSQL application_name of its connections.
+    app_name: String,
+}
+
+/// The Redis this task runs for the redis backend: AOF on every write, so a SIGKILL
+/// loses nothing acknowledged, on its own port and directory.
+struct RedisServer {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    fn start(dir: &Path) -> Result<RedisServer, String> {
+        if redis_cli(&["ping"]).is_ok_and(|out| out.contains("PONG")) {
+            return Err(format!(
+                "port {REDIS_PORT} already answers PING: another server is there"
+            ));
+        }
+        fs::create_dir_all(dir).map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
+        let mut server = RedisServer {
+            dir: dir.to_path_buf(),
+            child: None,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let log = self.dir.join("redis.log").display().to_string();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &REDIS_PORT.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                &self.dir.display().to_string(),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                &log,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|err| format!("cannot start redis-server: {err}"))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if redis_cli(&["ping"]).is_ok_and(|out| out.contains("PONG")) {
+                return Ok(());
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                return Err(format!("redis-server exited ({status}); see {log}"));
+            }
+            if Instant::now() > deadline {
+                return Err("redis-server does not answer PING".to_owned());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, like a crash: whatever the AOF holds is what comes back.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = redis_cli(&["shutdown", "nosave"]);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !matches!(child.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn redis_cli(args: &[&str]) -> Result<String, String> {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &REDIS_PORT.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|err| format!("cannot run redis-cli: {err}"))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!("redis-cli exited with {}", output.status))
+    }
+}
+
+fn psql(url: &str, sql: &str) -> Result<String, String> {
+    let output = Command::new("psql")
+        .args([url, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|err| format!("cannot run psql: {err}"))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "psql failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// Everything one backend's run holds. Dropping it kills whatever still runs, so an
+/// error or a panic leaves no process behind.
+struct Run<'a> {
+    backend: &'a str,
+    bin: &'a Path,
+    dir: PathBuf,
+    url: String,
+    namespace: String,
+    pg_schema: Option<String>,
+    /// The `application_name` prefix of this run's workers.
+    app_prefix: String,
+    workers: Vec<Proc>,
+    producer: Option<Proc>,
+    producer_lines: Option<Receiver<()>>,
+    producer_done: bool,
+    spawned: u32,
+    faults: File,
+    redis: Option<RedisServer>,
+    start_us: u64,
+    spread_ms: u64,
+    jobs: u64,
+    /// Unexpected exits and other anomalies of the processes, for the report.
+    anomalies: Vec<String>,
+}
+
+impl Run<'_> {
+    fn common_args(&self, app_name: &str) -> Vec<String> {
+        let mut args = vec![
+            "--url".to_owned(),
+            self.url.clone(),
+            "--namespace".to_owned(),
+            self.namespace.clone(),
+            "--run-dir".to_owned(),
+            self.dir.display().to_string(),
+            "--app-name".to_owned(),
+            app_name.to_owned(),
+        ];
+        if let Some(schema) = &self.pg_schema {
+            args.extend(["--pg-schema".to_owned(), schema.clone()]);
+        }
+        args
+    }
+
+    fn stderr_file(&self, name: &str) -> Result<File, String> {
+        let path = self.dir.join(format!("{name}.stderr"));
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|err| format!("cannot open {}: {err}", path.display()))
+    }
+
+    fn spawn_worker(&mut self) -> Result<(), String> {
+        self.spawned += 1;
+        let app_name = format!("{}w{}", self.app_prefix, self.spawned);
+        let mut command = Command::new(self.bin);
+        command
+            .arg("worker")
+            .args(self.common_args(&app_name))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(self.stderr_file(&format!("worker-{}", self.spawned))?);
+        let mut child = command
+            .spawn()
+            .map_err(|err| format!("cannot start a worker: {err}"))?;
+        let stdin = child.stdin.take();
+        self.workers.push(Proc {
+            child,
+            stdin,
+            app_name,
+        });
+        Ok(())
+    }
+
+    fn spawn_producer(&mut self) -> Result<(), String> {
+        self.spawned += 1;
+        let app_name = format!("{}p{}", self.app_prefix, self.spawned);
+        let mut child = Command::new(self.bin)
+            .arg("producer")
+            .args(self.common_args(&app_name))
+            .args([
+                "--jobs",
+                &self.jobs.to_string(),
+                "--start-us",
+                &self.start_us.to_string(),
+                "--spread-ms",
+                &self.spread_ms.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(self.stderr_file("producer")?)
+            .spawn()
+            .map_err(|err| format!("cannot start the producer: {err}"))?;
+        let stdin = child.stdin.take();
+        let (tx, rx) = mpsc::channel();
+        if let Some(stdout) = child.stdout.take() {
+            thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if line.starts_with("sending") && tx.send(()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        self.producer = Some(Proc {
+            child,
+            stdin,
+            app_name,
+        });
+        self.producer_lines = Some(rx);
+        Ok(())
+    }
+
+    /// Appends one line to the fault log (read by `jobs-chaos check`).
+    fn record(&mut self, t: u64, kind: &str, pid: Option<u32>, end: Option<u64>) {
+        let pid = pid.map_or("null".to_owned(), |p| p.to_string());
+        let end = end.map_or("null".to_owned(), |e| e.to_string());
+        let line = format!("{{\"t\":{t},\"kind\":\"{kind}\",\"pid\":{pid},\"end\":{end}}}\n");
+        if let Err(err) = self.faults.write_all(line.as_bytes()) {
+            self.anomalies
+                .push(format!("cannot write the fault log: {err}"));
+        }
+    }
+
+    /// Restarts processes that exited without being told to, noting it.
+    fn reap(&mut self) -> Result<(), String> {
+        let mut exited = Vec::new();
+        for (i, worker) in self.workers.iter_mut().enumerate() {
+            if let Ok(Some(status)) = worker.child.try_wait() {
+                exited.push((i, status));
+            }
+        }
+        for (i, status) in exited.into_iter().rev() {
+            let worker = self.workers.remove(i);
+            self.anomalies.push(format!(
+                "worker {} (pid {}) exited on its own: {status}",
+                worker.app_name,
+                worker.child.id()
+            ));
+            self.spawn_worker()?;
+        }
+        if let Some(producer) = &mut self.producer {
+            if let Ok(Some(status)) = producer.child.try_wait() {
+                let pid = producer.child.id();
+                self.producer = None;
+                if status.success() {
+                    self.producer_done = true;
+                } else {
+                    self.anomalies.push(format!(
+                        "the producer (pid {pid}) exited on its own: {status}"
+                    ));
+                    self.spawn_producer()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn kill_worker(&mut self, rng: &mut Rng) -> Result<(), String> {
+        if self.workers.is_empty() {
+            return self.spawn_worker();
+        }
+        let i = rng.below(self.workers.len() as u64) as usize;
+        if self.backend == "sqlite" {
+            // A random sub-millisecond moment: the worker's writer thread is inside a
+            // group commit for much of its time, so kills land in the middle of them.
+            spin(Duration::from_micros(rng.below(1_000)));
+        }
+        let mut worker = self.workers.remove(i);
+        let pid = worker.child.id();
+        let _ = worker.child.kill();
+        let _ = worker.child.wait();
+        // Recorded once the process is gone: nothing it logged is later than this.
+        self.record(now_us(), "kill_worker", Some(pid), None);
+        self.spawn_worker()
+    }
+
+    fn kill_producer(&mut self, rng: &mut Rng) -> Result<(), String> {
+        let Some(lines) = &self.producer_lines else {
+            return Ok(());
+        };
+        // Wait for the next batch to go out, then kill inside its call.
+        while lines.try_recv().is_ok() {}
+        match lines.recv_timeout(Duration::from_secs(3)) {
+            Ok(()) => {}
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return Ok(()),
+        }
+        spin(Duration::from_micros(rng.below(3_000)));
+        let Some(mut producer) = self.producer.take() else {
+            return Ok(());
+        };
+        let pid = producer.child.id();
+        let _ = producer.child.kill();
+        let status = producer.child.wait();
+        if status.is_ok_and(|s| s.success()) {
+            // It finished before the signal landed.
+            self.producer_done = true;
+            return Ok(());
+        }
+        self.record(now_us(), "kill_producer", Some(pid), None);
+        self.spawn_producer()
+    }
+
+    fn client_kill(&mut self, rng: &mut Rng) {
+        let t = now_us();
+        // All normal connections (the workers' and the producer's commands), or the
+        // pub/sub connections that carry wake-ups, or one connection at random.
+        let answer = match rng.below(3) {
+            0 => redis_cli(&["client", "kill", "type", "normal"]),
+            1 => redis_cli(&["client", "kill", "type", "pubsub"]),
+            _ => {
+                let list = redis_cli(&["client", "list"]).unwrap_or_default();
+                let ids: Vec<&str> = list
+                    .lines()
+                    .filter(|l| !l.contains("cmd=client"))
+                    .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+                    .collect();
+                if ids.is_empty() {
+                    Ok(String::new())
+                } else {
+                    let id = ids[rng.below(ids.len() as u64) as usize];
+                    redis_cli(&["client", "kill", "id", id])
+                }
+            }
+        };
+        if let Err(err) = answer {
+            self.anomalies.push(format!("CLIENT KILL failed: {err}"));
+        }
+        self.record(t, "client_kill", None, Some(now_us()));
+    }
+
+    fn redis_kill(&mut self, rng: &mut Rng) -> Result<(), String> {
+        let Some(server) = &mut self.redis else {
+            return Ok(());
+        };
+        let t = now_us();
+        server.kill();
+        // Down for a moment, as a crashed server under a supervisor would be.
+        thread::sleep(Duration::from_millis(100 + rng.below(1_400)));
+        server.spawn()?;
+        self.record(t, "redis_kill", None, Some(now_us()));
+        Ok(())
+    }
+
+    fn pg_terminate(&mut self, rng: &mut Rng) {
+        let t = now_us();
+        // One worker's connections, or every worker's: only names this run gave out.
+        let filter = if rng.below(2) == 0 && !self.workers.is_empty() {
+            let i = rng.below(self.workers.len() as u64) as usize;
+            format!("application_name = '{}'", self.workers[i].app_name)
+        } else {
+            format!("starts_with(application_name, '{}w')", self.app_prefix)
+        };
+        let sql = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {filter} AND pid <> pg_backend_pid()"
+        );
+        if let Err(err) = psql(&self.url, &sql) {
+            self.anomalies
+                .push(format!("pg_terminate_backend failed: {err}"));
+        }
+        self.record(t, "pg_terminate", None, Some(now_us()));
+    }
+
+    /// Stops every worker gracefully (closing its standard input); false if one had
+    /// to be killed.
+    fn stop_workers(&mut self) -> bool {
+        for worker in &mut self.workers {
+            worker.stdin = None;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut graceful = true;
+        for worker in &mut self.workers {
+            loop {
+                match worker.child.try_wait() {
+                    Ok(Some(status)) => {
+                        if !status.success() {
+                            graceful = false;
+                            self.anomalies
+                                .push(format!("worker {} stopped with {status}", worker.app_name));
+                        }
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => {
+                        thread::sleep(Duration::from_millis(50));
+                    }
+                    _ => {
+                        graceful = false;
+                        self.anomalies.push(format!(
+                            "worker {} did not stop within 30 s of its shutdown",
+                            worker.app_name
+                        ));
+                        let _ = worker.child.kill();
+                        let _ = worker.child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        self.workers.clear();
+        graceful
+    }
+}
+
+impl Drop for Run<'_> {
+    fn drop(&mut self) {
+        for proc in self.workers.iter_mut().chain(self.producer.iter_mut()) {
+            let _ = proc.child.kill();
+            let _ = proc.child.wait();
+        }
+    }
+}
+
+/// The faults a backend gets, with their weights.
+fn fault_menu(backend: &str) -> Vec<(&'static str, u64)> {
+    let mut menu = vec![("kill_worker", 4), ("kill_producer", 1)];
+    match backend {
+        "redis" => menu.extend([("client_kill", 3), ("redis_kill", 1)]),
+        "postgres" => menu.push(("pg_terminate", 3)),
+        // Kills are SQLite's fault: its file outlives every process.
+        _ => menu.push(("kill_worker", 3)),
+    }
+    menu
+}
+
+fn run_backend(
+    root: &Path,
+    bin: &Path,
+    backend: &str,
+    options: &Options,
+    rng: &mut Rng,
+) -> Result<Row, String> {
+    let began = Instant::now();
+    let stamp = now_us() / 1_000_000;
+    let dir = chaos_root(root).join(format!("{backend}-{stamp}"));
+    fs::create_dir_all(&dir).map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
+    let id = format!("{stamp}{}", std::process::id() % 1_000);
+    let namespace = format!("chaos-{id}");
+    let mut pg_schema = None;
+    let mut redis = None;
+    let url = match backend {
+        "sqlite" => format!("sqlite://{}", dir.join("jobs.db").display()),
+        "redis" => {
+            redis = Some(RedisServer::start(&dir.join("redis"))?);
+            format!("redis://127.0.0.1:{REDIS_PORT}")
+        }
+        "postgres" => {
+            pg_schema = Some(format!("chaos_{id}"));
+            std::env::var("DATABASE_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+        }
+        other => return Err(format!("no chaos run for {other}")),
+    };
+    let faults_path = dir.join("faults.jsonl");
+    let faults = File::create(&faults_path)
+        .map_err(|err| format!("cannot create {}: {err}", faults_path.display()))?;
+    eprintln!("chaos: run directory {}", dir.display());
+    let seconds = options.seconds;
+    let mut run = Run {
+        backend,
+        bin,
+        dir: dir.clone(),
+        url,
+        namespace,
+        pg_schema,
+        app_prefix: format!("jc{id}"),
+        workers: Vec::new(),
+        producer: None,
+        producer_lines: None,
+        producer_done: false,
+        spawned: 0,
+        faults,
+        redis,
+        start_us: now_us(),
+        // The plan is spread over three quarters of the window, so faults hit both
+        // enqueues and a busy queue, and the last quarter lets the producer catch up.
+        spread_ms: seconds * 750,
+        jobs: options.jobs,
+        anomalies: Vec::new(),
+    };
+    for _ in 0..WORKERS {
+        run.spawn_worker()?;
+    }
+    run.spawn_producer()?;
+
+    let fault_start = now_us();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let menu = fault_menu(backend);
+    let mut last_redis_kill: Option<Instant> = None;
+    while Instant::now() < deadline {
+        let pause = Duration::from_millis(200 + rng.below(1_300));
+        thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+        if Instant::now() >= deadline {
+            break;
+        }
+        run.reap()?;
+        let kind = rng.pick(&menu);
+        match kind {
+            "kill_worker" => run.kill_worker(rng)?,
+            "kill_producer" if !run.producer_done => run.kill_producer(rng)?,
+            "client_kill" => run.client_kill(rng),
+            // A restart replays the AOF: one at most every 5 s keeps the run moving.
+            "redis_kill"
+                if last_redis_kill.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) =>
+            {
+                last_redis_kill = Some(Instant::now());
+                run.redis_kill(rng)?;
+            }
+            "pg_terminate" => run.pg_terminate(rng),
+            _ => run.kill_worker(rng)?,
+        }
+    }
+    let fault_end = now_us();
+    eprintln!("chaos: faults over; waiting for the producer to finish its plan");
+
+    // No more faults: the producer finishes its plan (restarted if need be).
+    let producer_deadline = Instant::now() + Duration::from_secs(120);
+    while !run.producer_done {
+        run.reap()?;
+        if Instant::now() > producer_deadline {
+            return Err(
+                "the producer did not finish its plan within 120 s after the faults".to_owned(),
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("chaos: draining");
+    let store_args = run.common_args(&format!("{}c", run.app_prefix));
+    let drain = Command::new(bin)
+        .arg("drain")
+        .args(&store_args)
+        .args(["--timeout-s", &DRAIN_TIMEOUT_S.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|err| format!("cannot run jobs-chaos drain: {err}"))?;
+    let drained = drain.status.success();
+    eprint!("{}", String::from_utf8_lossy(&drain.stderr));
+    eprintln!(
+        "chaos: drain: {}",
+        String::from_utf8_lossy(&drain.stdout).trim()
+    );
+    let graceful = run.stop_workers();
+
+    let check = Command::new(bin)
+        .arg("check")
+        .args(&store_args)
+        .args([
+            "--backend",
+            backend,
+            "--faults",
+            &faults_path.display().to_string(),
+            "--fault-start-us",
+            &fault_start.to_string(),
+            "--fault-end-us",
+            &fault_end.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|err| format!("cannot run jobs-chaos check: {err}"))?;
+    let verdict = String::from_utf8_lossy(&check.stdout).trim().to_owned();
+    if !check.status.success() || verdict.is_empty() {
+        return Err(format!("jobs-chaos check failed ({})", check.status));
+    }
+    let _ = fs::write(dir.join("verdict.json"), format!("{verdict}\n"));
+
+    let mut row = row_from(&verdict, backend)?;
+    row.drained = drained;
+    row.graceful = graceful;
+    row.passed = row.passed && drained && graceful;
+    row.seconds = began.elapsed().as_secs_f64();
+    for example in json_strings(&verdict, "examples") {
+        eprintln!("chaos: {backend}: {example}");
+    }
+    for anomaly in &run.anomalies {
+        eprintln!("chaos: {backend}: note: {anomaly}");
+    }
+    eprintln!(
+        "chaos: {backend}: {} in {:.0} s: {}",
+        if row.passed { "pass" } else { "FAIL" },
+        row.seconds,
+        verdict
+    );
+
+    // Clean up what the run wrote outside its directory, and the big files in it.
+    if let Some(schema) = &run.pg_schema {
+        if let Err(err) = psql(&run.url, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE")) {
+            eprintln!("chaos: could not drop schema {schema}: {err}");
+        }
+    }
+    drop(run.redis.take());
+    if row.passed {
+        for file in ["jobs.db", "jobs.db-wal", "jobs.db-shm"] {
+            let _ = fs::remove_file(dir.join(file));
+        }
+        let _ = fs::remove_dir_all(dir.join("redis"));
+    }
+    Ok(row)
+}
+
+/// The table row from the verdict's JSON (a flat object of numbers, one map of fault
+/// counts and a list of example strings).
+fn row_from(verdict: &str, backend: &str) -> Result<Row, String> {
+    let n = |key: &str| {
+        json_number(verdict, key).ok_or_else(|| format!("the verdict has no {key:?}: {verdict}"))
+    };
+    let faults = json_object_numbers(verdict, "faults");
+    let kinds: Vec<String> = faults.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let mut row = Row {
+        backend: backend.to_owned(),
+        jobs: n("jobs")? as u64,
+        faults: faults.iter().map(|(_, v)| *v).sum(),
+        fault_kinds: kinds.join(", "),
+        lost: n("lost")? as u64,
+        double: n("double_completions")? as u64,
+        stale: n("stale_accepted")? as u64,
+        stuck: n("stuck")? as u64,
+        other: n("other_violations")? as u64,
+        extra_kill: n("extra_runs_worker_kill")? as u64,
+        extra_store: n("extra_runs_store_fault")? as u64,
+        extra_unexplained: n("extra_runs_unexplained")? as u64,
+        planned: n("planned_reruns")? as u64,
+        worker_kills: n("worker_kills")? as u64,
+        claims_in_flight: n("claims_in_flight_at_kills")? as u64,
+        runs_in_flight: n("runs_in_flight_at_kills")? as u64,
+        throughput_faults: n("throughput_under_faults")?,
+        throughput_overall: n("throughput_overall")?,
+        ..Row::default()
+    };
+    row.passed = row.lost == 0
+        && row.double == 0
+        && row.stale == 0
+        && row.stuck == 0
+        && row.other == 0
+        && row.extra_unexplained == 0;
+    Ok(row)
+}
+
+/// The number after `"key":` in a JSON text.
+fn json_number(json: &str, key: &str) -> Option<f64> {
+    let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = &json[at..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | 'e' | 'E' | '+')))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// The `"name": number` pairs of the object under `"key":`.
+fn json_object_numbers(json: &str, key: &str) -> Vec<(String, u64)> {
+    let Some(at) = json.find(&format!("\"{key}\":{{")) else {
+        return Vec::new();
+    };
+    let rest = &json[at + key.len() + 4..];
+    let body = &rest[..rest.find('}').unwrap_or(rest.len())];
+    body.split(',')
+        .filter_map(|pair| {
+            let (name, value) = pair.split_once(':')?;
+            Some((
+                name.trim().trim_matches('"').to_owned(),
+                value.trim().parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The strings of the array under `"key":` (they hold no `"` of their own but escaped
+/// ones, which are shown as they are).
+fn json_strings(json: &str, key: &str) -> Vec<String> {
+    let Some(at) = json.find(&format!("\"{key}\":[")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in json[at + key.len() + 4..].chars() {
+        match (in_string, escaped, c) {
+            (false, _, ']') => break,
+            (false, _, '"') => in_string = true,
+            (true, false, '\\') => escaped = true,
+            (true, false, '"') => {
+                in_string = false;
+                out.push(std::mem::take(&mut current));
+            }
+            (true, _, c) => {
+                escaped = false;
+                current.push(c);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// A seed from the clock and the process id.
+pub fn seed_from_clock() -> u64 {
+    now_us() ^ (u64::from(std::process::id()) << 32)
+}
+
+/// Waits `d` by spinning: a thread sleep is not finer than the scheduler's tick, and a
+/// kill's moment should be random at the sub-millisecond scale.
+fn spin(d: Duration) {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+/// xorshift64*: enough randomness to pick moments and faults, with a printable seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+
+    fn pick(&mut self, menu: &[(&'static str, u64)]) -> &'static str {
+        let total: u64 = menu.iter().map(|(_, w)| w).sum();
+        let mut roll = self.below(total);
+        for (name, weight) in menu {
+            if roll < *weight {
+                return name;
+            }
+            roll -= weight;
+        }
+        menu.first().map_or("kill_worker", |(name, _)| name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdict_fields_are_read() {
+        let verdict = r#"{"backend":"redis","jobs":20000,"faults":{"client_kill":3,"kill_worker":5},"lost":0,"throughput_under_faults":812.5,"examples":["a: x","b: \"y\""]}"#;
+        assert_eq!(json_number(verdict, "jobs"), Some(20_000.0));
+        assert_eq!(json_number(verdict, "throughput_under_faults"), Some(812.5));
+        assert_eq!(json_number(verdict, "nope"), None);
+        assert_eq!(
+            json_object_numbers(verdict, "faults"),
+            vec![("client_kill".to_owned(), 3), ("kill_worker".to_owned(), 5)]
+        );
+        assert_eq!(json_strings(verdict, "examples"), vec!["a: x", "b: \"y\""]);
+    }
+
+    #[test]
+    fn picks_follow_the_menu() {
+        let mut rng = Rng::new(7);
+        let menu = [("a", 1), ("b", 0), ("c", 3)];
+        let picks: Vec<&str> = (0..1_000).map(|_| rng.pick(&menu)).collect();
+        assert!(!picks.contains(&"b"));
+        let a = picks.iter().filter(|p| **p == "a").count();
+        assert!((150..350).contains(&a), "{a}");
+    }
+}
