@@ -24,6 +24,9 @@ pub enum CancelReason {
     /// The worker is shutting down and the grace period ran out; the job is released
     /// (CONTRACT L8) and will run again elsewhere.
     Shutdown,
+    /// The attempt ran past its timeout (the job's own, or the worker's default); the
+    /// attempt fails as timed out and is retried with backoff.
+    TimedOut,
 }
 
 /// The cancellation state shared by a running job, its heartbeat and the worker.
@@ -130,7 +133,8 @@ impl JobContext {
     }
 
     /// The token that is cancelled when the handler should stop: the job was cancelled
-    /// by an operator, its lease was lost, or the worker's shutdown grace ran out.
+    /// by an operator, its lease was lost, its timeout passed, or the worker's shutdown
+    /// grace ran out.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.inner.cancel.token
     }

@@ -14,7 +14,8 @@ pub use client::Client;
 pub use connect::{connect, connect_with};
 pub use handler::{CancelReason, JobContext, JobError, JobOutput, Json};
 pub use worker::{
-    ShutdownHandle, Worker, WorkerBuilder, WorkerHandle, DEFAULT_CONCURRENCY, DEFAULT_LEASE,
+    ShutdownHandle, Worker, WorkerBuilder, WorkerHandle, DEFAULT_BLOCKING_THRESHOLD,
+    DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_TIMEOUT,
 };
 
 /// The backends compiled in, one per enabled feature. Each module is the backend

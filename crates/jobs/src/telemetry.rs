@@ -31,7 +31,9 @@ pub const JOBS_CANCELLED: &str = "jobs_cancelled";
 pub const JOBS_PANICKED: &str = "jobs_panicked";
 /// Counter: jobs handed back at shutdown without counting the attempt.
 pub const JOBS_RELEASED: &str = "jobs_released";
-/// Counter: jobs whose lease this worker lost while running them.
+/// Counter: attempts that ran past their time limit (failed as timed out).
+pub const JOBS_TIMED_OUT: &str = "jobs_timed_out";
+/// Counter: jobs whose lease this worker lost while holding them.
 pub const JOBS_LEASE_LOST: &str = "jobs_lease_lost";
 /// Counter: expired leases taken back by this worker's reclaim, labelled by `state`.
 pub const JOBS_RECLAIMED: &str = "jobs_reclaimed";
@@ -56,6 +58,7 @@ pub(crate) struct QueueMetrics {
     pub(crate) panicked: Counter,
     pub(crate) released: Counter,
     pub(crate) lease_lost: Counter,
+    pub(crate) timed_out: Counter,
     pub(crate) pickup_latency: Histogram,
     pub(crate) run_time: Histogram,
 }
@@ -73,6 +76,7 @@ impl QueueMetrics {
             panicked: counter!(JOBS_PANICKED, &[q()]),
             released: counter!(JOBS_RELEASED, &[q()]),
             lease_lost: counter!(JOBS_LEASE_LOST, &[q()]),
+            timed_out: counter!(JOBS_TIMED_OUT, &[q()]),
             pickup_latency: histogram!(JOBS_PICKUP_LATENCY, &[q()]),
             run_time: histogram!(JOBS_RUN_TIME, &[q()]),
         }

@@ -11,7 +11,7 @@
 //! are skipped loudly when unreachable, and fail under `JOBS_REQUIRE_SERVICES=1`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -797,6 +797,400 @@ mod scenarios {
         let stats = store.stats("mixed").await.expect("stats");
         assert_eq!(stats.succeeded, plan.len() as u64);
     }
+
+    /// Issue #11, defect 1: the jobs of one claim are held from the claim on. The first
+    /// job's first poll blocks the claim loop (it runs inline), so the others wait for
+    /// their turn; meanwhile their leases are extended, nothing is reclaimed, and each
+    /// job runs once, on its first attempt.
+    pub async fn leases_of_a_claimed_batch_are_kept_while_a_first_poll_blocks(env: Env) {
+        let store = env.store().await;
+        let ids = enqueue_plan(store.as_ref(), &["block", "a", "b"]).await;
+        let gate = ThreadGate::new();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(env.store().await, "w")
+            .concurrency(3)
+            .claim_batch(3)
+            .disable_reclaim()
+            .handler("plan", blocking_handler(tx, gate.clone(), 1));
+        let handle = build(worker).spawn();
+        let first = recv(&mut rx, "the blocking handler to start").await;
+        assert_eq!(first.id, ids[0], "the jobs run in claim order");
+        outlive_leases(&env, store.as_ref(), &ids).await;
+        assert!(
+            store.reclaim(10).await.expect("reclaim").is_empty(),
+            "no lease of the batch expired while its first job blocked the claim loop"
+        );
+        gate.open();
+        let mut runs = vec![first];
+        for _ in 1..ids.len() {
+            runs.push(recv(&mut rx, "the other handlers").await);
+        }
+        for id in &ids {
+            wait_for(store.as_ref(), *id, "success", |j| {
+                j.state == JobState::Succeeded
+            })
+            .await;
+        }
+        handle.shutdown().await;
+        assert_each_ran_once(&runs, &ids, 1);
+    }
+
+    /// Issue #11, defect 1: a job whose lease ran out (no heartbeat could reach the store)
+    /// and was reclaimed while it waited for its turn is not started under that lease:
+    /// it is handed back, and runs once, under its next claim.
+    pub async fn a_job_whose_lease_expired_before_its_turn_is_not_started(env: Env) {
+        let store = env.store().await;
+        let ids = enqueue_plan(store.as_ref(), &["block", "a", "b"]).await;
+        let gate = ThreadGate::new();
+        let counting = Arc::new(CountingStore::new(env.store().await, 0));
+        counting.heartbeats_down.store(true, Ordering::SeqCst);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(counting.clone(), "w")
+            .concurrency(3)
+            .claim_batch(3)
+            .disable_reclaim()
+            .handler("plan", blocking_handler(tx, gate.clone(), 1));
+        let handle = build(worker).spawn();
+        let first = recv(&mut rx, "the blocking handler to start").await;
+        env.clock.advance(LEASE + Duration::from_millis(1));
+        let reclaimed = store.reclaim(10).await.expect("reclaim");
+        assert_eq!(reclaimed.len(), 3, "every lease of the claim expired");
+        counting.heartbeats_down.store(false, Ordering::SeqCst);
+        gate.open();
+        let mut runs = vec![first];
+        // The blocked job runs again too: its lease was reclaimed under it.
+        for _ in 0..ids.len() {
+            runs.push(recv(&mut rx, "the jobs' runs").await);
+        }
+        for id in &ids {
+            wait_for(store.as_ref(), *id, "success", |j| {
+                j.state == JobState::Succeeded
+            })
+            .await;
+        }
+        handle.shutdown().await;
+        for id in &ids[1..] {
+            let attempts: Vec<u32> = runs
+                .iter()
+                .filter(|r| r.id == *id)
+                .map(|r| r.attempt)
+                .collect();
+            assert_eq!(
+                attempts,
+                vec![2],
+                "a job whose lease was reclaimed before its turn runs once, on its next claim"
+            );
+        }
+    }
+
+    /// Issue #11, defect 2: a success the store cannot take yet keeps its lease (the
+    /// keeper extends it) and is tried again until the store takes it, however long
+    /// that is; the job is not reclaimed and does not run again.
+    pub async fn outcomes_waiting_to_be_recorded_keep_their_lease(env: Env) {
+        let store = env.store().await;
+        let ids = enqueue_plan(store.as_ref(), &["quick"]).await;
+        let counting = Arc::new(CountingStore::new(env.store().await, 0));
+        counting.completions_down.store(true, Ordering::SeqCst);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(counting.clone(), "w")
+            .concurrency(1)
+            .disable_reclaim()
+            .handler("plan", blocking_handler(tx, ThreadGate::open_now(), 0));
+        let handle = build(worker).spawn();
+        let run = recv(&mut rx, "the handler").await;
+        outlive_leases(&env, store.as_ref(), &ids).await;
+        assert!(
+            store.reclaim(10).await.expect("reclaim").is_empty(),
+            "a success waiting to be recorded keeps its lease"
+        );
+        counting.completions_down.store(false, Ordering::SeqCst);
+        let job = wait_for(store.as_ref(), ids[0], "success", |j| {
+            j.state == JobState::Succeeded
+        })
+        .await;
+        handle.shutdown().await;
+        assert_eq!(job.attempts, 1);
+        assert!(rx.try_recv().is_err(), "the job ran once");
+        assert_eq!(run.attempt, 1);
+    }
+
+    /// Issue #11, defect 4: handlers that block their threads (here, every thread of
+    /// the handlers' runtime, past several leases) do not cost any job its lease: each
+    /// runs once, on its first attempt.
+    pub async fn handlers_blocking_every_thread_cost_no_lease(env: Env) {
+        let store = env.store().await;
+        let ids = enqueue_plan(store.as_ref(), &["block", "block", "block", "block"]).await;
+        let gate = ThreadGate::new();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(env.store().await, "w")
+            .concurrency(4)
+            .handler_threads(2)
+            .disable_reclaim()
+            .handler("plan", blocking_handler(tx, gate.clone(), u32::MAX));
+        let handle = build(worker).spawn();
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            runs.push(recv(&mut rx, "two handlers to block both threads").await);
+        }
+        outlive_leases(&env, store.as_ref(), &ids).await;
+        assert!(
+            store.reclaim(10).await.expect("reclaim").is_empty(),
+            "no lease expired while handlers blocked every handler thread"
+        );
+        gate.open();
+        for _ in 2..ids.len() {
+            runs.push(recv(&mut rx, "the other handlers").await);
+        }
+        for id in &ids {
+            wait_for(store.as_ref(), *id, "success", |j| {
+                j.state == JobState::Succeeded
+            })
+            .await;
+        }
+        handle.shutdown().await;
+        assert_each_ran_once(&runs, &ids, 1);
+    }
+
+    /// A handler past its timeout (the job's own, overriding the worker's) is
+    /// cancelled, given the cancel grace, and dropped: the attempt fails as timed out
+    /// and is retried with backoff, and its slot runs the next job.
+    pub async fn a_timed_out_handler_fails_its_attempt_and_frees_its_slot(env: Env) {
+        let store = env.store().await;
+        let hung = enqueue(
+            store.as_ref(),
+            NewJob::new("hang").timeout(Duration::from_millis(30)),
+        )
+        .await;
+        let quick = enqueue(store.as_ref(), NewJob::new("hang").payload(&b"quick"[..])).await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(env.store().await, "w")
+            .concurrency(1)
+            .timeout(Duration::from_secs(3600))
+            .cancel_grace(Duration::from_millis(30))
+            .handler("hang", move |ctx: JobContext, payload: Bytes| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(seen(&ctx));
+                    if payload.is_empty() {
+                        // Ignores its cancellation, as a hung handler does.
+                        std::future::pending::<()>().await;
+                    }
+                    Ok(())
+                }
+            });
+        let handle = build(worker).spawn();
+        let first = recv(&mut rx, "the hung handler").await;
+        assert_eq!(first.id, hung);
+        let job = wait_for(store.as_ref(), hung, "the timed out attempt", |j| {
+            j.state == JobState::Queued && j.attempts == 1
+        })
+        .await;
+        assert_eq!(
+            job.last_error.as_deref(),
+            Some("timed out after 30ms"),
+            "the attempt failed as timed out"
+        );
+        assert_eq!(
+            job.run_at,
+            env.clock.now().saturating_add(Duration::from_secs(10)),
+            "and is retried with the worker's backoff"
+        );
+        wait_for(
+            store.as_ref(),
+            quick,
+            "the next job in the freed slot",
+            |j| j.state == JobState::Succeeded,
+        )
+        .await;
+        handle.shutdown().await;
+    }
+
+    /// A handler that blocks its thread past its timeout cannot be cancelled: the
+    /// keeper fails its attempt as timed out all the same, and when the handler
+    /// returns at last, its result is not recorded.
+    pub async fn a_handler_blocked_past_its_timeout_is_failed_by_the_keeper(env: Env) {
+        let store = env.store().await;
+        let ids = enqueue_plan(store.as_ref(), &["block"]).await;
+        let gate = ThreadGate::new();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(env.store().await, "w")
+            .concurrency(1)
+            .timeout(Duration::from_millis(30))
+            .cancel_grace(Duration::from_millis(30))
+            .disable_reclaim()
+            .handler("plan", blocking_handler(tx, gate.clone(), 1));
+        let handle = build(worker).spawn();
+        recv(&mut rx, "the blocking handler").await;
+        let job = wait_for(
+            store.as_ref(),
+            ids[0],
+            "the attempt failed by the keeper",
+            |j| j.state == JobState::Queued,
+        )
+        .await;
+        assert_eq!(job.last_error.as_deref(), Some("timed out after 30ms"));
+        gate.open();
+        handle.shutdown().await;
+        let job = store.get(ids[0]).await.expect("get");
+        assert_eq!(
+            (job.state, job.attempts),
+            (JobState::Queued, 1),
+            "the handler's late success was not recorded"
+        );
+    }
+
+    /// Every lease the worker holds is extended with one `heartbeat_batch` call per
+    /// interval, not one call per job.
+    pub async fn heartbeats_go_out_in_one_call_per_interval(env: Env) {
+        let store = env.store().await;
+        let ids = enqueue_plan(store.as_ref(), &["wait"; 8]).await;
+        let counting = Arc::new(CountingStore::new(env.store().await, 0));
+        let gate = ThreadGate::new();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let handler_gate = gate.clone();
+        let worker = test_worker(counting.clone(), "w")
+            .concurrency(8)
+            .disable_reclaim()
+            .handler("plan", move |ctx: JobContext, _payload: Bytes| {
+                let (tx, gate) = (tx.clone(), handler_gate.clone());
+                async move {
+                    let _ = tx.send(seen(&ctx));
+                    gate.wait_async().await;
+                    Ok(())
+                }
+            });
+        let handle = build(worker).spawn();
+        for _ in 0..ids.len() {
+            recv(&mut rx, "every handler").await;
+        }
+        let before = counting.heartbeat_batches.load(Ordering::SeqCst);
+        outlive_leases(&env, store.as_ref(), &ids).await;
+        let calls = counting.heartbeat_batches.load(Ordering::SeqCst) - before;
+        handle.shutdown_handle().shutdown();
+        gate.open();
+        handle.join().await;
+        assert!(calls >= 1, "the leases were extended by heartbeat_batch");
+        // Four lease-halves passed, each seen by at least one call for all eight jobs;
+        // one call per job would be 32 or more.
+        assert!(
+            calls < 8 * 4,
+            "{calls} heartbeat_batch calls for 8 jobs over 4 waits: not batched"
+        );
+    }
+}
+
+/// Enqueues one job of queue `plan` per step, in order, its payload the step's name.
+async fn enqueue_plan(store: &dyn Store, plan: &[&str]) -> Vec<JobId> {
+    let mut ids = Vec::with_capacity(plan.len());
+    for step in plan {
+        let job = NewJob::new("plan").payload(step.as_bytes().to_vec());
+        ids.push(enqueue(store, job).await);
+    }
+    ids
+}
+
+/// A handler for `plan` jobs: reports each run, then a `block` job blocks its thread
+/// on `gate` on attempts up to `block_attempts` (after a first await, so that it
+/// blocks a task's thread rather than the claim loop, when `block_attempts` is
+/// `u32::MAX`; in its first poll otherwise).
+fn blocking_handler(
+    tx: mpsc::UnboundedSender<Seen>,
+    gate: ThreadGate,
+    block_attempts: u32,
+) -> impl Fn(JobContext, Bytes) -> futures_boxed::Boxed + Send + Sync + 'static {
+    move |ctx: JobContext, payload: Bytes| {
+        let (tx, gate) = (tx.clone(), gate.clone());
+        Box::pin(async move {
+            if block_attempts == u32::MAX {
+                tokio::task::yield_now().await;
+            }
+            let _ = tx.send(seen(&ctx));
+            if &payload[..] == b"block" && ctx.attempt() <= block_attempts {
+                gate.wait_blocking();
+            }
+            Ok(())
+        })
+    }
+}
+
+mod futures_boxed {
+    /// A handler's boxed future.
+    pub type Boxed = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), jobs::JobError>> + Send + 'static>,
+    >;
+}
+
+/// A gate that blocks threads (not tasks) until the test opens it, or until a bound in
+/// real time: on a runtime that does not keep leases apart from handlers, a blocked
+/// runtime thread would stall the test itself, and the test must then fail, not hang.
+#[derive(Clone)]
+struct ThreadGate(Arc<(Mutex<bool>, std::sync::Condvar)>);
+
+impl ThreadGate {
+    const BOUND: Duration = Duration::from_secs(15);
+
+    fn new() -> Self {
+        ThreadGate(Arc::new((Mutex::new(false), std::sync::Condvar::new())))
+    }
+
+    fn open_now() -> Self {
+        let gate = Self::new();
+        gate.open();
+        gate
+    }
+
+    fn open(&self) {
+        let (open, changed) = &*self.0;
+        *open.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        changed.notify_all();
+    }
+
+    fn wait_blocking(&self) {
+        let (open, changed) = &*self.0;
+        let guard = open.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = changed.wait_timeout_while(guard, Self::BOUND, |open| !*open);
+    }
+
+    async fn wait_async(&self) {
+        let mut ticker = tokio::time::interval(Duration::from_millis(5));
+        while !*self.0 .0.lock().unwrap_or_else(|p| p.into_inner()) {
+            ticker.tick().await;
+        }
+    }
+}
+
+/// Moves the store's clock four half-leases forward (two whole leases), and after each
+/// step waits until every job's stored lease runs past the new time: the worker's
+/// heartbeats must reach the store while the test drives its clock.
+async fn outlive_leases(env: &Env, store: &dyn Store, ids: &[JobId]) {
+    for _ in 0..4 {
+        env.clock.advance(LEASE / 2);
+        let now = env.clock.now();
+        for id in ids {
+            wait_for(store, *id, "a heartbeat past the clock's new time", |j| {
+                j.lease
+                    .as_ref()
+                    .is_some_and(|l| l.expires_at > now.saturating_add(LEASE / 4))
+            })
+            .await;
+        }
+    }
+}
+
+/// Each job of `ids` ran exactly once, on attempt `attempt`.
+fn assert_each_ran_once(runs: &[Seen], ids: &[JobId], attempt: u32) {
+    for id in ids {
+        let attempts: Vec<u32> = runs
+            .iter()
+            .filter(|r| r.id == *id)
+            .map(|r| r.attempt)
+            .collect();
+        assert_eq!(
+            attempts,
+            vec![attempt],
+            "job {id} ran once, on attempt {attempt}"
+        );
+    }
 }
 
 /// Forwards every call to `inner`, counting how successes reach it.
@@ -808,6 +1202,11 @@ struct CountingStore {
     batched_entries: AtomicUsize,
     /// This many `complete_batch` calls fail as a whole, unavailable, writing nothing.
     unavailable_batches: AtomicUsize,
+    /// While set, every completion fails as a whole, unavailable, writing nothing.
+    completions_down: AtomicBool,
+    /// While set, every heartbeat fails as a whole, unavailable, writing nothing.
+    heartbeats_down: AtomicBool,
+    heartbeat_batches: AtomicUsize,
 }
 
 impl CountingStore {
@@ -818,7 +1217,17 @@ impl CountingStore {
             batches: AtomicUsize::new(0),
             batched_entries: AtomicUsize::new(0),
             unavailable_batches: AtomicUsize::new(unavailable_batches),
+            completions_down: AtomicBool::new(false),
+            heartbeats_down: AtomicBool::new(false),
+            heartbeat_batches: AtomicUsize::new(0),
         }
+    }
+}
+
+fn test_outage() -> jobs::Error {
+    jobs::Error::Unavailable {
+        message: "test: the store is down".to_owned(),
+        source: None,
     }
 }
 
@@ -851,7 +1260,21 @@ impl Store for CountingStore {
         token: LeaseToken,
         ttl: Duration,
     ) -> jobs::Result<jobs::Heartbeat> {
+        if self.heartbeats_down.load(Ordering::SeqCst) {
+            return Err(test_outage());
+        }
         self.inner.heartbeat(id, token, ttl).await
+    }
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<jobs::HeldLease>,
+        ttl: Duration,
+    ) -> jobs::Result<Vec<jobs::Result<jobs::Heartbeat>>> {
+        self.heartbeat_batches.fetch_add(1, Ordering::SeqCst);
+        if self.heartbeats_down.load(Ordering::SeqCst) {
+            return Err(test_outage());
+        }
+        self.inner.heartbeat_batch(leases, ttl).await
     }
     async fn complete(
         &self,
@@ -860,6 +1283,9 @@ impl Store for CountingStore {
         result: Option<Bytes>,
     ) -> jobs::Result<()> {
         self.completes.fetch_add(1, Ordering::SeqCst);
+        if self.completions_down.load(Ordering::SeqCst) {
+            return Err(test_outage());
+        }
         self.inner.complete(id, token, result).await
     }
     async fn complete_batch(
@@ -871,11 +1297,8 @@ impl Store for CountingStore {
             .unavailable_batches
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
-        if refuse {
-            return Err(jobs::Error::Unavailable {
-                message: "test: the store is down".to_owned(),
-                source: None,
-            });
+        if refuse || self.completions_down.load(Ordering::SeqCst) {
+            return Err(test_outage());
         }
         self.batched_entries
             .fetch_add(completions.len(), Ordering::SeqCst);
@@ -939,6 +1362,13 @@ macro_rules! runtime_tests {
                 successes_are_recorded_in_batches,
                 unavailable_completions_are_tried_again,
                 slow_first_polls_move_jobs_to_tasks,
+                leases_of_a_claimed_batch_are_kept_while_a_first_poll_blocks,
+                a_job_whose_lease_expired_before_its_turn_is_not_started,
+                outcomes_waiting_to_be_recorded_keep_their_lease,
+                handlers_blocking_every_thread_cost_no_lease,
+                a_timed_out_handler_fails_its_attempt_and_frees_its_slot,
+                a_handler_blocked_past_its_timeout_is_failed_by_the_keeper,
+                heartbeats_go_out_in_one_call_per_interval,
             );
         }
     };

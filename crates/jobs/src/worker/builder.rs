@@ -1,0 +1,402 @@
+//! The worker's configuration: [`WorkerBuilder`], checked once by `build`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use jobs_core::validate::{validate_lease_ttl, validate_queue, validate_worker, MAX_CLAIM_LIMIT};
+use jobs_core::{Backoff, Error, Result, Store};
+use tokio_util::sync::CancellationToken;
+
+use super::job::{InlinePolls, QueueHandler};
+use super::Worker;
+use crate::handler::{BytesHandler, JobContext, JobError, JobOutput, JsonHandler};
+
+/// Default lease length.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default number of handlers running at once.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+/// Default time limit of one attempt, as asynq's: long enough for most work, short
+/// enough that a hung handler gives its slot back the same day.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Default length of one poll of a handler above which the worker logs it as blocking.
+pub const DEFAULT_BLOCKING_THRESHOLD: Duration = Duration::from_millis(100);
+
+/// Where handlers run.
+#[derive(Clone)]
+pub(crate) enum HandlerRuntime {
+    /// A multi-thread runtime the worker starts for its handlers, with this many threads.
+    Own(usize),
+    /// A runtime the caller gave.
+    Shared(tokio::runtime::Handle),
+}
+
+/// Configures and builds a [`Worker`]. Start with [`Worker::builder`].
+///
+/// Every interval is real time (tokio timers), while lease expiry and retry times are
+/// decided on the store's clock; tests shorten the intervals and drive a `ManualClock`.
+pub struct WorkerBuilder {
+    store: Arc<dyn Store>,
+    handlers: Vec<(String, Arc<dyn crate::handler::ErasedHandler>)>,
+    worker_id: Option<String>,
+    concurrency: usize,
+    claim_batch: usize,
+    lease: Duration,
+    heartbeat: Option<Duration>,
+    backoff: Backoff,
+    poll_interval: Duration,
+    reclaim_interval: Option<Duration>,
+    reclaim_batch: usize,
+    purge_interval: Option<Duration>,
+    purge_batch: usize,
+    shutdown_grace: Duration,
+    cancel_grace: Duration,
+    timeout: Option<Duration>,
+    blocking_threshold: Duration,
+    handler_runtime: Option<HandlerRuntime>,
+}
+
+impl fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field(
+                "queues",
+                &self.handlers.iter().map(|(q, _)| q).collect::<Vec<_>>(),
+            )
+            .field("worker_id", &self.worker_id)
+            .field("concurrency", &self.concurrency)
+            .field("lease", &self.lease)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerBuilder {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        WorkerBuilder {
+            store,
+            handlers: Vec::new(),
+            worker_id: None,
+            concurrency: DEFAULT_CONCURRENCY,
+            claim_batch: 100,
+            lease: DEFAULT_LEASE,
+            heartbeat: None,
+            backoff: Backoff::default(),
+            poll_interval: Duration::from_secs(1),
+            reclaim_interval: Some(Duration::from_secs(5)),
+            reclaim_batch: 100,
+            purge_interval: Some(Duration::from_secs(60)),
+            purge_batch: 1_000,
+            shutdown_grace: Duration::from_secs(30),
+            cancel_grace: Duration::from_secs(5),
+            timeout: Some(DEFAULT_TIMEOUT),
+            blocking_threshold: DEFAULT_BLOCKING_THRESHOLD,
+            handler_runtime: None,
+        }
+    }
+
+    /// Runs `handler` for the jobs of `queue`, with the raw payload bytes.
+    ///
+    /// The handler is an async function of the job's [`JobContext`] and payload; it
+    /// returns any [`JobOutput`] (stored as the job's result) or a [`JobError`].
+    pub fn handler<F, Fut, O>(mut self, queue: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(JobContext, Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<O, JobError>> + Send + 'static,
+        O: JobOutput + 'static,
+    {
+        let handler = BytesHandler {
+            f: handler,
+            _types: PhantomData,
+        };
+        self.handlers.push((queue.into(), Arc::new(handler)));
+        self
+    }
+
+    /// Runs `handler` for the jobs of `queue`, with the payload decoded from JSON into
+    /// `T`. A payload that does not decode fails the job for good (no retry can fix it).
+    pub fn json_handler<T, F, Fut, O>(mut self, queue: impl Into<String>, handler: F) -> Self
+    where
+        T: serde::de::DeserializeOwned + Send + 'static,
+        F: Fn(JobContext, T) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<O, JobError>> + Send + 'static,
+        O: JobOutput + 'static,
+    {
+        let handler = JsonHandler {
+            f: handler,
+            _types: PhantomData,
+        };
+        self.handlers.push((queue.into(), Arc::new(handler)));
+        self
+    }
+
+    /// The id recorded in every lease this worker takes. Default:
+    /// `worker-<pid>-<random>`. Must be unique among live workers.
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.worker_id = Some(id.into());
+        self
+    }
+
+    /// How many handlers run at once. Default 16.
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
+    /// The most jobs one claim asks for; a claim never asks for more than the free
+    /// slots. Default 100.
+    pub fn claim_batch(mut self, batch: usize) -> Self {
+        self.claim_batch = batch;
+        self
+    }
+
+    /// How long a claim holds a job without a heartbeat. Default 30 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often the lease of every job the worker holds (waiting to start, running,
+    /// or with its outcome on the way to the store) is extended, in one
+    /// `heartbeat_batch` call. Default: a third of the lease. Must be shorter than the
+    /// lease.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat = Some(interval);
+        self
+    }
+
+    /// The delays between attempts of a failing job. Default: 1 s doubling to 1 h,
+    /// 20 % jitter.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The longest wait for new work before claiming again anyway; it bounds how late
+    /// a scheduled job (or one enqueued where the store cannot signal) is picked up.
+    /// Default 1 s.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How often the worker takes back jobs whose lease expired (CONTRACT R1–R4).
+    /// Default 5 s.
+    pub fn reclaim_interval(mut self, interval: Duration) -> Self {
+        self.reclaim_interval = Some(interval);
+        self
+    }
+
+    /// Leaves reclaiming to other workers.
+    pub fn disable_reclaim(mut self) -> Self {
+        self.reclaim_interval = None;
+        self
+    }
+
+    /// How often the worker deletes terminal jobs past the store's retention
+    /// (`Store::purge`, CONTRACT A5). Default 60 s.
+    pub fn purge_interval(mut self, interval: Duration) -> Self {
+        self.purge_interval = Some(interval);
+        self
+    }
+
+    /// Leaves purging to other workers (or to nobody: then terminal jobs are kept).
+    pub fn disable_purge(mut self) -> Self {
+        self.purge_interval = None;
+        self
+    }
+
+    /// How long shutdown waits for running handlers before releasing their jobs.
+    /// Default 30 s.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// How long a handler whose job was cancelled (or whose lease was lost, or whose
+    /// timeout passed) may keep running to wind down before the worker drops it.
+    /// Default 5 s.
+    pub fn cancel_grace(mut self, grace: Duration) -> Self {
+        self.cancel_grace = grace;
+        self
+    }
+
+    /// How long one attempt may run, for jobs enqueued without a timeout of their own
+    /// (`NewJob::timeout` overrides it). Past it the handler is cancelled
+    /// ([`crate::CancelReason::TimedOut`]), given the cancel grace, and the attempt
+    /// fails as timed out, to be retried with backoff. Default 30 minutes.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// No worker-wide time limit: only jobs enqueued with a timeout of their own have
+    /// one.
+    pub fn no_timeout(mut self) -> Self {
+        self.timeout = None;
+        self
+    }
+
+    /// A poll of a handler longer than this is logged as blocking, with its queue and
+    /// job id, and a queue whose first poll blocks stops starting its jobs in the claim
+    /// loop. Default 100 ms.
+    pub fn blocking_threshold(mut self, threshold: Duration) -> Self {
+        self.blocking_threshold = threshold;
+        self
+    }
+
+    /// Runs handlers on a multi-thread runtime of `threads` threads that the worker
+    /// starts for them (the default, with one thread per core).
+    ///
+    /// Handlers are kept off the runtime the worker was started from, where the
+    /// store's connections live: a handler that blocks its thread then delays other
+    /// handlers, never the heartbeats and outcomes that keep every job's lease.
+    pub fn handler_threads(mut self, threads: usize) -> Self {
+        self.handler_runtime = Some(HandlerRuntime::Own(threads));
+        self
+    }
+
+    /// Runs handlers on the given runtime instead of one of the worker's own, for
+    /// example `tokio::runtime::Handle::current()`. Lease upkeep stays safe from
+    /// handlers that block only if that runtime is not the one the store's connections
+    /// were opened on (for the Redis and PostgreSQL stores), or if handlers never block.
+    pub fn handler_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.handler_runtime = Some(HandlerRuntime::Shared(runtime));
+        self
+    }
+
+    /// Checks the configuration and builds the worker.
+    pub fn build(self) -> Result<Worker> {
+        if self.handlers.is_empty() {
+            return Err(Error::invalid(
+                "queues",
+                "a worker needs at least one handler",
+            ));
+        }
+        let mut handlers = HashMap::with_capacity(self.handlers.len());
+        let mut queue_names = Vec::with_capacity(self.handlers.len());
+        for (queue, handler) in self.handlers {
+            validate_queue(&queue)?;
+            if handlers.contains_key(&queue) {
+                return Err(Error::invalid(
+                    "queues",
+                    format!("queue {queue:?} has two handlers"),
+                ));
+            }
+            queue_names.push(queue.clone());
+            handlers.insert(
+                queue,
+                QueueHandler {
+                    handler,
+                    inline: InlinePolls::new(),
+                },
+            );
+        }
+        let worker_id = self.worker_id.unwrap_or_else(|| {
+            format!(
+                "worker-{}-{:08x}",
+                std::process::id(),
+                rand::random::<u32>()
+            )
+        });
+        validate_worker(&worker_id)?;
+        validate_lease_ttl(self.lease)?;
+        let heartbeat = self.heartbeat.unwrap_or(self.lease / 3);
+        if heartbeat.is_zero() || heartbeat >= self.lease {
+            return Err(Error::invalid(
+                "heartbeat_interval",
+                "must be above zero and shorter than the lease",
+            ));
+        }
+        if self.concurrency == 0 {
+            return Err(Error::invalid("concurrency", "must be at least 1"));
+        }
+        if self.claim_batch == 0 || self.claim_batch > MAX_CLAIM_LIMIT {
+            return Err(Error::invalid(
+                "claim_batch",
+                format!("must be 1..={MAX_CLAIM_LIMIT}"),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.backoff.jitter) || self.backoff.initial > self.backoff.max {
+            return Err(Error::invalid(
+                "backoff",
+                "jitter must be within 0..=1 and the initial delay at most the cap",
+            ));
+        }
+        let positive = [
+            ("poll_interval", Some(self.poll_interval)),
+            ("reclaim_interval", self.reclaim_interval),
+            ("purge_interval", self.purge_interval),
+            ("timeout", self.timeout),
+            ("blocking_threshold", Some(self.blocking_threshold)),
+        ];
+        for (field, interval) in positive {
+            if interval.is_some_and(|d| d.is_zero()) {
+                return Err(Error::invalid(field, "must be above zero"));
+            }
+        }
+        if self.reclaim_batch == 0 || self.purge_batch == 0 {
+            return Err(Error::invalid("batch", "must be at least 1"));
+        }
+        let handler_runtime = match self.handler_runtime {
+            Some(HandlerRuntime::Own(0)) => {
+                return Err(Error::invalid("handler_threads", "must be at least 1"))
+            }
+            Some(runtime) => runtime,
+            None => HandlerRuntime::Own(
+                std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+            ),
+        };
+        Ok(Worker {
+            config: Config {
+                store: self.store,
+                handlers,
+                queue_names,
+                worker_id: Arc::from(worker_id),
+                concurrency: self.concurrency,
+                claim_batch: self.claim_batch,
+                lease: self.lease,
+                heartbeat,
+                backoff: self.backoff,
+                poll_interval: self.poll_interval,
+                reclaim_interval: self.reclaim_interval,
+                reclaim_batch: self.reclaim_batch,
+                purge_interval: self.purge_interval,
+                purge_batch: self.purge_batch,
+                shutdown_grace: self.shutdown_grace,
+                cancel_grace: self.cancel_grace,
+                timeout: self.timeout,
+                blocking_threshold: self.blocking_threshold,
+                handler_runtime,
+            },
+            shutdown: CancellationToken::new(),
+        })
+    }
+}
+
+/// A built worker's settings, checked.
+pub(crate) struct Config {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) handlers: HashMap<String, QueueHandler>,
+    pub(crate) queue_names: Vec<String>,
+    pub(crate) worker_id: Arc<str>,
+    pub(crate) concurrency: usize,
+    pub(crate) claim_batch: usize,
+    pub(crate) lease: Duration,
+    pub(crate) heartbeat: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) poll_interval: Duration,
+    pub(crate) reclaim_interval: Option<Duration>,
+    pub(crate) reclaim_batch: usize,
+    pub(crate) purge_interval: Option<Duration>,
+    pub(crate) purge_batch: usize,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) cancel_grace: Duration,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) blocking_threshold: Duration,
+    pub(crate) handler_runtime: HandlerRuntime,
+}

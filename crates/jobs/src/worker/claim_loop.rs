@@ -1,0 +1,255 @@
+//! The claim loop: claims as many jobs as there are free slots, starts them, records
+//! successes in batches, and runs the shutdown sequence. It runs on the handlers'
+//! runtime, since it polls handlers' first steps itself.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobs_core::{ClaimRequest, ClaimedJob};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::job::start_job;
+use super::report::{record_completions, Succeeded};
+use super::Shared;
+use crate::handler::{CancelReason, CancelState};
+
+/// How long the worker waits, after cancelling the handlers still running at the end
+/// of the shutdown grace period, for their releases to reach the store.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most completions handed to the store in one `complete_batch` call.
+const COMPLETION_BATCH: usize = 256;
+
+/// The claim loop, then the shutdown sequence.
+pub(crate) async fn run_loop(
+    shared: Arc<Shared>,
+    mut completed: mpsc::UnboundedReceiver<Succeeded>,
+    shutdown: CancellationToken,
+) {
+    let config = &shared.config;
+    let mut jobs: JoinSet<()> = JoinSet::new();
+    // Successes handed over by finished handlers, recorded together by this loop.
+    let mut succeeded: Vec<Succeeded> = Vec::with_capacity(COMPLETION_BATCH);
+    let mut error_delay = ErrorDelay::default();
+    loop {
+        while let Some(done) = jobs.try_join_next() {
+            log_job_task_end(done);
+        }
+        if shutdown.is_cancelled() {
+            break;
+        }
+        take_completions(&mut completed, &mut succeeded);
+        let free = config
+            .concurrency
+            .saturating_sub(shared.handlers_running.load(Ordering::Acquire));
+        // Failures and releases are reported by the jobs' tasks; those in flight are
+        // bounded too, so a slow store pushes back on claiming.
+        if free == 0 || jobs.len() >= 2 * config.concurrency {
+            if !succeeded.is_empty() {
+                record_completions(&shared, &mut succeeded, Some(&shutdown)).await;
+                continue;
+            }
+            tokio::select! {
+                done = jobs.join_next(), if !jobs.is_empty() => {
+                    if let Some(done) = done {
+                        log_job_task_end(done);
+                    }
+                }
+                _ = completed.recv_many(&mut succeeded, COMPLETION_BATCH) => {}
+                () = shared.slot_freed.notified() => {}
+                () = shutdown.cancelled() => {}
+            }
+            continue;
+        }
+        let limit = free.min(config.claim_batch);
+        let request = ClaimRequest::new(
+            config.queue_names.iter().cloned(),
+            config.worker_id.as_ref(),
+            config.lease,
+        )
+        .limit(limit);
+        // The completions and the claim that refills their slots go out together: they
+        // share a round trip (a group commit, a pipeline) where the store allows, and
+        // run one after the other on this task where it does not (the memory store),
+        // never contending for the same lock from two threads.
+        let ((), claimed) = tokio::join!(
+            record_completions(&shared, &mut succeeded, Some(&shutdown)),
+            config.store.claim(request)
+        );
+        match claimed {
+            Ok(claimed) => {
+                error_delay.reset();
+                let full = claimed.len() >= limit;
+                start_all(&shared, &mut jobs, claimed);
+                if full {
+                    continue;
+                }
+            }
+            Err(err) => {
+                shared.metrics.store_errors.increment(1);
+                tracing::warn!(error = %err, "claim failed; backing off");
+                error_delay.wait(&shutdown).await;
+                continue;
+            }
+        }
+        take_completions(&mut completed, &mut succeeded);
+        if !succeeded.is_empty() {
+            // Jobs that finished at once: record them before waiting for more work.
+            record_completions(&shared, &mut succeeded, Some(&shutdown)).await;
+        }
+        tokio::select! {
+            waited = config.store.wait_for_work(&config.queue_names, config.poll_interval) => {
+                if let Err(err) = waited {
+                    shared.metrics.store_errors.increment(1);
+                    tracing::warn!(error = %err, "waiting for work failed; backing off");
+                    error_delay.wait(&shutdown).await;
+                }
+            }
+            // A handler finished: its success is recorded and its slot refilled.
+            _ = completed.recv_many(&mut succeeded, COMPLETION_BATCH) => {}
+            () = shared.slot_freed.notified() => {}
+            () = shared.reclaimed.notified() => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
+
+    // Graceful shutdown: nothing new is claimed from here on.
+    tracing::info!(running = jobs.len(), "worker shutting down");
+    let drained = tokio::time::timeout(
+        config.shutdown_grace,
+        finish_jobs(&shared, &mut jobs, &mut completed, &mut succeeded),
+    )
+    .await;
+    if drained.is_err() {
+        let left = shared.leases.running();
+        tracing::warn!(
+            jobs = left.len(),
+            "shutdown grace period over; releasing unfinished jobs"
+        );
+        for cancel in left {
+            cancel.cancel(CancelReason::Shutdown);
+        }
+        let released = tokio::time::timeout(
+            RELEASE_TIMEOUT,
+            finish_jobs(&shared, &mut jobs, &mut completed, &mut succeeded),
+        )
+        .await;
+        if released.is_err() {
+            tracing::error!(
+                jobs = shared.leases.len(),
+                "could not release or complete every job in time; their leases will expire"
+            );
+        }
+    }
+}
+
+/// Holds every job of a claim before starting any, so that the leases of those whose
+/// turn comes later are kept while the first ones start; then starts them in order.
+fn start_all(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: Vec<ClaimedJob>) {
+    let config = &shared.config;
+    let now = config.store.settings().now();
+    let mut held = Vec::with_capacity(claimed.len());
+    for job in claimed {
+        let metrics = shared.metrics.queue(&job.job.queue);
+        metrics.claimed.increment(1);
+        let picked_up_at = job.job.started_at.unwrap_or(now);
+        metrics
+            .pickup_latency
+            .record(picked_up_at.duration_since(job.job.run_at).as_secs_f64());
+        let expires_at = job.job.lease.as_ref().map_or_else(
+            || now.saturating_add(config.lease),
+            |lease| lease.expires_at,
+        );
+        let cancel = Arc::new(CancelState::default());
+        shared.leases.hold(
+            job.id(),
+            job.token(),
+            expires_at,
+            cancel.clone(),
+            metrics.clone(),
+            job.job.attempts,
+        );
+        held.push((job, cancel));
+    }
+    for (job, cancel) in held {
+        start_job(shared, jobs, job, cancel);
+    }
+}
+
+/// Moves every success handed over so far into `succeeded`, up to a batch.
+fn take_completions(
+    completed: &mut mpsc::UnboundedReceiver<Succeeded>,
+    succeeded: &mut Vec<Succeeded>,
+) {
+    while succeeded.len() < COMPLETION_BATCH {
+        match completed.try_recv() {
+            Ok(done) => succeeded.push(done),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Waits for every job task to end, recording successes as they come, then records the
+/// last ones.
+async fn finish_jobs(
+    shared: &Shared,
+    jobs: &mut JoinSet<()>,
+    completed: &mut mpsc::UnboundedReceiver<Succeeded>,
+    succeeded: &mut Vec<Succeeded>,
+) {
+    loop {
+        take_completions(completed, succeeded);
+        if !succeeded.is_empty() {
+            record_completions(shared, succeeded, None).await;
+            continue;
+        }
+        tokio::select! {
+            done = jobs.join_next() => match done {
+                Some(done) => log_job_task_end(done),
+                None => break,
+            },
+            _ = completed.recv_many(succeeded, COMPLETION_BATCH) => {}
+        }
+    }
+    // Every task has ended; what it handed over is in the channel.
+    take_completions(completed, succeeded);
+    while !succeeded.is_empty() {
+        record_completions(shared, succeeded, None).await;
+        take_completions(completed, succeeded);
+    }
+}
+
+fn log_job_task_end(done: std::result::Result<(), tokio::task::JoinError>) {
+    if let Err(err) = done {
+        // Handlers' panics are caught inside the task; this is the runtime's own.
+        if err.is_panic() {
+            tracing::error!("a job task panicked: {err}");
+        }
+    }
+}
+
+/// Doubling wait after store errors, 100 ms up to 5 s, cut short by shutdown.
+#[derive(Default)]
+struct ErrorDelay {
+    next: Option<Duration>,
+}
+
+impl ErrorDelay {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(5);
+
+    fn reset(&mut self) {
+        self.next = None;
+    }
+
+    async fn wait(&mut self, shutdown: &CancellationToken) {
+        let delay = self.next.unwrap_or(Self::FIRST);
+        self.next = Some((delay * 2).min(Self::MAX));
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
+}

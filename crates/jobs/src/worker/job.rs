@@ -1,0 +1,515 @@
+//! One job's life in the worker: started (its first poll inline where that pays),
+//! run to its end under its timeout and cancellation, and concluded into a report.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use jobs_core::{ClaimedJob, Completion, JobId, LeaseToken};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use super::leases::Start;
+use super::report::{report_outcome, Report, Succeeded};
+use super::Shared;
+use crate::handler::{
+    CancelReason, CancelState, ErasedHandler, HandlerFuture, JobContext, JobError, RetryAdvice,
+};
+use crate::telemetry::QueueMetrics;
+
+/// First polls of a queue's handler taking longer than this, [`SLOW_POLLS_IN_A_ROW`]
+/// times in a row, move its jobs to tasks.
+pub(crate) const INLINE_POLL_LIMIT: Duration = Duration::from_micros(50);
+/// See [`INLINE_POLL_LIMIT`].
+pub(crate) const SLOW_POLLS_IN_A_ROW: u32 = 4;
+
+/// A queue's handler, and whether its jobs start inline (see [`start_job`]).
+pub(crate) struct QueueHandler {
+    pub(crate) handler: Arc<dyn ErasedHandler>,
+    pub(crate) inline: InlinePolls,
+}
+
+/// Whether a queue's handlers get their first poll in the claim loop: yes, until
+/// [`SLOW_POLLS_IN_A_ROW`] first polls in a row took over [`INLINE_POLL_LIMIT`], or
+/// one blocked past the worker's blocking threshold.
+///
+/// A handler that computes before it first awaits would hold up the claim loop and
+/// every job behind it; one slow poll is not enough to say so (the thread may just
+/// have been preempted), but one that blocks is. The decision is for good: such a
+/// handler stays slow.
+#[derive(Debug)]
+pub(crate) struct InlinePolls {
+    allowed: AtomicBool,
+    slow_in_a_row: AtomicU32,
+}
+
+impl InlinePolls {
+    pub(crate) fn new() -> Self {
+        InlinePolls {
+            allowed: AtomicBool::new(true),
+            slow_in_a_row: AtomicU32::new(0),
+        }
+    }
+
+    pub(crate) fn allowed(&self) -> bool {
+        self.allowed.load(Ordering::Relaxed)
+    }
+
+    /// Records how long a first poll took; true if that ended inline polls.
+    pub(crate) fn record(&self, took: Duration) -> bool {
+        if took <= INLINE_POLL_LIMIT {
+            self.slow_in_a_row.store(0, Ordering::Relaxed);
+            return false;
+        }
+        let in_a_row = self.slow_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        in_a_row >= SLOW_POLLS_IN_A_ROW && self.end()
+    }
+
+    /// Ends inline polls at once; true if they were still allowed.
+    pub(crate) fn end(&self) -> bool {
+        self.allowed.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// Starts a claimed job's handler, unless its lease is already gone. A handler whose
+/// queue runs inline is polled once right here: most short handlers finish in that
+/// poll, and then the job costs no task, no wake-up and no thread hand-off. One that
+/// does not finish goes on in a task of its own, as every handler of a queue whose
+/// first polls proved slow does from the start.
+///
+/// The job is already held (see [`super::leases`]): its lease is kept from its claim,
+/// whatever the jobs started before it in the same batch do to this loop.
+pub(crate) fn start_job(
+    shared: &Arc<Shared>,
+    jobs: &mut JoinSet<()>,
+    claimed: ClaimedJob,
+    cancel: Arc<CancelState>,
+) {
+    let config = &shared.config;
+    let token = claimed.token();
+    let ClaimedJob { job, payload } = claimed;
+    let id = job.id;
+    let span = tracing::info_span!(
+        "job",
+        queue = %job.queue,
+        id = %job.id,
+        attempt = job.attempts,
+    );
+    let _entered = span.enter();
+    let metrics = Arc::clone(shared.metrics.queue(&job.queue));
+
+    let Some(queue) = config.handlers.get(&job.queue) else {
+        // Only a store breaking CONTRACT C4 hands out a job of a queue not asked for;
+        // give it back untouched rather than guess what to run.
+        tracing::error!("claimed a job of a queue this worker does not serve; releasing it");
+        spawn_report(shared, jobs, metrics, id, token, Report::Release, &span);
+        return;
+    };
+    let timeout = job.timeout.or(config.timeout);
+    let started = Instant::now();
+    let deadline = timeout.map(|timeout| (started + timeout, timeout));
+    match shared
+        .leases
+        .start(id, token, config.store.settings().now(), deadline)
+    {
+        Start::Run => {}
+        Start::Lost => {
+            // Reclaimed while it waited for its turn: another worker may run it now.
+            tracing::warn!("lease lost before the handler started; not starting it");
+            shared.leases.drop_job(id, token);
+            return;
+        }
+        Start::Expired => {
+            // No heartbeat renewed it (the store was unreachable): it may be reclaimed
+            // at any moment, so it is handed back rather than started under a lease
+            // that another worker may be given.
+            tracing::warn!("lease expired before the handler started; releasing it");
+            spawn_report(shared, jobs, metrics, id, token, Report::Release, &span);
+            return;
+        }
+    }
+
+    let slot = SlotGuard::take(shared);
+    let ctx = JobContext::new(
+        job,
+        token,
+        config.worker_id.clone(),
+        cancel.clone(),
+        config.store.clone(),
+    );
+    let begun = Begun {
+        id,
+        token,
+        attempt: ctx.attempt(),
+        started,
+        deadline,
+        metrics,
+        cancel,
+    };
+    // Building the future runs the closure's synchronous part, which may panic too.
+    let handler = Arc::clone(&queue.handler);
+    let mut future = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(ctx, payload)))
+    {
+        Ok(future) => future,
+        Err(panic) => {
+            slot.free_inline();
+            let finished = Finished::Panicked(panic_message(panic.as_ref()));
+            conclude_inline(shared, jobs, begun, finished, &span);
+            return;
+        }
+    };
+    if queue.inline.allowed() {
+        // No waker to give: if the handler is not done, its task polls it again at once
+        // and registers its own, so nothing it waits for can be missed.
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
+        let took = begun.started.elapsed();
+        if took > config.blocking_threshold {
+            tracing::warn!(
+                took = ?took,
+                "the handler's first poll blocked the claim loop; its queue's jobs now start in tasks"
+            );
+            queue.inline.end();
+        } else if queue.inline.record(took) {
+            tracing::info!(
+                "the handler's first polls are slow; its queue's jobs now start in tasks"
+            );
+        }
+        let finished = match polled {
+            Ok(Poll::Ready(result)) => Some(Finished::Returned(result)),
+            // Not done: it goes on below, in a task.
+            Ok(Poll::Pending) => None,
+            Err(panic) => Some(Finished::Panicked(panic_message(panic.as_ref()))),
+        };
+        if let Some(finished) = finished {
+            slot.free_inline();
+            conclude_inline(shared, jobs, begun, finished, &span);
+            return;
+        }
+    }
+    let watched = WatchedPolls {
+        future,
+        threshold: config.blocking_threshold,
+        warned: false,
+    };
+    let task_shared = Arc::clone(shared);
+    let cancel_grace = config.cancel_grace;
+    let task = jobs.spawn(
+        async move {
+            let finished = {
+                let _slot = slot;
+                run_handler(watched, &begun.cancel, cancel_grace, begun.deadline).await
+            };
+            if let Some(report) = conclude(&task_shared, &begun, finished) {
+                report_outcome(&task_shared, &begun.metrics, begun.id, begun.token, report).await;
+            }
+        }
+        .instrument(span.clone()),
+    );
+    shared.leases.set_task(id, token, task);
+}
+
+/// Sends a job's outcome from a task of its own.
+fn spawn_report(
+    shared: &Arc<Shared>,
+    jobs: &mut JoinSet<()>,
+    metrics: Arc<QueueMetrics>,
+    id: JobId,
+    token: LeaseToken,
+    report: Report,
+    span: &tracing::Span,
+) {
+    let shared = Arc::clone(shared);
+    jobs.spawn(
+        async move { report_outcome(&shared, &metrics, id, token, report).await }
+            .instrument(span.clone()),
+    );
+}
+
+/// Frees the job's concurrency slot when dropped: when the handler returned, or when
+/// the task is aborted.
+struct SlotGuard {
+    shared: Arc<Shared>,
+    /// Whether to wake the claim loop: not when the claim loop frees it itself.
+    wake: bool,
+}
+
+impl SlotGuard {
+    fn take(shared: &Arc<Shared>) -> Self {
+        shared.handlers_running.fetch_add(1, Ordering::AcqRel);
+        SlotGuard {
+            shared: Arc::clone(shared),
+            wake: true,
+        }
+    }
+
+    /// Frees the slot from the claim loop, which will see it free without a wake-up.
+    fn free_inline(mut self) {
+        self.wake = false;
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.shared.handlers_running.fetch_sub(1, Ordering::AcqRel);
+        if self.wake {
+            self.shared.slot_freed.notify_one();
+        }
+    }
+}
+
+/// A job whose handler was called.
+struct Begun {
+    id: JobId,
+    token: LeaseToken,
+    attempt: u32,
+    started: Instant,
+    deadline: Option<(Instant, Duration)>,
+    metrics: Arc<QueueMetrics>,
+    cancel: Arc<CancelState>,
+}
+
+/// How a handler ended.
+enum Finished {
+    /// It returned.
+    Returned(std::result::Result<Option<Bytes>, JobError>),
+    /// It panicked, with this message.
+    Panicked(String),
+    /// The worker dropped it: cancelled and not done within the grace period.
+    Dropped,
+    /// The worker dropped it: past its time limit and the grace period.
+    TimedOut(Duration),
+}
+
+/// Concludes a job that finished in its first poll: a success goes to the claim loop,
+/// any other outcome to a task of its own.
+fn conclude_inline(
+    shared: &Arc<Shared>,
+    jobs: &mut JoinSet<()>,
+    begun: Begun,
+    finished: Finished,
+    span: &tracing::Span,
+) {
+    if let Some(report) = conclude(shared, &begun, finished) {
+        spawn_report(
+            shared,
+            jobs,
+            begun.metrics,
+            begun.id,
+            begun.token,
+            report,
+            span,
+        );
+    }
+}
+
+/// Takes a finished handler's job into reporting and decides what to report. A success
+/// is handed to the claim loop here (`None` is returned, as when there is nothing to
+/// report: the lease was lost, or the keeper already failed the job as timed out).
+fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report> {
+    let config = &shared.config;
+    begun
+        .metrics
+        .run_time
+        .record(begun.started.elapsed().as_secs_f64());
+    if !shared.leases.finish(begun.id, begun.token) {
+        return None;
+    }
+    let reason = begun.cancel.reason();
+    if reason == Some(CancelReason::LeaseLost) {
+        // Counted and logged by the keeper when the store said so.
+        tracing::debug!("the handler ended after its lease was lost; nothing to report");
+        shared.leases.drop_job(begun.id, begun.token);
+        return None;
+    }
+    let cancelled = reason == Some(CancelReason::Requested);
+    let attempt = begun.attempt;
+    let report = match finished {
+        Finished::Returned(Ok(result)) => Report::Complete(result),
+        Finished::Returned(Err(error)) if cancelled => {
+            Report::Fail(format!("cancelled: {}", error.to_error_text()), None)
+        }
+        Finished::Returned(Err(error)) => {
+            let retry_in = match error.retry {
+                RetryAdvice::Backoff => Some(config.backoff.delay(attempt)),
+                RetryAdvice::After(delay) => Some(delay),
+                RetryAdvice::Never => None,
+            };
+            let text = match (reason, begun.deadline) {
+                (Some(CancelReason::TimedOut), Some((_, timeout))) => {
+                    format!("timed out after {timeout:?}: {}", error.to_error_text())
+                }
+                _ => error.to_error_text(),
+            };
+            Report::Fail(text, retry_in)
+        }
+        Finished::Panicked(message) => {
+            begun.metrics.panicked.increment(1);
+            let text = format!("handler panicked: {message}");
+            if cancelled {
+                Report::Fail(text, None)
+            } else {
+                Report::Fail(text, Some(config.backoff.delay(attempt)))
+            }
+        }
+        Finished::TimedOut(timeout) => {
+            begun.metrics.timed_out.increment(1);
+            super::report::timed_out_report(shared, attempt, timeout)
+        }
+        Finished::Dropped if cancelled => Report::Fail(
+            "cancelled: the handler did not stop within the cancel grace period".to_owned(),
+            None,
+        ),
+        Finished::Dropped => Report::Release,
+    };
+    let Report::Complete(result) = report else {
+        return Some(report);
+    };
+    // Successes are the common case and need no answer here: the claim loop records
+    // them in batches, so a thousand short jobs cost a few store calls. The lease stays
+    // held (and heartbeated) until the completion is stored.
+    let handed_over = shared.completions.send(Succeeded {
+        completion: Completion::new(begun.id, begun.token, result),
+        metrics: Arc::clone(&begun.metrics),
+    });
+    match handed_over {
+        Ok(()) => None,
+        Err(mpsc::error::SendError(succeeded)) => {
+            // The claim loop is gone only if the worker's own task was aborted midway;
+            // report this one directly rather than drop it.
+            Some(Report::Complete(succeeded.completion.result))
+        }
+    }
+}
+
+/// Runs a handler's future to its end, catching its panics; when the job is cancelled
+/// or its deadline passes, gives it the cancel grace period to return (none at
+/// shutdown, whose grace has already passed).
+async fn run_handler(
+    future: WatchedPolls,
+    cancel: &CancelState,
+    cancel_grace: Duration,
+    deadline: Option<(Instant, Duration)>,
+) -> Finished {
+    let mut future = AssertUnwindSafe(future).catch_unwind();
+    let time_up = async {
+        match deadline {
+            Some((at, _)) => tokio::time::sleep_until(at.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    let joined = tokio::select! {
+        // The handler first: most return at once, before a cancellation could matter,
+        // and polling the token first would register a waiter only to drop it.
+        biased;
+        joined = &mut future => Some(joined),
+        () = cancel.token.cancelled() => None,
+        () = time_up => {
+            cancel.cancel(CancelReason::TimedOut);
+            None
+        }
+    };
+    let joined = match joined {
+        Some(joined) => joined,
+        None if cancel.reason() == Some(CancelReason::Shutdown) => return Finished::Dropped,
+        None => match tokio::time::timeout(cancel_grace, &mut future).await {
+            Ok(joined) => joined,
+            Err(_) => {
+                return match (cancel.reason(), deadline) {
+                    (Some(CancelReason::TimedOut), Some((_, timeout))) => {
+                        Finished::TimedOut(timeout)
+                    }
+                    _ => Finished::Dropped,
+                }
+            }
+        },
+    };
+    match joined {
+        Ok(result) => Finished::Returned(result),
+        Err(panic) => Finished::Panicked(panic_message(panic.as_ref())),
+    }
+}
+
+/// A handler's future, each poll timed: one that takes longer than the threshold
+/// blocks its runtime thread (and every task queued behind it), which a user wants to
+/// hear about with the job that did it. Logged once per job.
+struct WatchedPolls {
+    future: HandlerFuture,
+    threshold: Duration,
+    warned: bool,
+}
+
+impl Future for WatchedPolls {
+    type Output = std::result::Result<Option<Bytes>, JobError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let began = Instant::now();
+        let polled = self.future.as_mut().poll(cx);
+        let took = began.elapsed();
+        if took > self.threshold && !self.warned {
+            self.warned = true;
+            // The job's span (queue, id, attempt) is entered by the task.
+            tracing::warn!(
+                took = ?took,
+                threshold = ?self.threshold,
+                "a poll of the handler blocked its thread"
+            );
+        }
+        polled
+    }
+}
+
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_polls_end_after_slow_polls_in_a_row_only() {
+        let fast = INLINE_POLL_LIMIT;
+        let slow = INLINE_POLL_LIMIT + Duration::from_micros(1);
+        let polls = InlinePolls::new();
+        for _ in 0..10 {
+            for _ in 1..SLOW_POLLS_IN_A_ROW {
+                assert!(!polls.record(slow));
+            }
+            assert!(!polls.record(fast), "a fast poll breaks the streak");
+            assert!(polls.allowed());
+        }
+        for _ in 1..SLOW_POLLS_IN_A_ROW {
+            assert!(!polls.record(slow));
+        }
+        assert!(
+            polls.record(slow),
+            "the last slow poll of the streak ends inline polls"
+        );
+        assert!(!polls.allowed());
+        assert!(!polls.record(slow), "ended once, reported once");
+        assert!(!polls.record(fast));
+        assert!(!polls.allowed(), "for good");
+    }
+
+    #[test]
+    fn a_blocking_poll_ends_inline_polls_at_once() {
+        let polls = InlinePolls::new();
+        assert!(polls.end(), "the first end reports it");
+        assert!(!polls.allowed());
+        assert!(!polls.end(), "ended once, reported once");
+    }
+}

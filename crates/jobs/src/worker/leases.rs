@@ -1,0 +1,345 @@
+//! The leases a worker holds, and the keeper that extends them.
+//!
+//! A job's lease is the worker's from its claim until its outcome is stored: while it
+//! waits for its handler to start, while the handler runs, and while its completion,
+//! failure or release is on the way to the store (retried through an outage). Every
+//! such job is in [`Leases`], and the keeper extends all of them with one
+//! `heartbeat_batch` call per interval. The keeper runs on the runtime the worker was
+//! started from, not the handlers' runtime, so handlers that block their threads cannot
+//! starve it.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use jobs_core::validate::MAX_BATCH_LEN;
+use jobs_core::{HeldLease, JobId, JobIdMap, LeaseToken, Timestamp};
+use tokio::task::AbortHandle;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use super::report::{report_outcome, timed_out_report};
+use super::Shared;
+use crate::handler::{CancelReason, CancelState};
+use crate::telemetry::QueueMetrics;
+
+/// Where a held job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Claimed; its handler has not started.
+    Waiting,
+    /// Its handler is running.
+    Running,
+    /// Its handler is done (or given up on); the outcome is on the way to the store.
+    Reporting,
+}
+
+/// One held lease.
+struct Held {
+    token: LeaseToken,
+    /// The expiry the store last confirmed (claim or heartbeat), on the store's clock.
+    expires_at: Timestamp,
+    /// Set once the store said the lease is gone (another worker may hold the job).
+    lost: bool,
+    phase: Phase,
+    cancel: Arc<CancelState>,
+    metrics: Arc<QueueMetrics>,
+    attempt: u32,
+    /// When the running attempt's time is up (real time) and its time limit, and the
+    /// task running it: the keeper's back-stop for a handler that blocks its thread
+    /// past its timeout.
+    deadline: Option<(Instant, Duration)>,
+    task: Option<AbortHandle>,
+}
+
+/// What [`Leases::start`] decided for a job about to start.
+pub(crate) enum Start {
+    /// Its lease holds: run it.
+    Run,
+    /// The store already said the lease is gone: drop the job, another worker has it.
+    Lost,
+    /// The lease expired before the job's turn came, and no heartbeat renewed it:
+    /// hand it back (it may already have been reclaimed).
+    Expired,
+}
+
+/// What the runtime holds, by job id.
+#[derive(Default)]
+pub(crate) struct Leases {
+    held: Mutex<JobIdMap<Held>>,
+}
+
+impl Leases {
+    fn lock(&self) -> MutexGuard<'_, JobIdMap<Held>> {
+        // Every critical section is one lookup and a few field writes; a panic cannot
+        // leave an entry half-changed, so a poisoned lock is still consistent.
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Holds a job just claimed, until [`Leases::drop_job`].
+    pub(crate) fn hold(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        expires_at: Timestamp,
+        cancel: Arc<CancelState>,
+        metrics: Arc<QueueMetrics>,
+        attempt: u32,
+    ) {
+        self.lock().insert(
+            id,
+            Held {
+                token,
+                expires_at,
+                lost: false,
+                phase: Phase::Waiting,
+                cancel,
+                metrics,
+                attempt,
+                deadline: None,
+                task: None,
+            },
+        );
+    }
+
+    /// The entry of `id` if it is the lease taken under `token`: a job the worker let
+    /// go and claimed again has a new entry, which calls about the old lease must not
+    /// touch.
+    fn entry<'a>(
+        held: &'a mut JobIdMap<Held>,
+        id: JobId,
+        token: LeaseToken,
+    ) -> Option<&'a mut Held> {
+        held.get_mut(&id).filter(|job| job.token == token)
+    }
+
+    /// Decides whether a waiting job may start now (`now` on the store's clock), and
+    /// marks it running with its deadline and time limit if so.
+    pub(crate) fn start(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        now: Timestamp,
+        deadline: Option<(Instant, Duration)>,
+    ) -> Start {
+        let mut held = self.lock();
+        let Some(job) = Self::entry(&mut held, id, token) else {
+            return Start::Lost;
+        };
+        if job.lost {
+            return Start::Lost;
+        }
+        if job.expires_at <= now {
+            job.phase = Phase::Reporting;
+            return Start::Expired;
+        }
+        job.phase = Phase::Running;
+        job.deadline = deadline;
+        Start::Run
+    }
+
+    /// Records the task a running job's handler runs in, so the keeper can stop it.
+    pub(crate) fn set_task(&self, id: JobId, token: LeaseToken, task: AbortHandle) {
+        if let Some(job) = Self::entry(&mut self.lock(), id, token) {
+            job.task = Some(task);
+        }
+    }
+
+    /// Takes a finished handler's job into reporting. False when it is no longer the
+    /// handler's to report: the keeper already failed it as timed out.
+    pub(crate) fn finish(&self, id: JobId, token: LeaseToken) -> bool {
+        match Self::entry(&mut self.lock(), id, token) {
+            Some(job) if job.phase == Phase::Running => {
+                job.phase = Phase::Reporting;
+                job.task = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the store said the job's lease is gone (or the job is no longer held),
+    /// so an outcome that failed to reach the store is not worth trying again.
+    pub(crate) fn is_lost(&self, id: JobId, token: LeaseToken) -> bool {
+        Self::entry(&mut self.lock(), id, token).is_none_or(|job| job.lost)
+    }
+
+    /// Lets go of a job: its outcome is stored, or it can no longer be.
+    pub(crate) fn drop_job(&self, id: JobId, token: LeaseToken) {
+        let mut held = self.lock();
+        if Self::entry(&mut held, id, token).is_some() {
+            held.remove(&id);
+        }
+    }
+
+    /// The cancel states of the jobs whose handlers are running.
+    pub(crate) fn running(&self) -> Vec<Arc<CancelState>> {
+        self.lock()
+            .values()
+            .filter(|job| job.phase == Phase::Running)
+            .map(|job| job.cancel.clone())
+            .collect()
+    }
+
+    /// How many jobs are held.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The leases to extend now: every held one the store has not taken back.
+    fn due(&self) -> Vec<HeldLease> {
+        self.lock()
+            .iter()
+            .filter(|(_, job)| !job.lost)
+            .map(|(id, job)| HeldLease::new(*id, job.token))
+            .collect()
+    }
+
+    /// Running jobs past their deadline and the cancel grace: their handlers did not
+    /// stop when cancelled, most likely because they block their thread. Each is taken
+    /// into reporting here, its task aborted (effective once it yields).
+    fn overdue(&self, now: Instant, grace: Duration) -> Vec<Overdue> {
+        let mut held = self.lock();
+        let mut overdue = Vec::new();
+        for (id, job) in held.iter_mut() {
+            let Some((deadline, timeout)) = job.deadline else {
+                continue;
+            };
+            if job.phase == Phase::Running && now >= deadline + grace && !job.lost {
+                job.phase = Phase::Reporting;
+                job.cancel.cancel(CancelReason::TimedOut);
+                if let Some(task) = job.task.take() {
+                    task.abort();
+                }
+                overdue.push(Overdue {
+                    id: *id,
+                    token: job.token,
+                    attempt: job.attempt,
+                    timeout,
+                    metrics: job.metrics.clone(),
+                });
+            }
+        }
+        overdue
+    }
+}
+
+/// A running job the keeper failed as timed out.
+struct Overdue {
+    id: JobId,
+    token: LeaseToken,
+    attempt: u32,
+    timeout: Duration,
+    metrics: Arc<QueueMetrics>,
+}
+
+/// Extends every held lease once per heartbeat interval until `stop`, and enforces
+/// timeouts on handlers that do not stop by themselves.
+pub(crate) async fn keep_leases(shared: Arc<Shared>, stop: CancellationToken) {
+    let config = &shared.config;
+    let mut ticker = tokio::time::interval(config.heartbeat);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The first tick is immediate; a job just claimed has a fresh lease.
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        extend_all(&shared).await;
+        let now = Instant::now();
+        // A handler past its deadline and the grace is failed from here: its task may be
+        // stuck in a poll that never returns, and its slot and lease would be held for
+        // good. The slot is freed when the task ends; the attempt is recorded now.
+        for job in shared.leases.overdue(now, config.cancel_grace) {
+            job.metrics.timed_out.increment(1);
+            tracing::warn!(
+                job = %job.id,
+                timeout = ?job.timeout,
+                "the handler did not stop after its timeout and the cancel grace; failing the attempt"
+            );
+            let report = timed_out_report(&shared, job.attempt, job.timeout);
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                report_outcome(&shared, &job.metrics, job.id, job.token, report).await;
+            });
+        }
+    }
+}
+
+/// One `heartbeat_batch` per [`MAX_BATCH_LEN`] held leases, answers applied per entry.
+async fn extend_all(shared: &Shared) {
+    let due = shared.leases.due();
+    for chunk in due.chunks(MAX_BATCH_LEN) {
+        let answers = shared
+            .config
+            .store
+            .heartbeat_batch(chunk.to_vec(), shared.config.lease)
+            .await;
+        match answers {
+            Ok(answers) => apply(shared, chunk, answers),
+            Err(err) => {
+                // The leases still run until their expiry; the next tick tries again.
+                shared.metrics.store_errors.increment(1);
+                tracing::warn!(jobs = chunk.len(), error = %err, "heartbeat failed");
+            }
+        }
+    }
+}
+
+fn apply(
+    shared: &Shared,
+    leases: &[HeldLease],
+    answers: Vec<jobs_core::Result<jobs_core::Heartbeat>>,
+) {
+    if answers.len() != leases.len() {
+        shared.metrics.store_errors.increment(1);
+        tracing::error!(
+            entries = leases.len(),
+            answers = answers.len(),
+            "the store answered a different number of heartbeats than it was given"
+        );
+    }
+    let mut held = shared.leases.lock();
+    for (lease, answer) in leases.iter().zip(answers) {
+        // The job may have been let go (its outcome stored) while the call was out:
+        // then whatever the store answered is about a lease no longer ours.
+        let Some(job) = held
+            .get_mut(&lease.id)
+            .filter(|job| job.token == lease.token)
+        else {
+            continue;
+        };
+        match answer {
+            Ok(beat) => {
+                job.expires_at = job.expires_at.max(beat.expires_at);
+                if beat.cancel_requested && job.phase == Phase::Running {
+                    if !job.cancel.token.is_cancelled() {
+                        tracing::info!(job = %lease.id, "cancellation requested; stopping the handler");
+                    }
+                    job.cancel.cancel(CancelReason::Requested);
+                }
+            }
+            Err(err) if err.is_lease_lost() || err.is_not_found() => {
+                job.lost = true;
+                match job.phase {
+                    // The outcome call that is on its way will hear the same, and says
+                    // so; a job that just succeeded is no news.
+                    Phase::Reporting => {
+                        tracing::debug!(job = %lease.id, "lease gone while the outcome was being recorded");
+                    }
+                    Phase::Waiting | Phase::Running => {
+                        job.metrics.lease_lost.increment(1);
+                        tracing::warn!(job = %lease.id, "lease lost; stopping the handler");
+                        job.cancel.cancel(CancelReason::LeaseLost);
+                    }
+                }
+            }
+            Err(err) => {
+                shared.metrics.store_errors.increment(1);
+                tracing::warn!(job = %lease.id, error = %err, "heartbeat failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! The worker's housekeeping: taking back expired leases and purging old jobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobs_core::JobState;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+
+/// Takes back jobs whose lease expired, every interval, until none are left.
+pub(crate) async fn reclaim_loop(shared: Arc<Shared>, interval: Duration, stop: CancellationToken) {
+    let config = &shared.config;
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        loop {
+            match config.store.reclaim(config.reclaim_batch).await {
+                Ok(reclaimed) => {
+                    let mut requeued = false;
+                    for job in &reclaimed {
+                        shared.metrics.reclaimed(job.state).increment(1);
+                        requeued |= job.state == JobState::Queued;
+                        tracing::info!(job = %job.id, state = %job.state, "reclaimed an expired lease");
+                    }
+                    if requeued {
+                        shared.reclaimed.notify_one();
+                    }
+                    if reclaimed.len() < config.reclaim_batch {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    shared.metrics.store_errors.increment(1);
+                    tracing::warn!(error = %err, "reclaim failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Deletes terminal jobs past retention (CONTRACT A5), every interval.
+pub(crate) async fn purge_loop(shared: Arc<Shared>, interval: Duration, stop: CancellationToken) {
+    let config = &shared.config;
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        loop {
+            match config.store.purge(config.purge_batch).await {
+                Ok(deleted) => {
+                    shared.metrics.purged.increment(deleted);
+                    if deleted > 0 {
+                        tracing::debug!(deleted, "purged jobs past retention");
+                    }
+                    if deleted < config.purge_batch as u64 {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    shared.metrics.store_errors.increment(1);
+                    tracing::warn!(error = %err, "purge failed");
+                    break;
+                }
+            }
+            if stop.is_cancelled() {
+                return;
+            }
+        }
+    }
+}

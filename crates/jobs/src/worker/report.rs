@@ -1,0 +1,264 @@
+//! Recording outcomes: completions in batches from the claim loop, failures and
+//! releases one by one from the jobs' tasks. An outcome the store could not take is
+//! tried again, with back-off, for as long as the worker holds the job's lease (the
+//! keeper goes on extending it meanwhile); it is given up only when the store says the
+//! lease is gone, or refuses the call for a reason a retry cannot change.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use jobs_core::{Completion, Error, JobId, JobState, LeaseToken, Result, Retry};
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use crate::telemetry::QueueMetrics;
+
+/// The call that ends a job's lease.
+pub(crate) enum Report {
+    Complete(Option<Bytes>),
+    /// The error text and, if the job may retry, after how long (store clock).
+    Fail(String, Option<Duration>),
+    Release,
+}
+
+/// The report for an attempt that ran past its time limit: a retryable failure.
+pub(crate) fn timed_out_report(shared: &Shared, attempt: u32, timeout: Duration) -> Report {
+    Report::Fail(
+        format!("timed out after {timeout:?}"),
+        Some(shared.config.backoff.delay(attempt)),
+    )
+}
+
+/// A handler's success, waiting for the claim loop to record it.
+pub(crate) struct Succeeded {
+    pub(crate) completion: Completion,
+    pub(crate) metrics: Arc<QueueMetrics>,
+}
+
+/// The wait between tries of an outcome the store could not take: 100 ms doubling to
+/// 5 s, so an outage of a few seconds costs little more than its length and a long one
+/// a call every 5 s.
+struct RetryDelay(Duration);
+
+impl RetryDelay {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(5);
+
+    fn new() -> Self {
+        RetryDelay(Self::FIRST)
+    }
+
+    /// Waits, unless `stop` comes first; false if it did.
+    async fn wait(&mut self, stop: Option<&CancellationToken>) -> bool {
+        let delay = self.0;
+        self.0 = (delay * 2).min(Self::MAX);
+        match stop {
+            Some(stop) => tokio::select! {
+                () = tokio::time::sleep(delay) => true,
+                () = stop.cancelled() => false,
+            },
+            None => {
+                tokio::time::sleep(delay).await;
+                true
+            }
+        }
+    }
+}
+
+/// Records a batch of successes with `complete_batch`, trying again what the store
+/// could not take while the leases hold. Returns with `batch` empty, or early when
+/// `stop` fires, leaving in `batch` what is still to record.
+pub(crate) async fn record_completions(
+    shared: &Shared,
+    batch: &mut Vec<Succeeded>,
+    stop: Option<&CancellationToken>,
+) {
+    let store = &shared.config.store;
+    let mut delay = RetryDelay::new();
+    while !batch.is_empty() {
+        let completions = batch.iter().map(|done| done.completion.clone()).collect();
+        match store.complete_batch(completions).await {
+            Ok(answers) => answer_each(shared, batch, answers),
+            Err(err) if err.is_retryable() => {
+                shared.metrics.store_errors.increment(1);
+                tracing::warn!(error = %err, jobs = batch.len(), "recording completions failed; retrying");
+                batch.retain(|done| still_held(shared, &done.completion, &done.metrics));
+            }
+            Err(err) => {
+                shared.metrics.store_errors.increment(1);
+                tracing::error!(
+                    error = %err,
+                    jobs = batch.len(),
+                    "could not record completions; the leases will expire and the jobs run again"
+                );
+                for done in batch.drain(..) {
+                    shared
+                        .leases
+                        .drop_job(done.completion.id, done.completion.token);
+                }
+                return;
+            }
+        }
+        if batch.is_empty() || !delay.wait(stop).await {
+            return;
+        }
+    }
+}
+
+/// Whether a completion that did not reach the store is worth trying again.
+fn still_held(shared: &Shared, completion: &Completion, metrics: &QueueMetrics) -> bool {
+    lease_holds(shared, completion.id, completion.token, metrics)
+}
+
+/// Whether an outcome that did not reach the store is worth trying again: the lease is
+/// still the worker's. Lets go of the job if not.
+fn lease_holds(shared: &Shared, id: JobId, token: LeaseToken, metrics: &QueueMetrics) -> bool {
+    if shared.leases.is_lost(id, token) {
+        metrics.lease_lost.increment(1);
+        tracing::warn!(job = %id, "lease lost before the outcome was recorded");
+        shared.leases.drop_job(id, token);
+        false
+    } else {
+        true
+    }
+}
+
+/// Counts and logs each answer of a `complete_batch` call, keeping in `batch` the
+/// entries the store was unavailable for and whose lease still holds.
+fn answer_each(shared: &Shared, batch: &mut Vec<Succeeded>, answers: Vec<Result<()>>) {
+    if answers.len() != batch.len() {
+        shared.metrics.store_errors.increment(1);
+        tracing::error!(
+            entries = batch.len(),
+            answers = answers.len(),
+            "the store answered a different number of completions than it was given"
+        );
+    }
+    let mut answers = answers.into_iter();
+    batch.retain(|done| {
+        let (id, token) = (done.completion.id, done.completion.token);
+        let keep = match answers.next() {
+            Some(Ok(())) => {
+                done.metrics.succeeded.increment(1);
+                tracing::debug!(job = %id, "job succeeded");
+                false
+            }
+            Some(Err(err)) if err.is_retryable() => {
+                shared.metrics.store_errors.increment(1);
+                return still_held(shared, &done.completion, &done.metrics);
+            }
+            Some(Err(err)) if err.is_lease_lost() || err.is_not_found() => {
+                done.metrics.lease_lost.increment(1);
+                tracing::warn!(job = %id, error = %err, "lease lost before the outcome was recorded");
+                false
+            }
+            Some(Err(err)) => {
+                shared.metrics.store_errors.increment(1);
+                tracing::error!(
+                    job = %id,
+                    error = %err,
+                    "could not record the outcome; the lease will expire and the job run again"
+                );
+                false
+            }
+            // A store that answered too few entries: try the rest again.
+            None => return still_held(shared, &done.completion, &done.metrics),
+        };
+        shared.leases.drop_job(id, token);
+        keep
+    });
+}
+
+/// Records one job's failure, release or (when the claim loop is gone) completion,
+/// trying again while its lease holds; lets go of the job at the end.
+pub(crate) async fn report_outcome(
+    shared: &Shared,
+    metrics: &QueueMetrics,
+    id: JobId,
+    token: LeaseToken,
+    outcome: Report,
+) {
+    let store = &shared.config.store;
+    let mut delay = RetryDelay::new();
+    loop {
+        let result = match &outcome {
+            Report::Complete(result) => store
+                .complete(id, token, result.clone())
+                .await
+                .map(|()| JobState::Succeeded),
+            Report::Fail(error, retry_in) => {
+                let retry = match retry_in {
+                    Some(delay) => Retry::At(store.settings().now().saturating_add(*delay)),
+                    None => Retry::Never,
+                };
+                store.fail(id, token, error, retry).await
+            }
+            Report::Release => store.release(id, token).await.map(|()| JobState::Queued),
+        };
+        match result {
+            Ok(state) => count_outcome(metrics, &outcome, state),
+            Err(err) if err.is_retryable() => {
+                shared.metrics.store_errors.increment(1);
+                tracing::warn!(error = %err, "reporting the outcome failed; retrying");
+                if lease_holds(shared, id, token, metrics) {
+                    delay.wait(None).await;
+                    continue;
+                }
+                return;
+            }
+            Err(err) if err.is_lease_lost() || err.is_not_found() => {
+                if matches!(outcome, Report::Release) {
+                    // Handing back a job whose lease already ran out: it was reclaimed.
+                    tracing::info!("the lease had already been taken back");
+                } else {
+                    metrics.lease_lost.increment(1);
+                    tracing::warn!(error = %err, "lease lost before the outcome was recorded");
+                }
+            }
+            Err(err) => log_refused(shared, &err),
+        }
+        shared.leases.drop_job(id, token);
+        return;
+    }
+}
+
+fn log_refused(shared: &Shared, err: &Error) {
+    shared.metrics.store_errors.increment(1);
+    tracing::error!(
+        error = %err,
+        "could not record the outcome; the lease will expire and the job run again"
+    );
+}
+
+fn count_outcome(metrics: &QueueMetrics, outcome: &Report, state: JobState) {
+    match outcome {
+        Report::Complete(_) => {
+            metrics.succeeded.increment(1);
+            tracing::debug!("job succeeded");
+        }
+        Report::Fail(error, _) => {
+            metrics.failed.increment(1);
+            match state {
+                JobState::Dead => {
+                    metrics.dead.increment(1);
+                    tracing::error!(error = %error, "job failed for good (dead)");
+                }
+                JobState::Cancelled => {
+                    metrics.cancelled.increment(1);
+                    tracing::info!("job cancelled");
+                }
+                _ => {
+                    metrics.retried.increment(1);
+                    tracing::warn!(error = %error, "job failed; will retry");
+                }
+            }
+        }
+        Report::Release => {
+            if state == JobState::Queued {
+                metrics.released.increment(1);
+                tracing::info!("job released");
+            }
+        }
+    }
+}
