@@ -106,11 +106,7 @@ impl Leases {
     /// The entry of `id` if it is the lease taken under `token`: a job the worker let
     /// go and claimed again has a new entry, which calls about the old lease must not
     /// touch.
-    fn entry<'a>(
-        held: &'a mut JobIdMap<Held>,
-        id: JobId,
-        token: LeaseToken,
-    ) -> Option<&'a mut Held> {
+    fn entry(held: &mut JobIdMap<Held>, id: JobId, token: LeaseToken) -> Option<&mut Held> {
         held.get_mut(&id).filter(|job| job.token == token)
     }
 
