@@ -102,6 +102,9 @@ pub struct Fault {
     pub pid: Option<u32>,
     /// When the fault was over (a restarted server answering again); `t` if absent.
     pub end: Option<u64>,
+    /// How many connections it closed (`CLIENT KILL`, `pg_terminate_backend`).
+    #[serde(default)]
+    pub hits: Option<u64>,
 }
 
 impl Fault {
@@ -125,6 +128,12 @@ pub struct Verdict {
     pub unacknowledged_jobs_run: usize,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, usize>,
+    /// Connections closed by `CLIENT KILL` and `pg_terminate_backend`.
+    pub connections_killed: u64,
+    /// Worker store calls that failed (claims, reclaims, waits, heartbeats and
+    /// outcomes answered with an error other than lease lost): the faults as the
+    /// workers felt them.
+    pub store_errors_seen: usize,
     /// Acknowledged jobs not `succeeded` at the end.
     pub lost: usize,
     /// Jobs with more than one accepted completion.
@@ -310,8 +319,23 @@ fn judge_history(backend: &str, histories: &[ProcessHistory], faults: &[Fault]) 
     };
     for fault in faults {
         *verdict.faults.entry(fault.kind.clone()).or_default() += 1;
+        verdict.connections_killed += fault.hits.unwrap_or(0);
     }
     for history in histories {
+        verdict.store_errors_seen += history
+            .events
+            .iter()
+            .filter(|event| match event {
+                Event::CallFailed { .. } => true,
+                Event::HeartbeatRefused { err, .. } => !err.contains("lease lost"),
+                Event::Outcome {
+                    ok: false,
+                    lease_lost,
+                    ..
+                } => !lease_lost,
+                _ => false,
+            })
+            .count();
         if history.bad_inner_line {
             verdict.other_violations += 1;
             example(
@@ -654,6 +678,7 @@ mod tests {
             kind: "kill_worker".into(),
             pid: Some(pid),
             end: None,
+            hits: None,
         }
     }
 
@@ -715,6 +740,7 @@ mod tests {
                 kind: "pg_terminate".into(),
                 pid: None,
                 end: None,
+                hits: Some(1),
             }],
         );
         assert_eq!(

@@ -128,6 +128,16 @@ pub enum Event {
         /// The error.
         err: String,
     },
+    /// A store call of the worker that failed as a whole (claim, reclaim, a wait for
+    /// work): how the faults reached the workers.
+    CallFailed {
+        /// Wall time.
+        t: u64,
+        /// The call.
+        op: String,
+        /// The error.
+        err: String,
+    },
     /// A job `reclaim` took back, and where it went.
     Reclaimed {
         /// Wall time.

@@ -30,6 +30,14 @@ impl Recording {
         Recording { inner, log }
     }
 
+    fn failed(&self, op: &str, err: &Error) {
+        self.log.write(&Event::CallFailed {
+            t: now_us(),
+            op: op.to_owned(),
+            err: err.to_string(),
+        });
+    }
+
     fn outcome<T>(&self, t0: u64, op: Op, id: JobId, token: LeaseToken, answer: &Result<T>) {
         self.log.write(&Event::Outcome {
             t0,
@@ -71,7 +79,11 @@ impl Store for Recording {
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        let claimed = self.inner.claim(request).await?;
+        let claimed = self
+            .inner
+            .claim(request)
+            .await
+            .inspect_err(|err| self.failed("claim", err))?;
         let t = now_us();
         for job in &claimed {
             self.log.write(&Event::Claim {
@@ -187,7 +199,11 @@ impl Store for Recording {
     }
 
     async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
-        let reclaimed = self.inner.reclaim(limit).await?;
+        let reclaimed = self
+            .inner
+            .reclaim(limit)
+            .await
+            .inspect_err(|err| self.failed("reclaim", err))?;
         let t = now_us();
         for job in &reclaimed {
             self.log.write(&Event::Reclaimed {
@@ -220,6 +236,9 @@ impl Store for Recording {
     }
 
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
-        self.inner.wait_for_work(queues, timeout).await
+        self.inner
+            .wait_for_work(queues, timeout)
+            .await
+            .inspect_err(|err| self.failed("wait_for_work", err))
     }
 }

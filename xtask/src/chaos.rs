@@ -202,6 +202,8 @@ struct Row {
     jobs: u64,
     faults: u64,
     fault_kinds: String,
+    connections_killed: u64,
+    store_errors_seen: u64,
     lost: u64,
     double: u64,
     stale: u64,
@@ -253,11 +255,19 @@ fn table(rows: &[Row]) -> String {
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} ({}) | {} | {} | {} | {} | {} / {} / {} | {} × … = {} / {} | {} | {:.0} | {:.0} | {} |\n",
+            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {} / {} / {} | {} × … = {} / {} | {} | {:.0} | {:.0} | {} |\n",
             r.backend,
             r.jobs,
             r.faults,
             r.fault_kinds,
+            if r.connections_killed > 0 {
+                format!(
+                    "; {} connections closed; {} failed store calls in workers",
+                    r.connections_killed, r.store_errors_seen
+                )
+            } else {
+                format!("; {} failed store calls in workers", r.store_errors_seen)
+            },
             r.lost,
             r.double,
             r.stale,
@@ -522,9 +532,24 @@ impl Run<'_> {
 
     /// Appends one line to the fault log (read by `jobs-chaos check`).
     fn record(&mut self, t: u64, kind: &str, pid: Option<u32>, end: Option<u64>) {
+        self.record_hits(t, kind, pid, end, None);
+    }
+
+    /// [`Run::record`] with how many connections the fault closed.
+    fn record_hits(
+        &mut self,
+        t: u64,
+        kind: &str,
+        pid: Option<u32>,
+        end: Option<u64>,
+        hits: Option<u64>,
+    ) {
         let pid = pid.map_or("null".to_owned(), |p| p.to_string());
         let end = end.map_or("null".to_owned(), |e| e.to_string());
-        let line = format!("{{\"t\":{t},\"kind\":\"{kind}\",\"pid\":{pid},\"end\":{end}}}\n");
+        let hits = hits.map_or("null".to_owned(), |h| h.to_string());
+        let line = format!(
+            "{{\"t\":{t},\"kind\":\"{kind}\",\"pid\":{pid},\"end\":{end},\"hits\":{hits}}}\n"
+        );
         if let Err(err) = self.faults.write_all(line.as_bytes()) {
             self.anomalies
                 .push(format!("cannot write the fault log: {err}"));
@@ -632,10 +657,15 @@ impl Run<'_> {
                 }
             }
         };
-        if let Err(err) = answer {
-            self.anomalies.push(format!("CLIENT KILL failed: {err}"));
-        }
-        self.record(t, "client_kill", None, Some(now_us()));
+        // `CLIENT KILL TYPE` answers how many it closed, `CLIENT KILL ID` answers 1 or 0.
+        let hits = match answer {
+            Ok(text) => text.trim().parse().ok(),
+            Err(err) => {
+                self.anomalies.push(format!("CLIENT KILL failed: {err}"));
+                None
+            }
+        };
+        self.record_hits(t, "client_kill", None, Some(now_us()), hits);
     }
 
     fn redis_kill(&mut self, rng: &mut Rng) -> Result<(), String> {
@@ -663,11 +693,15 @@ impl Run<'_> {
         let sql = format!(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {filter} AND pid <> pg_backend_pid()"
         );
-        if let Err(err) = psql(&self.url, &sql) {
-            self.anomalies
-                .push(format!("pg_terminate_backend failed: {err}"));
-        }
-        self.record(t, "pg_terminate", None, Some(now_us()));
+        let hits = match psql(&self.url, &sql) {
+            Ok(text) => text.trim().parse().ok(),
+            Err(err) => {
+                self.anomalies
+                    .push(format!("pg_terminate_backend failed: {err}"));
+                None
+            }
+        };
+        self.record_hits(t, "pg_terminate", None, Some(now_us()), hits);
     }
 
     /// Stops every worker gracefully (closing its standard input); false if one had
@@ -780,9 +814,10 @@ fn run_backend(
         faults,
         redis,
         start_us: now_us(),
-        // The plan is spread over three quarters of the window, so faults hit both
-        // enqueues and a busy queue, and the last quarter lets the producer catch up.
-        spread_ms: seconds * 750,
+        // The plan is spread over the first half of the window: faster than the
+        // workers drain it, so faults hit enqueues and a busy queue (jobs in flight),
+        // and the second half still has a backlog to work through under faults.
+        spread_ms: seconds * 500,
         jobs: options.jobs,
         anomalies: Vec::new(),
     };
@@ -919,6 +954,8 @@ fn row_from(verdict: &str, backend: &str) -> Result<Row, String> {
         jobs: n("jobs")? as u64,
         faults: faults.iter().map(|(_, v)| *v).sum(),
         fault_kinds: kinds.join(", "),
+        connections_killed: n("connections_killed")? as u64,
+        store_errors_seen: n("store_errors_seen")? as u64,
         lost: n("lost")? as u64,
         double: n("double_completions")? as u64,
         stale: n("stale_accepted")? as u64,
