@@ -164,7 +164,8 @@ pub struct Verdict {
     /// Jobs that ended `succeeded` although no completion of theirs was answered
     /// `Ok` (an answer lost to a fault; a retry then found it done): not an error.
     pub succeeded_without_acknowledged_completion: usize,
-    /// Distinct jobs completed per second during the fault window.
+    /// Distinct jobs completed per second during the fault window (until the last
+    /// completion, if that came first).
     pub throughput_under_faults: f64,
     /// Acknowledged jobs per second from the first acknowledged enqueue to the last
     /// accepted completion.
@@ -609,10 +610,13 @@ fn throughput(
                 .min()
         })
         .collect();
-    let window = end_us.saturating_sub(start_us).max(1) as f64 / 1e6;
+    // The window ends with the faults, or with the last completion if the workers
+    // were done before the faults were: an idle tail says nothing about throughput.
+    let last = firsts.iter().max().copied().unwrap_or(end_us).min(end_us);
+    let window = last.saturating_sub(start_us).max(1) as f64 / 1e6;
     let in_window = firsts
         .iter()
-        .filter(|t| **t >= start_us && **t <= end_us)
+        .filter(|t| **t >= start_us && **t <= last)
         .count();
     verdict.throughput_under_faults = (in_window as f64 / window * 10.0).round() / 10.0;
     let first_ack = acked.values().min().copied().unwrap_or(0);

@@ -814,10 +814,10 @@ fn run_backend(
         faults,
         redis,
         start_us: now_us(),
-        // The plan is spread over the first half of the window: faster than the
+        // The plan is spread over the first quarter of the window: faster than the
         // workers drain it, so faults hit enqueues and a busy queue (jobs in flight),
-        // and the second half still has a backlog to work through under faults.
-        spread_ms: seconds * 500,
+        // and the throughput under faults is the workers' own, not the producer's pace.
+        spread_ms: seconds * 250,
         jobs: options.jobs,
         anomalies: Vec::new(),
     };
