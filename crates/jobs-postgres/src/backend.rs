@@ -9,6 +9,7 @@ use jobs_core::{validate, Error, Result, StoreSettings};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool};
 
+use crate::conn::Health;
 use crate::schema;
 use crate::sql::Statements;
 use crate::store::PostgresStore;
@@ -17,9 +18,14 @@ use crate::wake::Wake;
 /// The schema the tables live in unless configured otherwise.
 pub const DEFAULT_SCHEMA: &str = "jobs";
 
+/// The `application_name` of the pool's connections unless the URL, the connect
+/// options (or `PGAPPNAME`) or [`PostgresConfig::application_name`] name another: it
+/// lets an operator find this queue's sessions in `pg_stat_activity`.
+pub const DEFAULT_APPLICATION_NAME: &str = "jobs";
+
 /// How long a pooled connection may sit idle before it is pinged on its way out.
-/// Recently used connections go out without the extra round trip; one killed
-/// under us then fails its next statement with `Unavailable` and is replaced.
+/// Recently used connections go out without the extra round trip, unless a sibling
+/// was found closed by the server since they went idle (see `conn`).
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// Which commits wait for the WAL to reach the disk (`synchronous_commit`), per kind
@@ -75,7 +81,9 @@ pub struct PostgresConfig {
 
 impl PostgresConfig {
     /// A configuration from a `postgres://` URL, with the default schema (`jobs`),
-    /// 10 connections at most, and a 10 s wait for a free connection.
+    /// 10 connections at most, and a 10 s wait for a free connection. The URL's
+    /// parameters are honoured, `application_name` included; without one the
+    /// connections are named [`DEFAULT_APPLICATION_NAME`].
     pub fn new(url: &str) -> Result<Self> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(Error::invalid(
@@ -89,8 +97,14 @@ impl PostgresConfig {
     }
 
     /// A configuration from sqlx connect options (TLS, sockets, passwords from
-    /// elsewhere, session parameters).
+    /// elsewhere, session parameters). Options without an `application_name` get
+    /// [`DEFAULT_APPLICATION_NAME`].
     pub fn from_options(options: PgConnectOptions) -> Self {
+        let options = if options.get_application_name().is_some() {
+            options
+        } else {
+            options.application_name(DEFAULT_APPLICATION_NAME)
+        };
         PostgresConfig {
             options,
             schema: DEFAULT_SCHEMA.to_owned(),
@@ -135,7 +149,8 @@ impl PostgresConfig {
         self
     }
 
-    /// The `application_name` the server shows for this pool's connections.
+    /// The `application_name` the server shows for this pool's connections and its
+    /// wake-up listener ([`DEFAULT_APPLICATION_NAME`] unless set here or in the URL).
     pub fn application_name(mut self, name: &str) -> Self {
         self.options = self.options.application_name(name);
         self
@@ -146,18 +161,22 @@ impl PostgresConfig {
         &self.options
     }
 
-    /// The pool options this configuration stands for.
-    fn pool_options(&self) -> PgPoolOptions {
+    /// The pool options this configuration stands for, checking connections against
+    /// `health`.
+    fn pool_options(&self, health: Arc<Health>) -> PgPoolOptions {
         PgPoolOptions::new()
             .max_connections(self.max_connections)
             .min_connections(self.min_connections.min(self.max_connections))
             .acquire_timeout(self.acquire_timeout)
-            // sqlx pings every idle connection before handing it out, a round trip
-            // per statement; ping only those idle long enough to have gone stale.
+            // sqlx would ping every idle connection before handing it out, a round
+            // trip per statement; ping only those idle long enough to have gone stale,
+            // and those idle since before a sibling was found closed by the server
+            // (a terminated connection fails its ping and sqlx opens another).
             .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
+            .before_acquire(move |conn, meta| {
+                let check = meta.idle_for >= PING_AFTER_IDLE || health.is_suspect(meta.idle_for);
                 Box::pin(async move {
-                    if meta.idle_for >= PING_AFTER_IDLE {
+                    if check {
                         conn.ping().await?;
                     }
                     Ok(true)
@@ -173,6 +192,7 @@ impl fmt::Debug for PostgresConfig {
             .field("port", &self.options.get_port())
             .field("database", &self.options.get_database())
             .field("username", &self.options.get_username())
+            .field("application_name", &self.options.get_application_name())
             .field("schema", &self.schema)
             .field("max_connections", &self.max_connections)
             .field("min_connections", &self.min_connections)
@@ -189,6 +209,8 @@ pub(crate) struct Shared {
     pub(crate) schema: String,
     pub(crate) sql: Statements,
     pub(crate) wake: Wake,
+    /// When a connection of the pool was last found closed by the server.
+    pub(crate) health: Arc<Health>,
 }
 
 impl fmt::Debug for Shared {
@@ -226,14 +248,20 @@ impl PostgresBackend {
     ///
     /// Fails with `Unavailable` when the server cannot be reached.
     pub async fn connect(config: PostgresConfig) -> Result<Self> {
+        let health = Arc::new(Health::default());
         let pool = config
-            .pool_options()
+            .pool_options(Arc::clone(&health))
             .connect_lazy_with(config.options.clone());
-        Self::from_pool_with(pool, &config.schema, config.durability).await
+        Self::open(pool, &config.schema, config.durability, health).await
     }
 
     /// Uses an existing pool (its size and options are the caller's) with the
     /// tables in `schema`, migrating it first, with the default durability.
+    ///
+    /// Such a pool lacks the check that keeps connections the server has closed from
+    /// being handed out again (see `docs/postgres.md`): after a terminate round, each
+    /// of its idle connections fails one statement (with `Unavailable`) before sqlx
+    /// drops it, though the statements the store may run twice still succeed.
     pub async fn from_pool(pool: PgPool, schema: &str) -> Result<Self> {
         Self::from_pool_with(pool, schema, Durability::default()).await
     }
@@ -244,15 +272,30 @@ impl PostgresBackend {
         schema: &str,
         durability: Durability,
     ) -> Result<Self> {
+        Self::open(pool, schema, durability, Arc::default()).await
+    }
+
+    async fn open(
+        pool: PgPool,
+        schema: &str,
+        durability: Durability,
+        health: Arc<Health>,
+    ) -> Result<Self> {
         let quoted = schema::quote_schema(schema)?;
         schema::migrate(&pool, schema, &quoted).await?;
         let channel = format!("{schema}.jobs_wake");
         let sql = Statements::new(&quoted, durability);
         let shared = Shared {
-            wake: Wake::new(pool.clone(), channel, sql.notify.clone()),
+            wake: Wake::new(
+                pool.clone(),
+                channel,
+                sql.notify.clone(),
+                Arc::clone(&health),
+            ),
             sql,
             schema: schema.to_owned(),
             pool,
+            health,
         };
         Ok(PostgresBackend {
             shared: Arc::new(shared),
@@ -285,12 +328,10 @@ impl PostgresBackend {
     /// that points to it: what a lost record or a careless operator does. For tests
     /// of the store's handling of vanished jobs (CONTRACT C7, E5, R5).
     pub async fn vanish(&self, namespace: &str, id: jobs_core::JobId) -> Result<()> {
-        sqlx::query(self.shared.sql.vanish.sql())
+        let query = sqlx::query(self.shared.sql.vanish.sql())
             .bind(namespace)
-            .bind(crate::row::PgUuid::from_id(id))
-            .execute(&self.shared.pool)
-            .await
-            .map_err(|err| crate::error::map("vanish", err))?;
+            .bind(crate::row::PgUuid::from_id(id));
+        self.shared.fetch_all("vanish", query).await?;
         Ok(())
     }
 }

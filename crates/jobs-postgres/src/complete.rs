@@ -10,7 +10,6 @@ use sqlx::postgres::PgBindIterExt;
 
 use crate::backend::Shared;
 use crate::batch::Batch;
-use crate::error::map;
 use crate::row::{column, PgUuid};
 
 /// What became of one completion.
@@ -61,15 +60,26 @@ impl Batch for Completions {
         // both, so they queue on each other instead of deadlocking.
         let mut sorted: Vec<&Completion> = calls.iter().collect();
         sorted.sort_unstable_by_key(|c| c.id);
-        let rows = sqlx::query(self.shared.sql.complete.sql())
-            .bind(&settings.namespace)
-            .bind(sorted.iter().map(|c| PgUuid::from_id(c.id)).bind_iter())
-            .bind(sorted.iter().map(|c| c.token).bind_iter())
-            .bind(sorted.iter().map(|c| c.result.as_deref()).bind_iter())
-            .bind(settings.now().as_millis())
-            .fetch_all(&self.shared.pool)
-            .await
-            .map_err(|err| map("complete", err))?;
+        // One `now` for both runs: a second run (after a broken connection) knows
+        // its first one's completions by this `finished_at` (see `sql::COMPLETE`).
+        let now = settings.now().as_millis();
+        let sql = &self.shared.sql;
+        let rows = self
+            .shared
+            .fetch_all_again("complete", |again| {
+                let text = if again {
+                    &sql.complete_again
+                } else {
+                    &sql.complete
+                };
+                sqlx::query(text.sql())
+                    .bind(&settings.namespace)
+                    .bind(sorted.iter().map(|c| PgUuid::from_id(c.id)).bind_iter())
+                    .bind(sorted.iter().map(|c| c.token).bind_iter())
+                    .bind(sorted.iter().map(|c| c.result.as_deref()).bind_iter())
+                    .bind(now)
+            })
+            .await?;
         let what = || "completion batch row".to_owned();
         let mut outcomes = HashMap::with_capacity(rows.len());
         for row in &rows {

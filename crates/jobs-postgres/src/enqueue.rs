@@ -10,7 +10,6 @@ use sqlx::Postgres;
 
 use crate::backend::Shared;
 use crate::batch::Batch;
-use crate::error::map;
 use crate::row::{column, PgUuid};
 
 /// Most payload bytes sent in one enqueue statement. A larger batch is split into
@@ -69,9 +68,14 @@ where
         )
         .bind(now.saturating_sub(settings.dedup_window).as_millis())
         .bind(whole)
+        .bind(
+            rows.iter()
+                .map(|r| crate::row::timeout_param(r.job.timeout))
+                .bind_iter(),
+        )
         .fetch_all(executor)
         .await
-        .map_err(|err| map("enqueue", err))?;
+        .map_err(|err| shared.error("enqueue", err))?;
     if result.len() != rows.len() {
         return Err(Error::corrupt(
             "enqueue",
@@ -173,14 +177,14 @@ pub(crate) async fn enqueue_all(
             .pool
             .begin()
             .await
-            .map_err(|err| map("enqueue: begin", err))?;
+            .map_err(|err| shared.error("enqueue: begin", err))?;
         let mut answers = Vec::with_capacity(sent.len());
         for chunk in chunks {
             answers.extend(statement(shared, settings, &mut *tx, now, chunk, true).await?);
         }
         tx.commit()
             .await
-            .map_err(|err| map("enqueue: commit", err))?;
+            .map_err(|err| shared.error("enqueue: commit", err))?;
         answers
     };
     announce(shared, settings, now, &sent, &answers);

@@ -4,6 +4,7 @@
 mod backend;
 mod batch;
 mod complete;
+mod conn;
 mod enqueue;
 mod error;
 mod row;
@@ -12,7 +13,9 @@ mod sql;
 mod store;
 mod wake;
 
-pub use backend::{Durability, PostgresBackend, PostgresConfig, DEFAULT_SCHEMA};
+pub use backend::{
+    Durability, PostgresBackend, PostgresConfig, DEFAULT_APPLICATION_NAME, DEFAULT_SCHEMA,
+};
 pub use store::PostgresStore;
 
 /// Re-exported so callers can build pools and options without naming sqlx's version.

@@ -1,6 +1,8 @@
 //! Values between Rust and Postgres: the `uuid` wire form of job ids, and jobs read
 //! from rows, where anything out of shape is `Error::Corrupt`, never a panic.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use jobs_core::{Error, Job, JobId, JobState, Lease, LeaseToken, Result, Timestamp};
 use sqlx::encode::IsNull;
@@ -162,7 +164,23 @@ pub(crate) fn job(row: &PgRow) -> Result<Job> {
             .transpose()?,
         result: column::<Option<Vec<u8>>>(row, 19, what)?.map(Bytes::from),
         cancel_requested: column(row, 20, what)?,
+        timeout: column::<Option<i64>>(row, 21, what)?
+            .map(|ms| timeout(ms, what))
+            .transpose()?,
     })
+}
+
+/// A stored timeout: milliseconds above zero (`validate_timeout` admits no other).
+fn timeout(ms: i64, what: &dyn Fn() -> String) -> Result<Duration> {
+    match u64::try_from(ms) {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(Error::corrupt(what(), format!("timeout_ms is {ms}"))),
+    }
+}
+
+/// A job's timeout as stored: whole milliseconds (validated to fit, and exact).
+pub(crate) fn timeout_param(timeout: Option<Duration>) -> Option<i64> {
+    timeout.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The claim-order sequence of a job row (column 6).

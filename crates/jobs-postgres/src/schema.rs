@@ -25,6 +25,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "pk_lookups",
         sql: include_str!("../migrations/0002_pk_lookups.sql"),
     },
+    Migration {
+        version: 3,
+        name: "timeout",
+        sql: include_str!("../migrations/0003_timeout.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

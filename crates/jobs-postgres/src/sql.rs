@@ -38,14 +38,16 @@ macro_rules! job_columns {
     () => {
         "id, queue, tenant, idempotency_key, priority, run_at, seq, max_attempts, parent, \
          state, attempts, lease_worker, lease_token, lease_expires_at, created_at, \
-         started_at, heartbeat_at, finished_at, last_error, result, cancel_requested"
+         started_at, heartbeat_at, finished_at, last_error, result, cancel_requested, \
+         timeout_ms"
     };
 }
 
 /// Enqueues many jobs in one statement (CONTRACT E1–E9).
 ///
-/// `$1` namespace, `$2` now, `$3..$11` the jobs as parallel arrays (id, queue, tenant,
-/// key, payload, priority, run_at, max_attempts, parent), `$12` the dedup cutoff
+/// `$1` namespace, `$2` now, `$3..$11` and `$14` the jobs as parallel arrays (id,
+/// queue, tenant, key, payload, priority, run_at, max_attempts, parent; timeout in
+/// milliseconds, NULL for none), `$12` the dedup cutoff
 /// (`now - window`: an entry created at or before it no longer deduplicates), `$13`
 /// whole: when true, one unknown parent writes nothing at all (an `enqueue_batch`);
 /// when false, only that job is refused (calls gathered from different callers).
@@ -63,9 +65,9 @@ WITH input AS MATERIALIZED (
            (t.parent IS NULL OR EXISTS (SELECT 1 FROM {schema}.jobs p
                                         WHERE p.namespace = $1 AND p.id = t.parent)) AS parent_ok
     FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::bytea[],
-                $8::int2[], $9::int8[], $10::int8[], $11::uuid[])
+                $8::int2[], $9::int8[], $10::int8[], $11::uuid[], $14::int8[])
          WITH ORDINALITY AS t(id, queue, tenant, key, payload, priority, run_at,
-                              max_attempts, parent, ord)
+                              max_attempts, parent, timeout_ms, ord)
 ),
 bad AS (
     SELECT count(*) FILTER (WHERE NOT parent_ok) AS n FROM input
@@ -88,9 +90,10 @@ d AS (
 ),
 j AS (
     INSERT INTO {schema}.jobs (namespace, id, queue, tenant, idempotency_key, priority,
-                               run_at, seq, max_attempts, parent, state, created_at, payload)
+                               run_at, seq, max_attempts, parent, state, created_at, payload,
+                               timeout_ms)
     SELECT $1, ok.id, ok.queue, ok.tenant, ok.key, ok.priority, ok.run_at, ok.seq,
-           ok.max_attempts, ok.parent, 'queued', $2, ok.payload
+           ok.max_attempts, ok.parent, 'queued', $2, ok.payload, ok.timeout_ms
     FROM ok
     WHERE ok.key IS NULL OR EXISTS (SELECT 1 FROM d WHERE d.job_id = ok.id)
     RETURNING id
@@ -168,6 +171,12 @@ RETURNING cancel_requested
 /// Each input row reports whether it completed its job and, when it did not, whether
 /// the job exists at all (lease lost versus not found). An id appears at most once
 /// per batch; the batcher holds a second call for the same id back for the next one.
+///
+/// `{again}` is `false` in the statement sent first. When its connection broke, the
+/// store cannot know whether it committed, and sends it again with `{again}` =
+/// [`COMPLETED_BEFORE`]: a job found succeeded with this token, this result and this
+/// very `finished_at` (the first run's `$5`, reused) was completed by the first run,
+/// and is answered as completed, not as a lost lease (L5 is about a second call).
 const COMPLETE: &str = r#"
 WITH input AS (
     SELECT * FROM unnest($2::uuid[], $3::int8[], $4::bytea[]) AS t(id, token, result)
@@ -181,11 +190,47 @@ done AS (
       AND (j.state = 'running' AND j.lease_token = input.token) IS TRUE
     RETURNING j.id
 )
-SELECT input.id, (done.id IS NOT NULL) AS completed,
+SELECT input.id, (done.id IS NOT NULL OR {again}) AS completed,
        CASE WHEN done.id IS NOT NULL THEN true
             ELSE EXISTS (SELECT 1 FROM {schema}.jobs x WHERE x.namespace = $1 AND x.id = input.id)
        END AS found
 FROM input LEFT JOIN done ON done.id = input.id
+WHERE {relax}
+"#;
+
+/// `{again}` in [`COMPLETE`] when it is sent a second time: this entry's job was
+/// completed by the first run.
+const COMPLETED_BEFORE: &str = "EXISTS (SELECT 1 FROM {schema}.jobs y \
+     WHERE y.namespace = $1 AND y.id = input.id \
+       AND (y.state = 'succeeded' AND y.lease_token = input.token AND y.finished_at = $5 \
+            AND y.result IS NOT DISTINCT FROM input.result) IS TRUE)";
+
+/// Rule L1 for many leases at once: `$2` ids, `$3` tokens (parallel, sorted by id),
+/// `$4` the new expiry, `$5` now.
+///
+/// One row per input row, with its position: whether its lease was extended (and
+/// then whether cancellation was requested) and, when it was not, whether the job
+/// exists at all (lease lost versus not found, L2, L3). The join back is on id and
+/// token, so of two entries for one job only the one holding its lease is extended;
+/// an entry repeated whole is answered twice alike. Running it twice sets the same
+/// expiry twice, so a broken connection's statement is simply sent again.
+const HEARTBEAT_BATCH: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($2::uuid[], $3::int8[]) WITH ORDINALITY AS t(id, token, ord)
+),
+beat AS (
+    UPDATE {schema}.jobs j SET lease_expires_at = $4, heartbeat_at = $5
+    FROM input
+    WHERE j.namespace = $1 AND j.id = input.id
+      AND (j.state = 'running' AND j.lease_token = input.token) IS TRUE
+    RETURNING j.id, j.lease_token, j.cancel_requested
+)
+SELECT input.ord, (beat.id IS NOT NULL) AS extended,
+       COALESCE(beat.cancel_requested, false) AS cancel_requested,
+       CASE WHEN beat.id IS NOT NULL THEN true
+            ELSE EXISTS (SELECT 1 FROM {schema}.jobs x WHERE x.namespace = $1 AND x.id = input.id)
+       END AS found
+FROM input LEFT JOIN beat ON beat.id = input.id AND beat.lease_token = input.token
 WHERE {relax}
 "#;
 
@@ -196,13 +241,19 @@ WHERE {relax}
 /// stored: cancel requested wins, then a retry with attempts left, else dead.
 const FAIL: &str = r#"
 UPDATE {schema}.jobs SET
+    -- DECISIONS "Cancel while running" (A1): a cancel-requested job that fails ends
+    -- cancelled, never requeued; L6: a retry time with attempts left requeues it;
+    -- L7: the last attempt, or no retry, is dead.
     state = CASE WHEN cancel_requested THEN 'cancelled'
                  WHEN $4::int8 IS NOT NULL AND attempts < max_attempts THEN 'queued'
                  ELSE 'dead' END,
+    -- L6: requeued at the retry time, behind the jobs already ready then (C3).
     run_at = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
                   THEN $4::int8 ELSE run_at END,
     seq = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
                THEN nextval('{schema}.seq') ELSE seq END,
+    -- DECISIONS "Every terminal state sets finished_at" (A5): cancelled and dead
+    -- (L7) are terminal; a requeued job (L6) is not.
     finished_at = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
                        THEN NULL ELSE $5 END,
     last_error = $6, lease_worker = NULL, lease_expires_at = NULL
@@ -215,10 +266,14 @@ RETURNING state
 /// `cancelled` instead when cancellation was requested. `$3` token, `$4` now.
 const RELEASE: &str = r#"
 UPDATE {schema}.jobs SET
+    -- DECISIONS "Cancel while running" (A1): a cancel-requested job that is released
+    -- ends cancelled; otherwise L8: queued again.
     state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
     attempts = GREATEST(attempts - 1, 0),
+    -- L8: ready now, behind the jobs already ready (C3); a cancelled job keeps them.
     run_at = CASE WHEN cancel_requested THEN run_at ELSE $4 END,
     seq = CASE WHEN cancel_requested THEN seq ELSE nextval('{schema}.seq') END,
+    -- DECISIONS "Every terminal state sets finished_at": only the cancelled end.
     finished_at = CASE WHEN cancel_requested THEN $4 ELSE NULL END,
     lease_worker = NULL, lease_expires_at = NULL
 WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS TRUE
@@ -240,12 +295,18 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs SET
+    -- R3: cancel requested → cancelled (first, so a job both cancel-requested and on
+    -- its last attempt ends cancelled, DECISIONS); last attempt → dead; R1: else
+    -- queued again.
     state = CASE WHEN cancel_requested THEN 'cancelled'
                  WHEN attempts >= max_attempts THEN 'dead'
                  ELSE 'queued' END,
+    -- R1: a requeued job is ready now, behind the jobs already ready (a new seq).
     run_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts THEN $2 ELSE run_at END,
     seq = CASE WHEN NOT cancel_requested AND attempts < max_attempts
                THEN nextval('{schema}.seq') ELSE seq END,
+    -- R3 and DECISIONS "Every terminal state sets finished_at": cancelled and dead
+    -- are terminal, a requeued job (R1) is not.
     finished_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts
                        THEN NULL ELSE $2 END,
     last_error = $4, lease_worker = NULL, lease_expires_at = NULL
@@ -257,6 +318,8 @@ RETURNING id, state, queue
 /// Rule A1 on a queued or running job. `$3` now.
 const CANCEL: &str = r#"
 UPDATE {schema}.jobs SET
+    -- A1: a queued job is cancelled at once; a running one only gets
+    -- cancel_requested (its holder, or reclaim, ends it).
     state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
     finished_at = CASE WHEN state = 'queued' THEN $3 ELSE finished_at END,
     cancel_requested = cancel_requested OR state = 'running'
@@ -363,9 +426,10 @@ const RELAX: &str = "(SELECT set_config('synchronous_commit', 'off', true)) IS N
 const NO_RELAX: &str = "true";
 
 impl Text {
-    fn render(template: &str, schema: &str, relax: &str) -> Self {
+    fn render(template: &str, schema: &str, relax: &str, again: &str) -> Self {
         Text(Arc::from(
             template
+                .replace("{again}", again)
                 .replace("{schema}", schema)
                 .replace("{relax}", relax),
         ))
@@ -388,7 +452,10 @@ pub(crate) struct Statements {
     pub(crate) payload: Text,
     pub(crate) children: Text,
     pub(crate) heartbeat: Text,
+    pub(crate) heartbeat_batch: Text,
     pub(crate) complete: Text,
+    /// `complete` sent again after its connection broke (see [`COMPLETE`]).
+    pub(crate) complete_again: Text,
     pub(crate) fail: Text,
     pub(crate) release: Text,
     pub(crate) reclaim: Text,
@@ -409,7 +476,7 @@ impl Statements {
             Durability::DurableEnqueues => RELAX,
             Durability::Full => NO_RELAX,
         };
-        let r = |template: &str| Text::render(template, quoted_schema, relax);
+        let r = |template: &str| Text::render(template, quoted_schema, relax, "false");
         Statements {
             enqueue: r(ENQUEUE),
             claim: r(CLAIM),
@@ -418,7 +485,9 @@ impl Statements {
             payload: r(PAYLOAD),
             children: r(CHILDREN),
             heartbeat: r(HEARTBEAT),
+            heartbeat_batch: r(HEARTBEAT_BATCH),
             complete: r(COMPLETE),
+            complete_again: Text::render(COMPLETE, quoted_schema, relax, COMPLETED_BEFORE),
             fail: r(FAIL),
             release: r(RELEASE),
             reclaim: r(RECLAIM),
@@ -481,11 +550,21 @@ mod tests {
                 .bind(1_i64)
                 .bind(2_i64)
                 .bind(1_i64),
-            "complete" => sqlx::query(sql.complete.sql())
+            "complete" | "complete_again" => sqlx::query(if name == "complete" {
+                sql.complete.sql()
+            } else {
+                sql.complete_again.sql()
+            })
+            .bind(ns)
+            .bind([id].into_iter().bind_iter())
+            .bind([1_i64].into_iter().bind_iter())
+            .bind([None::<&[u8]>].into_iter().bind_iter())
+            .bind(1_i64),
+            "heartbeat_batch" => sqlx::query(sql.heartbeat_batch.sql())
                 .bind(ns)
                 .bind([id].into_iter().bind_iter())
                 .bind([1_i64].into_iter().bind_iter())
-                .bind([None::<&[u8]>].into_iter().bind_iter())
+                .bind(2_i64)
                 .bind(1_i64),
             "fail" => sqlx::query(sql.fail.sql())
                 .bind(ns)
@@ -519,10 +598,12 @@ mod tests {
         setting
     }
 
-    const WORKERS: [&str; 7] = [
+    const WORKERS: [&str; 9] = [
         "claim",
         "heartbeat",
+        "heartbeat_batch",
         "complete",
+        "complete_again",
         "fail",
         "release",
         "reclaim",

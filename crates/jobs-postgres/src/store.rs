@@ -8,11 +8,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use jobs_core::validate::{self, MAX_CLAIM_LIMIT};
 use jobs_core::{
-    async_trait, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState,
-    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
-    Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+    async_trait, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, HeldLease, Job, JobId,
+    JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob,
+    Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
 };
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgBindIterExt, PgRow};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
@@ -20,7 +20,6 @@ use crate::backend::{PostgresBackend, PostgresConfig, Shared};
 use crate::batch::Batcher;
 use crate::complete::{Completion, Completions, Outcome};
 use crate::enqueue::{enqueue_all, Enqueues};
-use crate::error::map;
 use crate::row::{self, column, PgUuid};
 
 /// A job store in one namespace of a PostgreSQL schema.
@@ -113,6 +112,31 @@ impl PostgresStore {
         self.inner.settings.now()
     }
 
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// Runs the statement `build` makes, once more if its connection broke (for
+    /// statements that may run twice; see `conn`), and returns its first row.
+    async fn fetch_optional_again<'q>(
+        &'q self,
+        what: &str,
+        build: impl Fn() -> crate::conn::PgQuery<'q>,
+    ) -> Result<Option<PgRow>> {
+        let rows = self.shared().fetch_all_again(what, |_| build()).await?;
+        Ok(rows.into_iter().next())
+    }
+
+    /// Runs `query` once and returns its first row.
+    async fn fetch_optional_once(
+        &self,
+        what: &str,
+        query: crate::conn::PgQuery<'_>,
+    ) -> Result<Option<PgRow>> {
+        let rows = self.shared().fetch_all(what, query).await?;
+        Ok(rows.into_iter().next())
+    }
+
     fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
         self.inner
             .seen
@@ -131,12 +155,13 @@ impl PostgresStore {
 
     /// The job's current state, or `None` if it does not exist.
     async fn state_of(&self, what: &str, id: JobId) -> Result<Option<JobState>> {
-        let row = sqlx::query(self.sql().exists.sql())
-            .bind(self.namespace())
-            .bind(PgUuid::from_id(id))
-            .fetch_optional(self.pool())
-            .await
-            .map_err(|err| map(what, err))?;
+        let row = self
+            .fetch_optional_again(what, || {
+                sqlx::query(self.sql().exists.sql())
+                    .bind(self.namespace())
+                    .bind(PgUuid::from_id(id))
+            })
+            .await?;
         row.map(|row| row::state(&row, 0, &|| format!("job {id}")))
             .transpose()
     }
@@ -148,7 +173,7 @@ fn claim_order(rows: Vec<PgRow>) -> Result<Vec<ClaimedJob>> {
     for row in rows {
         let job = row::job(&row)?;
         let seq = row::seq(&row, job.id)?;
-        let payload: Vec<u8> = column(&row, 21, &|| format!("job {}", job.id))?;
+        let payload: Vec<u8> = column(&row, 22, &|| format!("job {}", job.id))?;
         claimed.push((
             ReadyOrder::new(job.priority, job.run_at, seq),
             ClaimedJob {
@@ -194,12 +219,13 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
-        let row = sqlx::query(self.sql().get.sql())
-            .bind(self.namespace())
-            .bind(PgUuid::from_id(id))
-            .fetch_optional(self.pool())
-            .await
-            .map_err(|err| map("get", err))?;
+        let row = self
+            .fetch_optional_again("get", || {
+                sqlx::query(self.sql().get.sql())
+                    .bind(self.namespace())
+                    .bind(PgUuid::from_id(id))
+            })
+            .await?;
         match row {
             Some(row) => row::job(&row),
             None => Err(Error::NotFound { id }),
@@ -207,12 +233,13 @@ impl Store for PostgresStore {
     }
 
     async fn payload(&self, id: JobId) -> Result<Bytes> {
-        let row = sqlx::query(self.sql().payload.sql())
-            .bind(self.namespace())
-            .bind(PgUuid::from_id(id))
-            .fetch_optional(self.pool())
-            .await
-            .map_err(|err| map("payload", err))?;
+        let row = self
+            .fetch_optional_again("payload", || {
+                sqlx::query(self.sql().payload.sql())
+                    .bind(self.namespace())
+                    .bind(PgUuid::from_id(id))
+            })
+            .await?;
         match row {
             Some(row) => {
                 let bytes: Vec<u8> = column(&row, 0, &|| format!("job {id}"))?;
@@ -223,12 +250,14 @@ impl Store for PostgresStore {
     }
 
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        let rows = sqlx::query(self.sql().children.sql())
-            .bind(self.namespace())
-            .bind(PgUuid::from_id(parent))
-            .fetch_all(self.pool())
-            .await
-            .map_err(|err| map("children", err))?;
+        let rows = self
+            .shared()
+            .fetch_all_again("children", |_| {
+                sqlx::query(self.sql().children.sql())
+                    .bind(self.namespace())
+                    .bind(PgUuid::from_id(parent))
+            })
+            .await?;
         rows.iter().map(row::job).collect()
     }
 
@@ -254,16 +283,21 @@ impl Store for PostgresStore {
             }
         }
         let now = self.now();
-        let rows = sqlx::query(self.sql().claim.sql())
-            .bind(self.namespace())
-            .bind(queues)
-            .bind(now.as_millis())
-            .bind(limit_param(request.limit.min(MAX_CLAIM_LIMIT)))
-            .bind(request.worker.as_bytes())
-            .bind(now.saturating_add(request.lease_ttl).as_millis())
-            .fetch_all(self.pool())
-            .await
-            .map_err(|err| map("claim", err))?;
+        // Sent again when the connection broke: if the first run committed unseen,
+        // its jobs wait for their lease to expire and reclaim, exactly as when the
+        // caller claims again after an `Unavailable`.
+        let rows = self
+            .shared()
+            .fetch_all_again("claim", |_| {
+                sqlx::query(self.sql().claim.sql())
+                    .bind(self.namespace())
+                    .bind(&queues[..])
+                    .bind(now.as_millis())
+                    .bind(limit_param(request.limit.min(MAX_CLAIM_LIMIT)))
+                    .bind(request.worker.as_bytes())
+                    .bind(now.saturating_add(request.lease_ttl).as_millis())
+            })
+            .await?;
         claim_order(rows)
     }
 
@@ -271,15 +305,17 @@ impl Store for PostgresStore {
         validate::validate_lease_ttl(ttl)?;
         let now = self.now();
         let expires_at = now.saturating_add(ttl);
-        let row = sqlx::query(self.sql().heartbeat.sql())
-            .bind(self.namespace())
-            .bind(PgUuid::from_id(id))
-            .bind(token_param(token))
-            .bind(expires_at.as_millis())
-            .bind(now.as_millis())
-            .fetch_optional(self.pool())
-            .await
-            .map_err(|err| map("heartbeat", err))?;
+        // Sent again when the connection broke: a second run sets the same expiry.
+        let row = self
+            .fetch_optional_again("heartbeat", || {
+                sqlx::query(self.sql().heartbeat.sql())
+                    .bind(self.namespace())
+                    .bind(PgUuid::from_id(id))
+                    .bind(token_param(token))
+                    .bind(expires_at.as_millis())
+                    .bind(now.as_millis())
+            })
+            .await?;
         match row {
             Some(row) => Ok(Heartbeat {
                 cancel_requested: column(&row, 0, &|| format!("job {id}"))?,
@@ -287,6 +323,82 @@ impl Store for PostgresStore {
             }),
             None => Err(self.lease_miss("heartbeat", id).await),
         }
+    }
+
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        validate::validate_lease_ttl(ttl)?;
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let expires_at = now.saturating_add(ttl);
+        // Sent in id order, as completions are (see `complete::Completions::run`): two
+        // statements locking some of the same rows lock them in the same order, so
+        // they queue on each other instead of deadlocking.
+        let mut sorted: Vec<(usize, &HeldLease)> = leases.iter().enumerate().collect();
+        sorted.sort_unstable_by_key(|(_, lease)| lease.id);
+        let rows = self
+            .shared()
+            .fetch_all_again("heartbeat_batch", |_| {
+                sqlx::query(self.sql().heartbeat_batch.sql())
+                    .bind(self.namespace())
+                    .bind(
+                        sorted
+                            .iter()
+                            .map(|(_, lease)| PgUuid::from_id(lease.id))
+                            .bind_iter(),
+                    )
+                    .bind(
+                        sorted
+                            .iter()
+                            .map(|(_, lease)| token_param(lease.token))
+                            .bind_iter(),
+                    )
+                    .bind(expires_at.as_millis())
+                    .bind(now.as_millis())
+            })
+            .await?;
+        let what = || "heartbeat batch row".to_owned();
+        let mut answers: Vec<Option<Result<Heartbeat>>> = leases.iter().map(|_| None).collect();
+        for row in &rows {
+            let ord: i64 = column(row, 0, &what)?;
+            // `ord` counts the sorted entries from 1.
+            let Some(&(index, lease)) = usize::try_from(ord - 1)
+                .ok()
+                .and_then(|position| sorted.get(position))
+            else {
+                return Err(Error::corrupt(what(), format!("no entry {ord}")));
+            };
+            let extended: bool = column(row, 1, &what)?;
+            let found: bool = column(row, 3, &what)?;
+            let answer = match (extended, found) {
+                (true, _) => Ok(Heartbeat {
+                    cancel_requested: column(row, 2, &what)?,
+                    expires_at,
+                }),
+                (false, true) => Err(Error::LeaseLost { id: lease.id }),
+                (false, false) => Err(Error::NotFound { id: lease.id }),
+            };
+            if let Some(slot) = answers.get_mut(index) {
+                *slot = Some(answer);
+            }
+        }
+        answers
+            .into_iter()
+            .zip(&leases)
+            .map(|(answer, lease)| {
+                answer.ok_or_else(|| {
+                    Error::corrupt(
+                        format!("job {}", lease.id),
+                        "the heartbeat batch did not report this job",
+                    )
+                })
+            })
+            .collect()
     }
 
     async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
@@ -321,16 +433,16 @@ impl Store for PostgresStore {
             Retry::At(at) => Some(at.as_millis()),
             Retry::Never => None,
         };
-        let row = sqlx::query(self.sql().fail.sql())
+        // Sent once: a second run after a first that committed unseen would answer
+        // "lease lost" for a failure that was recorded.
+        let query = sqlx::query(self.sql().fail.sql())
             .bind(self.namespace())
             .bind(PgUuid::from_id(id))
             .bind(token_param(token))
             .bind(retry_at)
             .bind(self.now().as_millis())
-            .bind(validate::truncate_error(error).as_bytes())
-            .fetch_optional(self.pool())
-            .await
-            .map_err(|err| map("fail", err))?;
+            .bind(validate::truncate_error(error).as_bytes());
+        let row = self.fetch_optional_once("fail", query).await?;
         match row {
             Some(row) => row::state(&row, 0, &|| format!("job {id}")),
             None => Err(self.lease_miss("fail", id).await),
@@ -338,14 +450,13 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
-        let row = sqlx::query(self.sql().release.sql())
+        // Sent once, as `fail` is.
+        let query = sqlx::query(self.sql().release.sql())
             .bind(self.namespace())
             .bind(PgUuid::from_id(id))
             .bind(token_param(token))
-            .bind(self.now().as_millis())
-            .fetch_optional(self.pool())
-            .await
-            .map_err(|err| map("release", err))?;
+            .bind(self.now().as_millis());
+        let row = self.fetch_optional_once("release", query).await?;
         let Some(row) = row else {
             return Err(self.lease_miss("release", id).await);
         };
@@ -364,14 +475,19 @@ impl Store for PostgresStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(self.sql().reclaim.sql())
-            .bind(self.namespace())
-            .bind(self.now().as_millis())
-            .bind(limit_param(limit))
-            .bind(LEASE_EXPIRED.as_bytes())
-            .fetch_all(self.pool())
-            .await
-            .map_err(|err| map("reclaim", err))?;
+        // Sent again when the connection broke: jobs a first run reclaimed unseen are
+        // queued all the same; only their wake-up is left to the next poll.
+        let now = self.now();
+        let rows = self
+            .shared()
+            .fetch_all_again("reclaim", |_| {
+                sqlx::query(self.sql().reclaim.sql())
+                    .bind(self.namespace())
+                    .bind(now.as_millis())
+                    .bind(limit_param(limit))
+                    .bind(LEASE_EXPIRED.as_bytes())
+            })
+            .await?;
         let what = || "reclaim result row".to_owned();
         let mut reclaimed = Vec::with_capacity(rows.len());
         let mut requeued: Vec<String> = Vec::new();
@@ -398,13 +514,16 @@ impl Store for PostgresStore {
         // concurrent retry) is tried again.
         let mut attempts = 0;
         loop {
-            let row = sqlx::query(self.sql().cancel.sql())
-                .bind(self.namespace())
-                .bind(PgUuid::from_id(id))
-                .bind(self.now().as_millis())
-                .fetch_optional(self.pool())
-                .await
-                .map_err(|err| map("cancel", err))?;
+            // Cancelling twice is cancelling once: sent again if the connection broke.
+            let now = self.now();
+            let row = self
+                .fetch_optional_again("cancel", || {
+                    sqlx::query(self.sql().cancel.sql())
+                        .bind(self.namespace())
+                        .bind(PgUuid::from_id(id))
+                        .bind(now.as_millis())
+                })
+                .await?;
             if let Some(row) = row {
                 return row::state(&row, 0, &|| format!("job {id}"));
             }
@@ -417,13 +536,13 @@ impl Store for PostgresStore {
     }
 
     async fn retry(&self, id: JobId) -> Result<()> {
-        let row = sqlx::query(self.sql().retry.sql())
+        // Sent once: a second run after a first that committed unseen would refuse
+        // the job as already queued.
+        let query = sqlx::query(self.sql().retry.sql())
             .bind(self.namespace())
             .bind(PgUuid::from_id(id))
-            .bind(self.now().as_millis())
-            .fetch_optional(self.pool())
-            .await
-            .map_err(|err| map("retry", err))?;
+            .bind(self.now().as_millis());
+        let row = self.fetch_optional_once("retry", query).await?;
         if let Some(row) = row {
             let queue: String = column(&row, 0, &|| format!("job {id}"))?;
             self.inner
@@ -444,13 +563,16 @@ impl Store for PostgresStore {
 
     async fn stats(&self, queue: &str) -> Result<QueueStats> {
         validate::validate_queue(queue)?;
-        let rows = sqlx::query(self.sql().stats.sql())
-            .bind(self.namespace())
-            .bind(queue)
-            .bind(self.now().as_millis())
-            .fetch_all(self.pool())
-            .await
-            .map_err(|err| map("stats", err))?;
+        let now = self.now();
+        let rows = self
+            .shared()
+            .fetch_all_again("stats", |_| {
+                sqlx::query(self.sql().stats.sql())
+                    .bind(self.namespace())
+                    .bind(queue)
+                    .bind(now.as_millis())
+            })
+            .await?;
         let what = || format!("stats of queue {queue}");
         let mut stats = QueueStats::default();
         for row in &rows {
@@ -479,15 +601,17 @@ impl Store for PostgresStore {
             Some(state) => vec![state.as_str()],
             None => JobState::ALL.iter().map(|s| s.as_str()).collect(),
         };
-        let rows = sqlx::query(self.sql().list.sql())
-            .bind(self.namespace())
-            .bind(&query.queue)
-            .bind(states)
-            .bind(query.cursor.map_or(PgUuid::MAX, PgUuid::from_id))
-            .bind(limit_param(query.limit))
-            .fetch_all(self.pool())
-            .await
-            .map_err(|err| map("list", err))?;
+        let rows = self
+            .shared()
+            .fetch_all_again("list", |_| {
+                sqlx::query(self.sql().list.sql())
+                    .bind(self.namespace())
+                    .bind(&query.queue)
+                    .bind(&states[..])
+                    .bind(query.cursor.map_or(PgUuid::MAX, PgUuid::from_id))
+                    .bind(limit_param(query.limit))
+            })
+            .await?;
         let jobs = rows.iter().map(row::job).collect::<Result<Vec<_>>>()?;
         let next = if jobs.len() == query.limit {
             jobs.last().map(|job| job.id)
@@ -503,14 +627,18 @@ impl Store for PostgresStore {
         }
         let settings = &self.inner.settings;
         let now = self.now();
-        let row = sqlx::query(self.sql().purge.sql())
-            .bind(self.namespace())
-            .bind(settings.retention_cutoff(now).as_millis())
-            .bind(limit_param(limit))
-            .bind(now.saturating_sub(settings.dedup_window).as_millis())
-            .fetch_one(self.pool())
-            .await
-            .map_err(|err| map("purge", err))?;
+        // Deleting what is past retention twice deletes it once: sent again if the
+        // connection broke (the count then misses what the first run deleted).
+        let row = self
+            .fetch_optional_again("purge", || {
+                sqlx::query(self.sql().purge.sql())
+                    .bind(self.namespace())
+                    .bind(settings.retention_cutoff(now).as_millis())
+                    .bind(limit_param(limit))
+                    .bind(now.saturating_sub(settings.dedup_window).as_millis())
+            })
+            .await?
+            .ok_or_else(|| Error::corrupt("purge", "no result row"))?;
         let jobs: i64 = column(&row, 0, &|| "purge result".to_owned())?;
         Ok(jobs.unsigned_abs())
     }

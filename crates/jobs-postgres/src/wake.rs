@@ -20,6 +20,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::conn::Health;
+use crate::error::is_connection_lost;
 use crate::sql::Text;
 
 /// Counters of notices per (namespace, queue), for the keys someone waits on.
@@ -111,6 +113,8 @@ pub(crate) struct Wake {
     task: tokio::sync::Mutex<ListenerTask>,
     outbox: Arc<Outbox>,
     sender: Mutex<Option<JoinHandle<()>>>,
+    /// Told when the listener's connection or a notice's is found closed by the server.
+    health: Arc<Health>,
 }
 
 #[derive(Debug, Default)]
@@ -119,8 +123,14 @@ struct ListenerTask {
 }
 
 impl Wake {
-    pub(crate) fn new(pool: PgPool, channel: String, notify_sql: Text) -> Self {
+    pub(crate) fn new(
+        pool: PgPool,
+        channel: String,
+        notify_sql: Text,
+        health: Arc<Health>,
+    ) -> Self {
         Wake {
+            health,
             hub: Arc::default(),
             channel,
             pool,
@@ -154,6 +164,7 @@ impl Wake {
         if !running && tokio::runtime::Handle::try_current().is_ok() {
             *sender = Some(tokio::spawn(send_notices(
                 self.pool.clone(),
+                Arc::clone(&self.health),
                 self.channel.clone(),
                 self.notify_sql.clone(),
                 Arc::clone(&self.outbox),
@@ -173,17 +184,18 @@ impl Wake {
         if task.handle.as_ref().is_some_and(|h| !h.is_finished()) {
             return;
         }
-        let (hub, pool, channel) = (
+        let (hub, pool, channel, health) = (
             Arc::clone(&self.hub),
             self.pool.clone(),
             self.channel.clone(),
+            Arc::clone(&self.health),
         );
         task.handle = Some(tokio::spawn(async move {
             let listener = relisten(&pool, &channel).await;
             hub.active.store(true, Ordering::Release);
             // Notices sent before LISTEN took effect are lost: wake every waiter once.
             hub.on_reset();
-            run(listener, hub, pool, channel).await;
+            run(listener, hub, pool, channel, health).await;
         }));
     }
 }
@@ -220,7 +232,13 @@ impl Drop for Wake {
 
 /// Sends pending notices, one transaction at a time; notices announced while one is
 /// in flight go together in the next.
-async fn send_notices(pool: PgPool, channel: String, sql: Text, outbox: Arc<Outbox>) {
+async fn send_notices(
+    pool: PgPool,
+    health: Arc<Health>,
+    channel: String,
+    sql: Text,
+    outbox: Arc<Outbox>,
+) {
     // Set after a failed send: the notices go back into the outbox and are sent again
     // after this pause, without waiting for another announcement. The jobs they
     // announce are committed; a notice dropped here would leave a waiter asleep until
@@ -252,6 +270,9 @@ async fn send_notices(pool: PgPool, channel: String, sql: Text, outbox: Arc<Outb
             Ok(_) => retry_pause = None,
             Err(err) => {
                 tracing::debug!(error = %err, "wake-up notices not sent; retrying");
+                if is_connection_lost(&err) {
+                    health.mark_lost();
+                }
                 outbox
                     .pending
                     .lock()
@@ -265,7 +286,13 @@ async fn send_notices(pool: PgPool, channel: String, sql: Text, outbox: Arc<Outb
     }
 }
 
-async fn run(mut listener: PgListener, hub: Arc<Hub>, pool: PgPool, channel: String) {
+async fn run(
+    mut listener: PgListener,
+    hub: Arc<Hub>,
+    pool: PgPool,
+    channel: String,
+    health: Arc<Health>,
+) {
     loop {
         match listener.try_recv().await {
             Ok(Some(notice)) => hub.on_notice(notice.payload()),
@@ -273,7 +300,11 @@ async fn run(mut listener: PgListener, hub: Arc<Hub>, pool: PgPool, channel: Str
             // back are lost, so reconnect here, and only once LISTEN is in force wake
             // every waiter to look for itself: a waiter woken earlier could go back to
             // sleep and miss a notice sent in the gap.
+            //
+            // Whatever closed this connection (a terminate round, a restart) has likely
+            // closed the pool's idle ones too: have them checked before they go out.
             Ok(None) | Err(_) => {
+                health.mark_lost();
                 listener = relisten(&pool, &channel).await;
                 hub.on_reset();
             }

@@ -1,0 +1,12 @@
+-- Migration 3: a job's own time limit for one attempt (`NewJob::timeout`), whole
+-- milliseconds above zero, NULL for none (the worker's default applies).
+--
+-- A nullable column without a default is added to the catalog only: no table rewrite
+-- and no scan, so the lock it takes lasts as long as the catalog update, however many
+-- jobs the table holds. No CHECK constraint for the same reason (adding one scans the
+-- table under that lock); the store validates the value before writing it and
+-- reports anything else it reads as a corrupt record.
+--
+-- Older builds keep working on a migrated schema: every statement names its columns,
+-- and the jobs they enqueue get NULL. Safe to run twice (`IF NOT EXISTS`).
+ALTER TABLE {schema}.jobs ADD COLUMN IF NOT EXISTS timeout_ms bigint;
