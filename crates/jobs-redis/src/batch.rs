@@ -141,6 +141,9 @@ pub(crate) struct Entry<'a> {
 
 /// A copy of a whole-call failure for each of the entries it hit.
 pub(crate) fn share(err: &Error) -> Error {
+    if let Error::Corrupt { what, reason } = err {
+        return Error::corrupt(what.clone(), reason.clone());
+    }
     let message = err.to_string();
     if err.is_retryable() {
         Error::Unavailable {

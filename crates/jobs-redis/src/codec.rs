@@ -2,6 +2,7 @@
 //! `Error::Corrupt`, never a panic.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use jobs_core::{
     Bytes, ClaimedJob, Error, Job, JobId, JobState, Lease, LeaseToken, Result, Timestamp,
@@ -9,7 +10,7 @@ use jobs_core::{
 use redis::Value;
 
 /// The job hash fields `get` reads, in this order.
-pub(crate) const JOB_FIELDS: [&str; 13] = [
+pub(crate) const JOB_FIELDS: [&str; 14] = [
     "meta",
     "run_at",
     "state",
@@ -23,7 +24,24 @@ pub(crate) const JOB_FIELDS: [&str; 13] = [
     "error",
     "result",
     "cancel",
+    "timeout",
 ];
+
+/// The prefix of `last_error` on a job a claim or reclaim buried because its record could
+/// not be read (`CORRUPT_PREFIX` in `lua/lib.lua`).
+pub(crate) const CORRUPT_PREFIX: &str = "corrupt record: ";
+
+/// A stored timeout: whole milliseconds above zero (`None` when the field is absent).
+fn timeout_of(text: Option<&str>) -> std::result::Result<Option<Duration>, &'static str> {
+    match text {
+        None => Ok(None),
+        Some(text) => match text.parse::<u64>() {
+            Ok(0) => Err("zero"),
+            Ok(ms) => Ok(Some(Duration::from_millis(ms))),
+            Err(_) => Err("not a number"),
+        },
+    }
+}
 
 /// The fields a job never changes, packed into the `meta` hash field so the scripts read
 /// and write few values per job:
@@ -237,30 +255,72 @@ pub(crate) struct LeaseWrite<'a> {
     pub now: Timestamp,
 }
 
+/// A claimed job's reply entry whose record Rust could not read: the claim leased it, and
+/// the store buries it (`bury.lua`) rather than hand it out.
+pub(crate) struct Unreadable {
+    pub id: JobId,
+    pub token: Option<LeaseToken>,
+    pub error: Error,
+}
+
 /// A job leased by `claim.lua`, from its reply entry `[id, meta, run_at, att, token,
-/// error, cancel, payload]` (see the script's header) and what the claim wrote.
-pub(crate) fn decode_claimed(value: Value, lease: &LeaseWrite<'_>) -> Result<ClaimedJob> {
+/// error, cancel, payload, timeout]` (see the script's header) and what the claim wrote.
+/// `Err(None)` when the entry itself is malformed (no id to name).
+pub(crate) fn decode_claimed(
+    value: Value,
+    lease: &LeaseWrite<'_>,
+) -> std::result::Result<ClaimedJob, std::result::Result<Unreadable, Error>> {
     let Value::Array(items) = value else {
-        return Err(Error::corrupt("claim reply", "expected an array"));
+        return Err(Err(Error::corrupt("claim reply", "expected an array")));
     };
-    let Ok::<[Value; 8], _>([id, meta, run_at, att, token, error, cancel, payload]) =
+    let Ok::<[Value; 9], _>([id, meta, run_at, att, token, error, cancel, payload, timeout]) =
         items.try_into()
     else {
-        return Err(Error::corrupt("claim reply", "wrong number of fields"));
+        return Err(Err(Error::corrupt("claim reply", "wrong number of fields")));
     };
     let id = match &id {
-        Value::BulkString(bytes) => job_id_bytes(bytes, "claim reply")?,
-        other => job_id(&text(other, "claim reply")?, "claim reply")?,
-    };
-    let values = [
-        into_opt_bytes(meta),
-        into_opt_bytes(run_at),
-        into_opt_bytes(att),
-        into_opt_bytes(token),
-        into_opt_bytes(error),
-    ];
+        Value::BulkString(bytes) => job_id_bytes(bytes, "claim reply"),
+        other => text(other, "claim reply").and_then(|t| job_id(&t, "claim reply")),
+    }
+    .map_err(Err)?;
+    let token_value = into_opt_bytes(token);
+    let parsed_token = token_value
+        .as_deref()
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .and_then(|t| t.parse().ok())
+        .map(LeaseToken::new);
+    decode_claimed_fields(
+        id,
+        [
+            into_opt_bytes(meta),
+            into_opt_bytes(run_at),
+            into_opt_bytes(att),
+            token_value,
+            into_opt_bytes(error),
+            into_opt_bytes(timeout),
+        ],
+        &cancel,
+        payload,
+        lease,
+    )
+    .map_err(|error| {
+        Ok(Unreadable {
+            id,
+            token: parsed_token,
+            error,
+        })
+    })
+}
+
+fn decode_claimed_fields(
+    id: JobId,
+    values: [Option<Vec<u8>>; 6],
+    cancel: &Value,
+    payload: Value,
+    lease: &LeaseWrite<'_>,
+) -> Result<ClaimedJob> {
     // Field names for error messages, in the order of `values`.
-    const NAMES: [&str; 5] = ["meta", "run_at", "att", "token", "error"];
+    const NAMES: [&str; 6] = ["meta", "run_at", "att", "token", "error", "timeout"];
     let corrupt = |i: usize, reason: &str| {
         Error::corrupt(format!("job {id}"), format!("field {}: {reason}", NAMES[i]))
     };
@@ -282,6 +342,14 @@ pub(crate) fn decode_claimed(value: Value, lease: &LeaseWrite<'_>) -> Result<Cla
         .as_deref()
         .map(|bytes| String::from_utf8(bytes.to_vec()).map_err(|_| corrupt(4, "not UTF-8")))
         .transpose()?;
+    let timeout = timeout_of(
+        values[5]
+            .as_deref()
+            .map(std::str::from_utf8)
+            .transpose()
+            .map_err(|_| corrupt(5, "not UTF-8"))?,
+    )
+    .map_err(|reason| corrupt(5, reason))?;
     let job = Job {
         id,
         queue: meta.queue,
@@ -291,6 +359,7 @@ pub(crate) fn decode_claimed(value: Value, lease: &LeaseWrite<'_>) -> Result<Cla
         run_at: Timestamp::from_millis(num_at(1)?),
         max_attempts: meta.max_attempts,
         parent: meta.parent,
+        timeout,
         state: JobState::Running,
         attempts,
         lease: Some(Lease {
@@ -305,7 +374,7 @@ pub(crate) fn decode_claimed(value: Value, lease: &LeaseWrite<'_>) -> Result<Cla
         finished_at: None,
         last_error,
         result: None,
-        cancel_requested: matches!(&cancel, Value::BulkString(b) if b == b"1"),
+        cancel_requested: matches!(cancel, Value::BulkString(b) if b == b"1"),
     };
     Ok(ClaimedJob {
         job,
@@ -355,6 +424,8 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         run_at: f.time(1)?,
         max_attempts: meta.max_attempts,
         parent: meta.parent,
+        timeout: timeout_of(f.opt_text(13)?.as_deref())
+            .map_err(|reason| f.corrupt("timeout", reason))?,
         state,
         attempts: f.opt_num(3)?.unwrap_or(0),
         lease,
@@ -365,6 +436,63 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         last_error: f.opt_text(10)?,
         result,
         cancel_requested: f.raw(12) == Some(b"1"),
+    })
+}
+
+/// A job as `list` and `children` show it: [`decode_job`], except that a record a claim or
+/// reclaim buried as corrupt (state `dead`, `last_error` starting with [`CORRUPT_PREFIX`])
+/// is shown dead even when other fields cannot be read, so it stays visible where stats
+/// count it (DECISIONS: corrupt records). Fields that cannot be read take neutral values
+/// (`queue` the one the index named); `get` still reports such a record as corrupt.
+pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str) -> Result<Job> {
+    let buried = values.get(2).and_then(Option::as_deref) == Some(b"dead")
+        && values
+            .get(10)
+            .and_then(Option::as_deref)
+            .is_some_and(|e| e.starts_with(CORRUPT_PREFIX.as_bytes()));
+    if !buried {
+        return decode_job(id, values);
+    }
+    let strict = decode_job(id, values.clone());
+    if strict.is_ok() {
+        return strict;
+    }
+    let text = |i: usize| {
+        values
+            .get(i)
+            .and_then(Option::as_deref)
+            .and_then(|b| std::str::from_utf8(b).ok())
+    };
+    let time = |i: usize| {
+        text(i)
+            .and_then(|t| t.parse().ok())
+            .map(Timestamp::from_millis)
+    };
+    let meta = text(0).and_then(decode_meta);
+    Ok(Job {
+        id,
+        queue: meta
+            .as_ref()
+            .map_or_else(|| queue.to_owned(), |m| m.queue.clone()),
+        tenant: meta.as_ref().map(|m| m.tenant.clone()).unwrap_or_default(),
+        idempotency_key: meta.as_ref().and_then(|m| m.idempotency_key.clone()),
+        priority: meta.as_ref().map_or(0, |m| m.priority),
+        run_at: time(1).unwrap_or_else(|| id.timestamp()),
+        max_attempts: meta.as_ref().map_or(1, |m| m.max_attempts),
+        parent: meta.as_ref().and_then(|m| m.parent),
+        timeout: timeout_of(text(13)).ok().flatten(),
+        state: JobState::Dead,
+        attempts: text(3).and_then(|t| t.parse().ok()).unwrap_or(0),
+        lease: None,
+        created_at: meta
+            .as_ref()
+            .map_or_else(|| id.timestamp(), |m| m.created_at),
+        started_at: time(7),
+        heartbeat_at: time(8),
+        finished_at: time(9),
+        last_error: text(10).map(str::to_owned),
+        result: None,
+        cancel_requested: values.get(12).and_then(Option::as_deref) == Some(b"1"),
     })
 }
 

@@ -43,10 +43,20 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// The error code a script aborts with when a value it read cannot be used (see
+/// `abort_corrupt` in `lua/lib.lua`); it aborts before its first write.
+const CORRUPT_CODE: &str = "JOBSCORRUPT";
+
 /// Maps a driver error: anything about reaching the server (I/O, timeouts, a cluster
 /// that is moving or down, a server still loading) is `Unavailable`, which callers may
-/// retry; anything else is `Backend`.
+/// retry; a script's `JOBSCORRUPT` abort is `Corrupt`; anything else is `Backend`.
 pub(crate) fn map_err(what: &str, err: RedisError) -> Error {
+    if err.code() == Some(CORRUPT_CODE) {
+        // The detail ends with the server's note of where the script failed.
+        let detail = err.detail().unwrap_or("unreadable value");
+        let reason = detail.split(" script: ").next().unwrap_or(detail);
+        return Error::corrupt(format!("redis {what}"), reason.to_owned());
+    }
     let unavailable = err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()

@@ -1,12 +1,18 @@
-//! Enqueueing: runs of jobs through `enqueue.lua`, and the grouping of concurrent single
+//! Enqueueing: batches through `enqueue.lua`, and the grouping of concurrent single
 //! enqueues into one script call.
 //!
 //! Each job carries its own id and clock reading, so a job enqueued together with others
-//! is stored exactly as if it had been enqueued alone at the moment it was called. A
-//! script call either handles a whole run, or stops before the first job whose dedup key
-//! points at a job it was not given (Rust calls again with that job's hash), or refuses
-//! the run before writing anything when a parent is missing.
+//! is stored exactly as if it had been enqueued alone at the moment it was called.
+//!
+//! A batch is all or nothing (CONTRACT E9), whatever its size: its jobs become visible in
+//! one script call, which checks everything (parents, dedup keys, staged payloads) before
+//! its first write. A batch whose payloads fit [`CHUNK_BYTES`] is that one call. A larger
+//! one first stages its payloads: each goes into its job's own hash (field `payload`
+//! only, no `state`, with a server TTL), which nothing reads as a job; the one call then
+//! turns them into jobs. A batch that fails before that call leaves only staged hashes,
+//! removed on the spot or, when the connection is gone, by their TTL.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,12 +26,19 @@ use crate::feeder::Feeder;
 use crate::keys::Keys;
 use crate::scripts;
 
-/// Jobs per script call, and the payload bytes one call carries at most (a single larger
-/// job still goes alone). Bounds how long one call holds the server.
+/// Grouped single enqueues per script call, and the payload bytes one call carries at
+/// most (a larger batch stages its payloads first; a single larger job still goes
+/// inline). Bounds how long one call holds the server and how large one command gets.
 const CHUNK_JOBS: usize = 512;
 const CHUNK_BYTES: usize = 8 * 1024 * 1024;
 /// Grouped single enqueues in flight at once.
 const IN_FLIGHT: usize = 4;
+/// Server TTL of a staged payload: only garbage collection of a batch whose client died
+/// between staging and committing. The commit refuses a batch whose staged payload is
+/// gone, so the TTL never decides anything but the memory kept.
+const STAGE_TTL_MS: i64 = 60 * 60 * 1000;
+/// Times a batch may be sent again because dedup keys point at jobs it did not read.
+const NEED_ROUNDS: usize = 64;
 
 /// A validated job with its minted id and the clock reading of its call.
 pub(crate) struct Prepared {
@@ -44,18 +57,15 @@ pub(crate) struct Ctx {
     pub dedup_ttl: i64,
 }
 
-/// One script call's answer.
+/// One script call's answer. Every answer but `Done` means nothing was written.
 pub(crate) enum Chunk {
     Done(Vec<Enqueued>),
-    /// Jobs before `at` (0-based within the run) are written; the dedup key of job `at`
-    /// points at `id`, whose hash must be passed too.
-    Need {
-        done: Vec<Enqueued>,
-        at: usize,
-        id: JobId,
-    },
-    /// Job `at`'s parent does not exist; nothing of the run was written.
+    /// Dedup keys of the run point at these ids, whose hashes must be passed too.
+    Need(Vec<JobId>),
+    /// Job `at`'s parent does not exist.
     Parent(usize),
+    /// Job `at`'s staged payload is gone.
+    Staged(usize),
 }
 
 /// The ready-time part (16 hex digits) of the claim-order key of `at`.
@@ -71,7 +81,7 @@ pub(crate) fn invalid_parent(parent: Option<JobId>) -> Error {
     }
 }
 
-/// How many jobs from the start of `jobs` go into one script call.
+/// How many jobs from the start of `jobs` go into one grouped call.
 fn chunk_len(jobs: &[&Prepared]) -> usize {
     let mut end = 0;
     let mut bytes = 0;
@@ -85,9 +95,9 @@ fn chunk_len(jobs: &[&Prepared]) -> usize {
     end
 }
 
-/// Runs one script call over `jobs` (at most [`CHUNK_JOBS`]), passing the hashes of the
-/// `known` jobs that dedup keys point at.
-async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId]) -> Result<Chunk> {
+/// Runs one script call over `jobs`, passing the hashes of the `known` jobs that dedup
+/// keys point at. With `staged`, the payloads are already in the jobs' hashes.
+async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool) -> Result<Chunk> {
     let keys = &ctx.keys;
     let mut invocation = scripts::ENQUEUE.prepare_invoke();
     invocation
@@ -111,22 +121,33 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId]) -> Result<Chu
             Some(parent) => invocation.key(keys.job(parent)),
             None => invocation.key(&keys.none),
         };
+        let flags = match (job.idempotency_key.is_some(), staged) {
+            (false, false) => "0",
+            (true, false) => "1",
+            (false, true) => "2",
+            (true, true) => "3",
+        };
         invocation
             .arg(id_string(id))
             .arg(&job.queue)
             .arg(encode_meta(job, now))
-            .arg(if job.idempotency_key.is_some() {
-                "1"
+            .arg(flags)
+            .arg(if staged {
+                &[][..]
             } else {
-                "0"
+                job.payload.as_ref()
             })
-            .arg(job.payload.as_ref())
             .arg(job.priority)
             .arg(run_at.as_millis())
             .arg(ready_hex(run_at))
             .arg(if run_at <= now { "1" } else { "0" })
             .arg(job.parent.map(|p| p.to_string()).unwrap_or_default())
-            .arg(now.saturating_sub(ctx.window).as_millis());
+            .arg(now.saturating_sub(ctx.window).as_millis())
+            .arg(
+                job.timeout
+                    .map(|t| jobs_core::duration_millis(t).to_string())
+                    .unwrap_or_default(),
+            );
     }
     for id in known {
         invocation.key(keys.job(*id));
@@ -171,13 +192,21 @@ fn parse_reply(reply: &Value, len: usize) -> Result<Chunk> {
             .ok_or_else(|| Error::corrupt(WHAT, format!("bad job index {j}")))
     };
     match (word.as_str(), rest) {
-        ("ok", [done]) => Ok(Chunk::Done(results(done)?)),
+        ("ok", [done]) => {
+            let done = results(done)?;
+            if done.len() != len {
+                return Err(Error::corrupt(WHAT, "one result per job expected"));
+            }
+            Ok(Chunk::Done(done))
+        }
         ("parent", [j]) => Ok(Chunk::Parent(index(j)?)),
-        ("need", [j, id, done]) => Ok(Chunk::Need {
-            done: results(done)?,
-            at: index(j)?,
-            id: job_id(&text(id, WHAT)?, "dedup key")?,
-        }),
+        ("staged", [j]) => Ok(Chunk::Staged(index(j)?)),
+        ("need", [ids]) => Ok(Chunk::Need(
+            array(ids, WHAT)?
+                .iter()
+                .map(|id| job_id(&text(id, WHAT)?, "dedup key"))
+                .collect::<Result<_>>()?,
+        )),
         (word, _) => Err(Error::corrupt(
             WHAT,
             format!("unexpected script reply {word:?}"),
@@ -185,48 +214,140 @@ fn parse_reply(reply: &Value, len: usize) -> Result<Chunk> {
     }
 }
 
-/// Guards the "need" loop: each answer names an id the script did not hold, so it only
-/// repeats while other clients keep repointing the run's keys.
-fn note_needed(known: &mut Vec<JobId>, id: JobId, needs: &mut usize, limit: usize) -> Result<()> {
-    *needs += 1;
-    if *needs > limit + 64 || known.contains(&id) {
+/// Guards the "need" loop: each answer names ids the script did not hold, so it only
+/// repeats while other clients keep repointing the run's keys. A `need` answer wrote
+/// nothing, so giving up leaves nothing behind.
+fn note_needed(known: &mut Vec<JobId>, ids: Vec<JobId>, rounds: &mut usize) -> Result<()> {
+    *rounds += 1;
+    if *rounds > NEED_ROUNDS || ids.is_empty() || ids.iter().any(|id| known.contains(id)) {
         return Err(Error::Backend {
             message: "dedup keys kept changing under the enqueue".to_owned(),
             source: None,
         });
     }
-    known.push(id);
+    known.extend(ids);
     Ok(())
 }
 
-/// Enqueues `jobs` in order, in script calls of at most [`CHUNK_JOBS`]. An unknown parent
-/// fails the call (the caller checked every parent before, so only a parent deleted
-/// meanwhile gets here).
+/// Enqueues `jobs` in order as one batch, all or nothing (see the module's header).
+/// An unknown parent fails the call.
 pub(crate) async fn run_all(
     ctx: &Ctx,
     jobs: &[Prepared],
     known: &mut Vec<JobId>,
 ) -> Result<Vec<Enqueued>> {
     let jobs: Vec<&Prepared> = jobs.iter().collect();
-    let mut out = Vec::with_capacity(jobs.len());
-    let mut start = 0;
-    let mut needs = 0;
-    while start < jobs.len() {
-        let end = start + chunk_len(&jobs[start..]);
-        match run_chunk(ctx, &jobs[start..end], known).await? {
-            Chunk::Done(done) => {
-                out.extend(done);
-                start = end;
+    let bytes: usize = jobs.iter().map(|p| p.job.payload.len()).sum();
+    if jobs.len() <= 1 || bytes <= CHUNK_BYTES {
+        return commit(ctx, &jobs, known, false).await;
+    }
+    // Staging a batch that names a missing parent would only be undone.
+    check_parents(ctx, &jobs).await?;
+    let outcome = match stage(ctx, &jobs).await {
+        Ok(()) => commit(ctx, &jobs, known, true).await,
+        Err(err) => Err(err),
+    };
+    if outcome.is_err() {
+        unstage(ctx, &jobs).await;
+    }
+    outcome
+}
+
+/// The one call that writes the batch, sent again (nothing written) while dedup keys
+/// point at jobs it was not given.
+async fn commit(
+    ctx: &Ctx,
+    jobs: &[&Prepared],
+    known: &mut Vec<JobId>,
+    staged: bool,
+) -> Result<Vec<Enqueued>> {
+    let mut rounds = 0;
+    loop {
+        match run_chunk(ctx, jobs, known, staged).await? {
+            Chunk::Done(done) => return Ok(done),
+            Chunk::Need(ids) => note_needed(known, ids, &mut rounds)?,
+            Chunk::Parent(at) => return Err(invalid_parent(jobs[at].job.parent)),
+            Chunk::Staged(at) => {
+                return Err(Error::Unavailable {
+                    message: format!(
+                        "the staged payload of job {} vanished before the batch was written",
+                        jobs[at].id
+                    ),
+                    source: None,
+                })
             }
-            Chunk::Need { done, at, id } => {
-                out.extend(done);
-                start += at;
-                note_needed(known, id, &mut needs, jobs.len())?;
-            }
-            Chunk::Parent(at) => return Err(invalid_parent(jobs[start + at].job.parent)),
         }
     }
-    Ok(out)
+}
+
+/// Checks every parent of a staged batch before staging (the commit checks them again).
+async fn check_parents(ctx: &Ctx, jobs: &[&Prepared]) -> Result<()> {
+    let parents: Vec<JobId> = jobs
+        .iter()
+        .filter_map(|p| p.job.parent)
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    if parents.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for parent in &parents {
+        pipe.exists(ctx.keys.job(*parent));
+    }
+    let exists: Vec<bool> = pipe
+        .query_async(&mut ctx.conn.clone())
+        .await
+        .map_err(|err| map_err("enqueue parent check", err))?;
+    match parents.iter().zip(exists).find(|(_, exists)| !exists) {
+        Some((parent, _)) => Err(invalid_parent(Some(*parent))),
+        None => Ok(()),
+    }
+}
+
+/// Writes every payload into its job's hash (field `payload` only, with a TTL), in
+/// pipelines of about [`CHUNK_BYTES`].
+async fn stage(ctx: &Ctx, jobs: &[&Prepared]) -> Result<()> {
+    let mut start = 0;
+    while start < jobs.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        let mut pipe = redis::pipe();
+        while end < jobs.len()
+            && (end == start || bytes + jobs[end].job.payload.len() <= CHUNK_BYTES)
+        {
+            let job = jobs[end];
+            let key = ctx.keys.job(job.id);
+            pipe.hset(&key, "payload", job.job.payload.as_ref())
+                .ignore()
+                .pexpire(&key, STAGE_TTL_MS)
+                .ignore();
+            bytes += job.job.payload.len();
+            end += 1;
+        }
+        let () = pipe
+            .query_async(&mut ctx.conn.clone())
+            .await
+            .map_err(|err| map_err("enqueue staging", err))?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// Removes the staged payloads of a batch that failed, best effort: `unstage.lua` deletes
+/// only hashes that are still no job (no `state`), so a commit whose reply was lost keeps
+/// its jobs. What this cannot reach expires by its TTL.
+async fn unstage(ctx: &Ctx, jobs: &[&Prepared]) {
+    for chunk in jobs.chunks(1000) {
+        let mut invocation = scripts::UNSTAGE.prepare_invoke();
+        for job in chunk {
+            invocation.key(ctx.keys.job(job.id));
+        }
+        if let Err(err) = invocation.invoke_async::<i64>(&mut ctx.conn.clone()).await {
+            tracing::debug!(error = %err, "staged payloads left to their TTL");
+            return;
+        }
+    }
 }
 
 struct Request {
@@ -295,26 +416,23 @@ async fn group_loop(mut requests: mpsc::UnboundedReceiver<Request>, ctx: Ctx) {
 }
 
 /// Runs a group of independent enqueues: each gets its own answer; a job whose parent
-/// is missing gets its error and the others go on without it.
+/// is missing gets its error and the others go on without it (the script refused the
+/// group before writing anything, so it is sent again without that job).
 async fn run_group(ctx: &Ctx, mut group: Vec<Request>) {
     let mut known = Vec::new();
-    let mut needs = 0;
-    let limit = group.len();
+    let mut rounds = 0;
     while !group.is_empty() {
         let jobs: Vec<&Prepared> = group.iter().map(|r| &r.job).collect();
         let end = chunk_len(&jobs);
-        let outcome = run_chunk(ctx, &jobs[..end], &known).await;
+        let outcome = run_chunk(ctx, &jobs[..end], &known, false).await;
         match outcome {
             Ok(Chunk::Done(done)) => {
                 for (request, result) in group.drain(..end).zip(done) {
                     let _ = request.reply.send(Ok(result));
                 }
             }
-            Ok(Chunk::Need { done, at, id }) => {
-                for (request, result) in group.drain(..at).zip(done) {
-                    let _ = request.reply.send(Ok(result));
-                }
-                if let Err(err) = note_needed(&mut known, id, &mut needs, limit) {
+            Ok(Chunk::Need(ids)) => {
+                if let Err(err) = note_needed(&mut known, ids, &mut rounds) {
                     fail_all(group, &err);
                     return;
                 }
@@ -324,6 +442,15 @@ async fn run_group(ctx: &Ctx, mut group: Vec<Request>) {
                 let _ = request
                     .reply
                     .send(Err(invalid_parent(request.job.job.parent)));
+            }
+            Ok(Chunk::Staged(_)) => {
+                // Grouped enqueues carry their payloads inline; a script that says
+                // otherwise is not the one this crate sent.
+                fail_all(
+                    group,
+                    &Error::corrupt("enqueue reply", "unexpected 'staged'"),
+                );
+                return;
             }
             Err(err) => {
                 fail_all(group, &err);
@@ -335,20 +462,7 @@ async fn run_group(ctx: &Ctx, mut group: Vec<Request>) {
 
 /// Every remaining enqueue shares the failure, kind and text alike.
 fn fail_all(group: Vec<Request>, err: &Error) {
-    let message = err.to_string();
-    let retryable = err.is_retryable();
     for request in group {
-        let shared = if retryable {
-            Error::Unavailable {
-                message: message.clone(),
-                source: None,
-            }
-        } else {
-            Error::Backend {
-                message: message.clone(),
-                source: None,
-            }
-        };
-        let _ = request.reply.send(Err(shared));
+        let _ = request.reply.send(Err(crate::batch::share(err)));
     }
 }

@@ -29,11 +29,13 @@ script!(RETRY, "retry.lua");
 script!(PURGE, "purge.lua");
 script!(STATS, "stats.lua");
 script!(LIST, "list.lua");
+script!(BURY, "bury.lua");
+script!(UNSTAGE, "unstage.lua");
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 12] {
+pub(crate) fn all() -> [&'static Script; 14] {
     [
         &ENQUEUE, &CLAIM, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL, &RETRY,
-        &PURGE, &STATS, &LIST,
+        &PURGE, &STATS, &LIST, &BURY, &UNSTAGE,
     ]
 }

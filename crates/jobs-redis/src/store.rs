@@ -11,8 +11,9 @@ use jobs_core::validate::{
 };
 use jobs_core::{
     async_trait, complete_each, duration_millis, Bytes, ClaimRequest, ClaimedJob, Completion,
-    Enqueued, Error, Heartbeat, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueStats, ReclaimedJob, Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+    Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery,
+    NewJob, QueueStats, ReclaimedJob, Result, Retry, Store, StoreSettings, Timestamp,
+    LEASE_EXPIRED,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -20,11 +21,11 @@ use redis::{ScriptInvocation, Value};
 
 use crate::batch::{self, Completer, Entry as BatchEntry};
 use crate::codec::{
-    array, decode_claimed, decode_job, id_string, int, is_missing, job_id, job_id_bytes, member_id,
-    text, LeaseWrite, JOB_FIELDS,
+    array, decode_claimed, decode_job, decode_listed, id_string, int, is_missing, job_id,
+    job_id_bytes, member_id, text, LeaseWrite, Unreadable, JOB_FIELDS,
 };
 use crate::conn::{map_err, Conn};
-use crate::enqueue::{invalid_parent, ready_hex, Ctx as EnqueueCtx, Enqueuer, Prepared};
+use crate::enqueue::{ready_hex, Ctx as EnqueueCtx, Enqueuer, Prepared};
 use crate::keys::Keys;
 use crate::scripts;
 use crate::wake::Waker;
@@ -312,32 +313,6 @@ impl RedisStore {
         Ok((reclaimed, report))
     }
 
-    /// Checks every parent of a multi-call batch before its first write, so a batch
-    /// naming an unknown parent writes nothing (each script checks its part again).
-    async fn check_parents(&self, jobs: &[NewJob]) -> Result<()> {
-        let parents: Vec<JobId> = jobs
-            .iter()
-            .filter_map(|job| job.parent)
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        if parents.is_empty() {
-            return Ok(());
-        }
-        let mut pipe = redis::pipe();
-        for parent in &parents {
-            pipe.exists(self.keys().job(*parent));
-        }
-        let exists: Vec<bool> = pipe
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|err| map_err("enqueue parent check", err))?;
-        match parents.iter().zip(exists).find(|(_, exists)| !exists) {
-            Some((parent, _)) => Err(invalid_parent(Some(*parent))),
-            None => Ok(()),
-        }
-    }
-
     /// The ids the batch's dedup keys point at now, so the scripts rarely have to ask.
     async fn read_dedup_keys(&self, jobs: &[NewJob]) -> Result<Vec<JobId>> {
         let keys: Vec<String> = jobs
@@ -373,7 +348,6 @@ impl RedisStore {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        self.check_parents(&jobs).await?;
         let mut known = self.read_dedup_keys(&jobs).await?;
         let now = self.now();
         let prepared: Vec<Prepared> = jobs
@@ -387,8 +361,9 @@ impl RedisStore {
         crate::enqueue::run_all(&self.inner.enqueue_ctx, &prepared, &mut known).await
     }
 
-    /// Reads jobs by id in one round trip; vanished ones are left out.
-    async fn get_many(&self, ids: &[JobId]) -> Result<Vec<Job>> {
+    /// Reads jobs by id in one round trip; vanished ones are left out. `queue` names the
+    /// queue of an index that led here, shown for a buried record whose own is unreadable.
+    async fn get_many(&self, ids: &[JobId], queue: &str) -> Result<Vec<Job>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -405,7 +380,7 @@ impl RedisStore {
         let mut jobs = Vec::with_capacity(ids.len());
         for (id, row) in ids.iter().zip(rows) {
             if !is_missing(&row) {
-                jobs.push(decode_job(*id, row)?);
+                jobs.push(decode_listed(*id, row, queue)?);
             }
         }
         Ok(jobs)
@@ -464,12 +439,13 @@ impl RedisStore {
 
     /// Reads one claim script reply: `None` when the script only promoted due jobs, else
     /// how many jobs it leased and the hint for the next call. The leased jobs that can
-    /// be read are appended to `claimed`.
+    /// be read are appended to `claimed`, the others to `unreadable` (to be buried).
     fn claim_round(
         &self,
         reply: Value,
         lease: &LeaseWrite<'_>,
         claimed: &mut Vec<ClaimedJob>,
+        unreadable: &mut Vec<Unreadable>,
     ) -> Result<Option<(usize, Vec<JobId>)>> {
         let Value::Array(mut items) = reply else {
             return Err(Error::corrupt("claim reply", "expected an array"));
@@ -493,19 +469,20 @@ impl RedisStore {
         };
         let got = jobs.len();
         for job in jobs {
-            // A leased job whose record cannot be read is not handed out: failing the
-            // whole claim would strand its batch mates until their leases expire. Its
-            // lease runs out and reclaim takes it back; `get` reports it.
+            // A leased job whose record cannot be read is not handed out, and failing the
+            // whole claim would strand its batch mates until their leases expire: it is
+            // buried (moved to dead) after this round.
             match decode_claimed(job, lease) {
                 Ok(job) => claimed.push(job),
-                Err(err) => tracing::warn!(error = %err, "claimed an unreadable job; skipped"),
+                Err(Ok(bad)) => unreadable.push(bad),
+                Err(Err(err)) => return Err(err),
             }
         }
         for id in array(&corrupt_value, "claim reply")? {
             tracing::warn!(
                 namespace = %self.inner.settings.namespace,
                 id = %text(id, "claim reply")?,
-                "a ready job's record is unreadable; it left the ready index"
+                "a ready job's record is unreadable; the claim moved it to dead"
             );
         }
         let hint = array(&hint_value, "claim reply")?
@@ -518,11 +495,100 @@ impl RedisStore {
         Ok(Some((got, hint)))
     }
 
-    fn lease_call_error(id: JobId, word: &str, what: &str) -> Error {
+    /// Moves jobs this store's claim leased but could not read to `dead` (`bury.lua`),
+    /// so they are neither handed out nor come back after each reclaim. Best effort: a
+    /// job this misses stays leased, and reclaim or the next claim buries it.
+    async fn bury(&self, unreadable: Vec<Unreadable>, now: Timestamp) {
+        let keys = self.keys();
+        for bad in unreadable {
+            tracing::warn!(
+                namespace = %self.inner.settings.namespace,
+                id = %bad.id,
+                error = %bad.error,
+                "a claimed job's record is unreadable; moving it to dead"
+            );
+            let Some(token) = bad.token else {
+                // Without a token the lease cannot be fenced: reclaim buries it once its
+                // lease ran out (its token field is what it cannot read).
+                continue;
+            };
+            let mut invocation = scripts::BURY.prepare_invoke();
+            invocation
+                .key(keys.job(bad.id))
+                .key(&keys.leases)
+                .key(&keys.list)
+                .key(&keys.done)
+                .key(&keys.running)
+                .arg(id_string(bad.id))
+                .arg(token.get())
+                .arg(now.as_millis())
+                .arg(bad.error.to_string());
+            if let Err(err) = self.invoke(&invocation, "bury").await {
+                tracing::warn!(id = %bad.id, error = %err, "could not bury an unreadable job");
+            }
+        }
+    }
+
+    /// One `heartbeat.lua` call over `leases`, one answer per entry.
+    async fn heartbeat_many(
+        &self,
+        leases: &[HeldLease],
+        ttl: Duration,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        let now = self.now();
+        let expires_at = now.saturating_add(ttl);
+        let keys = self.keys();
+        let mut invocation = scripts::HEARTBEAT.prepare_invoke();
+        invocation
+            .key(&keys.leases)
+            .key(&keys.running)
+            .arg(now.as_millis())
+            .arg(expires_at.as_millis());
+        for lease in leases {
+            invocation
+                .key(keys.job(lease.id))
+                .arg(id_string(lease.id))
+                .arg(lease.token.get());
+        }
+        let reply = self.invoke(&invocation, "heartbeat").await?;
+        let items = array(&reply, "heartbeat reply")?;
+        if items.len() != leases.len() {
+            return Err(Error::corrupt(
+                "heartbeat reply",
+                "one status per lease expected",
+            ));
+        }
+        leases
+            .iter()
+            .zip(items)
+            .map(|(lease, item)| {
+                let word = text(item, "heartbeat reply")?;
+                Ok(match word.as_str() {
+                    "0" | "1" => Ok(Heartbeat {
+                        cancel_requested: word == "1",
+                        expires_at,
+                    }),
+                    other => Err(Self::lease_call_error(
+                        lease.id,
+                        other,
+                        &[],
+                        "heartbeat reply",
+                    )),
+                })
+            })
+            .collect()
+    }
+
+    fn lease_call_error(id: JobId, word: &str, rest: &[Value], what: &str) -> Error {
         match word {
             "notfound" => Error::NotFound { id },
             "lost" => Error::LeaseLost { id },
-            "corrupt" => Error::corrupt(format!("job {id}"), "unreadable meta field"),
+            "corrupt" => Error::corrupt(
+                format!("job {id}"),
+                rest.first()
+                    .and_then(|reason| text(reason, what).ok())
+                    .unwrap_or_else(|| "unreadable meta field".to_owned()),
+            ),
             other => unexpected(what, other),
         }
     }
@@ -582,7 +648,7 @@ impl Store for RedisStore {
             .iter()
             .map(|member| member_id(member, "children index"))
             .collect::<Result<Vec<_>>>()?;
-        self.get_many(&ids).await
+        self.get_many(&ids, "").await
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
@@ -626,6 +692,7 @@ impl Store for RedisStore {
                 .key(&keys.leases)
                 .key(&keys.list)
                 .key(&keys.running)
+                .key(&keys.done)
                 .arg(&now_text)
                 .arg(&request.worker)
                 .arg(&expires)
@@ -639,10 +706,14 @@ impl Store for RedisStore {
             for id in &candidates {
                 invocation.key(keys.job(*id)).arg(id_string(*id));
             }
+            let mut unreadable = Vec::new();
             let round = match self.invoke(&invocation, "claim").await {
-                Ok(reply) => self.claim_round(reply, &lease, &mut claimed),
+                Ok(reply) => self.claim_round(reply, &lease, &mut claimed, &mut unreadable),
                 Err(err) => Err(err),
             };
+            if !unreadable.is_empty() {
+                self.bury(unreadable, now).await;
+            }
             let (got, hint) = match round {
                 Ok(Some(round)) => round,
                 Ok(None) => {
@@ -684,26 +755,24 @@ impl Store for RedisStore {
 
     async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
         validate_lease_ttl(ttl)?;
-        let now = self.now();
-        let expires_at = now.saturating_add(ttl);
-        let keys = self.keys();
-        let mut invocation = scripts::HEARTBEAT.prepare_invoke();
-        invocation
-            .key(keys.job(id))
-            .key(&keys.leases)
-            .key(&keys.running)
-            .arg(id.to_string())
-            .arg(token.get())
-            .arg(now.as_millis())
-            .arg(expires_at.as_millis());
-        let reply = self.invoke(&invocation, "heartbeat").await?;
-        match status(&reply, "heartbeat reply")? {
-            (word, [cancel]) if word == "ok" => Ok(Heartbeat {
-                cancel_requested: text(cancel, "heartbeat reply")? == "1",
-                expires_at,
-            }),
-            (word, _) => Err(Self::lease_call_error(id, &word, "heartbeat reply")),
+        self.heartbeat_many(&[HeldLease::new(id, token)], ttl)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::corrupt("heartbeat reply", "no status")))
+    }
+
+    /// One `heartbeat.lua` call for the whole batch, one clock reading; the script
+    /// answers each entry as `heartbeat` would.
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        validate_lease_ttl(ttl)?;
+        if leases.is_empty() {
+            return Ok(Vec::new());
         }
+        self.heartbeat_many(&leases, ttl).await
     }
 
     async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
@@ -796,7 +865,7 @@ impl Store for RedisStore {
             (word, [state]) if word == "ok" => {
                 parse_state(&text(state, "fail reply")?, "fail reply")
             }
-            (word, _) => Err(Self::lease_call_error(id, &word, "fail reply")),
+            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "fail reply")),
         }
     }
 
@@ -813,7 +882,7 @@ impl Store for RedisStore {
         let reply = self.invoke(&invocation, "release").await?;
         match status(&reply, "release reply")? {
             (word, _) if word == "ok" => Ok(()),
-            (word, _) => Err(Self::lease_call_error(id, &word, "release reply")),
+            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "release reply")),
         }
     }
 
@@ -838,7 +907,7 @@ impl Store for RedisStore {
             (word, [state]) if word == "ok" => {
                 parse_state(&text(state, "cancel reply")?, "cancel reply")
             }
-            (word, _) => Err(Self::lease_call_error(id, &word, "cancel reply")),
+            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "cancel reply")),
         }
     }
 
@@ -864,7 +933,7 @@ impl Store for RedisStore {
                 state: parse_state(&text(state, "retry reply")?, "retry reply")?,
                 operation: "retry",
             }),
-            (word, _) => Err(Self::lease_call_error(id, &word, "retry reply")),
+            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "retry reply")),
         }
     }
 
@@ -942,7 +1011,7 @@ impl Store for RedisStore {
                 }
             };
             let exhausted = ids.len() < query.limit;
-            for job in self.get_many(&ids).await? {
+            for job in self.get_many(&ids, &query.queue).await? {
                 if query.state.is_none_or(|state| job.state == state) {
                     let id = job.id;
                     jobs.push(job);

@@ -948,19 +948,28 @@ async fn grouped_single_enqueues_keep_their_own_outcomes() {
     env.cleanup().await;
 }
 
-/// One unreadable record at the head of a queue does not block it: the claim skips it
-/// (it leaves the ready index, unleased) and hands out the jobs behind it.
+/// DECISIONS (corrupt records): one unreadable record at the head of a queue does not
+/// block it, and is not silently dropped either: the claim moves it to `dead` with
+/// last_error "corrupt record: ...", stats count it dead, `list` shows it dead, and the
+/// jobs behind it are handed out. Guards against the old behaviour (left `queued`, dropped
+/// from the ready index, still counted as queued by stats, invisible to list by state).
 #[tokio::test]
 async fn unreadable_job_at_the_head_does_not_block_the_queue() {
     let Some(mut env) = Env::new().await else {
         return;
     };
     let store = env.store().await;
-    let ids = enqueue_all(&store, (0..3).map(|_| NewJob::new("q")).collect()).await;
-    let key = jobs_redis::job_key(&env.settings.namespace, ids[0]);
+    let ids = enqueue_all(&store, (0..4).map(|_| NewJob::new("q")).collect()).await;
+    let key = |id: JobId| jobs_redis::job_key(&env.settings.namespace, id);
     let _: () = env
         .admin
-        .hset(&key, "meta", "not meta")
+        .hset(key(ids[0]), "meta", "not meta")
+        .await
+        .expect("HSET");
+    // Unreadable attempts: Lua cannot count the claim on it.
+    let _: () = env
+        .admin
+        .hset(key(ids[2]), "att", "many")
         .await
         .expect("HSET");
     let claimed = store
@@ -969,13 +978,202 @@ async fn unreadable_job_at_the_head_does_not_block_the_queue() {
         .expect("claim");
     assert_eq!(
         claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
-        vec![ids[1], ids[2]]
+        vec![ids[1], ids[3]]
     );
+    for bad in [ids[0], ids[2]] {
+        let state: String = env.admin.hget(key(bad), "state").await.expect("HGET");
+        assert_eq!(state, "dead");
+        let error: String = env.admin.hget(key(bad), "error").await.expect("HGET");
+        assert!(error.starts_with("corrupt record: "), "{error}");
+    }
+    assert_eq!(env.zcard("ready").await, 0);
+    assert_eq!(env.zcard("done").await, 2);
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!((stats.ready, stats.running, stats.dead), (0, 2, 2));
+    let dead = store
+        .list(ListQuery::new("q").state(JobState::Dead))
+        .await
+        .expect("list");
+    let mut listed: Vec<JobId> = dead.jobs.iter().map(|j| j.id).collect();
+    listed.sort();
+    assert_eq!(listed, vec![ids[0], ids[2]]);
+    assert!(dead.jobs.iter().all(|j| j.state == JobState::Dead
+        && j.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("corrupt record: "))));
+    // The one with readable meta is shown with its own queue; `get` stays honest.
     let err = store.get(ids[0]).await.expect_err("corrupt");
     assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
-    let state: String = env.admin.hget(&key, "state").await.expect("HGET");
-    assert_eq!(state, "queued", "the unreadable job was not leased");
-    assert_eq!(env.zcard("ready").await, 0);
+    // Purge removes buried jobs like any dead job.
+    env.clock
+        .advance(env.settings.retention + Duration::from_secs(1));
+    assert_eq!(store.purge(100).await.expect("purge"), 2);
+    env.cleanup().await;
+}
+
+/// DECISIONS (corrupt records): reclaim moves an expired job whose record cannot be read
+/// to `dead` ("corrupt record: ..."), counted and listed as dead, and still recovers the
+/// valid jobs next to it. Guards against the old reclaim, which dropped the lease entry and
+/// left the record `running` forever (counted as queued, never reclaimed again).
+#[tokio::test]
+async fn reclaim_buries_an_unreadable_running_job() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let ids = enqueue_all(&store, (0..3).map(|_| NewJob::new("q")).collect()).await;
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(3))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 3);
+    let key = |id: JobId| jobs_redis::job_key(&env.settings.namespace, id);
+    let _: () = env
+        .admin
+        .hset(key(ids[0]), "meta", "q - not-a-priority")
+        .await
+        .expect("HSET");
+    let _: () = env
+        .admin
+        .hset(key(ids[1]), "state", "sleeping")
+        .await
+        .expect("HSET");
+    env.clock.advance(Duration::from_secs(6));
+    let mut reclaimed = store.reclaim(10).await.expect("reclaim");
+    reclaimed.sort_by_key(|r| r.id);
+    assert_eq!(
+        reclaimed
+            .iter()
+            .map(|r| (r.id, r.state))
+            .collect::<Vec<_>>(),
+        vec![
+            (ids[0], JobState::Dead),
+            (ids[1], JobState::Dead),
+            (ids[2], JobState::Queued)
+        ]
+    );
+    assert_eq!(env.zcard("leases").await, 0);
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!((stats.ready, stats.running, stats.dead), (1, 0, 2));
+    let dead = store
+        .list(ListQuery::new("q").state(JobState::Dead))
+        .await
+        .expect("list");
+    assert_eq!(dead.jobs.len(), 2);
+    assert!(dead.jobs.iter().all(|j| j.queue == "q"
+        && j.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("corrupt record: "))));
+    // The valid job goes on.
+    let again = store
+        .claim_one(&["q"], "w", Duration::from_secs(5))
+        .await
+        .expect("claim")
+        .expect("the requeued job");
+    assert_eq!(again.id(), ids[2]);
+    env.cleanup().await;
+}
+
+/// Check before write (issue #11, 6): a lease call on a running job whose record holds a
+/// malformed field fails with `Corrupt` and changes nothing: the lease entry stays, the
+/// state stays `running`, the counters stay. Redis does not roll back a script that fails
+/// half-way, and the old fail/release/reclaim scripts removed the lease entry before
+/// comparing numbers, leaving a running job without its lease entry.
+#[tokio::test]
+async fn lease_calls_on_a_malformed_record_change_nothing() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    enqueue_all(&store, (0..2).map(|_| NewJob::new("q")).collect()).await;
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(2))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let (job, other) = (&claimed[0], &claimed[1]);
+    let key = jobs_redis::job_key(&env.settings.namespace, job.id());
+    let _: () = env.admin.hset(&key, "att", "one").await.expect("HSET");
+    let snapshot = |mut admin: MultiplexedConnection, key: String, leases: String| async move {
+        let fields: Vec<(String, String)> = admin.hgetall(&key).await.expect("HGETALL");
+        let entries: Vec<(String, f64)> = admin
+            .zrange_withscores(&leases, 0, -1)
+            .await
+            .expect("ZRANGE");
+        let running: Vec<(String, String)> = admin
+            .hgetall(leases.replace(":leases", ":running"))
+            .await
+            .expect("HGETALL");
+        (fields, entries, running)
+    };
+    let before = snapshot(env.admin.clone(), key.clone(), env.key("leases")).await;
+    assert_eq!(before.1.len(), 2);
+
+    let retry_at = Retry::At(env.clock.now());
+    let err = store
+        .fail(job.id(), job.token(), "boom", retry_at)
+        .await
+        .expect_err("fail on a malformed record");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert_eq!(
+        snapshot(env.admin.clone(), key.clone(), env.key("leases")).await,
+        before
+    );
+    let err = store
+        .release(job.id(), job.token())
+        .await
+        .expect_err("release on a malformed record");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert_eq!(
+        snapshot(env.admin.clone(), key.clone(), env.key("leases")).await,
+        before
+    );
+
+    // Reclaim buries an unreadable record (see above), so what it must check before its
+    // first write is the rest it reads: a malformed running counter fails the whole call
+    // with both expired jobs untouched.
+    let _: () = env.admin.hset(&key, "att", "1").await.expect("HSET");
+    let _: () = env
+        .admin
+        .hset(env.key("running"), "q", "two")
+        .await
+        .expect("HSET");
+    let before = snapshot(env.admin.clone(), key.clone(), env.key("leases")).await;
+    env.clock.advance(Duration::from_secs(6));
+    let err = store
+        .reclaim(10)
+        .await
+        .expect_err("reclaim with a malformed counter");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert_eq!(
+        snapshot(env.admin.clone(), key.clone(), env.key("leases")).await,
+        before
+    );
+    let other_state: String = env
+        .admin
+        .hget(
+            jobs_redis::job_key(&env.settings.namespace, other.id()),
+            "state",
+        )
+        .await
+        .expect("HGET");
+    assert_eq!(other_state, "running");
+    // Complete and heartbeat check the counter before writing too.
+    let err = store
+        .complete(other.id(), other.token(), None)
+        .await
+        .expect_err("complete with a malformed counter");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert_eq!(
+        snapshot(env.admin.clone(), key.clone(), env.key("leases")).await,
+        before
+    );
+    let _: () = env
+        .admin
+        .hset(env.key("running"), "q", "2")
+        .await
+        .expect("HSET");
+    assert_eq!(store.reclaim(10).await.expect("reclaim").len(), 2);
     env.cleanup().await;
 }
 
@@ -1020,4 +1218,569 @@ async fn claims_over_several_queues_merge_in_exact_order() {
     }
     assert_eq!(got, expected);
     env.cleanup().await;
+}
+
+/// A store connected as a user of its own, whose key permissions the test chooses (ACL
+/// key patterns; `read_only` patterns may only be read). The user is unique to the test,
+/// so `CLIENT KILL USER` reaches this store's connections and no other test's.
+async fn store_as_user(
+    env: &mut Env,
+    tag: &str,
+    read_write: &[String],
+    read_only: &[String],
+) -> (RedisStore, String) {
+    let user = format!(
+        "jobs-{tag}-{}-{}",
+        std::process::id(),
+        env.settings.namespace
+    );
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER")
+        .arg(&user)
+        .arg("reset")
+        .arg("on")
+        .arg(">acl-test-password")
+        .arg("&*")
+        .arg("+@all");
+    for pattern in read_write {
+        cmd.arg(format!("~{pattern}"));
+    }
+    for pattern in read_only {
+        cmd.arg(format!("%R~{pattern}"));
+    }
+    let _: () = cmd.query_async(&mut env.admin).await.expect("ACL SETUSER");
+    let store_url = url().replacen("redis://", &format!("redis://{user}:acl-test-password@"), 1);
+    let store = RedisStore::connect(&store_url, env.settings.clone())
+        .await
+        .expect("connect as the test user");
+    (store, user)
+}
+
+async fn drop_user(env: &mut Env, user: &str) {
+    let _: () = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(user)
+        .query_async(&mut env.admin)
+        .await
+        .expect("ACL DELUSER");
+}
+
+/// What of the namespace is visible as jobs: index entries and hashes with a state.
+async fn visible_jobs(env: &mut Env) -> (u64, u64, usize) {
+    let list = env.zcard("list").await;
+    let ready = env.zcard("ready").await;
+    let mut with_state = 0;
+    for key in env.namespace_keys().await {
+        if key.contains(":job:") {
+            let exists: bool = env.admin.hexists(&key, "state").await.expect("HEXISTS");
+            with_state += usize::from(exists);
+        }
+    }
+    (list, ready, with_state)
+}
+
+/// E9 at every size (issue #11, 5): a batch refused part-way writes nothing. The store's
+/// user may only read dedup keys, so the script call carrying the batch's one idempotency
+/// key (its last job) is refused by the server. 2,000 small jobs (one inline call) and
+/// 2,000 jobs of 5 KiB (10 MiB: payloads staged first, then one call) both leave nothing
+/// behind. The old code sent 512 jobs (or 8 MiB) per script call, so the first calls'
+/// jobs stayed written and claimable while the batch returned Err.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_batch_writes_nothing_at_any_size() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let ns = env.settings.namespace.clone();
+    let read_write: Vec<String> = [
+        "ready", "sched", "leases", "list", "running", "done", "children", "seq", "none", "job:*",
+    ]
+    .iter()
+    .map(|name| format!("jobs:{{{ns}}}:{name}"))
+    .collect();
+    let read_only = vec![format!("jobs:{{{ns}}}:dedup:*")];
+    let (store, user) = store_as_user(&mut env, "refuse", &read_write, &read_only).await;
+    for payload in [16usize, 5 * 1024] {
+        let mut jobs: Vec<NewJob> = (0..2000)
+            .map(|i| NewJob::new("q").payload(vec![(i % 251) as u8; payload]))
+            .collect();
+        jobs[1999] = NewJob::new("q").idempotency_key("refused");
+        let err = store
+            .enqueue_batch(jobs)
+            .await
+            .expect_err("the dedup key may not be written");
+        eprintln!("batch of 2,000 x {payload} B refused: {err}");
+        assert_eq!(visible_jobs(&mut env).await, (0, 0, 0), "payload {payload}");
+        // Staged payloads of the refused batch were removed on the spot.
+        assert_eq!(env.namespace_keys().await.len(), 0, "payload {payload}");
+        assert_eq!(store.stats("q").await.expect("stats").total(), 0);
+    }
+    // The same store writes a batch it may write, whole.
+    let ids = enqueue_all(
+        &store,
+        (0..2000)
+            .map(|_| NewJob::new("q").payload(vec![7u8; 5 * 1024]))
+            .collect(),
+    )
+    .await;
+    assert_eq!(visible_jobs(&mut env).await, (2000, 2000, 2000));
+    for key in env.namespace_keys().await {
+        if key.contains(":job:") {
+            let ttl: i64 = env.admin.pttl(&key).await.expect("PTTL");
+            assert_eq!(ttl, -1, "a committed job keeps no staging TTL");
+        }
+    }
+    assert_eq!(
+        store.payload(ids[1234]).await.expect("payload"),
+        Bytes::from(vec![7u8; 5 * 1024])
+    );
+    drop_user(&mut env, &user).await;
+    env.cleanup().await;
+}
+
+/// E9 with connection loss (issue #11, 5): the store's connections are killed while a
+/// staged batch (2,000 jobs, 10 MiB) is written: early in the staging, half-way, and once
+/// every payload is staged (about when the commit goes out). Whatever the timing, the
+/// batch is all or nothing: Ok means every job is there; an error (retryable) means either
+/// none is visible (no index entry, no hash with a state) or, when only the reply of the
+/// commit was lost, all are; never a part. What staging left behind is only payload
+/// hashes with a TTL, which nothing reads as jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_cut_by_killed_connections_is_all_or_nothing() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let ns = env.settings.namespace.clone();
+    let pattern = vec![format!("jobs:{{{ns}}}:*")];
+    let (store, user) = store_as_user(&mut env, "cut", &pattern, &[]).await;
+    let mut visible_before = 0;
+    for (round, threshold) in [1usize, 1000, 2000].into_iter().enumerate() {
+        let jobs: Vec<NewJob> = (0..2000)
+            .map(|_| NewJob::new("q").payload(vec![1u8; 5 * 1024]))
+            .collect();
+        let already = env.namespace_keys().await.len();
+        let batch = {
+            let store = store.clone();
+            tokio::spawn(async move { store.enqueue_batch(jobs).await })
+        };
+        // Kill once the namespace holds `threshold` more keys (staged payloads appear
+        // one pipeline at a time), or once the batch is done.
+        let mut admin = env.admin.clone();
+        let match_pattern = format!("jobs:{{{ns}}}:job:*");
+        loop {
+            let mut cursor: u64 = 0;
+            let mut count = 0;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&match_pattern)
+                    .arg("COUNT")
+                    .arg(10_000)
+                    .query_async(&mut admin)
+                    .await
+                    .expect("SCAN");
+                count += keys.len();
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+            if count >= already + threshold || batch.is_finished() {
+                break;
+            }
+        }
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("USER")
+            .arg(&user)
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut admin)
+            .await
+            .expect("CLIENT KILL");
+        let outcome = batch.await.expect("join");
+        let (list, ready, with_state) = visible_jobs(&mut env).await;
+        eprintln!(
+            "round {round}: killed {killed} at {threshold} staged: {:?}, {list} visible",
+            outcome.as_ref().map(Vec::len)
+        );
+        match &outcome {
+            Ok(done) => assert_eq!(done.len(), 2000),
+            Err(err) => assert!(err.is_retryable(), "{err:?}"),
+        }
+        if outcome.is_ok() {
+            assert_eq!(list, visible_before + 2000, "round {round}");
+        } else {
+            assert!(
+                list == visible_before || list == visible_before + 2000,
+                "round {round}: a part of the batch is visible: {list} (before {visible_before})"
+            );
+        }
+        assert_eq!((ready, with_state as u64), (list, list), "round {round}");
+        visible_before = list;
+        // Leftovers are staged payloads only, each with a TTL.
+        for key in env.namespace_keys().await {
+            if key.contains(":job:") {
+                let has_state: bool = env.admin.hexists(&key, "state").await.expect("HEXISTS");
+                if !has_state {
+                    let ttl: i64 = env.admin.pttl(&key).await.expect("PTTL");
+                    assert!(ttl > 0, "a staged payload without TTL: {key}");
+                }
+            }
+        }
+        // The store works again after the kill.
+        let mut reconnected = false;
+        for _ in 0..3 {
+            if store.stats("q").await.is_ok() {
+                reconnected = true;
+                break;
+            }
+        }
+        assert!(reconnected, "the store did not reconnect");
+    }
+    drop_user(&mut env, &user).await;
+    env.cleanup().await;
+}
+
+/// `heartbeat_batch` (one script call) answers each entry as `heartbeat` would: extended,
+/// cancellation requested, stale token, unknown job; an empty batch is no call at all and
+/// a bad ttl refuses the whole call.
+#[tokio::test]
+async fn heartbeat_batch_answers_each_lease() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    enqueue_all(&store, (0..3).map(|_| NewJob::new("q")).collect()).await;
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(3))
+        .await
+        .expect("claim");
+    let lease = |i: usize| jobs_core::HeldLease::new(claimed[i].id(), claimed[i].token());
+    store.cancel(claimed[1].id()).await.expect("cancel");
+    store
+        .complete(claimed[2].id(), claimed[2].token(), None)
+        .await
+        .expect("complete");
+    let ghost = JobId::mint(env.clock.now());
+    env.clock.advance(Duration::from_secs(1));
+    let answers = store
+        .heartbeat_batch(
+            vec![
+                lease(0),
+                lease(1),
+                lease(2),
+                jobs_core::HeldLease::new(ghost, claimed[0].token()),
+                lease(0),
+            ],
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("heartbeat batch");
+    assert_eq!(answers.len(), 5);
+    let expires = env.clock.now().saturating_add(Duration::from_secs(30));
+    let ok = |i: usize| answers[i].as_ref().expect("extended");
+    assert!(!ok(0).cancel_requested && ok(0).expires_at == expires);
+    assert!(ok(1).cancel_requested);
+    assert!(answers[2].as_ref().expect_err("completed").is_lease_lost());
+    assert!(answers[3].as_ref().expect_err("unknown").is_not_found());
+    assert!(ok(4).expires_at == expires);
+    let job = store.get(claimed[0].id()).await.expect("get");
+    assert_eq!(job.lease.map(|l| l.expires_at), Some(expires));
+    assert_eq!(job.heartbeat_at, Some(env.clock.now()));
+    // The lease index follows: nothing is expired 29 s later.
+    env.clock.advance(Duration::from_secs(29));
+    assert!(store.reclaim(10).await.expect("reclaim").is_empty());
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!(stats.running, 2);
+    assert!(store
+        .heartbeat_batch(Vec::new(), Duration::from_secs(1))
+        .await
+        .expect("empty")
+        .is_empty());
+    let err = store
+        .heartbeat_batch(vec![lease(0)], Duration::ZERO)
+        .await
+        .expect_err("bad ttl");
+    assert!(err.invalid_field().is_some(), "{err:?}");
+    env.cleanup().await;
+}
+
+/// A job's timeout is a hash field in milliseconds, absent when none; every read returns
+/// it, single and batch enqueues alike, and a record written without it reads as `None`.
+#[tokio::test]
+async fn timeout_is_stored_in_milliseconds_and_optional() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let single = store
+        .enqueue(NewJob::new("q").timeout(Duration::from_millis(1500)))
+        .await
+        .expect("enqueue")
+        .id;
+    let batch = enqueue_all(
+        &store,
+        vec![
+            NewJob::new("q")
+                .timeout(Duration::from_secs(90))
+                .parent(single),
+            NewJob::new("q").parent(single),
+        ],
+    )
+    .await;
+    let key = |id: JobId| jobs_redis::job_key(&env.settings.namespace, id);
+    let stored: Option<String> = env.admin.hget(key(single), "timeout").await.expect("HGET");
+    assert_eq!(stored.as_deref(), Some("1500"));
+    let stored: Option<String> = env
+        .admin
+        .hget(key(batch[1]), "timeout")
+        .await
+        .expect("HGET");
+    assert_eq!(stored, None);
+    let expected = [
+        (single, Some(Duration::from_millis(1500))),
+        (batch[0], Some(Duration::from_secs(90))),
+        (batch[1], None),
+    ];
+    for (id, timeout) in expected {
+        assert_eq!(store.get(id).await.expect("get").timeout, timeout);
+    }
+    let children = store.children(single).await.expect("children");
+    assert_eq!(
+        children.iter().map(|j| j.timeout).collect::<Vec<_>>(),
+        vec![Some(Duration::from_secs(90)), None]
+    );
+    let listed = store.list(ListQuery::new("q")).await.expect("list");
+    assert_eq!(listed.jobs.len(), 3);
+    for job in &listed.jobs {
+        assert_eq!(
+            Some(job.timeout),
+            expected.iter().find(|e| e.0 == job.id).map(|e| e.1)
+        );
+    }
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(3))
+        .await
+        .expect("claim");
+    for job in &claimed {
+        assert_eq!(
+            Some(job.job.timeout),
+            expected.iter().find(|e| e.0 == job.id()).map(|e| e.1)
+        );
+    }
+    // A record of an earlier version has no field: None.
+    let _: () = env.admin.hdel(key(single), "timeout").await.expect("HDEL");
+    assert_eq!(store.get(single).await.expect("get").timeout, None);
+    env.cleanup().await;
+}
+
+/// A redis-server of a test's own, killed when dropped (even when the test panics), with
+/// its files in a directory of its own.
+struct OwnServer {
+    child: Option<std::process::Child>,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl OwnServer {
+    /// Starts `redis-server` with AOF on, fsync on every write, no RDB snapshots; `None`
+    /// (skipped loudly, or failing under JOBS_REQUIRE_SERVICES=1) when it is not installed.
+    async fn start() -> Option<OwnServer> {
+        if let Err(err) = std::process::Command::new("redis-server")
+            .arg("--version")
+            .output()
+        {
+            return jobs_conformance::skip_or_fail("redis-server (binary)", "PATH", &err);
+        }
+        // A port nothing listens on now: bound by the OS, then released for the server.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .expect("a free port");
+        let dir = std::env::temp_dir().join(format!(
+            "jobs-redis-durability-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut server = OwnServer {
+            child: None,
+            port,
+            dir,
+        };
+        server.spawn().await;
+        Some(server)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server process and waits until it answers PING (it loads the AOF
+    /// first after a restart).
+    async fn spawn(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--appendonly", "yes"])
+            .args(["--appendfsync", "always"])
+            .args(["--save", ""])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let client = redis::Client::open(self.url()).expect("url");
+        for _ in 0..500 {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                let pong: redis::RedisResult<String> =
+                    redis::cmd("PING").query_async(&mut conn).await;
+                if pong.is_ok() {
+                    return;
+                }
+            }
+            // Waiting for a process to start listening, not for an expiry.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("redis-server on port {} did not come up", self.port);
+    }
+
+    /// SIGKILL: no shutdown, no final fsync or snapshot.
+    fn kill_9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL redis-server");
+            child.wait().expect("reap redis-server");
+        }
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.kill_9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Durability (docs/redis.md, "Durability"; CONTRACT A6): with `appendfsync always`, a
+/// redis-server killed with SIGKILL in the middle of enqueues, claims and completions
+/// loses no acknowledged enqueue (single or batch) and no acknowledged completion, and
+/// the store's connection recovers by itself once the server is back on the same port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_a_sigkilled_server_with_fsync_always() {
+    let Some(mut server) = OwnServer::start().await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = StoreSettings::default()
+        .namespace("durability")
+        .clock(Arc::new(clock.clone()));
+    let store = RedisStore::connect(&server.url(), settings)
+        .await
+        .expect("connect");
+    let batch = enqueue_all(&store, (0..100).map(|_| NewJob::new("q")).collect()).await;
+    let enqueued = Arc::new(std::sync::Mutex::new(batch));
+    let completed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let producer = {
+        let (store, enqueued) = (store.clone(), enqueued.clone());
+        tokio::spawn(async move {
+            let mut i = 0u32;
+            while let Ok(e) = store
+                .enqueue(NewJob::new("q").payload(i.to_le_bytes().to_vec()))
+                .await
+            {
+                enqueued.lock().expect("lock").push(e.id);
+                i += 1;
+            }
+        })
+    };
+    let worker = {
+        let (store, completed) = (store.clone(), completed.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok(batch) = store
+                    .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(600)).limit(10))
+                    .await
+                else {
+                    return;
+                };
+                for job in batch {
+                    if store.complete(job.id(), job.token(), None).await.is_err() {
+                        return;
+                    }
+                    completed.lock().expect("lock").push(job.id());
+                }
+            }
+        })
+    };
+    // Mid-run: once both have acknowledged a good number of writes.
+    loop {
+        let (e, c) = (
+            enqueued.lock().expect("lock").len(),
+            completed.lock().expect("lock").len(),
+        );
+        if e >= 600 && c >= 200 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    server.kill_9();
+    producer.await.expect("join producer");
+    worker.await.expect("join worker");
+    let enqueued: Vec<JobId> = enqueued.lock().expect("lock").clone();
+    let completed: Vec<JobId> = completed.lock().expect("lock").clone();
+    eprintln!(
+        "killed after {} acknowledged enqueues, {} acknowledged completions",
+        enqueued.len(),
+        completed.len()
+    );
+
+    server.spawn().await;
+    // The store's connection manager reconnects by itself: the first calls may still
+    // see the old connection fail.
+    let mut recovered = false;
+    for _ in 0..100 {
+        match store.stats("q").await {
+            Ok(_) => {
+                recovered = true;
+                break;
+            }
+            Err(err) => {
+                assert!(err.is_retryable(), "{err:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert!(
+        recovered,
+        "the store did not reconnect to the restarted server"
+    );
+    let done: HashSet<JobId> = completed.iter().copied().collect();
+    for id in &enqueued {
+        let job = store
+            .get(*id)
+            .await
+            .expect("an acknowledged enqueue was lost");
+        if done.contains(id) {
+            assert_eq!(
+                job.state,
+                JobState::Succeeded,
+                "an acknowledged completion was lost"
+            );
+        }
+    }
+    let stats = store.stats("q").await.expect("stats");
+    assert!(stats.total() >= enqueued.len() as u64);
+    assert!(stats.succeeded >= completed.len() as u64);
+    // The store still works: claims go on from where they were.
+    let more = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(600)).limit(10))
+        .await
+        .expect("claim after the restart");
+    for job in more {
+        store
+            .complete(job.id(), job.token(), None)
+            .await
+            .expect("complete after the restart");
+    }
 }

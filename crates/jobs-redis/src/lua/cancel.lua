@@ -6,10 +6,11 @@
 -- KEYS[4] list index (zset)    KEYS[5] finished index (zset)
 -- ARGV[1] job id               ARGV[2] now (ms)
 --
--- Returns {'ok', state after the call} | {'notfound'} | {'corrupt'} (unreadable meta)
+-- Returns {'ok', state after the call} | {'notfound'} | {'corrupt', reason}
 --
 -- Atomicity: a queued job leaves the ready and scheduled indexes in the same step that
--- makes it cancelled, so no claim can take it afterwards.
+-- makes it cancelled, so no claim can take it afterwards. Every value used is checked
+-- before the first write.
 
 local job, ready, sched, list, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, now = ARGV[1], ARGV[2]
@@ -20,8 +21,13 @@ end
 local state = v[1]
 local queue, parent = meta_head(v[2])
 if state == 'queued' then
-  if not queue or not v[3] then
-    return { 'corrupt' }
+  -- Check before write: without a readable queue and order key the ready or scheduled
+  -- entry cannot be found, and cancelling would leave it behind.
+  if not queue then
+    return { 'corrupt', 'field meta unreadable' }
+  end
+  if not v[3] or string.find(v[3], '^%x+$') == nil or #v[3] ~= 36 then
+    return { 'corrupt', 'field order unreadable' }
   end
   local member = queue_member(queue, v[3], id)
   redis.call('ZREM', ready, member)

@@ -4,7 +4,8 @@
 -- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
 -- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
 -- KEYS[5] running counters (hash: queue -> lease entries)
--- KEYS[5+i] the hash of candidate i, whose id is ARGV[7+Q+i]
+-- KEYS[6] finished index (zset)
+-- KEYS[6+i] the hash of candidate i, whose id is ARGV[7+Q+i]
 --
 -- ARGV[1] now (ms)             ARGV[2] worker
 -- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
@@ -17,15 +18,17 @@
 --                             the ready index, nothing was claimed; call again
 --   {'ok', claimed, hint, corrupt}
 --                             claimed: one array per leased job: id, meta, run_at, att,
---                             token (both as now stored), error, cancel, payload; the rest
---                             of the record is what this call wrote from its ARGV (state
---                             running, worker, lease_exp, started = hb = now) or absent on
---                             a queued job (finished, result), so Rust fills it in without
---                             the script reading and returning it; hint: the ids now at the
---                             head of the ready order (at most the hint size), for the next
---                             call; corrupt: ids of jobs whose `meta` cannot be read, which
---                             are not leased and leave the ready index (so one bad record
---                             cannot block a queue; `get` reports it as corrupt)
+--                             token (both as now stored), error, cancel, payload, timeout;
+--                             the rest of the record is what this call wrote from its ARGV
+--                             (state running, worker, lease_exp, started = hb = now) or
+--                             absent on a queued job (finished, result), so Rust fills it in
+--                             without the script reading and returning it; hint: the ids now
+--                             at the head of the ready order (at most the hint size), for the
+--                             next call; corrupt: ids of jobs whose record cannot be read
+--                             (unreadable `meta`, `att` or `token`, or an unknown state),
+--                             which this call moved to `dead` with last_error
+--                             'corrupt record: ...' (DECISIONS: corrupt records), so one bad
+--                             record neither blocks its queue nor leaves the indexes
 --
 -- The script only touches hashes passed in KEYS, so it cannot follow the ready index to
 -- a job it was not given. It walks the merged head of the named queues in order and
@@ -35,22 +38,29 @@
 --
 -- Atomicity: each job leaves the ready index and enters the lease index (and its queue's
 -- running counter) in the same script that marks it running, so a crash never strands a
--- job in neither.
+-- job in neither. Every value read is checked before the first write (the running
+-- counters before the promotion, the records in a first pass, see lib.lua).
 
 local now, worker, expires = ARGV[1], ARGV[2], ARGV[3]
 local limit = tonumber(ARGV[4])
 local hint_size = tonumber(ARGV[5])
 local bound = tonumber(ARGV[6])
 local nq = tonumber(ARGV[7])
-local ready, sched, leases, list, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ready, sched, leases, list, running, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+
+local named = {}
+for i = 1, nq do
+  named[i] = ARGV[7 + i]
+end
+check_counters(running, named)
 
 if not promote(ready, sched, now, bound) then
   return { 'promote' }
 end
 
 local held = {}
-for i = 1, #KEYS - 5 do
-  held[ARGV[7 + nq + i]] = KEYS[5 + i]
+for i = 1, #KEYS - 6 do
+  held[ARGV[7 + nq + i]] = KEYS[6 + i]
 end
 
 -- The first `n` entries of the ready order over all named queues: each queue's range is
@@ -93,8 +103,11 @@ local corrupt = {}
 local taken = {}
 local lease_pairs = {}  -- per queue: flat score/member list
 local list_old = {}
+-- Pass 1: read and decide, no writes.
+local to_lease = {}  -- {job key, values, queue, id, attempts, token}
+local to_bury = {}   -- {job key, queue, id, parent, reason}
 for _, member in ipairs(head(limit)) do
-  if #claimed >= limit then
+  if #to_lease >= limit then
     break
   end
   local id = string.sub(member, -36)
@@ -105,34 +118,61 @@ for _, member in ipairs(head(limit)) do
   local queue = string.sub(member, 1, #member - 73)
   -- The reply's order (see the header), with the id in front: v[1] is overwritten by it.
   local v = redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
-    'cancel', 'payload')
+    'cancel', 'payload', 'timeout')
   taken[#taken + 1] = member
   local state = v[1]
-  if state == 'queued' and not meta_ok(v[2]) then
-    corrupt[#corrupt + 1] = id
-  elseif state == 'queued' then
-    -- Counters are small integers: incremented and formatted exactly, in one write.
-    local attempts = string.format('%d', (tonumber(v[4]) or 0) + 1)
-    local token = string.format('%d', (tonumber(v[5]) or 0) + 1)
-    redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
-      'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
-    v[1] = id
-    v[4] = attempts
-    v[5] = token
-    claimed[#claimed + 1] = v
-    local pairs_of_queue = lease_pairs[queue]
-    if not pairs_of_queue then
-      pairs_of_queue = {}
-      lease_pairs[queue] = pairs_of_queue
+  if state == 'queued' then
+    -- Absent counters read as 0; present ones must be integers.
+    local reason = nil
+    if not meta_ok(v[2]) then
+      reason = 'field meta unreadable'
+    elseif v[4] and not is_int(v[4]) then
+      reason = 'field att not a number'
+    elseif v[5] and not is_int(v[5]) then
+      reason = 'field token not a number'
     end
-    pairs_of_queue[#pairs_of_queue + 1] = expires
-    pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
-    -- The list entry stays: queued and running share the code 'a'.
+    local attempts = tonumber(v[4] or '0')
+    local token = tonumber(v[5] or '0')
+    if reason then
+      local _, parent = meta_queue_parent(v[2])
+      to_bury[#to_bury + 1] = { job, queue, id, parent, reason }
+    else
+      to_lease[#to_lease + 1] = { job, v, queue, id, attempts, token }
+    end
   elseif not state then
     -- The hash vanished under its index entries (C7): drop them, write nothing.
     list_old[#list_old + 1] = list_member(queue, 'queued', id)
+  elseif not STATE_CODE[state] then
+    local _, parent = meta_queue_parent(v[2])
+    to_bury[#to_bury + 1] = { job, queue, id, parent, 'unknown state' }
   end
   -- Any other state means the entry is stale: it is only dropped.
+end
+
+-- Pass 2: writes.
+for _, l in ipairs(to_lease) do
+  local job, v, queue, id = l[1], l[2], l[3], l[4]
+  -- Counters are small integers: incremented and formatted exactly, in one write.
+  local attempts = string.format('%d', l[5] + 1)
+  local token = string.format('%d', l[6] + 1)
+  redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
+    'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
+  v[1] = id
+  v[4] = attempts
+  v[5] = token
+  claimed[#claimed + 1] = v
+  local pairs_of_queue = lease_pairs[queue]
+  if not pairs_of_queue then
+    pairs_of_queue = {}
+    lease_pairs[queue] = pairs_of_queue
+  end
+  pairs_of_queue[#pairs_of_queue + 1] = expires
+  pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
+  -- The list entry stays: queued and running share the code 'a'.
+end
+for _, b in ipairs(to_bury) do
+  bury(b[1], list, done, b[2], b[3], b[4], now, b[5])
+  corrupt[#corrupt + 1] = b[3]
 end
 
 zrem_members(ready, taken)

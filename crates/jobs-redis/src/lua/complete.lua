@@ -15,6 +15,10 @@
 -- completion of one job in the same batch finds it no longer running (L5), exactly as a
 -- second call would.
 --
+-- Check before write: a first pass reads and decides every entry (a job completed by an
+-- earlier entry counts as no longer running), then the running counters of the queues
+-- concerned are checked, then a second pass writes.
+--
 -- Cost: per job one HMGET and one HSET; the index entries of the whole batch are written
 -- with one ZREM/ZADD per index (and one ZREM per queue of the lease index, to keep the
 -- running counters exact).
@@ -23,6 +27,10 @@ local leases, list, done, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local out = {}
 local lease_old, list_old, list_new, done_new = {}, {}, {}, {}
 local nl, nn = 0, 0
+local finishing = {}  -- per entry to complete: {entry, job key}
+local completed = {}  -- job keys completed by an earlier entry of this call
+local queues = {}
+-- Pass 1: read and decide, no writes.
 for j = 1, #KEYS - 4 do
   local a = 5 * (j - 1)
   local job = KEYS[4 + j]
@@ -30,22 +38,21 @@ for j = 1, #KEYS - 4 do
   local v = redis.call('HMGET', job, 'state', 'token', 'meta')
   if not v[1] then
     out[j] = 'notfound'
-  elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 2] then
+  elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 2] or completed[job] then
     out[j] = 'lost'
   else
     local queue, parent = meta_queue_parent(v[3])
     if not queue then
       out[j] = 'corrupt'
     else
-      if ARGV[a + 4] == '1' then
-        redis.call('HSET', job, 'state', 'succeeded', 'finished', now, 'result', ARGV[a + 5])
-      else
-        redis.call('HSET', job, 'state', 'succeeded', 'finished', now)
-      end
+      completed[job] = true
+      finishing[#finishing + 1] = j
+      finishing[#finishing + 1] = job
       local of_queue = lease_old[queue]
       if not of_queue then
         of_queue = {}
         lease_old[queue] = of_queue
+        queues[#queues + 1] = queue
       end
       of_queue[#of_queue + 1] = queue .. ' ' .. id
       nl = nl + 1
@@ -57,6 +64,17 @@ for j = 1, #KEYS - 4 do
       done_new[nn] = queue .. ' s ' .. id .. ' ' .. (parent or '')
       out[j] = 'ok'
     end
+  end
+end
+check_counters(running, queues)
+-- Pass 2: writes.
+for i = 1, #finishing, 2 do
+  local j, job = finishing[i], finishing[i + 1]
+  local a = 5 * (j - 1)
+  if ARGV[a + 4] == '1' then
+    redis.call('HSET', job, 'state', 'succeeded', 'finished', ARGV[a + 3], 'result', ARGV[a + 5])
+  else
+    redis.call('HSET', job, 'state', 'succeeded', 'finished', ARGV[a + 3])
   end
 end
 -- Per queue, so each running counter drops by exactly the entries removed.

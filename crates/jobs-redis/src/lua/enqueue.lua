@@ -1,5 +1,6 @@
 -- enqueue.lua: adds a run of N jobs in order, each exactly as one enqueue would
--- (CONTRACT E1-E6, E9), deciding idempotency inside the script.
+-- (CONTRACT E1-E6, E9), deciding idempotency inside the script. All or nothing: every
+-- check comes before the first write, so a refused run writes nothing.
 --
 -- KEYS[1]  ready index (zset)        KEYS[2] scheduled index (zset)
 -- KEYS[3]  list index (zset)         KEYS[4] sequence counter (string, INCRBY N once)
@@ -13,40 +14,39 @@
 --
 -- ARGV[1] dedup key TTL in ms ('0': the window is empty, write no dedup key)
 -- ARGV[2] N                     ARGV[3] wake-up channel
--- for job j, 11 values from ARGV[3 + 11(j-1) + 1]:
+-- for job j, 12 values from ARGV[3 + 12(j-1) + 1]:
 --   id, queue, meta (the packed immutable fields, see lib.lua, created_at included),
---   has key ('1'/'0'), payload, priority, run_at, run_at as 16 hex digits,
+--   flags ('0' plain, '1' has an idempotency key, '2' payload staged, '3' both),
+--   payload ('' when staged), priority, run_at, run_at as 16 hex digits,
 --   due ('1' when run_at <= the job's now), parent id or '',
 --   dedup cutoff (the job's now - dedup_window: a key deduplicates while its job's
---   created_at > cutoff)
+--   created_at > cutoff), timeout in ms or '' (none)
 -- Each job carries its own clock reading (created_at, due, cutoff): concurrent enqueues
 -- of one store are sent together, each as it was called.
 -- then E ids (see the extra KEYS).
 --
--- Returns one of:
---   {'ok', {{id, created (1/0)}, ...}}          every job handled
---   {'parent', j}                              job j's parent does not exist; nothing written
---   {'need', j, id, {{id, created}, ...}}      job j's dedup key points at `id`, whose hash
---                                              is not among KEYS: jobs before j are written,
---                                              j and after are not; Rust retries from j with
---                                              that hash added
+-- A staged payload was written by Rust before this call into the job's own hash (field
+-- `payload` only, with a server TTL; no `state`, so the hash is no job yet and nothing
+-- finds it): this call turns it into the job (PERSIST) or deletes it (a duplicate).
 --
--- Atomicity: all parents are checked before the first write, and each job's dedup read,
--- record, indexes and dedup key are written in the same script, so no crash leaves a job
--- without its index entries or a dedup key pointing at a half-written job.
+-- Returns one of:
+--   {'ok', {{id, created (1/0)}, ...}}   every job handled
+--   {'parent', j}                        job j's parent does not exist; nothing written
+--   {'need', {id, ...}}                  dedup keys point at these ids, whose hashes are
+--                                        not among KEYS; nothing written: Rust calls again
+--                                        with them added
+--   {'staged', j}                        job j's staged payload is gone (expired, deleted);
+--                                        nothing written
+--
+-- Atomicity: phase 1 reads and checks (parents, staged payloads, dedup keys); phase 2
+-- writes. Every value phase 2 reads is either one phase 1 read (unchanged: the script runs
+-- alone) or one this script wrote, so phase 2 cannot stop half-way on a check.
 
 local dedup_ttl = ARGV[1]
 local n = tonumber(ARGV[2])
 local channel = ARGV[3]
-local PER_JOB = 11
+local PER_JOB = 12
 local extra_keys = #KEYS - 5 - 3 * n
-
-for j = 1, n do
-  local a = 3 + PER_JOB * (j - 1)
-  if ARGV[a + 10] ~= '' and redis.call('EXISTS', KEYS[3 * j + 5]) == 0 then
-    return { 'parent', j }
-  end
-end
 
 -- Hashes whose keys this script holds, by job id.
 local known = {}
@@ -57,42 +57,65 @@ for e = 1, extra_keys do
   known[ARGV[3 + PER_JOB * n + e]] = KEYS[3 * n + 5 + e]
 end
 
--- Sequence numbers for the whole run in one step; a job that turns out to be a duplicate
--- leaves a gap, which the order does not mind.
+-- Phase 1: checks, no writes.
+local needed = {}
+local asked = {}
+for j = 1, n do
+  local a = 3 + PER_JOB * (j - 1)
+  if ARGV[a + 10] ~= '' and redis.call('EXISTS', KEYS[3 * j + 5]) == 0 then
+    return { 'parent', j }
+  end
+  local flags = ARGV[a + 4]
+  if flags == '2' or flags == '3' then
+    local job = KEYS[3 * j + 3]
+    if redis.call('HEXISTS', job, 'payload') == 0 or redis.call('HEXISTS', job, 'state') == 1 then
+      return { 'staged', j }
+    end
+  end
+  if flags == '1' or flags == '3' then
+    local current = redis.call('GET', KEYS[3 * j + 4])
+    if current and not known[current] and not asked[current] then
+      asked[current] = true
+      needed[#needed + 1] = current
+    end
+  end
+end
+if #needed > 0 then
+  return { 'need', needed }
+end
+
+-- Phase 2: writes. Sequence numbers for the whole run in one step (the first write; a
+-- corrupt counter fails it before anything else is written); a job that turns out to be
+-- a duplicate leaves a gap, which the order does not mind.
 local seq_base = redis.call('INCRBY', KEYS[4], n) - n
 
 local results = {}
 local woken = {}
 local ready_pairs, sched_pairs, list_pairs, child_pairs = {}, {}, {}, {}
--- Index entries are written together at the end (fewer calls); nothing in between reads them.
-local function flush()
-  zadd_pairs(KEYS[1], ready_pairs)
-  zadd_pairs(KEYS[2], sched_pairs)
-  zadd_pairs(KEYS[3], list_pairs)
-  zadd_pairs(KEYS[5], child_pairs)
-end
 
 for j = 1, n do
   local a = 3 + PER_JOB * (j - 1)
   local id, queue, meta = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local has_key = ARGV[a + 4] == '1'
+  local flags = ARGV[a + 4]
+  local has_key = flags == '1' or flags == '3'
+  local staged = flags == '2' or flags == '3'
   local prio, run_at, run_hex = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
   local due = ARGV[a + 9] == '1'
   local parent = ARGV[a + 10]
+  local timeout = ARGV[a + 12]
   local job, dedup = KEYS[3 * j + 3], KEYS[3 * j + 4]
 
   local existing = nil
   if has_key then
     local current = redis.call('GET', dedup)
-    if current then
-      local current_job = known[current]
-      if not current_job then
-        flush()
-        return { 'need', j, current, results }
-      end
+    -- Phase 1 made sure every id a dedup key holds is known; keys written since point at
+    -- jobs of this run.
+    local current_job = current and known[current]
+    if current_job then
       -- A key deduplicates while its job exists and is inside the window (E2, E5, E6).
       local _, _, _, _, created = meta_head(redis.call('HGET', current_job, 'meta'))
-      if created and tonumber(created) > tonumber(ARGV[a + 11]) then
+      local created_n = created and tonumber(created)
+      if created_n and created_n > tonumber(ARGV[a + 11]) then
         existing = current
       end
     end
@@ -100,10 +123,25 @@ for j = 1, n do
 
   if existing then
     results[#results + 1] = { existing, 0 }
+    if staged then
+      redis.call('DEL', job)
+    end
   else
     local order = order_key(prio, run_hex, seq_base + j)
-    redis.call('HSET', job, 'meta', meta, 'run_at', run_at, 'state', 'queued', 'att', '0',
-      'token', '0', 'order', order, 'payload', ARGV[a + 5])
+    local fields = { 'meta', meta, 'run_at', run_at, 'state', 'queued', 'att', '0',
+      'token', '0', 'order', order }
+    if not staged then
+      fields[#fields + 1] = 'payload'
+      fields[#fields + 1] = ARGV[a + 5]
+    end
+    if timeout ~= '' then
+      fields[#fields + 1] = 'timeout'
+      fields[#fields + 1] = timeout
+    end
+    redis.call('HSET', job, unpack(fields))
+    if staged then
+      redis.call('PERSIST', job)
+    end
     local member = queue_member(queue, order, id)
     if due then
       ready_pairs[#ready_pairs + 1] = '0'
@@ -125,7 +163,11 @@ for j = 1, n do
     results[#results + 1] = { id, 1 }
   end
 end
-flush()
+-- Index entries are written together at the end (fewer calls); nothing in between reads them.
+zadd_pairs(KEYS[1], ready_pairs)
+zadd_pairs(KEYS[2], sched_pairs)
+zadd_pairs(KEYS[3], list_pairs)
+zadd_pairs(KEYS[5], child_pairs)
 for queue in pairs(woken) do
   redis.call('PUBLISH', channel, queue)
 end

@@ -12,15 +12,16 @@
 -- ARGV[6] retry time as 16 hex digits    ARGV[7] '1' if the retry time is <= now
 -- ARGV[8] wake-up channel
 --
--- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt'} (unreadable meta)
---
--- A cancel-requested job becomes cancelled; a job with attempts left and a retry time is
--- queued at that time; any other becomes dead.
+-- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason}
 --
 -- Atomicity: the job leaves the lease index and enters the ready, scheduled or finished
--- index in the same step that changes its state.
+-- index in the same step that changes its state. Check before write: every field the
+-- decision needs and the queue's running counter are read and checked first; a corrupt
+-- record is refused with nothing written (it stays running until its lease runs out and
+-- reclaim buries it).
 
 local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local running = KEYS[8]
 local id, now = ARGV[1], ARGV[3]
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel')
 if not v[1] then
@@ -30,24 +31,38 @@ if v[1] ~= 'running' or v[2] ~= ARGV[2] then
   return { 'lost' }
 end
 local queue, parent, prio, max_att = meta_head(v[3])
-if not queue then
-  return { 'corrupt' }
+if not queue or not is_int(prio) or not is_int(max_att) then
+  return { 'corrupt', 'field meta unreadable' }
 end
-redis.call('HSET', job, 'error', ARGV[4])
-drop_lease(leases, KEYS[8], queue, id)
+if not is_int(v[4]) then
+  return { 'corrupt', 'field att not a number' }
+end
+check_counters(running, { queue })
+
+-- The decision of CONTRACT L6/L7 (and DECISIONS: cancel while running): cancel requested
+-- -> cancelled; a retry time and attempts left -> queued at that time; else dead.
 local state
 if v[5] == '1' then
   state = 'cancelled'
-  finish(job, list, done, queue, id, parent, 'running', state, now)
 elseif ARGV[5] ~= '' and tonumber(v[4]) < tonumber(max_att) then
   state = 'queued'
+else
+  state = 'dead'
+end
+
+if state == 'queued' then
+  -- The first write: INCR fails on a corrupt counter before anything else changed.
+  local next_seq = redis.call('INCR', seq)
   local due = ARGV[7] == '1'
-  requeue(job, ready, sched, list, seq, queue, id, prio, ARGV[5], ARGV[6], due, 'running')
+  requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[5], ARGV[6], due, 'running')
+  redis.call('HSET', job, 'error', ARGV[4])
+  drop_lease(leases, running, queue, id)
   if due then
     redis.call('PUBLISH', ARGV[8], queue)
   end
 else
-  state = 'dead'
+  redis.call('HSET', job, 'error', ARGV[4])
+  drop_lease(leases, running, queue, id)
   finish(job, list, done, queue, id, parent, 'running', state, now)
 end
 return { 'ok', state }

@@ -1,29 +1,57 @@
--- heartbeat.lua: extends the lease of a running job whose token is current (CONTRACT L1-L3).
+-- heartbeat.lua: extends the leases of running jobs whose tokens are current
+-- (CONTRACT L1-L3), N heartbeats in one call (`heartbeat` sends one, `heartbeat_batch`
+-- a worker's whole set), all with the same clock reading and expiry.
 --
--- KEYS[1] the job's hash       KEYS[2] lease index (zset)
--- KEYS[3] running counters (hash)
--- ARGV[1] job id               ARGV[2] token
--- ARGV[3] now (ms)             ARGV[4] new lease expiry (ms)
+-- KEYS[1] lease index (zset)   KEYS[2] running counters (hash)
+-- KEYS[2+j] the hash of job j, j = 1..N
+-- ARGV[1] now (ms)             ARGV[2] new lease expiry (ms)
+-- for job j, 2 values from ARGV[2 + 2(j-1) + 1]: id, token
 --
--- Returns {'ok', cancel requested ('1'/'0')} | {'notfound'} | {'lost'} | {'corrupt'}
+-- Returns one status per job, in order: '0' (extended) | '1' (extended, cancellation
+-- requested) | 'notfound' | 'lost' | 'corrupt' (unreadable meta).
 --
--- Atomicity: the hash and the lease index move together; a missing hash is never written.
+-- Atomicity: each hash and its lease entry move together. Check before write: a first
+-- pass reads and decides every entry (and checks the running counter of a queue whose
+-- lease entry went missing, the only case that counts one), a second pass writes. A
+-- missing hash is never written.
 
-local job, leases = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel')
-if not v[1] then
-  return { 'notfound' }
+local leases, running = KEYS[1], KEYS[2]
+local now, expiry = ARGV[1], ARGV[2]
+local out = {}
+local extend = {}  -- flat: job key, lease member, queue
+local recount = {}
+-- Pass 1: read and decide, no writes.
+for j = 1, #KEYS - 2 do
+  local job = KEYS[2 + j]
+  local id, token = ARGV[2 + 2 * j - 1], ARGV[2 + 2 * j]
+  local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel')
+  if not v[1] then
+    out[j] = 'notfound'
+  elseif v[1] ~= 'running' or v[2] ~= token then
+    out[j] = 'lost'
+  else
+    local queue = meta_queue_parent(v[3])
+    if not queue then
+      out[j] = 'corrupt'
+    else
+      local member = lease_member(queue, id)
+      if not redis.call('ZSCORE', leases, member) then
+        recount[#recount + 1] = queue
+      end
+      extend[#extend + 1] = job
+      extend[#extend + 1] = member
+      extend[#extend + 1] = queue
+      out[j] = v[4] == '1' and '1' or '0'
+    end
+  end
 end
-if v[1] ~= 'running' or v[2] ~= ARGV[2] then
-  return { 'lost' }
+check_counters(running, recount)
+-- Pass 2: writes.
+for i = 1, #extend, 3 do
+  redis.call('HSET', extend[i], 'lease_exp', expiry, 'hb', now)
+  if redis.call('ZADD', leases, expiry, extend[i + 1]) == 1 then
+    -- The entry was missing (it never is unless the index was tampered with): count it.
+    redis.call('HINCRBY', running, extend[i + 2], 1)
+  end
 end
-local queue = meta_head(v[3])
-if not queue then
-  return { 'corrupt' }
-end
-redis.call('HSET', job, 'lease_exp', ARGV[4], 'hb', ARGV[3])
-if redis.call('ZADD', leases, ARGV[4], lease_member(queue, ARGV[1])) == 1 then
-  -- The entry was missing (it never is unless the index was tampered with): count it.
-  redis.call('HINCRBY', KEYS[3], queue, 1)
-end
-return { 'ok', v[4] or '0' }
+return out

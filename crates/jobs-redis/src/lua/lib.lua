@@ -171,11 +171,11 @@ local function finish(job, list, done, queue, id, parent, from, to, now)
   redis.call('ZADD', done, now, done_member(queue, to, id, parent))
 end
 
--- A return to `queued`: a fresh sequence number (so the job goes behind the jobs already
--- ready), run_at and order key stored, indexes moved. `due` says whether run_at has come
--- (decided by Rust from the same clock reading).
-local function requeue(job, ready, sched, list, seq_key, queue, id, prio, run_at, ready_hex, due, from)
-  local seq = redis.call('INCR', seq_key)
+-- A return to `queued`: a fresh sequence number `seq` (drawn by the caller with INCR as
+-- its first write, so a corrupt counter fails the script before anything changed; the job
+-- goes behind the jobs already ready), run_at and order key stored, indexes moved. `due`
+-- says whether run_at has come (decided by Rust from the same clock reading).
+local function requeue(job, ready, sched, list, seq, queue, id, prio, run_at, ready_hex, due, from)
   local order = order_key(prio, ready_hex, seq)
   redis.call('HSET', job, 'state', 'queued', 'run_at', run_at, 'order', order)
   local member = queue_member(queue, order, id)
@@ -187,3 +187,48 @@ local function requeue(job, ready, sched, list, seq_key, queue, id, prio, run_at
   move_list(list, queue, id, from, 'queued')
 end
 
+-- Check before write. Redis does not roll a script back when it fails half-way, so every
+-- script reads and checks every value it depends on before its first write, and stops
+-- with no write when one is unreadable: a job is never left `running` without its lease
+-- entry, or in one index but not the other.
+
+-- Aborts the script as a whole with an error reply whose code Rust maps to
+-- `Error::Corrupt`. Only called before a script's first write.
+local function abort_corrupt(what)
+  error({ err = 'JOBSCORRUPT ' .. what })
+end
+
+-- Whether `s` is a decimal integer as this crate writes them (optional minus, digits).
+local function is_int(s)
+  return s ~= nil and s ~= false and string.find(s, '^%-?%d+$') ~= nil
+end
+
+-- The running counter of `queue` must be an integer (or absent) before a script changes
+-- it with HINCRBY, which fails on anything else after the script's earlier writes.
+local function check_counters(running, queues)
+  if #queues == 0 then
+    return
+  end
+  local values = redis.call('HMGET', running, unpack(queues))
+  for i, value in ipairs(values) do
+    if value and not is_int(value) then
+      abort_corrupt('running counter of queue ' .. queues[i] .. ': not an integer')
+    end
+  end
+end
+
+-- The prefix of `last_error` on a job whose record could not be read where a claim or
+-- reclaim met it (DECISIONS: corrupt records).
+local CORRUPT_PREFIX = 'corrupt record: '
+
+-- Moves a job whose record cannot be read to `dead`, so it neither blocks its queue nor
+-- vanishes from the indexes: state, finished_at and last_error written (the other fields
+-- are left as found), its list entry moved to code 'd', a finished entry added (purge then
+-- deletes it like any dead job). `queue` comes from the index entry that led here;
+-- `parent` from `meta` when that is readable.
+local function bury(job, list, done, queue, id, parent, now, reason)
+  redis.call('HSET', job, 'state', 'dead', 'finished', now, 'error', CORRUPT_PREFIX .. reason)
+  redis.call('ZREM', list, queue .. ' a ' .. id)
+  redis.call('ZADD', list, '0', queue .. ' d ' .. id)
+  redis.call('ZADD', done, now, done_member(queue, 'dead', id, parent))
+end

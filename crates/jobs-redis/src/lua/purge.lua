@@ -15,7 +15,9 @@
 -- the queue, state and parent, so the list and children entries are removed even when
 -- the hash already expired by its server TTL.
 --
--- Atomicity: the record and all its entries go in one step.
+-- Atomicity: the record and all its entries go in one step. Check before write: the only
+-- values read are the entries' scores and the members themselves, which cannot make a
+-- command fail; a member that does not parse is only removed from the finished index.
 
 local done, list, children = KEYS[1], KEYS[2], KEYS[3]
 local cutoff = tonumber(ARGV[1])

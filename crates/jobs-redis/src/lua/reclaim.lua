@@ -17,53 +17,98 @@
 --
 -- Each entry is checked again here: it must still be in the lease index with an expiry
 -- strictly before now (R1, R2), so concurrent reclaimers take each job once (R4). An entry
--- whose hash is gone is removed and never requeued or recreated (R5).
+-- whose hash is gone is removed and never requeued or recreated (R5). A record that cannot
+-- be read (unreadable meta or attempts, unknown state) is moved to `dead` with last_error
+-- 'corrupt record: ...' (DECISIONS: corrupt records) and reported as dead.
 --
 -- Atomicity: each job moves from the lease index to the ready or finished index in the
--- same step that changes its state.
+-- same step that changes its state. Check before write: a first pass reads and decides
+-- every entry, then the running counters are checked, then one INCRBY draws the sequence
+-- numbers of the requeued jobs (the first write), then the second pass writes.
 
 local leases, ready, list, done, seq, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now, now_hex, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now_n = tonumber(now)
 local examined = 0
-local out = {}
-local woken = {}
+local plan = {}     -- per entry taken: {kind, job, member, queue, id, parent, prio, reason}
+local queues, seen_queue, seen_member = {}, {}, {}
+local requeued = 0
+-- Pass 1: read and decide, no writes.
 for i = 1, #KEYS - 6 do
   local member = ARGV[4 + i]
   local job = KEYS[6 + i]
   examined = examined + 1
   local score = redis.call('ZSCORE', leases, member)
-  if score and tonumber(score) < now_n then
+  if score and tonumber(score) < now_n and not seen_member[member] then
+    seen_member[member] = true
     local id = string.sub(member, -36)
     local queue = string.sub(member, 1, #member - 37)
-    local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel')
-    local _, parent, prio, max_att = meta_head(v[3])
-    redis.call('ZREM', leases, member)
-    redis.call('HINCRBY', running, queue, -1)
-    if not v[1] then
-      -- The hash vanished (R5): drop its entries, write nothing.
-      redis.call('ZREM', list, list_member(queue, 'running', id))
-    elseif v[1] == 'running' and prio then
-      redis.call('HSET', job, 'error', message)
-      local state
-      if v[4] == '1' then
-        state = 'cancelled'
-        finish(job, list, done, queue, id, parent, 'running', state, now)
-      elseif tonumber(v[2]) >= tonumber(max_att) then
-        state = 'dead'
-        finish(job, list, done, queue, id, parent, 'running', state, now)
-      else
-        state = 'queued'
-        requeue(job, ready, nil, list, seq, queue, id, prio, now, now_hex, true, 'running')
-        if not woken[queue] then
-          woken[queue] = true
-          redis.call('PUBLISH', channel, queue)
-        end
-      end
-      out[#out + 1] = { id, state }
+    if not seen_queue[queue] then
+      seen_queue[queue] = true
+      queues[#queues + 1] = queue
     end
-    -- Any other state means the entry was stale, and an unreadable meta field cannot be
-    -- requeued: either way the entry is only removed (`get` reports the corrupt record).
+    local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel')
+    local state = v[1]
+    local _, parent, prio, max_att = meta_head(v[3])
+    local kind, reason
+    if not state then
+      -- The hash vanished (R5): drop its entries, write nothing to it.
+      kind = 'vanished'
+    elseif state == 'running' then
+      if not prio or not is_int(prio) or not is_int(max_att) then
+        kind, reason = 'corrupt', 'field meta unreadable'
+      elseif not is_int(v[2]) then
+        kind, reason = 'corrupt', 'field att not a number'
+      elseif v[4] == '1' then
+        -- The decision of CONTRACT R1/R3 (as fail's L6/L7): cancel requested -> cancelled;
+        -- last attempt used -> dead; else queued, ready now.
+        kind = 'cancelled'
+      elseif tonumber(v[2]) >= tonumber(max_att) then
+        kind = 'dead'
+      else
+        kind = 'queued'
+        requeued = requeued + 1
+      end
+    elseif not STATE_CODE[state] then
+      kind, reason = 'corrupt', 'unknown state'
+    else
+      -- Any other state means the entry was stale: it is only removed.
+      kind = 'stale'
+    end
+    plan[#plan + 1] = { kind, job, member, queue, id, parent, prio, reason }
+  end
+end
+check_counters(running, queues)
+
+-- Pass 2: writes.
+local seq_next = 0
+if requeued > 0 then
+  seq_next = redis.call('INCRBY', seq, requeued) - requeued
+end
+local out = {}
+local woken = {}
+for _, p in ipairs(plan) do
+  local kind, job, member, queue, id, parent, prio, reason = p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]
+  redis.call('ZREM', leases, member)
+  redis.call('HINCRBY', running, queue, -1)
+  if kind == 'vanished' then
+    redis.call('ZREM', list, list_member(queue, 'running', id))
+  elseif kind == 'corrupt' then
+    bury(job, list, done, queue, id, parent, now, reason)
+    out[#out + 1] = { id, 'dead' }
+  elseif kind ~= 'stale' then
+    redis.call('HSET', job, 'error', message)
+    if kind == 'queued' then
+      seq_next = seq_next + 1
+      requeue(job, ready, nil, list, seq_next, queue, id, prio, now, now_hex, true, 'running')
+      if not woken[queue] then
+        woken[queue] = true
+        redis.call('PUBLISH', channel, queue)
+      end
+    else
+      finish(job, list, done, queue, id, parent, 'running', kind, now)
+    end
+    out[#out + 1] = { id, kind }
   end
 end
 return { examined, out }

@@ -10,13 +10,14 @@
 -- ARGV[3] now (ms)             ARGV[4] now as 16 hex digits
 -- ARGV[5] wake-up channel
 --
--- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt'} (unreadable meta)
+-- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason}
 --
--- Atomicity: as fail.lua.
+-- Atomicity and check before write: as fail.lua.
 
 local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local running = KEYS[8]
 local id, now = ARGV[1], ARGV[3]
-local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att')
 if not v[1] then
   return { 'notfound' }
 end
@@ -24,15 +25,25 @@ if v[1] ~= 'running' or v[2] ~= ARGV[2] then
   return { 'lost' }
 end
 local queue, parent, prio = meta_head(v[3])
-if not queue then
-  return { 'corrupt' }
+if not queue or not is_int(prio) then
+  return { 'corrupt', 'field meta unreadable' }
 end
-drop_lease(leases, KEYS[8], queue, id)
+if not is_int(v[5]) then
+  return { 'corrupt', 'field att not a number' }
+end
+check_counters(running, { queue })
+
+-- DECISIONS (cancel while running): a cancel-requested job ends cancelled, its attempt
+-- counted; any other goes back to queued with the attempt taken back.
 if v[4] == '1' then
+  drop_lease(leases, running, queue, id)
   finish(job, list, done, queue, id, parent, 'running', 'cancelled', now)
   return { 'ok', 'cancelled' }
 end
-redis.call('HINCRBY', job, 'att', -1)
-requeue(job, ready, sched, list, seq, queue, id, prio, now, ARGV[4], true, 'running')
+-- The first write: INCR fails on a corrupt counter before anything else changed.
+local next_seq = redis.call('INCR', seq)
+requeue(job, ready, sched, list, next_seq, queue, id, prio, now, ARGV[4], true, 'running')
+redis.call('HSET', job, 'att', string.format('%d', tonumber(v[5]) - 1))
+drop_lease(leases, running, queue, id)
 redis.call('PUBLISH', ARGV[5], queue)
 return { 'ok', 'queued' }

@@ -8,10 +8,10 @@
 -- ARGV[3] now as 16 hex digits ARGV[4] wake-up channel
 --
 -- Returns {'ok'} | {'notfound'} | {'state', current state} (not dead or cancelled) |
--- {'corrupt'} (unreadable meta)
+-- {'corrupt', reason} (unreadable meta)
 --
 -- Atomicity: the check and the move are one step, so of concurrent retries exactly one
--- finds the job dead or cancelled.
+-- finds the job dead or cancelled. Every value used is checked before the first write.
 
 local job, ready, list, done, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, now = ARGV[1], ARGV[2]
@@ -24,12 +24,14 @@ if state ~= 'dead' and state ~= 'cancelled' then
   return { 'state', state }
 end
 local queue, parent, prio = meta_head(v[2])
-if not queue then
-  return { 'corrupt' }
+if not queue or not is_int(prio) then
+  return { 'corrupt', 'field meta unreadable' }
 end
+-- The first write: INCR fails on a corrupt counter before anything else changed.
+local next_seq = redis.call('INCR', seq)
 redis.call('ZREM', done, done_member(queue, state, id, parent))
 redis.call('HSET', job, 'att', '0', 'cancel', '0')
 redis.call('HDEL', job, 'finished', 'result')
-requeue(job, ready, nil, list, seq, queue, id, prio, now, ARGV[3], true, state)
+requeue(job, ready, nil, list, next_seq, queue, id, prio, now, ARGV[3], true, state)
 redis.call('PUBLISH', ARGV[4], queue)
 return { 'ok' }

@@ -1,0 +1,34 @@
+-- bury.lua: moves a job the claim just leased to `dead` because Rust could not read its
+-- record (DECISIONS: corrupt records). claim.lua buries what Lua can tell is unreadable;
+-- this covers what only the Rust decoder finds (a bad parent id, an out-of-range number),
+-- so such a job is neither handed out nor left leased to come back after every reclaim.
+--
+-- KEYS[1] the job's hash       KEYS[2] lease index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[5] running counters (hash)
+-- ARGV[1] job id               ARGV[2] token of the claim that leased it
+-- ARGV[3] now (ms)             ARGV[4] what is unreadable
+--
+-- Returns {'ok', 'dead'} | {'notfound'} | {'lost'} | {'corrupt', reason}
+--
+-- Fenced like a lease call: only the claim's own lease is buried. Check before write:
+-- the queue comes from `meta` (which claim.lua found readable) and its running counter is
+-- checked before the first write.
+
+local job, leases, list, done, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id, now = ARGV[1], ARGV[3]
+local v = redis.call('HMGET', job, 'state', 'token', 'meta')
+if not v[1] then
+  return { 'notfound' }
+end
+if v[1] ~= 'running' or v[2] ~= ARGV[2] then
+  return { 'lost' }
+end
+local queue, parent = meta_queue_parent(v[3])
+if not queue then
+  return { 'corrupt', 'field meta unreadable' }
+end
+check_counters(running, { queue })
+drop_lease(leases, running, queue, id)
+bury(job, list, done, queue, id, parent, now, ARGV[4])
+return { 'ok', 'dead' }
