@@ -70,7 +70,11 @@ async fn wait_until_succeeded(store: &dyn Store, id: JobId) {
         let mut ticker = tokio::time::interval(Duration::from_millis(5));
         loop {
             ticker.tick().await;
-            if store.get(id).await.is_ok_and(|j| j.state == JobState::Succeeded) {
+            if store
+                .get(id)
+                .await
+                .is_ok_and(|j| j.state == JobState::Succeeded)
+            {
                 return;
             }
         }

@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::job::start_job;
+use super::leases::Claimed;
 use super::report::{record_completions, Succeeded};
 use super::Shared;
 use crate::handler::{CancelReason, CancelState};
@@ -151,6 +152,7 @@ fn start_all(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: Vec<ClaimedJ
     let config = &shared.config;
     let now = config.store.settings().now();
     let mut held = Vec::with_capacity(claimed.len());
+    let mut leases = Vec::with_capacity(claimed.len());
     for job in claimed {
         let metrics = shared.metrics.queue(&job.job.queue);
         metrics.claimed.increment(1);
@@ -163,16 +165,17 @@ fn start_all(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: Vec<ClaimedJ
             |lease| lease.expires_at,
         );
         let cancel = Arc::new(CancelState::default());
-        shared.leases.hold(
-            job.id(),
-            job.token(),
+        leases.push(Claimed {
+            id: job.id(),
+            token: job.token(),
             expires_at,
-            cancel.clone(),
-            metrics.clone(),
-            job.job.attempts,
-        );
+            cancel: cancel.clone(),
+            metrics: metrics.clone(),
+            attempt: job.job.attempts,
+        });
         held.push((job, cancel));
     }
+    shared.leases.hold_all(leases);
     for (job, cancel) in held {
         start_job(shared, jobs, job, cancel);
     }

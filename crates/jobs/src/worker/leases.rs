@@ -51,6 +51,16 @@ struct Held {
     task: Option<AbortHandle>,
 }
 
+/// A job of a claim, as [`Leases::hold_all`] takes it.
+pub(crate) struct Claimed {
+    pub(crate) id: JobId,
+    pub(crate) token: LeaseToken,
+    pub(crate) expires_at: Timestamp,
+    pub(crate) cancel: Arc<CancelState>,
+    pub(crate) metrics: Arc<QueueMetrics>,
+    pub(crate) attempt: u32,
+}
+
 /// What [`Leases::start`] decided for a job about to start.
 pub(crate) enum Start {
     /// Its lease holds: run it.
@@ -77,30 +87,26 @@ impl Leases {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Holds a job just claimed, until [`Leases::drop_job`].
-    pub(crate) fn hold(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        expires_at: Timestamp,
-        cancel: Arc<CancelState>,
-        metrics: Arc<QueueMetrics>,
-        attempt: u32,
-    ) {
-        self.lock().insert(
-            id,
-            Held {
-                token,
-                expires_at,
-                lost: false,
-                phase: Phase::Waiting,
-                cancel,
-                metrics,
-                attempt,
-                deadline: None,
-                task: None,
-            },
-        );
+    /// Holds the jobs of one claim, until [`Leases::drop_job`] lets go of each; one
+    /// lock for the whole claim.
+    pub(crate) fn hold_all(&self, claimed: impl IntoIterator<Item = Claimed>) {
+        let mut held = self.lock();
+        for job in claimed {
+            held.insert(
+                job.id,
+                Held {
+                    token: job.token,
+                    expires_at: job.expires_at,
+                    lost: false,
+                    phase: Phase::Waiting,
+                    cancel: job.cancel,
+                    metrics: job.metrics,
+                    attempt: job.attempt,
+                    deadline: None,
+                    task: None,
+                },
+            );
+        }
     }
 
     /// The entry of `id` if it is the lease taken under `token`: a job the worker let
@@ -163,9 +169,16 @@ impl Leases {
 
     /// Lets go of a job: its outcome is stored, or it can no longer be.
     pub(crate) fn drop_job(&self, id: JobId, token: LeaseToken) {
+        self.drop_all([(id, token)]);
+    }
+
+    /// Lets go of many jobs under one lock (a batch of recorded completions).
+    pub(crate) fn drop_all(&self, jobs: impl IntoIterator<Item = (JobId, LeaseToken)>) {
         let mut held = self.lock();
-        if Self::entry(&mut held, id, token).is_some() {
-            held.remove(&id);
+        for (id, token) in jobs {
+            if Self::entry(&mut held, id, token).is_some() {
+                held.remove(&id);
+            }
         }
     }
 

@@ -136,13 +136,13 @@ fn answer_each(shared: &Shared, batch: &mut Vec<Succeeded>, answers: Vec<Result<
         );
     }
     let mut answers = answers.into_iter();
+    let mut done_with = Vec::with_capacity(batch.len());
     batch.retain(|done| {
         let (id, token) = (done.completion.id, done.completion.token);
-        let keep = match answers.next() {
+        match answers.next() {
             Some(Ok(())) => {
                 done.metrics.succeeded.increment(1);
                 tracing::debug!(job = %id, "job succeeded");
-                false
             }
             Some(Err(err)) if err.is_retryable() => {
                 shared.metrics.store_errors.increment(1);
@@ -151,7 +151,6 @@ fn answer_each(shared: &Shared, batch: &mut Vec<Succeeded>, answers: Vec<Result<
             Some(Err(err)) if err.is_lease_lost() || err.is_not_found() => {
                 done.metrics.lease_lost.increment(1);
                 tracing::warn!(job = %id, error = %err, "lease lost before the outcome was recorded");
-                false
             }
             Some(Err(err)) => {
                 shared.metrics.store_errors.increment(1);
@@ -160,14 +159,14 @@ fn answer_each(shared: &Shared, batch: &mut Vec<Succeeded>, answers: Vec<Result<
                     error = %err,
                     "could not record the outcome; the lease will expire and the job run again"
                 );
-                false
             }
             // A store that answered too few entries: try the rest again.
             None => return still_held(shared, &done.completion, &done.metrics),
-        };
-        shared.leases.drop_job(id, token);
-        keep
+        }
+        done_with.push((id, token));
+        false
     });
+    shared.leases.drop_all(done_with);
 }
 
 /// Records one job's failure, release or (when the claim loop is gone) completion,
