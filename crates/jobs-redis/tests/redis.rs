@@ -1784,3 +1784,58 @@ async fn acknowledged_writes_survive_a_sigkilled_server_with_fsync_always() {
             .expect("complete after the restart");
     }
 }
+
+/// On a cluster (`JOBS_REDIS_CLUSTER_URLS`), the paths the conformance suite does not
+/// reach run too: a batch whose payloads are staged (3 x 3 MiB, above one call's 8 MiB),
+/// its pipelines and final call all in the namespace's slot, and `heartbeat_batch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_runs_staged_batches_and_heartbeat_batches() {
+    let Ok(urls) = std::env::var("JOBS_REDIS_CLUSTER_URLS") else {
+        eprintln!("cluster test skipped: JOBS_REDIS_CLUSTER_URLS is not set");
+        return;
+    };
+    let urls: Vec<String> = urls.split(',').map(|u| u.trim().to_owned()).collect();
+    let clock = ManualClock::default();
+    let settings = StoreSettings::default()
+        .namespace(jobs_conformance::unique_namespace("clstage"))
+        .clock(Arc::new(clock.clone()));
+    let store = RedisStore::connect_cluster(&urls, settings)
+        .await
+        .expect("connect cluster");
+    let big = 3 * 1024 * 1024;
+    let ids = enqueue_all(
+        &store,
+        (0..3u8)
+            .map(|i| NewJob::new("q").payload(vec![i; big]))
+            .collect(),
+    )
+    .await;
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            store.payload(*id).await.expect("payload"),
+            Bytes::from(vec![i as u8; big])
+        );
+    }
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(3))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 3);
+    let leases = claimed
+        .iter()
+        .map(|c| jobs_core::HeldLease::new(c.id(), c.token()))
+        .collect();
+    let answers = store
+        .heartbeat_batch(leases, Duration::from_secs(30))
+        .await
+        .expect("heartbeat batch");
+    assert!(answers.iter().all(Result::is_ok));
+    for job in claimed {
+        store
+            .complete(job.id(), job.token(), None)
+            .await
+            .expect("complete");
+    }
+    clock.advance(StoreSettings::default().retention + Duration::from_secs(1));
+    assert_eq!(store.purge(10).await.expect("purge"), 3);
+}
