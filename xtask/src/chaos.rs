@@ -250,12 +250,12 @@ impl Row {
 
 fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | extra runs: worker kill / store fault / unexplained | worker kills × in flight (claims / runs) | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
+        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | extra runs: worker kill / store fault / unexplained | worker kills: claims / runs in flight | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
          |---|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {} / {} / {} | {} × … = {} / {} | {} | {:.0} | {:.0} | {} |\n",
+            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {} / {} / {} | {} kills: {} / {} | {} | {:.0} | {:.0} | {} |\n",
             r.backend,
             r.jobs,
             r.faults,
@@ -755,7 +755,8 @@ impl Drop for Run<'_> {
 
 /// The faults a backend gets, with their weights.
 fn fault_menu(backend: &str) -> Vec<(&'static str, u64)> {
-    let mut menu = vec![("kill_worker", 4), ("kill_producer", 1)];
+    // A producer kill picked after the plan is done becomes a worker kill.
+    let mut menu = vec![("kill_worker", 4), ("kill_producer", 3)];
     match backend {
         "redis" => menu.extend([("client_kill", 3), ("redis_kill", 1)]),
         "postgres" => menu.push(("pg_terminate", 3)),
