@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use jobs_conformance::{Harness, Scenario, SCENARIOS};
 use jobs_core::{
-    async_trait, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, Job, JobId,
-    JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result, Retry,
-    Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+    async_trait, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job,
+    JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result,
+    Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
 };
 use jobs_memory::MemoryServer;
 
@@ -114,6 +114,16 @@ impl Store for Mutant {
     async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
         // Through the mutant's own `complete`, so a broken complete is broken here too.
         Ok(jobs_core::complete_each(self, completions).await)
+    }
+
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        // Through the mutant's own `heartbeat`, so a broken heartbeat is broken here too.
+        jobs_core::validate::validate_lease_ttl(ttl)?;
+        Ok(jobs_core::heartbeat_each(self, leases, ttl).await)
     }
 
     async fn fail(
