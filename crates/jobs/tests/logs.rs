@@ -103,13 +103,17 @@ async fn a_blocking_poll_is_logged_with_its_queue_and_job() {
         if &payload[..] == b"later" {
             tokio::task::yield_now().await;
         }
-        // The behaviour under test: a handler that blocks its thread.
-        std::thread::sleep(Duration::from_millis(60));
+        // The behaviour under test: a handler that keeps its thread busy past the
+        // threshold before it yields (it computes, as a CPU-bound handler does).
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(5) {
+            std::hint::spin_loop();
+        }
         let _ = ctx;
         Ok::<(), JobError>(())
     };
     let worker = Worker::builder(store.clone())
-        .blocking_threshold(Duration::from_millis(20))
+        .blocking_threshold(Duration::from_millis(1))
         .handler("blocks-first", blocking)
         .handler("blocks-later", blocking)
         .build()

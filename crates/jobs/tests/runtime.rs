@@ -951,14 +951,14 @@ mod scenarios {
         assert_each_ran_once(&runs, &ids, 1);
     }
 
-    /// A handler past its timeout (the job's own, overriding the worker's) is
-    /// cancelled, given the cancel grace, and dropped: the attempt fails as timed out
-    /// and is retried with backoff, and its slot runs the next job.
+    /// A handler past its timeout (the job's own, overriding the worker's; on the
+    /// store's clock) is cancelled, given the cancel grace, and dropped: the attempt
+    /// fails as timed out and is retried with backoff, and its slot runs the next job.
     pub async fn a_timed_out_handler_fails_its_attempt_and_frees_its_slot(env: Env) {
         let store = env.store().await;
         let hung = enqueue(
             store.as_ref(),
-            NewJob::new("hang").timeout(Duration::from_millis(30)),
+            NewJob::new("hang").timeout(Duration::from_secs(60)),
         )
         .await;
         let quick = enqueue(store.as_ref(), NewJob::new("hang").payload(&b"quick"[..])).await;
@@ -967,6 +967,7 @@ mod scenarios {
             .concurrency(1)
             .timeout(Duration::from_secs(3600))
             .cancel_grace(Duration::from_millis(30))
+            .disable_reclaim()
             .handler("hang", move |ctx: JobContext, payload: Bytes| {
                 let tx = tx.clone();
                 async move {
@@ -981,18 +982,24 @@ mod scenarios {
         let handle = build(worker).spawn();
         let first = recv(&mut rx, "the hung handler").await;
         assert_eq!(first.id, hung);
+        env.clock.advance(Duration::from_secs(59));
+        assert_eq!(
+            store.get(quick).await.expect("get").state,
+            JobState::Queued,
+            "before its timeout the hung handler holds the only slot"
+        );
+        env.clock.advance(Duration::from_secs(1));
         let job = wait_for(store.as_ref(), hung, "the timed out attempt", |j| {
             j.state == JobState::Queued && j.attempts == 1
         })
         .await;
         assert_eq!(
             job.last_error.as_deref(),
-            Some("timed out after 30ms"),
+            Some("timed out after 60s"),
             "the attempt failed as timed out"
         );
-        assert_eq!(
-            job.run_at,
-            env.clock.now().saturating_add(Duration::from_secs(10)),
+        assert!(
+            job.run_at >= env.clock.now().saturating_add(Duration::from_secs(10)),
             "and is retried with the worker's backoff"
         );
         wait_for(
@@ -1015,12 +1022,13 @@ mod scenarios {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let worker = test_worker(env.store().await, "w")
             .concurrency(1)
-            .timeout(Duration::from_millis(30))
+            .timeout(Duration::from_secs(60))
             .cancel_grace(Duration::from_millis(30))
             .disable_reclaim()
             .handler("plan", blocking_handler(tx, gate.clone(), 1));
         let handle = build(worker).spawn();
         recv(&mut rx, "the blocking handler").await;
+        env.clock.advance(Duration::from_secs(60));
         let job = wait_for(
             store.as_ref(),
             ids[0],
@@ -1028,7 +1036,7 @@ mod scenarios {
             |j| j.state == JobState::Queued,
         )
         .await;
-        assert_eq!(job.last_error.as_deref(), Some("timed out after 30ms"));
+        assert_eq!(job.last_error.as_deref(), Some("timed out after 60s"));
         gate.open();
         handle.shutdown().await;
         let job = store.get(ids[0]).await.expect("get");

@@ -226,7 +226,8 @@ impl WorkerBuilder {
     }
 
     /// How long one attempt may run, for jobs enqueued without a timeout of their own
-    /// (`NewJob::timeout` overrides it). Past it the handler is cancelled
+    /// (`NewJob::timeout` overrides it), on the store's clock, as lease expiry and retry
+    /// times are. Past it the handler is cancelled
     /// ([`crate::CancelReason::TimedOut`]), given the cancel grace, and the attempt
     /// fails as timed out, to be retried with backoff. Default 30 minutes.
     pub fn timeout(mut self, timeout: Duration) -> Self {

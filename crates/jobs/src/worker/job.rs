@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::leases::Start;
+use super::leases::{Deadline, Start};
 use super::report::{report_outcome, Report, Succeeded};
 use super::Shared;
 use crate::handler::{
@@ -114,11 +114,12 @@ pub(crate) fn start_job(
     };
     let timeout = job.timeout.or(config.timeout);
     let started = Instant::now();
-    let deadline = timeout.map(|timeout| (started + timeout, timeout));
-    match shared
-        .leases
-        .start(id, token, config.store.settings().now(), deadline)
-    {
+    let now = config.store.settings().now();
+    let deadline = timeout.map(|timeout| Deadline {
+        at: now.saturating_add(timeout),
+        timeout,
+    });
+    match shared.leases.start(id, token, now, deadline) {
         Start::Run => {}
         Start::Lost => {
             // Reclaimed while it waited for its turn: another worker may run it now.
@@ -149,7 +150,7 @@ pub(crate) fn start_job(
         token,
         attempt: ctx.attempt(),
         started,
-        deadline,
+        timeout,
         metrics,
         cancel,
     };
@@ -205,7 +206,7 @@ pub(crate) fn start_job(
         async move {
             let finished = {
                 let _slot = slot;
-                run_handler(watched, &begun.cancel, cancel_grace, begun.deadline).await
+                run_handler(watched, &begun.cancel, cancel_grace, begun.timeout).await
             };
             if let Some(report) = conclude(&task_shared, &begun, finished) {
                 report_outcome(&task_shared, &begun.metrics, begun.id, begun.token, report).await;
@@ -271,7 +272,7 @@ struct Begun {
     token: LeaseToken,
     attempt: u32,
     started: Instant,
-    deadline: Option<(Instant, Duration)>,
+    timeout: Option<Duration>,
     metrics: Arc<QueueMetrics>,
     cancel: Arc<CancelState>,
 }
@@ -342,8 +343,8 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
                 RetryAdvice::After(delay) => Some(delay),
                 RetryAdvice::Never => None,
             };
-            let text = match (reason, begun.deadline) {
-                (Some(CancelReason::TimedOut), Some((_, timeout))) => {
+            let text = match (reason, begun.timeout) {
+                (Some(CancelReason::TimedOut), Some(timeout)) => {
                     format!("timed out after {timeout:?}: {}", error.to_error_text())
                 }
                 _ => error.to_error_text(),
@@ -390,31 +391,21 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
 }
 
 /// Runs a handler's future to its end, catching its panics; when the job is cancelled
-/// or its deadline passes, gives it the cancel grace period to return (none at
-/// shutdown, whose grace has already passed).
+/// (by an operator, a lost lease, or the keeper when its time is up), gives it the
+/// cancel grace period to return (none at shutdown, whose grace has already passed).
 async fn run_handler(
     future: WatchedPolls,
     cancel: &CancelState,
     cancel_grace: Duration,
-    deadline: Option<(Instant, Duration)>,
+    timeout: Option<Duration>,
 ) -> Finished {
     let mut future = AssertUnwindSafe(future).catch_unwind();
-    let time_up = async {
-        match deadline {
-            Some((at, _)) => tokio::time::sleep_until(at.into()).await,
-            None => std::future::pending().await,
-        }
-    };
     let joined = tokio::select! {
         // The handler first: most return at once, before a cancellation could matter,
         // and polling the token first would register a waiter only to drop it.
         biased;
         joined = &mut future => Some(joined),
         () = cancel.token.cancelled() => None,
-        () = time_up => {
-            cancel.cancel(CancelReason::TimedOut);
-            None
-        }
     };
     let joined = match joined {
         Some(joined) => joined,
@@ -422,10 +413,8 @@ async fn run_handler(
         None => match tokio::time::timeout(cancel_grace, &mut future).await {
             Ok(joined) => joined,
             Err(_) => {
-                return match (cancel.reason(), deadline) {
-                    (Some(CancelReason::TimedOut), Some((_, timeout))) => {
-                        Finished::TimedOut(timeout)
-                    }
+                return match (cancel.reason(), timeout) {
+                    (Some(CancelReason::TimedOut), Some(timeout)) => Finished::TimedOut(timeout),
                     _ => Finished::Dropped,
                 }
             }

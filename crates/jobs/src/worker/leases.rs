@@ -44,11 +44,21 @@ struct Held {
     cancel: Arc<CancelState>,
     metrics: Arc<QueueMetrics>,
     attempt: u32,
-    /// When the running attempt's time is up (real time) and its time limit, and the
-    /// task running it: the keeper's back-stop for a handler that blocks its thread
-    /// past its timeout.
-    deadline: Option<(Instant, Duration)>,
+    /// The running attempt's time limit and when it is up, on the store's clock (so a
+    /// driven clock drives timeouts, as it drives lease expiry and retries).
+    deadline: Option<Deadline>,
+    /// When the keeper told the handler its time was up (real time, as every grace).
+    timed_out_at: Option<Instant>,
+    /// The task running the handler: the keeper aborts it if the handler blocks its
+    /// thread past its timeout and the grace.
     task: Option<AbortHandle>,
+}
+
+/// A running attempt's time limit, and when it is up on the store's clock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    pub(crate) at: Timestamp,
+    pub(crate) timeout: Duration,
 }
 
 /// A job of a claim, as [`Leases::hold_all`] takes it.
@@ -103,6 +113,7 @@ impl Leases {
                     metrics: job.metrics,
                     attempt: job.attempt,
                     deadline: None,
+                    timed_out_at: None,
                     task: None,
                 },
             );
@@ -123,7 +134,7 @@ impl Leases {
         id: JobId,
         token: LeaseToken,
         now: Timestamp,
-        deadline: Option<(Instant, Duration)>,
+        deadline: Option<Deadline>,
     ) -> Start {
         let mut held = self.lock();
         let Some(job) = Self::entry(&mut held, id, token) else {
@@ -205,19 +216,29 @@ impl Leases {
             .collect()
     }
 
-    /// Running jobs past their deadline and the cancel grace: their handlers did not
-    /// stop when cancelled, most likely because they block their thread. Each is taken
-    /// into reporting here, its task aborted (effective once it yields).
-    fn overdue(&self, now: Instant, grace: Duration) -> Vec<Overdue> {
+    /// Enforces the deadlines of running jobs: a handler whose time is up (`now` on the
+    /// store's clock) is told to stop ([`CancelReason::TimedOut`]); its task then gives
+    /// it the cancel grace and fails the attempt. One still running a grace and a
+    /// heartbeat interval after that has not let its task act, most likely because it
+    /// blocks its thread: it is taken into reporting here and its task aborted
+    /// (effective once it yields), and returned for the keeper to fail the attempt.
+    fn enforce_deadlines(&self, now: Timestamp, overdue_after: Duration) -> Vec<Overdue> {
         let mut held = self.lock();
         let mut overdue = Vec::new();
         for (id, job) in held.iter_mut() {
-            let Some((deadline, timeout)) = job.deadline else {
+            let Some(deadline) = job.deadline else {
                 continue;
             };
-            if job.phase == Phase::Running && now >= deadline + grace && !job.lost {
-                job.phase = Phase::Reporting;
+            if job.phase != Phase::Running || job.lost || now < deadline.at {
+                continue;
+            }
+            let Some(timed_out_at) = job.timed_out_at else {
+                job.timed_out_at = Some(Instant::now());
                 job.cancel.cancel(CancelReason::TimedOut);
+                continue;
+            };
+            if timed_out_at.elapsed() >= overdue_after {
+                job.phase = Phase::Reporting;
                 if let Some(task) = job.task.take() {
                     task.abort();
                 }
@@ -225,12 +246,22 @@ impl Leases {
                     id: *id,
                     token: job.token,
                     attempt: job.attempt,
-                    timeout,
+                    timeout: deadline.timeout,
                     metrics: job.metrics.clone(),
                 });
             }
         }
         overdue
+    }
+
+    /// How long, on the store's clock, until the next running job's time is up.
+    fn next_deadline(&self, now: Timestamp) -> Option<Duration> {
+        self.lock()
+            .values()
+            .filter(|job| job.phase == Phase::Running && job.timed_out_at.is_none())
+            .filter_map(|job| job.deadline)
+            .map(|deadline| deadline.at.duration_since(now))
+            .min()
     }
 }
 
@@ -244,24 +275,32 @@ struct Overdue {
 }
 
 /// Extends every held lease once per heartbeat interval until `stop`, and enforces
-/// timeouts on handlers that do not stop by themselves.
+/// the running jobs' deadlines: at each tick, and when the next one is up.
 pub(crate) async fn keep_leases(shared: Arc<Shared>, stop: CancellationToken) {
     let config = &shared.config;
     let mut ticker = tokio::time::interval(config.heartbeat);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // The first tick is immediate; a job just claimed has a fresh lease.
     ticker.tick().await;
+    // A handler that ignored its timeout for the cancel grace has had its task's own
+    // chance to fail the attempt; one heartbeat interval more and it is the keeper's.
+    let overdue_after = config.cancel_grace + config.heartbeat;
     loop {
+        // On the system clock the store's time runs with real time, so the wait ends
+        // when the deadline is up; a driven clock is looked at on every tick anyway.
+        let next_deadline = shared
+            .leases
+            .next_deadline(config.store.settings().now())
+            .unwrap_or(config.heartbeat);
         tokio::select! {
-            _ = ticker.tick() => {}
+            _ = ticker.tick() => extend_all(&shared).await,
+            () = tokio::time::sleep(next_deadline) => {}
             () = stop.cancelled() => return,
         }
-        extend_all(&shared).await;
-        let now = Instant::now();
-        // A handler past its deadline and the grace is failed from here: its task may be
-        // stuck in a poll that never returns, and its slot and lease would be held for
-        // good. The slot is freed when the task ends; the attempt is recorded now.
-        for job in shared.leases.overdue(now, config.cancel_grace) {
+        let now = config.store.settings().now();
+        // The slot of an overdue handler is freed when its task ends; the attempt is
+        // recorded now, so a hung handler does not hold its lease for good.
+        for job in shared.leases.enforce_deadlines(now, overdue_after) {
             job.metrics.timed_out.increment(1);
             tracing::warn!(
                 job = %job.id,
