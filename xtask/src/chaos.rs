@@ -20,6 +20,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::redis_server;
+
 /// The backends with several processes sharing one store. `memory` is one process's
 /// private store, so there is nothing to kill but the store itself.
 pub const BACKENDS: &[&str] = &["sqlite", "redis", "postgres"];
@@ -305,7 +307,7 @@ struct RedisServer {
 
 impl RedisServer {
     fn start(dir: &Path) -> Result<RedisServer, String> {
-        if redis_cli(&["ping"]).is_ok_and(|out| out.contains("PONG")) {
+        if redis_server::answers_ping(REDIS_PORT) {
             return Err(format!(
                 "port {REDIS_PORT} already answers PING: another server is there"
             ));
@@ -320,45 +322,11 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let log = self.dir.join("redis.log").display().to_string();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &REDIS_PORT.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                &self.dir.display().to_string(),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-                "--daemonize",
-                "no",
-                "--logfile",
-                &log,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|err| format!("cannot start redis-server: {err}"))?;
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if redis_cli(&["ping"]).is_ok_and(|out| out.contains("PONG")) {
-                return Ok(());
-            }
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                return Err(format!("redis-server exited ({status}); see {log}"));
-            }
-            if Instant::now() > deadline {
-                return Err("redis-server does not answer PING".to_owned());
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
+        let extra = ["--appendonly", "yes", "--appendfsync", "always"];
+        let child = self
+            .child
+            .insert(redis_server::spawn(REDIS_PORT, &self.dir, &extra)?);
+        redis_server::wait_until_up(REDIS_PORT, child, Instant::now() + Duration::from_secs(30))
     }
 
     /// SIGKILL, like a crash: whatever the AOF holds is what comes back.
@@ -373,30 +341,13 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = redis_cli(&["shutdown", "nosave"]);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while !matches!(child.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
-                thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            redis_server::stop(REDIS_PORT, &mut child);
         }
     }
 }
 
 fn redis_cli(args: &[&str]) -> Result<String, String> {
-    let output = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &REDIS_PORT.to_string()])
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .map_err(|err| format!("cannot run redis-cli: {err}"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!("redis-cli exited with {}", output.status))
-    }
+    redis_server::redis_cli(REDIS_PORT, args)
 }
 
 fn psql(url: &str, sql: &str) -> Result<String, String> {

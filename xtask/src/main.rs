@@ -8,6 +8,7 @@
 mod bench;
 mod chaos;
 mod redis_cluster;
+mod redis_server;
 
 use std::env;
 use std::process::{Command, ExitCode};

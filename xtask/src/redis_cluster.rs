@@ -10,7 +10,9 @@
 
 use std::fs;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
+
+use crate::redis_server::{self, redis_cli};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -68,7 +70,7 @@ impl Cluster {
             let _ = fs::remove_dir_all(&self.dir);
         }
         for port in self.ports.clone() {
-            if redis_cli(port, &["ping"]).is_ok_and(|out| out.contains("PONG")) {
+            if redis_server::answers_ping(port) {
                 return Err(format!(
                     "port {port} already answers PING: another server is there"
                 ));
@@ -76,56 +78,25 @@ impl Cluster {
             let node_dir = self.dir.join(port.to_string());
             fs::create_dir_all(&node_dir)
                 .map_err(|err| format!("cannot create {}: {err}", node_dir.display()))?;
-            let port_text = port.to_string();
-            let dir_text = node_dir.display().to_string();
-            let log = node_dir.join("redis.log").display().to_string();
-            let child = Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port_text,
-                    "--bind",
-                    "127.0.0.1",
+            let child = redis_server::spawn(
+                port,
+                &node_dir,
+                &[
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "5000",
-                    "--dir",
-                    &dir_text,
-                    "--save",
-                    "",
                     "--appendonly",
                     "no",
-                    "--daemonize",
-                    "no",
-                    "--logfile",
-                    &log,
-                ])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|err| format!("cannot start redis-server on port {port}: {err}"))?;
+                ],
+            )?;
             self.servers.push((port, child));
         }
         let deadline = Instant::now() + STARTUP_LIMIT;
         for (port, child) in &mut self.servers {
-            loop {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!(
-                        "redis-server on port {port} exited ({status}); see its log under {}",
-                        self.dir.display()
-                    ));
-                }
-                if redis_cli(*port, &["ping"]).is_ok_and(|out| out.contains("PONG")) {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(format!("redis-server on port {port} does not answer PING"));
-                }
-                thread::sleep(PROBE_INTERVAL);
-            }
+            redis_server::wait_until_up(*port, child, deadline)?;
         }
         Ok(())
     }
@@ -178,36 +149,11 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for (port, child) in &mut self.servers {
-            // A polite shutdown first; kill whatever did not stop.
-            let _ = redis_cli(*port, &["shutdown", "nosave"]);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while !matches!(child.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
-                thread::sleep(Duration::from_millis(20));
-            }
-            if !matches!(child.try_wait(), Ok(Some(_))) {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+            redis_server::stop(*port, child);
         }
         if !self.servers.is_empty() {
             eprintln!("redis-cluster: stopped");
         }
         let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Runs `redis-cli -p PORT ARGS…` and returns its standard output.
-fn redis_cli(port: u16, args: &[&str]) -> Result<String, String> {
-    let output: Output = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .map_err(|err| format!("cannot run redis-cli: {err}"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!("redis-cli exited with {}", output.status))
     }
 }

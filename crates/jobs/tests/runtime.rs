@@ -825,12 +825,7 @@ mod scenarios {
         for _ in 1..ids.len() {
             runs.push(recv(&mut rx, "the other handlers").await);
         }
-        for id in &ids {
-            wait_for(store.as_ref(), *id, "success", |j| {
-                j.state == JobState::Succeeded
-            })
-            .await;
-        }
+        wait_all_succeeded(store.as_ref(), &ids).await;
         handle.shutdown().await;
         assert_each_ran_once(&runs, &ids, 1);
     }
@@ -862,12 +857,7 @@ mod scenarios {
         for _ in 0..ids.len() {
             runs.push(recv(&mut rx, "the jobs' runs").await);
         }
-        for id in &ids {
-            wait_for(store.as_ref(), *id, "success", |j| {
-                j.state == JobState::Succeeded
-            })
-            .await;
-        }
+        wait_all_succeeded(store.as_ref(), &ids).await;
         handle.shutdown().await;
         for id in &ids[1..] {
             let attempts: Vec<u32> = runs
@@ -941,12 +931,7 @@ mod scenarios {
         for _ in 2..ids.len() {
             runs.push(recv(&mut rx, "the other handlers").await);
         }
-        for id in &ids {
-            wait_for(store.as_ref(), *id, "success", |j| {
-                j.state == JobState::Succeeded
-            })
-            .await;
-        }
+        wait_all_succeeded(store.as_ref(), &ids).await;
         handle.shutdown().await;
         assert_each_ran_once(&runs, &ids, 1);
     }
@@ -1182,6 +1167,13 @@ async fn outlive_leases(env: &Env, store: &dyn Store, ids: &[JobId]) {
             })
             .await;
         }
+    }
+}
+
+/// Waits until every job of `ids` has succeeded.
+async fn wait_all_succeeded(store: &dyn Store, ids: &[JobId]) {
+    for id in ids {
+        wait_for(store, *id, "success", |j| j.state == JobState::Succeeded).await;
     }
 }
 

@@ -1,5 +1,6 @@
 //! The worker's housekeeping: taking back expired leases and purging old jobs.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,13 +13,7 @@ use super::Shared;
 /// Takes back jobs whose lease expired, every interval, until none are left.
 pub(crate) async fn reclaim_loop(shared: Arc<Shared>, interval: Duration, stop: CancellationToken) {
     let config = &shared.config;
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = stop.cancelled() => return,
-        }
+    every(interval, &stop, || async {
         loop {
             match config.store.reclaim(config.reclaim_batch).await {
                 Ok(reclaimed) => {
@@ -32,30 +27,25 @@ pub(crate) async fn reclaim_loop(shared: Arc<Shared>, interval: Duration, stop: 
                         shared.reclaimed.notify_one();
                     }
                     if reclaimed.len() < config.reclaim_batch {
-                        break;
+                        return;
                     }
                 }
                 Err(err) => {
                     shared.metrics.store_errors.increment(1);
                     tracing::warn!(error = %err, "reclaim failed");
-                    break;
+                    return;
                 }
             }
         }
-    }
+    })
+    .await;
 }
 
 /// Deletes terminal jobs past retention (CONTRACT A5), every interval.
 pub(crate) async fn purge_loop(shared: Arc<Shared>, interval: Duration, stop: CancellationToken) {
     let config = &shared.config;
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = stop.cancelled() => return,
-        }
-        loop {
+    every(interval, &stop, || async {
+        while !stop.is_cancelled() {
             match config.store.purge(config.purge_batch).await {
                 Ok(deleted) => {
                     shared.metrics.purged.increment(deleted);
@@ -63,18 +53,34 @@ pub(crate) async fn purge_loop(shared: Arc<Shared>, interval: Duration, stop: Ca
                         tracing::debug!(deleted, "purged jobs past retention");
                     }
                     if deleted < config.purge_batch as u64 {
-                        break;
+                        return;
                     }
                 }
                 Err(err) => {
                     shared.metrics.store_errors.increment(1);
                     tracing::warn!(error = %err, "purge failed");
-                    break;
+                    return;
                 }
             }
-            if stop.is_cancelled() {
-                return;
-            }
         }
+    })
+    .await;
+}
+
+/// Runs `round` at once and then every `interval` (a round that overruns delays the
+/// next), until `stop`.
+async fn every<F, Fut>(interval: Duration, stop: &CancellationToken, mut round: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        round().await;
     }
 }
