@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::job::start_job;
 use super::leases::Claimed;
 use super::report::{record_completions, Succeeded};
-use super::Shared;
+use super::{Shared, StoreBackoff};
 use crate::handler::{CancelReason, CancelState};
 
 /// How long the worker waits, after cancelling the handlers still running at the end
@@ -33,7 +33,7 @@ pub(crate) async fn run_loop(
     let mut jobs: JoinSet<()> = JoinSet::new();
     // Successes handed over by finished handlers, recorded together by this loop.
     let mut succeeded: Vec<Succeeded> = Vec::with_capacity(COMPLETION_BATCH);
-    let mut error_delay = ErrorDelay::default();
+    let mut error_delay = StoreBackoff::new();
     loop {
         while let Some(done) = jobs.try_join_next() {
             log_job_task_end(done);
@@ -91,7 +91,7 @@ pub(crate) async fn run_loop(
             Err(err) => {
                 shared.metrics.store_errors.increment(1);
                 tracing::warn!(error = %err, "claim failed; backing off");
-                error_delay.wait(&shutdown).await;
+                error_delay.wait(Some(&shutdown)).await;
                 continue;
             }
         }
@@ -105,7 +105,7 @@ pub(crate) async fn run_loop(
                 if let Err(err) = waited {
                     shared.metrics.store_errors.increment(1);
                     tracing::warn!(error = %err, "waiting for work failed; backing off");
-                    error_delay.wait(&shutdown).await;
+                    error_delay.wait(Some(&shutdown)).await;
                 }
             }
             // A handler finished: its success is recorded and its slot refilled.
@@ -229,30 +229,6 @@ fn log_job_task_end(done: std::result::Result<(), tokio::task::JoinError>) {
         // Handlers' panics are caught inside the task; this is the runtime's own.
         if err.is_panic() {
             tracing::error!("a job task panicked: {err}");
-        }
-    }
-}
-
-/// Doubling wait after store errors, 100 ms up to 5 s, cut short by shutdown.
-#[derive(Default)]
-struct ErrorDelay {
-    next: Option<Duration>,
-}
-
-impl ErrorDelay {
-    const FIRST: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(5);
-
-    fn reset(&mut self) {
-        self.next = None;
-    }
-
-    async fn wait(&mut self, shutdown: &CancellationToken) {
-        let delay = self.next.unwrap_or(Self::FIRST);
-        self.next = Some((delay * 2).min(Self::MAX));
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            () = shutdown.cancelled() => {}
         }
     }
 }

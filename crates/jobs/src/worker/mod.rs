@@ -160,6 +160,46 @@ struct Shared {
     reclaimed: Notify,
 }
 
+/// The wait after a store call failed, before the next try: 100 ms doubling to 5 s, a
+/// little jitter so workers that lost the store together do not retry in step, and
+/// cut short by `stop`. Used by the claim loop (claims, waits) and by outcomes that did
+/// not reach the store; it resets once a call went through.
+pub(crate) struct StoreBackoff {
+    failures: u32,
+}
+
+impl StoreBackoff {
+    const DELAYS: jobs_core::Backoff = jobs_core::Backoff {
+        initial: std::time::Duration::from_millis(100),
+        max: std::time::Duration::from_secs(5),
+        jitter: 0.2,
+    };
+
+    pub(crate) fn new() -> Self {
+        StoreBackoff { failures: 0 }
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.failures = 0;
+    }
+
+    /// Waits the next delay, unless `stop` comes first; false if it did.
+    pub(crate) async fn wait(&mut self, stop: Option<&CancellationToken>) -> bool {
+        self.failures = self.failures.saturating_add(1);
+        let delay = Self::DELAYS.delay(self.failures);
+        match stop {
+            Some(stop) => tokio::select! {
+                () = tokio::time::sleep(delay) => true,
+                () = stop.cancelled() => false,
+            },
+            None => {
+                tokio::time::sleep(delay).await;
+                true
+            }
+        }
+    }
+}
+
 /// The runtime handlers run on: the worker's own, shut down (without waiting for
 /// handlers stuck in a blocking call) when the worker stops, or the caller's.
 enum HandlerThreads {

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use jobs_core::{Completion, Error, JobId, JobState, LeaseToken, Result, Retry};
 use tokio_util::sync::CancellationToken;
 
-use super::Shared;
+use super::{Shared, StoreBackoff};
 use crate::telemetry::QueueMetrics;
 
 /// The call that ends a job's lease.
@@ -36,36 +36,6 @@ pub(crate) struct Succeeded {
     pub(crate) metrics: Arc<QueueMetrics>,
 }
 
-/// The wait between tries of an outcome the store could not take: 100 ms doubling to
-/// 5 s, so an outage of a few seconds costs little more than its length and a long one
-/// a call every 5 s.
-struct RetryDelay(Duration);
-
-impl RetryDelay {
-    const FIRST: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(5);
-
-    fn new() -> Self {
-        RetryDelay(Self::FIRST)
-    }
-
-    /// Waits, unless `stop` comes first; false if it did.
-    async fn wait(&mut self, stop: Option<&CancellationToken>) -> bool {
-        let delay = self.0;
-        self.0 = (delay * 2).min(Self::MAX);
-        match stop {
-            Some(stop) => tokio::select! {
-                () = tokio::time::sleep(delay) => true,
-                () = stop.cancelled() => false,
-            },
-            None => {
-                tokio::time::sleep(delay).await;
-                true
-            }
-        }
-    }
-}
-
 /// Records a batch of successes with `complete_batch`, trying again what the store
 /// could not take while the leases hold. Returns with `batch` empty, or early when
 /// `stop` fires, leaving in `batch` what is still to record.
@@ -75,7 +45,7 @@ pub(crate) async fn record_completions(
     stop: Option<&CancellationToken>,
 ) {
     let store = &shared.config.store;
-    let mut delay = RetryDelay::new();
+    let mut delay = StoreBackoff::new();
     while !batch.is_empty() {
         let completions = batch.iter().map(|done| done.completion.clone()).collect();
         match store.complete_batch(completions).await {
@@ -179,7 +149,7 @@ pub(crate) async fn report_outcome(
     outcome: Report,
 ) {
     let store = &shared.config.store;
-    let mut delay = RetryDelay::new();
+    let mut delay = StoreBackoff::new();
     loop {
         let result = match &outcome {
             Report::Complete(result) => store
