@@ -3,7 +3,7 @@
 //! one buffer (a subscriber is global); each test looks only at lines naming its jobs.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -154,33 +154,60 @@ async fn a_job_that_just_succeeded_is_not_reported_as_a_lost_lease() {
         heartbeat_taken: Notify::new(),
         completion_recorded: Notify::new(),
         held_one: AtomicBool::new(false),
+        calls: AtomicUsize::new(0),
+        held_call: AtomicUsize::new(usize::MAX),
     });
-    let id = inner
-        .enqueue(NewJob::new("race"))
+    let racing = inner
+        .enqueue(NewJob::new("race").payload(&b"racing"[..]))
         .await
         .expect("enqueue")
         .id;
-    let racing = store.clone();
+    // A second job keeps running, so the keeper goes on calling the store: its next
+    // call after the held one proves the held one's answer was dealt with.
+    let staying = inner
+        .enqueue(NewJob::new("race").payload(&b"staying"[..]))
+        .await
+        .expect("enqueue")
+        .id;
+    let release = Arc::new(Notify::new());
+    let (handler_store, handler_release) = (store.clone(), release.clone());
     let worker = Worker::builder(store.clone())
         .heartbeat_interval(Duration::from_millis(10))
-        .handler("race", move |_ctx: JobContext, _payload: Bytes| {
-            let racing = racing.clone();
+        .handler("race", move |_ctx: JobContext, payload: Bytes| {
+            let (store, release) = (handler_store.clone(), handler_release.clone());
             async move {
-                // Return only once a heartbeat for this job is on its way.
-                racing.heartbeat_taken.notified().await;
+                if &payload[..] == b"racing" {
+                    // Return only once a heartbeat for this job is on its way.
+                    store.heartbeat_taken.notified().await;
+                } else {
+                    release.notified().await;
+                }
                 Ok::<(), JobError>(())
             }
         })
         .build()
         .expect("build");
     let handle = worker.spawn();
-    wait_until_succeeded(inner.as_ref(), id).await;
-    handle.shutdown().await;
+    wait_until_succeeded(inner.as_ref(), racing).await;
+    let answered = tokio::time::timeout(PATIENCE, async {
+        let mut ticker = tokio::time::interval(Duration::from_millis(5));
+        loop {
+            ticker.tick().await;
+            let held = store.held_call.load(Ordering::SeqCst);
+            if held != usize::MAX && store.calls.load(Ordering::SeqCst) > held + 1 {
+                return;
+            }
+        }
+    })
+    .await;
     assert!(
-        store.held_one.load(Ordering::SeqCst),
-        "the test staged the race"
+        answered.is_ok(),
+        "the test staged the race: a heartbeat crossed the completion, and the keeper went on"
     );
-    let lines = lines_about(id);
+    release.notify_one();
+    wait_until_succeeded(inner.as_ref(), staying).await;
+    handle.shutdown().await;
+    let lines = lines_about(racing);
     assert!(
         !lines.iter().any(|line| line.contains("lease lost")),
         "a job that succeeded was logged as a lost lease: {lines:#?}"
@@ -196,15 +223,21 @@ struct RacingStore {
     heartbeat_taken: Notify,
     completion_recorded: Notify,
     held_one: AtomicBool,
+    /// `heartbeat_batch` calls naming jobs so far, and the index of the one held.
+    calls: AtomicUsize,
+    held_call: AtomicUsize,
 }
 
 impl RacingStore {
-    async fn hold_first(&self) {
-        if !self.held_one.swap(true, Ordering::SeqCst) {
-            let recorded = self.completion_recorded.notified();
-            self.heartbeat_taken.notify_one();
-            recorded.await;
+    /// Holds the first heartbeat until a completion was recorded; true for that one.
+    async fn hold_first(&self) -> bool {
+        if self.held_one.swap(true, Ordering::SeqCst) {
+            return false;
         }
+        let recorded = self.completion_recorded.notified();
+        self.heartbeat_taken.notify_one();
+        recorded.await;
+        true
     }
 }
 
@@ -246,7 +279,10 @@ impl Store for RacingStore {
         ttl: Duration,
     ) -> jobs::Result<Vec<jobs::Result<Heartbeat>>> {
         if !leases.is_empty() {
-            self.hold_first().await;
+            let call = self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.hold_first().await {
+                self.held_call.store(call, Ordering::SeqCst);
+            }
         }
         self.inner.heartbeat_batch(leases, ttl).await
     }

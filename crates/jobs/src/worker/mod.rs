@@ -369,8 +369,9 @@ async fn run_worker(
         }
     }
     stop_keeper.cancel();
-    // Dropping the set aborts what is left: reclaim and purge.
-    drop(background);
+    // Reclaim and purge are aborted where they wait; a call already running ends first,
+    // so nothing of this worker is still at work once `run` returns.
+    background.shutdown().await;
     drop(handlers);
     tracing::info!("worker stopped");
 }
