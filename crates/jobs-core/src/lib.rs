@@ -22,8 +22,18 @@ pub use order::ReadyOrder;
 pub use store::{complete_each, heartbeat_each, Store, StoreExt};
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
 
+// The contract is this module's documentation; the module holds no items.
+#[doc = include_str!("../CONTRACT.md")]
+pub mod contract {}
+
+/// The text of the job store contract (see [`contract`]), in Markdown.
+///
+/// The `jobs-conformance` crate reads the rule ids (`**E1**`, `**C2**`, …) from it, so
+/// a rule added to the contract without a scenario named after it fails its tests.
+pub const CONTRACT: &str = include_str!("../CONTRACT.md");
+
 /// The `last_error` a job gets when its lease expires and `reclaim` takes it back
-/// (CONTRACT R1).
+/// (rule R1 of the [`contract`]).
 pub const LEASE_EXPIRED: &str = "lease expired";
 
 /// Re-exported so backends and callers name one version.
