@@ -5,20 +5,21 @@
 //! heartbeat, complete, fail, release, reclaim, cancel, retry, purge, get, children,
 //! stats, list, and clock jumps, some landing exactly on a lease expiry, a `run_at`,
 //! the end of a dedup window or of a retention), runs it on a fresh store, and runs it
-//! on the reference model in `model`, written from CONTRACT.md and
-//! docs/DECISIONS.md alone. After every step it compares what the store answered with
-//! what the model allows, then checks the invariants on the whole store: every job,
-//! as listed, equals the model's, field by field; the per-state listings partition
-//! each queue (each job in exactly one state); `stats` agree; no claim hands out a
-//! running job; and every job is found by `get` until `purge` removes it (the jobs the
-//! step changed are read back at once, all of them every eighth step and at the end).
+//! on the reference model in `model`, written from the [contract](jobs_core::contract)
+//! alone. After every step it compares what the store answered with what the model
+//! allows, then checks the invariants on the whole store: every job, as listed, equals
+//! the model's, field by field; the per-state listings partition each queue (each job
+//! in exactly one state); `stats` agree; no claim hands out a running job; and every
+//! job is found by `get` until `purge` removes it (the jobs the step changed are read
+//! back at once, all of them every eighth step and at the end).
 //!
-//! Where the documents leave a choice to the store, the model accepts any allowed
+//! Where the contract leaves a choice to the store, the model accepts any allowed
 //! answer and adopts it: which expired jobs a limited `reclaim` takes and how jobs
 //! reclaimed by one call are ordered among themselves, which jobs a limited `purge`
-//! deletes, whether releasing a cancel-requested job takes back its attempt, the
-//! `started_at`/`heartbeat_at` of a job no longer running, and the `cancel_requested`
-//! flag of a finished one. Store ids map to model ids in order of creation, and must
+//! deletes, the `started_at`/`heartbeat_at` of a job no longer running, and the
+//! `cancel_requested` flag of a finished one. It is as lenient on one choice the
+//! contract does decide (A1: a released cancel-requested job keeps its attempt
+//! counted), and accepts the attempt taken back too. Store ids map to model ids in order of creation, and must
 //! be time-ordered.
 //!
 //! Knobs (environment variables): `JOBS_M1_CASES` (default 64), `JOBS_M1_OPS` (the
@@ -894,7 +895,7 @@ impl Run {
         at(&self.model.jobs[idx])
     }
 
-    /// Reads a whole listing page by page, checking the cursor rules of DECISIONS.
+    /// Reads a whole listing page by page, checking the cursor rules decided under A4.
     async fn list_paged(
         &self,
         queue: usize,
@@ -928,7 +929,7 @@ impl Run {
             let last = got.jobs.last().map(|j| j.id);
             if got.next != if full { last } else { None } {
                 return Err(format!(
-                    "list page of {} jobs (limit {page}) has next {:?}; DECISIONS: the last id when the page is full, else none",
+                    "list page of {} jobs (limit {page}) has next {:?}; A4, decided: the last id when the page is full, else none",
                     got.jobs.len(),
                     got.next
                 ));

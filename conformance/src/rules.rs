@@ -1,9 +1,9 @@
-//! One public function per rule of CONTRACT.md, named after it.
+//! One public function per rule of the [contract](jobs_core::contract), named after it.
 //!
 //! Each scenario takes a [`Harness`](crate::Harness), builds its own
 //! [`TestEnv`](crate::TestEnv) (a fresh namespace and a manual clock), drives time only
 //! through that clock, and panics with a message naming the rule when the store breaks
-//! it. Scenarios whose name extends a rule with a choice of `docs/DECISIONS.md` pin
+//! it. Scenarios whose name extends a rule with a choice decided under it pin
 //! that choice (`l8_release_takes_back_the_attempt`, …).
 //!
 //! Run them through [`conformance_tests!`](crate::conformance_tests), or iterate

@@ -1,6 +1,6 @@
-//! The reference model of rule M1: CONTRACT.md and docs/DECISIONS.md written as plain
-//! data, with no storage, no concurrency and no cleverness, so it can be read against
-//! the two documents line by line.
+//! The reference model of rule M1: the [contract](jobs_core::contract), its decided
+//! choices included, written as plain data, with no storage, no concurrency and no
+//! cleverness, so it can be read against the document line by line.
 //!
 //! Jobs are named by their index in order of creation ("model ids"); the runner maps
 //! store ids onto them. Where the contract leaves a choice to the store (which jobs a
@@ -63,10 +63,11 @@ pub(crate) struct ModelJob {
     pub payload: Vec<u8>,
     pub state: JobState,
     pub attempts: u32,
-    /// A second value `attempts` may show where the documents leave it open: after a
-    /// cancel-requested job is released, whether the attempt was taken back.
+    /// A second value `attempts` may show: after a cancel-requested job is released,
+    /// the attempt taken back. The contract decides it stays counted (A1); the model
+    /// accepts both.
     pub attempts_alt: Option<u32>,
-    /// Claims ever made: the last fencing token issued (DECISIONS: per-job counter).
+    /// Claims ever made: the last fencing token issued (C6, decided: a per-job counter).
     pub claims: u64,
     pub lease: Option<ModelLease>,
     pub created_at: Timestamp,
@@ -97,7 +98,7 @@ impl ModelJob {
     }
 }
 
-/// The whole store as the documents describe it.
+/// The whole store as the contract describes it.
 #[derive(Debug)]
 pub(crate) struct Model {
     /// The store's clock; the runner copies the manual clock here before every step.
@@ -189,7 +190,7 @@ impl Model {
             let slot = (new.tenant.clone(), key.clone());
             if let Some(&first) = self.keys.get(&slot) {
                 let job = &self.jobs[first];
-                // DECISIONS: the window is half-open, [created_at, created_at + window).
+                // E6, decided: the window is half-open, [created_at, created_at + window).
                 if job.present && now < job.created_at.saturating_add(self.dedup_window) {
                     return (first, false);
                 }
@@ -311,7 +312,7 @@ impl Model {
         Ok((job.cancel_requested, expires_at))
     }
 
-    /// L4, L5; DECISIONS: complete wins over a requested cancel.
+    /// L4, L5; A1, decided: complete wins over a requested cancel.
     pub(crate) fn complete(
         &mut self,
         idx: usize,
@@ -325,7 +326,7 @@ impl Model {
         Ok(())
     }
 
-    /// L6, L7; DECISIONS: a cancel-requested job that fails is cancelled.
+    /// L6, L7; A1, decided: a cancel-requested job that fails is cancelled.
     pub(crate) fn fail(
         &mut self,
         idx: usize,
@@ -360,7 +361,7 @@ impl Model {
         Ok(state)
     }
 
-    /// L8; DECISIONS: the attempt is taken back; a cancel-requested job is cancelled.
+    /// L8, decided: the attempt is taken back; A1: a cancel-requested job is cancelled.
     pub(crate) fn release(&mut self, idx: usize, token: u64) -> Result<(), Expect> {
         let now = self.now;
         let job = self.held(idx, token)?;
@@ -391,7 +392,7 @@ impl Model {
             .collect()
     }
 
-    /// Where reclaim must send job `idx` (R1, R3; DECISIONS: cancel wins over dead).
+    /// Where reclaim must send job `idx` (R1, R3; decided under R3: cancel wins over dead).
     fn reclaim_target(&self, idx: usize) -> JobState {
         let job = &self.jobs[idx];
         if job.cancel_requested {
@@ -460,7 +461,7 @@ impl Model {
         Ok(job.state)
     }
 
-    /// A2 and DECISIONS "Operator retry".
+    /// A2, with what it decides operator retry resets and keeps.
     pub(crate) fn retry(&mut self, idx: usize) -> Result<(), Expect> {
         let now = self.now;
         let job = self.live_mut(idx)?;

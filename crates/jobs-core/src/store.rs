@@ -13,7 +13,7 @@ use crate::model::{
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
 };
 
-/// A durable job store: the contract of `CONTRACT.md`, one method per operation.
+/// A durable job store: the [contract](crate::contract), one method per operation.
 ///
 /// Object-safe, so services hold an `Arc<dyn Store>` and choose the backend at run
 /// time. Every method validates its input with [`crate::validate`] before writing, and

@@ -114,7 +114,7 @@ impl State {
 
     /// Applies `change` to a job, keeping the indexes in step. A change that sends the
     /// job (back) to `queued` gets a fresh sequence number, so it queues behind the
-    /// jobs already ready (DECISIONS: claim order).
+    /// jobs already ready (CONTRACT C3).
     fn transition<T>(
         &mut self,
         id: JobId,

@@ -241,7 +241,7 @@ WHERE {relax}
 /// stored: cancel requested wins, then a retry with attempts left, else dead.
 const FAIL: &str = r#"
 UPDATE {schema}.jobs SET
-    -- DECISIONS "Cancel while running" (A1): a cancel-requested job that fails ends
+    -- CONTRACT A1 (cancel while running): a cancel-requested job that fails ends
     -- cancelled, never requeued; L6: a retry time with attempts left requeues it;
     -- L7: the last attempt, or no retry, is dead.
     state = CASE WHEN cancel_requested THEN 'cancelled'
@@ -252,7 +252,7 @@ UPDATE {schema}.jobs SET
                   THEN $4::int8 ELSE run_at END,
     seq = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
                THEN nextval('{schema}.seq') ELSE seq END,
-    -- DECISIONS "Every terminal state sets finished_at" (A5): cancelled and dead
+    -- CONTRACT §2 (every terminal state sets finished_at, A5): cancelled and dead
     -- (L7) are terminal; a requeued job (L6) is not.
     finished_at = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
                        THEN NULL ELSE $5 END,
@@ -266,14 +266,14 @@ RETURNING state
 /// `cancelled` instead when cancellation was requested. `$3` token, `$4` now.
 const RELEASE: &str = r#"
 UPDATE {schema}.jobs SET
-    -- DECISIONS "Cancel while running" (A1): a cancel-requested job that is released
+    -- CONTRACT A1 (cancel while running): a cancel-requested job that is released
     -- ends cancelled; otherwise L8: queued again.
     state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
     attempts = GREATEST(attempts - 1, 0),
     -- L8: ready now, behind the jobs already ready (C3); a cancelled job keeps them.
     run_at = CASE WHEN cancel_requested THEN run_at ELSE $4 END,
     seq = CASE WHEN cancel_requested THEN seq ELSE nextval('{schema}.seq') END,
-    -- DECISIONS "Every terminal state sets finished_at": only the cancelled end.
+    -- CONTRACT §2 (every terminal state sets finished_at): only the cancelled end.
     finished_at = CASE WHEN cancel_requested THEN $4 ELSE NULL END,
     lease_worker = NULL, lease_expires_at = NULL
 WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS TRUE
@@ -296,7 +296,7 @@ WITH expired AS (
 )
 UPDATE {schema}.jobs SET
     -- R3: cancel requested → cancelled (first, so a job both cancel-requested and on
-    -- its last attempt ends cancelled, DECISIONS); last attempt → dead; R1: else
+    -- its last attempt ends cancelled, as decided under R3); last attempt → dead; R1: else
     -- queued again.
     state = CASE WHEN cancel_requested THEN 'cancelled'
                  WHEN attempts >= max_attempts THEN 'dead'
@@ -305,7 +305,7 @@ UPDATE {schema}.jobs SET
     run_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts THEN $2 ELSE run_at END,
     seq = CASE WHEN NOT cancel_requested AND attempts < max_attempts
                THEN nextval('{schema}.seq') ELSE seq END,
-    -- R3 and DECISIONS "Every terminal state sets finished_at": cancelled and dead
+    -- R3 and CONTRACT §2 (every terminal state sets finished_at): cancelled and dead
     -- are terminal, a requeued job (R1) is not.
     finished_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts
                        THEN NULL ELSE $2 END,

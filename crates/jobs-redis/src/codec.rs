@@ -442,7 +442,7 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
 /// A job as `list` and `children` show it: [`decode_job`], except that a record a claim or
 /// reclaim buried as corrupt (state `dead`, `last_error` starting with [`CORRUPT_PREFIX`])
 /// is shown dead even when other fields cannot be read, so it stays visible where stats
-/// count it (DECISIONS: corrupt records). Fields that cannot be read take neutral values
+/// count it (CONTRACT §5, corrupt records). Fields that cannot be read take neutral values
 /// (`queue` the one the index named); `get` still reports such a record as corrupt.
 pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str) -> Result<Job> {
     let buried = values.get(2).and_then(Option::as_deref) == Some(b"dead")

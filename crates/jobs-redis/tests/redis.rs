@@ -948,7 +948,7 @@ async fn grouped_single_enqueues_keep_their_own_outcomes() {
     env.cleanup().await;
 }
 
-/// DECISIONS (corrupt records): one unreadable record at the head of a queue does not
+/// CONTRACT §5 (corrupt records): one unreadable record at the head of a queue does not
 /// block it, and is not silently dropped either: the claim moves it to `dead` with
 /// last_error "corrupt record: ...", stats count it dead, `list` shows it dead, and the
 /// jobs behind it are handed out. Guards against the old behaviour (left `queued`, dropped
@@ -1011,7 +1011,7 @@ async fn unreadable_job_at_the_head_does_not_block_the_queue() {
     env.cleanup().await;
 }
 
-/// DECISIONS (corrupt records): reclaim moves an expired job whose record cannot be read
+/// CONTRACT §5 (corrupt records): reclaim moves an expired job whose record cannot be read
 /// to `dead` ("corrupt record: ..."), counted and listed as dead, and still recovers the
 /// valid jobs next to it. Guards against the old reclaim, which dropped the lease entry and
 /// left the record `running` forever (counted as queued, never reclaimed again).

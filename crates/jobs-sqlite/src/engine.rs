@@ -33,7 +33,7 @@ impl WriteTx<'_> {
     }
 
     /// The next value of the store-wide sequence that orders jobs entering `queued`
-    /// (docs/DECISIONS.md). Read from the file once per group and written back before the
+    /// (CONTRACT C3). Read from the file once per group and written back before the
     /// commit, so a group of a thousand enqueues touches the counter row once.
     pub(crate) fn next_seq(&mut self) -> Result<i64> {
         let next = match self.seq.next {

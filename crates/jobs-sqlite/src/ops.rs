@@ -534,7 +534,7 @@ fn requeue(
     Ok(())
 }
 
-/// Rules L6, L7, and a cancellation asked for while the job ran (docs/DECISIONS.md).
+/// Rules L6, L7, and a cancellation asked for while the job ran (CONTRACT A1).
 pub(crate) fn fail(
     tx: &mut WriteTx<'_>,
     ns: i64,

@@ -1,5 +1,5 @@
 -- bury.lua: moves a job the claim just leased to `dead` because Rust could not read its
--- record (DECISIONS: corrupt records). claim.lua buries what Lua can tell is unreadable;
+-- record (CONTRACT §5, corrupt records). claim.lua buries what Lua can tell is unreadable;
 -- this covers what only the Rust decoder finds (a bad parent id, an out-of-range number),
 -- so such a job is neither handed out nor left leased to come back after every reclaim.
 --

@@ -27,7 +27,7 @@
 --                             next call; corrupt: ids of jobs whose record cannot be read
 --                             (unreadable `meta`, `att` or `token`, or an unknown state),
 --                             which this call moved to `dead` with last_error
---                             'corrupt record: ...' (DECISIONS: corrupt records), so one bad
+--                             'corrupt record: ...' (CONTRACT §5, corrupt records), so one bad
 --                             record neither blocks its queue nor leaves the indexes
 --
 -- The script only touches hashes passed in KEYS, so it cannot follow the ready index to

@@ -1,5 +1,5 @@
 -- fail.lua: records a failure of a running job and requeues it or ends it
--- (CONTRACT L2, L3, L6, L7; DECISIONS: cancel while running).
+-- (CONTRACT L2, L3, L6, L7; A1: cancel while running).
 --
 -- KEYS[1] the job's hash       KEYS[2] lease index (zset)
 -- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
@@ -39,7 +39,7 @@ if not is_int(v[4]) then
 end
 check_counters(running, { queue })
 
--- The decision of CONTRACT L6/L7 (and DECISIONS: cancel while running): cancel requested
+-- The decision of CONTRACT L6/L7 (and A1: cancel while running): cancel requested
 -- -> cancelled; a retry time and attempts left -> queued at that time; else dead.
 local state
 if v[5] == '1' then

@@ -218,7 +218,7 @@ local function check_counters(running, queues)
 end
 
 -- The prefix of `last_error` on a job whose record could not be read where a claim or
--- reclaim met it (DECISIONS: corrupt records).
+-- reclaim met it (CONTRACT §5, corrupt records).
 local CORRUPT_PREFIX = 'corrupt record: '
 
 -- Moves a job whose record cannot be read to `dead`, so it neither blocks its queue nor

@@ -19,7 +19,7 @@
 -- strictly before now (R1, R2), so concurrent reclaimers take each job once (R4). An entry
 -- whose hash is gone is removed and never requeued or recreated (R5). A record that cannot
 -- be read (unreadable meta or attempts, unknown state) is moved to `dead` with last_error
--- 'corrupt record: ...' (DECISIONS: corrupt records) and reported as dead.
+-- 'corrupt record: ...' (CONTRACT §5, corrupt records) and reported as dead.
 --
 -- Atomicity: each job moves from the lease index to the ready or finished index in the
 -- same step that changes its state. Check before write: a first pass reads and decides

@@ -1,5 +1,5 @@
 -- release.lua: gives a running job back, ready now, without counting the attempt
--- (CONTRACT L8; DECISIONS: release, cancel while running).
+-- (CONTRACT L8; A1: cancel while running).
 --
 -- KEYS[1] the job's hash       KEYS[2] lease index (zset)
 -- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
@@ -33,7 +33,7 @@ if not is_int(v[5]) then
 end
 check_counters(running, { queue })
 
--- DECISIONS (cancel while running): a cancel-requested job ends cancelled, its attempt
+-- CONTRACT A1 (cancel while running): a cancel-requested job ends cancelled, its attempt
 -- counted; any other goes back to queued with the attempt taken back.
 if v[4] == '1' then
   drop_lease(leases, running, queue, id)

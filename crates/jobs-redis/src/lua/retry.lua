@@ -1,5 +1,5 @@
 -- retry.lua: queues a dead or cancelled job again, ready now, attempts reset
--- (CONTRACT A2; DECISIONS: operator retry).
+-- (CONTRACT A2).
 --
 -- KEYS[1] the job's hash       KEYS[2] ready index (zset)
 -- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
