@@ -17,10 +17,8 @@
 //! answer and adopts it: which expired jobs a limited `reclaim` takes and how jobs
 //! reclaimed by one call are ordered among themselves, which jobs a limited `purge`
 //! deletes, the `started_at`/`heartbeat_at` of a job no longer running, and the
-//! `cancel_requested` flag of a finished one. It is as lenient on one choice the
-//! contract does decide (A1: a released cancel-requested job keeps its attempt
-//! counted), and accepts the attempt taken back too. Store ids map to model ids in order of creation, and must
-//! be time-ordered.
+//! `cancel_requested` flag of a finished one. Store ids map to model ids in order of
+//! creation, and must be time-ordered.
 //!
 //! Knobs (environment variables): `JOBS_M1_CASES` (default 64), `JOBS_M1_OPS` (the
 //! longest sequence, default 40), `JOBS_M1_SEED` (replays a run; a failure prints its

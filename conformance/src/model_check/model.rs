@@ -63,10 +63,6 @@ pub(crate) struct ModelJob {
     pub payload: Vec<u8>,
     pub state: JobState,
     pub attempts: u32,
-    /// A second value `attempts` may show: after a cancel-requested job is released,
-    /// the attempt taken back. The contract decides it stays counted (A1); the model
-    /// accepts both.
-    pub attempts_alt: Option<u32>,
     /// Claims ever made: the last fencing token issued (C6, decided: a per-job counter).
     pub claims: u64,
     pub lease: Option<ModelLease>,
@@ -210,7 +206,6 @@ impl Model {
             payload: new.payload.clone(),
             state: JobState::Queued,
             attempts: 0,
-            attempts_alt: None,
             claims: 0,
             lease: None,
             created_at: now,
@@ -282,7 +277,6 @@ impl Model {
             let job = &mut self.jobs[idx];
             job.state = JobState::Running;
             job.attempts += 1;
-            job.attempts_alt = None;
             job.claims += 1;
             job.lease = Some(ModelLease {
                 worker: worker.to_owned(),
@@ -366,9 +360,9 @@ impl Model {
         let now = self.now;
         let job = self.held(idx, token)?;
         if job.cancel_requested {
+            // Decided under A1: the attempt stays counted, since the job does not go back
+            // to `queued`.
             job.finish(JobState::Cancelled, now);
-            // Whether the attempt is taken back here is not written down; allow both.
-            job.attempts_alt = Some(job.attempts - 1);
             return Ok(());
         }
         job.state = JobState::Queued;
@@ -471,7 +465,6 @@ impl Model {
         job.state = JobState::Queued;
         job.run_at = now;
         job.attempts = 0;
-        job.attempts_alt = None;
         job.cancel_requested = false;
         job.finished_at = None;
         job.result = None;
@@ -586,16 +579,7 @@ impl Model {
         same!("max_attempts", got.max_attempts, want.max_attempts);
         same!("parent", got.parent, want.parent.map(|p| ids[p]));
         same!("state", got.state, want.state);
-        let attempts_ok = got.attempts == want.attempts || Some(got.attempts) == want.attempts_alt;
-        field(
-            "attempts",
-            attempts_ok,
-            got.attempts.to_string(),
-            match want.attempts_alt {
-                Some(alt) => format!("{} or {alt}", want.attempts),
-                None => want.attempts.to_string(),
-            },
-        );
+        same!("attempts", got.attempts, want.attempts);
         let lease = got.lease.as_ref().map(|l| ModelLease {
             worker: l.worker.clone(),
             token: l.token.get(),

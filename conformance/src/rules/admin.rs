@@ -199,6 +199,10 @@ pub async fn a1_cancel_requested_then_release_is_cancelled(harness: &dyn Harness
     );
     assert_eq!(job.finished_at, Some(env.clock.now()));
     assert_eq!(job.lease, None);
+    assert_eq!(
+        job.attempts, 1,
+        "A1: a released cancel-requested job keeps its attempt counted (L8 takes an attempt back only from a job that goes back to queued)"
+    );
     assert_nothing_claimable(&*store, &["q"], "A1: never requeued").await;
 }
 

@@ -45,7 +45,8 @@ impl Client {
     }
 
     /// Enqueues many jobs in one call, answered in order (CONTRACT E9): far fewer round
-    /// trips (and fsyncs) than one by one.
+    /// trips (and fsyncs) than one by one. A batch holding an invalid job is refused
+    /// whole and writes nothing.
     pub async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         let queues: Vec<String> = jobs.iter().map(|job| job.queue.clone()).collect();
         let enqueued = self.store.enqueue_batch(jobs).await?;
