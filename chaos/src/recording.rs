@@ -58,6 +58,10 @@ impl Store for Recording {
         self.inner.settings()
     }
 
+    fn tied_to_runtime(&self) -> bool {
+        self.inner.tied_to_runtime()
+    }
+
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         self.inner.enqueue(job).await
     }

@@ -79,6 +79,10 @@ impl Store for Mutant {
         self.inner.settings()
     }
 
+    fn tied_to_runtime(&self) -> bool {
+        self.inner.tied_to_runtime()
+    }
+
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         self.bug.enqueue(&*self.inner, job).await
     }

@@ -22,12 +22,25 @@ use crate::model::{
 /// Every operation but two has no default: a wrapper store must forward it, so it
 /// cannot lose behaviour by accident. The two defaults, [`Store::complete_batch`] and
 /// [`Store::heartbeat_batch`], are defined by `complete` and `heartbeat` and only forgo
-/// a speed-up when not overridden.
+/// a speed-up when not overridden; so does the one capability,
+/// [`Store::tied_to_runtime`], whose default is the safe answer.
 /// Conveniences live in [`StoreExt`].
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug {
     /// The settings the store was opened with, its clock included.
     fn settings(&self) -> &StoreSettings;
+
+    /// Whether the store's calls need the tokio runtime it was opened on to make
+    /// progress: its connections' I/O is driven there (a Redis connection's driver
+    /// task, a PostgreSQL pool's sockets). A store whose calls complete on any runtime,
+    /// or on none (in-process state, a writer thread of its own), answers `false`.
+    ///
+    /// The worker runtime reads it to keep leases where handlers cannot starve them:
+    /// beside a tied store's connections, or on a thread of its own for a store that
+    /// is not tied. The default, `true`, is the safe answer for any store.
+    fn tied_to_runtime(&self) -> bool {
+        true
+    }
 
     /// Rules E1–E7: adds a job, or returns the existing job for a live idempotency key.
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued>;

@@ -107,6 +107,11 @@ impl Store for MemoryStore {
         &self.settings
     }
 
+    fn tied_to_runtime(&self) -> bool {
+        // Every call completes on any runtime: in-process state behind a lock.
+        false
+    }
+
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         validate_new_job(&job, &self.settings)?;
         let now = self.now();

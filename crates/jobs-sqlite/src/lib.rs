@@ -106,6 +106,11 @@ impl Store for SqliteStore {
         &self.settings
     }
 
+    fn tied_to_runtime(&self) -> bool {
+        // Every call completes on any runtime: writes go to the writer thread, reads to threads of their own.
+        false
+    }
+
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         validate::validate_new_job(&job, &self.settings)?;
         let (ns, settings) = (self.ns, self.settings.clone());

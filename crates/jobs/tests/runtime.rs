@@ -936,6 +936,45 @@ mod scenarios {
         assert_each_ran_once(&runs, &ids, 1);
     }
 
+    /// Issue #11, defect 4, with the worker's default placement: the worker runs on a
+    /// runtime of two threads and its handlers block both (a store that needs no
+    /// runtime runs handlers there, and keeps leases from a thread of its own; one tied
+    /// to its runtime runs handlers elsewhere). No lease is lost; each job runs once.
+    pub async fn handlers_blocking_the_workers_runtime_cost_no_lease(env: Env) {
+        let store = env.store().await;
+        let ids = enqueue_plan(store.as_ref(), &["block", "block"]).await;
+        let gate = ThreadGate::new();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = build(
+            test_worker(env.store().await, "w")
+                .concurrency(2)
+                .disable_reclaim()
+                .handler("plan", blocking_handler(tx, gate.clone(), u32::MAX)),
+        );
+        let stop = worker.shutdown_handle();
+        let workers_runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for the worker");
+        let running = workers_runtime.spawn(worker.run());
+        let mut runs = Vec::new();
+        for _ in 0..ids.len() {
+            runs.push(recv(&mut rx, "both handlers to block").await);
+        }
+        outlive_leases(&env, store.as_ref(), &ids).await;
+        assert!(
+            store.reclaim(10).await.expect("reclaim").is_empty(),
+            "no lease expired while handlers blocked the worker's runtime"
+        );
+        gate.open();
+        wait_all_succeeded(store.as_ref(), &ids).await;
+        stop.shutdown();
+        running.await.expect("the worker's task ends");
+        workers_runtime.shutdown_background();
+        assert_each_ran_once(&runs, &ids, 1);
+    }
+
     /// A handler past its timeout (the job's own, overriding the worker's; on the
     /// store's clock) is cancelled, given the cancel grace, and dropped: the attempt
     /// fails as timed out and is retried with backoff, and its slot runs the next job.
@@ -1366,6 +1405,7 @@ macro_rules! runtime_tests {
                 a_job_whose_lease_expired_before_its_turn_is_not_started,
                 outcomes_waiting_to_be_recorded_keep_their_lease,
                 handlers_blocking_every_thread_cost_no_lease,
+                handlers_blocking_the_workers_runtime_cost_no_lease,
                 a_timed_out_handler_fails_its_attempt_and_frees_its_slot,
                 a_handler_blocked_past_its_timeout_is_failed_by_the_keeper,
                 heartbeats_go_out_in_one_call_per_interval,

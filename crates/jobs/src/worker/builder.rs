@@ -29,6 +29,11 @@ pub const DEFAULT_BLOCKING_THRESHOLD: Duration = Duration::from_millis(100);
 /// Where handlers run.
 #[derive(Clone)]
 pub(crate) enum HandlerRuntime {
+    /// Chosen by the store (see [`Store::tied_to_runtime`]): beside the claim loop on
+    /// the worker's runtime when the store's calls do not need that runtime (the
+    /// keeper then has a thread of its own), else on a runtime of the worker's own with
+    /// this many threads.
+    Auto(usize),
     /// A multi-thread runtime the worker starts for its handlers, with this many threads.
     Own(usize),
     /// A runtime the caller gave.
@@ -251,11 +256,14 @@ impl WorkerBuilder {
     }
 
     /// Runs handlers on a multi-thread runtime of `threads` threads that the worker
-    /// starts for them (the default, with one thread per core).
+    /// starts for them.
     ///
-    /// Handlers are kept off the runtime the worker was started from, where the
-    /// store's connections live: a handler that blocks its thread then delays other
-    /// handlers, never the heartbeats and outcomes that keep every job's lease.
+    /// By default the store decides: a store whose connections live on the runtime the
+    /// worker was started from (Redis, PostgreSQL) gets handlers on a runtime of their
+    /// own, one thread per core, so that a handler that blocks its thread delays other
+    /// handlers, never the heartbeats and outcomes that keep every job's lease; a store
+    /// that needs no runtime (memory, SQLite) runs handlers beside the claim loop, and
+    /// the leases are kept from a thread of their own.
     pub fn handler_threads(mut self, threads: usize) -> Self {
         self.handler_runtime = Some(HandlerRuntime::Own(threads));
         self
@@ -348,7 +356,7 @@ impl WorkerBuilder {
                 return Err(Error::invalid("handler_threads", "must be at least 1"))
             }
             Some(runtime) => runtime,
-            None => HandlerRuntime::Own(
+            None => HandlerRuntime::Auto(
                 std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
             ),
         };

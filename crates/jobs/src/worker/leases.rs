@@ -8,11 +8,13 @@
 //! started from, not the handlers' runtime, so handlers that block their threads cannot
 //! starve it.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use jobs_core::validate::MAX_BATCH_LEN;
 use jobs_core::{HeldLease, JobId, JobIdMap, LeaseToken, Timestamp};
+use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -308,12 +310,34 @@ pub(crate) async fn keep_leases(shared: Arc<Shared>, stop: CancellationToken) {
                 "the handler did not stop after its timeout and the cancel grace; failing the attempt"
             );
             let report = timed_out_report(&shared, job.attempt, job.timeout);
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                report_outcome(&shared, &job.metrics, job.id, job.token, report).await;
+            let task_shared = shared.clone();
+            shared.store_runtime.spawn(async move {
+                report_outcome(&task_shared, &job.metrics, job.id, job.token, report).await;
             });
         }
     }
+}
+
+/// Runs `keeper` on a thread of its own, with a runtime of its own, for a store whose
+/// calls need no particular runtime: then nothing that runs on the worker's runtime,
+/// not even every thread of it blocked by handlers, can delay a heartbeat. The answer
+/// resolves once the keeper has returned and its runtime is gone.
+pub(crate) fn spawn_keeper_thread<F>(keeper: F) -> std::io::Result<oneshot::Receiver<()>>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (done, finished) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("jobs-lease-keeper".to_owned())
+        .spawn(move || {
+            runtime.block_on(keeper);
+            drop(runtime);
+            let _ = done.send(());
+        })?;
+    Ok(finished)
 }
 
 /// One `heartbeat_batch` per [`MAX_BATCH_LEN`] held leases, answers applied per entry.

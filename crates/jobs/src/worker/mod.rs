@@ -158,6 +158,9 @@ struct Shared {
     slot_freed: Notify,
     /// Woken when a reclaim put jobs back, so an idle worker claims them at once.
     reclaimed: Notify,
+    /// The runtime the worker was started from, where the store's connections live:
+    /// outcomes the keeper records are sent from there.
+    store_runtime: tokio::runtime::Handle,
 }
 
 /// The wait after a store call failed, before the next try: 100 ms doubling to 5 s, a
@@ -218,6 +221,9 @@ impl HandlerThreads {
                     .build()?,
             )),
             HandlerRuntime::Shared(handle) => HandlerThreads::Shared(handle.clone()),
+            HandlerRuntime::Auto(threads) => {
+                return Self::start(&HandlerRuntime::Own(*threads));
+            }
         })
     }
 
@@ -310,6 +316,7 @@ impl Worker {
             handlers_running: AtomicUsize::new(0),
             slot_freed: Notify::new(),
             reclaimed: Notify::new(),
+            store_runtime: tokio::runtime::Handle::current(),
         });
         let span = tracing::info_span!("worker", worker = %shared.config.worker_id);
         run_worker(shared, completed, shutdown)
@@ -324,7 +331,18 @@ async fn run_worker(
     shutdown: CancellationToken,
 ) {
     let config = &shared.config;
-    let handlers = match HandlerThreads::start(&config.handler_runtime) {
+    // A store whose calls need this runtime keeps the keeper here, beside its
+    // connections, and handlers elsewhere; one that needs no runtime lets handlers run
+    // here, beside the claim loop (no thread hop per job), and keeps leases from a
+    // thread of its own.
+    let tied = config.store.tied_to_runtime();
+    let handler_runtime = match &config.handler_runtime {
+        HandlerRuntime::Auto(_) if !tied => {
+            HandlerRuntime::Shared(tokio::runtime::Handle::current())
+        }
+        other => other.clone(),
+    };
+    let handlers = match HandlerThreads::start(&handler_runtime) {
         Ok(handlers) => handlers,
         Err(err) => {
             tracing::error!(error = %err, "cannot start the handlers' runtime; the worker does not run");
@@ -337,7 +355,20 @@ async fn run_worker(
     // The keeper outlives the claim loop: it stops only once every outcome is stored.
     let stop_keeper = CancellationToken::new();
     let mut background = JoinSet::new();
-    background.spawn(leases::keep_leases(shared.clone(), stop_keeper.clone()));
+    let keeper = leases::keep_leases(shared.clone(), stop_keeper.clone())
+        .instrument(tracing::Span::current());
+    let keeper_thread = if tied {
+        background.spawn(keeper);
+        None
+    } else {
+        match leases::spawn_keeper_thread(keeper) {
+            Ok(done) => Some(done),
+            Err(err) => {
+                tracing::error!(error = %err, "cannot start the lease keeper's thread; the worker does not run");
+                return;
+            }
+        }
+    };
     if let Some(interval) = config.reclaim_interval {
         background.spawn(maintenance::reclaim_loop(
             shared.clone(),
@@ -369,6 +400,10 @@ async fn run_worker(
         }
     }
     stop_keeper.cancel();
+    if let Some(keeper_thread) = keeper_thread {
+        // The thread ends with its runtime once the keeper has returned.
+        let _ = keeper_thread.await;
+    }
     // Reclaim and purge are aborted where they wait; a call already running ends first,
     // so nothing of this worker is still at work once `run` returns.
     background.shutdown().await;
