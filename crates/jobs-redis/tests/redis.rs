@@ -108,6 +108,17 @@ impl Env {
 }
 
 /// Enqueues `jobs` in batches of 10,000 (the batch limit), returning the ids in order.
+/// Enqueues `n` jobs on queue `q` and claims them all, with a 5 s lease, in order.
+async fn enqueue_and_claim(store: &RedisStore, n: usize) -> Vec<jobs_core::ClaimedJob> {
+    enqueue_all(store, (0..n).map(|_| NewJob::new("q")).collect()).await;
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(n))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), n, "every job enqueued is claimed");
+    claimed
+}
+
 async fn enqueue_all(store: &RedisStore, jobs: Vec<NewJob>) -> Vec<JobId> {
     let mut ids = Vec::with_capacity(jobs.len());
     let mut jobs = jobs.into_iter().peekable();
@@ -1085,11 +1096,7 @@ async fn lease_calls_on_a_malformed_record_change_nothing() {
         return;
     };
     let store = env.store().await;
-    enqueue_all(&store, (0..2).map(|_| NewJob::new("q")).collect()).await;
-    let claimed = store
-        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(2))
-        .await
-        .expect("claim");
+    let claimed = enqueue_and_claim(&store, 2).await;
     assert_eq!(claimed.len(), 2);
     let (job, other) = (&claimed[0], &claimed[1]);
     let key = jobs_redis::job_key(&env.settings.namespace, job.id());
@@ -1451,11 +1458,7 @@ async fn heartbeat_batch_answers_each_lease() {
         return;
     };
     let store = env.store().await;
-    enqueue_all(&store, (0..3).map(|_| NewJob::new("q")).collect()).await;
-    let claimed = store
-        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(3))
-        .await
-        .expect("claim");
+    let claimed = enqueue_and_claim(&store, 3).await;
     let lease = |i: usize| jobs_core::HeldLease::new(claimed[i].id(), claimed[i].token());
     store.cancel(claimed[1].id()).await.expect("cancel");
     store
