@@ -128,19 +128,24 @@ for j = 1, n do
     end
   else
     local order = order_key(prio, run_hex, seq_base + j)
-    local fields = { 'meta', meta, 'run_at', run_at, 'state', 'queued', 'att', '0',
-      'token', '0', 'order', order }
-    if not staged then
-      fields[#fields + 1] = 'payload'
-      fields[#fields + 1] = ARGV[a + 5]
-    end
-    if timeout ~= '' then
-      fields[#fields + 1] = 'timeout'
-      fields[#fields + 1] = timeout
-    end
-    redis.call('HSET', job, unpack(fields))
+    -- One HSET with its arguments inline, the common case: building a table per job
+    -- and unpacking it cost the server more than the write. A staged payload is in the
+    -- hash already, and an absent timeout is no field.
     if staged then
+      if timeout == '' then
+        redis.call('HSET', job, 'meta', meta, 'run_at', run_at, 'state', 'queued', 'att', '0',
+          'token', '0', 'order', order)
+      else
+        redis.call('HSET', job, 'meta', meta, 'run_at', run_at, 'state', 'queued', 'att', '0',
+          'token', '0', 'order', order, 'timeout', timeout)
+      end
       redis.call('PERSIST', job)
+    elseif timeout == '' then
+      redis.call('HSET', job, 'meta', meta, 'run_at', run_at, 'state', 'queued', 'att', '0',
+        'token', '0', 'order', order, 'payload', ARGV[a + 5])
+    else
+      redis.call('HSET', job, 'meta', meta, 'run_at', run_at, 'state', 'queued', 'att', '0',
+        'token', '0', 'order', order, 'payload', ARGV[a + 5], 'timeout', timeout)
     end
     local member = queue_member(queue, order, id)
     if due then
