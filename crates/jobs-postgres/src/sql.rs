@@ -263,13 +263,15 @@ RETURNING state
 "#;
 
 /// Rule L8: back to `queued`, ready now, behind the ready jobs, the attempt taken back;
-/// `cancelled` instead when cancellation was requested. `$3` token, `$4` now.
+/// `cancelled` instead when cancellation was requested, with the attempt still counted
+/// (decided under A1). `$3` token, `$4` now.
 const RELEASE: &str = r#"
 UPDATE {schema}.jobs SET
     -- CONTRACT A1 (cancel while running): a cancel-requested job that is released
     -- ends cancelled; otherwise L8: queued again.
     state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
-    attempts = GREATEST(attempts - 1, 0),
+    -- L8 takes the attempt back only from a job that goes back to queued (A1).
+    attempts = CASE WHEN cancel_requested THEN attempts ELSE GREATEST(attempts - 1, 0) END,
     -- L8: ready now, behind the jobs already ready (C3); a cancelled job keeps them.
     run_at = CASE WHEN cancel_requested THEN run_at ELSE $4 END,
     seq = CASE WHEN cancel_requested THEN seq ELSE nextval('{schema}.seq') END,
