@@ -45,6 +45,45 @@ fn e2e_target(backend: &str) -> f64 {
     }
 }
 
+/// `cargo xtask bench`'s command line.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The backend to measure.
+    #[arg(long, value_enum, default_value_t = BenchBackend::All)]
+    backend: BenchBackend,
+    /// Jobs per end-to-end run (N); growth is measured at N/10 and 10×N.
+    #[arg(long, default_value_t = 100_000, value_parser = crate::positive)]
+    jobs: u64,
+    /// Runs of every measurement; the report shows their median.
+    #[arg(long, default_value_t = 3, value_parser = crate::positive)]
+    runs: u64,
+    /// Jobs per end-to-end run compared with apalis [default: 20000, at most --jobs].
+    #[arg(long, value_parser = crate::positive)]
+    peer_jobs: Option<u64>,
+    /// Jobs the workers run at once.
+    #[arg(long, default_value_t = 32, value_parser = crate::positive)]
+    concurrency: u64,
+    /// Skip the apalis peers.
+    #[arg(long)]
+    no_peers: bool,
+    /// Skip the growth measurements (N/10 and 10×N).
+    #[arg(long)]
+    no_scale: bool,
+    /// The report to rewrite between its generated-section markers.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    out: PathBuf,
+}
+
+/// The choices of `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BenchBackend {
+    Memory,
+    Sqlite,
+    Redis,
+    Postgres,
+    All,
+}
+
 #[derive(Debug, Clone)]
 struct Settings {
     backends: Vec<&'static str>,
@@ -59,65 +98,39 @@ struct Settings {
     command: String,
 }
 
-fn usage() -> String {
-    "usage: cargo xtask bench [--backend memory|sqlite|redis|postgres|all] [--jobs N] \
-     [--runs R] [--peer-jobs N] [--concurrency C] [--no-peers] [--no-scale] [--out PATH]"
-        .to_owned()
-}
-
-fn parse(args: &[String]) -> Result<Settings, String> {
-    let mut backend = "all".to_owned();
-    let mut jobs = 100_000;
-    let mut runs = 3;
-    let mut peer_jobs = None;
-    let mut concurrency = 32;
-    let mut peers = true;
-    let mut scale = true;
-    let mut out = PathBuf::from("docs/benchmarks.md");
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        let mut value = || rest.next().cloned().ok_or_else(usage);
-        let number = |v: String| -> Result<u64, String> {
-            v.parse::<u64>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("{arg} wants a positive integer, not {v:?}"))
+impl Settings {
+    /// The settings of a run from its arguments; `command` is the command line as the
+    /// report shows it.
+    fn new(args: Args, command: String) -> Settings {
+        let backends = match args.backend {
+            BenchBackend::All => BACKENDS.to_vec(),
+            BenchBackend::Memory => vec!["memory"],
+            BenchBackend::Sqlite => vec!["sqlite"],
+            BenchBackend::Redis => vec!["redis"],
+            BenchBackend::Postgres => vec!["postgres"],
         };
-        match arg.as_str() {
-            "--backend" => backend = value()?,
-            "--jobs" => jobs = number(value()?)?,
-            "--runs" => runs = number(value()?)? as usize,
-            "--peer-jobs" => peer_jobs = Some(number(value()?)?),
-            "--concurrency" => concurrency = number(value()?)?,
-            "--no-peers" => peers = false,
-            "--no-scale" => scale = false,
-            "--out" => out = PathBuf::from(value()?),
-            other => return Err(format!("unknown argument {other:?}\n{}", usage())),
+        Settings {
+            backends,
+            jobs: args.jobs,
+            runs: usize::try_from(args.runs).unwrap_or(usize::MAX),
+            peer_jobs: args.peer_jobs.unwrap_or(20_000).min(args.jobs),
+            enqueue_jobs: 10_000.min(args.jobs),
+            concurrency: args.concurrency,
+            peers: !args.no_peers,
+            scale: !args.no_scale,
+            out: args.out,
+            command,
         }
     }
-    let backends = if backend == "all" {
-        BACKENDS.to_vec()
-    } else {
-        vec![*BACKENDS
-            .iter()
-            .find(|b| **b == backend)
-            .ok_or_else(|| format!("unknown backend {backend:?}\n{}", usage()))?]
-    };
-    let peer_jobs = peer_jobs.unwrap_or(20_000).min(jobs);
-    Ok(Settings {
-        backends,
-        jobs,
-        runs,
-        peer_jobs,
-        enqueue_jobs: 10_000.min(jobs),
-        concurrency,
-        peers,
-        scale,
-        out,
-        command: format!("cargo xtask bench {}", args.join(" "))
-            .trim_end()
-            .to_owned(),
-    })
+}
+
+/// The command line as typed, for the report: `cargo xtask` and this process's
+/// arguments.
+fn command_line() -> String {
+    let args: Vec<String> = env::args().skip(1).collect();
+    format!("cargo xtask {}", args.join(" "))
+        .trim_end()
+        .to_owned()
 }
 
 /// One measurement (or failure) as a bench binary reported it.
@@ -239,8 +252,9 @@ struct Binaries {
     peers: Option<PathBuf>,
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    let settings = parse(args)?;
+/// `cargo xtask bench …`: measures, then rewrites the report.
+pub fn run(args: Args) -> Result<(), String> {
+    let settings = Settings::new(args, command_line());
     let started = Instant::now();
     let root = workspace_root()?;
     env::set_current_dir(&root).map_err(|e| format!("cd {}: {e}", root.display()))?;
@@ -1211,6 +1225,60 @@ mod tests {
         assert_eq!(fields["error"], Json::Str("a \"quoted\" é".to_owned()));
         assert!(parse_flat_json("not json").is_err());
         assert!(parse_flat_json(r#"{"a":1"#).is_err());
+    }
+
+    /// `Args` as its own command, to parse it alone.
+    #[derive(Debug, clap::Parser)]
+    struct Bench {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn settings(args: &[&str]) -> Result<Settings, clap::Error> {
+        use clap::Parser as _;
+        let all = std::iter::once("bench").chain(args.iter().copied());
+        Bench::try_parse_from(all).map(|b| Settings::new(b.args, "cmd".to_owned()))
+    }
+
+    #[test]
+    fn arguments_keep_their_defaults() {
+        let s = settings(&[]).expect("parses");
+        assert_eq!(s.backends, BACKENDS);
+        assert_eq!((s.jobs, s.runs, s.peer_jobs), (100_000, 3, 20_000));
+        assert_eq!((s.enqueue_jobs, s.concurrency), (10_000, 32));
+        assert!(s.peers && s.scale);
+        assert_eq!(s.out, PathBuf::from("docs/benchmarks.md"));
+        let s = settings(&[
+            "--backend",
+            "redis",
+            "--jobs",
+            "5000",
+            "--runs",
+            "1",
+            "--concurrency",
+            "8",
+            "--no-peers",
+            "--no-scale",
+            "--out",
+            "x.md",
+        ])
+        .expect("parses");
+        assert_eq!(s.backends, ["redis"]);
+        // The comparison and enqueue sizes never exceed N.
+        assert_eq!(
+            (s.jobs, s.runs, s.peer_jobs, s.enqueue_jobs),
+            (5_000, 1, 5_000, 5_000)
+        );
+        assert_eq!(s.concurrency, 8);
+        assert!(!s.peers && !s.scale);
+        assert_eq!(s.out, PathBuf::from("x.md"));
+        assert_eq!(
+            settings(&["--peer-jobs", "700"]).expect("parses").peer_jobs,
+            700
+        );
+        assert!(settings(&["--runs", "0"]).is_err());
+        assert!(settings(&["--backend", "mysql"]).is_err());
+        assert!(settings(&["--bogus"]).is_err());
     }
 
     #[test]

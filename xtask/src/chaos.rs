@@ -1,5 +1,5 @@
 //! `cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]`:
-//! the chaos suite of issue #11. Standard library only.
+//! the chaos suite of issue #11.
 //!
 //! For each backend it builds `jobs-chaos` once, starts a producer and three worker
 //! processes (the real `jobs` runtime), and for S seconds injects faults at random
@@ -48,61 +48,61 @@ pub struct Options {
     pub seed: u64,
 }
 
-fn usage() -> String {
-    "usage: cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S] [--release] [--seed N]\n\
-     (memory is not a multi-process backend and is skipped)"
-        .to_owned()
+/// `cargo xtask chaos`'s command line.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The backend to run under faults (`memory` is one process's private store, so it
+    /// has no process to kill and is skipped).
+    #[arg(long, value_enum, default_value_t = ChaosBackend::All)]
+    backend: ChaosBackend,
+    /// Jobs in each backend's plan.
+    #[arg(long, default_value_t = 20_000, value_parser = crate::positive)]
+    jobs: u64,
+    /// Seconds of faults per backend.
+    #[arg(long, default_value_t = 60, value_parser = crate::positive)]
+    seconds: u64,
+    /// Build and run `jobs-chaos` with `--release`.
+    #[arg(long)]
+    release: bool,
+    /// The random seed, to repeat a run (default: from the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+/// The choices of `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ChaosBackend {
+    Sqlite,
+    Redis,
+    Postgres,
+    // Accepted so that `--backend memory` says why it is skipped.
+    Memory,
+    All,
 }
 
 /// `cargo xtask chaos …` from its arguments.
-pub fn run(args: &[String]) -> Result<(), String> {
-    let mut options = Options {
-        backends: BACKENDS.iter().map(|b| (*b).to_owned()).collect(),
-        jobs: 20_000,
-        seconds: 60,
-        release: false,
-        seed: seed_from_clock(),
-    };
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        let mut value = |name: &str| {
-            rest.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value\n{}", usage()))
-        };
-        match arg.as_str() {
-            "--backend" => {
-                let chosen = value("--backend")?;
-                options.backends = match chosen.as_str() {
-                    "all" => BACKENDS.iter().map(|b| (*b).to_owned()).collect(),
-                    "memory" => {
-                        eprintln!(
-                            "chaos: the memory backend lives inside one process, so no worker or \
-                             producer process can be killed under it: skipped (sqlite, redis and \
-                             postgres are the multi-process backends)"
-                        );
-                        return Ok(());
-                    }
-                    name if BACKENDS.contains(&name) => vec![name.to_owned()],
-                    other => return Err(format!("unknown backend {other:?}\n{}", usage())),
-                }
-            }
-            "--jobs" => options.jobs = number(&value("--jobs")?)?,
-            "--seconds" => options.seconds = number(&value("--seconds")?)?,
-            "--seed" => options.seed = number(&value("--seed")?)?,
-            "--release" => options.release = true,
-            other => return Err(format!("unknown argument {other:?}\n{}", usage())),
+pub fn run(args: Args) -> Result<(), String> {
+    let backends = match args.backend {
+        ChaosBackend::All => BACKENDS.to_vec(),
+        ChaosBackend::Sqlite => vec!["sqlite"],
+        ChaosBackend::Redis => vec!["redis"],
+        ChaosBackend::Postgres => vec!["postgres"],
+        ChaosBackend::Memory => {
+            eprintln!(
+                "chaos: the memory backend lives inside one process, so no worker or \
+                 producer process can be killed under it: skipped (sqlite, redis and \
+                 postgres are the multi-process backends)"
+            );
+            return Ok(());
         }
-    }
-    if options.jobs == 0 || options.seconds == 0 {
-        return Err("--jobs and --seconds must be above zero".to_owned());
-    }
-    run_with(&options)
-}
-
-fn number(text: &str) -> Result<u64, String> {
-    text.parse()
-        .map_err(|_| format!("{text:?} is not a whole number"))
+    };
+    run_with(&Options {
+        backends: backends.into_iter().map(str::to_owned).collect(),
+        jobs: args.jobs,
+        seconds: args.seconds,
+        release: args.release,
+        seed: args.seed.unwrap_or_else(seed_from_clock),
+    })
 }
 
 /// Runs the suite with `options`; fails if any backend fails a check.
@@ -1063,6 +1063,41 @@ mod tests {
             vec![("client_kill".to_owned(), 3), ("kill_worker".to_owned(), 5)]
         );
         assert_eq!(json_strings(verdict, "examples"), vec!["a: x", "b: \"y\""]);
+    }
+
+    /// `Args` as its own command, to parse it alone.
+    #[derive(Debug, clap::Parser)]
+    struct Chaos {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn arguments_keep_their_defaults() {
+        use clap::Parser as _;
+        let Chaos { args } = Chaos::try_parse_from(["chaos"]).expect("parses");
+        assert_eq!(args.backend, ChaosBackend::All);
+        assert_eq!((args.jobs, args.seconds), (20_000, 60));
+        assert!(!args.release);
+        assert_eq!(args.seed, None);
+        let Chaos { args } = Chaos::try_parse_from([
+            "chaos",
+            "--backend",
+            "redis",
+            "--jobs",
+            "5",
+            "--seconds",
+            "2",
+            "--release",
+            "--seed",
+            "0",
+        ])
+        .expect("parses");
+        assert_eq!(args.backend, ChaosBackend::Redis);
+        assert_eq!((args.jobs, args.seconds, args.seed), (5, 2, Some(0)));
+        assert!(args.release);
+        assert!(Chaos::try_parse_from(["chaos", "--jobs", "0"]).is_err());
+        assert!(Chaos::try_parse_from(["chaos", "--backend", "mysql"]).is_err());
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //!
 //! - `cargo xtask conformance [--backend memory|sqlite|redis|redis-cluster|postgres|all]`
 //! - `cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]`
+//! - `cargo xtask bench [--backend memory|sqlite|redis|postgres|all] [--jobs N] …`
 //! - `cargo xtask ci`
+//!
+//! `cargo xtask --help` and `cargo xtask <command> --help` list every flag.
 
 mod bench;
 mod chaos;
@@ -13,16 +16,69 @@ mod redis_server;
 use std::env;
 use std::process::{Command, ExitCode};
 
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Project automation; CI runs the same commands a developer does.
+#[derive(Debug, Parser)]
+#[command(name = "xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Run the conformance suite of one backend, or of all of them.
+    Conformance {
+        /// The backend to check.
+        #[arg(long, value_enum, default_value_t = ConformanceBackend::All)]
+        backend: ConformanceBackend,
+    },
+    /// Benchmark the backends (and the apalis peers) and rewrite docs/benchmarks.md.
+    Bench(bench::Args),
+    /// Run the chaos suite: kills and connection faults under a live queue.
+    Chaos(chaos::Args),
+    /// Everything CI checks: fmt, clippy, docs, feature sets, tests, cluster
+    /// conformance and a short chaos run.
+    Ci,
+}
+
+/// The backends `conformance` knows; `redis-cluster` is the Redis suite against a
+/// cluster started for the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ConformanceBackend {
+    Memory,
+    Sqlite,
+    Redis,
+    RedisCluster,
+    Postgres,
+    All,
+}
+
+impl ConformanceBackend {
+    /// The backends this choice stands for, by name.
+    fn names(self) -> Vec<&'static str> {
+        match self {
+            ConformanceBackend::Memory => vec!["memory"],
+            ConformanceBackend::Sqlite => vec!["sqlite"],
+            ConformanceBackend::Redis => vec!["redis"],
+            ConformanceBackend::RedisCluster => vec!["redis-cluster"],
+            ConformanceBackend::Postgres => vec!["postgres"],
+            ConformanceBackend::All => BACKENDS.to_vec(),
+        }
+    }
+}
+
 const BACKENDS: &[&str] = &["memory", "sqlite", "redis", "redis-cluster", "postgres"];
 
 fn main() -> ExitCode {
-    let args: Vec<String> = env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("conformance") => backend_arg(&args[1..]).and_then(|b| conformance(&b)),
-        Some("bench") => bench::run(&args[1..]),
-        Some("chaos") => chaos::run(&args[1..]),
-        Some("ci") => ci(),
-        _ => Err(usage()),
+    // clap prints its own usage or help and exits (2 on a bad command line).
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::Conformance { backend } => conformance(&backend.names()),
+        Task::Bench(args) => bench::run(args),
+        Task::Chaos(args) => chaos::run(args),
+        Task::Ci => ci(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -33,33 +89,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn usage() -> String {
-    format!(
-        "usage:\n  cargo xtask conformance [--backend {}|all]\n  \
-         cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]\n  \
-         cargo xtask ci",
-        BACKENDS.join("|")
-    )
-}
-
-/// The value of `--backend`, `all` when absent.
-fn backend_arg(args: &[String]) -> Result<Vec<&'static str>, String> {
-    let mut chosen = "all".to_owned();
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "--backend" => chosen = rest.next().cloned().ok_or_else(usage)?,
-            other => return Err(format!("unknown argument {other:?}\n{}", usage())),
-        }
+/// Parses a count that must be above zero (a run of zero jobs or seconds measures
+/// nothing), for clap.
+pub(crate) fn positive(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("wants a positive integer, not {text:?}")),
     }
-    if chosen == "all" {
-        return Ok(BACKENDS.to_vec());
-    }
-    BACKENDS
-        .iter()
-        .find(|b| **b == chosen)
-        .map(|b| vec![*b])
-        .ok_or_else(|| format!("unknown backend {chosen:?}\n{}", usage()))
 }
 
 /// Runs a command, failing with its description if it fails.
@@ -172,3 +208,34 @@ const FEATURE_SETS: &[&str] = &[
     "postgres",
     "memory,sqlite,redis,postgres",
 ];
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn conformance_defaults_to_every_backend() {
+        let cli = Cli::try_parse_from(["xtask", "conformance"]).expect("parses");
+        let Task::Conformance { backend } = cli.task else {
+            panic!("not conformance: {cli:?}");
+        };
+        assert_eq!(backend.names(), BACKENDS);
+        let cli = Cli::try_parse_from(["xtask", "conformance", "--backend", "redis-cluster"])
+            .expect("parses");
+        assert!(matches!(
+            cli.task,
+            Task::Conformance {
+                backend: ConformanceBackend::RedisCluster
+            }
+        ));
+        assert!(Cli::try_parse_from(["xtask", "conformance", "--backend", "nope"]).is_err());
+        assert!(Cli::try_parse_from(["xtask"]).is_err());
+    }
+}
