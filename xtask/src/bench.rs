@@ -8,8 +8,8 @@
 //!                   [--out PATH]
 //! ```
 //!
-//! Std only, like the rest of xtask: it shells out to cargo and to the binaries, and reads
-//! their one-line flat JSON results with the small parser at the bottom of this file.
+//! It shells out to cargo and to the binaries, and reads the one-line JSON result each
+//! binary prints last.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -133,24 +133,30 @@ fn command_line() -> String {
         .to_owned()
 }
 
-/// One measurement (or failure) as a bench binary reported it.
+/// One measurement (or failure) as a bench binary reported it: the JSON object of its
+/// result line.
 #[derive(Debug, Clone)]
 struct Sample {
-    fields: BTreeMap<String, Json>,
+    fields: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Sample {
+    /// The result in `line`, if it is a JSON object (a binary may print other lines).
+    fn parse(line: &str) -> Result<Sample, serde_json::Error> {
+        serde_json::from_str(line.trim()).map(|fields| Sample { fields })
+    }
     fn num(&self, key: &str) -> Option<f64> {
-        match self.fields.get(key) {
-            Some(Json::Num(n)) => Some(*n),
-            _ => None,
-        }
+        self.fields.get(key).and_then(serde_json::Value::as_f64)
     }
     fn text(&self, key: &str) -> Option<&str> {
-        match self.fields.get(key) {
-            Some(Json::Str(s)) => Some(s),
-            _ => None,
-        }
+        self.fields.get(key).and_then(serde_json::Value::as_str)
+    }
+    /// The numeric fields: the metrics of the table. Strings, booleans and the rest
+    /// describe the run and are not tabulated.
+    fn metrics(&self) -> impl Iterator<Item = (&str, f64)> + '_ {
+        self.fields
+            .iter()
+            .filter_map(|(key, value)| Some((key.as_str(), value.as_f64()?)))
     }
 }
 
@@ -218,10 +224,12 @@ impl Results {
         };
         match outcome {
             Outcome::Ok(sample) => {
-                for (metric, value) in &sample.fields {
-                    if let Json::Num(n) = value {
-                        self.cells.entry(key(metric)).or_default().values.push(*n);
-                    }
+                for (metric, value) in sample.metrics() {
+                    self.cells
+                        .entry(key(metric))
+                        .or_default()
+                        .values
+                        .push(value);
                 }
             }
             Outcome::Failed(message) => {
@@ -418,8 +426,7 @@ fn measure(
     let sample = stdout
         .lines()
         .rev()
-        .find_map(|line| parse_flat_json(line).ok())
-        .map(|fields| Sample { fields });
+        .find_map(|line| Sample::parse(line).ok());
     let outcome = match (status, sample) {
         (None, _) => Outcome::Failed(format!("killed after {} s", limit.as_secs())),
         (Some(_), Some(sample)) if sample.text("error").is_some() => {
@@ -1117,114 +1124,25 @@ fn write_report(path: &Path, section: &str) -> Result<(), String> {
     fs::write(path, updated).map_err(|e| format!("write {}: {e}", path.display()))
 }
 
-// ---------------------------------------------------------------------------------------
-// A parser for the flat JSON objects the bench binaries print: string and number values.
-
-#[derive(Debug, Clone, PartialEq)]
-enum Json {
-    Str(String),
-    Num(f64),
-}
-
-fn parse_flat_json(line: &str) -> Result<BTreeMap<String, Json>, String> {
-    let mut chars = line.trim().chars().peekable();
-    let mut fields = BTreeMap::new();
-    let expect = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>, c: char| {
-        skip_ws(chars);
-        match chars.next() {
-            Some(got) if got == c => Ok(()),
-            other => Err(format!("expected {c:?}, found {other:?}")),
-        }
-    };
-    expect(&mut chars, '{')?;
-    skip_ws(&mut chars);
-    if chars.peek() == Some(&'}') {
-        return Ok(fields);
-    }
-    loop {
-        skip_ws(&mut chars);
-        let key = parse_string(&mut chars)?;
-        expect(&mut chars, ':')?;
-        skip_ws(&mut chars);
-        let value = match chars.peek() {
-            Some('"') => Json::Str(parse_string(&mut chars)?),
-            _ => {
-                let mut number = String::new();
-                while let Some(&c) = chars.peek() {
-                    if c.is_ascii_digit() || matches!(c, '-' | '+' | '.' | 'e' | 'E') {
-                        number.push(c);
-                        chars.next();
-                    } else {
-                        break;
-                    }
-                }
-                Json::Num(
-                    number
-                        .parse()
-                        .map_err(|_| format!("bad number {number:?} for {key:?}"))?,
-                )
-            }
-        };
-        fields.insert(key, value);
-        skip_ws(&mut chars);
-        match chars.next() {
-            Some(',') => continue,
-            Some('}') => return Ok(fields),
-            other => return Err(format!("expected ',' or '}}', found {other:?}")),
-        }
-    }
-}
-
-fn skip_ws(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
-    while chars.peek().is_some_and(|c| c.is_whitespace()) {
-        chars.next();
-    }
-}
-
-fn parse_string(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Result<String, String> {
-    match chars.next() {
-        Some('"') => {}
-        other => return Err(format!("expected a string, found {other:?}")),
-    }
-    let mut out = String::new();
-    loop {
-        match chars.next() {
-            Some('"') => return Ok(out),
-            Some('\\') => match chars.next() {
-                Some('n') => out.push('\n'),
-                Some('t') => out.push('\t'),
-                Some('r') => out.push('\r'),
-                Some('b') => out.push('\u{8}'),
-                Some('f') => out.push('\u{c}'),
-                Some('u') => {
-                    let hex: String = chars.by_ref().take(4).collect();
-                    let code = u32::from_str_radix(&hex, 16)
-                        .map_err(|_| format!("bad escape \\u{hex}"))?;
-                    out.push(char::from_u32(code).unwrap_or('\u{fffd}'));
-                }
-                Some(c) => out.push(c),
-                None => return Err("unterminated escape".to_owned()),
-            },
-            Some(c) => out.push(c),
-            None => return Err("unterminated string".to_owned()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn parses_the_result_lines() {
-        let line = r#"{"backend":"redis","impl":"jobs","jobs":100000,"value":61234.5,"error":"a \"quoted\" \u00e9"}"#;
-        let fields = parse_flat_json(line).expect("valid line");
-        assert_eq!(fields["backend"], Json::Str("redis".to_owned()));
-        assert_eq!(fields["jobs"], Json::Num(100_000.0));
-        assert_eq!(fields["value"], Json::Num(61_234.5));
-        assert_eq!(fields["error"], Json::Str("a \"quoted\" é".to_owned()));
-        assert!(parse_flat_json("not json").is_err());
-        assert!(parse_flat_json(r#"{"a":1"#).is_err());
+        let line = r#"{"backend":"redis","impl":"jobs","jobs":100000,"value":61234.5,"vacuum":true,"error":"a \"quoted\" \u00e9"}"#;
+        let sample = Sample::parse(line).expect("valid line");
+        assert_eq!(sample.text("backend"), Some("redis"));
+        assert_eq!(sample.num("jobs"), Some(100_000.0));
+        assert_eq!(sample.num("value"), Some(61_234.5));
+        assert_eq!(sample.text("error"), Some("a \"quoted\" é"));
+        // Only numbers are metrics; a boolean no longer makes the line unreadable.
+        let mut metrics: Vec<(&str, f64)> = sample.metrics().collect();
+        metrics.sort_by(|a, b| a.0.cmp(b.0));
+        assert_eq!(metrics, [("jobs", 100_000.0), ("value", 61_234.5)]);
+        assert!(Sample::parse("not json").is_err());
+        assert!(Sample::parse(r#"{"a":1"#).is_err());
+        assert!(Sample::parse("[1, 2]").is_err());
     }
 
     /// `Args` as its own command, to parse it alone.
