@@ -727,25 +727,69 @@ fn machine() -> (String, String, String) {
     (cores, cpu, memory)
 }
 
-/// `name version` of each locked crate we report, from a Cargo.lock.
-fn locked_versions(lock: &Path, names: &[&str]) -> Vec<String> {
-    let text = fs::read_to_string(lock).unwrap_or_default();
-    let mut found = Vec::new();
-    let mut current: Option<String> = None;
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix("name = ") {
-            current = Some(name.trim_matches('"').to_owned());
-        } else if let Some(version) = line.strip_prefix("version = ") {
-            if let Some(name) = current.take() {
-                if names.contains(&name.as_str()) {
-                    found.push(format!("{name} {}", version.trim_matches('"')));
-                }
-            }
-        }
+/// The part of `cargo metadata --format-version 1` the report reads.
+#[derive(Debug, serde::Deserialize)]
+struct Metadata {
+    packages: Vec<MetadataPackage>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct MetadataPackage {
+    name: String,
+    version: String,
+}
+
+/// `name version` of each package named in `names` that the workspace of `manifest`
+/// resolves to, as `cargo metadata` reports them (every version, when there are
+/// several).
+fn resolved_versions(manifest: &Path, names: &[&str]) -> Result<Vec<String>, String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let shown = format!("cargo metadata --manifest-path {}", manifest.display());
+    // Every feature, so an optional dependency (a backend's driver) is listed too.
+    let output = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--all-features"])
+        .arg("--manifest-path")
+        .arg(manifest)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|err| format!("cannot start `{shown}`: {err}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
+        return Err(format!(
+            "`{shown}` failed ({}): {}",
+            output.status,
+            last.unwrap_or("no message")
+        ));
     }
+    let metadata: Metadata = serde_json::from_slice(&output.stdout)
+        .map_err(|err| format!("`{shown}` printed what is not its JSON: {err}"))?;
+    Ok(versions_named(metadata, names))
+}
+
+/// `name version` of the packages of `metadata` named in `names`, sorted, once each.
+fn versions_named(metadata: Metadata, names: &[&str]) -> Vec<String> {
+    let mut found: Vec<String> = metadata
+        .packages
+        .into_iter()
+        .filter(|p| names.contains(&p.name.as_str()))
+        .map(|p| format!("{} {}", p.name, p.version))
+        .collect();
     found.sort();
     found.dedup();
     found
+}
+
+/// The versions for the report's list, or why they are missing: a report that took
+/// half an hour to measure is still written without them.
+fn versions_shown(manifest: &Path, names: &[&str]) -> String {
+    match resolved_versions(manifest, names) {
+        Ok(found) => found.join(", "),
+        Err(err) => {
+            eprintln!("xtask bench: no versions in the report: {err}");
+            format!("unknown ({err})")
+        }
+    }
 }
 
 fn today() -> String {
@@ -783,8 +827,8 @@ fn render(settings: &Settings, results: &Results, wall: Duration, root: &Path) -
     if !servers.is_empty() {
         let _ = writeln!(md, "- Servers: {}", servers.join("; "));
     }
-    let ours_versions = locked_versions(
-        &root.join("Cargo.lock"),
+    let ours_versions = versions_shown(
+        &root.join("Cargo.toml"),
         &[
             "jobs",
             "redis",
@@ -794,10 +838,10 @@ fn render(settings: &Settings, results: &Results, wall: Duration, root: &Path) -
             "tokio",
         ],
     );
-    let _ = writeln!(md, "- Our crates: {}", ours_versions.join(", "));
+    let _ = writeln!(md, "- Our crates: {ours_versions}");
     if settings.peers {
-        let peer_versions = locked_versions(
-            &root.join("bench/peers/Cargo.lock"),
+        let peer_versions = versions_shown(
+            &root.join("bench/peers/Cargo.toml"),
             &[
                 "apalis",
                 "apalis-core",
@@ -809,7 +853,7 @@ fn render(settings: &Settings, results: &Results, wall: Duration, root: &Path) -
                 "libsqlite3-sys",
             ],
         );
-        let _ = writeln!(md, "- Peers: {}", peer_versions.join(", "));
+        let _ = writeln!(md, "- Peers: {peer_versions}");
         let peer_sqlite = results
             .info
             .get(&("apalis".to_owned(), "sqlite".to_owned()))
@@ -1214,6 +1258,27 @@ mod tests {
         assert_eq!(even.median(), Some(2.5));
         assert_eq!(show(&Cell::default(), fmt_rate), "–");
         assert_eq!(group_thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn versions_come_from_cargo_metadata() {
+        let json = r#"{"packages":[
+            {"name":"tokio","version":"1.47.0","id":"x","dependencies":[]},
+            {"name":"redis","version":"1.0.2"},
+            {"name":"tokio","version":"1.47.0"},
+            {"name":"serde","version":"1.0.0"}],"workspace_members":[]}"#;
+        let metadata: Metadata = serde_json::from_str(json).expect("metadata");
+        assert_eq!(
+            versions_named(metadata, &["tokio", "redis", "sqlx"]),
+            ["redis 1.0.2", "tokio 1.47.0"]
+        );
+        // And from this workspace itself: its own `jobs` crate is one of its packages.
+        let root = workspace_root().expect("root");
+        let ours = resolved_versions(&root.join("Cargo.toml"), &["jobs", "xtask"])
+            .expect("cargo metadata of this workspace");
+        assert_eq!(ours.len(), 2, "{ours:?}");
+        assert!(ours.iter().any(|v| v.starts_with("xtask ")), "{ours:?}");
+        assert!(resolved_versions(&root.join("no/Cargo.toml"), &["jobs"]).is_err());
     }
 
     #[test]
