@@ -1,0 +1,71 @@
+//! `cargo xtask bench`: builds the benchmark binaries (ours and the apalis peers) in
+//! release mode, runs every workload per backend, size and run, and writes the results
+//! into `docs/benchmarks.md` between its generated-section markers.
+//!
+//! ```text
+//! cargo xtask bench [--backend memory|sqlite|redis|postgres|all] [--jobs N] [--runs R]
+//!                   [--peer-jobs N] [--concurrency C] [--no-peers] [--no-scale]
+//!                   [--out PATH]
+//! ```
+//!
+//! It shells out to cargo and to the binaries, and reads the one-line JSON result each
+//! binary prints last. By job: [`args`] (the command line), [`measure`] (building and
+//! running the binaries), [`results`] (the table of figures), [`report`] (the markdown).
+
+mod args;
+mod measure;
+mod report;
+mod results;
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use args::Args;
+use args::{command_line, Settings};
+use measure::{bench_backend, build};
+use report::{render, write_report};
+use results::Results;
+
+/// The backends apalis 1.0 has.
+const PEER_BACKENDS: &[&str] = &["sqlite", "redis", "postgres"];
+/// How long the 10×N drain may run; past it, its rate over the jobs drained so far is
+/// reported.
+const BIG_DRAIN_DEADLINE: Duration = Duration::from_secs(300);
+/// An apalis measurement whose first run takes longer than this runs only once.
+const SLOW_PEER_RUN: Duration = Duration::from_secs(90);
+
+/// `cargo xtask bench …`: measures, then rewrites the report.
+pub fn run(args: Args) -> Result<(), String> {
+    let settings = Settings::new(args, command_line());
+    let started = Instant::now();
+    let root = workspace_root()?;
+    env::set_current_dir(&root).map_err(|e| format!("cd {}: {e}", root.display()))?;
+    let binaries = build(&settings)?;
+    let mut results = Results::default();
+    for backend in &settings.backends {
+        bench_backend(&settings, &binaries, backend, &mut results)?;
+    }
+    let wall = started.elapsed();
+    let report = render(&settings, &results, wall, &root);
+    write_report(&settings.out, &report)?;
+    eprintln!(
+        "\nxtask bench: wrote {} in {:.1} min",
+        settings.out.display(),
+        wall.as_secs_f64() / 60.0
+    );
+    Ok(())
+}
+
+/// The workspace root, where the report and both workspaces of binaries are found.
+fn workspace_root() -> Result<PathBuf, String> {
+    // xtask's manifest sits in <root>/xtask.
+    let manifest = env::var("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    match manifest {
+        Ok(dir) => dir
+            .parent()
+            .map(Path::to_path_buf)
+            .ok_or_else(|| "xtask has no parent directory".to_owned()),
+        Err(_) => env::current_dir().map_err(|e| format!("current dir: {e}")),
+    }
+}
