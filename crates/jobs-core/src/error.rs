@@ -8,9 +8,13 @@ use crate::model::JobState;
 /// A boxed error from a driver or the operating system.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// The source of an [`Error`]: an `Arc`, not a `Box`, so an [`Error`] clones and a group
+/// commit hands one failure to every caller in the group without copying it by hand.
+pub type SharedError = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// What went wrong, in terms a caller can act on. Every backend maps its failures
 /// into these kinds; none turns a failure into "nothing to claim".
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// No job with this id exists (never created, or deleted by retention).
@@ -68,7 +72,7 @@ pub enum Error {
         message: String,
         /// The driver's error, if any.
         #[source]
-        source: Option<BoxError>,
+        source: Option<SharedError>,
     },
 
     /// A stored record could not be read. Reported, never a panic.
@@ -87,7 +91,7 @@ pub enum Error {
         message: String,
         /// The driver's error.
         #[source]
-        source: Option<BoxError>,
+        source: Option<SharedError>,
     },
 }
 
@@ -101,18 +105,24 @@ impl Error {
     }
 
     /// An unavailable error wrapping a driver error.
-    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+    pub fn unavailable(
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
         Error::Unavailable {
             message: message.into(),
-            source: Some(source.into()),
+            source: Some(SharedError::from(source.into())),
         }
     }
 
     /// A backend error wrapping a driver error.
-    pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+    pub fn backend(
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
         Error::Backend {
             message: message.into(),
-            source: Some(source.into()),
+            source: Some(SharedError::from(source.into())),
         }
     }
 

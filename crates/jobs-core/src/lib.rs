@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod backend;
 mod backoff;
 mod error;
 mod id;
@@ -8,10 +9,11 @@ mod model;
 mod order;
 mod store;
 mod time;
+pub mod transition;
 pub mod validate;
 
 pub use backoff::Backoff;
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, Result, SharedError};
 pub use id::{JobId, JobIdHasher, JobIdMap};
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,
@@ -19,7 +21,10 @@ pub use model::{
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
 };
 pub use order::ReadyOrder;
-pub use store::{complete_each, heartbeat_each, Store, StoreExt};
+pub use backend::{
+    complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend,
+};
+pub use store::Store;
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
 
 // The contract is this module's documentation; the module holds no items.

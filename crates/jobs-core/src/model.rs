@@ -267,6 +267,34 @@ pub struct Job {
 }
 
 impl Job {
+    /// The job `new` becomes when it is stored with id `id` at `now`: queued, no
+    /// attempts, ready at its `run_at` or at once (CONTRACT E1, E2). Returns the job
+    /// and its payload, which backends keep apart from the record.
+    pub fn enqueued(new: NewJob, id: JobId, now: Timestamp) -> (Job, Bytes) {
+        let job = Job {
+            id,
+            queue: new.queue,
+            tenant: new.tenant,
+            idempotency_key: new.idempotency_key,
+            priority: new.priority,
+            run_at: new.run_at.unwrap_or(now),
+            max_attempts: new.max_attempts,
+            parent: new.parent,
+            timeout: new.timeout,
+            state: JobState::Queued,
+            attempts: 0,
+            lease: None,
+            created_at: now,
+            started_at: None,
+            heartbeat_at: None,
+            finished_at: None,
+            last_error: None,
+            result: None,
+            cancel_requested: false,
+        };
+        (job, new.payload)
+    }
+
     /// Whether the job is queued and its `run_at` has come.
     pub fn is_ready(&self, now: Timestamp) -> bool {
         self.state == JobState::Queued && self.run_at <= now

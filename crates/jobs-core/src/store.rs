@@ -1,215 +1,171 @@
-//! The `Store` trait: what a backend must implement, and nothing more.
+//! The front door: [`Store`], the one handle users and the worker runtime hold.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::error::Result;
+use crate::backend::{Backend, Capabilities, Layer};
+use crate::error::{Error, Result};
 use crate::id::JobId;
 use crate::model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
 };
+use crate::time::Timestamp;
+use crate::validate;
 
-/// A durable job store: the [contract](crate::contract), one method per operation.
+/// A durable job store: the [contract](crate::contract), one method per operation,
+/// over any [`Backend`].
 ///
-/// Object-safe, so services hold an `Arc<dyn Store>` and choose the backend at run
-/// time. Every method validates its input with [`crate::validate`] before writing, and
-/// takes "now" from [`StoreSettings::clock`], never from the server.
+/// Cheap to clone (one `Arc`), and every clone shares the backend. Every method
+/// validates its input with [`crate::validate`] before the backend sees it, so bad input
+/// gets the same [`Error::InvalidInput`] or [`Error::PayloadTooLarge`] on every backend
+/// and writes nothing; reads "now" once from the backend's
+/// [`StoreSettings::clock`], never from a server; and answers calls that have nothing
+/// to do (a claim of zero jobs, an empty batch) without a round trip.
 ///
-/// Every operation but two has no default: a wrapper store must forward it, so it
-/// cannot lose behaviour by accident. The two defaults, [`Store::complete_batch`] and
-/// [`Store::heartbeat_batch`], are defined by `complete` and `heartbeat` and only forgo
-/// a speed-up when not overridden; so does the one capability,
-/// [`Store::tied_to_runtime`], whose default is the safe answer.
-/// Conveniences live in [`StoreExt`].
-#[async_trait]
-pub trait Store: Send + Sync + fmt::Debug {
-    /// The settings the store was opened with, its clock included.
-    fn settings(&self) -> &StoreSettings;
+/// ```
+/// # async fn demo(store: jobs_core::Store) -> jobs_core::Result<()> {
+/// use std::time::Duration;
+/// use jobs_core::{ClaimRequest, NewJob};
+///
+/// let enqueued = store.enqueue(NewJob::new("emails").payload("hello")).await?;
+/// let claimed = store
+///     .claim(ClaimRequest::new(["emails"], "worker-1", Duration::from_secs(30)))
+///     .await?;
+/// for job in claimed {
+///     store.complete(job.id(), job.token(), None).await?;
+/// }
+/// # let _ = enqueued;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn Backend>,
+}
 
-    /// Whether the store's calls need the tokio runtime it was opened on to make
-    /// progress: its connections' I/O is driven there (a Redis connection's driver
-    /// task, a PostgreSQL pool's sockets). A store whose calls complete on any runtime,
-    /// or on none (in-process state, a writer thread of its own), answers `false`.
-    ///
-    /// The worker runtime reads it to keep leases where handlers cannot starve them:
-    /// beside a tied store's connections, or on a thread of its own for a store that
-    /// is not tied. The default, `true`, is the safe answer for any store.
-    fn tied_to_runtime(&self) -> bool {
-        true
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Store").field(&self.backend).finish()
+    }
+}
+
+impl<B: Backend + 'static> From<B> for Store {
+    fn from(backend: B) -> Self {
+        Store::new(backend)
+    }
+}
+
+impl From<Arc<dyn Backend>> for Store {
+    fn from(backend: Arc<dyn Backend>) -> Self {
+        Store { backend }
+    }
+}
+
+impl Store {
+    /// A handle on `backend`.
+    pub fn new(backend: impl Backend + 'static) -> Self {
+        Store {
+            backend: Arc::new(backend),
+        }
+    }
+
+    /// This handle with `layer` wrapped around its backend: every call made through
+    /// the returned handle passes through the layer, after validation. Clones made
+    /// before keep their layers.
+    pub fn layer(self, layer: impl Layer) -> Self {
+        Store {
+            backend: layer.layer(self.backend),
+        }
+    }
+
+    /// The backend behind the handle, with its layers.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The settings the backend was opened with, its clock included.
+    pub fn settings(&self) -> &StoreSettings {
+        self.backend.settings()
+    }
+
+    /// What the backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// The current instant on the store's clock.
+    pub fn now(&self) -> Timestamp {
+        self.backend.settings().now()
     }
 
     /// Rules E1–E7: adds a job, or returns the existing job for a live idempotency key.
-    async fn enqueue(&self, job: NewJob) -> Result<Enqueued>;
-
-    /// Rule E9: the same as enqueueing each job in order, answered in order. A batch
-    /// holding an invalid job is refused whole and writes nothing.
-    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>>;
-
-    /// Rule E1: the job as stored, or [`crate::Error::NotFound`].
-    async fn get(&self, id: JobId) -> Result<Job>;
-
-    /// Rule E1: the job's payload bytes, exactly as enqueued.
-    async fn payload(&self, id: JobId) -> Result<Bytes>;
-
-    /// Rule E8: the jobs enqueued with `parent`, oldest first.
-    async fn children(&self, parent: JobId) -> Result<Vec<Job>>;
-
-    /// Rules C1–C9: leases up to `request.limit` ready jobs in claim order and returns
-    /// them, with payloads, in that order.
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>>;
-
-    /// Rule L1: extends the lease to now + `ttl`; reports a requested cancellation.
-    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat>;
-
-    /// Rule L1, one `heartbeat` per entry, all with the same `ttl`: the answer at index
-    /// `i` is what `heartbeat` would have answered for `leases[i]`, and an entry that
-    /// fails (a stale token, an unknown job) leaves the others alone.
-    ///
-    /// A worker extends every lease it holds with one call per heartbeat interval, so a
-    /// backend can renew them under one lock, in one statement or in one script. The
-    /// default issues the `heartbeat` calls concurrently; every backend of this
-    /// workspace overrides it with one round trip.
-    ///
-    /// `Err` means the call failed as a whole (the store was unavailable, or `ttl` is
-    /// invalid): any entry may or may not have been extended. Calling again is safe.
-    async fn heartbeat_batch(
-        &self,
-        leases: Vec<HeldLease>,
-        ttl: Duration,
-    ) -> Result<Vec<Result<Heartbeat>>> {
-        crate::validate::validate_lease_ttl(ttl)?;
-        Ok(heartbeat_each(self, leases, ttl).await)
+    pub async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        validate::validate_new_job(&job, self.settings())?;
+        self.backend.enqueue(job, self.now()).await
     }
 
-    /// Rules L4, L5: marks the job succeeded and stores `result`.
-    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()>;
-
-    /// Rules L4, L5, one `complete` per entry: the answer at index `i` is what
-    /// `complete` would have answered for `completions[i]`, an entry that fails (a stale
-    /// token, an oversized result, a second completion of the same job later in the
-    /// batch) leaves the others alone, and entries take effect in order.
-    ///
-    /// A worker finishing many short jobs hands them over in one call, so a backend can
-    /// record them under one lock, in one transaction or in one script. The default
-    /// issues the `complete` calls concurrently, which keeps a backend that groups
-    /// concurrent calls grouping them; a backend that can do better overrides it.
-    ///
-    /// `Err` means the call failed as a whole, like a failed `complete`: any of the
-    /// entries may or may not have taken effect. Calling again is safe; an entry that
-    /// was recorded then answers lease lost (L5).
-    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
-        Ok(complete_each(self, completions).await)
-    }
-
-    /// Rules L6, L7: records `error` and requeues the job at the retry time, or makes it
-    /// dead when asked to or when its attempts are used up. Returns the new state.
-    async fn fail(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        error: &str,
-        retry: Retry,
-    ) -> Result<JobState>;
-
-    /// Rule L8: gives the job back, ready now, without counting the attempt.
-    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()>;
-
-    /// Rules R1–R6: recovers up to `limit` jobs whose lease expired.
-    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>>;
-
-    /// Rule A1: cancels a queued job, asks a running one to stop, leaves a terminal one.
-    /// Returns the job's state afterwards.
-    async fn cancel(&self, id: JobId) -> Result<JobState>;
-
-    /// Rule A2: queues a dead or cancelled job again with its attempts reset.
-    /// Any other state is refused with [`crate::Error::InvalidState`].
-    async fn retry(&self, id: JobId) -> Result<()>;
-
-    /// Rule A3: counts of one queue's jobs per state.
-    async fn stats(&self, queue: &str) -> Result<QueueStats>;
-
-    /// Rule A4: one page of a queue's jobs, newest first.
-    async fn list(&self, query: ListQuery) -> Result<ListPage>;
-
-    /// Rule A5: deletes up to `limit` terminal jobs whose retention has passed, with
-    /// their index entries. Returns how many were deleted.
-    async fn purge(&self, limit: usize) -> Result<u64>;
-
-    /// Resolves when work may have arrived on one of `queues`, or after `timeout`
-    /// (real time), whichever comes first. Spurious wake-ups are allowed; a claimer
-    /// calls `claim` after it either way.
-    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()>;
-}
-
-/// [`Store::complete_batch`] as concurrent `complete` calls: its default, and what a
-/// backend that overrides it can fall back on.
-pub async fn complete_each<S: Store + ?Sized>(
-    store: &S,
-    completions: Vec<Completion>,
-) -> Vec<Result<()>> {
-    // Entries for one job are serialised (L5: the first one stands, the next is lease
-    // lost), so only distinct jobs' completions run at the same time.
-    let mut seen = std::collections::HashSet::with_capacity(completions.len());
-    if completions.iter().all(|c| seen.insert(c.id)) {
-        futures_util::future::join_all(
-            completions
-                .into_iter()
-                .map(|c| store.complete(c.id, c.token, c.result)),
-        )
-        .await
-    } else {
-        let mut answers = Vec::with_capacity(completions.len());
-        for c in completions {
-            answers.push(store.complete(c.id, c.token, c.result).await);
+    /// Rule E9: the same as enqueueing each job in order, answered in order, in far
+    /// fewer round trips (and fsyncs). A batch holding an invalid job is refused whole
+    /// and writes nothing.
+    pub async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        validate::validate_batch(&jobs, self.settings())?;
+        if jobs.is_empty() {
+            return Ok(Vec::new());
         }
-        answers
+        self.backend.enqueue_batch(jobs, self.now()).await
     }
-}
 
-/// [`Store::heartbeat_batch`] as concurrent `heartbeat` calls: its default, and what a
-/// backend that overrides it can fall back on.
-pub async fn heartbeat_each<S: Store + ?Sized>(
-    store: &S,
-    leases: Vec<HeldLease>,
-    ttl: Duration,
-) -> Vec<Result<Heartbeat>> {
-    futures_util::future::join_all(
-        leases
-            .into_iter()
-            .map(|lease| store.heartbeat(lease.id, lease.token, ttl)),
-    )
-    .await
-}
-
-/// Conveniences over any [`Store`], written once in terms of the trait.
-#[async_trait]
-pub trait StoreExt: Store {
     /// Enqueues a job on `queue` whose payload is `value` as JSON.
-    async fn enqueue_json<T>(&self, queue: &str, value: &T) -> Result<Enqueued>
+    pub async fn enqueue_json<T>(&self, queue: &str, value: &T) -> Result<Enqueued>
     where
-        T: serde::Serialize + Sync + ?Sized,
+        T: serde::Serialize + ?Sized,
     {
         let job = NewJob::new(queue).json(value)?;
         self.enqueue(job).await
     }
 
+    /// Rule E1: the job as stored, or [`Error::NotFound`].
+    pub async fn get(&self, id: JobId) -> Result<Job> {
+        self.backend.get(id).await
+    }
+
+    /// Rule E1: the job's payload bytes, exactly as enqueued.
+    pub async fn payload(&self, id: JobId) -> Result<Bytes> {
+        self.backend.payload(id).await
+    }
+
     /// Reads a job's payload as JSON.
-    async fn payload_json<T>(&self, id: JobId) -> Result<T>
+    pub async fn payload_json<T>(&self, id: JobId) -> Result<T>
     where
         T: serde::de::DeserializeOwned,
     {
         let bytes = self.payload(id).await?;
-        serde_json::from_slice(&bytes).map_err(|err| {
-            crate::Error::invalid("payload", format!("not the expected JSON: {err}"))
-        })
+        serde_json::from_slice(&bytes)
+            .map_err(|err| Error::invalid("payload", format!("not the expected JSON: {err}")))
+    }
+
+    /// Rule E8: the jobs enqueued with `parent`, oldest first.
+    pub async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        self.backend.children(parent).await
+    }
+
+    /// Rules C1–C9: leases up to `request.limit` ready jobs in claim order and returns
+    /// them, with payloads, in that order. A request naming one queue twice is
+    /// refused.
+    pub async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
+        validate::validate_claim(&request)?;
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.backend.claim(request, self.now()).await
     }
 
     /// Claims at most one job.
-    async fn claim_one(
+    pub async fn claim_one(
         &self,
         queues: &[&str],
         worker: &str,
@@ -218,24 +174,180 @@ pub trait StoreExt: Store {
         let request = ClaimRequest::new(queues.iter().copied(), worker, lease_ttl).limit(1);
         Ok(self.claim(request).await?.into_iter().next())
     }
-}
 
-impl<S: Store + ?Sized> StoreExt for S {}
+    /// Rule L1: extends the lease to now + `ttl`; reports a requested cancellation.
+    pub async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
+        validate::validate_lease_ttl(ttl)?;
+        self.backend.heartbeat(id, token, ttl, self.now()).await
+    }
+
+    /// Rule L1, one `heartbeat` per entry, all with the same `ttl`: the answer at index
+    /// `i` is what `heartbeat` would have answered for `leases[i]`, and an entry that
+    /// fails (a stale token, an unknown job) leaves the others alone. Every backend of
+    /// this workspace renews them in one round trip.
+    ///
+    /// `Err` means the call failed as a whole (the store was unavailable, or `ttl` is
+    /// invalid): any entry may or may not have been extended. Calling again is safe.
+    pub async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        validate::validate_lease_ttl(ttl)?;
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.backend.heartbeat_batch(leases, ttl, self.now()).await
+    }
+
+    /// Rules L4, L5: marks the job succeeded and stores `result`.
+    pub async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
+        if let Some(bytes) = &result {
+            validate::validate_size("result", bytes.len(), self.settings())?;
+        }
+        self.backend.complete(id, token, result, self.now()).await
+    }
+
+    /// Rules L4, L5, one `complete` per entry: the answer at index `i` is what
+    /// `complete` would have answered for `completions[i]`, an entry that fails (a stale
+    /// token, an oversized result, a second completion of the same job later in the
+    /// batch) leaves the others alone, and entries take effect in order.
+    ///
+    /// `Err` means the call failed as a whole, like a failed `complete`: any of the
+    /// entries may or may not have taken effect. Calling again is safe; an entry that
+    /// was recorded then answers lease lost (L5).
+    pub async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let settings = self.settings();
+        let refused: Vec<Option<Error>> = completions
+            .iter()
+            .map(|c| match &c.result {
+                Some(bytes) => validate::validate_size("result", bytes.len(), settings).err(),
+                None => None,
+            })
+            .collect();
+        if refused.iter().all(Option::is_none) {
+            return self.backend.complete_batch(completions, self.now()).await;
+        }
+        // Oversized results are answered here; the rest go to the backend in order.
+        let valid: Vec<Completion> = completions
+            .into_iter()
+            .zip(&refused)
+            .filter(|(_, refused)| refused.is_none())
+            .map(|(completion, _)| completion)
+            .collect();
+        let mut answers = if valid.is_empty() {
+            Vec::new()
+        } else {
+            self.backend.complete_batch(valid, self.now()).await?
+        }
+        .into_iter();
+        let mut merged = Vec::with_capacity(refused.len());
+        for refusal in refused {
+            merged.push(match refusal {
+                Some(err) => Err(err),
+                None => answers.next().unwrap_or_else(|| {
+                    Err(Error::Backend {
+                        message: "the backend answered fewer completions than it was given"
+                            .to_owned(),
+                        source: None,
+                    })
+                }),
+            });
+        }
+        Ok(merged)
+    }
+
+    /// Rules L6, L7: records `error` (cut to [`validate::MAX_ERROR_BYTES`]) and requeues
+    /// the job at the retry time (now, if that time has passed), or makes it dead when
+    /// asked to or when its attempts are used up. Returns the new state.
+    pub async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+    ) -> Result<JobState> {
+        let now = self.now();
+        let retry = match retry {
+            Retry::At(at) => Retry::At(at.max(now)),
+            Retry::Never => Retry::Never,
+        };
+        self.backend
+            .fail(id, token, validate::truncate_error(error), retry, now)
+            .await
+    }
+
+    /// Rule L8: gives the job back, ready now, without counting the attempt.
+    pub async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
+        self.backend.release(id, token, self.now()).await
+    }
+
+    /// Rules R1–R6: recovers up to `limit` jobs whose lease expired.
+    pub async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.backend.reclaim(limit, self.now()).await
+    }
+
+    /// Rule A1: cancels a queued job, asks a running one to stop, leaves a terminal one.
+    /// Returns the job's state afterwards.
+    pub async fn cancel(&self, id: JobId) -> Result<JobState> {
+        self.backend.cancel(id, self.now()).await
+    }
+
+    /// Rule A2: queues a dead or cancelled job again with its attempts reset.
+    /// Any other state is refused with [`Error::InvalidState`].
+    pub async fn retry(&self, id: JobId) -> Result<()> {
+        self.backend.retry(id, self.now()).await
+    }
+
+    /// Rule A3: counts of one queue's jobs per state.
+    pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        validate::validate_queue(queue)?;
+        self.backend.stats(queue, self.now()).await
+    }
+
+    /// Rule A4: one page of a queue's jobs, newest first.
+    pub async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        validate::validate_list(&query)?;
+        self.backend.list(query).await
+    }
+
+    /// Rule A5: deletes up to `limit` terminal jobs whose retention has passed, with
+    /// their index entries. Returns how many were deleted.
+    pub async fn purge(&self, limit: usize) -> Result<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let cutoff = self.settings().retention_cutoff(self.now());
+        self.backend.purge(limit, cutoff).await
+    }
+
+    /// Resolves when work may have arrived on one of `queues`, or after `timeout`
+    /// (real time), whichever comes first. Spurious wake-ups are allowed; a claimer
+    /// calls `claim` after it either way.
+    pub async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        validate::validate_queues(queues)?;
+        self.backend.wait_for_work(queues, timeout).await
+    }
+}
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
-    /// Compile-time proof that the trait is object-safe and that its futures are
-    /// `Send`, so `Arc<dyn Store>` can be used from any tokio task.
+    /// Compile-time proof that the handle's futures are `Send`, so a `Store` can be
+    /// used from any tokio task.
     #[allow(dead_code)]
-    fn store_futures_are_send(store: Arc<dyn Store>) {
+    fn store_futures_are_send(store: Store) {
         fn is_send<T: Send>(_: &T) {}
         fn is_send_sync<T: Send + Sync>(_: &T) {}
         is_send_sync(&store);
-        let id = JobId::mint(crate::Timestamp::from_millis(0));
+        let id = JobId::mint(Timestamp::from_millis(0));
         let token = LeaseToken::new(1);
         is_send(&store.enqueue(NewJob::new("q")));
         is_send(&store.claim(ClaimRequest::new(["q"], "w", Duration::from_secs(1))));

@@ -1,5 +1,5 @@
-//! Validation of every input, written once and called by every backend before it
-//! writes anything (CONTRACT E7).
+//! Validation of every input, written once: the [`Store`](crate::Store) handle calls it
+//! before any backend sees a request (CONTRACT E7).
 
 use std::time::Duration;
 
@@ -156,13 +156,7 @@ pub fn validate_batch(jobs: &[NewJob], settings: &StoreSettings) -> Result<()> {
 
 /// A claim's arguments (CONTRACT C1): at least one valid queue, a worker, a lease.
 pub fn validate_claim(request: &ClaimRequest) -> Result<()> {
-    if request.queues.is_empty() {
-        return Err(Error::invalid("queues", "name at least one queue"));
-    }
-    request
-        .queues
-        .iter()
-        .try_for_each(|queue| validate_queue(queue))?;
+    validate_queues(&request.queues)?;
     validate_worker(&request.worker)?;
     validate_lease_ttl(request.lease_ttl)?;
     if request.limit > MAX_CLAIM_LIMIT {
@@ -170,6 +164,25 @@ pub fn validate_claim(request: &ClaimRequest) -> Result<()> {
             "limit",
             format!("a claim takes at most {MAX_CLAIM_LIMIT} jobs"),
         ));
+    }
+    Ok(())
+}
+
+/// The queues of a claim or a wait (CONTRACT C1): at least one, each valid, none named
+/// twice. A repeated name would let a backend that looks each queue up in turn hand one
+/// job out twice in one claim; refusing it keeps every backend's answer the same.
+pub fn validate_queues(queues: &[String]) -> Result<()> {
+    if queues.is_empty() {
+        return Err(Error::invalid("queues", "name at least one queue"));
+    }
+    for (i, queue) in queues.iter().enumerate() {
+        validate_queue(queue)?;
+        if queues[..i].contains(queue) {
+            return Err(Error::invalid(
+                "queues",
+                format!("queue {queue} is named twice"),
+            ));
+        }
     }
     Ok(())
 }
@@ -283,6 +296,30 @@ mod tests {
                 .err()
                 .and_then(|e| e.invalid_field()),
             Some("worker")
+        );
+    }
+
+    #[test]
+    fn a_queue_named_twice_is_refused() {
+        let twice = ClaimRequest::new(["a", "b", "a"], "w", Duration::from_secs(1));
+        assert_eq!(
+            validate_claim(&twice).err().and_then(|e| e.invalid_field()),
+            Some("queues")
+        );
+        assert!(validate_queues(&["a".to_owned(), "b".to_owned()]).is_ok());
+    }
+
+    #[test]
+    fn idempotency_keys_are_measured_in_bytes() {
+        let settings = StoreSettings::default();
+        let two_byte_chars = "é".repeat(257);
+        assert_eq!(two_byte_chars.len(), 514);
+        let job = NewJob::new("q").idempotency_key(two_byte_chars);
+        assert_eq!(
+            validate_new_job(&job, &settings)
+                .err()
+                .and_then(|e| e.invalid_field()),
+            Some("idempotency_key")
         );
     }
 
