@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use jobs_core::{async_trait, JobId, ManualClock, Result, Store, StoreSettings};
+use jobs_core::{async_trait, JobId, Layer, ManualClock, Result, Store, StoreSettings};
 
 mod scenarios;
 
@@ -16,6 +16,20 @@ pub mod rules;
 pub mod __private {
     pub use futures::future::BoxFuture;
     pub use tokio;
+
+    /// Runs `scenario` against `harness`, then removes every namespace the scenario
+    /// opened, whether it passed or panicked, and re-raises its panic.
+    pub async fn scenario<'h>(harness: &'h dyn crate::Harness, scenario: crate::ScenarioFn) {
+        use futures::FutureExt as _;
+        let tracked = crate::Tracked::new(harness);
+        let outcome = std::panic::AssertUnwindSafe(scenario(&tracked))
+            .catch_unwind()
+            .await;
+        tracked.teardown_all().await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
 
     /// Runs one scenario the way `#[tokio::test(flavor = "multi_thread",
     /// worker_threads = 4)]` would, without asking the calling crate to name tokio:
@@ -129,7 +143,12 @@ macro_rules! __conformance_tests_expand {
                     let Some(harness) = $harness().await else {
                         return;
                     };
-                    $crate::$module::$name(&harness).await;
+                    fn scenario(
+                        harness: &dyn $crate::Harness,
+                    ) -> $crate::__private::BoxFuture<'_, ()> {
+                        ::std::boxed::Box::pin($crate::$module::$name(harness))
+                    }
+                    $crate::__private::scenario(&harness, scenario).await;
                 });
             }
         )*
@@ -155,21 +174,136 @@ macro_rules! __scenario_table {
     };
 }
 
-/// What the suite needs from a backend beyond the [`Store`] trait.
+/// What the suite needs from a backend beyond the [`Store`] handle.
 ///
 /// A harness opens stores on settings the suite chooses (a fresh namespace per test,
-/// a [`ManualClock`]), so every test is isolated and drives time itself.
+/// a [`ManualClock`]), so every test is isolated and drives time itself, and removes
+/// each namespace when its test is over, so a run leaves nothing behind on a shared
+/// server.
 #[async_trait]
 pub trait Harness: Send + Sync {
     /// Opens a store on `settings`. Opening a second store with the same namespace
     /// must show the same data, as a reopened file or reconnected client does
     /// (CONTRACT A6); different namespaces must never see each other (CONTRACT C8).
-    async fn open(&self, settings: StoreSettings) -> Result<Arc<dyn Store>>;
+    async fn open(&self, settings: StoreSettings) -> Result<Store>;
 
     /// Deletes the record of job `id` in `namespace` behind the store's back, leaving
     /// every index entry that points to it in place: what a Redis eviction or TTL
     /// expiry, or a careless operator, does (CONTRACT C7, R5).
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()>;
+
+    /// Deletes everything stored under `namespace`. Called once per namespace a
+    /// scenario opened, after the scenario, whether it passed or not.
+    async fn teardown(&self, namespace: &str) -> Result<()>;
+}
+
+/// A harness whose stores pass through a [`Layer`]: the whole suite run on a layer
+/// over another backend. Made by [`HarnessExt::layered`].
+pub struct Layered<H, L> {
+    harness: H,
+    layer: L,
+}
+
+#[async_trait]
+impl<H: Harness, L: Layer + Send + Sync> Harness for Layered<H, L> {
+    async fn open(&self, settings: StoreSettings) -> Result<Store> {
+        let store = self.harness.open(settings).await?;
+        Ok(Store::from(self.layer.layer(Arc::clone(store.backend()))))
+    }
+
+    async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
+        self.harness.vanish(namespace, id).await
+    }
+
+    async fn teardown(&self, namespace: &str) -> Result<()> {
+        self.harness.teardown(namespace).await
+    }
+}
+
+/// Combinators on every [`Harness`].
+pub trait HarnessExt: Harness + Sized {
+    /// This harness with `layer` around every store it opens.
+    ///
+    /// ```ignore
+    /// async fn harness() -> Option<impl Harness> {
+    ///     Some(MemoryServer::new().layered(|inner| Arc::new(MyLayer(inner)) as Arc<dyn Backend>))
+    /// }
+    /// jobs_conformance::conformance_tests!(harness);
+    /// ```
+    fn layered<L: Layer + Send + Sync>(self, layer: L) -> Layered<Self, L> {
+        Layered {
+            harness: self,
+            layer,
+        }
+    }
+}
+
+impl<H: Harness> HarnessExt for H {}
+
+/// The in-memory backend's harness: the reference backend, and the one to wrap when
+/// testing a layer.
+#[async_trait]
+impl Harness for jobs_memory::MemoryServer {
+    async fn open(&self, settings: StoreSettings) -> Result<Store> {
+        Ok(Store::new(jobs_memory::MemoryServer::open(self, settings)?))
+    }
+
+    async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
+        jobs_memory::MemoryServer::vanish(self, namespace, id);
+        Ok(())
+    }
+
+    async fn teardown(&self, namespace: &str) -> Result<()> {
+        self.drop_namespace(namespace);
+        Ok(())
+    }
+}
+
+/// A harness that remembers every namespace opened through it, so the macro's tests
+/// can tear each one down after the scenario.
+struct Tracked<'h> {
+    inner: &'h dyn Harness,
+    namespaces: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl<'h> Tracked<'h> {
+    fn new(inner: &'h dyn Harness) -> Self {
+        Tracked {
+            inner,
+            namespaces: std::sync::Mutex::default(),
+        }
+    }
+
+    fn namespaces(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
+        self.namespaces
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn teardown_all(&self) {
+        let namespaces = std::mem::take(&mut *self.namespaces());
+        for namespace in namespaces {
+            if let Err(err) = self.inner.teardown(&namespace).await {
+                panic!("the harness could not tear down namespace {namespace}: {err}");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for Tracked<'_> {
+    async fn open(&self, settings: StoreSettings) -> Result<Store> {
+        self.namespaces().insert(settings.namespace.clone());
+        self.inner.open(settings).await
+    }
+
+    async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
+        self.inner.vanish(namespace, id).await
+    }
+
+    async fn teardown(&self, namespace: &str) -> Result<()> {
+        self.inner.teardown(namespace).await
+    }
 }
 
 /// One test's world: a harness, a manual clock, and a namespace no other test uses.
@@ -211,7 +345,7 @@ impl<'a> TestEnv<'a> {
 
     /// Opens a store on this environment's namespace and clock. Call it again to get a
     /// second handle on the same data (a reopen).
-    pub async fn store(&self) -> Arc<dyn Store> {
+    pub async fn store(&self) -> Store {
         match self.harness.open(self.settings.clone()).await {
             Ok(store) => store,
             Err(err) => panic!("the harness could not open a store: {err}"),
@@ -222,7 +356,7 @@ impl<'a> TestEnv<'a> {
     pub async fn store_with(
         &self,
         change: impl FnOnce(StoreSettings) -> StoreSettings,
-    ) -> Arc<dyn Store> {
+    ) -> Store {
         let settings = change(self.settings.clone());
         match self.harness.open(settings).await {
             Ok(store) => store,
