@@ -12,6 +12,7 @@
 //! the workers drain the queue, stops them gracefully (their standard input closes),
 //! and runs `jobs-chaos check` on the history. See docs/reliability.md.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -859,12 +860,13 @@ fn run_backend(
     }
     let _ = fs::write(dir.join("verdict.json"), format!("{verdict}\n"));
 
-    let mut row = row_from(&verdict, backend)?;
+    let parsed = Verdict::parse(&verdict)?;
+    let mut row = row_from(&parsed, backend);
     row.drained = drained;
     row.graceful = graceful;
     row.passed = row.passed && drained && graceful;
     row.seconds = began.elapsed().as_secs_f64();
-    for example in json_strings(&verdict, "examples") {
+    for example in &parsed.examples {
         eprintln!("chaos: {backend}: {example}");
     }
     for anomaly in &run.anomalies {
@@ -893,35 +895,71 @@ fn run_backend(
     Ok(row)
 }
 
-/// The table row from the verdict's JSON (a flat object of numbers, one map of fault
-/// counts and a list of example strings).
-fn row_from(verdict: &str, backend: &str) -> Result<Row, String> {
-    let n = |key: &str| {
-        json_number(verdict, key).ok_or_else(|| format!("the verdict has no {key:?}: {verdict}"))
-    };
-    let faults = json_object_numbers(verdict, "faults");
-    let kinds: Vec<String> = faults.iter().map(|(k, v)| format!("{k} {v}")).collect();
+/// What the results table reads of `jobs-chaos check`'s verdict (its JSON `Verdict`;
+/// the fields not listed here are ignored).
+#[derive(Debug, serde::Deserialize)]
+struct Verdict {
+    jobs: u64,
+    /// Faults injected, by kind.
+    #[serde(default)]
+    faults: BTreeMap<String, u64>,
+    connections_killed: u64,
+    store_errors_seen: u64,
+    lost: u64,
+    double_completions: u64,
+    stale_accepted: u64,
+    stuck: u64,
+    other_violations: u64,
+    extra_runs_worker_kill: u64,
+    extra_runs_store_fault: u64,
+    extra_runs_unexplained: u64,
+    planned_reruns: u64,
+    worker_kills: u64,
+    claims_in_flight_at_kills: u64,
+    runs_in_flight_at_kills: u64,
+    throughput_under_faults: f64,
+    throughput_overall: f64,
+    /// A few examples of each failure.
+    #[serde(default)]
+    examples: Vec<String>,
+}
+
+impl Verdict {
+    /// The verdict `jobs-chaos check` printed.
+    fn parse(text: &str) -> Result<Verdict, String> {
+        serde_json::from_str(text)
+            .map_err(|err| format!("cannot read the verdict of jobs-chaos check ({err}): {text}"))
+    }
+}
+
+/// The table row of a verdict.
+fn row_from(verdict: &Verdict, backend: &str) -> Row {
+    let kinds: Vec<String> = verdict
+        .faults
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
     let mut row = Row {
         backend: backend.to_owned(),
-        jobs: n("jobs")? as u64,
-        faults: faults.iter().map(|(_, v)| *v).sum(),
+        jobs: verdict.jobs,
+        faults: verdict.faults.values().sum(),
         fault_kinds: kinds.join(", "),
-        connections_killed: n("connections_killed")? as u64,
-        store_errors_seen: n("store_errors_seen")? as u64,
-        lost: n("lost")? as u64,
-        double: n("double_completions")? as u64,
-        stale: n("stale_accepted")? as u64,
-        stuck: n("stuck")? as u64,
-        other: n("other_violations")? as u64,
-        extra_kill: n("extra_runs_worker_kill")? as u64,
-        extra_store: n("extra_runs_store_fault")? as u64,
-        extra_unexplained: n("extra_runs_unexplained")? as u64,
-        planned: n("planned_reruns")? as u64,
-        worker_kills: n("worker_kills")? as u64,
-        claims_in_flight: n("claims_in_flight_at_kills")? as u64,
-        runs_in_flight: n("runs_in_flight_at_kills")? as u64,
-        throughput_faults: n("throughput_under_faults")?,
-        throughput_overall: n("throughput_overall")?,
+        connections_killed: verdict.connections_killed,
+        store_errors_seen: verdict.store_errors_seen,
+        lost: verdict.lost,
+        double: verdict.double_completions,
+        stale: verdict.stale_accepted,
+        stuck: verdict.stuck,
+        other: verdict.other_violations,
+        extra_kill: verdict.extra_runs_worker_kill,
+        extra_store: verdict.extra_runs_store_fault,
+        extra_unexplained: verdict.extra_runs_unexplained,
+        planned: verdict.planned_reruns,
+        worker_kills: verdict.worker_kills,
+        claims_in_flight: verdict.claims_in_flight_at_kills,
+        runs_in_flight: verdict.runs_in_flight_at_kills,
+        throughput_faults: verdict.throughput_under_faults,
+        throughput_overall: verdict.throughput_overall,
         ..Row::default()
     };
     row.passed = row.lost == 0
@@ -930,64 +968,7 @@ fn row_from(verdict: &str, backend: &str) -> Result<Row, String> {
         && row.stuck == 0
         && row.other == 0
         && row.extra_unexplained == 0;
-    Ok(row)
-}
-
-/// The number after `"key":` in a JSON text.
-fn json_number(json: &str, key: &str) -> Option<f64> {
-    let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
-    let rest = &json[at..];
-    let end = rest
-        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | 'e' | 'E' | '+')))
-        .unwrap_or(rest.len());
-    rest[..end].parse().ok()
-}
-
-/// The `"name": number` pairs of the object under `"key":`.
-fn json_object_numbers(json: &str, key: &str) -> Vec<(String, u64)> {
-    let Some(at) = json.find(&format!("\"{key}\":{{")) else {
-        return Vec::new();
-    };
-    let rest = &json[at + key.len() + 4..];
-    let body = &rest[..rest.find('}').unwrap_or(rest.len())];
-    body.split(',')
-        .filter_map(|pair| {
-            let (name, value) = pair.split_once(':')?;
-            Some((
-                name.trim().trim_matches('"').to_owned(),
-                value.trim().parse().ok()?,
-            ))
-        })
-        .collect()
-}
-
-/// The strings of the array under `"key":` (they hold no `"` of their own but escaped
-/// ones, which are shown as they are).
-fn json_strings(json: &str, key: &str) -> Vec<String> {
-    let Some(at) = json.find(&format!("\"{key}\":[")) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    let mut current = String::new();
-    let mut in_string = false;
-    let mut escaped = false;
-    for c in json[at + key.len() + 4..].chars() {
-        match (in_string, escaped, c) {
-            (false, _, ']') => break,
-            (false, _, '"') => in_string = true,
-            (true, false, '\\') => escaped = true,
-            (true, false, '"') => {
-                in_string = false;
-                out.push(std::mem::take(&mut current));
-            }
-            (true, _, c) => {
-                escaped = false;
-                current.push(c);
-            }
-            _ => {}
-        }
-    }
-    out
+    row
 }
 
 fn now_us() -> u64 {
@@ -1054,15 +1035,27 @@ mod tests {
 
     #[test]
     fn verdict_fields_are_read() {
-        let verdict = r#"{"backend":"redis","jobs":20000,"faults":{"client_kill":3,"kill_worker":5},"lost":0,"throughput_under_faults":812.5,"examples":["a: x","b: \"y\""]}"#;
-        assert_eq!(json_number(verdict, "jobs"), Some(20_000.0));
-        assert_eq!(json_number(verdict, "throughput_under_faults"), Some(812.5));
-        assert_eq!(json_number(verdict, "nope"), None);
-        assert_eq!(
-            json_object_numbers(verdict, "faults"),
-            vec![("client_kill".to_owned(), 3), ("kill_worker".to_owned(), 5)]
-        );
-        assert_eq!(json_strings(verdict, "examples"), vec!["a: x", "b: \"y\""]);
+        let verdict = r#"{"backend":"redis","jobs":20000,"unacknowledged_jobs_run":0,
+            "faults":{"client_kill":3,"kill_worker":5},"connections_killed":3,
+            "store_errors_seen":9,"lost":0,"double_completions":0,"stale_accepted":0,
+            "stuck":0,"other_violations":0,"runs":20011,"planned_reruns":0,
+            "extra_runs_worker_kill":11,"extra_runs_store_fault":0,
+            "extra_runs_unexplained":1,"worker_kills":5,"claims_in_flight_at_kills":40,
+            "runs_in_flight_at_kills":38,"succeeded_without_acknowledged_completion":0,
+            "throughput_under_faults":812.5,"throughput_overall":900.0,"cut_lines":2,
+            "passed":false,"examples":["a: x","b: \"y\""]}"#;
+        let parsed = Verdict::parse(verdict).expect("a verdict");
+        assert_eq!(parsed.examples, ["a: x", "b: \"y\""]);
+        let row = row_from(&parsed, "redis");
+        assert_eq!((row.jobs, row.faults, row.worker_kills), (20_000, 8, 5));
+        assert_eq!(row.fault_kinds, "client_kill 3, kill_worker 5");
+        assert_eq!((row.extra_kill, row.claims_in_flight), (11, 40));
+        assert_eq!(row.throughput_faults, 812.5);
+        // One unexplained extra run fails the row.
+        assert!(!row.passed);
+        let missing = Verdict::parse(r#"{"jobs":1}"#).expect_err("fields are missing");
+        assert!(missing.contains("missing field"), "{missing}");
+        assert!(Verdict::parse("not json").is_err());
     }
 
     /// `Args` as its own command, to parse it alone.
