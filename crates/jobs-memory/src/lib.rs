@@ -7,14 +7,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use jobs_core::validate::{
-    truncate_error, validate_batch, validate_claim, validate_lease_ttl, validate_list,
-    validate_new_job, validate_queue, validate_settings, validate_size,
-};
+use jobs_core::validate::validate_settings;
 use jobs_core::{
-    async_trait, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job,
-    JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result,
-    Retry, Store, StoreSettings,
+    async_trait, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion, Enqueued,
+    Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
+    QueueStats, ReclaimedJob, Result, Retry, StoreSettings, Timestamp,
 };
 use tokio::sync::Notify;
 
@@ -75,6 +72,15 @@ impl MemoryServer {
         })
     }
 
+    /// Forgets namespace `name` and all its data, as dropping a database would; stores
+    /// still open on it keep the old data, but no store opened later sees it.
+    pub fn drop_namespace(&self, name: &str) {
+        self.namespaces
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(name);
+    }
+
     /// Deletes the record of job `id` while leaving every index entry that points to
     /// it, as an eviction would. For fault-injection tests (CONTRACT C7, R5).
     /// Returns whether the record existed.
@@ -96,25 +102,20 @@ impl MemoryStore {
         MemoryServer::new().open(settings)
     }
 
-    fn now(&self) -> jobs_core::Timestamp {
-        self.settings.now()
-    }
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl Backend for MemoryStore {
     fn settings(&self) -> &StoreSettings {
         &self.settings
     }
 
-    fn tied_to_runtime(&self) -> bool {
+    fn capabilities(&self) -> Capabilities {
         // Every call completes on any runtime: in-process state behind a lock.
-        false
+        Capabilities::default().tied_to_runtime(false)
     }
 
-    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        validate_new_job(&job, &self.settings)?;
-        let now = self.now();
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         let enqueued = {
             let mut state = self.namespace.lock();
             state.check_parents(std::slice::from_ref(&job))?;
@@ -126,9 +127,7 @@ impl Store for MemoryStore {
         Ok(enqueued)
     }
 
-    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        validate_batch(&jobs, &self.settings)?;
-        let now = self.now();
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
         let results: Vec<Enqueued> = {
             let mut state = self.namespace.lock();
             state.check_parents(&jobs)?;
@@ -154,18 +153,17 @@ impl Store for MemoryStore {
         Ok(self.namespace.lock().children(parent))
     }
 
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        validate_claim(&request)?;
-        if request.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let now = self.now();
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
         Ok(self.namespace.lock().claim(&request, now))
     }
 
-    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
-        validate_lease_ttl(ttl)?;
-        let now = self.now();
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
         self.namespace.lock().heartbeat(id, token, ttl, now)
     }
 
@@ -173,9 +171,8 @@ impl Store for MemoryStore {
         &self,
         leases: Vec<HeldLease>,
         ttl: Duration,
+        now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
-        validate_lease_ttl(ttl)?;
-        let now = self.now();
         let mut state = self.namespace.lock();
         Ok(leases
             .into_iter()
@@ -183,25 +180,25 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
-        if let Some(bytes) = &result {
-            validate_size("result", bytes.len(), &self.settings)?;
-        }
-        let now = self.now();
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
         self.namespace.lock().complete(id, token, result, now)
     }
 
-    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
-        let now = self.now();
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
         let mut state = self.namespace.lock();
         Ok(completions
             .into_iter()
-            .map(|Completion { id, token, result }| {
-                if let Some(bytes) = &result {
-                    validate_size("result", bytes.len(), &self.settings)?;
-                }
-                state.complete(id, token, result, now)
-            })
+            .map(|Completion { id, token, result }| state.complete(id, token, result, now))
             .collect())
     }
 
@@ -211,20 +208,16 @@ impl Store for MemoryStore {
         token: LeaseToken,
         error: &str,
         retry: Retry,
+        now: Timestamp,
     ) -> Result<JobState> {
-        let now = self.now();
-        let state = self
-            .namespace
-            .lock()
-            .fail(id, token, truncate_error(error), retry, now)?;
+        let state = self.namespace.lock().fail(id, token, error, retry, now)?;
         if state == JobState::Queued {
             self.namespace.signal_work();
         }
         Ok(state)
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
-        let now = self.now();
+    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
         let state = self.namespace.lock().release(id, token, now)?;
         if state == JobState::Queued {
             self.namespace.signal_work();
@@ -232,8 +225,7 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
-        let now = self.now();
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
         let reclaimed = self.namespace.lock().reclaim(limit, now);
         if reclaimed.iter().any(|r| r.state == JobState::Queued) {
             self.namespace.signal_work();
@@ -241,31 +233,25 @@ impl Store for MemoryStore {
         Ok(reclaimed)
     }
 
-    async fn cancel(&self, id: JobId) -> Result<JobState> {
-        let now = self.now();
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         self.namespace.lock().cancel(id, now)
     }
 
-    async fn retry(&self, id: JobId) -> Result<()> {
-        let now = self.now();
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
         self.namespace.lock().retry(id, now)?;
         self.namespace.signal_work();
         Ok(())
     }
 
-    async fn stats(&self, queue: &str) -> Result<QueueStats> {
-        validate_queue(queue)?;
-        let now = self.now();
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         Ok(self.namespace.lock().stats(queue, now))
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        validate_list(&query)?;
         Ok(self.namespace.lock().list(&query))
     }
 
-    async fn purge(&self, limit: usize) -> Result<u64> {
-        let cutoff = self.settings.retention_cutoff(self.now());
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
         Ok(self.namespace.lock().purge(limit, cutoff))
     }
 

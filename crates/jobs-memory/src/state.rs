@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
+use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobIdMap, JobState,
     Lease, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result,
@@ -189,27 +190,7 @@ impl State {
         }
         let id = JobId::mint(now);
         let seq = self.draw_seq();
-        let job = Job {
-            id,
-            queue: new.queue,
-            tenant: new.tenant,
-            idempotency_key: new.idempotency_key,
-            priority: new.priority,
-            run_at: new.run_at.unwrap_or(now),
-            max_attempts: new.max_attempts,
-            parent: new.parent,
-            timeout: new.timeout,
-            state: JobState::Queued,
-            attempts: 0,
-            lease: None,
-            created_at: now,
-            started_at: None,
-            heartbeat_at: None,
-            finished_at: None,
-            last_error: None,
-            result: None,
-            cancel_requested: false,
-        };
+        let (job, payload) = Job::enqueued(new, id, now);
         if let Some(parent) = job.parent {
             self.children.entry(parent).or_default().insert(id);
         }
@@ -222,7 +203,7 @@ impl State {
             id,
             Record {
                 job,
-                payload: new.payload,
+                payload,
                 seq,
                 last_token: 0,
             },
@@ -359,6 +340,26 @@ impl State {
         job.finished_at = Some(now);
     }
 
+    /// Moves a job whose attempt ended without success where `transition` decided.
+    fn apply(job: &mut Job, next: Next, now: Timestamp) {
+        match next {
+            Next::Queued { ready_at } => {
+                job.state = JobState::Queued;
+                job.lease = None;
+                job.run_at = ready_at;
+            }
+            Next::Finished(state) => Self::finish(job, state, now),
+        }
+    }
+
+    fn attempts(job: &Job) -> Attempts {
+        Attempts {
+            cancel_requested: job.cancel_requested,
+            taken: job.attempts,
+            max: job.max_attempts,
+        }
+    }
+
     pub(crate) fn complete(
         &mut self,
         id: JobId,
@@ -384,15 +385,7 @@ impl State {
         self.check_lease(id, token)?;
         self.transition_checked(id, now, |job| {
             job.last_error = Some(error.to_owned());
-            match retry {
-                _ if job.cancel_requested => Self::finish(job, JobState::Cancelled, now),
-                Retry::At(at) if job.attempts < job.max_attempts => {
-                    job.state = JobState::Queued;
-                    job.lease = None;
-                    job.run_at = at;
-                }
-                _ => Self::finish(job, JobState::Dead, now),
-            }
+            Self::apply(job, transition::after_failure(Self::attempts(job), retry), now);
             job.state
         })
     }
@@ -405,14 +398,12 @@ impl State {
     ) -> Result<JobState> {
         self.check_lease(id, token)?;
         self.transition_checked(id, now, |job| {
-            if job.cancel_requested {
-                Self::finish(job, JobState::Cancelled, now);
-            } else {
-                job.state = JobState::Queued;
-                job.lease = None;
-                job.run_at = now;
+            let next = transition::after_release(job.cancel_requested, now);
+            if next.state() == JobState::Queued {
+                // A released attempt does not count; a cancelled one stays counted (A1).
                 job.attempts = job.attempts.saturating_sub(1);
             }
+            Self::apply(job, next, now);
             job.state
         })
     }
@@ -434,15 +425,8 @@ impl State {
             }
             let reclaimed_state = self.transition(id, now, |job| {
                 job.last_error = Some(LEASE_EXPIRED.to_owned());
-                if job.cancel_requested {
-                    Self::finish(job, JobState::Cancelled, now);
-                } else if job.attempts >= job.max_attempts {
-                    Self::finish(job, JobState::Dead, now);
-                } else {
-                    job.state = JobState::Queued;
-                    job.lease = None;
-                    job.run_at = now;
-                }
+                let next = transition::after_lease_expired(Self::attempts(job), now);
+                Self::apply(job, next, now);
                 job.state
             });
             if let Some(state) = reclaimed_state {
