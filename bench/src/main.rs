@@ -23,7 +23,11 @@ mod runtime;
 mod workloads;
 
 use std::process::ExitCode;
+use std::str::FromStr;
 use std::time::Duration;
+
+use clap::builder::PossibleValuesParser;
+use clap::Parser;
 
 use drain::Driver;
 use report::Line;
@@ -39,13 +43,54 @@ const WORKLOADS: &[&str] = &[
     "reclaim",
 ];
 
-fn usage() -> String {
-    format!(
-        "usage: jobs-bench <{}> --backend <{}> [--jobs N] [--concurrency C] [--claim-batch B] \
-         [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop] [--stall-secs S] [--deadline-secs S]",
-        WORKLOADS.join("|"),
-        backends::compiled().join("|")
-    )
+/// One benchmark workload on one backend, on a fresh store, printing one JSON result
+/// line (`cargo xtask bench` runs it and collects the lines).
+#[derive(Debug, Parser)]
+#[command(name = "jobs-bench")]
+struct Cli {
+    /// The workload to run.
+    #[arg(value_parser = PossibleValuesParser::new(WORKLOADS))]
+    workload: String,
+    /// The backend: memory, sqlite, redis or postgres, of those this build has.
+    #[arg(long)]
+    backend: String,
+    /// Jobs per run.
+    #[arg(long, default_value_t = 100_000, value_parser = positive::<u64>)]
+    jobs: u64,
+    /// Jobs run at once by the workers.
+    #[arg(long, default_value_t = 32, value_parser = positive::<usize>)]
+    concurrency: usize,
+    /// Jobs per claim of the loop driver.
+    #[arg(long, default_value_t = 32, value_parser = positive::<usize>)]
+    claim_batch: usize,
+    /// Jobs per `enqueue_batch` call.
+    #[arg(long, default_value_t = 1_000, value_parser = positive::<usize>)]
+    enqueue_batch: usize,
+    /// Concurrent producers of the one-at-a-time enqueue workload.
+    #[arg(long, default_value_t = 16, value_parser = positive::<usize>)]
+    producers: usize,
+    /// Jobs per second of the latency workload's producer.
+    #[arg(long, default_value_t = 500, value_parser = positive::<u64>)]
+    rate: u64,
+    /// How to drain: the worker runtime or a bare claim/complete loop [default: runtime
+    /// when built in, else loop].
+    #[arg(long, value_parser = Driver::parse, value_name = "runtime|loop")]
+    driver: Option<Driver>,
+    /// Seconds without a finished job before a run is declared stalled.
+    #[arg(long, default_value_t = 60, value_parser = positive::<u64>)]
+    stall_secs: u64,
+    /// `e2e-backlog` stops after draining this many seconds and reports the rate so far.
+    #[arg(long, value_parser = positive::<u64>)]
+    deadline_secs: Option<u64>,
+}
+
+/// Parses a count that must be above zero: a run of zero jobs, producers or seconds
+/// measures nothing.
+fn positive<T: FromStr + Default + PartialEq>(text: &str) -> Result<T, String> {
+    match text.parse::<T>() {
+        Ok(n) if n != T::default() => Ok(n),
+        _ => Err(format!("wants a positive integer, not {text:?}")),
+    }
 }
 
 struct Args {
@@ -53,53 +98,24 @@ struct Args {
     opts: Options,
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
-    let workload = args.first().cloned().ok_or_else(usage)?;
-    if !WORKLOADS.contains(&workload.as_str()) {
-        return Err(format!("unknown workload {workload:?}\n{}", usage()));
-    }
-    let mut opts = Options {
-        backend: String::new(),
-        jobs: 100_000,
-        concurrency: 32,
-        claim_batch: 32,
-        enqueue_batch: 1_000,
-        producers: 16,
-        rate: 500,
-        driver: Driver::default_for_build(),
-        stall: Duration::from_secs(60),
-        deadline: None,
-    };
-    let mut rest = args[1..].iter();
-    while let Some(flag) = rest.next() {
-        let value = rest
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{}", usage()))?;
-        let number = || -> Result<u64, String> {
-            value
-                .parse::<u64>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("{flag} wants a positive integer, not {value:?}"))
-        };
-        match flag.as_str() {
-            "--backend" => opts.backend = value.clone(),
-            "--jobs" => opts.jobs = number()?,
-            "--concurrency" => opts.concurrency = number()? as usize,
-            "--claim-batch" => opts.claim_batch = number()? as usize,
-            "--enqueue-batch" => opts.enqueue_batch = number()? as usize,
-            "--producers" => opts.producers = number()? as usize,
-            "--rate" => opts.rate = number()?,
-            "--driver" => opts.driver = Driver::parse(value)?,
-            "--stall-secs" => opts.stall = Duration::from_secs(number()?),
-            "--deadline-secs" => opts.deadline = Some(Duration::from_secs(number()?)),
-            other => return Err(format!("unknown argument {other:?}\n{}", usage())),
+impl From<Cli> for Args {
+    fn from(cli: Cli) -> Self {
+        Args {
+            workload: cli.workload,
+            opts: Options {
+                backend: cli.backend,
+                jobs: cli.jobs,
+                concurrency: cli.concurrency,
+                claim_batch: cli.claim_batch,
+                enqueue_batch: cli.enqueue_batch,
+                producers: cli.producers,
+                rate: cli.rate,
+                driver: cli.driver.unwrap_or_else(Driver::default_for_build),
+                stall: Duration::from_secs(cli.stall_secs),
+                deadline: cli.deadline_secs.map(Duration::from_secs),
+            },
         }
     }
-    if opts.backend.is_empty() {
-        return Err(format!("--backend is required\n{}", usage()));
-    }
-    Ok(Args { workload, opts })
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -129,14 +145,8 @@ async fn run(args: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let parsed = match parse(&args) {
-        Ok(parsed) => parsed,
-        Err(message) => {
-            eprintln!("jobs-bench: {message}");
-            return ExitCode::from(2);
-        }
-    };
+    // clap prints the usage and exits with 2 on a bad command line (0 for --help).
+    let parsed = Args::from(Cli::parse());
     let workload = parsed.workload.clone();
     let backend = parsed.opts.backend.clone();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -158,6 +168,81 @@ fn main() -> ExitCode {
                 .emit();
             eprintln!("jobs-bench: {workload} on {backend}: {message}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        let all = std::iter::once("jobs-bench").chain(args.iter().copied());
+        Cli::try_parse_from(all).map(Args::from)
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_keep_their_defaults() {
+        let Args { workload, opts } =
+            parse(&["e2e-backlog", "--backend", "memory"]).expect("parses");
+        assert_eq!(workload, "e2e-backlog");
+        assert_eq!(opts.backend, "memory");
+        assert_eq!((opts.jobs, opts.rate), (100_000, 500));
+        assert_eq!((opts.concurrency, opts.claim_batch), (32, 32));
+        assert_eq!((opts.enqueue_batch, opts.producers), (1_000, 16));
+        assert_eq!(opts.driver, Driver::default_for_build());
+        assert_eq!(opts.stall, Duration::from_secs(60));
+        assert_eq!(opts.deadline, None);
+        let Args { opts, .. } = parse(&[
+            "latency",
+            "--backend",
+            "redis",
+            "--jobs",
+            "7",
+            "--concurrency",
+            "2",
+            "--claim-batch",
+            "3",
+            "--enqueue-batch",
+            "4",
+            "--producers",
+            "5",
+            "--rate",
+            "6",
+            "--driver",
+            "loop",
+            "--stall-secs",
+            "8",
+            "--deadline-secs",
+            "9",
+        ])
+        .expect("parses");
+        assert_eq!((opts.jobs, opts.rate), (7, 6));
+        assert_eq!((opts.concurrency, opts.claim_batch), (2, 3));
+        assert_eq!((opts.enqueue_batch, opts.producers), (4, 5));
+        assert_eq!(opts.driver, Driver::Loop);
+        assert_eq!(opts.stall, Duration::from_secs(8));
+        assert_eq!(opts.deadline, Some(Duration::from_secs(9)));
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        for bad in [
+            &["e2e-backlog", "--backend", "memory", "--jobs", "0"][..],
+            &["e2e-backlog", "--backend", "memory", "--rate", "-3"],
+            &["e2e-backlog", "--backend", "memory", "--driver", "threads"],
+            &["e2e-backlog", "--backend", "memory", "--jobs"],
+            &["e2e-backlog"],
+            &["nonsense", "--backend", "memory"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -77,7 +77,7 @@ fn every_workload_reports_on_sqlite() {
 }
 
 #[test]
-fn bad_arguments_are_refused_with_usage() {
+fn bad_arguments_are_refused_with_the_reason() {
     let output = Command::new(env!("CARGO_BIN_EXE_jobs-bench"))
         .args(["e2e-backlog", "--backend", "memory", "--jobs", "0"])
         .output()
@@ -89,5 +89,16 @@ fn bad_arguments_are_refused_with_usage() {
         .output()
         .expect("the jobs-bench binary runs");
     assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("usage"));
+    // An unknown workload is named, with the workloads there are.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("'nonsense'") && stderr.contains("e2e-backlog"),
+        "{stderr}"
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_jobs-bench"))
+        .args(["e2e-backlog", "--jobs", "10"])
+        .output()
+        .expect("the jobs-bench binary runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--backend"));
 }
