@@ -1,12 +1,13 @@
-//! The machine-readable result lines `cargo xtask bench` collects, and the small
-//! statistics they need.
+//! The machine-readable result lines `cargo xtask bench` collects, and the statistics
+//! they need: rates, and latency quantiles from an HDR histogram.
 
 use std::time::Duration;
 
+use hdrhistogram::{CreationError, Histogram};
 use serde_json::{Map, Value};
 
-/// One result line: a flat JSON object on stdout, so `xtask` (std only) can read it
-/// with a small parser. Every value is a string or a number.
+/// One result line: a flat JSON object on stdout, which `xtask` reads with serde_json.
+/// Its numbers are the metrics of the report's tables; its strings describe the run.
 #[derive(Debug, Default)]
 pub struct Line {
     fields: Map<String, Value>,
@@ -62,13 +63,40 @@ pub fn rate(count: u64, elapsed: Duration) -> f64 {
     count as f64 / secs
 }
 
-/// The `q`-quantile (0..=1) of `sorted` by the nearest-rank method, 0 when empty.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
+/// Significant decimal digits the latency histograms keep: a quantile is within 0.1% of
+/// the sample it stands for, finer than the report's three decimals of a millisecond.
+const SIGNIFICANT_DIGITS: u8 = 3;
+
+/// Nanoseconds in a millisecond: the histograms count whole nanoseconds.
+const NANOS_PER_MILLI: f64 = 1_000_000.0;
+
+/// The longest latency a histogram tells apart, in nanoseconds: an hour, far past any
+/// run's time limit. A longer one counts as an hour.
+const HIGHEST_NANOS: u64 = 3_600 * 1_000_000_000;
+
+/// The latencies `millis` (in milliseconds, in any order) as an HDR histogram of
+/// nanoseconds.
+fn histogram(millis: &[f64]) -> Result<Histogram<u64>, CreationError> {
+    let mut histogram = Histogram::new_with_max(HIGHEST_NANOS, SIGNIFICANT_DIGITS)?;
+    for &ms in millis {
+        // A float-to-integer `as` saturates: a negative (or NaN) latency counts as 0;
+        // the histogram clamps one above HIGHEST_NANOS.
+        histogram.saturating_record((ms * NANOS_PER_MILLI).round() as u64);
     }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+    Ok(histogram)
+}
+
+/// The `q`-quantile (0..=1) of the latencies `millis`, in milliseconds, by the
+/// nearest-rank method of an HDR histogram (within 0.1%); 0 when there are none.
+pub fn quantile(millis: &[f64], q: f64) -> f64 {
+    match histogram(millis) {
+        Ok(histogram) if !histogram.is_empty() => {
+            histogram.value_at_quantile(q) as f64 / NANOS_PER_MILLI
+        }
+        // No samples. (Creating the histogram fails only for bounds or a precision
+        // out of range, and the constants are in range.)
+        _ => 0.0,
+    }
 }
 
 /// Milliseconds as a float.
@@ -80,14 +108,31 @@ pub fn millis(duration: Duration) -> f64 {
 mod tests {
     use super::*;
 
+    /// Whether `got` is `want` within the histogram's precision.
+    fn close(got: f64, want: f64) -> bool {
+        (got - want).abs() <= want.abs() * 1e-3
+    }
+
     #[test]
     fn nearest_rank_quantiles() {
-        let values: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&values, 0.5), 50.0);
-        assert_eq!(quantile(&values, 0.99), 99.0);
-        assert_eq!(quantile(&values, 1.0), 100.0);
-        assert_eq!(quantile(&values, 0.0), 1.0);
+        let values: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        for (q, want) in [(0.5, 50.0), (0.99, 99.0), (1.0, 100.0), (0.0, 1.0)] {
+            let got = quantile(&values, q);
+            assert!(close(got, want), "q {q}: {got}, not {want}");
+        }
         assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn quantiles_keep_microseconds_and_clamp_negatives() {
+        // Pickup latencies of a fast backend are tens of microseconds.
+        let values = [0.042, 0.050, 0.051, 0.300, 12.5];
+        assert!(close(quantile(&values, 0.5), 0.051));
+        assert!(close(quantile(&values, 1.0), 12.5));
+        assert_eq!(quantile(&[0.0, -1.0], 1.0), 0.0);
+        // An hour is the longest latency told apart; a longer one counts as an hour.
+        assert!(close(quantile(&[3_600_000.0], 0.5), 3_600_000.0));
+        assert!(close(quantile(&[7_200_000.0], 0.5), 3_600_000.0));
     }
 
     #[test]
