@@ -1,6 +1,6 @@
 //! Group completion: concurrent `complete` calls on one store are sent to Redis as one
 //! `complete.lua` call per batch. Each completion still gets its own outcome and its own
-//! clock reading, and is applied atomically with its indexes; only the round trips and
+//! instant, and is applied atomically with its indexes; only the round trips and
 //! the per-call script overhead are shared. A call returns after its batch ran.
 //!
 //! The first completion after a quiet spell goes out at once (no waiting for a batch to
@@ -123,9 +123,9 @@ async fn execute(conn: Conn, keys: &Keys, batch: Vec<Request>) {
             }
         }
         Err(err) => {
-            // Every completion of the batch shares the failure, kind and text alike.
+            // Every completion of the batch shares the failure.
             for request in batch {
-                let _ = request.reply.send(Err(share(&err)));
+                let _ = request.reply.send(Err(err.clone()));
             }
         }
     }
@@ -137,25 +137,6 @@ pub(crate) struct Entry<'a> {
     pub token: LeaseToken,
     pub now: Timestamp,
     pub result: Option<&'a [u8]>,
-}
-
-/// A copy of a whole-call failure for each of the entries it hit.
-pub(crate) fn share(err: &Error) -> Error {
-    if let Error::Corrupt { what, reason } = err {
-        return Error::corrupt(what.clone(), reason.clone());
-    }
-    let message = err.to_string();
-    if err.is_retryable() {
-        Error::Unavailable {
-            message,
-            source: None,
-        }
-    } else {
-        Error::Backend {
-            message,
-            source: None,
-        }
-    }
 }
 
 /// Whether `entries` fit one script call (see [`MAX_BATCH`]), so a caller with a batch

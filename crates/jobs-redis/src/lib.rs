@@ -12,6 +12,8 @@ mod store;
 mod wake;
 
 pub use store::{ReclaimReport, RedisStore};
+#[cfg(feature = "tls")]
+pub use store::TlsConfig;
 
 /// The key of job `id`'s hash in `namespace`: for operators and test harnesses that
 /// inspect or delete a record behind the store's back (see `docs/redis.md`).

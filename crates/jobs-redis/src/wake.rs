@@ -13,8 +13,9 @@ use tokio::task::JoinHandle;
 /// The subscriber of one store, started by the first wait.
 #[derive(Debug)]
 pub(crate) struct Waker {
-    /// Where to subscribe: one server, or any node of a cluster (tried in turn).
-    urls: Vec<String>,
+    /// Where to subscribe: one server, or any node of a cluster (tried in turn), with
+    /// the store's TLS settings.
+    nodes: Vec<redis::Client>,
     channel: String,
     sender: broadcast::Sender<String>,
     subscribed: watch::Sender<bool>,
@@ -22,11 +23,11 @@ pub(crate) struct Waker {
 }
 
 impl Waker {
-    pub(crate) fn new(urls: Vec<String>, channel: String) -> Self {
+    pub(crate) fn new(nodes: Vec<redis::Client>, channel: String) -> Self {
         let (sender, _) = broadcast::channel(1024);
         let (subscribed, _) = watch::channel(false);
         Waker {
-            urls,
+            nodes,
             channel,
             sender,
             subscribed,
@@ -40,11 +41,11 @@ impl Waker {
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        let urls = self.urls.clone();
+        let nodes = self.nodes.clone();
         let channel = self.channel.clone();
         let sender = self.sender.clone();
         let subscribed = self.subscribed.clone();
-        *task = Some(tokio::spawn(listen(urls, channel, sender, subscribed)));
+        *task = Some(tokio::spawn(listen(nodes, channel, sender, subscribed)));
     }
 
     /// Waits until one of `queues` is published, or `timeout` passes.
@@ -96,32 +97,30 @@ impl Drop for Waker {
 }
 
 /// Subscribes and forwards messages until the store drops the task; reconnects with a
-/// capped back-off when the connection is lost, to the next URL each time (on a cluster,
-/// pub/sub messages reach every node, so any node serves).
+/// capped back-off when the connection is lost, to the next node each time (on a
+/// cluster, pub/sub messages reach every node, so any node serves).
 async fn listen(
-    urls: Vec<String>,
+    nodes: Vec<redis::Client>,
     channel: String,
     sender: broadcast::Sender<String>,
     subscribed: watch::Sender<bool>,
 ) {
     let mut backoff = Duration::from_millis(50);
-    for url in urls.iter().cycle() {
-        if let Ok(client) = redis::Client::open(url.as_str()) {
-            if let Ok(mut pubsub) = client.get_async_pubsub().await {
-                if pubsub.subscribe(&channel).await.is_ok() {
-                    subscribed.send_replace(true);
-                    backoff = Duration::from_millis(50);
-                    let mut messages = pubsub.into_on_message();
-                    while let Some(message) = messages.next().await {
-                        if let Ok(queue) = message.get_payload::<String>() {
-                            let _ = sender.send(queue);
-                        }
+    for client in nodes.iter().cycle() {
+        if let Ok(mut pubsub) = client.get_async_pubsub().await {
+            if pubsub.subscribe(&channel).await.is_ok() {
+                subscribed.send_replace(true);
+                backoff = Duration::from_millis(50);
+                let mut messages = pubsub.into_on_message();
+                while let Some(message) = messages.next().await {
+                    if let Ok(queue) = message.get_payload::<String>() {
+                        let _ = sender.send(queue);
                     }
-                    subscribed.send_replace(false);
-                    // The connection is gone: wake every waiter, whose claim then finds
-                    // out whether the server is back.
-                    let _ = sender.send(String::new());
                 }
+                subscribed.send_replace(false);
+                // The connection is gone: wake every waiter, whose claim then finds
+                // out whether the server is back.
+                let _ = sender.send(String::new());
             }
         }
         tokio::time::sleep(backoff).await;

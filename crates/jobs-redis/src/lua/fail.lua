@@ -39,7 +39,7 @@ if not is_int(v[4]) then
 end
 check_counters(running, { queue })
 
--- The decision of CONTRACT L6/L7 (and A1: cancel while running): cancel requested
+-- Mirrors jobs_core::transition::after_failure (CONTRACT L6/L7, A1): cancel requested
 -- -> cancelled; a retry time and attempts left -> queued at that time; else dead.
 local state
 if v[5] == '1' then

@@ -60,8 +60,8 @@ for i = 1, #KEYS - 6 do
       elseif not is_int(v[2]) then
         kind, reason = 'corrupt', 'field att not a number'
       elseif v[4] == '1' then
-        -- The decision of CONTRACT R1/R3 (as fail's L6/L7): cancel requested -> cancelled;
-        -- last attempt used -> dead; else queued, ready now.
+        -- Mirrors jobs_core::transition::after_lease_expired (CONTRACT R1/R3): cancel
+        -- requested -> cancelled; last attempt used -> dead; else queued, ready now.
         kind = 'cancelled'
       elseif tonumber(v[2]) >= tonumber(max_att) then
         kind = 'dead'

@@ -33,8 +33,9 @@ if not is_int(v[5]) then
 end
 check_counters(running, { queue })
 
--- CONTRACT A1 (cancel while running): a cancel-requested job ends cancelled, its attempt
--- counted; any other goes back to queued with the attempt taken back.
+-- Mirrors jobs_core::transition::after_release (CONTRACT L8, A1): a cancel-requested job
+-- ends cancelled, its attempt counted; any other goes back to queued, ready now, with the
+-- attempt taken back.
 if v[4] == '1' then
   drop_lease(leases, running, queue, id)
   finish(job, list, done, queue, id, parent, 'running', 'cancelled', now)

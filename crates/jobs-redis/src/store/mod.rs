@@ -1,0 +1,269 @@
+//! `RedisStore`: the `Backend` of the contract over Redis, one Lua script per state
+//! change.
+//!
+//! The type and its `Backend` impl live here; the work is split by job:
+//! [`connect`] (opening single and cluster connections, TLS), [`claim`], [`sweep`]
+//! (reclaim and purge), [`reads`] (get, payload, children, list, stats) and [`lease`]
+//! (heartbeat, complete, fail, release, and the admin calls cancel and retry).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jobs_core::{
+    async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error,
+    Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
+    QueueStats, ReclaimedJob, Result, Retry, StoreSettings, Timestamp,
+};
+use redis::{ScriptInvocation, Value};
+
+use crate::batch::Completer;
+use crate::codec::{array, text};
+use crate::conn::{map_err, Conn};
+use crate::enqueue::{Ctx as EnqueueCtx, Enqueuer, Prepared};
+use crate::keys::Keys;
+use crate::wake::Waker;
+
+mod claim;
+mod connect;
+mod lease;
+mod reads;
+mod sweep;
+
+#[cfg(feature = "tls")]
+pub use connect::TlsConfig;
+
+/// Due scheduled entries one script call moves to the ready index. Bounds the work of a
+/// call when a large batch of scheduled jobs falls due at once.
+const PROMOTE_BOUND: usize = 1000;
+/// Script calls a claim or stats may spend promoting due jobs before it reports the
+/// scheduled index as corrupt: ten million due entries, far beyond any real backlog.
+const PROMOTE_ROUNDS: usize = 10_000_000 / PROMOTE_BOUND;
+
+/// A job store's storage on Redis or Redis Cluster: a [`Backend`], used through a
+/// [`jobs_core::Store`] handle.
+///
+/// Every state change is one Lua script (EVALSHA), all keys of a namespace share the
+/// hash tag `{namespace}`, and every decision takes "now" from the instant the handle
+/// passes down. See `docs/redis.md` for the keys and scripts. Cloning is cheap and shares
+/// the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    settings: StoreSettings,
+    keys: Keys,
+    /// The ids at the head of the ready order after the last claim of each queue set,
+    /// so the next claim can pass their hashes in KEYS without reading first.
+    hints: Mutex<HashMap<String, Vec<JobId>>>,
+    waker: Waker,
+    completer: Completer,
+    enqueuer: Enqueuer,
+    enqueue_ctx: EnqueueCtx,
+    cluster: bool,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL is not kept: it may hold a password.
+        f.debug_struct("RedisStore")
+            .field("namespace", &self.inner.settings.namespace)
+            .field("cluster", &self.inner.cluster)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one `reclaim` did, beyond the jobs it recovered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReclaimReport {
+    /// Lease entries the scripts looked at: only entries already expired when read, so
+    /// this follows the number of expired leases, not of running jobs (CONTRACT R6).
+    pub examined: u64,
+}
+
+/// The status word a script answered with, and the rest of its reply.
+fn status<'a>(reply: &'a Value, what: &str) -> Result<(String, &'a [Value])> {
+    let items = array(reply, what)?;
+    let (first, rest) = items
+        .split_first()
+        .ok_or_else(|| Error::corrupt(what, "empty script reply"))?;
+    Ok((text(first, what)?, rest))
+}
+
+fn unexpected(what: &str, word: &str) -> Error {
+    Error::corrupt(what, format!("unexpected script reply {word:?}"))
+}
+
+fn parse_state(text: &str, what: &str) -> Result<JobState> {
+    text.parse()
+        .map_err(|_| Error::corrupt(what, format!("unknown state {text:?}")))
+}
+
+impl RedisStore {
+    fn conn(&self) -> Conn {
+        self.inner.conn.clone()
+    }
+
+    fn keys(&self) -> &Keys {
+        &self.inner.keys
+    }
+
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
+        invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err(what, err))
+    }
+
+    /// Resolves once the wake-up subscriber is subscribed (or after `timeout`); returns
+    /// whether it is. Waiting for work works without it, by timeout.
+    pub async fn wake_ready(&self, timeout: Duration) -> bool {
+        self.inner.waker.subscribed(timeout).await
+    }
+
+    /// How many `wait_for_work` calls on this store are waiting now.
+    pub fn waiting_for_work(&self) -> usize {
+        self.inner.waker.waiting()
+    }
+}
+
+#[async_trait]
+impl Backend for RedisStore {
+    fn settings(&self) -> &StoreSettings {
+        &self.inner.settings
+    }
+
+    // Redis connections are driven by tasks on the runtime the store was opened on: the
+    // default capabilities (tied to the runtime) are this backend's.
+
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        let id = JobId::mint(now);
+        // Concurrent enqueues of this store go to Redis together, each as called.
+        self.inner.enqueuer.enqueue(Prepared { job, id, now }).await
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
+        let ctx = &self.inner.enqueue_ctx;
+        let mut known = crate::enqueue::read_dedup_keys(ctx, &jobs).await?;
+        let prepared: Vec<Prepared> = jobs
+            .into_iter()
+            .map(|job| Prepared {
+                job,
+                id: JobId::mint(now),
+                now,
+            })
+            .collect();
+        crate::enqueue::run_all(ctx, &prepared, &mut known).await
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        self.read_job(id).await
+    }
+
+    async fn payload(&self, id: JobId) -> Result<Bytes> {
+        self.read_payload(id).await
+    }
+
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        self.read_children(parent).await
+    }
+
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+        self.claim_jobs(request, now).await
+    }
+
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        self.heartbeat_many(&[HeldLease::new(id, token)], ttl, now)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::corrupt("heartbeat reply", "no status")))
+    }
+
+    /// One `heartbeat.lua` call for the whole batch; the script answers each entry as
+    /// `heartbeat` would.
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        self.heartbeat_many(&leases, ttl, now).await
+    }
+
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner.completer.complete(id, token, now, result).await
+    }
+
+    /// One `complete.lua` call for the whole batch when it fits one (512 entries, 8 MiB
+    /// of results); the script handles the entries in order, so a second entry for one
+    /// job answers lease lost (L5). A larger batch goes through
+    /// [`jobs_core::complete_each`], which the grouping of concurrent completes batches
+    /// anyway.
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
+        self.complete_many(completions, now).await
+    }
+
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        self.fail_job(id, token, error, retry, now).await
+    }
+
+    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
+        self.release_job(id, token, now).await
+    }
+
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
+        Ok(self.reclaim_with_report(limit, now).await?.0)
+    }
+
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        self.cancel_job(id, now).await
+    }
+
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        self.retry_job(id, now).await
+    }
+
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        self.queue_stats(queue, now).await
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        self.list_jobs(query).await
+    }
+
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        self.purge_finished(limit, cutoff).await
+    }
+
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        self.inner.waker.wait(queues, timeout).await;
+        Ok(())
+    }
+}
