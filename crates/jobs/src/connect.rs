@@ -1,11 +1,11 @@
 //! Choosing a backend at run time from a URL.
 
-use std::sync::Arc;
-
 use jobs_core::{Error, Result, Store, StoreSettings};
 
+use crate::telemetry::MetricsLayer;
+
 /// Opens the store a URL names, with default settings. See [`connect_with`].
-pub async fn connect(url: &str) -> Result<Arc<dyn Store>> {
+pub async fn connect(url: &str) -> Result<Store> {
     connect_with(url, StoreSettings::default()).await
 }
 
@@ -18,12 +18,14 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>> {
 /// | `redis://host:port/db`, `rediss://…` | Redis | `redis` |
 /// | `postgres://user@host/db`, `postgresql://…` | PostgreSQL | `postgres` |
 ///
+/// The store carries the [`MetricsLayer`], so enqueued jobs are counted.
+///
 /// A scheme that is unknown, or whose feature is not enabled, is refused with
 /// [`Error::InvalidInput`] naming the field `url`. Error messages never repeat the URL,
 /// which may hold a password.
-pub async fn connect_with(url: &str, settings: StoreSettings) -> Result<Arc<dyn Store>> {
+pub async fn connect_with(url: &str, settings: StoreSettings) -> Result<Store> {
     let scheme = scheme_of(url)?;
-    match scheme.as_str() {
+    let store = match scheme.as_str() {
         "memory" => open_memory(settings),
         "sqlite" => open_sqlite(sqlite_path(url)?, settings).await,
         "redis" | "rediss" => open_redis(url, settings).await,
@@ -34,7 +36,8 @@ pub async fn connect_with(url: &str, settings: StoreSettings) -> Result<Arc<dyn 
                 "unknown scheme {other:?}; expected memory://, sqlite://, redis:// or postgres://"
             ),
         )),
-    }
+    }?;
+    Ok(store.layer(MetricsLayer))
 }
 
 /// The lower-cased scheme of `url`.
@@ -87,48 +90,48 @@ fn feature_off(feature: &str) -> Error {
 }
 
 #[cfg(feature = "memory")]
-fn open_memory(settings: StoreSettings) -> Result<Arc<dyn Store>> {
-    Ok(Arc::new(jobs_memory::MemoryStore::new(settings)?))
+fn open_memory(settings: StoreSettings) -> Result<Store> {
+    Ok(Store::new(jobs_memory::MemoryStore::new(settings)?))
 }
 
 #[cfg(not(feature = "memory"))]
-fn open_memory(_settings: StoreSettings) -> Result<Arc<dyn Store>> {
+fn open_memory(_settings: StoreSettings) -> Result<Store> {
     Err(feature_off("memory"))
 }
 
 #[cfg(feature = "sqlite")]
-async fn open_sqlite(path: String, settings: StoreSettings) -> Result<Arc<dyn Store>> {
-    Ok(Arc::new(
+async fn open_sqlite(path: String, settings: StoreSettings) -> Result<Store> {
+    Ok(Store::new(
         jobs_sqlite::SqliteStore::open(path, settings).await?,
     ))
 }
 
 #[cfg(not(feature = "sqlite"))]
-async fn open_sqlite(_path: String, _settings: StoreSettings) -> Result<Arc<dyn Store>> {
+async fn open_sqlite(_path: String, _settings: StoreSettings) -> Result<Store> {
     Err(feature_off("sqlite"))
 }
 
 #[cfg(feature = "redis")]
-async fn open_redis(url: &str, settings: StoreSettings) -> Result<Arc<dyn Store>> {
-    Ok(Arc::new(
+async fn open_redis(url: &str, settings: StoreSettings) -> Result<Store> {
+    Ok(Store::new(
         jobs_redis::RedisStore::connect(url, settings).await?,
     ))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn open_redis(_url: &str, _settings: StoreSettings) -> Result<Arc<dyn Store>> {
+async fn open_redis(_url: &str, _settings: StoreSettings) -> Result<Store> {
     Err(feature_off("redis"))
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str, settings: StoreSettings) -> Result<Arc<dyn Store>> {
-    Ok(Arc::new(
+async fn open_postgres(url: &str, settings: StoreSettings) -> Result<Store> {
+    Ok(Store::new(
         jobs_postgres::PostgresStore::connect(url, settings).await?,
     ))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(_url: &str, _settings: StoreSettings) -> Result<Arc<dyn Store>> {
+async fn open_postgres(_url: &str, _settings: StoreSettings) -> Result<Store> {
     Err(feature_off("postgres"))
 }
 

@@ -62,7 +62,7 @@ struct ContextInner {
     token: LeaseToken,
     worker: Arc<str>,
     cancel: Arc<CancelState>,
-    store: Arc<dyn Store>,
+    store: Store,
 }
 
 impl fmt::Debug for JobContext {
@@ -83,7 +83,7 @@ impl JobContext {
         token: LeaseToken,
         worker: Arc<str>,
         cancel: Arc<CancelState>,
-        store: Arc<dyn Store>,
+        store: Store,
     ) -> Self {
         JobContext {
             inner: Arc::new(ContextInner {
@@ -155,7 +155,7 @@ impl JobContext {
     }
 
     /// The store the job came from.
-    pub fn store(&self) -> &Arc<dyn Store> {
+    pub fn store(&self) -> &Store {
         &self.inner.store
     }
 

@@ -2,21 +2,33 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod client;
 mod connect;
 mod handler;
 pub mod telemetry;
 mod worker;
 
-pub use jobs_core::*;
-
-pub use client::Client;
+// What a user of the queue needs, and nothing a backend author needs: those tools
+// (`validate`, `ReadyOrder`, `JobIdHasher`, …) stay in `jobs-core`.
 pub use connect::{connect, connect_with};
 pub use handler::{CancelReason, JobContext, JobError, JobOutput, Json};
+pub use jobs_core::{
+    contract, Backoff, Bytes, ClaimRequest, ClaimedJob, Clock, Completion, Enqueued, Error,
+    Heartbeat, HeldLease, Job, JobId, JobState, Lease, LeaseToken, ListPage, ListQuery,
+    ManualClock, NewJob, QueueStats, ReclaimedJob, Result, Retry, Store, StoreSettings,
+    SystemClock, Timestamp,
+};
 pub use worker::{
     ShutdownHandle, Worker, WorkerBuilder, WorkerHandle, DEFAULT_BLOCKING_THRESHOLD,
     DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_TIMEOUT,
 };
+
+/// Writing layers: code that wraps every store call (metrics, tracing, fault
+/// injection, a tenant guard). A layer implements [`LayeredBackend`](layers::LayeredBackend)
+/// and overrides only the calls it changes; `store.layer(..)` adds it to a handle.
+pub mod layers {
+    pub use crate::telemetry::MetricsLayer;
+    pub use jobs_core::{async_trait, Backend, Capabilities, Layer, LayeredBackend};
+}
 
 /// The backends compiled in, one per enabled feature. Each module is the backend
 /// crate itself, for backend-specific options; most code only needs [`connect`].

@@ -10,10 +10,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use jobs_core::JobState;
+use jobs_core::{async_trait, Backend, Enqueued, JobState, Layer, LayeredBackend, NewJob};
+use jobs_core::{Result, Timestamp};
 use metrics::{counter, histogram, Counter, Histogram};
 
-/// Counter: jobs enqueued through [`crate::Client`] (created, not deduplicated).
+/// Counter: jobs enqueued through a store carrying the [`MetricsLayer`] (created, not
+/// deduplicated).
 pub const JOBS_ENQUEUED: &str = "jobs_enqueued";
 /// Counter: jobs claimed by a worker.
 pub const JOBS_CLAIMED: &str = "jobs_claimed";
@@ -122,5 +124,54 @@ impl WorkerMetrics {
             JobState::Cancelled => &self.reclaimed_cancelled,
             _ => &self.reclaimed_queued,
         }
+    }
+}
+
+/// Counts what passes through a store in the metrics above: enqueued jobs
+/// ([`JOBS_ENQUEUED`], by queue). [`crate::connect`] adds it; add it to a store built
+/// by hand with `store.layer(MetricsLayer)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MetricsLayer;
+
+impl Layer for MetricsLayer {
+    fn layer(&self, inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        Arc::new(Metered { inner })
+    }
+}
+
+/// A backend seen through the [`MetricsLayer`].
+#[derive(Debug)]
+struct Metered {
+    inner: Arc<dyn Backend>,
+}
+
+#[async_trait]
+impl LayeredBackend for Metered {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        let queue = job.queue.clone();
+        let enqueued = self.inner.enqueue(job, now).await?;
+        if enqueued.created {
+            counter!(JOBS_ENQUEUED, "queue" => queue).increment(1);
+        }
+        Ok(enqueued)
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
+        let queues: Vec<String> = jobs.iter().map(|job| job.queue.clone()).collect();
+        let enqueued = self.inner.enqueue_batch(jobs, now).await?;
+        let mut created: HashMap<String, u64> = HashMap::new();
+        for (queue, result) in queues.into_iter().zip(&enqueued) {
+            if result.created {
+                *created.entry(queue).or_default() += 1;
+            }
+        }
+        for (queue, count) in created {
+            counter!(JOBS_ENQUEUED, "queue" => queue).increment(count);
+        }
+        Ok(enqueued)
     }
 }

@@ -29,7 +29,7 @@ pub const DEFAULT_BLOCKING_THRESHOLD: Duration = Duration::from_millis(100);
 /// Where handlers run.
 #[derive(Clone)]
 pub(crate) enum HandlerRuntime {
-    /// Chosen by the store (see [`Store::tied_to_runtime`]): beside the claim loop on
+    /// Chosen by the store (see [`Capabilities::tied_to_runtime`](jobs_core::Capabilities::tied_to_runtime)): beside the claim loop on
     /// the worker's runtime when the store's calls do not need that runtime (the
     /// keeper then has a thread of its own), else on a runtime of the worker's own with
     /// this many threads.
@@ -45,7 +45,7 @@ pub(crate) enum HandlerRuntime {
 /// Every interval is real time (tokio timers), while lease expiry and retry times are
 /// decided on the store's clock; tests shorten the intervals and drive a `ManualClock`.
 pub struct WorkerBuilder {
-    store: Arc<dyn Store>,
+    store: Store,
     handlers: Vec<(String, Arc<dyn crate::handler::ErasedHandler>)>,
     worker_id: Option<String>,
     concurrency: usize,
@@ -81,7 +81,7 @@ impl fmt::Debug for WorkerBuilder {
 }
 
 impl WorkerBuilder {
-    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+    pub(crate) fn new(store: Store) -> Self {
         WorkerBuilder {
             store,
             handlers: Vec::new(),
@@ -389,7 +389,7 @@ impl WorkerBuilder {
 
 /// A built worker's settings, checked.
 pub(crate) struct Config {
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Store,
     pub(crate) handlers: HashMap<String, QueueHandler>,
     pub(crate) queue_names: Vec<String>,
     pub(crate) worker_id: Arc<str>,

@@ -258,7 +258,7 @@ impl<T> Drop for AbortOnDrop<T> {
 
 impl Worker {
     /// Starts configuring a worker over `store`.
-    pub fn builder(store: Arc<dyn Store>) -> WorkerBuilder {
+    pub fn builder(store: Store) -> WorkerBuilder {
         WorkerBuilder::new(store)
     }
 
@@ -335,7 +335,7 @@ async fn run_worker(
     // connections, and handlers elsewhere; one that needs no runtime lets handlers run
     // here, beside the claim loop (no thread hop per job), and keeps leases from a
     // thread of its own.
-    let tied = config.store.tied_to_runtime();
+    let tied = config.store.capabilities().tied_to_runtime;
     let handler_runtime = match &config.handler_runtime {
         HandlerRuntime::Auto(_) if !tied => {
             HandlerRuntime::Shared(tokio::runtime::Handle::current())
