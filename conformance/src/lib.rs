@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use jobs_core::{async_trait, JobId, Layer, ManualClock, Result, Store, StoreSettings};
+#[cfg(doc)]
+use jobs_core::Layer;
+use jobs_core::{async_trait, Backend, JobId, ManualClock, Result, Store, StoreSettings};
 
 mod scenarios;
 
@@ -197,18 +199,22 @@ pub trait Harness: Send + Sync {
     async fn teardown(&self, namespace: &str) -> Result<()>;
 }
 
-/// A harness whose stores pass through a [`Layer`]: the whole suite run on a layer
-/// over another backend. Made by [`HarnessExt::layered`].
-pub struct Layered<H, L> {
+/// A harness whose stores pass through a layer: the whole suite run on a layer over
+/// another backend. Made by [`HarnessExt::layered`].
+pub struct Layered<H, F> {
     harness: H,
-    layer: L,
+    wrap: F,
 }
 
 #[async_trait]
-impl<H: Harness, L: Layer + Send + Sync> Harness for Layered<H, L> {
+impl<H, F> Harness for Layered<H, F>
+where
+    H: Harness,
+    F: Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync,
+{
     async fn open(&self, settings: StoreSettings) -> Result<Store> {
         let store = self.harness.open(settings).await?;
-        Ok(Store::from(self.layer.layer(Arc::clone(store.backend()))))
+        Ok(Store::from((self.wrap)(Arc::clone(store.backend()))))
     }
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
@@ -222,18 +228,22 @@ impl<H: Harness, L: Layer + Send + Sync> Harness for Layered<H, L> {
 
 /// Combinators on every [`Harness`].
 pub trait HarnessExt: Harness + Sized {
-    /// This harness with `layer` around every store it opens.
+    /// This harness with every store's backend wrapped by `wrap`: a layer's
+    /// constructor, or any [`Layer`]'s `layer` method.
     ///
     /// ```ignore
     /// async fn harness() -> Option<impl Harness> {
-    ///     Some(MemoryServer::new().layered(|inner| Arc::new(MyLayer(inner)) as Arc<dyn Backend>))
+    ///     Some(MemoryServer::new().layered(|inner| Arc::new(MyLayer(inner))))
     /// }
     /// jobs_conformance::conformance_tests!(harness);
     /// ```
-    fn layered<L: Layer + Send + Sync>(self, layer: L) -> Layered<Self, L> {
+    fn layered<F>(self, wrap: F) -> Layered<Self, F>
+    where
+        F: Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync,
+    {
         Layered {
             harness: self,
-            layer,
+            wrap,
         }
     }
 }
@@ -353,10 +363,7 @@ impl<'a> TestEnv<'a> {
     }
 
     /// Opens a store with changed settings on the same namespace and clock.
-    pub async fn store_with(
-        &self,
-        change: impl FnOnce(StoreSettings) -> StoreSettings,
-    ) -> Store {
+    pub async fn store_with(&self, change: impl FnOnce(StoreSettings) -> StoreSettings) -> Store {
         let settings = change(self.settings.clone());
         match self.harness.open(settings).await {
             Ok(store) => store,

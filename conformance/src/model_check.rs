@@ -30,7 +30,6 @@ mod ops;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
@@ -208,7 +207,7 @@ struct Claim {
 
 /// One case in progress: the store, the model, and the map between their ids.
 struct Run {
-    store: Arc<dyn Store>,
+    store: Store,
     clock: ManualClock,
     model: Model,
     /// Model id → store id.

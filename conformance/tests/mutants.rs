@@ -1,9 +1,9 @@
 //! The suite has teeth: each test wraps the in-memory store in a deliberately broken
-//! store (a *mutant*, one bug each), runs the scenario of the rule the bug breaks, and
+//! layer (a *mutant*, one bug each), runs the scenario of the rule the bug breaks, and
 //! asserts that the scenario fails on the mutant and passes on the real store.
 //!
-//! Every mutant is one [`Mutant`]: a forwarding [`Store`] whose operations go through
-//! a [`Bug`]'s hooks. A hook forwards to the real store unless the bug overrides it,
+//! Every mutant is one [`Mutant`]: a [`LayeredBackend`] whose operations go through a
+//! [`Bug`]'s hooks. A hook forwards to the real backend unless the bug overrides it,
 //! so each bug is written as the one operation it breaks, the way the real bug would
 //! sit in a backend.
 
@@ -15,119 +15,166 @@ use std::time::Duration;
 
 use jobs_conformance::{Harness, Scenario, SCENARIOS};
 use jobs_core::{
-    async_trait, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job,
-    JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result,
-    Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+    async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
+    HeldLease, JobId, JobState, LayeredBackend, LeaseToken, ListQuery, NewJob, QueueStats,
+    ReclaimedJob, Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
 };
 use jobs_memory::MemoryServer;
 
 // ---------------------------------------------------------------------------------
-// The forwarding wrapper.
+// The forwarding layer.
 
-/// One deliberate bug. Each hook receives the real store and, by default, forwards
+/// One deliberate bug. Each hook receives the real backend and, by default, forwards
 /// to it; a bug overrides the hook of the operation it breaks.
 #[async_trait]
 trait Bug: Send + Sync + fmt::Debug + 'static {
-    async fn enqueue(&self, inner: &dyn Store, job: NewJob) -> Result<Enqueued> {
-        inner.enqueue(job).await
+    /// The job as the `handle`-th store of its namespace hands it to the backend.
+    fn stamp(&self, _handle: usize, job: NewJob, _now: Timestamp) -> NewJob {
+        job
     }
 
-    async fn enqueue_batch(&self, inner: &dyn Store, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        inner.enqueue_batch(jobs).await
+    async fn enqueue(&self, inner: &dyn Backend, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        inner.enqueue(job, now).await
     }
 
-    async fn claim(&self, inner: &dyn Store, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        inner.claim(request).await
+    async fn enqueue_batch(
+        &self,
+        inner: &dyn Backend,
+        jobs: Vec<NewJob>,
+        now: Timestamp,
+    ) -> Result<Vec<Enqueued>> {
+        inner.enqueue_batch(jobs, now).await
+    }
+
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        inner.claim(request, now).await
     }
 
     async fn heartbeat(
         &self,
-        inner: &dyn Store,
-        id: JobId,
-        token: LeaseToken,
+        inner: &dyn Backend,
+        lease: HeldLease,
         ttl: Duration,
+        now: Timestamp,
     ) -> Result<Heartbeat> {
-        inner.heartbeat(id, token, ttl).await
+        inner.heartbeat(lease.id, lease.token, ttl, now).await
     }
 
     async fn complete(
         &self,
-        inner: &dyn Store,
-        id: JobId,
-        token: LeaseToken,
+        inner: &dyn Backend,
+        lease: HeldLease,
         result: Option<Bytes>,
+        now: Timestamp,
     ) -> Result<()> {
-        inner.complete(id, token, result).await
+        inner.complete(lease.id, lease.token, result, now).await
     }
 
-    async fn reclaim(&self, inner: &dyn Store, limit: usize) -> Result<Vec<ReclaimedJob>> {
-        inner.reclaim(limit).await
+    async fn fail(
+        &self,
+        inner: &dyn Backend,
+        lease: HeldLease,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        inner.fail(lease.id, lease.token, error, retry, now).await
+    }
+
+    async fn release(&self, inner: &dyn Backend, lease: HeldLease, now: Timestamp) -> Result<()> {
+        inner.release(lease.id, lease.token, now).await
+    }
+
+    async fn reclaim(
+        &self,
+        inner: &dyn Backend,
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<Vec<ReclaimedJob>> {
+        inner.reclaim(limit, now).await
+    }
+
+    async fn stats(&self, inner: &dyn Backend, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        inner.stats(queue, now).await
     }
 }
 
-/// The real store behind one bug.
+/// The real backend behind one bug, opened as the `handle`-th store of its namespace
+/// (0 for the first), for bugs that live in one handle's state.
 #[derive(Debug)]
 struct Mutant {
-    inner: Arc<dyn Store>,
+    inner: Arc<dyn Backend>,
     bug: Arc<dyn Bug>,
+    handle: usize,
 }
 
-#[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl Store for Mutant {
-    fn settings(&self) -> &StoreSettings {
-        self.inner.settings()
+impl LayeredBackend for Mutant {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
     }
 
-    fn tied_to_runtime(&self) -> bool {
-        self.inner.tied_to_runtime()
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        let job = self.bug.stamp(self.handle, job, now);
+        self.bug.enqueue(&*self.inner, job, now).await
     }
 
-    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        self.bug.enqueue(&*self.inner, job).await
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
+        let jobs = jobs
+            .into_iter()
+            .map(|job| self.bug.stamp(self.handle, job, now))
+            .collect();
+        self.bug.enqueue_batch(&*self.inner, jobs, now).await
     }
 
-    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        self.bug.enqueue_batch(&*self.inner, jobs).await
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+        self.bug.claim(&*self.inner, request, now).await
     }
 
-    async fn get(&self, id: JobId) -> Result<Job> {
-        self.inner.get(id).await
-    }
-
-    async fn payload(&self, id: JobId) -> Result<Bytes> {
-        self.inner.payload(id).await
-    }
-
-    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        self.inner.children(parent).await
-    }
-
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        self.bug.claim(&*self.inner, request).await
-    }
-
-    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
-        self.bug.heartbeat(&*self.inner, id, token, ttl).await
-    }
-
-    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
-        self.bug.complete(&*self.inner, id, token, result).await
-    }
-
-    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
-        // Through the mutant's own `complete`, so a broken complete is broken here too.
-        Ok(jobs_core::complete_each(self, completions).await)
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        let lease = HeldLease::new(id, token);
+        self.bug.heartbeat(&*self.inner, lease, ttl, now).await
     }
 
     async fn heartbeat_batch(
         &self,
         leases: Vec<HeldLease>,
         ttl: Duration,
+        now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
         // Through the mutant's own `heartbeat`, so a broken heartbeat is broken here too.
-        jobs_core::validate::validate_lease_ttl(ttl)?;
-        Ok(jobs_core::heartbeat_each(self, leases, ttl).await)
+        Ok(jobs_core::heartbeat_each(self, leases, ttl, now).await)
+    }
+
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        let lease = HeldLease::new(id, token);
+        self.bug.complete(&*self.inner, lease, result, now).await
+    }
+
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
+        // Through the mutant's own `complete`, so a broken complete is broken here too.
+        Ok(jobs_core::complete_each(self, completions, now).await)
     }
 
     async fn fail(
@@ -136,40 +183,23 @@ impl Store for Mutant {
         token: LeaseToken,
         error: &str,
         retry: Retry,
+        now: Timestamp,
     ) -> Result<JobState> {
-        self.inner.fail(id, token, error, retry).await
+        let lease = HeldLease::new(id, token);
+        self.bug.fail(&*self.inner, lease, error, retry, now).await
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
-        self.inner.release(id, token).await
+    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
+        let lease = HeldLease::new(id, token);
+        self.bug.release(&*self.inner, lease, now).await
     }
 
-    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
-        self.bug.reclaim(&*self.inner, limit).await
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
+        self.bug.reclaim(&*self.inner, limit, now).await
     }
 
-    async fn cancel(&self, id: JobId) -> Result<JobState> {
-        self.inner.cancel(id).await
-    }
-
-    async fn retry(&self, id: JobId) -> Result<()> {
-        self.inner.retry(id).await
-    }
-
-    async fn stats(&self, queue: &str) -> Result<QueueStats> {
-        self.inner.stats(queue).await
-    }
-
-    async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        self.inner.list(query).await
-    }
-
-    async fn purge(&self, limit: usize) -> Result<u64> {
-        self.inner.purge(limit).await
-    }
-
-    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
-        self.inner.wait_for_work(queues, timeout).await
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        self.bug.stats(&*self.inner, queue, now).await
     }
 }
 
@@ -179,6 +209,8 @@ impl Store for Mutant {
 struct MemoryHarness {
     server: MemoryServer,
     bug: Option<Arc<dyn Bug>>,
+    /// How many stores were opened per namespace.
+    opened: Mutex<HashMap<String, usize>>,
 }
 
 impl MemoryHarness {
@@ -186,6 +218,7 @@ impl MemoryHarness {
         Arc::new(MemoryHarness {
             server: MemoryServer::new(),
             bug: None,
+            opened: Mutex::default(),
         })
     }
 
@@ -193,25 +226,38 @@ impl MemoryHarness {
         Arc::new(MemoryHarness {
             server: MemoryServer::new(),
             bug: Some(Arc::new(bug)),
+            opened: Mutex::default(),
         })
     }
 }
 
 #[async_trait]
 impl Harness for MemoryHarness {
-    async fn open(&self, settings: StoreSettings) -> Result<Arc<dyn Store>> {
-        let inner: Arc<dyn Store> = Arc::new(self.server.open(settings)?);
+    async fn open(&self, settings: StoreSettings) -> Result<Store> {
+        let handle = {
+            let mut opened = lock(&self.opened);
+            let count = opened.entry(settings.namespace.clone()).or_default();
+            *count += 1;
+            *count - 1
+        };
+        let inner: Arc<dyn Backend> = Arc::new(self.server.open(settings)?);
         Ok(match &self.bug {
-            Some(bug) => Arc::new(Mutant {
+            Some(bug) => Store::new(Mutant {
                 inner,
                 bug: Arc::clone(bug),
+                handle,
             }),
-            None => inner,
+            None => Store::from(inner),
         })
     }
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
         self.server.vanish(namespace, id);
+        Ok(())
+    }
+
+    async fn teardown(&self, namespace: &str) -> Result<()> {
+        self.server.drop_namespace(namespace);
         Ok(())
     }
 }
@@ -236,7 +282,12 @@ struct DoubleClaim {
 
 #[async_trait]
 impl Bug for DoubleClaim {
-    async fn claim(&self, inner: &dyn Store, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
         let namespace = &inner.settings().namespace;
         let odd = self.calls.fetch_add(1, Ordering::Relaxed) % 2 == 1;
         // Each job is served twice at most, so a draining claimer still sees an end.
@@ -249,7 +300,7 @@ impl Bug for DoubleClaim {
         if stale.is_some() {
             request.limit -= 1;
         }
-        let mut claimed = inner.claim(request).await?;
+        let mut claimed = inner.claim(request, now).await?;
         if let Some(last) = claimed.last() {
             lock(&self.last).insert(namespace.clone(), last.clone());
         }
@@ -269,16 +320,18 @@ struct ReversedFifo;
 
 #[async_trait]
 impl Bug for ReversedFifo {
-    async fn claim(&self, inner: &dyn Store, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        if request.limit == 0 {
-            return inner.claim(request).await;
-        }
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
         let limit = request.limit;
         let window = ClaimRequest {
             limit: limit + 64,
             ..request
         };
-        let claimed = inner.claim(window).await?;
+        let claimed = inner.claim(window, now).await?;
         let mut broken: Vec<usize> = (0..claimed.len()).collect();
         broken.sort_by(|&a, &b| {
             let (a, b) = (&claimed[a].job, &claimed[b].job);
@@ -290,7 +343,7 @@ impl Bug for ReversedFifo {
         let keep: BTreeSet<usize> = broken.iter().take(limit).copied().collect();
         for (i, job) in claimed.iter().enumerate() {
             if !keep.contains(&i) {
-                inner.release(job.id(), job.token()).await?;
+                inner.release(job.id(), job.token(), now).await?;
             }
         }
         Ok(broken
@@ -312,7 +365,7 @@ struct ReclaimAtExpiry {
 }
 
 impl ReclaimAtExpiry {
-    fn note(&self, inner: &dyn Store, queue: &str) {
+    fn note(&self, inner: &dyn Backend, queue: &str) {
         lock(&self.queues)
             .entry(inner.settings().namespace.clone())
             .or_default()
@@ -322,21 +375,30 @@ impl ReclaimAtExpiry {
 
 #[async_trait]
 impl Bug for ReclaimAtExpiry {
-    async fn enqueue(&self, inner: &dyn Store, job: NewJob) -> Result<Enqueued> {
+    async fn enqueue(&self, inner: &dyn Backend, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         self.note(inner, &job.queue);
-        inner.enqueue(job).await
+        inner.enqueue(job, now).await
     }
 
-    async fn enqueue_batch(&self, inner: &dyn Store, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+    async fn enqueue_batch(
+        &self,
+        inner: &dyn Backend,
+        jobs: Vec<NewJob>,
+        now: Timestamp,
+    ) -> Result<Vec<Enqueued>> {
         for job in &jobs {
             self.note(inner, &job.queue);
         }
-        inner.enqueue_batch(jobs).await
+        inner.enqueue_batch(jobs, now).await
     }
 
-    async fn reclaim(&self, inner: &dyn Store, limit: usize) -> Result<Vec<ReclaimedJob>> {
-        let mut reclaimed = inner.reclaim(limit).await?;
-        let now = inner.settings().now();
+    async fn reclaim(
+        &self,
+        inner: &dyn Backend,
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<Vec<ReclaimedJob>> {
+        let mut reclaimed = inner.reclaim(limit, now).await?;
         let queues: Vec<String> = lock(&self.queues)
             .get(&inner.settings().namespace)
             .map(|queues| queues.iter().cloned().collect())
@@ -355,7 +417,7 @@ impl Bug for ReclaimAtExpiry {
                         continue;
                     }
                     let state = inner
-                        .fail(job.id, lease.token, LEASE_EXPIRED, Retry::At(now))
+                        .fail(job.id, lease.token, LEASE_EXPIRED, Retry::At(now), now)
                         .await?;
                     reclaimed.push(ReclaimedJob { id: job.id, state });
                 }
@@ -378,16 +440,16 @@ struct CompleteIgnoresToken;
 impl Bug for CompleteIgnoresToken {
     async fn complete(
         &self,
-        inner: &dyn Store,
-        id: JobId,
-        token: LeaseToken,
+        inner: &dyn Backend,
+        lease: HeldLease,
         result: Option<Bytes>,
+        now: Timestamp,
     ) -> Result<()> {
-        let current = match inner.get(id).await {
-            Ok(job) => job.lease.map_or(token, |lease| lease.token),
-            Err(_) => token,
+        let current = match inner.get(lease.id).await {
+            Ok(job) => job.lease.map_or(lease.token, |lease| lease.token),
+            Err(_) => lease.token,
         };
-        inner.complete(id, current, result).await
+        inner.complete(lease.id, current, result, now).await
     }
 }
 
@@ -405,12 +467,11 @@ struct CheckThenSetDedup {
 
 #[async_trait]
 impl Bug for CheckThenSetDedup {
-    async fn enqueue(&self, inner: &dyn Store, job: NewJob) -> Result<Enqueued> {
+    async fn enqueue(&self, inner: &dyn Backend, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         let Some(key) = job.idempotency_key.clone() else {
-            return inner.enqueue(job).await;
+            return inner.enqueue(job, now).await;
         };
         let settings = inner.settings();
-        let now = settings.now();
         let slot = (settings.namespace.clone(), job.tenant.clone(), key);
         let known = lock(&self.keys).get(&slot).copied();
         if let Some((id, set_at)) = known {
@@ -423,7 +484,7 @@ impl Bug for CheckThenSetDedup {
         // The store's own, atomic dedup is bypassed: that is the bug.
         let mut job = job;
         job.idempotency_key = None;
-        let enqueued = inner.enqueue(job).await?;
+        let enqueued = inner.enqueue(job, now).await?;
         lock(&self.keys).insert(slot, (enqueued.id, now));
         Ok(enqueued)
     }
@@ -438,18 +499,124 @@ struct HeartbeatFakesVanished;
 impl Bug for HeartbeatFakesVanished {
     async fn heartbeat(
         &self,
-        inner: &dyn Store,
-        id: JobId,
-        token: LeaseToken,
+        inner: &dyn Backend,
+        lease: HeldLease,
         ttl: Duration,
+        now: Timestamp,
     ) -> Result<Heartbeat> {
-        match inner.heartbeat(id, token, ttl).await {
+        match inner.heartbeat(lease.id, lease.token, ttl, now).await {
             Err(err) if err.is_not_found() => Ok(Heartbeat {
                 cancel_requested: false,
-                expires_at: inner.settings().now().saturating_add(ttl),
+                expires_at: now.saturating_add(ttl),
             }),
             other => other,
         }
+    }
+}
+
+/// C3 (#12, behaviour 1): every store handle keeps its own enqueue sequence, so a job
+/// enqueued through a second or reopened handle at the same instant and priority sorts
+/// ahead of older ready jobs. Written as the order it produces: such a job becomes
+/// ready a moment earlier than its real enqueue instant.
+#[derive(Debug, Default)]
+struct SequencePerHandle;
+
+#[async_trait]
+impl Bug for SequencePerHandle {
+    fn stamp(&self, handle: usize, job: NewJob, now: Timestamp) -> NewJob {
+        if handle == 0 || job.run_at.is_some() {
+            return job;
+        }
+        job.run_at(now.saturating_sub(Duration::from_millis(1)))
+    }
+}
+
+/// L9 (#12, behaviours 5 and 6): `release` and `fail` read the job, check the lease,
+/// and then write without checking it again. A reclaim that lands in between takes
+/// the job, and the holder's write lands on top of it: both calls succeed.
+#[derive(Debug, Default)]
+struct CheckThenWriteLease;
+
+impl CheckThenWriteLease {
+    /// The check, then the gap in which a reclaim may take the job.
+    async fn check(inner: &dyn Backend, lease: HeldLease) -> Result<()> {
+        let job = inner.get(lease.id).await?;
+        let current = job.lease.map(|l| l.token);
+        if job.state != JobState::Running || current != Some(lease.token) {
+            return Err(Error::LeaseLost { id: lease.id });
+        }
+        // The round trip between the read and the write.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Bug for CheckThenWriteLease {
+    async fn fail(
+        &self,
+        inner: &dyn Backend,
+        lease: HeldLease,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        Self::check(inner, lease).await?;
+        match inner.fail(lease.id, lease.token, error, retry, now).await {
+            // The unchecked write "succeeds" whatever happened in the gap.
+            Err(err) if err.is_lease_lost() => Ok(JobState::Dead),
+            other => other,
+        }
+    }
+
+    async fn release(&self, inner: &dyn Backend, lease: HeldLease, now: Timestamp) -> Result<()> {
+        Self::check(inner, lease).await?;
+        match inner.release(lease.id, lease.token, now).await {
+            Err(err) if err.is_lease_lost() => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// A3: `stats` matches the queue by prefix (`LIKE 'q%'`, a key scan on `q*`), so a
+/// queue's counts include every queue whose name starts with its name.
+#[derive(Debug, Default)]
+struct StatsByPrefix {
+    queues: Mutex<HashMap<String, BTreeSet<String>>>,
+}
+
+#[async_trait]
+impl Bug for StatsByPrefix {
+    async fn enqueue(&self, inner: &dyn Backend, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        lock(&self.queues)
+            .entry(inner.settings().namespace.clone())
+            .or_default()
+            .insert(job.queue.clone());
+        inner.enqueue(job, now).await
+    }
+
+    async fn stats(&self, inner: &dyn Backend, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        let queues: Vec<String> = lock(&self.queues)
+            .get(&inner.settings().namespace)
+            .map(|queues| {
+                queues
+                    .iter()
+                    .filter(|q| q.starts_with(queue))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut total = inner.stats(queue, now).await?;
+        for other in queues.iter().filter(|q| q.as_str() != queue) {
+            let more = inner.stats(other, now).await?;
+            total.ready += more.ready;
+            total.scheduled += more.scheduled;
+            total.running += more.running;
+            total.succeeded += more.succeeded;
+            total.dead += more.dead;
+            total.cancelled += more.cancelled;
+        }
+        Ok(total)
     }
 }
 
@@ -580,6 +747,29 @@ async fn heartbeat_faking_unknown_job_is_caught_by_l3() {
     caught(
         HeartbeatFakesVanished,
         "l3_calls_on_unknown_job_are_not_found",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequence_per_handle_is_caught_by_c3() {
+    caught(SequencePerHandle, "c3_fifo_holds_across_handles").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn release_and_fail_checking_then_writing_are_caught_by_l9() {
+    caught(
+        CheckThenWriteLease,
+        "l9_holder_racing_reclaim_has_one_winner",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stats_by_prefix_is_caught_by_a3() {
+    caught(
+        StatsByPrefix::default(),
+        "a3_stats_of_queues_sharing_a_prefix_are_apart",
     )
     .await;
 }

@@ -22,12 +22,12 @@ use crate::{Harness, TestEnv};
 pub async fn a1_cancel_queued_job_is_cancelled(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let ready = enqueue(&*store, NewJob::new("q"), "A1").await;
+    let ready = enqueue(&store, NewJob::new("q"), "A1").await;
     let later = env.clock.now().saturating_add(Duration::from_secs(30));
-    let scheduled = enqueue(&*store, NewJob::new("q").run_at(later), "A1").await;
+    let scheduled = enqueue(&store, NewJob::new("q").run_at(later), "A1").await;
     env.clock.advance(Duration::from_secs(1));
     for id in [ready, scheduled] {
-        let before = get(&*store, id, "A1").await;
+        let before = get(&store, id, "A1").await;
         assert_eq!(
             store.cancel(id).await.must("A1: cancel"),
             JobState::Cancelled,
@@ -37,15 +37,15 @@ pub async fn a1_cancel_queued_job_is_cancelled(harness: &dyn Harness) {
         expected.state = JobState::Cancelled;
         expected.finished_at = Some(env.clock.now());
         assert_eq!(
-            get(&*store, id, "A1").await,
+            get(&store, id, "A1").await,
             expected,
             "A1: a cancelled job is terminal, finished now, otherwise unchanged"
         );
     }
     env.clock.advance(Duration::from_secs(60));
-    assert_nothing_claimable(&*store, &["q"], "A1: cancelled jobs are never claimed").await;
+    assert_nothing_claimable(&store, &["q"], "A1: cancelled jobs are never claimed").await;
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             cancelled: 2,
@@ -61,8 +61,8 @@ pub async fn a1_cancel_queued_job_is_cancelled(harness: &dyn Harness) {
 pub async fn a1_cancel_running_job_requests_cancellation(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q"), "A1").await;
-    let held = claim_expecting(&*store, "q", id, "A1").await;
+    let id = enqueue(&store, NewJob::new("q"), "A1").await;
+    let held = claim_expecting(&store, "q", id, "A1").await;
     for round in 0..2 {
         assert_eq!(
             store.cancel(id).await.must("A1: cancel"),
@@ -72,7 +72,7 @@ pub async fn a1_cancel_running_job_requests_cancellation(harness: &dyn Harness) 
         let mut expected = held.job.clone();
         expected.cancel_requested = true;
         assert_eq!(
-            get(&*store, id, "A1").await,
+            get(&store, id, "A1").await,
             expected,
             "A1: cancel on a running job only sets cancel_requested"
         );
@@ -92,10 +92,10 @@ pub async fn a1_cancel_running_job_requests_cancellation(harness: &dyn Harness) 
 pub async fn a1_cancel_terminal_job_changes_nothing(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let done = enqueue(&*store, NewJob::new("q"), "A1").await;
-    let dead = enqueue(&*store, NewJob::new("q"), "A1").await;
-    let cancelled = enqueue(&*store, NewJob::new("q"), "A1").await;
-    let held = claim(&*store, &["q"], 2, "A1").await;
+    let done = enqueue(&store, NewJob::new("q"), "A1").await;
+    let dead = enqueue(&store, NewJob::new("q"), "A1").await;
+    let cancelled = enqueue(&store, NewJob::new("q"), "A1").await;
+    let held = claim(&store, &["q"], 2, "A1").await;
     store
         .complete(done, held[0].token(), Some(Bytes::from_static(b"r")))
         .await
@@ -111,14 +111,14 @@ pub async fn a1_cancel_terminal_job_changes_nothing(harness: &dyn Harness) {
         (dead, JobState::Dead),
         (cancelled, JobState::Cancelled),
     ] {
-        let before = get(&*store, id, "A1").await;
+        let before = get(&store, id, "A1").await;
         assert_eq!(
             store.cancel(id).await.must("A1: cancel a terminal job"),
             state,
             "A1: cancel on a terminal job returns its state"
         );
         assert_unchanged(
-            &*store,
+            &store,
             &before,
             "A1: cancel on a terminal job changes nothing",
         )
@@ -137,14 +137,14 @@ pub async fn a1_cancel_terminal_job_changes_nothing(harness: &dyn Harness) {
 pub async fn a1_cancel_requested_then_complete_is_succeeded(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q"), "A1").await;
-    let held = claim_expecting(&*store, "q", id, "A1").await;
+    let id = enqueue(&store, NewJob::new("q"), "A1").await;
+    let held = claim_expecting(&store, "q", id, "A1").await;
     store.cancel(id).await.must("A1: cancel");
     store
         .complete(id, held.token(), Some(Bytes::from_static(b"done")))
         .await
         .must("A1: complete after cancel");
-    let job = get(&*store, id, "A1").await;
+    let job = get(&store, id, "A1").await;
     assert_eq!(job.state, JobState::Succeeded, "A1: complete wins");
     assert_eq!(job.result, Some(Bytes::from_static(b"done")));
 }
@@ -154,8 +154,8 @@ pub async fn a1_cancel_requested_then_complete_is_succeeded(harness: &dyn Harnes
 pub async fn a1_cancel_requested_then_fail_is_cancelled(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").max_attempts(10), "A1").await;
-    let held = claim_expecting(&*store, "q", id, "A1").await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(10), "A1").await;
+    let held = claim_expecting(&store, "q", id, "A1").await;
     store.cancel(id).await.must("A1: cancel");
     env.clock.advance(Duration::from_secs(2));
     assert_eq!(
@@ -166,7 +166,7 @@ pub async fn a1_cancel_requested_then_fail_is_cancelled(harness: &dyn Harness) {
         JobState::Cancelled,
         "A1: fail of a cancel-requested job reports cancelled"
     );
-    let job = get(&*store, id, "A1").await;
+    let job = get(&store, id, "A1").await;
     assert_eq!(
         job.state,
         JobState::Cancelled,
@@ -175,7 +175,7 @@ pub async fn a1_cancel_requested_then_fail_is_cancelled(harness: &dyn Harness) {
     assert_eq!(job.finished_at, Some(env.clock.now()));
     assert_eq!(job.lease, None);
     env.clock.advance(Duration::from_secs(60));
-    assert_nothing_claimable(&*store, &["q"], "A1: never requeued").await;
+    assert_nothing_claimable(&store, &["q"], "A1: never requeued").await;
 }
 
 /// A1 with the decision: a cancel-requested job the holder releases is `cancelled`
@@ -183,15 +183,15 @@ pub async fn a1_cancel_requested_then_fail_is_cancelled(harness: &dyn Harness) {
 pub async fn a1_cancel_requested_then_release_is_cancelled(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q"), "A1").await;
-    let held = claim_expecting(&*store, "q", id, "A1").await;
+    let id = enqueue(&store, NewJob::new("q"), "A1").await;
+    let held = claim_expecting(&store, "q", id, "A1").await;
     store.cancel(id).await.must("A1: cancel");
     env.clock.advance(Duration::from_secs(2));
     store
         .release(id, held.token())
         .await
         .must("A1: release after cancel");
-    let job = get(&*store, id, "A1").await;
+    let job = get(&store, id, "A1").await;
     assert_eq!(
         job.state,
         JobState::Cancelled,
@@ -203,7 +203,7 @@ pub async fn a1_cancel_requested_then_release_is_cancelled(harness: &dyn Harness
         job.attempts, 1,
         "A1: a released cancel-requested job keeps its attempt counted (L8 takes an attempt back only from a job that goes back to queued)"
     );
-    assert_nothing_claimable(&*store, &["q"], "A1: never requeued").await;
+    assert_nothing_claimable(&store, &["q"], "A1: never requeued").await;
 }
 
 /// A2 with the decision: `retry` of a dead job makes it `queued`, ready now, attempts
@@ -212,22 +212,22 @@ pub async fn a1_cancel_requested_then_release_is_cancelled(harness: &dyn Harness
 pub async fn a2_retry_dead_job_requeues_with_attempts_reset(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").max_attempts(2).payload("p"), "A2").await;
-    let first = claim_expecting(&*store, "q", id, "A2").await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(2).payload("p"), "A2").await;
+    let first = claim_expecting(&store, "q", id, "A2").await;
     store
         .fail(id, first.token(), "one", Retry::At(env.clock.now()))
         .await
         .must("A2");
-    let second = claim_expecting(&*store, "q", id, "A2").await;
+    let second = claim_expecting(&store, "q", id, "A2").await;
     store
         .fail(id, second.token(), "two", Retry::At(env.clock.now()))
         .await
         .must("A2");
-    let dead = get(&*store, id, "A2").await;
+    let dead = get(&store, id, "A2").await;
     assert_eq!(dead.state, JobState::Dead);
     env.clock.advance(Duration::from_secs(90));
     store.retry(id).await.must("A2: retry");
-    let job = get(&*store, id, "A2").await;
+    let job = get(&store, id, "A2").await;
     assert_eq!(
         (
             job.state,
@@ -269,7 +269,7 @@ pub async fn a2_retry_dead_job_requeues_with_attempts_reset(harness: &dyn Harnes
         ),
         "A2: retry keeps the job's own fields"
     );
-    let third = claim_expecting(&*store, "q", id, "A2: claimable after retry").await;
+    let third = claim_expecting(&store, "q", id, "A2: claimable after retry").await;
     assert_eq!(third.job.attempts, 1, "A2: attempts counted from 0 again");
     assert!(
         third.token() > second.token(),
@@ -281,7 +281,7 @@ pub async fn a2_retry_dead_job_requeues_with_attempts_reset(harness: &dyn Harnes
         .fail(id, third.token(), "three", Retry::At(env.clock.now()))
         .await
         .must("A2");
-    assert_eq!(get(&*store, id, "A2").await.state, JobState::Queued);
+    assert_eq!(get(&store, id, "A2").await.state, JobState::Queued);
 }
 
 /// A2: `retry` of a cancelled job (cancelled while queued, or cancel-requested while
@@ -289,19 +289,19 @@ pub async fn a2_retry_dead_job_requeues_with_attempts_reset(harness: &dyn Harnes
 pub async fn a2_retry_cancelled_job_requeues_it(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let queued = enqueue(&*store, NewJob::new("q").priority(1), "A2").await;
-    let running = enqueue(&*store, NewJob::new("q"), "A2").await;
-    let held = claim_expecting(&*store, "q", queued, "A2").await;
-    let held2 = claim_expecting(&*store, "q", running, "A2").await;
+    let queued = enqueue(&store, NewJob::new("q").priority(1), "A2").await;
+    let running = enqueue(&store, NewJob::new("q"), "A2").await;
+    let held = claim_expecting(&store, "q", queued, "A2").await;
+    let held2 = claim_expecting(&store, "q", running, "A2").await;
     store.release(queued, held.token()).await.must("A2");
     assert_eq!(store.cancel(queued).await.must("A2"), JobState::Cancelled);
     store.cancel(running).await.must("A2");
     store.release(running, held2.token()).await.must("A2");
-    assert_eq!(get(&*store, running, "A2").await.state, JobState::Cancelled);
+    assert_eq!(get(&store, running, "A2").await.state, JobState::Cancelled);
     env.clock.advance(Duration::from_secs(5));
     for id in [queued, running] {
         store.retry(id).await.must("A2: retry a cancelled job");
-        let job = get(&*store, id, "A2").await;
+        let job = get(&store, id, "A2").await;
         assert_eq!(
             job.state,
             JobState::Queued,
@@ -312,7 +312,7 @@ pub async fn a2_retry_cancelled_job_requeues_it(harness: &dyn Harness) {
         assert_eq!(job.attempts, 0);
         assert_eq!(job.run_at, env.clock.now());
     }
-    let claimed = claim(&*store, &["q"], 10, "A2").await;
+    let claimed = claim(&store, &["q"], 10, "A2").await;
     assert_eq!(
         ids_of(&claimed),
         vec![queued, running],
@@ -330,12 +330,12 @@ pub async fn a2_retry_cancelled_job_requeues_it(harness: &dyn Harness) {
 pub async fn a2_retry_of_other_states_is_invalid_state(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let done = enqueue(&*store, NewJob::new("q"), "A2").await;
-    let running = enqueue(&*store, NewJob::new("q"), "A2").await;
-    let queued = enqueue(&*store, NewJob::new("q"), "A2").await;
+    let done = enqueue(&store, NewJob::new("q"), "A2").await;
+    let running = enqueue(&store, NewJob::new("q"), "A2").await;
+    let queued = enqueue(&store, NewJob::new("q"), "A2").await;
     let later = env.clock.now().saturating_add(Duration::from_secs(60));
-    let scheduled = enqueue(&*store, NewJob::new("q").run_at(later), "A2").await;
-    let held = claim(&*store, &["q"], 2, "A2").await;
+    let scheduled = enqueue(&store, NewJob::new("q").run_at(later), "A2").await;
+    let held = claim(&store, &["q"], 2, "A2").await;
     store.complete(done, held[0].token(), None).await.must("A2");
     for (id, state) in [
         (queued, JobState::Queued),
@@ -343,14 +343,14 @@ pub async fn a2_retry_of_other_states_is_invalid_state(harness: &dyn Harness) {
         (running, JobState::Running),
         (done, JobState::Succeeded),
     ] {
-        let before = get(&*store, id, "A2").await;
+        let before = get(&store, id, "A2").await;
         expect_invalid_state(
             store.retry(id).await,
             id,
             state,
             &format!("A2: retry of a {state} job"),
         );
-        assert_unchanged(&*store, &before, "A2: a refused retry changes nothing").await;
+        assert_unchanged(&store, &before, "A2: a refused retry changes nothing").await;
     }
     let unknown = JobId::mint(env.clock.now());
     expect_not_found(
@@ -370,21 +370,21 @@ pub async fn a2_concurrent_retries_one_succeeds(harness: &dyn Harness) {
     let seed = env.store().await;
     let mut ids = Vec::new();
     for _ in 0..JOBS {
-        ids.push(enqueue(&*seed, NewJob::new("q").max_attempts(1), "A2").await);
+        ids.push(enqueue(&seed, NewJob::new("q").max_attempts(1), "A2").await);
     }
-    for job in claim(&*seed, &["q"], JOBS, "A2").await {
+    for job in claim(&seed, &["q"], JOBS, "A2").await {
         seed.fail(job.id(), job.token(), "x", Retry::Never)
             .await
             .must("A2");
     }
-    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    let mut stores: Vec<Store> = Vec::new();
     for _ in 0..4 {
         stores.push(env.store().await);
     }
     let barrier = Arc::new(Barrier::new(RETRIERS));
     let mut handles = Vec::new();
     for r in 0..RETRIERS {
-        let store = Arc::clone(&stores[r % stores.len()]);
+        let store = stores[r % stores.len()].clone();
         let barrier = Arc::clone(&barrier);
         let mut order = ids.clone();
         order.rotate_left(r % JOBS);
@@ -416,12 +416,38 @@ pub async fn a2_concurrent_retries_one_succeeds(harness: &dyn Harness) {
             "A2: exactly one of {RETRIERS} concurrent retries of job {id} must succeed"
         );
     }
-    let claimed = claim(&*seed, &["q"], 100, "A2: claim").await;
+    let claimed = claim(&seed, &["q"], 100, "A2: claim").await;
     let distinct: HashSet<JobId> = claimed.iter().map(|j| j.id()).collect();
     assert_eq!(claimed.len(), JOBS, "A2: each retried job is queued once");
     assert_eq!(distinct.len(), JOBS);
     for job in &claimed {
         assert_eq!(job.job.attempts, 1);
+    }
+}
+
+/// A3: queues whose names are prefixes of each other, or differ only past a
+/// separator, are counted apart: a backend that matches keys or rows by prefix would
+/// add one queue's jobs to another's.
+pub async fn a3_stats_of_queues_sharing_a_prefix_are_apart(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let queues = ["a", "ab", "a.b", "a:b", "ba"];
+    for (n, queue) in queues.iter().enumerate() {
+        for _ in 0..=n {
+            enqueue(&store, NewJob::new(*queue), "A3").await;
+        }
+    }
+    for (n, queue) in queues.iter().enumerate() {
+        assert_stats(
+            &store,
+            queue,
+            QueueStats {
+                ready: n as u64 + 1,
+                ..QueueStats::default()
+            },
+            &format!("A3: queue {queue} counts its own jobs only"),
+        )
+        .await;
     }
 }
 
@@ -431,7 +457,7 @@ pub async fn a2_concurrent_retries_one_succeeds(harness: &dyn Harness) {
 pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    assert_stats(&*store, "q", QueueStats::default(), "A3: an unused queue").await;
+    assert_stats(&store, "q", QueueStats::default(), "A3: an unused queue").await;
     expect_invalid(
         store.stats("bad queue").await,
         "queue",
@@ -445,13 +471,13 @@ pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
         } else {
             NewJob::new("q").max_attempts(if i == 11 { 1 } else { 5 })
         };
-        ids.push(enqueue(&*store, job, "A3").await);
+        ids.push(enqueue(&store, job, "A3").await);
     }
     for _ in 0..4 {
-        enqueue(&*store, NewJob::new("other"), "A3").await;
+        enqueue(&store, NewJob::new("other"), "A3").await;
     }
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             ready: 9,
@@ -461,7 +487,7 @@ pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
         "A3: enqueued",
     )
     .await;
-    let held = claim(&*store, &["q"], 6, "A3").await;
+    let held = claim(&store, &["q"], 6, "A3").await;
     store
         .complete(held[0].id(), held[0].token(), None)
         .await
@@ -492,10 +518,10 @@ pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
         dead: 1,
         cancelled: 2,
     };
-    assert_stats(&*store, "q", expected, "A3: every state").await;
-    assert_stats_agree(&*store, "q", "A3: every state").await;
+    assert_stats(&store, "q", expected, "A3: every state").await;
+    assert_stats_agree(&store, "q", "A3: every state").await;
     assert_stats(
-        &*store,
+        &store,
         "other",
         QueueStats {
             ready: 4,
@@ -507,7 +533,7 @@ pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
     // The clock moves: scheduled jobs become ready, the lease expires.
     env.clock.advance(Duration::from_secs(100));
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             ready: 3 + 4,
@@ -518,9 +544,9 @@ pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
     )
     .await;
     store.reclaim(100).await.must("A3: reclaim");
-    assert_stats_agree(&*store, "q", "A3: after reclaim").await;
+    assert_stats_agree(&store, "q", "A3: after reclaim").await;
     store.retry(held[1].id()).await.must("A3: retry");
-    let after = assert_stats_agree(&*store, "q", "A3: after retry").await;
+    let after = assert_stats_agree(&store, "q", "A3: after retry").await;
     assert_eq!(after.total(), 12, "A3: every job counted once");
 }
 
@@ -535,10 +561,10 @@ pub async fn a4_list_pages_join_to_the_whole_set_newest_first(harness: &dyn Harn
         if i % 5 == 0 {
             env.clock.advance(Duration::from_millis(3));
         }
-        ids.push(enqueue(&*store, NewJob::new("q").priority(i % 3), "A4").await);
-        enqueue(&*store, NewJob::new("q2"), "A4").await;
+        ids.push(enqueue(&store, NewJob::new("q").priority(i % 3), "A4").await);
+        enqueue(&store, NewJob::new("q2"), "A4").await;
     }
-    let held = claim(&*store, &["q"], 4, "A4").await;
+    let held = claim(&store, &["q"], 4, "A4").await;
     store
         .complete(held[0].id(), held[0].token(), None)
         .await
@@ -560,7 +586,7 @@ pub async fn a4_list_pages_join_to_the_whole_set_newest_first(harness: &dyn Harn
             for job in &page.jobs {
                 assert_eq!(
                     job,
-                    &get(&*store, job.id, "A4").await,
+                    &get(&store, job.id, "A4").await,
                     "A4: list shows jobs as get does"
                 );
             }
@@ -628,9 +654,9 @@ pub async fn a4_list_filters_by_state(harness: &dyn Harness) {
     let store = env.store().await;
     let mut ids = Vec::new();
     for _ in 0..30 {
-        ids.push(enqueue(&*store, NewJob::new("q"), "A4").await);
+        ids.push(enqueue(&store, NewJob::new("q"), "A4").await);
     }
-    let held = claim(&*store, &["q"], 20, "A4").await;
+    let held = claim(&store, &["q"], 20, "A4").await;
     for (i, job) in held.iter().enumerate() {
         match i % 4 {
             0 => store.complete(job.id(), job.token(), None).await.must("A4"),
@@ -648,7 +674,7 @@ pub async fn a4_list_filters_by_state(harness: &dyn Harness) {
         }
     }
     store.cancel(ids[29]).await.must("A4");
-    let all = list_all(&*store, "q", None, "A4").await;
+    let all = list_all(&store, "q", None, "A4").await;
     for state in JobState::ALL {
         let expected: Vec<JobId> = all
             .iter()
@@ -699,7 +725,7 @@ pub async fn a4_full_last_page_has_a_cursor_then_an_empty_page(harness: &dyn Har
     let store = env.store().await;
     let mut ids = Vec::new();
     for _ in 0..10 {
-        ids.push(enqueue(&*store, NewJob::new("q"), "A4").await);
+        ids.push(enqueue(&store, NewJob::new("q"), "A4").await);
     }
     let first = store.list(ListQuery::new("q").limit(5)).await.must("A4");
     assert_eq!(first.next, Some(ids[5]), "A4: a full page has a cursor");
@@ -737,7 +763,7 @@ pub async fn a4_jobs_keeping_state_are_never_skipped_while_paging(harness: &dyn 
     let mut ids = Vec::new();
     for i in 0..60i16 {
         // Priorities spread the claims over the whole list, not just its oldest end.
-        ids.push(enqueue(&*store, NewJob::new("q").priority((i * 7) % 5), "A4").await);
+        ids.push(enqueue(&store, NewJob::new("q").priority((i * 7) % 5), "A4").await);
     }
     for filter in [Some(JobState::Queued), None] {
         let mut seen: Vec<JobId> = Vec::new();
@@ -767,13 +793,13 @@ pub async fn a4_jobs_keeping_state_are_never_skipped_while_paging(harness: &dyn 
             round += 1;
             for _ in 0..3 {
                 enqueue(
-                    &*store,
+                    &store,
                     NewJob::new("q").priority(4),
                     "A4: enqueue between pages",
                 )
                 .await;
             }
-            for job in claim(&*store, &["q"], 2, "A4: claim between pages").await {
+            for job in claim(&store, &["q"], 2, "A4: claim between pages").await {
                 changed.insert(job.id());
                 if round % 2 == 0 {
                     store.complete(job.id(), job.token(), None).await.must("A4");
@@ -794,7 +820,7 @@ pub async fn a4_jobs_keeping_state_are_never_skipped_while_paging(harness: &dyn 
             }
             assert!(round < 100, "A4: paging never ends");
         }
-        let now_queued: HashSet<JobId> = list_all(&*store, "q", filter, "A4")
+        let now_queued: HashSet<JobId> = list_all(&store, "q", filter, "A4")
             .await
             .iter()
             .map(|j| j.id)
@@ -822,11 +848,11 @@ pub async fn a5_purge_deletes_terminal_jobs_after_retention(harness: &dyn Harnes
     const RETENTION: Duration = Duration::from_secs(3_600);
     let env = TestEnv::new(harness);
     let store = env.store_with(|s| s.retention(RETENTION)).await;
-    let parent = enqueue(&*store, NewJob::new("parents"), "A5").await;
-    let done = enqueue(&*store, NewJob::new("q").parent(parent).payload("d"), "A5").await;
-    let dead = enqueue(&*store, NewJob::new("q").parent(parent), "A5").await;
-    let cancelled = enqueue(&*store, NewJob::new("q").parent(parent), "A5").await;
-    let held = claim(&*store, &["q"], 2, "A5").await;
+    let parent = enqueue(&store, NewJob::new("parents"), "A5").await;
+    let done = enqueue(&store, NewJob::new("q").parent(parent).payload("d"), "A5").await;
+    let dead = enqueue(&store, NewJob::new("q").parent(parent), "A5").await;
+    let cancelled = enqueue(&store, NewJob::new("q").parent(parent), "A5").await;
+    let held = claim(&store, &["q"], 2, "A5").await;
     store.complete(done, held[0].token(), None).await.must("A5");
     store
         .fail(dead, held[1].token(), "x", Retry::Never)
@@ -835,10 +861,10 @@ pub async fn a5_purge_deletes_terminal_jobs_after_retention(harness: &dyn Harnes
     store.cancel(cancelled).await.must("A5");
     let gone = [done, dead, cancelled];
     env.clock.advance(RETENTION / 2);
-    let young = enqueue(&*store, NewJob::new("q").parent(parent), "A5").await;
-    let y = claim_expecting(&*store, "q", young, "A5").await;
+    let young = enqueue(&store, NewJob::new("q").parent(parent), "A5").await;
+    let y = claim_expecting(&store, "q", young, "A5").await;
     store.complete(young, y.token(), None).await.must("A5");
-    let waiting = enqueue(&*store, NewJob::new("q"), "A5").await;
+    let waiting = enqueue(&store, NewJob::new("q"), "A5").await;
 
     env.clock.advance(RETENTION / 2 - Duration::from_millis(1));
     assert_eq!(
@@ -860,7 +886,7 @@ pub async fn a5_purge_deletes_terminal_jobs_after_retention(harness: &dyn Harnes
             "A5: a purged job has no payload",
         );
     }
-    let listed: Vec<JobId> = list_all(&*store, "q", None, "A5")
+    let listed: Vec<JobId> = list_all(&store, "q", None, "A5")
         .await
         .iter()
         .map(|j| j.id)
@@ -871,7 +897,7 @@ pub async fn a5_purge_deletes_terminal_jobs_after_retention(harness: &dyn Harnes
         "A5: purged jobs are not listed"
     );
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             ready: 1,
@@ -890,7 +916,7 @@ pub async fn a5_purge_deletes_terminal_jobs_after_retention(harness: &dyn Harnes
         .collect();
     assert_eq!(children, vec![young], "A5: purged children are not listed");
     claim_expecting(
-        &*store,
+        &store,
         "q",
         waiting,
         "A5: claim is not tripped by purged jobs",
@@ -919,12 +945,12 @@ pub async fn a5_purge_never_deletes_non_terminal_jobs(harness: &dyn Harness) {
         .clock
         .now()
         .saturating_add(Duration::from_secs(10 * 86_400));
-    let queued = enqueue(&*store, NewJob::new("q").priority(-1), "A5").await;
-    let scheduled = enqueue(&*store, NewJob::new("q").run_at(far), "A5").await;
-    let running = enqueue(&*store, NewJob::new("q").priority(2), "A5").await;
-    let retried = enqueue(&*store, NewJob::new("q").priority(1).max_attempts(1), "A5").await;
-    let cancel_retried = enqueue(&*store, NewJob::new("q").priority(1), "A5").await;
-    let held = claim(&*store, &["q"], 2, "A5").await;
+    let queued = enqueue(&store, NewJob::new("q").priority(-1), "A5").await;
+    let scheduled = enqueue(&store, NewJob::new("q").run_at(far), "A5").await;
+    let running = enqueue(&store, NewJob::new("q").priority(2), "A5").await;
+    let retried = enqueue(&store, NewJob::new("q").priority(1).max_attempts(1), "A5").await;
+    let cancel_retried = enqueue(&store, NewJob::new("q").priority(1), "A5").await;
+    let held = claim(&store, &["q"], 2, "A5").await;
     assert_eq!(ids_of(&held), vec![running, retried]);
     store
         .fail(retried, held[1].token(), "x", Retry::Never)
@@ -948,14 +974,14 @@ pub async fn a5_purge_never_deletes_non_terminal_jobs(harness: &dyn Harness) {
         (cancel_retried, JobState::Queued),
     ] {
         assert_eq!(
-            get(&*store, id, "A5: a non-terminal job survives purge")
+            get(&store, id, "A5: a non-terminal job survives purge")
                 .await
                 .state,
             state
         );
     }
     // Once it finishes again, its new finished_at counts.
-    let again = claim(&*store, &["q"], 1, "A5").await;
+    let again = claim(&store, &["q"], 1, "A5").await;
     assert_eq!(ids_of(&again), vec![retried]);
     store
         .complete(retried, again[0].token(), None)
@@ -979,7 +1005,7 @@ pub async fn a5_purge_limit_bounds_each_call(harness: &dyn Harness) {
         .store_with(|s| s.retention(Duration::from_secs(1)))
         .await;
     for _ in 0..5 {
-        let id = enqueue(&*store, NewJob::new("q"), "A5").await;
+        let id = enqueue(&store, NewJob::new("q"), "A5").await;
         store.cancel(id).await.must("A5");
     }
     env.clock.advance(Duration::from_secs(1));
@@ -990,7 +1016,7 @@ pub async fn a5_purge_limit_bounds_each_call(harness: &dyn Harness) {
             "A5: purge(2) deletes at most 2 jobs per call"
         );
     }
-    assert_stats(&*store, "q", QueueStats::default(), "A5: all purged").await;
+    assert_stats(&store, "q", QueueStats::default(), "A5: all purged").await;
 }
 
 /// A5: purged jobs of every terminal state leave nothing anything trips over: no list
@@ -1007,7 +1033,7 @@ pub async fn a5_purged_jobs_leave_nothing_behind(harness: &dyn Harness) {
     let mut keyed = Vec::new();
     for i in 0..6 {
         let id = enqueue(
-            &*store,
+            &store,
             NewJob::new("q")
                 .tenant("t")
                 .idempotency_key(format!("k{i}")),
@@ -1016,7 +1042,7 @@ pub async fn a5_purged_jobs_leave_nothing_behind(harness: &dyn Harness) {
         .await;
         keyed.push(id);
     }
-    let held = claim(&*store, &["q"], 6, "A5").await;
+    let held = claim(&store, &["q"], 6, "A5").await;
     for (i, job) in held.iter().enumerate() {
         match i % 3 {
             0 => store.complete(job.id(), job.token(), None).await.must("A5"),
@@ -1034,15 +1060,15 @@ pub async fn a5_purged_jobs_leave_nothing_behind(harness: &dyn Harness) {
     }
     env.clock.advance(Duration::from_secs(3_600));
     assert_eq!(store.purge(100).await.must("A5: purge"), 6);
-    assert_stats(&*store, "q", QueueStats::default(), "A5: nothing counted").await;
-    assert!(list_all(&*store, "q", None, "A5").await.is_empty());
+    assert_stats(&store, "q", QueueStats::default(), "A5: nothing counted").await;
+    assert!(list_all(&store, "q", None, "A5").await.is_empty());
     for state in JobState::ALL {
         assert!(
-            list_all(&*store, "q", Some(state), "A5").await.is_empty(),
+            list_all(&store, "q", Some(state), "A5").await.is_empty(),
             "A5: no {state} leftovers are listed"
         );
     }
-    assert_nothing_claimable(&*store, &["q"], "A5: no leftovers are claimed").await;
+    assert_nothing_claimable(&store, &["q"], "A5: no leftovers are claimed").await;
     assert!(store.reclaim(100).await.must("A5").is_empty());
     for (i, old) in keyed.iter().enumerate() {
         let answer = store
@@ -1058,7 +1084,7 @@ pub async fn a5_purged_jobs_leave_nothing_behind(harness: &dyn Harness) {
             "A5/E5: the key of a purged job makes a new job"
         );
     }
-    let fresh = drain(&*store, &["q"], "A5").await;
+    let fresh = drain(&store, &["q"], "A5").await;
     assert_eq!(fresh.len(), 6, "A5: the new jobs run");
 }
 
@@ -1070,14 +1096,9 @@ pub async fn a6_reopened_store_sees_everything(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let first = env.store().await;
     let later = env.clock.now().saturating_add(Duration::from_secs(3_600));
-    let parent = enqueue(
-        &*first,
-        NewJob::new("parents").payload(binary(300, 1)),
-        "A6",
-    )
-    .await;
+    let parent = enqueue(&first, NewJob::new("parents").payload(binary(300, 1)), "A6").await;
     let queued = enqueue(
-        &*first,
+        &first,
         NewJob::new("q")
             .tenant("tenant ✓")
             .idempotency_key("key\0one")
@@ -1089,28 +1110,28 @@ pub async fn a6_reopened_store_sees_everything(harness: &dyn Harness) {
     )
     .await;
     let scheduled = enqueue(
-        &*first,
+        &first,
         NewJob::new("q").run_at(later).payload(Vec::new()),
         "A6",
     )
     .await;
-    let running = enqueue(&*first, NewJob::new("work").priority(3), "A6").await;
-    let done = enqueue(&*first, NewJob::new("work"), "A6").await;
-    let dead = enqueue(&*first, NewJob::new("work").max_attempts(1), "A6").await;
-    let cancelled = enqueue(&*first, NewJob::new("work"), "A6").await;
-    let retrying = enqueue(&*first, NewJob::new("work").max_attempts(3), "A6").await;
+    let running = enqueue(&first, NewJob::new("work").priority(3), "A6").await;
+    let done = enqueue(&first, NewJob::new("work"), "A6").await;
+    let dead = enqueue(&first, NewJob::new("work").max_attempts(1), "A6").await;
+    let cancelled = enqueue(&first, NewJob::new("work"), "A6").await;
+    let retrying = enqueue(&first, NewJob::new("work").max_attempts(3), "A6").await;
     let fifo: Vec<JobId> = {
         let mut ids = Vec::new();
         for _ in 0..4 {
-            ids.push(enqueue(&*first, NewJob::new("fifo"), "A6").await);
+            ids.push(enqueue(&first, NewJob::new("fifo"), "A6").await);
         }
         ids
     };
     // Running job: released once, so its token is 2.
-    let h = claim_expecting(&*first, "work", running, "A6").await;
+    let h = claim_expecting(&first, "work", running, "A6").await;
     first.release(running, h.token()).await.must("A6");
     env.clock.advance(Duration::from_millis(1_500));
-    let held = claim(&*first, &["work"], 5, "A6").await;
+    let held = claim(&first, &["work"], 5, "A6").await;
     assert_eq!(
         ids_of(&held),
         vec![running, done, dead, cancelled, retrying]
@@ -1143,7 +1164,7 @@ pub async fn a6_reopened_store_sees_everything(harness: &dyn Harness) {
     let mut payloads: HashMap<JobId, Bytes> = HashMap::new();
     let mut stats = HashMap::new();
     for queue in queues {
-        let listed = list_all(&*first, queue, None, "A6").await;
+        let listed = list_all(&first, queue, None, "A6").await;
         for job in &listed {
             payloads.insert(job.id, first.payload(job.id).await.must("A6"));
         }
@@ -1155,14 +1176,14 @@ pub async fn a6_reopened_store_sees_everything(harness: &dyn Harness) {
 
     let second = env.store().await;
     for queue in queues {
-        let listed = list_all(&*second, queue, None, "A6: after reopen").await;
+        let listed = list_all(&second, queue, None, "A6: after reopen").await;
         assert_eq!(
             listed, jobs[queue],
             "A6: after a reopen every job of {queue:?} must be as before, field for field"
         );
         for job in &listed {
             assert_eq!(
-                get(&*second, job.id, "A6").await,
+                get(&second, job.id, "A6").await,
                 *job,
                 "A6: get after a reopen"
             );
@@ -1212,12 +1233,12 @@ pub async fn a6_reopened_store_sees_everything(harness: &dyn Harness) {
         "A6: cancel_requested survives a reopen"
     );
     assert_eq!(
-        ids_of(&claim(&*second, &["fifo"], 10, "A6").await),
+        ids_of(&claim(&second, &["fifo"], 10, "A6").await),
         fifo,
         "A6: claim order survives a reopen"
     );
     env.clock.advance(Duration::from_secs(3_600));
-    let order = ids_of(&claim(&*second, &["q", "work"], 10, "A6").await);
+    let order = ids_of(&claim(&second, &["q", "work"], 10, "A6").await);
     assert_eq!(
         order,
         vec![scheduled, retrying, queued],
@@ -1237,7 +1258,7 @@ pub async fn a6_reopened_store_sees_everything(harness: &dyn Harness) {
             .any(|r| r.id == running && r.state == JobState::Cancelled),
         "A6: the cancel-requested job's expired lease is reclaimed to cancelled: {reclaimed:?}"
     );
-    let newer = enqueue(&*second, NewJob::new("q"), "A6").await;
+    let newer = enqueue(&second, NewJob::new("q"), "A6").await;
     assert!(
         newer > fifo[3],
         "A6: ids minted after a reopen sort after earlier ones"

@@ -21,30 +21,32 @@ use crate::{Harness, TestEnv};
 pub async fn c1_nothing_ready_is_an_empty_claim(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    assert_nothing_claimable(&*store, &["empty"], "C1: an empty queue").await;
+    assert_nothing_claimable(&store, &["empty"], "C1: an empty queue").await;
     let later = env.clock.now().saturating_add(Duration::from_secs(60));
-    enqueue(&*store, NewJob::new("later").run_at(later), "C1").await;
-    assert_nothing_claimable(&*store, &["later", "never-used"], "C1: only scheduled jobs").await;
-    let ready = enqueue(&*store, NewJob::new("ready"), "C1").await;
-    let before = get(&*store, ready, "C1").await;
-    let none = claim(&*store, &["ready"], 0, "C1: limit 0").await;
+    enqueue(&store, NewJob::new("later").run_at(later), "C1").await;
+    assert_nothing_claimable(&store, &["later", "never-used"], "C1: only scheduled jobs").await;
+    let ready = enqueue(&store, NewJob::new("ready"), "C1").await;
+    let before = get(&store, ready, "C1").await;
+    let none = claim(&store, &["ready"], 0, "C1: limit 0").await;
     assert!(none.is_empty(), "C1: limit = 0 must claim nothing");
-    assert_unchanged(&*store, &before, "C1: limit = 0 must leave the job queued").await;
-    claim_expecting(&*store, "ready", ready, "C1: the job is still claimable").await;
+    assert_unchanged(&store, &before, "C1: limit = 0 must leave the job queued").await;
+    claim_expecting(&store, "ready", ready, "C1: the job is still claimable").await;
 }
 
-/// C1: an empty queue list is refused naming `queues`; bad queue names, an empty
+/// C1: an empty queue list, or one naming a queue twice, is refused naming `queues`;
+/// bad queue names, an empty
 /// worker, a zero lease and a limit over 10,000 are refused naming their field; a
 /// refused claim takes nothing.
 pub async fn c1_invalid_claim_arguments_are_refused(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q"), "C1").await;
-    let before = get(&*store, id, "C1").await;
+    let id = enqueue(&store, NewJob::new("q"), "C1").await;
+    let before = get(&store, id, "C1").await;
     let cases = [
         ("queues", request(&[], WORKER, TTL, 1)),
         ("queue", request(&["q", "bad queue"], WORKER, TTL, 1)),
         ("queue", request(&["q", ""], WORKER, TTL, 1)),
+        ("queues", request(&["q", "other", "q"], WORKER, TTL, 2)),
         ("worker", request(&["q"], "", TTL, 1)),
         ("worker", request(&["q"], &"w".repeat(257), TTL, 1)),
         ("lease_ttl", request(&["q"], WORKER, Duration::ZERO, 1)),
@@ -53,9 +55,9 @@ pub async fn c1_invalid_claim_arguments_are_refused(harness: &dyn Harness) {
     for (field, req) in cases {
         let what = format!("C1: claim with a bad {field} ({req:?})");
         expect_invalid(store.claim(req).await, field, &what);
-        assert_unchanged(&*store, &before, &what).await;
+        assert_unchanged(&store, &before, &what).await;
     }
-    claim_expecting(&*store, "q", id, "C1: the job is still claimable").await;
+    claim_expecting(&store, "q", id, "C1: the job is still claimable").await;
 }
 
 /// C2: 8 claimers on their own connections drain 200 jobs; each job is claimed exactly
@@ -67,7 +69,7 @@ pub async fn c2_claim_once(harness: &dyn Harness) {
     let seed = env.store().await;
     let mut all = HashSet::new();
     for i in 0..JOBS {
-        all.insert(enqueue(&*seed, NewJob::new("race").payload(format!("{i}")), "C2").await);
+        all.insert(enqueue(&seed, NewJob::new("race").payload(format!("{i}")), "C2").await);
     }
     let claimed: Arc<Mutex<HashMap<JobId, String>>> = Arc::default();
     let barrier = Arc::new(Barrier::new(CLAIMERS));
@@ -127,9 +129,9 @@ pub async fn c2_claim_once(harness: &dyn Harness) {
         "C2: {JOBS} jobs must be claimed {JOBS} times in all"
     );
     assert_eq!(claimed, all, "C2: every job must be claimed");
-    assert_nothing_claimable(&*seed, &["race"], "C2: drained").await;
+    assert_nothing_claimable(&seed, &["race"], "C2: drained").await;
     assert_stats(
-        &*seed,
+        &seed,
         "race",
         QueueStats {
             succeeded: JOBS as u64,
@@ -154,13 +156,13 @@ pub async fn c2_claim_once_with_releases(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let seed = env.store().await;
     for _ in 0..JOBS {
-        enqueue(&*seed, NewJob::new("race"), "C2").await;
+        enqueue(&seed, NewJob::new("race"), "C2").await;
     }
     let ledger: Arc<Mutex<Ledger>> = Arc::default();
 
     /// Takes one claimed job: records it, then releases it on its first claim and
     /// completes it on its second. Returns false when nothing was claimed.
-    async fn step(store: &dyn Store, ledger: &Mutex<Ledger>, worker: &str) -> bool {
+    async fn step(store: &Store, ledger: &Mutex<Ledger>, worker: &str) -> bool {
         let batch = store
             .claim(request(&["race"], worker, TTL, 2))
             .await
@@ -218,12 +220,12 @@ pub async fn c2_claim_once_with_releases(harness: &dyn Harness) {
         handles.push(tokio::spawn(async move {
             let worker = format!("claimer-{c}");
             barrier.wait().await;
-            while step(&*store, &ledger, &worker).await {}
+            while step(&store, &ledger, &worker).await {}
         }));
     }
     join_all(handles).await;
     // A job released after every claimer saw an empty queue is still waiting.
-    while step(&*seed, &ledger, "finisher").await {}
+    while step(&seed, &ledger, "finisher").await {}
 
     {
         let ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
@@ -237,7 +239,7 @@ pub async fn c2_claim_once_with_releases(harness: &dyn Harness) {
         }
     }
     assert_stats(
-        &*seed,
+        &seed,
         "race",
         QueueStats {
             succeeded: JOBS as u64,
@@ -282,7 +284,7 @@ pub async fn c3_claim_order_priority_then_ready_time_then_fifo(harness: &dyn Har
         if let Some(run_at) = run_at {
             job = job.run_at(*run_at);
         }
-        let id = enqueue(&*store, job, "C3").await;
+        let id = enqueue(&store, job, "C3").await;
         expected.push((*priority, run_at.unwrap_or(now), index, id));
         again.push((*priority, run_at.unwrap_or(now)));
     }
@@ -292,7 +294,7 @@ pub async fn c3_claim_order_priority_then_ready_time_then_fifo(harness: &dyn Har
 
     let mut one_by_one = Vec::new();
     loop {
-        let batch = claim(&*store, &["order"], 1, "C3: claim one").await;
+        let batch = claim(&store, &["order"], 1, "C3: claim one").await;
         match batch.as_slice() {
             [] => break,
             [job] => {
@@ -314,7 +316,7 @@ pub async fn c3_claim_order_priority_then_ready_time_then_fifo(harness: &dyn Har
     let mut ids_again = Vec::new();
     for (index, (priority, run_at)) in again.iter().enumerate() {
         let id = enqueue(
-            &*store,
+            &store,
             NewJob::new("order-2").priority(*priority).run_at(*run_at),
             "C3",
         )
@@ -323,7 +325,7 @@ pub async fn c3_claim_order_priority_then_ready_time_then_fifo(harness: &dyn Har
     }
     ids_again.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let expected_again: Vec<JobId> = ids_again.iter().map(|e| e.3).collect();
-    let all = claim(&*store, &["order-2"], 100, "C3: claim all").await;
+    let all = claim(&store, &["order-2"], 100, "C3: claim all").await;
     assert_eq!(
         ids_of(&all),
         expected_again,
@@ -338,12 +340,12 @@ pub async fn c3_fifo_at_one_instant(harness: &dyn Harness) {
     let store = env.store().await;
     let mut ids = Vec::new();
     for i in 0..300 {
-        ids.push(enqueue(&*store, NewJob::new("fifo").payload(format!("{i}")), "C3").await);
+        ids.push(enqueue(&store, NewJob::new("fifo").payload(format!("{i}")), "C3").await);
     }
     let mut claimed = Vec::new();
     let mut limit = 1;
     loop {
-        let batch = claim(&*store, &["fifo"], limit, "C3: claim").await;
+        let batch = claim(&store, &["fifo"], limit, "C3: claim").await;
         if batch.is_empty() {
             break;
         }
@@ -362,6 +364,31 @@ pub async fn c3_fifo_at_one_instant(harness: &dyn Harness) {
     );
 }
 
+/// C3 across handles: the enqueue sequence belongs to the store, not to a handle, so
+/// jobs enqueued at one instant through a first handle, a second one and a reopened
+/// one are claimed in enqueue order.
+pub async fn c3_fifo_holds_across_handles(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let first = env.store().await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(enqueue(&first, NewJob::new("fifo").payload(format!("a{i}")), "C3").await);
+    }
+    let second = env.store().await;
+    for i in 0..3 {
+        ids.push(enqueue(&second, NewJob::new("fifo").payload(format!("b{i}")), "C3").await);
+    }
+    ids.push(enqueue(&first, NewJob::new("fifo").payload("a3"), "C3").await);
+    drop(second);
+    let reopened = env.store().await;
+    ids.push(enqueue(&reopened, NewJob::new("fifo").payload("c0"), "C3").await);
+    let claimed = ids_of(&claim(&first, &["fifo"], 100, "C3: claim").await);
+    assert_eq!(
+        claimed, ids,
+        "C3: jobs enqueued at one instant through several handles must be claimed in enqueue order"
+    );
+}
+
 /// C3: the order spans every queue named in one claim, whatever order the queues are
 /// named in, and is applied to the whole ready set before cutting to `limit`.
 pub async fn c3_order_spans_queues_and_is_applied_before_limit(harness: &dyn Harness) {
@@ -371,27 +398,27 @@ pub async fn c3_order_spans_queues_and_is_applied_before_limit(harness: &dyn Har
     let mut low = Vec::new();
     for i in 0..60 {
         let queue = if i % 2 == 0 { "a" } else { "b" };
-        low.push(enqueue(&*store, NewJob::new(queue), "C3").await);
+        low.push(enqueue(&store, NewJob::new(queue), "C3").await);
     }
-    let urgent = enqueue(&*store, NewJob::new("b").priority(1), "C3").await;
-    let head = claim(&*store, &["a", "b"], 1, "C3: claim one").await;
+    let urgent = enqueue(&store, NewJob::new("b").priority(1), "C3").await;
+    let head = claim(&store, &["a", "b"], 1, "C3: claim one").await;
     assert_eq!(
         ids_of(&head),
         vec![urgent],
         "C3: the order applies to the whole ready set: the one higher-priority job comes first"
     );
     // FIFO across queues, whatever order they are named in.
-    let two = claim(&*store, &["b", "a"], 2, "C3: claim two").await;
+    let two = claim(&store, &["b", "a"], 2, "C3: claim two").await;
     assert_eq!(
         ids_of(&two),
         low[..2].to_vec(),
         "C3: the order spans the queues of one claim (FIFO across a and b)"
     );
-    let five = claim(&*store, &["a", "b", "c"], 5, "C3: claim five").await;
+    let five = claim(&store, &["a", "b", "c"], 5, "C3: claim five").await;
     assert_eq!(ids_of(&five), low[2..7].to_vec(), "C3: order across queues");
     // A late urgent job on one queue overtakes earlier jobs of another.
-    let late = enqueue(&*store, NewJob::new("a").priority(2), "C3").await;
-    let next = claim(&*store, &["b", "a"], 3, "C3: claim three").await;
+    let late = enqueue(&store, NewJob::new("a").priority(2), "C3").await;
+    let next = claim(&store, &["b", "a"], 3, "C3: claim three").await;
     assert_eq!(
         ids_of(&next),
         vec![late, low[7], low[8]],
@@ -405,14 +432,14 @@ pub async fn c3_order_spans_queues_and_is_applied_before_limit(harness: &dyn Har
 pub async fn c3_requeued_job_goes_behind_ready_jobs(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let a = enqueue(&*store, NewJob::new("q").max_attempts(1), "C3").await;
-    let b = enqueue(&*store, NewJob::new("q"), "C3").await;
-    let c = enqueue(&*store, NewJob::new("q"), "C3").await;
+    let a = enqueue(&store, NewJob::new("q").max_attempts(1), "C3").await;
+    let b = enqueue(&store, NewJob::new("q"), "C3").await;
+    let c = enqueue(&store, NewJob::new("q"), "C3").await;
     let now = env.clock.now();
 
-    let held = claim_expecting(&*store, "q", a, "C3: claim a").await;
+    let held = claim_expecting(&store, "q", a, "C3: claim a").await;
     store.release(a, held.token()).await.must("C3: release a");
-    let claimed = claim(&*store, &["q"], 3, "C3: after release").await;
+    let claimed = claim(&store, &["q"], 3, "C3: after release").await;
     assert_eq!(
         ids_of(&claimed),
         vec![b, c, a],
@@ -432,9 +459,9 @@ pub async fn c3_requeued_job_goes_behind_ready_jobs(harness: &dyn Harness) {
             .must("C3: fail a"),
         JobState::Dead
     );
-    let d = enqueue(&*store, NewJob::new("q"), "C3").await;
+    let d = enqueue(&store, NewJob::new("q"), "C3").await;
     store.retry(a).await.must("C3: retry a");
-    let order = ids_of(&claim(&*store, &["q"], 4, "C3: after requeues").await);
+    let order = ids_of(&claim(&store, &["q"], 4, "C3: after requeues").await);
     assert_eq!(
         order,
         vec![b, c, d, a],
@@ -447,43 +474,43 @@ pub async fn c3_requeued_job_goes_behind_ready_jobs(harness: &dyn Harness) {
 pub async fn c3_run_at_moves_on_every_return_to_queued(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").max_attempts(3), "C3").await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(3), "C3").await;
     let step = Duration::from_secs(100);
 
     env.clock.advance(step);
-    let held = claim_expecting(&*store, "q", id, "C3").await;
+    let held = claim_expecting(&store, "q", id, "C3").await;
     env.clock.advance(step);
     store.release(id, held.token()).await.must("C3: release");
     assert_eq!(
-        get(&*store, id, "C3").await.run_at,
+        get(&store, id, "C3").await.run_at,
         env.clock.now(),
         "C3: release sets run_at to now"
     );
 
-    let held = claim_expecting(&*store, "q", id, "C3").await;
+    let held = claim_expecting(&store, "q", id, "C3").await;
     let retry_at = env.clock.now().saturating_add(step * 3);
     store
         .fail(id, held.token(), "boom", Retry::At(retry_at))
         .await
         .must("C3: fail");
     assert_eq!(
-        get(&*store, id, "C3").await.run_at,
+        get(&store, id, "C3").await.run_at,
         retry_at,
         "C3: fail with Retry::At(t) sets run_at to t"
     );
 
     env.clock.advance(step * 3);
-    claim_expecting(&*store, "q", id, "C3").await;
+    claim_expecting(&store, "q", id, "C3").await;
     env.clock.advance(TTL + Duration::from_millis(1));
     let reclaimed = store.reclaim(10).await.must("C3: reclaim");
     assert_eq!(reclaimed.len(), 1);
     assert_eq!(
-        get(&*store, id, "C3").await.run_at,
+        get(&store, id, "C3").await.run_at,
         env.clock.now(),
         "C3: reclaim sets run_at to now"
     );
 
-    let held = claim_expecting(&*store, "q", id, "C3").await;
+    let held = claim_expecting(&store, "q", id, "C3").await;
     store
         .fail(id, held.token(), "last", Retry::Never)
         .await
@@ -491,7 +518,7 @@ pub async fn c3_run_at_moves_on_every_return_to_queued(harness: &dyn Harness) {
     env.clock.advance(step);
     store.retry(id).await.must("C3: operator retry");
     assert_eq!(
-        get(&*store, id, "C3").await.run_at,
+        get(&store, id, "C3").await.run_at,
         env.clock.now(),
         "C3: operator retry sets run_at to now"
     );
@@ -506,12 +533,12 @@ pub async fn c4_claim_never_crosses_queues(harness: &dyn Harness) {
     let mut by_queue: HashMap<&str, Vec<JobId>> = HashMap::new();
     for round in 0..3i16 {
         for queue in queues {
-            let id = enqueue(&*store, NewJob::new(queue).priority(round), "C4").await;
+            let id = enqueue(&store, NewJob::new(queue).priority(round), "C4").await;
             by_queue.entry(queue).or_default().push(id);
         }
     }
     for queue in queues {
-        let claimed = claim(&*store, &[queue], 100, "C4: claim").await;
+        let claimed = claim(&store, &[queue], 100, "C4: claim").await;
         let got: HashSet<JobId> = claimed.iter().map(|j| j.id()).collect();
         let want: HashSet<JobId> = by_queue[queue].iter().copied().collect();
         assert_eq!(
@@ -544,10 +571,10 @@ pub async fn c5_future_run_at_is_not_claimed_early(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let at = env.clock.now().saturating_add(Duration::from_secs(10));
-    let id = enqueue(&*store, NewJob::new("q").run_at(at), "C5").await;
-    assert_nothing_claimable(&*store, &["q"], "C5: scheduled").await;
+    let id = enqueue(&store, NewJob::new("q").run_at(at), "C5").await;
+    assert_nothing_claimable(&store, &["q"], "C5: scheduled").await;
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             scheduled: 1,
@@ -557,10 +584,10 @@ pub async fn c5_future_run_at_is_not_claimed_early(harness: &dyn Harness) {
     )
     .await;
     env.clock.advance(Duration::from_millis(9_999));
-    assert_nothing_claimable(&*store, &["q"], "C5: 1 ms before run_at").await;
+    assert_nothing_claimable(&store, &["q"], "C5: 1 ms before run_at").await;
     env.clock.advance(Duration::from_millis(1));
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             ready: 1,
@@ -570,19 +597,19 @@ pub async fn c5_future_run_at_is_not_claimed_early(harness: &dyn Harness) {
     )
     .await;
     claim_expecting(
-        &*store,
+        &store,
         "q",
         id,
         "C5: claimable when the clock reaches run_at",
     )
     .await;
     let past = enqueue(
-        &*store,
+        &store,
         NewJob::new("q").run_at(Timestamp::from_millis(0)),
         "C5",
     )
     .await;
-    claim_expecting(&*store, "q", past, "C5: a run_at in the past is ready now").await;
+    claim_expecting(&store, "q", past, "C5: a run_at in the past is ready now").await;
 }
 
 /// C6: a claimed job is `running` with `attempts + 1`, `started_at` = `heartbeat_at` =
@@ -592,7 +619,7 @@ pub async fn c6_claim_sets_running_lease_and_persists_it(harness: &dyn Harness) 
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let id = enqueue(
-        &*store,
+        &store,
         NewJob::new("q")
             .payload(&b"\0payload"[..])
             .tenant("t")
@@ -602,7 +629,7 @@ pub async fn c6_claim_sets_running_lease_and_persists_it(harness: &dyn Harness) 
         "C6",
     )
     .await;
-    let before = get(&*store, id, "C6").await;
+    let before = get(&store, id, "C6").await;
     env.clock.advance(Duration::from_secs(7));
     let now = env.clock.now();
     let ttl = Duration::from_millis(12_345);
@@ -632,7 +659,7 @@ pub async fn c6_claim_sets_running_lease_and_persists_it(harness: &dyn Harness) 
         "C6: the claim hands out the payload"
     );
     assert_eq!(
-        get(&*store, id, "C6").await,
+        get(&store, id, "C6").await,
         expected,
         "C6: get must show the claim as persisted"
     );
@@ -643,7 +670,7 @@ pub async fn c6_claim_sets_running_lease_and_persists_it(harness: &dyn Harness) 
         .await
         .must("C6: fail");
     env.clock.advance(Duration::from_secs(3));
-    let second = claim_expecting(&*store, "q", id, "C6: claim again").await;
+    let second = claim_expecting(&store, "q", id, "C6: claim again").await;
     assert_eq!(second.job.attempts, 2, "C6: every claim adds an attempt");
     assert!(
         second.token() > claimed.token(),
@@ -651,7 +678,7 @@ pub async fn c6_claim_sets_running_lease_and_persists_it(harness: &dyn Harness) 
     );
     assert_eq!(second.job.started_at, Some(env.clock.now()));
     assert_eq!(second.job.heartbeat_at, Some(env.clock.now()));
-    assert_eq!(get(&*store, id, "C6").await, second.job);
+    assert_eq!(get(&store, id, "C6").await, second.job);
 }
 
 /// C6 with the decision "the token is a per-job counter": the first claim gets token
@@ -660,8 +687,8 @@ pub async fn c6_claim_sets_running_lease_and_persists_it(harness: &dyn Harness) 
 pub async fn c6_token_is_a_per_job_counter(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").max_attempts(3), "C6").await;
-    let other = enqueue(&*store, NewJob::new("other"), "C6").await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(3), "C6").await;
+    let other = enqueue(&store, NewJob::new("other"), "C6").await;
     let mut expect = 1;
     let mut next = |what: &str, held: &jobs_core::ClaimedJob| {
         assert_eq!(
@@ -671,29 +698,29 @@ pub async fn c6_token_is_a_per_job_counter(harness: &dyn Harness) {
         );
         expect += 1;
     };
-    let held = claim_expecting(&*store, "q", id, "C6").await;
+    let held = claim_expecting(&store, "q", id, "C6").await;
     next("first claim", &held);
-    let o = claim_expecting(&*store, "other", other, "C6").await;
+    let o = claim_expecting(&store, "other", other, "C6").await;
     assert_eq!(o.token(), LeaseToken::new(1), "C6: tokens are per job");
     store.release(id, held.token()).await.must("C6: release");
-    let held = claim_expecting(&*store, "q", id, "C6").await;
+    let held = claim_expecting(&store, "q", id, "C6").await;
     next("after release", &held);
     store
         .fail(id, held.token(), "x", Retry::At(env.clock.now()))
         .await
         .must("C6: fail");
-    let held = claim_expecting(&*store, "q", id, "C6").await;
+    let held = claim_expecting(&store, "q", id, "C6").await;
     next("after fail with retry", &held);
     env.clock.advance(TTL + Duration::from_millis(1));
     store.reclaim(10).await.must("C6: reclaim");
-    let held = claim_expecting(&*store, "q", id, "C6").await;
+    let held = claim_expecting(&store, "q", id, "C6").await;
     next("after reclaim", &held);
     store
         .fail(id, held.token(), "x", Retry::Never)
         .await
         .must("C6: fail for good");
     store.retry(id).await.must("C6: operator retry");
-    let held = claim_expecting(&*store, "q", id, "C6").await;
+    let held = claim_expecting(&store, "q", id, "C6").await;
     next("after operator retry", &held);
     assert_eq!(
         held.job.attempts, 1,
@@ -708,35 +735,35 @@ pub async fn c6_token_is_a_per_job_counter(harness: &dyn Harness) {
 pub async fn c7_vanished_records_are_skipped_and_live_jobs_claimed(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let gone_first = enqueue(&*store, NewJob::new("q").priority(5), "C7").await;
-    let gone_second = enqueue(&*store, NewJob::new("q"), "C7").await;
-    let live_a = enqueue(&*store, NewJob::new("q").payload("a"), "C7").await;
-    let gone_third = enqueue(&*store, NewJob::new("q"), "C7").await;
-    let live_b = enqueue(&*store, NewJob::new("q").payload("b"), "C7").await;
-    let live_c = enqueue(&*store, NewJob::new("q").payload("c"), "C7").await;
+    let gone_first = enqueue(&store, NewJob::new("q").priority(5), "C7").await;
+    let gone_second = enqueue(&store, NewJob::new("q"), "C7").await;
+    let live_a = enqueue(&store, NewJob::new("q").payload("a"), "C7").await;
+    let gone_third = enqueue(&store, NewJob::new("q"), "C7").await;
+    let live_b = enqueue(&store, NewJob::new("q").payload("b"), "C7").await;
+    let live_c = enqueue(&store, NewJob::new("q").payload("c"), "C7").await;
     let gone = [gone_first, gone_second, gone_third];
     for id in gone {
         env.vanish(id).await;
     }
-    let first = claim(&*store, &["q"], 1, "C7: claim one").await;
+    let first = claim(&store, &["q"], 1, "C7: claim one").await;
     assert_eq!(
         ids_of(&first),
         vec![live_a],
         "C7: vanished entries ahead of a live job are skipped, the live job is claimed"
     );
     assert_eq!(first[0].payload, Bytes::from_static(b"a"));
-    let rest = claim(&*store, &["q"], 2, "C7: claim two").await;
+    let rest = claim(&store, &["q"], 2, "C7: claim two").await;
     assert_eq!(
         ids_of(&rest),
         vec![live_b, live_c],
         "C7: vanished entries do not use up the claim's limit"
     );
-    assert_nothing_claimable(&*store, &["q"], "C7: drained").await;
+    assert_nothing_claimable(&store, &["q"], "C7: drained").await;
     for id in gone {
         expect_not_found(store.get(id).await, id, "C7: get of a vanished job");
         expect_not_found(store.payload(id).await, id, "C7: payload of a vanished job");
     }
-    let listed: Vec<JobId> = list_all(&*store, "q", None, "C7")
+    let listed: Vec<JobId> = list_all(&store, "q", None, "C7")
         .await
         .iter()
         .map(|j| j.id)
@@ -747,7 +774,7 @@ pub async fn c7_vanished_records_are_skipped_and_live_jobs_claimed(harness: &dyn
         "C7: no blank record of a vanished job is listed"
     );
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             running: 3,
@@ -771,24 +798,24 @@ pub async fn c7_queue_of_only_vanished_entries_drains_to_empty(harness: &dyn Har
         } else {
             NewJob::new("q").run_at(later)
         };
-        gone.push(enqueue(&*store, job, "C7").await);
+        gone.push(enqueue(&store, job, "C7").await);
     }
     for id in &gone {
         env.vanish(*id).await;
     }
-    assert_nothing_claimable(&*store, &["q"], "C7: only vanished ready entries").await;
+    assert_nothing_claimable(&store, &["q"], "C7: only vanished ready entries").await;
     env.clock.advance(Duration::from_secs(5));
-    assert_nothing_claimable(&*store, &["q"], "C7: only vanished entries, all due").await;
+    assert_nothing_claimable(&store, &["q"], "C7: only vanished entries, all due").await;
     for id in &gone {
         expect_not_found(store.get(*id).await, *id, "C7: no record is recreated");
     }
     assert!(
-        list_all(&*store, "q", None, "C7").await.is_empty(),
+        list_all(&store, "q", None, "C7").await.is_empty(),
         "C7: nothing is listed"
     );
-    assert_stats(&*store, "q", QueueStats::default(), "C7: nothing counts").await;
-    let fresh = enqueue(&*store, NewJob::new("q"), "C7").await;
-    claim_expecting(&*store, "q", fresh, "C7: a new job is served").await;
+    assert_stats(&store, "q", QueueStats::default(), "C7: nothing counts").await;
+    let fresh = enqueue(&store, NewJob::new("q"), "C7").await;
+    claim_expecting(&store, "q", fresh, "C7: a new job is served").await;
 }
 
 /// C8: two stores with different namespaces on one server never see each other's
@@ -803,7 +830,7 @@ pub async fn c8_namespaces_are_isolated(harness: &dyn Harness) {
     let s1 = one.store().await;
     let s2 = two.store().await;
     let a = enqueue(
-        &*s1,
+        &s1,
         NewJob::new("q")
             .tenant("t")
             .idempotency_key("k")
@@ -831,20 +858,20 @@ pub async fn c8_namespaces_are_isolated(harness: &dyn Harness) {
         ready: 1,
         ..QueueStats::default()
     };
-    assert_stats(&*s1, "q", only_one, "C8: counts stay per namespace").await;
-    assert_stats(&*s2, "q", only_one, "C8: counts stay per namespace").await;
-    let listed = list_all(&*s2, "q", None, "C8").await;
+    assert_stats(&s1, "q", only_one, "C8: counts stay per namespace").await;
+    assert_stats(&s2, "q", only_one, "C8: counts stay per namespace").await;
+    let listed = list_all(&s2, "q", None, "C8").await;
     assert_eq!(listed.len(), 1, "C8: list stays per namespace");
     assert_eq!(listed[0].id, b.id);
 
-    let held = claim(&*s2, &["q"], 10, "C8: claim").await;
+    let held = claim(&s2, &["q"], 10, "C8: claim").await;
     assert_eq!(ids_of(&held), vec![b.id], "C8: claims stay per namespace");
     expect_not_found(
         s1.complete(b.id, held[0].token(), None).await,
         b.id,
         "C8: a lease call across namespaces",
     );
-    let held_one = claim(&*s1, &["q"], 10, "C8: claim").await;
+    let held_one = claim(&s1, &["q"], 10, "C8: claim").await;
     assert_eq!(ids_of(&held_one), vec![a]);
     assert_eq!(held_one[0].payload, Bytes::from_static(b"one"));
 
@@ -858,7 +885,7 @@ pub async fn c8_namespaces_are_isolated(harness: &dyn Harness) {
         "C8: reclaim stays per namespace"
     );
     assert_eq!(
-        get(&*s1, a, "C8").await.state,
+        get(&s1, a, "C8").await.state,
         JobState::Running,
         "C8: another namespace's reclaim leaves this job running"
     );
@@ -875,7 +902,7 @@ pub async fn c8_namespaces_are_isolated(harness: &dyn Harness) {
         0,
         "C8: nothing of its own to purge"
     );
-    get(&*s1, a, "C8: purge stays per namespace").await;
+    get(&s1, a, "C8: purge stays per namespace").await;
     assert_eq!(s1.purge(100).await.must("C8: purge"), 1);
 
     let third = TestEnv::new(harness);
@@ -883,15 +910,15 @@ pub async fn c8_namespaces_are_isolated(harness: &dyn Harness) {
     shorter.settings.namespace = format!("{}x", third.settings.namespace);
     let s3 = third.store().await;
     let s4 = shorter.store().await;
-    enqueue(&*s4, NewJob::new("q"), "C8").await;
+    enqueue(&s4, NewJob::new("q"), "C8").await;
     assert_stats(
-        &*s3,
+        &s3,
         "q",
         QueueStats::default(),
         "C8: a namespace that is a prefix of another",
     )
     .await;
-    assert_nothing_claimable(&*s3, &["q"], "C8: prefix namespaces").await;
+    assert_nothing_claimable(&s3, &["q"], "C8: prefix namespaces").await;
 }
 
 /// C9: cancelled jobs are never claimed: cancelled while ready, while scheduled, or
@@ -900,18 +927,18 @@ pub async fn c9_cancelled_jobs_are_never_claimed(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let later = env.clock.now().saturating_add(Duration::from_secs(5));
-    let ready = enqueue(&*store, NewJob::new("q").priority(9), "C9").await;
-    let scheduled = enqueue(&*store, NewJob::new("q").run_at(later).priority(9), "C9").await;
-    let released = enqueue(&*store, NewJob::new("q").priority(8), "C9").await;
-    let reclaimed = enqueue(&*store, NewJob::new("q").priority(8), "C9").await;
-    let keep = enqueue(&*store, NewJob::new("q"), "C9").await;
+    let ready = enqueue(&store, NewJob::new("q").priority(9), "C9").await;
+    let scheduled = enqueue(&store, NewJob::new("q").run_at(later).priority(9), "C9").await;
+    let released = enqueue(&store, NewJob::new("q").priority(8), "C9").await;
+    let reclaimed = enqueue(&store, NewJob::new("q").priority(8), "C9").await;
+    let keep = enqueue(&store, NewJob::new("q"), "C9").await;
     for id in [ready, scheduled] {
         assert_eq!(
             store.cancel(id).await.must("C9: cancel"),
             JobState::Cancelled
         );
     }
-    let held = claim(&*store, &["q"], 2, "C9: claim").await;
+    let held = claim(&store, &["q"], 2, "C9: claim").await;
     assert_eq!(
         ids_of(&held),
         vec![released, reclaimed],
@@ -926,7 +953,7 @@ pub async fn c9_cancelled_jobs_are_never_claimed(harness: &dyn Harness) {
         .must("C9: release after cancel");
     env.clock.advance(Duration::from_secs(60));
     store.reclaim(10).await.must("C9: reclaim");
-    let claimed = drain(&*store, &["q"], "C9: drain").await;
+    let claimed = drain(&store, &["q"], "C9: drain").await;
     assert_eq!(
         ids_of(&claimed),
         vec![keep],
@@ -934,12 +961,12 @@ pub async fn c9_cancelled_jobs_are_never_claimed(harness: &dyn Harness) {
     );
     for id in [ready, scheduled, released, reclaimed] {
         assert_eq!(
-            get(&*store, id, "C9").await.state,
+            get(&store, id, "C9").await.state,
             JobState::Cancelled,
             "C9: the job stays cancelled"
         );
     }
-    assert_stats_agree(&*store, "q", "C9").await;
+    assert_stats_agree(&store, "q", "C9").await;
 }
 
 /// C9 under concurrency: one canceller cancels 60 ready jobs while three claimers on
@@ -954,7 +981,7 @@ pub async fn c9_cancel_racing_claim_has_one_winner(harness: &dyn Harness) {
     let seed = env.store().await;
     let mut ids = Vec::new();
     for _ in 0..JOBS {
-        ids.push(enqueue(&*seed, NewJob::new("q"), "C9").await);
+        ids.push(enqueue(&seed, NewJob::new("q"), "C9").await);
     }
     let barrier = Arc::new(Barrier::new(CLAIMERS + 1));
     let mut claimers = Vec::new();
@@ -1000,7 +1027,7 @@ pub async fn c9_cancel_racing_claim_has_one_winner(harness: &dyn Harness) {
     }
     let answers = join_all(vec![canceller]).await.remove(0);
     for id in &ids {
-        let job = get(&*seed, *id, "C9").await;
+        let job = get(&seed, *id, "C9").await;
         match (answers[id], claimed.get(id)) {
             (JobState::Cancelled, None) => assert_eq!(
                 job.state,
@@ -1026,5 +1053,5 @@ pub async fn c9_cancel_racing_claim_has_one_winner(harness: &dyn Harness) {
             ),
         }
     }
-    assert_nothing_claimable(&*seed, &["q"], "C9: nothing left").await;
+    assert_nothing_claimable(&seed, &["q"], "C9: nothing left").await;
 }

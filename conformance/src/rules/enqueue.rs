@@ -24,7 +24,7 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let now = env.clock.now();
-    let parent = enqueue(&*store, NewJob::new("parents"), "E1: enqueue the parent").await;
+    let parent = enqueue(&store, NewJob::new("parents"), "E1: enqueue the parent").await;
     let run_at = now.saturating_add(Duration::from_secs(90));
     let payload = Bytes::from_static(b"{\"to\":\"ada@example.com\"}");
     let answer = store
@@ -68,7 +68,7 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
         cancel_requested: false,
     };
     assert_eq!(
-        get(&*store, answer.id, "E1: get").await,
+        get(&store, answer.id, "E1: get").await,
         expected,
         "E1: get must show the job queued with every field as given"
     );
@@ -80,10 +80,10 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
 
     env.clock.advance(Duration::from_millis(1_234));
     let later = env.clock.now();
-    let plain = enqueue(&*store, NewJob::new("plain"), "E1: enqueue with defaults").await;
+    let plain = enqueue(&store, NewJob::new("plain"), "E1: enqueue with defaults").await;
     assert!(plain > answer.id, "E1: ids must increase with creation");
     assert_eq!(
-        get(&*store, plain, "E1: get the default job").await,
+        get(&store, plain, "E1: get the default job").await,
         Job {
             id: plain,
             queue: "plain".to_owned(),
@@ -118,11 +118,11 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
 pub async fn e1_timeout_round_trips(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let parent = enqueue(&*store, NewJob::new("parents"), "E1: parent").await;
+    let parent = enqueue(&store, NewJob::new("parents"), "E1: parent").await;
     let alone = Duration::from_millis(1);
     let batched = Duration::from_secs(366 * 24 * 60 * 60);
     let single = enqueue(
-        &*store,
+        &store,
         NewJob::new("q").timeout(alone).parent(parent),
         "E1: enqueue with a timeout",
     )
@@ -141,12 +141,12 @@ pub async fn e1_timeout_round_trips(harness: &dyn Harness) {
     ];
     for (id, timeout) in expected {
         assert_eq!(
-            get(&*store, id, "E1 timeout").await.timeout,
+            get(&store, id, "E1 timeout").await.timeout,
             timeout,
             "E1: get shows the timeout as enqueued"
         );
     }
-    let listed = list_all(&*store, "q", None, "E1 timeout").await;
+    let listed = list_all(&store, "q", None, "E1 timeout").await;
     for (id, timeout) in expected {
         let job = listed.iter().find(|job| job.id == id);
         assert_eq!(
@@ -164,7 +164,7 @@ pub async fn e1_timeout_round_trips(harness: &dyn Harness) {
             .collect::<Vec<_>>(),
         "E1: children show the timeout as enqueued"
     );
-    let claimed = drain(&*store, &["q"], "E1 timeout").await;
+    let claimed = drain(&store, &["q"], "E1 timeout").await;
     assert_eq!(claimed.len(), 3, "E1: every job is claimable");
     for (id, timeout) in expected {
         let job = claimed.iter().find(|job| job.id() == id);
@@ -180,13 +180,13 @@ pub async fn e1_timeout_round_trips(harness: &dyn Harness) {
 pub async fn e1_payload_empty(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").payload(Vec::new()), "E1").await;
+    let id = enqueue(&store, NewJob::new("q").payload(Vec::new()), "E1").await;
     assert_eq!(
         store.payload(id).await.must("E1: payload"),
         Bytes::new(),
         "E1: an empty payload must come back empty"
     );
-    let claimed = claim_expecting(&*store, "q", id, "E1: claim").await;
+    let claimed = claim_expecting(&store, "q", id, "E1: claim").await;
     assert!(
         claimed.payload.is_empty(),
         "E1: claim must hand out the empty payload"
@@ -213,7 +213,7 @@ pub async fn e1_payload_binary_with_nul_bytes(harness: &dyn Harness) {
     ];
     let mut ids = Vec::new();
     for payload in &payloads {
-        ids.push(enqueue(&*store, NewJob::new("bin").payload(payload.clone()), "E1").await);
+        ids.push(enqueue(&store, NewJob::new("bin").payload(payload.clone()), "E1").await);
     }
     for (id, payload) in ids.iter().zip(&payloads) {
         assert_eq!(
@@ -222,7 +222,7 @@ pub async fn e1_payload_binary_with_nul_bytes(harness: &dyn Harness) {
             "E1: payload must return the exact bytes"
         );
     }
-    let claimed = drain(&*store, &["bin"], "E1: claim").await;
+    let claimed = drain(&store, &["bin"], "E1: claim").await;
     assert_eq!(ids_of(&claimed), ids, "E1: every binary job is claimable");
     for (job, payload) in claimed.iter().zip(&payloads) {
         assert_eq!(
@@ -240,13 +240,13 @@ pub async fn e1_payload_exactly_max_size(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store_with(|s| s.max_payload_bytes(MAX)).await;
     let payload = binary(MAX, 3);
-    let id = enqueue(&*store, NewJob::new("big").payload(payload.clone()), "E1").await;
+    let id = enqueue(&store, NewJob::new("big").payload(payload.clone()), "E1").await;
     assert_eq!(
         store.payload(id).await.must("E1: payload").as_ref(),
         payload.as_slice(),
         "E1: a payload of exactly max_payload_bytes must come back whole"
     );
-    let claimed = claim_expecting(&*store, "big", id, "E1: claim").await;
+    let claimed = claim_expecting(&store, "big", id, "E1: claim").await;
     assert_eq!(
         claimed.payload.as_ref(),
         payload.as_slice(),
@@ -262,7 +262,7 @@ pub async fn e1_payload_exactly_max_size(harness: &dyn Harness) {
         "E1/E7: one byte over max_payload_bytes",
     );
     assert_stats(
-        &*store,
+        &store,
         "big",
         QueueStats {
             running: 1,
@@ -306,8 +306,8 @@ pub async fn e1_extreme_field_values_round_trip(harness: &dyn Harness) {
             .run_at(now.saturating_sub(Duration::from_secs(86_400 * 365))),
     ];
     for job in cases {
-        let id = enqueue(&*store, job.clone(), "E1").await;
-        let stored = get(&*store, id, "E1: get").await;
+        let id = enqueue(&store, job.clone(), "E1").await;
+        let stored = get(&store, id, "E1: get").await;
         assert_eq!(stored.queue, job.queue, "E1: queue must round-trip");
         assert_eq!(stored.tenant, job.tenant, "E1: tenant must round-trip");
         assert_eq!(
@@ -343,7 +343,7 @@ pub async fn e2_duplicate_key_returns_first_id_and_changes_nothing(harness: &dyn
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let first = enqueue(
-        &*store,
+        &store,
         NewJob::new("dedup")
             .tenant("t")
             .idempotency_key("once")
@@ -351,7 +351,7 @@ pub async fn e2_duplicate_key_returns_first_id_and_changes_nothing(harness: &dyn
         "E2",
     )
     .await;
-    let before = get(&*store, first, "E2: get").await;
+    let before = get(&store, first, "E2: get").await;
     env.clock.advance(Duration::from_secs(5));
     for duplicate in [
         NewJob::new("dedup")
@@ -375,20 +375,20 @@ pub async fn e2_duplicate_key_returns_first_id_and_changes_nothing(harness: &dyn
             "E2: a duplicate key must return the first id with created = false"
         );
     }
-    assert_unchanged(&*store, &before, "E2: a duplicate must not change the job").await;
+    assert_unchanged(&store, &before, "E2: a duplicate must not change the job").await;
     assert_eq!(
         store.payload(first).await.must("E2: payload"),
         Bytes::from_static(b"first"),
         "E2: a duplicate must not overwrite the payload"
     );
     assert_stats(
-        &*store,
+        &store,
         "other-queue",
         QueueStats::default(),
         "E2: a duplicate naming another queue must write nothing there",
     )
     .await;
-    let claimed = claim(&*store, &["dedup", "other-queue"], 10, "E2: claim").await;
+    let claimed = claim(&store, &["dedup", "other-queue"], 10, "E2: claim").await;
     assert_eq!(
         ids_of(&claimed),
         vec![first],
@@ -403,12 +403,12 @@ pub async fn e2_duplicate_key_dedups_in_every_state(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let keyed = |key: &str| NewJob::new("q").idempotency_key(key).max_attempts(1);
-    let running = enqueue(&*store, keyed("running"), "E2").await;
-    let succeeded = enqueue(&*store, keyed("succeeded"), "E2").await;
-    let dead = enqueue(&*store, keyed("dead"), "E2").await;
-    let cancelled = enqueue(&*store, keyed("cancelled"), "E2").await;
+    let running = enqueue(&store, keyed("running"), "E2").await;
+    let succeeded = enqueue(&store, keyed("succeeded"), "E2").await;
+    let dead = enqueue(&store, keyed("dead"), "E2").await;
+    let cancelled = enqueue(&store, keyed("cancelled"), "E2").await;
     store.cancel(cancelled).await.must("E2: cancel");
-    let claimed = claim(&*store, &["q"], 3, "E2: claim").await;
+    let claimed = claim(&store, &["q"], 3, "E2: claim").await;
     assert_eq!(ids_of(&claimed), vec![running, succeeded, dead]);
     store
         .complete(succeeded, claimed[1].token(), None)
@@ -425,7 +425,7 @@ pub async fn e2_duplicate_key_dedups_in_every_state(harness: &dyn Harness) {
         ("dead", dead, JobState::Dead),
         ("cancelled", cancelled, JobState::Cancelled),
     ] {
-        let before = get(&*store, id, "E2: get").await;
+        let before = get(&store, id, "E2: get").await;
         assert_eq!(before.state, state);
         let answer = store
             .enqueue(keyed(key).payload("again"))
@@ -436,10 +436,10 @@ pub async fn e2_duplicate_key_dedups_in_every_state(harness: &dyn Harness) {
             Enqueued { id, created: false },
             "E2: a key must deduplicate while its job is {state}"
         );
-        assert_unchanged(&*store, &before, "E2: a duplicate must not change the job").await;
+        assert_unchanged(&store, &before, "E2: a duplicate must not change the job").await;
     }
-    assert_nothing_claimable(&*store, &["q"], "E2: duplicates made nothing claimable").await;
-    assert_stats_agree(&*store, "q", "E2").await;
+    assert_nothing_claimable(&store, &["q"], "E2: duplicates made nothing claimable").await;
+    assert_stats_agree(&store, "q", "E2").await;
 }
 
 /// E3: the same key under another tenant is another job, the empty tenant included.
@@ -449,7 +449,7 @@ pub async fn e3_same_key_other_tenant_is_another_job(harness: &dyn Harness) {
     let mut ids = Vec::new();
     for tenant in ["", "a", "b", "A"] {
         let id = enqueue(
-            &*store,
+            &store,
             NewJob::new("q").tenant(tenant).idempotency_key("shared"),
             "E3: the same key under another tenant must create a job",
         )
@@ -470,7 +470,7 @@ pub async fn e3_same_key_other_tenant_is_another_job(harness: &dyn Harness) {
         );
     }
     assert_eq!(
-        claim(&*store, &["q"], 10, "E3: claim").await.len(),
+        claim(&store, &["q"], 10, "E3: claim").await.len(),
         4,
         "E3: four tenants, four claimable jobs"
     );
@@ -517,7 +517,7 @@ pub async fn e3_distinct_pairs_never_collide(harness: &dyn Harness) {
     let mut ids = Vec::new();
     for (tenant, key) in &pairs {
         let id = enqueue(
-            &*store,
+            &store,
             NewJob::new("q").tenant(*tenant).idempotency_key(*key),
             "E3: a distinct (tenant, key) pair must create its own job",
         )
@@ -537,7 +537,7 @@ pub async fn e3_distinct_pairs_never_collide(harness: &dyn Harness) {
             Enqueued { id, created: false },
             "E3: ({tenant:?}, {key:?}) must find its own job again"
         );
-        let job = get(&*store, id, "E3: get").await;
+        let job = get(&store, id, "E3: get").await;
         assert_eq!(
             (job.tenant.as_str(), job.idempotency_key.as_deref()),
             (*tenant, Some(*key)),
@@ -552,7 +552,7 @@ pub async fn e4_concurrent_enqueues_of_one_key_create_one_job(harness: &dyn Harn
     const TASKS: usize = 32;
     const ROUNDS: usize = 3;
     let env = TestEnv::new(harness);
-    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    let mut stores: Vec<Store> = Vec::new();
     for _ in 0..4 {
         stores.push(env.store().await);
     }
@@ -561,7 +561,7 @@ pub async fn e4_concurrent_enqueues_of_one_key_create_one_job(harness: &dyn Harn
         let barrier = Arc::new(Barrier::new(TASKS));
         let mut handles = Vec::new();
         for task in 0..TASKS {
-            let store = Arc::clone(&stores[task % stores.len()]);
+            let store = stores[task % stores.len()].clone();
             let barrier = Arc::clone(&barrier);
             let job = NewJob::new("race")
                 .tenant("e4")
@@ -590,7 +590,7 @@ pub async fn e4_concurrent_enqueues_of_one_key_create_one_job(harness: &dyn Harn
             1,
             "E4: every concurrent enqueue must return the one job's id, got {ids:?}"
         );
-        let claimed = claim(&*stores[0], &["race"], 100, "E4: claim").await;
+        let claimed = claim(&stores[0], &["race"], 100, "E4: claim").await;
         assert_eq!(
             claimed.len(),
             1,
@@ -603,7 +603,7 @@ pub async fn e4_concurrent_enqueues_of_one_key_create_one_job(harness: &dyn Harn
         );
     }
     assert_stats(
-        &*stores[1],
+        &stores[1],
         "race",
         QueueStats {
             running: ROUNDS as u64,
@@ -626,8 +626,8 @@ pub async fn e5_key_of_purged_job_creates_new_job(harness: &dyn Harness) {
         })
         .await;
     let keyed = || NewJob::new("q").tenant("t").idempotency_key("k");
-    let old = enqueue(&*store, keyed().payload("old"), "E5").await;
-    let claimed = claim_expecting(&*store, "q", old, "E5: claim").await;
+    let old = enqueue(&store, keyed().payload("old"), "E5").await;
+    let claimed = claim_expecting(&store, "q", old, "E5: claim").await;
     store
         .complete(old, claimed.token(), None)
         .await
@@ -652,7 +652,7 @@ pub async fn e5_key_of_purged_job_creates_new_job(harness: &dyn Harness) {
         },
         "E5: the key must now point to the new job"
     );
-    let job = claim_expecting(&*store, "q", new.id, "E5: claim the new job").await;
+    let job = claim_expecting(&store, "q", new.id, "E5: claim the new job").await;
     assert_eq!(job.payload, Bytes::from_static(b"new"));
 }
 
@@ -662,7 +662,7 @@ pub async fn e5_key_of_vanished_job_creates_new_job(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let keyed = || NewJob::new("q").tenant("t").idempotency_key("k");
-    let old = enqueue(&*store, keyed().payload("old"), "E5").await;
+    let old = enqueue(&store, keyed().payload("old"), "E5").await;
     env.vanish(old).await;
     let new = store
         .enqueue(keyed().payload("new"))
@@ -682,9 +682,9 @@ pub async fn e5_key_of_vanished_job_creates_new_job(harness: &dyn Harness) {
         "E5: the key must now point to the new job"
     );
     expect_not_found(store.get(old).await, old, "E5: the vanished job stays gone");
-    let job = claim_expecting(&*store, "q", new.id, "E5: claim the new job").await;
+    let job = claim_expecting(&store, "q", new.id, "E5: claim the new job").await;
     assert_eq!(job.payload, Bytes::from_static(b"new"));
-    assert_nothing_claimable(&*store, &["q"], "E5: only the new job").await;
+    assert_nothing_claimable(&store, &["q"], "E5: only the new job").await;
 }
 
 /// E6: the dedup window runs from the first job's creation and is half-open: a
@@ -695,7 +695,7 @@ pub async fn e6_dedup_window_runs_from_first_creation(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store_with(|s| s.dedup_window(WINDOW)).await;
     let keyed = || NewJob::new("q").tenant("t").idempotency_key("k");
-    let first = enqueue(&*store, keyed(), "E6").await;
+    let first = enqueue(&store, keyed(), "E6").await;
     env.clock.advance(WINDOW / 2);
     let mid = store.enqueue(keyed()).await.must("E6: inside the window");
     assert_eq!(
@@ -733,12 +733,12 @@ pub async fn e6_dedup_window_runs_from_first_creation(harness: &dyn Harness) {
         "E6: the key must now point to the new job"
     );
     assert_eq!(
-        get(&*store, first, "E6: get").await.state,
+        get(&store, first, "E6: get").await.state,
         JobState::Queued,
         "E6: the first job is untouched"
     );
     assert_eq!(
-        ids_of(&claim(&*store, &["q"], 10, "E6: claim").await),
+        ids_of(&claim(&store, &["q"], 10, "E6: claim").await),
         vec![first, second.id],
         "E6: both jobs are claimable"
     );
@@ -746,7 +746,7 @@ pub async fn e6_dedup_window_runs_from_first_creation(harness: &dyn Harness) {
 
 /// Enqueues `job`, which must be refused naming `field`, and checks nothing was
 /// written: the queue `q` stays empty and the job's (tenant, key), if any, stays free.
-async fn assert_refused(store: &dyn Store, job: NewJob, field: &str, what: &str) {
+async fn assert_refused(store: &Store, job: NewJob, field: &str, what: &str) {
     let max = store.settings().max_payload_bytes;
     let result = store.enqueue(job.clone()).await;
     if field == "payload" {
@@ -782,7 +782,7 @@ pub async fn e7_empty_queue_is_refused(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     assert_refused(
-        &*store,
+        &store,
         NewJob::new("").idempotency_key("e7-empty-queue"),
         "queue",
         "E7: empty queue",
@@ -810,7 +810,7 @@ pub async fn e7_bad_queue_name_is_refused(harness: &dyn Harness) {
     .enumerate()
     {
         assert_refused(
-            &*store,
+            &store,
             NewJob::new(queue).idempotency_key(format!("e7-bad-queue-{i}")),
             "queue",
             &format!("E7: bad queue {queue:?}"),
@@ -824,7 +824,7 @@ pub async fn e7_oversized_tenant_is_refused(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     assert_refused(
-        &*store,
+        &store,
         NewJob::new("q")
             .tenant("t".repeat(257))
             .idempotency_key("e7-tenant"),
@@ -833,7 +833,7 @@ pub async fn e7_oversized_tenant_is_refused(harness: &dyn Harness) {
     )
     .await;
     assert_refused(
-        &*store,
+        &store,
         NewJob::new("q").tenant("é".repeat(129)),
         "tenant",
         "E7: 258-byte tenant of 129 characters",
@@ -847,14 +847,22 @@ pub async fn e7_bad_idempotency_key_is_refused(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     assert_refused(
-        &*store,
+        &store,
         NewJob::new("q").idempotency_key("k".repeat(513)),
         "idempotency_key",
         "E7: 513-byte key",
     )
     .await;
+    // The limit is in bytes: 257 two-byte characters are 514 bytes.
     assert_refused(
-        &*store,
+        &store,
+        NewJob::new("q").idempotency_key("é".repeat(257)),
+        "idempotency_key",
+        "E7: a key of 257 two-byte characters (514 bytes)",
+    )
+    .await;
+    assert_refused(
+        &store,
         NewJob::new("q").idempotency_key(""),
         "idempotency_key",
         "E7: empty key",
@@ -870,7 +878,7 @@ pub async fn e7_oversized_payload_is_refused(harness: &dyn Harness) {
     let store = env.store_with(|s| s.max_payload_bytes(MAX)).await;
     for size in [MAX + 1, 4 * MAX] {
         assert_refused(
-            &*store,
+            &store,
             NewJob::new("q")
                 .payload(binary(size, 1))
                 .tenant("t")
@@ -887,7 +895,7 @@ pub async fn e7_zero_max_attempts_is_refused(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     assert_refused(
-        &*store,
+        &store,
         NewJob::new("q")
             .max_attempts(0)
             .idempotency_key("e7-attempts"),
@@ -907,7 +915,7 @@ pub async fn e7_bad_timeout_is_refused(harness: &dyn Harness) {
         (Duration::from_micros(1_500), "e7-timeout-fraction"),
     ] {
         assert_refused(
-            &*store,
+            &store,
             NewJob::new("q").timeout(timeout).idempotency_key(key),
             "timeout",
             &format!("E7: timeout {timeout:?}"),
@@ -923,25 +931,25 @@ pub async fn e7_unknown_parent_is_refused(harness: &dyn Harness) {
     let store = env.store().await;
     let never = JobId::mint(env.clock.now());
     assert_refused(
-        &*store,
+        &store,
         NewJob::new("q").parent(never).idempotency_key("e7-parent"),
         "parent",
         "E7: a parent that never existed",
     )
     .await;
-    let gone = enqueue(&*store, NewJob::new("parents"), "E7").await;
+    let gone = enqueue(&store, NewJob::new("parents"), "E7").await;
     env.vanish(gone).await;
     assert_refused(
-        &*store,
+        &store,
         NewJob::new("q").parent(gone).idempotency_key("e7-parent-2"),
         "parent",
         "E7: a parent whose record vanished",
     )
     .await;
-    let live = enqueue(&*store, NewJob::new("parents"), "E7").await;
-    let child = enqueue(&*store, NewJob::new("q").parent(live), "E7: a known parent").await;
+    let live = enqueue(&store, NewJob::new("parents"), "E7").await;
+    let child = enqueue(&store, NewJob::new("q").parent(live), "E7: a known parent").await;
     assert_eq!(
-        get(&*store, child, "E7").await.parent,
+        get(&store, child, "E7").await.parent,
         Some(live),
         "E7: a known parent is accepted"
     );
@@ -953,8 +961,8 @@ pub async fn e7_unknown_parent_is_refused(harness: &dyn Harness) {
 pub async fn e8_children_lists_jobs_of_parent_oldest_first(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let parent = enqueue(&*store, NewJob::new("fan"), "E8").await;
-    let other = enqueue(&*store, NewJob::new("fan"), "E8").await;
+    let parent = enqueue(&store, NewJob::new("fan"), "E8").await;
+    let other = enqueue(&store, NewJob::new("fan"), "E8").await;
     let mut mine = Vec::new();
     let mut theirs = Vec::new();
     for i in 0..12i16 {
@@ -969,10 +977,10 @@ pub async fn e8_children_lists_jobs_of_parent_oldest_first(harness: &dyn Harness
                     .now()
                     .saturating_add(Duration::from_secs(u64::from(12 - i as u16))),
             );
-        mine.push(enqueue(&*store, job.clone().parent(parent), "E8").await);
+        mine.push(enqueue(&store, job.clone().parent(parent), "E8").await);
         if i % 3 == 0 {
-            theirs.push(enqueue(&*store, job.clone().parent(other), "E8").await);
-            enqueue(&*store, job, "E8: an unrelated job").await;
+            theirs.push(enqueue(&store, job.clone().parent(other), "E8").await);
+            enqueue(&store, job, "E8: an unrelated job").await;
         }
     }
     let batch = store
@@ -986,7 +994,7 @@ pub async fn e8_children_lists_jobs_of_parent_oldest_first(harness: &dyn Harness
     theirs.push(batch[1].id);
     // Children change state; they stay children.
     env.clock.advance(Duration::from_secs(60));
-    let claimed = claim(&*store, &["kids-a"], 2, "E8: claim").await;
+    let claimed = claim(&store, &["kids-a"], 2, "E8: claim").await;
     store
         .complete(claimed[0].id(), claimed[0].token(), None)
         .await
@@ -1015,7 +1023,7 @@ pub async fn e8_children_lists_jobs_of_parent_oldest_first(harness: &dyn Harness
     for job in store.children(parent).await.must("E8: children") {
         assert_eq!(
             job,
-            get(&*store, job.id, "E8: get").await,
+            get(&store, job.id, "E8: get").await,
             "E8: children shows the jobs as get does"
         );
     }
@@ -1057,11 +1065,11 @@ pub async fn e9_batch_behaves_like_one_by_one(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let now = env.clock.now();
-    let parent = enqueue(&*store, NewJob::new("parents"), "E9").await;
+    let parent = enqueue(&store, NewJob::new("parents"), "E9").await;
     let mut pre = HashMap::new();
     for tenant in ["solo", "batch"] {
         let id = enqueue(
-            &*store,
+            &store,
             NewJob::new("elsewhere")
                 .tenant(tenant)
                 .idempotency_key("pre"),
@@ -1111,8 +1119,8 @@ pub async fn e9_batch_behaves_like_one_by_one(harness: &dyn Harness) {
     let position = |answers: &[Enqueued], id: JobId| answers.iter().position(|a| a.id == id);
 
     for (s, b) in solo.iter().zip(&batch).filter(|(s, _)| s.created) {
-        let mut one = get(&*store, s.id, "E9: get").await;
-        let mut other = get(&*store, b.id, "E9: get").await;
+        let mut one = get(&store, s.id, "E9: get").await;
+        let mut other = get(&store, b.id, "E9: get").await;
         assert_eq!(
             store.payload(s.id).await.must("E9"),
             store.payload(b.id).await.must("E9"),
@@ -1140,11 +1148,11 @@ pub async fn e9_batch_behaves_like_one_by_one(harness: &dyn Harness) {
     );
 
     env.clock.advance(Duration::from_secs(10));
-    let solo_order: Vec<Option<usize>> = ids_of(&drain(&*store, &["solo"], "E9: drain").await)
+    let solo_order: Vec<Option<usize>> = ids_of(&drain(&store, &["solo"], "E9: drain").await)
         .into_iter()
         .map(|id| position(&solo, id))
         .collect();
-    let batch_order: Vec<Option<usize>> = ids_of(&drain(&*store, &["batch"], "E9: drain").await)
+    let batch_order: Vec<Option<usize>> = ids_of(&drain(&store, &["batch"], "E9: drain").await)
         .into_iter()
         .map(|id| position(&batch, id))
         .collect();
@@ -1201,7 +1209,7 @@ pub async fn e9_invalid_batch_is_refused_whole(harness: &dyn Harness) {
         } else {
             expect_invalid(result, field, &what);
         }
-        assert_stats(&*store, "q", QueueStats::default(), &what).await;
+        assert_stats(&store, "q", QueueStats::default(), &what).await;
     }
     let huge: Vec<NewJob> = (0..10_001).map(|_| NewJob::new("q")).collect();
     expect_invalid(
@@ -1210,7 +1218,7 @@ pub async fn e9_invalid_batch_is_refused_whole(harness: &dyn Harness) {
         "E9: a batch of 10,001 jobs",
     );
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats::default(),
         "E9: refused batches write nothing",

@@ -17,7 +17,7 @@ use crate::{Harness, TestEnv};
 
 /// Every lease call with `token`, each of which must fail with lease lost and leave
 /// the job exactly as `before`.
-async fn assert_all_lease_lost(store: &dyn Store, before: &Job, token: LeaseToken, what: &str) {
+async fn assert_all_lease_lost(store: &Store, before: &Job, token: LeaseToken, what: &str) {
     let id = before.id;
     expect_lease_lost(
         store.heartbeat(id, token, TTL).await,
@@ -50,7 +50,7 @@ async fn assert_all_lease_lost(store: &dyn Store, before: &Job, token: LeaseToke
 }
 
 /// Every lease call on `id`, each of which must fail with not found.
-async fn assert_all_not_found(store: &dyn Store, id: JobId, token: LeaseToken, what: &str) {
+async fn assert_all_not_found(store: &Store, id: JobId, token: LeaseToken, what: &str) {
     expect_not_found(
         store.heartbeat(id, token, TTL).await,
         id,
@@ -97,8 +97,8 @@ async fn assert_all_not_found(store: &dyn Store, id: JobId, token: LeaseToken, w
 pub async fn l1_heartbeat_extends_the_lease(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q"), "L1").await;
-    let held = claim_expecting(&*store, "q", id, "L1").await;
+    let id = enqueue(&store, NewJob::new("q"), "L1").await;
+    let held = claim_expecting(&store, "q", id, "L1").await;
     let claimed_at = env.clock.now();
     env.clock.advance(Duration::from_secs(20));
     let now = env.clock.now();
@@ -120,7 +120,7 @@ pub async fn l1_heartbeat_extends_the_lease(harness: &dyn Harness) {
         lease.expires_at = beat.expires_at;
     }
     assert_eq!(
-        get(&*store, id, "L1").await,
+        get(&store, id, "L1").await,
         expected,
         "L1: heartbeat moves the expiry and heartbeat_at, nothing else"
     );
@@ -164,26 +164,20 @@ pub async fn l1_heartbeat_extends_the_lease(harness: &dyn Harness) {
 pub async fn l2_stale_token_is_lease_lost_and_changes_nothing(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").payload("p"), "L2").await;
-    let first = claim_expecting(&*store, "q", id, "L2").await;
+    let id = enqueue(&store, NewJob::new("q").payload("p"), "L2").await;
+    let first = claim_expecting(&store, "q", id, "L2").await;
     store
         .fail(id, first.token(), "again", Retry::At(env.clock.now()))
         .await
         .must("L2: fail");
     env.clock.advance(Duration::from_secs(1));
-    let second = claim_expecting(&*store, "q", id, "L2: claim again").await;
-    let before = get(&*store, id, "L2").await;
+    let second = claim_expecting(&store, "q", id, "L2: claim again").await;
+    let before = get(&store, id, "L2").await;
     env.clock.advance(Duration::from_secs(1));
-    assert_all_lease_lost(&*store, &before, first.token(), "L2: the old token").await;
+    assert_all_lease_lost(&store, &before, first.token(), "L2: the old token").await;
     let forged = LeaseToken::new(second.token().get() + 1);
-    assert_all_lease_lost(
-        &*store,
-        &before,
-        forged,
-        "L2: a token above the current one",
-    )
-    .await;
-    assert_all_lease_lost(&*store, &before, LeaseToken::new(0), "L2: token 0").await;
+    assert_all_lease_lost(&store, &before, forged, "L2: a token above the current one").await;
+    assert_all_lease_lost(&store, &before, LeaseToken::new(0), "L2: token 0").await;
     assert_eq!(
         store.payload(id).await.must("L2"),
         Bytes::from_static(b"p"),
@@ -204,16 +198,16 @@ pub async fn l2_stale_token_is_lease_lost_and_changes_nothing(harness: &dyn Harn
 pub async fn l2_calls_on_a_job_not_running_are_lease_lost(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let queued = enqueue(&*store, NewJob::new("q").priority(1), "L2").await;
+    let queued = enqueue(&store, NewJob::new("q").priority(1), "L2").await;
     let later = env.clock.now().saturating_add(Duration::from_secs(60));
-    let scheduled = enqueue(&*store, NewJob::new("later").run_at(later), "L2").await;
-    let cancelled = enqueue(&*store, NewJob::new("q"), "L2").await;
+    let scheduled = enqueue(&store, NewJob::new("later").run_at(later), "L2").await;
+    let cancelled = enqueue(&store, NewJob::new("q"), "L2").await;
     store.cancel(cancelled).await.must("L2: cancel");
-    let done = enqueue(&*store, NewJob::new("done"), "L2").await;
-    let dead = enqueue(&*store, NewJob::new("dead"), "L2").await;
-    let d = claim_expecting(&*store, "done", done, "L2").await;
+    let done = enqueue(&store, NewJob::new("done"), "L2").await;
+    let dead = enqueue(&store, NewJob::new("dead"), "L2").await;
+    let d = claim_expecting(&store, "done", done, "L2").await;
     store.complete(done, d.token(), None).await.must("L2");
-    let x = claim_expecting(&*store, "dead", dead, "L2").await;
+    let x = claim_expecting(&store, "dead", dead, "L2").await;
     store
         .fail(dead, x.token(), "x", Retry::Never)
         .await
@@ -226,11 +220,11 @@ pub async fn l2_calls_on_a_job_not_running_are_lease_lost(harness: &dyn Harness)
         (done, d.token()),
         (dead, x.token()),
     ] {
-        let before = get(&*store, id, "L2").await;
+        let before = get(&store, id, "L2").await;
         let what = format!("L2: a {} job", before.state);
-        assert_all_lease_lost(&*store, &before, token, &what).await;
+        assert_all_lease_lost(&store, &before, token, &what).await;
     }
-    let first = claim_expecting(&*store, "q", queued, "L2: still claimable").await;
+    let first = claim_expecting(&store, "q", queued, "L2: still claimable").await;
     assert_eq!(
         first.token(),
         LeaseToken::new(1),
@@ -244,9 +238,9 @@ pub async fn l3_calls_on_unknown_job_are_not_found(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let unknown = JobId::mint(env.clock.now());
-    assert_all_not_found(&*store, unknown, LeaseToken::new(1), "L3: an unknown job").await;
+    assert_all_not_found(&store, unknown, LeaseToken::new(1), "L3: an unknown job").await;
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats::default(),
         "L3: nothing was created",
@@ -259,14 +253,14 @@ pub async fn l3_calls_on_unknown_job_are_not_found(harness: &dyn Harness) {
 pub async fn l3_calls_on_vanished_job_are_not_found(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q"), "L3").await;
-    let held = claim_expecting(&*store, "q", id, "L3").await;
+    let id = enqueue(&store, NewJob::new("q"), "L3").await;
+    let held = claim_expecting(&store, "q", id, "L3").await;
     env.vanish(id).await;
-    assert_all_not_found(&*store, id, held.token(), "L3: a vanished job").await;
+    assert_all_not_found(&store, id, held.token(), "L3: a vanished job").await;
     env.clock.advance(TTL + Duration::from_secs(1));
     store.reclaim(100).await.must("L3: reclaim");
-    assert_all_not_found(&*store, id, held.token(), "L3: after reclaim").await;
-    assert_nothing_claimable(&*store, &["q"], "L3: nothing was recreated").await;
+    assert_all_not_found(&store, id, held.token(), "L3: after reclaim").await;
+    assert_nothing_claimable(&store, &["q"], "L3: nothing was recreated").await;
 }
 
 /// L4: `complete` makes the job `succeeded`, stores the result bytes exactly (binary,
@@ -282,8 +276,8 @@ pub async fn l4_complete_stores_result_and_finishes(harness: &dyn Harness) {
         Some(Bytes::from_static(b"\0")),
     ];
     for result in results {
-        let id = enqueue(&*store, NewJob::new("q"), "L4").await;
-        let held = claim_expecting(&*store, "q", id, "L4").await;
+        let id = enqueue(&store, NewJob::new("q"), "L4").await;
+        let held = claim_expecting(&store, "q", id, "L4").await;
         env.clock.advance(Duration::from_secs(5));
         store
             .complete(id, held.token(), result.clone())
@@ -295,11 +289,11 @@ pub async fn l4_complete_stores_result_and_finishes(harness: &dyn Harness) {
         expected.lease = None;
         expected.finished_at = Some(env.clock.now());
         assert_eq!(
-            get(&*store, id, "L4").await,
+            get(&store, id, "L4").await,
             expected,
             "L4: complete makes the job succeeded with result {result:?}, lease cleared, finished now"
         );
-        assert_nothing_claimable(&*store, &["q"], "L4: a succeeded job").await;
+        assert_nothing_claimable(&store, &["q"], "L4: a succeeded job").await;
     }
 }
 
@@ -309,9 +303,9 @@ pub async fn l4_oversized_result_is_refused_and_changes_nothing(harness: &dyn Ha
     const MAX: usize = 2_048;
     let env = TestEnv::new(harness);
     let store = env.store_with(|s| s.max_payload_bytes(MAX)).await;
-    let id = enqueue(&*store, NewJob::new("q"), "L4").await;
-    let held = claim_expecting(&*store, "q", id, "L4").await;
-    let before = get(&*store, id, "L4").await;
+    let id = enqueue(&store, NewJob::new("q"), "L4").await;
+    let held = claim_expecting(&store, "q", id, "L4").await;
+    let before = get(&store, id, "L4").await;
     expect_too_large(
         store
             .complete(id, held.token(), Some(Bytes::from(binary(MAX + 1, 0))))
@@ -321,13 +315,13 @@ pub async fn l4_oversized_result_is_refused_and_changes_nothing(harness: &dyn Ha
         MAX,
         "L4: a result one byte over the limit",
     );
-    assert_unchanged(&*store, &before, "L4: a refused result changes nothing").await;
+    assert_unchanged(&store, &before, "L4: a refused result changes nothing").await;
     let exact = Bytes::from(binary(MAX, 0));
     store
         .complete(id, held.token(), Some(exact.clone()))
         .await
         .must("L4: a result of exactly the limit");
-    assert_eq!(get(&*store, id, "L4").await.result, Some(exact));
+    assert_eq!(get(&store, id, "L4").await.result, Some(exact));
 }
 
 /// L4 through `complete_batch`: every entry completes its job exactly as `complete`
@@ -342,8 +336,8 @@ pub async fn l4_complete_batch_completes_each_entry(harness: &dyn Harness) {
     ];
     let mut held = Vec::new();
     for _ in &results {
-        let id = enqueue(&*store, NewJob::new("q"), "L4 batch").await;
-        held.push(claim_expecting(&*store, "q", id, "L4 batch").await);
+        let id = enqueue(&store, NewJob::new("q"), "L4 batch").await;
+        held.push(claim_expecting(&store, "q", id, "L4 batch").await);
     }
     env.clock.advance(Duration::from_secs(5));
     let completions = held
@@ -364,12 +358,12 @@ pub async fn l4_complete_batch_completes_each_entry(harness: &dyn Harness) {
         expected.lease = None;
         expected.finished_at = Some(env.clock.now());
         assert_eq!(
-            get(&*store, job.id(), "L4 batch").await,
+            get(&store, job.id(), "L4 batch").await,
             expected,
             "L4: complete_batch completes each job as complete would"
         );
     }
-    assert_nothing_claimable(&*store, &["q"], "L4: jobs completed in a batch").await;
+    assert_nothing_claimable(&store, &["q"], "L4: jobs completed in a batch").await;
     assert!(
         store
             .complete_batch(Vec::new())
@@ -390,16 +384,16 @@ pub async fn l5_complete_batch_answers_each_entry_alone(harness: &dyn Harness) {
     let store = env.store_with(|s| s.max_payload_bytes(MAX)).await;
     let mut held = Vec::new();
     for _ in 0..4 {
-        let id = enqueue(&*store, NewJob::new("q"), "L5 batch").await;
-        held.push(claim_expecting(&*store, "q", id, "L5 batch").await);
+        let id = enqueue(&store, NewJob::new("q"), "L5 batch").await;
+        held.push(claim_expecting(&store, "q", id, "L5 batch").await);
     }
     let (done, oversized, released, after) = (&held[0], &held[1], &held[2], &held[3]);
     store
         .release(released.id(), released.token())
         .await
         .must("L5: release");
-    let oversized_before = get(&*store, oversized.id(), "L5 batch").await;
-    let released_before = get(&*store, released.id(), "L5 batch").await;
+    let oversized_before = get(&store, oversized.id(), "L5 batch").await;
+    let released_before = get(&store, released.id(), "L5 batch").await;
     let unknown = JobId::mint(env.clock.now());
     env.clock.advance(Duration::from_secs(5));
     let first = Bytes::from_static(b"first");
@@ -440,26 +434,26 @@ pub async fn l5_complete_batch_answers_each_entry_alone(harness: &dyn Harness) {
         "L5: a second completion in the same batch",
     );
     next().must("L5: an entry after refused ones");
-    let stored = get(&*store, done.id(), "L5 batch").await;
+    let stored = get(&store, done.id(), "L5 batch").await;
     assert_eq!(
         (stored.state, stored.result),
         (JobState::Succeeded, Some(first)),
         "L5: the first completion in the batch stands"
     );
     assert_unchanged(
-        &*store,
+        &store,
         &oversized_before,
         "L5: a refused result changes nothing",
     )
     .await;
     assert_unchanged(
-        &*store,
+        &store,
         &released_before,
         "L5: a stale token changes nothing",
     )
     .await;
     assert_eq!(
-        get(&*store, after.id(), "L5 batch").await.state,
+        get(&store, after.id(), "L5 batch").await.state,
         JobState::Succeeded,
         "L5: entries after refused ones complete"
     );
@@ -474,13 +468,13 @@ pub async fn l5_complete_batch_answers_each_entry_alone(harness: &dyn Harness) {
 pub async fn l5_second_complete_is_lease_lost(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q"), "L5").await;
-    let held = claim_expecting(&*store, "q", id, "L5").await;
+    let id = enqueue(&store, NewJob::new("q"), "L5").await;
+    let held = claim_expecting(&store, "q", id, "L5").await;
     store
         .complete(id, held.token(), Some(Bytes::from_static(b"first")))
         .await
         .must("L5: complete");
-    let before = get(&*store, id, "L5").await;
+    let before = get(&store, id, "L5").await;
     env.clock.advance(Duration::from_secs(10));
     expect_lease_lost(
         store
@@ -489,8 +483,8 @@ pub async fn l5_second_complete_is_lease_lost(harness: &dyn Harness) {
         id,
         "L5: a second complete",
     );
-    assert_unchanged(&*store, &before, "L5: the first outcome stands").await;
-    assert_all_lease_lost(&*store, &before, held.token(), "L5: calls after complete").await;
+    assert_unchanged(&store, &before, "L5: the first outcome stands").await;
+    assert_all_lease_lost(&store, &before, held.token(), "L5: calls after complete").await;
 }
 
 /// L6: `fail` with a retry time while attempts remain requeues the job at that time,
@@ -499,8 +493,8 @@ pub async fn l5_second_complete_is_lease_lost(harness: &dyn Harness) {
 pub async fn l6_fail_with_retry_requeues_at_the_given_time(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").max_attempts(3), "L6").await;
-    let held = claim_expecting(&*store, "q", id, "L6").await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(3), "L6").await;
+    let held = claim_expecting(&store, "q", id, "L6").await;
     let at = env.clock.now().saturating_add(Duration::from_secs(60));
     assert_eq!(
         store
@@ -515,7 +509,7 @@ pub async fn l6_fail_with_retry_requeues_at_the_given_time(harness: &dyn Harness
     expected.run_at = at;
     expected.lease = None;
     expected.last_error = Some("boom: it broke".to_owned());
-    let stored = get(&*store, id, "L6").await;
+    let stored = get(&store, id, "L6").await;
     assert_eq!(
         (
             stored.state,
@@ -536,7 +530,7 @@ pub async fn l6_fail_with_retry_requeues_at_the_given_time(harness: &dyn Harness
         "L6: queued at the retry time, attempt counted, error kept, lease cleared"
     );
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             scheduled: 1,
@@ -546,22 +540,32 @@ pub async fn l6_fail_with_retry_requeues_at_the_given_time(harness: &dyn Harness
     )
     .await;
     env.clock.advance(Duration::from_millis(59_999));
-    assert_nothing_claimable(&*store, &["q"], "L6: before the retry time").await;
+    assert_nothing_claimable(&store, &["q"], "L6: before the retry time").await;
     env.clock.advance(Duration::from_millis(1));
-    let again = claim_expecting(&*store, "q", id, "L6: at the retry time").await;
+    let again = claim_expecting(&store, "q", id, "L6: at the retry time").await;
     assert_eq!(again.job.attempts, 2);
     assert_eq!(
         again.job.last_error.as_deref(),
         Some("boom: it broke"),
         "L6: last_error is kept"
     );
-    // A retry time in the past is ready at once.
-    let past = env.clock.now().saturating_sub(Duration::from_secs(3_600));
+    // A retry time in the past is stored as now: ready at once, and behind the jobs
+    // that were ready before it (C3), not ahead of them.
+    let waiting = enqueue(&store, NewJob::new("q"), "L6").await;
+    env.clock.advance(Duration::from_secs(1));
+    let now = env.clock.now();
+    let past = now.saturating_sub(Duration::from_secs(3_600));
     store
         .fail(id, again.token(), "second", Retry::At(past))
         .await
         .must("L6: fail with a past time");
-    let third = claim_expecting(&*store, "q", id, "L6: a past retry time is ready now").await;
+    assert_eq!(
+        get(&store, id, "L6").await.run_at,
+        now,
+        "L6: a retry time in the past is stored as now"
+    );
+    claim_expecting(&store, "q", waiting, "L6: the job ready before goes first").await;
+    let third = claim_expecting(&store, "q", id, "L6: a past retry time is ready now").await;
     assert_eq!(third.job.last_error.as_deref(), Some("second"));
 }
 
@@ -570,15 +574,15 @@ pub async fn l6_fail_with_retry_requeues_at_the_given_time(harness: &dyn Harness
 pub async fn l6_long_error_is_cut_at_64_kib(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q"), "L6").await;
-    let held = claim_expecting(&*store, "q", id, "L6").await;
+    let id = enqueue(&store, NewJob::new("q"), "L6").await;
+    let held = claim_expecting(&store, "q", id, "L6").await;
     // 3-byte characters, so 64 KiB falls inside one.
     let message = "€".repeat(30_000);
     store
         .fail(id, held.token(), &message, Retry::Never)
         .await
         .must("L6: fail with a long message");
-    let stored = get(&*store, id, "L6").await.last_error.unwrap_or_default();
+    let stored = get(&store, id, "L6").await.last_error.unwrap_or_default();
     assert_eq!(
         stored,
         validate::truncate_error(&message),
@@ -592,8 +596,8 @@ pub async fn l6_long_error_is_cut_at_64_kib(harness: &dyn Harness) {
 pub async fn l7_fail_on_last_attempt_or_no_retry_is_dead(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let two = enqueue(&*store, NewJob::new("q").max_attempts(2), "L7").await;
-    let held = claim_expecting(&*store, "q", two, "L7").await;
+    let two = enqueue(&store, NewJob::new("q").max_attempts(2), "L7").await;
+    let held = claim_expecting(&store, "q", two, "L7").await;
     assert_eq!(
         store
             .fail(two, held.token(), "first", Retry::At(env.clock.now()))
@@ -602,9 +606,9 @@ pub async fn l7_fail_on_last_attempt_or_no_retry_is_dead(harness: &dyn Harness) 
         JobState::Queued,
         "L7: attempts remain"
     );
-    let held = claim_expecting(&*store, "q", two, "L7").await;
-    let never = enqueue(&*store, NewJob::new("q"), "L7").await;
-    let one = enqueue(&*store, NewJob::new("q").max_attempts(1), "L7").await;
+    let held = claim_expecting(&store, "q", two, "L7").await;
+    let never = enqueue(&store, NewJob::new("q"), "L7").await;
+    let one = enqueue(&store, NewJob::new("q").max_attempts(1), "L7").await;
     env.clock.advance(Duration::from_secs(3));
     let later = env.clock.now().saturating_add(Duration::from_secs(1));
     assert_eq!(
@@ -615,7 +619,7 @@ pub async fn l7_fail_on_last_attempt_or_no_retry_is_dead(harness: &dyn Harness) 
         JobState::Dead,
         "L7: a failure on the last attempt is dead, whatever retry it asks for"
     );
-    let h_never = claim_expecting(&*store, "q", never, "L7").await;
+    let h_never = claim_expecting(&store, "q", never, "L7").await;
     assert_eq!(
         store
             .fail(never, h_never.token(), "never", Retry::Never)
@@ -624,7 +628,7 @@ pub async fn l7_fail_on_last_attempt_or_no_retry_is_dead(harness: &dyn Harness) 
         JobState::Dead,
         "L7: Retry::Never is dead on the first attempt"
     );
-    let h_one = claim_expecting(&*store, "q", one, "L7").await;
+    let h_one = claim_expecting(&store, "q", one, "L7").await;
     assert_eq!(
         store
             .fail(one, h_one.token(), "only", Retry::At(later))
@@ -634,16 +638,16 @@ pub async fn l7_fail_on_last_attempt_or_no_retry_is_dead(harness: &dyn Harness) 
         "L7: max_attempts = 1 is dead after one failure"
     );
     for (id, error) in [(two, "last"), (never, "never"), (one, "only")] {
-        let job = get(&*store, id, "L7").await;
+        let job = get(&store, id, "L7").await;
         assert_eq!(job.state, JobState::Dead, "L7: dead");
         assert_eq!(job.finished_at, Some(env.clock.now()), "L7: finished now");
         assert_eq!(job.lease, None, "L7: lease cleared");
         assert_eq!(job.last_error.as_deref(), Some(error), "L7: error kept");
     }
     env.clock.advance(Duration::from_secs(10));
-    assert_nothing_claimable(&*store, &["q"], "L7: dead jobs are not claimed").await;
+    assert_nothing_claimable(&store, &["q"], "L7: dead jobs are not claimed").await;
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             dead: 3,
@@ -660,24 +664,24 @@ pub async fn l7_fail_on_last_attempt_or_no_retry_is_dead(harness: &dyn Harness) 
 pub async fn l8_release_takes_back_the_attempt(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").max_attempts(1), "L8").await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(1), "L8").await;
     let mut last: Option<ClaimedJob> = None;
     for round in 0..3 {
-        let held = claim_expecting(&*store, "q", id, "L8").await;
+        let held = claim_expecting(&store, "q", id, "L8").await;
         assert_eq!(
             held.job.attempts, 1,
             "L8: after {round} releases the claim is still the first attempt"
         );
         env.clock.advance(Duration::from_secs(10));
         store.release(id, held.token()).await.must("L8: release");
-        let job = get(&*store, id, "L8").await;
+        let job = get(&store, id, "L8").await;
         assert_eq!(job.state, JobState::Queued, "L8: released job is queued");
         assert_eq!(job.attempts, 0, "L8: release takes back the attempt");
         assert_eq!(job.lease, None, "L8: lease cleared");
         assert_eq!(job.run_at, env.clock.now(), "L8: ready now");
         assert_eq!(job.finished_at, None);
         assert_stats(
-            &*store,
+            &store,
             "q",
             QueueStats {
                 ready: 1,
@@ -688,7 +692,7 @@ pub async fn l8_release_takes_back_the_attempt(harness: &dyn Harness) {
         .await;
         last = Some(held);
     }
-    let held = claim_expecting(&*store, "q", id, "L8: still claimable").await;
+    let held = claim_expecting(&store, "q", id, "L8: still claimable").await;
     assert!(last.is_some_and(|l| held.token() > l.token()));
     assert_eq!(
         store
@@ -706,7 +710,7 @@ pub async fn l9_old_holder_is_fenced_after_reclaim(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let old_store = env.store().await;
     let new_store = env.store().await;
-    let id = enqueue(&*old_store, NewJob::new("q"), "L9").await;
+    let id = enqueue(&old_store, NewJob::new("q"), "L9").await;
     let old = old_store
         .claim(request(&["q"], "old", Duration::from_secs(10), 1))
         .await
@@ -720,8 +724,8 @@ pub async fn l9_old_holder_is_fenced_after_reclaim(harness: &dyn Harness) {
         .await
         .must("L9: claim again");
     assert_eq!(new.len(), 1);
-    let before = get(&*new_store, id, "L9").await;
-    assert_all_lease_lost(&*old_store, &before, old_token, "L9: the old holder").await;
+    let before = get(&new_store, id, "L9").await;
+    assert_all_lease_lost(&old_store, &before, old_token, "L9: the old holder").await;
     new_store
         .heartbeat(id, new[0].token(), TTL)
         .await
@@ -730,18 +734,47 @@ pub async fn l9_old_holder_is_fenced_after_reclaim(harness: &dyn Harness) {
         .complete(id, new[0].token(), Some(Bytes::from_static(b"new")))
         .await
         .must("L9: the new holder's complete");
-    let job = get(&*old_store, id, "L9").await;
+    let job = get(&old_store, id, "L9").await;
     assert_eq!(job.state, JobState::Succeeded);
     assert_eq!(job.result, Some(Bytes::from_static(b"new")));
 }
 
-/// L9 under concurrency: 60 head-on races, one per job. Each lease is made to expire
-/// alone, then its holder's call (`complete` for half the jobs, `heartbeat` for the
-/// rest) and a `reclaim` on another connection are started at once. Exactly one may
+/// The holder's side of a head-on race with reclaim.
+#[derive(Debug, Clone, Copy)]
+enum HolderCall {
+    Complete,
+    Heartbeat,
+    Release,
+    Fail,
+}
+
+impl HolderCall {
+    const ALL: [HolderCall; 4] = [
+        HolderCall::Complete,
+        HolderCall::Heartbeat,
+        HolderCall::Release,
+        HolderCall::Fail,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            HolderCall::Complete => "complete",
+            HolderCall::Heartbeat => "heartbeat",
+            HolderCall::Release => "release",
+            HolderCall::Fail => "fail",
+        }
+    }
+}
+
+/// L9 under concurrency: 80 head-on races, one per job. Each lease is made to expire
+/// alone, then its holder's call (`complete`, `heartbeat`, `release` or `fail`, in
+/// turn) and a `reclaim` on another connection are started at once. Exactly one may
 /// win: the holder's call succeeds and reclaim does not return the job, or reclaim
 /// returns it and the holder's call fails with lease lost; the stored state agrees.
+/// A backend that checks the lease, then writes without checking again, lets both
+/// win.
 pub async fn l9_holder_racing_reclaim_has_one_winner(harness: &dyn Harness) {
-    const JOBS: u64 = 60;
+    const JOBS: u64 = 80;
     let env = TestEnv::new(harness);
     let seed = env.store().await;
     let holder = env.store().await;
@@ -750,7 +783,7 @@ pub async fn l9_holder_racing_reclaim_has_one_winner(harness: &dyn Harness) {
     // Lease i expires at t0 + 10 s + i ms, so each step of the clock expires one more.
     let mut held = Vec::new();
     for i in 0..JOBS {
-        let id = enqueue(&*seed, NewJob::new("q"), "L9").await;
+        let id = enqueue(&seed, NewJob::new("q"), "L9").await;
         let ttl = Duration::from_millis(10_000 + i);
         let claimed = seed
             .claim(request(&["q"], "holder", ttl, 1))
@@ -763,25 +796,29 @@ pub async fn l9_holder_racing_reclaim_has_one_winner(harness: &dyn Harness) {
     for (i, (id, token)) in held.into_iter().enumerate() {
         env.clock
             .set(t0.saturating_add(Duration::from_millis(10_001 + i as u64)));
-        let complete = i % 2 == 0;
+        let call_kind = HolderCall::ALL[i % HolderCall::ALL.len()];
         let barrier = Arc::new(tokio::sync::Barrier::new(2));
         let call = {
-            let store = Arc::clone(&holder);
+            let store = holder.clone();
             let barrier = Arc::clone(&barrier);
             tokio::spawn(async move {
                 barrier.wait().await;
-                if complete {
-                    store.complete(id, token, None).await
-                } else {
-                    store
+                match call_kind {
+                    HolderCall::Complete => store.complete(id, token, None).await,
+                    HolderCall::Heartbeat => store
                         .heartbeat(id, token, Duration::from_secs(600))
                         .await
-                        .map(|_| ())
+                        .map(|_| ()),
+                    HolderCall::Release => store.release(id, token).await,
+                    HolderCall::Fail => store
+                        .fail(id, token, "gave up", Retry::Never)
+                        .await
+                        .map(|_| ()),
                 }
             })
         };
         let reclaim = {
-            let store = Arc::clone(&reclaimer);
+            let store = reclaimer.clone();
             let barrier = Arc::clone(&barrier);
             tokio::spawn(async move {
                 barrier.wait().await;
@@ -802,7 +839,7 @@ pub async fn l9_holder_racing_reclaim_has_one_winner(harness: &dyn Harness) {
         assert!(
             holder_won != reclaimed.contains(&id),
             "L9: job {id}: the holder's {} {} and reclaim {} it; exactly one may win",
-            if complete { "complete" } else { "heartbeat" },
+            call_kind.name(),
             if holder_won { "succeeded" } else { "failed" },
             if reclaimed.contains(&id) {
                 "took"
@@ -810,15 +847,20 @@ pub async fn l9_holder_racing_reclaim_has_one_winner(harness: &dyn Harness) {
                 "did not take"
             },
         );
-        let job = get(&*seed, id, "L9").await;
-        let expected = match (holder_won, complete) {
-            (false, _) => JobState::Queued,
-            (true, true) => JobState::Succeeded,
-            (true, false) => JobState::Running,
+        let job = get(&seed, id, "L9").await;
+        let expected = match (holder_won, call_kind) {
+            (false, _) => (JobState::Queued, Some(jobs_core::LEASE_EXPIRED)),
+            (true, HolderCall::Complete) => (JobState::Succeeded, None),
+            (true, HolderCall::Heartbeat) => (JobState::Running, None),
+            (true, HolderCall::Release) => (JobState::Queued, None),
+            (true, HolderCall::Fail) => (JobState::Dead, Some("gave up")),
         };
         assert_eq!(
-            job.state, expected,
-            "L9: job {id} must be where its winner left it"
+            (job.state, job.last_error.as_deref()),
+            expected,
+            "L9: job {id} must be where its winner left it ({} {})",
+            call_kind.name(),
+            if holder_won { "won" } else { "lost" },
         );
     }
     assert!(
@@ -835,8 +877,8 @@ pub async fn l1_heartbeat_batch_extends_each_lease(harness: &dyn Harness) {
     let store = env.store().await;
     let mut held = Vec::new();
     for _ in 0..3 {
-        let id = enqueue(&*store, NewJob::new("q"), "L1 batch").await;
-        held.push(claim_expecting(&*store, "q", id, "L1 batch").await);
+        let id = enqueue(&store, NewJob::new("q"), "L1 batch").await;
+        held.push(claim_expecting(&store, "q", id, "L1 batch").await);
     }
     let cancelled = held[1].id();
     store
@@ -865,7 +907,7 @@ pub async fn l1_heartbeat_batch_extends_each_lease(harness: &dyn Harness) {
             },
             "L1: heartbeat_batch answers each entry as heartbeat would"
         );
-        let stored = get(&*store, job.id(), "L1 batch").await;
+        let stored = get(&store, job.id(), "L1 batch").await;
         assert_eq!(
             stored
                 .lease
@@ -888,7 +930,7 @@ pub async fn l1_heartbeat_batch_extends_each_lease(harness: &dyn Harness) {
             .is_empty(),
         "L1: an empty heartbeat_batch answers nothing"
     );
-    let before = get(&*store, held[0].id(), "L1 batch").await;
+    let before = get(&store, held[0].id(), "L1 batch").await;
     expect_invalid(
         store
             .heartbeat_batch(
@@ -899,7 +941,7 @@ pub async fn l1_heartbeat_batch_extends_each_lease(harness: &dyn Harness) {
         "lease_ttl",
         "L1: heartbeat_batch with a zero ttl",
     );
-    assert_unchanged(&*store, &before, "L1: heartbeat_batch with a zero ttl").await;
+    assert_unchanged(&store, &before, "L1: heartbeat_batch with a zero ttl").await;
 }
 
 /// L1–L3 through `heartbeat_batch`: an entry with a stale token is lease lost, one for
@@ -910,8 +952,8 @@ pub async fn l1_heartbeat_batch_answers_each_entry_alone(harness: &dyn Harness) 
     let store = env.store().await;
     let mut held = Vec::new();
     for _ in 0..4 {
-        let id = enqueue(&*store, NewJob::new("q"), "L1 batch").await;
-        held.push(claim_expecting(&*store, "q", id, "L1 batch").await);
+        let id = enqueue(&store, NewJob::new("q"), "L1 batch").await;
+        held.push(claim_expecting(&store, "q", id, "L1 batch").await);
     }
     let (first, released, completed, last) = (&held[0], &held[1], &held[2], &held[3]);
     store
@@ -922,8 +964,8 @@ pub async fn l1_heartbeat_batch_answers_each_entry_alone(harness: &dyn Harness) 
         .complete(completed.id(), completed.token(), None)
         .await
         .must("L1: complete");
-    let released_before = get(&*store, released.id(), "L1 batch").await;
-    let completed_before = get(&*store, completed.id(), "L1 batch").await;
+    let released_before = get(&store, released.id(), "L1 batch").await;
+    let completed_before = get(&store, completed.id(), "L1 batch").await;
     let unknown = JobId::mint(env.clock.now());
     env.clock.advance(Duration::from_secs(3));
     let answers = store
@@ -972,11 +1014,6 @@ pub async fn l1_heartbeat_batch_answers_each_entry_alone(harness: &dyn Harness) 
         expires_at,
         "L1: a good entry after bad ones is extended"
     );
-    assert_unchanged(&*store, &released_before, "L1: a stale entry in a batch").await;
-    assert_unchanged(
-        &*store,
-        &completed_before,
-        "L1: a finished entry in a batch",
-    )
-    .await;
+    assert_unchanged(&store, &released_before, "L1: a stale entry in a batch").await;
+    assert_unchanged(&store, &completed_before, "L1: a finished entry in a batch").await;
 }

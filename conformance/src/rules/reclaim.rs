@@ -23,15 +23,15 @@ pub async fn r1_expired_lease_is_requeued_behind_ready_jobs(harness: &dyn Harnes
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let t0 = env.clock.now();
-    let x = enqueue(&*store, NewJob::new("q").payload("x"), "R1").await;
+    let x = enqueue(&store, NewJob::new("q").payload("x"), "R1").await;
     let held = store
         .claim(request(&["q"], "w", Duration::from_secs(10), 1))
         .await
         .must("R1: claim");
     assert_eq!(ids_of(&held), vec![x]);
-    let y = enqueue(&*store, NewJob::new("q"), "R1").await;
+    let y = enqueue(&store, NewJob::new("q"), "R1").await;
     let expiry_passed = t0.saturating_add(Duration::from_millis(10_001));
-    let z = enqueue(&*store, NewJob::new("q").run_at(expiry_passed), "R1").await;
+    let z = enqueue(&store, NewJob::new("q").run_at(expiry_passed), "R1").await;
     env.clock.set(expiry_passed);
     let reclaimed = store.reclaim(100).await.must("R1: reclaim");
     assert_eq!(
@@ -42,7 +42,7 @@ pub async fn r1_expired_lease_is_requeued_behind_ready_jobs(harness: &dyn Harnes
         }],
         "R1: the expired job is reclaimed to queued"
     );
-    let job = get(&*store, x, "R1").await;
+    let job = get(&store, x, "R1").await;
     assert_eq!(job.state, JobState::Queued, "R1: queued");
     assert_eq!(job.run_at, env.clock.now(), "R1: ready now");
     assert_eq!(job.lease, None, "R1: lease cleared");
@@ -56,7 +56,7 @@ pub async fn r1_expired_lease_is_requeued_behind_ready_jobs(harness: &dyn Harnes
         "R1: last_error says the lease expired"
     );
     assert_eq!(job.finished_at, None);
-    let order = claim(&*store, &["q"], 10, "R1: claim").await;
+    let order = claim(&store, &["q"], 10, "R1: claim").await;
     assert_eq!(
         ids_of(&order),
         vec![y, z, x],
@@ -80,7 +80,7 @@ pub async fn r1_expired_lease_is_honoured_until_reclaimed(harness: &dyn Harness)
     let ids: Vec<JobId> = {
         let mut ids = Vec::new();
         for _ in 0..4 {
-            ids.push(enqueue(&*store, NewJob::new("q").max_attempts(5), "R1").await);
+            ids.push(enqueue(&store, NewJob::new("q").max_attempts(5), "R1").await);
         }
         ids
     };
@@ -111,10 +111,10 @@ pub async fn r1_expired_lease_is_honoured_until_reclaimed(harness: &dyn Harness)
         store.reclaim(100).await.must("R1: reclaim").is_empty(),
         "R1: nothing left to reclaim: the heartbeat renewed the lease, the others finished"
     );
-    assert_eq!(get(&*store, ids[0], "R1").await.state, JobState::Running);
-    assert_eq!(get(&*store, ids[1], "R1").await.state, JobState::Succeeded);
-    assert_eq!(get(&*store, ids[2], "R1").await.state, JobState::Dead);
-    assert_eq!(get(&*store, ids[3], "R1").await.state, JobState::Queued);
+    assert_eq!(get(&store, ids[0], "R1").await.state, JobState::Running);
+    assert_eq!(get(&store, ids[1], "R1").await.state, JobState::Succeeded);
+    assert_eq!(get(&store, ids[2], "R1").await.state, JobState::Dead);
+    assert_eq!(get(&store, ids[3], "R1").await.state, JobState::Queued);
 }
 
 /// R2: a lease whose expiry equals now is not expired; 1 ms later it is; a fresh
@@ -123,8 +123,8 @@ pub async fn r2_lease_expiring_now_is_not_expired(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
     let ttl = Duration::from_secs(10);
-    let a = enqueue(&*store, NewJob::new("q"), "R2").await;
-    let b = enqueue(&*store, NewJob::new("q"), "R2").await;
+    let a = enqueue(&store, NewJob::new("q"), "R2").await;
+    let b = enqueue(&store, NewJob::new("q"), "R2").await;
     let held = store
         .claim(request(&["q"], "w", ttl, 2))
         .await
@@ -140,7 +140,7 @@ pub async fn r2_lease_expiring_now_is_not_expired(harness: &dyn Harness) {
         store.reclaim(100).await.must("R2: reclaim").is_empty(),
         "R2: a lease whose expiry equals now is not expired"
     );
-    assert_eq!(get(&*store, a, "R2").await.state, JobState::Running);
+    assert_eq!(get(&store, a, "R2").await.state, JobState::Running);
     env.clock.advance(Duration::from_millis(1));
     let reclaimed = store.reclaim(100).await.must("R2: reclaim");
     assert_eq!(
@@ -148,7 +148,7 @@ pub async fn r2_lease_expiring_now_is_not_expired(harness: &dyn Harness) {
         vec![a],
         "R2: 1 ms past its expiry the lease is expired; the heartbeated job is kept"
     );
-    assert_eq!(get(&*store, b, "R2").await.state, JobState::Running);
+    assert_eq!(get(&store, b, "R2").await.state, JobState::Running);
 }
 
 /// R3: an expired job on its last attempt becomes `dead` (finished now, "lease
@@ -156,8 +156,8 @@ pub async fn r2_lease_expiring_now_is_not_expired(harness: &dyn Harness) {
 pub async fn r3_expired_last_attempt_is_dead(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").max_attempts(2), "R3").await;
-    claim_expecting(&*store, "q", id, "R3").await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(2), "R3").await;
+    claim_expecting(&store, "q", id, "R3").await;
     env.clock.advance(TTL + Duration::from_millis(1));
     assert_eq!(
         store.reclaim(10).await.must("R3: reclaim"),
@@ -167,7 +167,7 @@ pub async fn r3_expired_last_attempt_is_dead(harness: &dyn Harness) {
         }],
         "R3: attempts remain: queued"
     );
-    claim_expecting(&*store, "q", id, "R3: second attempt").await;
+    claim_expecting(&store, "q", id, "R3: second attempt").await;
     env.clock.advance(TTL + Duration::from_millis(1));
     assert_eq!(
         store.reclaim(10).await.must("R3: reclaim"),
@@ -177,13 +177,13 @@ pub async fn r3_expired_last_attempt_is_dead(harness: &dyn Harness) {
         }],
         "R3: an expired job on its last attempt is dead"
     );
-    let job = get(&*store, id, "R3").await;
+    let job = get(&store, id, "R3").await;
     assert_eq!(job.state, JobState::Dead);
     assert_eq!(job.finished_at, Some(env.clock.now()), "R3: finished now");
     assert_eq!(job.lease, None);
     assert_eq!(job.attempts, 2);
     assert_eq!(job.last_error.as_deref(), Some(LEASE_EXPIRED));
-    assert_nothing_claimable(&*store, &["q"], "R3: never requeued").await;
+    assert_nothing_claimable(&store, &["q"], "R3: never requeued").await;
     assert!(store.reclaim(10).await.must("R3").is_empty());
 }
 
@@ -192,8 +192,8 @@ pub async fn r3_expired_last_attempt_is_dead(harness: &dyn Harness) {
 pub async fn r3_expired_cancel_requested_is_cancelled(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q"), "R3").await;
-    claim_expecting(&*store, "q", id, "R3").await;
+    let id = enqueue(&store, NewJob::new("q"), "R3").await;
+    claim_expecting(&store, "q", id, "R3").await;
     assert_eq!(store.cancel(id).await.must("R3: cancel"), JobState::Running);
     env.clock.advance(TTL + Duration::from_millis(1));
     assert_eq!(
@@ -204,11 +204,11 @@ pub async fn r3_expired_cancel_requested_is_cancelled(harness: &dyn Harness) {
         }],
         "R3: an expired cancel-requested job is cancelled"
     );
-    let job = get(&*store, id, "R3").await;
+    let job = get(&store, id, "R3").await;
     assert_eq!(job.state, JobState::Cancelled);
     assert_eq!(job.finished_at, Some(env.clock.now()));
     assert_eq!(job.lease, None);
-    assert_nothing_claimable(&*store, &["q"], "R3: never requeued").await;
+    assert_nothing_claimable(&store, &["q"], "R3: never requeued").await;
 }
 
 /// R3 with the decision: a job both on its last attempt and cancel-requested ends
@@ -216,8 +216,8 @@ pub async fn r3_expired_cancel_requested_is_cancelled(harness: &dyn Harness) {
 pub async fn r3_last_attempt_and_cancel_requested_is_cancelled(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&*store, NewJob::new("q").max_attempts(1), "R3").await;
-    claim_expecting(&*store, "q", id, "R3").await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(1), "R3").await;
+    claim_expecting(&store, "q", id, "R3").await;
     store.cancel(id).await.must("R3: cancel");
     env.clock.advance(TTL + Duration::from_millis(1));
     assert_eq!(
@@ -228,7 +228,7 @@ pub async fn r3_last_attempt_and_cancel_requested_is_cancelled(harness: &dyn Har
         }],
         "R3: cancel-requested wins over last attempt"
     );
-    assert_eq!(get(&*store, id, "R3").await.state, JobState::Cancelled);
+    assert_eq!(get(&store, id, "R3").await.state, JobState::Cancelled);
 }
 
 /// R4: four reclaimers on their own connections recover 50 expired jobs; each job is
@@ -242,7 +242,7 @@ pub async fn r4_concurrent_reclaimers_recover_each_job_once(harness: &dyn Harnes
     for i in 0..JOBS {
         let last_attempt = i % 5 == 0;
         let job = NewJob::new("q").max_attempts(if last_attempt { 1 } else { 3 });
-        let id = enqueue(&*seed, job, "R4").await;
+        let id = enqueue(&seed, job, "R4").await;
         expected.insert(
             id,
             if last_attempt {
@@ -252,7 +252,7 @@ pub async fn r4_concurrent_reclaimers_recover_each_job_once(harness: &dyn Harnes
             },
         );
     }
-    let held = claim(&*seed, &["q"], JOBS, "R4: claim").await;
+    let held = claim(&seed, &["q"], JOBS, "R4: claim").await;
     assert_eq!(held.len(), JOBS);
     env.clock.advance(TTL + Duration::from_millis(1));
     let barrier = Arc::new(Barrier::new(RECLAIMERS));
@@ -294,7 +294,7 @@ pub async fn r4_concurrent_reclaimers_recover_each_job_once(harness: &dyn Harnes
         "R4: every expired job is reclaimed exactly once, to queued or dead"
     );
     assert_stats(
-        &*seed,
+        &seed,
         "q",
         QueueStats {
             ready: 40,
@@ -304,7 +304,7 @@ pub async fn r4_concurrent_reclaimers_recover_each_job_once(harness: &dyn Harnes
         "R4",
     )
     .await;
-    let again = claim(&*seed, &["q"], 100, "R4: claim again").await;
+    let again = claim(&seed, &["q"], 100, "R4: claim again").await;
     assert_eq!(again.len(), 40, "R4: each requeued job is claimable once");
     let distinct: HashSet<JobId> = again.iter().map(|j| j.id()).collect();
     assert_eq!(distinct.len(), 40, "R4: no job was requeued twice");
@@ -317,9 +317,9 @@ pub async fn r5_vanished_running_job_is_dropped_not_requeued(harness: &dyn Harne
     let store = env.store().await;
     let mut ids = Vec::new();
     for _ in 0..3 {
-        ids.push(enqueue(&*store, NewJob::new("q"), "R5").await);
+        ids.push(enqueue(&store, NewJob::new("q"), "R5").await);
     }
-    claim(&*store, &["q"], 3, "R5: claim").await;
+    claim(&store, &["q"], 3, "R5: claim").await;
     env.vanish(ids[1]).await;
     env.clock.advance(TTL + Duration::from_millis(1));
     let reclaimed: Vec<JobId> = store
@@ -341,7 +341,7 @@ pub async fn r5_vanished_running_job_is_dropped_not_requeued(harness: &dyn Harne
         store.reclaim(100).await.must("R5").is_empty(),
         "R5: the vanished entry was removed, not left to trip later reclaims"
     );
-    let claimed: HashSet<JobId> = ids_of(&claim(&*store, &["q"], 10, "R5: claim").await)
+    let claimed: HashSet<JobId> = ids_of(&claim(&store, &["q"], 10, "R5: claim").await)
         .into_iter()
         .collect();
     assert_eq!(
@@ -350,7 +350,7 @@ pub async fn r5_vanished_running_job_is_dropped_not_requeued(harness: &dyn Harne
         "R5: the vanished job was never requeued"
     );
     assert_stats(
-        &*store,
+        &store,
         "q",
         QueueStats {
             running: 2,
@@ -367,12 +367,12 @@ pub async fn r6_reclaim_takes_only_expired_and_limit_bounds_each_call(harness: &
     let env = TestEnv::new(harness);
     let store = env.store().await;
     for _ in 0..60 {
-        enqueue(&*store, NewJob::new("live"), "R6").await;
+        enqueue(&store, NewJob::new("live"), "R6").await;
     }
     let mut short = HashSet::new();
     let mut shorter = HashSet::new();
     for i in 0..8 {
-        let id = enqueue(&*store, NewJob::new("short"), "R6").await;
+        let id = enqueue(&store, NewJob::new("short"), "R6").await;
         let ttl = if i < 5 {
             shorter.insert(id);
             Duration::from_secs(10)
@@ -420,7 +420,7 @@ pub async fn r6_reclaim_takes_only_expired_and_limit_bounds_each_call(harness: &
         .collect();
     assert_eq!(rest, short, "R6: the later expiries, and only them");
     assert_stats(
-        &*store,
+        &store,
         "live",
         QueueStats {
             running: 60,
@@ -429,5 +429,5 @@ pub async fn r6_reclaim_takes_only_expired_and_limit_bounds_each_call(harness: &
         "R6: live leases are untouched",
     )
     .await;
-    assert_stats_agree(&*store, "short", "R6").await;
+    assert_stats_agree(&store, "short", "R6").await;
 }

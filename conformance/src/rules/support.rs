@@ -47,7 +47,7 @@ pub(crate) async fn join_all<T>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec
 }
 
 /// Enqueues `job`, which must be new, and returns its id.
-pub(crate) async fn enqueue(store: &dyn Store, job: NewJob, what: &str) -> JobId {
+pub(crate) async fn enqueue(store: &Store, job: NewJob, what: &str) -> JobId {
     let answer = store.enqueue(job).await.must(what);
     assert!(
         answer.created,
@@ -58,7 +58,7 @@ pub(crate) async fn enqueue(store: &dyn Store, job: NewJob, what: &str) -> JobId
 }
 
 /// `get`, which must succeed.
-pub(crate) async fn get(store: &dyn Store, id: JobId, what: &str) -> Job {
+pub(crate) async fn get(store: &Store, id: JobId, what: &str) -> Job {
     store.get(id).await.must(what)
 }
 
@@ -69,7 +69,7 @@ pub(crate) fn request(queues: &[&str], worker: &str, ttl: Duration, limit: usize
 
 /// Claims up to `limit` jobs from `queues` as [`WORKER`] with [`TTL`].
 pub(crate) async fn claim(
-    store: &dyn Store,
+    store: &Store,
     queues: &[&str],
     limit: usize,
     what: &str,
@@ -82,7 +82,7 @@ pub(crate) async fn claim(
 
 /// Claims exactly one job from `queue`, which must be `expected`.
 pub(crate) async fn claim_expecting(
-    store: &dyn Store,
+    store: &Store,
     queue: &str,
     expected: JobId,
     what: &str,
@@ -104,7 +104,7 @@ pub(crate) async fn claim_expecting(
 }
 
 /// Claims with a large limit and asserts nothing came back.
-pub(crate) async fn assert_nothing_claimable(store: &dyn Store, queues: &[&str], what: &str) {
+pub(crate) async fn assert_nothing_claimable(store: &Store, queues: &[&str], what: &str) {
     let claimed = claim(store, queues, 1_000, what).await;
     assert!(
         claimed.is_empty(),
@@ -114,7 +114,7 @@ pub(crate) async fn assert_nothing_claimable(store: &dyn Store, queues: &[&str],
 }
 
 /// Claims everything ready on `queues`, 100 at a time, in claim order.
-pub(crate) async fn drain(store: &dyn Store, queues: &[&str], what: &str) -> Vec<ClaimedJob> {
+pub(crate) async fn drain(store: &Store, queues: &[&str], what: &str) -> Vec<ClaimedJob> {
     let mut all = Vec::new();
     loop {
         let batch = claim(store, queues, 100, what).await;
@@ -136,7 +136,7 @@ pub(crate) fn ids_of(claimed: &[ClaimedJob]) -> Vec<JobId> {
 
 /// Every job of `queue` (in `state`, if given), newest first, read page by page.
 pub(crate) async fn list_all(
-    store: &dyn Store,
+    store: &Store,
     queue: &str,
     state: Option<JobState>,
     what: &str,
@@ -179,13 +179,13 @@ pub(crate) fn count(jobs: &[Job], now: Timestamp) -> QueueStats {
 }
 
 /// `stats(queue)` must equal `expected`.
-pub(crate) async fn assert_stats(store: &dyn Store, queue: &str, expected: QueueStats, what: &str) {
+pub(crate) async fn assert_stats(store: &Store, queue: &str, expected: QueueStats, what: &str) {
     let stats = store.stats(queue).await.must(what);
     assert_eq!(stats, expected, "{what}: stats({queue:?}) is wrong");
 }
 
 /// `stats(queue)` must agree with the jobs `list` shows (CONTRACT A3).
-pub(crate) async fn assert_stats_agree(store: &dyn Store, queue: &str, what: &str) -> QueueStats {
+pub(crate) async fn assert_stats_agree(store: &Store, queue: &str, what: &str) -> QueueStats {
     let jobs = list_all(store, queue, None, what).await;
     let expected = count(&jobs, store.settings().now());
     assert_stats(store, queue, expected, what).await;
@@ -283,7 +283,7 @@ pub(crate) fn expect_invalid_state<T: Debug>(
 }
 
 /// The stored job must be exactly `before`, field for field.
-pub(crate) async fn assert_unchanged(store: &dyn Store, before: &Job, what: &str) {
+pub(crate) async fn assert_unchanged(store: &Store, before: &Job, what: &str) {
     let now = store.get(before.id).await.must(what);
     assert_eq!(&now, before, "{what}: the job changed");
 }
