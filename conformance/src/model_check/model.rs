@@ -339,7 +339,8 @@ impl Model {
                 Retry::At(at) if job.attempts < job.max_attempts => {
                     job.state = JobState::Queued;
                     job.lease = None;
-                    job.run_at = at;
+                    // L6, decided: a retry time in the past is stored as now.
+                    job.run_at = at.max(now);
                     JobState::Queued
                 }
                 _ => {
