@@ -197,6 +197,8 @@ fn today() -> String {
         .unwrap_or_default()
 }
 
+/// The report's generated section, markers included: the run's facts, then one table
+/// per question the benchmark answers.
 pub(super) fn render(
     settings: &Settings,
     results: &Results,
@@ -204,10 +206,28 @@ pub(super) fn render(
     root: &Path,
 ) -> String {
     let mut md = String::new();
-    let (cores, cpu, memory) = machine();
-    let n = settings.jobs;
-    let peer_n = settings.peer_jobs;
     let _ = writeln!(md, "{BEGIN}\n");
+    write_header(&mut md, settings, results, wall, root);
+    write_targets(&mut md, settings, results);
+    write_throughput(&mut md, settings, results);
+    write_peers(&mut md, settings, results);
+    write_slow_peers(&mut md, results);
+    write_growth(&mut md, settings, results);
+    write_costs(&mut md, settings, results);
+    write_latency(&mut md, settings, results);
+    let _ = writeln!(md, "\n{END}");
+    md
+}
+
+/// The run's facts: command, date, machine, servers and crate versions.
+fn write_header(
+    md: &mut String,
+    settings: &Settings,
+    results: &Results,
+    wall: Duration,
+    root: &Path,
+) {
+    let (cores, cpu, memory) = machine();
     let _ = writeln!(md, "### Latest run\n");
     let _ = writeln!(md, "- Command: `{}`", settings.command);
     let _ = writeln!(
@@ -267,8 +287,11 @@ pub(super) fn render(
         "- Workers: concurrency {}; figures are median (min–max) over the runs\n",
         settings.concurrency
     );
+}
 
-    // Targets.
+/// Our figures against the targets of issue #7.
+fn write_targets(md: &mut String, settings: &Settings, results: &Results) {
+    let n = settings.jobs;
     let _ = writeln!(md, "#### Against the targets\n");
     let _ = writeln!(md, "| backend | end-to-end, backlog of {} | target | 1× vs 10× backlog | pickup p50 / p99 (target ≤ 2 / ≤ 20 ms) |", group_thousands(n));
     let _ = writeln!(md, "|---|---|---|---|---|");
@@ -316,8 +339,11 @@ pub(super) fn render(
             fmt_rate(target)
         );
     }
+}
 
-    // Our throughput.
+/// Our throughput per workload.
+fn write_throughput(md: &mut String, settings: &Settings, results: &Results) {
+    let n = settings.jobs;
     let _ = writeln!(md, "\n#### Throughput (jobs/s)\n");
     let _ = writeln!(
         md,
@@ -351,8 +377,11 @@ pub(super) fn render(
             ),
         );
     }
+}
 
-    // Against apalis.
+/// Ours against apalis, where apalis has the backend.
+fn write_peers(md: &mut String, settings: &Settings, results: &Results) {
+    let peer_n = settings.peer_jobs;
     let peer_backends: Vec<&str> = settings
         .backends
         .iter()
@@ -406,7 +435,10 @@ pub(super) fn render(
             }
         }
     }
+}
 
+/// Which apalis figures were measured once for taking too long.
+fn write_slow_peers(md: &mut String, results: &Results) {
     if !results.slow_peers.is_empty() {
         let slow: Vec<String> = results
             .slow_peers
@@ -423,8 +455,12 @@ pub(super) fn render(
             slow.join("; ")
         );
     }
+}
 
-    // Growth.
+/// How the cost grows with the backlog, ours and apalis's.
+fn write_growth(md: &mut String, settings: &Settings, results: &Results) {
+    let n = settings.jobs;
+    let peer_n = settings.peer_jobs;
     if settings.scale {
         let small = (n / 10).max(1);
         let peer_small = (peer_n / 10).max(1);
@@ -476,8 +512,12 @@ pub(super) fn render(
             );
         }
     }
+}
 
-    // What each job cost, from the counters the bench reads around a drain.
+/// What each job cost in CPU and round trips.
+fn write_costs(md: &mut String, settings: &Settings, results: &Results) {
+    let n = settings.jobs;
+    // From the counters the bench reads around a drain.
     let _ = writeln!(
         md,
         "\n#### Cost per job (end-to-end, backlog of {}; server counters are server-wide)\n",
@@ -509,8 +549,11 @@ pub(super) fn render(
             show(&cell("wal_syncs_per_job"), fmt2),
         );
     }
+}
 
-    // Latency and reclaim.
+/// Pickup latency and reclaim times.
+fn write_latency(md: &mut String, settings: &Settings, results: &Results) {
+    let n = settings.jobs;
     let _ = writeln!(md, "\n#### Pickup latency and reclaim\n");
     let _ = writeln!(
         md,
@@ -545,8 +588,6 @@ pub(super) fn render(
             ),
         );
     }
-    let _ = writeln!(md, "\n{END}");
-    md
 }
 
 /// Replaces the generated section of `path` (or appends one), keeping the prose around it.
