@@ -49,7 +49,7 @@ pub fn settings(namespace: &str) -> StoreSettings {
 /// A store opened for one run, and what to remove when the run ends.
 pub struct Opened {
     /// The store every task of the run shares, as one process would.
-    pub store: Arc<dyn Store>,
+    pub store: Store,
     /// The namespace it writes to.
     pub namespace: String,
     /// What the server would do on its own in production, where it does not here.
@@ -116,7 +116,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
         "memory" => {
             let store = jobs_memory::MemoryStore::new(settings).map_err(|e| e.to_string())?;
             Ok(Opened {
-                store: Arc::new(store),
+                store: Store::new(store),
                 namespace,
                 housekeeping: Housekeeping::none(),
                 cleanup: Cleanup::Nothing,
@@ -134,7 +134,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 .await
                 .map_err(|e| format!("open sqlite: {e}"))?;
             Ok(Opened {
-                store: Arc::new(store),
+                store: Store::new(store),
                 namespace,
                 housekeeping: Housekeeping::none(),
                 cleanup: Cleanup::Dir(dir),
@@ -149,7 +149,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 .await
                 .map_err(|e| format!("connect redis: {e}"))?;
             Ok(Opened {
-                store: Arc::new(store),
+                store: Store::new(store),
                 namespace,
                 housekeeping: Housekeeping::none(),
                 cleanup: Cleanup::Redis(client),
@@ -169,7 +169,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 .map_err(|e| format!("connect postgres: {e}"))?;
             let housekeeping = Housekeeping::postgres(&url, &schema).await?;
             Ok(Opened {
-                store: Arc::new(store),
+                store: Store::new(store),
                 namespace,
                 housekeeping,
                 cleanup: Cleanup::Postgres(url, schema),

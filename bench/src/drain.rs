@@ -1,5 +1,5 @@
 //! Draining a queue with no-op jobs: with the worker runtime of the `jobs` crate, or with
-//! a bare claim/complete loop over the `Store` trait (the floor the runtime adds to).
+//! a bare claim/complete loop over the `Store` handle (the floor the runtime adds to).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,7 +78,7 @@ enum WorkersInner {
 /// Starts workers draining `config.queue` of `store`, recording into `progress`.
 pub async fn start(
     driver: Driver,
-    store: Arc<dyn Store>,
+    store: Store,
     config: &DrainConfig,
     progress: Arc<Progress>,
 ) -> Result<Workers, String> {
@@ -126,12 +126,12 @@ impl Workers {
     }
 }
 
-fn start_loop(store: Arc<dyn Store>, config: &DrainConfig, progress: Arc<Progress>) -> Workers {
+fn start_loop(store: Store, config: &DrainConfig, progress: Arc<Progress>) -> Workers {
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = JoinSet::new();
     for n in 0..config.concurrency {
-        let store = Arc::clone(&store);
+        let store = store.clone();
         let progress = Arc::clone(&progress);
         let stop = Arc::clone(&stop);
         let stopping = Arc::clone(&stopping);

@@ -16,7 +16,7 @@ pub struct RuntimeWorkers {
 /// Starts one worker over `store` at `config.concurrency`, its other settings at their
 /// defaults (claim batch, heartbeats, reclaim and purge intervals).
 pub async fn start(
-    store: Arc<dyn Store>,
+    store: Store,
     config: &DrainConfig,
     progress: Arc<Progress>,
 ) -> Result<RuntimeWorkers, String> {

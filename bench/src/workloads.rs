@@ -62,7 +62,7 @@ pub fn payload(index: u64) -> NewJob {
 }
 
 /// Enqueues jobs `range` in batches of `batch`, as fast as the store takes them.
-async fn fill(store: &dyn Store, range: std::ops::Range<u64>, batch: usize) -> Result<(), String> {
+async fn fill(store: &Store, range: std::ops::Range<u64>, batch: usize) -> Result<(), String> {
     let mut next = range.start;
     while next < range.end {
         let end = (next + batch as u64).min(range.end);
@@ -77,13 +77,13 @@ async fn fill(store: &dyn Store, range: std::ops::Range<u64>, batch: usize) -> R
 }
 
 /// `enqueue-one`: `producers` tasks each enqueue their share one job per call.
-pub async fn enqueue_one(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+pub async fn enqueue_one(store: Store, opts: &Options) -> Result<(), String> {
     let per_producer = opts.jobs.div_ceil(opts.producers as u64);
     let probe = Probe::start(&opts.backend).await;
     let started = Instant::now();
     let mut tasks = JoinSet::new();
     for p in 0..opts.producers as u64 {
-        let store = Arc::clone(&store);
+        let store = store.clone();
         let range = (p * per_producer)..((p + 1) * per_producer).min(opts.jobs);
         tasks.spawn(async move {
             for i in range {
@@ -109,10 +109,10 @@ pub async fn enqueue_one(store: Arc<dyn Store>, opts: &Options) -> Result<(), St
 }
 
 /// `enqueue-batch`: one producer enqueues `enqueue_batch` jobs per call.
-pub async fn enqueue_batch(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+pub async fn enqueue_batch(store: Store, opts: &Options) -> Result<(), String> {
     let probe = Probe::start(&opts.backend).await;
     let started = Instant::now();
-    fill(store.as_ref(), 0..opts.jobs, opts.enqueue_batch).await?;
+    fill(&store, 0..opts.jobs, opts.enqueue_batch).await?;
     let elapsed = started.elapsed();
     let probed = probe.finish(opts.jobs, Line::default()).await;
     opts.line("enqueue-batch")
@@ -128,12 +128,12 @@ pub async fn enqueue_batch(store: Arc<dyn Store>, opts: &Options) -> Result<(), 
 /// `e2e-backlog`: enqueue every job, then start the workers and time them from the
 /// first job started to the last completion stored.
 pub async fn e2e_backlog(
-    store: Arc<dyn Store>,
+    store: Store,
     housekeeping: &Housekeeping,
     opts: &Options,
 ) -> Result<(), String> {
     let fill_started = Instant::now();
-    fill(store.as_ref(), 0..opts.jobs, opts.enqueue_batch.max(1)).await?;
+    fill(&store, 0..opts.jobs, opts.enqueue_batch.max(1)).await?;
     let fill_time = fill_started.elapsed();
     housekeeping.after_fill().await?;
     let _vacuum = housekeeping.while_draining();
@@ -141,7 +141,7 @@ pub async fn e2e_backlog(
     let probe = Probe::start(&opts.backend).await;
     let workers = drain::start(
         opts.driver,
-        Arc::clone(&store),
+        store.clone(),
         &opts.drain_config(),
         Arc::clone(&progress),
     )
@@ -162,7 +162,7 @@ pub async fn e2e_backlog(
     };
     let probed = probe.finish(drained, Line::default()).await;
     if finished {
-        check_drained(store.as_ref()).await?;
+        check_drained(&store).await?;
     }
     opts.line("e2e-backlog")
         .merge(probed)
@@ -182,7 +182,7 @@ pub async fn e2e_backlog(
 /// every job in batches while they run; timed from the first job started to the last
 /// completion stored.
 pub async fn e2e_producer(
-    store: Arc<dyn Store>,
+    store: Store,
     housekeeping: &Housekeeping,
     opts: &Options,
 ) -> Result<(), String> {
@@ -191,17 +191,17 @@ pub async fn e2e_producer(
     let probe = Probe::start(&opts.backend).await;
     let workers = drain::start(
         opts.driver,
-        Arc::clone(&store),
+        store.clone(),
         &opts.drain_config(),
         Arc::clone(&progress),
     )
     .await?;
     let producer = {
-        let store = Arc::clone(&store);
+        let store = store.clone();
         let (jobs, batch) = (opts.jobs, opts.enqueue_batch.max(1));
         tokio::spawn(async move {
             let started = Instant::now();
-            fill(store.as_ref(), 0..jobs, batch).await?;
+            fill(&store, 0..jobs, batch).await?;
             Ok::<Duration, String>(started.elapsed())
         })
     };
@@ -213,7 +213,7 @@ pub async fn e2e_producer(
     let produce_time = produced?;
     let span = progress.span(stored_by).ok_or("no job ran")?;
     let probed = probe.finish(opts.jobs, Line::default()).await;
-    check_drained(store.as_ref()).await?;
+    check_drained(&store).await?;
     opts.line("e2e-producer")
         .merge(probed)
         .int("concurrency", opts.concurrency as u64)
@@ -229,11 +229,11 @@ pub async fn e2e_producer(
 
 /// `latency`: a producer enqueues one job at a time at a steady rate into idle workers;
 /// the pickup latency of a job runs from its enqueue returning to its handler starting.
-pub async fn latency(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+pub async fn latency(store: Store, opts: &Options) -> Result<(), String> {
     let progress = Arc::new(Progress::new(opts.jobs, true));
     let workers = drain::start(
         opts.driver,
-        Arc::clone(&store),
+        store.clone(),
         &opts.drain_config(),
         Arc::clone(&progress),
     )
@@ -283,17 +283,12 @@ pub async fn latency(store: Arc<dyn Store>, opts: &Options) -> Result<(), String
 
 /// `reclaim`: `jobs` live leases and a few expired ones; times `reclaim` recovering the
 /// expired ones, several times.
-pub async fn reclaim(store: Arc<dyn Store>, opts: &Options) -> Result<(), String> {
+pub async fn reclaim(store: Store, opts: &Options) -> Result<(), String> {
     const EXPIRED: usize = 10;
     const REPEATS: usize = 20;
     let live = opts.jobs;
-    fill(store.as_ref(), 0..(EXPIRED as u64), EXPIRED).await?;
-    fill(
-        store.as_ref(),
-        (EXPIRED as u64)..(EXPIRED as u64 + live),
-        1_000,
-    )
-    .await?;
+    fill(&store, 0..(EXPIRED as u64), EXPIRED).await?;
+    fill(&store, (EXPIRED as u64)..(EXPIRED as u64 + live), 1_000).await?;
     let short = Duration::from_millis(1);
     let long = Duration::from_secs(3_600);
     // The first jobs enqueued are claimed first (FIFO), on a lease that runs out at once.
@@ -369,7 +364,7 @@ pub async fn reclaim(store: Arc<dyn Store>, opts: &Options) -> Result<(), String
 }
 
 /// Checks the queue holds no ready or running job: every job ran and completed.
-async fn check_drained(store: &dyn Store) -> Result<(), String> {
+async fn check_drained(store: &Store) -> Result<(), String> {
     let stats = store
         .stats(QUEUE)
         .await
