@@ -8,7 +8,6 @@
 //! With an enqueue batch of 1 each task enqueues one job at a time; with more it uses
 //! `enqueue_batch`. Claimed jobs of one claim are completed concurrently.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobs_core::{ClaimRequest, NewJob, Store, StoreSettings};
@@ -43,7 +42,7 @@ async fn main() -> jobs_core::Result<()> {
         let path = dir.path().join("bench.db");
         let config = SqliteConfig::default().synchronous(synchronous);
         let store =
-            Arc::new(SqliteStore::open_with(&path, StoreSettings::default(), config).await?);
+            Store::new(SqliteStore::open_with(&path, StoreSettings::default(), config).await?);
 
         let (started, cpu0) = (Instant::now(), cpu_seconds());
         let per_task = jobs / tasks;

@@ -116,7 +116,7 @@ impl WriteMode {
 
 /// An operation that ran, waiting for the commit before it answers.
 trait Finish: Send {
-    fn finish(self: Box<Self>, commit: std::result::Result<(), &CommitError>);
+    fn finish(self: Box<Self>, commit: std::result::Result<(), &Error>);
 }
 
 struct Call<F, T> {
@@ -126,8 +126,9 @@ struct Call<F, T> {
 }
 
 /// An operation failed after it had written: without a savepoint to roll back to, the
-/// group transaction holds a half-done operation and must not commit.
-struct Spoiled(CommitError);
+/// group transaction holds a half-done operation and must not commit. Holds what the
+/// group's other operations are told.
+struct Spoiled(Error);
 
 struct Ran<T> {
     result: Result<T>,
@@ -154,11 +155,10 @@ where
                 if tx.conn.total_changes() != before {
                     // The other operations of the group did nothing wrong: they are told
                     // to retry, which will succeed.
-                    let spoiled = CommitError {
-                        message: format!(
-                            "another operation of the group failed after writing: {err}"
-                        ),
-                        retryable: true,
+                    let spoiled = Error::Unavailable {
+                        message: "another operation of the group commit failed after writing"
+                            .to_owned(),
+                        source: Some(Arc::new(err.clone())),
                     };
                     let _ = reply.send(result);
                     return Err(Spoiled(spoiled));
@@ -179,12 +179,12 @@ where
 }
 
 impl<T: Send> Finish for Ran<T> {
-    fn finish(self: Box<Self>, commit: std::result::Result<(), &CommitError>) {
+    fn finish(self: Box<Self>, commit: std::result::Result<(), &Error>) {
         let answer = match (commit, self.result) {
             // A failed operation changed nothing; its own error is the truer answer.
             (_, Err(err)) => Err(err),
             (Ok(()), Ok(value)) => Ok(value),
-            (Err(commit), Ok(_)) => Err(commit.to_error()),
+            (Err(commit), Ok(_)) => Err(commit.clone()),
         };
         // The caller may have stopped waiting (its future was dropped); nothing to do.
         let _ = self.reply.send(answer);
@@ -213,35 +213,6 @@ fn in_savepoint<T>(
             exec(tx.conn, "RELEASE op")?;
             // A wake-up the operation asked for stays: spurious wake-ups are allowed.
             Err(err)
-        }
-    }
-}
-
-/// Why a group did not commit, told to each of its operations.
-struct CommitError {
-    message: String,
-    retryable: bool,
-}
-
-impl CommitError {
-    fn from_error(err: &Error) -> Self {
-        CommitError {
-            message: err.to_string(),
-            retryable: err.is_retryable(),
-        }
-    }
-
-    fn to_error(&self) -> Error {
-        if self.retryable {
-            Error::Unavailable {
-                message: format!("the group commit failed: {}", self.message),
-                source: None,
-            }
-        } else {
-            Error::Backend {
-                message: format!("the group commit failed: {}", self.message),
-                source: None,
-            }
         }
     }
 }
@@ -495,9 +466,9 @@ fn writer_loop(
             match conn.execute_batch(&format!("PRAGMA synchronous = {wanted}")) {
                 Ok(()) => synchronous = wanted,
                 Err(err) => {
-                    let error = CommitError::from_error(&db_error("set synchronous", err));
+                    let error = db_error("set synchronous", err);
                     for op in group.drain(..) {
-                        op.abort(error.to_error());
+                        op.abort(error.clone());
                     }
                     continue;
                 }
@@ -518,16 +489,15 @@ fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &
         .and_then(|mut stmt| stmt.execute([]))
         .db("begin a write transaction");
     if let Err(err) = begin {
-        let commit_error = CommitError::from_error(&err);
         for op in group.drain(..) {
-            op.abort(commit_error.to_error());
+            op.abort(err.clone());
         }
         return;
     }
     let mut seq = SeqCounter::default();
     let mut wakes = HashSet::new();
     let mut finished: Vec<Box<dyn Finish>> = Vec::with_capacity(group.len());
-    let mut spoiled: Option<CommitError> = None;
+    let mut spoiled: Option<Error> = None;
     {
         let mut tx = WriteTx {
             conn,
@@ -536,14 +506,15 @@ fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &
         };
         for op in group.drain(..) {
             if let Some(err) = &spoiled {
-                op.abort(err.to_error());
+                op.abort(err.clone());
                 continue;
             }
             if tx.conn.is_autocommit() {
                 // SQLite rolled the whole transaction back on its own (a full disk, an
                 // I/O error): running on would commit each statement separately.
-                spoiled = Some(lost_transaction());
-                op.abort(lost_transaction().to_error());
+                let lost = lost_transaction();
+                op.abort(lost.clone());
+                spoiled = Some(lost);
                 continue;
             }
             match op.run(&mut tx) {
@@ -575,14 +546,14 @@ fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &
     }
 }
 
-fn lost_transaction() -> CommitError {
-    CommitError {
-        message: "sqlite rolled the transaction back after an error".to_owned(),
-        retryable: true,
+fn lost_transaction() -> Error {
+    Error::Unavailable {
+        message: "sqlite rolled the group transaction back after an error".to_owned(),
+        source: None,
     }
 }
 
-fn commit(conn: &Connection, seq: &SeqCounter) -> std::result::Result<(), CommitError> {
+fn commit(conn: &Connection, seq: &SeqCounter) -> Result<()> {
     let run = || -> rusqlite::Result<()> {
         if let Some(value) = seq.pending_write() {
             conn.prepare_cached("UPDATE jobq_meta SET value = ?1 WHERE name = 'seq'")?
@@ -591,7 +562,7 @@ fn commit(conn: &Connection, seq: &SeqCounter) -> std::result::Result<(), Commit
         conn.prepare_cached("COMMIT")?.execute([])?;
         Ok(())
     };
-    run().map_err(|err| CommitError::from_error(&db_error("commit", err)))
+    run().map_err(|err| db_error("commit the group", err))
 }
 
 #[cfg(test)]

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    async_trait, validate, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
-    HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats,
-    ReclaimedJob, Result, Retry, Store, StoreSettings,
+    async_trait, validate, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
+    Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery,
+    NewJob, QueueStats, ReclaimedJob, Result, Retry, StoreSettings, Timestamp,
 };
 use tokio::sync::Notify;
 
@@ -25,20 +25,22 @@ use engine::{Engine, WriteMode};
 /// The schema version this build creates and migrates files to.
 pub const SCHEMA_VERSION: i64 = schema::SCHEMA_VERSION;
 
-/// A [`Store`] in one SQLite file.
+/// A job store [`Backend`] in one SQLite file. Wrap it in a [`jobs_core::Store`]
+/// (`Store::new(backend)`) to use it: the handle validates the calls and reads the
+/// clock, the backend stores.
 ///
 /// The file is in WAL mode. All writes go through one writer thread that commits the
 /// operations waiting together in one `BEGIN IMMEDIATE` transaction (group commit), where
-/// one failed operation never undoes another; reads run on reader threads. Stores opened
-/// on one file in one
-/// process share those threads, and any number of processes may open the file at once.
-/// Several namespaces live side by side in one file (CONTRACT C8).
+/// one failed operation never undoes another; reads run on reader threads. Backends
+/// opened on one file in one process share those threads, and any number of processes
+/// may open the file at once. Several namespaces live side by side in one file
+/// (CONTRACT C8).
 ///
 /// Cloning is cheap and shares the threads.
 #[derive(Clone)]
 pub struct SqliteStore {
-    /// Shared with the closures sent to the threads, so an operation clones an `Arc`,
-    /// not the namespace string.
+    /// Shared with the enqueue closures sent to the writer (they read the dedup
+    /// window), so an enqueue clones an `Arc`, not the namespace string.
     settings: Arc<StoreSettings>,
     ns: i64,
     notify: Arc<Notify>,
@@ -98,42 +100,50 @@ impl SqliteStore {
             .write(WriteMode::WORKER, move |tx| ops::vanish(tx, ns, id))
             .await
     }
+
+    /// Deletes every job of this store's namespace, with its payloads and idempotency
+    /// records, in one transaction; other namespaces of the file are untouched. Returns
+    /// how many jobs were deleted. For tests and for retiring a namespace.
+    ///
+    /// The namespace's name stays registered in the file: stores still open on it keep
+    /// working on the now empty namespace, and its internal id is never handed to
+    /// another namespace, whose jobs those stores would otherwise see.
+    pub async fn clear_namespace(&self) -> Result<u64> {
+        let ns = self.ns;
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| ops::clear_namespace(tx, ns))
+            .await
+    }
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl Backend for SqliteStore {
     fn settings(&self) -> &StoreSettings {
         &self.settings
     }
 
-    fn tied_to_runtime(&self) -> bool {
-        // Every call completes on any runtime: writes go to the writer thread, reads to threads of their own.
-        false
+    fn capabilities(&self) -> Capabilities {
+        // Every call completes on any runtime, or none: writes go to the writer thread,
+        // reads to reader threads, and the answers come back on oneshot channels.
+        Capabilities::default().tied_to_runtime(false)
     }
 
-    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        validate::validate_new_job(&job, &self.settings)?;
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
             .write(WriteMode::DURABLE, move |tx| {
-                let now = settings.now();
-                ops::enqueue(tx, ns, &settings, &job, now)
+                ops::enqueue(tx, ns, &settings, job, now)
             })
             .await
     }
 
-    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        validate::validate_batch(&jobs, &self.settings)?;
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
         let (ns, settings) = (self.ns, self.settings.clone());
         // One operation in its own savepoint: a job refused inside the transaction (an
         // unknown parent) undoes the whole batch, and only the batch.
         self.engine
             .write(WriteMode::DURABLE_ATOMIC, move |tx| {
-                let now = settings.now();
-                jobs.iter()
+                jobs.into_iter()
                     .map(|job| ops::enqueue(tx, ns, &settings, job, now))
                     .collect()
             })
@@ -159,26 +169,25 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        validate::validate_claim(&request)?;
-        if request.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let (ns, settings) = (self.ns, self.settings.clone());
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+        let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                let now = settings.now();
                 ops::claim(tx, ns, &request, now)
             })
             .await
     }
 
-    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
-        validate::validate_lease_ttl(ttl)?;
-        let (ns, settings) = (self.ns, self.settings.clone());
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                let now = settings.now();
                 ops::heartbeat(tx, ns, id, token, ttl, now)
             })
             .await
@@ -188,16 +197,12 @@ impl Store for SqliteStore {
         &self,
         leases: Vec<HeldLease>,
         ttl: Duration,
+        now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
-        validate::validate_lease_ttl(ttl)?;
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (ns, settings) = (self.ns, self.settings.clone());
+        let ns = self.ns;
         // One write operation for every lease the worker holds, as complete_batch.
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                let now = settings.now();
                 let mut answers = Vec::with_capacity(leases.len());
                 for lease in leases {
                     match ops::heartbeat(tx, ns, lease.id, lease.token, ttl, now) {
@@ -212,36 +217,36 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
-        if let Some(result) = &result {
-            validate::validate_size("result", result.len(), &self.settings)?;
-        }
-        let (ns, settings) = (self.ns, self.settings.clone());
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                let now = settings.now();
                 ops::complete(tx, ns, id, token, result.as_deref(), now)
             })
             .await
     }
 
-    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
-        let (ns, settings) = (self.ns, self.settings.clone());
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
+        let ns = self.ns;
         // One write operation for the whole batch: one hand-off to the writer thread and
         // one reply instead of one per job. A refusal of one entry (checked before it
         // writes) is its answer; a database error fails the call, and the writer rolls
         // back what the batch wrote with its group.
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                let now = settings.now();
                 let mut answers = Vec::with_capacity(completions.len());
                 for Completion { id, token, result } in completions {
-                    let answer = match &result {
-                        Some(bytes) => validate::validate_size("result", bytes.len(), &settings),
-                        None => Ok(()),
-                    }
-                    .and_then(|()| ops::complete(tx, ns, id, token, result.as_deref(), now));
-                    match answer {
+                    match ops::complete(tx, ns, id, token, result.as_deref(), now) {
                         Err(err @ (Error::Unavailable { .. } | Error::Backend { .. })) => {
                             return Err(err)
                         }
@@ -259,85 +264,69 @@ impl Store for SqliteStore {
         token: LeaseToken,
         error: &str,
         retry: Retry,
+        now: Timestamp,
     ) -> Result<JobState> {
-        let error = validate::truncate_error(error).to_owned();
-        let (ns, settings) = (self.ns, self.settings.clone());
+        // The handle cut the text to its limit already; the writer thread needs it owned.
+        let error = error.to_owned();
+        let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                let now = settings.now();
                 ops::fail(tx, ns, id, token, &error, retry, now)
             })
             .await
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
-        let (ns, settings) = (self.ns, self.settings.clone());
+    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
+        let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                let now = settings.now();
                 ops::release(tx, ns, id, token, now)
             })
             .await
     }
 
-    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let (ns, settings) = (self.ns, self.settings.clone());
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
+        let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                let now = settings.now();
                 ops::reclaim(tx, ns, limit, now)
             })
             .await
     }
 
-    async fn cancel(&self, id: JobId) -> Result<JobState> {
-        let (ns, settings) = (self.ns, self.settings.clone());
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        let ns = self.ns;
         self.engine
-            .write(WriteMode::DURABLE, move |tx| {
-                let now = settings.now();
-                ops::cancel(tx, ns, id, now)
-            })
+            .write(WriteMode::DURABLE, move |tx| ops::cancel(tx, ns, id, now))
             .await
     }
 
-    async fn retry(&self, id: JobId) -> Result<()> {
-        let (ns, settings) = (self.ns, self.settings.clone());
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        let ns = self.ns;
         self.engine
-            .write(WriteMode::DURABLE, move |tx| {
-                let now = settings.now();
-                ops::retry(tx, ns, id, now)
-            })
+            .write(WriteMode::DURABLE, move |tx| ops::retry(tx, ns, id, now))
             .await
     }
 
-    async fn stats(&self, queue: &str) -> Result<QueueStats> {
-        validate::validate_queue(queue)?;
-        let (ns, settings, queue) = (self.ns, self.settings.clone(), queue.to_owned());
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        let (ns, queue) = (self.ns, queue.to_owned());
         self.engine
-            .read(move |conn| ops::stats(conn, ns, &queue, settings.now()))
+            .read(move |conn| ops::stats(conn, ns, &queue, now))
             .await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        validate::validate_list(&query)?;
         let ns = self.ns;
         self.engine
             .read(move |conn| ops::list(conn, ns, &query))
             .await
     }
 
-    async fn purge(&self, limit: usize) -> Result<u64> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        let (ns, settings) = (self.ns, self.settings.clone());
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                let now = settings.now();
-                ops::purge(tx, ns, &settings, limit, now)
+                ops::purge(tx, ns, limit, cutoff)
             })
             .await
     }
@@ -346,15 +335,6 @@ impl Store for SqliteStore {
     /// process; jobs enqueued by other processes are found by polling every
     /// [`SqliteConfig::poll_interval`].
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
-        if queues.is_empty() {
-            return Err(jobs_core::Error::invalid(
-                "queues",
-                "name at least one queue",
-            ));
-        }
-        queues
-            .iter()
-            .try_for_each(|q| validate::validate_queue(q))?;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             // Register for the wake-up before looking, so an enqueue that commits between
@@ -362,10 +342,14 @@ impl Store for SqliteStore {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let (ns, settings, watched) = (self.ns, self.settings.clone(), queues.to_vec());
+            // The one clock read of the backend: a wait spans real time, so each look
+            // asks whether a job is ready at the instant of that look (a scheduled job
+            // comes due during the wait); no `now` handed in could answer that. It only
+            // decides when to wake, never what a job becomes.
+            let (ns, watched, now) = (self.ns, queues.to_vec(), self.settings.now());
             let ready = self
                 .engine
-                .read(move |conn| ops::has_ready(conn, ns, &watched, settings.now()))
+                .read(move |conn| ops::has_ready(conn, ns, &watched, now))
                 .await?;
             if ready {
                 return Ok(());

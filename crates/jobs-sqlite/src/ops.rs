@@ -1,11 +1,12 @@
 //! The SQL behind each operation. Writes run on the writer thread inside a group
-//! transaction ([`WriteTx`]); reads run on a reader connection. Every "now" comes from
-//! the store's clock, passed in; no query calls SQLite's time functions (CONTRACT §3).
+//! transaction ([`WriteTx`]); reads run on a reader connection. Every "now" is the
+//! instant the `Store` handle read from its clock, passed in; no query calls SQLite's
+//! time functions (CONTRACT §3). Inputs arrive validated by the handle.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::validate::truncate_error;
+use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState, Lease, LeaseToken,
     ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
@@ -163,12 +164,12 @@ pub(crate) fn namespace_id(tx: &mut WriteTx<'_>, name: &str) -> Result<i64> {
         .db("read the namespace id")
 }
 
-/// Rules E1–E7 for one job, already validated.
+/// Rules E1–E7 for one job.
 pub(crate) fn enqueue(
     tx: &mut WriteTx<'_>,
     ns: i64,
     settings: &StoreSettings,
-    job: &NewJob,
+    job: NewJob,
     now: Timestamp,
 ) -> Result<Enqueued> {
     if let Some(parent) = job.parent {
@@ -204,24 +205,28 @@ pub(crate) fn enqueue(
 
     let id = JobId::mint(now);
     let seq = tx.next_seq()?;
-    let run_at = job.run_at.unwrap_or(now);
+    // The record is what jobs-core says a new job is; the row stores it as it stands.
+    let (job, payload) = Job::enqueued(job, id, now);
     let conn = tx.conn();
     conn.prepare_cached(
         "INSERT INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
              max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key, parent,
              timeout_ms)
-         VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, 0, ?7, 0, 0, ?8, ?9, ?10, ?11, ?12)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15)",
     )
     .and_then(|mut stmt| {
         stmt.execute(params![
             ns,
             id.to_bytes(),
             job.queue,
+            state_code(job.state),
             job.priority,
-            run_at.as_millis(),
+            job.run_at.as_millis(),
             seq,
+            job.attempts,
             job.max_attempts,
-            now.as_millis(),
+            job.cancel_requested,
+            job.created_at.as_millis(),
             job.tenant,
             job.idempotency_key,
             job.parent.map(JobId::to_bytes),
@@ -233,7 +238,7 @@ pub(crate) fn enqueue(
     // OR REPLACE: a payload row left behind by a job deleted outside this crate must not
     // block the new job that reuses its rowid.
     conn.prepare_cached("INSERT OR REPLACE INTO jobq_payloads (job, payload) VALUES (?1, ?2)")
-        .and_then(|mut stmt| stmt.execute(params![row, &job.payload[..]]))
+        .and_then(|mut stmt| stmt.execute(params![row, &payload[..]]))
         .db("insert the payload")?;
     if let Some(key) = &job.idempotency_key {
         conn.prepare_cached(
@@ -245,7 +250,7 @@ pub(crate) fn enqueue(
         })
         .db("record the idempotency key")?;
     }
-    if run_at <= now {
+    if job.is_ready(now) {
         tx.wake(ns);
     }
     Ok(Enqueued { id, created: true })
@@ -404,9 +409,25 @@ pub(crate) fn claim(
 /// The parts of a job that the lease calls decide on.
 struct LeaseRow {
     row: i64,
-    attempts: i64,
-    max_attempts: i64,
-    cancel_requested: bool,
+    attempts: Attempts,
+}
+
+/// The counters [`transition`] decides on, read from a row; out-of-range values are a
+/// corrupt record, found before anything is written.
+fn attempts_from_row(id: JobId, taken: i64, max: i64, cancel_requested: i64) -> Result<Attempts> {
+    let counter = |field: &str, value: i64| {
+        u32::try_from(value).map_err(|_| {
+            Error::corrupt(
+                format!("job {id}"),
+                format!("{field} holds {value}, out of range"),
+            )
+        })
+    };
+    Ok(Attempts {
+        cancel_requested: cancel_requested != 0,
+        taken: counter("attempts", taken)?,
+        max: counter("max_attempts", max)?,
+    })
 }
 
 /// L2, L3: the job must exist (else not found), be running, and carry `token` (else
@@ -439,9 +460,7 @@ fn check_lease(conn: &Connection, ns: i64, id: JobId, token: LeaseToken) -> Resu
     }
     Ok(LeaseRow {
         row,
-        attempts,
-        max_attempts,
-        cancel_requested: cancel != 0,
+        attempts: attempts_from_row(id, attempts, max_attempts, cancel)?,
     })
 }
 
@@ -463,7 +482,7 @@ pub(crate) fn heartbeat(
     .and_then(|mut stmt| stmt.execute(params![lease.row, expires_at.as_millis(), now.as_millis()]))
     .db("extend the lease")?;
     Ok(Heartbeat {
-        cancel_requested: lease.cancel_requested,
+        cancel_requested: lease.attempts.cancel_requested,
         expires_at,
     })
 }
@@ -534,6 +553,24 @@ fn requeue(
     Ok(())
 }
 
+/// Moves a job whose attempt ended to where `next` says; `attempts_delta` is added to
+/// its attempts if it is queued again.
+fn apply(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    row: i64,
+    next: Next,
+    attempts_delta: i64,
+    error: Option<&str>,
+    now: Timestamp,
+) -> Result<JobState> {
+    match next {
+        Next::Queued { ready_at } => requeue(tx, ns, row, ready_at, attempts_delta, error)?,
+        Next::Finished(state) => finish(tx.conn(), row, state_code(state), error, now)?,
+    }
+    Ok(next.state())
+}
+
 /// Rules L6, L7, and a cancellation asked for while the job ran (CONTRACT A1).
 pub(crate) fn fail(
     tx: &mut WriteTx<'_>,
@@ -545,24 +582,11 @@ pub(crate) fn fail(
     now: Timestamp,
 ) -> Result<JobState> {
     let lease = check_lease(tx.conn(), ns, id, token)?;
-    let error = truncate_error(error);
-    if lease.cancel_requested {
-        finish(tx.conn(), lease.row, CANCELLED, Some(error), now)?;
-        return Ok(JobState::Cancelled);
-    }
-    match retry {
-        Retry::At(at) if lease.attempts < lease.max_attempts => {
-            requeue(tx, ns, lease.row, at, 0, Some(error))?;
-            Ok(JobState::Queued)
-        }
-        _ => {
-            finish(tx.conn(), lease.row, DEAD, Some(error), now)?;
-            Ok(JobState::Dead)
-        }
-    }
+    let next = transition::after_failure(lease.attempts, retry);
+    apply(tx, ns, lease.row, next, 0, Some(error), now)
 }
 
-/// Rule L8.
+/// Rule L8: the attempt is given back if the job is queued again.
 pub(crate) fn release(
     tx: &mut WriteTx<'_>,
     ns: i64,
@@ -571,10 +595,8 @@ pub(crate) fn release(
     now: Timestamp,
 ) -> Result<()> {
     let lease = check_lease(tx.conn(), ns, id, token)?;
-    if lease.cancel_requested {
-        return finish(tx.conn(), lease.row, CANCELLED, None, now);
-    }
-    requeue(tx, ns, lease.row, now, -1, None)
+    let next = transition::after_release(lease.attempts.cancel_requested, now);
+    apply(tx, ns, lease.row, next, -1, None, now).map(drop)
 }
 
 /// Rules R1–R6: only the expired leases are read, through the lease index.
@@ -606,32 +628,23 @@ pub(crate) fn reclaim(
             .collect()
         })
         .db("find expired leases")?;
-    // Every id is read before the first write, so a corrupt one refuses the whole
-    // reclaim without leaving part of it done.
+    // Every row is read and checked before the first write, so a corrupt one refuses
+    // the whole reclaim without leaving part of it done.
     let expired = expired
         .into_iter()
         .map(|(row, id, attempts, max_attempts, cancel)| {
+            let id = id_from_blob("job id", &id)?;
             Ok((
                 row,
-                id_from_blob("job id", &id)?,
-                attempts,
-                max_attempts,
-                cancel,
+                id,
+                attempts_from_row(id, attempts, max_attempts, cancel)?,
             ))
         })
         .collect::<Result<Vec<_>>>()?;
     let mut reclaimed = Vec::with_capacity(expired.len());
-    for (row, id, attempts, max_attempts, cancel) in expired {
-        let state = if cancel != 0 {
-            finish(tx.conn(), row, CANCELLED, Some(LEASE_EXPIRED), now)?;
-            JobState::Cancelled
-        } else if attempts >= max_attempts {
-            finish(tx.conn(), row, DEAD, Some(LEASE_EXPIRED), now)?;
-            JobState::Dead
-        } else {
-            requeue(tx, ns, row, now, 0, Some(LEASE_EXPIRED))?;
-            JobState::Queued
-        };
+    for (row, id, attempts) in expired {
+        let next = transition::after_lease_expired(attempts, now);
+        let state = apply(tx, ns, row, next, 0, Some(LEASE_EXPIRED), now)?;
         reclaimed.push(ReclaimedJob { id, state });
     }
     Ok(reclaimed)
@@ -696,16 +709,9 @@ pub(crate) fn retry(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) ->
     Ok(())
 }
 
-/// Rule A5: deletes terminal jobs past retention with their payloads and the
-/// idempotency records that point at them.
-pub(crate) fn purge(
-    tx: &mut WriteTx<'_>,
-    ns: i64,
-    settings: &StoreSettings,
-    limit: usize,
-    now: Timestamp,
-) -> Result<u64> {
-    let cutoff = settings.retention_cutoff(now);
+/// Rule A5: deletes terminal jobs that finished at or before `cutoff` with their
+/// payloads and the idempotency records that point at them.
+pub(crate) fn purge(tx: &mut WriteTx<'_>, ns: i64, limit: usize, cutoff: Timestamp) -> Result<u64> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let conn = tx.conn();
     let due: Vec<(i64, Vec<u8>, String, Option<String>)> = conn
@@ -745,6 +751,32 @@ fn delete_record(conn: &Connection, row: i64) -> Result<()> {
         .and_then(|mut stmt| stmt.execute([row]))
         .db("delete the payload")?;
     Ok(())
+}
+
+/// Deletes every job of namespace `ns` with its payload, and its idempotency records.
+/// The namespace's row stays, so its id is never reused (see
+/// `SqliteStore::clear_namespace`).
+pub(crate) fn clear_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
+    let conn = tx.conn();
+    let exec = |sql: &str, what: &str| {
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([ns]))
+            .db(what)
+    };
+    // Payloads first: they are found through the job rows.
+    exec(
+        "DELETE FROM jobq_payloads WHERE job IN (SELECT job FROM jobq_jobs WHERE ns = ?1)",
+        "delete the namespace's payloads",
+    )?;
+    let jobs = exec(
+        "DELETE FROM jobq_jobs WHERE ns = ?1",
+        "delete the namespace's jobs",
+    )?;
+    exec(
+        "DELETE FROM jobq_dedup WHERE ns = ?1",
+        "delete the namespace's idempotency records",
+    )?;
+    Ok(u64::try_from(jobs).unwrap_or(u64::MAX))
 }
 
 /// Deletes a job's record and payload but keeps its idempotency record: a lost record,

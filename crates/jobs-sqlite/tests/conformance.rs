@@ -1,9 +1,10 @@
 //! The shared conformance suite against SQLite: every test of this binary shares one
 //! file, so namespaces are tested side by side in it (CONTRACT C8), and each `open` is
-//! a new store over that file (a reopen, CONTRACT A6).
+//! a new store over that file (a reopen, CONTRACT A6). Each scenario's namespaces are
+//! emptied after it, so the file holds no job once the suite is done.
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use jobs_core::{async_trait, JobId, Result, Store, StoreSettings};
 use jobs_sqlite::{SqliteConfig, SqliteStore};
@@ -39,17 +40,28 @@ fn config() -> SqliteConfig {
     SqliteConfig::default()
 }
 
+impl SqliteHarness {
+    /// A backend on `namespace` with the default settings, for the harness's own work.
+    async fn backend(&self, namespace: &str) -> Result<SqliteStore> {
+        let settings = StoreSettings::default().namespace(namespace);
+        SqliteStore::open_with(&self.path, settings, config()).await
+    }
+}
+
 #[async_trait]
 impl jobs_conformance::Harness for SqliteHarness {
-    async fn open(&self, settings: StoreSettings) -> Result<Arc<dyn Store>> {
-        let store = SqliteStore::open_with(&self.path, settings, config()).await?;
-        Ok(Arc::new(store))
+    async fn open(&self, settings: StoreSettings) -> Result<Store> {
+        let backend = SqliteStore::open_with(&self.path, settings, config()).await?;
+        Ok(Store::new(backend))
     }
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
-        let settings = StoreSettings::default().namespace(namespace);
-        let store = SqliteStore::open_with(&self.path, settings, config()).await?;
-        store.vanish(id).await
+        self.backend(namespace).await?.vanish(id).await
+    }
+
+    async fn teardown(&self, namespace: &str) -> Result<()> {
+        self.backend(namespace).await?.clear_namespace().await?;
+        Ok(())
     }
 }
 

@@ -9,7 +9,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobs_core::{ClaimRequest, JobId, JobState, NewJob, Store, StoreSettings};
@@ -36,7 +35,7 @@ fn config(sync: &str) -> SqliteConfig {
 /// Enqueues jobs of mixed sizes (some span many pages, so a kill often lands inside a
 /// commit), claims and completes them, and prints `E <id>` / `C <id>` after each
 /// acknowledgement. Stops on its own after a minute in case the parent is gone.
-async fn write_forever(store: Arc<SqliteStore>, task: usize) {
+async fn write_forever(store: Store, task: usize) {
     let started = Instant::now();
     let mut n = task;
     while started.elapsed() < Duration::from_secs(60) {
@@ -80,7 +79,7 @@ fn child_writer() {
     };
     rt.block_on(async move {
         let store = match SqliteStore::open_with(&db, settings(), config(&sync)).await {
-            Ok(store) => Arc::new(store),
+            Ok(backend) => Store::new(backend),
             Err(err) => panic!("open failed: {err}"),
         };
         let tasks: Vec<_> = (0..4)
@@ -172,7 +171,7 @@ fn check_file(db: &Path, acknowledged: &Acknowledged, sync: &str, round: usize) 
     };
     rt.block_on(async {
         let store = match SqliteStore::open_with(db, settings(), config(sync)).await {
-            Ok(store) => store,
+            Ok(backend) => Store::new(backend),
             Err(err) => panic!("reopen failed ({sync}, round {round}): {err}"),
         };
         for id in &acknowledged.enqueued {

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{ClaimRequest, JobId, JobState, NewJob, Store, StoreSettings};
@@ -49,7 +48,7 @@ const DONE_QUEUE: &str = "mp-done";
 /// printing `CLAIMED <id>` once the completion is acknowledged. Stops when a claim comes
 /// back empty *after* the parent's marker was seen: the marker is enqueued after every
 /// job, so by then every job exists and an empty claim means all were taken.
-async fn drain(store: Arc<SqliteStore>, worker: String) -> Vec<String> {
+async fn drain(store: Store, worker: String) -> Vec<String> {
     let queues: Vec<String> = QUEUES.iter().map(|q| q.to_string()).collect();
     let mut lines = Vec::new();
     let mut limit = 1;
@@ -99,7 +98,7 @@ fn child_drainer() {
     };
     runtime().block_on(async move {
         let store = match SqliteStore::open_with(&db, settings(), config()).await {
-            Ok(store) => Arc::new(store),
+            Ok(backend) => Store::new(backend),
             Err(err) => panic!("child {name}: open failed: {err}"),
         };
         println!("\nREADY");
@@ -150,7 +149,7 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
     let rt = runtime();
     let store = rt.block_on(async {
         match SqliteStore::open_with(&db, settings(), config()).await {
-            Ok(store) => Arc::new(store),
+            Ok(backend) => Store::new(backend),
             Err(err) => panic!("open failed: {err}"),
         }
     });
@@ -323,7 +322,7 @@ fn child_opener() {
     };
     runtime().block_on(async move {
         let store = match SqliteStore::open_with(&db, settings(), config()).await {
-            Ok(store) => store,
+            Ok(backend) => Store::new(backend),
             Err(err) => panic!("child {name}: open failed: {err}"),
         };
         for n in 0..KEYS {
@@ -404,7 +403,7 @@ fn processes_opening_a_new_file_at_once_migrate_once_and_share_keys() {
     let rt = runtime();
     rt.block_on(async {
         let store = match SqliteStore::open_with(&db, settings(), config()).await {
-            Ok(store) => store,
+            Ok(backend) => Store::new(backend),
             Err(err) => panic!("open failed: {err}"),
         };
         match store.stats("keys").await {

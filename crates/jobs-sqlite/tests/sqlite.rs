@@ -1,14 +1,15 @@
 //! Behaviour specific to the SQLite backend, beyond the shared conformance suite:
 //! migrations, group commit with savepoints, in-process wake-ups, the priority-band
-//! claim scan, and corrupt rows.
+//! claim scan, corrupt rows, emptying a namespace, and a backend that takes its
+//! instant and its input from the `Store` handle.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    ClaimRequest, Clock, Error, JobId, LeaseToken, ManualClock, NewJob, Store, StoreSettings,
-    Timestamp,
+    Backend, ClaimRequest, Clock, Error, JobId, JobState, LeaseToken, ManualClock, NewJob, Retry,
+    Store, StoreSettings, Timestamp,
 };
 use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous, SCHEMA_VERSION};
 
@@ -27,11 +28,15 @@ fn settings(clock: &ManualClock) -> StoreSettings {
         .clock(Arc::new(clock.clone()))
 }
 
-async fn open(path: &Path, settings: StoreSettings, config: SqliteConfig) -> SqliteStore {
+async fn open_backend(path: &Path, settings: StoreSettings, config: SqliteConfig) -> SqliteStore {
     match SqliteStore::open_with(path, settings, config).await {
-        Ok(store) => store,
+        Ok(backend) => backend,
         Err(err) => panic!("open failed: {err}"),
     }
+}
+
+async fn open(path: &Path, settings: StoreSettings, config: SqliteConfig) -> Store {
+    Store::new(open_backend(path, settings, config).await)
 }
 
 fn raw(path: &Path) -> rusqlite::Connection {
@@ -128,7 +133,7 @@ async fn a_file_from_a_newer_build_is_refused_untouched() {
 async fn a_failed_operation_does_not_undo_its_group() {
     let (_dir, path) = temp_db();
     let clock = ManualClock::default();
-    let store = Arc::new(open(&path, settings(&clock), SqliteConfig::default()).await);
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
     let unknown = JobId::mint(Timestamp::from_millis(1));
     let mut tasks = Vec::new();
     for i in 0..300 {
@@ -184,7 +189,7 @@ async fn an_enqueue_wakes_a_waiting_claimer_at_once() {
     let config = SqliteConfig::default()
         .poll_interval(Duration::from_secs(3600))
         .readers(1);
-    let store = Arc::new(open(&path, settings(&clock), config.clone()).await);
+    let store = open(&path, settings(&clock), config.clone()).await;
     // A second store on the same file and namespace: wake-ups cross stores too.
     let other = open(&path, settings(&clock), config).await;
 
@@ -357,7 +362,7 @@ async fn bad_configurations_are_refused() {
 async fn a_late_database_error_rolls_back_its_whole_group() {
     let (_dir, path) = temp_db();
     let clock = ManualClock::default();
-    let store = Arc::new(open(&path, settings(&clock), SqliteConfig::default()).await);
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
     let trigger = raw(&path).execute_batch(
         "CREATE TRIGGER boom BEFORE INSERT ON jobq_payloads WHEN NEW.payload = X'626f6f6d'
          BEGIN SELECT RAISE(ABORT, 'boom'); END;",
@@ -402,4 +407,214 @@ async fn a_late_database_error_rolls_back_its_whole_group() {
             Err(err) => panic!("job {id}: {err}"),
         }
     }
+}
+
+fn count(path: &Path, sql: &str) -> i64 {
+    match raw(path).query_row(sql, [], |row| row.get(0)) {
+        Ok(n) => n,
+        Err(err) => panic!("{sql}: {err}"),
+    }
+}
+
+/// `clear_namespace` removes every job, payload and idempotency record of its namespace
+/// and nothing of another one in the same file; a store still open on the emptied
+/// namespace keeps working on it and never sees the neighbour's jobs.
+#[tokio::test]
+async fn clearing_a_namespace_empties_it_and_no_other() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let backend = open_backend(&path, settings(&clock), SqliteConfig::default()).await;
+    let store = Store::new(backend.clone());
+    let neighbour = open(
+        &path,
+        settings(&clock).namespace("neighbour"),
+        SqliteConfig::default(),
+    )
+    .await;
+    let keyed = |payload: &'static [u8]| {
+        NewJob::new("clear")
+            .tenant("t")
+            .idempotency_key("k")
+            .payload(payload)
+    };
+    let enqueue = |store: &Store, job: NewJob| {
+        let store = store.clone();
+        async move {
+            match store.enqueue(job).await {
+                Ok(done) => done,
+                Err(err) => panic!("enqueue failed: {err}"),
+            }
+        }
+    };
+
+    let parent = enqueue(&store, keyed(b"mine")).await.id;
+    enqueue(
+        &store,
+        NewJob::new("clear").parent(parent).payload(&b"child"[..]),
+    )
+    .await;
+    enqueue(&store, NewJob::new("clear").payload(&b"done"[..])).await;
+    let request = ClaimRequest::new(["clear"], "w", Duration::from_secs(30)).limit(2);
+    let claimed = match store.claim(request).await {
+        Ok(claimed) => claimed,
+        Err(err) => panic!("claim failed: {err}"),
+    };
+    assert_eq!(claimed.len(), 2);
+    if let Err(err) = store
+        .complete(claimed[0].id(), claimed[0].token(), None)
+        .await
+    {
+        panic!("complete failed: {err}");
+    }
+    let theirs = enqueue(&neighbour, keyed(b"theirs")).await.id;
+    let their_other = enqueue(&neighbour, NewJob::new("clear")).await.id;
+
+    match backend.clear_namespace().await {
+        Ok(deleted) => assert_eq!(deleted, 3),
+        Err(err) => panic!("clear failed: {err}"),
+    }
+    let mine = "(SELECT id FROM jobq_namespaces WHERE name = 'sqlite-tests')";
+    assert_eq!(
+        count(
+            &path,
+            &format!("SELECT COUNT(*) FROM jobq_jobs WHERE ns = {mine}")
+        ),
+        0
+    );
+    assert_eq!(
+        count(
+            &path,
+            &format!("SELECT COUNT(*) FROM jobq_dedup WHERE ns = {mine}")
+        ),
+        0
+    );
+    assert_eq!(
+        count(&path, "SELECT COUNT(*) FROM jobq_payloads"),
+        2,
+        "orphan payloads"
+    );
+    assert_eq!(count(&path, "SELECT COUNT(*) FROM jobq_dedup"), 1);
+    match store.get(parent).await {
+        Err(Error::NotFound { .. }) => {}
+        other => panic!("the cleared job is still there: {other:?}"),
+    }
+
+    // The neighbour keeps its jobs and its key.
+    for id in [theirs, their_other] {
+        assert!(
+            neighbour.get(id).await.is_ok(),
+            "job {id} of the neighbour lost"
+        );
+    }
+    let again = enqueue(&neighbour, keyed(b"theirs again")).await;
+    assert!(!again.created && again.id == theirs, "{again:?}");
+
+    // The emptied namespace works on, alone: its key is free again, and its new job
+    // is not the neighbour's.
+    let fresh = enqueue(&store, keyed(b"mine again")).await;
+    assert!(fresh.created, "{fresh:?}");
+    assert!(matches!(
+        neighbour.get(fresh.id).await,
+        Err(Error::NotFound { .. })
+    ));
+    match store.stats("clear").await {
+        Ok(stats) => assert_eq!((stats.total(), stats.ready), (1, 1), "{stats:?}"),
+        Err(err) => panic!("stats failed: {err}"),
+    }
+}
+
+/// The backend takes every decision at the instant the caller hands it, never at its
+/// settings' clock (which stays put here), and stores the error text it is given
+/// whole: cutting it is the `Store` handle's job, done once.
+#[tokio::test]
+async fn the_backend_decides_at_the_instant_it_is_given() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let backend = open_backend(&path, settings(&clock), SqliteConfig::default()).await;
+    assert!(!backend.capabilities().tied_to_runtime);
+    let ttl = Duration::from_secs(30);
+    let at = clock.now().saturating_add(Duration::from_secs(3600));
+
+    let id = match Backend::enqueue(&backend, NewJob::new("instant"), at).await {
+        Ok(done) => done.id,
+        Err(err) => panic!("enqueue failed: {err}"),
+    };
+    let job = match backend.get(id).await {
+        Ok(job) => job,
+        Err(err) => panic!("get failed: {err}"),
+    };
+    assert_eq!((job.created_at, job.run_at), (at, at));
+    // Ready at the instant given; the handle, at the clock's earlier instant, sees it
+    // scheduled.
+    match Backend::stats(&backend, "instant", at).await {
+        Ok(stats) => assert_eq!(stats.ready, 1, "{stats:?}"),
+        Err(err) => panic!("stats failed: {err}"),
+    }
+    match Store::new(backend.clone()).stats("instant").await {
+        Ok(stats) => assert_eq!((stats.ready, stats.scheduled), (0, 1), "{stats:?}"),
+        Err(err) => panic!("stats failed: {err}"),
+    }
+
+    let request = ClaimRequest::new(["instant"], "w", ttl);
+    let claimed = match Backend::claim(&backend, request.clone(), at).await {
+        Ok(claimed) => claimed,
+        Err(err) => panic!("claim failed: {err}"),
+    };
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].job.started_at, Some(at));
+    let token = claimed[0].token();
+    let later = at.saturating_add(Duration::from_secs(10));
+    let expiry = match Backend::heartbeat(&backend, id, token, ttl, later).await {
+        Ok(beat) => beat.expires_at,
+        Err(err) => panic!("heartbeat failed: {err}"),
+    };
+    assert_eq!(expiry, later.saturating_add(ttl));
+
+    // R1: expired only strictly after the expiry, and requeued ready at that instant.
+    match Backend::reclaim(&backend, 10, expiry).await {
+        Ok(reclaimed) => assert!(reclaimed.is_empty(), "{reclaimed:?}"),
+        Err(err) => panic!("reclaim failed: {err}"),
+    }
+    let past = expiry.saturating_add(Duration::from_millis(1));
+    match Backend::reclaim(&backend, 10, past).await {
+        Ok(reclaimed) => {
+            assert_eq!(reclaimed.len(), 1);
+            assert_eq!(reclaimed[0].state, JobState::Queued);
+        }
+        Err(err) => panic!("reclaim failed: {err}"),
+    }
+    match backend.get(id).await {
+        Ok(job) => assert_eq!(job.run_at, past),
+        Err(err) => panic!("get failed: {err}"),
+    }
+
+    let claimed = match Backend::claim(&backend, request, past).await {
+        Ok(claimed) => claimed,
+        Err(err) => panic!("claim failed: {err}"),
+    };
+    assert_eq!(claimed.len(), 1);
+    let long_error = "e".repeat(jobs_core::validate::MAX_ERROR_BYTES * 2);
+    let failed = Backend::fail(
+        &backend,
+        id,
+        claimed[0].token(),
+        &long_error,
+        Retry::Never,
+        past,
+    )
+    .await;
+    assert!(matches!(failed, Ok(JobState::Dead)), "{failed:?}");
+    match backend.get(id).await {
+        Ok(job) => {
+            assert_eq!(job.finished_at, Some(past));
+            assert_eq!(job.last_error.map(|e| e.len()), Some(long_error.len()));
+        }
+        Err(err) => panic!("get failed: {err}"),
+    }
+
+    // A5: the cutoff given is the line, whatever the retention setting says.
+    let before = Timestamp::from_millis(past.as_millis() - 1);
+    assert!(matches!(Backend::purge(&backend, 10, before).await, Ok(0)));
+    assert!(matches!(Backend::purge(&backend, 10, past).await, Ok(1)));
+    assert!(matches!(backend.get(id).await, Err(Error::NotFound { .. })));
 }
