@@ -129,7 +129,8 @@ async fn run(args: Args) -> Result<(), String> {
         return Ok(());
     }
     let opened = backends::open(&opts.backend).await?;
-    let store = std::sync::Arc::clone(&opened.store);
+    // The workload takes a handle of its own; `opened` keeps one for the clean-up.
+    let store = opened.store.clone();
     let outcome = match workload.as_str() {
         "enqueue-one" => workloads::enqueue_one(store, &opts).await,
         "enqueue-batch" => workloads::enqueue_batch(store, &opts).await,
