@@ -78,7 +78,7 @@ impl Meter {
     }
 }
 
-async fn drain(store: &RedisStore, queue: &str, workers: usize, limit: usize) -> Res<usize> {
+async fn drain(store: &Store, queue: &str, workers: usize, limit: usize) -> Res<usize> {
     let tasks = (0..workers).map(|w| {
         let store = store.clone();
         let queue = queue.to_owned();
@@ -150,8 +150,10 @@ async fn run() -> Res<()> {
     let concurrency: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(64);
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let namespace = format!("throughput-{}", std::process::id());
-    let store =
+    // The backend for what only Redis has (wake-up probes), the handle for the rest.
+    let redis =
         RedisStore::connect(&url, StoreSettings::default().namespace(namespace.clone())).await?;
+    let store = Store::new(redis.clone());
     let mut probe = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
@@ -247,7 +249,7 @@ async fn run() -> Res<()> {
         .await;
     // Wake-up latency: a waiter on an idle queue, then one enqueue.
     assert!(
-        store.wake_ready(Duration::from_secs(5)).await,
+        redis.wake_ready(Duration::from_secs(5)).await,
         "no wake-up subscriber"
     );
     let mut latencies = Vec::new();
@@ -261,7 +263,7 @@ async fn run() -> Res<()> {
                     .map(|()| Instant::now())
             })
         };
-        while store.waiting_for_work() == 0 {
+        while redis.waiting_for_work() == 0 {
             tokio::task::yield_now().await;
         }
         let sent = Instant::now();

@@ -11,9 +11,9 @@ mod scripts;
 mod store;
 mod wake;
 
-pub use store::{ReclaimReport, RedisStore};
 #[cfg(feature = "tls")]
 pub use store::TlsConfig;
+pub use store::{ReclaimReport, RedisStore};
 
 /// The key of job `id`'s hash in `namespace`: for operators and test harnesses that
 /// inspect or delete a record behind the store's back (see `docs/redis.md`).

@@ -3,7 +3,8 @@
 //! TTLs, records that vanish by TTL, corrupt records, and key placement on a cluster.
 //!
 //! Needs Redis at `REDIS_URL` (default `redis://127.0.0.1:6379`); skipped loudly when
-//! it is unreachable, failing instead when `JOBS_REQUIRE_SERVICES=1`.
+//! it is unreachable, failing instead when `JOBS_REQUIRE_SERVICES=1`. Every test removes
+//! the keys (and ACL users) it wrote when it ends, passed or failed (see [`Cleanup`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,9 +12,9 @@ use std::time::Duration;
 
 use jobs_core::{
     Bytes, ClaimRequest, Clock, Error, JobId, JobState, ListQuery, ManualClock, NewJob, ReadyOrder,
-    Retry, Store, StoreExt, StoreSettings, Timestamp,
+    ReclaimedJob, Retry, Store, StoreSettings, Timestamp,
 };
-use jobs_redis::RedisStore;
+use jobs_redis::{ReclaimReport, RedisStore};
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 
@@ -21,10 +22,122 @@ fn url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+/// Removes what a test wrote when dropped, at the end of the test, whether it passed or
+/// panicked: every key of `namespace` on each of `nodes` (SCAN and UNLINK on each node,
+/// so on a cluster the node holding the namespace's slot deletes its keys), and the ACL
+/// `users` it created. A drop cannot await, so this uses a blocking connection.
+struct Cleanup {
+    nodes: Vec<String>,
+    namespace: String,
+    users: Vec<String>,
+}
+
+impl Cleanup {
+    fn new(nodes: Vec<String>, namespace: &str) -> Self {
+        Cleanup {
+            nodes,
+            namespace: namespace.to_owned(),
+            users: Vec::new(),
+        }
+    }
+
+    fn run(&self) -> redis::RedisResult<()> {
+        let pattern = format!("jobs:{{{}}}:*", self.namespace);
+        for node in &self.nodes {
+            let mut conn = redis::Client::open(node.as_str())?.get_connection()?;
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(10_000)
+                    .query(&mut conn)?;
+                for chunk in keys.chunks(1000) {
+                    redis::cmd("UNLINK").arg(chunk).exec(&mut conn)?;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        if let Some(node) = self.nodes.first().filter(|_| !self.users.is_empty()) {
+            let mut conn = redis::Client::open(node.as_str())?.get_connection()?;
+            redis::cmd("ACL")
+                .arg("DELUSER")
+                .arg(&self.users)
+                .exec(&mut conn)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Err(err) = self.run() {
+            let what = format!(
+                "could not remove namespace {} (and users {:?}): {err}",
+                self.namespace, self.users
+            );
+            // Failing a test that already failed would abort the process.
+            if std::thread::panicking() {
+                eprintln!("*** {what}");
+            } else {
+                panic!("{what}");
+            }
+        }
+    }
+}
+
+/// A Redis backend behind the contract's handle: the handle (which validates and reads
+/// the clock, as users get it) for the operations, the backend for what only Redis has.
+#[derive(Clone)]
+struct TestStore {
+    handle: Store,
+    redis: RedisStore,
+}
+
+impl TestStore {
+    fn new(redis: RedisStore) -> Self {
+        TestStore {
+            handle: Store::new(redis.clone()),
+            redis,
+        }
+    }
+
+    async fn wake_ready(&self, timeout: Duration) -> bool {
+        self.redis.wake_ready(timeout).await
+    }
+
+    fn waiting_for_work(&self) -> usize {
+        self.redis.waiting_for_work()
+    }
+
+    async fn reclaim_with_report(
+        &self,
+        limit: usize,
+    ) -> jobs_core::Result<(Vec<ReclaimedJob>, ReclaimReport)> {
+        self.redis
+            .reclaim_with_report(limit, self.handle.now())
+            .await
+    }
+}
+
+impl std::ops::Deref for TestStore {
+    type Target = Store;
+
+    fn deref(&self) -> &Store {
+        &self.handle
+    }
+}
+
 struct Env {
     clock: ManualClock,
     settings: StoreSettings,
     admin: MultiplexedConnection,
+    cleanup: Cleanup,
 }
 
 impl Env {
@@ -44,19 +157,22 @@ impl Env {
             Err(err) => return jobs_conformance::skip_or_fail("Redis", &url, &err),
         };
         let clock = ManualClock::default();
+        let namespace = jobs_conformance::unique_namespace("redis");
+        let cleanup = Cleanup::new(vec![url.clone()], &namespace);
         let settings = StoreSettings::default()
-            .namespace(jobs_conformance::unique_namespace("redis"))
+            .namespace(namespace)
             .clock(Arc::new(clock.clone()));
         Some(Env {
             clock,
             settings,
             admin,
+            cleanup,
         })
     }
 
-    async fn store(&self) -> RedisStore {
+    async fn store(&self) -> TestStore {
         match RedisStore::connect(&url(), self.settings.clone()).await {
-            Ok(store) => store,
+            Ok(store) => TestStore::new(store),
             Err(err) => panic!("cannot connect: {err}"),
         }
     }
@@ -93,23 +209,10 @@ impl Env {
             cursor = next;
         }
     }
-
-    /// Deletes every key of the namespace, so big tests leave nothing behind.
-    async fn cleanup(&mut self) {
-        let keys = self.namespace_keys().await;
-        for chunk in keys.chunks(1000) {
-            let _: () = redis::cmd("UNLINK")
-                .arg(chunk)
-                .query_async(&mut self.admin)
-                .await
-                .expect("UNLINK");
-        }
-    }
 }
 
-/// Enqueues `jobs` in batches of 10,000 (the batch limit), returning the ids in order.
 /// Enqueues `n` jobs on queue `q` and claims them all, with a 5 s lease, in order.
-async fn enqueue_and_claim(store: &RedisStore, n: usize) -> Vec<jobs_core::ClaimedJob> {
+async fn enqueue_and_claim(store: &Store, n: usize) -> Vec<jobs_core::ClaimedJob> {
     enqueue_all(store, (0..n).map(|_| NewJob::new("q")).collect()).await;
     let claimed = store
         .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(n))
@@ -119,7 +222,8 @@ async fn enqueue_and_claim(store: &RedisStore, n: usize) -> Vec<jobs_core::Claim
     claimed
 }
 
-async fn enqueue_all(store: &RedisStore, jobs: Vec<NewJob>) -> Vec<JobId> {
+/// Enqueues `jobs` in batches of 10,000 (the batch limit), returning the ids in order.
+async fn enqueue_all(store: &Store, jobs: Vec<NewJob>) -> Vec<JobId> {
     let mut ids = Vec::with_capacity(jobs.len());
     let mut jobs = jobs.into_iter().peekable();
     while jobs.peek().is_some() {
@@ -186,7 +290,6 @@ async fn claim_from_200k_due_jobs_returns_the_first_in_order() {
         next.iter().map(|c| c.id()).collect::<Vec<_>>(),
         expected_next
     );
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,7 +331,6 @@ async fn reclaim_with_100k_live_leases_touches_only_the_expired() {
     let (again, report) = store.reclaim_with_report(1000).await.expect("reclaim");
     assert!(again.is_empty());
     assert_eq!(report.examined, 0);
-    env.cleanup().await;
 }
 
 /// The store's connections are killed from another connection: the next call fails
@@ -253,14 +355,17 @@ async fn killed_connection_is_unavailable_then_reconnects() {
         .query_async(&mut env.admin)
         .await
         .expect("ACL SETUSER");
+    env.cleanup.users.push(user.clone());
     let store_url = url().replacen(
         "redis://",
         &format!("redis://{user}:kill-test-password@"),
         1,
     );
-    let store = RedisStore::connect(&store_url, env.settings.clone())
-        .await
-        .expect("connect as the test user");
+    let store = Store::new(
+        RedisStore::connect(&store_url, env.settings.clone())
+            .await
+            .expect("connect as the test user"),
+    );
     let before = store
         .enqueue(NewJob::new("q").payload(&b"acknowledged"[..]))
         .await
@@ -315,13 +420,6 @@ async fn killed_connection_is_unavailable_then_reconnects() {
         claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
         vec![before.id, after.id]
     );
-    let _: () = redis::cmd("ACL")
-        .arg("DELUSER")
-        .arg(&user)
-        .query_async(&mut env.admin)
-        .await
-        .expect("ACL DELUSER");
-    env.cleanup().await;
 }
 
 /// A server that is not there is `Unavailable`, not a backend error or a panic.
@@ -341,7 +439,7 @@ async fn unreachable_server_is_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_claimer_is_woken_by_an_enqueue_on_its_queue() {
-    let Some(mut env) = Env::new().await else {
+    let Some(env) = Env::new().await else {
         return;
     };
     let store = env.store().await;
@@ -406,12 +504,11 @@ async fn waiting_claimer_is_woken_by_an_enqueue_on_its_queue() {
         .expect("the waiter was not woken by a release")
         .expect("join")
         .expect("wait_for_work");
-    env.cleanup().await;
 }
 
 #[tokio::test]
 async fn wait_for_work_times_out_without_news() {
-    let Some(mut env) = Env::new().await else {
+    let Some(env) = Env::new().await else {
         return;
     };
     let store = env.store().await;
@@ -421,7 +518,6 @@ async fn wait_for_work_times_out_without_news() {
         .await
         .expect("wait");
     assert!(started.elapsed() >= Duration::from_millis(50));
-    env.cleanup().await;
 }
 
 /// After SCRIPT FLUSH (or a server restart) the scripts are loaded again on NOSCRIPT.
@@ -447,7 +543,6 @@ async fn scripts_are_reloaded_after_script_flush() {
         .complete(id, claimed.token(), None)
         .await
         .expect("complete");
-    env.cleanup().await;
 }
 
 /// No job record carries a server TTL, terminal ones included: purge deletes them once
@@ -506,7 +601,6 @@ async fn job_records_carry_no_ttl_dedup_keys_do() {
     let ttl: i64 = env.admin.pttl(&dedup_key).await.expect("PTTL");
     assert!(ttl > env.settings.dedup_window.as_millis() as i64);
     assert!(dedup.created);
-    env.cleanup().await;
 }
 
 /// A terminal job whose record was deleted behind the store's back before purge ran:
@@ -548,7 +642,6 @@ async fn purge_cleans_entries_of_records_already_gone() {
     let stats = store.stats("q").await.expect("stats");
     assert_eq!(stats.total(), 0);
     assert!(store.get(parent).await.expect_err("purged").is_not_found());
-    env.cleanup().await;
 }
 
 /// A record that cannot be read is `Corrupt`, never a panic or a wrong value.
@@ -583,7 +676,6 @@ async fn corrupt_record_is_reported() {
         .expect("HSET");
     let err = store.get(id).await.expect_err("corrupt");
     assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
-    env.cleanup().await;
 }
 
 /// Tenants and keys holding `:`, `{`, `}` or any byte stay apart and inside the
@@ -645,13 +737,12 @@ async fn user_strings_are_encoded_and_order_keys_match_core() {
         ReadyOrder::new(job.priority, job.run_at, seq).sort_key()
     );
     assert!(first.ends_with(&a.id.to_string()));
-    env.cleanup().await;
 }
 
 /// Extreme times and priorities keep the exact order in the lexical index.
 #[tokio::test]
 async fn extreme_times_and_priorities_keep_the_order() {
-    let Some(mut env) = Env::new().await else {
+    let Some(env) = Env::new().await else {
         return;
     };
     let store = env.store().await;
@@ -688,14 +779,13 @@ async fn extreme_times_and_priorities_keep_the_order() {
     assert_eq!(far.run_at, Timestamp::from_millis(i64::MAX));
     let stats = store.stats("q").await.expect("stats");
     assert_eq!((stats.running, stats.scheduled), (5, 1));
-    env.cleanup().await;
 }
 
 /// Many claimers on several store instances (connections) against one queue, with
 /// limits above one: every job once, each claim in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_batch_claims_hand_out_each_job_once_in_order() {
-    let Some(mut env) = Env::new().await else {
+    let Some(env) = Env::new().await else {
         return;
     };
     let producer = env.store().await;
@@ -743,7 +833,6 @@ async fn concurrent_batch_claims_hand_out_each_job_once_in_order() {
     assert_eq!(all.len(), ids.len(), "some job was claimed twice or never");
     let unique: HashSet<JobId> = all.iter().copied().collect();
     assert_eq!(unique, ids.iter().copied().collect::<HashSet<_>>());
-    env.cleanup().await;
 }
 
 /// On a cluster (`JOBS_REDIS_CLUSTER_URLS`), namespaces land on different masters and
@@ -762,9 +851,12 @@ async fn cluster_namespaces_spread_over_masters() {
         let settings = StoreSettings::default()
             .namespace(namespace.clone())
             .clock(Arc::new(clock.clone()));
-        let store = RedisStore::connect_cluster(&urls, settings)
-            .await
-            .expect("connect cluster");
+        let _cleanup = Cleanup::new(urls.clone(), &namespace);
+        let store = TestStore::new(
+            RedisStore::connect_cluster(&urls, settings)
+                .await
+                .expect("connect cluster"),
+        );
         // Wake-ups cross the cluster: the subscriber listens on the first node, the
         // script publishes on whichever master owns the namespace.
         assert!(store.wake_ready(Duration::from_secs(10)).await);
@@ -890,7 +982,6 @@ async fn list_pages_by_state_through_interleaved_queued_and_running_jobs() {
         .await
         .expect("list");
     assert_eq!(all.jobs.len(), 9);
-    env.cleanup().await;
 }
 
 /// Concurrent single enqueues of one store go to Redis together; each still gets its own
@@ -898,7 +989,7 @@ async fn list_pages_by_state_through_interleaved_queued_and_running_jobs() {
 /// group), an unknown parent fails only its own call, and the rest are created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn grouped_single_enqueues_keep_their_own_outcomes() {
-    let Some(mut env) = Env::new().await else {
+    let Some(env) = Env::new().await else {
         return;
     };
     let store = env.store().await;
@@ -956,7 +1047,6 @@ async fn grouped_single_enqueues_keep_their_own_outcomes() {
     assert_eq!(plain.len(), 16);
     let stats = store.stats("q").await.expect("stats");
     assert_eq!(stats.ready, 1 + 1 + 16);
-    env.cleanup().await;
 }
 
 /// CONTRACT §5 (corrupt records): one unreadable record at the head of a queue does not
@@ -1019,7 +1109,6 @@ async fn unreadable_job_at_the_head_does_not_block_the_queue() {
     env.clock
         .advance(env.settings.retention + Duration::from_secs(1));
     assert_eq!(store.purge(100).await.expect("purge"), 2);
-    env.cleanup().await;
 }
 
 /// CONTRACT §5 (corrupt records): reclaim moves an expired job whose record cannot be read
@@ -1082,7 +1171,6 @@ async fn reclaim_buries_an_unreadable_running_job() {
         .expect("claim")
         .expect("the requeued job");
     assert_eq!(again.id(), ids[2]);
-    env.cleanup().await;
 }
 
 /// Check before write (issue #11, 6): a lease call on a running job whose record holds a
@@ -1181,7 +1269,6 @@ async fn lease_calls_on_a_malformed_record_change_nothing() {
         .await
         .expect("HSET");
     assert_eq!(store.reclaim(10).await.expect("reclaim").len(), 2);
-    env.cleanup().await;
 }
 
 /// Claims over several queues follow one order across all of them: 300 jobs with mixed
@@ -1189,7 +1276,7 @@ async fn lease_calls_on_a_malformed_record_change_nothing() {
 /// in the order `ReadyOrder` defines (priority, ready time, enqueue order).
 #[tokio::test]
 async fn claims_over_several_queues_merge_in_exact_order() {
-    let Some(mut env) = Env::new().await else {
+    let Some(env) = Env::new().await else {
         return;
     };
     let store = env.store().await;
@@ -1215,7 +1302,7 @@ async fn claims_over_several_queues_merge_in_exact_order() {
     let mut got = Vec::new();
     loop {
         let batch = store
-            .claim(ClaimRequest::new(["c", "a", "b", "a"], "w", Duration::from_secs(60)).limit(7))
+            .claim(ClaimRequest::new(["c", "a", "b"], "w", Duration::from_secs(60)).limit(7))
             .await
             .expect("claim");
         if batch.is_empty() {
@@ -1224,7 +1311,6 @@ async fn claims_over_several_queues_merge_in_exact_order() {
         got.extend(batch.iter().map(|c| c.id()));
     }
     assert_eq!(got, expected);
-    env.cleanup().await;
 }
 
 /// A store connected as a user of its own, whose key permissions the test chooses (ACL
@@ -1235,7 +1321,7 @@ async fn store_as_user(
     tag: &str,
     read_write: &[String],
     read_only: &[String],
-) -> (RedisStore, String) {
+) -> (Store, String) {
     let user = format!(
         "jobs-{tag}-{}-{}",
         std::process::id(),
@@ -1256,20 +1342,12 @@ async fn store_as_user(
         cmd.arg(format!("%R~{pattern}"));
     }
     let _: () = cmd.query_async(&mut env.admin).await.expect("ACL SETUSER");
+    env.cleanup.users.push(user.clone());
     let store_url = url().replacen("redis://", &format!("redis://{user}:acl-test-password@"), 1);
     let store = RedisStore::connect(&store_url, env.settings.clone())
         .await
         .expect("connect as the test user");
-    (store, user)
-}
-
-async fn drop_user(env: &mut Env, user: &str) {
-    let _: () = redis::cmd("ACL")
-        .arg("DELUSER")
-        .arg(user)
-        .query_async(&mut env.admin)
-        .await
-        .expect("ACL DELUSER");
+    (Store::new(store), user)
 }
 
 /// What of the namespace is visible as jobs: index entries and hashes with a state.
@@ -1305,7 +1383,7 @@ async fn refused_batch_writes_nothing_at_any_size() {
     .map(|name| format!("jobs:{{{ns}}}:{name}"))
     .collect();
     let read_only = vec![format!("jobs:{{{ns}}}:dedup:*")];
-    let (store, user) = store_as_user(&mut env, "refuse", &read_write, &read_only).await;
+    let (store, _user) = store_as_user(&mut env, "refuse", &read_write, &read_only).await;
     for payload in [16usize, 5 * 1024] {
         let mut jobs: Vec<NewJob> = (0..2000)
             .map(|i| NewJob::new("q").payload(vec![(i % 251) as u8; payload]))
@@ -1340,8 +1418,6 @@ async fn refused_batch_writes_nothing_at_any_size() {
         store.payload(ids[1234]).await.expect("payload"),
         Bytes::from(vec![7u8; 5 * 1024])
     );
-    drop_user(&mut env, &user).await;
-    env.cleanup().await;
 }
 
 /// E9 with connection loss (issue #11, 5): the store's connections are killed while a
@@ -1445,8 +1521,6 @@ async fn batch_cut_by_killed_connections_is_all_or_nothing() {
         }
         assert!(reconnected, "the store did not reconnect");
     }
-    drop_user(&mut env, &user).await;
-    env.cleanup().await;
 }
 
 /// `heartbeat_batch` (one script call) answers each entry as `heartbeat` would: extended,
@@ -1454,7 +1528,7 @@ async fn batch_cut_by_killed_connections_is_all_or_nothing() {
 /// a bad ttl refuses the whole call.
 #[tokio::test]
 async fn heartbeat_batch_answers_each_lease() {
-    let Some(mut env) = Env::new().await else {
+    let Some(env) = Env::new().await else {
         return;
     };
     let store = env.store().await;
@@ -1506,7 +1580,6 @@ async fn heartbeat_batch_answers_each_lease() {
         .await
         .expect_err("bad ttl");
     assert!(err.invalid_field().is_some(), "{err:?}");
-    env.cleanup().await;
 }
 
 /// A job's timeout is a hash field in milliseconds, absent when none; every read returns
@@ -1575,7 +1648,6 @@ async fn timeout_is_stored_in_milliseconds_and_optional() {
     // A record of an earlier version has no field: None.
     let _: () = env.admin.hdel(key(single), "timeout").await.expect("HDEL");
     assert_eq!(store.get(single).await.expect("get").timeout, None);
-    env.cleanup().await;
 }
 
 /// A redis-server of a test's own, killed when dropped (even when the test panics), with
@@ -1678,9 +1750,11 @@ async fn acknowledged_writes_survive_a_sigkilled_server_with_fsync_always() {
     let settings = StoreSettings::default()
         .namespace("durability")
         .clock(Arc::new(clock.clone()));
-    let store = RedisStore::connect(&server.url(), settings)
-        .await
-        .expect("connect");
+    let store = Store::new(
+        RedisStore::connect(&server.url(), settings)
+            .await
+            .expect("connect"),
+    );
     let batch = enqueue_all(&store, (0..100).map(|_| NewJob::new("q")).collect()).await;
     let enqueued = Arc::new(std::sync::Mutex::new(batch));
     let completed = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1799,12 +1873,16 @@ async fn cluster_runs_staged_batches_and_heartbeat_batches() {
     };
     let urls: Vec<String> = urls.split(',').map(|u| u.trim().to_owned()).collect();
     let clock = ManualClock::default();
+    let namespace = jobs_conformance::unique_namespace("clstage");
+    let _cleanup = Cleanup::new(urls.clone(), &namespace);
     let settings = StoreSettings::default()
-        .namespace(jobs_conformance::unique_namespace("clstage"))
+        .namespace(namespace)
         .clock(Arc::new(clock.clone()));
-    let store = RedisStore::connect_cluster(&urls, settings)
-        .await
-        .expect("connect cluster");
+    let store = Store::new(
+        RedisStore::connect_cluster(&urls, settings)
+            .await
+            .expect("connect cluster"),
+    );
     let big = 3 * 1024 * 1024;
     let ids = enqueue_all(
         &store,

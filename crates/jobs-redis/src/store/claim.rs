@@ -5,7 +5,9 @@ use jobs_core::{ClaimRequest, ClaimedJob, Error, JobId, Result, Timestamp};
 use redis::Value;
 
 use super::{unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
-use crate::codec::{array, decode_claimed, id_string, job_id, job_id_bytes, text, LeaseWrite, Unreadable};
+use crate::codec::{
+    array, decode_claimed, id_string, job_id, job_id_bytes, text, LeaseWrite, Unreadable,
+};
 use crate::scripts;
 
 /// Claim calls that may find their candidates taken by other claimers before a claim

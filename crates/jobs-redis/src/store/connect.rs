@@ -96,7 +96,10 @@ impl TlsConfig {
         };
         if let Some(pem) = &self.root_ca_pem {
             if !holds_certificates(pem) {
-                return Err(Error::invalid("tls", "the root CA PEM holds no certificate"));
+                return Err(Error::invalid(
+                    "tls",
+                    "the root CA PEM holds no certificate",
+                ));
             }
         }
         if let Some((cert, _)) = &self.client_pem {
@@ -272,9 +275,9 @@ impl RedisStore {
             Some(tls) => builder.certs(tls.certificates()?),
             None => builder,
         };
-        let client = builder.build().map_err(|err| {
-            bad_url("urls", urls.iter().any(|url| is_tls_url(url)), &err)
-        })?;
+        let client = builder
+            .build()
+            .map_err(|err| bad_url("urls", urls.iter().any(|url| is_tls_url(url)), &err))?;
         let conn = client
             .get_async_connection()
             .await

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use jobs_core::{
-    complete_each, Completion, Error, Heartbeat, HeldLease, JobId, JobState, LeaseToken,
-    Result, Retry, Timestamp,
+    complete_each, Completion, Error, Heartbeat, HeldLease, JobId, JobState, LeaseToken, Result,
+    Retry, Timestamp,
 };
 use redis::Value;
 

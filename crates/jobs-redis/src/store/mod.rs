@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jobs_core::{
-    async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error,
-    Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueStats, ReclaimedJob, Result, Retry, StoreSettings, Timestamp,
+    async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
+    HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats,
+    ReclaimedJob, Result, Retry, StoreSettings, Timestamp,
 };
 use redis::{ScriptInvocation, Value};
 

@@ -1,9 +1,13 @@
 //! Reads: one job, its payload, its children, a page of a queue, a queue's counts.
 
-use jobs_core::{Bytes, Error, Job, JobId, JobState, ListPage, ListQuery, QueueStats, Result, Timestamp};
+use jobs_core::{
+    Bytes, Error, Job, JobId, JobState, ListPage, ListQuery, QueueStats, Result, Timestamp,
+};
 
 use super::{status, unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
-use crate::codec::{array, decode_job, decode_listed, int, is_missing, job_id, member_id, text, JOB_FIELDS};
+use crate::codec::{
+    array, decode_job, decode_listed, int, is_missing, job_id, member_id, text, JOB_FIELDS,
+};
 use crate::conn::map_err;
 use crate::scripts;
 
