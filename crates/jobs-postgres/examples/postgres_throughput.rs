@@ -6,13 +6,12 @@
 //! ```
 //!
 //! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and a fresh
-//! namespace, which it purges afterwards.
+//! namespace, which it deletes afterwards.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobs_core::{ClaimRequest, NewJob, Result, Store, StoreSettings};
-use jobs_postgres::{PostgresConfig, PostgresStore};
+use jobs_postgres::{PostgresBackend, PostgresConfig};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -22,11 +21,10 @@ async fn main() -> Result<()> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let namespace = format!("bench-{}", std::process::id());
-    let settings = StoreSettings::default()
-        .namespace(namespace)
-        .retention(Duration::ZERO);
+    let settings = StoreSettings::default().namespace(namespace.clone());
     let config = PostgresConfig::new(&url)?.max_connections(8);
-    let store = Arc::new(PostgresStore::connect_with(config, settings).await?);
+    let backend = PostgresBackend::connect(config).await?;
+    let store = Store::new(backend.store(settings)?);
     let payload = vec![b'x'; 64];
 
     // One enqueue per statement, from `workers` tasks.
@@ -34,7 +32,7 @@ async fn main() -> Result<()> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let store = Arc::clone(&store);
+        let store = store.clone();
         let payload = payload.clone();
         let count = single / workers + usize::from(w < single % workers);
         tasks.push(tokio::spawn(async move {
@@ -57,7 +55,7 @@ async fn main() -> Result<()> {
     let batches = jobs / 1_000;
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let store = Arc::clone(&store);
+        let store = store.clone();
         let payload = payload.clone();
         let count = batches / workers + usize::from(w < batches % workers);
         tasks.push(tokio::spawn(async move {
@@ -86,7 +84,7 @@ async fn main() -> Result<()> {
         let started = Instant::now();
         let mut tasks = Vec::new();
         for w in 0..workers {
-            let store = Arc::clone(&store);
+            let store = store.clone();
             tasks.push(tokio::spawn(async move {
                 let mut done = 0usize;
                 loop {
@@ -98,7 +96,7 @@ async fn main() -> Result<()> {
                         return Ok::<_, jobs_core::Error>(done);
                     }
                     let completes = claimed.iter().map(|job| {
-                        let store = Arc::clone(&store);
+                        let store = store.clone();
                         let (id, token) = (job.id(), job.token());
                         async move { store.complete(id, token, None).await }
                     });
@@ -124,8 +122,8 @@ async fn main() -> Result<()> {
             started.elapsed(),
         );
     }
-    let purged = store.purge(10_000_000).await?;
-    println!("purged {purged} jobs");
+    let deleted = backend.drop_namespace(&namespace).await?;
+    println!("deleted the namespace's {deleted} jobs");
     Ok(())
 }
 

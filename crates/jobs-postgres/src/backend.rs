@@ -5,14 +5,15 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{validate, Error, Result, StoreSettings};
+use jobs_core::{Error, Result};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool};
 
-use crate::conn::Health;
+use crate::conn::Shared;
+use crate::health::Health;
+use crate::row::PgUuid;
 use crate::schema;
 use crate::sql::Statements;
-use crate::store::PostgresStore;
 use crate::wake::Wake;
 
 /// The schema the tables live in unless configured otherwise.
@@ -56,6 +57,17 @@ pub enum Durability {
     /// every acknowledged call survives a server crash. Each claim and each batch of
     /// completions then waits for a WAL flush.
     Full,
+}
+
+impl Durability {
+    /// Whether the workers' statements turn `synchronous_commit` off for their own
+    /// transaction.
+    fn relaxes_workers(self) -> bool {
+        match self {
+            Durability::DurableEnqueues => true,
+            Durability::Full => false,
+        }
+    }
 }
 
 /// How to reach the database and shape the pool.
@@ -202,38 +214,18 @@ impl fmt::Debug for PostgresConfig {
     }
 }
 
-/// What every store of one backend shares: the pool, the schema's statements, the
-/// wake-up listener.
-pub(crate) struct Shared {
-    pub(crate) pool: PgPool,
-    pub(crate) schema: String,
-    pub(crate) sql: Statements,
-    pub(crate) wake: Wake,
-    /// When a connection of the pool was last found closed by the server.
-    pub(crate) health: Arc<Health>,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("schema", &self.schema)
-            .field("pool_size", &self.pool.size())
-            .finish_non_exhaustive()
-    }
-}
-
 /// A migrated database schema and a connection pool: the factory of stores.
 ///
 /// Stores of any number of namespaces can be made from one backend; they share its
 /// pool and its wake-up listener. Cloning is cheap.
 ///
 /// ```no_run
-/// use jobs_core::StoreSettings;
+/// use jobs_core::{Store, StoreSettings};
 /// use jobs_postgres::{PostgresBackend, PostgresConfig};
 /// # async fn example() -> jobs_core::Result<()> {
 /// let backend = PostgresBackend::connect(PostgresConfig::new("postgres://localhost/app")?).await?;
-/// let billing = backend.store(StoreSettings::default().namespace("billing"))?;
-/// let email = backend.store(StoreSettings::default().namespace("email"))?;
+/// let billing = Store::new(backend.store(StoreSettings::default().namespace("billing"))?);
+/// let email = Store::new(backend.store(StoreSettings::default().namespace("email"))?);
 /// # let _ = (billing, email);
 /// # Ok(())
 /// # }
@@ -284,7 +276,7 @@ impl PostgresBackend {
         let quoted = schema::quote_schema(schema)?;
         schema::migrate(&pool, schema, &quoted).await?;
         let channel = format!("{schema}.jobs_wake");
-        let sql = Statements::new(&quoted, durability);
+        let sql = Statements::new(&quoted, durability.relaxes_workers());
         let shared = Shared {
             wake: Wake::new(
                 pool.clone(),
@@ -302,10 +294,9 @@ impl PostgresBackend {
         })
     }
 
-    /// A store on this backend for `settings.namespace`.
-    pub fn store(&self, settings: StoreSettings) -> Result<PostgresStore> {
-        validate::validate_settings(&settings)?;
-        Ok(PostgresStore::new(Arc::clone(&self.shared), settings))
+    /// What the stores of this backend share.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The connection pool.
@@ -330,8 +321,165 @@ impl PostgresBackend {
     pub async fn vanish(&self, namespace: &str, id: jobs_core::JobId) -> Result<()> {
         let query = sqlx::query(self.shared.sql.vanish.sql())
             .bind(namespace)
-            .bind(crate::row::PgUuid::from_id(id));
+            .bind(PgUuid::from_id(id));
         self.shared.fetch_all("vanish", query).await?;
         Ok(())
+    }
+
+    /// Deletes every job and every idempotency key of `namespace` in this backend's
+    /// schema, in one transaction, and returns how many jobs it deleted. The schema and
+    /// the other namespaces are left as they are.
+    ///
+    /// For tests and for retiring a namespace: jobs still running in it are gone
+    /// too, and their holders' next calls answer `NotFound`.
+    pub async fn drop_namespace(&self, namespace: &str) -> Result<u64> {
+        // Deleting what is gone deletes nothing: sent again if the connection broke.
+        let rows = self
+            .shared
+            .fetch_all_again("drop_namespace", |_| {
+                sqlx::query(self.shared.sql.drop_namespace.sql()).bind(namespace)
+            })
+            .await?;
+        let jobs: i64 = match rows.first() {
+            Some(row) => crate::row::column(row, 0, &|| "drop_namespace result".to_owned())?,
+            None => 0,
+        };
+        Ok(jobs.unsigned_abs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::postgres::PgBindIterExt;
+    use sqlx::{PgPool, Postgres, Transaction};
+
+    use super::*;
+
+    const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+    async fn pool() -> Option<PgPool> {
+        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let config = PostgresConfig::new(&url).ok()?.max_connections(2);
+        match PostgresBackend::connect(config).await {
+            Ok(backend) => Some(backend.pool().clone()),
+            Err(err) => jobs_conformance::skip_or_fail("PostgreSQL", &url, &err),
+        }
+    }
+
+    async fn synchronous_commit(tx: &mut Transaction<'_, Postgres>) -> String {
+        sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+            .fetch_one(&mut **tx)
+            .await
+            .expect("read synchronous_commit")
+    }
+
+    /// Runs `name`'s statement inside a transaction (on a namespace without jobs, so
+    /// it changes nothing) and returns `synchronous_commit` as it stands afterwards in
+    /// that transaction: what the statement's own commit would use.
+    async fn setting_after(pool: &PgPool, sql: &Statements, name: &str) -> String {
+        let ns = "durability-test-no-jobs";
+        let id = PgUuid::MAX;
+        let mut tx = pool.begin().await.expect("begin");
+        let query = match name {
+            "claim" => sqlx::query(sql.claim.sql())
+                .bind(ns)
+                .bind(vec!["q"])
+                .bind(1_i64)
+                .bind(10_i64)
+                .bind(&b"w"[..])
+                .bind(2_i64),
+            "heartbeat" => sqlx::query(sql.heartbeat.sql())
+                .bind(ns)
+                .bind(id)
+                .bind(1_i64)
+                .bind(2_i64)
+                .bind(1_i64),
+            "complete" | "complete_again" => sqlx::query(if name == "complete" {
+                sql.complete.sql()
+            } else {
+                sql.complete_again.sql()
+            })
+            .bind(ns)
+            .bind([id].into_iter().bind_iter())
+            .bind([1_i64].into_iter().bind_iter())
+            .bind([None::<&[u8]>].into_iter().bind_iter())
+            .bind(1_i64),
+            "heartbeat_batch" => sqlx::query(sql.heartbeat_batch.sql())
+                .bind(ns)
+                .bind([id].into_iter().bind_iter())
+                .bind([1_i64].into_iter().bind_iter())
+                .bind(2_i64)
+                .bind(1_i64),
+            "fail" => sqlx::query(sql.fail.sql())
+                .bind(ns)
+                .bind(id)
+                .bind(1_i64)
+                .bind(Some(2_i64))
+                .bind(1_i64)
+                .bind(&b"e"[..]),
+            "release" => sqlx::query(sql.release.sql())
+                .bind(ns)
+                .bind(id)
+                .bind(1_i64)
+                .bind(1_i64),
+            "reclaim" => sqlx::query(sql.reclaim.sql())
+                .bind(ns)
+                .bind(1_i64)
+                .bind(10_i64)
+                .bind(&b"e"[..]),
+            "purge" => sqlx::query(sql.purge.sql())
+                .bind(ns)
+                .bind(1_i64)
+                .bind(10_i64)
+                .bind(1_i64),
+            "cancel" => sqlx::query(sql.cancel.sql()).bind(ns).bind(id).bind(1_i64),
+            "retry" => sqlx::query(sql.retry.sql()).bind(ns).bind(id).bind(1_i64),
+            other => panic!("no statement {other}"),
+        };
+        query.fetch_all(&mut *tx).await.expect(name);
+        let setting = synchronous_commit(&mut tx).await;
+        tx.rollback().await.expect("rollback");
+        setting
+    }
+
+    const WORKERS: [&str; 9] = [
+        "claim",
+        "heartbeat",
+        "heartbeat_batch",
+        "complete",
+        "complete_again",
+        "fail",
+        "release",
+        "reclaim",
+        "purge",
+    ];
+    const OPERATORS: [&str; 2] = ["cancel", "retry"];
+
+    /// Under `DurableEnqueues` every worker statement turns `synchronous_commit` off for
+    /// its transaction, even when it matches no row, and the operator's statements
+    /// leave the server's setting; under `Full` none changes it.
+    #[tokio::test]
+    async fn worker_statements_commit_without_waiting_for_the_flush_by_default() {
+        let Some(pool) = pool().await else { return };
+        let server = {
+            let mut tx = pool.begin().await.expect("begin");
+            synchronous_commit(&mut tx).await
+        };
+        assert_ne!(server, "off", "the test needs a server that syncs commits");
+        let relaxed = Statements::new("\"jobs\"", Durability::DurableEnqueues.relaxes_workers());
+        let full = Statements::new("\"jobs\"", Durability::Full.relaxes_workers());
+        for name in WORKERS {
+            assert_eq!(setting_after(&pool, &relaxed, name).await, "off", "{name}");
+            assert_eq!(setting_after(&pool, &full, name).await, server, "{name}");
+        }
+        for name in OPERATORS {
+            assert_eq!(setting_after(&pool, &relaxed, name).await, server, "{name}");
+        }
+        // The setting is the transaction's: the connection keeps the server's.
+        let after: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+            .fetch_one(&pool)
+            .await
+            .expect("read");
+        assert_eq!(after, server);
     }
 }

@@ -5,13 +5,20 @@
 //! moment (without delay: a lone call goes out alone) and runs them as one statement;
 //! each caller gets its own answer. While a statement runs, the next batch gathers, so
 //! batches grow with the load and the cost per call falls as it rises.
+//!
+//! Each call carries the instant its caller's `Store` handle read, and a statement
+//! takes effect at the latest instant among its calls. That instant falls inside
+//! every one of those calls: each began before its own instant was read, and none is
+//! answered before the statement, which runs after every instant was read. So each
+//! call takes effect while its caller waits, as it would alone. (With a manual clock,
+//! the calls of one statement normally share one instant anyway.)
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
-use jobs_core::{Error, Result};
+use jobs_core::{Error, Result, Timestamp};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 /// One kind of call that can be answered many at a time.
@@ -37,8 +44,16 @@ pub(crate) trait Batch: Send + Sync + 'static {
     /// The bytes a call adds to the statement.
     fn size(call: &Self::Call) -> usize;
 
-    /// Answers every call, in order, with one statement; an error fails them all.
-    fn run(&self, calls: &[Self::Call]) -> impl Future<Output = Result<Vec<Self::Answer>>> + Send;
+    /// The instant the call's caller read.
+    fn now(call: &Self::Call) -> Timestamp;
+
+    /// Answers every call, in order, with one statement taking effect at `now`; an
+    /// error fails them all.
+    fn run(
+        &self,
+        calls: &[Self::Call],
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<Self::Answer>>> + Send;
 }
 
 struct Queued<B: Batch> {
@@ -130,7 +145,11 @@ async fn run<B: Batch>(mut calls: mpsc::UnboundedReceiver<Queued<B>>, batch: Arc
         tokio::spawn(async move {
             let (calls, replies): (Vec<B::Call>, Vec<_>) =
                 taken.into_iter().map(|q| (q.call, q.reply)).unzip();
-            match batch.run(&calls).await {
+            // `take` never returns an empty batch; with nothing taken, nobody waits.
+            let Some(now) = calls.iter().map(B::now).max() else {
+                return;
+            };
+            match batch.run(&calls, now).await {
                 Ok(answers) if answers.len() == calls.len() => {
                     for (reply, answer) in replies.into_iter().zip(answers) {
                         let _ = reply.send(Ok(answer));
@@ -145,7 +164,7 @@ async fn run<B: Batch>(mut calls: mpsc::UnboundedReceiver<Queued<B>>, batch: Arc
                 Err(err) => {
                     tracing::debug!(error = %err, size = calls.len(), "batched statement failed");
                     for reply in replies {
-                        let _ = reply.send(Err(copy_error(&err)));
+                        let _ = reply.send(Err(err.clone()));
                     }
                 }
             }
@@ -181,19 +200,4 @@ fn take<B: Batch>(waiting: &mut VecDeque<Queued<B>>) -> Vec<Queued<B>> {
     held.append(waiting);
     *waiting = held;
     taken
-}
-
-/// The same kind of error for each caller of a failed statement (errors do not clone).
-fn copy_error(err: &Error) -> Error {
-    match err {
-        Error::Unavailable { message, .. } => Error::Unavailable {
-            message: message.clone(),
-            source: None,
-        },
-        Error::Corrupt { what, reason } => Error::corrupt(what.clone(), reason.clone()),
-        other => Error::Backend {
-            message: other.to_string(),
-            source: None,
-        },
-    }
 }

@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use jobs_core::{JobId, Result, StoreSettings};
+use jobs_core::{JobId, Result, StoreSettings, Timestamp};
 use sqlx::postgres::PgBindIterExt;
 
-use crate::backend::Shared;
 use crate::batch::Batch;
+use crate::conn::Shared;
 use crate::row::{column, PgUuid};
 
 /// What became of one completion.
@@ -20,11 +20,12 @@ pub(crate) enum Outcome {
     NotFound,
 }
 
-/// One `complete` call.
+/// One `complete` call, with the instant its caller read.
 pub(crate) struct Completion {
     pub(crate) id: JobId,
     pub(crate) token: i64,
     pub(crate) result: Option<Bytes>,
+    pub(crate) now: Timestamp,
 }
 
 /// The completions of one store.
@@ -52,7 +53,11 @@ impl Batch for Completions {
         call.result.as_ref().map_or(0, Bytes::len)
     }
 
-    async fn run(&self, calls: &[Completion]) -> Result<Vec<Outcome>> {
+    fn now(call: &Completion) -> Timestamp {
+        call.now
+    }
+
+    async fn run(&self, calls: &[Completion], now: Timestamp) -> Result<Vec<Outcome>> {
         let settings = &self.settings;
         // Sent in id order. Two batches in flight can share a job (a second call
         // for it goes in the next batch, which may start before this one ends); a
@@ -62,7 +67,7 @@ impl Batch for Completions {
         sorted.sort_unstable_by_key(|c| c.id);
         // One `now` for both runs: a second run (after a broken connection) knows
         // its first one's completions by this `finished_at` (see `sql::COMPLETE`).
-        let now = settings.now().as_millis();
+        let now = now.as_millis();
         let sql = &self.shared.sql;
         let rows = self
             .shared

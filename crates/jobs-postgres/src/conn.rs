@@ -26,67 +26,40 @@
 //!   (the first run may have committed, and a second would answer "lease lost" or
 //!   enqueue twice); the dead connection is gone all the same.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::fmt;
+use std::sync::Arc;
 
 use jobs_core::Result;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
-use sqlx::{Connection, Postgres};
+use sqlx::{Connection, PgPool, Postgres};
 
-use crate::backend::Shared;
 use crate::error::{is_connection_lost, map};
+use crate::health::Health;
+use crate::sql::Statements;
+use crate::wake::Wake;
 
 /// A statement with its parameters bound, ready to run on a connection.
 pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
-/// When a connection of the pool was last found closed by the server.
-#[derive(Debug)]
-pub(crate) struct Health {
-    base: Instant,
-    /// Nanoseconds from `base` to the last loss, plus one; 0: none seen.
-    lost_at: AtomicU64,
+/// What every store of one backend shares: the pool, the schema's statements, the
+/// wake-up listener.
+pub(crate) struct Shared {
+    pub(crate) pool: PgPool,
+    pub(crate) schema: String,
+    pub(crate) sql: Statements,
+    pub(crate) wake: Wake,
+    /// When a connection of the pool was last found closed by the server.
+    pub(crate) health: Arc<Health>,
 }
 
-impl Default for Health {
-    fn default() -> Self {
-        Health {
-            base: Instant::now(),
-            lost_at: AtomicU64::new(0),
-        }
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool.size())
+            .finish_non_exhaustive()
     }
-}
-
-impl Health {
-    fn nanos_since_base(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// Records that a connection was found closed now.
-    pub(crate) fn mark_lost(&self) {
-        let now = self.nanos_since_base().saturating_add(1);
-        self.lost_at.fetch_max(now, Ordering::Relaxed);
-    }
-
-    /// Whether a connection idle for `idle_for` went idle before the last loss was
-    /// seen, so it may have been closed by the same cause and must be checked.
-    pub(crate) fn is_suspect(&self, idle_for: Duration) -> bool {
-        let lost_at = self.lost_at.load(Ordering::Relaxed);
-        // The common case, every acquire of a pool that never lost a connection: one
-        // atomic load, not even a clock read.
-        lost_at != 0
-            && went_idle_before(lost_at, self.nanos_since_base().saturating_add(1), idle_for)
-    }
-}
-
-/// Whether a connection idle for `idle_for` at `now` went idle at or before `lost_at`
-/// (both in `Health`'s units; `lost_at` 0: no loss seen).
-fn went_idle_before(lost_at: u64, now: u64, idle_for: Duration) -> bool {
-    if lost_at == 0 {
-        return false;
-    }
-    let idle_nanos = u64::try_from(idle_for.as_nanos()).unwrap_or(u64::MAX);
-    now.saturating_sub(idle_nanos) <= lost_at
 }
 
 impl Shared {
@@ -179,44 +152,5 @@ impl Shared {
             Some(err) => map(what, err),
             None => map(what, sqlx::Error::PoolTimedOut),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_connections_idle_since_before_the_loss_are_suspect() {
-        let ms = |n: u64| n * 1_000_000;
-        // No loss seen: nothing is suspect, however long idle.
-        assert!(!went_idle_before(0, ms(10_000), Duration::from_secs(9)));
-        // A loss at 5 s; now is 8 s.
-        let (lost, now) = (ms(5_000), ms(8_000));
-        assert!(
-            went_idle_before(lost, now, Duration::from_secs(4)),
-            "idle since 4 s"
-        );
-        assert!(
-            went_idle_before(lost, now, Duration::from_secs(3)),
-            "idle since 5 s"
-        );
-        assert!(
-            !went_idle_before(lost, now, Duration::from_secs(2)),
-            "idle since 6 s"
-        );
-        assert!(
-            !went_idle_before(lost, now, Duration::ZERO),
-            "returned just now"
-        );
-        assert!(went_idle_before(lost, now, Duration::MAX), "idle forever");
-
-        let health = Health::default();
-        assert!(!health.is_suspect(Duration::from_secs(3600)), "no loss yet");
-        health.mark_lost();
-        assert!(
-            health.is_suspect(Duration::from_secs(3600)),
-            "idle since before it"
-        );
     }
 }

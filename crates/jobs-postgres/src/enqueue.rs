@@ -8,8 +8,8 @@ use jobs_core::{Enqueued, Error, JobId, NewJob, Result, StoreSettings, Timestamp
 use sqlx::postgres::PgBindIterExt;
 use sqlx::Postgres;
 
-use crate::backend::Shared;
 use crate::batch::Batch;
+use crate::conn::Shared;
 use crate::row::{column, PgUuid};
 
 /// Most payload bytes sent in one enqueue statement. A larger batch is split into
@@ -129,13 +129,14 @@ fn announce(
     shared.wake.announce(&settings.namespace, ready);
 }
 
-/// An explicit batch (E9): the same as enqueueing each job in order, all or nothing.
+/// An explicit batch (E9): the same as enqueueing each job in order at `now`, all or
+/// nothing.
 pub(crate) async fn enqueue_all(
     shared: &Shared,
     settings: &StoreSettings,
     jobs: &[NewJob],
+    now: Timestamp,
 ) -> Result<Vec<Enqueued>> {
-    let now = settings.now();
     // A key repeated in the batch is sent once; the later jobs answer like a second
     // enqueue would, with the first one's job.
     let mut first_of_key: HashMap<(&str, &str), usize> = HashMap::new();
@@ -205,16 +206,21 @@ pub(crate) async fn enqueue_all(
         .collect()
 }
 
+/// One `enqueue` call: the job and the instant its caller read.
+pub(crate) struct Enqueue {
+    pub(crate) job: NewJob,
+    pub(crate) now: Timestamp,
+}
+
 /// Single enqueues of one store, gathered: concurrent callers share a statement and
-/// its commit. Each job is validated before it is queued; one job's unknown parent
-/// refuses that job only.
+/// its commit. One job's unknown parent refuses that job only.
 pub(crate) struct Enqueues {
     pub(crate) shared: Arc<Shared>,
     pub(crate) settings: StoreSettings,
 }
 
 impl Batch for Enqueues {
-    type Call = NewJob;
+    type Call = Enqueue;
     type Answer = Result<Enqueued>;
     /// Two calls with one key are two enqueues one after the other: the second must
     /// see the first one's job, so it waits for the next statement.
@@ -224,23 +230,27 @@ impl Batch for Enqueues {
     const MAX_BYTES: usize = 32 * 1024 * 1024;
     const IN_FLIGHT: usize = 4;
 
-    fn key(call: &NewJob) -> Option<(String, String)> {
-        call.idempotency_key
+    fn key(call: &Enqueue) -> Option<(String, String)> {
+        call.job
+            .idempotency_key
             .as_ref()
-            .map(|key| (call.tenant.clone(), key.clone()))
+            .map(|key| (call.job.tenant.clone(), key.clone()))
     }
 
-    fn size(call: &NewJob) -> usize {
-        call.payload.len()
+    fn size(call: &Enqueue) -> usize {
+        call.job.payload.len()
     }
 
-    async fn run(&self, calls: &[NewJob]) -> Result<Vec<Result<Enqueued>>> {
-        let now = self.settings.now();
+    fn now(call: &Enqueue) -> Timestamp {
+        call.now
+    }
+
+    async fn run(&self, calls: &[Enqueue], now: Timestamp) -> Result<Vec<Result<Enqueued>>> {
         let rows: Vec<Pending<'_>> = calls
             .iter()
-            .map(|job| Pending {
+            .map(|call| Pending {
                 id: JobId::mint(now),
-                job,
+                job: &call.job,
             })
             .collect();
         let answers = statement(

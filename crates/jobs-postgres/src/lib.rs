@@ -7,6 +7,7 @@ mod complete;
 mod conn;
 mod enqueue;
 mod error;
+mod health;
 mod row;
 mod schema;
 mod sql;

@@ -20,18 +20,17 @@
 //!
 //! The statements of workers' calls (claim, heartbeat, complete, fail, release,
 //! reclaim, purge) hold `{relax}` in their `WHERE`: an always-true condition that,
-//! under `Durability::DurableEnqueues`, turns `synchronous_commit` off for the
-//! statement's own transaction (see `Durability`). It is an uncorrelated scalar
-//! subquery, so Postgres runs it once per statement, as a one-time filter evaluated
-//! before any row is read, whether or not a row matches; the commit that ends the
-//! statement's implicit transaction then does not wait for the WAL flush. Enqueue,
-//! cancel and retry do not hold it and commit as the server is configured.
+//! when the workers' commits are relaxed (`Durability::DurableEnqueues`, the
+//! default), turns `synchronous_commit` off for the statement's own transaction. It
+//! is an uncorrelated scalar subquery, so Postgres runs it once per statement, as a
+//! one-time filter evaluated before any row is read, whether or not a row matches;
+//! the commit that ends the statement's implicit transaction then does not wait for
+//! the WAL flush. Enqueue, cancel and retry do not hold it and commit as the server
+//! is configured.
 
 use std::sync::Arc;
 
 use sqlx::AssertSqlSafe;
-
-use crate::backend::Durability;
 
 /// The columns of a job as `get` shows it, in the order `row::job_from_row` reads them.
 macro_rules! job_columns {
@@ -241,6 +240,7 @@ WHERE {relax}
 /// stored: cancel requested wins, then a retry with attempts left, else dead.
 const FAIL: &str = r#"
 UPDATE {schema}.jobs SET
+    -- Mirrors jobs_core::transition::after_failure (attempts counts the one ending).
     -- CONTRACT A1 (cancel while running): a cancel-requested job that fails ends
     -- cancelled, never requeued; L6: a retry time with attempts left requeues it;
     -- L7: the last attempt, or no retry, is dead.
@@ -267,6 +267,7 @@ RETURNING state
 /// (decided under A1). `$3` token, `$4` now.
 const RELEASE: &str = r#"
 UPDATE {schema}.jobs SET
+    -- Mirrors jobs_core::transition::after_release.
     -- CONTRACT A1 (cancel while running): a cancel-requested job that is released
     -- ends cancelled; otherwise L8: queued again.
     state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
@@ -297,6 +298,7 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs SET
+    -- Mirrors jobs_core::transition::after_lease_expired.
     -- R3: cancel requested → cancelled (first, so a job both cancel-requested and on
     -- its last attempt ends cancelled, as decided under R3); last attempt → dead; R1: else
     -- queued again.
@@ -377,13 +379,22 @@ LIMIT $5
 "#
 );
 
-/// Rule A5: deletes up to `$3` terminal jobs finished at or before `$2`, and up to
-/// `$3` dedup entries created at or before `$4` (outside the window, so inert).
+/// Rule A5: deletes up to `$3` terminal jobs finished at or before `$2` (the retention
+/// cutoff) with their idempotency keys, and up to `$3` other keys created at or before
+/// `$4`.
+///
+/// Only inert keys go: a key stops deduplicating once its job is gone or its window
+/// has passed (see [`ENQUEUE`]). `$4` is the retention cutoff less the dedup window;
+/// the cutoff is at or before now, so a key that old is past its window. Keys whose
+/// job was purged go with the job; keys left behind by a vanished or replaced job go
+/// at that age.
 ///
 /// The selections are materialized: run once, whatever the join plan. As a subquery
 /// on the inner side of a nested loop, a `LIMIT … FOR UPDATE SKIP LOCKED` selection
 /// would run again for each outer row and, skipping the rows this statement has
-/// already deleted, return new ones each time: more than `$3` deletions.
+/// already deleted, return new ones each time: more than `$3` deletions. Every key
+/// selection skips locked rows, so two purges never wait on each other's keys (a
+/// key skipped now is deleted by age later).
 const PURGE: &str = r#"
 WITH old_jobs AS MATERIALIZED (
     SELECT id AS gone_id FROM {schema}.jobs
@@ -396,7 +407,13 @@ WITH old_jobs AS MATERIALIZED (
 gone AS (
     DELETE FROM {schema}.jobs j USING old_jobs g
     WHERE j.namespace = $1 AND j.id = g.gone_id
-    RETURNING 1
+    RETURNING j.id AS gone_id, j.tenant AS gone_tenant, j.idempotency_key AS gone_key
+),
+own_keys AS MATERIALIZED (
+    SELECT d.tenant AS t, d.key AS k FROM {schema}.dedup d
+    JOIN gone ON d.namespace = $1 AND d.tenant = gone.gone_tenant
+             AND d.key = gone.gone_key AND d.job_id = gone.gone_id
+    FOR UPDATE OF d SKIP LOCKED
 ),
 old_keys AS MATERIALIZED (
     SELECT tenant AS t, key AS k FROM {schema}.dedup
@@ -405,7 +422,8 @@ old_keys AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ),
 keys AS (
-    DELETE FROM {schema}.dedup d USING old_keys x
+    DELETE FROM {schema}.dedup d
+    USING (SELECT t, k FROM own_keys UNION SELECT t, k FROM old_keys) x
     WHERE d.namespace = $1 AND d.tenant = x.t AND d.key = x.k
     RETURNING 1
 )
@@ -416,15 +434,28 @@ WHERE {relax}
 /// Deletes a job row behind the store's back, as a lost record would (test harnesses).
 const VANISH: &str = "DELETE FROM {schema}.jobs WHERE namespace = $1 AND id = $2";
 
+/// Deletes every row of namespace `$1`, jobs and keys, in one transaction; returns how
+/// many jobs it deleted.
+const DROP_NAMESPACE: &str = r#"
+WITH keys AS (
+    DELETE FROM {schema}.dedup WHERE namespace = $1
+),
+gone AS (
+    DELETE FROM {schema}.jobs WHERE namespace = $1
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"#;
+
 /// A statement's text, rendered for one schema.
 #[derive(Debug, Clone)]
 pub(crate) struct Text(Arc<str>);
 
-/// `{relax}` under `Durability::DurableEnqueues`: `synchronous_commit` off until the
+/// `{relax}` for relaxed workers' commits: `synchronous_commit` off until the
 /// end of the current transaction (the statement's own, when it runs alone).
 const RELAX: &str = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL";
 
-/// `{relax}` under `Durability::Full`: the server's setting stands.
+/// `{relax}` otherwise (`Durability::Full`): the server's setting stands.
 const NO_RELAX: &str = "true";
 
 impl Text {
@@ -467,17 +498,16 @@ pub(crate) struct Statements {
     pub(crate) list: Text,
     pub(crate) purge: Text,
     pub(crate) vanish: Text,
+    pub(crate) drop_namespace: Text,
     pub(crate) notify: Text,
 }
 
 impl Statements {
-    /// Renders every statement for `quoted_schema` (already a quoted identifier) and
-    /// the durability of workers' commits.
-    pub(crate) fn new(quoted_schema: &str, durability: Durability) -> Self {
-        let relax = match durability {
-            Durability::DurableEnqueues => RELAX,
-            Durability::Full => NO_RELAX,
-        };
+    /// Renders every statement for `quoted_schema` (already a quoted identifier);
+    /// with `relax_workers`, the workers' statements commit without waiting for the
+    /// WAL flush.
+    pub(crate) fn new(quoted_schema: &str, relax_workers: bool) -> Self {
+        let relax = if relax_workers { RELAX } else { NO_RELAX };
         let r = |template: &str| Text::render(template, quoted_schema, relax, "false");
         Statements {
             enqueue: r(ENQUEUE),
@@ -499,145 +529,8 @@ impl Statements {
             list: r(LIST),
             purge: r(PURGE),
             vanish: r(VANISH),
+            drop_namespace: r(DROP_NAMESPACE),
             notify: r(NOTIFY),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use sqlx::postgres::PgBindIterExt;
-    use sqlx::{PgPool, Postgres, Transaction};
-
-    use super::*;
-    use crate::row::PgUuid;
-    use crate::{PostgresBackend, PostgresConfig};
-
-    const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-    async fn pool() -> Option<PgPool> {
-        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
-        let config = PostgresConfig::new(&url).ok()?.max_connections(2);
-        match PostgresBackend::connect(config).await {
-            Ok(backend) => Some(backend.pool().clone()),
-            Err(err) => jobs_conformance::skip_or_fail("PostgreSQL", &url, &err),
-        }
-    }
-
-    async fn synchronous_commit(tx: &mut Transaction<'_, Postgres>) -> String {
-        sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
-            .fetch_one(&mut **tx)
-            .await
-            .expect("read synchronous_commit")
-    }
-
-    /// Runs `name`'s statement inside a transaction (on a namespace without jobs, so
-    /// it changes nothing) and returns `synchronous_commit` as it stands afterwards in
-    /// that transaction: what the statement's own commit would use.
-    async fn setting_after(pool: &PgPool, sql: &Statements, name: &str) -> String {
-        let ns = "durability-test-no-jobs";
-        let id = PgUuid::MAX;
-        let mut tx = pool.begin().await.expect("begin");
-        let query = match name {
-            "claim" => sqlx::query(sql.claim.sql())
-                .bind(ns)
-                .bind(vec!["q"])
-                .bind(1_i64)
-                .bind(10_i64)
-                .bind(&b"w"[..])
-                .bind(2_i64),
-            "heartbeat" => sqlx::query(sql.heartbeat.sql())
-                .bind(ns)
-                .bind(id)
-                .bind(1_i64)
-                .bind(2_i64)
-                .bind(1_i64),
-            "complete" | "complete_again" => sqlx::query(if name == "complete" {
-                sql.complete.sql()
-            } else {
-                sql.complete_again.sql()
-            })
-            .bind(ns)
-            .bind([id].into_iter().bind_iter())
-            .bind([1_i64].into_iter().bind_iter())
-            .bind([None::<&[u8]>].into_iter().bind_iter())
-            .bind(1_i64),
-            "heartbeat_batch" => sqlx::query(sql.heartbeat_batch.sql())
-                .bind(ns)
-                .bind([id].into_iter().bind_iter())
-                .bind([1_i64].into_iter().bind_iter())
-                .bind(2_i64)
-                .bind(1_i64),
-            "fail" => sqlx::query(sql.fail.sql())
-                .bind(ns)
-                .bind(id)
-                .bind(1_i64)
-                .bind(Some(2_i64))
-                .bind(1_i64)
-                .bind(&b"e"[..]),
-            "release" => sqlx::query(sql.release.sql())
-                .bind(ns)
-                .bind(id)
-                .bind(1_i64)
-                .bind(1_i64),
-            "reclaim" => sqlx::query(sql.reclaim.sql())
-                .bind(ns)
-                .bind(1_i64)
-                .bind(10_i64)
-                .bind(&b"e"[..]),
-            "purge" => sqlx::query(sql.purge.sql())
-                .bind(ns)
-                .bind(1_i64)
-                .bind(10_i64)
-                .bind(1_i64),
-            "cancel" => sqlx::query(sql.cancel.sql()).bind(ns).bind(id).bind(1_i64),
-            "retry" => sqlx::query(sql.retry.sql()).bind(ns).bind(id).bind(1_i64),
-            other => panic!("no statement {other}"),
-        };
-        query.fetch_all(&mut *tx).await.expect(name);
-        let setting = synchronous_commit(&mut tx).await;
-        tx.rollback().await.expect("rollback");
-        setting
-    }
-
-    const WORKERS: [&str; 9] = [
-        "claim",
-        "heartbeat",
-        "heartbeat_batch",
-        "complete",
-        "complete_again",
-        "fail",
-        "release",
-        "reclaim",
-        "purge",
-    ];
-    const OPERATORS: [&str; 2] = ["cancel", "retry"];
-
-    /// Under `DurableEnqueues` every worker statement turns `synchronous_commit` off for
-    /// its transaction, even when it matches no row, and the operator's statements
-    /// leave the server's setting; under `Full` none changes it.
-    #[tokio::test]
-    async fn worker_statements_commit_without_waiting_for_the_flush_by_default() {
-        let Some(pool) = pool().await else { return };
-        let server = {
-            let mut tx = pool.begin().await.expect("begin");
-            synchronous_commit(&mut tx).await
-        };
-        assert_ne!(server, "off", "the test needs a server that syncs commits");
-        let relaxed = Statements::new("\"jobs\"", Durability::DurableEnqueues);
-        let full = Statements::new("\"jobs\"", Durability::Full);
-        for name in WORKERS {
-            assert_eq!(setting_after(&pool, &relaxed, name).await, "off", "{name}");
-            assert_eq!(setting_after(&pool, &full, name).await, server, "{name}");
-        }
-        for name in OPERATORS {
-            assert_eq!(setting_after(&pool, &relaxed, name).await, server, "{name}");
-        }
-        // The setting is the transaction's: the connection keeps the server's.
-        let after: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
-            .fetch_one(&pool)
-            .await
-            .expect("read");
-        assert_eq!(after, server);
     }
 }

@@ -1,4 +1,5 @@
-//! The `Store` implementation: one statement per operation, time from the store's clock.
+//! The `Backend` implementation: one statement per operation, at the instant the
+//! `Store` handle passes down.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -6,23 +7,24 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::validate::{self, MAX_CLAIM_LIMIT};
 use jobs_core::{
-    async_trait, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, HeldLease, Job, JobId,
-    JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob,
-    Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+    async_trait, validate, Backend, Capabilities, ClaimRequest, ClaimedJob, Enqueued, Error,
+    Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
+    QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, StoreSettings, Timestamp, LEASE_EXPIRED,
 };
 use sqlx::postgres::{PgBindIterExt, PgRow};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use crate::backend::{PostgresBackend, PostgresConfig, Shared};
+use crate::backend::{PostgresBackend, PostgresConfig};
 use crate::batch::Batcher;
 use crate::complete::{Completion, Completions, Outcome};
-use crate::enqueue::{enqueue_all, Enqueues};
+use crate::conn::{PgQuery, Shared};
+use crate::enqueue::{enqueue_all, Enqueue, Enqueues};
 use crate::row::{self, column, PgUuid};
 
-/// A job store in one namespace of a PostgreSQL schema.
+/// The jobs of one namespace of a PostgreSQL schema: a [`jobs_core::Backend`], used
+/// through a [`jobs_core::Store`] handle (`Store::new(store)`).
 ///
 /// Cloning is cheap and shares everything. See the crate documentation for the
 /// schema and the statements behind each operation.
@@ -57,11 +59,13 @@ impl PostgresStore {
     /// use jobs_core::{NewJob, Store, StoreSettings};
     /// use jobs_postgres::PostgresStore;
     /// # async fn example() -> jobs_core::Result<()> {
-    /// let store = PostgresStore::connect(
-    ///     "postgres://postgres@127.0.0.1:5432/app",
-    ///     StoreSettings::default().namespace("billing"),
-    /// )
-    /// .await?;
+    /// let store = Store::new(
+    ///     PostgresStore::connect(
+    ///         "postgres://postgres@127.0.0.1:5432/app",
+    ///         StoreSettings::default().namespace("billing"),
+    ///     )
+    ///     .await?,
+    /// );
     /// let job = store.enqueue(NewJob::new("invoices").payload(&b"{}"[..])).await?;
     /// # let _ = job;
     /// # Ok(())
@@ -83,7 +87,7 @@ impl PostgresStore {
             .store(settings)
     }
 
-    pub(crate) fn new(shared: Arc<Shared>, settings: StoreSettings) -> Self {
+    fn new(shared: Arc<Shared>, settings: StoreSettings) -> Self {
         PostgresStore {
             inner: Arc::new(Inner {
                 shared,
@@ -108,10 +112,6 @@ impl PostgresStore {
         &self.inner.settings.namespace
     }
 
-    fn now(&self) -> Timestamp {
-        self.inner.settings.now()
-    }
-
     fn shared(&self) -> &Shared {
         &self.inner.shared
     }
@@ -121,18 +121,14 @@ impl PostgresStore {
     async fn fetch_optional_again<'q>(
         &'q self,
         what: &str,
-        build: impl Fn() -> crate::conn::PgQuery<'q>,
+        build: impl Fn() -> PgQuery<'q>,
     ) -> Result<Option<PgRow>> {
         let rows = self.shared().fetch_all_again(what, |_| build()).await?;
         Ok(rows.into_iter().next())
     }
 
     /// Runs `query` once and returns its first row.
-    async fn fetch_optional_once(
-        &self,
-        what: &str,
-        query: crate::conn::PgQuery<'_>,
-    ) -> Result<Option<PgRow>> {
+    async fn fetch_optional_once(&self, what: &str, query: PgQuery<'_>) -> Result<Option<PgRow>> {
         let rows = self.shared().fetch_all(what, query).await?;
         Ok(rows.into_iter().next())
     }
@@ -167,6 +163,15 @@ impl PostgresStore {
     }
 }
 
+impl PostgresBackend {
+    /// A store on this backend for `settings.namespace`; wrap it in a
+    /// [`jobs_core::Store`] to use it. Settings the contract refuses are refused here.
+    pub fn store(&self, settings: StoreSettings) -> Result<PostgresStore> {
+        validate::validate_settings(&settings)?;
+        Ok(PostgresStore::new(Arc::clone(self.shared()), settings))
+    }
+}
+
 /// Sorts claimed rows into claim order (CONTRACT C3): `UPDATE … RETURNING` has none.
 fn claim_order(rows: Vec<PgRow>) -> Result<Vec<ClaimedJob>> {
     let mut claimed = Vec::with_capacity(rows.len());
@@ -196,26 +201,30 @@ fn limit_param(limit: usize) -> i64 {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl Backend for PostgresStore {
     fn settings(&self) -> &StoreSettings {
         &self.inner.settings
     }
 
-    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        validate::validate_new_job(&job, &self.inner.settings)?;
+    fn capabilities(&self) -> Capabilities {
+        // Tied to its runtime (the default): the pool's sockets, the batching tasks
+        // and the wake-up listener are driven by the runtime the store is used on.
+        Capabilities::default()
+    }
+
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         let batch = || Enqueues {
             shared: Arc::clone(&self.inner.shared),
             settings: self.inner.settings.clone(),
         };
-        self.inner.enqueues.call(batch, job).await?
+        self.inner
+            .enqueues
+            .call(batch, Enqueue { job, now })
+            .await?
     }
 
-    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        validate::validate_batch(&jobs, &self.inner.settings)?;
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        enqueue_all(&self.inner.shared, &self.inner.settings, &jobs).await
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
+        enqueue_all(&self.inner.shared, &self.inner.settings, &jobs, now).await
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
@@ -261,11 +270,7 @@ impl Store for PostgresStore {
         rows.iter().map(row::job).collect()
     }
 
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        validate::validate_claim(&request)?;
-        if request.limit == 0 {
-            return Ok(Vec::new());
-        }
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
         let hub = &self.inner.shared.wake.hub;
         if hub.is_active() {
             // Notices from here on may be for jobs this claim does not see.
@@ -275,14 +280,6 @@ impl Store for PostgresStore {
                 seen.insert(queue.clone(), counter);
             }
         }
-        // Each queue once: a queue named twice would see its own locked rows again.
-        let mut queues: Vec<&str> = Vec::with_capacity(request.queues.len());
-        for queue in &request.queues {
-            if !queues.contains(&queue.as_str()) {
-                queues.push(queue);
-            }
-        }
-        let now = self.now();
         // Sent again when the connection broke: if the first run committed unseen,
         // its jobs wait for their lease to expire and reclaim, exactly as when the
         // caller claims again after an `Unavailable`.
@@ -291,9 +288,9 @@ impl Store for PostgresStore {
             .fetch_all_again("claim", |_| {
                 sqlx::query(self.sql().claim.sql())
                     .bind(self.namespace())
-                    .bind(&queues[..])
+                    .bind(&request.queues[..])
                     .bind(now.as_millis())
-                    .bind(limit_param(request.limit.min(MAX_CLAIM_LIMIT)))
+                    .bind(limit_param(request.limit))
                     .bind(request.worker.as_bytes())
                     .bind(now.saturating_add(request.lease_ttl).as_millis())
             })
@@ -301,9 +298,13 @@ impl Store for PostgresStore {
         claim_order(rows)
     }
 
-    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
-        validate::validate_lease_ttl(ttl)?;
-        let now = self.now();
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
         let expires_at = now.saturating_add(ttl);
         // Sent again when the connection broke: a second run sets the same expiry.
         let row = self
@@ -329,12 +330,8 @@ impl Store for PostgresStore {
         &self,
         leases: Vec<HeldLease>,
         ttl: Duration,
+        now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
-        validate::validate_lease_ttl(ttl)?;
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        let now = self.now();
         let expires_at = now.saturating_add(ttl);
         // Sent in id order, as completions are (see `complete::Completions::run`): two
         // statements locking some of the same rows lock them in the same order, so
@@ -401,10 +398,13 @@ impl Store for PostgresStore {
             .collect()
     }
 
-    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
-        if let Some(result) = &result {
-            validate::validate_size("result", result.len(), &self.inner.settings)?;
-        }
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
         let batch = || Completions {
             shared: Arc::clone(&self.inner.shared),
             settings: self.inner.settings.clone(),
@@ -413,6 +413,7 @@ impl Store for PostgresStore {
             id,
             token: token_param(token),
             result,
+            now,
         };
         let outcome = self.inner.completions.call(batch, call).await?;
         match outcome {
@@ -428,6 +429,7 @@ impl Store for PostgresStore {
         token: LeaseToken,
         error: &str,
         retry: Retry,
+        now: Timestamp,
     ) -> Result<JobState> {
         let retry_at = match retry {
             Retry::At(at) => Some(at.as_millis()),
@@ -440,8 +442,8 @@ impl Store for PostgresStore {
             .bind(PgUuid::from_id(id))
             .bind(token_param(token))
             .bind(retry_at)
-            .bind(self.now().as_millis())
-            .bind(validate::truncate_error(error).as_bytes());
+            .bind(now.as_millis())
+            .bind(error.as_bytes());
         let row = self.fetch_optional_once("fail", query).await?;
         match row {
             Some(row) => row::state(&row, 0, &|| format!("job {id}")),
@@ -449,13 +451,13 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
+    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
         // Sent once, as `fail` is.
         let query = sqlx::query(self.sql().release.sql())
             .bind(self.namespace())
             .bind(PgUuid::from_id(id))
             .bind(token_param(token))
-            .bind(self.now().as_millis());
+            .bind(now.as_millis());
         let row = self.fetch_optional_once("release", query).await?;
         let Some(row) = row else {
             return Err(self.lease_miss("release", id).await);
@@ -471,13 +473,9 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
         // Sent again when the connection broke: jobs a first run reclaimed unseen are
         // queued all the same; only their wake-up is left to the next poll.
-        let now = self.now();
         let rows = self
             .shared()
             .fetch_all_again("reclaim", |_| {
@@ -508,14 +506,13 @@ impl Store for PostgresStore {
         Ok(reclaimed)
     }
 
-    async fn cancel(&self, id: JobId) -> Result<JobState> {
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         // The update acts on a queued or running job; otherwise the job is terminal
         // and stays as it is. A job that moves between the two statements (a
         // concurrent retry) is tried again.
         let mut attempts = 0;
         loop {
             // Cancelling twice is cancelling once: sent again if the connection broke.
-            let now = self.now();
             let row = self
                 .fetch_optional_again("cancel", || {
                     sqlx::query(self.sql().cancel.sql())
@@ -535,13 +532,13 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn retry(&self, id: JobId) -> Result<()> {
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
         // Sent once: a second run after a first that committed unseen would refuse
         // the job as already queued.
         let query = sqlx::query(self.sql().retry.sql())
             .bind(self.namespace())
             .bind(PgUuid::from_id(id))
-            .bind(self.now().as_millis());
+            .bind(now.as_millis());
         let row = self.fetch_optional_once("retry", query).await?;
         if let Some(row) = row {
             let queue: String = column(&row, 0, &|| format!("job {id}"))?;
@@ -561,9 +558,7 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn stats(&self, queue: &str) -> Result<QueueStats> {
-        validate::validate_queue(queue)?;
-        let now = self.now();
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         let rows = self
             .shared()
             .fetch_all_again("stats", |_| {
@@ -596,7 +591,6 @@ impl Store for PostgresStore {
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        validate::validate_list(&query)?;
         let states: Vec<&str> = match query.state {
             Some(state) => vec![state.as_str()],
             None => JobState::ALL.iter().map(|s| s.as_str()).collect(),
@@ -621,21 +615,18 @@ impl Store for PostgresStore {
         Ok(ListPage { jobs, next })
     }
 
-    async fn purge(&self, limit: usize) -> Result<u64> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        let settings = &self.inner.settings;
-        let now = self.now();
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        // Keys this old are past their window whatever now is (see `sql::PURGE`).
+        let keys_cutoff = cutoff.saturating_sub(self.inner.settings.dedup_window);
         // Deleting what is past retention twice deletes it once: sent again if the
         // connection broke (the count then misses what the first run deleted).
         let row = self
             .fetch_optional_again("purge", || {
                 sqlx::query(self.sql().purge.sql())
                     .bind(self.namespace())
-                    .bind(settings.retention_cutoff(now).as_millis())
+                    .bind(cutoff.as_millis())
                     .bind(limit_param(limit))
-                    .bind(now.saturating_sub(settings.dedup_window).as_millis())
+                    .bind(keys_cutoff.as_millis())
             })
             .await?
             .ok_or_else(|| Error::corrupt("purge", "no result row"))?;
@@ -644,12 +635,6 @@ impl Store for PostgresStore {
     }
 
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
-        if queues.is_empty() {
-            return Err(Error::invalid("queues", "name at least one queue"));
-        }
-        queues
-            .iter()
-            .try_for_each(|q| validate::validate_queue(q))?;
         let deadline = Instant::now() + timeout;
         let wake = &self.inner.shared.wake;
         let hub = &wake.hub;

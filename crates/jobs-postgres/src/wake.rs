@@ -20,8 +20,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::conn::Health;
 use crate::error::is_connection_lost;
+use crate::health::Health;
 use crate::sql::Text;
 
 /// Counters of notices per (namespace, queue), for the keys someone waits on.

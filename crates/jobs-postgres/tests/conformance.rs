@@ -3,9 +3,8 @@
 //!
 //! Each test gets its own small pool (its runtime owns the sockets); a process-wide
 //! semaphore caps how many tests hold one at once, so any number of test threads
-//! stays well inside the server's `max_connections`.
-
-use std::sync::Arc;
+//! stays well inside the server's `max_connections`. Every namespace a scenario
+//! opens lives in the rows of the shared default schema; `teardown` deletes them.
 
 use jobs_conformance::Harness;
 use jobs_core::{async_trait, JobId, Result, Store, StoreSettings};
@@ -24,12 +23,18 @@ struct PgHarness {
 
 #[async_trait]
 impl Harness for PgHarness {
-    async fn open(&self, settings: StoreSettings) -> Result<Arc<dyn Store>> {
-        Ok(Arc::new(self.backend.store(settings)?))
+    async fn open(&self, settings: StoreSettings) -> Result<Store> {
+        Ok(Store::new(self.backend.store(settings)?))
     }
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
         self.backend.vanish(namespace, id).await
+    }
+
+    /// A namespace is its rows in the schema's tables (jobs and idempotency keys);
+    /// the schema itself is every namespace's and stays.
+    async fn teardown(&self, namespace: &str) -> Result<()> {
+        self.backend.drop_namespace(namespace).await.map(drop)
     }
 }
 

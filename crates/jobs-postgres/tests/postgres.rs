@@ -14,7 +14,7 @@ use jobs_core::{
     ClaimRequest, Clock, Completion, Error, Heartbeat, HeldLease, JobId, JobState, LeaseToken,
     ManualClock, NewJob, Store, StoreSettings,
 };
-use jobs_postgres::{PgPool, PgPoolOptions, PostgresBackend, PostgresConfig, PostgresStore};
+use jobs_postgres::{PgPool, PgPoolOptions, PostgresBackend, PostgresConfig};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -41,6 +41,20 @@ fn settings(clock: &ManualClock) -> StoreSettings {
     StoreSettings::default()
         .namespace(unique_namespace("pg"))
         .clock(Arc::new(clock.clone()))
+}
+
+/// A `Store` handle on a store of `backend` for `settings`.
+fn open(backend: &PostgresBackend, settings: StoreSettings) -> Store {
+    Store::new(backend.store(settings).expect("valid settings"))
+}
+
+/// Deletes every row a test wrote in `namespace` of `backend`'s schema; each test
+/// that writes ends with it, so the shared server keeps nothing of a passing run.
+async fn clean_up(backend: &PostgresBackend, namespace: &str) {
+    backend
+        .drop_namespace(namespace)
+        .await
+        .expect("delete the test's namespace");
 }
 
 fn unique_name(prefix: &str) -> String {
@@ -80,11 +94,11 @@ async fn dedup_race_across_connections_creates_one_job() {
     let settings = settings(&clock).dedup_window(Duration::from_secs(60));
     // Sixteen stores (each with its own queue of calls) over the four pools: sixteen
     // statements on the key at once, on sixteen connections.
-    let stores: Vec<PostgresStore> = backends
+    let stores: Vec<Store> = backends
         .iter()
         .cycle()
         .take(16)
-        .map(|b| b.store(settings.clone()).expect("valid settings"))
+        .map(|b| open(b, settings.clone()))
         .collect();
 
     let race = |round: &'static str| {
@@ -153,6 +167,7 @@ async fn dedup_race_across_connections_creates_one_job() {
     let claimed = stores[3].claim(request).await.expect("claim");
     let claimed: HashSet<JobId> = claimed.iter().map(|c| c.id()).collect();
     assert_eq!(claimed, HashSet::from([second, third]));
+    clean_up(&backends[0], &settings.namespace).await;
 }
 
 /// Killing every server connection of the store while calls are in flight: the calls
@@ -174,7 +189,7 @@ async fn server_side_connection_kill_is_unavailable_and_loses_nothing() {
         Err(err) => panic!("admin connection: {err}"),
     };
     let clock = ManualClock::default();
-    let store = backend.store(settings(&clock)).expect("store");
+    let store = open(&backend, settings(&clock));
 
     // A waiter, so the listener connection is among those killed.
     store
@@ -348,6 +363,7 @@ async fn server_side_connection_kill_is_unavailable_and_loses_nothing() {
         matches!(woke, Ok(Ok(Ok(())))),
         "wait_for_work did not wake after the kills: {woke:?}"
     );
+    clean_up(&backend, &store.settings().namespace).await;
 }
 
 /// Many processes connecting at once to a schema that does not exist yet: every one
@@ -398,7 +414,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     // Migrations 2 and 3 are safe to run again on a migrated schema with jobs in it:
     // forget that they ran, connect, and they run once more.
     let clock = ManualClock::default();
-    let store = backends[0].store(settings(&clock)).expect("store");
+    let store = open(&backends[0], settings(&clock));
     let queued = store
         .enqueue(NewJob::new("q").timeout(Duration::from_millis(1500)))
         .await
@@ -436,12 +452,10 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     // The stores of the fresh schema work, and another schema's data is apart.
     let clock = ManualClock::default();
     let settings = settings(&clock);
-    let store = backends[0].store(settings.clone()).expect("store");
+    let store = open(&backends[0], settings.clone());
     let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
     assert_eq!(
-        backends[5]
-            .store(settings.clone())
-            .expect("store")
+        open(&backends[5], settings.clone())
             .get(id)
             .await
             .expect("get")
@@ -449,7 +463,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
         id
     );
     if let Some(default_schema) = backend("jobs-postgres-migrate", 1).await {
-        let other = default_schema.store(settings).expect("store");
+        let other = open(&default_schema, settings);
         assert!(other.get(id).await.is_err_and(|e| e.is_not_found()));
     }
 
@@ -474,8 +488,8 @@ async fn wait_for_work_wakes_on_enqueue_from_another_connection() {
     };
     let clock = ManualClock::default();
     let settings = settings(&clock);
-    let waiter_store = waiting.store(settings.clone()).expect("store");
-    let sender = sending.store(settings).expect("store");
+    let waiter_store = open(&waiting, settings.clone());
+    let sender = open(&sending, settings);
     let queues = vec!["mail".to_owned()];
     // A worker's first wait starts the listener and returns at once (notices sent
     // before LISTEN are lost, so it must look); after that, waits block.
@@ -520,6 +534,7 @@ async fn wait_for_work_wakes_on_enqueue_from_another_connection() {
             "round {round}: the woken worker finds the job"
         );
     }
+    clean_up(&sending, &waiter_store.settings().namespace).await;
 }
 
 /// Concurrent single enqueues of one store share statements, yet each caller gets
@@ -531,7 +546,7 @@ async fn gathered_enqueues_answer_each_caller() {
         return;
     };
     let clock = ManualClock::default();
-    let store = backend.store(settings(&clock)).expect("store");
+    let store = open(&backend, settings(&clock));
     let parent = store
         .enqueue(NewJob::new("parents"))
         .await
@@ -581,6 +596,7 @@ async fn gathered_enqueues_answer_each_caller() {
     // Of 300 calls: 30 refused, 30 children, 30 keys of two callers each, 180 plain.
     assert_eq!(stats.total(), 30 + 30 + 180, "{stats:?}");
     assert_eq!(store.children(parent).await.expect("children").len(), 30);
+    clean_up(&backend, &store.settings().namespace).await;
 }
 
 /// Concurrent completes, gathered into batches, each get their own answer: the
@@ -591,7 +607,7 @@ async fn batched_completes_answer_each_caller() {
         return;
     };
     let clock = ManualClock::default();
-    let store = backend.store(settings(&clock)).expect("store");
+    let store = open(&backend, settings(&clock));
     let jobs: Vec<NewJob> = (0..300u32)
         .map(|n| NewJob::new("batch").payload(n.to_be_bytes().to_vec()))
         .collect();
@@ -653,6 +669,7 @@ async fn batched_completes_answer_each_caller() {
             _ => assert_eq!(job.state, JobState::Succeeded),
         }
     }
+    clean_up(&backend, &store.settings().namespace).await;
 }
 
 /// A row that does not decode is `Corrupt`, named by its job, and never a panic.
@@ -663,7 +680,7 @@ async fn undecodable_rows_are_corrupt() {
     };
     let clock = ManualClock::default();
     let settings = settings(&clock);
-    let store = backend.store(settings.clone()).expect("store");
+    let store = open(&backend, settings.clone());
     let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
 
     let damage = |sql: &'static str| {
@@ -694,6 +711,7 @@ async fn undecodable_rows_are_corrupt() {
     assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
     let request = ClaimRequest::new(["q"], "w", TTL);
     assert!(store.claim(request).await.expect("claim").is_empty());
+    clean_up(&backend, &settings.namespace).await;
 }
 
 /// A server that cannot be reached is `Unavailable`, not a backend error.
@@ -787,7 +805,7 @@ async fn completions_survive_a_terminate_round_of_the_whole_pool() {
     };
     let Some(admin) = admin().await else { return };
     let clock = ManualClock::default();
-    let store = backend.store(settings(&clock)).expect("store");
+    let store = open(&backend, settings(&clock));
     let jobs = (0..5).map(|_| NewJob::new("round")).collect();
     store.enqueue_batch(jobs).await.expect("enqueue");
     let request = ClaimRequest::new(["round"], "w", TTL).limit(5);
@@ -842,6 +860,7 @@ async fn completions_survive_a_terminate_round_of_the_whole_pool() {
         let lease = store.get(job.id()).await.expect("get").lease;
         assert_eq!(lease.map(|l| l.expires_at), Some(expires_at));
     }
+    clean_up(&backend, &store.settings().namespace).await;
 }
 
 /// Issue #11: once a terminate round has been noticed, no call is handed a dead
@@ -855,7 +874,7 @@ async fn no_dead_connection_is_handed_out_after_a_terminate_round() {
     };
     let Some(admin) = admin().await else { return };
     let clock = ManualClock::default();
-    let store = backend.store(settings(&clock)).expect("store");
+    let store = open(&backend, settings(&clock));
     let parent = store.enqueue(NewJob::new("p")).await.expect("enqueue").id;
     let jobs = (0..4)
         .map(|_| NewJob::new("after").parent(parent))
@@ -934,6 +953,7 @@ async fn no_dead_connection_is_handed_out_after_a_terminate_round() {
             .await
             .expect("count sessions");
     assert_eq!(alive, open as i64);
+    clean_up(&backend, &store.settings().namespace).await;
 }
 
 /// `heartbeat_batch` answers each entry as `heartbeat` would (extended, lease lost,
@@ -946,7 +966,7 @@ async fn heartbeat_batch_answers_each_entry_in_one_statement() {
     };
     let clock = ManualClock::default();
     let settings = settings(&clock);
-    let store = backend.store(settings.clone()).expect("store");
+    let store = open(&backend, settings.clone());
     let jobs = (0..4).map(|_| NewJob::new("beat")).collect();
     store.enqueue_batch(jobs).await.expect("enqueue");
     let request = ClaimRequest::new(["beat"], "w", TTL).limit(4);
@@ -1031,6 +1051,7 @@ async fn heartbeat_batch_answers_each_entry_in_one_statement() {
         refused.err().and_then(|e| e.invalid_field()),
         Some("lease_ttl")
     );
+    clean_up(&backend, &settings.namespace).await;
 }
 
 /// Connections are named: `jobs` unless configured, the URL's `application_name` when
@@ -1065,7 +1086,7 @@ async fn connections_carry_the_configured_application_name() {
     let (backend, name) = name_of(config).await;
     assert_eq!(name, configured);
     let clock = ManualClock::default();
-    let store = backend.store(settings(&clock)).expect("store");
+    let store = open(&backend, settings(&clock));
     store
         .wait_for_work(&["q".to_owned()], Duration::ZERO)
         .await
@@ -1099,7 +1120,7 @@ async fn job_timeouts_round_trip_through_every_read() {
         return;
     };
     let clock = ManualClock::default();
-    let store = backend.store(settings(&clock)).expect("store");
+    let store = open(&backend, settings(&clock));
     let parent = store.enqueue(NewJob::new("p")).await.expect("enqueue").id;
     let single = store
         .enqueue(
@@ -1155,4 +1176,142 @@ async fn job_timeouts_round_trip_through_every_read() {
         .expect("damage");
     let err = store.get(single).await.expect_err("a zero timeout");
     assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    clean_up(&backend, &store.settings().namespace).await;
+}
+
+/// The rows of `namespace` in the default schema: (jobs, idempotency keys).
+async fn rows_of(backend: &PostgresBackend, namespace: &str) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM jobs.jobs WHERE namespace = $1),
+                (SELECT count(*) FROM jobs.dedup WHERE namespace = $1)",
+    )
+    .bind(namespace)
+    .fetch_one(backend.pool())
+    .await
+    .expect("count rows")
+}
+
+/// `drop_namespace`, the conformance harness's teardown, deletes every job (queued
+/// or running) and every key of one namespace, and nothing of another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_namespace_deletes_one_namespace_and_nothing_else() {
+    let Some(backend) = backend("jobs-postgres-drop", 2).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let (gone, kept) = (settings(&clock), settings(&clock));
+    for settings in [&gone, &kept] {
+        let store = open(&backend, settings.clone());
+        store
+            .enqueue(NewJob::new("q").idempotency_key("k"))
+            .await
+            .expect("enqueue");
+        store
+            .enqueue_batch(vec![NewJob::new("q"), NewJob::new("r")])
+            .await
+            .expect("enqueue_batch");
+        let request = ClaimRequest::new(["q"], "w", TTL);
+        assert_eq!(store.claim(request).await.expect("claim").len(), 1);
+    }
+    assert_eq!(rows_of(&backend, &gone.namespace).await, (3, 1));
+
+    let deleted = backend.drop_namespace(&gone.namespace).await.expect("drop");
+    assert_eq!(deleted, 3);
+    assert_eq!(rows_of(&backend, &gone.namespace).await, (0, 0));
+    assert_eq!(
+        rows_of(&backend, &kept.namespace).await,
+        (3, 1),
+        "untouched"
+    );
+    let again = backend
+        .drop_namespace(&gone.namespace)
+        .await
+        .expect("again");
+    assert_eq!(again, 0, "dropping an empty namespace deletes nothing");
+    clean_up(&backend, &kept.namespace).await;
+    assert_eq!(rows_of(&backend, &kept.namespace).await, (0, 0));
+}
+
+/// Purge gets only the retention cutoff, not now: it deletes a purged job's key with
+/// the job, keeps a key that still deduplicates, and deletes a key left behind (its
+/// job vanished) once it is past its window counted from the cutoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_deletes_the_keys_it_no_longer_needs() {
+    let Some(backend) = backend("jobs-postgres-purge-keys", 2).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock)
+        .retention(Duration::from_secs(10))
+        .dedup_window(Duration::from_secs(100));
+    let namespace = settings.namespace.clone();
+    let store = open(&backend, settings);
+    let keys = || async {
+        let keys: Vec<String> = sqlx::query_scalar(
+            "SELECT convert_from(key, 'UTF8') FROM jobs.dedup WHERE namespace = $1 ORDER BY 1",
+        )
+        .bind(&namespace)
+        .fetch_all(backend.pool())
+        .await
+        .expect("read keys");
+        keys
+    };
+
+    let done = store
+        .enqueue(NewJob::new("done").idempotency_key("done"))
+        .await
+        .expect("enqueue")
+        .id;
+    let claimed = store
+        .claim_one(&["done"], "w", TTL)
+        .await
+        .expect("claim")
+        .expect("the job");
+    store
+        .complete(done, claimed.token(), None)
+        .await
+        .expect("complete");
+    let vanished = store
+        .enqueue(NewJob::new("vanish").idempotency_key("vanished"))
+        .await
+        .expect("enqueue")
+        .id;
+    backend.vanish(&namespace, vanished).await.expect("vanish");
+    let queued = store
+        .enqueue(NewJob::new("wait").idempotency_key("queued"))
+        .await
+        .expect("enqueue")
+        .id;
+
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(
+        store.purge(100).await.expect("purge"),
+        1,
+        "the finished job"
+    );
+    assert!(store.get(done).await.is_err_and(|e| e.is_not_found()));
+    assert_eq!(
+        keys().await,
+        ["queued", "vanished"],
+        "the purged job's key went"
+    );
+    let again = store
+        .enqueue(NewJob::new("wait").idempotency_key("queued"))
+        .await
+        .expect("enqueue");
+    assert_eq!((again.id, again.created), (queued, false), "still in force");
+
+    // Now past the window counted from the cutoff (now - retention - window).
+    clock.advance(Duration::from_secs(100));
+    assert_eq!(
+        store.purge(100).await.expect("purge"),
+        0,
+        "no job is finished"
+    );
+    assert!(keys().await.is_empty(), "both keys are past their window");
+    assert_eq!(
+        store.get(queued).await.expect("get").state,
+        JobState::Queued
+    );
+    clean_up(&backend, &namespace).await;
 }
