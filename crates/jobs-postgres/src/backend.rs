@@ -214,6 +214,24 @@ impl fmt::Debug for PostgresConfig {
     }
 }
 
+/// Refuses options that require TLS in a build without it: every connection would
+/// fail with a driver error that reads as a network failure, and callers would retry
+/// it forever.
+fn check_tls(options: &PgConnectOptions) -> Result<()> {
+    use sqlx::postgres::PgSslMode;
+    let required = matches!(
+        options.get_ssl_mode(),
+        PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
+    );
+    if required && !cfg!(feature = "tls") {
+        return Err(Error::invalid(
+            "sslmode",
+            "TLS is required but this build of jobs-postgres has no TLS: enable its `tls` feature",
+        ));
+    }
+    Ok(())
+}
+
 /// A migrated database schema and a connection pool: the factory of stores.
 ///
 /// Stores of any number of namespaces can be made from one backend; they share its
@@ -238,8 +256,11 @@ pub struct PostgresBackend {
 impl PostgresBackend {
     /// Opens a pool and brings the schema to the latest version.
     ///
-    /// Fails with `Unavailable` when the server cannot be reached.
+    /// Fails with `Unavailable` when the server cannot be reached, and with
+    /// `InvalidInput` (field `sslmode`) when the options require TLS and this build
+    /// has none (the `tls` feature is off).
     pub async fn connect(config: PostgresConfig) -> Result<Self> {
+        check_tls(&config.options)?;
         let health = Arc::new(Health::default());
         let pool = config
             .pool_options(Arc::clone(&health))

@@ -1315,3 +1315,19 @@ async fn purge_deletes_the_keys_it_no_longer_needs() {
     );
     clean_up(&backend, &namespace).await;
 }
+
+/// Without the `tls` feature, options that require TLS are refused when connecting,
+/// with the field named, instead of failing every connection as if the network did.
+#[cfg(not(feature = "tls"))]
+#[tokio::test]
+async fn tls_required_without_the_tls_feature_is_refused() {
+    for mode in ["require", "verify-ca", "verify-full"] {
+        let separator = if url().contains('?') { '&' } else { '?' };
+        let config =
+            PostgresConfig::new(&format!("{}{separator}sslmode={mode}", url())).expect("url");
+        let err = PostgresBackend::connect(config)
+            .await
+            .expect_err("no TLS in this build");
+        assert_eq!(err.invalid_field(), Some("sslmode"), "{mode}: {err:?}");
+    }
+}
