@@ -1,0 +1,290 @@
+//! TLS (feature `tls`, issue #12): a redis-server of the test's own that speaks only
+//! TLS, with a certificate signed by a CA the test generates. The store connects over
+//! `rediss://` trusting that CA, and then with a client certificate once the server asks
+//! for one; a store trusting only the system's roots is refused.
+//!
+//! Needs `redis-server` built with TLS on the PATH: skipped loudly when it is missing or
+//! refuses `--tls-port`, failing instead when `JOBS_REQUIRE_SERVICES=1`.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobs_core::{ClaimRequest, JobState, ManualClock, NewJob, Store, StoreSettings};
+use jobs_redis::{RedisStore, TlsConfig};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// A CA, and a server and a client certificate it signed, all PEM.
+struct Pki {
+    ca: String,
+    server_cert: String,
+    server_key: String,
+    client_cert: String,
+    client_key: String,
+}
+
+fn pki() -> Pki {
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "jobs-redis test CA");
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_key = KeyPair::generate().expect("CA key");
+    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+    let issuer = Issuer::new(ca, ca_key);
+
+    // The store dials 127.0.0.1, so the server's name is that IP address.
+    let leaf = |names: Vec<String>, purpose: ExtendedKeyUsagePurpose| {
+        let mut params = CertificateParams::new(names).expect("leaf params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "jobs-redis test");
+        params.extended_key_usages = vec![purpose];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params.signed_by(&key, &issuer).expect("leaf certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(
+        vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_cert, client_key) = leaf(
+        vec!["client".to_owned()],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    Pki {
+        ca: ca_cert.pem(),
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+    }
+}
+
+/// A redis-server listening only on a TLS port, killed and its directory removed when
+/// dropped (even when the test panics).
+struct TlsServer {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl TlsServer {
+    /// `None` (skipped loudly, or failing under JOBS_REQUIRE_SERVICES=1) when
+    /// redis-server is missing or cannot serve TLS.
+    async fn start(pki: &Pki) -> Option<TlsServer> {
+        // A port nothing listens on now: bound by the OS, then released for the server.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .expect("a free port");
+        let dir =
+            std::env::temp_dir().join(format!("jobs-redis-tls-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write a PEM file");
+            path
+        };
+        let ca = file("ca.pem", &pki.ca);
+        let cert = file("server.pem", &pki.server_cert);
+        let key = file("server-key.pem", &pki.server_key);
+        let log = dir.join("redis.log");
+        let spawned = Command::new("redis-server")
+            .args(["--port", "0"])
+            .args(["--tls-port", &port.to_string()])
+            .arg("--tls-cert-file")
+            .arg(&cert)
+            .arg("--tls-key-file")
+            .arg(&key)
+            .arg("--tls-ca-cert-file")
+            .arg(&ca)
+            .args(["--tls-auth-clients", "no"])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(err) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return jobs_conformance::skip_or_fail("redis-server (binary)", "PATH", &err);
+            }
+        };
+        let mut server = TlsServer { child, port, dir };
+        // Waiting for a process to start listening, not for an expiry.
+        for _ in 0..500 {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                // A build without TLS refuses the options and exits.
+                let mut said = String::new();
+                if let Some(mut stderr) = server.child.stderr.take() {
+                    use std::io::Read as _;
+                    let _ = stderr.read_to_string(&mut said);
+                }
+                said.push_str(&std::fs::read_to_string(&log).unwrap_or_default());
+                let why = format!("redis-server --tls-port exited ({status}): {}", said.trim());
+                return jobs_conformance::skip_or_fail("redis-server with TLS", "PATH", &why);
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(server);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("redis-server on TLS port {port} did not come up");
+    }
+
+    fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn settings(clock: &ManualClock) -> StoreSettings {
+    StoreSettings::default()
+        .namespace("tls")
+        .clock(Arc::new(clock.clone()))
+}
+
+/// Enqueues a job and runs it to success through `store`: proof that scripts, reads
+/// and the completion grouper all work over the connection.
+async fn round_trip(store: &Store, queue: &str) {
+    let id = store
+        .enqueue(NewJob::new(queue).payload(&b"over tls"[..]))
+        .await
+        .expect("enqueue over TLS")
+        .id;
+    let claimed = store
+        .claim_one(&[queue], "w", Duration::from_secs(30))
+        .await
+        .expect("claim over TLS")
+        .expect("the job just enqueued");
+    assert_eq!(claimed.id(), id);
+    assert_eq!(&claimed.payload[..], b"over tls");
+    store
+        .complete(id, claimed.token(), None)
+        .await
+        .expect("complete over TLS");
+    assert_eq!(store.get(id).await.expect("get").state, JobState::Succeeded);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_connects_trusting_the_servers_ca_and_with_a_client_certificate() {
+    let pki = pki();
+    let Some(server) = TlsServer::start(&pki).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+
+    // The system's roots do not know the test's CA: the handshake fails, and the
+    // connect says so instead of handing out a store that cannot work.
+    let err = RedisStore::connect(&server.url(), settings(&clock))
+        .await
+        .expect_err("a certificate from an unknown CA must be refused");
+    let cause = std::error::Error::source(&err)
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    assert!(
+        cause.to_lowercase().contains("certificate"),
+        "refused for another reason than the certificate: {err:?}"
+    );
+
+    let trusted = TlsConfig::new().root_ca_pem(pki.ca.clone());
+    let redis = RedisStore::connect_tls(&server.url(), trusted.clone(), settings(&clock))
+        .await
+        .expect("connect trusting the test CA");
+    let store = Store::new(redis.clone());
+    round_trip(&store, "q").await;
+
+    // Wake-ups ride a pub/sub connection of their own, with the same certificates.
+    assert!(
+        redis.wake_ready(Duration::from_secs(10)).await,
+        "the wake-up subscriber did not subscribe over TLS"
+    );
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .wait_for_work(&["woken".to_owned()], Duration::from_secs(60))
+                .await
+        })
+    };
+    while redis.waiting_for_work() == 0 {
+        tokio::task::yield_now().await;
+    }
+    store.enqueue(NewJob::new("woken")).await.expect("enqueue");
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not woken over TLS")
+        .expect("join")
+        .expect("wait_for_work");
+
+    // Mutual TLS: once the server asks for client certificates, only a store that
+    // presents one signed by the CA gets in.
+    let admin = redis::Client::build_with_tls(
+        server.url().as_str(),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pki.ca.clone().into_bytes()),
+        },
+    )
+    .expect("admin client");
+    let mut admin = admin
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection");
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("tls-auth-clients")
+        .arg("yes")
+        .query_async(&mut admin)
+        .await
+        .expect("CONFIG SET tls-auth-clients yes");
+    let refused = async {
+        let store = Store::new(
+            RedisStore::connect_tls(&server.url(), trusted.clone(), settings(&clock)).await?,
+        );
+        store.stats("q").await
+    }
+    .await;
+    let refused = refused.expect_err("a client without a certificate got in");
+    assert!(
+        format!("{refused:?}").contains("CertificateRequired"),
+        "refused for another reason than the missing certificate: {refused:?}"
+    );
+    let with_cert = trusted.client_auth_pem(pki.client_cert.clone(), pki.client_key.clone());
+    let store = Store::new(
+        RedisStore::connect_tls(&server.url(), with_cert, settings(&clock))
+            .await
+            .expect("connect with a client certificate"),
+    );
+    round_trip(&store, "mutual").await;
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!(stats.succeeded, 1);
+    assert_eq!(
+        store
+            .claim(ClaimRequest::new(["woken"], "w", Duration::from_secs(30)))
+            .await
+            .expect("claim")
+            .len(),
+        1
+    );
+    drop(server);
+}
