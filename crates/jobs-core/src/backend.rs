@@ -177,7 +177,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Rule L8: gives the job back, ready at `now`, without counting the attempt.
     async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()>;
 
-    /// Rules R1–R6: recovers up to `limit` jobs whose lease expired at or before `now`.
+    /// Rules R1–R6: recovers up to `limit` jobs whose lease expired strictly before
+    /// `now` (`expires_at < now`: a lease expiring at `now` still holds, R2).
     async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>>;
 
     /// Rule A1: cancels a queued job, asks a running one to stop, leaves a terminal one.
