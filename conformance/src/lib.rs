@@ -21,7 +21,7 @@ pub mod __private {
 
     /// Runs `scenario` against `harness`, then removes every namespace the scenario
     /// opened, whether it passed or panicked, and re-raises its panic.
-    pub async fn scenario<'h>(harness: &'h dyn crate::Harness, scenario: crate::ScenarioFn) {
+    pub async fn scenario(harness: &dyn crate::Harness, scenario: crate::ScenarioFn) {
         use futures::FutureExt as _;
         let tracked = crate::Tracked::new(harness);
         let outcome = std::panic::AssertUnwindSafe(scenario(&tracked))

@@ -20,8 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use jobs::{Client, JobContext, NewJob, Store, Worker};
+use jobs::{JobContext, NewJob, Store, Worker};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -46,21 +47,37 @@ fn now_us() -> u64 {
 }
 
 /// What the handlers record.
-#[derive(Default)]
 struct Progress {
     done: AtomicU64,
     target: AtomicU64,
     reached: Notify,
-    /// Microseconds from enqueue to handler start, per job.
-    waits_us: Mutex<Vec<u64>>,
+    /// Microseconds from enqueue to handler start.
+    waits_us: Mutex<Histogram<u64>>,
 }
 
 impl Progress {
+    fn new() -> Result<Self, hdrhistogram::CreationError> {
+        Ok(Progress {
+            done: AtomicU64::new(0),
+            target: AtomicU64::new(0),
+            reached: Notify::new(),
+            // Three significant digits: enough to tell 450 µs from 451 µs.
+            waits_us: Mutex::new(Histogram::new(3)?),
+        })
+    }
+
+    fn record_wait(&self, waited_us: u64) {
+        self.waits_us
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .saturating_record(waited_us);
+    }
+
     fn expect(&self, target: u64) {
         self.waits_us
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clear();
+            .reset();
         self.target.store(target, Ordering::SeqCst);
     }
 
@@ -74,23 +91,16 @@ impl Progress {
         }
     }
 
-    fn waits(&self) -> Vec<u64> {
-        let mut waits = self
-            .waits_us
+    fn waits(&self) -> Histogram<u64> {
+        self.waits_us
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        waits.sort_unstable();
-        waits
+            .clone()
     }
 }
 
-fn percentile(sorted: &[u64], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((sorted.len() as f64) * p).ceil() as usize;
-    Duration::from_micros(sorted[rank.clamp(1, sorted.len()) - 1])
+fn percentile(waits: &Histogram<u64>, quantile: f64) -> Duration {
+    Duration::from_micros(waits.value_at_quantile(quantile))
 }
 
 fn ms(d: Duration) -> String {
@@ -111,11 +121,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(url) => url,
         Err(_) => format!("sqlite://{}", dir.path().join("quickstart.db").display()),
     };
-    let store: Arc<dyn Store> = jobs::connect(&url).await?;
+    let store: Store = jobs::connect(&url).await?;
     let shown = url.split('@').next_back().unwrap_or(&url);
     println!("jobs quickstart: {shown}, {WORKERS} workers x {CONCURRENCY} concurrent handlers");
 
-    let progress = Arc::new(Progress::default());
+    let progress = Arc::new(Progress::new()?);
     let bar = ProgressBar::new(JOBS).with_style(
         ProgressStyle::with_template(
             "{elapsed_precise} [{bar:40.cyan/blue}] {pos:>6}/{len} {per_sec:>12} {msg}",
@@ -135,11 +145,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let bar = bar.clone();
                 async move {
                     let waited = now_us().saturating_sub(task.enqueued_us);
-                    progress
-                        .waits_us
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(waited);
+                    progress.record_wait(waited);
                     // The "work": a checksum of the job number, returned as the result.
                     let checksum =
                         task.n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ctx.id().as_u128() as u64;
@@ -157,7 +163,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 1. Throughput: enqueue the burst in batches while the workers drain it.
     progress.expect(JOBS);
-    let client = Client::new(store.clone());
     let started = Instant::now();
     let mut n = 0;
     while n < JOBS {
@@ -170,7 +175,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect::<jobs::Result<_>>()?;
         n += batch.len() as u64;
-        client.enqueue_batch(batch).await?;
+        store.enqueue_batch(batch).await?;
     }
     let enqueued_in = started.elapsed();
     progress.wait().await;
@@ -187,7 +192,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             n,
             enqueued_us: now_us(),
         };
-        client.enqueue_json(QUEUE, &task).await?;
+        store.enqueue_json(QUEUE, &task).await?;
         // Let each job be picked up before the next, so none waits behind another.
         progress.target.store(n + 1, Ordering::SeqCst);
         progress.wait().await;

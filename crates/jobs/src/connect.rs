@@ -15,8 +15,8 @@ pub async fn connect(url: &str) -> Result<Store> {
 /// |---|---|---|
 /// | `memory://` | a new, private in-memory store | `memory` |
 /// | `sqlite://path/to/file.db`, `sqlite:///abs/path.db` | an SQLite file (created if missing) | `sqlite` |
-/// | `redis://host:port/db`, `rediss://…` | Redis | `redis` |
-/// | `postgres://user@host/db`, `postgresql://…` | PostgreSQL | `postgres` |
+/// | `redis://host:port/db`, `rediss://…` (TLS) | Redis | `redis` (`redis-tls` for `rediss://`) |
+/// | `postgres://user@host/db`, `postgresql://…` | PostgreSQL | `postgres` (`postgres-tls` for `sslmode=require`) |
 ///
 /// The store carries the [`MetricsLayer`], so enqueued jobs are counted.
 ///
