@@ -515,7 +515,7 @@ fn judge_job(
 /// The store's state of every job, read with `get` (retrying what a restarted server
 /// may still refuse).
 async fn final_states(
-    store: &std::sync::Arc<dyn Store>,
+    store: &Store,
     ids: Vec<JobId>,
 ) -> Result<HashMap<JobId, Option<Job>>, String> {
     let answers: Vec<(JobId, Result<Option<Job>, Error>)> = futures::stream::iter(ids)

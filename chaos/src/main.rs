@@ -17,12 +17,10 @@ mod producer;
 mod recording;
 mod worker;
 
-use std::path::PathBuf;
-use std::process::ExitCode;
-use std::sync::Arc;
-
 use clap::{Args, Parser, Subcommand};
 use jobs::{Store, StoreSettings};
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 /// The chaos suite's processes.
 #[derive(Debug, Parser)]
@@ -71,8 +69,9 @@ pub struct StoreArgs {
     queue: String,
 }
 
-/// Opens the store `args` names, in the run's namespace (and schema).
-pub async fn open_store(args: &StoreArgs) -> Result<Arc<dyn Store>, String> {
+/// Opens the store `args` names, in the run's namespace (and schema), carrying the
+/// layers `jobs::connect` adds, so every backend runs under the same ones.
+pub async fn open_store(args: &StoreArgs) -> Result<Store, String> {
     let settings = StoreSettings::default().namespace(args.namespace.clone());
     if args.url.starts_with("postgres://") || args.url.starts_with("postgresql://") {
         use jobs::backends::postgres::{PostgresConfig, PostgresStore};
@@ -90,7 +89,7 @@ pub async fn open_store(args: &StoreArgs) -> Result<Arc<dyn Store>, String> {
         let store = PostgresStore::connect_with(config, settings)
             .await
             .map_err(|err| format!("cannot open the PostgreSQL store: {err}"))?;
-        return Ok(Arc::new(store));
+        return Ok(Store::new(store).layer(jobs::layers::MetricsLayer));
     }
     jobs::connect_with(&args.url, settings)
         .await

@@ -120,7 +120,7 @@ fn finished_batches(args: &ProducerArgs) -> Result<HashSet<u64>, String> {
 
 async fn produce(
     args: &ProducerArgs,
-    store: Arc<dyn Store>,
+    store: Store,
     log: &Log,
     done: &HashSet<u64>,
 ) -> Result<(), String> {

@@ -1,35 +1,52 @@
-//! A `Store` that forwards every call to the real one and writes the history lines
-//! the checker needs: every claimed job with its token, and every answer to
-//! complete, complete_batch, fail and release.
+//! A layer over the real backend that writes the history lines the checker needs:
+//! every claimed job with its token, and every answer to complete, complete_batch,
+//! fail and release.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
+use jobs::layers::{async_trait, Backend, Layer, LayeredBackend};
 use jobs::{
-    ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat, HeldLease, Job, JobId,
-    JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Result, Retry,
-    Store, StoreSettings,
+    ClaimRequest, ClaimedJob, Completion, Error, Heartbeat, HeldLease, JobId, JobState, LeaseToken,
+    ReclaimedJob, Result, Retry, Timestamp,
 };
 
 use crate::history::{now_us, Event, Log, Op};
 
-/// The recording wrapper. Every method of the trait is forwarded explicitly, the two
-/// with defaults (`complete_batch`, `heartbeat_batch`) included, so the backend's
-/// batched versions are the ones that run under faults.
+/// The recording layer: add it to a store with `store.layer(RecordingLayer::new(log))`.
+#[derive(Debug, Clone)]
+pub struct RecordingLayer {
+    log: Arc<Log>,
+}
+
+impl RecordingLayer {
+    /// A layer writing to `log`.
+    pub fn new(log: Arc<Log>) -> Self {
+        RecordingLayer { log }
+    }
+}
+
+impl Layer for RecordingLayer {
+    fn layer(&self, inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        Arc::new(Recording {
+            inner,
+            log: Arc::clone(&self.log),
+        })
+    }
+}
+
+/// A backend seen through the [`RecordingLayer`]. It overrides only the calls it
+/// records; every other call, the batched ones it does not record included, goes to
+/// the backend's own implementation, so the batched versions are the ones that run
+/// under faults.
 #[derive(Debug)]
-pub struct Recording {
-    inner: Arc<dyn Store>,
+struct Recording {
+    inner: Arc<dyn Backend>,
     log: Arc<Log>,
 }
 
 impl Recording {
-    /// Wraps `inner`, writing to `log`.
-    pub fn new(inner: Arc<dyn Store>, log: Arc<Log>) -> Self {
-        Recording { inner, log }
-    }
-
     fn failed(&self, op: &str, err: &Error) {
         self.log.write(&Event::CallFailed {
             t: now_us(),
@@ -53,39 +70,15 @@ impl Recording {
 }
 
 #[async_trait]
-impl Store for Recording {
-    fn settings(&self) -> &StoreSettings {
-        self.inner.settings()
+impl LayeredBackend for Recording {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
     }
 
-    fn tied_to_runtime(&self) -> bool {
-        self.inner.tied_to_runtime()
-    }
-
-    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        self.inner.enqueue(job).await
-    }
-
-    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        self.inner.enqueue_batch(jobs).await
-    }
-
-    async fn get(&self, id: JobId) -> Result<Job> {
-        self.inner.get(id).await
-    }
-
-    async fn payload(&self, id: JobId) -> Result<Bytes> {
-        self.inner.payload(id).await
-    }
-
-    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        self.inner.children(parent).await
-    }
-
-    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
         let claimed = self
             .inner
-            .claim(request)
+            .claim(request, now)
             .await
             .inspect_err(|err| self.failed("claim", err))?;
         let t = now_us();
@@ -99,8 +92,14 @@ impl Store for Recording {
         Ok(claimed)
     }
 
-    async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
-        let answer = self.inner.heartbeat(id, token, ttl).await;
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        let answer = self.inner.heartbeat(id, token, ttl, now).await;
         if let Err(err) = &answer {
             self.log.write(&Event::HeartbeatRefused {
                 t: now_us(),
@@ -116,9 +115,10 @@ impl Store for Recording {
         &self,
         leases: Vec<HeldLease>,
         ttl: Duration,
+        now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
         let sent: Vec<HeldLease> = leases.clone();
-        let answer = self.inner.heartbeat_batch(leases, ttl).await;
+        let answer = self.inner.heartbeat_batch(leases, ttl, now).await;
         let t = now_us();
         match &answer {
             Ok(answers) => {
@@ -143,17 +143,27 @@ impl Store for Recording {
         answer
     }
 
-    async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
         let t0 = now_us();
-        let answer = self.inner.complete(id, token, result).await;
+        let answer = self.inner.complete(id, token, result, now).await;
         self.outcome(t0, Op::Complete, id, token, &answer);
         answer
     }
 
-    async fn complete_batch(&self, completions: Vec<Completion>) -> Result<Vec<Result<()>>> {
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
         let sent: Vec<(JobId, LeaseToken)> = completions.iter().map(|c| (c.id, c.token)).collect();
         let t0 = now_us();
-        let answer = self.inner.complete_batch(completions).await;
+        let answer = self.inner.complete_batch(completions, now).await;
         match &answer {
             Ok(answers) => {
                 for ((id, token), entry) in sent.iter().zip(answers) {
@@ -188,24 +198,25 @@ impl Store for Recording {
         token: LeaseToken,
         error: &str,
         retry: Retry,
+        now: Timestamp,
     ) -> Result<JobState> {
         let t0 = now_us();
-        let answer = self.inner.fail(id, token, error, retry).await;
+        let answer = self.inner.fail(id, token, error, retry, now).await;
         self.outcome(t0, Op::Fail, id, token, &answer);
         answer
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
+    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
         let t0 = now_us();
-        let answer = self.inner.release(id, token).await;
+        let answer = self.inner.release(id, token, now).await;
         self.outcome(t0, Op::Release, id, token, &answer);
         answer
     }
 
-    async fn reclaim(&self, limit: usize) -> Result<Vec<ReclaimedJob>> {
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
         let reclaimed = self
             .inner
-            .reclaim(limit)
+            .reclaim(limit, now)
             .await
             .inspect_err(|err| self.failed("reclaim", err))?;
         let t = now_us();
@@ -217,26 +228,6 @@ impl Store for Recording {
             });
         }
         Ok(reclaimed)
-    }
-
-    async fn cancel(&self, id: JobId) -> Result<JobState> {
-        self.inner.cancel(id).await
-    }
-
-    async fn retry(&self, id: JobId) -> Result<()> {
-        self.inner.retry(id).await
-    }
-
-    async fn stats(&self, queue: &str) -> Result<QueueStats> {
-        self.inner.stats(queue).await
-    }
-
-    async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        self.inner.list(query).await
-    }
-
-    async fn purge(&self, limit: usize) -> Result<u64> {
-        self.inner.purge(limit).await
     }
 
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {

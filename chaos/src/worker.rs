@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Args;
-use jobs::{Backoff, JobContext, JobError, Store, Worker};
+use jobs::{Backoff, JobContext, JobError, Worker};
 
 use crate::history::{now_us, Event, Log};
-use crate::recording::Recording;
+use crate::recording::RecordingLayer;
 use crate::StoreArgs;
 
 /// The payload byte that asks a job to fail its first attempt (retryably), so every
@@ -44,8 +44,9 @@ pub async fn run(args: WorkerArgs) -> Result<(), String> {
         Log::create(&args.store.run_dir, "worker")
             .map_err(|err| format!("cannot create the history file: {err}"))?,
     );
-    let inner = crate::patiently("opening the store", || crate::open_store(&args.store)).await;
-    let store: Arc<dyn Store> = Arc::new(Recording::new(inner, Arc::clone(&log)));
+    let store = crate::patiently("opening the store", || crate::open_store(&args.store))
+        .await
+        .layer(RecordingLayer::new(Arc::clone(&log)));
     let handler_log = Arc::clone(&log);
     let worker = Worker::builder(store)
         .handler(
