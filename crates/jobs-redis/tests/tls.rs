@@ -66,6 +66,14 @@ fn pki() -> Pki {
     }
 }
 
+/// A port nothing listens on now: bound by the OS, then released for the server.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free port")
+}
+
 /// A redis-server listening only on a TLS port, killed and its directory removed when
 /// dropped (even when the test panics).
 struct TlsServer {
@@ -76,13 +84,10 @@ struct TlsServer {
 
 impl TlsServer {
     /// `None` (skipped loudly, or failing under JOBS_REQUIRE_SERVICES=1) when
-    /// redis-server is missing or cannot serve TLS.
-    async fn start(pki: &Pki) -> Option<TlsServer> {
-        // A port nothing listens on now: bound by the OS, then released for the server.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map(|addr| addr.port())
-            .expect("a free port");
+    /// redis-server is missing or cannot serve TLS. With `cluster`, the server is a
+    /// cluster node whose bus speaks TLS too, owning no slot yet.
+    async fn start(pki: &Pki, cluster: bool) -> Option<TlsServer> {
+        let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("jobs-redis-tls-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -108,6 +113,20 @@ impl TlsServer {
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])
+            .args(if cluster {
+                vec![
+                    "--cluster-enabled".to_owned(),
+                    "yes".to_owned(),
+                    "--tls-cluster".to_owned(),
+                    "yes".to_owned(),
+                    "--cluster-port".to_owned(),
+                    free_port().to_string(),
+                    "--cluster-config-file".to_owned(),
+                    dir.join("nodes.conf").display().to_string(),
+                ]
+            } else {
+                Vec::new()
+            })
             .arg("--dir")
             .arg(&dir)
             .arg("--logfile")
@@ -146,6 +165,22 @@ impl TlsServer {
 
     fn url(&self) -> String {
         format!("rediss://127.0.0.1:{}", self.port)
+    }
+
+    /// A connection of the test's own, trusting the test's CA.
+    async fn admin(&self, pki: &Pki) -> redis::aio::MultiplexedConnection {
+        let certificates = redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: pki.client_cert.clone().into_bytes(),
+                client_key: pki.client_key.clone().into_bytes(),
+            }),
+            root_cert: Some(pki.ca.clone().into_bytes()),
+        };
+        redis::Client::build_with_tls(self.url().as_str(), certificates)
+            .expect("admin client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("admin connection")
     }
 }
 
@@ -188,7 +223,7 @@ async fn round_trip(store: &Store, queue: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_connects_trusting_the_servers_ca_and_with_a_client_certificate() {
     let pki = pki();
-    let Some(server) = TlsServer::start(&pki).await else {
+    let Some(server) = TlsServer::start(&pki, false).await else {
         return;
     };
     let clock = ManualClock::default();
@@ -238,18 +273,7 @@ async fn rediss_connects_trusting_the_servers_ca_and_with_a_client_certificate()
 
     // Mutual TLS: once the server asks for client certificates, only a store that
     // presents one signed by the CA gets in.
-    let admin = redis::Client::build_with_tls(
-        server.url().as_str(),
-        redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pki.ca.clone().into_bytes()),
-        },
-    )
-    .expect("admin client");
-    let mut admin = admin
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection");
+    let mut admin = server.admin(&pki).await;
     let () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("tls-auth-clients")
@@ -286,5 +310,61 @@ async fn rediss_connects_trusting_the_servers_ca_and_with_a_client_certificate()
             .len(),
         1
     );
+    drop(server);
+}
+
+/// A Redis Cluster over TLS (client connections and the cluster bus): one node owning
+/// every slot, which is all the cluster client needs to find its way (it reads the
+/// slots, then dials the node they name with the store's certificates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_cluster_connects_with_the_callers_ca() {
+    let pki = pki();
+    let Some(server) = TlsServer::start(&pki, true).await else {
+        return;
+    };
+    let mut admin = server.admin(&pki).await;
+    let () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .query_async(&mut admin)
+        .await
+        .expect("CLUSTER ADDSLOTSRANGE");
+    // Waiting for the node to declare its cluster up, not for an expiry.
+    let mut up = false;
+    for _ in 0..500 {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(&mut admin)
+            .await
+            .expect("CLUSTER INFO");
+        if info.contains("cluster_state:ok") {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(up, "the one-node cluster did not come up");
+
+    let clock = ManualClock::default();
+    let err = RedisStore::connect_cluster([server.url()], settings(&clock))
+        .await
+        .expect_err("a certificate from an unknown CA must be refused");
+    assert!(
+        format!("{err:?}").to_lowercase().contains("certificate"),
+        "refused for another reason than the certificate: {err:?}"
+    );
+    let redis = RedisStore::connect_cluster_tls(
+        [server.url()],
+        TlsConfig::new().root_ca_pem(pki.ca.clone()),
+        settings(&clock),
+    )
+    .await
+    .expect("connect to the cluster trusting the test CA");
+    assert!(
+        redis.wake_ready(Duration::from_secs(10)).await,
+        "the wake-up subscriber did not subscribe over TLS"
+    );
+    round_trip(&Store::new(redis), "q").await;
     drop(server);
 }
