@@ -60,6 +60,31 @@ pub async fn c1_invalid_claim_arguments_are_refused(harness: &dyn Harness) {
     claim_expecting(&store, "q", id, "C1: the job is still claimable").await;
 }
 
+/// C1 for `wait_for_work`: the queues a claimer waits on are checked as a claim's are
+/// (none, a bad name, a name given twice: refused, naming the field); a valid wait
+/// returns by its timeout at the latest.
+pub async fn c1_wait_for_work_refuses_what_claim_refuses(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let short = Duration::from_millis(1);
+    let cases: [(&str, Vec<String>); 3] = [
+        ("queues", Vec::new()),
+        ("queue", vec!["q".to_owned(), "bad queue".to_owned()]),
+        ("queues", vec!["q".to_owned(), "q".to_owned()]),
+    ];
+    for (field, queues) in cases {
+        expect_invalid(
+            store.wait_for_work(&queues, short).await,
+            field,
+            &format!("C1: wait_for_work on {queues:?}"),
+        );
+    }
+    store
+        .wait_for_work(&["q".to_owned()], short)
+        .await
+        .must("C1: a valid wait returns by its timeout");
+}
+
 /// C2: 8 claimers on their own connections drain 200 jobs; each job is claimed exactly
 /// once, never by two claimers, and each holder's `complete` succeeds.
 pub async fn c2_claim_once(harness: &dyn Harness) {
@@ -610,6 +635,36 @@ pub async fn c5_future_run_at_is_not_claimed_early(harness: &dyn Harness) {
     )
     .await;
     claim_expecting(&store, "q", past, "C5: a run_at in the past is ready now").await;
+}
+
+/// C5 with a relative delay: `NewJob::delay` counts from the enqueue, on the store's
+/// clock, and is stored as `run_at`; the job is not claimed a millisecond early.
+pub async fn c5_delay_counts_from_the_enqueue(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    env.clock.advance(Duration::from_secs(5));
+    let enqueued_at = env.clock.now();
+    let id = enqueue(
+        &store,
+        NewJob::new("later").delay(Duration::from_secs(90)),
+        "C5",
+    )
+    .await;
+    let due = enqueued_at.saturating_add(Duration::from_secs(90));
+    assert_eq!(
+        get(&store, id, "C5").await.run_at,
+        due,
+        "C5: a delay is stored as run_at = enqueue time + delay"
+    );
+    env.clock.set(due.saturating_sub(Duration::from_millis(1)));
+    assert_nothing_claimable(
+        &store,
+        &["later"],
+        "C5: a millisecond before the delay ends",
+    )
+    .await;
+    env.clock.set(due);
+    claim_expecting(&store, "later", id, "C5: when the delay ends").await;
 }
 
 /// C6: a claimed job is `running` with `attempts + 1`, `started_at` = `heartbeat_at` =

@@ -589,7 +589,11 @@ impl<L: LayeredBackend> Backend for L {
         LayeredBackend::retry(self, id, now)
     }
 
-    fn stats<'a, 'q, 'b>(&'a self, queue: &'q str, now: Timestamp) -> BoxFuture<'b, Result<QueueStats>>
+    fn stats<'a, 'q, 'b>(
+        &'a self,
+        queue: &'q str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<QueueStats>>
     where
         'a: 'b,
         'q: 'b,

@@ -105,10 +105,7 @@ impl Error {
     }
 
     /// An unavailable error wrapping a driver error.
-    pub fn unavailable(
-        message: impl Into<String>,
-        source: impl Into<BoxError>,
-    ) -> Self {
+    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Error::Unavailable {
             message: message.into(),
             source: Some(SharedError::from(source.into())),
@@ -116,10 +113,7 @@ impl Error {
     }
 
     /// A backend error wrapping a driver error.
-    pub fn backend(
-        message: impl Into<String>,
-        source: impl Into<BoxError>,
-    ) -> Self {
+    pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Error::Backend {
             message: message.into(),
             source: Some(SharedError::from(source.into())),

@@ -12,18 +12,16 @@ mod time;
 pub mod transition;
 pub mod validate;
 
+pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend};
 pub use backoff::Backoff;
 pub use error::{BoxError, Error, Result, SharedError};
 pub use id::{JobId, JobIdHasher, JobIdMap};
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
+    TypedJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
 };
 pub use order::ReadyOrder;
-pub use backend::{
-    complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend,
-};
 pub use store::Store;
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
 

@@ -135,8 +135,11 @@ pub struct NewJob {
     pub idempotency_key: Option<String>,
     /// Higher runs first.
     pub priority: i16,
-    /// Earliest time the job may run; `None` means now.
+    /// Earliest time the job may run; `None` means now (or `delay` after now).
     pub run_at: Option<Timestamp>,
+    /// Run this long after the enqueue, on the store's clock. The [`Store`](crate::Store)
+    /// turns it into `run_at` when it enqueues the job, so backends never see it set.
+    pub delay: Option<Duration>,
     /// Claims allowed before the job is dead; at least 1.
     pub max_attempts: u32,
     /// The job that spawned this one.
@@ -156,6 +159,7 @@ impl NewJob {
             idempotency_key: None,
             priority: 0,
             run_at: None,
+            delay: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             parent: None,
             timeout: None,
@@ -194,10 +198,26 @@ impl NewJob {
         self
     }
 
-    /// Sets the earliest time the job may run.
-    pub fn run_at(mut self, at: Timestamp) -> Self {
-        self.run_at = Some(at);
+    /// Sets the earliest time the job may run (replacing a `delay`). A
+    /// [`SystemTime`](std::time::SystemTime) converts with `.into()`.
+    pub fn run_at(mut self, at: impl Into<Timestamp>) -> Self {
+        self.run_at = Some(at.into());
+        self.delay = None;
         self
+    }
+
+    /// Runs the job `delay` after it is enqueued, on the store's clock (replacing a
+    /// `run_at`).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self.run_at = None;
+        self
+    }
+
+    /// A job of type `J` on its queue, [`TypedJob::QUEUE`], with `job` as its JSON
+    /// payload.
+    pub fn typed<J: TypedJob>(job: &J) -> Result<Self, Error> {
+        NewJob::new(J::QUEUE).json(job)
     }
 
     /// Sets how many claims the job gets before it is dead.
@@ -218,6 +238,27 @@ impl NewJob {
         self.timeout = Some(timeout);
         self
     }
+}
+
+/// A kind of job with a queue of its own, so enqueueing and handling it are checked by
+/// the compiler: `store.enqueue_typed(&job)` puts it on its queue as JSON, and the
+/// worker's `typed_handler::<J>` reads it back as a `J`. Raw-bytes jobs (for producers
+/// written in other languages) need none of this.
+///
+/// ```
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct SendEmail { to: String }
+///
+/// impl jobs_core::TypedJob for SendEmail {
+///     const QUEUE: &'static str = "emails";
+/// }
+/// let job = jobs_core::NewJob::typed(&SendEmail { to: "ada@example.com".into() })?;
+/// assert_eq!(job.queue, "emails");
+/// # Ok::<(), jobs_core::Error>(())
+/// ```
+pub trait TypedJob: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static {
+    /// The queue jobs of this type wait in.
+    const QUEUE: &'static str;
 }
 
 /// A stored job, as `get` shows it. The payload is read separately (`Store::payload`)

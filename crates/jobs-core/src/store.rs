@@ -12,6 +12,7 @@ use crate::id::JobId;
 use crate::model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
+    TypedJob,
 };
 use crate::time::Timestamp;
 use crate::validate;
@@ -105,7 +106,13 @@ impl Store {
     /// Rules E1–E7: adds a job, or returns the existing job for a live idempotency key.
     pub async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         validate::validate_new_job(&job, self.settings())?;
-        self.backend.enqueue(job, self.now()).await
+        let now = self.now();
+        self.backend.enqueue(resolve_delay(job, now), now).await
+    }
+
+    /// Enqueues `job` on its type's queue, as JSON (see [`TypedJob`]).
+    pub async fn enqueue_typed<J: TypedJob>(&self, job: &J) -> Result<Enqueued> {
+        self.enqueue(NewJob::typed(job)?).await
     }
 
     /// Rule E9: the same as enqueueing each job in order, answered in order, in far
@@ -116,7 +123,12 @@ impl Store {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        self.backend.enqueue_batch(jobs, self.now()).await
+        let now = self.now();
+        let jobs = jobs
+            .into_iter()
+            .map(|job| resolve_delay(job, now))
+            .collect();
+        self.backend.enqueue_batch(jobs, now).await
     }
 
     /// Enqueues a job on `queue` whose payload is `value` as JSON.
@@ -176,7 +188,12 @@ impl Store {
     }
 
     /// Rule L1: extends the lease to now + `ttl`; reports a requested cancellation.
-    pub async fn heartbeat(&self, id: JobId, token: LeaseToken, ttl: Duration) -> Result<Heartbeat> {
+    pub async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+    ) -> Result<Heartbeat> {
         validate::validate_lease_ttl(ttl)?;
         self.backend.heartbeat(id, token, ttl, self.now()).await
     }
@@ -201,7 +218,12 @@ impl Store {
     }
 
     /// Rules L4, L5: marks the job succeeded and stores `result`.
-    pub async fn complete(&self, id: JobId, token: LeaseToken, result: Option<Bytes>) -> Result<()> {
+    pub async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+    ) -> Result<()> {
         if let Some(bytes) = &result {
             validate::validate_size("result", bytes.len(), self.settings())?;
         }
@@ -334,6 +356,14 @@ impl Store {
         validate::validate_queues(queues)?;
         self.backend.wait_for_work(queues, timeout).await
     }
+}
+
+/// A relative delay becomes an absolute `run_at` on the store's clock.
+fn resolve_delay(mut job: NewJob, now: Timestamp) -> NewJob {
+    if let Some(delay) = job.delay.take() {
+        job.run_at = Some(now.saturating_add(delay));
+    }
+    job
 }
 
 #[cfg(test)]

@@ -35,6 +35,39 @@ impl Timestamp {
     pub fn duration_since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0).max(0) as u64)
     }
+
+    /// This instant as a [`SystemTime`].
+    pub fn to_system_time(self) -> SystemTime {
+        let offset = Duration::from_millis(self.0.unsigned_abs());
+        if self.0 >= 0 {
+            UNIX_EPOCH + offset
+        } else {
+            UNIX_EPOCH - offset
+        }
+    }
+}
+
+/// To whole milliseconds (sub-millisecond parts are dropped, toward the past), saturating
+/// at the ends of `i64`.
+impl From<SystemTime> for Timestamp {
+    fn from(time: SystemTime) -> Self {
+        match time.duration_since(UNIX_EPOCH) {
+            Ok(after) => Timestamp(duration_millis(after)),
+            Err(before) => {
+                let before = before.duration();
+                // Toward the past: 1.5 ms before the epoch is -2 ms.
+                let whole = duration_millis(before);
+                let partial = before.subsec_nanos() % 1_000_000 != 0;
+                Timestamp(whole.saturating_neg().saturating_sub(i64::from(partial)))
+            }
+        }
+    }
+}
+
+impl From<Timestamp> for SystemTime {
+    fn from(time: Timestamp) -> Self {
+        time.to_system_time()
+    }
 }
 
 /// A duration in whole milliseconds, saturating at `i64::MAX`.
@@ -120,6 +153,22 @@ impl Clock for ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn system_time_round_trips_in_whole_milliseconds() {
+        let at = Timestamp::from_millis(1_700_000_000_123);
+        assert_eq!(Timestamp::from(at.to_system_time()), at);
+        let before_epoch = Timestamp::from_millis(-5);
+        assert_eq!(
+            Timestamp::from(SystemTime::from(before_epoch)),
+            before_epoch
+        );
+        // Sub-millisecond parts go toward the past, on both sides of the epoch.
+        let after = UNIX_EPOCH + Duration::from_micros(1_500);
+        assert_eq!(Timestamp::from(after), Timestamp::from_millis(1));
+        let before = UNIX_EPOCH - Duration::from_micros(1_500);
+        assert_eq!(Timestamp::from(before), Timestamp::from_millis(-2));
+    }
 
     #[test]
     fn manual_clock_moves_only_when_told_and_clones_share_it() {

@@ -15,7 +15,7 @@ pub use jobs_core::{
     contract, Backoff, Bytes, ClaimRequest, ClaimedJob, Clock, Completion, Enqueued, Error,
     Heartbeat, HeldLease, Job, JobId, JobState, Lease, LeaseToken, ListPage, ListQuery,
     ManualClock, NewJob, QueueStats, ReclaimedJob, Result, Retry, Store, StoreSettings,
-    SystemClock, Timestamp,
+    SystemClock, Timestamp, TypedJob,
 };
 pub use worker::{
     ShutdownHandle, Worker, WorkerBuilder, WorkerHandle, DEFAULT_BLOCKING_THRESHOLD,

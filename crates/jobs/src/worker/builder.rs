@@ -139,6 +139,21 @@ impl WorkerBuilder {
         self
     }
 
+    /// Runs `handler` for the jobs of type `J`, on `J`'s queue ([`TypedJob::QUEUE`]),
+    /// each payload decoded from JSON into a `J`: the queue is named once, by the type,
+    /// for the producer's `store.enqueue_typed(&job)` and for this handler.
+    ///
+    /// [`TypedJob::QUEUE`]: jobs_core::TypedJob::QUEUE
+    pub fn typed_handler<J, F, Fut, O>(self, handler: F) -> Self
+    where
+        J: jobs_core::TypedJob,
+        F: Fn(JobContext, J) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<O, JobError>> + Send + 'static,
+        O: JobOutput + 'static,
+    {
+        self.json_handler(J::QUEUE, handler)
+    }
+
     /// The id recorded in every lease this worker takes. Default:
     /// `worker-<pid>-<random>`. Must be unique among live workers.
     pub fn worker_id(mut self, id: impl Into<String>) -> Self {
