@@ -5,6 +5,7 @@
 mod connect;
 mod handler;
 pub mod telemetry;
+mod tracing_layer;
 mod worker;
 
 // What a user of the queue needs, and nothing a backend author needs: those tools
@@ -27,6 +28,7 @@ pub use worker::{
 /// and overrides only the calls it changes; `store.layer(..)` adds it to a handle.
 pub mod layers {
     pub use crate::telemetry::MetricsLayer;
+    pub use crate::tracing_layer::TracingLayer;
     pub use jobs_core::{async_trait, Backend, Capabilities, Layer, LayeredBackend};
 }
 
