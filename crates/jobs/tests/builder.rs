@@ -1,13 +1,12 @@
 //! `WorkerBuilder::build` refuses bad settings naming the field, and `run_until` stops
 //! the worker when its signal resolves.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use jobs::{Backoff, JobState, NewJob, Store, StoreSettings, Worker, WorkerBuilder};
 
-fn store() -> Arc<dyn Store> {
-    Arc::new(jobs_memory::MemoryStore::new(StoreSettings::default()).expect("store"))
+fn store() -> Store {
+    Store::new(jobs_memory::MemoryStore::new(StoreSettings::default()).expect("store"))
 }
 
 fn with_handler(builder: WorkerBuilder) -> WorkerBuilder {

@@ -1,12 +1,16 @@
 //! `jobs::connect` opens a working store for every scheme whose feature is enabled.
+//! What the tests write on the shared Redis and PostgreSQL servers is removed when
+//! they end.
 
 // The helpers serve whichever backend features are on; with few on, some go unused.
 #![allow(dead_code)]
 
+mod common;
+
 use jobs::{JobState, NewJob, Store, StoreSettings};
 
 /// Enqueues, claims and completes one job: the store behind the URL works.
-async fn round_trip(store: &dyn Store) {
+async fn round_trip(store: &Store) {
     let id = store
         .enqueue(NewJob::new("connect").payload("ping"))
         .await
@@ -30,12 +34,13 @@ async fn round_trip(store: &dyn Store) {
     assert_eq!(store.get(id).await.expect("get").state, JobState::Succeeded);
 }
 
-fn namespace() -> StoreSettings {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    StoreSettings::default().namespace(format!("connect-{}-{nanos:x}", std::process::id()))
+/// A namespace of its own for one test.
+fn namespace() -> String {
+    jobs_conformance::unique_namespace("connect")
+}
+
+fn settings(namespace: &str) -> StoreSettings {
+    StoreSettings::default().namespace(namespace)
 }
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -49,8 +54,10 @@ async fn sqlite_urls_open_a_file() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("connect.db");
     let url = format!("sqlite://{}", path.display());
-    let store = jobs::connect_with(&url, namespace()).await.expect("open");
-    round_trip(store.as_ref()).await;
+    let store = jobs::connect_with(&url, settings(&namespace()))
+        .await
+        .expect("open");
+    round_trip(&store).await;
     assert!(path.exists(), "the file is created at the URL's path");
 }
 
@@ -58,15 +65,22 @@ async fn sqlite_urls_open_a_file() {
 #[tokio::test]
 async fn memory_urls_open_a_store() {
     let store = jobs::connect("memory://").await.expect("open");
-    round_trip(store.as_ref()).await;
+    round_trip(&store).await;
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_urls_connect() {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    match jobs::connect_with(&url, namespace()).await {
-        Ok(store) => round_trip(store.as_ref()).await,
+    let namespace = namespace();
+    match jobs::connect_with(&url, settings(&namespace)).await {
+        Ok(store) => {
+            common::with_teardown(
+                round_trip(&store),
+                common::drop_redis_namespace(&url, &namespace),
+            )
+            .await
+        }
         Err(err) => skip_or_fail("Redis", &err),
     }
 }
@@ -78,8 +92,15 @@ async fn postgres_urls_connect_under_both_schemes() {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let long = url.replacen("postgres://", "postgresql://", 1);
     for url in [url.clone(), long] {
-        match jobs::connect_with(&url, namespace()).await {
-            Ok(store) => round_trip(store.as_ref()).await,
+        let namespace = namespace();
+        match jobs::connect_with(&url, settings(&namespace)).await {
+            Ok(store) => {
+                common::with_teardown(
+                    round_trip(&store),
+                    common::drop_postgres_namespace(&url, &namespace),
+                )
+                .await
+            }
             Err(err) => return skip_or_fail("PostgreSQL", &err),
         }
     }

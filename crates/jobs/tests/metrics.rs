@@ -7,10 +7,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use jobs::layers::MetricsLayer;
 use jobs::telemetry::*;
 use jobs::{
-    Backoff, Bytes, Client, JobContext, JobError, JobState, ManualClock, NewJob, Store,
-    StoreSettings, Worker,
+    Backoff, Bytes, JobContext, JobError, JobState, ManualClock, NewJob, Store, StoreSettings,
+    Worker,
 };
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 
@@ -79,7 +80,7 @@ impl TestRecorder {
     }
 }
 
-async fn wait_for_state(store: &dyn Store, id: jobs::JobId, state: JobState) {
+async fn wait_for_state(store: &Store, id: jobs::JobId, state: JobState) {
     let mut ticker = tokio::time::interval(Duration::from_millis(5));
     let reached = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
@@ -100,25 +101,40 @@ async fn runtime_metrics_are_recorded_under_their_names() {
 
     let clock = ManualClock::default();
     let settings = StoreSettings::default().clock(Arc::new(clock.clone()));
-    let store: Arc<dyn Store> = Arc::new(jobs_memory::MemoryStore::new(settings).expect("store"));
-    let client = Client::new(store.clone());
+    // The layer counts what is enqueued through this handle and its clones, the
+    // worker's included.
+    let store =
+        Store::new(jobs_memory::MemoryStore::new(settings).expect("store")).layer(MetricsLayer);
 
     let mut ids = HashMap::new();
     for what in ["ok", "permanent", "panic", "retry", "stuck"] {
         let job = NewJob::new("m").payload(what).max_attempts(2);
-        ids.insert(what, client.enqueue(job).await.expect("enqueue").id);
+        ids.insert(what, store.enqueue(job).await.expect("enqueue").id);
     }
     // A duplicate by idempotency key is not a new job and is not counted.
-    client
+    store
         .enqueue(NewJob::new("m").payload("ok").idempotency_key("k"))
         .await
         .expect("enqueue");
-    let dup = client
+    let dup = store
         .enqueue(NewJob::new("m").payload("ok").idempotency_key("k"))
         .await
         .expect("enqueue");
     assert!(!dup.created);
     ids.insert("dedup", dup.id);
+    // So is one in a batch, beside a new job that is.
+    let batch = store
+        .enqueue_batch(vec![
+            NewJob::new("m").payload("ok"),
+            NewJob::new("m").payload("ok").idempotency_key("k"),
+        ])
+        .await
+        .expect("enqueue_batch");
+    assert_eq!(
+        batch.iter().map(|e| e.created).collect::<Vec<_>>(),
+        [true, false]
+    );
+    ids.insert("batched", batch[0].id);
 
     let worker = Worker::builder(store.clone())
         .heartbeat_interval(Duration::from_millis(20))
@@ -142,9 +158,10 @@ async fn runtime_metrics_are_recorded_under_their_names() {
         .expect("build");
     let handle = worker.spawn();
 
-    wait_for_state(store.as_ref(), ids["ok"], JobState::Succeeded).await;
-    wait_for_state(store.as_ref(), ids["dedup"], JobState::Succeeded).await;
-    wait_for_state(store.as_ref(), ids["permanent"], JobState::Dead).await;
+    wait_for_state(&store, ids["ok"], JobState::Succeeded).await;
+    wait_for_state(&store, ids["dedup"], JobState::Succeeded).await;
+    wait_for_state(&store, ids["batched"], JobState::Succeeded).await;
+    wait_for_state(&store, ids["permanent"], JobState::Dead).await;
     // The panic and the retryable failure are retried once after the backoff, then
     // dead (max_attempts 2).
     let mut ticker = tokio::time::interval(Duration::from_millis(5));
@@ -161,8 +178,8 @@ async fn runtime_metrics_are_recorded_under_their_names() {
         }
     }
     clock.advance(Duration::from_secs(10));
-    wait_for_state(store.as_ref(), ids["panic"], JobState::Dead).await;
-    wait_for_state(store.as_ref(), ids["retry"], JobState::Dead).await;
+    wait_for_state(&store, ids["panic"], JobState::Dead).await;
+    wait_for_state(&store, ids["retry"], JobState::Dead).await;
     handle.shutdown().await;
     assert_eq!(
         store.get(ids["stuck"]).await.expect("get").state,
@@ -170,13 +187,18 @@ async fn runtime_metrics_are_recorded_under_their_names() {
     );
 
     let c = |name: &str| recorder.counter(&format!("{name}{{queue=m}}"));
-    assert_eq!(c(JOBS_ENQUEUED), 6);
+    assert_eq!(
+        c(JOBS_ENQUEUED),
+        7,
+        "five jobs, the first of three with one idempotency key, and the batch's new job: \
+         created jobs, not duplicates"
+    );
     assert_eq!(
         c(JOBS_CLAIMED),
-        8,
-        "ok, dedup, permanent, stuck, panic x2, retry x2"
+        9,
+        "ok, dedup, batched, permanent, stuck, panic x2, retry x2"
     );
-    assert_eq!(c(JOBS_SUCCEEDED), 2);
+    assert_eq!(c(JOBS_SUCCEEDED), 3);
     assert_eq!(c(JOBS_FAILED), 5, "permanent, panic x2, retry x2");
     assert_eq!(c(JOBS_RETRIED), 2);
     assert_eq!(c(JOBS_DEAD), 3);
@@ -187,10 +209,10 @@ async fn runtime_metrics_are_recorded_under_their_names() {
         recorder
             .samples(&format!("{JOBS_PICKUP_LATENCY}{{queue=m}}"))
             .len(),
-        8
+        9
     );
     let run_times = recorder.samples(&format!("{JOBS_RUN_TIME}{{queue=m}}"));
-    assert_eq!(run_times.len(), 8);
+    assert_eq!(run_times.len(), 9);
     assert!(run_times.iter().all(|s| *s >= 0.0));
     // Pickup latency is on the store clock: every claim here happened at its job's
     // run_at (the retries' run_at was moved 10 s on, and so was the clock).

@@ -1,0 +1,87 @@
+//! Shared by the test binaries that write to the shared Redis and PostgreSQL servers:
+//! removing what a test wrote there when it ends, passed or panicked.
+
+// Each binary uses the helpers of the backend features it is built with.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
+
+/// Runs `test`, then `teardown` whether the test passed or panicked. A test that
+/// panicked goes on panicking with its own message (a failed teardown is only
+/// printed then); a test that passed fails if its teardown did.
+pub async fn with_teardown<T, D>(test: T, teardown: D)
+where
+    T: Future<Output = ()>,
+    D: Future<Output = Result<(), String>>,
+{
+    let outcome = AssertUnwindSafe(test).catch_unwind().await;
+    let removed = teardown.await;
+    match (outcome, removed) {
+        (Err(panic), Err(err)) => {
+            eprintln!("*** {err}");
+            std::panic::resume_unwind(panic);
+        }
+        (Err(panic), Ok(())) => std::panic::resume_unwind(panic),
+        (Ok(()), Err(err)) => panic!("{err}"),
+        (Ok(()), Ok(())) => {}
+    }
+}
+
+/// Deletes every key of `namespace` on the Redis server at `url`: SCAN for the
+/// namespace's prefix (its keys all start with `jobs:{namespace}:`, and a namespace
+/// holds no glob character), UNLINK what it finds.
+#[cfg(feature = "redis")]
+pub async fn drop_redis_namespace(url: &str, namespace: &str) -> Result<(), String> {
+    async fn run(url: &str, namespace: &str) -> redis::RedisResult<()> {
+        let client = redis::Client::open(url)?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let pattern = format!("jobs:{{{namespace}}}:*");
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut conn)
+                .await?;
+            for chunk in keys.chunks(1000) {
+                redis::cmd("UNLINK")
+                    .arg(chunk)
+                    .exec_async(&mut conn)
+                    .await?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+    run(url, namespace)
+        .await
+        .map_err(|err| format!("could not remove Redis namespace {namespace}: {err}"))
+}
+
+/// Deletes every row of `namespace` in the default schema of the PostgreSQL database
+/// at `url`, as the backend's conformance harness does.
+#[cfg(feature = "postgres")]
+pub async fn drop_postgres_namespace(url: &str, namespace: &str) -> Result<(), String> {
+    use jobs::backends::postgres::{PostgresBackend, PostgresConfig};
+    let dropped = async {
+        let config = PostgresConfig::new(url)?
+            .max_connections(1)
+            .application_name("jobs-facade-teardown");
+        PostgresBackend::connect(config)
+            .await?
+            .drop_namespace(namespace)
+            .await
+    };
+    dropped
+        .await
+        .map(drop)
+        .map_err(|err| format!("could not remove PostgreSQL namespace {namespace}: {err}"))
+}
