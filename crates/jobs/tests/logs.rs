@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use jobs::layers::{async_trait, Backend, LayeredBackend};
 use jobs::{
-    async_trait, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job,
-    JobContext, JobError, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats,
-    ReclaimedJob, Retry, Store, StoreSettings, Worker,
+    Bytes, Completion, Heartbeat, HeldLease, JobContext, JobError, JobId, JobState, LeaseToken,
+    NewJob, Store, StoreSettings, Timestamp, Worker,
 };
 use tokio::sync::Notify;
 
@@ -56,16 +56,16 @@ fn lines_about(id: JobId) -> Vec<String> {
         .collect()
 }
 
-fn memory_store() -> Arc<dyn Store> {
+fn memory_store() -> Store {
     let settings = StoreSettings::default().namespace(jobs_conformance::unique_namespace("logs"));
-    Arc::new(
+    Store::new(
         jobs_memory::MemoryServer::new()
             .open(settings)
             .expect("a memory store"),
     )
 }
 
-async fn wait_until_succeeded(store: &dyn Store, id: JobId) {
+async fn wait_until_succeeded(store: &Store, id: JobId) {
     let waited = tokio::time::timeout(PATIENCE, async {
         let mut ticker = tokio::time::interval(Duration::from_millis(5));
         loop {
@@ -119,8 +119,8 @@ async fn a_blocking_poll_is_logged_with_its_queue_and_job() {
         .build()
         .expect("build");
     let handle = worker.spawn();
-    wait_until_succeeded(store.as_ref(), first).await;
-    wait_until_succeeded(store.as_ref(), later).await;
+    wait_until_succeeded(&store, first).await;
+    wait_until_succeeded(&store, later).await;
     handle.shutdown().await;
 
     let first_lines = lines_about(first);
@@ -149,8 +149,8 @@ async fn a_blocking_poll_is_logged_with_its_queue_and_job() {
 async fn a_job_that_just_succeeded_is_not_reported_as_a_lost_lease() {
     logs();
     let inner = memory_store();
-    let store = Arc::new(RacingStore {
-        inner: inner.clone(),
+    let racing_store = Arc::new(RacingStore {
+        inner: inner.backend().clone(),
         heartbeat_taken: Notify::new(),
         completion_recorded: Notify::new(),
         held_one: AtomicBool::new(false),
@@ -170,8 +170,9 @@ async fn a_job_that_just_succeeded_is_not_reported_as_a_lost_lease() {
         .expect("enqueue")
         .id;
     let release = Arc::new(Notify::new());
-    let (handler_store, handler_release) = (store.clone(), release.clone());
-    let worker = Worker::builder(store.clone())
+    let (handler_store, handler_release) = (racing_store.clone(), release.clone());
+    let store = Store::from(racing_store.clone() as Arc<dyn Backend>);
+    let worker = Worker::builder(store)
         .heartbeat_interval(Duration::from_millis(10))
         .handler("race", move |_ctx: JobContext, payload: Bytes| {
             let (store, release) = (handler_store.clone(), handler_release.clone());
@@ -188,13 +189,13 @@ async fn a_job_that_just_succeeded_is_not_reported_as_a_lost_lease() {
         .build()
         .expect("build");
     let handle = worker.spawn();
-    wait_until_succeeded(inner.as_ref(), racing).await;
+    wait_until_succeeded(&inner, racing).await;
     let answered = tokio::time::timeout(PATIENCE, async {
         let mut ticker = tokio::time::interval(Duration::from_millis(5));
         loop {
             ticker.tick().await;
-            let held = store.held_call.load(Ordering::SeqCst);
-            if held != usize::MAX && store.calls.load(Ordering::SeqCst) > held + 1 {
+            let held = racing_store.held_call.load(Ordering::SeqCst);
+            if held != usize::MAX && racing_store.calls.load(Ordering::SeqCst) > held + 1 {
                 return;
             }
         }
@@ -205,7 +206,7 @@ async fn a_job_that_just_succeeded_is_not_reported_as_a_lost_lease() {
         "the test staged the race: a heartbeat crossed the completion, and the keeper went on"
     );
     release.notify_one();
-    wait_until_succeeded(inner.as_ref(), staying).await;
+    wait_until_succeeded(&inner, staying).await;
     handle.shutdown().await;
     let lines = lines_about(racing);
     assert!(
@@ -216,14 +217,16 @@ async fn a_job_that_just_succeeded_is_not_reported_as_a_lost_lease() {
 
 /// Holds the first heartbeat that names a job until that job's completion has been
 /// recorded, then lets it through: its answer is then "lease lost" for a job that
-/// succeeded.
+/// succeeded. A layer over the real backend; every call it does not hold or watch is
+/// forwarded as it is.
 #[derive(Debug)]
 struct RacingStore {
-    inner: Arc<dyn Store>,
+    inner: Arc<dyn Backend>,
     heartbeat_taken: Notify,
     completion_recorded: Notify,
     held_one: AtomicBool,
-    /// `heartbeat_batch` calls naming jobs so far, and the index of the one held.
+    /// `heartbeat_batch` calls so far (the handle answers empty ones itself, so each
+    /// names jobs), and the index of the one held.
     calls: AtomicUsize,
     held_call: AtomicUsize,
 }
@@ -242,103 +245,54 @@ impl RacingStore {
 }
 
 #[async_trait]
-impl Store for RacingStore {
-    fn settings(&self) -> &StoreSettings {
-        self.inner.settings()
+impl LayeredBackend for RacingStore {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
     }
-    async fn enqueue(&self, job: NewJob) -> jobs::Result<Enqueued> {
-        self.inner.enqueue(job).await
-    }
-    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> jobs::Result<Vec<Enqueued>> {
-        self.inner.enqueue_batch(jobs).await
-    }
-    async fn get(&self, id: JobId) -> jobs::Result<Job> {
-        self.inner.get(id).await
-    }
-    async fn payload(&self, id: JobId) -> jobs::Result<Bytes> {
-        self.inner.payload(id).await
-    }
-    async fn children(&self, parent: JobId) -> jobs::Result<Vec<Job>> {
-        self.inner.children(parent).await
-    }
-    async fn claim(&self, request: ClaimRequest) -> jobs::Result<Vec<ClaimedJob>> {
-        self.inner.claim(request).await
-    }
+
     async fn heartbeat(
         &self,
         id: JobId,
         token: LeaseToken,
         ttl: Duration,
+        now: Timestamp,
     ) -> jobs::Result<Heartbeat> {
         self.hold_first().await;
-        self.inner.heartbeat(id, token, ttl).await
+        self.inner.heartbeat(id, token, ttl, now).await
     }
+
     async fn heartbeat_batch(
         &self,
         leases: Vec<HeldLease>,
         ttl: Duration,
+        now: Timestamp,
     ) -> jobs::Result<Vec<jobs::Result<Heartbeat>>> {
-        if !leases.is_empty() {
-            let call = self.calls.fetch_add(1, Ordering::SeqCst);
-            if self.hold_first().await {
-                self.held_call.store(call, Ordering::SeqCst);
-            }
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.hold_first().await {
+            self.held_call.store(call, Ordering::SeqCst);
         }
-        self.inner.heartbeat_batch(leases, ttl).await
+        self.inner.heartbeat_batch(leases, ttl, now).await
     }
+
     async fn complete(
         &self,
         id: JobId,
         token: LeaseToken,
         result: Option<Bytes>,
+        now: Timestamp,
     ) -> jobs::Result<()> {
-        let answer = self.inner.complete(id, token, result).await;
+        let answer = self.inner.complete(id, token, result, now).await;
         self.completion_recorded.notify_one();
         answer
     }
+
     async fn complete_batch(
         &self,
         completions: Vec<Completion>,
+        now: Timestamp,
     ) -> jobs::Result<Vec<jobs::Result<()>>> {
-        let answer = self.inner.complete_batch(completions).await;
+        let answer = self.inner.complete_batch(completions, now).await;
         self.completion_recorded.notify_one();
         answer
-    }
-    async fn fail(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        error: &str,
-        retry: Retry,
-    ) -> jobs::Result<JobState> {
-        self.inner.fail(id, token, error, retry).await
-    }
-    async fn release(&self, id: JobId, token: LeaseToken) -> jobs::Result<()> {
-        self.inner.release(id, token).await
-    }
-    async fn reclaim(&self, limit: usize) -> jobs::Result<Vec<ReclaimedJob>> {
-        self.inner.reclaim(limit).await
-    }
-    async fn cancel(&self, id: JobId) -> jobs::Result<JobState> {
-        self.inner.cancel(id).await
-    }
-    async fn retry(&self, id: JobId) -> jobs::Result<()> {
-        self.inner.retry(id).await
-    }
-    async fn stats(&self, queue: &str) -> jobs::Result<QueueStats> {
-        self.inner.stats(queue).await
-    }
-    async fn list(&self, query: ListQuery) -> jobs::Result<ListPage> {
-        self.inner.list(query).await
-    }
-    async fn purge(&self, limit: usize) -> jobs::Result<u64> {
-        self.inner.purge(limit).await
-    }
-    async fn wait_for_work(
-        &self,
-        queues: &[String],
-        timeout: std::time::Duration,
-    ) -> jobs::Result<()> {
-        self.inner.wait_for_work(queues, timeout).await
     }
 }

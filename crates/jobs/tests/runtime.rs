@@ -1,6 +1,6 @@
 //! The worker runtime, tested on every backend.
 //!
-//! Each scenario is written once, as an async function over a [`Backend`] (something
+//! Each scenario is written once, as an async function over a [`Server`] (something
 //! that opens stores on given settings), and instantiated per backend by
 //! `runtime_tests!`. Time that the store decides (lease expiry, retry times) is driven
 //! with a `ManualClock`; the runtime's own real-time intervals (heartbeat, reclaim,
@@ -8,16 +8,20 @@
 //! channels, and the store's state polled in a loop bounded by a timeout.
 //!
 //! Memory and SQLite always run. Redis (`REDIS_URL`) and PostgreSQL (`DATABASE_URL`)
-//! are skipped loudly when unreachable, and fail under `JOBS_REQUIRE_SERVICES=1`.
+//! are skipped loudly when unreachable, and fail under `JOBS_REQUIRE_SERVICES=1`; what
+//! a test writes on them is removed when it ends, passed or panicked.
+
+mod common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use jobs::layers::{async_trait, Backend, LayeredBackend};
 use jobs::{
-    async_trait, Backoff, Bytes, CancelReason, Clock, JobContext, JobError, JobId, JobState, Json,
-    LeaseToken, ManualClock, NewJob, Store, StoreSettings, Worker, WorkerBuilder,
+    Backoff, Bytes, CancelReason, Clock, JobContext, JobError, JobId, JobState, Json, LeaseToken,
+    ManualClock, NewJob, Store, StoreSettings, Timestamp, Worker, WorkerBuilder,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
 
@@ -30,33 +34,47 @@ const LEASE: Duration = Duration::from_secs(30);
 /// Opens stores of one backend. Stores opened with the same namespace share data
 /// (as two processes on one database do).
 #[async_trait]
-trait Backend: Send + Sync {
-    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store>;
+trait Server: Send + Sync {
+    async fn open(&self, settings: StoreSettings) -> Store;
+
+    /// Removes everything stored under `namespace`, for a server that outlives the
+    /// test; `Err` says what was left behind.
+    async fn teardown(&self, namespace: &str) -> Result<(), String>;
 }
 
 /// One test's world: a backend, a manual clock, and a namespace of its own.
 struct Env {
-    backend: Box<dyn Backend>,
+    server: Arc<dyn Server>,
     clock: ManualClock,
     settings: StoreSettings,
 }
 
 impl Env {
-    fn new(backend: Box<dyn Backend>) -> Self {
+    fn new(server: Arc<dyn Server>) -> Self {
         let clock = ManualClock::default();
         let settings = StoreSettings::default()
             .namespace(unique_namespace())
             .clock(Arc::new(clock.clone()));
         Env {
-            backend,
+            server,
             clock,
             settings,
         }
     }
 
     /// A new handle on this test's data.
-    async fn store(&self) -> Arc<dyn Store> {
-        self.backend.open(self.settings.clone()).await
+    async fn store(&self) -> Store {
+        self.server.open(self.settings.clone()).await
+    }
+
+    /// A new handle on this test's data, through `layer`; `layer` is returned too, to
+    /// read and steer.
+    async fn layered<L: LayeredBackend + 'static>(
+        &self,
+        layer: impl FnOnce(Arc<dyn Backend>) -> L,
+    ) -> (Store, Arc<L>) {
+        let layer = Arc::new(layer(self.store().await.backend().clone()));
+        (Store::from(layer.clone() as Arc<dyn Backend>), layer)
     }
 }
 
@@ -69,7 +87,7 @@ fn unique_namespace() -> String {
 use jobs_conformance::skip_or_fail;
 
 /// A worker builder with intervals short enough for tests and no jitter.
-fn test_worker(store: Arc<dyn Store>, name: &str) -> WorkerBuilder {
+fn test_worker(store: Store, name: &str) -> WorkerBuilder {
     Worker::builder(store)
         .worker_id(name)
         .lease(LEASE)
@@ -87,7 +105,7 @@ fn test_worker(store: Arc<dyn Store>, name: &str) -> WorkerBuilder {
 /// Polls the job until `done` holds; fails the test with the last state seen after
 /// [`PATIENCE`].
 async fn wait_for(
-    store: &dyn Store,
+    store: &Store,
     id: JobId,
     what: &str,
     done: impl Fn(&jobs::Job) -> bool,
@@ -119,7 +137,7 @@ async fn recv<T>(rx: &mut mpsc::UnboundedReceiver<T>, what: &str) -> T {
     }
 }
 
-async fn enqueue(store: &dyn Store, job: NewJob) -> JobId {
+async fn enqueue(store: &Store, job: NewJob) -> JobId {
     match store.enqueue(job).await {
         Ok(enqueued) => enqueued.id,
         Err(err) => panic!("enqueue failed: {err}"),
@@ -159,7 +177,7 @@ mod scenarios {
         let mut ids = Vec::new();
         for n in 0..40u32 {
             let job = NewJob::new("math").json(&n).expect("encode");
-            ids.push(enqueue(store.as_ref(), job).await);
+            ids.push(enqueue(&store, job).await);
         }
         let runs: Arc<Mutex<HashMap<JobId, u32>>> = Arc::default();
         let mut handles = Vec::new();
@@ -182,10 +200,7 @@ mod scenarios {
             handles.push(build(worker).spawn());
         }
         for (n, id) in ids.iter().enumerate() {
-            let job = wait_for(store.as_ref(), *id, "success", |j| {
-                j.state == JobState::Succeeded
-            })
-            .await;
+            let job = wait_for(&store, *id, "success", |j| j.state == JobState::Succeeded).await;
             assert_eq!(job.attempts, 1);
             assert!(job.lease.is_none());
             assert!(job.finished_at.is_some());
@@ -223,12 +238,12 @@ mod scenarios {
             },
         );
         let handle = build(worker).spawn();
-        let id = enqueue(store.as_ref(), NewJob::new("flaky").max_attempts(3)).await;
+        let id = enqueue(&store, NewJob::new("flaky").max_attempts(3)).await;
 
         // Backoff: 10 s, then 20 s (no jitter), from the failure's instant.
         for (attempt, delay) in [(1u32, 10u64), (2, 20)] {
             assert_eq!(recv(&mut rx, "an attempt").await, attempt);
-            let job = wait_for(store.as_ref(), id, "the retry", |j| {
+            let job = wait_for(&store, id, "the retry", |j| {
                 j.state == JobState::Queued && j.attempts == attempt
             })
             .await;
@@ -241,7 +256,7 @@ mod scenarios {
             env.clock.advance(Duration::from_secs(delay));
         }
         assert_eq!(recv(&mut rx, "the last attempt").await, 3);
-        let job = wait_for(store.as_ref(), id, "death", |j| j.state == JobState::Dead).await;
+        let job = wait_for(&store, id, "death", |j| j.state == JobState::Dead).await;
         assert_eq!(job.attempts, 3);
         assert_eq!(job.last_error.as_deref(), Some("boom 3"));
         assert!(job.finished_at.is_some());
@@ -259,22 +274,16 @@ mod scenarios {
             })
             .json_handler("typed", |_ctx, n: u64| async move { Ok(Json(n)) });
         let handle = build(worker).spawn();
-        let strict = enqueue(store.as_ref(), NewJob::new("strict").max_attempts(5)).await;
+        let strict = enqueue(&store, NewJob::new("strict").max_attempts(5)).await;
         let garbage = enqueue(
-            store.as_ref(),
+            &store,
             NewJob::new("typed").payload("not json").max_attempts(5),
         )
         .await;
-        let job = wait_for(store.as_ref(), strict, "death", |j| {
-            j.state == JobState::Dead
-        })
-        .await;
+        let job = wait_for(&store, strict, "death", |j| j.state == JobState::Dead).await;
         assert_eq!(job.attempts, 1);
         assert_eq!(job.last_error.as_deref(), Some("invalid invoice"));
-        let job = wait_for(store.as_ref(), garbage, "death", |j| {
-            j.state == JobState::Dead
-        })
-        .await;
+        let job = wait_for(&store, garbage, "death", |j| j.state == JobState::Dead).await;
         assert_eq!(job.attempts, 1);
         assert!(
             job.last_error
@@ -303,7 +312,7 @@ mod scenarios {
             },
         );
         let doomed = build(doomed).spawn();
-        let id = enqueue(store.as_ref(), NewJob::new("work")).await;
+        let id = enqueue(&store, NewJob::new("work")).await;
         let first = recv(&mut rx, "the first run").await;
         assert_eq!(first.id, id);
         doomed.abort();
@@ -334,10 +343,7 @@ mod scenarios {
         assert_eq!(second.id, id);
         assert_eq!(second.attempt, 2);
         assert!(second.token > first.token);
-        let job = wait_for(store.as_ref(), id, "success", |j| {
-            j.state == JobState::Succeeded
-        })
-        .await;
+        let job = wait_for(&store, id, "success", |j| j.state == JobState::Succeeded).await;
         assert_eq!(job.result.as_deref(), Some(&b"second time lucky"[..]));
         assert_eq!(job.attempts, 2);
 
@@ -375,7 +381,7 @@ mod scenarios {
             },
         );
         let handle = build(worker).spawn();
-        let id = enqueue(store.as_ref(), NewJob::new("long")).await;
+        let id = enqueue(&store, NewJob::new("long")).await;
         let first = recv(&mut rx, "the run").await;
         let original_expiry = store
             .get(id)
@@ -389,10 +395,7 @@ mod scenarios {
         for _ in 0..5 {
             env.clock.advance(LEASE * 2 / 3);
             let now = env.clock.now();
-            let job = wait_for(store.as_ref(), id, "a heartbeat", |j| {
-                j.heartbeat_at == Some(now)
-            })
-            .await;
+            let job = wait_for(&store, id, "a heartbeat", |j| j.heartbeat_at == Some(now)).await;
             assert_eq!(
                 job.lease.as_ref().map(|l| l.expires_at),
                 Some(now.saturating_add(LEASE))
@@ -410,10 +413,7 @@ mod scenarios {
         assert_eq!(job.lease.map(|l| l.token), Some(first.token));
 
         finish.notify_one();
-        let job = wait_for(store.as_ref(), id, "success", |j| {
-            j.state == JobState::Succeeded
-        })
-        .await;
+        let job = wait_for(&store, id, "success", |j| j.state == JobState::Succeeded).await;
         assert_eq!(job.attempts, 1);
         assert!(rx.try_recv().is_err(), "the job ran twice");
         handle.shutdown().await;
@@ -444,8 +444,8 @@ mod scenarios {
                 }
             });
         let handle = build(worker).spawn();
-        let quick = enqueue(store.as_ref(), NewJob::new("work").payload("quick")).await;
-        let stuck = enqueue(store.as_ref(), NewJob::new("work").payload("stuck")).await;
+        let quick = enqueue(&store, NewJob::new("work").payload("quick")).await;
+        let stuck = enqueue(&store, NewJob::new("work").payload("stuck")).await;
         let mut started = [
             recv(&mut rx, "a start").await,
             recv(&mut rx, "a start").await,
@@ -456,7 +456,7 @@ mod scenarios {
         assert_eq!(started, expected);
 
         handle.shutdown_handle().shutdown();
-        let late = enqueue(store.as_ref(), NewJob::new("work").payload("late")).await;
+        let late = enqueue(&store, NewJob::new("work").payload("late")).await;
         finish_quick.notify_one();
         tokio::time::timeout(PATIENCE, handle.join())
             .await
@@ -489,10 +489,7 @@ mod scenarios {
             .handler("work", |_ctx, _payload| async { Ok(()) });
         let next = build(next).spawn();
         for id in [stuck, late] {
-            let job = wait_for(store.as_ref(), id, "success", |j| {
-                j.state == JobState::Succeeded
-            })
-            .await;
+            let job = wait_for(&store, id, "success", |j| j.state == JobState::Succeeded).await;
             assert_eq!(job.attempts, 1);
             assert_eq!(job.lease, None);
         }
@@ -513,13 +510,13 @@ mod scenarios {
             },
         );
         let handle = build(worker).spawn();
-        let panics = enqueue(store.as_ref(), NewJob::new("work").payload("panic")).await;
-        let calm = enqueue(store.as_ref(), NewJob::new("work").payload("calm")).await;
-        wait_for(store.as_ref(), calm, "the next job", |j| {
+        let panics = enqueue(&store, NewJob::new("work").payload("panic")).await;
+        let calm = enqueue(&store, NewJob::new("work").payload("calm")).await;
+        wait_for(&store, calm, "the next job", |j| {
             j.state == JobState::Succeeded
         })
         .await;
-        let job = wait_for(store.as_ref(), panics, "the failure", |j| {
+        let job = wait_for(&store, panics, "the failure", |j| {
             j.state == JobState::Queued && j.attempts == 1
         })
         .await;
@@ -532,7 +529,7 @@ mod scenarios {
             env.clock.now().saturating_add(Duration::from_secs(10))
         );
         env.clock.advance(Duration::from_secs(10));
-        let job = wait_for(store.as_ref(), panics, "the retry", |j| {
+        let job = wait_for(&store, panics, "the retry", |j| {
             j.state == JobState::Succeeded
         })
         .await;
@@ -563,8 +560,8 @@ mod scenarios {
                 }
             });
         let handle = build(worker).spawn();
-        let polite = enqueue(store.as_ref(), NewJob::new("work").payload("polite")).await;
-        let stubborn = enqueue(store.as_ref(), NewJob::new("work").payload("stubborn")).await;
+        let polite = enqueue(&store, NewJob::new("work").payload("polite")).await;
+        let stubborn = enqueue(&store, NewJob::new("work").payload("stubborn")).await;
         recv(&mut rx, "a start").await;
         recv(&mut rx, "a start").await;
 
@@ -575,7 +572,7 @@ mod scenarios {
         let (id, reason) = recv(&mut stopped_rx, "the handler to stop").await;
         assert_eq!(id, polite);
         assert_eq!(reason, Some(CancelReason::Requested));
-        let job = wait_for(store.as_ref(), polite, "cancellation", |j| {
+        let job = wait_for(&store, polite, "cancellation", |j| {
             j.state == JobState::Cancelled
         })
         .await;
@@ -583,7 +580,7 @@ mod scenarios {
             job.last_error.as_deref(),
             Some("cancelled: stopped on request")
         );
-        let job = wait_for(store.as_ref(), stubborn, "cancellation", |j| {
+        let job = wait_for(&store, stubborn, "cancellation", |j| {
             j.state == JobState::Cancelled
         })
         .await;
@@ -622,7 +619,7 @@ mod scenarios {
                 }
             });
         let handle = build(worker).spawn();
-        let id = enqueue(store.as_ref(), NewJob::new("work")).await;
+        let id = enqueue(&store, NewJob::new("work")).await;
         let first = recv(&mut rx, "the run").await;
 
         // A heartbeat landing between the clock's move and the reclaim still extends
@@ -669,9 +666,9 @@ mod scenarios {
         let store = env.store().await;
         let jobs: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("quick")).collect();
         store.enqueue_batch(jobs).await.expect("enqueue");
-        let counting = Arc::new(CountingStore::new(env.store().await, 0));
+        let (counted, counting) = env.layered(|inner| CountingStore::new(inner, 0)).await;
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let worker = test_worker(counting.clone(), "w").concurrency(32).handler(
+        let worker = test_worker(counted, "w").concurrency(32).handler(
             "quick",
             move |_ctx: JobContext, _payload: Bytes| {
                 let _ = tx.send(());
@@ -709,14 +706,15 @@ mod scenarios {
         let store = env.store().await;
         let jobs: Vec<NewJob> = (0..JOBS).map(|_| NewJob::new("quick")).collect();
         store.enqueue_batch(jobs).await.expect("enqueue");
-        let counting = Arc::new(CountingStore::new(env.store().await, 2));
+        let (counted, counting) = env.layered(|inner| CountingStore::new(inner, 2)).await;
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let worker = test_worker(counting.clone(), "w")
-            .concurrency(JOBS)
-            .handler("quick", move |_ctx: JobContext, _payload: Bytes| {
+        let worker = test_worker(counted, "w").concurrency(JOBS).handler(
+            "quick",
+            move |_ctx: JobContext, _payload: Bytes| {
                 let _ = tx.send(());
                 async { Ok::<(), JobError>(()) }
-            });
+            },
+        );
         let handle = build(worker).spawn();
         for _ in 0..JOBS {
             recv(&mut rx, "every handler to run").await;
@@ -747,7 +745,7 @@ mod scenarios {
         ];
         for step in plan {
             enqueue(
-                store.as_ref(),
+                &store,
                 NewJob::new("mixed").payload(step.as_bytes().to_vec()),
             )
             .await;
@@ -804,7 +802,7 @@ mod scenarios {
     /// job runs once, on its first attempt.
     pub async fn leases_of_a_claimed_batch_are_kept_while_a_first_poll_blocks(env: Env) {
         let store = env.store().await;
-        let ids = enqueue_plan(store.as_ref(), &["block", "a", "b"]).await;
+        let ids = enqueue_plan(&store, &["block", "a", "b"]).await;
         let gate = ThreadGate::new();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let worker = test_worker(env.store().await, "w")
@@ -815,7 +813,7 @@ mod scenarios {
         let handle = build(worker).spawn();
         let first = recv(&mut rx, "the blocking handler to start").await;
         assert_eq!(first.id, ids[0], "the jobs run in claim order");
-        outlive_leases(&env, store.as_ref(), &ids).await;
+        outlive_leases(&env, &store, &ids).await;
         assert!(
             store.reclaim(10).await.expect("reclaim").is_empty(),
             "no lease of the batch expired while its first job blocked the claim loop"
@@ -825,7 +823,7 @@ mod scenarios {
         for _ in 1..ids.len() {
             runs.push(recv(&mut rx, "the other handlers").await);
         }
-        wait_all_succeeded(store.as_ref(), &ids).await;
+        wait_all_succeeded(&store, &ids).await;
         handle.shutdown().await;
         assert_each_ran_once(&runs, &ids, 1);
     }
@@ -835,12 +833,12 @@ mod scenarios {
     /// it is handed back, and runs once, under its next claim.
     pub async fn a_job_whose_lease_expired_before_its_turn_is_not_started(env: Env) {
         let store = env.store().await;
-        let ids = enqueue_plan(store.as_ref(), &["block", "a", "b"]).await;
+        let ids = enqueue_plan(&store, &["block", "a", "b"]).await;
         let gate = ThreadGate::new();
-        let counting = Arc::new(CountingStore::new(env.store().await, 0));
+        let (counted, counting) = env.layered(|inner| CountingStore::new(inner, 0)).await;
         counting.heartbeats_down.store(true, Ordering::SeqCst);
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let worker = test_worker(counting.clone(), "w")
+        let worker = test_worker(counted, "w")
             .concurrency(3)
             .claim_batch(3)
             .disable_reclaim()
@@ -857,7 +855,7 @@ mod scenarios {
         for _ in 0..ids.len() {
             runs.push(recv(&mut rx, "the jobs' runs").await);
         }
-        wait_all_succeeded(store.as_ref(), &ids).await;
+        wait_all_succeeded(&store, &ids).await;
         handle.shutdown().await;
         for id in &ids[1..] {
             let attempts: Vec<u32> = runs
@@ -878,23 +876,23 @@ mod scenarios {
     /// that is; the job is not reclaimed and does not run again.
     pub async fn outcomes_waiting_to_be_recorded_keep_their_lease(env: Env) {
         let store = env.store().await;
-        let ids = enqueue_plan(store.as_ref(), &["quick"]).await;
-        let counting = Arc::new(CountingStore::new(env.store().await, 0));
+        let ids = enqueue_plan(&store, &["quick"]).await;
+        let (counted, counting) = env.layered(|inner| CountingStore::new(inner, 0)).await;
         counting.completions_down.store(true, Ordering::SeqCst);
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let worker = test_worker(counting.clone(), "w")
+        let worker = test_worker(counted, "w")
             .concurrency(1)
             .disable_reclaim()
             .handler("plan", blocking_handler(tx, ThreadGate::open_now(), 0));
         let handle = build(worker).spawn();
         let run = recv(&mut rx, "the handler").await;
-        outlive_leases(&env, store.as_ref(), &ids).await;
+        outlive_leases(&env, &store, &ids).await;
         assert!(
             store.reclaim(10).await.expect("reclaim").is_empty(),
             "a success waiting to be recorded keeps its lease"
         );
         counting.completions_down.store(false, Ordering::SeqCst);
-        let job = wait_for(store.as_ref(), ids[0], "success", |j| {
+        let job = wait_for(&store, ids[0], "success", |j| {
             j.state == JobState::Succeeded
         })
         .await;
@@ -909,7 +907,7 @@ mod scenarios {
     /// runs once, on its first attempt.
     pub async fn handlers_blocking_every_thread_cost_no_lease(env: Env) {
         let store = env.store().await;
-        let ids = enqueue_plan(store.as_ref(), &["block", "block", "block", "block"]).await;
+        let ids = enqueue_plan(&store, &["block", "block", "block", "block"]).await;
         let gate = ThreadGate::new();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let worker = test_worker(env.store().await, "w")
@@ -922,7 +920,7 @@ mod scenarios {
         for _ in 0..2 {
             runs.push(recv(&mut rx, "two handlers to block both threads").await);
         }
-        outlive_leases(&env, store.as_ref(), &ids).await;
+        outlive_leases(&env, &store, &ids).await;
         assert!(
             store.reclaim(10).await.expect("reclaim").is_empty(),
             "no lease expired while handlers blocked every handler thread"
@@ -931,7 +929,7 @@ mod scenarios {
         for _ in 2..ids.len() {
             runs.push(recv(&mut rx, "the other handlers").await);
         }
-        wait_all_succeeded(store.as_ref(), &ids).await;
+        wait_all_succeeded(&store, &ids).await;
         handle.shutdown().await;
         assert_each_ran_once(&runs, &ids, 1);
     }
@@ -942,7 +940,7 @@ mod scenarios {
     /// to its runtime runs handlers elsewhere). No lease is lost; each job runs once.
     pub async fn handlers_blocking_the_workers_runtime_cost_no_lease(env: Env) {
         let store = env.store().await;
-        let ids = enqueue_plan(store.as_ref(), &["block", "block"]).await;
+        let ids = enqueue_plan(&store, &["block", "block"]).await;
         let gate = ThreadGate::new();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let worker = build(
@@ -962,13 +960,13 @@ mod scenarios {
         for _ in 0..ids.len() {
             runs.push(recv(&mut rx, "both handlers to block").await);
         }
-        outlive_leases(&env, store.as_ref(), &ids).await;
+        outlive_leases(&env, &store, &ids).await;
         assert!(
             store.reclaim(10).await.expect("reclaim").is_empty(),
             "no lease expired while handlers blocked the worker's runtime"
         );
         gate.open();
-        wait_all_succeeded(store.as_ref(), &ids).await;
+        wait_all_succeeded(&store, &ids).await;
         stop.shutdown();
         running.await.expect("the worker's task ends");
         workers_runtime.shutdown_background();
@@ -980,12 +978,8 @@ mod scenarios {
     /// fails as timed out and is retried with backoff, and its slot runs the next job.
     pub async fn a_timed_out_handler_fails_its_attempt_and_frees_its_slot(env: Env) {
         let store = env.store().await;
-        let hung = enqueue(
-            store.as_ref(),
-            NewJob::new("hang").timeout(Duration::from_secs(60)),
-        )
-        .await;
-        let quick = enqueue(store.as_ref(), NewJob::new("hang").payload(&b"quick"[..])).await;
+        let hung = enqueue(&store, NewJob::new("hang").timeout(Duration::from_secs(60))).await;
+        let quick = enqueue(&store, NewJob::new("hang").payload(&b"quick"[..])).await;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let worker = test_worker(env.store().await, "w")
             .concurrency(1)
@@ -1013,7 +1007,7 @@ mod scenarios {
             "before its timeout the hung handler holds the only slot"
         );
         env.clock.advance(Duration::from_secs(1));
-        let job = wait_for(store.as_ref(), hung, "the timed out attempt", |j| {
+        let job = wait_for(&store, hung, "the timed out attempt", |j| {
             j.state == JobState::Queued && j.attempts == 1
         })
         .await;
@@ -1026,12 +1020,9 @@ mod scenarios {
             job.run_at >= env.clock.now().saturating_add(Duration::from_secs(10)),
             "and is retried with the worker's backoff"
         );
-        wait_for(
-            store.as_ref(),
-            quick,
-            "the next job in the freed slot",
-            |j| j.state == JobState::Succeeded,
-        )
+        wait_for(&store, quick, "the next job in the freed slot", |j| {
+            j.state == JobState::Succeeded
+        })
         .await;
         handle.shutdown().await;
     }
@@ -1041,7 +1032,7 @@ mod scenarios {
     /// returns at last, its result is not recorded.
     pub async fn a_handler_blocked_past_its_timeout_is_failed_by_the_keeper(env: Env) {
         let store = env.store().await;
-        let ids = enqueue_plan(store.as_ref(), &["block"]).await;
+        let ids = enqueue_plan(&store, &["block"]).await;
         let gate = ThreadGate::new();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let worker = test_worker(env.store().await, "w")
@@ -1053,12 +1044,9 @@ mod scenarios {
         let handle = build(worker).spawn();
         recv(&mut rx, "the blocking handler").await;
         env.clock.advance(Duration::from_secs(60));
-        let job = wait_for(
-            store.as_ref(),
-            ids[0],
-            "the attempt failed by the keeper",
-            |j| j.state == JobState::Queued,
-        )
+        let job = wait_for(&store, ids[0], "the attempt failed by the keeper", |j| {
+            j.state == JobState::Queued
+        })
         .await;
         assert_eq!(job.last_error.as_deref(), Some("timed out after 60s"));
         gate.open();
@@ -1075,12 +1063,12 @@ mod scenarios {
     /// interval, not one call per job.
     pub async fn heartbeats_go_out_in_one_call_per_interval(env: Env) {
         let store = env.store().await;
-        let ids = enqueue_plan(store.as_ref(), &["wait"; 8]).await;
-        let counting = Arc::new(CountingStore::new(env.store().await, 0));
+        let ids = enqueue_plan(&store, &["wait"; 8]).await;
+        let (counted, counting) = env.layered(|inner| CountingStore::new(inner, 0)).await;
         let gate = ThreadGate::new();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let handler_gate = gate.clone();
-        let worker = test_worker(counting.clone(), "w")
+        let worker = test_worker(counted, "w")
             .concurrency(8)
             .disable_reclaim()
             .handler("plan", move |ctx: JobContext, _payload: Bytes| {
@@ -1096,7 +1084,7 @@ mod scenarios {
             recv(&mut rx, "every handler").await;
         }
         let before = counting.heartbeat_batches.load(Ordering::SeqCst);
-        outlive_leases(&env, store.as_ref(), &ids).await;
+        outlive_leases(&env, &store, &ids).await;
         let calls = counting.heartbeat_batches.load(Ordering::SeqCst) - before;
         handle.shutdown_handle().shutdown();
         gate.open();
@@ -1112,7 +1100,7 @@ mod scenarios {
 }
 
 /// Enqueues one job of queue `plan` per step, in order, its payload the step's name.
-async fn enqueue_plan(store: &dyn Store, plan: &[&str]) -> Vec<JobId> {
+async fn enqueue_plan(store: &Store, plan: &[&str]) -> Vec<JobId> {
     let mut ids = Vec::with_capacity(plan.len());
     for step in plan {
         let job = NewJob::new("plan").payload(step.as_bytes().to_vec());
@@ -1194,7 +1182,7 @@ impl ThreadGate {
 /// Moves the store's clock four half-leases forward (two whole leases), and after each
 /// step waits until every job's stored lease runs past the new time: the worker's
 /// heartbeats must reach the store while the test drives its clock.
-async fn outlive_leases(env: &Env, store: &dyn Store, ids: &[JobId]) {
+async fn outlive_leases(env: &Env, store: &Store, ids: &[JobId]) {
     for _ in 0..4 {
         env.clock.advance(LEASE / 2);
         let now = env.clock.now();
@@ -1210,7 +1198,7 @@ async fn outlive_leases(env: &Env, store: &dyn Store, ids: &[JobId]) {
 }
 
 /// Waits until every job of `ids` has succeeded.
-async fn wait_all_succeeded(store: &dyn Store, ids: &[JobId]) {
+async fn wait_all_succeeded(store: &Store, ids: &[JobId]) {
     for id in ids {
         wait_for(store, *id, "success", |j| j.state == JobState::Succeeded).await;
     }
@@ -1232,10 +1220,11 @@ fn assert_each_ran_once(runs: &[Seen], ids: &[JobId], attempt: u32) {
     }
 }
 
-/// Forwards every call to `inner`, counting how successes reach it.
+/// A layer over the real backend counting how successes and heartbeats reach it,
+/// and failing them on demand; every other call is forwarded as it is.
 #[derive(Debug)]
 struct CountingStore {
-    inner: Arc<dyn Store>,
+    inner: Arc<dyn Backend>,
     completes: AtomicUsize,
     batches: AtomicUsize,
     batched_entries: AtomicUsize,
@@ -1249,7 +1238,7 @@ struct CountingStore {
 }
 
 impl CountingStore {
-    fn new(inner: Arc<dyn Store>, unavailable_batches: usize) -> Self {
+    fn new(inner: Arc<dyn Backend>, unavailable_batches: usize) -> Self {
         CountingStore {
             inner,
             completes: AtomicUsize::new(0),
@@ -1271,65 +1260,55 @@ fn test_outage() -> jobs::Error {
 }
 
 #[async_trait]
-impl Store for CountingStore {
-    fn settings(&self) -> &StoreSettings {
-        self.inner.settings()
+impl LayeredBackend for CountingStore {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
     }
-    async fn enqueue(&self, job: NewJob) -> jobs::Result<jobs::Enqueued> {
-        self.inner.enqueue(job).await
-    }
-    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> jobs::Result<Vec<jobs::Enqueued>> {
-        self.inner.enqueue_batch(jobs).await
-    }
-    async fn get(&self, id: JobId) -> jobs::Result<jobs::Job> {
-        self.inner.get(id).await
-    }
-    async fn payload(&self, id: JobId) -> jobs::Result<Bytes> {
-        self.inner.payload(id).await
-    }
-    async fn children(&self, parent: JobId) -> jobs::Result<Vec<jobs::Job>> {
-        self.inner.children(parent).await
-    }
-    async fn claim(&self, request: jobs::ClaimRequest) -> jobs::Result<Vec<jobs::ClaimedJob>> {
-        self.inner.claim(request).await
-    }
+
     async fn heartbeat(
         &self,
         id: JobId,
         token: LeaseToken,
         ttl: Duration,
+        now: Timestamp,
     ) -> jobs::Result<jobs::Heartbeat> {
         if self.heartbeats_down.load(Ordering::SeqCst) {
             return Err(test_outage());
         }
-        self.inner.heartbeat(id, token, ttl).await
+        self.inner.heartbeat(id, token, ttl, now).await
     }
+
     async fn heartbeat_batch(
         &self,
         leases: Vec<jobs::HeldLease>,
         ttl: Duration,
+        now: Timestamp,
     ) -> jobs::Result<Vec<jobs::Result<jobs::Heartbeat>>> {
         self.heartbeat_batches.fetch_add(1, Ordering::SeqCst);
         if self.heartbeats_down.load(Ordering::SeqCst) {
             return Err(test_outage());
         }
-        self.inner.heartbeat_batch(leases, ttl).await
+        self.inner.heartbeat_batch(leases, ttl, now).await
     }
+
     async fn complete(
         &self,
         id: JobId,
         token: LeaseToken,
         result: Option<Bytes>,
+        now: Timestamp,
     ) -> jobs::Result<()> {
         self.completes.fetch_add(1, Ordering::SeqCst);
         if self.completions_down.load(Ordering::SeqCst) {
             return Err(test_outage());
         }
-        self.inner.complete(id, token, result).await
+        self.inner.complete(id, token, result, now).await
     }
+
     async fn complete_batch(
         &self,
         completions: Vec<jobs::Completion>,
+        now: Timestamp,
     ) -> jobs::Result<Vec<jobs::Result<()>>> {
         self.batches.fetch_add(1, Ordering::SeqCst);
         let refuse = self
@@ -1341,40 +1320,7 @@ impl Store for CountingStore {
         }
         self.batched_entries
             .fetch_add(completions.len(), Ordering::SeqCst);
-        self.inner.complete_batch(completions).await
-    }
-    async fn fail(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        error: &str,
-        retry: jobs::Retry,
-    ) -> jobs::Result<JobState> {
-        self.inner.fail(id, token, error, retry).await
-    }
-    async fn release(&self, id: JobId, token: LeaseToken) -> jobs::Result<()> {
-        self.inner.release(id, token).await
-    }
-    async fn reclaim(&self, limit: usize) -> jobs::Result<Vec<jobs::ReclaimedJob>> {
-        self.inner.reclaim(limit).await
-    }
-    async fn cancel(&self, id: JobId) -> jobs::Result<JobState> {
-        self.inner.cancel(id).await
-    }
-    async fn retry(&self, id: JobId) -> jobs::Result<()> {
-        self.inner.retry(id).await
-    }
-    async fn stats(&self, queue: &str) -> jobs::Result<jobs::QueueStats> {
-        self.inner.stats(queue).await
-    }
-    async fn list(&self, query: jobs::ListQuery) -> jobs::Result<jobs::ListPage> {
-        self.inner.list(query).await
-    }
-    async fn purge(&self, limit: usize) -> jobs::Result<u64> {
-        self.inner.purge(limit).await
-    }
-    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> jobs::Result<()> {
-        self.inner.wait_for_work(queues, timeout).await
+        self.inner.complete_batch(completions, now).await
     }
 }
 
@@ -1384,8 +1330,8 @@ macro_rules! runtime_tests {
             use super::*;
 
             async fn env() -> Option<Env> {
-                let backend: Option<Box<dyn Backend>> = $open.await;
-                backend.map(Env::new)
+                let server: Option<Arc<dyn Server>> = $open.await;
+                server.map(Env::new)
             }
 
             runtime_tests!(@each
@@ -1417,46 +1363,62 @@ macro_rules! runtime_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $scenario() {
                 if let Some(env) = env().await {
-                    scenarios::$scenario(env).await;
+                    let server = env.server.clone();
+                    let namespace = env.settings.namespace.clone();
+                    common::with_teardown(
+                        scenarios::$scenario(env),
+                        server.teardown(&namespace),
+                    )
+                    .await;
                 }
             }
         )*
     };
 }
 
+/// In-process: nothing outlives the test's server.
 struct Memory(jobs_memory::MemoryServer);
 
 #[async_trait]
-impl Backend for Memory {
-    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
-        Arc::new(self.0.open(settings).expect("open a memory store"))
+impl Server for Memory {
+    async fn open(&self, settings: StoreSettings) -> Store {
+        Store::new(self.0.open(settings).expect("open a memory store"))
+    }
+
+    async fn teardown(&self, namespace: &str) -> Result<(), String> {
+        self.0.drop_namespace(namespace);
+        Ok(())
     }
 }
 
-async fn memory() -> Option<Box<dyn Backend>> {
-    Some(Box::new(Memory(jobs_memory::MemoryServer::new())))
+async fn memory() -> Option<Arc<dyn Server>> {
+    Some(Arc::new(Memory(jobs_memory::MemoryServer::new())))
 }
 
 runtime_tests!(memory, memory());
 
 /// A fresh file per test, in its own temporary directory, with the default
-/// configuration, as the quickstart uses it.
+/// configuration, as the quickstart uses it. The directory goes with the server.
 struct Sqlite(tempfile::TempDir);
 
 #[async_trait]
-impl Backend for Sqlite {
-    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
+impl Server for Sqlite {
+    async fn open(&self, settings: StoreSettings) -> Store {
         let path = self.0.path().join("jobs.db");
-        Arc::new(
+        Store::new(
             jobs_sqlite::SqliteStore::open(path, settings)
                 .await
                 .expect("open an sqlite store"),
         )
     }
+
+    async fn teardown(&self, _namespace: &str) -> Result<(), String> {
+        Ok(())
+    }
 }
 
-async fn sqlite() -> Option<Box<dyn Backend>> {
-    Some(Box::new(Sqlite(tempfile::tempdir().expect("a temp dir"))))
+async fn sqlite() -> Option<Arc<dyn Server>> {
+    Some(Arc::new(Sqlite(tempfile::tempdir().expect("a temp dir"))))
 }
 
 runtime_tests!(sqlite, sqlite());
@@ -1466,23 +1428,28 @@ struct Redis(String);
 
 #[cfg(feature = "redis")]
 #[async_trait]
-impl Backend for Redis {
-    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
-        Arc::new(
+impl Server for Redis {
+    async fn open(&self, settings: StoreSettings) -> Store {
+        Store::new(
             jobs::backends::redis::RedisStore::connect(&self.0, settings)
                 .await
                 .expect("connect to redis"),
         )
     }
+
+    async fn teardown(&self, namespace: &str) -> Result<(), String> {
+        common::drop_redis_namespace(&self.0, namespace).await
+    }
 }
 
 #[cfg(feature = "redis")]
 /// `REDIS_URL`, default `redis://127.0.0.1:6379`; skipped loudly when unreachable.
-async fn redis() -> Option<Box<dyn Backend>> {
+async fn redis() -> Option<Arc<dyn Server>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    // Connecting writes no key, so the probe leaves nothing to remove.
     let probe = StoreSettings::default().namespace(unique_namespace());
     match jobs::backends::redis::RedisStore::connect(&url, probe).await {
-        Ok(_) => Some(Box::new(Redis(url))),
+        Ok(_) => Some(Arc::new(Redis(url))),
         Err(err) => skip_or_fail("Redis", &url, &err),
     }
 }
@@ -1496,16 +1463,25 @@ struct Postgres(jobs::backends::postgres::PostgresBackend);
 
 #[cfg(feature = "postgres")]
 #[async_trait]
-impl Backend for Postgres {
-    async fn open(&self, settings: StoreSettings) -> Arc<dyn Store> {
-        Arc::new(self.0.store(settings).expect("a postgres store"))
+impl Server for Postgres {
+    async fn open(&self, settings: StoreSettings) -> Store {
+        Store::new(self.0.store(settings).expect("a postgres store"))
+    }
+
+    /// The namespace's rows in the shared schema; the schema stays.
+    async fn teardown(&self, namespace: &str) -> Result<(), String> {
+        self.0
+            .drop_namespace(namespace)
+            .await
+            .map(drop)
+            .map_err(|err| format!("could not remove PostgreSQL namespace {namespace}: {err}"))
     }
 }
 
 #[cfg(feature = "postgres")]
 /// `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`; skipped loudly
 /// when unreachable.
-async fn postgres() -> Option<Box<dyn Backend>> {
+async fn postgres() -> Option<Arc<dyn Server>> {
     use jobs::backends::postgres::{PostgresBackend, PostgresConfig};
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
@@ -1514,7 +1490,7 @@ async fn postgres() -> Option<Box<dyn Backend>> {
         .max_connections(4)
         .application_name("jobs-runtime-tests");
     match PostgresBackend::connect(config).await {
-        Ok(backend) => Some(Box::new(Postgres(backend))),
+        Ok(backend) => Some(Arc::new(Postgres(backend))),
         Err(err) => skip_or_fail("PostgreSQL", &url, &err),
     }
 }
