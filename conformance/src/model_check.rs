@@ -25,6 +25,7 @@
 //! seed), `JOBS_M1_SHRINK` (how many runs to spend shrinking a failure, default 256)
 //! and `JOBS_M1_TRACE=1` (prints every step of every case).
 
+mod invariants;
 mod model;
 mod ops;
 
@@ -264,7 +265,7 @@ async fn run_case(
         let changed: Vec<usize> = (0..run.model.jobs.len())
             .filter(|&i| sweep || before.get(i) != Some(&run.model.jobs[i]))
             .collect();
-        if let Err(message) = run.check_all(&changed).await {
+        if let Err(message) = run.check_invariants(&changed).await {
             return Err(Failure {
                 step,
                 message: format!("after the step, an invariant does not hold: {message}"),
@@ -939,88 +940,6 @@ impl Run {
         Err(format!(
             "list kept returning full pages after {bound} pages"
         ))
-    }
-
-    /// The invariants of M1, checked after every step against the whole store; `to_get`
-    /// are the jobs also read back one by one.
-    async fn check_all(&self, to_get: &[usize]) -> Result<(), String> {
-        // Every job is found by get, as the model has it, until purge removes it.
-        for &idx in to_get {
-            let want = &self.model.jobs[idx];
-            let got = self.store.get(self.ids[idx]).await;
-            match got {
-                Ok(job) if want.present => self.model.check_job(idx, &job, &self.ids, &QUEUES)?,
-                Err(err) if want.present => {
-                    return Err(format!("get #{idx} failed: {err}"));
-                }
-                Err(err) if err.is_not_found() => {}
-                other => return Err(format!("#{idx} was purged, yet get answered {other:?}")),
-            }
-        }
-        for (q, name) in QUEUES.iter().enumerate() {
-            let all = self
-                .store
-                .list(ListQuery::new(*name).limit(1_000))
-                .await
-                .map_err(|err| format!("list {name} failed: {err}"))?;
-            let mut listed = Vec::with_capacity(all.jobs.len());
-            for job in &all.jobs {
-                let idx = self.model_id(job.id, "list")?;
-                self.model
-                    .check_job(idx, job, &self.ids, &QUEUES)
-                    .map_err(|diff| format!("as listed: {diff}"))?;
-                listed.push(idx);
-            }
-            let want = self.model.list(q, None);
-            if listed != want || all.next.is_some() {
-                return Err(format!(
-                    "list {name}: the store lists {listed:?} (next {:?}), the model {want:?}",
-                    all.next
-                ));
-            }
-            // Each job in exactly one state: the per-state listings partition the queue.
-            let mut seen: HashMap<usize, JobState> = HashMap::new();
-            for state in JobState::ALL {
-                let page = self
-                    .store
-                    .list(ListQuery::new(*name).state(state).limit(1_000))
-                    .await
-                    .map_err(|err| format!("list {name} {state} failed: {err}"))?;
-                let mut listed = Vec::with_capacity(page.jobs.len());
-                for job in &page.jobs {
-                    let idx = self.model_id(job.id, "list")?;
-                    if let Some(other) = seen.insert(idx, state) {
-                        return Err(format!("#{idx} is listed both as {other} and as {state}"));
-                    }
-                    if job.state != state {
-                        return Err(format!(
-                            "list of {state} jobs shows #{idx} as {}",
-                            job.state
-                        ));
-                    }
-                    listed.push(idx);
-                }
-                let want = self.model.list(q, Some(state));
-                if listed != want {
-                    return Err(format!(
-                        "list {name} {state}: the store lists {listed:?}, the model {want:?}"
-                    ));
-                }
-            }
-            // No running job is claimable: the ready count holds only queued jobs.
-            let stats = self
-                .store
-                .stats(name)
-                .await
-                .map_err(|err| format!("stats {name} failed: {err}"))?;
-            let want = self.model.stats(q);
-            if stats != want {
-                return Err(format!(
-                    "stats {name}: the store counts {stats:?}, the model {want:?}"
-                ));
-            }
-        }
-        Ok(())
     }
 }
 
