@@ -25,24 +25,26 @@
 //! seed), `JOBS_M1_SHRINK` (how many runs to spend shrinking a failure, default 256)
 //! and `JOBS_M1_TRACE=1` (prints every step of every case).
 
+mod case;
 mod invariants;
 mod model;
 mod ops;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use jobs_core::{
     ClaimRequest, Clock, Completion, Enqueued, Error, JobId, JobState, LeaseToken, ListQuery,
-    ManualClock, NewJob, Retry, Store, Timestamp,
+    NewJob, Retry, Timestamp,
 };
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 use crate::{Harness, TestEnv};
-use model::{Expect, Model, ModelJob, NewModelJob};
-use ops::{Link, Mark, Op, Pick, Spec, Tok};
+use case::{Claim, Run};
+use model::{Expect, ModelJob, NewModelJob};
+use ops::{Link, Mark, Op, Spec};
 
 /// The queues every sequence works on.
 const QUEUES: [&str; 2] = ["m1-a", "m1-b"];
@@ -199,26 +201,6 @@ struct Failure {
     trace: Vec<String>,
 }
 
-/// A claim handed out during the case: the job (model id) and its token.
-#[derive(Debug, Clone, Copy)]
-struct Claim {
-    job: usize,
-    token: u64,
-}
-
-/// One case in progress: the store, the model, and the map between their ids.
-struct Run {
-    store: Store,
-    clock: ManualClock,
-    model: Model,
-    /// Model id → store id.
-    ids: Vec<JobId>,
-    /// Store id → model id.
-    by_id: HashMap<JobId, usize>,
-    claims: Vec<Claim>,
-    trace: Vec<String>,
-}
-
 async fn run_case(
     harness: &dyn Harness,
     ops: &[Op],
@@ -228,15 +210,7 @@ async fn run_case(
     let store = env
         .store_with(|s| s.dedup_window(DEDUP_WINDOW).retention(RETENTION))
         .await;
-    let mut run = Run {
-        store,
-        clock: env.clock.clone(),
-        model: Model::new(env.clock.now(), DEDUP_WINDOW, RETENTION),
-        ids: Vec::new(),
-        by_id: HashMap::new(),
-        claims: Vec::new(),
-        trace: Vec::new(),
-    };
+    let mut run = Run::new(store, env.clock.clone());
     let trace = std::env::var("JOBS_M1_TRACE").is_ok_and(|v| v == "1");
     for (step, op) in ops.iter().enumerate() {
         run.model.now = run.clock.now();
@@ -352,72 +326,6 @@ fn payload_of(variant: u8, step: usize) -> Vec<u8> {
 }
 
 impl Run {
-    /// Job `n` of all jobs so far.
-    fn job_ref(&self, n: u16) -> Option<usize> {
-        (!self.ids.is_empty()).then(|| usize::from(n) % self.ids.len())
-    }
-
-    /// The `n`th job the model says is `wanted`, if any.
-    fn job_where(&self, n: u16, wanted: impl Fn(&ModelJob) -> bool) -> Option<usize> {
-        let matching: Vec<usize> = (0..self.model.jobs.len())
-            .filter(|&i| wanted(&self.model.jobs[i]))
-            .collect();
-        (!matching.is_empty()).then(|| matching[usize::from(n) % matching.len()])
-    }
-
-    /// The job `pick` names: among the `wanted` ones unless it is wide or none is.
-    fn pick_job(&self, pick: Pick, wanted: impl Fn(&ModelJob) -> bool) -> Option<usize> {
-        let narrow = if pick.wide {
-            None
-        } else {
-            self.job_where(pick.n, wanted)
-        };
-        narrow.or_else(|| self.job_ref(pick.n))
-    }
-
-    /// The claim `pick` names: among the claims still held unless it is wide or none
-    /// is; `token` then says which token the call carries.
-    fn pick_claim(&self, pick: Pick, token: Tok) -> Option<Claim> {
-        let held: Vec<Claim> = self
-            .claims
-            .iter()
-            .copied()
-            .filter(|c| {
-                let job = &self.model.jobs[c.job];
-                job.state == JobState::Running
-                    && job.lease.as_ref().is_some_and(|l| l.token == c.token)
-            })
-            .collect();
-        let from = if pick.wide || held.is_empty() {
-            &self.claims
-        } else {
-            &held
-        };
-        let claim = from.get(usize::from(pick.n) % from.len().max(1))?;
-        Some(Claim {
-            job: claim.job,
-            token: match token {
-                Tok::Own => claim.token,
-                Tok::Next => claim.token + 1,
-                Tok::Prev => claim.token.saturating_sub(1),
-            },
-        })
-    }
-
-    fn label(&self, id: &JobId) -> String {
-        match self.by_id.get(id) {
-            Some(idx) => format!("#{idx}"),
-            None => format!("unknown id {id}"),
-        }
-    }
-
-    fn model_id(&self, id: JobId, what: &str) -> Result<usize, String> {
-        self.by_id
-            .get(&id)
-            .copied()
-            .ok_or_else(|| format!("{what} returned id {id}, which no enqueue ever returned"))
-    }
-
     /// The store's job and the model's job for `spec`.
     fn resolve(&self, spec: &Spec, step: usize) -> (NewJob, NewModelJob) {
         let now = self.model.now;
