@@ -1,8 +1,9 @@
 //! The state a job moves to when an attempt ends without success: written once here.
 //!
-//! The Rust backends call these functions; the Lua scripts of `jobs-redis` and the SQL
-//! of `jobs-sqlite` and `jobs-postgres` cannot, so each copy there names the function it
-//! mirrors, and the conformance suite holds every copy to the same answers.
+//! The Rust backends (`jobs-memory`, `jobs-sqlite`) call these functions; the Lua
+//! scripts of `jobs-redis` and the SQL of `jobs-postgres` cannot, so each copy there
+//! names the function it mirrors, and the conformance suite holds every copy to the same
+//! answers.
 
 use crate::model::{JobState, Retry};
 use crate::time::Timestamp;

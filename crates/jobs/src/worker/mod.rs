@@ -46,7 +46,7 @@ use crate::telemetry::WorkerMetrics;
 /// their leases alive, retries failures with backoff, and shuts down gracefully.
 ///
 /// ```no_run
-/// # async fn demo(store: std::sync::Arc<dyn jobs::Store>) -> jobs::Result<()> {
+/// # async fn demo(store: jobs::Store) -> jobs::Result<()> {
 /// use jobs::{JobContext, JobError, Worker};
 ///
 /// #[derive(serde::Deserialize)]
