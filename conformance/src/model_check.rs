@@ -20,6 +20,12 @@
 //! `cancel_requested` flag of a finished one. Store ids map to model ids in order of
 //! creation, and must be time-ordered.
 //!
+//! The code: this file runs the cases (the seed, the proptest runner, shrinking, the
+//! failure report); `ops` draws the operations; `case` holds a case in progress and
+//! maps store ids to model ids; `step` runs one operation on the store and on the
+//! model and compares their answers, one function per operation; `invariants` checks
+//! the whole store after every step; `model` is the reference model.
+//!
 //! Knobs (environment variables): `JOBS_M1_CASES` (default 64), `JOBS_M1_OPS` (the
 //! longest sequence, default 40), `JOBS_M1_SEED` (replays a run; a failure prints its
 //! seed), `JOBS_M1_SHRINK` (how many runs to spend shrinking a failure, default 256)
@@ -71,17 +77,7 @@ pub async fn m1_model_check(harness: &dyn Harness) {
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or_else(fresh_seed);
 
-    let mut seed_bytes = [0u8; 32];
-    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
-    let config = Config {
-        cases: cases as u32,
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new_with_rng(
-        config,
-        TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
-    );
+    let mut runner = seeded_runner(seed, cases);
     let strategy = ops::sequence(max_ops);
 
     let mut coverage: BTreeMap<String, u64> = BTreeMap::new();
@@ -97,27 +93,8 @@ pub async fn m1_model_check(harness: &dyn Harness) {
         };
         let (shrunk, failure, runs) =
             shrink(harness, original.clone(), failure, shrink_budget).await;
-        let mut report = String::new();
-        let _ = writeln!(
-            report,
-            "M1 model check failed (JOBS_M1_SEED={seed}, case {case} of {cases}, shrunk in {runs} runs)"
-        );
-        let _ = writeln!(report, "\nat step {}: {}", failure.step, failure.message);
-        let _ = writeln!(report, "\nshrunk sequence, with what each step returned:");
-        for line in &failure.trace {
-            let _ = writeln!(report, "  {line}");
-        }
-        let _ = writeln!(
-            report,
-            "\nshrunk sequence ({} ops):\n{shrunk:?}",
-            shrunk.len()
-        );
-        let _ = writeln!(
-            report,
-            "\noriginal sequence ({} ops):\n{original:?}",
-            original.len()
-        );
-        panic!("{report}");
+        let replay = format!("JOBS_M1_SEED={seed}, case {case} of {cases}");
+        panic!("{}", failure.report(&replay, runs, &shrunk, &original));
     }
     // Shown with --nocapture: how often each operation met each outcome, to see that
     // the sequences reach the interesting cases.
@@ -129,6 +106,23 @@ pub async fn m1_model_check(harness: &dyn Harness) {
     }
 }
 
+/// A proptest runner drawing from `seed` alone, so a seed replays its cases exactly;
+/// failures are not persisted to files, the seed in the report is the replay.
+fn seeded_runner(seed: u64, cases: u64) -> TestRunner {
+    let mut seed_bytes = [0u8; 32];
+    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = Config {
+        cases: cases as u32,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(
+        config,
+        TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
+    )
+}
+
+/// The value of environment variable `name`, or `default` when unset or not a number.
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -193,11 +187,45 @@ async fn shrink(
 /// Why and where a case failed.
 #[derive(Debug)]
 struct Failure {
+    /// The index of the failing step.
     step: usize,
+    /// What the store did that the model does not allow.
     message: String,
+    /// Every step up to the failing one, with what each returned.
     trace: Vec<String>,
 }
 
+impl Failure {
+    /// The panic message of a failed run: how to replay it (`replay`), where and why
+    /// the shrunk sequence fails, its steps with what each returned, then the shrunk
+    /// and the original sequence as data.
+    fn report(&self, replay: &str, runs: u64, shrunk: &[Op], original: &[Op]) -> String {
+        let mut report = String::new();
+        let _ = writeln!(
+            report,
+            "M1 model check failed ({replay}, shrunk in {runs} runs)"
+        );
+        let _ = writeln!(report, "\nat step {}: {}", self.step, self.message);
+        let _ = writeln!(report, "\nshrunk sequence, with what each step returned:");
+        for line in &self.trace {
+            let _ = writeln!(report, "  {line}");
+        }
+        let _ = writeln!(
+            report,
+            "\nshrunk sequence ({} ops):\n{shrunk:?}",
+            shrunk.len()
+        );
+        let _ = writeln!(
+            report,
+            "\noriginal sequence ({} ops):\n{original:?}",
+            original.len()
+        );
+        report
+    }
+}
+
+/// Runs `ops` on a fresh store and on the model, step by step, checking each answer
+/// and then the invariants; counts each step's outcome in `coverage`.
 async fn run_case(
     harness: &dyn Harness,
     ops: &[Op],
