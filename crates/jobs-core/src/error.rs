@@ -2,8 +2,8 @@
 
 use std::borrow::Cow;
 
-use crate::id::JobId;
-use crate::model::JobState;
+use crate::id::{JobId, ParseJobIdError};
+use crate::state::{JobState, ParseJobStateError};
 
 /// A boxed error from a driver or the operating system.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -153,6 +153,18 @@ impl Error {
     }
 }
 
+impl From<ParseJobIdError> for Error {
+    fn from(err: ParseJobIdError) -> Self {
+        Error::invalid("id", err.reason)
+    }
+}
+
+impl From<ParseJobStateError> for Error {
+    fn from(err: ParseJobStateError) -> Self {
+        Error::invalid("state", format!("unknown state {:?}", err.text))
+    }
+}
+
 /// The result of every store operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -173,5 +185,20 @@ mod tests {
         let err = Error::invalid("queue", "must not be empty");
         assert_eq!(err.invalid_field(), Some("queue"));
         assert_eq!(err.to_string(), "invalid queue: must not be empty");
+    }
+
+    #[test]
+    fn parse_errors_become_invalid_input_with_the_same_words() {
+        let id = "not-an-id".parse::<JobId>().expect_err("not an id");
+        let err = Error::from(id);
+        assert_eq!(err.invalid_field(), Some("id"));
+        assert_eq!(err.to_string(), id.to_string());
+
+        let state = "Queued"
+            .parse::<JobState>()
+            .expect_err("names are lower-case");
+        let err = Error::from(state.clone());
+        assert_eq!(err.invalid_field(), Some("state"));
+        assert_eq!(err.to_string(), state.to_string());
     }
 }

@@ -6,7 +6,6 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::str::FromStr;
 use std::sync::Mutex;
 
-use crate::error::Error;
 use crate::time::Timestamp;
 
 /// The identifier of a job: a UUIDv7 (48-bit millisecond timestamp, then a counter
@@ -77,9 +76,9 @@ impl JobId {
     }
 
     /// Builds an id from its 128-bit integer form, checking the UUIDv7 version and variant.
-    pub fn from_u128(value: u128) -> Result<Self, Error> {
+    pub fn from_u128(value: u128) -> Result<Self, ParseJobIdError> {
         if value & (0xf << 76) != VERSION_BITS || value & (0b11 << 62) != VARIANT_BITS {
-            return Err(Error::invalid("id", "not a UUIDv7"));
+            return Err(ParseJobIdError::NOT_V7);
         }
         Ok(JobId(value))
     }
@@ -90,7 +89,7 @@ impl JobId {
     }
 
     /// Builds an id from its 16 big-endian bytes.
-    pub fn from_bytes(bytes: [u8; 16]) -> Result<Self, Error> {
+    pub fn from_bytes(bytes: [u8; 16]) -> Result<Self, ParseJobIdError> {
         Self::from_u128(u128::from_be_bytes(bytes))
     }
 
@@ -134,8 +133,8 @@ impl JobId {
 
     /// Parses the canonical text (hex digits of either case) from bytes, as a backend
     /// reads them from a reply, without building a string first.
-    pub fn parse_canonical(bytes: &[u8]) -> Result<Self, Error> {
-        let invalid = || Error::invalid("id", "not a canonical UUID string");
+    pub fn parse_canonical(bytes: &[u8]) -> Result<Self, ParseJobIdError> {
+        let invalid = || ParseJobIdError::NOT_CANONICAL;
         if bytes.len() != TEXT_LEN {
             return Err(invalid());
         }
@@ -174,9 +173,9 @@ impl fmt::Debug for JobId {
 }
 
 impl FromStr for JobId {
-    type Err = Error;
+    type Err = ParseJobIdError;
 
-    fn from_str(s: &str) -> Result<Self, Error> {
+    fn from_str(s: &str) -> Result<Self, ParseJobIdError> {
         Self::parse_canonical(s.as_bytes())
     }
 }
@@ -193,6 +192,35 @@ impl<'de> serde::Deserialize<'de> for JobId {
         text.parse().map_err(serde::de::Error::custom)
     }
 }
+
+/// Text or bytes that are not a job id: not the canonical UUID text, or a UUID
+/// of another version than 7. Converts into [`Error::InvalidInput`] for the field `id`,
+/// so `?` works in functions returning the crate's [`Result`].
+///
+/// [`Error::InvalidInput`]: crate::Error::InvalidInput
+/// [`Result`]: crate::Result
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseJobIdError {
+    /// Why, in the words of [`Error::InvalidInput`](crate::Error::InvalidInput).
+    pub(crate) reason: &'static str,
+}
+
+impl ParseJobIdError {
+    const NOT_CANONICAL: Self = ParseJobIdError {
+        reason: "not a canonical UUID string",
+    };
+    const NOT_V7: Self = ParseJobIdError {
+        reason: "not a UUIDv7",
+    };
+}
+
+impl fmt::Display for ParseJobIdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid id: {}", self.reason)
+    }
+}
+
+impl std::error::Error for ParseJobIdError {}
 
 /// A `HashMap` keyed by job id, hashed with [`JobIdHasher`].
 pub type JobIdMap<V> = HashMap<JobId, V, BuildHasherDefault<JobIdHasher>>;

@@ -7,6 +7,7 @@ mod error;
 mod id;
 mod model;
 mod order;
+mod state;
 mod store;
 mod time;
 pub mod transition;
@@ -15,13 +16,14 @@ pub mod validate;
 pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend};
 pub use backoff::Backoff;
 pub use error::{BoxError, Error, Result, SharedError};
-pub use id::{JobId, JobIdHasher, JobIdMap};
+pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
     TypedJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
 };
 pub use order::ReadyOrder;
+pub use state::ParseJobStateError;
 pub use store::Store;
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
 

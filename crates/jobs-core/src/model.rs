@@ -1,7 +1,6 @@
 //! The job model of CONTRACT §1–2 and the arguments and results of store operations.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,68 +10,9 @@ use crate::error::Error;
 use crate::id::JobId;
 use crate::time::{Clock, SystemClock, Timestamp};
 
-/// The state of a job (CONTRACT §2). A queued job whose `run_at` is in the future is
-/// *scheduled*, but still `Queued`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum JobState {
-    /// Waiting to be claimed (ready, or scheduled for later).
-    Queued,
-    /// Claimed by a worker that holds its lease.
-    Running,
-    /// Completed. Terminal.
-    Succeeded,
-    /// Failed for good: no retry asked, or attempts used up. Terminal.
-    Dead,
-    /// Cancelled by an operator. Terminal.
-    Cancelled,
-}
-
-impl JobState {
-    /// Every state, in declaration order.
-    pub const ALL: [JobState; 5] = [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Succeeded,
-        JobState::Dead,
-        JobState::Cancelled,
-    ];
-
-    /// Whether the job will never run again unless an operator retries it.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Dead | JobState::Cancelled
-        )
-    }
-
-    /// The lower-case name stored by backends.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Queued => "queued",
-            JobState::Running => "running",
-            JobState::Succeeded => "succeeded",
-            JobState::Dead => "dead",
-            JobState::Cancelled => "cancelled",
-        }
-    }
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for JobState {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Error> {
-        JobState::ALL
-            .into_iter()
-            .find(|state| state.as_str() == s)
-            .ok_or_else(|| Error::invalid("state", format!("unknown state {s:?}")))
-    }
-}
+// The state is part of the job model; it has a module of its own only so that `error`
+// can name it without depending on the model.
+pub use crate::state::JobState;
 
 /// A fencing token: proof of holding a job's lease. Every claim of a job issues a
 /// token greater than all earlier tokens of that job (CONTRACT C6), so a worker whose
