@@ -223,40 +223,63 @@ impl std::error::Error for ParseJobIdError {}
 /// A `HashMap` keyed by job id, hashed with [`JobIdHasher`].
 pub type JobIdMap<V> = HashMap<JobId, V, BuildHasherDefault<JobIdHasher>>;
 
-/// A hasher for maps keyed by [`JobId`], much cheaper than the default SipHash.
+/// A hasher for maps keyed by [`JobId`], much cheaper than the default SipHash: the
+/// `rustc-hash` crate's `FxHasher`, two multiplies for an id.
 ///
 /// Job ids are minted by stores, not chosen by callers, and their low bits already
-/// vary (a per-process counter over random bits), so one multiply spreads them over
-/// the table; SipHash's protection against chosen keys buys nothing here and costs a
-/// noticeable share of a job's bookkeeping in the memory store and the worker runtime.
-/// Other keys fall back to FNV-1a, correct if not fast.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct JobIdHasher(u64);
+/// vary (a per-millisecond counter over random bits), so a multiplicative hash spreads
+/// them over the table; SipHash's protection against chosen keys buys nothing here and
+/// costs a noticeable share of a job's bookkeeping in the memory store and the worker
+/// runtime. Its values are not stable across versions: never store them.
+#[derive(Clone, Default)]
+pub struct JobIdHasher(rustc_hash::FxHasher);
 
-impl JobIdHasher {
-    /// 2^64 / golden ratio: an odd constant whose multiples spread consecutive
-    /// integers over the high bits, which the table's control bytes use.
-    const SPREAD: u64 = 0x9e37_79b9_7f4a_7c15;
+impl fmt::Debug for JobIdHasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("JobIdHasher").field(&self.finish()).finish()
+    }
 }
 
 impl Hasher for JobIdHasher {
+    #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        self.0.finish()
     }
 
+    #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-        let mut hash = self.0 ^ 0xcbf2_9ce4_8422_2325;
-        for byte in bytes {
-            hash = (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME);
-        }
-        self.0 = hash;
+        self.0.write(bytes);
     }
 
+    // Every fixed-width write goes to FxHasher's own, not through `write`'s bytes.
+    #[inline]
+    fn write_u8(&mut self, value: u8) {
+        self.0.write_u8(value);
+    }
+
+    #[inline]
+    fn write_u16(&mut self, value: u16) {
+        self.0.write_u16(value);
+    }
+
+    #[inline]
+    fn write_u32(&mut self, value: u32) {
+        self.0.write_u32(value);
+    }
+
+    #[inline]
+    fn write_u64(&mut self, value: u64) {
+        self.0.write_u64(value);
+    }
+
+    #[inline]
     fn write_u128(&mut self, value: u128) {
-        // Truncating casts on purpose: the two halves are folded into one word.
-        let folded = (value as u64) ^ ((value >> 64) as u64);
-        self.0 = (self.0 ^ folded).wrapping_mul(Self::SPREAD);
+        self.0.write_u128(value);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, value: usize) {
+        self.0.write_usize(value);
     }
 }
 
