@@ -8,10 +8,10 @@ use std::time::Duration;
 use jobs_core::{Error, Result};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool};
+use uuid::Uuid;
 
 use crate::conn::Shared;
 use crate::health::Health;
-use crate::row::PgUuid;
 use crate::schema;
 use crate::sql::Statements;
 use crate::wake::Wake;
@@ -342,7 +342,7 @@ impl PostgresBackend {
     pub async fn vanish(&self, namespace: &str, id: jobs_core::JobId) -> Result<()> {
         let query = sqlx::query(self.shared.sql.vanish.sql())
             .bind(namespace)
-            .bind(PgUuid::from_id(id));
+            .bind(Uuid::from(id));
         self.shared.fetch_all("vanish", query).await?;
         Ok(())
     }
@@ -399,7 +399,7 @@ mod tests {
     /// that transaction: what the statement's own commit would use.
     async fn setting_after(pool: &PgPool, sql: &Statements, name: &str) -> String {
         let ns = "durability-test-no-jobs";
-        let id = PgUuid::MAX;
+        let id = Uuid::max();
         let mut tx = pool.begin().await.expect("begin");
         let query = match name {
             "claim" => sqlx::query(sql.claim.sql())

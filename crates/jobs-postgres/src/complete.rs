@@ -7,10 +7,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use jobs_core::{JobId, Result, StoreSettings, Timestamp};
 use sqlx::postgres::PgBindIterExt;
+use uuid::Uuid;
 
 use crate::batch::Batch;
 use crate::conn::Shared;
-use crate::row::{column, PgUuid};
+use crate::row::{self, column};
 
 /// What became of one completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +80,7 @@ impl Batch for Completions {
                 };
                 sqlx::query(text.sql())
                     .bind(&settings.namespace)
-                    .bind(sorted.iter().map(|c| PgUuid::from_id(c.id)).bind_iter())
+                    .bind(sorted.iter().map(|c| Uuid::from(c.id)).bind_iter())
                     .bind(sorted.iter().map(|c| c.token).bind_iter())
                     .bind(sorted.iter().map(|c| c.result.as_deref()).bind_iter())
                     .bind(now)
@@ -88,7 +89,7 @@ impl Batch for Completions {
         let what = || "completion batch row".to_owned();
         let mut outcomes = HashMap::with_capacity(rows.len());
         for row in &rows {
-            let id = column::<PgUuid>(row, 0, &what)?.job_id()?;
+            let id = row::job_id(column(row, 0, &what)?)?;
             let completed: bool = column(row, 1, &what)?;
             let found: bool = column(row, 2, &what)?;
             let outcome = match (completed, found) {

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use jobs_core::{Enqueued, Error, JobId, NewJob, Result, StoreSettings, Timestamp};
 use sqlx::postgres::PgBindIterExt;
 use sqlx::Postgres;
+use uuid::Uuid;
 
 use crate::batch::Batch;
 use crate::conn::Shared;
-use crate::row::{column, PgUuid};
+use crate::row::{self, column};
 
 /// Most payload bytes sent in one enqueue statement. A larger batch is split into
 /// several statements inside one transaction, so it stays all-or-nothing.
@@ -41,7 +42,7 @@ where
     let result = sqlx::query(shared.sql.enqueue.sql())
         .bind(&settings.namespace)
         .bind(now.as_millis())
-        .bind(rows.iter().map(|r| PgUuid::from_id(r.id)).bind_iter())
+        .bind(rows.iter().map(|r| Uuid::from(r.id)).bind_iter())
         .bind(rows.iter().map(|r| r.job.queue.as_str()).bind_iter())
         .bind(rows.iter().map(|r| r.job.tenant.as_bytes()).bind_iter())
         .bind(
@@ -63,7 +64,7 @@ where
         )
         .bind(
             rows.iter()
-                .map(|r| r.job.parent.map(PgUuid::from_id))
+                .map(|r| r.job.parent.map(Uuid::from))
                 .bind_iter(),
         )
         .bind(now.saturating_sub(settings.dedup_window).as_millis())
@@ -99,7 +100,7 @@ where
                 ));
             }
             Ok(Ok(Enqueued {
-                id: column::<PgUuid>(row, 1, &what)?.job_id()?,
+                id: row::job_id(column(row, 1, &what)?)?,
                 created: column(row, 2, &what)?,
             }))
         })

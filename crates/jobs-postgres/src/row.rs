@@ -1,89 +1,18 @@
-//! Values between Rust and Postgres: the `uuid` wire form of job ids, and jobs read
+//! Values between Rust and Postgres: job ids read from `uuid` columns, and jobs read
 //! from rows, where anything out of shape is `Error::Corrupt`, never a panic.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use jobs_core::{Error, Job, JobId, JobState, Lease, LeaseToken, Result, Timestamp};
-use sqlx::encode::IsNull;
-use sqlx::error::BoxDynError;
-use sqlx::postgres::types::Oid;
-use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgRow, PgTypeInfo, PgValueFormat};
-use sqlx::postgres::{PgValueRef, Postgres};
-use sqlx::{Decode, Encode, Row, Type};
+use sqlx::postgres::{PgRow, Postgres};
+use sqlx::{Decode, Row, Type};
+use uuid::Uuid;
 
-/// The OIDs of `uuid` and `uuid[]`, fixed in every Postgres since 8.3.
-const UUID_OID: Oid = Oid(2950);
-const UUID_ARRAY_OID: Oid = Oid(2951);
-
-/// A job id on the wire: Postgres `uuid`, 16 bytes in binary form.
-///
-/// Written here rather than through sqlx's `uuid` feature so the crate needs no
-/// uuid library; decoding stops at the bytes, and [`PgUuid::job_id`] checks that they
-/// are a UUIDv7, so a foreign value in the column is reported as corrupt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct PgUuid(pub(crate) [u8; 16]);
-
-impl PgUuid {
-    pub(crate) fn from_id(id: JobId) -> Self {
-        PgUuid(id.to_bytes())
-    }
-
-    /// The largest uuid: the cursor before the first page of a newest-first listing.
-    pub(crate) const MAX: PgUuid = PgUuid([0xff; 16]);
-
-    pub(crate) fn job_id(self) -> Result<JobId> {
-        JobId::from_bytes(self.0).map_err(|_| {
-            Error::corrupt(
-                format!("job id {}", hex(&self.0)),
-                "the stored id is not a UUIDv7",
-            )
-        })
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-impl Type<Postgres> for PgUuid {
-    fn type_info() -> PgTypeInfo {
-        PgTypeInfo::with_oid(UUID_OID)
-    }
-}
-
-impl PgHasArrayType for PgUuid {
-    fn array_type_info() -> PgTypeInfo {
-        PgTypeInfo::with_oid(UUID_ARRAY_OID)
-    }
-}
-
-impl Encode<'_, Postgres> for PgUuid {
-    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
-        buf.extend_from_slice(&self.0);
-        Ok(IsNull::No)
-    }
-}
-
-impl Decode<'_, Postgres> for PgUuid {
-    fn decode(value: PgValueRef<'_>) -> Result<Self, BoxDynError> {
-        match value.format() {
-            PgValueFormat::Binary => {
-                let bytes: [u8; 16] = value
-                    .as_bytes()?
-                    .try_into()
-                    .map_err(|_| "a uuid is not 16 bytes")?;
-                Ok(PgUuid(bytes))
-            }
-            PgValueFormat::Text => {
-                let text = value.as_str()?;
-                let digits: String = text.chars().filter(|c| *c != '-').collect();
-                let value = u128::from_str_radix(&digits, 16)
-                    .map_err(|_| format!("not a uuid: {text:?}"))?;
-                Ok(PgUuid(value.to_be_bytes()))
-            }
-        }
-    }
+/// The id of a job as read back from a `uuid` column: only a UUIDv7 is one, so a
+/// foreign value in the column is reported as corrupt.
+pub(crate) fn job_id(uuid: Uuid) -> Result<JobId> {
+    JobId::try_from(uuid).map_err(|err| Error::corrupt(format!("job id {uuid}"), err.to_string()))
 }
 
 /// Reads column `index`, reporting a failure as a corrupt record of `what`.
@@ -105,8 +34,7 @@ fn count(value: i64, field: &str, what: &dyn Fn() -> String) -> Result<u32> {
 
 /// A job from the columns of `sql::job_columns!`, starting at column 0.
 pub(crate) fn job(row: &PgRow) -> Result<Job> {
-    let raw_id: PgUuid = column(row, 0, &|| "job row".to_owned())?;
-    let id = raw_id.job_id()?;
+    let id = job_id(column(row, 0, &|| "job row".to_owned())?)?;
     let what = || format!("job {id}");
     let what: &dyn Fn() -> String = &what;
 
@@ -114,8 +42,8 @@ pub(crate) fn job(row: &PgRow) -> Result<Job> {
     let state: JobState = state
         .parse()
         .map_err(|_| Error::corrupt(what(), format!("unknown state {state:?}")))?;
-    let parent = column::<Option<PgUuid>>(row, 8, what)?
-        .map(PgUuid::job_id)
+    let parent = column::<Option<Uuid>>(row, 8, what)?
+        .map(job_id)
         .transpose()?;
     let idempotency_key = column::<Option<Vec<u8>>>(row, 3, what)?
         .map(|key| text(key, "idempotency_key", what))

@@ -15,13 +15,14 @@ use jobs_core::{
 use sqlx::postgres::{PgBindIterExt, PgRow};
 use sqlx::PgPool;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 use crate::backend::{PostgresBackend, PostgresConfig};
 use crate::batch::Batcher;
 use crate::complete::{Completion, Completions, Outcome};
 use crate::conn::{PgQuery, Shared};
 use crate::enqueue::{enqueue_all, Enqueue, Enqueues};
-use crate::row::{self, column, PgUuid};
+use crate::row::{self, column};
 
 /// The jobs of one namespace of a PostgreSQL schema: a [`jobs_core::Backend`], used
 /// through a [`jobs_core::Store`] handle (`Store::new(store)`).
@@ -155,7 +156,7 @@ impl PostgresStore {
             .fetch_optional_again(what, || {
                 sqlx::query(self.sql().exists.sql())
                     .bind(self.namespace())
-                    .bind(PgUuid::from_id(id))
+                    .bind(Uuid::from(id))
             })
             .await?;
         row.map(|row| row::state(&row, 0, &|| format!("job {id}")))
@@ -232,7 +233,7 @@ impl Backend for PostgresStore {
             .fetch_optional_again("get", || {
                 sqlx::query(self.sql().get.sql())
                     .bind(self.namespace())
-                    .bind(PgUuid::from_id(id))
+                    .bind(Uuid::from(id))
             })
             .await?;
         match row {
@@ -246,7 +247,7 @@ impl Backend for PostgresStore {
             .fetch_optional_again("payload", || {
                 sqlx::query(self.sql().payload.sql())
                     .bind(self.namespace())
-                    .bind(PgUuid::from_id(id))
+                    .bind(Uuid::from(id))
             })
             .await?;
         match row {
@@ -264,7 +265,7 @@ impl Backend for PostgresStore {
             .fetch_all_again("children", |_| {
                 sqlx::query(self.sql().children.sql())
                     .bind(self.namespace())
-                    .bind(PgUuid::from_id(parent))
+                    .bind(Uuid::from(parent))
             })
             .await?;
         rows.iter().map(row::job).collect()
@@ -311,7 +312,7 @@ impl Backend for PostgresStore {
             .fetch_optional_again("heartbeat", || {
                 sqlx::query(self.sql().heartbeat.sql())
                     .bind(self.namespace())
-                    .bind(PgUuid::from_id(id))
+                    .bind(Uuid::from(id))
                     .bind(token_param(token))
                     .bind(expires_at.as_millis())
                     .bind(now.as_millis())
@@ -346,7 +347,7 @@ impl Backend for PostgresStore {
                     .bind(
                         sorted
                             .iter()
-                            .map(|(_, lease)| PgUuid::from_id(lease.id))
+                            .map(|(_, lease)| Uuid::from(lease.id))
                             .bind_iter(),
                     )
                     .bind(
@@ -439,7 +440,7 @@ impl Backend for PostgresStore {
         // "lease lost" for a failure that was recorded.
         let query = sqlx::query(self.sql().fail.sql())
             .bind(self.namespace())
-            .bind(PgUuid::from_id(id))
+            .bind(Uuid::from(id))
             .bind(token_param(token))
             .bind(retry_at)
             .bind(now.as_millis())
@@ -455,7 +456,7 @@ impl Backend for PostgresStore {
         // Sent once, as `fail` is.
         let query = sqlx::query(self.sql().release.sql())
             .bind(self.namespace())
-            .bind(PgUuid::from_id(id))
+            .bind(Uuid::from(id))
             .bind(token_param(token))
             .bind(now.as_millis());
         let row = self.fetch_optional_once("release", query).await?;
@@ -491,7 +492,7 @@ impl Backend for PostgresStore {
         let mut requeued: Vec<String> = Vec::new();
         for row in &rows {
             let job = ReclaimedJob {
-                id: column::<PgUuid>(row, 0, &what)?.job_id()?,
+                id: row::job_id(column(row, 0, &what)?)?,
                 state: row::state(row, 1, &what)?,
             };
             if job.state == JobState::Queued {
@@ -517,7 +518,7 @@ impl Backend for PostgresStore {
                 .fetch_optional_again("cancel", || {
                     sqlx::query(self.sql().cancel.sql())
                         .bind(self.namespace())
-                        .bind(PgUuid::from_id(id))
+                        .bind(Uuid::from(id))
                         .bind(now.as_millis())
                 })
                 .await?;
@@ -537,7 +538,7 @@ impl Backend for PostgresStore {
         // the job as already queued.
         let query = sqlx::query(self.sql().retry.sql())
             .bind(self.namespace())
-            .bind(PgUuid::from_id(id))
+            .bind(Uuid::from(id))
             .bind(now.as_millis());
         let row = self.fetch_optional_once("retry", query).await?;
         if let Some(row) = row {
@@ -602,7 +603,7 @@ impl Backend for PostgresStore {
                     .bind(self.namespace())
                     .bind(&query.queue)
                     .bind(&states[..])
-                    .bind(query.cursor.map_or(PgUuid::MAX, PgUuid::from_id))
+                    .bind(query.cursor.map_or(Uuid::max(), Uuid::from))
                     .bind(limit_param(query.limit))
             })
             .await?;
