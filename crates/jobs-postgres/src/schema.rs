@@ -1,5 +1,7 @@
 //! Embedded, versioned migrations, applied under an advisory lock.
 
+use std::hash::Hasher;
+
 use jobs_core::{Error, Result};
 use sqlx::{AssertSqlSafe, PgPool, Row};
 
@@ -37,15 +39,20 @@ pub(crate) fn latest_version() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
-/// The advisory lock key of `schema`'s migrations: FNV-1a of a fixed prefix and the
-/// schema name, so two schemas in one database migrate independently.
+/// The advisory lock key of `schema`'s migrations: the 64-bit FNV-1a hash of a fixed
+/// prefix and the schema name, so two schemas in one database migrate independently.
+///
+/// FNV-1a is a fixed function, unlike std's and rustc-hash's hashers, which may change
+/// between releases: every build of this crate takes the same key for a schema (the
+/// one it took before this hash came from the `fnv` crate), so processes of different
+/// versions migrating one schema at once still queue on one lock.
 fn lock_key(schema: &str) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in b"jobs-postgres/migrate/".iter().chain(schema.as_bytes()) {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    i64::from_ne_bytes(hash.to_ne_bytes())
+    let mut hasher = fnv::FnvHasher::default();
+    // `write`, not `Hash::hash`: a str's `Hash` appends a terminator byte, which would
+    // change the key.
+    hasher.write(b"jobs-postgres/migrate/");
+    hasher.write(schema.as_bytes());
+    i64::from_ne_bytes(hasher.finish().to_ne_bytes())
 }
 
 /// Brings `schema` to the latest version.
@@ -178,6 +185,10 @@ mod tests {
     fn lock_keys_differ_per_schema_and_are_stable() {
         assert_eq!(lock_key("jobs"), lock_key("jobs"));
         assert_ne!(lock_key("jobs"), lock_key("jobs2"));
+        // The key every earlier build took for `jobs` (FNV-1a of
+        // "jobs-postgres/migrate/jobs", computed apart from this crate): a build taking
+        // another one would migrate beside an older build instead of after it.
+        assert_eq!(lock_key("jobs"), -5_547_722_612_429_380_058);
     }
 
     #[test]
