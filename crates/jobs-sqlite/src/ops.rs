@@ -57,11 +57,11 @@ macro_rules! job_columns {
 /// How many columns `job_columns!` names: a query that reads more puts them after.
 const JOB_COLUMNS: usize = 21;
 
-fn id_from_blob(what: &str, bytes: &[u8]) -> Result<JobId> {
-    let array: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| Error::corrupt(what.to_owned(), format!("id of {} bytes", bytes.len())))?;
-    JobId::from_bytes(array).map_err(|err| Error::corrupt(what.to_owned(), err.to_string()))
+/// The job id in a 16-byte `id` blob, as `JobId::to_bytes` wrote it. The blob is read
+/// as `[u8; 16]` (no allocation; a blob of another size fails in rusqlite and is
+/// reported `Corrupt` by `db_error`); here the bytes must also be a UUIDv7.
+fn id_from_blob(what: &str, bytes: [u8; 16]) -> Result<JobId> {
+    JobId::from_bytes(bytes).map_err(|err| Error::corrupt(what.to_owned(), err.to_string()))
 }
 
 fn millis(value: Option<i64>) -> Option<Timestamp> {
@@ -76,8 +76,7 @@ fn token_value(token: LeaseToken) -> Option<i64> {
 
 fn job_from_row(row: &Row<'_>) -> Result<Job> {
     let read = |err| crate::error::db_error("read a job row", err);
-    let id_bytes: Vec<u8> = row.get(0).map_err(read)?;
-    let id = id_from_blob("job id", &id_bytes)?;
+    let id = id_from_blob("job id", row.get(0).map_err(read)?)?;
     let what = || format!("job {id}");
     let corrupt = |field: &str, value: i64| {
         Error::corrupt(what(), format!("{field} holds {value}, out of range"))
@@ -90,8 +89,8 @@ fn job_from_row(row: &Row<'_>) -> Result<Job> {
     let max_attempts_raw = get_i64(6)?;
     let max_attempts =
         u32::try_from(max_attempts_raw).map_err(|_| corrupt("max_attempts", max_attempts_raw))?;
-    let parent = match row.get::<_, Option<Vec<u8>>>(7).map_err(read)? {
-        Some(bytes) => Some(id_from_blob(&what(), &bytes)?),
+    let parent = match row.get::<_, Option<[u8; 16]>>(7).map_err(read)? {
+        Some(bytes) => Some(id_from_blob(&what(), bytes)?),
         None => None,
     };
     let state_raw = get_i64(8)?;
@@ -178,7 +177,7 @@ pub(crate) fn enqueue(
         }
     }
     if let Some(key) = &job.idempotency_key {
-        let existing: Option<(Vec<u8>, i64)> = tx
+        let existing: Option<([u8; 16], i64)> = tx
             .conn()
             .prepare_cached(
                 "SELECT job_id, created_at FROM jobq_dedup
@@ -192,7 +191,7 @@ pub(crate) fn enqueue(
             })
             .db("look the idempotency key up")?;
         if let Some((id_bytes, created_at)) = existing {
-            let id = id_from_blob("idempotency record", &id_bytes)?;
+            let id = id_from_blob("idempotency record", id_bytes)?;
             // The key counts only while its window is open and its job still exists
             // (E2, E6); a key whose job is gone is taken over by the new job (E5).
             if settings.dedup_active(Timestamp::from_millis(created_at), now)
@@ -607,7 +606,7 @@ pub(crate) fn reclaim(
     now: Timestamp,
 ) -> Result<Vec<ReclaimedJob>> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let expired: Vec<(i64, Vec<u8>, i64, i64, i64)> = tx
+    let expired: Vec<(i64, [u8; 16], i64, i64, i64)> = tx
         .conn()
         .prepare_cached(
             "SELECT job, id, attempts, max_attempts, cancel_requested
@@ -633,7 +632,7 @@ pub(crate) fn reclaim(
     let expired = expired
         .into_iter()
         .map(|(row, id, attempts, max_attempts, cancel)| {
-            let id = id_from_blob("job id", &id)?;
+            let id = id_from_blob("job id", id)?;
             Ok((
                 row,
                 id,
@@ -945,4 +944,31 @@ pub(crate) fn has_ready(
         }
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An id blob of another size than 16 bytes, or 16 bytes that are no UUIDv7, is a
+    /// corrupt record: never a panic, and never another kind of error.
+    #[test]
+    fn id_blobs_are_16_bytes_of_a_uuid_v7() {
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        let read = |blob: Vec<u8>| -> Result<JobId> {
+            let bytes: [u8; 16] = conn
+                .query_row("SELECT ?1", [blob], |row| row.get(0))
+                .db("read an id")?;
+            id_from_blob("job id", bytes)
+        };
+        let id = JobId::mint(Timestamp::from_millis(1_700_000_000_000));
+        assert_eq!(read(id.to_bytes().to_vec()).ok(), Some(id));
+        for bad in [vec![0x77; 15], vec![0x77; 17], vec![0; 16], Vec::new()] {
+            let len = bad.len();
+            assert!(
+                matches!(read(bad), Err(Error::Corrupt { .. })),
+                "a blob of {len} bytes"
+            );
+        }
+    }
 }
