@@ -25,14 +25,45 @@ use crate::time::Timestamp;
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct JobId(u128);
 
-/// The sequence every id of this process is minted from, whichever store and clock
-/// mint it. `ContextV7` reseeds a 42-bit counter from random bits when the millisecond
-/// moves forward and counts up within a millisecond; when the given time stands still
-/// or goes back, it keeps the last millisecond it saw and counts on, and when the
-/// counter runs out it moves the millisecond forward. So each (millisecond, counter)
-/// pair it hands out is greater than the ones before, which is what `JobId::mint`
-/// promises.
-static SEQUENCE: Mutex<uuid::ContextV7> = Mutex::new(uuid::ContextV7::new());
+/// The (millisecond, counter) pairs ids are minted from: `uuid`'s `ContextV7`, which
+/// reseeds a 42-bit counter from random bits when the millisecond moves forward, counts
+/// up within a millisecond, and moves the millisecond forward when the counter runs out.
+/// Each pair is greater than the ones before, which is what `JobId::mint` promises.
+struct Sequence {
+    context: uuid::ContextV7,
+    /// The millisecond of the last pair handed out.
+    last_millis: u64,
+}
+
+impl Sequence {
+    const fn new() -> Self {
+        Sequence {
+            context: uuid::ContextV7::new(),
+            last_millis: 0,
+        }
+    }
+
+    /// The next pair, for a job created at `millis` (at most 48 bits).
+    fn next(&mut self, millis: u64) -> (u64, u64) {
+        // The context is never given a millisecond before the last one it handed out:
+        // uuid 1.26's ContextV7, given a time earlier than its last one and in an
+        // earlier second, keeps its second but takes the given sub-second part, jumping
+        // ahead, and hands out an earlier millisecond on the next call (fixed in uuid
+        // 1.27, which needs Rust 1.89). Raised, the time stands still, and the counter
+        // alone orders the ids, as the context would do itself.
+        let millis = millis.max(self.last_millis);
+        // Below 1000, so the cast is exact.
+        let sub_millis = (millis % 1000) as u32;
+        let (counter, seconds, nanos) = self
+            .context
+            .generate_timestamp_sequence(millis / 1000, sub_millis * 1_000_000);
+        self.last_millis = seconds * 1000 + u64::from(nanos / 1_000_000);
+        (self.last_millis, counter)
+    }
+}
+
+/// The one sequence of this process, whichever store and clock mint from it.
+static SEQUENCE: Mutex<Sequence> = Mutex::new(Sequence::new());
 
 /// The width of `ContextV7`'s counter (`ClockSequence::usable_bits`).
 const COUNTER_BITS: u32 = 42;
@@ -50,15 +81,13 @@ impl JobId {
         // Out-of-range instants are pinned to the ends of the 48-bit field, so the
         // sequence never sees a time that would wrap around in the id.
         let millis = now.as_millis().clamp(0, MAX_MILLIS).unsigned_abs();
-        // Below 1000, so the cast is exact.
-        let sub_millis = (millis % 1000) as u32;
-        let (counter, seconds, nanos) = SEQUENCE
+        let (millis, counter) = SEQUENCE
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .generate_timestamp_sequence(millis / 1000, sub_millis * 1_000_000);
-        // The sequence's millisecond, which is past `now` when time went back.
-        let millis =
-            (u128::from(seconds) * 1000 + u128::from(nanos / 1_000_000)) & 0xffff_ffff_ffff;
+            .next(millis);
+        // The sequence's millisecond is past `now` when time went back; it stays within
+        // 48 bits unless 2^41 ids are minted in the last millisecond there is.
+        let millis = u128::from(millis) & 0xffff_ffff_ffff;
         let counter = u128::from(counter) & ((1 << COUNTER_BITS) - 1);
         // The layout `Uuid::new_v7` gives a 42-bit counter (RFC 9562 §6.2, method 1),
         // written with integer operations: `new_v7` assembles the id byte by byte and
@@ -355,6 +384,34 @@ mod tests {
         let after_max = JobId::mint(Timestamp::from_millis(i64::MAX));
         assert!(JobId::from_u128(before_epoch.as_u128()).is_ok());
         assert!(after_max.timestamp() >= Timestamp::from_millis(0xffff_ffff_ffff));
+    }
+
+    #[test]
+    fn the_sequence_increases_when_time_goes_back_across_a_second() {
+        // A fresh sequence: the process-wide one is shared with the other tests.
+        let mut sequence = Sequence::new();
+        let first = sequence.next(1_700_000_000_100);
+        // 200 ms earlier, in the second before: uuid 1.26's ContextV7 alone answers
+        // 1_700_000_000_900 here, then 1_700_000_000_500 for the next call.
+        let back = sequence.next(1_699_999_999_900);
+        let forward = sequence.next(1_700_000_000_500);
+        assert!(
+            first < back && back < forward,
+            "{first:?} {back:?} {forward:?}"
+        );
+        assert_eq!(back.0, first.0, "the time stood still");
+        let mut last = forward;
+        for millis in [
+            1_700_000_000_499,
+            1_700_000_000_500,
+            1_700_000_001_000,
+            5,
+            1_700_000_001_001,
+        ] {
+            let next = sequence.next(millis);
+            assert!(next > last, "{millis}: {next:?} after {last:?}");
+            last = next;
+        }
     }
 
     #[test]
