@@ -1,8 +1,8 @@
 //! Job identifiers: 128-bit, time-ordered UUIDv7 values minted by the store.
 //!
-//! The `uuid` crate mints, formats and parses them; this module adds what a job id
-//! promises beyond a UUID: only version 7 is accepted, and ids minted by one process
-//! sort in the order they were minted.
+//! The `uuid` crate formats, parses and checks them and keeps the counter they are
+//! minted from; this module adds what a job id promises beyond a UUID: only version 7
+//! is accepted, and ids minted by one process sort in the order they were minted.
 
 use std::collections::HashMap;
 use std::fmt;
