@@ -101,7 +101,6 @@ impl MemoryStore {
     pub fn new(settings: StoreSettings) -> Result<Self> {
         MemoryServer::new().open(settings)
     }
-
 }
 
 #[async_trait]

@@ -385,7 +385,11 @@ impl State {
         self.check_lease(id, token)?;
         self.transition_checked(id, now, |job| {
             job.last_error = Some(error.to_owned());
-            Self::apply(job, transition::after_failure(Self::attempts(job), retry), now);
+            Self::apply(
+                job,
+                transition::after_failure(Self::attempts(job), retry),
+                now,
+            );
             job.state
         })
     }
