@@ -534,19 +534,37 @@ impl Bug for SequencePerHandle {
 /// L9 (#12, behaviours 5 and 6): `release` and `fail` read the job, check the lease,
 /// and then write without checking it again. A reclaim that lands in between takes
 /// the job, and the holder's write lands on top of it: both calls succeed.
-#[derive(Debug, Default)]
-struct CheckThenWriteLease;
+///
+/// The gap is made certain rather than likely: after its check, the holder's call
+/// waits until a reclaim that ran after the check has finished (the race scenario runs
+/// one beside every holder call), so the bug shows on every race, not by timing.
+#[derive(Debug)]
+struct CheckThenWriteLease {
+    /// Bumped after each reclaim returns.
+    reclaims: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for CheckThenWriteLease {
+    fn default() -> Self {
+        CheckThenWriteLease {
+            reclaims: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
 
 impl CheckThenWriteLease {
-    /// The check, then the gap in which a reclaim may take the job.
-    async fn check(inner: &dyn Backend, lease: HeldLease) -> Result<()> {
+    /// The check, then the gap in which a reclaim takes the job.
+    async fn check(&self, inner: &dyn Backend, lease: HeldLease) -> Result<()> {
+        let mut reclaimed = self.reclaims.subscribe();
         let job = inner.get(lease.id).await?;
         let current = job.lease.map(|l| l.token);
         if job.state != JobState::Running || current != Some(lease.token) {
             return Err(Error::LeaseLost { id: lease.id });
         }
-        // The round trip between the read and the write.
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // The round trip between the read and the write, in which the reclaim lands.
+        if reclaimed.changed().await.is_err() {
+            panic!("the mutant's reclaim counter is gone");
+        }
         Ok(())
     }
 }
@@ -561,7 +579,7 @@ impl Bug for CheckThenWriteLease {
         retry: Retry,
         now: Timestamp,
     ) -> Result<JobState> {
-        Self::check(inner, lease).await?;
+        self.check(inner, lease).await?;
         match inner.fail(lease.id, lease.token, error, retry, now).await {
             // The unchecked write "succeeds" whatever happened in the gap.
             Err(err) if err.is_lease_lost() => Ok(JobState::Dead),
@@ -570,11 +588,22 @@ impl Bug for CheckThenWriteLease {
     }
 
     async fn release(&self, inner: &dyn Backend, lease: HeldLease, now: Timestamp) -> Result<()> {
-        Self::check(inner, lease).await?;
+        self.check(inner, lease).await?;
         match inner.release(lease.id, lease.token, now).await {
             Err(err) if err.is_lease_lost() => Ok(()),
             other => other,
         }
+    }
+
+    async fn reclaim(
+        &self,
+        inner: &dyn Backend,
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<Vec<ReclaimedJob>> {
+        let reclaimed = inner.reclaim(limit, now).await;
+        self.reclaims.send_modify(|count| *count += 1);
+        reclaimed
     }
 }
 
@@ -759,7 +788,7 @@ async fn sequence_per_handle_is_caught_by_c3() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn release_and_fail_checking_then_writing_are_caught_by_l9() {
     caught(
-        CheckThenWriteLease,
+        CheckThenWriteLease::default(),
         "l9_holder_racing_reclaim_has_one_winner",
     )
     .await;
