@@ -3,6 +3,8 @@
 
 mod backend;
 mod backoff;
+#[cfg(feature = "batch")]
+pub mod batch;
 mod error;
 mod id;
 mod model;

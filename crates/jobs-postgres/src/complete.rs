@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use jobs_core::batch::{Batch, Limits};
 use jobs_core::{JobId, Result, StoreSettings, Timestamp};
 use sqlx::postgres::PgBindIterExt;
 use uuid::Uuid;
 
-use crate::batch::Batch;
 use crate::conn::Shared;
 use crate::row::{self, column};
 
@@ -42,9 +42,12 @@ impl Batch for Completions {
     /// update as its own; it goes in the next statement and finds the job finished.
     type Key = JobId;
 
-    const MAX_CALLS: usize = 1_000;
-    const MAX_BYTES: usize = 32 * 1024 * 1024;
-    const IN_FLIGHT: usize = 2;
+    const LIMITS: Limits = Limits {
+        max_calls: 1_000,
+        max_bytes: 32 * 1024 * 1024,
+        in_flight: 2,
+        queued: 4_000,
+    };
 
     fn key(call: &Completion) -> Option<JobId> {
         Some(call.id)
@@ -54,11 +57,8 @@ impl Batch for Completions {
         call.result.as_ref().map_or(0, Bytes::len)
     }
 
-    fn now(call: &Completion) -> Timestamp {
-        call.now
-    }
-
-    async fn run(&self, calls: &[Completion], now: Timestamp) -> Result<Vec<Outcome>> {
+    async fn run(&self, calls: &[Completion]) -> Result<Vec<Outcome>> {
+        let now = latest(calls.iter().map(|c| c.now));
         let settings = &self.settings;
         // Sent in id order. Two batches in flight can share a job (a second call
         // for it goes in the next batch, which may start before this one ends); a
@@ -111,4 +111,14 @@ impl Batch for Completions {
             })
             .collect()
     }
+}
+
+/// The instant a statement of several calls takes effect: the latest its callers read.
+///
+/// That instant falls inside every one of those calls: each began before its own
+/// instant was read, and none is answered before the statement, which runs after every
+/// instant was read. So each call takes effect while its caller waits, as it would
+/// alone. (With a manual clock, the calls of one statement normally share one instant.)
+pub(crate) fn latest(instants: impl Iterator<Item = Timestamp>) -> Timestamp {
+    instants.max().unwrap_or(Timestamp::from_millis(0))
 }

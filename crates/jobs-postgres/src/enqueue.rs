@@ -4,12 +4,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use jobs_core::batch::{Batch, Limits};
 use jobs_core::{Enqueued, Error, JobId, NewJob, Result, StoreSettings, Timestamp};
 use sqlx::postgres::PgBindIterExt;
 use sqlx::Postgres;
 use uuid::Uuid;
 
-use crate::batch::Batch;
 use crate::conn::Shared;
 use crate::row::{self, column};
 
@@ -227,9 +227,12 @@ impl Batch for Enqueues {
     /// see the first one's job, so it waits for the next statement.
     type Key = (String, String);
 
-    const MAX_CALLS: usize = 1_000;
-    const MAX_BYTES: usize = 32 * 1024 * 1024;
-    const IN_FLIGHT: usize = 4;
+    const LIMITS: Limits = Limits {
+        max_calls: 1_000,
+        max_bytes: 32 * 1024 * 1024,
+        in_flight: 4,
+        queued: 8_000,
+    };
 
     fn key(call: &Enqueue) -> Option<(String, String)> {
         call.job
@@ -242,11 +245,8 @@ impl Batch for Enqueues {
         call.job.payload.len()
     }
 
-    fn now(call: &Enqueue) -> Timestamp {
-        call.now
-    }
-
-    async fn run(&self, calls: &[Enqueue], now: Timestamp) -> Result<Vec<Result<Enqueued>>> {
+    async fn run(&self, calls: &[Enqueue]) -> Result<Vec<Result<Enqueued>>> {
+        let now = crate::complete::latest(calls.iter().map(|c| c.now));
         let rows: Vec<Pending<'_>> = calls
             .iter()
             .map(|call| Pending {

@@ -2,7 +2,6 @@
 #![deny(missing_docs)]
 
 mod backend;
-mod batch;
 mod complete;
 mod conn;
 mod enqueue;

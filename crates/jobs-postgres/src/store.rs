@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use jobs_core::batch::Batcher;
 use jobs_core::{
     async_trait, validate, Backend, Capabilities, ClaimRequest, ClaimedJob, Enqueued, Error,
     Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
@@ -18,7 +19,6 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::backend::{PostgresBackend, PostgresConfig};
-use crate::batch::Batcher;
 use crate::complete::{Completion, Completions, Outcome};
 use crate::conn::{PgQuery, Shared};
 use crate::enqueue::{enqueue_all, Enqueue, Enqueues};
@@ -91,11 +91,17 @@ impl PostgresStore {
     fn new(shared: Arc<Shared>, settings: StoreSettings) -> Self {
         PostgresStore {
             inner: Arc::new(Inner {
+                seen: Mutex::default(),
+                enqueues: Batcher::new(Enqueues {
+                    shared: Arc::clone(&shared),
+                    settings: settings.clone(),
+                }),
+                completions: Batcher::new(Completions {
+                    shared: Arc::clone(&shared),
+                    settings: settings.clone(),
+                }),
                 shared,
                 settings,
-                seen: Mutex::default(),
-                enqueues: Batcher::default(),
-                completions: Batcher::default(),
             }),
         }
     }
@@ -214,14 +220,7 @@ impl Backend for PostgresStore {
     }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
-        let batch = || Enqueues {
-            shared: Arc::clone(&self.inner.shared),
-            settings: self.inner.settings.clone(),
-        };
-        self.inner
-            .enqueues
-            .call(batch, Enqueue { job, now })
-            .await?
+        self.inner.enqueues.call(Enqueue { job, now }).await?
     }
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
@@ -406,17 +405,13 @@ impl Backend for PostgresStore {
         result: Option<Bytes>,
         now: Timestamp,
     ) -> Result<()> {
-        let batch = || Completions {
-            shared: Arc::clone(&self.inner.shared),
-            settings: self.inner.settings.clone(),
-        };
         let call = Completion {
             id,
             token: token_param(token),
             result,
             now,
         };
-        let outcome = self.inner.completions.call(batch, call).await?;
+        let outcome = self.inner.completions.call(call).await?;
         match outcome {
             Outcome::Completed => Ok(()),
             Outcome::LeaseLost => Err(Error::LeaseLost { id }),

@@ -13,16 +13,15 @@
 //! removed on the spot or, when the connection is gone, by their TTL.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::convert::Infallible;
 use std::time::Duration;
 
+use jobs_core::batch::{Batch, Limits};
 use jobs_core::{Enqueued, Error, JobId, NewJob, Result, Timestamp};
 use redis::Value;
-use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::codec::{array, encode_meta, id_string, int, job_id, text};
 use crate::conn::{map_err, Conn};
-use crate::feeder::Feeder;
 use crate::keys::Keys;
 use crate::scripts;
 
@@ -31,8 +30,6 @@ use crate::scripts;
 /// inline). Bounds how long one call holds the server and how large one command gets.
 const CHUNK_JOBS: usize = 512;
 const CHUNK_BYTES: usize = 8 * 1024 * 1024;
-/// Grouped single enqueues in flight at once.
-const IN_FLIGHT: usize = 4;
 /// Server TTL of a staged payload: only garbage collection of a batch whose client died
 /// between staging and committing. The commit refuses a batch whose staged payload is
 /// gone, so the TTL never decides anything but the memory kept.
@@ -381,119 +378,81 @@ async fn unstage(ctx: &Ctx, jobs: &[&Prepared]) {
     }
 }
 
-struct Request {
-    job: Prepared,
-    reply: oneshot::Sender<Result<Enqueued>>,
+/// Concurrent single enqueues of one store, grouped by the shared
+/// [`jobs_core::batch`] batcher into script calls. The first enqueue after a quiet
+/// spell goes out at once; those arriving while calls are in flight make up the next.
+pub(crate) struct Enqueues {
+    pub ctx: Ctx,
 }
 
-/// Groups concurrent single enqueues of one store into script calls. The first enqueue
-/// after a quiet spell goes out at once; those arriving while calls are in flight make up
-/// the next one. Its task ends when the store (and so the sender) drops.
-pub(crate) struct Enqueuer {
-    ctx: Ctx,
-    feeder: Feeder<Request>,
-}
+impl Batch for Enqueues {
+    type Call = Prepared;
+    type Answer = Result<Enqueued>;
+    /// The script enqueues its jobs one after the other, so two with one dedup key in
+    /// one call behave as two calls in a row.
+    type Key = Infallible;
 
-impl Enqueuer {
-    pub(crate) fn new(ctx: Ctx) -> Self {
-        Enqueuer {
-            ctx,
-            feeder: Feeder::new(),
-        }
+    const LIMITS: Limits = Limits {
+        max_calls: CHUNK_JOBS,
+        max_bytes: CHUNK_BYTES,
+        in_flight: 4,
+        queued: 4 * CHUNK_JOBS,
+    };
+
+    fn size(call: &Prepared) -> usize {
+        call.job.payload.len()
     }
 
-    /// Enqueues one job; resolves when its group has run.
-    pub(crate) async fn enqueue(&self, job: Prepared) -> Result<Enqueued> {
-        let (reply, answer) = oneshot::channel();
-        self.submit(Request { job, reply });
-        answer.await.unwrap_or_else(|_| {
-            Err(Error::Unavailable {
-                message: "the enqueue group was dropped before it ran".to_owned(),
-                source: None,
+    /// Each job gets its own answer: one whose parent is missing gets its error and the
+    /// others go on without it (the script refused the call before writing anything, so
+    /// it is sent again without that job). A failure after some jobs were written
+    /// fails only the jobs not yet written.
+    async fn run(&self, calls: &[Prepared]) -> Result<Vec<Result<Enqueued>>> {
+        let ctx = &self.ctx;
+        let mut answers: Vec<Option<Result<Enqueued>>> = calls.iter().map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..calls.len()).collect();
+        let mut known = Vec::new();
+        let mut rounds = 0;
+        let mut failure = None;
+        while !pending.is_empty() {
+            let jobs: Vec<&Prepared> = pending.iter().map(|&at| &calls[at]).collect();
+            let end = chunk_len(&jobs);
+            match run_chunk(ctx, &jobs[..end], &known, false).await {
+                Ok(Chunk::Done(done)) => {
+                    for (at, enqueued) in pending.drain(..end).zip(done) {
+                        answers[at] = Some(Ok(enqueued));
+                    }
+                }
+                Ok(Chunk::Need(ids)) => {
+                    if let Err(err) = note_needed(&mut known, ids, &mut rounds) {
+                        failure = Some(err);
+                        break;
+                    }
+                }
+                Ok(Chunk::Parent(at)) => {
+                    let at = pending.remove(at);
+                    answers[at] = Some(Err(invalid_parent(calls[at].job.parent)));
+                }
+                Ok(Chunk::Staged(_)) => {
+                    // Grouped enqueues carry their payloads inline; a script that says
+                    // otherwise is not the one this crate sent.
+                    failure = Some(Error::corrupt("enqueue reply", "unexpected 'staged'"));
+                    break;
+                }
+                Err(err) => {
+                    failure = Some(err);
+                    break;
+                }
+            }
+        }
+        let unanswered = || Error::corrupt("enqueue reply", "a job went unanswered");
+        Ok(answers
+            .into_iter()
+            .map(|answer| match (answer, &failure) {
+                (Some(answer), _) => answer,
+                (None, Some(err)) => Err(err.clone()),
+                (None, None) => Err(unanswered()),
             })
-        })
-    }
-
-    fn submit(&self, request: Request) {
-        self.feeder
-            .send(request, |rx| group_loop(rx, self.ctx.clone()));
-    }
-}
-
-async fn group_loop(mut requests: mpsc::UnboundedReceiver<Request>, ctx: Ctx) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(first) = requests.recv().await {
-        // Waiting for a slot lets the next group grow while the others run.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let mut bytes = first.job.job.payload.len();
-        let mut group = vec![first];
-        while group.len() < CHUNK_JOBS && bytes < CHUNK_BYTES {
-            match requests.try_recv() {
-                Ok(request) => {
-                    bytes += request.job.job.payload.len();
-                    group.push(request);
-                }
-                Err(_) => break,
-            }
-        }
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            run_group(&ctx, group).await;
-        });
-    }
-}
-
-/// Runs a group of independent enqueues: each gets its own answer; a job whose parent
-/// is missing gets its error and the others go on without it (the script refused the
-/// group before writing anything, so it is sent again without that job).
-async fn run_group(ctx: &Ctx, mut group: Vec<Request>) {
-    let mut known = Vec::new();
-    let mut rounds = 0;
-    while !group.is_empty() {
-        let jobs: Vec<&Prepared> = group.iter().map(|r| &r.job).collect();
-        let end = chunk_len(&jobs);
-        let outcome = run_chunk(ctx, &jobs[..end], &known, false).await;
-        match outcome {
-            Ok(Chunk::Done(done)) => {
-                for (request, result) in group.drain(..end).zip(done) {
-                    let _ = request.reply.send(Ok(result));
-                }
-            }
-            Ok(Chunk::Need(ids)) => {
-                if let Err(err) = note_needed(&mut known, ids, &mut rounds) {
-                    fail_all(group, &err);
-                    return;
-                }
-            }
-            Ok(Chunk::Parent(at)) => {
-                let request = group.remove(at);
-                let _ = request
-                    .reply
-                    .send(Err(invalid_parent(request.job.job.parent)));
-            }
-            Ok(Chunk::Staged(_)) => {
-                // Grouped enqueues carry their payloads inline; a script that says
-                // otherwise is not the one this crate sent.
-                fail_all(
-                    group,
-                    &Error::corrupt("enqueue reply", "unexpected 'staged'"),
-                );
-                return;
-            }
-            Err(err) => {
-                fail_all(group, &err);
-                return;
-            }
-        }
-    }
-}
-
-/// Every remaining enqueue shares the failure.
-fn fail_all(group: Vec<Request>, err: &Error) {
-    for request in group {
-        let _ = request.reply.send(Err(err.clone()));
+            .collect())
     }
 }

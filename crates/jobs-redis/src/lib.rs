@@ -1,11 +1,10 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod batch;
 mod codec;
+mod complete;
 mod conn;
 mod enqueue;
-mod feeder;
 mod keys;
 mod scripts;
 mod store;

@@ -5,15 +5,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use jobs_core::batch::Batcher;
 use jobs_core::validate::validate_settings;
 use jobs_core::{duration_millis, Error, Result, StoreSettings};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 
 use super::{Inner, RedisStore};
-use crate::batch::Completer;
+use crate::complete::Completions;
 use crate::conn::{map_err, Conn};
-use crate::enqueue::{Ctx as EnqueueCtx, Enqueuer};
+use crate::enqueue::{Ctx as EnqueueCtx, Enqueues};
 use crate::keys::Keys;
 use crate::scripts;
 use crate::wake::Waker;
@@ -293,7 +294,10 @@ impl RedisStore {
     ) -> Result<Self> {
         let keys = Keys::new(&settings.namespace);
         let waker = Waker::new(pubsub_nodes, keys.wake.clone());
-        let completer = Completer::new(conn.clone(), keys.clone());
+        let completions = Batcher::new(Completions {
+            conn: conn.clone(),
+            keys: keys.clone(),
+        });
         let window = settings.dedup_window;
         let enqueue_ctx = EnqueueCtx {
             conn: conn.clone(),
@@ -301,7 +305,9 @@ impl RedisStore {
             window,
             dedup_ttl: if window.is_zero() { 0 } else { ttl_ms(window) },
         };
-        let enqueuer = Enqueuer::new(enqueue_ctx.clone());
+        let enqueues = Batcher::new(Enqueues {
+            ctx: enqueue_ctx.clone(),
+        });
         let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -309,8 +315,8 @@ impl RedisStore {
                 keys,
                 hints: Mutex::new(HashMap::new()),
                 waker,
-                completer,
-                enqueuer,
+                completions,
+                enqueues,
                 enqueue_ctx,
                 cluster,
             }),

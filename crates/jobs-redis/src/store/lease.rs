@@ -10,8 +10,8 @@ use jobs_core::{
 use redis::Value;
 
 use super::{parse_state, status, unexpected, RedisStore};
-use crate::batch::{self, Entry as BatchEntry};
 use crate::codec::{array, id_string, text};
+use crate::complete::{self, Entry as BatchEntry};
 use crate::enqueue::ready_hex;
 use crate::keys::Keys;
 use crate::scripts;
@@ -83,7 +83,7 @@ impl RedisStore {
     }
 
     /// One `complete.lua` call for the whole batch when it fits one (see
-    /// [`batch::fits_one_call`]), else [`complete_each`], whose concurrent `complete`
+    /// [`complete::fits_one_call`]), else [`complete_each`], whose concurrent `complete`
     /// calls the completion grouper sends together anyway.
     pub(super) async fn complete_many(
         &self,
@@ -99,11 +99,11 @@ impl RedisStore {
                 result: completion.result.as_deref(),
             })
             .collect();
-        if !batch::fits_one_call(&entries) {
+        if !complete::fits_one_call(&entries) {
             drop(entries);
             return Ok(complete_each(self, completions, now).await);
         }
-        batch::run_script(self.conn(), self.keys(), &entries).await
+        complete::run_script(self.conn(), self.keys(), &entries).await
     }
 
     /// Rules L6, L7: `fail.lua` decides the new state (as

@@ -11,6 +11,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use jobs_core::batch::Batcher;
 use jobs_core::{
     async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
     HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats,
@@ -18,10 +19,10 @@ use jobs_core::{
 };
 use redis::{ScriptInvocation, Value};
 
-use crate::batch::Completer;
 use crate::codec::{array, text};
+use crate::complete::{self, Completions};
 use crate::conn::{map_err, Conn};
-use crate::enqueue::{Ctx as EnqueueCtx, Enqueuer, Prepared};
+use crate::enqueue::{Ctx as EnqueueCtx, Enqueues, Prepared};
 use crate::keys::Keys;
 use crate::wake::Waker;
 
@@ -61,8 +62,8 @@ struct Inner {
     /// so the next claim can pass their hashes in KEYS without reading first.
     hints: Mutex<HashMap<String, Vec<JobId>>>,
     waker: Waker,
-    completer: Completer,
-    enqueuer: Enqueuer,
+    completions: Batcher<Completions>,
+    enqueues: Batcher<Enqueues>,
     enqueue_ctx: EnqueueCtx,
     cluster: bool,
 }
@@ -143,7 +144,7 @@ impl Backend for RedisStore {
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         let id = JobId::mint(now);
         // Concurrent enqueues of this store go to Redis together, each as called.
-        self.inner.enqueuer.enqueue(Prepared { job, id, now }).await
+        self.inner.enqueues.call(Prepared { job, id, now }).await?
     }
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
@@ -207,7 +208,15 @@ impl Backend for RedisStore {
         result: Option<Bytes>,
         now: Timestamp,
     ) -> Result<()> {
-        self.inner.completer.complete(id, token, now, result).await
+        self.inner
+            .completions
+            .call(complete::Completion {
+                id,
+                token,
+                now,
+                result,
+            })
+            .await?
     }
 
     /// One `complete.lua` call for the whole batch when it fits one (512 entries, 8 MiB
