@@ -62,7 +62,7 @@ enum Cleanup {
     #[cfg(feature = "sqlite")]
     Dir(tempfile::TempDir),
     #[cfg(feature = "redis")]
-    Redis(redis::Client),
+    Redis(jobs_redis::RedisStore),
     #[cfg(feature = "postgres")]
     Postgres(String, String),
 }
@@ -87,7 +87,13 @@ impl Opened {
             #[cfg(feature = "sqlite")]
             Cleanup::Dir(dir) => dir.close().map_err(|e| format!("remove sqlite dir: {e}")),
             #[cfg(feature = "redis")]
-            Cleanup::Redis(client) => redis_cleanup(&client, &namespace).await,
+            Cleanup::Redis(redis) => {
+                let _ = namespace;
+                match redis.drop_namespace().await {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(format!("redis cleanup: {e}")),
+                }
+            }
             #[cfg(feature = "postgres")]
             Cleanup::Postgres(url, schema) => postgres_cleanup(&url, &schema).await,
         }
@@ -142,17 +148,14 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
         }
         #[cfg(feature = "redis")]
         "redis" => {
-            let url = redis_url();
-            let client =
-                redis::Client::open(url.as_str()).map_err(|e| format!("redis url: {e}"))?;
-            let store = jobs_redis::RedisStore::connect(&url, settings)
+            let store = jobs_redis::RedisStore::connect(&redis_url(), settings)
                 .await
                 .map_err(|e| format!("connect redis: {e}"))?;
             Ok(Opened {
-                store: Store::new(store),
+                store: Store::new(store.clone()),
                 namespace,
                 housekeeping: Housekeeping::none(),
-                cleanup: Cleanup::Redis(client),
+                cleanup: Cleanup::Redis(store),
             })
         }
         #[cfg(feature = "postgres")]
@@ -179,40 +182,6 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
             "backend {other:?} is not built into this binary (built: {})",
             compiled().join(", ")
         )),
-    }
-}
-
-/// Deletes every key of `namespace`: the store's keys all start `jobs:{namespace}:`.
-#[cfg(feature = "redis")]
-async fn redis_cleanup(client: &redis::Client, namespace: &str) -> Result<(), String> {
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| format!("redis cleanup connect: {e}"))?;
-    // `[{]`/`[}]`: braces are literal in Redis globs, but bracketing them is unambiguous.
-    let pattern = format!("jobs:[{{]{namespace}[}}]:*");
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1_000)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| format!("SCAN: {e}"))?;
-        if !keys.is_empty() {
-            redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async::<u64>(&mut conn)
-                .await
-                .map_err(|e| format!("UNLINK: {e}"))?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
     }
 }
 

@@ -109,37 +109,6 @@ async fn drain(store: &Store, queue: &str, workers: usize, limit: usize) -> Res<
     Ok(total)
 }
 
-async fn cleanup(url: &str, namespace: &str) -> Res<()> {
-    let client = redis::Client::open(url)?;
-    let config =
-        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(60)));
-    let mut conn = client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await?;
-    let pattern = format!("jobs:{{{namespace}}}:*");
-    let mut cursor = 0u64;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await?;
-        for chunk in keys.chunks(1000) {
-            let _: () = redis::cmd("UNLINK")
-                .arg(chunk)
-                .query_async(&mut conn)
-                .await?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
-}
-
 async fn run() -> Res<()> {
     let mut args = std::env::args().skip(1);
     let jobs: usize = args
@@ -277,7 +246,8 @@ async fn run() -> Res<()> {
         latencies[latencies.len() / 2],
         latencies[latencies.len() - 1]
     );
-    cleanup(&url, &namespace).await
+    redis.drop_namespace().await?;
+    Ok(())
 }
 
 fn main() -> Res<()> {

@@ -23,6 +23,8 @@ pub(crate) struct Keys {
     pub running: String,
     /// Terminal jobs (zset, score finished_at, member `queue state-code id parent`).
     pub done: String,
+    /// Paused queues (set of queue names, CONTRACT Q1).
+    pub paused: String,
     /// Parent-to-child links (zset, score 0, member `parent child`).
     pub children: String,
     /// The sequence counter of the claim order (string).
@@ -43,6 +45,7 @@ impl Keys {
             leases: key("leases"),
             list: key("list"),
             running: key("running"),
+            paused: key("paused"),
             done: key("done"),
             children: key("children"),
             seq: key("seq"),
@@ -50,6 +53,12 @@ impl Keys {
             wake: key("wake"),
             prefix,
         }
+    }
+
+    /// The `SCAN` pattern of every key of the namespace. A namespace holds no glob
+    /// character (`[A-Za-z0-9._:-]`), and braces are literal in Redis patterns.
+    pub(crate) fn all(&self) -> String {
+        format!("{}*", self.prefix)
     }
 
     /// The hash of one job.
@@ -132,6 +141,7 @@ mod tests {
             keys.leases.clone(),
             keys.list.clone(),
             keys.running.clone(),
+            keys.paused.clone(),
             keys.done.clone(),
             keys.children.clone(),
             keys.seq.clone(),

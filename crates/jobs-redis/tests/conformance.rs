@@ -4,8 +4,8 @@
 //! Cluster: set `JOBS_REDIS_CLUSTER_URLS` to the comma-separated node URLs (as
 //! `cargo xtask conformance --backend redis-cluster` does) and every test runs on it.
 //!
-//! Every namespace a scenario opened is deleted after it, key by key, so a run leaves
-//! nothing behind on the shared server.
+//! Every namespace a scenario opened is deleted after it (`RedisStore::drop_namespace`),
+//! so a run leaves nothing behind on the shared server.
 
 use jobs_conformance::{skip_or_fail, Harness};
 use jobs_core::{async_trait, Error, JobId, Result, Store, StoreSettings};
@@ -37,68 +37,10 @@ async fn admin(target: &Target, cmd: &redis::Cmd) -> redis::RedisResult<redis::V
     }
 }
 
-/// Every key matching `pattern` on the server at `url` (SCAN, so the server is never
-/// blocked). On a cluster each node is asked for its own keys.
-async fn scan(url: &str, pattern: &str) -> redis::RedisResult<Vec<String>> {
-    let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let mut cursor: u64 = 0;
-    let mut keys = Vec::new();
-    loop {
-        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        keys.extend(page);
-        if next == 0 {
-            return Ok(keys);
-        }
-        cursor = next;
-    }
-}
-
-/// Every key of `namespace`. Its keys all start with `jobs:{namespace}:` (see
-/// `jobs_redis::job_key`) and share that hash tag, so on a cluster they sit on one
-/// node, which the per-node SCAN finds.
-async fn namespace_keys(target: &Target, namespace: &str) -> redis::RedisResult<Vec<String>> {
-    let pattern = format!("jobs:{{{namespace}}}:*");
-    match target {
-        Target::Single(url) => scan(url, &pattern).await,
-        Target::Cluster(urls) => {
-            let mut keys = Vec::new();
-            for url in urls {
-                keys.extend(scan(url, &pattern).await?);
-            }
-            // A replica lists its master's keys too.
-            keys.sort();
-            keys.dedup();
-            Ok(keys)
-        }
-    }
-}
-
-/// Deletes every key of `namespace`: one UNLINK per chunk, routed to the namespace's
-/// node on a cluster.
-async fn delete_namespace(target: &Target, namespace: &str) -> redis::RedisResult<()> {
-    let keys = namespace_keys(target, namespace).await?;
-    for chunk in keys.chunks(1000) {
-        admin(target, redis::cmd("UNLINK").arg(chunk)).await?;
-    }
-    Ok(())
-}
-
 #[async_trait]
 impl Harness for RedisHarness {
     async fn open(&self, settings: StoreSettings) -> Result<Store> {
-        let store = match &self.target {
-            Target::Single(url) => RedisStore::connect(url, settings).await?,
-            Target::Cluster(urls) => RedisStore::connect_cluster(urls, settings).await?,
-        };
-        Ok(Store::new(store))
+        Ok(Store::new(self.connect(settings).await?))
     }
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
@@ -112,9 +54,18 @@ impl Harness for RedisHarness {
     }
 
     async fn teardown(&self, namespace: &str) -> Result<()> {
-        delete_namespace(&self.target, namespace)
-            .await
-            .map_err(|err| Error::unavailable("teardown", err))
+        let settings = StoreSettings::default().namespace(namespace);
+        self.connect(settings).await?.drop_namespace().await?;
+        Ok(())
+    }
+}
+
+impl RedisHarness {
+    async fn connect(&self, settings: StoreSettings) -> Result<RedisStore> {
+        match &self.target {
+            Target::Single(url) => RedisStore::connect(url, settings).await,
+            Target::Cluster(urls) => RedisStore::connect_cluster(urls, settings).await,
+        }
     }
 }
 
@@ -145,6 +96,47 @@ async fn harness() -> Option<RedisHarness> {
         Ok(()) => Some(RedisHarness { target }),
         Err(err) => skip_or_fail("Redis", &shown, &err),
     }
+}
+
+/// Every key matching `pattern` on the server at `url` (SCAN, so the server is never
+/// blocked): how the test checks `drop_namespace` without trusting it.
+async fn scan(url: &str, pattern: &str) -> redis::RedisResult<Vec<String>> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        keys.extend(page);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+/// Every key of `namespace`, asking each node of a cluster for its own.
+async fn namespace_keys(target: &Target, namespace: &str) -> redis::RedisResult<Vec<String>> {
+    let pattern = format!("jobs:{{{namespace}}}:*");
+    let urls = match target {
+        Target::Single(url) => vec![url.clone()],
+        Target::Cluster(urls) => urls.clone(),
+    };
+    let mut keys = Vec::new();
+    for url in &urls {
+        keys.extend(scan(url, &pattern).await?);
+    }
+    // A replica lists its master's keys too.
+    keys.sort();
+    keys.dedup();
+    Ok(keys)
 }
 
 /// The harness's teardown deletes every key of a namespace and nothing of another.

@@ -1,12 +1,15 @@
 //! The sweeps: `reclaim` of expired leases and `purge` of finished jobs past
 //! retention. Each reads its candidates from the head of a sorted index, so its cost
-//! follows the entries due, not the size of the index (CONTRACT R6).
+//! follows the entries due, not the size of the index (CONTRACT R6). And the sweep of
+//! a whole namespace, `drop_namespace`.
 
 use jobs_core::{Error, ReclaimedJob, Result, Timestamp, LEASE_EXPIRED};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::Value;
 
 use super::{parse_state, ReclaimReport, RedisStore};
 use crate::codec::{array, int, job_id, member_id, text};
-use crate::conn::map_err;
+use crate::conn::{map_err, Conn};
 use crate::enqueue::ready_hex;
 use crate::scripts;
 
@@ -14,6 +17,53 @@ use crate::scripts;
 const SWEEP_CHUNK: usize = 1000;
 
 impl RedisStore {
+    /// Deletes every key of this store's namespace (its jobs, indexes, idempotency
+    /// keys and counters) and returns how many it deleted. Other namespaces are left
+    /// as they are. For tests and for retiring a namespace: stop its workers and
+    /// producers first, since a call racing the sweep can leave a key behind.
+    ///
+    /// The keys are found with `SCAN` (a page at a time, so the server is never
+    /// blocked) and removed with `UNLINK`. On a cluster every key of a namespace sits
+    /// in the slot of its hash tag, so the scan is sent to that slot's primary.
+    pub async fn drop_namespace(&self) -> Result<u64> {
+        let pattern = self.keys().all();
+        let mut conn = self.conn();
+        let mut cursor: u64 = 0;
+        let mut deleted = 0;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SWEEP_CHUNK);
+            let page = match &mut conn {
+                Conn::Single(single) => scan.query_async::<Value>(single).await,
+                Conn::Cluster(cluster) => {
+                    let route = Route::with_key(&self.keys().ready, SlotAddr::Master);
+                    let routing =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                    cluster.route_command(scan, routing).await
+                }
+            }
+            .map_err(|err| map_err("drop_namespace scan", err))?;
+            let (next, keys): (u64, Vec<String>) = redis::from_redis_value(page)
+                .map_err(|err| map_err("drop_namespace scan", err.into()))?;
+            if !keys.is_empty() {
+                let unlinked: u64 = redis::cmd("UNLINK")
+                    .arg(&keys)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|err| map_err("drop_namespace unlink", err))?;
+                deleted += unlinked;
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+
     /// Up to `limit` members of the sorted set `key` with the lowest scores, up to
     /// `max_score` (a Redis score bound: `(n` is exclusive). The sweeps of reclaim and
     /// purge read their candidates this way, so their cost follows the entries due,

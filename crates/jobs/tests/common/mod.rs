@@ -30,39 +30,21 @@ where
     }
 }
 
-/// Deletes every key of `namespace` on the Redis server at `url`: SCAN for the
-/// namespace's prefix (its keys all start with `jobs:{namespace}:`, and a namespace
-/// holds no glob character), UNLINK what it finds.
+/// Deletes every key of `namespace` on the Redis server at `url`, as the backend's
+/// conformance harness does.
 #[cfg(feature = "redis")]
 pub async fn drop_redis_namespace(url: &str, namespace: &str) -> Result<(), String> {
-    async fn run(url: &str, namespace: &str) -> redis::RedisResult<()> {
-        let client = redis::Client::open(url)?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        let pattern = format!("jobs:{{{namespace}}}:*");
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(10_000)
-                .query_async(&mut conn)
-                .await?;
-            for chunk in keys.chunks(1000) {
-                redis::cmd("UNLINK")
-                    .arg(chunk)
-                    .exec_async(&mut conn)
-                    .await?;
-            }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
-        }
-    }
-    run(url, namespace)
+    use jobs::backends::redis::RedisStore;
+    let settings = jobs::StoreSettings::default().namespace(namespace);
+    let dropped = async {
+        RedisStore::connect(url, settings)
+            .await?
+            .drop_namespace()
+            .await
+    };
+    dropped
         .await
+        .map(drop)
         .map_err(|err| format!("could not remove Redis namespace {namespace}: {err}"))
 }
 
