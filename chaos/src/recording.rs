@@ -206,9 +206,15 @@ impl LayeredBackend for Recording {
         answer
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
         let t0 = now_us();
-        let answer = self.inner.release(id, token, now).await;
+        let answer = self.inner.release(id, token, ready_at, now).await;
         self.outcome(t0, Op::Release, id, token, &answer);
         answer
     }

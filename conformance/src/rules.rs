@@ -13,6 +13,7 @@ mod admin;
 mod claim;
 mod enqueue;
 mod lease;
+mod queues;
 mod reclaim;
 mod support;
 
@@ -20,4 +21,5 @@ pub use admin::*;
 pub use claim::*;
 pub use enqueue::*;
 pub use lease::*;
+pub use queues::*;
 pub use reclaim::*;

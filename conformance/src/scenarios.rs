@@ -73,6 +73,8 @@ macro_rules! __scenario_list {
             L8 rules::l8_release_takes_back_the_attempt,
             L9 rules::l9_old_holder_is_fenced_after_reclaim,
             L9 rules::l9_holder_racing_reclaim_has_one_winner,
+            L10 rules::l10_snooze_waits_without_using_an_attempt,
+            L10 rules::l10_snoozed_job_comes_due_in_order,
             R1 rules::r1_expired_lease_is_requeued_behind_ready_jobs,
             R1 rules::r1_expired_lease_is_honoured_until_reclaimed,
             R2 rules::r2_lease_expiring_now_is_not_expired,
@@ -103,6 +105,8 @@ macro_rules! __scenario_list {
             A5 rules::a5_purge_limit_bounds_each_call,
             A5 rules::a5_purged_jobs_leave_nothing_behind,
             A6 rules::a6_reopened_store_sees_everything,
+            Q1 rules::q1_paused_queue_is_not_claimed_until_resumed,
+            Q1 rules::q1_a_claim_skips_paused_queues_before_its_limit,
             M1 model_check::m1_model_check,
         }
     };

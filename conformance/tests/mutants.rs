@@ -86,8 +86,14 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
         inner.fail(lease.id, lease.token, error, retry, now).await
     }
 
-    async fn release(&self, inner: &dyn Backend, lease: HeldLease, now: Timestamp) -> Result<()> {
-        inner.release(lease.id, lease.token, now).await
+    async fn release(
+        &self,
+        inner: &dyn Backend,
+        lease: HeldLease,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
+        inner.release(lease.id, lease.token, ready_at, now).await
     }
 
     async fn reclaim(
@@ -189,9 +195,15 @@ impl LayeredBackend for Mutant {
         self.bug.fail(&*self.inner, lease, error, retry, now).await
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
         let lease = HeldLease::new(id, token);
-        self.bug.release(&*self.inner, lease, now).await
+        self.bug.release(&*self.inner, lease, ready_at, now).await
     }
 
     async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
@@ -343,7 +355,7 @@ impl Bug for ReversedFifo {
         let keep: BTreeSet<usize> = broken.iter().take(limit).copied().collect();
         for (i, job) in claimed.iter().enumerate() {
             if !keep.contains(&i) {
-                inner.release(job.id(), job.token(), now).await?;
+                inner.release(job.id(), job.token(), now, now).await?;
             }
         }
         Ok(broken
@@ -587,9 +599,15 @@ impl Bug for CheckThenWriteLease {
         }
     }
 
-    async fn release(&self, inner: &dyn Backend, lease: HeldLease, now: Timestamp) -> Result<()> {
+    async fn release(
+        &self,
+        inner: &dyn Backend,
+        lease: HeldLease,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
         self.check(inner, lease).await?;
-        match inner.release(lease.id, lease.token, now).await {
+        match inner.release(lease.id, lease.token, ready_at, now).await {
             Err(err) if err.is_lease_lost() => Ok(()),
             other => other,
         }

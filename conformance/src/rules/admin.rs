@@ -517,6 +517,7 @@ pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
         succeeded: 1,
         dead: 1,
         cancelled: 2,
+        paused: false,
     };
     assert_stats(&store, "q", expected, "A3: every state").await;
     assert_stats_agree(&store, "q", "A3: every state").await;

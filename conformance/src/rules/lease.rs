@@ -1,4 +1,4 @@
-//! Rules L1–L9: calls on a running job, fenced by its lease token.
+//! Rules L1–L10: calls on a running job, fenced by its lease token.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,9 +9,9 @@ use jobs_core::{
 };
 
 use super::support::{
-    assert_nothing_claimable, assert_stats, assert_unchanged, binary, claim_expecting, enqueue,
-    expect_invalid, expect_lease_lost, expect_not_found, expect_too_large, get, join_all, request,
-    Must, TTL,
+    assert_nothing_claimable, assert_stats, assert_unchanged, binary, claim, claim_expecting,
+    enqueue, expect_invalid, expect_lease_lost, expect_not_found, expect_too_large, get, ids_of,
+    join_all, request, Must, TTL,
 };
 use crate::{Harness, TestEnv};
 
@@ -47,6 +47,12 @@ async fn assert_all_lease_lost(store: &Store, before: &Job, token: LeaseToken, w
         &format!("{what}: release"),
     );
     assert_unchanged(store, before, &format!("{what}: release")).await;
+    expect_lease_lost(
+        store.snooze(id, token, Duration::from_secs(5)).await,
+        id,
+        &format!("{what}: snooze"),
+    );
+    assert_unchanged(store, before, &format!("{what}: snooze")).await;
 }
 
 /// Every lease call on `id`, each of which must fail with not found.
@@ -77,6 +83,11 @@ async fn assert_all_not_found(store: &Store, id: JobId, token: LeaseToken, what:
         store.release(id, token).await,
         id,
         &format!("{what}: release"),
+    );
+    expect_not_found(
+        store.snooze(id, token, Duration::from_secs(5)).await,
+        id,
+        &format!("{what}: snooze"),
     );
     expect_not_found(
         store.get(id).await,
@@ -701,6 +712,113 @@ pub async fn l8_release_takes_back_the_attempt(harness: &dyn Harness) {
             .must("L8"),
         JobState::Dead,
         "L8: the one real attempt then fails for good"
+    );
+}
+
+/// L10: a snooze hands the job back until its time without using up an attempt or
+/// touching `last_error`; it may snooze again and again; a past time means now; a
+/// cancel-requested job ends cancelled.
+pub async fn l10_snooze_waits_without_using_an_attempt(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(2), "L10").await;
+    // A first attempt that failed leaves a last_error the snoozes must keep.
+    let first = claim_expecting(&store, "q", id, "L10: first attempt").await;
+    store
+        .fail(id, first.token(), "boom", Retry::At(env.clock.now()))
+        .await
+        .must("L10: first attempt fails");
+    for round in 0..4 {
+        let held = claim_expecting(&store, "q", id, "L10: claim").await;
+        assert_eq!(
+            held.job.attempts, 2,
+            "L10: after {round} snoozes the claim is still the second attempt"
+        );
+        store
+            .snooze(id, held.token(), Duration::from_secs(60))
+            .await
+            .must("L10: snooze");
+        let job = get(&store, id, "L10").await;
+        assert_eq!(job.state, JobState::Queued, "L10: a snoozed job is queued");
+        assert_eq!(job.attempts, 1, "L10: a snooze takes back its attempt");
+        assert_eq!(
+            job.last_error.as_deref(),
+            Some("boom"),
+            "L10: last_error kept"
+        );
+        assert_eq!(job.lease, None, "L10: lease cleared");
+        assert_eq!(job.finished_at, None);
+        assert_eq!(
+            job.run_at,
+            env.clock.now().saturating_add(Duration::from_secs(60)),
+            "L10: ready after the delay"
+        );
+        assert_stats(
+            &store,
+            "q",
+            QueueStats {
+                scheduled: 1,
+                ..QueueStats::default()
+            },
+            "L10: snoozed",
+        )
+        .await;
+        env.clock.advance(Duration::from_millis(59_999));
+        assert_nothing_claimable(&store, &["q"], "L10: not before its time").await;
+        env.clock.advance(Duration::from_millis(1));
+    }
+    // A time already past is now.
+    let held = claim_expecting(&store, "q", id, "L10: after the snoozes").await;
+    let past = env.clock.now().saturating_sub(Duration::from_secs(3600));
+    store
+        .snooze_until(id, held.token(), past)
+        .await
+        .must("L10: snooze_until a past time");
+    let job = get(&store, id, "L10").await;
+    assert_eq!(
+        job.run_at,
+        env.clock.now(),
+        "L10: a past time is stored as now"
+    );
+    // Cancelled while it runs: the snooze ends it, its attempt counted (A1).
+    let held = claim_expecting(&store, "q", id, "L10: again").await;
+    store.cancel(id).await.must("L10: cancel while running");
+    store
+        .snooze(id, held.token(), Duration::from_secs(60))
+        .await
+        .must("L10: snooze of a cancel-requested job");
+    let job = get(&store, id, "L10").await;
+    assert_eq!(
+        job.state,
+        JobState::Cancelled,
+        "L10: cancel wins over snooze"
+    );
+    assert_eq!(job.attempts, 2, "L10: the cancelled attempt stays counted");
+    assert!(job.finished_at.is_some(), "L10: cancelled is terminal");
+}
+
+/// L10 with C3: a snoozed job that comes due goes behind the jobs ready before it, and
+/// ahead of the jobs that became ready after it.
+pub async fn l10_snoozed_job_comes_due_in_order(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let snoozed = enqueue(&store, NewJob::new("q"), "L10").await;
+    let held = claim_expecting(&store, "q", snoozed, "L10").await;
+    store
+        .snooze(snoozed, held.token(), Duration::from_secs(10))
+        .await
+        .must("L10: snooze");
+    let before = [
+        enqueue(&store, NewJob::new("q"), "L10").await,
+        enqueue(&store, NewJob::new("q"), "L10").await,
+    ];
+    env.clock.advance(Duration::from_secs(10));
+    let after = enqueue(&store, NewJob::new("q"), "L10").await;
+    let claimed = claim(&store, &["q"], 10, "L10: all due").await;
+    assert_eq!(
+        ids_of(&claimed),
+        vec![before[0], before[1], snoozed, after],
+        "L10: the snoozed job is ready at its time, behind the jobs ready before"
     );
 }
 

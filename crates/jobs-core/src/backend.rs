@@ -174,8 +174,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
         now: Timestamp,
     ) -> Result<JobState>;
 
-    /// Rule L8: gives the job back, ready at `now`, without counting the attempt.
-    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()>;
+    /// Rules L8, L10: gives the job back, ready at `ready_at` (`now` for a release,
+    /// later for a snooze; never earlier than `now`), without counting the attempt or
+    /// touching `last_error`.
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()>;
 
     /// Rules R1–R6: recovers up to `limit` jobs whose lease expired strictly before
     /// `now` (`expires_at < now`: a lease expiring at `now` still holds, R2).
@@ -189,8 +197,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Any other state is refused with [`crate::Error::InvalidState`].
     async fn retry(&self, id: JobId, now: Timestamp) -> Result<()>;
 
-    /// Rule A3: counts of one queue's jobs per state at `now`.
+    /// Rule A3: counts of one queue's jobs per state at `now` (`paused` is left
+    /// `false`: the handle fills it in from [`Backend::paused_queues`]).
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats>;
+
+    /// Rule Q1: pauses (`true`) or resumes (`false`) `queue` for every store of the
+    /// namespace, in every process: no claim takes a job from a paused queue.
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// Rule Q1: the namespace's paused queues, sorted by name.
+    async fn paused_queues(&self) -> Result<Vec<String>>;
 
     /// Rule A4: one page of a queue's jobs, newest first.
     async fn list(&self, query: ListQuery) -> Result<ListPage>;
@@ -376,8 +392,14 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
         self.inner().fail(id, token, error, retry, now).await
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
-        self.inner().release(id, token, now).await
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner().release(id, token, ready_at, now).await
     }
 
     async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
@@ -394,6 +416,14 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         self.inner().stats(queue, now).await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.inner().set_paused(queue, paused).await
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        self.inner().paused_queues().await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
@@ -552,13 +582,14 @@ impl<L: LayeredBackend> Backend for L {
         &'a self,
         id: JobId,
         token: LeaseToken,
+        ready_at: Timestamp,
         now: Timestamp,
     ) -> BoxFuture<'b, Result<()>>
     where
         'a: 'b,
         Self: 'b,
     {
-        LayeredBackend::release(self, id, token, now)
+        LayeredBackend::release(self, id, token, ready_at, now)
     }
 
     fn reclaim<'a, 'b>(
@@ -600,6 +631,23 @@ impl<L: LayeredBackend> Backend for L {
         Self: 'b,
     {
         LayeredBackend::stats(self, queue, now)
+    }
+
+    fn set_paused<'a, 'q, 'b>(&'a self, queue: &'q str, paused: bool) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::set_paused(self, queue, paused)
+    }
+
+    fn paused_queues<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<String>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::paused_queues(self)
     }
 
     fn list<'a, 'b>(&'a self, query: ListQuery) -> BoxFuture<'b, Result<ListPage>>

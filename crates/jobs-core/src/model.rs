@@ -442,6 +442,9 @@ pub struct QueueStats {
     pub dead: u64,
     /// Cancelled.
     pub cancelled: u64,
+    /// Whether the queue is paused (CONTRACT Q1): its jobs are counted as usual, but no
+    /// claim takes them.
+    pub paused: bool,
 }
 
 impl QueueStats {

@@ -304,7 +304,24 @@ impl Store {
 
     /// Rule L8: gives the job back, ready now, without counting the attempt.
     pub async fn release(&self, id: JobId, token: LeaseToken) -> Result<()> {
-        self.backend.release(id, token, self.now()).await
+        let now = self.now();
+        self.backend.release(id, token, now, now).await
+    }
+
+    /// Rule L10: gives the job back to run again after `delay`, without counting the
+    /// attempt and without recording a failure: "not now, later". A snoozed job is
+    /// `scheduled` until then (`queued` at once for a zero delay).
+    pub async fn snooze(&self, id: JobId, token: LeaseToken, delay: Duration) -> Result<()> {
+        let now = self.now();
+        self.backend
+            .release(id, token, now.saturating_add(delay), now)
+            .await
+    }
+
+    /// Rule L10: [`Store::snooze`] until `at`; a time already past means now.
+    pub async fn snooze_until(&self, id: JobId, token: LeaseToken, at: Timestamp) -> Result<()> {
+        let now = self.now();
+        self.backend.release(id, token, at.max(now), now).await
     }
 
     /// Rules R1–R6: recovers up to `limit` jobs whose lease expired.
@@ -327,10 +344,38 @@ impl Store {
         self.backend.retry(id, self.now()).await
     }
 
-    /// Rule A3: counts of one queue's jobs per state.
+    /// Rule A3: counts of one queue's jobs per state, and whether it is paused (Q1).
     pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
         validate::validate_queue(queue)?;
-        self.backend.stats(queue, self.now()).await
+        let (stats, paused) = futures_util::future::join(
+            self.backend.stats(queue, self.now()),
+            self.backend.paused_queues(),
+        )
+        .await;
+        let paused = paused?;
+        Ok(QueueStats {
+            paused: paused.binary_search_by(|p| p.as_str().cmp(queue)).is_ok(),
+            ..stats?
+        })
+    }
+
+    /// Rule Q1: pauses `queue` for every worker of every process: no claim takes its
+    /// jobs until [`Store::resume`]. Enqueues still land, and running jobs finish. A
+    /// queue needs no jobs to be paused, and pausing a paused queue changes nothing.
+    pub async fn pause(&self, queue: &str) -> Result<()> {
+        validate::validate_queue(queue)?;
+        self.backend.set_paused(queue, true).await
+    }
+
+    /// Rule Q1: lets claims take `queue`'s jobs again, in the order they had.
+    pub async fn resume(&self, queue: &str) -> Result<()> {
+        validate::validate_queue(queue)?;
+        self.backend.set_paused(queue, false).await
+    }
+
+    /// Rule Q1: the paused queues, sorted by name.
+    pub async fn paused_queues(&self) -> Result<Vec<String>> {
+        self.backend.paused_queues().await
     }
 
     /// Rule A4: one page of a queue's jobs, newest first.

@@ -63,13 +63,14 @@ pub fn after_lease_expired(attempts: Attempts, now: Timestamp) -> Next {
     after_failure(attempts, Retry::At(now))
 }
 
-/// A job handed back with `release` (CONTRACT L8, A1): ready again at once, unless
-/// its cancellation was requested, when it is cancelled (its attempt stays counted).
-pub fn after_release(cancel_requested: bool, now: Timestamp) -> Next {
+/// A job handed back with `release` or `snooze` (CONTRACT L8, L10, A1): ready again
+/// at `ready_at` (now for a release), unless its cancellation was requested, when it
+/// is cancelled (its attempt stays counted).
+pub fn after_release(cancel_requested: bool, ready_at: Timestamp) -> Next {
     if cancel_requested {
         Next::Finished(JobState::Cancelled)
     } else {
-        Next::Queued { ready_at: now }
+        Next::Queued { ready_at }
     }
 }
 

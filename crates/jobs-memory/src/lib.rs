@@ -216,8 +216,14 @@ impl Backend for MemoryStore {
         Ok(state)
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
-        let state = self.namespace.lock().release(id, token, now)?;
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
+        let state = self.namespace.lock().release(id, token, ready_at, now)?;
         if state == JobState::Queued {
             self.namespace.signal_work();
         }
@@ -244,6 +250,18 @@ impl Backend for MemoryStore {
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         Ok(self.namespace.lock().stats(queue, now))
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        let was = self.namespace.lock().set_paused(queue, paused);
+        if was && !paused {
+            self.namespace.signal_work();
+        }
+        Ok(())
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        Ok(self.namespace.lock().paused_queues())
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {

@@ -47,6 +47,8 @@ pub(crate) struct State {
     dedup: HashMap<(String, String), (JobId, Timestamp)>,
     children: BTreeMap<JobId, BTreeSet<JobId>>,
     next_seq: u64,
+    /// Queues no claim takes from (CONTRACT Q1).
+    paused: BTreeSet<String>,
 }
 
 fn lease_lost(id: JobId) -> Error {
@@ -54,6 +56,21 @@ fn lease_lost(id: JobId) -> Error {
 }
 
 impl State {
+    /// Rule Q1. Returns whether the queue was paused before.
+    pub(crate) fn set_paused(&mut self, queue: &str, paused: bool) -> bool {
+        let was = self.paused.contains(queue);
+        if paused {
+            self.paused.insert(queue.to_owned());
+        } else {
+            self.paused.remove(queue);
+        }
+        was
+    }
+
+    pub(crate) fn paused_queues(&self) -> Vec<String> {
+        self.paused.iter().cloned().collect()
+    }
+
     fn draw_seq(&mut self) -> u64 {
         self.next_seq += 1;
         self.next_seq
@@ -259,6 +276,9 @@ impl State {
     pub(crate) fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Vec<ClaimedJob> {
         let mut candidates: Vec<(ReadyOrder, JobId)> = Vec::new();
         for queue in &request.queues {
+            if self.paused.contains(queue) {
+                continue;
+            }
             self.promote_due(queue, now);
             let Some(index) = self.queues.get_mut(queue) else {
                 continue;
@@ -398,11 +418,12 @@ impl State {
         &mut self,
         id: JobId,
         token: LeaseToken,
+        ready_at: Timestamp,
         now: Timestamp,
     ) -> Result<JobState> {
         self.check_lease(id, token)?;
         self.transition_checked(id, now, |job| {
-            let next = transition::after_release(job.cancel_requested, now);
+            let next = transition::after_release(job.cancel_requested, ready_at);
             if next.state() == JobState::Queued {
                 // A released attempt does not count; a cancelled one stays counted (A1).
                 job.attempts = job.attempts.saturating_sub(1);

@@ -442,6 +442,7 @@ mod tests {
                 .bind(ns)
                 .bind(id)
                 .bind(1_i64)
+                .bind(1_i64)
                 .bind(1_i64),
             "reclaim" => sqlx::query(sql.reclaim.sql())
                 .bind(ns)

@@ -32,6 +32,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "timeout",
         sql: include_str!("../migrations/0003_timeout.sql"),
     },
+    Migration {
+        version: 4,
+        name: "paused_queues",
+        sql: include_str!("../migrations/0004_paused.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

@@ -120,9 +120,17 @@ const CLAIM: &str = concat!(
 WITH cand AS (
     SELECT c.cand_id
     FROM unnest($2::text[]) AS q(name)
+    -- CONTRACT Q1: a paused queue gives no candidates (one key lookup per queue).
+    CROSS JOIN LATERAL (
+        SELECT NOT EXISTS (
+            SELECT 1 FROM {schema}.paused_queues
+            WHERE namespace = $1 AND queue = q.name
+        ) AS open
+    ) o
     CROSS JOIN LATERAL (
         SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s FROM {schema}.jobs
-        WHERE namespace = $1 AND queue = q.name AND state = 'queued' AND run_at <= $3
+        WHERE o.open AND namespace = $1 AND queue = q.name AND state = 'queued'
+          AND run_at <= $3
         ORDER BY priority DESC, run_at, seq
         LIMIT $4
         FOR UPDATE SKIP LOCKED
@@ -262,9 +270,10 @@ WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS
 RETURNING state
 "#;
 
-/// Rule L8: back to `queued`, ready now, behind the ready jobs, the attempt taken back;
+/// Rules L8, L10: back to `queued`, ready at `$5` (now for a release, later for a
+/// snooze), behind the ready jobs, the attempt taken back and `last_error` untouched;
 /// `cancelled` instead when cancellation was requested, with the attempt still counted
-/// (decided under A1). `$3` token, `$4` now.
+/// (decided under A1). `$3` token, `$4` now, `$5` ready time.
 const RELEASE: &str = r#"
 UPDATE {schema}.jobs SET
     -- Mirrors jobs_core::transition::after_release.
@@ -273,8 +282,9 @@ UPDATE {schema}.jobs SET
     state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
     -- L8 takes the attempt back only from a job that goes back to queued (A1).
     attempts = CASE WHEN cancel_requested THEN attempts ELSE GREATEST(attempts - 1, 0) END,
-    -- L8: ready now, behind the jobs already ready (C3); a cancelled job keeps them.
-    run_at = CASE WHEN cancel_requested THEN run_at ELSE $4 END,
+    -- L8, L10: ready at $5, behind the jobs already ready (C3); a cancelled job keeps
+    -- its run_at.
+    run_at = CASE WHEN cancel_requested THEN run_at ELSE $5 END,
     seq = CASE WHEN cancel_requested THEN seq ELSE nextval('{schema}.seq') END,
     -- CONTRACT §2 (every terminal state sets finished_at): only the cancelled end.
     finished_at = CASE WHEN cancel_requested THEN $4 ELSE NULL END,
@@ -436,9 +446,29 @@ const VANISH: &str = "DELETE FROM {schema}.jobs WHERE namespace = $1 AND id = $2
 
 /// Deletes every row of namespace `$1`, jobs and keys, in one transaction; returns how
 /// many jobs it deleted.
+/// Rule Q1: `$1` namespace, `$2` queue.
+const PAUSE: &str = r#"
+INSERT INTO {schema}.paused_queues (namespace, queue) VALUES ($1, $2)
+ON CONFLICT DO NOTHING
+"#;
+
+/// Rule Q1: `$1` namespace, `$2` queue. Returns a row when the queue was paused.
+const RESUME: &str = r#"
+DELETE FROM {schema}.paused_queues WHERE namespace = $1 AND queue = $2
+RETURNING queue
+"#;
+
+/// Rule Q1: the namespace's paused queues, by name.
+const PAUSED_QUEUES: &str = r#"
+SELECT queue FROM {schema}.paused_queues WHERE namespace = $1 ORDER BY queue
+"#;
+
 const DROP_NAMESPACE: &str = r#"
 WITH keys AS (
     DELETE FROM {schema}.dedup WHERE namespace = $1
+),
+paused AS (
+    DELETE FROM {schema}.paused_queues WHERE namespace = $1
 ),
 gone AS (
     DELETE FROM {schema}.jobs WHERE namespace = $1
@@ -495,6 +525,9 @@ pub(crate) struct Statements {
     pub(crate) cancel: Text,
     pub(crate) retry: Text,
     pub(crate) stats: Text,
+    pub(crate) pause: Text,
+    pub(crate) resume: Text,
+    pub(crate) paused_queues: Text,
     pub(crate) list: Text,
     pub(crate) purge: Text,
     pub(crate) vanish: Text,
@@ -526,6 +559,9 @@ impl Statements {
             cancel: r(CANCEL),
             retry: r(RETRY),
             stats: r(STATS),
+            pause: r(PAUSE),
+            resume: r(RESUME),
+            paused_queues: r(PAUSED_QUEUES),
             list: r(LIST),
             purge: r(PURGE),
             vanish: r(VANISH),

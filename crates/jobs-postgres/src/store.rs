@@ -447,19 +447,27 @@ impl Backend for PostgresStore {
         }
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
         // Sent once, as `fail` is.
         let query = sqlx::query(self.sql().release.sql())
             .bind(self.namespace())
             .bind(Uuid::from(id))
             .bind(token_param(token))
-            .bind(now.as_millis());
+            .bind(now.as_millis())
+            .bind(ready_at.as_millis());
         let row = self.fetch_optional_once("release", query).await?;
         let Some(row) = row else {
             return Err(self.lease_miss("release", id).await);
         };
         let what = || format!("job {id}");
-        if row::state(&row, 0, &what)? == JobState::Queued {
+        // A snoozed job is announced when it comes due, like any scheduled job.
+        if row::state(&row, 0, &what)? == JobState::Queued && ready_at <= now {
             let queue: String = column(&row, 1, &what)?;
             self.inner
                 .shared
@@ -552,6 +560,38 @@ impl Backend for PostgresStore {
                 operation: "retry",
             }),
         }
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        // Pausing what is paused, or resuming what runs, changes nothing: sent again
+        // if the connection broke.
+        let sql = if paused {
+            &self.sql().pause
+        } else {
+            &self.sql().resume
+        };
+        let rows = self
+            .shared()
+            .fetch_all_again("pause", |_| {
+                sqlx::query(sql.sql()).bind(self.namespace()).bind(queue)
+            })
+            .await?;
+        if !paused && !rows.is_empty() {
+            // Claimers waiting on the queue look again.
+            self.inner.shared.wake.announce(self.namespace(), [queue]);
+        }
+        Ok(())
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        let rows = self
+            .shared()
+            .fetch_all_again("paused_queues", |_| {
+                sqlx::query(self.sql().paused_queues.sql()).bind(self.namespace())
+            })
+            .await?;
+        let what = || "paused queue".to_owned();
+        rows.iter().map(|row| column(row, 0, &what)).collect()
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {

@@ -404,15 +404,15 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        vec![1, 2, 3],
+        vec![1, 2, 3, 4],
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 3);
+        assert_eq!(backend.schema_version().await.expect("version"), 4);
     }
 
-    // Migrations 2 and 3 are safe to run again on a migrated schema with jobs in it:
-    // forget that they ran, connect, and they run once more.
+    // Migrations 2 to 4 are safe to run again on a migrated schema with jobs (and a
+    // paused queue) in it: forget that they ran, connect, and they run once more.
     let clock = ManualClock::default();
     let store = open(&backends[0], settings(&clock));
     let queued = store
@@ -420,12 +420,13 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
         .await
         .expect("enqueue")
         .id;
+    store.pause("held").await.expect("pause");
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DELETE FROM \"{schema}\".migrations WHERE version >= 2"
     )))
     .execute(&admin)
     .await
-    .expect("forget migrations 2 and 3");
+    .expect("forget migrations 2 to 4");
     let config = PostgresConfig::new(&url())
         .expect("url")
         .schema(schema.clone())
@@ -434,7 +435,12 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     let again = PostgresBackend::connect(config)
         .await
         .expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 3);
+    assert_eq!(again.schema_version().await.expect("version"), 4);
+    assert_eq!(
+        store.paused_queues().await.expect("paused"),
+        vec!["held".to_owned()],
+        "kept"
+    );
     let job = store.get(queued).await.expect("get");
     assert_eq!(job.state, JobState::Queued);
     assert_eq!(job.timeout, Some(Duration::from_millis(1500)), "kept");

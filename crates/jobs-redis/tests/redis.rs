@@ -235,6 +235,75 @@ async fn enqueue_all(store: &Store, jobs: Vec<NewJob>) -> Vec<JobId> {
     ids
 }
 
+#[tokio::test]
+async fn drop_namespace_deletes_every_key_of_its_namespace_and_no_other() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let Some(mut other) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let kept = other.store().await;
+    // Keys of every kind: ready, scheduled and running indexes, an idempotency key, a
+    // parent with its children, finished jobs, the sequence counter.
+    let parent = store
+        .enqueue(NewJob::new("q").idempotency_key("once"))
+        .await
+        .expect("enqueue");
+    store
+        .enqueue(NewJob::new("q").parent(parent.id))
+        .await
+        .expect("child");
+    store
+        .enqueue(NewJob::new("q").run_at(env.clock.now().saturating_add(Duration::from_secs(60))))
+        .await
+        .expect("scheduled");
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(30)).limit(1))
+        .await
+        .expect("claim");
+    store
+        .complete(claimed[0].id(), claimed[0].token(), None)
+        .await
+        .expect("complete");
+    store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(30)).limit(1))
+        .await
+        .expect("claim");
+    kept.enqueue(NewJob::new("q").idempotency_key("once"))
+        .await
+        .expect("enqueue elsewhere");
+    let mut others_before = other.namespace_keys().await;
+    others_before.sort();
+    let before = env.namespace_keys().await.len();
+    assert!(before >= 8, "only {before} keys were written");
+
+    let deleted = store.redis.drop_namespace().await.expect("drop_namespace");
+
+    assert_eq!(deleted, u64::try_from(before).expect("key count"));
+    assert_eq!(env.namespace_keys().await, Vec::<String>::new());
+    let mut others_after = other.namespace_keys().await;
+    others_after.sort();
+    assert_eq!(others_after, others_before, "another namespace lost keys");
+    // The namespace starts again empty: the old jobs are gone, the key is free.
+    assert!(matches!(
+        store.get(parent.id).await,
+        Err(Error::NotFound { .. })
+    ));
+    let again = store
+        .enqueue(NewJob::new("q").idempotency_key("once"))
+        .await
+        .expect("enqueue after the drop");
+    assert!(again.created && again.id != parent.id);
+    let written = env.namespace_keys().await.len();
+    assert_eq!(
+        store.redis.drop_namespace().await.expect("second drop"),
+        u64::try_from(written).expect("key count")
+    );
+    assert_eq!(env.namespace_keys().await, Vec::<String>::new());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_from_200k_due_jobs_returns_the_first_in_order() {
     let Some(mut env) = Env::new().await else {
@@ -1377,7 +1446,8 @@ async fn refused_batch_writes_nothing_at_any_size() {
     };
     let ns = env.settings.namespace.clone();
     let read_write: Vec<String> = [
-        "ready", "sched", "leases", "list", "running", "done", "children", "seq", "none", "job:*",
+        "ready", "sched", "leases", "list", "running", "done", "paused", "children", "seq", "none",
+        "job:*",
     ]
     .iter()
     .map(|name| format!("jobs:{{{ns}}}:{name}"))

@@ -276,11 +276,17 @@ impl Backend for SqliteStore {
             .await
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
         let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::release(tx, ns, id, token, now)
+                ops::release(tx, ns, id, token, ready_at, now)
             })
             .await
     }
@@ -312,6 +318,22 @@ impl Backend for SqliteStore {
         let (ns, queue) = (self.ns, queue.to_owned());
         self.engine
             .read(move |conn| ops::stats(conn, ns, &queue, now))
+            .await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        let (ns, queue) = (self.ns, queue.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                ops::set_paused(tx, ns, &queue, paused)
+            })
+            .await
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        let ns = self.ns;
+        self.engine
+            .read(move |conn| ops::paused_queues(conn, ns))
             .await
     }
 

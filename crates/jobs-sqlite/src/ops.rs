@@ -332,7 +332,15 @@ pub(crate) fn claim(
     queues.sort_unstable();
     queues.dedup();
     let mut candidates = Vec::new();
+    let mut paused = conn
+        .prepare_cached("SELECT 1 FROM jobq_paused WHERE ns = ?1 AND queue = ?2")
+        .db("prepare the pause check")?;
     for queue in queues {
+        // Read in the claim's own write transaction, so a pause committed before the
+        // claim began is always seen (CONTRACT Q1).
+        if paused.exists(params![ns, queue]).db("check a pause")? {
+            continue;
+        }
         ready_candidates(conn, ns, queue, now, request.limit, &mut candidates)?;
     }
     // Each queue gave its first `limit` jobs, so the first `limit` of the merge are the
@@ -585,16 +593,17 @@ pub(crate) fn fail(
     apply(tx, ns, lease.row, next, 0, Some(error), now)
 }
 
-/// Rule L8: the attempt is given back if the job is queued again.
+/// Rules L8, L10: the attempt is given back if the job is queued again.
 pub(crate) fn release(
     tx: &mut WriteTx<'_>,
     ns: i64,
     id: JobId,
     token: LeaseToken,
+    ready_at: Timestamp,
     now: Timestamp,
 ) -> Result<()> {
     let lease = check_lease(tx.conn(), ns, id, token)?;
-    let next = transition::after_release(lease.attempts.cancel_requested, now);
+    let next = transition::after_release(lease.attempts.cancel_requested, ready_at);
     apply(tx, ns, lease.row, next, -1, None, now).map(drop)
 }
 
@@ -845,6 +854,39 @@ pub(crate) fn children(conn: &Connection, ns: i64, parent: JobId) -> Result<Vec<
 }
 
 /// Rule A3, from one snapshot.
+/// Rule Q1: pauses or resumes `queue`; a resume wakes the claimers waiting here.
+pub(crate) fn set_paused(tx: &mut WriteTx<'_>, ns: i64, queue: &str, paused: bool) -> Result<()> {
+    let conn = tx.conn();
+    let was = conn
+        .prepare_cached("SELECT 1 FROM jobq_paused WHERE ns = ?1 AND queue = ?2")
+        .and_then(|mut stmt| stmt.exists(params![ns, queue]))
+        .db("check a pause")?;
+    let sql = if paused {
+        "INSERT OR IGNORE INTO jobq_paused (ns, queue) VALUES (?1, ?2)"
+    } else {
+        "DELETE FROM jobq_paused WHERE ns = ?1 AND queue = ?2"
+    };
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute(params![ns, queue]))
+        .db("pause or resume a queue")?;
+    if was && !paused {
+        tx.wake(ns);
+    }
+    Ok(())
+}
+
+/// Rule Q1: the paused queues, by name.
+pub(crate) fn paused_queues(conn: &Connection, ns: i64) -> Result<Vec<String>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT queue FROM jobq_paused WHERE ns = ?1 ORDER BY queue")
+        .db("prepare the paused queues")?;
+    let rows = stmt
+        .query_map([ns], |row| row.get(0))
+        .db("read the paused queues")?;
+    rows.collect::<rusqlite::Result<Vec<String>>>()
+        .db("read the paused queues")
+}
+
 pub(crate) fn stats(conn: &Connection, ns: i64, queue: &str, now: Timestamp) -> Result<QueueStats> {
     let tx = conn.unchecked_transaction().db("begin a read")?;
     let mut stats = QueueStats::default();

@@ -93,6 +93,14 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE jobq_jobs ADD COLUMN timeout_ms INTEGER;
     "#,
+    // Version 3: paused queues (CONTRACT Q1). A claim looks each named queue up here.
+    r#"
+    CREATE TABLE jobq_paused (
+        ns    INTEGER NOT NULL,
+        queue TEXT NOT NULL,
+        PRIMARY KEY (ns, queue)
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -175,6 +175,8 @@ pub(crate) enum RetryAdvice {
     After(Duration),
     /// Never: the job goes dead now.
     Never,
+    /// Not a failure: run again after this delay, the attempt not counted (L10).
+    Snooze(Duration),
 }
 
 /// A handler's failure: its message (stored as the job's `last_error`) and whether the
@@ -227,6 +229,34 @@ impl JobError {
             retry: RetryAdvice::Never,
             source: None,
         }
+    }
+
+    /// Not a failure: "not now, run me again after `delay`" (on the store's clock). The
+    /// job is handed back with [`Store::snooze`](jobs_core::Store::snooze): its attempt
+    /// is not counted and nothing is recorded as its `last_error` (CONTRACT L10). The
+    /// message is only logged.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use jobs::JobError;
+    /// fn poll(ready: bool) -> Result<(), JobError> {
+    ///     if !ready {
+    ///         return Err(JobError::snooze("the report is not ready yet", Duration::from_secs(30)));
+    ///     }
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn snooze(message: impl Into<String>, delay: Duration) -> Self {
+        JobError {
+            message: message.into(),
+            retry: RetryAdvice::Snooze(delay),
+            source: None,
+        }
+    }
+
+    /// Whether this is a [`JobError::snooze`], not a failure.
+    pub fn is_snooze(&self) -> bool {
+        matches!(self.retry, RetryAdvice::Snooze(_))
     }
 
     /// Wraps `error` as a retryable failure, keeping it as the source.

@@ -33,6 +33,9 @@ pub const JOBS_CANCELLED: &str = "jobs_cancelled";
 pub const JOBS_PANICKED: &str = "jobs_panicked";
 /// Counter: jobs handed back at shutdown without counting the attempt.
 pub const JOBS_RELEASED: &str = "jobs_released";
+/// Counter: attempts whose handler asked to run again later (`JobError::snooze`),
+/// not counted as attempts or failures.
+pub const JOBS_SNOOZED: &str = "jobs_snoozed";
 /// Counter: attempts that ran past their time limit (failed as timed out).
 pub const JOBS_TIMED_OUT: &str = "jobs_timed_out";
 /// Counter: jobs whose lease this worker lost while holding them.
@@ -59,6 +62,7 @@ pub(crate) struct QueueMetrics {
     pub(crate) cancelled: Counter,
     pub(crate) panicked: Counter,
     pub(crate) released: Counter,
+    pub(crate) snoozed: Counter,
     pub(crate) lease_lost: Counter,
     pub(crate) timed_out: Counter,
     pub(crate) pickup_latency: Histogram,
@@ -77,6 +81,7 @@ impl QueueMetrics {
             cancelled: counter!(JOBS_CANCELLED, &[q()]),
             panicked: counter!(JOBS_PANICKED, &[q()]),
             released: counter!(JOBS_RELEASED, &[q()]),
+            snoozed: counter!(JOBS_SNOOZED, &[q()]),
             lease_lost: counter!(JOBS_LEASE_LOST, &[q()]),
             timed_out: counter!(JOBS_TIMED_OUT, &[q()]),
             pickup_latency: histogram!(JOBS_PICKUP_LATENCY, &[q()]),

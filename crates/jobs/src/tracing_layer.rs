@@ -115,9 +115,15 @@ impl LayeredBackend for Traced {
         within(span, self.inner.fail(id, token, error, retry, now)).await
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
         let span = span!("release", job = tracing::field::display(id));
-        within(span, self.inner.release(id, token, now)).await
+        within(span, self.inner.release(id, token, ready_at, now)).await
     }
 
     async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {

@@ -264,6 +264,58 @@ mod scenarios {
         assert!(rx.try_recv().is_err(), "a dead job ran again");
     }
 
+    /// A handler that snoozes runs again after the delay (store clock) as the same
+    /// attempt: snoozes use up no attempts and record no error (CONTRACT L10).
+    pub async fn snoozed_jobs_run_again_later_without_using_an_attempt(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let looks = Arc::new(AtomicUsize::new(0));
+        let worker = test_worker(env.store().await, "w").handler(
+            "poll",
+            move |ctx: JobContext, _payload: Bytes| {
+                let tx = tx.clone();
+                let looks = looks.clone();
+                async move {
+                    let _ = tx.send(ctx.attempt());
+                    // Not ready the first three times it looks.
+                    if looks.fetch_add(1, Ordering::SeqCst) < 3 {
+                        return Err(JobError::snooze("not ready", Duration::from_secs(30)));
+                    }
+                    Ok(())
+                }
+            },
+        );
+        let handle = build(worker).spawn();
+        let start = env.clock.now();
+        let id = enqueue(&store, NewJob::new("poll").max_attempts(1)).await;
+        for look in 1..=3u64 {
+            assert_eq!(recv(&mut rx, "a look").await, 1, "a snooze is no attempt");
+            let job = wait_for(&store, id, "the snooze", |j| {
+                j.state == JobState::Queued && j.attempts == 0
+            })
+            .await;
+            assert_eq!(
+                job.run_at,
+                env.clock.now().saturating_add(Duration::from_secs(30)),
+                "look {look} snoozed 30 s on the store clock"
+            );
+            assert_eq!(job.last_error, None, "a snooze records no error");
+            env.clock.advance(Duration::from_secs(30));
+        }
+        assert_eq!(recv(&mut rx, "the last look").await, 1);
+        let job = wait_for(&store, id, "success", |j| j.state == JobState::Succeeded).await;
+        assert_eq!(
+            job.attempts, 1,
+            "one attempt of one allowed, after three snoozes"
+        );
+        assert_eq!(
+            job.run_at,
+            start.saturating_add(Duration::from_secs(90)),
+            "the job ran at its third snooze's time"
+        );
+        handle.shutdown().await;
+    }
+
     /// A permanent error, and a payload a typed handler cannot decode, go dead at once
     /// whatever attempts are left.
     pub async fn permanent_errors_go_dead_at_once(env: Env) {
@@ -1338,6 +1390,7 @@ macro_rules! runtime_tests {
                 runs_once_and_stores_result,
                 failures_retry_with_backoff_then_die,
                 permanent_errors_go_dead_at_once,
+                snoozed_jobs_run_again_later_without_using_an_attempt,
                 dead_workers_jobs_are_reclaimed,
                 heartbeats_keep_long_jobs,
                 shutdown_releases_unfinished_jobs,

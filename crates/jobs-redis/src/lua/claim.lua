@@ -4,8 +4,8 @@
 -- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
 -- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
 -- KEYS[5] running counters (hash: queue -> lease entries)
--- KEYS[6] finished index (zset)
--- KEYS[6+i] the hash of candidate i, whose id is ARGV[7+Q+i]
+-- KEYS[6] finished index (zset)  KEYS[7] paused queues (set)
+-- KEYS[7+i] the hash of candidate i, whose id is ARGV[7+Q+i]
 --
 -- ARGV[1] now (ms)             ARGV[2] worker
 -- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
@@ -47,10 +47,15 @@ local hint_size = tonumber(ARGV[5])
 local bound = tonumber(ARGV[6])
 local nq = tonumber(ARGV[7])
 local ready, sched, leases, list, running, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local paused = KEYS[7]
 
+-- CONTRACT Q1: a paused queue gives no candidates.
 local named = {}
 for i = 1, nq do
-  named[i] = ARGV[7 + i]
+  local q = ARGV[7 + i]
+  if redis.call('SISMEMBER', paused, q) == 0 then
+    named[#named + 1] = q
+  end
 end
 check_counters(running, named)
 
@@ -59,27 +64,27 @@ if not promote(ready, sched, now, bound) then
 end
 
 local held = {}
-for i = 1, #KEYS - 6 do
-  held[ARGV[7 + nq + i]] = KEYS[6 + i]
+for i = 1, #KEYS - 7 do
+  held[ARGV[7 + nq + i]] = KEYS[7 + i]
 end
 
 -- The first `n` entries of the ready order over all named queues: each queue's range is
 -- already in order, so a merge of the queues' heads (Q - 1 comparisons per entry).
 local function head(n)
-  if nq == 1 then
-    local q = ARGV[8]
+  if #named == 1 then
+    local q = named[1]
     return redis.call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
   end
   local parts, pos = {}, {}
-  for i = 1, nq do
-    local q = ARGV[7 + i]
+  for i = 1, #named do
+    local q = named[i]
     parts[i] = redis.call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
     pos[i] = 1
   end
   local first = {}
   while #first < n do
     local best, best_order = nil, nil
-    for i = 1, nq do
+    for i = 1, #named do
       local member = parts[i][pos[i]]
       if member then
         local order = string.sub(member, -72, -37)

@@ -1,5 +1,6 @@
--- release.lua: gives a running job back, ready now, without counting the attempt
--- (CONTRACT L8; A1: cancel while running).
+-- release.lua: gives a running job back, ready now (release) or later (snooze), without
+-- counting the attempt or touching its last error (CONTRACT L8, L10; A1: cancel while
+-- running).
 --
 -- KEYS[1] the job's hash       KEYS[2] lease index (zset)
 -- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
@@ -7,8 +8,9 @@
 -- KEYS[7] sequence counter (string)
 -- KEYS[8] running counters (hash)
 -- ARGV[1] job id               ARGV[2] token
--- ARGV[3] now (ms)             ARGV[4] now as 16 hex digits
--- ARGV[5] wake-up channel
+-- ARGV[3] now (ms)             ARGV[4] ready time as 16 hex digits
+-- ARGV[5] wake-up channel      ARGV[6] ready time (ms)
+-- ARGV[7] '1' if the ready time is <= now
 --
 -- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason}
 --
@@ -34,8 +36,8 @@ end
 check_counters(running, { queue })
 
 -- Mirrors jobs_core::transition::after_release (CONTRACT L8, A1): a cancel-requested job
--- ends cancelled, its attempt counted; any other goes back to queued, ready now, with the
--- attempt taken back.
+-- ends cancelled, its attempt counted; any other goes back to queued, ready at the given
+-- time, with the attempt taken back.
 if v[4] == '1' then
   drop_lease(leases, running, queue, id)
   finish(job, list, done, queue, id, parent, 'running', 'cancelled', now)
@@ -43,8 +45,11 @@ if v[4] == '1' then
 end
 -- The first write: INCR fails on a corrupt counter before anything else changed.
 local next_seq = redis.call('INCR', seq)
-requeue(job, ready, sched, list, next_seq, queue, id, prio, now, ARGV[4], true, 'running')
+local due = ARGV[7] == '1'
+requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[6], ARGV[4], due, 'running')
 redis.call('HSET', job, 'att', string.format('%d', tonumber(v[5]) - 1))
 drop_lease(leases, running, queue, id)
-redis.call('PUBLISH', ARGV[5], queue)
+if due then
+  redis.call('PUBLISH', ARGV[5], queue)
+end
 return { 'ok', 'queued' }

@@ -58,6 +58,7 @@ impl RedisStore {
                 .key(&keys.list)
                 .key(&keys.running)
                 .key(&keys.done)
+                .key(&keys.paused)
                 .arg(&now_text)
                 .arg(&request.worker)
                 .arg(&expires)

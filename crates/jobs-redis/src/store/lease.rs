@@ -146,6 +146,7 @@ impl RedisStore {
         &self,
         id: JobId,
         token: LeaseToken,
+        ready_at: Timestamp,
         now: Timestamp,
     ) -> Result<()> {
         let keys = self.keys();
@@ -154,8 +155,10 @@ impl RedisStore {
             .arg(id.to_string())
             .arg(token.get())
             .arg(now.as_millis())
-            .arg(ready_hex(now))
-            .arg(&keys.wake);
+            .arg(ready_hex(ready_at))
+            .arg(&keys.wake)
+            .arg(ready_at.as_millis())
+            .arg(if ready_at <= now { "1" } else { "0" });
         let reply = self.invoke(&invocation, "release").await?;
         match status(&reply, "release reply")? {
             (word, _) if word == "ok" => Ok(()),

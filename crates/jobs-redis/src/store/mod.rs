@@ -243,8 +243,14 @@ impl Backend for RedisStore {
         self.fail_job(id, token, error, retry, now).await
     }
 
-    async fn release(&self, id: JobId, token: LeaseToken, now: Timestamp) -> Result<()> {
-        self.release_job(id, token, now).await
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.release_job(id, token, ready_at, now).await
     }
 
     async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
@@ -261,6 +267,14 @@ impl Backend for RedisStore {
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         self.queue_stats(queue, now).await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.pause_queue(queue, paused).await
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        self.read_paused_queues().await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {

@@ -1,4 +1,5 @@
-//! Reads: one job, its payload, its children, a page of a queue, a queue's counts.
+//! Reads: one job, its payload, its children, a page of a queue, a queue's counts; and
+//! the paused queues, with the one write that changes them.
 
 use jobs_core::{
     Bytes, Error, Job, JobId, JobState, ListPage, ListQuery, QueueStats, Result, Timestamp,
@@ -12,6 +13,48 @@ use crate::conn::map_err;
 use crate::scripts;
 
 impl RedisStore {
+    /// Rule Q1: adds `queue` to the paused set or removes it; a resume wakes the
+    /// claimers waiting on the queue. One set, read by every claim script.
+    pub(super) async fn pause_queue(&self, queue: &str, paused: bool) -> Result<()> {
+        let keys = self.keys();
+        let mut conn = self.conn();
+        if paused {
+            let _: i64 = redis::cmd("SADD")
+                .arg(&keys.paused)
+                .arg(queue)
+                .query_async(&mut conn)
+                .await
+                .map_err(|err| map_err("pause", err))?;
+            return Ok(());
+        }
+        let removed: i64 = redis::cmd("SREM")
+            .arg(&keys.paused)
+            .arg(queue)
+            .query_async(&mut conn)
+            .await
+            .map_err(|err| map_err("resume", err))?;
+        if removed > 0 {
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg(&keys.wake)
+                .arg(queue)
+                .query_async(&mut conn)
+                .await
+                .map_err(|err| map_err("resume wake-up", err))?;
+        }
+        Ok(())
+    }
+
+    /// Rule Q1: the paused queues, by name.
+    pub(super) async fn read_paused_queues(&self) -> Result<Vec<String>> {
+        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(&self.keys().paused)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("paused queues", err))?;
+        queues.sort_unstable();
+        Ok(queues)
+    }
+
     /// Rule E1: the job as stored.
     pub(super) async fn read_job(&self, id: JobId) -> Result<Job> {
         let row: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
@@ -218,6 +261,8 @@ impl RedisStore {
                 succeeded,
                 dead,
                 cancelled,
+                // Filled in by the `Store` handle (CONTRACT Q1).
+                paused: false,
             });
         }
         Err(Error::corrupt("scheduled index", "promotion does not end"))

@@ -342,6 +342,10 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
                 RetryAdvice::Backoff => Some(config.backoff.delay(attempt)),
                 RetryAdvice::After(delay) => Some(delay),
                 RetryAdvice::Never => None,
+                RetryAdvice::Snooze(delay) => {
+                    tracing::debug!(message = error.message(), ?delay, "job snoozed");
+                    return Some(Report::Snooze(delay));
+                }
             };
             let text = match (reason, begun.timeout) {
                 (Some(CancelReason::TimedOut), Some(timeout)) => {

@@ -20,6 +20,8 @@ pub(crate) enum Report {
     /// The error text and, if the job may retry, after how long (store clock).
     Fail(String, Option<Duration>),
     Release,
+    /// Run again after this delay, the attempt not counted.
+    Snooze(Duration),
 }
 
 /// The report for an attempt that ran past its time limit: a retryable failure.
@@ -164,6 +166,10 @@ pub(crate) async fn report_outcome(
                 store.fail(id, token, error, retry).await
             }
             Report::Release => store.release(id, token).await.map(|()| JobState::Queued),
+            Report::Snooze(delay) => store
+                .snooze(id, token, *delay)
+                .await
+                .map(|()| JobState::Queued),
         };
         match result {
             Ok(state) => count_outcome(metrics, &outcome, state),
@@ -228,6 +234,10 @@ fn count_outcome(metrics: &QueueMetrics, outcome: &Report, state: JobState) {
                 metrics.released.increment(1);
                 tracing::info!("job released");
             }
+        }
+        Report::Snooze(delay) => {
+            metrics.snoozed.increment(1);
+            tracing::debug!(?delay, "job snoozed");
         }
     }
 }
