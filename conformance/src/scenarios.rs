@@ -34,6 +34,8 @@ macro_rules! __scenario_list {
             E8 rules::e8_children_lists_jobs_of_parent_oldest_first,
             E9 rules::e9_batch_behaves_like_one_by_one,
             E9 rules::e9_invalid_batch_is_refused_whole,
+            E10 rules::e10_unique_while_active_holds_until_the_job_finishes,
+            E10 rules::e10_concurrent_unique_enqueues_leave_one_active_job,
             C1 rules::c1_nothing_ready_is_an_empty_claim,
             C1 rules::c1_invalid_claim_arguments_are_refused,
             C1 rules::c1_wait_for_work_refuses_what_claim_refuses,

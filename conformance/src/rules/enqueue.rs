@@ -1,4 +1,4 @@
-//! Rules E1–E9: enqueue, idempotency, validation, fan-out, batches.
+//! Rules E1–E10: enqueue, idempotency, validation, fan-out, batches.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -1230,5 +1230,128 @@ pub async fn e9_invalid_batch_is_refused_whole(harness: &dyn Harness) {
             answer.created,
             "E9: a refused batch must not take the keys of its valid jobs"
         );
+    }
+}
+
+/// E10: a key unique while active returns its job while that job is queued, scheduled
+/// or running, past the dedup window too, and makes a new job once it has succeeded,
+/// died or been cancelled.
+pub async fn e10_unique_while_active_holds_until_the_job_finishes(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    // A window of zero: the key holds by the job's state alone.
+    let store = env
+        .store_with(|settings| settings.dedup_window(Duration::ZERO))
+        .await;
+    let unique = || NewJob::new("q").unique_while_active("nightly");
+    let first = store.enqueue(unique()).await.must("E10");
+    assert!(first.created);
+    let again = store.enqueue(unique().payload("other")).await.must("E10");
+    assert_eq!(
+        (again.id, again.created),
+        (first.id, false),
+        "E10: a queued job holds its key"
+    );
+    let held = claim_expecting(&store, "q", first.id, "E10").await;
+    env.clock.advance(Duration::from_secs(48 * 3600));
+    let again = store.enqueue(unique()).await.must("E10");
+    assert_eq!(
+        (again.id, again.created),
+        (first.id, false),
+        "E10: a running job holds its key, past any window"
+    );
+    assert_eq!(
+        store.payload(first.id).await.must("E10"),
+        Bytes::new(),
+        "E10: a duplicate changes nothing"
+    );
+    store
+        .complete(first.id, held.token(), None)
+        .await
+        .must("E10: complete");
+
+    // Succeeded: the next enqueue makes a new job, which then holds the key.
+    let second = store.enqueue(unique()).await.must("E10");
+    assert!(
+        second.created && second.id != first.id,
+        "E10: after success"
+    );
+    assert_eq!(store.enqueue(unique()).await.must("E10").id, second.id);
+    // Dead.
+    let held = claim_expecting(&store, "q", second.id, "E10").await;
+    store
+        .fail(second.id, held.token(), "no", Retry::Never)
+        .await
+        .must("E10: fail for good");
+    let third = store.enqueue(unique()).await.must("E10");
+    assert!(third.created && third.id != second.id, "E10: after death");
+    // Cancelled while queued.
+    store.cancel(third.id).await.must("E10: cancel");
+    let fourth = store.enqueue(unique()).await.must("E10");
+    assert!(fourth.created && fourth.id != third.id, "E10: after cancel");
+    // Scheduled counts as active.
+    let later = env.clock.now().saturating_add(Duration::from_secs(3600));
+    let scheduled = store
+        .enqueue(NewJob::new("q").unique_while_active("later").run_at(later))
+        .await
+        .must("E10");
+    let again = store
+        .enqueue(NewJob::new("q").unique_while_active("later"))
+        .await
+        .must("E10");
+    assert_eq!(
+        (again.id, again.created),
+        (scheduled.id, false),
+        "E10: a scheduled job holds its key"
+    );
+    let claimed = claim(&store, &["q"], 10, "E10: what is claimable").await;
+    assert_eq!(
+        ids_of(&claimed),
+        vec![fourth.id],
+        "E10: exactly the one active due job is claimable"
+    );
+}
+
+/// E10 with E4: 16 concurrent enqueues of one key unique while active, through four
+/// handles, leave exactly one active job; after it finishes, another 16 leave one more.
+pub async fn e10_concurrent_unique_enqueues_leave_one_active_job(harness: &dyn Harness) {
+    const TASKS: usize = 16;
+    let env = TestEnv::new(harness);
+    let mut stores: Vec<Store> = Vec::new();
+    for _ in 0..4 {
+        stores.push(env.store().await);
+    }
+    let mut previous: Option<JobId> = None;
+    for round in 0..3 {
+        let barrier = Arc::new(Barrier::new(TASKS));
+        let mut handles = Vec::new();
+        for task in 0..TASKS {
+            let store = stores[task % stores.len()].clone();
+            let barrier = Arc::clone(&barrier);
+            handles.push(tokio::spawn(async move {
+                barrier.wait().await;
+                store
+                    .enqueue(NewJob::new("race").unique_while_active("only-one"))
+                    .await
+                    .must("E10: concurrent enqueue")
+            }));
+        }
+        let answers = join_all(handles).await;
+        let created = answers.iter().filter(|a| a.created).count();
+        let ids: HashSet<JobId> = answers.iter().map(|a| a.id).collect();
+        assert_eq!(created, 1, "E10: round {round}: one creator of {TASKS}");
+        assert_eq!(
+            ids.len(),
+            1,
+            "E10: round {round}: one id for all, got {ids:?}"
+        );
+        let id = answers[0].id;
+        assert_ne!(Some(id), previous, "E10: round {round} made a new job");
+        let claimed = claim(&stores[0], &["race"], 100, "E10: claim").await;
+        assert_eq!(ids_of(&claimed), vec![id], "E10: one active job");
+        stores[1]
+            .complete(id, claimed[0].token(), None)
+            .await
+            .must("E10: complete");
+        previous = Some(id);
     }
 }

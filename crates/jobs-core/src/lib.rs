@@ -22,7 +22,7 @@ pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
-    TypedJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
+    TypedJob, Uniqueness, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
 };
 pub use order::ReadyOrder;
 pub use state::ParseJobStateError;

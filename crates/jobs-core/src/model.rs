@@ -71,8 +71,11 @@ pub struct NewJob {
     pub payload: Bytes,
     /// The scope of the idempotency key; empty by default.
     pub tenant: String,
-    /// Deduplicates enqueues within the store's dedup window (CONTRACT E2).
+    /// Deduplicates enqueues within the store's dedup window (CONTRACT E2), or while
+    /// its job is active (see [`NewJob::uniqueness`]).
     pub idempotency_key: Option<String>,
+    /// What the idempotency key deduplicates against (CONTRACT E2, E10).
+    pub uniqueness: Uniqueness,
     /// Higher runs first.
     pub priority: i16,
     /// Earliest time the job may run; `None` means now (or `delay` after now).
@@ -97,6 +100,7 @@ impl NewJob {
             payload: Bytes::new(),
             tenant: String::new(),
             idempotency_key: None,
+            uniqueness: Uniqueness::Window,
             priority: 0,
             run_at: None,
             delay: None,
@@ -129,6 +133,21 @@ impl NewJob {
     /// Sets the idempotency key.
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Sets the idempotency key, deduplicating while its job is active: an enqueue
+    /// with this key returns the job it names while that job is queued (ready or
+    /// scheduled) or running, and makes a new job once it has finished (CONTRACT E10).
+    ///
+    /// ```
+    /// use jobs_core::{NewJob, Uniqueness};
+    /// let job = NewJob::new("reports").unique_while_active("nightly-report");
+    /// assert_eq!(job.uniqueness, Uniqueness::WhileActive);
+    /// ```
+    pub fn unique_while_active(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self.uniqueness = Uniqueness::WhileActive;
         self
     }
 
@@ -425,6 +444,19 @@ pub struct ReclaimedJob {
     /// `Queued` (will run again), `Dead` (last attempt) or `Cancelled` (cancel was
     /// requested), per CONTRACT R1 and R3.
     pub state: JobState,
+}
+
+/// What an idempotency key deduplicates against (CONTRACT E2, E10).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Uniqueness {
+    /// The job the key names, while it exists and the store's dedup window, counted
+    /// from that job's creation, has not passed (E2, E6). The default.
+    #[default]
+    Window,
+    /// The job the key names, while it is queued (ready or scheduled) or running, however
+    /// old; once it has succeeded, died or been cancelled (or is gone), the key makes a
+    /// new job (E10). The dedup window does not apply.
+    WhileActive,
 }
 
 /// Counts of one queue's jobs per state (CONTRACT A3).

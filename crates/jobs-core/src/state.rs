@@ -38,6 +38,12 @@ impl JobState {
         )
     }
 
+    /// Queued (ready or scheduled) or running: what a job unique while active must be
+    /// to hold its key (CONTRACT E10).
+    pub fn is_active(self) -> bool {
+        !self.is_terminal()
+    }
+
     /// The lower-case name stored by backends.
     pub fn as_str(self) -> &'static str {
         match self {

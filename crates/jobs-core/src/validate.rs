@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::model::{ClaimRequest, ListQuery, NewJob, StoreSettings};
+use crate::model::{ClaimRequest, ListQuery, NewJob, StoreSettings, Uniqueness};
 
 /// Longest queue name, in bytes.
 pub const MAX_QUEUE_BYTES: usize = 128;
@@ -118,6 +118,11 @@ pub fn validate_new_job(job: &NewJob, settings: &StoreSettings) -> Result<()> {
                 ),
             ));
         }
+    } else if job.uniqueness != Uniqueness::Window {
+        return Err(Error::invalid(
+            "uniqueness",
+            "unique while active needs an idempotency key",
+        ));
     }
     validate_size("payload", job.payload.len(), settings)?;
     if job.max_attempts == 0 {
@@ -255,6 +260,13 @@ mod tests {
         assert_eq!(
             field(NewJob::new("q").idempotency_key("")),
             Some("idempotency_key")
+        );
+        assert_eq!(
+            field(NewJob {
+                uniqueness: crate::Uniqueness::WhileActive,
+                ..NewJob::new("q")
+            }),
+            Some("uniqueness")
         );
         assert_eq!(
             field(NewJob::new("q").idempotency_key("k".repeat(513))),

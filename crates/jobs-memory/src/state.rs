@@ -11,7 +11,7 @@ use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobIdMap, JobState,
     Lease, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result,
-    Retry, StoreSettings, Timestamp, LEASE_EXPIRED,
+    Retry, StoreSettings, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 
 #[derive(Debug)]
@@ -200,7 +200,12 @@ impl State {
             .map(|key| (new.tenant.clone(), key.clone()));
         if let Some(key) = &dedup_key {
             if let Some(&(id, taken_at)) = self.dedup.get(key) {
-                if self.jobs.contains_key(&id) && settings.dedup_active(taken_at, now) {
+                let holds = match (self.jobs.get(&id), new.uniqueness) {
+                    (None, _) => false,
+                    (Some(_), Uniqueness::Window) => settings.dedup_active(taken_at, now),
+                    (Some(record), Uniqueness::WhileActive) => record.job.state.is_active(),
+                };
+                if holds {
                     return Enqueued { id, created: false };
                 }
             }

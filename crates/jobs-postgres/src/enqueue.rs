@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use jobs_core::batch::{Batch, Limits};
-use jobs_core::{Enqueued, Error, JobId, NewJob, Result, StoreSettings, Timestamp};
+use jobs_core::{Enqueued, Error, JobId, NewJob, Result, StoreSettings, Timestamp, Uniqueness};
 use sqlx::postgres::PgBindIterExt;
 use sqlx::Postgres;
 use uuid::Uuid;
@@ -72,6 +72,11 @@ where
         .bind(
             rows.iter()
                 .map(|r| crate::row::timeout_param(r.job.timeout))
+                .bind_iter(),
+        )
+        .bind(
+            rows.iter()
+                .map(|r| r.job.uniqueness == Uniqueness::WhileActive)
                 .bind_iter(),
         )
         .fetch_all(executor)

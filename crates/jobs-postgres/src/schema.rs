@@ -37,6 +37,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "paused_queues",
         sql: include_str!("../migrations/0004_paused.sql"),
     },
+    Migration {
+        version: 5,
+        name: "unique_while_active",
+        sql: include_str!("../migrations/0005_unique_while_active.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

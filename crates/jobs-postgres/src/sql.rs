@@ -46,7 +46,8 @@ macro_rules! job_columns {
 ///
 /// `$1` namespace, `$2` now, `$3..$11` and `$14` the jobs as parallel arrays (id,
 /// queue, tenant, key, payload, priority, run_at, max_attempts, parent; timeout in
-/// milliseconds, NULL for none), `$12` the dedup cutoff
+/// milliseconds, NULL for none; `$15` whether the key is unique while active, E10),
+/// `$12` the dedup cutoff
 /// (`now - window`: an entry created at or before it no longer deduplicates), `$13`
 /// whole: when true, one unknown parent writes nothing at all (an `enqueue_batch`);
 /// when false, only that job is refused (calls gathered from different callers).
@@ -54,7 +55,8 @@ macro_rules! job_columns {
 ///
 /// Dedup is decided by the unique index of `dedup`: a new key inserts its row; a
 /// known key takes the row lock and the `DO UPDATE` keeps the old job when it is
-/// inside the window and still exists, or points the key at the new job otherwise.
+/// inside the window and still exists (or, for a key unique while active, when it is
+/// queued or running), or points the key at the new job otherwise.
 /// Either way `RETURNING` yields the job the key points to, so concurrent enqueues of
 /// one key all learn the one winner. A job row is inserted only for input rows the
 /// key now points to (or without a key).
@@ -64,9 +66,9 @@ WITH input AS MATERIALIZED (
            (t.parent IS NULL OR EXISTS (SELECT 1 FROM {schema}.jobs p
                                         WHERE p.namespace = $1 AND p.id = t.parent)) AS parent_ok
     FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::bytea[],
-                $8::int2[], $9::int8[], $10::int8[], $11::uuid[], $14::int8[])
+                $8::int2[], $9::int8[], $10::int8[], $11::uuid[], $14::int8[], $15::bool[])
          WITH ORDINALITY AS t(id, queue, tenant, key, payload, priority, run_at,
-                              max_attempts, parent, timeout_ms, ord)
+                              max_attempts, parent, timeout_ms, while_active, ord)
 ),
 bad AS (
     SELECT count(*) FILTER (WHERE NOT parent_ok) AS n FROM input
@@ -76,15 +78,23 @@ ok AS (
     WHERE parent_ok AND (NOT $13::bool OR (SELECT n FROM bad) = 0)
 ),
 d AS (
-    INSERT INTO {schema}.dedup AS d (namespace, tenant, key, job_id, created_at)
-    SELECT $1, ok.tenant, ok.key, ok.id, $2 FROM ok
+    INSERT INTO {schema}.dedup AS d (namespace, tenant, key, job_id, created_at, while_active)
+    SELECT $1, ok.tenant, ok.key, ok.id, $2, ok.while_active FROM ok
     WHERE ok.key IS NOT NULL
     ORDER BY ok.tenant, ok.key
+    -- The new job takes the key over when the key no longer holds, judged by the new
+    -- enqueue's own rule: the window (E2, E5, E6) or the old job's activity (E10).
     ON CONFLICT (namespace, tenant, key) DO UPDATE SET
-        job_id = CASE WHEN d.created_at <= $12 OR NOT {schema}.job_alive(d.namespace, d.job_id)
-                      THEN excluded.job_id ELSE d.job_id END,
-        created_at = CASE WHEN d.created_at <= $12 OR NOT {schema}.job_alive(d.namespace, d.job_id)
-                          THEN excluded.created_at ELSE d.created_at END
+        (job_id, created_at, while_active) = (
+            SELECT CASE WHEN over THEN excluded.job_id ELSE d.job_id END,
+                   CASE WHEN over THEN excluded.created_at ELSE d.created_at END,
+                   CASE WHEN over THEN excluded.while_active ELSE d.while_active END
+            FROM (SELECT CASE WHEN excluded.while_active
+                              THEN NOT {schema}.job_active(d.namespace, d.job_id)
+                              ELSE d.created_at <= $12
+                                   OR NOT {schema}.job_alive(d.namespace, d.job_id)
+                         END AS over) taken
+        )
     RETURNING d.tenant, d.key, d.job_id
 ),
 j AS (
@@ -426,8 +436,10 @@ own_keys AS MATERIALIZED (
     FOR UPDATE OF d SKIP LOCKED
 ),
 old_keys AS MATERIALIZED (
+    -- Keys past the window; a key unique while active (E10) holds however old it is,
+    -- until its job is purged (own_keys) or the key is taken over.
     SELECT tenant AS t, key AS k FROM {schema}.dedup
-    WHERE namespace = $1 AND created_at <= $4
+    WHERE namespace = $1 AND created_at <= $4 AND NOT while_active
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ),
@@ -444,8 +456,6 @@ WHERE {relax}
 /// Deletes a job row behind the store's back, as a lost record would (test harnesses).
 const VANISH: &str = "DELETE FROM {schema}.jobs WHERE namespace = $1 AND id = $2";
 
-/// Deletes every row of namespace `$1`, jobs and keys, in one transaction; returns how
-/// many jobs it deleted.
 /// Rule Q1: `$1` namespace, `$2` queue.
 const PAUSE: &str = r#"
 INSERT INTO {schema}.paused_queues (namespace, queue) VALUES ($1, $2)
@@ -463,6 +473,8 @@ const PAUSED_QUEUES: &str = r#"
 SELECT queue FROM {schema}.paused_queues WHERE namespace = $1 ORDER BY queue
 "#;
 
+/// Deletes every row of namespace `$1`, jobs, keys and pauses, in one transaction;
+/// returns how many jobs it deleted.
 const DROP_NAMESPACE: &str = r#"
 WITH keys AS (
     DELETE FROM {schema}.dedup WHERE namespace = $1

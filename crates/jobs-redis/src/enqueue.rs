@@ -17,7 +17,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use jobs_core::batch::{Batch, Limits};
-use jobs_core::{Enqueued, Error, JobId, NewJob, Result, Timestamp};
+use jobs_core::{Enqueued, Error, JobId, NewJob, Result, Timestamp, Uniqueness};
 use redis::Value;
 
 use crate::codec::{array, encode_meta, id_string, int, job_id, text};
@@ -144,7 +144,11 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
                 job.timeout
                     .map(|t| jobs_core::duration_millis(t).to_string())
                     .unwrap_or_default(),
-            );
+            )
+            .arg(match job.uniqueness {
+                Uniqueness::Window => "",
+                Uniqueness::WhileActive => "a",
+            });
     }
     for id in known {
         invocation.key(keys.job(*id));

@@ -31,11 +31,12 @@ script!(STATS, "stats.lua");
 script!(LIST, "list.lua");
 script!(BURY, "bury.lua");
 script!(UNSTAGE, "unstage.lua");
+script!(UNKEY, "unkey.lua");
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 14] {
+pub(crate) fn all() -> [&'static Script; 15] {
     [
         &ENQUEUE, &CLAIM, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL, &RETRY,
-        &PURGE, &STATS, &LIST, &BURY, &UNSTAGE,
+        &PURGE, &STATS, &LIST, &BURY, &UNSTAGE, &UNKEY,
     ]
 }

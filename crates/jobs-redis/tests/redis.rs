@@ -235,6 +235,62 @@ async fn enqueue_all(store: &Store, jobs: Vec<NewJob>) -> Vec<JobId> {
     ids
 }
 
+/// Keys unique while active carry no TTL (CONTRACT E10): purge deletes the key of a
+/// job it deletes, and keeps a key a newer job has taken over.
+#[tokio::test]
+async fn purge_deletes_the_keys_of_unique_jobs_it_deletes() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let lease = Duration::from_secs(30);
+    let finish = |id: JobId| {
+        let store = &store;
+        async move {
+            let claimed = store
+                .claim(ClaimRequest::new(["q"], "w", lease).limit(1))
+                .await
+                .expect("claim");
+            assert_eq!(claimed[0].id(), id);
+            store
+                .complete(id, claimed[0].token(), None)
+                .await
+                .expect("complete");
+        }
+    };
+    let gone = store
+        .enqueue(NewJob::new("q").unique_while_active("u"))
+        .await
+        .expect("enqueue");
+    finish(gone.id).await;
+    let replaced = store
+        .enqueue(NewJob::new("q").unique_while_active("v"))
+        .await
+        .expect("enqueue");
+    finish(replaced.id).await;
+    let newer = store
+        .enqueue(NewJob::new("q").unique_while_active("v"))
+        .await
+        .expect("enqueue");
+    assert!(newer.created);
+    let dedup_keys = |keys: Vec<String>| keys.into_iter().filter(|k| k.contains(":dedup:")).count();
+    assert_eq!(dedup_keys(env.namespace_keys().await), 2);
+
+    env.clock.advance(Duration::from_secs(8 * 24 * 3600));
+    assert_eq!(store.purge(100).await.expect("purge"), 2);
+
+    assert_eq!(
+        dedup_keys(env.namespace_keys().await),
+        1,
+        "the purged job's key is gone, the newer job's key is kept"
+    );
+    let again = store
+        .enqueue(NewJob::new("q").unique_while_active("v"))
+        .await
+        .expect("enqueue");
+    assert_eq!((again.id, again.created), (newer.id, false));
+}
+
 #[tokio::test]
 async fn drop_namespace_deletes_every_key_of_its_namespace_and_no_other() {
     let Some(mut env) = Env::new().await else {

@@ -10,7 +10,7 @@ use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState, Lease, LeaseToken,
     ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
-    StoreSettings, Timestamp, LEASE_EXPIRED,
+    StoreSettings, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
@@ -152,6 +152,22 @@ fn job_exists(conn: &Connection, ns: i64, id: JobId) -> Result<bool> {
         .db("look a job up")
 }
 
+/// The state of job `id`, if it exists.
+fn job_state(conn: &Connection, ns: i64, id: JobId) -> Result<Option<JobState>> {
+    let code: Option<i64> = conn
+        .prepare_cached("SELECT state FROM jobq_jobs WHERE ns = ?1 AND id = ?2")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![ns, id.to_bytes()], |row| row.get(0))
+                .optional()
+        })
+        .db("look a job up")?;
+    code.map(|code| {
+        state_from_code(code)
+            .ok_or_else(|| Error::corrupt(format!("job {id}"), format!("unknown state {code}")))
+    })
+    .transpose()
+}
+
 /// Resolves (creating it if new) the small integer that stands for `name` in every row.
 pub(crate) fn namespace_id(tx: &mut WriteTx<'_>, name: &str) -> Result<i64> {
     let conn = tx.conn();
@@ -193,10 +209,18 @@ pub(crate) fn enqueue(
         if let Some((id_bytes, created_at)) = existing {
             let id = id_from_blob("idempotency record", id_bytes)?;
             // The key counts only while its window is open and its job still exists
-            // (E2, E6); a key whose job is gone is taken over by the new job (E5).
-            if settings.dedup_active(Timestamp::from_millis(created_at), now)
-                && job_exists(tx.conn(), ns, id)?
-            {
+            // (E2, E6), or, unique while active, while its job is queued or running
+            // (E10); a key whose job is gone is taken over by the new job (E5).
+            let holds = match job.uniqueness {
+                Uniqueness::Window => {
+                    settings.dedup_active(Timestamp::from_millis(created_at), now)
+                        && job_exists(tx.conn(), ns, id)?
+                }
+                Uniqueness::WhileActive => {
+                    job_state(tx.conn(), ns, id)?.is_some_and(JobState::is_active)
+                }
+            };
+            if holds {
                 return Ok(Enqueued { id, created: false });
             }
         }

@@ -14,13 +14,14 @@
 --
 -- ARGV[1] dedup key TTL in ms ('0': the window is empty, write no dedup key)
 -- ARGV[2] N                     ARGV[3] wake-up channel
--- for job j, 12 values from ARGV[3 + 12(j-1) + 1]:
+-- for job j, 13 values from ARGV[3 + 13(j-1) + 1]:
 --   id, queue, meta (the packed immutable fields, see lib.lua, created_at included),
 --   flags ('0' plain, '1' has an idempotency key, '2' payload staged, '3' both),
 --   payload ('' when staged), priority, run_at, run_at as 16 hex digits,
 --   due ('1' when run_at <= the job's now), parent id or '',
 --   dedup cutoff (the job's now - dedup_window: a key deduplicates while its job's
---   created_at > cutoff), timeout in ms or '' (none)
+--   created_at > cutoff), timeout in ms or '' (none),
+--   uniqueness ('' the window, 'a' while the job is active: CONTRACT E10)
 -- Each job carries its own clock reading (created_at, due, cutoff): concurrent enqueues
 -- of one store are sent together, each as it was called.
 -- then E ids (see the extra KEYS).
@@ -45,7 +46,7 @@
 local dedup_ttl = ARGV[1]
 local n = tonumber(ARGV[2])
 local channel = ARGV[3]
-local PER_JOB = 12
+local PER_JOB = 13
 local extra_keys = #KEYS - 5 - 3 * n
 
 -- Hashes whose keys this script holds, by job id.
@@ -104,6 +105,7 @@ for j = 1, n do
   local parent = ARGV[a + 10]
   local timeout = ARGV[a + 12]
   local job, dedup = KEYS[3 * j + 3], KEYS[3 * j + 4]
+  local while_active = ARGV[a + 13] == 'a'
 
   local existing = nil
   if has_key then
@@ -111,7 +113,13 @@ for j = 1, n do
     -- Phase 1 made sure every id a dedup key holds is known; keys written since point at
     -- jobs of this run.
     local current_job = current and known[current]
-    if current_job then
+    if current_job and while_active then
+      -- Unique while active (E10): the key holds while its job is queued or running.
+      local state = redis.call('HGET', current_job, 'state')
+      if state == 'queued' or state == 'running' then
+        existing = current
+      end
+    elseif current_job then
       -- A key deduplicates while its job exists and is inside the window (E2, E5, E6).
       local _, _, _, _, created = meta_head(redis.call('HGET', current_job, 'meta'))
       local created_n = created and tonumber(created)
@@ -162,7 +170,12 @@ for j = 1, n do
       child_pairs[#child_pairs + 1] = '0'
       child_pairs[#child_pairs + 1] = child_member(parent, id)
     end
-    if has_key and dedup_ttl ~= '0' then
+    if has_key and while_active then
+      -- No TTL: the key holds as long as the job is active. Purge deletes it with the
+      -- job, by the name kept in `dkey` (see purge.lua).
+      redis.call('SET', dedup, id)
+      redis.call('HSET', job, 'dkey', dedup)
+    elseif has_key and dedup_ttl ~= '0' then
       redis.call('SET', dedup, id, 'PX', dedup_ttl)
     end
     results[#results + 1] = { id, 1 }

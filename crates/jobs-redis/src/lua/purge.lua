@@ -8,7 +8,10 @@
 -- ARGV[1+i] finished index member i ("queue state id parent"), read by Rust with
 --           ZRANGEBYSCORE finished -inf cutoff LIMIT 0 limit
 --
--- Returns the number of jobs deleted.
+-- Returns {deleted, keys}: the number of jobs deleted, and for each deleted job that was
+-- unique while active (CONTRACT E10) its dedup key and id, flat ({key, id, key, id, …}).
+-- Such a key has no TTL; Rust deletes it with `unkey.lua` when it still names the job
+-- (this script may only touch the keys it was given).
 --
 -- Each entry is checked again: it must still be in the finished index at or before the
 -- cutoff, so a job retried meanwhile (which leaves that index) is kept. The entry names
@@ -22,6 +25,7 @@
 local done, list, children = KEYS[1], KEYS[2], KEYS[3]
 local cutoff = tonumber(ARGV[1])
 local deleted = 0
+local keys = {}
 for i = 1, #KEYS - 3 do
   local member = ARGV[1 + i]
   local score = redis.call('ZSCORE', done, member)
@@ -29,6 +33,11 @@ for i = 1, #KEYS - 3 do
     -- member = queue .. ' ' .. code .. ' ' .. id .. ' ' .. parent (parent may be empty)
     local queue, code, id, parent = string.match(member, '^(%S+) (%a) (%S+) (%S*)$')
     if queue then
+      local dkey = redis.call('HGET', KEYS[3 + i], 'dkey')
+      if dkey then
+        keys[#keys + 1] = dkey
+        keys[#keys + 1] = id
+      end
       redis.call('DEL', KEYS[3 + i])
       redis.call('ZREM', list, queue .. ' ' .. code .. ' ' .. id)
       if parent ~= '' then
@@ -39,4 +48,4 @@ for i = 1, #KEYS - 3 do
     deleted = deleted + 1
   end
 end
-return deleted
+return { deleted, keys }

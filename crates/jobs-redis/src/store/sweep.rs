@@ -17,6 +17,24 @@ use crate::scripts;
 const SWEEP_CHUNK: usize = 1000;
 
 impl RedisStore {
+    /// Deletes the dedup keys (unique while active, no TTL) of jobs just purged, each
+    /// only while it still names its job: `keys_left` as `purge.lua` returns them.
+    async fn drop_unique_keys(&self, keys_left: &[Value]) -> Result<()> {
+        if keys_left.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = scripts::UNKEY.prepare_invoke();
+        for pair in keys_left.chunks(2) {
+            let [key, id] = pair else {
+                return Err(Error::corrupt("purge reply", "a key without its job"));
+            };
+            invocation
+                .key(text(key, "purge reply")?)
+                .arg(text(id, "purge reply")?);
+        }
+        self.invoke(&invocation, "purge keys").await.map(drop)
+    }
+
     /// Deletes every key of this store's namespace (its jobs, indexes, idempotency
     /// keys and counters) and returns how many it deleted. Other namespaces are left
     /// as they are. For tests and for retiring a namespace: stop its workers and
@@ -182,7 +200,14 @@ impl RedisStore {
                 invocation.key(keys.job(id)).arg(member);
             }
             let reply = self.invoke(&invocation, "purge").await?;
-            let count = u64::try_from(int(&reply, "purge reply")?).unwrap_or(0);
+            let (count, keys_left) = match array(&reply, "purge reply")? {
+                [count, keys_left] => (
+                    u64::try_from(int(count, "purge reply")?).unwrap_or(0),
+                    array(keys_left, "purge reply")?,
+                ),
+                _ => return Err(Error::corrupt("purge reply", "two items expected")),
+            };
+            self.drop_unique_keys(keys_left).await?;
             deleted += count;
             if members.len() < batch || count == 0 {
                 break;
