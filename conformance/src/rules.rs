@@ -15,6 +15,7 @@ mod enqueue;
 mod lease;
 mod queues;
 mod reclaim;
+mod schedules;
 mod support;
 
 pub use admin::*;
@@ -23,3 +24,4 @@ pub use enqueue::*;
 pub use lease::*;
 pub use queues::*;
 pub use reclaim::*;
+pub use schedules::*;

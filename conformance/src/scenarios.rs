@@ -109,6 +109,10 @@ macro_rules! __scenario_list {
             A6 rules::a6_reopened_store_sees_everything,
             Q1 rules::q1_paused_queue_is_not_claimed_until_resumed,
             Q1 rules::q1_a_claim_skips_paused_queues_before_its_limit,
+            S1 rules::s1_schedules_are_stored_by_name,
+            S2 rules::s2_a_disable_survives_a_firing_that_races_it,
+            S3 rules::s3_concurrent_schedulers_fire_each_tick_once,
+            S3 rules::s3_missed_ticks_follow_the_catch_up_policy,
             M1 model_check::m1_model_check,
         }
     };

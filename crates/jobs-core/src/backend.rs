@@ -19,6 +19,7 @@ use crate::model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
 };
+use crate::schedule::{ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
 
 /// What a backend can do beyond the contract, read by the [`Store`](crate::Store)
@@ -207,6 +208,20 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Rule Q1: the namespace's paused queues, sorted by name.
     async fn paused_queues(&self) -> Result<Vec<String>>;
+
+    /// Rule S1: stores schedule `name` with its definition `spec` (opaque text). A new
+    /// schedule starts enabled, its last tick `now`; an existing one keeps both.
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()>;
+
+    /// Rule S1: every schedule of the namespace, sorted by name.
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>>;
+
+    /// Rule S2: changes only what `update` sets, in one atomic step; the last tick
+    /// only moves forward. `ScheduleNotFound` for an unknown name.
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()>;
+
+    /// Rule S1: deletes schedule `name`; whether it existed.
+    async fn delete_schedule(&self, name: &str) -> Result<bool>;
 
     /// Rule A4: one page of a queue's jobs, newest first.
     async fn list(&self, query: ListQuery) -> Result<ListPage>;
@@ -424,6 +439,22 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
 
     async fn paused_queues(&self) -> Result<Vec<String>> {
         self.inner().paused_queues().await
+    }
+
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.inner().put_schedule(name, spec, now).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        self.inner().schedules().await
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        self.inner().update_schedule(name, update).await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        self.inner().delete_schedule(name).await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
@@ -648,6 +679,51 @@ impl<L: LayeredBackend> Backend for L {
         Self: 'b,
     {
         LayeredBackend::paused_queues(self)
+    }
+
+    fn put_schedule<'a, 'n, 's, 'b>(
+        &'a self,
+        name: &'n str,
+        spec: &'s str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        's: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::put_schedule(self, name, spec, now)
+    }
+
+    fn schedules<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<StoredSchedule>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::schedules(self)
+    }
+
+    fn update_schedule<'a, 'n, 'b>(
+        &'a self,
+        name: &'n str,
+        update: ScheduleUpdate,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::update_schedule(self, name, update)
+    }
+
+    fn delete_schedule<'a, 'n, 'b>(&'a self, name: &'n str) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::delete_schedule(self, name)
     }
 
     fn list<'a, 'b>(&'a self, query: ListQuery) -> BoxFuture<'b, Result<ListPage>>

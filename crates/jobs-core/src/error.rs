@@ -64,6 +64,13 @@ pub enum Error {
         operation: &'static str,
     },
 
+    /// No schedule of this name exists in the namespace (CONTRACT S1).
+    #[error("schedule {name:?} not found")]
+    ScheduleNotFound {
+        /// The name asked for.
+        name: String,
+    },
+
     /// The backend could not be reached or timed out. The caller may retry; the
     /// operation may or may not have been applied.
     #[error("backend unavailable: {message}")]

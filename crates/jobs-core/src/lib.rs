@@ -9,6 +9,7 @@ mod error;
 mod id;
 mod model;
 mod order;
+mod schedule;
 mod state;
 mod store;
 mod time;
@@ -25,6 +26,9 @@ pub use model::{
     TypedJob, Uniqueness, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
 };
 pub use order::ReadyOrder;
+pub use schedule::{
+    Cadence, CatchUp, Due, Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule,
+};
 pub use state::ParseJobStateError;
 pub use store::Store;
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};

@@ -14,6 +14,7 @@ use crate::model::{
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
     TypedJob,
 };
+use crate::schedule::{Schedule, ScheduleRecord, ScheduleUpdate};
 use crate::time::Timestamp;
 use crate::validate;
 
@@ -376,6 +377,107 @@ impl Store {
     /// Rule Q1: the paused queues, sorted by name.
     pub async fn paused_queues(&self) -> Result<Vec<String>> {
         self.backend.paused_queues().await
+    }
+
+    /// Rule S1: stores `schedule`, replacing the definition of one of the same name
+    /// but keeping whether it is enabled and its last tick. A new schedule is enabled
+    /// and fires from now on.
+    pub async fn put_schedule(&self, schedule: &Schedule) -> Result<()> {
+        schedule.validate()?;
+        validate::validate_new_job(&schedule.job, self.settings())?;
+        let spec = schedule.to_spec()?;
+        self.backend
+            .put_schedule(&schedule.name, &spec, self.now())
+            .await
+    }
+
+    /// Rule S1: every schedule, by name, with whether it is enabled, its last tick and
+    /// its next one.
+    pub async fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
+        self.backend
+            .schedules()
+            .await?
+            .into_iter()
+            .map(|stored| {
+                let schedule = Schedule::from_spec(&stored.name, &stored.spec)?;
+                let next_tick = schedule.next_after(stored.last_tick)?;
+                Ok(ScheduleRecord {
+                    schedule,
+                    enabled: stored.enabled,
+                    last_tick: stored.last_tick,
+                    next_tick,
+                })
+            })
+            .collect()
+    }
+
+    /// Rule S2: lets schedulers fire schedule `name` again, from its next tick after
+    /// now (the ticks missed while disabled follow its catch-up policy).
+    pub async fn enable_schedule(&self, name: &str) -> Result<()> {
+        self.set_schedule_enabled(name, true).await
+    }
+
+    /// Rule S2: stops schedulers from firing schedule `name`; a firing racing the
+    /// disable never enables it again.
+    pub async fn disable_schedule(&self, name: &str) -> Result<()> {
+        self.set_schedule_enabled(name, false).await
+    }
+
+    async fn set_schedule_enabled(&self, name: &str, enabled: bool) -> Result<()> {
+        validate::validate_name("schedule name", name, 128)?;
+        let update = ScheduleUpdate {
+            enabled: Some(enabled),
+            last_tick: None,
+        };
+        self.backend.update_schedule(name, update).await
+    }
+
+    /// Rule S1: deletes schedule `name`; whether it existed.
+    pub async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        validate::validate_name("schedule name", name, 128)?;
+        self.backend.delete_schedule(name).await
+    }
+
+    /// Rule S3: one pass of a scheduler. For each enabled schedule, enqueues the job of
+    /// each due tick (per its catch-up policy) with the tick's idempotency key, then
+    /// moves its last tick forward. Any number of schedulers may run passes at once, in
+    /// any number of processes: each tick is enqueued once. Returns the jobs this pass
+    /// created, by schedule.
+    ///
+    /// A tick is enqueued once while its key deduplicates: a pass that read a
+    /// schedule, then stalled longer than the store's dedup window before enqueueing,
+    /// could enqueue a tick again.
+    pub async fn fire_schedules(&self) -> Result<Vec<(String, JobId)>> {
+        let now = self.now();
+        let mut fired = Vec::new();
+        for record in self.schedules().await? {
+            if !record.enabled {
+                continue;
+            }
+            let schedule = &record.schedule;
+            let Some(due) = schedule.due(record.last_tick, now)? else {
+                continue;
+            };
+            let jobs: Vec<NewJob> = due.fire.iter().map(|&t| schedule.tick_job(t)).collect();
+            if !jobs.is_empty() {
+                validate::validate_batch(&jobs, self.settings())?;
+                for enqueued in self.backend.enqueue_batch(jobs, now).await? {
+                    if enqueued.created {
+                        fired.push((schedule.name.clone(), enqueued.id));
+                    }
+                }
+            }
+            let update = ScheduleUpdate {
+                enabled: None,
+                last_tick: Some(due.latest),
+            };
+            match self.backend.update_schedule(&schedule.name, update).await {
+                // Deleted while this pass ran: its ticks were enqueued as it stood.
+                Err(Error::ScheduleNotFound { .. }) => {}
+                other => other?,
+            }
+        }
+        Ok(fired)
     }
 
     /// Rule A4: one page of a queue's jobs, newest first.

@@ -32,7 +32,7 @@ fn is_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
 }
 
-fn validate_name(field: &'static str, value: &str, max: usize) -> Result<()> {
+pub(crate) fn validate_name(field: &'static str, value: &str, max: usize) -> Result<()> {
     if value.is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }

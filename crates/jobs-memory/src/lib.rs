@@ -11,7 +11,8 @@ use jobs_core::validate::validate_settings;
 use jobs_core::{
     async_trait, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion, Enqueued,
     Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueStats, ReclaimedJob, Result, Retry, StoreSettings, Timestamp,
+    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
+    Timestamp,
 };
 use tokio::sync::Notify;
 
@@ -262,6 +263,23 @@ impl Backend for MemoryStore {
 
     async fn paused_queues(&self) -> Result<Vec<String>> {
         Ok(self.namespace.lock().paused_queues())
+    }
+
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.namespace.lock().put_schedule(name, spec, now);
+        Ok(())
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        Ok(self.namespace.lock().schedules())
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        self.namespace.lock().update_schedule(name, update)
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        Ok(self.namespace.lock().delete_schedule(name))
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {

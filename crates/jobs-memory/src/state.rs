@@ -11,7 +11,7 @@ use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobIdMap, JobState,
     Lease, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result,
-    Retry, StoreSettings, Timestamp, Uniqueness, LEASE_EXPIRED,
+    Retry, ScheduleUpdate, StoreSettings, StoredSchedule, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 
 #[derive(Debug)]
@@ -49,6 +49,8 @@ pub(crate) struct State {
     next_seq: u64,
     /// Queues no claim takes from (CONTRACT Q1).
     paused: BTreeSet<String>,
+    /// Schedules by name (CONTRACT S1).
+    schedules: BTreeMap<String, StoredSchedule>,
 }
 
 fn lease_lost(id: JobId) -> Error {
@@ -69,6 +71,44 @@ impl State {
 
     pub(crate) fn paused_queues(&self) -> Vec<String> {
         self.paused.iter().cloned().collect()
+    }
+
+    /// Rule S1: a new schedule starts enabled at `now`; a known one keeps both.
+    pub(crate) fn put_schedule(&mut self, name: &str, spec: &str, now: Timestamp) {
+        self.schedules
+            .entry(name.to_owned())
+            .and_modify(|stored| stored.spec = spec.to_owned())
+            .or_insert_with(|| StoredSchedule {
+                name: name.to_owned(),
+                spec: spec.to_owned(),
+                enabled: true,
+                last_tick: now,
+            });
+    }
+
+    pub(crate) fn schedules(&self) -> Vec<StoredSchedule> {
+        self.schedules.values().cloned().collect()
+    }
+
+    /// Rule S2: only what `update` sets changes; the last tick only moves forward.
+    pub(crate) fn update_schedule(&mut self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        let stored = self
+            .schedules
+            .get_mut(name)
+            .ok_or_else(|| Error::ScheduleNotFound {
+                name: name.to_owned(),
+            })?;
+        if let Some(enabled) = update.enabled {
+            stored.enabled = enabled;
+        }
+        if let Some(tick) = update.last_tick {
+            stored.last_tick = stored.last_tick.max(tick);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn delete_schedule(&mut self, name: &str) -> bool {
+        self.schedules.remove(name).is_some()
     }
 
     fn draw_seq(&mut self) -> u64 {

@@ -42,6 +42,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "unique_while_active",
         sql: include_str!("../migrations/0005_unique_while_active.sql"),
     },
+    Migration {
+        version: 6,
+        name: "schedules",
+        sql: include_str!("../migrations/0006_schedules.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

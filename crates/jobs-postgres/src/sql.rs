@@ -468,6 +468,36 @@ DELETE FROM {schema}.paused_queues WHERE namespace = $1 AND queue = $2
 RETURNING queue
 "#;
 
+/// Rule S1: `$1` namespace, `$2` name, `$3` spec, `$4` now. A known schedule keeps
+/// whether it is enabled and its last tick.
+const PUT_SCHEDULE: &str = r#"
+INSERT INTO {schema}.schedules (namespace, name, spec, enabled, last_tick)
+VALUES ($1, $2, $3, true, $4)
+ON CONFLICT (namespace, name) DO UPDATE SET spec = excluded.spec
+"#;
+
+/// Rule S1: every schedule of namespace `$1`, by name.
+const SCHEDULES: &str = r#"
+SELECT name, spec, enabled, last_tick FROM {schema}.schedules
+WHERE namespace = $1 ORDER BY name
+"#;
+
+/// Rule S2: `$3` enabled or NULL (unchanged), `$4` a last tick or NULL; the last tick
+/// only moves forward. Returns a row when the schedule exists.
+const UPDATE_SCHEDULE: &str = r#"
+UPDATE {schema}.schedules SET
+    enabled = COALESCE($3, enabled),
+    last_tick = GREATEST(last_tick, COALESCE($4, last_tick))
+WHERE namespace = $1 AND name = $2
+RETURNING 1
+"#;
+
+/// Rule S1. Returns a row when the schedule existed.
+const DELETE_SCHEDULE: &str = r#"
+DELETE FROM {schema}.schedules WHERE namespace = $1 AND name = $2
+RETURNING 1
+"#;
+
 /// Rule Q1: the namespace's paused queues, by name.
 const PAUSED_QUEUES: &str = r#"
 SELECT queue FROM {schema}.paused_queues WHERE namespace = $1 ORDER BY queue
@@ -481,6 +511,9 @@ WITH keys AS (
 ),
 paused AS (
     DELETE FROM {schema}.paused_queues WHERE namespace = $1
+),
+schedules AS (
+    DELETE FROM {schema}.schedules WHERE namespace = $1
 ),
 gone AS (
     DELETE FROM {schema}.jobs WHERE namespace = $1
@@ -540,6 +573,10 @@ pub(crate) struct Statements {
     pub(crate) pause: Text,
     pub(crate) resume: Text,
     pub(crate) paused_queues: Text,
+    pub(crate) put_schedule: Text,
+    pub(crate) schedules: Text,
+    pub(crate) update_schedule: Text,
+    pub(crate) delete_schedule: Text,
     pub(crate) list: Text,
     pub(crate) purge: Text,
     pub(crate) vanish: Text,
@@ -574,6 +611,10 @@ impl Statements {
             pause: r(PAUSE),
             resume: r(RESUME),
             paused_queues: r(PAUSED_QUEUES),
+            put_schedule: r(PUT_SCHEDULE),
+            schedules: r(SCHEDULES),
+            update_schedule: r(UPDATE_SCHEDULE),
+            delete_schedule: r(DELETE_SCHEDULE),
             list: r(LIST),
             purge: r(PURGE),
             vanish: r(VANISH),

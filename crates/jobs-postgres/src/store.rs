@@ -11,7 +11,8 @@ use jobs_core::batch::Batcher;
 use jobs_core::{
     async_trait, validate, Backend, Capabilities, ClaimRequest, ClaimedJob, Enqueued, Error,
     Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, StoreSettings, Timestamp, LEASE_EXPIRED,
+    QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
+    StoredSchedule, Timestamp, LEASE_EXPIRED,
 };
 use sqlx::postgres::{PgBindIterExt, PgRow};
 use sqlx::PgPool;
@@ -592,6 +593,73 @@ impl Backend for PostgresStore {
             .await?;
         let what = || "paused queue".to_owned();
         rows.iter().map(|row| column(row, 0, &what)).collect()
+    }
+
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        // Storing the same definition twice changes nothing: sent again if the
+        // connection broke.
+        self.shared()
+            .fetch_all_again("put_schedule", |_| {
+                sqlx::query(self.sql().put_schedule.sql())
+                    .bind(self.namespace())
+                    .bind(name)
+                    .bind(spec)
+                    .bind(now.as_millis())
+            })
+            .await
+            .map(drop)
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        let rows = self
+            .shared()
+            .fetch_all_again("schedules", |_| {
+                sqlx::query(self.sql().schedules.sql()).bind(self.namespace())
+            })
+            .await?;
+        let what = || "schedule row".to_owned();
+        rows.iter()
+            .map(|row| {
+                Ok(StoredSchedule {
+                    name: column(row, 0, &what)?,
+                    spec: column(row, 1, &what)?,
+                    enabled: column(row, 2, &what)?,
+                    last_tick: Timestamp::from_millis(column(row, 3, &what)?),
+                })
+            })
+            .collect()
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        // Setting a flag, or moving the last tick forward to a given instant, twice is
+        // the same as once: sent again if the connection broke.
+        let rows = self
+            .shared()
+            .fetch_all_again("update_schedule", |_| {
+                sqlx::query(self.sql().update_schedule.sql())
+                    .bind(self.namespace())
+                    .bind(name)
+                    .bind(update.enabled)
+                    .bind(update.last_tick.map(Timestamp::as_millis))
+            })
+            .await?;
+        if rows.is_empty() {
+            return Err(Error::ScheduleNotFound {
+                name: name.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        // Sent once: a second run after a broken connection would answer `false`.
+        let query = sqlx::query(self.sql().delete_schedule.sql())
+            .bind(self.namespace())
+            .bind(name);
+        Ok(self
+            .fetch_optional_once("delete_schedule", query)
+            .await?
+            .is_some())
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {

@@ -25,6 +25,11 @@ pub(crate) struct Keys {
     pub done: String,
     /// Paused queues (set of queue names, CONTRACT Q1).
     pub paused: String,
+    /// Schedules (CONTRACT S1): definitions, enabled flags and last ticks, three hashes
+    /// keyed by schedule name.
+    pub cron_specs: String,
+    pub cron_enabled: String,
+    pub cron_last: String,
     /// Parent-to-child links (zset, score 0, member `parent child`).
     pub children: String,
     /// The sequence counter of the claim order (string).
@@ -46,6 +51,9 @@ impl Keys {
             list: key("list"),
             running: key("running"),
             paused: key("paused"),
+            cron_specs: key("cron:spec"),
+            cron_enabled: key("cron:enabled"),
+            cron_last: key("cron:last"),
             done: key("done"),
             children: key("children"),
             seq: key("seq"),
@@ -142,6 +150,9 @@ mod tests {
             keys.list.clone(),
             keys.running.clone(),
             keys.paused.clone(),
+            keys.cron_specs.clone(),
+            keys.cron_enabled.clone(),
+            keys.cron_last.clone(),
             keys.done.clone(),
             keys.children.clone(),
             keys.seq.clone(),

@@ -32,11 +32,12 @@ script!(LIST, "list.lua");
 script!(BURY, "bury.lua");
 script!(UNSTAGE, "unstage.lua");
 script!(UNKEY, "unkey.lua");
+script!(SCHEDULE, "schedule.lua");
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 15] {
+pub(crate) fn all() -> [&'static Script; 16] {
     [
         &ENQUEUE, &CLAIM, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL, &RETRY,
-        &PURGE, &STATS, &LIST, &BURY, &UNSTAGE, &UNKEY,
+        &PURGE, &STATS, &LIST, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
     ]
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
 use jobs_core::{
     async_trait, validate, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
     Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery,
-    NewJob, QueueStats, ReclaimedJob, Result, Retry, StoreSettings, Timestamp,
+    NewJob, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
+    Timestamp,
 };
 use tokio::sync::Notify;
 
@@ -334,6 +335,43 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .read(move |conn| ops::paused_queues(conn, ns))
+            .await
+    }
+
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        let (ns, name, spec) = (self.ns, name.to_owned(), spec.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                ops::put_schedule(tx, ns, &name, &spec, now)
+            })
+            .await
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        let ns = self.ns;
+        self.engine.read(move |conn| ops::schedules(conn, ns)).await
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        let (ns, name) = (self.ns, name.to_owned());
+        // A firing's update may be lost in a crash (the tick is then fired again under
+        // the same key); a disable or enable must not be.
+        let mode = if update.enabled.is_some() {
+            WriteMode::DURABLE
+        } else {
+            WriteMode::WORKER
+        };
+        self.engine
+            .write(mode, move |tx| ops::update_schedule(tx, ns, &name, update))
+            .await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        let (ns, name) = (self.ns, name.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                ops::delete_schedule(tx, ns, &name)
+            })
             .await
     }
 

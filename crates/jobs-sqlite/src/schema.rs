@@ -101,6 +101,18 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (ns, queue)
     ) WITHOUT ROWID;
     "#,
+    // Version 4: schedules (CONTRACT S1, S2). `spec` is the definition as jobs-core
+    // encodes it; the store reads and writes it whole.
+    r#"
+    CREATE TABLE jobq_schedules (
+        ns        INTEGER NOT NULL,
+        name      TEXT NOT NULL,
+        spec      TEXT NOT NULL,
+        enabled   INTEGER NOT NULL,
+        last_tick INTEGER NOT NULL,
+        PRIMARY KEY (ns, name)
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// The schema version this build writes.

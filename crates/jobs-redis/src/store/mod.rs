@@ -15,7 +15,7 @@ use jobs_core::batch::Batcher;
 use jobs_core::{
     async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
     HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats,
-    ReclaimedJob, Result, Retry, StoreSettings, Timestamp,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, Timestamp,
 };
 use redis::{ScriptInvocation, Value};
 
@@ -275,6 +275,39 @@ impl Backend for RedisStore {
 
     async fn paused_queues(&self) -> Result<Vec<String>> {
         self.read_paused_queues().await
+    }
+
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.write_schedule("put", name, spec, &now.as_millis().to_string())
+            .await
+            .map(drop)
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        self.read_schedules().await
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        let enabled = match update.enabled {
+            Some(true) => "1",
+            Some(false) => "0",
+            None => "",
+        };
+        let tick = update
+            .last_tick
+            .map(|t| t.as_millis().to_string())
+            .unwrap_or_default();
+        if self.write_schedule("update", name, enabled, &tick).await? {
+            Ok(())
+        } else {
+            Err(Error::ScheduleNotFound {
+                name: name.to_owned(),
+            })
+        }
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        self.write_schedule("delete", name, "", "").await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {

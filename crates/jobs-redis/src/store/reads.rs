@@ -1,8 +1,11 @@
 //! Reads: one job, its payload, its children, a page of a queue, a queue's counts; and
 //! the paused queues, with the one write that changes them.
 
+use std::collections::HashMap;
+
 use jobs_core::{
-    Bytes, Error, Job, JobId, JobState, ListPage, ListQuery, QueueStats, Result, Timestamp,
+    Bytes, Error, Job, JobId, JobState, ListPage, ListQuery, QueueStats, Result, StoredSchedule,
+    Timestamp,
 };
 
 use super::{status, unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
@@ -42,6 +45,66 @@ impl RedisStore {
                 .map_err(|err| map_err("resume wake-up", err))?;
         }
         Ok(())
+    }
+
+    /// Rules S1, S2: one `schedule.lua` call; false when the schedule was unknown.
+    pub(super) async fn write_schedule(
+        &self,
+        op: &str,
+        name: &str,
+        third: &str,
+        fourth: &str,
+    ) -> Result<bool> {
+        let keys = self.keys();
+        let mut invocation = scripts::SCHEDULE.prepare_invoke();
+        invocation
+            .key(&keys.cron_specs)
+            .key(&keys.cron_enabled)
+            .key(&keys.cron_last)
+            .arg(op)
+            .arg(name)
+            .arg(third)
+            .arg(fourth);
+        let reply = self.invoke(&invocation, "schedule").await?;
+        Ok(int(&reply, "schedule reply")? == 1)
+    }
+
+    /// Rule S1: every schedule, by name. The three hashes are read in one pipeline; a
+    /// schedule deleted or written between them reads as it was before or after.
+    pub(super) async fn read_schedules(&self) -> Result<Vec<StoredSchedule>> {
+        let keys = self.keys();
+        let (specs, enabled, last): (
+            HashMap<String, String>,
+            HashMap<String, String>,
+            HashMap<String, String>,
+        ) = redis::pipe()
+            .hgetall(&keys.cron_specs)
+            .hgetall(&keys.cron_enabled)
+            .hgetall(&keys.cron_last)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("schedules", err))?;
+        let mut schedules = Vec::with_capacity(specs.len());
+        for (name, spec) in specs {
+            let what = || format!("schedule {name}");
+            let on = match enabled.get(&name).map(String::as_str) {
+                Some("1") => true,
+                Some("0") => false,
+                other => return Err(Error::corrupt(what(), format!("enabled flag {other:?}"))),
+            };
+            let tick = last
+                .get(&name)
+                .and_then(|t| t.parse::<i64>().ok())
+                .ok_or_else(|| Error::corrupt(what(), "last tick missing or not a number"))?;
+            schedules.push(StoredSchedule {
+                name,
+                spec,
+                enabled: on,
+                last_tick: Timestamp::from_millis(tick),
+            });
+        }
+        schedules.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        Ok(schedules)
     }
 
     /// Rule Q1: the paused queues, by name.
