@@ -404,14 +404,14 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4, 5],
+        vec![1, 2, 3, 4, 5, 6],
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 5);
+        assert_eq!(backend.schema_version().await.expect("version"), 6);
     }
 
-    // Migrations 2 to 5 are safe to run again on a migrated schema with jobs (and a
+    // Migrations 2 to 6 are safe to run again on a migrated schema with jobs (and a
     // paused queue) in it: forget that they ran, connect, and they run once more.
     let clock = ManualClock::default();
     let store = open(&backends[0], settings(&clock));
@@ -426,7 +426,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     )))
     .execute(&admin)
     .await
-    .expect("forget migrations 2 to 5");
+    .expect("forget migrations 2 to 6");
     let config = PostgresConfig::new(&url())
         .expect("url")
         .schema(schema.clone())
@@ -435,7 +435,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     let again = PostgresBackend::connect(config)
         .await
         .expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 5);
+    assert_eq!(again.schema_version().await.expect("version"), 6);
     assert_eq!(
         store.paused_queues().await.expect("paused"),
         vec!["held".to_owned()],

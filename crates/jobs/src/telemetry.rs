@@ -42,6 +42,8 @@ pub const JOBS_TIMED_OUT: &str = "jobs_timed_out";
 pub const JOBS_LEASE_LOST: &str = "jobs_lease_lost";
 /// Counter: expired leases taken back by this worker's reclaim, labelled by `state`.
 pub const JOBS_RECLAIMED: &str = "jobs_reclaimed";
+/// Counter: jobs enqueued by the schedules this worker fired (CONTRACT S3).
+pub const JOBS_SCHEDULED: &str = "jobs_scheduled";
 /// Counter: terminal jobs deleted past retention.
 pub const JOBS_PURGED: &str = "jobs_purged";
 /// Counter: store calls that failed (the worker logs them and carries on).
@@ -99,6 +101,7 @@ pub(crate) struct WorkerMetrics {
     reclaimed_dead: Counter,
     reclaimed_cancelled: Counter,
     pub(crate) purged: Counter,
+    pub(crate) scheduled: Counter,
     pub(crate) store_errors: Counter,
 }
 
@@ -114,6 +117,7 @@ impl WorkerMetrics {
             reclaimed_dead: counter!(JOBS_RECLAIMED, "state" => "dead"),
             reclaimed_cancelled: counter!(JOBS_RECLAIMED, "state" => "cancelled"),
             purged: counter!(JOBS_PURGED),
+            scheduled: counter!(JOBS_SCHEDULED),
             store_errors: counter!(JOBS_STORE_ERRORS),
         }
     }

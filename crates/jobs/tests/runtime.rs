@@ -21,7 +21,7 @@ use std::time::Duration;
 use jobs::layers::{async_trait, Backend, LayeredBackend};
 use jobs::{
     Backoff, Bytes, CancelReason, Clock, JobContext, JobError, JobId, JobState, Json, LeaseToken,
-    ManualClock, NewJob, Store, StoreSettings, Timestamp, Worker, WorkerBuilder,
+    ManualClock, NewJob, Schedule, Store, StoreSettings, Timestamp, Worker, WorkerBuilder,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
 
@@ -314,6 +314,65 @@ mod scenarios {
             "the job ran at its third snooze's time"
         );
         handle.shutdown().await;
+    }
+
+    /// A schedule declared on two workers is stored when they start and fired by both
+    /// at every interval: each tick (store clock) runs once, and a disable stops it
+    /// (CONTRACT S1–S3).
+    pub async fn declared_schedules_fire_once_per_tick(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let beat = Schedule::every("beat", Duration::from_secs(10), NewJob::new("beat"));
+        let mut handles = Vec::new();
+        for name in ["w1", "w2"] {
+            let tx = tx.clone();
+            let worker = test_worker(env.store().await, name)
+                .schedule(beat.clone())
+                .schedule_interval(Duration::from_millis(10))
+                .handler("beat", move |ctx: JobContext, _payload: Bytes| {
+                    let tx = tx.clone();
+                    async move {
+                        let _ = tx.send(ctx.job().run_at);
+                        Ok(())
+                    }
+                });
+            handles.push(build(worker).spawn());
+        }
+        // Both workers store the schedule; the first put decides its last tick.
+        let mut ticker = tokio::time::interval(Duration::from_millis(5));
+        let listed = tokio::time::timeout(PATIENCE, async {
+            loop {
+                ticker.tick().await;
+                if let Ok(records) = store.schedules().await {
+                    if let Some(record) = records.into_iter().next() {
+                        return record;
+                    }
+                }
+            }
+        })
+        .await;
+        let Ok(record) = listed else {
+            panic!("the declared schedule was never stored");
+        };
+        let Some(first) = record.next_tick else {
+            panic!("an interval always has a next tick");
+        };
+        env.clock.set(first);
+        assert_eq!(recv(&mut rx, "the first tick").await, first);
+        let second = first.saturating_add(Duration::from_secs(10));
+        env.clock.set(second);
+        assert_eq!(recv(&mut rx, "the second tick").await, second);
+        store.disable_schedule("beat").await.expect("disable");
+        env.clock.advance(Duration::from_secs(60));
+        for handle in handles {
+            handle.shutdown().await;
+        }
+        assert!(
+            rx.try_recv().is_err(),
+            "a tick ran twice, or ran after the disable"
+        );
+        let stats = store.stats("beat").await.expect("stats");
+        assert_eq!(stats.succeeded, 2, "two ticks, two jobs");
     }
 
     /// A permanent error, and a payload a typed handler cannot decode, go dead at once
@@ -1391,6 +1450,7 @@ macro_rules! runtime_tests {
                 failures_retry_with_backoff_then_die,
                 permanent_errors_go_dead_at_once,
                 snoozed_jobs_run_again_later_without_using_an_attempt,
+                declared_schedules_fire_once_per_tick,
                 dead_workers_jobs_are_reclaimed,
                 heartbeats_keep_long_jobs,
                 shutdown_releases_unfinished_jobs,

@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::validate::{validate_lease_ttl, validate_queue, validate_worker, MAX_CLAIM_LIMIT};
-use jobs_core::{Backoff, Error, Result, Store};
+use jobs_core::validate::{
+    validate_lease_ttl, validate_new_job, validate_queue, validate_worker, MAX_CLAIM_LIMIT,
+};
+use jobs_core::{Backoff, Error, Result, Schedule, Store};
 use tokio_util::sync::CancellationToken;
 
 use super::job::{InlinePolls, QueueHandler};
@@ -58,6 +60,8 @@ pub struct WorkerBuilder {
     reclaim_batch: usize,
     purge_interval: Option<Duration>,
     purge_batch: usize,
+    schedule_interval: Option<Duration>,
+    schedules: Vec<Schedule>,
     shutdown_grace: Duration,
     cancel_grace: Duration,
     timeout: Option<Duration>,
@@ -96,6 +100,8 @@ impl WorkerBuilder {
             reclaim_batch: 100,
             purge_interval: Some(Duration::from_secs(60)),
             purge_batch: 1_000,
+            schedule_interval: Some(Duration::from_secs(1)),
+            schedules: Vec::new(),
             shutdown_grace: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(5),
             timeout: Some(DEFAULT_TIMEOUT),
@@ -230,6 +236,31 @@ impl WorkerBuilder {
         self
     }
 
+    /// Declares a periodic job: the worker stores it when it starts
+    /// (`Store::put_schedule`: a known schedule keeps whether it is enabled and its
+    /// last tick) and fires it with the namespace's other schedules. Any number of
+    /// workers may declare and fire the same schedule: each tick is enqueued once
+    /// (CONTRACT S3).
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
+    /// How often the worker fires the namespace's due schedules
+    /// (`Store::fire_schedules`). Default 1 s, which bounds how late a tick is
+    /// enqueued.
+    pub fn schedule_interval(mut self, interval: Duration) -> Self {
+        self.schedule_interval = Some(interval);
+        self
+    }
+
+    /// Leaves firing schedules to other workers. Schedules declared with
+    /// [`WorkerBuilder::schedule`] are still stored when the worker starts.
+    pub fn disable_schedules(mut self) -> Self {
+        self.schedule_interval = None;
+        self
+    }
+
     /// How long shutdown waits for running handlers before releasing their jobs.
     /// Default 30 s.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
@@ -301,6 +332,10 @@ impl WorkerBuilder {
                 "a worker needs at least one handler",
             ));
         }
+        for schedule in &self.schedules {
+            schedule.validate()?;
+            validate_new_job(&schedule.job, self.store.settings())?;
+        }
         let mut handlers = HashMap::with_capacity(self.handlers.len());
         let mut queue_names = Vec::with_capacity(self.handlers.len());
         for (queue, handler) in self.handlers {
@@ -355,6 +390,7 @@ impl WorkerBuilder {
             ("poll_interval", Some(self.poll_interval)),
             ("reclaim_interval", self.reclaim_interval),
             ("purge_interval", self.purge_interval),
+            ("schedule_interval", self.schedule_interval),
             ("timeout", self.timeout),
             ("blocking_threshold", Some(self.blocking_threshold)),
         ];
@@ -391,6 +427,8 @@ impl WorkerBuilder {
                 reclaim_batch: self.reclaim_batch,
                 purge_interval: self.purge_interval,
                 purge_batch: self.purge_batch,
+                schedule_interval: self.schedule_interval,
+                schedules: self.schedules,
                 shutdown_grace: self.shutdown_grace,
                 cancel_grace: self.cancel_grace,
                 timeout: self.timeout,
@@ -418,6 +456,8 @@ pub(crate) struct Config {
     pub(crate) reclaim_batch: usize,
     pub(crate) purge_interval: Option<Duration>,
     pub(crate) purge_batch: usize,
+    pub(crate) schedule_interval: Option<Duration>,
+    pub(crate) schedules: Vec<Schedule>,
     pub(crate) shutdown_grace: Duration,
     pub(crate) cancel_grace: Duration,
     pub(crate) timeout: Option<Duration>,

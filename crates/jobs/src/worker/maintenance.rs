@@ -1,10 +1,11 @@
-//! The worker's housekeeping: taking back expired leases and purging old jobs.
+//! The worker's housekeeping: taking back expired leases, purging old jobs, and
+//! firing the namespace's schedules.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::JobState;
+use jobs_core::{JobState, Schedule};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -61,6 +62,48 @@ pub(crate) async fn purge_loop(shared: Arc<Shared>, interval: Duration, stop: Ca
                     tracing::warn!(error = %err, "purge failed");
                     return;
                 }
+            }
+        }
+    })
+    .await;
+}
+
+/// Stores the schedules the worker declares, then fires the namespace's due schedules
+/// every interval (CONTRACT S3), until `stop`.
+pub(crate) async fn schedule_loop(
+    shared: Arc<Shared>,
+    declared: Vec<Schedule>,
+    interval: Option<Duration>,
+    stop: CancellationToken,
+) {
+    let store = &shared.config.store;
+    for schedule in &declared {
+        // Until it is stored: a worker that cannot store its schedules still runs
+        // its handlers, and tries again at the schedule interval.
+        let retry = interval.unwrap_or(Duration::from_secs(1));
+        while let Err(err) = store.put_schedule(schedule).await {
+            shared.metrics.store_errors.increment(1);
+            tracing::warn!(schedule = %schedule.name, error = %err, "storing a schedule failed");
+            tokio::select! {
+                () = tokio::time::sleep(retry) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+    let Some(interval) = interval else {
+        return;
+    };
+    every(interval, &stop, || async {
+        match store.fire_schedules().await {
+            Ok(fired) => {
+                for (schedule, job) in &fired {
+                    shared.metrics.scheduled.increment(1);
+                    tracing::debug!(%schedule, %job, "schedule fired");
+                }
+            }
+            Err(err) => {
+                shared.metrics.store_errors.increment(1);
+                tracing::warn!(error = %err, "firing schedules failed");
             }
         }
     })

@@ -7,7 +7,7 @@
 //! - [`job`]: one job's life, from start to its report.
 //! - [`report`]: recording outcomes, retried while the lease holds.
 //! - [`leases`]: the leases held, and the keeper that extends them.
-//! - [`maintenance`]: reclaim and purge.
+//! - [`maintenance`]: reclaim, purge and schedules.
 //!
 //! Threads: handlers (and the claim loop, which polls their first steps) run on a
 //! runtime of their own; the keeper, reclaim and purge run on the runtime the worker was
@@ -380,6 +380,14 @@ async fn run_worker(
         background.spawn(maintenance::purge_loop(
             shared.clone(),
             interval,
+            shutdown.clone(),
+        ));
+    }
+    if config.schedule_interval.is_some() || !config.schedules.is_empty() {
+        background.spawn(maintenance::schedule_loop(
+            shared.clone(),
+            config.schedules.clone(),
+            config.schedule_interval,
             shutdown.clone(),
         ));
     }
