@@ -113,6 +113,7 @@ macro_rules! __scenario_list {
             S2 rules::s2_a_disable_survives_a_firing_that_races_it,
             S3 rules::s3_concurrent_schedulers_fire_each_tick_once,
             S3 rules::s3_missed_ticks_follow_the_catch_up_policy,
+            S3 rules::s3_a_schedule_that_cannot_fire_holds_up_no_other,
             M1 model_check::m1_model_check,
         }
     };

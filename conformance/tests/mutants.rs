@@ -17,7 +17,8 @@ use jobs_conformance::{Harness, Scenario, SCENARIOS};
 use jobs_core::{
     async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
     HeldLease, JobId, JobState, LayeredBackend, LeaseToken, ListQuery, NewJob, QueueStats,
-    ReclaimedJob, Result, Retry, Store, StoreSettings, Timestamp, LEASE_EXPIRED,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoreSettings, Timestamp, Uniqueness,
+    LEASE_EXPIRED,
 };
 use jobs_memory::MemoryServer;
 
@@ -107,6 +108,19 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
 
     async fn stats(&self, inner: &dyn Backend, queue: &str, now: Timestamp) -> Result<QueueStats> {
         inner.stats(queue, now).await
+    }
+
+    async fn set_paused(&self, inner: &dyn Backend, queue: &str, paused: bool) -> Result<()> {
+        inner.set_paused(queue, paused).await
+    }
+
+    async fn update_schedule(
+        &self,
+        inner: &dyn Backend,
+        name: &str,
+        update: ScheduleUpdate,
+    ) -> Result<()> {
+        inner.update_schedule(name, update).await
     }
 }
 
@@ -212,6 +226,14 @@ impl LayeredBackend for Mutant {
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         self.bug.stats(&*self.inner, queue, now).await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.bug.set_paused(&*self.inner, queue, paused).await
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        self.bug.update_schedule(&*self.inner, name, update).await
     }
 }
 
@@ -667,6 +689,90 @@ impl Bug for StatsByPrefix {
     }
 }
 
+/// Q1 broken: a pause is acknowledged but never stored.
+#[derive(Debug)]
+struct PauseForgotten;
+
+#[async_trait]
+impl Bug for PauseForgotten {
+    async fn set_paused(&self, inner: &dyn Backend, queue: &str, paused: bool) -> Result<()> {
+        if paused {
+            return Ok(());
+        }
+        inner.set_paused(queue, paused).await
+    }
+}
+
+/// S2 broken: recording a firing writes the whole record back as the firing read it,
+/// enabled, so a disable that landed in between is undone.
+#[derive(Debug)]
+struct FiringReenables;
+
+#[async_trait]
+impl Bug for FiringReenables {
+    async fn update_schedule(
+        &self,
+        inner: &dyn Backend,
+        name: &str,
+        update: ScheduleUpdate,
+    ) -> Result<()> {
+        let update = match update.last_tick {
+            Some(_) => ScheduleUpdate {
+                enabled: Some(true),
+                ..update
+            },
+            None => update,
+        };
+        inner.update_schedule(name, update).await
+    }
+}
+
+/// S3 broken: each scheduler derives its own tick key (say, with its host name in it),
+/// so schedulers on different handles enqueue one tick each.
+#[derive(Debug)]
+struct TickKeyPerScheduler;
+
+#[async_trait]
+impl Bug for TickKeyPerScheduler {
+    fn stamp(&self, handle: usize, mut job: NewJob, _now: Timestamp) -> NewJob {
+        if let Some(key) = &job.idempotency_key {
+            if key.starts_with("jobs.cron/") {
+                job.idempotency_key = Some(format!("{key}/scheduler-{handle}"));
+            }
+        }
+        job
+    }
+}
+
+/// L10 broken: a snooze is stored as a plain release, ready at once.
+#[derive(Debug)]
+struct SnoozeReadyNow;
+
+#[async_trait]
+impl Bug for SnoozeReadyNow {
+    async fn release(
+        &self,
+        inner: &dyn Backend,
+        lease: HeldLease,
+        _ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
+        inner.release(lease.id, lease.token, now, now).await
+    }
+}
+
+/// E10 broken: a key unique while active is read by the window rule.
+#[derive(Debug)]
+struct UniqueByWindow;
+
+#[async_trait]
+impl Bug for UniqueByWindow {
+    fn stamp(&self, _handle: usize, mut job: NewJob, _now: Timestamp) -> NewJob {
+        job.uniqueness = Uniqueness::Window;
+        job
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // Running scenarios.
 
@@ -817,6 +923,53 @@ async fn stats_by_prefix_is_caught_by_a3() {
     caught(
         StatsByPrefix::default(),
         "a3_stats_of_queues_sharing_a_prefix_are_apart",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forgotten_pause_is_caught_by_q1() {
+    caught(
+        PauseForgotten,
+        "q1_paused_queue_is_not_claimed_until_resumed",
+    )
+    .await;
+    caught(
+        PauseForgotten,
+        "q1_a_claim_skips_paused_queues_before_its_limit",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn firing_that_reenables_is_caught_by_s2() {
+    caught(
+        FiringReenables,
+        "s2_a_disable_survives_a_firing_that_races_it",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tick_key_per_scheduler_is_caught_by_s3() {
+    caught(
+        TickKeyPerScheduler,
+        "s3_concurrent_schedulers_fire_each_tick_once",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn snooze_ready_now_is_caught_by_l10() {
+    caught(SnoozeReadyNow, "l10_snooze_waits_without_using_an_attempt").await;
+    caught(SnoozeReadyNow, "l10_snoozed_job_comes_due_in_order").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unique_by_window_is_caught_by_e10() {
+    caught(
+        UniqueByWindow,
+        "e10_unique_while_active_holds_until_the_job_finishes",
     )
     .await;
 }

@@ -308,3 +308,28 @@ pub async fn s3_missed_ticks_follow_the_catch_up_policy(harness: &dyn Harness) {
         .collect();
     assert!(ids.is_empty(), "S3: nothing is due twice");
 }
+
+/// S3: a schedule that cannot fire (here, its stored definition is unreadable) holds up
+/// no other: the pass fires the rest, then reports the error.
+pub async fn s3_a_schedule_that_cannot_fire_holds_up_no_other(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let start = Timestamp::from_millis((env.clock.now().as_millis() / 1000 + 1) * 1000);
+    env.clock.set(start);
+    store
+        .backend()
+        .put_schedule("broken", "{ not a schedule", start)
+        .await
+        .must("S3: store an unreadable definition");
+    store
+        .put_schedule(&every_second("sound", "sound"))
+        .await
+        .must("S3: put");
+    env.clock.advance(Duration::from_secs(1));
+    match store.fire_schedules().await {
+        Err(Error::Corrupt { .. }) => {}
+        other => panic!("S3: expected the unreadable schedule's error, got {other:?}"),
+    }
+    let jobs = list_all(&store, "sound", None, "S3").await;
+    assert_eq!(jobs.len(), 1, "S3: the sound schedule fired all the same");
+}

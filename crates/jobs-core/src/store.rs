@@ -14,7 +14,7 @@ use crate::model::{
     LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
     TypedJob,
 };
-use crate::schedule::{Schedule, ScheduleRecord, ScheduleUpdate};
+use crate::schedule::{Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
 use crate::validate;
 
@@ -447,37 +447,56 @@ impl Store {
     /// A tick is enqueued once while its key deduplicates: a pass that read a
     /// schedule, then stalled longer than the store's dedup window before enqueueing,
     /// could enqueue a tick again.
+    ///
+    /// One schedule that cannot fire (its stored definition is unreadable, its job no
+    /// longer valid under the store's settings, a call failed) does not hold up the
+    /// others: the pass fires them all, then returns the first error.
     pub async fn fire_schedules(&self) -> Result<Vec<(String, JobId)>> {
         let now = self.now();
         let mut fired = Vec::new();
-        for record in self.schedules().await? {
-            if !record.enabled {
+        let mut first_error = None;
+        for stored in self.backend.schedules().await? {
+            if !stored.enabled {
                 continue;
             }
-            let schedule = &record.schedule;
-            let Some(due) = schedule.due(record.last_tick, now)? else {
-                continue;
-            };
-            let jobs: Vec<NewJob> = due.fire.iter().map(|&t| schedule.tick_job(t)).collect();
-            if !jobs.is_empty() {
-                validate::validate_batch(&jobs, self.settings())?;
-                for enqueued in self.backend.enqueue_batch(jobs, now).await? {
-                    if enqueued.created {
-                        fired.push((schedule.name.clone(), enqueued.id));
-                    }
-                }
-            }
-            let update = ScheduleUpdate {
-                enabled: None,
-                last_tick: Some(due.latest),
-            };
-            match self.backend.update_schedule(&schedule.name, update).await {
-                // Deleted while this pass ran: its ticks were enqueued as it stood.
-                Err(Error::ScheduleNotFound { .. }) => {}
-                other => other?,
+            if let Err(err) = self.fire_one(&stored, now, &mut fired).await {
+                first_error.get_or_insert(err);
             }
         }
-        Ok(fired)
+        match first_error {
+            Some(err) => Err(err),
+            None => Ok(fired),
+        }
+    }
+
+    async fn fire_one(
+        &self,
+        stored: &StoredSchedule,
+        now: Timestamp,
+        fired: &mut Vec<(String, JobId)>,
+    ) -> Result<()> {
+        let schedule = Schedule::from_spec(&stored.name, &stored.spec)?;
+        let Some(due) = schedule.due(stored.last_tick, now)? else {
+            return Ok(());
+        };
+        let jobs: Vec<NewJob> = due.fire.iter().map(|&t| schedule.tick_job(t)).collect();
+        if !jobs.is_empty() {
+            validate::validate_batch(&jobs, self.settings())?;
+            for enqueued in self.backend.enqueue_batch(jobs, now).await? {
+                if enqueued.created {
+                    fired.push((schedule.name.clone(), enqueued.id));
+                }
+            }
+        }
+        let update = ScheduleUpdate {
+            enabled: None,
+            last_tick: Some(due.latest),
+        };
+        match self.backend.update_schedule(&schedule.name, update).await {
+            // Deleted while this pass ran: its ticks were enqueued as it stood.
+            Err(Error::ScheduleNotFound { .. }) => Ok(()),
+            other => other,
+        }
     }
 
     /// Rule A4: one page of a queue's jobs, newest first.

@@ -1,4 +1,4 @@
-//! Enqueueing (CONTRACT E1–E9): single calls gathered into shared statements, and
+//! Enqueueing (CONTRACT E1–E10): single calls gathered into shared statements, and
 //! explicit batches, all-or-nothing.
 
 use std::collections::HashMap;

@@ -42,7 +42,7 @@ macro_rules! job_columns {
     };
 }
 
-/// Enqueues many jobs in one statement (CONTRACT E1–E9).
+/// Enqueues many jobs in one statement (CONTRACT E1–E10).
 ///
 /// `$1` namespace, `$2` now, `$3..$11` and `$14` the jobs as parallel arrays (id,
 /// queue, tenant, key, payload, priority, run_at, max_attempts, parent; timeout in
