@@ -362,6 +362,17 @@ mod scenarios {
         let second = first.saturating_add(Duration::from_secs(10));
         env.clock.set(second);
         assert_eq!(recv(&mut rx, "the second tick").await, second);
+        // Both jobs stored as succeeded before the clock jumps past their leases.
+        let done = tokio::time::timeout(PATIENCE, async {
+            loop {
+                ticker.tick().await;
+                if store.stats("beat").await.is_ok_and(|s| s.succeeded == 2) {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(done.is_ok(), "the two ticks' jobs never both succeeded");
         store.disable_schedule("beat").await.expect("disable");
         env.clock.advance(Duration::from_secs(60));
         for handle in handles {
