@@ -386,6 +386,40 @@ mod scenarios {
         assert_eq!(stats.succeeded, 2, "two ticks, two jobs");
     }
 
+    /// A handler enqueues a follow-up job through its context's store (on a store tied
+    /// to its runtime, that call is made on the store's runtime, not the handlers');
+    /// the follow-up runs, as the parent's child.
+    pub async fn handlers_enqueue_follow_ups_through_their_context(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let worker = test_worker(env.store().await, "w")
+            .handler("parent", |ctx: JobContext, _payload: Bytes| async move {
+                ctx.store()
+                    .enqueue(NewJob::new("child").parent(ctx.id()))
+                    .await
+                    .map_err(jobs::JobError::from_error)?;
+                Ok(())
+            })
+            .handler("child", move |ctx: JobContext, _payload: Bytes| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(ctx.job().parent);
+                    Ok(())
+                }
+            });
+        let handle = build(worker).spawn();
+        let parent = enqueue(&store, NewJob::new("parent")).await;
+        assert_eq!(recv(&mut rx, "the follow-up").await, Some(parent));
+        wait_for(&store, parent, "the parent's success", |j| {
+            j.state == JobState::Succeeded
+        })
+        .await;
+        handle.shutdown().await;
+        let children = store.children(parent).await.expect("children");
+        assert_eq!(children.len(), 1, "one follow-up");
+        assert_eq!(children[0].state, JobState::Succeeded);
+    }
+
     /// A permanent error, and a payload a typed handler cannot decode, go dead at once
     /// whatever attempts are left.
     pub async fn permanent_errors_go_dead_at_once(env: Env) {
@@ -1462,6 +1496,7 @@ macro_rules! runtime_tests {
                 permanent_errors_go_dead_at_once,
                 snoozed_jobs_run_again_later_without_using_an_attempt,
                 declared_schedules_fire_once_per_tick,
+                handlers_enqueue_follow_ups_through_their_context,
                 dead_workers_jobs_are_reclaimed,
                 heartbeats_keep_long_jobs,
                 shutdown_releases_unfinished_jobs,

@@ -75,10 +75,9 @@ pub(crate) async fn run_loop(
         // share a round trip (a group commit, a pipeline) where the store allows, and
         // run one after the other on this task where it does not (the memory store),
         // never contending for the same lock from two threads.
-        let store = config.store.clone();
         let ((), claimed) = tokio::join!(
             record_completions(&shared, &mut succeeded, Some(&shutdown)),
-            shared.on_store(async move { store.claim(request).await })
+            config.store.claim(request)
         );
         match claimed {
             Ok(claimed) => {
@@ -101,11 +100,8 @@ pub(crate) async fn run_loop(
             // Jobs that finished at once: record them before waiting for more work.
             record_completions(&shared, &mut succeeded, Some(&shutdown)).await;
         }
-        let (store, queues) = (config.store.clone(), config.queue_names.clone());
-        let poll = config.poll_interval;
-        let wait = shared.on_store(async move { store.wait_for_work(&queues, poll).await });
         tokio::select! {
-            waited = wait => {
+            waited = config.store.wait_for_work(&config.queue_names, config.poll_interval) => {
                 if let Err(err) = waited {
                     shared.metrics.store_errors.increment(1);
                     tracing::warn!(error = %err, "waiting for work failed; backing off");

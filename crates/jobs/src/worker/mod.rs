@@ -19,6 +19,7 @@ mod claim_loop;
 mod job;
 mod leases;
 mod maintenance;
+mod on_store;
 mod report;
 
 use std::fmt;
@@ -161,41 +162,6 @@ struct Shared {
     /// The runtime the worker was started from, where the store's connections live:
     /// outcomes the keeper records are sent from there.
     store_runtime: tokio::runtime::Handle,
-    /// Whether the store's calls need `store_runtime` (`Capabilities::tied_to_runtime`).
-    tied: bool,
-}
-
-impl Shared {
-    /// Runs a store call where the store's connections live.
-    ///
-    /// A store tied to its runtime may open a connection from whichever task calls it
-    /// (a PostgreSQL pool does), and that connection is then driven by that task's
-    /// runtime. Opened from the handlers' runtime, which handlers that block their
-    /// threads can stall, it would later stall whatever call the pool hands it to,
-    /// heartbeats included. So the claim loop's and the reports' calls to such a store
-    /// run on the store's runtime; a store that needs no runtime is called in place.
-    /// (Seen once in CI on PostgreSQL: heartbeats stalled while blocking handlers held
-    /// the handlers' runtime, where the claim loop used to call the store.)
-    async fn on_store<T, F>(&self, call: F) -> jobs_core::Result<T>
-    where
-        F: Future<Output = jobs_core::Result<T>> + Send + 'static,
-        T: Send + 'static,
-    {
-        if !self.tied {
-            return call.await;
-        }
-        // Dropped, as a call is when a `select!` takes another branch, it cancels the
-        // call, as it would in place.
-        let mut task = AbortOnDrop(self.store_runtime.spawn(call));
-        match (&mut task.0).await {
-            Ok(answer) => answer,
-            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-            Err(_) => Err(jobs_core::Error::Unavailable {
-                message: "the store's runtime shut down".to_owned(),
-                source: None,
-            }),
-        }
-    }
 }
 
 /// The wait after a store call failed, before the next try: 100 ms doubling to 5 s, a
@@ -340,8 +306,14 @@ impl Worker {
     /// Store errors never end the loop: they are logged, counted, and retried with a
     /// backoff, since a worker outliving a database restart is what users want.
     pub async fn run(self) {
-        let Worker { config, shutdown } = self;
-        let config_tied = config.store.capabilities().tied_to_runtime;
+        let Worker {
+            mut config,
+            shutdown,
+        } = self;
+        // Every call to the store, from any of the worker's tasks or its handlers, is
+        // made where the store's connections live (see `on_store`).
+        config.store =
+            on_store::on_store_runtime(config.store.clone(), tokio::runtime::Handle::current());
         let metrics = WorkerMetrics::new(&config.queue_names);
         let (completions, completed) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -353,7 +325,6 @@ impl Worker {
             slot_freed: Notify::new(),
             reclaimed: Notify::new(),
             store_runtime: tokio::runtime::Handle::current(),
-            tied: config_tied,
         });
         let span = tracing::info_span!("worker", worker = %shared.config.worker_id);
         run_worker(shared, completed, shutdown)

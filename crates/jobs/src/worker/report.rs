@@ -15,7 +15,6 @@ use super::{Shared, StoreBackoff};
 use crate::telemetry::QueueMetrics;
 
 /// The call that ends a job's lease.
-#[derive(Clone)]
 pub(crate) enum Report {
     Complete(Option<Bytes>),
     /// The error text and, if the job may retry, after how long (store clock).
@@ -51,11 +50,7 @@ pub(crate) async fn record_completions(
     let mut delay = StoreBackoff::new();
     while !batch.is_empty() {
         let completions = batch.iter().map(|done| done.completion.clone()).collect();
-        let store = store.clone();
-        let answer = shared
-            .on_store(async move { store.complete_batch(completions).await })
-            .await;
-        match answer {
+        match store.complete_batch(completions).await {
             Ok(answers) => answer_each(shared, batch, answers),
             Err(err) if err.is_retryable() => {
                 shared.metrics.store_errors.increment(1);
@@ -158,31 +153,24 @@ pub(crate) async fn report_outcome(
     let store = &shared.config.store;
     let mut delay = StoreBackoff::new();
     loop {
-        let call = {
-            let store = store.clone();
-            let outcome = outcome.clone();
-            async move {
-                match outcome {
-                    Report::Complete(result) => store
-                        .complete(id, token, result)
-                        .await
-                        .map(|()| JobState::Succeeded),
-                    Report::Fail(error, retry_in) => {
-                        let retry = match retry_in {
-                            Some(delay) => Retry::At(store.settings().now().saturating_add(delay)),
-                            None => Retry::Never,
-                        };
-                        store.fail(id, token, &error, retry).await
-                    }
-                    Report::Release => store.release(id, token).await.map(|()| JobState::Queued),
-                    Report::Snooze(delay) => store
-                        .snooze(id, token, delay)
-                        .await
-                        .map(|()| JobState::Queued),
-                }
+        let result = match &outcome {
+            Report::Complete(result) => store
+                .complete(id, token, result.clone())
+                .await
+                .map(|()| JobState::Succeeded),
+            Report::Fail(error, retry_in) => {
+                let retry = match retry_in {
+                    Some(delay) => Retry::At(store.settings().now().saturating_add(*delay)),
+                    None => Retry::Never,
+                };
+                store.fail(id, token, error, retry).await
             }
+            Report::Release => store.release(id, token).await.map(|()| JobState::Queued),
+            Report::Snooze(delay) => store
+                .snooze(id, token, *delay)
+                .await
+                .map(|()| JobState::Queued),
         };
-        let result = shared.on_store(call).await;
         match result {
             Ok(state) => count_outcome(metrics, &outcome, state),
             Err(err) if err.is_retryable() => {
