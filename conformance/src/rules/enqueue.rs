@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use jobs_core::{
     Bytes, Clock, Enqueued, Job, JobId, JobState, NewJob, QueueStats, Retry, Store, Timestamp,
-    DEFAULT_MAX_ATTEMPTS,
+    Uniqueness, DEFAULT_MAX_ATTEMPTS,
 };
 use tokio::sync::Barrier;
 
@@ -1252,12 +1252,30 @@ pub async fn e10_unique_while_active_holds_until_the_job_finishes(harness: &dyn 
         "E10: a queued job holds its key"
     );
     let held = claim_expecting(&store, "q", first.id, "E10").await;
-    env.clock.advance(Duration::from_secs(48 * 3600));
+    // Past the window and past retention, so a purge would drop a window key this old.
+    env.clock.advance(Duration::from_secs(8 * 24 * 3600));
     let again = store.enqueue(unique()).await.must("E10");
     assert_eq!(
         (again.id, again.created),
         (first.id, false),
         "E10: a running job holds its key, past any window"
+    );
+    // Retention's clean-up of old keys leaves a key whose job is active.
+    store.purge(10_000).await.must("E10: purge");
+    assert_eq!(
+        store.enqueue(unique()).await.must("E10").id,
+        first.id,
+        "E10: a purge keeps the key of an active job, however old"
+    );
+    expect_invalid(
+        store
+            .enqueue(NewJob {
+                uniqueness: Uniqueness::WhileActive,
+                ..NewJob::new("q")
+            })
+            .await,
+        "uniqueness",
+        "E10: unique while active without a key",
     );
     assert_eq!(
         store.payload(first.id).await.must("E10"),

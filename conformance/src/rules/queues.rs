@@ -2,7 +2,9 @@
 
 use jobs_core::{JobState, NewJob, QueueStats};
 
-use super::support::{assert_nothing_claimable, assert_stats, claim, enqueue, get, ids_of, Must};
+use super::support::{
+    assert_nothing_claimable, assert_stats, claim, enqueue, expect_invalid, get, ids_of, Must,
+};
 use crate::{unique_namespace, Harness, TestEnv};
 
 /// Q1: a pause set through one handle holds for every other handle of the namespace
@@ -21,6 +23,11 @@ pub async fn q1_paused_queue_is_not_claimed_until_resumed(harness: &dyn Harness)
     ];
     let open = enqueue(&worker, NewJob::new("b"), "Q1").await;
 
+    expect_invalid(
+        operator.pause("no queue!").await,
+        "queue",
+        "Q1: a bad queue name",
+    );
     operator.pause("a").await.must("Q1: pause");
     assert_eq!(
         worker.paused_queues().await.must("Q1"),

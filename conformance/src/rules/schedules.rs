@@ -122,6 +122,47 @@ pub async fn s1_schedules_are_stored_by_name(harness: &dyn Harness) {
         "queue",
         "S1: a bad job",
     );
+    expect_invalid(
+        store
+            .put_schedule(
+                &Schedule::cron("bad", "* * * * * *", NewJob::new("q")).time_zone("Mars/Base"),
+            )
+            .await,
+        "time_zone",
+        "S1: an unknown time zone",
+    );
+    expect_invalid(
+        store
+            .put_schedule(&Schedule::every(
+                "bad",
+                Duration::from_micros(1500),
+                NewJob::new("q"),
+            ))
+            .await,
+        "cadence",
+        "S1: an interval that is not whole milliseconds",
+    );
+    expect_invalid(
+        store
+            .put_schedule(&Schedule::every(
+                "bad",
+                Duration::from_secs(1),
+                NewJob::new("q").idempotency_key("mine"),
+            ))
+            .await,
+        "schedule job",
+        "S1: a job with its own key",
+    );
+    expect_invalid(
+        store.put_schedule(&every_second("bad name!", "q")).await,
+        "schedule name",
+        "S1: a bad name",
+    );
+    expect_invalid(
+        store.enable_schedule("bad name!").await,
+        "schedule name",
+        "S1: enable with a bad name",
+    );
     assert_eq!(
         store.schedules().await.must("S1").len(),
         2,

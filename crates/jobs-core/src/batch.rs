@@ -93,11 +93,6 @@ impl<B: Batch> Batcher<B> {
         }
     }
 
-    /// What runs the batches.
-    pub fn batch(&self) -> &B {
-        &self.batch
-    }
-
     /// Queues `call` (waiting while the queue is full) and waits for its batch's
     /// answer. Dropping the future before it is queued leaves nothing behind;
     /// dropping it later leaves the call to run without anyone waiting.

@@ -9,7 +9,7 @@ use jobs_core::{JobState, Schedule};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use super::Shared;
+use super::{Shared, StoreBackoff};
 
 /// Takes back jobs whose lease expired, every interval, until none are left.
 pub(crate) async fn reclaim_loop(shared: Arc<Shared>, interval: Duration, stop: CancellationToken) {
@@ -78,15 +78,14 @@ pub(crate) async fn schedule_loop(
 ) {
     let store = &shared.config.store;
     for schedule in &declared {
-        // Until it is stored: a worker that cannot store its schedules still runs
-        // its handlers, and tries again at the schedule interval.
-        let retry = interval.unwrap_or(Duration::from_secs(1));
+        // Until it is stored, with the worker's store back-off: a worker that cannot
+        // store its schedules still runs its handlers meanwhile.
+        let mut delay = StoreBackoff::new();
         while let Err(err) = store.put_schedule(schedule).await {
             shared.metrics.store_errors.increment(1);
             tracing::warn!(schedule = %schedule.name, error = %err, "storing a schedule failed");
-            tokio::select! {
-                () = tokio::time::sleep(retry) => {}
-                () = stop.cancelled() => return,
+            if !delay.wait(Some(&stop)).await {
+                return;
             }
         }
     }

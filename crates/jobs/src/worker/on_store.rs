@@ -21,6 +21,8 @@ use jobs_core::{
 };
 use tokio::runtime::Handle;
 
+use super::AbortOnDrop;
+
 /// `store`, reached from anywhere on the runtime it is tied to (see the module's
 /// header); `store` itself when it needs no runtime.
 pub(crate) fn on_store_runtime(store: Store, runtime: Handle) -> Store {
@@ -41,16 +43,6 @@ struct OnStoreRuntime {
     runtime: Handle,
 }
 
-/// Aborts the call's task when the caller stops waiting (a `select!` took another
-/// branch), as dropping the call in place would have cancelled it.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 impl OnStoreRuntime {
     async fn hop<T, F, Fut>(&self, call: F) -> Result<T>
     where
@@ -58,6 +50,8 @@ impl OnStoreRuntime {
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
+        // Aborted when the caller stops waiting (a `select!` took another branch), as
+        // dropping the call in place would have cancelled it.
         let mut task = AbortOnDrop(self.runtime.spawn(call(Arc::clone(&self.inner))));
         match (&mut task.0).await {
             Ok(answer) => answer,
