@@ -12,6 +12,7 @@
 mod admin;
 mod claim;
 mod enqueue;
+mod fit;
 mod lease;
 mod queues;
 mod reclaim;
@@ -21,6 +22,7 @@ mod support;
 pub use admin::*;
 pub use claim::*;
 pub use enqueue::*;
+pub use fit::*;
 pub use lease::*;
 pub use queues::*;
 pub use reclaim::*;

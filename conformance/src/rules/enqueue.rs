@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
+    Needs,
     Bytes, Clock, Enqueued, Job, JobId, JobState, NewJob, QueueStats, Retry, Store, Timestamp,
     Uniqueness, DEFAULT_MAX_ATTEMPTS,
 };
@@ -66,6 +67,8 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
         last_error: None,
         result: None,
         cancel_requested: false,
+        needs: Needs::new(),
+        locality: None,
     };
     assert_eq!(
         get(&store, answer.id, "E1: get").await,
@@ -104,6 +107,8 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
             last_error: None,
             result: None,
             cancel_requested: false,
+            needs: Needs::new(),
+            locality: None,
         },
         "E1: unset fields take their defaults: empty tenant, no key, priority 0, run_at = now, 25 attempts"
     );

@@ -6,6 +6,7 @@ mod backoff;
 #[cfg(feature = "batch")]
 pub mod batch;
 mod error;
+pub mod fit;
 mod id;
 mod model;
 mod order;
@@ -18,6 +19,7 @@ pub mod validate;
 
 pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend};
 pub use backoff::Backoff;
+pub use fit::{Budget, Needs};
 pub use error::{BoxError, Error, Result, SharedError};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
 pub use model::{

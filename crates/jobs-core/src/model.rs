@@ -7,7 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::Error;
+use crate::fit::{Budget, FitOrder, Needs};
 use crate::id::JobId;
+use crate::order::ReadyOrder;
 use crate::time::{Clock, SystemClock, Timestamp};
 
 // The state is part of the job model; it has a module of its own only so that `error`
@@ -90,6 +92,12 @@ pub struct NewJob {
     /// How long one attempt may run before the worker cancels it and fails the attempt
     /// as timed out; `None` leaves it to the worker's default.
     pub timeout: Option<Duration>,
+    /// What the job needs from the worker that runs it (CONTRACT F1–F3): only a worker
+    /// whose claim budget admits it takes it.
+    pub needs: Needs,
+    /// Where the job would best run (a host, a cache, a region): claims that prefer it
+    /// take it first within its priority (CONTRACT F5). Never a filter.
+    pub locality: Option<String>,
 }
 
 impl NewJob {
@@ -107,6 +115,8 @@ impl NewJob {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             parent: None,
             timeout: None,
+            needs: Needs::new(),
+            locality: None,
         }
     }
 
@@ -197,6 +207,27 @@ impl NewJob {
         self.timeout = Some(timeout);
         self
     }
+
+    /// Sets what the job needs from the worker that runs it (CONTRACT F1–F3).
+    ///
+    /// ```
+    /// use jobs_core::{NewJob, Needs};
+    /// let job = NewJob::new("render")
+    ///     .needs(Needs::new().amount("gpu", 1).amount("mem_bytes", 8 << 30))
+    ///     .locality("host-7");
+    /// assert_eq!(job.needs.amounts["gpu"], 1);
+    /// ```
+    pub fn needs(mut self, needs: Needs) -> Self {
+        self.needs = needs;
+        self
+    }
+
+    /// Sets where the job would best run; a claim preferring it takes it first within
+    /// its priority (CONTRACT F5).
+    pub fn locality(mut self, locality: impl Into<String>) -> Self {
+        self.locality = Some(locality.into());
+        self
+    }
 }
 
 /// A kind of job with a queue of its own, so enqueueing and handling it are checked by
@@ -264,6 +295,10 @@ pub struct Job {
     pub result: Option<Bytes>,
     /// Whether an operator asked the running job to stop.
     pub cancel_requested: bool,
+    /// What it needs from the worker that runs it, as enqueued.
+    pub needs: Needs,
+    /// Where it would best run, as enqueued.
+    pub locality: Option<String>,
 }
 
 impl Job {
@@ -291,6 +326,8 @@ impl Job {
             last_error: None,
             result: None,
             cancel_requested: false,
+            needs: new.needs,
+            locality: new.locality,
         };
         (job, new.payload)
     }
@@ -303,6 +340,12 @@ impl Job {
     /// Where the job stands in the claim order (CONTRACT C3), given its enqueue sequence.
     pub fn ready_order(&self, seq: u64) -> crate::order::ReadyOrder {
         crate::order::ReadyOrder::new(self.priority, self.run_at, seq)
+    }
+
+    /// The text a backend stores for the job's needs and locality, `None` when it
+    /// declares neither ([`crate::fit::encode_placement`]).
+    pub fn placement(&self) -> Option<String> {
+        crate::fit::encode_placement(&self.needs, self.locality.as_deref())
     }
 }
 
@@ -358,6 +401,13 @@ pub struct ClaimRequest {
     pub lease_ttl: Duration,
     /// The most jobs to hand out.
     pub limit: usize,
+    /// What the worker has free: only jobs it admits are claimed (CONTRACT F2–F4).
+    /// `None` admits every job.
+    pub budget: Option<Budget>,
+    /// Localities to take first within a priority (CONTRACT F5); never a filter.
+    pub prefer: Vec<String>,
+    /// Claim only this job, if it is ready and fits (CONTRACT F6).
+    pub reserved: Option<JobId>,
 }
 
 impl ClaimRequest {
@@ -372,6 +422,9 @@ impl ClaimRequest {
             worker: worker.into(),
             lease_ttl,
             limit: 1,
+            budget: None,
+            prefer: Vec::new(),
+            reserved: None,
         }
     }
 
@@ -379,6 +432,42 @@ impl ClaimRequest {
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit;
         self
+    }
+
+    /// Claims only jobs `budget` admits (CONTRACT F2–F4).
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Takes jobs whose locality is one of `localities` first within each priority
+    /// (CONTRACT F5).
+    pub fn prefer<L: Into<String>>(mut self, localities: impl IntoIterator<Item = L>) -> Self {
+        self.prefer = localities.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Claims only job `id`, if it is ready in a named queue and fits (CONTRACT F6).
+    pub fn reserved(mut self, id: JobId) -> Self {
+        self.reserved = Some(id);
+        self
+    }
+
+    /// Whether the claim filters or reorders beyond the plain claim order: a budget, a
+    /// preference or a reservation. Backends keep their plain claim for the rest.
+    pub fn is_fitted(&self) -> bool {
+        self.budget.is_some() || !self.prefer.is_empty() || self.reserved.is_some()
+    }
+
+    /// Whether a job with `needs` may be taken by this claim (CONTRACT F2, F3).
+    pub fn admits(&self, needs: &Needs) -> bool {
+        self.budget.as_ref().is_none_or(|budget| budget.admits(needs))
+    }
+
+    /// Where a job that fits stands in this claim's order (CONTRACT F5): priority, then
+    /// the localities the claim prefers, then its ready order.
+    pub fn fit_order(&self, ready: ReadyOrder, locality: Option<&str>) -> FitOrder {
+        FitOrder::new(ready, crate::fit::is_preferred(&self.prefer, locality))
     }
 }
 

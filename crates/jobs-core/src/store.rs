@@ -166,14 +166,22 @@ impl Store {
         self.backend.children(parent).await
     }
 
-    /// Rules C1–C9: leases up to `request.limit` ready jobs in claim order and returns
-    /// them, with payloads, in that order. A request naming one queue twice is
-    /// refused.
-    pub async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
+    /// Rules C1–C9, F1–F6: leases up to `request.limit` ready jobs in claim order and
+    /// returns them, with payloads, in that order; with a budget, only jobs it admits,
+    /// and with preferred localities, those first within each priority. A request
+    /// naming one queue twice is refused.
+    pub async fn claim(&self, mut request: ClaimRequest) -> Result<Vec<ClaimedJob>> {
         validate::validate_claim(&request)?;
         if request.limit == 0 {
             return Ok(Vec::new());
         }
+        if request.reserved.is_some() {
+            // A reservation names one job; backends may rely on a limit of one.
+            request.limit = 1;
+        }
+        // Order among preferred localities does not matter, only membership.
+        let mut seen = std::collections::HashSet::with_capacity(request.prefer.len());
+        request.prefer.retain(|locality| seen.insert(locality.clone()));
         self.backend.claim(request, self.now()).await
     }
 

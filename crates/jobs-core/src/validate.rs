@@ -25,6 +25,17 @@ pub const MAX_LIST_LIMIT: usize = 1_000;
 pub const MAX_BATCH_LEN: usize = 10_000;
 /// Longest `last_error` kept; longer messages are cut at a character boundary.
 pub const MAX_ERROR_BYTES: usize = 64 * 1024;
+/// Longest amount name or capability key of a job's needs or a claim's budget, in bytes.
+pub const MAX_FIT_KEY_BYTES: usize = 64;
+/// The most amounts, and the most capabilities, one job may need or one budget offer.
+pub const MAX_FIT_KEYS: usize = 32;
+/// The largest amount: 2^53 - 1, so every backend compares it exactly (a Lua number is
+/// a double).
+pub const MAX_AMOUNT: u64 = (1 << 53) - 1;
+/// Longest locality, in bytes.
+pub const MAX_LOCALITY_BYTES: usize = 256;
+/// The most localities one claim may prefer.
+pub const MAX_PREFERRED: usize = 64;
 /// The longest lease or heartbeat extension: a year. Longer is surely a unit mistake.
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(366 * 24 * 60 * 60);
 
@@ -131,6 +142,55 @@ pub fn validate_new_job(job: &NewJob, settings: &StoreSettings) -> Result<()> {
     if let Some(timeout) = job.timeout {
         validate_timeout(timeout)?;
     }
+    validate_fit_keys("needs", &job.needs.amounts, &job.needs.capabilities)?;
+    if let Some(locality) = &job.locality {
+        validate_locality("locality", locality)?;
+    }
+    Ok(())
+}
+
+/// The amounts and capabilities of a job's needs or a claim's budget (CONTRACT F1):
+/// names `[A-Za-z0-9._:-]`, 1..=64 bytes, at most 32 of each, amounts at most
+/// [`MAX_AMOUNT`].
+pub fn validate_fit_keys(
+    field: &'static str,
+    amounts: &std::collections::BTreeMap<String, u64>,
+    capabilities: &std::collections::BTreeSet<String>,
+) -> Result<()> {
+    if amounts.len() > MAX_FIT_KEYS || capabilities.len() > MAX_FIT_KEYS {
+        return Err(Error::invalid(
+            field,
+            format!("at most {MAX_FIT_KEYS} amounts and {MAX_FIT_KEYS} capabilities"),
+        ));
+    }
+    for (name, amount) in amounts {
+        validate_name(field, name, MAX_FIT_KEY_BYTES)?;
+        if *amount > MAX_AMOUNT {
+            return Err(Error::invalid(
+                field,
+                format!("amount {name} is {amount}, the limit is {MAX_AMOUNT}"),
+            ));
+        }
+    }
+    for key in capabilities {
+        validate_name(field, key, MAX_FIT_KEY_BYTES)?;
+    }
+    Ok(())
+}
+
+fn validate_locality(field: &'static str, locality: &str) -> Result<()> {
+    if locality.is_empty() || locality.len() > MAX_LOCALITY_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "is {} bytes, it must be 1..={MAX_LOCALITY_BYTES}",
+                locality.len()
+            ),
+        ));
+    }
+    if locality.chars().any(char::is_control) {
+        return Err(Error::invalid(field, "must not hold control characters"));
+    }
     Ok(())
 }
 
@@ -169,6 +229,18 @@ pub fn validate_claim(request: &ClaimRequest) -> Result<()> {
             "limit",
             format!("a claim takes at most {MAX_CLAIM_LIMIT} jobs"),
         ));
+    }
+    if let Some(budget) = &request.budget {
+        validate_fit_keys("budget", &budget.amounts, &budget.capabilities)?;
+    }
+    if request.prefer.len() > MAX_PREFERRED {
+        return Err(Error::invalid(
+            "prefer",
+            format!("a claim prefers at most {MAX_PREFERRED} localities"),
+        ));
+    }
+    for locality in &request.prefer {
+        validate_locality("prefer", locality)?;
     }
     Ok(())
 }

@@ -319,6 +319,16 @@ impl State {
     }
 
     pub(crate) fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Vec<ClaimedJob> {
+        let candidates = if request.is_fitted() {
+            self.fitting_candidates(request, now)
+        } else {
+            self.ready_candidates(request, now)
+        };
+        self.lease_all(candidates, request, now)
+    }
+
+    /// The first `limit` ready jobs of the named queues in claim order (CONTRACT C3).
+    fn ready_candidates(&mut self, request: &ClaimRequest, now: Timestamp) -> Vec<JobId> {
         let mut candidates: Vec<(ReadyOrder, JobId)> = Vec::new();
         for queue in &request.queues {
             if self.paused.contains(queue) {
@@ -351,11 +361,56 @@ impl State {
         candidates.sort_unstable();
         candidates.dedup();
         candidates.truncate(request.limit);
+        candidates.into_iter().map(|(_, id)| id).collect()
+    }
 
+    /// The first `limit` ready jobs of the named queues that the claim's budget admits,
+    /// in its order (CONTRACT F2–F6): the whole ready set is filtered and ordered before
+    /// the cut, and a job that does not fit is left untouched.
+    fn fitting_candidates(&mut self, request: &ClaimRequest, now: Timestamp) -> Vec<JobId> {
+        let mut candidates = Vec::new();
+        for queue in &request.queues {
+            if self.paused.contains(queue) {
+                continue;
+            }
+            self.promote_due(queue, now);
+            let Some(index) = self.queues.get_mut(queue) else {
+                continue;
+            };
+            let mut stale = Vec::new();
+            for entry in index.ready.iter() {
+                let (order, id) = *entry;
+                let Some(record) = self.jobs.get(&id) else {
+                    stale.push(*entry);
+                    continue;
+                };
+                let job = &record.job;
+                if request.reserved.is_some_and(|reserved| reserved != id)
+                    || !request.admits(&job.needs)
+                {
+                    continue;
+                }
+                candidates.push((request.fit_order(order, job.locality.as_deref()), id));
+            }
+            for entry in stale {
+                index.ready.remove(&entry);
+            }
+        }
+        candidates.sort_unstable();
+        candidates.truncate(request.limit);
+        candidates.into_iter().map(|(_, id)| id).collect()
+    }
+
+    fn lease_all(
+        &mut self,
+        candidates: Vec<JobId>,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Vec<ClaimedJob> {
         let expires_at = now.saturating_add(request.lease_ttl);
         candidates
             .into_iter()
-            .filter_map(|(_, id)| {
+            .filter_map(|id| {
                 let token = self.jobs.get_mut(&id).map_or(0, |record| {
                     record.last_token += 1;
                     record.last_token

@@ -1,0 +1,300 @@
+//! Claims that fit the worker (CONTRACT F1–F6), written once: what a job needs, what a
+//! worker offers, whether one admits the other, and the claim order among the jobs that
+//! fit.
+//!
+//! A job may declare [`Needs`]: named integer amounts (`cpu_milli`, `mem_bytes`, `gpu`)
+//! and capability keys (`fpga`). A claim may carry a [`Budget`]: what the worker has
+//! free right now. Backends store a job's needs and locality as one opaque text
+//! ([`encode_placement`]), and decide a claim with [`Budget::admits`] and
+//! [`FitOrder`] (memory, SQLite) or a transcription of them into their own language
+//! (PostgreSQL's SQL, Redis's Lua), which the conformance suite holds to the same rules.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::order::ReadyOrder;
+
+/// What a job needs from the worker that runs it: named amounts and capabilities.
+///
+/// ```
+/// use jobs_core::Needs;
+/// let needs = Needs::new().amount("cpu_milli", 2_000).amount("gpu", 1).capability("fpga");
+/// assert_eq!(needs.amounts["gpu"], 1);
+/// assert!(needs.capabilities.contains("fpga"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Needs {
+    /// Named integer amounts (`cpu_milli`, `mem_bytes`, `gpu`, …), each compared with
+    /// the budget's amount of the same name.
+    #[serde(default, rename = "a", skip_serializing_if = "BTreeMap::is_empty")]
+    pub amounts: BTreeMap<String, u64>,
+    /// Capability keys the worker must offer, each matched exactly.
+    #[serde(default, rename = "c", skip_serializing_if = "BTreeSet::is_empty")]
+    pub capabilities: BTreeSet<String>,
+}
+
+impl Needs {
+    /// Needs nothing: fits every worker.
+    pub fn new() -> Self {
+        Needs::default()
+    }
+
+    /// Needs `amount` of `name` (replacing an earlier amount of that name).
+    pub fn amount(mut self, name: impl Into<String>, amount: u64) -> Self {
+        self.amounts.insert(name.into(), amount);
+        self
+    }
+
+    /// Needs capability `key`.
+    pub fn capability(mut self, key: impl Into<String>) -> Self {
+        self.capabilities.insert(key.into());
+        self
+    }
+
+    /// Whether the job declares nothing.
+    pub fn is_empty(&self) -> bool {
+        self.amounts.is_empty() && self.capabilities.is_empty()
+    }
+}
+
+/// What a worker offers a claim right now: the amounts it has free and the
+/// capabilities it has (CONTRACT F2, F3).
+///
+/// An amount the budget does not name is unconstrained; an amount it names, zero
+/// included, is a limit. A job needing a capability is admitted only by a budget that
+/// offers that exact key, so a budget with no capabilities admits no such job. A claim
+/// with no budget at all admits every job.
+///
+/// ```
+/// use jobs_core::{Budget, Needs};
+/// let budget = Budget::new().amount("mem_bytes", 4 << 30).capability("fpga");
+/// assert!(budget.admits(&Needs::new().amount("mem_bytes", 4 << 30).amount("gpu", 8)));
+/// assert!(!budget.admits(&Needs::new().amount("mem_bytes", (4 << 30) + 1)));
+/// assert!(!budget.admits(&Needs::new().capability("fpga-large")));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    /// The amounts free, by name.
+    #[serde(default, rename = "a")]
+    pub amounts: BTreeMap<String, u64>,
+    /// The capabilities offered.
+    #[serde(default, rename = "c")]
+    pub capabilities: BTreeSet<String>,
+}
+
+impl Budget {
+    /// A budget naming no amount and offering no capability: it admits every job that
+    /// needs no capability.
+    pub fn new() -> Self {
+        Budget::default()
+    }
+
+    /// Offers `amount` of `name` (replacing an earlier amount of that name).
+    pub fn amount(mut self, name: impl Into<String>, amount: u64) -> Self {
+        self.amounts.insert(name.into(), amount);
+        self
+    }
+
+    /// Offers capability `key`.
+    pub fn capability(mut self, key: impl Into<String>) -> Self {
+        self.capabilities.insert(key.into());
+        self
+    }
+
+    /// Whether a job with `needs` fits: each amount it needs is at most the budget's
+    /// amount of that name (when the budget names it), and each capability it needs is
+    /// offered (CONTRACT F2, F3).
+    pub fn admits(&self, needs: &Needs) -> bool {
+        needs.amounts.iter().all(|(name, need)| {
+            self.amounts
+                .get(name)
+                .is_none_or(|offered| need <= offered)
+        }) && needs.capabilities.is_subset(&self.capabilities)
+    }
+
+    /// The budget as JSON text (`{"a":{name:amount},"c":[key]}`), the form the
+    /// PostgreSQL and Redis backends hand to their server.
+    pub fn to_json(&self) -> String {
+        // Maps of strings to integers and sets of strings always serialise.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// What is left after a job with `needs` takes its amounts: the runtime's free
+    /// capacity while the job runs. Amounts the budget does not name stay unnamed.
+    pub fn minus(&self, needs: &Needs) -> Budget {
+        let mut left = self.clone();
+        for (name, need) in &needs.amounts {
+            if let Some(free) = left.amounts.get_mut(name) {
+                *free = free.saturating_sub(*need);
+            }
+        }
+        left
+    }
+
+    /// What is free again once a job with `needs` has finished, never more than
+    /// `total`.
+    pub fn plus(&self, needs: &Needs, total: &Budget) -> Budget {
+        let mut free = self.clone();
+        for (name, need) in &needs.amounts {
+            if let (Some(amount), Some(cap)) = (free.amounts.get_mut(name), total.amounts.get(name))
+            {
+                *amount = amount.saturating_add(*need).min(*cap);
+            }
+        }
+        free
+    }
+}
+
+/// A job's place in the order of a claim that prefers localities (CONTRACT F5):
+/// priority descending, then jobs whose locality the claim prefers, then
+/// [`ReadyOrder`] (ready time, then enqueue sequence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FitOrder {
+    priority: std::cmp::Reverse<i16>,
+    elsewhere: bool,
+    ready: ReadyOrder,
+}
+
+impl FitOrder {
+    /// The place of a job in the ready order `ready`, `preferred` when its locality is
+    /// one the claim prefers.
+    pub fn new(ready: ReadyOrder, preferred: bool) -> Self {
+        FitOrder {
+            priority: std::cmp::Reverse(ready.priority),
+            elsewhere: !preferred,
+            ready,
+        }
+    }
+
+    /// The job's ready order.
+    pub fn ready(&self) -> ReadyOrder {
+        self.ready
+    }
+}
+
+/// Whether a job with `locality` is one that `prefer` names. A job without a locality
+/// is never preferred.
+pub fn is_preferred(prefer: &[String], locality: Option<&str>) -> bool {
+    locality.is_some_and(|locality| prefer.iter().any(|p| p == locality))
+}
+
+#[derive(Serialize, Deserialize)]
+struct Placement {
+    #[serde(flatten)]
+    needs: Needs,
+    #[serde(default, rename = "l", skip_serializing_if = "Option::is_none")]
+    locality: Option<String>,
+}
+
+/// The one text a backend stores for a job's needs and locality
+/// (`{"a":{name:amount},"c":[key],"l":locality}`, empty parts left out), or `None` when
+/// the job declares neither, so jobs that use no placement cost nothing.
+pub fn encode_placement(needs: &Needs, locality: Option<&str>) -> Option<String> {
+    if needs.is_empty() && locality.is_none() {
+        return None;
+    }
+    serde_json::to_string(&Placement {
+        needs: needs.clone(),
+        locality: locality.map(str::to_owned),
+    })
+    .ok()
+}
+
+/// Reads a stored placement back; the error says what is wrong with the text (a
+/// backend reports it as a corrupt record).
+pub fn decode_placement(text: &str) -> Result<(Needs, Option<String>), String> {
+    serde_json::from_str::<Placement>(text)
+        .map(|placement| (placement.needs, placement.locality))
+        .map_err(|err| format!("placement unreadable: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::Timestamp;
+
+    #[test]
+    fn an_absent_amount_is_unconstrained_and_a_named_zero_is_a_limit() {
+        let needs = Needs::new().amount("gpu", 8);
+        assert!(Budget::new().amount("mem_bytes", 1).admits(&needs));
+        assert!(!Budget::new().amount("gpu", 0).admits(&needs));
+        assert!(Budget::new().amount("gpu", 0).admits(&Needs::new()));
+        assert!(Budget::new().amount("gpu", 0).admits(&Needs::new().amount("gpu", 0)));
+    }
+
+    #[test]
+    fn an_exact_fit_is_admitted_and_one_unit_over_is_not() {
+        let budget = Budget::new().amount("cpu_milli", 4_000);
+        assert!(budget.admits(&Needs::new().amount("cpu_milli", 4_000)));
+        assert!(!budget.admits(&Needs::new().amount("cpu_milli", 4_001)));
+    }
+
+    #[test]
+    fn capabilities_match_whole_keys_as_a_subset() {
+        let offer = Budget::new()
+            .capability("fpga")
+            .capability("nvme")
+            .capability("tpu");
+        assert!(offer.admits(&Needs::new().capability("fpga").capability("tpu")));
+        assert!(!Budget::new()
+            .capability("fpga")
+            .admits(&Needs::new().capability("fpga").capability("tpu")));
+        assert!(!Budget::new()
+            .capability("fpga-large")
+            .admits(&Needs::new().capability("fpga")));
+        assert!(!Budget::new()
+            .capability("fpga")
+            .admits(&Needs::new().capability("fpga-large")));
+        assert!(!Budget::new().admits(&Needs::new().capability("fpga")));
+    }
+
+    #[test]
+    fn locality_orders_within_a_priority_band_only() {
+        let at = |priority, ms, seq| ReadyOrder::new(priority, Timestamp::from_millis(ms), seq);
+        let mut orders = [
+            FitOrder::new(at(1, 10, 1), false),
+            FitOrder::new(at(1, 30, 3), true),
+            FitOrder::new(at(5, 40, 4), false),
+            FitOrder::new(at(1, 20, 2), false),
+        ];
+        orders.sort();
+        let seqs: Vec<u64> = orders.iter().map(|o| o.ready().seq).collect();
+        assert_eq!(seqs, [4, 3, 1, 2]);
+    }
+
+    #[test]
+    fn no_locality_is_never_preferred() {
+        assert!(!is_preferred(&["a".into()], None));
+        assert!(is_preferred(&["b".into(), "a".into()], Some("a")));
+        assert!(!is_preferred(&[], Some("a")));
+    }
+
+    #[test]
+    fn placement_round_trips_and_is_absent_when_empty() {
+        assert_eq!(encode_placement(&Needs::new(), None), None);
+        let needs = Needs::new().amount("mem_bytes", 1 << 40).capability("fpga");
+        let text = encode_placement(&needs, Some("eu-1")).unwrap();
+        assert_eq!(text, r#"{"a":{"mem_bytes":1099511627776},"c":["fpga"],"l":"eu-1"}"#);
+        assert_eq!(
+            decode_placement(&text).unwrap(),
+            (needs, Some("eu-1".to_owned()))
+        );
+        assert_eq!(
+            decode_placement(r#"{"l":"x"}"#).unwrap(),
+            (Needs::new(), Some("x".to_owned()))
+        );
+        assert!(decode_placement("{").is_err());
+    }
+
+    #[test]
+    fn capacity_is_taken_and_given_back_within_the_total() {
+        let total = Budget::new().amount("gpu", 2).capability("fpga");
+        let needs = Needs::new().amount("gpu", 1).amount("cpu_milli", 5);
+        let running = total.minus(&needs);
+        assert_eq!(running.amounts["gpu"], 1);
+        assert!(!running.amounts.contains_key("cpu_milli"));
+        assert_eq!(running.plus(&needs, &total), total);
+        assert_eq!(total.plus(&needs, &total), total);
+    }
+}
