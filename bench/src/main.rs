@@ -6,7 +6,8 @@
 // jobs-bench <workload> --backend NAME [--jobs N] [--concurrency C] [--claim-batch B]
 //            [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop]
 //            [--stall-secs S] [--deadline-secs S]
-// workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, latency, reclaim
+// workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, latency, reclaim,
+//            claim, claim-budget
 // ```
 
 #![doc = include_str!("../README.md")]
@@ -41,6 +42,8 @@ const WORKLOADS: &[&str] = &[
     "e2e-producer",
     "latency",
     "reclaim",
+    "claim",
+    "claim-budget",
 ];
 
 /// One benchmark workload on one backend, on a fresh store, printing one JSON result
@@ -138,6 +141,8 @@ async fn run(args: Args) -> Result<(), String> {
         "e2e-producer" => workloads::e2e_producer(store, &opened.housekeeping, &opts).await,
         "latency" => workloads::latency(store, &opts).await,
         "reclaim" => workloads::reclaim(store, &opts).await,
+        "claim" => workloads::claim(store, &opts, false).await,
+        "claim-budget" => workloads::claim(store, &opts, true).await,
         other => Err(format!("unknown workload {other:?}")),
     };
     let cleaned = opened.cleanup().await;

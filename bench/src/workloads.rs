@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use jobs_core::{ClaimRequest, JobState, NewJob, Store};
+use jobs_core::{Budget, ClaimRequest, JobState, Needs, NewJob, Store};
 use tokio::task::JoinSet;
 
 use crate::drain::{self, DrainConfig, Driver};
@@ -277,6 +277,94 @@ pub async fn latency(store: Store, opts: &Options) -> Result<(), String> {
         .num("max_ms", quantile(&latencies, 1.0))
         .num("value", quantile(&latencies, 0.50))
         .text("unit", "ms")
+        .emit();
+    Ok(())
+}
+
+/// What every job of the `claim-budget` workload needs, and the budget its claims carry:
+/// a budget that admits every job, so the figure is the price of checking each fit, not
+/// of skipping jobs (a claim that skips jobs reads more of the queue, whatever it costs).
+fn fitted_needs(index: u64) -> Needs {
+    Needs::new()
+        .amount("cpu_milli", 250 + index % 4 * 250)
+        .amount("mem_bytes", 64 << 20)
+        .capability("x86_64")
+}
+
+fn admitting_budget() -> Budget {
+    Budget::new()
+        .amount("cpu_milli", 4_000)
+        .amount("mem_bytes", 16 << 30)
+        .amount("gpu", 0)
+        .capability("x86_64")
+        .capability("avx2")
+}
+
+/// `claim` and `claim-budget`: enqueue every job, then `concurrency` claimers take them
+/// `claim_batch` at a time (leasing only: nothing completes), timed from the first claim
+/// to the last. With `budget`, every job declares needs and every claim carries a
+/// budget admitting them all (CONTRACT F2, F3).
+pub async fn claim(store: Store, opts: &Options, budget: bool) -> Result<(), String> {
+    let workload = if budget { "claim-budget" } else { "claim" };
+    let mut next = 0;
+    while next < opts.jobs {
+        let end = (next + opts.enqueue_batch.max(1) as u64).min(opts.jobs);
+        let jobs: Vec<NewJob> = (next..end)
+            .map(|i| {
+                let job = payload(i);
+                if budget {
+                    job.needs(fitted_needs(i))
+                } else {
+                    job
+                }
+            })
+            .collect();
+        store
+            .enqueue_batch(jobs)
+            .await
+            .map_err(|e| format!("enqueue_batch: {e}"))?;
+        next = end;
+    }
+    let claimed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for c in 0..opts.concurrency {
+        let store = store.clone();
+        let claimed = Arc::clone(&claimed);
+        let mut request = ClaimRequest::new(
+            [QUEUE],
+            format!("bench-claim-{c}"),
+            Duration::from_secs(3_600),
+        )
+        .limit(opts.claim_batch);
+        if budget {
+            request = request.budget(admitting_budget());
+        }
+        tasks.spawn(async move {
+            loop {
+                let got = store
+                    .claim(request.clone())
+                    .await
+                    .map_err(|e| format!("claim: {e}"))?;
+                if got.is_empty() {
+                    return Ok(());
+                }
+                claimed.fetch_add(got.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    }
+    join_all(tasks).await?;
+    let span = started.elapsed();
+    let claimed = claimed.load(std::sync::atomic::Ordering::Relaxed);
+    if claimed != opts.jobs {
+        return Err(format!("claimed {claimed} of {} jobs", opts.jobs));
+    }
+    opts.line(workload)
+        .int("concurrency", opts.concurrency as u64)
+        .int("claim_batch", opts.claim_batch as u64)
+        .num("value", rate(claimed, span))
+        .text("unit", "jobs/s")
+        .num("seconds", span.as_secs_f64())
         .emit();
     Ok(())
 }

@@ -773,6 +773,113 @@ impl Bug for UniqueByWindow {
     }
 }
 
+/// F2–F4 broken: the budget never reaches the store.
+#[derive(Debug)]
+struct BudgetIgnored;
+
+#[async_trait]
+impl Bug for BudgetIgnored {
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        mut request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        request.budget = None;
+        inner.claim(request, now).await
+    }
+}
+
+/// F4 broken: claims without the budget, then gives back what does not fit. The jobs
+/// it gives back were written (claimed, released), and they used up the limit.
+#[derive(Debug)]
+struct ClaimThenFilter;
+
+#[async_trait]
+impl Bug for ClaimThenFilter {
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        let mut unfiltered = request.clone();
+        unfiltered.budget = None;
+        let mut kept = Vec::new();
+        for job in inner.claim(unfiltered, now).await? {
+            if request.admits(&job.job.needs) {
+                kept.push(job);
+            } else {
+                inner.release(job.id(), job.token(), now, now).await?;
+            }
+        }
+        Ok(kept)
+    }
+}
+
+/// F5 broken: preferred localities are ignored, so order is the plain claim order.
+#[derive(Debug)]
+struct PreferenceIgnored;
+
+#[async_trait]
+impl Bug for PreferenceIgnored {
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        mut request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        request.prefer.clear();
+        inner.claim(request, now).await
+    }
+}
+
+/// F5 broken: a preference filters, taking only jobs at the preferred localities.
+#[derive(Debug)]
+struct PreferenceFilters;
+
+#[async_trait]
+impl Bug for PreferenceFilters {
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        let mut kept = Vec::new();
+        for job in inner.claim(request.clone(), now).await? {
+            let preferred = job
+                .job
+                .locality
+                .as_ref()
+                .is_some_and(|l| request.prefer.contains(l));
+            if request.prefer.is_empty() || preferred {
+                kept.push(job);
+            } else {
+                inner.release(job.id(), job.token(), now, now).await?;
+            }
+        }
+        Ok(kept)
+    }
+}
+
+/// F6 broken: a reservation is read as an ordinary claim of one job.
+#[derive(Debug)]
+struct ReservationIgnored;
+
+#[async_trait]
+impl Bug for ReservationIgnored {
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        mut request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        request.reserved = None;
+        inner.claim(request, now).await
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // Running scenarios.
 
@@ -972,4 +1079,36 @@ async fn unique_by_window_is_caught_by_e10() {
         "e10_unique_while_active_holds_until_the_job_finishes",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ignored_budget_is_caught_by_f2_f3_f4() {
+    caught(BudgetIgnored, "f2_budget_amounts_filter").await;
+    caught(BudgetIgnored, "f3_capabilities_match_exactly").await;
+    caught(BudgetIgnored, "f4_order_then_truncate_among_fitting_jobs").await;
+    caught(BudgetIgnored, "c2_claim_once_under_budgets").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claim_then_filter_is_caught_by_f4() {
+    caught(ClaimThenFilter, "f4_order_then_truncate_among_fitting_jobs").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn preference_bugs_are_caught_by_f5() {
+    caught(
+        PreferenceIgnored,
+        "f5_locality_reorders_within_a_priority_band",
+    )
+    .await;
+    caught(
+        PreferenceFilters,
+        "f5_locality_reorders_within_a_priority_band",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ignored_reservation_is_caught_by_f6() {
+    caught(ReservationIgnored, "f6_reserved_claims_only_that_job").await;
 }

@@ -181,6 +181,11 @@ fn ci() -> Result<(), String> {
     }
     // All features, so the runtime tests of the `jobs` facade run on every backend.
     cargo(&["test", "--workspace", "--all-features"], &[])?;
+    // The examples are what a new user runs first: each must run to its end (they
+    // check their own outcome and exit non-zero when it is wrong).
+    for example in EXAMPLES {
+        cargo(&["run", "-q", "-p", "jobs", "--example", example], &[])?;
+    }
     conformance(&["redis-cluster"])?;
     // A short chaos run (docs/reliability.md): every multi-process backend under
     // kills and connection faults, 20 s each, about 2 minutes in all. It reuses the
@@ -199,6 +204,9 @@ fn ci() -> Result<(), String> {
 const CI_CHAOS_JOBS: u64 = 5_000;
 /// Seconds of faults per backend in CI's short chaos run.
 const CI_CHAOS_SECONDS: u64 = 20;
+
+/// The examples of the `jobs` crate that CI runs.
+const EXAMPLES: &[&str] = &["quickstart", "scheduling", "resource_aware"];
 
 /// The feature sets of the `jobs` facade that CI compiles.
 const FEATURE_SETS: &[&str] = &[

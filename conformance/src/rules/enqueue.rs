@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    Needs,
-    Bytes, Clock, Enqueued, Job, JobId, JobState, NewJob, QueueStats, Retry, Store, Timestamp,
-    Uniqueness, DEFAULT_MAX_ATTEMPTS,
+    Bytes, Clock, Enqueued, Job, JobId, JobState, Needs, NewJob, QueueStats, Retry, Store,
+    Timestamp, Uniqueness, DEFAULT_MAX_ATTEMPTS,
 };
 use tokio::sync::Barrier;
 

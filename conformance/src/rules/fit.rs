@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use jobs_core::validate::{MAX_AMOUNT, MAX_FIT_KEYS};
 use jobs_core::{
-    Budget, ClaimRequest, ClaimedJob, JobId, JobState, ListQuery, NewJob, Needs, Store,
+    Budget, ClaimRequest, ClaimedJob, JobId, JobState, ListQuery, Needs, NewJob, Store,
 };
 use tokio::sync::Barrier;
 
@@ -112,10 +112,7 @@ pub async fn f1_needs_and_locality_round_trip(harness: &dyn Harness) {
         vec![Needs::new().capability("tpu")],
         "F1: children must show the needs"
     );
-    let claimed = store
-        .claim(fitted(&["f1"], 10))
-        .await
-        .must("F1: claim");
+    let claimed = store.claim(fitted(&["f1"], 10)).await.must("F1: claim");
     assert_eq!(claimed.len(), 4);
     for job in &claimed {
         assert_eq!(
@@ -133,8 +130,16 @@ pub async fn f1_needs_and_locality_round_trip(harness: &dyn Harness) {
         .must("F1: batch");
     let first = get(&store, batch[0].id, "F1").await;
     let second = get(&store, batch[1].id, "F1").await;
-    assert_eq!(first.needs, Needs::new().amount("gpu", 2), "F1: batch needs");
-    assert_eq!(second.locality.as_deref(), Some("here"), "F1: batch locality");
+    assert_eq!(
+        first.needs,
+        Needs::new().amount("gpu", 2),
+        "F1: batch needs"
+    );
+    assert_eq!(
+        second.locality.as_deref(),
+        Some("here"),
+        "F1: batch locality"
+    );
 
     let too_many = (0..=MAX_FIT_KEYS).fold(Needs::new(), |n, i| n.capability(format!("k{i}")));
     let bad_jobs = [
@@ -207,12 +212,7 @@ pub async fn f2_budget_amounts_filter(harness: &dyn Harness) {
         )
         .await;
         let budget = Budget::new().amount(name, 4 * GIB);
-        let claimed = claim_with(
-            &store,
-            fitted(&[&queue], 10).budget(budget),
-            "F2: budget",
-        )
-        .await;
+        let claimed = claim_with(&store, fitted(&[&queue], 10).budget(budget), "F2: budget").await;
         assert_eq!(claimed, vec![small], "F2: {name} within the budget only");
         assert_left_for_others(&store, &queue, &[big], "F2").await;
     }
@@ -444,7 +444,12 @@ pub async fn f4_order_then_truncate_among_fitting_jobs(harness: &dyn Harness) {
         vec![high, mid_early, mid_late, low],
         "F4: the fitting jobs in claim order, across queues, cut to the limit after the filter"
     );
-    assert_unchanged(&store, &oversized_before, "F4: the oversized job was never written").await;
+    assert_unchanged(
+        &store,
+        &oversized_before,
+        "F4: the oversized job was never written",
+    )
+    .await;
 
     let claimed = claim_with(
         &store,
@@ -502,11 +507,25 @@ pub async fn f4_order_then_truncate_among_fitting_jobs(harness: &dyn Harness) {
 pub async fn f5_locality_reorders_within_a_priority_band(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let early_remote = enqueue(&store, NewJob::new("f5").priority(1).locality("remote"), "F5").await;
+    let early_remote = enqueue(
+        &store,
+        NewJob::new("f5").priority(1).locality("remote"),
+        "F5",
+    )
+    .await;
     let mid_plain = enqueue(&store, NewJob::new("f5").priority(1), "F5").await;
-    let late_local = enqueue(&store, NewJob::new("f5").priority(1).locality("local"), "F5").await;
-    let urgent_remote =
-        enqueue(&store, NewJob::new("f5").priority(5).locality("remote"), "F5").await;
+    let late_local = enqueue(
+        &store,
+        NewJob::new("f5").priority(1).locality("local"),
+        "F5",
+    )
+    .await;
+    let urgent_remote = enqueue(
+        &store,
+        NewJob::new("f5").priority(5).locality("remote"),
+        "F5",
+    )
+    .await;
     let exotic = enqueue(
         &store,
         NewJob::new("f5").needs(
@@ -568,7 +587,10 @@ pub async fn f6_reserved_claims_only_that_job(harness: &dyn Harness) {
     let claimed = claim_with(&store, fitted(&["f6"], 10).reserved(target), "F6").await;
     assert_eq!(claimed, vec![target], "F6: only the reserved job");
     let claimed = claim_with(&store, fitted(&["f6"], 10).reserved(target), "F6: again").await;
-    assert!(claimed.is_empty(), "F6: a reserved job already running is not claimed");
+    assert!(
+        claimed.is_empty(),
+        "F6: a reserved job already running is not claimed"
+    );
     let claimed = claim_with(
         &store,
         fitted(&["f6"], 10)
@@ -577,9 +599,15 @@ pub async fn f6_reserved_claims_only_that_job(harness: &dyn Harness) {
         "F6: reserved but too big",
     )
     .await;
-    assert!(claimed.is_empty(), "F6: a reservation does not bypass the budget");
+    assert!(
+        claimed.is_empty(),
+        "F6: a reservation does not bypass the budget"
+    );
     let claimed = claim_with(&store, fitted(&["f6"], 10).reserved(elsewhere), "F6").await;
-    assert!(claimed.is_empty(), "F6: a job of a queue not named is not claimed");
+    assert!(
+        claimed.is_empty(),
+        "F6: a job of a queue not named is not claimed"
+    );
     let claimed = claim_with(&store, fitted(&["f6"], 10).reserved(later), "F6").await;
     assert!(claimed.is_empty(), "F6: a job not yet due is not claimed");
     let missing = JobId::mint(jobs_core::Clock::now(&env.clock));

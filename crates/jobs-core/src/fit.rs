@@ -106,11 +106,11 @@ impl Budget {
     /// amount of that name (when the budget names it), and each capability it needs is
     /// offered (CONTRACT F2, F3).
     pub fn admits(&self, needs: &Needs) -> bool {
-        needs.amounts.iter().all(|(name, need)| {
-            self.amounts
-                .get(name)
-                .is_none_or(|offered| need <= offered)
-        }) && needs.capabilities.is_subset(&self.capabilities)
+        needs
+            .amounts
+            .iter()
+            .all(|(name, need)| self.amounts.get(name).is_none_or(|offered| need <= offered))
+            && needs.capabilities.is_subset(&self.capabilities)
     }
 
     /// The budget as JSON text (`{"a":{name:amount},"c":[key]}`), the form the
@@ -220,7 +220,9 @@ mod tests {
         assert!(Budget::new().amount("mem_bytes", 1).admits(&needs));
         assert!(!Budget::new().amount("gpu", 0).admits(&needs));
         assert!(Budget::new().amount("gpu", 0).admits(&Needs::new()));
-        assert!(Budget::new().amount("gpu", 0).admits(&Needs::new().amount("gpu", 0)));
+        assert!(Budget::new()
+            .amount("gpu", 0)
+            .admits(&Needs::new().amount("gpu", 0)));
     }
 
     #[test]
@@ -275,7 +277,10 @@ mod tests {
         assert_eq!(encode_placement(&Needs::new(), None), None);
         let needs = Needs::new().amount("mem_bytes", 1 << 40).capability("fpga");
         let text = encode_placement(&needs, Some("eu-1")).unwrap();
-        assert_eq!(text, r#"{"a":{"mem_bytes":1099511627776},"c":["fpga"],"l":"eu-1"}"#);
+        assert_eq!(
+            text,
+            r#"{"a":{"mem_bytes":1099511627776},"c":["fpga"],"l":"eu-1"}"#
+        );
         assert_eq!(
             decode_placement(&text).unwrap(),
             (needs, Some("eu-1".to_owned()))

@@ -19,8 +19,8 @@ pub mod validate;
 
 pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend};
 pub use backoff::Backoff;
-pub use fit::{Budget, Needs};
 pub use error::{BoxError, Error, Result, SharedError};
+pub use fit::{Budget, Needs};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,

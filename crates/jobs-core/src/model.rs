@@ -461,7 +461,9 @@ impl ClaimRequest {
 
     /// Whether a job with `needs` may be taken by this claim (CONTRACT F2, F3).
     pub fn admits(&self, needs: &Needs) -> bool {
-        self.budget.as_ref().is_none_or(|budget| budget.admits(needs))
+        self.budget
+            .as_ref()
+            .is_none_or(|budget| budget.admits(needs))
     }
 
     /// Where a job that fits stands in this claim's order (CONTRACT F5): priority, then

@@ -181,7 +181,9 @@ impl Store {
         }
         // Order among preferred localities does not matter, only membership.
         let mut seen = std::collections::HashSet::with_capacity(request.prefer.len());
-        request.prefer.retain(|locality| seen.insert(locality.clone()));
+        request
+            .prefer
+            .retain(|locality| seen.insert(locality.clone()));
         self.backend.claim(request, self.now()).await
     }
 

@@ -35,6 +35,20 @@ fn bad_settings_are_refused_naming_the_field() {
     );
     let b = || with_handler(Worker::builder(s.clone()));
     assert_eq!(refused_field(b().concurrency(0)), Some("concurrency"));
+    assert_eq!(
+        refused_field(b().capacity(jobs::Budget::new().amount("no spaces", 1))),
+        Some("capacity")
+    );
+    assert_eq!(
+        refused_field(b().capacity(jobs::Budget::new().amount("gpu", u64::MAX))),
+        Some("capacity")
+    );
+    assert_eq!(refused_field(b().prefer([""])), Some("prefer"));
+    assert!(b()
+        .capacity(jobs::Budget::new().amount("gpu", 2).capability("fpga"))
+        .prefer(["host-1"])
+        .build()
+        .is_ok());
     assert_eq!(refused_field(b().claim_batch(0)), Some("claim_batch"));
     assert_eq!(refused_field(b().claim_batch(10_001)), Some("claim_batch"));
     assert_eq!(refused_field(b().worker_id("")), Some("worker"));

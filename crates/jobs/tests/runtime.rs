@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use jobs::layers::{async_trait, Backend, LayeredBackend};
 use jobs::{
-    Backoff, Bytes, CancelReason, Clock, JobContext, JobError, JobId, JobState, Json, LeaseToken,
-    ManualClock, NewJob, Schedule, Store, StoreSettings, Timestamp, Worker, WorkerBuilder,
+    Backoff, Budget, Bytes, CancelReason, Clock, JobContext, JobError, JobId, JobState, Json,
+    LeaseToken, ManualClock, Needs, NewJob, Schedule, Store, StoreSettings, Timestamp, Worker,
+    WorkerBuilder,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
 
@@ -418,6 +419,94 @@ mod scenarios {
         let children = store.children(parent).await.expect("children");
         assert_eq!(children.len(), 1, "one follow-up");
         assert_eq!(children[0].state, JobState::Succeeded);
+    }
+
+    /// A worker with a capacity runs only what fits what is free: two one-GPU jobs at
+    /// a time on two GPUs (the slots would allow eight), a third once one ends, never
+    /// a job that needs more than it has or a capability it lacks; those stay queued
+    /// and untouched (CONTRACT F2–F4).
+    pub async fn capacity_bounds_what_runs_at_once(env: Env) {
+        let store = env.store().await;
+        let (started, mut starts) = mpsc::unbounded_channel();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let in_use = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let (gate, in_use, most) = (gate.clone(), in_use.clone(), most.clone());
+            move |ctx: JobContext, _payload: Bytes| {
+                let (started, gate, in_use, most) =
+                    (started.clone(), gate.clone(), in_use.clone(), most.clone());
+                async move {
+                    let gpus = ctx.job().needs.amounts.get("gpu").copied().unwrap_or(0) as usize;
+                    let now = in_use.fetch_add(gpus, Ordering::SeqCst) + gpus;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let _ = started.send(ctx.id());
+                    if let Ok(permit) = gate.acquire().await {
+                        permit.forget();
+                    }
+                    in_use.fetch_sub(gpus, Ordering::SeqCst);
+                    Ok(())
+                }
+            }
+        };
+        let one_gpu = || NewJob::new("gpu").needs(Needs::new().amount("gpu", 1).capability("cuda"));
+        let mut small = Vec::new();
+        for _ in 0..4 {
+            small.push(enqueue(&store, one_gpu()).await);
+        }
+        let too_big = enqueue(
+            &store,
+            NewJob::new("gpu").needs(Needs::new().amount("gpu", 3)),
+        )
+        .await;
+        let fpga = enqueue(
+            &store,
+            NewJob::new("gpu").needs(Needs::new().capability("fpga")),
+        )
+        .await;
+        let worker = test_worker(env.store().await, "w")
+            .concurrency(8)
+            .capacity(Budget::new().amount("gpu", 2).capability("cuda"))
+            .handler("gpu", handler);
+        let handle = build(worker).spawn();
+
+        let mut ran = vec![
+            recv(&mut starts, "the first GPU job").await,
+            recv(&mut starts, "the second GPU job").await,
+        ];
+        assert_eq!(ran, small[..2], "the first two fit, in claim order");
+        for id in &small[2..] {
+            let job = store.get(*id).await.expect("get");
+            assert_eq!(
+                job.state,
+                JobState::Queued,
+                "no GPU is free for the third job"
+            );
+        }
+        for _ in 0..2 {
+            gate.add_permits(1);
+            ran.push(recv(&mut starts, "a GPU job once a GPU is free").await);
+        }
+        gate.add_permits(2);
+        for id in &small {
+            wait_for(&store, *id, "success", |j| j.state == JobState::Succeeded).await;
+        }
+        handle.shutdown().await;
+        ran.sort();
+        assert_eq!(ran, small, "every one-GPU job ran once");
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            2,
+            "at most two GPUs were in use at once"
+        );
+        for id in [too_big, fpga] {
+            let job = store.get(id).await.expect("get");
+            assert_eq!(
+                (job.state, job.attempts),
+                (JobState::Queued, 0),
+                "a job that never fits stays queued, untouched"
+            );
+        }
     }
 
     /// A permanent error, and a payload a typed handler cannot decode, go dead at once
@@ -1497,6 +1586,7 @@ macro_rules! runtime_tests {
                 snoozed_jobs_run_again_later_without_using_an_attempt,
                 declared_schedules_fire_once_per_tick,
                 handlers_enqueue_follow_ups_through_their_context,
+                capacity_bounds_what_runs_at_once,
                 dead_workers_jobs_are_reclaimed,
                 heartbeats_keep_long_jobs,
                 shutdown_releases_unfinished_jobs,

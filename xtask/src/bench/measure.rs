@@ -338,6 +338,8 @@ pub(super) fn bench_backend(
         }
         runner.once("jobs", ours, "latency", 2_000.min(n), &["--rate", "500"]);
         runner.once("jobs", ours, "reclaim", n, &[]);
+        runner.once("jobs", ours, "claim", n, &[]);
+        runner.once("jobs", ours, "claim-budget", n, &[]);
     }
     Ok(())
 }

@@ -215,6 +215,7 @@ pub(super) fn render(
     write_growth(&mut md, settings, results);
     write_costs(&mut md, settings, results);
     write_latency(&mut md, settings, results);
+    write_fitted_claims(&mut md, settings, results);
     let _ = writeln!(md, "\n{END}");
     md
 }
@@ -586,6 +587,35 @@ fn write_latency(md: &mut String, settings: &Settings, results: &Results) {
                 &results.cell("jobs", backend, "reclaim", n, "empty_ms"),
                 fmt_ms
             ),
+        );
+    }
+}
+
+/// Claims that carry a budget against plain claims (issue #13: within 25%).
+fn write_fitted_claims(md: &mut String, settings: &Settings, results: &Results) {
+    let n = settings.jobs;
+    let _ = writeln!(md, "\n#### Claims that fit the worker\n");
+    let _ = writeln!(
+        md,
+        "| backend | plain claims of {} jobs (jobs/s) | claims with a budget admitting all (jobs/s) | budget / plain (target ≥ 0.75) |",
+        group_thousands(n)
+    );
+    let _ = writeln!(md, "|---|---|---|---|");
+    for backend in &settings.backends {
+        let plain = results.cell("jobs", backend, "claim", n, "value");
+        let fitted = results.cell("jobs", backend, "claim-budget", n, "value");
+        let verdict = match (fitted.median(), plain.median()) {
+            (Some(f), Some(p)) if p > 0.0 => {
+                let met = if f / p >= 0.75 { "met" } else { "**missed**" };
+                format!("{:.2} ({met})", f / p)
+            }
+            _ => "–".to_owned(),
+        };
+        let _ = writeln!(
+            md,
+            "| {backend} | {} | {} | {verdict} |",
+            show(&plain, fmt_rate),
+            show(&fitted, fmt_rate),
         );
     }
 }

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use jobs_core::validate::{
-    validate_lease_ttl, validate_new_job, validate_queue, validate_worker, MAX_CLAIM_LIMIT,
+    validate_claim, validate_fit_keys, validate_lease_ttl, validate_new_job, validate_queue,
+    validate_worker, MAX_CLAIM_LIMIT,
 };
-use jobs_core::{Backoff, Error, Result, Schedule, Store};
+use jobs_core::{Backoff, Budget, ClaimRequest, Error, Result, Schedule, Store};
 use tokio_util::sync::CancellationToken;
 
 use super::job::{InlinePolls, QueueHandler};
@@ -67,6 +68,8 @@ pub struct WorkerBuilder {
     timeout: Option<Duration>,
     blocking_threshold: Duration,
     handler_runtime: Option<HandlerRuntime>,
+    capacity: Option<Budget>,
+    prefer: Vec<String>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -80,6 +83,8 @@ impl fmt::Debug for WorkerBuilder {
             .field("concurrency", &self.concurrency)
             .field("lease", &self.lease)
             .field("timeout", &self.timeout)
+            .field("capacity", &self.capacity)
+            .field("prefer", &self.prefer)
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +112,8 @@ impl WorkerBuilder {
             timeout: Some(DEFAULT_TIMEOUT),
             blocking_threshold: DEFAULT_BLOCKING_THRESHOLD,
             handler_runtime: None,
+            capacity: None,
+            prefer: Vec::new(),
         }
     }
 
@@ -177,6 +184,35 @@ impl WorkerBuilder {
     /// slots. Default 100.
     pub fn claim_batch(mut self, batch: usize) -> Self {
         self.claim_batch = batch;
+        self
+    }
+
+    /// What this worker offers its jobs: named amounts (`cpu_milli`, `mem_bytes`,
+    /// `gpu`, …) and capabilities (`fpga`). The worker keeps count of what is free as
+    /// handlers start and end, and claims only jobs whose needs fit it (CONTRACT F2,
+    /// F3); an amount it does not name is not counted. While it counts amounts it
+    /// claims one job per call, so jobs claimed together never overcommit it. Default:
+    /// none, every job is claimed.
+    ///
+    /// ```
+    /// # fn example(store: jobs::Store) -> jobs::Result<()> {
+    /// use jobs::{Budget, JobContext};
+    /// let worker = jobs::Worker::builder(store)
+    ///     .handler("render", |_ctx: JobContext, _payload: jobs::Bytes| async { Ok(()) })
+    ///     .capacity(Budget::new().amount("gpu", 2).amount("mem_bytes", 32 << 30))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn capacity(mut self, capacity: Budget) -> Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// Localities this worker takes first within each priority (a host name, a warm
+    /// cache's key): jobs enqueued with one of them as their `locality` (CONTRACT F5).
+    /// Never a filter.
+    pub fn prefer<L: Into<String>>(mut self, localities: impl IntoIterator<Item = L>) -> Self {
+        self.prefer = localities.into_iter().map(Into::into).collect();
         self
     }
 
@@ -364,6 +400,14 @@ impl WorkerBuilder {
         });
         validate_worker(&worker_id)?;
         validate_lease_ttl(self.lease)?;
+        if let Some(capacity) = &self.capacity {
+            validate_fit_keys("capacity", &capacity.amounts, &capacity.capabilities)?;
+        }
+        // The preferences travel in every claim: checked the way a claim checks them.
+        validate_claim(
+            &ClaimRequest::new(queue_names.iter().cloned(), worker_id.as_str(), self.lease)
+                .prefer(self.prefer.iter().cloned()),
+        )?;
         let heartbeat = self.heartbeat.unwrap_or(self.lease / 3);
         if heartbeat.is_zero() || heartbeat >= self.lease {
             return Err(Error::invalid(
@@ -434,6 +478,8 @@ impl WorkerBuilder {
                 timeout: self.timeout,
                 blocking_threshold: self.blocking_threshold,
                 handler_runtime,
+                capacity: self.capacity,
+                prefer: self.prefer,
             },
             shutdown: CancellationToken::new(),
         })
@@ -463,4 +509,6 @@ pub(crate) struct Config {
     pub(crate) timeout: Option<Duration>,
     pub(crate) blocking_threshold: Duration,
     pub(crate) handler_runtime: HandlerRuntime,
+    pub(crate) capacity: Option<Budget>,
+    pub(crate) prefer: Vec<String>,
 }

@@ -64,13 +64,22 @@ pub(crate) async fn run_loop(
             }
             continue;
         }
-        let limit = free.min(config.claim_batch);
-        let request = ClaimRequest::new(
+        let mut limit = free.min(config.claim_batch);
+        let mut request = ClaimRequest::new(
             config.queue_names.iter().cloned(),
             config.worker_id.as_ref(),
             config.lease,
-        )
-        .limit(limit);
+        );
+        if let Some(capacity) = &shared.capacity {
+            if capacity.claims_one_at_a_time() {
+                limit = 1;
+            }
+            request = request.budget(capacity.free());
+        }
+        if !config.prefer.is_empty() {
+            request = request.prefer(config.prefer.iter().cloned());
+        }
+        let request = request.limit(limit);
         // The completions and the claim that refills their slots go out together: they
         // share a round trip (a group commit, a pipeline) where the store allows, and
         // run one after the other on this task where it does not (the memory store),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::FutureExt;
-use jobs_core::{ClaimedJob, Completion, JobId, LeaseToken};
+use jobs_core::{ClaimedJob, Completion, JobId, LeaseToken, Needs};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -137,7 +137,7 @@ pub(crate) fn start_job(
         }
     }
 
-    let slot = SlotGuard::take(shared);
+    let slot = SlotGuard::take(shared, &job.needs);
     let ctx = JobContext::new(
         job,
         token,
@@ -240,14 +240,23 @@ struct SlotGuard {
     shared: Arc<Shared>,
     /// Whether to wake the claim loop: not when the claim loop frees it itself.
     wake: bool,
+    /// What the job holds of the worker's capacity, when the worker counts it.
+    needs: Option<Needs>,
 }
 
 impl SlotGuard {
-    fn take(shared: &Arc<Shared>) -> Self {
+    /// Takes a slot, and the job's needs from the worker's capacity, before the next
+    /// claim is sized: the claim loop starts a claim's jobs before it claims again.
+    fn take(shared: &Arc<Shared>, needs: &Needs) -> Self {
         shared.handlers_running.fetch_add(1, Ordering::AcqRel);
+        let needs = shared.capacity.as_ref().map(|capacity| {
+            capacity.take(needs);
+            needs.clone()
+        });
         SlotGuard {
             shared: Arc::clone(shared),
             wake: true,
+            needs,
         }
     }
 
@@ -259,6 +268,9 @@ impl SlotGuard {
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
+        if let (Some(capacity), Some(needs)) = (&self.shared.capacity, &self.needs) {
+            capacity.give_back(needs);
+        }
         self.shared.handlers_running.fetch_sub(1, Ordering::AcqRel);
         if self.wake {
             self.shared.slot_freed.notify_one();

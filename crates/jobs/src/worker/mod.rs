@@ -15,6 +15,7 @@
 //! then slows other handlers, never the calls that keep leases.
 
 mod builder;
+mod capacity;
 mod claim_loop;
 mod job;
 mod leases;
@@ -159,6 +160,8 @@ struct Shared {
     slot_freed: Notify,
     /// Woken when a reclaim put jobs back, so an idle worker claims them at once.
     reclaimed: Notify,
+    /// What the worker offers and how much of it is free, if it counts.
+    capacity: Option<capacity::Capacity>,
     /// The runtime the worker was started from, where the store's connections live:
     /// outcomes the keeper records are sent from there.
     store_runtime: tokio::runtime::Handle,
@@ -316,7 +319,9 @@ impl Worker {
             on_store::on_store_runtime(config.store.clone(), tokio::runtime::Handle::current());
         let metrics = WorkerMetrics::new(&config.queue_names);
         let (completions, completed) = mpsc::unbounded_channel();
+        let capacity = config.capacity.clone().map(capacity::Capacity::new);
         let shared = Arc::new(Shared {
+            capacity,
             config,
             metrics,
             leases: Leases::default(),
