@@ -6,12 +6,14 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use jobs_core::fit::{decode_placement, is_preferred, FitOrder};
 use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState, Lease, LeaseToken,
-    ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
+    ListPage, ListQuery, Needs, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
     ScheduleUpdate, StoreSettings, StoredSchedule, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
+use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::engine::WriteTx;
@@ -50,18 +52,34 @@ macro_rules! job_columns {
     () => {
         "id, queue, tenant, idem_key, priority, run_at, max_attempts, parent, state, \
          attempts, lease_worker, lease_token, lease_expires_at, created_at, started_at, \
-         heartbeat_at, finished_at, last_error, result, cancel_requested, timeout_ms"
+         heartbeat_at, finished_at, last_error, result, cancel_requested, timeout_ms, \
+         placement"
     };
 }
 
 /// How many columns `job_columns!` names: a query that reads more puts them after.
-const JOB_COLUMNS: usize = 21;
+const JOB_COLUMNS: usize = 22;
 
 /// The job id in a 16-byte `id` blob, as `JobId::to_bytes` wrote it. The blob is read
 /// as `[u8; 16]` (no allocation; a blob of another size fails in rusqlite and is
 /// reported `Corrupt` by `db_error`); here the bytes must also be a UUIDv7.
 fn id_from_blob(what: &str, bytes: [u8; 16]) -> Result<JobId> {
     JobId::from_bytes(bytes).map_err(|err| Error::corrupt(what.to_owned(), err.to_string()))
+}
+
+/// A job's needs and locality from its `placement` column: NULL when it declares
+/// neither, else the text `jobs_core::fit::encode_placement` wrote. Anything else is
+/// described in the error, for the caller to report as a corrupt record.
+fn placement_from(value: ValueRef<'_>) -> std::result::Result<(Needs, Option<String>), String> {
+    match value {
+        ValueRef::Null => Ok((Needs::new(), None)),
+        ValueRef::Text(bytes) => {
+            let text = std::str::from_utf8(bytes)
+                .map_err(|err| format!("placement is not UTF-8: {err}"))?;
+            decode_placement(text)
+        }
+        other => Err(format!("placement holds a {} value", other.data_type())),
+    }
 }
 
 fn millis(value: Option<i64>) -> Option<Timestamp> {
@@ -123,6 +141,8 @@ fn job_from_row(row: &Row<'_>) -> Result<Job> {
         )),
         None => None,
     };
+    let (needs, locality) = placement_from(row.get_ref(21).map_err(read)?)
+        .map_err(|why| Error::corrupt(what(), why))?;
     Ok(Job {
         id,
         queue: row.get(1).map_err(read)?,
@@ -143,6 +163,8 @@ fn job_from_row(row: &Row<'_>) -> Result<Job> {
         last_error: row.get(17).map_err(read)?,
         result: result.map(Bytes::from),
         cancel_requested: get_i64(19)? != 0,
+        needs,
+        locality,
     })
 }
 
@@ -234,8 +256,8 @@ pub(crate) fn enqueue(
     conn.prepare_cached(
         "INSERT INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
              max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key, parent,
-             timeout_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15)",
+             timeout_ms, placement)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )
     .and_then(|mut stmt| {
         stmt.execute(params![
@@ -254,6 +276,7 @@ pub(crate) fn enqueue(
             job.idempotency_key,
             job.parent.map(JobId::to_bytes),
             job.timeout.map(jobs_core::duration_millis),
+            job.placement(),
         ])
     })
     .db("insert the job")?;
@@ -279,6 +302,24 @@ pub(crate) fn enqueue(
     Ok(Enqueued { id, created: true })
 }
 
+/// The highest priority below `?3` that holds queued jobs in one queue: one index seek.
+const NEXT_BAND_SQL: &str = "SELECT priority FROM jobq_jobs INDEXED BY jobq_jobs_ready
+     WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority < ?3
+     ORDER BY priority DESC LIMIT 1";
+
+/// Whether a queue is paused (CONTRACT Q1).
+const PAUSED_SQL: &str = "SELECT 1 FROM jobq_paused WHERE ns = ?1 AND queue = ?2";
+
+/// The priority band `priority` read from the ready index, or a corrupt record.
+fn band_priority(queue: &str, priority: i64) -> Result<i16> {
+    i16::try_from(priority).map_err(|_| {
+        Error::corrupt(
+            format!("queue {queue}"),
+            format!("priority {priority} out of range"),
+        )
+    })
+}
+
 /// Up to `limit` ready jobs of one queue in claim order, appended to `out`.
 ///
 /// SQLite cannot skip from one priority band to the next inside a range scan, so a
@@ -296,11 +337,7 @@ fn ready_candidates(
     out: &mut Vec<(ReadyOrder, i64)>,
 ) -> Result<()> {
     let mut band = conn
-        .prepare_cached(
-            "SELECT priority FROM jobq_jobs INDEXED BY jobq_jobs_ready
-             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority < ?3
-             ORDER BY priority DESC LIMIT 1",
-        )
+        .prepare_cached(NEXT_BAND_SQL)
         .db("prepare the priority scan")?;
     let mut ready = conn
         .prepare_cached(
@@ -317,12 +354,7 @@ fn ready_candidates(
             .optional()
             .db("find the next priority")?;
         let Some(priority) = priority else { break };
-        let as_i16 = i16::try_from(priority).map_err(|_| {
-            Error::corrupt(
-                format!("queue {queue}"),
-                format!("priority {priority} out of range"),
-            )
-        })?;
+        let as_i16 = band_priority(queue, priority)?;
         let remaining = i64::try_from(limit - found).unwrap_or(i64::MAX);
         let mut rows = ready
             .query(params![ns, queue, priority, now.as_millis(), remaining])
@@ -343,8 +375,187 @@ fn ready_candidates(
     Ok(())
 }
 
-/// Rules C1–C9: one transaction picks the ready set across the queues, orders it, cuts
-/// it to `limit`, and leases each job.
+/// The job a row of a scan names, for a corrupt-record report; the row number when
+/// its id cannot be read either.
+fn row_subject(row: &Row<'_>, id_column: usize, job: i64) -> String {
+    match row.get::<_, [u8; 16]>(id_column).map(JobId::from_bytes) {
+        Ok(Ok(id)) => format!("job {id}"),
+        _ => format!("job row {job}"),
+    }
+}
+
+/// The fitting ready jobs of one queue that can be among the claim's first
+/// `request.limit` (CONTRACT F2–F5), appended to `out` with their place in the claim's
+/// order; [`fitted_rows`] merges the queues and makes the cut.
+///
+/// Walks the bands as [`ready_candidates`] does, but reads each ready row's placement
+/// (a lookup of the row: it is not in the index) and skips the rows the budget does
+/// not admit, so the cut falls after the filter. Within a band the claim takes
+/// preferred jobs first, so the band in which the `limit`-th fitting job turns up is
+/// read to its end, where a preferred job may still outrank the ones in hand (F5);
+/// that stops early only once the band has given as many preferred jobs as the cut can
+/// take, or at once when the claim prefers no locality (its order is then the index
+/// order). No lower band can outrank a higher one. Of each kind, preferred or not, a
+/// band keeps only as many jobs as the cut can take, so a long band costs reading, not
+/// memory.
+fn fitting_candidates(
+    conn: &Connection,
+    ns: i64,
+    queue: &str,
+    request: &ClaimRequest,
+    now: Timestamp,
+    out: &mut Vec<(FitOrder, i64)>,
+) -> Result<()> {
+    let mut band = conn
+        .prepare_cached(NEXT_BAND_SQL)
+        .db("prepare the priority scan")?;
+    // No LIMIT: how far to read depends on what the rows hold, so the scan is stepped
+    // only as far as needed and dropped (which resets it) there.
+    let mut ready = conn
+        .prepare_cached(
+            "SELECT job, run_at, seq, placement, id FROM jobq_jobs INDEXED BY jobq_jobs_ready
+             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority = ?3 AND run_at <= ?4
+             ORDER BY run_at, seq",
+        )
+        .db("prepare the fitting scan")?;
+    let prefers = !request.prefer.is_empty();
+    let mut below = i64::from(i16::MAX) + 1;
+    let mut found = 0usize;
+    while found < request.limit {
+        let priority: Option<i64> = band
+            .query_row(params![ns, queue, below], |row| row.get(0))
+            .optional()
+            .db("find the next priority")?;
+        let Some(priority) = priority else { break };
+        let as_i16 = band_priority(queue, priority)?;
+        // The most jobs this band can still put under the cut.
+        let room = request.limit - found;
+        let (mut preferred, mut elsewhere) = (0usize, 0usize);
+        let mut rows = ready
+            .query(params![ns, queue, priority, now.as_millis()])
+            .db("scan ready jobs")?;
+        while let Some(row) = rows.next().db("scan ready jobs")? {
+            let job: i64 = row.get(0).db("read a ready job")?;
+            let (needs, locality) = placement_from(row.get_ref(3).db("read a ready job")?)
+                .map_err(|why| Error::corrupt(row_subject(row, 4, job), why))?;
+            if !request.admits(&needs) {
+                continue;
+            }
+            let kept = if is_preferred(&request.prefer, locality.as_deref()) {
+                &mut preferred
+            } else {
+                &mut elsewhere
+            };
+            if *kept == room {
+                // `room` jobs of its kind that come before it are in hand already.
+                continue;
+            }
+            *kept += 1;
+            let run_at: i64 = row.get(1).db("read a ready job")?;
+            let seq: i64 = row.get(2).db("read a ready job")?;
+            let seq = u64::try_from(seq).unwrap_or(0);
+            let order = ReadyOrder::new(as_i16, Timestamp::from_millis(run_at), seq);
+            out.push((request.fit_order(order, locality.as_deref()), job));
+            if preferred == room || (!prefers && elsewhere == room) {
+                break;
+            }
+        }
+        found += (preferred + elsewhere).min(room);
+        below = priority;
+    }
+    Ok(())
+}
+
+/// CONTRACT F6: the row of job `id` if the claim may take it (queued and due, in one of
+/// the claim's queues that is not paused, and admitted by its budget), found by id.
+fn reserved_row(
+    conn: &Connection,
+    ns: i64,
+    request: &ClaimRequest,
+    id: JobId,
+    now: Timestamp,
+) -> Result<Option<i64>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT job, queue, state, run_at, placement FROM jobq_jobs
+             WHERE ns = ?1 AND id = ?2",
+        )
+        .db("prepare the reservation read")?;
+    let mut rows = stmt
+        .query(params![ns, id.to_bytes()])
+        .db("read the reserved job")?;
+    let Some(row) = rows.next().db("read the reserved job")? else {
+        return Ok(None);
+    };
+    let read = || -> rusqlite::Result<(i64, String, i64, i64)> {
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+    };
+    let (job, queue, state, run_at) = read().db("read the reserved job")?;
+    if state != QUEUED || run_at > now.as_millis() || !request.queues.contains(&queue) {
+        return Ok(None);
+    }
+    let (needs, _) = placement_from(row.get_ref(4).db("read the reserved job")?)
+        .map_err(|why| Error::corrupt(format!("job {id}"), why))?;
+    if !request.admits(&needs) {
+        return Ok(None);
+    }
+    let paused = conn
+        .prepare_cached(PAUSED_SQL)
+        .and_then(|mut stmt| stmt.exists(params![ns, queue]))
+        .db("check a pause")?;
+    Ok((!paused).then_some(job))
+}
+
+/// The distinct queues of a claim, less the paused ones. Read in the claim's own write
+/// transaction, so a pause committed before the claim began is always seen (CONTRACT
+/// Q1).
+fn unpaused_queues<'a>(conn: &Connection, ns: i64, named: &'a [String]) -> Result<Vec<&'a str>> {
+    let mut queues: Vec<&str> = named.iter().map(String::as_str).collect();
+    queues.sort_unstable();
+    queues.dedup();
+    let mut paused = conn
+        .prepare_cached(PAUSED_SQL)
+        .db("prepare the pause check")?;
+    let mut open = 0;
+    for index in 0..queues.len() {
+        if !paused
+            .exists(params![ns, queues[index]])
+            .db("check a pause")?
+        {
+            queues.swap(open, index);
+            open += 1;
+        }
+    }
+    queues.truncate(open);
+    Ok(queues)
+}
+
+/// The rows a fitted claim takes (CONTRACT F2–F6), in its order: every queue's
+/// candidates from [`fitting_candidates`], merged, ordered, then cut to the limit. Each
+/// queue gave every job of its own that can make the cut, so the cut of the merge is
+/// the cut of all the fitting jobs.
+fn fitted_rows(
+    conn: &Connection,
+    ns: i64,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<i64>> {
+    if let Some(id) = request.reserved {
+        let row = reserved_row(conn, ns, request, id, now)?;
+        return Ok(row.into_iter().take(request.limit).collect());
+    }
+    let mut candidates = Vec::new();
+    for queue in unpaused_queues(conn, ns, &request.queues)? {
+        fitting_candidates(conn, ns, queue, request, now, &mut candidates)?;
+    }
+    candidates.sort_unstable_by_key(|(order, _)| *order);
+    candidates.truncate(request.limit);
+    Ok(candidates.into_iter().map(|(_, row)| row).collect())
+}
+
+/// Rules C1–C9 and F1–F6: one transaction picks the ready set across the queues, orders
+/// it, cuts it to `limit`, and leases each job. A claim that is not fitted (no budget,
+/// preference or reservation) never reads a placement.
 pub(crate) fn claim(
     tx: &mut WriteTx<'_>,
     ns: i64,
@@ -352,26 +563,34 @@ pub(crate) fn claim(
     now: Timestamp,
 ) -> Result<Vec<ClaimedJob>> {
     let conn = tx.conn();
-    let mut queues: Vec<&str> = request.queues.iter().map(String::as_str).collect();
-    queues.sort_unstable();
-    queues.dedup();
+    if request.is_fitted() {
+        let rows = fitted_rows(conn, ns, request, now)?;
+        return lease_rows(conn, rows.into_iter(), request, now);
+    }
     let mut candidates = Vec::new();
-    let mut paused = conn
-        .prepare_cached("SELECT 1 FROM jobq_paused WHERE ns = ?1 AND queue = ?2")
-        .db("prepare the pause check")?;
-    for queue in queues {
-        // Read in the claim's own write transaction, so a pause committed before the
-        // claim began is always seen (CONTRACT Q1).
-        if paused.exists(params![ns, queue]).db("check a pause")? {
-            continue;
-        }
+    for queue in unpaused_queues(conn, ns, &request.queues)? {
         ready_candidates(conn, ns, queue, now, request.limit, &mut candidates)?;
     }
     // Each queue gave its first `limit` jobs, so the first `limit` of the merge are the
     // first `limit` of the whole ready set (C3).
     candidates.sort_by_key(|(order, _)| *order);
     candidates.truncate(request.limit);
+    lease_rows(
+        conn,
+        candidates.into_iter().map(|(_, row)| row),
+        request,
+        now,
+    )
+}
 
+/// Leases the jobs in `rows` to the claimer, in that order, and returns them as the
+/// lease left them.
+fn lease_rows(
+    conn: &Connection,
+    rows: impl ExactSizeIterator<Item = i64>,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<ClaimedJob>> {
     // Everything is read and checked before the first write, so a corrupt row or a
     // missing payload refuses the claim with nothing leased, and the claim needs no
     // savepoint (whose sub-journal would copy every page it touches).
@@ -384,10 +603,10 @@ pub(crate) fn claim(
              WHERE j.job = ?1"
         ))
         .db("prepare the claim read")?;
-    let mut picked = Vec::with_capacity(candidates.len());
-    for (_, row) in &candidates {
-        let mut rows = read.query([row]).db("read a claimed job")?;
-        let Some(found) = rows.next().db("read a claimed job")? else {
+    let mut picked = Vec::with_capacity(rows.len());
+    for row in rows {
+        let mut answer = read.query([row]).db("read a claimed job")?;
+        let Some(found) = answer.next().db("read a claimed job")? else {
             continue;
         };
         let job = job_from_row(found)?;
@@ -397,7 +616,7 @@ pub(crate) fn claim(
         let payload: Option<Vec<u8>> = found.get(JOB_COLUMNS + 1).db("read a claimed job")?;
         let payload =
             payload.ok_or_else(|| Error::corrupt(format!("job {}", job.id), "payload missing"))?;
-        picked.push((*row, job, token, payload));
+        picked.push((row, job, token, payload));
     }
 
     let expires_at = now.saturating_add(request.lease_ttl);

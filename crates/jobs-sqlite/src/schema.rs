@@ -113,6 +113,13 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (ns, name)
     ) WITHOUT ROWID;
     "#,
+    // Version 5: what a job needs and where it would best run (CONTRACT F1), as the one
+    // text `jobs_core::fit::encode_placement` writes. NULL for a job that declares
+    // neither, so adding it rewrites no row and plain jobs store nothing more. It is
+    // not indexed: only a fitted claim reads it, for the rows its ready scan visits.
+    r#"
+    ALTER TABLE jobq_jobs ADD COLUMN placement TEXT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -245,6 +252,125 @@ fn migrate(conn: &mut Connection) -> rusqlite::Result<Result<()>> {
 mod tests {
     use super::*;
     use crate::config::Synchronous;
+
+    fn must<T, E: std::fmt::Display>(result: std::result::Result<T, E>, what: &str) -> T {
+        match result {
+            Ok(value) => value,
+            Err(err) => panic!("{what}: {err}"),
+        }
+    }
+
+    /// A file a version 4 build wrote (its migrations as they shipped, and its jobs as
+    /// its enqueue stored them) opens at version 5: its jobs keep everything and need
+    /// nothing, and new jobs store their placement next to them.
+    #[tokio::test]
+    async fn a_version_4_file_migrates_to_5_and_keeps_its_jobs() {
+        use jobs_core::{
+            Budget, ClaimRequest, Clock, JobId, JobState, ManualClock, Needs, NewJob, Store,
+            StoreSettings,
+        };
+
+        let dir = must(tempfile::tempdir(), "temp dir");
+        let path = dir.path().join("v4.db");
+        let clock = ManualClock::default();
+        let now = clock.now().as_millis();
+        let (ready, done) = (JobId::mint(clock.now()), JobId::mint(clock.now()));
+        {
+            let mut conn = must(Connection::open(&path), "open");
+            let tx = must(conn.transaction(), "begin");
+            must(
+                tx.execute_batch(
+                    "CREATE TABLE jobq_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)
+                         WITHOUT ROWID;
+                     INSERT INTO jobq_meta (name, value) VALUES ('schema_version', 4);",
+                ),
+                "create the meta table",
+            );
+            for migration in &MIGRATIONS[..4] {
+                must(tx.execute_batch(migration), "apply a version 4 migration");
+            }
+            must(
+                tx.execute_batch(
+                    "INSERT INTO jobq_namespaces (id, name) VALUES (1, 'default');
+                     UPDATE jobq_meta SET value = 2 WHERE name = 'seq';",
+                ),
+                "register the namespace",
+            );
+            for (row, id, state, finished_at) in [(1, ready, 0, None), (2, done, 2, Some(now))] {
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_jobs (job, ns, id, queue, state, priority, run_at,
+                             seq, attempts, max_attempts, lease_token, cancel_requested,
+                             created_at, finished_at, tenant, idem_key, parent, timeout_ms)
+                         VALUES (?1, 1, ?2, 'old', ?3, 7, ?4, ?1, 0, 3, 0, 0, ?4, ?5, 't',
+                             'key', NULL, 1500)",
+                        rusqlite::params![row, id.to_bytes(), state, now, finished_at],
+                    ),
+                    "insert a version 4 job",
+                );
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_payloads (job, payload) VALUES (?1, x'0102')",
+                        [row],
+                    ),
+                    "insert a version 4 payload",
+                );
+            }
+            must(tx.commit(), "commit");
+        }
+
+        let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
+        let store = Store::new(must(
+            crate::SqliteStore::open(&path, settings).await,
+            "open",
+        ));
+        let version: i64 = must(
+            must(Connection::open(&path), "reopen").query_row(
+                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
+                [],
+                |row| row.get(0),
+            ),
+            "read the version",
+        );
+        assert_eq!(version, SCHEMA_VERSION);
+        assert_eq!(SCHEMA_VERSION, 5);
+
+        let old = must(store.get(done).await, "get the finished job");
+        assert_eq!(old.state, JobState::Succeeded);
+        assert_eq!((old.needs, old.locality), (Needs::new(), None));
+        let old = must(store.get(ready).await, "get the queued job");
+        assert_eq!(
+            (old.priority, old.max_attempts, old.tenant.as_str()),
+            (7, 3, "t")
+        );
+        assert_eq!(old.timeout, Some(std::time::Duration::from_millis(1500)));
+        assert_eq!((old.needs, old.locality), (Needs::new(), None));
+        assert_eq!(must(store.payload(ready).await, "payload"), &[1u8, 2][..]);
+
+        let gpu = must(
+            store
+                .enqueue(
+                    NewJob::new("old")
+                        .needs(Needs::new().amount("gpu", 2))
+                        .locality("rack-1"),
+                )
+                .await,
+            "enqueue after the migration",
+        )
+        .id;
+        // A budget without GPUs takes the old job (it needs nothing), never the new one.
+        let ttl = std::time::Duration::from_secs(30);
+        let request = ClaimRequest::new(["old"], "w", ttl)
+            .limit(10)
+            .budget(Budget::new().amount("gpu", 0));
+        let claimed = must(store.claim(request).await, "fitted claim");
+        let ids: Vec<JobId> = claimed.iter().map(|job| job.id()).collect();
+        assert_eq!(ids, vec![ready]);
+        let new = must(store.get(gpu).await, "get the new job");
+        assert_eq!(new.needs, Needs::new().amount("gpu", 2));
+        assert_eq!(new.locality.as_deref(), Some("rack-1"));
+        assert_eq!(new.state, JobState::Queued);
+    }
 
     #[test]
     fn the_writer_gets_the_chosen_synchronous_mode_and_wal() {

@@ -1,15 +1,16 @@
 //! Behaviour specific to the SQLite backend, beyond the shared conformance suite:
 //! migrations, group commit with savepoints, in-process wake-ups, the priority-band
-//! claim scan, corrupt rows, emptying a namespace, and a backend that takes its
-//! instant and its input from the `Store` handle.
+//! claim scan, corrupt rows, emptying a namespace, a backend that takes its instant
+//! and its input from the `Store` handle, and fitted claims (CONTRACT F1–F6) against
+//! the jobs-core reference.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    Backend, ClaimRequest, Clock, Error, JobId, JobState, LeaseToken, ManualClock, NewJob, Retry,
-    Store, StoreSettings, Timestamp,
+    Backend, Budget, ClaimRequest, Clock, Error, JobId, JobState, LeaseToken, ListQuery,
+    ManualClock, Needs, NewJob, ReadyOrder, Retry, Store, StoreSettings, Timestamp,
 };
 use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous, SCHEMA_VERSION};
 
@@ -617,4 +618,233 @@ async fn the_backend_decides_at_the_instant_it_is_given() {
     assert!(matches!(Backend::purge(&backend, 10, before).await, Ok(0)));
     assert!(matches!(Backend::purge(&backend, 10, past).await, Ok(1)));
     assert!(matches!(backend.get(id).await, Err(Error::NotFound { .. })));
+}
+
+/// A placement that cannot be read back is a corrupt record for every read that meets
+/// it, a fitted claim's scan included, and the refused claim leases nothing.
+#[tokio::test]
+async fn unreadable_placements_are_reported_as_corrupt() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        match store
+            .enqueue(NewJob::new("placed").needs(Needs::new().amount("gpu", 1)))
+            .await
+        {
+            Ok(done) => ids.push(done.id),
+            Err(err) => panic!("enqueue failed: {err}"),
+        }
+    }
+    let conn = raw(&path);
+    let ttl = Duration::from_secs(30);
+    let fitted = ClaimRequest::new(["placed"], "w", ttl)
+        .limit(2)
+        .budget(Budget::new().amount("gpu", 4));
+    for bad in [
+        rusqlite::types::Value::Text("{".to_owned()),
+        rusqlite::types::Value::Text(r#"{"a":{"gpu":-1}}"#.to_owned()),
+        rusqlite::types::Value::Integer(7),
+        rusqlite::types::Value::Blob(vec![0xff, 0xfe]),
+    ] {
+        let broken = conn.execute(
+            "UPDATE jobq_jobs SET placement = ?1 WHERE id = ?2",
+            rusqlite::params![bad, ids[1].to_bytes()],
+        );
+        assert!(matches!(broken, Ok(1)));
+        assert!(
+            matches!(store.get(ids[1]).await, Err(Error::Corrupt { .. })),
+            "get with {bad:?}"
+        );
+        let listed = store.list(ListQuery::new("placed")).await;
+        assert!(
+            matches!(listed, Err(Error::Corrupt { .. })),
+            "list with {bad:?}"
+        );
+        let claimed = store.claim(fitted.clone()).await;
+        match claimed {
+            Err(Error::Corrupt { what, .. }) => {
+                assert!(what.contains(&ids[1].to_string()), "{what}")
+            }
+            other => panic!("fitted claim with {bad:?}: {other:?}"),
+        }
+        let prefer = ClaimRequest::new(["placed"], "w", ttl).prefer(["x"]);
+        assert!(
+            matches!(store.claim(prefer).await, Err(Error::Corrupt { .. })),
+            "preferring claim with {bad:?}"
+        );
+        let reserved = ClaimRequest::new(["placed"], "w", ttl).reserved(ids[1]);
+        assert!(
+            matches!(store.claim(reserved).await, Err(Error::Corrupt { .. })),
+            "reserved claim with {bad:?}"
+        );
+    }
+    for id in &ids {
+        match store.get(*id).await {
+            Ok(job) => assert_eq!((job.state, job.attempts), (JobState::Queued, 0)),
+            Err(Error::Corrupt { .. }) => {}
+            Err(err) => panic!("{err}"),
+        }
+    }
+    assert_eq!(
+        count(&path, "SELECT COUNT(*) FROM jobq_jobs WHERE state <> 0"),
+        0,
+        "the refused claims leased nothing"
+    );
+}
+
+/// A small deterministic generator, so the test needs no dependency and fails the same
+/// way every run.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// Fitted claims over several queues, long priority bands, scheduled jobs and paused
+/// queues take exactly what the jobs-core reference takes: the ready jobs the budget
+/// admits, ordered by `ClaimRequest::fit_order`, cut to the limit. This is what the
+/// band-by-band scan, its early stops and its per-queue merge must add up to.
+#[tokio::test]
+async fn fitted_claims_take_what_the_reference_takes() {
+    struct Model {
+        id: JobId,
+        queue: &'static str,
+        order: ReadyOrder,
+        needs: Needs,
+        locality: Option<String>,
+        claimed: bool,
+    }
+    const QUEUES: [&str; 3] = ["fa", "fb", "fc"];
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    let now = clock.now();
+    let mut rng = Lcg(7);
+    let mut model = Vec::new();
+    let mut batch = Vec::new();
+    for seq in 0..600u64 {
+        let queue = QUEUES[rng.below(3) as usize];
+        let priority = rng.below(3) as i16;
+        let mut needs = Needs::new();
+        if rng.below(3) > 0 {
+            needs = needs.amount("gpu", rng.below(4));
+        }
+        if rng.below(8) == 0 {
+            needs = needs.capability("fpga");
+        }
+        let locality = match rng.below(4) {
+            0 => None,
+            n => Some(format!("host-{n}")),
+        };
+        let delay = Duration::from_secs(rng.below(6) * 60);
+        let run_at = now.saturating_add(delay);
+        let mut job = NewJob::new(queue)
+            .priority(priority)
+            .needs(needs.clone())
+            .run_at(run_at);
+        if let Some(locality) = &locality {
+            job = job.locality(locality.clone());
+        }
+        batch.push(job);
+        model.push((
+            queue,
+            ReadyOrder::new(priority, run_at, seq),
+            needs,
+            locality,
+        ));
+    }
+    let answers = match store.enqueue_batch(batch).await {
+        Ok(answers) => answers,
+        Err(err) => panic!("enqueue failed: {err}"),
+    };
+    // Enqueued in one batch at one instant, so their sequence follows the batch.
+    let mut model: Vec<Model> = model
+        .into_iter()
+        .zip(answers)
+        .map(|((queue, order, needs, locality), answer)| Model {
+            id: answer.id,
+            queue,
+            order,
+            needs,
+            locality,
+            claimed: false,
+        })
+        .collect();
+    if let Err(err) = store.pause("fc").await {
+        panic!("pause failed: {err}");
+    }
+    let ttl = Duration::from_secs(30);
+    for round in 0..120 {
+        if round % 10 == 9 {
+            clock.advance(Duration::from_secs(60));
+        }
+        let named: Vec<&str> = QUEUES
+            .iter()
+            .copied()
+            .filter(|_| rng.below(4) > 0)
+            .collect();
+        if named.is_empty() {
+            continue;
+        }
+        let mut request =
+            ClaimRequest::new(named.clone(), "w", ttl).limit(1 + rng.below(7) as usize);
+        if rng.below(4) > 0 {
+            let mut budget = Budget::new().amount("gpu", rng.below(4));
+            if rng.below(2) == 0 {
+                budget = budget.capability("fpga");
+            }
+            request = request.budget(budget);
+        }
+        let prefer: Vec<String> = (1..4)
+            .filter(|_| rng.below(3) == 0)
+            .map(|n| format!("host-{n}"))
+            .collect();
+        if prefer.is_empty() && request.budget.is_none() {
+            request = request.prefer(["host-1"]);
+        } else {
+            request = request.prefer(prefer);
+        }
+        let at = clock.now();
+        let mut expected: Vec<(jobs_core::fit::FitOrder, JobId)> = model
+            .iter()
+            .filter(|job| {
+                !job.claimed
+                    && job.queue != "fc"
+                    && named.contains(&job.queue)
+                    && job.order.ready_at <= at
+                    && request.admits(&job.needs)
+            })
+            .map(|job| {
+                (
+                    request.fit_order(job.order, job.locality.as_deref()),
+                    job.id,
+                )
+            })
+            .collect();
+        expected.sort();
+        expected.truncate(request.limit);
+        let expected: Vec<JobId> = expected.into_iter().map(|(_, id)| id).collect();
+        let claimed: Vec<JobId> = match store.claim(request.clone()).await {
+            Ok(claimed) => claimed.iter().map(|job| job.id()).collect(),
+            Err(err) => panic!("claim failed: {err}"),
+        };
+        assert_eq!(claimed, expected, "round {round}: {request:?}");
+        for job in &mut model {
+            if claimed.contains(&job.id) {
+                job.claimed = true;
+            }
+        }
+    }
+    assert!(
+        model.iter().filter(|job| job.claimed).count() > 200,
+        "the rounds claimed too little to test much"
+    );
 }

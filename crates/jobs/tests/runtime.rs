@@ -509,6 +509,40 @@ mod scenarios {
         }
     }
 
+    /// A worker facing ready jobs it cannot take (none fits its capacity) does not
+    /// spin on the store's wake-ups: once a wake-up led to an empty claim, it polls at
+    /// its poll interval. Six claims take at least two intervals; a spinning worker
+    /// makes them in a few milliseconds.
+    pub async fn ready_jobs_that_do_not_fit_cost_no_spin(env: Env) {
+        let store = env.store().await;
+        let unfit = enqueue(
+            &store,
+            NewJob::new("gpu").needs(Needs::new().amount("gpu", 1)),
+        )
+        .await;
+        let (counted, counting) = env.layered(|inner| CountingStore::new(inner, 0)).await;
+        let poll = Duration::from_millis(20);
+        let worker = test_worker(counted, "w")
+            .poll_interval(poll)
+            .capacity(Budget::new().amount("gpu", 0))
+            .handler("gpu", |_ctx: JobContext, _payload: Bytes| async { Ok(()) });
+        let started = tokio::time::Instant::now();
+        let handle = build(worker).spawn();
+        while counting.claims.load(Ordering::SeqCst) < 6 {
+            assert!(started.elapsed() < PATIENCE, "the worker stopped claiming");
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let elapsed = started.elapsed();
+        handle.shutdown().await;
+        assert!(
+            elapsed >= 2 * poll,
+            "six claims in {elapsed:?}: the worker spins on wake-ups for a job it cannot take"
+        );
+        let job = store.get(unfit).await.expect("get");
+        assert_eq!((job.state, job.attempts), (JobState::Queued, 0));
+    }
+
     /// A permanent error, and a payload a typed handler cannot decode, go dead at once
     /// whatever attempts are left.
     pub async fn permanent_errors_go_dead_at_once(env: Env) {
@@ -1480,6 +1514,7 @@ struct CountingStore {
     /// While set, every heartbeat fails as a whole, unavailable, writing nothing.
     heartbeats_down: AtomicBool,
     heartbeat_batches: AtomicUsize,
+    claims: AtomicUsize,
 }
 
 impl CountingStore {
@@ -1493,6 +1528,7 @@ impl CountingStore {
             completions_down: AtomicBool::new(false),
             heartbeats_down: AtomicBool::new(false),
             heartbeat_batches: AtomicUsize::new(0),
+            claims: AtomicUsize::new(0),
         }
     }
 }
@@ -1508,6 +1544,15 @@ fn test_outage() -> jobs::Error {
 impl LayeredBackend for CountingStore {
     fn inner(&self) -> &dyn Backend {
         &*self.inner
+    }
+
+    async fn claim(
+        &self,
+        request: jobs::ClaimRequest,
+        now: Timestamp,
+    ) -> jobs::Result<Vec<jobs::ClaimedJob>> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(request, now).await
     }
 
     async fn heartbeat(
@@ -1587,6 +1632,7 @@ macro_rules! runtime_tests {
                 declared_schedules_fire_once_per_tick,
                 handlers_enqueue_follow_ups_through_their_context,
                 capacity_bounds_what_runs_at_once,
+                ready_jobs_that_do_not_fit_cost_no_spin,
                 dead_workers_jobs_are_reclaimed,
                 heartbeats_keep_long_jobs,
                 shutdown_releases_unfinished_jobs,

@@ -34,6 +34,8 @@ pub(crate) async fn run_loop(
     // Successes handed over by finished handlers, recorded together by this loop.
     let mut succeeded: Vec<Succeeded> = Vec::with_capacity(COMPLETION_BATCH);
     let mut error_delay = StoreBackoff::new();
+    // Whether the last wait for work ended before its timeout.
+    let mut woke_early = false;
     loop {
         while let Some(done) = jobs.try_join_next() {
             log_job_task_end(done);
@@ -88,14 +90,20 @@ pub(crate) async fn run_loop(
             record_completions(&shared, &mut succeeded, Some(&shutdown)),
             config.store.claim(request)
         );
-        match claimed {
+        // An early wake-up followed by an empty claim: the store's wake-up keeps saying
+        // "work" for jobs this worker cannot take (jobs that do not fit its capacity, a
+        // paused queue's backlog), so the next wait is a plain poll instead of a spin.
+        let wakes_for_nothing = match claimed {
             Ok(claimed) => {
                 error_delay.reset();
+                let wakes_for_nothing = woke_early && claimed.is_empty();
+                woke_early = false;
                 let full = claimed.len() >= limit;
                 start_all(&shared, &mut jobs, claimed);
                 if full {
                     continue;
                 }
+                wakes_for_nothing
             }
             Err(err) => {
                 shared.metrics.store_errors.increment(1);
@@ -103,14 +111,26 @@ pub(crate) async fn run_loop(
                 error_delay.wait(Some(&shutdown)).await;
                 continue;
             }
-        }
+        };
         take_completions(&mut completed, &mut succeeded);
         if !succeeded.is_empty() {
             // Jobs that finished at once: record them before waiting for more work.
             record_completions(&shared, &mut succeeded, Some(&shutdown)).await;
         }
+        let wait_started = tokio::time::Instant::now();
+        let wait = async {
+            if wakes_for_nothing {
+                tokio::time::sleep(config.poll_interval).await;
+                return Ok(());
+            }
+            config
+                .store
+                .wait_for_work(&config.queue_names, config.poll_interval)
+                .await
+        };
         tokio::select! {
-            waited = config.store.wait_for_work(&config.queue_names, config.poll_interval) => {
+            waited = wait => {
+                woke_early = wait_started.elapsed() < config.poll_interval;
                 if let Err(err) = waited {
                     shared.metrics.store_errors.increment(1);
                     tracing::warn!(error = %err, "waiting for work failed; backing off");
