@@ -4,13 +4,14 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use jobs_core::fit::decode_placement;
 use jobs_core::{
-    Bytes, ClaimedJob, Error, Job, JobId, JobState, Lease, LeaseToken, Result, Timestamp,
+    Bytes, ClaimedJob, Error, Job, JobId, JobState, Lease, LeaseToken, Needs, Result, Timestamp,
 };
 use redis::Value;
 
 /// The job hash fields `get` reads, in this order.
-pub(crate) const JOB_FIELDS: [&str; 14] = [
+pub(crate) const JOB_FIELDS: [&str; 15] = [
     "meta",
     "run_at",
     "state",
@@ -25,6 +26,7 @@ pub(crate) const JOB_FIELDS: [&str; 14] = [
     "result",
     "cancel",
     "timeout",
+    "placement",
 ];
 
 /// The prefix of `last_error` on a job a claim or reclaim buried because its record could
@@ -41,6 +43,12 @@ fn timeout_of(text: Option<&str>) -> std::result::Result<Option<Duration>, &'sta
             Err(_) => Err("not a number"),
         },
     }
+}
+
+/// A stored placement (`Job::placement()` text; `None` when the field is absent): the
+/// job's needs and locality, or why they cannot be read.
+fn placement_of(text: Option<&str>) -> std::result::Result<(Needs, Option<String>), String> {
+    text.map_or_else(|| Ok((Needs::new(), None)), decode_placement)
 }
 
 /// The fields a job never changes, packed into the `meta` hash field so the scripts read
@@ -263,8 +271,9 @@ pub(crate) struct Unreadable {
     pub error: Error,
 }
 
-/// A job leased by `claim.lua`, from its reply entry `[id, meta, run_at, att, token,
-/// error, cancel, payload, timeout]` (see the script's header) and what the claim wrote.
+/// A job leased by `claim.lua` or `claim_fit.lua`, from its reply entry `[id, meta, run_at,
+/// att, token, error, cancel, payload, timeout, placement]` (see the scripts' headers) and
+/// what the claim wrote.
 /// `Err(None)` when the entry itself is malformed (no id to name).
 pub(crate) fn decode_claimed(
     value: Value,
@@ -273,8 +282,9 @@ pub(crate) fn decode_claimed(
     let Value::Array(items) = value else {
         return Err(Err(Error::corrupt("claim reply", "expected an array")));
     };
-    let Ok::<[Value; 9], _>([id, meta, run_at, att, token, error, cancel, payload, timeout]) =
-        items.try_into()
+    let Ok::<[Value; 10], _>(
+        [id, meta, run_at, att, token, error, cancel, payload, timeout, placement],
+    ) = items.try_into()
     else {
         return Err(Err(Error::corrupt("claim reply", "wrong number of fields")));
     };
@@ -298,6 +308,7 @@ pub(crate) fn decode_claimed(
             token_value,
             into_opt_bytes(error),
             into_opt_bytes(timeout),
+            into_opt_bytes(placement),
         ],
         &cancel,
         payload,
@@ -314,13 +325,21 @@ pub(crate) fn decode_claimed(
 
 fn decode_claimed_fields(
     id: JobId,
-    values: [Option<Vec<u8>>; 6],
+    values: [Option<Vec<u8>>; 7],
     cancel: &Value,
     payload: Value,
     lease: &LeaseWrite<'_>,
 ) -> Result<ClaimedJob> {
     // Field names for error messages, in the order of `values`.
-    const NAMES: [&str; 6] = ["meta", "run_at", "att", "token", "error", "timeout"];
+    const NAMES: [&str; 7] = [
+        "meta",
+        "run_at",
+        "att",
+        "token",
+        "error",
+        "timeout",
+        "placement",
+    ];
     let corrupt = |i: usize, reason: &str| {
         Error::corrupt(format!("job {id}"), format!("field {}: {reason}", NAMES[i]))
     };
@@ -350,6 +369,14 @@ fn decode_claimed_fields(
             .map_err(|_| corrupt(5, "not UTF-8"))?,
     )
     .map_err(|reason| corrupt(5, reason))?;
+    let (needs, locality) = placement_of(
+        values[6]
+            .as_deref()
+            .map(std::str::from_utf8)
+            .transpose()
+            .map_err(|_| corrupt(6, "not UTF-8"))?,
+    )
+    .map_err(|reason| corrupt(6, &reason))?;
     let job = Job {
         id,
         queue: meta.queue,
@@ -375,6 +402,8 @@ fn decode_claimed_fields(
         last_error,
         result: None,
         cancel_requested: matches!(cancel, Value::BulkString(b) if b == b"1"),
+        needs,
+        locality,
     };
     Ok(ClaimedJob {
         job,
@@ -406,6 +435,8 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
     let state_text = f.text(2)?;
     let state = JobState::from_str(&state_text)
         .map_err(|_| f.corrupt("state", format!("unknown state {state_text:?}")))?;
+    let (needs, locality) = placement_of(f.opt_text(14)?.as_deref())
+        .map_err(|reason| f.corrupt("placement", reason))?;
     let lease = if state == JobState::Running {
         Some(Lease {
             worker: f.text(5)?,
@@ -436,6 +467,8 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         last_error: f.opt_text(10)?,
         result,
         cancel_requested: f.raw(12) == Some(b"1"),
+        needs,
+        locality,
     })
 }
 
@@ -469,6 +502,7 @@ pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str
             .map(Timestamp::from_millis)
     };
     let meta = text(0).and_then(decode_meta);
+    let (needs, locality) = placement_of(text(14)).unwrap_or_default();
     Ok(Job {
         id,
         queue: meta
@@ -493,6 +527,8 @@ pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str
         last_error: text(10).map(str::to_owned),
         result: None,
         cancel_requested: values.get(12).and_then(Option::as_deref) == Some(b"1"),
+        needs,
+        locality,
     })
 }
 

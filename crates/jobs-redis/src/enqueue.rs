@@ -103,6 +103,7 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
         .key(&keys.list)
         .key(&keys.seq)
         .key(&keys.children)
+        .key(&keys.placement)
         .arg(ctx.dedup_ttl)
         .arg(jobs.len())
         .arg(&keys.wake);
@@ -148,7 +149,11 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
             .arg(match job.uniqueness {
                 Uniqueness::Window => "",
                 Uniqueness::WhileActive => "a",
-            });
+            })
+            .arg(
+                jobs_core::fit::encode_placement(&job.needs, job.locality.as_deref())
+                    .unwrap_or_default(),
+            );
     }
     for id in known {
         invocation.key(keys.job(*id));

@@ -32,6 +32,10 @@ pub(crate) struct Keys {
     pub cron_last: String,
     /// Parent-to-child links (zset, score 0, member `parent child`).
     pub children: String,
+    /// The placement (needs and locality, CONTRACT F1) of every job that declares one
+    /// (hash, id -> `Job::placement()` text), so a fitted claim can judge ready jobs
+    /// whose hashes it was not given. Jobs that declare none have no entry.
+    pub placement: String,
     /// The sequence counter of the claim order (string).
     pub seq: String,
     /// A key no script writes, passed where a job has no dedup key or parent.
@@ -56,6 +60,7 @@ impl Keys {
             cron_last: key("cron:last"),
             done: key("done"),
             children: key("children"),
+            placement: key("placement"),
             seq: key("seq"),
             none: key("none"),
             wake: key("wake"),
@@ -155,6 +160,7 @@ mod tests {
             keys.cron_last.clone(),
             keys.done.clone(),
             keys.children.clone(),
+            keys.placement.clone(),
             keys.seq.clone(),
             keys.none.clone(),
             keys.job(id),

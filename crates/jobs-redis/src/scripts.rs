@@ -19,6 +19,7 @@ macro_rules! script {
 
 script!(ENQUEUE, "enqueue.lua");
 script!(CLAIM, "claim.lua");
+script!(CLAIM_FIT, "claim_fit.lua");
 script!(HEARTBEAT, "heartbeat.lua");
 script!(COMPLETE, "complete.lua");
 script!(FAIL, "fail.lua");
@@ -35,9 +36,9 @@ script!(UNKEY, "unkey.lua");
 script!(SCHEDULE, "schedule.lua");
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 16] {
+pub(crate) fn all() -> [&'static Script; 17] {
     [
-        &ENQUEUE, &CLAIM, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL, &RETRY,
-        &PURGE, &STATS, &LIST, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
+        &ENQUEUE, &CLAIM, &CLAIM_FIT, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL,
+        &RETRY, &PURGE, &STATS, &LIST, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
     ]
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    Bytes, ClaimRequest, Clock, Error, JobId, JobState, ListQuery, ManualClock, NewJob, ReadyOrder,
-    ReclaimedJob, Retry, Store, StoreSettings, Timestamp,
+    Budget, Bytes, ClaimRequest, Clock, Error, JobId, JobState, ListQuery, ManualClock, Needs,
+    NewJob, ReadyOrder, ReclaimedJob, Retry, Store, StoreSettings, Timestamp,
 };
 use jobs_redis::{ReclaimReport, RedisStore};
 use redis::aio::MultiplexedConnection;
@@ -302,15 +302,15 @@ async fn drop_namespace_deletes_every_key_of_its_namespace_and_no_other() {
     let store = env.store().await;
     let kept = other.store().await;
     // Keys of every kind: ready, scheduled and running indexes, an idempotency key, a
-    // parent with its children, finished jobs, the sequence counter.
+    // parent with its children, a placement, finished jobs, the sequence counter.
     let parent = store
         .enqueue(NewJob::new("q").idempotency_key("once"))
         .await
         .expect("enqueue");
     store
-        .enqueue(NewJob::new("q").parent(parent.id))
+        .enqueue(NewJob::new("q").parent(parent.id).locality("here"))
         .await
-        .expect("child");
+        .expect("child with a placement");
     store
         .enqueue(NewJob::new("q").run_at(env.clock.now().saturating_add(Duration::from_secs(60))))
         .await
@@ -1502,7 +1502,17 @@ async fn refused_batch_writes_nothing_at_any_size() {
     };
     let ns = env.settings.namespace.clone();
     let read_write: Vec<String> = [
-        "ready", "sched", "leases", "list", "running", "done", "paused", "children", "seq", "none",
+        "ready",
+        "sched",
+        "leases",
+        "list",
+        "running",
+        "done",
+        "paused",
+        "children",
+        "placement",
+        "seq",
+        "none",
         "job:*",
     ]
     .iter()
@@ -2045,4 +2055,311 @@ async fn cluster_runs_staged_batches_and_heartbeat_batches() {
     }
     clock.advance(StoreSettings::default().retention + Duration::from_secs(1));
     assert_eq!(store.purge(10).await.expect("purge"), 3);
+}
+
+/// A claim with a budget of `gpu` units on queue `q`.
+fn gpu_claim(gpu: u64, limit: usize) -> ClaimRequest {
+    ClaimRequest::new(["q"], "w", Duration::from_secs(30))
+        .limit(limit)
+        .budget(Budget::new().amount("gpu", gpu))
+}
+
+/// CONTRACT §5 for placements (F1): a `placement` field that is not the JSON the store
+/// wrote is `Corrupt` for `get`, and a claim that meets it buries the job (dead,
+/// `corrupt record: …`) and goes on with the jobs behind it: a fitted claim from Lua
+/// (where the index entry says the same), a plain claim once Rust fails to decode the
+/// job it leased. Neither hands it out, and `list` shows both dead.
+#[tokio::test]
+async fn unreadable_placement_is_corrupt_and_buried_by_claims() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let needs = Needs::new().amount("gpu", 1);
+    let ids = enqueue_all(
+        &store,
+        vec![
+            NewJob::new("q").needs(needs.clone()),
+            NewJob::new("q"),
+            NewJob::new("q").needs(needs.clone()).locality("here"),
+            NewJob::new("q").needs(needs.clone()),
+            NewJob::new("q"),
+        ],
+    )
+    .await;
+    let key = |id: JobId| jobs_redis::job_key(&env.settings.namespace, id);
+    let index = env.key("placement");
+    // Damaged in the record and its index entry alike, as a bad restore would leave it.
+    let _: () = env
+        .admin
+        .hset(key(ids[0]), "placement", "{\"a\":")
+        .await
+        .expect("HSET");
+    let _: () = env
+        .admin
+        .hset(&index, id_text(ids[0]), "{\"a\":")
+        .await
+        .expect("HSET");
+    // Readable JSON of the wrong shape, in the record only (the index is repaired from it).
+    let _: () = env
+        .admin
+        .hset(key(ids[3]), "placement", "{\"a\":{\"gpu\":-1}}")
+        .await
+        .expect("HSET");
+    for bad in [ids[0], ids[3]] {
+        let err = store.get(bad).await.expect_err("corrupt");
+        assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    }
+
+    let claimed = store.claim(gpu_claim(1, 2)).await.expect("fitted claim");
+    assert_eq!(
+        claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
+        vec![ids[1], ids[2]],
+        "the unreadable job is skipped and buried, the next ones are claimed"
+    );
+    assert_eq!(claimed[1].job.needs, needs);
+    assert_eq!(claimed[1].job.locality.as_deref(), Some("here"));
+    // The wrong shape only Rust can tell: a plain claim leases it, then buries it.
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(30)).limit(10))
+        .await
+        .expect("plain claim");
+    assert_eq!(
+        claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
+        vec![ids[4]]
+    );
+    for bad in [ids[0], ids[3]] {
+        let state: String = env.admin.hget(key(bad), "state").await.expect("HGET");
+        assert_eq!(state, "dead", "{bad}");
+        let error: String = env.admin.hget(key(bad), "error").await.expect("HGET");
+        assert!(error.starts_with("corrupt record: "), "{error}");
+        assert!(error.contains("placement"), "{error}");
+        let err = store.get(bad).await.expect_err("still corrupt");
+        assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    }
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!((stats.ready, stats.running, stats.dead), (0, 3, 2));
+    let dead = store
+        .list(ListQuery::new("q").state(JobState::Dead))
+        .await
+        .expect("list");
+    let mut listed: Vec<JobId> = dead.jobs.iter().map(|j| j.id).collect();
+    listed.sort();
+    assert_eq!(listed, vec![ids[0], ids[3]]);
+    // Purge deletes them with their index entries.
+    env.clock
+        .advance(env.settings.retention + Duration::from_secs(1));
+    assert_eq!(store.purge(100).await.expect("purge"), 2);
+    let left: Vec<String> = env.admin.hkeys(&index).await.expect("HKEYS");
+    assert_eq!(
+        left,
+        vec![id_text(ids[2])],
+        "only the running job's entry is left"
+    );
+}
+
+/// CONTRACT F4 when the placement index was changed behind the store's back: the job's
+/// own `placement` field decides. A job needing 8 GPUs whose index entry is gone is not
+/// leased by a claim with 1 (it is never written); the index is set from the record, and
+/// a claim it fits takes it.
+#[tokio::test]
+async fn a_placement_index_that_disagrees_with_the_record_is_repaired_not_trusted() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let big = store
+        .enqueue(NewJob::new("q").needs(Needs::new().amount("gpu", 8)))
+        .await
+        .expect("enqueue")
+        .id;
+    let small = store
+        .enqueue(NewJob::new("q").needs(Needs::new().amount("gpu", 1)))
+        .await
+        .expect("enqueue")
+        .id;
+    let index = env.key("placement");
+    let stored: String = env
+        .admin
+        .hget(&index, id_text(big))
+        .await
+        .expect("the index holds the big job");
+    let _: () = env.admin.hdel(&index, id_text(big)).await.expect("HDEL");
+    let before = store.get(big).await.expect("get");
+
+    let claimed = store.claim(gpu_claim(1, 10)).await.expect("claim");
+    assert_eq!(
+        claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
+        vec![small]
+    );
+    assert_eq!(
+        store.get(big).await.expect("get"),
+        before,
+        "a job that does not fit is never written"
+    );
+    let repaired: Option<String> = env.admin.hget(&index, id_text(big)).await.expect("HGET");
+    assert_eq!(repaired.as_deref(), Some(stored.as_str()));
+    let claimed = store.claim(gpu_claim(8, 10)).await.expect("claim");
+    assert_eq!(
+        claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
+        vec![big]
+    );
+}
+
+/// The scan bound of a fitted claim (`FIT_SCAN_BOUND`, 2,000 ready entries per script
+/// call, and `FIT_SCAN_CALLS`, 4 calls more per claim): a job that fits behind 5,000 that
+/// do not is still claimed, in one claim, and none of the others is written; behind
+/// 17,000 (more than 5 × 2,000) a claim finds nothing and leaves everything as it was,
+/// and the job is claimed once the head has drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fitted_claim_scans_past_jobs_it_does_not_fit_within_its_bound() {
+    let Some(env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let big = || NewJob::new("q").needs(Needs::new().amount("gpu", 8));
+    let small = || NewJob::new("q").needs(Needs::new().amount("gpu", 1));
+    let mut jobs: Vec<NewJob> = (0..5_000).map(|_| big()).collect();
+    jobs.push(small());
+    let fits = *enqueue_all(&store, jobs).await.last().expect("ids");
+    let started = std::time::Instant::now();
+    let claimed = store.claim(gpu_claim(1, 1)).await.expect("claim");
+    eprintln!(
+        "a fitted claim past 5,000 jobs it does not fit took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
+        vec![fits]
+    );
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!((stats.ready, stats.running), (5_000, 1));
+
+    let mut jobs: Vec<NewJob> = (0..12_000).map(|_| big()).collect();
+    jobs.push(small());
+    let deep = *enqueue_all(&store, jobs).await.last().expect("ids");
+    let started = std::time::Instant::now();
+    let claimed = store.claim(gpu_claim(1, 1)).await.expect("claim");
+    eprintln!(
+        "an empty fitted claim over 17,000 jobs took {:?}",
+        started.elapsed()
+    );
+    assert!(claimed.is_empty(), "past the bound the claim gives up");
+    let stats = store.stats("q").await.expect("stats");
+    assert_eq!((stats.ready, stats.running), (17_001, 1));
+    let drained = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(30)).limit(10_000))
+        .await
+        .expect("claim");
+    assert_eq!(drained.len(), 10_000);
+    let claimed = store.claim(gpu_claim(1, 1)).await.expect("claim");
+    assert_eq!(
+        claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
+        vec![deep]
+    );
+}
+
+/// `claim_fit.lua` transcribes `Budget::admits` and `FitOrder` into Lua: random jobs
+/// (amounts of three names, zero and 2^53 - 1 included, capabilities, localities,
+/// priorities) over two queues, claimed by random budgets (named zeros, absent names, no
+/// capabilities, no budget), preferences and limits, come out exactly as the Rust
+/// reference orders and cuts them, and a plain claim then takes exactly the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fitted_claims_agree_with_the_rust_reference() {
+    let Some(env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    // A fixed LCG: the same cases on every run, no extra dependency.
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    const NAMES: [&str; 3] = ["cpu_milli", "mem_bytes", "gpu"];
+    const CAPS: [&str; 3] = ["fpga", "fpga-large", "tpu"];
+    const PLACES: [&str; 3] = ["x", "y", "z"];
+    let amounts = [0, 1, 2, 3, jobs_core::validate::MAX_AMOUNT];
+    for round in 0..12 {
+        let queues = [format!("r{round}a"), format!("r{round}b")];
+        let mut jobs = Vec::new();
+        for _ in 0..40 {
+            let mut needs = Needs::new();
+            for name in NAMES {
+                if next(2) == 0 {
+                    needs = needs.amount(name, amounts[next(5) as usize]);
+                }
+            }
+            for cap in CAPS {
+                if next(4) == 0 {
+                    needs = needs.capability(cap);
+                }
+            }
+            let mut job = NewJob::new(queues[next(2) as usize].clone())
+                .priority(next(3) as i16)
+                .needs(needs);
+            if next(3) > 0 {
+                job = job.locality(PLACES[next(3) as usize]);
+            }
+            jobs.push(job);
+        }
+        let ids = enqueue_all(&store, jobs.clone()).await;
+        let budget = (next(5) > 0).then(|| {
+            let mut budget = Budget::new();
+            for name in NAMES {
+                if next(2) == 0 {
+                    budget = budget.amount(name, amounts[next(5) as usize]);
+                }
+            }
+            for cap in CAPS {
+                if next(2) == 0 {
+                    budget = budget.capability(cap);
+                }
+            }
+            budget
+        });
+        let prefer: Vec<&str> = PLACES.into_iter().filter(|_| next(3) == 0).collect();
+        let limit = 1 + next(30) as usize;
+        let mut request = ClaimRequest::new(queues.clone(), "w", Duration::from_secs(60))
+            .limit(limit)
+            .prefer(prefer.clone());
+        if let Some(budget) = budget.clone() {
+            request = request.budget(budget);
+        }
+        // Enqueued at one instant in this order: the sequence is the index.
+        let mut expected: Vec<(jobs_core::fit::FitOrder, JobId)> = jobs
+            .iter()
+            .zip(&ids)
+            .enumerate()
+            .filter(|(_, (job, _))| request.admits(&job.needs))
+            .map(|(i, (job, id))| {
+                let ready = ReadyOrder::new(job.priority, Timestamp::from_millis(0), i as u64);
+                (request.fit_order(ready, job.locality.as_deref()), *id)
+            })
+            .collect();
+        expected.sort();
+        let expected: Vec<JobId> = expected.into_iter().take(limit).map(|(_, id)| id).collect();
+        let claimed = store.claim(request).await.expect("fitted claim");
+        let got: Vec<JobId> = claimed.iter().map(|c| c.id()).collect();
+        assert_eq!(
+            got, expected,
+            "round {round}: budget {budget:?}, prefer {prefer:?}, limit {limit}"
+        );
+        let rest = store
+            .claim(ClaimRequest::new(queues.clone(), "w", Duration::from_secs(60)).limit(100))
+            .await
+            .expect("plain claim");
+        let mut all: Vec<JobId> = got.into_iter().chain(rest.iter().map(|c| c.id())).collect();
+        all.sort();
+        let mut ids = ids;
+        ids.sort();
+        assert_eq!(all, ids, "round {round}: every job is claimed once");
+    }
+}
+
+/// The canonical text of a job id, as the store writes it into keys and index members.
+fn id_text(id: JobId) -> String {
+    id.to_string()
 }

@@ -1,5 +1,7 @@
 -- claim.lua: leases the first ready jobs of the named queues, in claim order
--- (CONTRACT C1-C9).
+-- (CONTRACT C1-C9). A claim that fits the worker (a budget, preferred localities or a
+-- reservation, CONTRACT F2-F6) runs claim_fit.lua instead, so this one, the hot path,
+-- never decodes a placement: it only hands the stored text back to Rust.
 --
 -- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
 -- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
@@ -18,7 +20,8 @@
 --                             the ready index, nothing was claimed; call again
 --   {'ok', claimed, hint, corrupt}
 --                             claimed: one array per leased job: id, meta, run_at, att,
---                             token (both as now stored), error, cancel, payload, timeout;
+--                             token (both as now stored), error, cancel, payload, timeout,
+--                             placement (needs and locality, decoded by Rust);
 --                             the rest of the record is what this call wrote from its ARGV
 --                             (state running, worker, lease_exp, started = hb = now) or
 --                             absent on a queued job (finished, result), so Rust fills it in
@@ -123,7 +126,7 @@ for _, member in ipairs(head(limit)) do
   local queue = string.sub(member, 1, #member - 73)
   -- The reply's order (see the header), with the id in front: v[1] is overwritten by it.
   local v = redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
-    'cancel', 'payload', 'timeout')
+    'cancel', 'payload', 'timeout', 'placement')
   taken[#taken + 1] = member
   local state = v[1]
   if state == 'queued' then

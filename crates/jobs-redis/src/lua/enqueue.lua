@@ -4,24 +4,25 @@
 --
 -- KEYS[1]  ready index (zset)        KEYS[2] scheduled index (zset)
 -- KEYS[3]  list index (zset)         KEYS[4] sequence counter (string, INCRBY N once)
--- KEYS[5]  children index (zset)
+-- KEYS[5]  children index (zset)      KEYS[6] placement index (hash: id -> placement)
 -- for job j = 1..N, three keys:
---   KEYS[3j+3] the new job's hash (its id minted by Rust)
---   KEYS[3j+4] its dedup key, or the namespace's placeholder key when it has none
---   KEYS[3j+5] its parent's hash, or the placeholder key when it has none
--- then KEYS[3N+5+e], e = 1..E: hashes of jobs that dedup keys are known to point at,
+--   KEYS[3j+4] the new job's hash (its id minted by Rust)
+--   KEYS[3j+5] its dedup key, or the namespace's placeholder key when it has none
+--   KEYS[3j+6] its parent's hash, or the placeholder key when it has none
+-- then KEYS[3N+6+e], e = 1..E: hashes of jobs that dedup keys are known to point at,
 --   whose ids are the last E ARGV entries in the same order.
 --
 -- ARGV[1] dedup key TTL in ms ('0': the window is empty, write no dedup key)
 -- ARGV[2] N                     ARGV[3] wake-up channel
--- for job j, 13 values from ARGV[3 + 13(j-1) + 1]:
+-- for job j, 14 values from ARGV[3 + 14(j-1) + 1]:
 --   id, queue, meta (the packed immutable fields, see lib.lua, created_at included),
 --   flags ('0' plain, '1' has an idempotency key, '2' payload staged, '3' both),
 --   payload ('' when staged), priority, run_at, run_at as 16 hex digits,
 --   due ('1' when run_at <= the job's now), parent id or '',
 --   dedup cutoff (the job's now - dedup_window: a key deduplicates while its job's
 --   created_at > cutoff), timeout in ms or '' (none),
---   uniqueness ('' the window, 'a' while the job is active: CONTRACT E10)
+--   uniqueness ('' the window, 'a' while the job is active: CONTRACT E10),
+--   placement (`Job::placement()`: needs and locality as JSON, CONTRACT F1) or '' (none)
 -- Each job carries its own clock reading (created_at, due, cutoff): concurrent enqueues
 -- of one store are sent together, each as it was called.
 -- then E ids (see the extra KEYS).
@@ -46,16 +47,16 @@
 local dedup_ttl = ARGV[1]
 local n = tonumber(ARGV[2])
 local channel = ARGV[3]
-local PER_JOB = 13
-local extra_keys = #KEYS - 5 - 3 * n
+local PER_JOB = 14
+local extra_keys = #KEYS - 6 - 3 * n
 
 -- Hashes whose keys this script holds, by job id.
 local known = {}
 for j = 1, n do
-  known[ARGV[3 + PER_JOB * (j - 1) + 1]] = KEYS[3 * j + 3]
+  known[ARGV[3 + PER_JOB * (j - 1) + 1]] = KEYS[3 * j + 4]
 end
 for e = 1, extra_keys do
-  known[ARGV[3 + PER_JOB * n + e]] = KEYS[3 * n + 5 + e]
+  known[ARGV[3 + PER_JOB * n + e]] = KEYS[3 * n + 6 + e]
 end
 
 -- Phase 1: checks, no writes.
@@ -63,18 +64,18 @@ local needed = {}
 local asked = {}
 for j = 1, n do
   local a = 3 + PER_JOB * (j - 1)
-  if ARGV[a + 10] ~= '' and redis.call('EXISTS', KEYS[3 * j + 5]) == 0 then
+  if ARGV[a + 10] ~= '' and redis.call('EXISTS', KEYS[3 * j + 6]) == 0 then
     return { 'parent', j }
   end
   local flags = ARGV[a + 4]
   if flags == '2' or flags == '3' then
-    local job = KEYS[3 * j + 3]
+    local job = KEYS[3 * j + 4]
     if redis.call('HEXISTS', job, 'payload') == 0 or redis.call('HEXISTS', job, 'state') == 1 then
       return { 'staged', j }
     end
   end
   if flags == '1' or flags == '3' then
-    local current = redis.call('GET', KEYS[3 * j + 4])
+    local current = redis.call('GET', KEYS[3 * j + 5])
     if current and not known[current] and not asked[current] then
       asked[current] = true
       needed[#needed + 1] = current
@@ -93,6 +94,7 @@ local seq_base = redis.call('INCRBY', KEYS[4], n) - n
 local results = {}
 local woken = {}
 local ready_pairs, sched_pairs, list_pairs, child_pairs = {}, {}, {}, {}
+local placement_pairs = {}
 
 for j = 1, n do
   local a = 3 + PER_JOB * (j - 1)
@@ -104,8 +106,9 @@ for j = 1, n do
   local due = ARGV[a + 9] == '1'
   local parent = ARGV[a + 10]
   local timeout = ARGV[a + 12]
-  local job, dedup = KEYS[3 * j + 3], KEYS[3 * j + 4]
+  local job, dedup = KEYS[3 * j + 4], KEYS[3 * j + 5]
   local while_active = ARGV[a + 13] == 'a'
+  local placement = ARGV[a + 14]
 
   local existing = nil
   if has_key then
@@ -155,6 +158,13 @@ for j = 1, n do
       redis.call('HSET', job, 'meta', meta, 'run_at', run_at, 'state', 'queued', 'att', '0',
         'token', '0', 'order', order, 'payload', ARGV[a + 5], 'timeout', timeout)
     end
+    if placement ~= '' then
+      -- Only jobs that declare a placement pay for it: a field of their own (what every
+      -- read decodes) and an entry in the index fitted claims read (written below).
+      redis.call('HSET', job, 'placement', placement)
+      placement_pairs[#placement_pairs + 1] = id
+      placement_pairs[#placement_pairs + 1] = placement
+    end
     local member = queue_member(queue, order, id)
     if due then
       ready_pairs[#ready_pairs + 1] = '0'
@@ -186,6 +196,7 @@ zadd_pairs(KEYS[1], ready_pairs)
 zadd_pairs(KEYS[2], sched_pairs)
 zadd_pairs(KEYS[3], list_pairs)
 zadd_pairs(KEYS[5], child_pairs)
+hset_pairs(KEYS[6], placement_pairs)
 for queue in pairs(woken) do
   redis.call('PUBLISH', channel, queue)
 end

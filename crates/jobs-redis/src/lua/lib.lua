@@ -5,7 +5,9 @@
 -- Numbers: every timestamp arrives from Rust as an integer string and is stored exactly
 -- as given. Lua only compares them (tonumber; exact below 2^53) and formats small
 -- integers (priority, sequence, counters) with string.format, never with tostring,
--- which may print 1.7e+12. No value goes through cjson.
+-- which may print 1.7e+12. Only claim_fit.lua uses cjson, to read placements and budgets,
+-- whose amounts are at most 2^53 - 1 (CONTRACT F1), so a double holds them exactly; it
+-- compares them and writes none back.
 --
 -- Strings: Lua's `<` on strings follows the server's locale (strcoll), so order keys
 -- are compared by their numeric 12-digit chunks instead (order_less).
@@ -107,6 +109,28 @@ local function zrem_members(key, members)
   while i <= n do
     local last = math.min(i + CHUNK - 1, n)
     redis.call('ZREM', key, unpack(members, i, last))
+    i = last + 1
+  end
+end
+
+-- HSET of field/value pairs (flat list), CHUNK pairs per call.
+local function hset_pairs(key, flat)
+  local n = #flat
+  local i = 1
+  while i <= n do
+    local last = math.min(i + 2 * CHUNK - 1, n)
+    redis.call('HSET', key, unpack(flat, i, last))
+    i = last + 1
+  end
+end
+
+-- HDEL of fields, CHUNK per call.
+local function hdel_fields(key, fields)
+  local n = #fields
+  local i = 1
+  while i <= n do
+    local last = math.min(i + CHUNK - 1, n)
+    redis.call('HDEL', key, unpack(fields, i, last))
     i = last + 1
   end
 end

@@ -2,8 +2,8 @@
 -- (CONTRACT A5).
 --
 -- KEYS[1] finished index (zset)   KEYS[2] list index (zset)
--- KEYS[3] children index (zset)
--- KEYS[3+i] the hash of the job of finished entry i (ARGV[1+i])
+-- KEYS[3] children index (zset)   KEYS[4] placement index (hash)
+-- KEYS[4+i] the hash of the job of finished entry i (ARGV[1+i])
 -- ARGV[1] cutoff (ms): entries finished at or before it are due
 -- ARGV[1+i] finished index member i ("queue state id parent"), read by Rust with
 --           ZRANGEBYSCORE finished -inf cutoff LIMIT 0 limit
@@ -15,30 +15,35 @@
 --
 -- Each entry is checked again: it must still be in the finished index at or before the
 -- cutoff, so a job retried meanwhile (which leaves that index) is kept. The entry names
--- the queue, state and parent, so the list and children entries are removed even when
--- the hash already expired by its server TTL.
+-- the queue, state, id and parent, so the list, children and placement entries are
+-- removed even when the hash already expired by its server TTL.
 --
 -- Atomicity: the record and all its entries go in one step. Check before write: the only
 -- values read are the entries' scores and the members themselves, which cannot make a
 -- command fail; a member that does not parse is only removed from the finished index.
 
-local done, list, children = KEYS[1], KEYS[2], KEYS[3]
+local done, list, children, placements = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local cutoff = tonumber(ARGV[1])
 local deleted = 0
 local keys = {}
-for i = 1, #KEYS - 3 do
+-- Every purged id leaves the placement index, whether or not it declared a placement:
+-- one HDEL of a missing field costs less than reading the hash to find out, and a hash
+-- already gone could not tell.
+local placed = {}
+for i = 1, #KEYS - 4 do
   local member = ARGV[1 + i]
   local score = redis.call('ZSCORE', done, member)
   if score and tonumber(score) <= cutoff then
     -- member = queue .. ' ' .. code .. ' ' .. id .. ' ' .. parent (parent may be empty)
     local queue, code, id, parent = string.match(member, '^(%S+) (%a) (%S+) (%S*)$')
     if queue then
-      local dkey = redis.call('HGET', KEYS[3 + i], 'dkey')
+      local dkey = redis.call('HGET', KEYS[4 + i], 'dkey')
       if dkey then
         keys[#keys + 1] = dkey
         keys[#keys + 1] = id
       end
-      redis.call('DEL', KEYS[3 + i])
+      redis.call('DEL', KEYS[4 + i])
+      placed[#placed + 1] = id
       redis.call('ZREM', list, queue .. ' ' .. code .. ' ' .. id)
       if parent ~= '' then
         redis.call('ZREM', children, child_member(parent, id))
@@ -48,4 +53,5 @@ for i = 1, #KEYS - 3 do
     deleted = deleted + 1
   end
 end
+hdel_fields(placements, placed)
 return { deleted, keys }

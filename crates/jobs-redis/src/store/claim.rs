@@ -1,12 +1,13 @@
-//! Claiming: the claim loop over `claim.lua`, with its hints and the burial of leased
-//! jobs whose record cannot be read.
+//! Claiming: the claim loop over `claim.lua`, the fitted claim loop over
+//! `claim_fit.lua` (CONTRACT F2–F6), with their hints, and the burial of leased jobs
+//! whose record cannot be read.
 
 use jobs_core::{ClaimRequest, ClaimedJob, Error, JobId, Result, Timestamp};
 use redis::Value;
 
 use super::{unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
 use crate::codec::{
-    array, decode_claimed, id_string, job_id, job_id_bytes, text, LeaseWrite, Unreadable,
+    array, decode_claimed, id_string, int, job_id, job_id_bytes, text, LeaseWrite, Unreadable,
 };
 use crate::scripts;
 
@@ -16,16 +17,45 @@ const CLAIM_CONTENDED_ROUNDS: usize = 64;
 /// Extra ids a claim asks for beyond its limit, so the next claim of the same queues
 /// usually needs one call.
 const HINT_SLACK: usize = 16;
+/// The most ready entries one `claim_fit.lua` call examines. Without a bound, a fitted
+/// claim over queues whose head holds jobs its budget does not admit (or, with preferred
+/// localities, a long priority band holding none of them) would read the whole queue in
+/// one script and block the server meanwhile. Each entry costs about 1–2 µs of server
+/// time (its ready member, its placement, its verdict), so 2,000 entries hold the server
+/// for a few milliseconds. A call that reaches the bound takes what it selected so far
+/// and names where it stopped.
+const FIT_SCAN_BOUND: usize = 2_000;
+/// Further calls a fitted claim makes past [`FIT_SCAN_BOUND`], each starting where the
+/// last stopped, while it has fewer jobs than its limit: jobs that fit behind up to
+/// `(1 + FIT_SCAN_CALLS) × FIT_SCAN_BOUND` (10,000) entries that do not are still found,
+/// and one claim never examines more than that.
+const FIT_SCAN_CALLS: usize = 4;
+
+/// What one `claim_fit.lua` call answered besides its jobs.
+struct FitRound {
+    /// Jobs it leased.
+    got: usize,
+    /// Ids whose hashes the next call needs (see the script's header).
+    hint: Vec<JobId>,
+    /// Whether its selection was not wholly leased: call again with the hint.
+    more: bool,
+    /// Where its walk stopped at the scan bound, if it did.
+    stop: Option<String>,
+}
 
 impl RedisStore {
     /// Rules C1–C9 (see [`jobs_core::Backend::claim`]): leases up to `request.limit`
     /// jobs, script call after script call, until the limit is reached, the ready
-    /// order runs dry, or other claimers keep taking the candidates.
+    /// order runs dry, or other claimers keep taking the candidates. A fitted claim
+    /// (F2–F6) goes to [`Self::claim_fitted`]; this path never judges a placement.
     pub(super) async fn claim_jobs(
         &self,
         request: ClaimRequest,
         now: Timestamp,
     ) -> Result<Vec<ClaimedJob>> {
+        if request.is_fitted() {
+            return self.claim_fitted(request, now).await;
+        }
         // The handle refused a queue named twice, so the names go to the script as they are.
         let queues = &request.queues;
         let hint_key = queues.join(",");
@@ -119,6 +149,174 @@ impl RedisStore {
         Ok(claimed)
     }
 
+    /// Rules F2–F6 with C1–C9: a claim with a budget, preferred localities or a
+    /// reservation, over `claim_fit.lua`. Each call selects anew among the ready jobs
+    /// and leases the selected jobs whose hashes it was given, in order; the ones it was
+    /// not given come back as the hint, and the next call passes them. A call that
+    /// reached [`FIT_SCAN_BOUND`] names where it stopped, and a claim still short of
+    /// its limit goes on from there, [`FIT_SCAN_CALLS`] times at most.
+    async fn claim_fitted(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+        let queues = &request.queues;
+        // Kept apart from the plain claim's hints, which name the head of the queues:
+        // these name the jobs behind the last fitted selection.
+        let hint_key = format!("fit {}", queues.join(","));
+        let now_text = now.as_millis().to_string();
+        let expires_at = now.saturating_add(request.lease_ttl);
+        let expires = expires_at.as_millis().to_string();
+        let lease = LeaseWrite {
+            worker: &request.worker,
+            expires_at,
+            now,
+        };
+        let budget = request
+            .budget
+            .as_ref()
+            .map(jobs_core::Budget::to_json)
+            .unwrap_or_default();
+        let reserved = request.reserved.map(id_string).unwrap_or_default();
+        let keys = self.keys();
+        let mut candidates = match request.reserved {
+            Some(id) => vec![id],
+            None => self
+                .inner
+                .hints
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&hint_key)
+                .unwrap_or_default(),
+        };
+        let mut claimed: Vec<ClaimedJob> = Vec::new();
+        let mut start = String::new();
+        let mut contended = 0;
+        let mut promotions = 0usize;
+        let mut scans = 0;
+        let hint = loop {
+            let remaining = request.limit - claimed.len();
+            let mut invocation = scripts::CLAIM_FIT.prepare_invoke();
+            invocation
+                .key(&keys.ready)
+                .key(&keys.sched)
+                .key(&keys.leases)
+                .key(&keys.list)
+                .key(&keys.running)
+                .key(&keys.done)
+                .key(&keys.paused)
+                .key(&keys.placement)
+                .arg(&now_text)
+                .arg(&request.worker)
+                .arg(&expires)
+                .arg(remaining)
+                .arg(remaining + HINT_SLACK)
+                .arg(PROMOTE_BOUND)
+                .arg(FIT_SCAN_BOUND)
+                .arg(&budget)
+                .arg(&reserved)
+                .arg(&start)
+                .arg(queues.len());
+            for queue in queues {
+                invocation.arg(queue);
+            }
+            invocation.arg(request.prefer.len());
+            for locality in &request.prefer {
+                invocation.arg(locality);
+            }
+            for id in &candidates {
+                invocation.key(keys.job(*id)).arg(id_string(*id));
+            }
+            let mut unreadable = Vec::new();
+            let round = match self.invoke(&invocation, "claim").await {
+                Ok(reply) => self.fit_round(reply, &lease, &mut claimed, &mut unreadable),
+                Err(err) => Err(err),
+            };
+            if !unreadable.is_empty() {
+                self.bury(unreadable, now).await;
+            }
+            let round = match round {
+                Ok(Some(round)) => round,
+                Ok(None) => {
+                    promotions += 1;
+                    if promotions > PROMOTE_ROUNDS {
+                        return Err(Error::corrupt("scheduled index", "promotion does not end"));
+                    }
+                    continue;
+                }
+                // As in the plain claim: jobs leased by earlier rounds are handed out.
+                Err(err) if claimed.is_empty() => return Err(err),
+                Err(err) => {
+                    tracing::debug!(error = %err, "claim round failed; returning the jobs claimed so far");
+                    return Ok(claimed);
+                }
+            };
+            if claimed.len() >= request.limit {
+                break round.hint;
+            }
+            if round.more {
+                if round.got == 0 {
+                    contended += 1;
+                    if contended > CLAIM_CONTENDED_ROUNDS {
+                        break round.hint;
+                    }
+                }
+                candidates = round.hint;
+            } else if let Some(stop) = round.stop.filter(|_| scans < FIT_SCAN_CALLS) {
+                scans += 1;
+                start = stop;
+                candidates = round.hint;
+            } else {
+                break round.hint;
+            }
+            if let Some(id) = request.reserved {
+                // A reservation's call always holds its one job.
+                candidates = vec![id];
+            }
+        };
+        if !hint.is_empty() && request.reserved.is_none() {
+            let mut hints = self.inner.hints.lock().unwrap_or_else(|p| p.into_inner());
+            // The cache only saves round trips; keep it small.
+            if hints.len() > 256 {
+                hints.clear();
+            }
+            hints.insert(hint_key, hint);
+        }
+        Ok(claimed)
+    }
+
+    /// Reads one `claim_fit.lua` reply: `None` when the script only promoted due jobs.
+    /// The leased jobs are appended to `claimed` or `unreadable` as in [`Self::claim_round`].
+    fn fit_round(
+        &self,
+        reply: Value,
+        lease: &LeaseWrite<'_>,
+        claimed: &mut Vec<ClaimedJob>,
+        unreadable: &mut Vec<Unreadable>,
+    ) -> Result<Option<FitRound>> {
+        let Value::Array(items) = reply else {
+            return Err(Error::corrupt("claim reply", "expected an array"));
+        };
+        let word = items
+            .first()
+            .map(|w| text(w, "claim reply"))
+            .transpose()?
+            .unwrap_or_default();
+        if word == "promote" {
+            return Ok(None);
+        }
+        let Ok::<[Value; 6], _>([_, jobs, hint, corrupt, more, stop]) = items.try_into() else {
+            return Err(unexpected("claim reply", &word));
+        };
+        if word != "ok" {
+            return Err(unexpected("claim reply", &word));
+        }
+        let (got, hint) = self.take_round(jobs, &hint, &corrupt, lease, claimed, unreadable)?;
+        let stop = text(&stop, "claim reply")?;
+        Ok(Some(FitRound {
+            got,
+            hint,
+            more: int(&more, "claim reply")? == 1,
+            stop: Some(stop).filter(|stop| !stop.is_empty()),
+        }))
+    }
+
     /// Reads one claim script reply: `None` when the script only promoted due jobs, else
     /// how many jobs it leased and the hint for the next call. The leased jobs that can
     /// be read are appended to `claimed`, the others to `unreadable` (to be buried).
@@ -146,6 +344,29 @@ impl RedisStore {
         let corrupt_value = items.pop().unwrap_or_default();
         let hint_value = items.pop().unwrap_or_default();
         let jobs_value = items.pop().unwrap_or_default();
+        self.take_round(
+            jobs_value,
+            &hint_value,
+            &corrupt_value,
+            lease,
+            claimed,
+            unreadable,
+        )
+        .map(Some)
+    }
+
+    /// The part of a claim reply both scripts share: the leased jobs (those that can be
+    /// read appended to `claimed`, the others to `unreadable`), the ids buried as
+    /// corrupt, and the hint. Returns how many jobs the call leased, and the hint.
+    fn take_round(
+        &self,
+        jobs_value: Value,
+        hint_value: &Value,
+        corrupt_value: &Value,
+        lease: &LeaseWrite<'_>,
+        claimed: &mut Vec<ClaimedJob>,
+        unreadable: &mut Vec<Unreadable>,
+    ) -> Result<(usize, Vec<JobId>)> {
         let Value::Array(jobs) = jobs_value else {
             return Err(Error::corrupt("claim reply", "expected an array of jobs"));
         };
@@ -160,21 +381,21 @@ impl RedisStore {
                 Err(Err(err)) => return Err(err),
             }
         }
-        for id in array(&corrupt_value, "claim reply")? {
+        for id in array(corrupt_value, "claim reply")? {
             tracing::warn!(
                 namespace = %self.inner.settings.namespace,
                 id = %text(id, "claim reply")?,
                 "a ready job's record is unreadable; the claim moved it to dead"
             );
         }
-        let hint = array(&hint_value, "claim reply")?
+        let hint = array(hint_value, "claim reply")?
             .iter()
             .map(|id| match id {
                 Value::BulkString(bytes) => job_id_bytes(bytes, "ready index"),
                 other => job_id(&text(other, "claim reply")?, "ready index"),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Some((got, hint)))
+        Ok((got, hint))
     }
 
     /// Moves jobs this store's claim leased but could not read to `dead` (`bury.lua`),

@@ -187,6 +187,7 @@ impl RedisStore {
                 .key(&keys.done)
                 .key(&keys.list)
                 .key(&keys.children)
+                .key(&keys.placement)
                 .arg(&cutoff_text);
             for member in &members {
                 // member = "queue code id parent"

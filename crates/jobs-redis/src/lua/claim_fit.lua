@@ -1,0 +1,523 @@
+-- claim_fit.lua: leases the first ready jobs of the named queues that fit the worker, in
+-- the order of a fitted claim (CONTRACT F2-F6; C1-C9 as claim.lua). Used only for claims
+-- with a budget, preferred localities or a reservation; the others run claim.lua.
+--
+-- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
+-- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
+-- KEYS[5] running counters (hash: queue -> lease entries)
+-- KEYS[6] finished index (zset)  KEYS[7] paused queues (set)
+-- KEYS[8] placement index (hash: id -> placement text, only jobs that declare one)
+-- KEYS[8+i] the hash of held job i, whose id is ARGV[12+Q+P+i]
+--
+-- ARGV[1] now (ms)             ARGV[2] worker
+-- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
+-- ARGV[5] hint size (>= limit) ARGV[6] promotion bound (as claim.lua)
+-- ARGV[7] scan bound: the most ready entries one call examines
+-- ARGV[8] budget as Budget::to_json writes it ({"a":{name:amount},"c":[key]}), or ''
+--         for none (every job fits)
+-- ARGV[9] reserved job id, or '' (CONTRACT F6; Rust always passes its hash)
+-- ARGV[10] where the walk starts: '' at the head, else ORDERKEY..ID of the entry an
+--          earlier call of the same claim stopped at (the walk starts just after it)
+-- ARGV[11] Q; ARGV[12..11+Q] the queues (distinct)
+-- ARGV[12+Q] P; ARGV[13+Q..12+Q+P] the preferred localities
+-- ARGV[13+Q+P..] held ids (see KEYS)
+--
+-- Returns one of:
+--   {'promote'}    as claim.lua: nothing claimed, call again
+--   {'ok', claimed, hint, corrupt, more, stop}
+--       claimed, corrupt: as claim.lua (a job whose placement is unreadable is buried
+--         too, 'corrupt record: field placement unreadable')
+--       hint: the ids whose hashes the next call needs: the selected jobs this call did
+--         not lease and unreadable jobs it could not bury, then fitting jobs behind the
+--         selection, for the next claim
+--       more: 1 when the selection was not wholly leased (a hash not held, a stale or
+--         vanished entry, an index entry repaired): call again with the hint
+--       stop: '' when the walk ended within the scan bound; else ORDERKEY..ID of the
+--         last entry examined, behind which nothing was looked at: a claim that wants
+--         more may call again starting there
+--
+-- The selection (recomputed by every call, so the call that leases decides atomically):
+-- the walk reads the merged head of the named, unpaused queues in ready order, in
+-- chunks, each with the placements of its jobs from the placement index, and keeps the
+-- jobs the budget admits (`admits`, Budget::admits transcribed; a job without a
+-- placement fits every budget). With no preferred locality it stops at `limit` jobs that
+-- fit. With preferred localities the order is priority, then preferred first, then ready
+-- order (FitOrder), so a preferred job late in a priority band overtakes the others of
+-- its band: the walk reads the band of the last job it would take to its end, or until
+-- the preferred jobs of that band alone fill the claim. The cut to `limit` comes after
+-- the filter and the order. A reservation skips the walk: its job is selected when its
+-- ready entry (found from its hash's `meta` and `order`) is in a named queue and fits.
+--
+-- Then, as claim.lua, the selected jobs are leased in order while their hashes are held,
+-- stopping at the first that is not. A job that does not fit is never read or written.
+-- Each placement is decoded once per call (cjson), however many jobs share its text.
+--
+-- The scan bound keeps one call short when the head of the queues holds many jobs the
+-- worker does not fit: past it the walk stops, and what it selected so far is all this
+-- call takes (with preferred localities, a preferred job of the last band beyond the
+-- bound is not seen).
+--
+-- The placement index holds what decides; each leased job's own `placement` field must
+-- say the same, or the index entry is set from the record (changed behind the store's
+-- back) and the job waits for the next call, which decides on the repaired index.
+--
+-- Atomicity and check before write: as claim.lua. The walk and every record it acts on
+-- are read in a first pass, the writes come after.
+
+local now, worker, expires = ARGV[1], ARGV[2], ARGV[3]
+local limit = tonumber(ARGV[4])
+local hint_size = tonumber(ARGV[5])
+local bound = tonumber(ARGV[6])
+local scan_bound = tonumber(ARGV[7])
+local budget_text, reserved, start_after = ARGV[8], ARGV[9], ARGV[10]
+local nq = tonumber(ARGV[11])
+local np = tonumber(ARGV[12 + nq])
+local held_from = 12 + nq + np
+local ready, sched, leases, list, running, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local paused, placements = KEYS[7], KEYS[8]
+
+-- CONTRACT Q1: a paused queue gives no candidates.
+local named, is_named = {}, {}
+for i = 1, nq do
+  local q = ARGV[11 + i]
+  if redis.call('SISMEMBER', paused, q) == 0 then
+    named[#named + 1] = q
+    is_named[q] = true
+  end
+end
+check_counters(running, named)
+
+if not promote(ready, sched, now, bound) then
+  return { 'promote' }
+end
+
+local held = {}
+for i = 1, #KEYS - 8 do
+  held[ARGV[held_from + i]] = KEYS[8 + i]
+end
+local preferred = {}
+for i = 1, np do
+  preferred[ARGV[12 + nq + i]] = true
+end
+-- When no job of the namespace declares a placement, none can be preferred (nor fail to
+-- fit): the walk need not read a priority band to its end looking for one.
+if np > 0 and redis.call('HLEN', placements) == 0 then
+  np = 0
+end
+
+-- The budget: `offered` (name -> amount) is nil when the claim has none, so every job
+-- fits; `offers` is the set of capabilities.
+local offered, offers = nil, {}
+if budget_text ~= '' then
+  local budget = cjson.decode(budget_text)
+  offered = budget.a
+  for _, key in ipairs(budget.c) do
+    offers[key] = true
+  end
+end
+
+-- Whether a decoded placement has the shape Rust writes. What this lets through and Rust
+-- still cannot read (an amount beyond u64, say) is buried by Rust once leased, as any
+-- record only Rust can tell is unreadable.
+local function readable(p)
+  if type(p) ~= 'table' then
+    return false
+  end
+  for field in pairs(p) do
+    if type(field) ~= 'string' then
+      return false
+    end
+  end
+  local a, c, l = p.a, p.c, p.l
+  if a ~= nil then
+    if type(a) ~= 'table' then
+      return false
+    end
+    for name, amount in pairs(a) do
+      if type(name) ~= 'string' or type(amount) ~= 'number' or amount < 0
+        or amount ~= math.floor(amount) then
+        return false
+      end
+    end
+  end
+  if c ~= nil then
+    if type(c) ~= 'table' then
+      return false
+    end
+    for i, key in pairs(c) do
+      if type(i) ~= 'number' or type(key) ~= 'string' then
+        return false
+      end
+    end
+  end
+  return l == nil or l == cjson.null or type(l) == 'string'
+end
+
+-- Budget::admits: every amount the job needs is at most the budget's amount of that name
+-- when the budget names it (zero is a limit like any other); every capability it needs
+-- is offered, whole key for whole key. Amounts are at most 2^53 - 1 (CONTRACT F1), so
+-- the comparison of doubles is exact.
+local function admits(p)
+  if not offered then
+    return true
+  end
+  if p.a then
+    for name, amount in pairs(p.a) do
+      local free = offered[name]
+      if free and amount > free then
+        return false
+      end
+    end
+  end
+  if p.c then
+    for _, key in pairs(p.c) do
+      if not offers[key] then
+        return false
+      end
+    end
+  end
+  return true
+end
+
+-- The verdict on a placement text ('fit', 'no' or 'bad' when unreadable) and whether
+-- its locality is preferred; `false` (no placement) fits every budget and is never
+-- preferred. Jobs of one kind share their text, so each text is decoded once.
+local judged = {}
+local function judge(text)
+  if not text then
+    return 'fit', false
+  end
+  local j = judged[text]
+  if not j then
+    local ok, p = pcall(cjson.decode, text)
+    if not ok or not readable(p) then
+      j = { 'bad', false }
+    else
+      local l = p.l
+      j = { admits(p) and 'fit' or 'no', type(l) == 'string' and preferred[l] == true }
+    end
+    judged[text] = j
+  end
+  return j[1], j[2]
+end
+
+-- An entry is {ready member, placement text or false, queue}.
+local selected = {}  -- the jobs to take, in the claim's order
+-- Jobs that fit behind them, hints for the next claim: preferred ones (what the next
+-- claim will take first), then the others.
+local extra_first, extra = {}, {}
+local bad = {}       -- jobs whose placement cannot be read, to bury
+local stop = ''
+
+if reserved ~= '' then
+  local job = held[reserved]
+  local v = job and redis.call('HMGET', job, 'meta', 'order')
+  local queue = v and meta_queue_parent(v[1])
+  if queue and is_named[queue] and v[2] then
+    local member = queue .. ' ' .. v[2] .. reserved
+    if redis.call('ZSCORE', ready, member) then
+      local place = redis.call('HGET', placements, reserved)
+      local verdict = judge(place)
+      if verdict == 'fit' then
+        selected[1] = { member, place, queue }
+      elseif verdict == 'bad' then
+        bad[1] = { member, place, queue }
+      end
+    end
+  end
+else
+  -- One stream per queue, read in chunks that start at the claim's own size (what
+  -- claim.lua reads) and double while the walk goes on, up to CHUNK (a bound of unpack).
+  local streams = {}
+  for i, q in ipairs(named) do
+    local from = '[' .. q .. ' '
+    if start_after ~= '' then
+      from = '(' .. q .. ' ' .. start_after
+    end
+    streams[i] = {
+      q = q, from = from, to = '(' .. q .. '!', buf = {}, places = {}, pos = 1, n = 0,
+      done = false, chunk = math.max(1, math.min(hint_size, scan_bound, CHUNK)), order = nil,
+    }
+  end
+  local single = #streams == 1
+
+  local function fill(s)
+    local members = redis.call('ZRANGEBYLEX', ready, s.from, s.to, 'LIMIT', 0, s.chunk)
+    local n = #members
+    s.buf, s.pos, s.n = members, 1, n
+    s.done = n < s.chunk
+    if n > 0 then
+      s.from = '(' .. members[n]
+      local ids = {}
+      for j = 1, n do
+        ids[j] = string.sub(members[j], -36)
+      end
+      s.places = redis.call('HMGET', placements, unpack(ids))
+    end
+    s.chunk = math.min(2 * s.chunk, CHUNK)
+  end
+
+  -- The stream whose head is the next entry of the merged ready order, nil at the end.
+  -- Without `may_read` it only merges entries already read, and ends where a queue
+  -- would need a read to go on. Each head's order key is cut out once (`s.order`).
+  local function next_stream(may_read)
+    local best, best_order
+    for i = 1, #streams do
+      local s = streams[i]
+      if s.pos > s.n and not s.done then
+        if not may_read then
+          return nil
+        end
+        fill(s)
+      end
+      if s.pos <= s.n then
+        if single then
+          return s
+        end
+        local order = s.order
+        if not order then
+          order = string.sub(s.buf[s.pos], -72, -37)
+          s.order = order
+        end
+        if not best or order_less(order, best_order) then
+          best, best_order = s, order
+        end
+      end
+    end
+    return best
+  end
+
+  -- The jobs that fit in the priority band being read: preferred ones, then the others,
+  -- each in ready order. A band is closed into the selection when the walk leaves it.
+  local band, first, rest = nil, {}, {}
+  local function close_band()
+    for _, e in ipairs(first) do
+      if #selected < limit then
+        selected[#selected + 1] = e
+      else
+        extra_first[#extra_first + 1] = e
+      end
+    end
+    for _, e in ipairs(rest) do
+      if #selected < limit then
+        selected[#selected + 1] = e
+      else
+        extra[#extra + 1] = e
+      end
+    end
+    first, rest = {}, {}
+  end
+
+  -- Entries are only built into tables for the jobs that fit: most of a long walk is
+  -- over jobs that do not.
+  local examined, last, pending = 0, nil, nil
+  while true do
+    if examined >= scan_bound then
+      stop = string.sub(last, -72)
+      break
+    end
+    local s = next_stream(true)
+    if not s then
+      break
+    end
+    local member, place = s.buf[s.pos], s.places[s.pos]
+    s.pos, s.order = s.pos + 1, nil
+    -- The first 4 hex digits of the order key are the (inverted) priority.
+    local b = string.sub(member, -72, -69)
+    if b ~= band then
+      close_band()
+      band = b
+      if #selected >= limit then
+        pending = { member, place, s.q }
+        break
+      end
+    end
+    examined = examined + 1
+    last = member
+    local verdict, pref = judge(place)
+    if verdict == 'fit' then
+      if pref then
+        first[#first + 1] = { member, place, s.q }
+      else
+        rest[#rest + 1] = { member, place, s.q }
+      end
+      -- Nothing later can move ahead of what was read once the preferred jobs of this
+      -- band fill the claim, or, with no preference, once the jobs that fit do.
+      if #selected + #first >= limit or (np == 0 and #selected + #rest >= limit) then
+        break
+      end
+    elseif verdict == 'bad' and #bad < hint_size then
+      bad[#bad + 1] = { member, place, s.q }
+    end
+  end
+  close_band()
+
+  -- Hints from what was read already: the jobs that fit right behind the selection,
+  -- looking on for preferred ones when the claim prefers (the next claim takes those
+  -- first, wherever they are in their band).
+  local wanted = hint_size - limit
+  local function hinted(member, place, queue)
+    local verdict, pref = judge(place)
+    if verdict == 'fit' and pref then
+      extra_first[#extra_first + 1] = { member, place, queue }
+    elseif verdict == 'fit' then
+      extra[#extra + 1] = { member, place, queue }
+    end
+  end
+  if pending then
+    hinted(pending[1], pending[2], pending[3])
+  end
+  while examined < scan_bound and #extra_first < wanted and (np > 0 or #extra < wanted) do
+    local s = next_stream(false)
+    if not s then
+      break
+    end
+    local member, place = s.buf[s.pos], s.places[s.pos]
+    s.pos, s.order = s.pos + 1, nil
+    examined = examined + 1
+    hinted(member, place, s.q)
+  end
+end
+
+local claimed, corrupt, hint = {}, {}, {}
+local more = 0
+local taken = {}       -- ready members to remove
+local list_old = {}    -- list members of vanished jobs
+local unplaced = {}    -- placement index entries of vanished jobs
+local repaired = {}    -- {id, placement text or false} set from the record
+local lease_pairs = {} -- per queue: flat score/member list
+-- Pass 1: read and decide, no writes.
+local to_lease = {}  -- {job key, values, queue, id, attempts, token}
+local to_bury = {}   -- {job key, queue, id, parent, reason}
+local blocked = false
+for _, e in ipairs(selected) do
+  local member, place, queue = e[1], e[2], e[3]
+  local id = string.sub(member, -36)
+  local job = held[id]
+  if blocked or not job then
+    -- Leasing a job behind this one would break the order.
+    blocked = true
+    hint[#hint + 1] = id
+  else
+    -- The reply's order (see claim.lua), with the id in front: v[1] is overwritten by it.
+    local v = redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
+      'cancel', 'payload', 'timeout', 'placement')
+    local state = v[1]
+    if state == 'queued' and v[10] ~= place then
+      repaired[#repaired + 1] = { id, v[10] }
+      blocked = true
+      hint[#hint + 1] = id
+    elseif state == 'queued' then
+      taken[#taken + 1] = member
+      local reason = nil
+      if not meta_ok(v[2]) then
+        reason = 'field meta unreadable'
+      elseif v[4] and not is_int(v[4]) then
+        reason = 'field att not a number'
+      elseif v[5] and not is_int(v[5]) then
+        reason = 'field token not a number'
+      end
+      if reason then
+        local _, parent = meta_queue_parent(v[2])
+        to_bury[#to_bury + 1] = { job, queue, id, parent, reason }
+        more = 1
+      else
+        to_lease[#to_lease + 1] = { job, v, queue, id, tonumber(v[4] or '0'), tonumber(v[5] or '0') }
+      end
+    else
+      taken[#taken + 1] = member
+      more = 1
+      if not state then
+        -- The hash vanished under its index entries (C7): drop them, write nothing.
+        list_old[#list_old + 1] = list_member(queue, 'queued', id)
+        unplaced[#unplaced + 1] = id
+      elseif not STATE_CODE[state] then
+        local _, parent = meta_queue_parent(v[2])
+        to_bury[#to_bury + 1] = { job, queue, id, parent, 'unknown state' }
+      end
+      -- Any other state means the entry is stale: it is only dropped.
+    end
+  end
+end
+if blocked then
+  more = 1
+end
+for _, e in ipairs(bad) do
+  local member, place, queue = e[1], e[2], e[3]
+  local id = string.sub(member, -36)
+  local job = held[id]
+  if not job then
+    hint[#hint + 1] = id
+    more = 1
+  else
+    local v = redis.call('HMGET', job, 'state', 'meta', 'placement')
+    local state = v[1]
+    if state == 'queued' and v[3] ~= place then
+      repaired[#repaired + 1] = { id, v[3] }
+      hint[#hint + 1] = id
+      more = 1
+    elseif state == 'queued' or (state and not STATE_CODE[state]) then
+      taken[#taken + 1] = member
+      local _, parent = meta_queue_parent(v[2])
+      local reason = state == 'queued' and 'field placement unreadable' or 'unknown state'
+      to_bury[#to_bury + 1] = { job, queue, id, parent, reason }
+    else
+      taken[#taken + 1] = member
+      if not state then
+        list_old[#list_old + 1] = list_member(queue, 'queued', id)
+        unplaced[#unplaced + 1] = id
+      end
+    end
+  end
+end
+for _, group in ipairs({ extra_first, extra }) do
+  for _, e in ipairs(group) do
+    if #hint >= hint_size then
+      break
+    end
+    hint[#hint + 1] = string.sub(e[1], -36)
+  end
+end
+
+-- Pass 2: writes.
+for _, l in ipairs(to_lease) do
+  local job, v, queue, id = l[1], l[2], l[3], l[4]
+  -- Counters are small integers: incremented and formatted exactly, in one write.
+  local attempts = string.format('%d', l[5] + 1)
+  local token = string.format('%d', l[6] + 1)
+  redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
+    'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
+  v[1] = id
+  v[4] = attempts
+  v[5] = token
+  claimed[#claimed + 1] = v
+  local pairs_of_queue = lease_pairs[queue]
+  if not pairs_of_queue then
+    pairs_of_queue = {}
+    lease_pairs[queue] = pairs_of_queue
+  end
+  pairs_of_queue[#pairs_of_queue + 1] = expires
+  pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
+  -- The list entry stays: queued and running share the code 'a'.
+end
+for _, b in ipairs(to_bury) do
+  bury(b[1], list, done, b[2], b[3], b[4], now, b[5])
+  corrupt[#corrupt + 1] = b[3]
+end
+
+zrem_members(ready, taken)
+for queue, flat in pairs(lease_pairs) do
+  zadd_pairs(leases, flat)
+  redis.call('HINCRBY', running, queue, string.format('%d', #flat / 2))
+end
+zrem_members(list, list_old)
+hdel_fields(placements, unplaced)
+for _, r in ipairs(repaired) do
+  if r[2] then
+    redis.call('HSET', placements, r[1], r[2])
+  else
+    redis.call('HDEL', placements, r[1])
+  end
+end
+
+return { 'ok', claimed, hint, corrupt, more, stop }
