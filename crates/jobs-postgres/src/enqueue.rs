@@ -79,6 +79,7 @@ where
                 .map(|r| r.job.uniqueness == Uniqueness::WhileActive)
                 .bind_iter(),
         )
+        .bind(rows.iter().map(|r| row::placement_param(r.job)).bind_iter())
         .fetch_all(executor)
         .await
         .map_err(|err| shared.error("enqueue", err))?;

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::{Error, Job, JobId, JobState, Lease, LeaseToken, Result, Timestamp};
+use jobs_core::fit::{decode_placement, encode_placement};
+use jobs_core::{Error, Job, JobId, JobState, Lease, LeaseToken, Needs, NewJob, Result, Timestamp};
 use sqlx::postgres::{PgRow, Postgres};
 use sqlx::{Decode, Row, Type};
 use uuid::Uuid;
@@ -68,6 +69,10 @@ pub(crate) fn job(row: &PgRow) -> Result<Job> {
     } else {
         None
     };
+    let (needs, locality) = match column::<Option<String>>(row, 22, what)? {
+        Some(text) => decode_placement(&text).map_err(|err| Error::corrupt(what(), err))?,
+        None => (Needs::new(), None),
+    };
     let stamp = |index: usize| -> Result<Option<Timestamp>> {
         Ok(column::<Option<i64>>(row, index, what)?.map(Timestamp::from_millis))
     };
@@ -95,6 +100,8 @@ pub(crate) fn job(row: &PgRow) -> Result<Job> {
         timeout: column::<Option<i64>>(row, 21, what)?
             .map(|ms| timeout(ms, what))
             .transpose()?,
+        needs,
+        locality,
     })
 }
 
@@ -109,6 +116,12 @@ fn timeout(ms: i64, what: &dyn Fn() -> String) -> Result<Duration> {
 /// A job's timeout as stored: whole milliseconds (validated to fit, and exact).
 pub(crate) fn timeout_param(timeout: Option<Duration>) -> Option<i64> {
     timeout.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A job's needs and locality as stored (CONTRACT F1): the placement text, NULL when
+/// the job declares neither.
+pub(crate) fn placement_param(job: &NewJob) -> Option<String> {
+    encode_placement(&job.needs, job.locality.as_deref())
 }
 
 /// The claim-order sequence of a job row (column 6).

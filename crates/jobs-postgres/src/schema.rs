@@ -47,6 +47,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "schedules",
         sql: include_str!("../migrations/0006_schedules.sql"),
     },
+    Migration {
+        version: 7,
+        name: "fit",
+        sql: include_str!("../migrations/0007_fit.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

@@ -32,13 +32,15 @@ use std::sync::Arc;
 
 use sqlx::AssertSqlSafe;
 
-/// The columns of a job as `get` shows it, in the order `row::job_from_row` reads them.
+/// The columns of a job as `get` shows it, in the order `row::job` reads them. The
+/// placement is read as its text: sqlx decodes no `jsonb` into a `String`, and
+/// jobs-core decodes the text.
 macro_rules! job_columns {
     () => {
         "id, queue, tenant, idempotency_key, priority, run_at, seq, max_attempts, parent, \
          state, attempts, lease_worker, lease_token, lease_expires_at, created_at, \
          started_at, heartbeat_at, finished_at, last_error, result, cancel_requested, \
-         timeout_ms"
+         timeout_ms, placement::text"
     };
 }
 
@@ -46,8 +48,8 @@ macro_rules! job_columns {
 ///
 /// `$1` namespace, `$2` now, `$3..$11` and `$14` the jobs as parallel arrays (id,
 /// queue, tenant, key, payload, priority, run_at, max_attempts, parent; timeout in
-/// milliseconds, NULL for none; `$15` whether the key is unique while active, E10),
-/// `$12` the dedup cutoff
+/// milliseconds, NULL for none; `$15` whether the key is unique while active, E10;
+/// `$16` the placement text, NULL for none, F1), `$12` the dedup cutoff
 /// (`now - window`: an entry created at or before it no longer deduplicates), `$13`
 /// whole: when true, one unknown parent writes nothing at all (an `enqueue_batch`);
 /// when false, only that job is refused (calls gathered from different callers).
@@ -66,9 +68,10 @@ WITH input AS MATERIALIZED (
            (t.parent IS NULL OR EXISTS (SELECT 1 FROM {schema}.jobs p
                                         WHERE p.namespace = $1 AND p.id = t.parent)) AS parent_ok
     FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::bytea[],
-                $8::int2[], $9::int8[], $10::int8[], $11::uuid[], $14::int8[], $15::bool[])
+                $8::int2[], $9::int8[], $10::int8[], $11::uuid[], $14::int8[], $15::bool[],
+                $16::text[])
          WITH ORDINALITY AS t(id, queue, tenant, key, payload, priority, run_at,
-                              max_attempts, parent, timeout_ms, while_active, ord)
+                              max_attempts, parent, timeout_ms, while_active, placement, ord)
 ),
 bad AS (
     SELECT count(*) FILTER (WHERE NOT parent_ok) AS n FROM input
@@ -100,9 +103,10 @@ d AS (
 j AS (
     INSERT INTO {schema}.jobs (namespace, id, queue, tenant, idempotency_key, priority,
                                run_at, seq, max_attempts, parent, state, created_at, payload,
-                               timeout_ms)
+                               timeout_ms, placement)
     SELECT $1, ok.id, ok.queue, ok.tenant, ok.key, ok.priority, ok.run_at, ok.seq,
-           ok.max_attempts, ok.parent, 'queued', $2, ok.payload, ok.timeout_ms
+           ok.max_attempts, ok.parent, 'queued', $2, ok.payload, ok.timeout_ms,
+           ok.placement::jsonb
     FROM ok
     WHERE ok.key IS NULL OR EXISTS (SELECT 1 FROM d WHERE d.job_id = ok.id)
     RETURNING id
@@ -125,6 +129,12 @@ ORDER BY input.ord
 /// cannot use the index order: it reads every ready row of the queues and sorts.)
 /// Rows locked but not kept are free again when the statement ends. The update
 /// leases the kept rows; `RETURNING` has no order, so the caller sorts.
+///
+/// `{fit}` is empty in the plain claim. A claim with a budget and nothing else
+/// (CONTRACT F2–F4) fills it with [`FIT`], with the budget as `$7`: each probe then
+/// tests the rows it walks and locks only the first `$4` that fit, so the cut still
+/// comes after the filter and the order, and a job that does not fit is never locked
+/// or written.
 const CLAIM: &str = concat!(
     r#"
 WITH cand AS (
@@ -140,13 +150,136 @@ WITH cand AS (
     CROSS JOIN LATERAL (
         SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s FROM {schema}.jobs
         WHERE o.open AND namespace = $1 AND queue = q.name AND state = 'queued'
-          AND run_at <= $3
+          AND run_at <= $3{fit}
         ORDER BY priority DESC, run_at, seq
         LIMIT $4
         FOR UPDATE SKIP LOCKED
     ) c
     ORDER BY c.p DESC, c.r, c.s
     LIMIT $4
+)
+UPDATE {schema}.jobs SET
+    state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
+    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
+FROM cand
+WHERE namespace = $1 AND id = cand.cand_id AND {relax}
+RETURNING "#,
+    job_columns!(),
+    ", payload"
+);
+
+/// The admission test of a fitted claim (CONTRACT F2, F3), `$7` the budget
+/// (`Budget::to_json`, NULL for none): the migration's `budget_admits` path, built by
+/// an uncorrelated subquery, so once per statement rather than per row. A job without
+/// a placement needs nothing and fits every budget without the test.
+const FIT: &str = "
+          AND (placement IS NULL OR placement @@ (SELECT {schema}.budget_admits($7::jsonb)))";
+
+/// A claim preferring localities (CONTRACT F5), with or without a budget: up to `$4`
+/// ready jobs of queues `$2` that pass [`FIT`], in the order of `jobs_core::FitOrder`
+/// (priority, then preferred locality, then ready time and sequence).
+///
+/// `$1` to `$7` as in [`CLAIM`] with [`FIT`]; `$8` the preferred localities (distinct,
+/// at least one). No index walks the fitted order, so the statement gathers a set
+/// sure to hold the answer, then sorts it.
+///
+/// `fitting` is the budgeted claim's probe: per queue, the first `$4` jobs that fit, in
+/// claim order. A preferred job may overtake only jobs of its own priority, so only at
+/// the lowest priority a probe reached, and only when the probe came back full
+/// (otherwise it holds every job of the queue that fits): `edge` is that priority and
+/// the `k` jobs the probe took at it, and `local` adds, per preferred locality, the
+/// first `k` that fit at that priority and locality (`jobs_ready_locality`). The
+/// queue's first `$4` in fitted order are then all there: the jobs above the edge
+/// priority, and at it the first `k` in fitted order, whose preferred ones are each
+/// among the first `k` of their locality and whose others among the first `k` of the
+/// probe. `cand` sorts the union over every queue and keeps `$4`, so the cut comes
+/// after the filter and the order (F4, F5); a job found twice is one row (`UNION`).
+///
+/// Every probe locks only rows that fit, skipping rows other claimers hold; rows
+/// locked but not kept are free again when the statement ends. The probes are
+/// materialized, so each runs once whatever the join plan (see [`PURGE`]).
+const CLAIM_PREFERRING: &str = concat!(
+    r#"
+WITH fitting AS MATERIALIZED (
+    SELECT q.name AS queue, c.*
+    FROM unnest($2::text[]) AS q(name)
+    -- CONTRACT Q1: a paused queue gives no candidates (one key lookup per queue).
+    CROSS JOIN LATERAL (
+        SELECT NOT EXISTS (
+            SELECT 1 FROM {schema}.paused_queues
+            WHERE namespace = $1 AND queue = q.name
+        ) AS open
+    ) o
+    CROSS JOIN LATERAL (
+        SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s, placement ->> 'l' AS l
+        FROM {schema}.jobs
+        WHERE o.open AND namespace = $1 AND queue = q.name AND state = 'queued'
+          AND run_at <= $3{fit}
+        ORDER BY priority DESC, run_at, seq
+        LIMIT $4
+        FOR UPDATE SKIP LOCKED
+    ) c
+),
+edge AS (
+    SELECT f.queue, f.p, count(*) AS k
+    FROM fitting f
+    JOIN (
+        SELECT queue, min(p) AS p FROM fitting
+        GROUP BY queue
+        HAVING count(*) = $4
+    ) lowest ON lowest.queue = f.queue AND lowest.p = f.p
+    GROUP BY f.queue, f.p
+),
+local AS MATERIALIZED (
+    SELECT e.queue, c.*
+    FROM edge e
+    CROSS JOIN unnest($8::text[]) AS pl(locality)
+    CROSS JOIN LATERAL (
+        SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s, placement ->> 'l' AS l
+        FROM {schema}.jobs
+        WHERE namespace = $1 AND queue = e.queue AND state = 'queued'
+          AND placement ? 'l' AND placement ->> 'l' = pl.locality AND priority = e.p
+          AND run_at <= $3{fit}
+        ORDER BY run_at, seq
+        LIMIT e.k
+        FOR UPDATE SKIP LOCKED
+    ) c
+),
+cand AS (
+    SELECT c.cand_id
+    FROM (SELECT * FROM fitting UNION SELECT * FROM local) c
+    ORDER BY c.p DESC, (c.l = ANY($8::text[])) IS TRUE DESC, c.r, c.s
+    LIMIT $4
+)
+UPDATE {schema}.jobs SET
+    state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
+    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
+FROM cand
+WHERE namespace = $1 AND id = cand.cand_id AND {relax}
+RETURNING "#,
+    job_columns!(),
+    ", payload"
+);
+
+/// A claim of one reserved job (CONTRACT F6): job `$4`, if it is ready in one of the
+/// unpaused queues `$2` and passes [`FIT`] (`$7` the budget).
+///
+/// `$1`, `$3`, `$5`, `$6` as in [`CLAIM`]. The tests sit inside `( … ) IS TRUE` (see
+/// the module documentation), so only the primary key serves the lookup: a reservation
+/// costs one row whatever the queues hold.
+const CLAIM_RESERVED: &str = concat!(
+    r#"
+WITH cand AS MATERIALIZED (
+    SELECT id AS cand_id
+    FROM {schema}.jobs
+    WHERE namespace = $1 AND id = $4
+      AND (state = 'queued' AND run_at <= $3 AND queue = ANY($2::text[])) IS TRUE
+      -- CONTRACT Q1: nothing from a paused queue.
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.paused_queues p
+          WHERE p.namespace = $1 AND p.queue = jobs.queue
+      ){fit}
+    FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs SET
     state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
@@ -537,6 +670,7 @@ impl Text {
     fn render(template: &str, schema: &str, relax: &str, again: &str) -> Self {
         Text(Arc::from(
             template
+                .replace("{fit}", FIT)
                 .replace("{again}", again)
                 .replace("{schema}", schema)
                 .replace("{relax}", relax),
@@ -555,6 +689,10 @@ impl Text {
 pub(crate) struct Statements {
     pub(crate) enqueue: Text,
     pub(crate) claim: Text,
+    /// [`CLAIM`] with [`FIT`]: a claim with a budget and nothing else.
+    pub(crate) claim_budgeted: Text,
+    pub(crate) claim_preferring: Text,
+    pub(crate) claim_reserved: Text,
     pub(crate) exists: Text,
     pub(crate) get: Text,
     pub(crate) payload: Text,
@@ -593,7 +731,10 @@ impl Statements {
         let r = |template: &str| Text::render(template, quoted_schema, relax, "false");
         Statements {
             enqueue: r(ENQUEUE),
-            claim: r(CLAIM),
+            claim: r(&CLAIM.replace("{fit}", "")),
+            claim_budgeted: r(CLAIM),
+            claim_preferring: r(CLAIM_PREFERRING),
+            claim_reserved: r(CLAIM_RESERVED),
             exists: r(EXISTS),
             get: r(GET),
             payload: r(PAYLOAD),
@@ -620,6 +761,38 @@ impl Statements {
             vanish: r(VANISH),
             drop_namespace: r(DROP_NAMESPACE),
             notify: r(NOTIFY),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_fitted_claims_test_a_budget() {
+        let sql = Statements::new("\"jobs\"", true);
+        assert!(!sql.claim.0.contains("placement @@"), "{}", sql.claim.0);
+        for fitted in [
+            &sql.claim_budgeted,
+            &sql.claim_preferring,
+            &sql.claim_reserved,
+        ] {
+            assert!(
+                fitted
+                    .0
+                    .contains("placement @@ (SELECT \"jobs\".budget_admits($7::jsonb))"),
+                "{}",
+                fitted.0
+            );
+        }
+        for claim in [
+            &sql.claim,
+            &sql.claim_budgeted,
+            &sql.claim_preferring,
+            &sql.claim_reserved,
+        ] {
+            assert!(!claim.0.contains('{'), "a placeholder is left: {}", claim.0);
         }
     }
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use jobs_core::batch::Batcher;
 use jobs_core::{
-    async_trait, validate, Backend, Capabilities, ClaimRequest, ClaimedJob, Enqueued, Error,
-    Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
+    async_trait, validate, Backend, Budget, Capabilities, ClaimRequest, ClaimedJob, Enqueued,
+    Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
     QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
     StoredSchedule, Timestamp, LEASE_EXPIRED,
 };
@@ -180,15 +180,20 @@ impl PostgresBackend {
     }
 }
 
-/// Sorts claimed rows into claim order (CONTRACT C3): `UPDATE … RETURNING` has none.
-fn claim_order(rows: Vec<PgRow>) -> Result<Vec<ClaimedJob>> {
+/// Sorts claimed rows into the request's order (CONTRACT C3, F5): `UPDATE … RETURNING`
+/// has none.
+fn claim_order(rows: Vec<PgRow>, request: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         let job = row::job(&row)?;
         let seq = row::seq(&row, job.id)?;
-        let payload: Vec<u8> = column(&row, 22, &|| format!("job {}", job.id))?;
-        claimed.push((
+        let payload: Vec<u8> = column(&row, 23, &|| format!("job {}", job.id))?;
+        let order = request.fit_order(
             ReadyOrder::new(job.priority, job.run_at, seq),
+            job.locality.as_deref(),
+        );
+        claimed.push((
+            order,
             ClaimedJob {
                 job,
                 payload: Bytes::from(payload),
@@ -281,22 +286,56 @@ impl Backend for PostgresStore {
                 seen.insert(queue.clone(), counter);
             }
         }
+        let expires_at = now.saturating_add(request.lease_ttl).as_millis();
+        let budget = request.budget.as_ref().map(Budget::to_json);
         // Sent again when the connection broke: if the first run committed unseen,
         // its jobs wait for their lease to expire and reclaim, exactly as when the
         // caller claims again after an `Unavailable`.
         let rows = self
             .shared()
             .fetch_all_again("claim", |_| {
-                sqlx::query(self.sql().claim.sql())
-                    .bind(self.namespace())
-                    .bind(&request.queues[..])
-                    .bind(now.as_millis())
-                    .bind(limit_param(request.limit))
-                    .bind(request.worker.as_bytes())
-                    .bind(now.saturating_add(request.lease_ttl).as_millis())
+                if !request.is_fitted() {
+                    return sqlx::query(self.sql().claim.sql())
+                        .bind(self.namespace())
+                        .bind(&request.queues[..])
+                        .bind(now.as_millis())
+                        .bind(limit_param(request.limit))
+                        .bind(request.worker.as_bytes())
+                        .bind(expires_at);
+                }
+                // A reservation needs no order; a budget alone keeps the claim order.
+                if let Some(reserved) = request.reserved {
+                    sqlx::query(self.sql().claim_reserved.sql())
+                        .bind(self.namespace())
+                        .bind(&request.queues[..])
+                        .bind(now.as_millis())
+                        .bind(Uuid::from(reserved))
+                        .bind(request.worker.as_bytes())
+                        .bind(expires_at)
+                        .bind(budget.as_deref())
+                } else if request.prefer.is_empty() {
+                    sqlx::query(self.sql().claim_budgeted.sql())
+                        .bind(self.namespace())
+                        .bind(&request.queues[..])
+                        .bind(now.as_millis())
+                        .bind(limit_param(request.limit))
+                        .bind(request.worker.as_bytes())
+                        .bind(expires_at)
+                        .bind(budget.as_deref())
+                } else {
+                    sqlx::query(self.sql().claim_preferring.sql())
+                        .bind(self.namespace())
+                        .bind(&request.queues[..])
+                        .bind(now.as_millis())
+                        .bind(limit_param(request.limit))
+                        .bind(request.worker.as_bytes())
+                        .bind(expires_at)
+                        .bind(budget.as_deref())
+                        .bind(&request.prefer[..])
+                }
             })
             .await?;
-        claim_order(rows)
+        claim_order(rows, &request)
     }
 
     async fn heartbeat(

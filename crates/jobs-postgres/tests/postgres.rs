@@ -1,5 +1,6 @@
 //! Tests of what is particular to the PostgreSQL backend: races across connections,
-//! server-side connection kills, concurrent migrations, wake-ups, corrupt rows.
+//! server-side connection kills, concurrent migrations and upgrades, wake-ups, corrupt
+//! rows, and fitted claims held to their reference in jobs-core.
 //!
 //! Each needs the server at `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`) and is skipped loudly without it.
@@ -11,8 +12,8 @@ use std::time::Duration;
 
 use jobs_conformance::unique_namespace;
 use jobs_core::{
-    ClaimRequest, Clock, Completion, Error, Heartbeat, HeldLease, JobId, JobState, LeaseToken,
-    ManualClock, NewJob, Store, StoreSettings,
+    Budget, ClaimRequest, Clock, Completion, Error, Heartbeat, HeldLease, JobId, JobState,
+    LeaseToken, ManualClock, Needs, NewJob, Store, StoreSettings,
 };
 use jobs_postgres::{PgPool, PgPoolOptions, PostgresBackend, PostgresConfig};
 use tokio::sync::Notify;
@@ -404,19 +405,25 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4, 5, 6],
+        vec![1, 2, 3, 4, 5, 6, 7],
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 6);
+        assert_eq!(backend.schema_version().await.expect("version"), 7);
     }
 
-    // Migrations 2 to 6 are safe to run again on a migrated schema with jobs (and a
+    // Migrations 2 to 7 are safe to run again on a migrated schema with jobs (and a
     // paused queue) in it: forget that they ran, connect, and they run once more.
     let clock = ManualClock::default();
     let store = open(&backends[0], settings(&clock));
+    let needs = Needs::new().amount("gpu", 2).capability("fpga");
     let queued = store
-        .enqueue(NewJob::new("q").timeout(Duration::from_millis(1500)))
+        .enqueue(
+            NewJob::new("q")
+                .timeout(Duration::from_millis(1500))
+                .needs(needs.clone())
+                .locality("rack-1"),
+        )
         .await
         .expect("enqueue")
         .id;
@@ -426,7 +433,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     )))
     .execute(&admin)
     .await
-    .expect("forget migrations 2 to 6");
+    .expect("forget migrations 2 to 7");
     let config = PostgresConfig::new(&url())
         .expect("url")
         .schema(schema.clone())
@@ -435,7 +442,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     let again = PostgresBackend::connect(config)
         .await
         .expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 6);
+    assert_eq!(again.schema_version().await.expect("version"), 7);
     assert_eq!(
         store.paused_queues().await.expect("paused"),
         vec!["held".to_owned()],
@@ -444,6 +451,21 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     let job = store.get(queued).await.expect("get");
     assert_eq!(job.state, JobState::Queued);
     assert_eq!(job.timeout, Some(Duration::from_millis(1500)), "kept");
+    assert_eq!(
+        (job.needs, job.locality.as_deref()),
+        (needs, Some("rack-1")),
+        "kept"
+    );
+    let locality: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_get_indexdef('\"{schema}\".jobs_ready_locality'::regclass)"
+    )))
+    .fetch_one(&admin)
+    .await
+    .expect("read the locality index");
+    assert!(
+        locality.ends_with("WHERE ((state = 'queued'::text) AND (placement ? 'l'::text))"),
+        "{locality}"
+    );
     let leases: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT pg_get_indexdef('\"{schema}\".jobs_leases'::regclass)"
     )))
@@ -474,6 +496,102 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     }
 
     drop(backends);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop the schema");
+}
+
+/// A schema an older build left at version 6, with jobs in it, takes migration 7: its
+/// jobs read back needing nothing and fit every budget, and new jobs keep their needs
+/// and locality.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_7_upgrades_a_schema_with_jobs() {
+    let schema = unique_name("jobs_upgrade");
+    let admin = match PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url())
+        .await
+    {
+        Ok(pool) => pool,
+        Err(err) => {
+            jobs_conformance::skip_or_fail::<()>("PostgreSQL", &url(), &err);
+            return;
+        }
+    };
+    let config = || {
+        PostgresConfig::new(&url())
+            .expect("url")
+            .schema(schema.clone())
+            .expect("schema")
+            .max_connections(2)
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let before = PostgresBackend::connect(config()).await.expect("migrate");
+    let old = open(&before, settings.clone());
+    let mut old_jobs = Vec::new();
+    for priority in [0, 5] {
+        let job = NewJob::new("q").priority(priority);
+        old_jobs.push(old.enqueue(job).await.expect("enqueue").id);
+    }
+    drop(old);
+    drop(before);
+    // What migration 7 adds, taken away again: the schema as version 6 left it.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP INDEX \"{schema}\".jobs_ready_locality;
+         DROP FUNCTION \"{schema}\".budget_admits(jsonb);
+         ALTER TABLE \"{schema}\".jobs DROP COLUMN placement;
+         DELETE FROM \"{schema}\".migrations WHERE version = 7;"
+    )))
+    .execute(&admin)
+    .await
+    .expect("back to version 6");
+
+    let upgraded = PostgresBackend::connect(config()).await.expect("upgrade");
+    assert_eq!(upgraded.schema_version().await.expect("version"), 7);
+    let store = open(&upgraded, settings);
+    for id in &old_jobs {
+        let job = store.get(*id).await.expect("get");
+        assert_eq!((job.needs, job.locality), (Needs::new(), None), "old job");
+    }
+    let big = store
+        .enqueue(
+            NewJob::new("q")
+                .priority(9)
+                .needs(Needs::new().amount("gpu", 4).capability("fpga"))
+                .locality("here"),
+        )
+        .await
+        .expect("enqueue")
+        .id;
+    let small = ClaimRequest::new(["q"], "w", TTL)
+        .limit(10)
+        .budget(Budget::new().amount("gpu", 1))
+        .prefer(["here"]);
+    let claimed: Vec<JobId> = store
+        .claim(small)
+        .await
+        .expect("claim")
+        .iter()
+        .map(|job| job.id())
+        .collect();
+    assert_eq!(
+        claimed,
+        vec![old_jobs[1], old_jobs[0]],
+        "old jobs fit every budget"
+    );
+    let fitting = ClaimRequest::new(["q"], "w", TTL)
+        .budget(Budget::new().amount("gpu", 4).capability("fpga"));
+    let claimed = store.claim(fitting).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].id(), big);
+    assert_eq!(claimed[0].job.locality.as_deref(), Some("here"));
+
+    drop(store);
+    drop(upgraded);
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA \"{schema}\" CASCADE"
     )))
@@ -717,6 +835,32 @@ async fn undecodable_rows_are_corrupt() {
     assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
     let request = ClaimRequest::new(["q"], "w", TTL);
     assert!(store.claim(request).await.expect("claim").is_empty());
+
+    // Needs and a locality that jobs-core cannot read back.
+    let placed = store
+        .enqueue(NewJob::new("p").needs(Needs::new().amount("gpu", 1)))
+        .await
+        .expect("enqueue")
+        .id;
+    for bad in [r#"{"a":{"gpu":-1}}"#, r#"{"a":[1]}"#, r#"{"l":7}"#, "[]"] {
+        let pool = backend.pool().clone();
+        sqlx::query(
+            "UPDATE jobs.jobs SET placement = $2::jsonb WHERE namespace = $1 AND queue = 'p'",
+        )
+        .bind(&settings.namespace)
+        .bind(bad)
+        .execute(&pool)
+        .await
+        .expect("damage the placement");
+        let err = store.get(placed).await.expect_err(bad);
+        assert!(matches!(err, Error::Corrupt { .. }), "{bad}: {err:?}");
+        assert!(err.to_string().contains(&placed.to_string()), "{err}");
+        let err = store
+            .list(jobs_core::ListQuery::new("p"))
+            .await
+            .expect_err(bad);
+        assert!(matches!(err, Error::Corrupt { .. }), "{bad}: {err:?}");
+    }
     clean_up(&backend, &settings.namespace).await;
 }
 
@@ -1116,6 +1260,180 @@ async fn connections_carry_the_configured_application_name() {
     tokio::time::timeout(Duration::from_secs(30), listening)
         .await
         .expect("the listener carries the name too");
+}
+
+/// A small deterministic generator, so a failing sequence replays from its seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A queued job as the test knows it: what the claim order and the budget look at.
+struct Known {
+    id: JobId,
+    queue: &'static str,
+    priority: i16,
+    run_at: jobs_core::Timestamp,
+    seq: u64,
+    needs: Needs,
+    locality: Option<String>,
+}
+
+/// Random jobs and random claims (budgets, preferences, reservations, limits, several
+/// queues, a paused queue, jobs not yet due) against the reference: `ClaimRequest::admits` and
+/// `ClaimRequest::fit_order` over the ready jobs, cut to the limit. One claimer, so
+/// the answer is exact: the SQL's candidate sets (per-queue probes, the preferred
+/// localities at the edge priority) must never miss a job the reference takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fitted_claims_take_what_the_reference_takes() {
+    let Some(backend) = backend("jobs-postgres-fit", 2).await else {
+        return;
+    };
+    const HOSTS: [&str; 4] = ["host-0", "host-1", "host-2", "host-3"];
+    const CAPABILITIES: [&str; 2] = ["fpga", "tpu"];
+    for seed in 1..=4_u64 {
+        let clock = ManualClock::default();
+        let store = open(&backend, settings(&clock));
+        let mut rng = Lcg(seed);
+        let mut known: Vec<Known> = Vec::new();
+        let mut seq = 0;
+        let mut paused_b = false;
+        for step in 0..40 {
+            for _ in 0..rng.below(8) {
+                clock.advance(Duration::from_millis(rng.below(3)));
+                let now = clock.now();
+                let queue = if rng.chance(60) { "a" } else { "b" };
+                let priority = rng.below(3) as i16;
+                // Most are ready, some earlier than jobs enqueued before them, a few not
+                // yet due.
+                let run_at = if rng.chance(10) {
+                    now.saturating_add(Duration::from_secs(3600))
+                } else {
+                    now.saturating_sub(Duration::from_millis(rng.below(20)))
+                };
+                let mut needs = Needs::new();
+                if rng.chance(60) {
+                    needs = needs.amount("gpu", rng.below(4));
+                }
+                if rng.chance(30) {
+                    needs = needs.amount("mem", rng.below(3));
+                }
+                for key in CAPABILITIES {
+                    if rng.chance(15) {
+                        needs = needs.capability(key);
+                    }
+                }
+                let locality = rng
+                    .chance(70)
+                    .then(|| HOSTS[rng.below(4) as usize].to_owned());
+                let mut job = NewJob::new(queue)
+                    .priority(priority)
+                    .run_at(run_at)
+                    .needs(needs.clone());
+                if let Some(locality) = &locality {
+                    job = job.locality(locality.clone());
+                }
+                let id = store.enqueue(job).await.expect("enqueue").id;
+                seq += 1;
+                known.push(Known {
+                    id,
+                    queue,
+                    priority,
+                    run_at,
+                    seq,
+                    needs,
+                    locality,
+                });
+            }
+            if rng.chance(10) {
+                paused_b = !paused_b;
+                if paused_b {
+                    store.pause("b").await.expect("pause");
+                } else {
+                    store.resume("b").await.expect("resume");
+                }
+            }
+            let queues: &[&str] = match rng.below(3) {
+                0 => &["a"],
+                1 => &["b"],
+                _ => &["a", "b"],
+            };
+            let mut request = ClaimRequest::new(queues.iter().copied(), "w", TTL)
+                .limit(1 + rng.below(5) as usize);
+            if rng.chance(75) {
+                let mut budget = Budget::new();
+                if rng.chance(80) {
+                    budget = budget.amount("gpu", rng.below(4));
+                }
+                if rng.chance(30) {
+                    budget = budget.amount("mem", rng.below(3));
+                }
+                for key in CAPABILITIES {
+                    if rng.chance(50) {
+                        budget = budget.capability(key);
+                    }
+                }
+                request = request.budget(budget);
+            }
+            if rng.chance(60) {
+                let first = rng.below(4) as usize;
+                let count = 1 + rng.below(2) as usize;
+                request = request.prefer(HOSTS.iter().cycle().skip(first).take(count).copied());
+            }
+
+            if rng.chance(15) && !known.is_empty() {
+                let job = &known[rng.below(known.len() as u64) as usize];
+                request = request.reserved(job.id);
+            }
+
+            let now = clock.now();
+            let mut expected: Vec<(jobs_core::fit::FitOrder, JobId)> = known
+                .iter()
+                .filter(|job| {
+                    request.reserved.is_none_or(|id| id == job.id)
+                        && queues.contains(&job.queue)
+                        && !(paused_b && job.queue == "b")
+                        && job.run_at <= now
+                        && request.admits(&job.needs)
+                })
+                .map(|job| {
+                    let ready = jobs_core::ReadyOrder::new(job.priority, job.run_at, job.seq);
+                    (request.fit_order(ready, job.locality.as_deref()), job.id)
+                })
+                .collect();
+            expected.sort();
+            // The handle claims a reservation with a limit of one.
+            expected.truncate(if request.reserved.is_some() {
+                1
+            } else {
+                request.limit
+            });
+            let expected: Vec<JobId> = expected.into_iter().map(|(_, id)| id).collect();
+
+            let what = format!("seed {seed}, step {step}: {request:?}");
+            let claimed: Vec<JobId> = store
+                .claim(request)
+                .await
+                .expect("claim")
+                .iter()
+                .map(|job| job.id())
+                .collect();
+            assert_eq!(claimed, expected, "{what}");
+            known.retain(|job| !claimed.contains(&job.id));
+        }
+        clean_up(&backend, &store.settings().namespace).await;
+    }
 }
 
 /// A job's timeout is stored and read back by every read: single and batch enqueue,
