@@ -385,7 +385,6 @@ local taken = {}       -- ready members to remove
 local list_old = {}    -- list members of vanished jobs
 local unplaced = {}    -- placement index entries of vanished jobs
 local repaired = {}    -- {id, placement text or false} set from the record
-local lease_pairs = {} -- per queue: flat score/member list
 -- Pass 1: read and decide, no writes.
 local to_lease = {}  -- {job key, values, queue, id, attempts, token}
 local to_bury = {}   -- {job key, queue, id, parent, reason}
@@ -480,37 +479,14 @@ for _, group in ipairs({ extra_first, extra }) do
 end
 
 -- Pass 2: writes.
-for _, l in ipairs(to_lease) do
-  local job, v, queue, id = l[1], l[2], l[3], l[4]
-  -- Counters are small integers: incremented and formatted exactly, in one write.
-  local attempts = string.format('%d', l[5] + 1)
-  local token = string.format('%d', l[6] + 1)
-  redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
-    'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
-  v[1] = id
-  v[4] = attempts
-  v[5] = token
+local leased, buried = write_claim(ready, leases, list, running, done, to_lease, to_bury,
+  taken, list_old, worker, expires, now)
+for _, v in ipairs(leased) do
   claimed[#claimed + 1] = v
-  local pairs_of_queue = lease_pairs[queue]
-  if not pairs_of_queue then
-    pairs_of_queue = {}
-    lease_pairs[queue] = pairs_of_queue
-  end
-  pairs_of_queue[#pairs_of_queue + 1] = expires
-  pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
-  -- The list entry stays: queued and running share the code 'a'.
 end
-for _, b in ipairs(to_bury) do
-  bury(b[1], list, done, b[2], b[3], b[4], now, b[5])
-  corrupt[#corrupt + 1] = b[3]
+for _, id in ipairs(buried) do
+  corrupt[#corrupt + 1] = id
 end
-
-zrem_members(ready, taken)
-for queue, flat in pairs(lease_pairs) do
-  zadd_pairs(leases, flat)
-  redis.call('HINCRBY', running, queue, string.format('%d', #flat / 2))
-end
-zrem_members(list, list_old)
 hdel_fields(placements, unplaced)
 for _, r in ipairs(repaired) do
   if r[2] then

@@ -256,3 +256,45 @@ local function bury(job, list, done, queue, id, parent, now, reason)
   redis.call('ZADD', list, '0', queue .. ' d ' .. id)
   redis.call('ZADD', done, now, done_member(queue, 'dead', id, parent))
 end
+
+-- The writes of a claim (claim.lua, claim_fit.lua), once every value they depend on was
+-- read and checked: each of `to_lease` ({job key, reply values, queue, id, attempts,
+-- token}) becomes running under this lease, leaving `ready` and entering `leases` and
+-- its queue's running counter in this step; each of `to_bury` ({job key, queue, id,
+-- parent, reason}) goes to dead; the `taken` ready members and `list_old` list members
+-- are removed. Returns the reply rows of the leased jobs and the buried ids.
+local function write_claim(ready, leases, list, running, done, to_lease, to_bury, taken, list_old,
+    worker, expires, now)
+  local claimed, corrupt, lease_pairs = {}, {}, {}
+  for _, l in ipairs(to_lease) do
+    local job, v, queue, id = l[1], l[2], l[3], l[4]
+    -- Counters are small integers: incremented and formatted exactly, in one write.
+    local attempts = string.format('%d', l[5] + 1)
+    local token = string.format('%d', l[6] + 1)
+    redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
+      'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
+    v[1] = id
+    v[4] = attempts
+    v[5] = token
+    claimed[#claimed + 1] = v
+    local pairs_of_queue = lease_pairs[queue]
+    if not pairs_of_queue then
+      pairs_of_queue = {}
+      lease_pairs[queue] = pairs_of_queue
+    end
+    pairs_of_queue[#pairs_of_queue + 1] = expires
+    pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
+    -- The list entry stays: queued and running share the code 'a'.
+  end
+  for _, b in ipairs(to_bury) do
+    bury(b[1], list, done, b[2], b[3], b[4], now, b[5])
+    corrupt[#corrupt + 1] = b[3]
+  end
+  zrem_members(ready, taken)
+  for queue, flat in pairs(lease_pairs) do
+    zadd_pairs(leases, flat)
+    redis.call('HINCRBY', running, queue, string.format('%d', #flat / 2))
+  end
+  zrem_members(list, list_old)
+  return claimed, corrupt
+end
