@@ -276,17 +276,17 @@ mod tests {
     fn placement_round_trips_and_is_absent_when_empty() {
         assert_eq!(encode_placement(&Needs::new(), None), None);
         let needs = Needs::new().amount("mem_bytes", 1 << 40).capability("fpga");
-        let text = encode_placement(&needs, Some("eu-1")).unwrap();
+        let text = encode_placement(&needs, Some("eu-1")).expect("a placement to store");
         assert_eq!(
             text,
             r#"{"a":{"mem_bytes":1099511627776},"c":["fpga"],"l":"eu-1"}"#
         );
         assert_eq!(
-            decode_placement(&text).unwrap(),
+            decode_placement(&text).expect("readable"),
             (needs, Some("eu-1".to_owned()))
         );
         assert_eq!(
-            decode_placement(r#"{"l":"x"}"#).unwrap(),
+            decode_placement(r#"{"l":"x"}"#).expect("readable"),
             (Needs::new(), Some("x".to_owned()))
         );
         assert!(decode_placement("{").is_err());
