@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use jobs_core::{ClaimRequest, JobId, JobState, NewJob, Store, StoreSettings};
+use jobs_core::{Budget, ClaimRequest, JobId, JobState, Needs, NewJob, Store, StoreSettings};
 use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous};
 
 const CHILD_DB: &str = "JOBS_SQLITE_CHILD_DB";
@@ -48,7 +48,7 @@ const DONE_QUEUE: &str = "mp-done";
 /// printing `CLAIMED <id>` once the completion is acknowledged. Stops when a claim comes
 /// back empty *after* the parent's marker was seen: the marker is enqueued after every
 /// job, so by then every job exists and an empty claim means all were taken.
-async fn drain(store: Store, worker: String) -> Vec<String> {
+async fn drain(store: Store, worker: String, fitted: bool) -> Vec<String> {
     let queues: Vec<String> = QUEUES.iter().map(|q| q.to_string()).collect();
     let mut lines = Vec::new();
     let mut limit = 1;
@@ -63,8 +63,16 @@ async fn drain(store: Store, worker: String) -> Vec<String> {
             Ok(stats) => stats.ready > 0,
             Err(err) => panic!("{worker}: stats failed: {err}"),
         };
-        let request = ClaimRequest::new(queues.clone(), worker.clone(), Duration::from_secs(600))
-            .limit(limit);
+        let mut request =
+            ClaimRequest::new(queues.clone(), worker.clone(), Duration::from_secs(600))
+                .limit(limit);
+        if fitted {
+            // A budget every job fits and a preference: the fitted claim path races the
+            // plain one, in this process and the others.
+            request = request
+                .budget(Budget::new().amount("gpu", 2).capability("cuda"))
+                .prefer(["loc-1"]);
+        }
         limit = limit % 7 + 1;
         let claimed = match store.claim(request).await {
             Ok(claimed) => claimed,
@@ -103,7 +111,7 @@ fn child_drainer() {
         };
         println!("\nREADY");
         let tasks: Vec<_> = (0..2)
-            .map(|t| tokio::spawn(drain(store.clone(), format!("{name}-t{t}"))))
+            .map(|t| tokio::spawn(drain(store.clone(), format!("{name}-t{t}"), t == 1)))
             .collect();
         for task in tasks {
             if let Err(err) = task.await {
@@ -165,9 +173,17 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
                 let jobs = chunk
                     .iter()
                     .map(|i| {
+                        let needs = Needs::new().amount("gpu", (i % 3) as u64);
+                        let needs = if i % 5 == 0 {
+                            needs.capability("cuda")
+                        } else {
+                            needs
+                        };
                         NewJob::new(QUEUES[i % 2])
                             .priority((i % 3) as i16)
                             .payload(format!("job {i}").into_bytes())
+                            .needs(needs)
+                            .locality(format!("loc-{}", i % 3))
                     })
                     .collect();
                 match store.enqueue_batch(jobs).await {
@@ -216,7 +232,7 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
 
     // The parent drains too, in-process, while it enqueues the second half.
     let parent_claims = rt.block_on(async {
-        let drainer = tokio::spawn(drain(store.clone(), "parent".to_owned()));
+        let drainer = tokio::spawn(drain(store.clone(), "parent".to_owned(), true));
         expected.extend(enqueue(JOBS / 2..JOBS).await);
         if let Err(err) = store.enqueue(NewJob::new(DONE_QUEUE)).await {
             panic!("enqueue of the marker failed: {err}");
