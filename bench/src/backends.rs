@@ -58,6 +58,8 @@ pub struct Opened {
 }
 
 enum Cleanup {
+    /// The memory backend's data goes with its store.
+    #[cfg(feature = "memory")]
     Nothing,
     #[cfg(feature = "sqlite")]
     Dir(tempfile::TempDir),
@@ -80,6 +82,7 @@ impl Opened {
         // Close the store's connections before removing what they point at.
         drop(store);
         match cleanup {
+            #[cfg(feature = "memory")]
             Cleanup::Nothing => {
                 let _ = namespace;
                 Ok(())

@@ -5,7 +5,7 @@
 // ```text
 // jobs-bench <workload> --backend NAME [--jobs N] [--concurrency C] [--claim-batch B]
 //            [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop]
-//            [--stall-secs S] [--deadline-secs S]
+//            [--stall-secs S] [--deadline-secs S] [--claimers N]
 // workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, latency, reclaim,
 //            claim, claim-budget
 // ```
@@ -63,9 +63,13 @@ struct Cli {
     /// Jobs run at once by the workers.
     #[arg(long, default_value_t = 32, value_parser = positive::<usize>)]
     concurrency: usize,
-    /// Jobs per claim of the loop driver.
+    /// Jobs per claim of the loop driver and of the claim workloads.
     #[arg(long, default_value_t = 32, value_parser = positive::<usize>)]
     claim_batch: usize,
+    /// Concurrent claimers of the claim workloads: four, as four worker processes'
+    /// claim loops on one queue.
+    #[arg(long, default_value_t = 4, value_parser = positive::<usize>)]
+    claimers: usize,
     /// Jobs per `enqueue_batch` call.
     #[arg(long, default_value_t = 1_000, value_parser = positive::<usize>)]
     enqueue_batch: usize,
@@ -110,6 +114,7 @@ impl From<Cli> for Args {
                 jobs: cli.jobs,
                 concurrency: cli.concurrency,
                 claim_batch: cli.claim_batch,
+                claimers: cli.claimers,
                 enqueue_batch: cli.enqueue_batch,
                 producers: cli.producers,
                 rate: cli.rate,

@@ -26,6 +26,8 @@ pub struct Options {
     pub concurrency: usize,
     /// Jobs per claim of the loop driver.
     pub claim_batch: usize,
+    /// Concurrent claimers of the claim workloads.
+    pub claimers: usize,
     /// Jobs per `enqueue_batch`.
     pub enqueue_batch: usize,
     /// Concurrent producers of the one-at-a-time enqueue workload.
@@ -300,7 +302,7 @@ fn admitting_budget() -> Budget {
         .capability("avx2")
 }
 
-/// `claim` and `claim-budget`: enqueue every job, then `concurrency` claimers take them
+/// `claim` and `claim-budget`: enqueue every job, then `claimers` claimers take them
 /// `claim_batch` at a time (leasing only: nothing completes), timed from the first claim
 /// to the last. With `budget`, every job declares needs and every claim carries a
 /// budget admitting them all (CONTRACT F2, F3).
@@ -328,7 +330,7 @@ pub async fn claim(store: Store, opts: &Options, budget: bool) -> Result<(), Str
     let claimed = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = JoinSet::new();
-    for c in 0..opts.concurrency {
+    for c in 0..opts.claimers {
         let store = store.clone();
         let claimed = Arc::clone(&claimed);
         let mut request = ClaimRequest::new(
@@ -360,7 +362,7 @@ pub async fn claim(store: Store, opts: &Options, budget: bool) -> Result<(), Str
         return Err(format!("claimed {claimed} of {} jobs", opts.jobs));
     }
     opts.line(workload)
-        .int("concurrency", opts.concurrency as u64)
+        .int("claimers", opts.claimers as u64)
         .int("claim_batch", opts.claim_batch as u64)
         .num("value", rate(claimed, span))
         .text("unit", "jobs/s")

@@ -404,6 +404,7 @@ fn fitting_candidates(
     queue: &str,
     request: &ClaimRequest,
     now: Timestamp,
+    verdicts: &mut Verdicts<'_>,
     out: &mut Vec<(FitOrder, i64)>,
 ) -> Result<()> {
     let mut band = conn
@@ -436,12 +437,13 @@ fn fitting_candidates(
             .db("scan ready jobs")?;
         while let Some(row) = rows.next().db("scan ready jobs")? {
             let job: i64 = row.get(0).db("read a ready job")?;
-            let (needs, locality) = placement_from(row.get_ref(3).db("read a ready job")?)
+            let (fits, is_preferred) = verdicts
+                .judge(row.get_ref(3).db("read a ready job")?)
                 .map_err(|why| Error::corrupt(row_subject(row, 4, job), why))?;
-            if !request.admits(&needs) {
+            if !fits {
                 continue;
             }
-            let kept = if is_preferred(&request.prefer, locality.as_deref()) {
+            let kept = if is_preferred {
                 &mut preferred
             } else {
                 &mut elsewhere
@@ -455,7 +457,7 @@ fn fitting_candidates(
             let seq: i64 = row.get(2).db("read a ready job")?;
             let seq = u64::try_from(seq).unwrap_or(0);
             let order = ReadyOrder::new(as_i16, Timestamp::from_millis(run_at), seq);
-            out.push((request.fit_order(order, locality.as_deref()), job));
+            out.push((FitOrder::new(order, is_preferred), job));
             if preferred == room || (!prefers && elsewhere == room) {
                 break;
             }
@@ -464,6 +466,46 @@ fn fitting_candidates(
         below = priority;
     }
     Ok(())
+}
+
+/// What a fitted claim makes of each placement text: whether the budget admits it and
+/// whether its locality is preferred. Jobs of one kind share their text, so each text
+/// is decoded once per claim, not once per row.
+struct Verdicts<'r> {
+    request: &'r ClaimRequest,
+    seen: std::collections::HashMap<Vec<u8>, (bool, bool)>,
+}
+
+impl<'r> Verdicts<'r> {
+    /// Texts remembered per claim; past it, a text is decoded each time it is met.
+    const MAX_SEEN: usize = 256;
+
+    fn new(request: &'r ClaimRequest) -> Self {
+        Verdicts {
+            request,
+            seen: std::collections::HashMap::new(),
+        }
+    }
+
+    /// (fits, preferred) of a stored placement; a job without one fits every budget
+    /// and is never preferred.
+    fn judge(&mut self, value: ValueRef<'_>) -> std::result::Result<(bool, bool), String> {
+        let ValueRef::Text(bytes) = value else {
+            return placement_from(value).map(|_| (true, false));
+        };
+        if let Some(verdict) = self.seen.get(bytes) {
+            return Ok(*verdict);
+        }
+        let (needs, locality) = placement_from(value)?;
+        let verdict = (
+            self.request.admits(&needs),
+            is_preferred(&self.request.prefer, locality.as_deref()),
+        );
+        if self.seen.len() < Self::MAX_SEEN {
+            self.seen.insert(bytes.to_vec(), verdict);
+        }
+        Ok(verdict)
+    }
 }
 
 /// CONTRACT F6: the row of job `id` if the claim may take it (queued and due, in one of
@@ -545,8 +587,9 @@ fn fitted_rows(
         return Ok(row.into_iter().take(request.limit).collect());
     }
     let mut candidates = Vec::new();
+    let mut verdicts = Verdicts::new(request);
     for queue in unpaused_queues(conn, ns, &request.queues)? {
-        fitting_candidates(conn, ns, queue, request, now, &mut candidates)?;
+        fitting_candidates(conn, ns, queue, request, now, &mut verdicts, &mut candidates)?;
     }
     candidates.sort_unstable_by_key(|(order, _)| *order);
     candidates.truncate(request.limit);

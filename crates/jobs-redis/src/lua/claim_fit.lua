@@ -38,8 +38,8 @@
 --
 -- The selection (recomputed by every call, so the call that leases decides atomically):
 -- the walk reads the merged head of the named, unpaused queues in ready order, in
--- chunks, each with the placements of its jobs from the placement index, and keeps the
--- jobs the budget admits (`admits`, Budget::admits transcribed; a job without a
+-- chunks, reading the placement of each job it judges from the placement index, and
+-- keeps the jobs the budget admits (`admits`, Budget::admits transcribed; a job without a
 -- placement fits every budget). With no preferred locality it stops at `limit` jobs that
 -- fit. With preferred localities the order is priority, then preferred first, then ready
 -- order (FitOrder), so a preferred job late in a priority band overtakes the others of
@@ -226,8 +226,9 @@ if reserved ~= '' then
     end
   end
 else
-  -- One stream per queue, read in chunks that start at the claim's own size (what
-  -- claim.lua reads) and double while the walk goes on, up to CHUNK (a bound of unpack).
+  -- One stream per queue, read in chunks that start at the claim's size plus its hint
+  -- (about what claim.lua reads for both) and double while the walk goes on, up to
+  -- CHUNK (a bound of unpack).
   local streams = {}
   for i, q in ipairs(named) do
     local from = '[' .. q .. ' '
@@ -235,8 +236,9 @@ else
       from = '(' .. q .. ' ' .. start_after
     end
     streams[i] = {
-      q = q, from = from, to = '(' .. q .. '!', buf = {}, places = {}, pos = 1, n = 0,
-      done = false, chunk = math.max(1, math.min(hint_size, scan_bound, CHUNK)), order = nil,
+      q = q, from = from, to = '(' .. q .. '!', buf = {}, pos = 1, n = 0,
+      done = false, chunk = math.max(1, math.min(limit + hint_size, scan_bound, CHUNK)),
+      order = nil,
     }
   end
   local single = #streams == 1
@@ -248,26 +250,17 @@ else
     s.done = n < s.chunk
     if n > 0 then
       s.from = '(' .. members[n]
-      local ids = {}
-      for j = 1, n do
-        ids[j] = string.sub(members[j], -36)
-      end
-      s.places = redis.call('HMGET', placements, unpack(ids))
     end
     s.chunk = math.min(2 * s.chunk, CHUNK)
   end
 
   -- The stream whose head is the next entry of the merged ready order, nil at the end.
-  -- Without `may_read` it only merges entries already read, and ends where a queue
-  -- would need a read to go on. Each head's order key is cut out once (`s.order`).
-  local function next_stream(may_read)
+  -- Each head's order key is cut out once (`s.order`).
+  local function next_stream()
     local best, best_order
     for i = 1, #streams do
       local s = streams[i]
       if s.pos > s.n and not s.done then
-        if not may_read then
-          return nil
-        end
         fill(s)
       end
       if s.pos <= s.n then
@@ -316,11 +309,14 @@ else
       stop = string.sub(last, -72)
       break
     end
-    local s = next_stream(true)
+    local s = next_stream()
     if not s then
       break
     end
-    local member, place = s.buf[s.pos], s.places[s.pos]
+    -- A placement is read only for an entry the walk judges: a contended call stops at
+    -- its first job, and the hint needs none with no preference.
+    local member = s.buf[s.pos]
+    local place = redis.call('HGET', placements, string.sub(member, -36))
     s.pos, s.order = s.pos + 1, nil
     -- The first 4 hex digits of the order key are the (inverted) priority.
     local b = string.sub(member, -72, -69)
@@ -346,6 +342,12 @@ else
       if #selected + #first >= limit or (np == 0 and #selected + #rest >= limit) then
         break
       end
+      -- With no preference the selection is the walk's order, so nothing behind a job
+      -- this call does not hold can be leased now: the rest of the walk only feeds the
+      -- hint. (Contended claims meet this at once; stopping here keeps them cheap.)
+      if np == 0 and not held[string.sub(member, -36)] then
+        break
+      end
     elseif verdict == 'bad' and #bad < hint_size then
       bad[#bad + 1] = { member, place, s.q }
     end
@@ -355,7 +357,9 @@ else
   -- Hints from what was read already: the jobs that fit right behind the selection,
   -- looking on for preferred ones when the claim prefers (the next claim takes those
   -- first, wherever they are in their band).
-  local wanted = hint_size - limit
+  -- As many as the hint holds, so the next claim of this size holds every job it
+  -- selects and needs one call (what claim.lua's hint of the head gives a plain claim).
+  local wanted = hint_size
   local function hinted(member, place, queue)
     local verdict, pref = judge(place)
     if verdict == 'fit' and pref then
@@ -368,14 +372,20 @@ else
     hinted(pending[1], pending[2], pending[3])
   end
   while examined < scan_bound and #extra_first < wanted and (np > 0 or #extra < wanted) do
-    local s = next_stream(false)
+    local s = next_stream()
     if not s then
       break
     end
-    local member, place = s.buf[s.pos], s.places[s.pos]
+    local member = s.buf[s.pos]
     s.pos, s.order = s.pos + 1, nil
     examined = examined + 1
-    hinted(member, place, s.q)
+    if np == 0 then
+      -- Without a preference the hint is the ready order behind the selection, as
+      -- claim.lua's: a job in it that does not fit is held by the next call, not taken.
+      extra[#extra + 1] = { member, false, s.q }
+    else
+      hinted(member, redis.call('HGET', placements, string.sub(member, -36)), s.q)
+    end
   end
 end
 
