@@ -179,11 +179,27 @@ pub fn is_preferred(prefer: &[String], locality: Option<&str>) -> bool {
     locality.is_some_and(|locality| prefer.iter().any(|p| p == locality))
 }
 
-#[derive(Serialize, Deserialize)]
+/// The stored form, written from borrowed parts.
+#[derive(Serialize)]
+struct StoredPlacement<'a> {
+    #[serde(rename = "a", skip_serializing_if = "BTreeMap::is_empty")]
+    amounts: &'a BTreeMap<String, u64>,
+    #[serde(rename = "c", skip_serializing_if = "BTreeSet::is_empty")]
+    capabilities: &'a BTreeSet<String>,
+    #[serde(rename = "l", skip_serializing_if = "Option::is_none")]
+    locality: Option<&'a str>,
+}
+
+/// The stored form, read back. Its fields are spelled out rather than `Needs` flattened in: serde
+/// buffers a flattened struct through an intermediate map, and every read of a job
+/// with needs decodes one.
+#[derive(Deserialize)]
 struct Placement {
-    #[serde(flatten)]
-    needs: Needs,
-    #[serde(default, rename = "l", skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "a")]
+    amounts: BTreeMap<String, u64>,
+    #[serde(default, rename = "c")]
+    capabilities: BTreeSet<String>,
+    #[serde(default, rename = "l")]
     locality: Option<String>,
 }
 
@@ -194,9 +210,10 @@ pub fn encode_placement(needs: &Needs, locality: Option<&str>) -> Option<String>
     if needs.is_empty() && locality.is_none() {
         return None;
     }
-    serde_json::to_string(&Placement {
-        needs: needs.clone(),
-        locality: locality.map(str::to_owned),
+    serde_json::to_string(&StoredPlacement {
+        amounts: &needs.amounts,
+        capabilities: &needs.capabilities,
+        locality,
     })
     .ok()
 }
@@ -205,7 +222,13 @@ pub fn encode_placement(needs: &Needs, locality: Option<&str>) -> Option<String>
 /// backend reports it as a corrupt record).
 pub fn decode_placement(text: &str) -> Result<(Needs, Option<String>), String> {
     serde_json::from_str::<Placement>(text)
-        .map(|placement| (placement.needs, placement.locality))
+        .map(|placement| {
+            let needs = Needs {
+                amounts: placement.amounts,
+                capabilities: placement.capabilities,
+            };
+            (needs, placement.locality)
+        })
         .map_err(|err| format!("placement unreadable: {err}"))
 }
 

@@ -377,8 +377,15 @@ fn ready_candidates(
 
 /// The job a row of a scan names, for a corrupt-record report; the row number when
 /// its id cannot be read either.
-fn row_subject(row: &Row<'_>, id_column: usize, job: i64) -> String {
-    match row.get::<_, [u8; 16]>(id_column).map(JobId::from_bytes) {
+/// How an error names job row `job`: by its id, read apart (only for an error, so the
+/// scans that find none stay within their index).
+fn job_subject(conn: &Connection, job: i64) -> String {
+    let id = conn
+        .query_row("SELECT id FROM jobq_jobs WHERE job = ?1", [job], |row| {
+            row.get::<_, [u8; 16]>(0)
+        })
+        .map(JobId::from_bytes);
+    match id {
         Ok(Ok(id)) => format!("job {id}"),
         _ => format!("job row {job}"),
     }
@@ -389,7 +396,7 @@ fn row_subject(row: &Row<'_>, id_column: usize, job: i64) -> String {
 /// order; [`fitted_rows`] merges the queues and makes the cut.
 ///
 /// Walks the bands as [`ready_candidates`] does, but reads each ready row's placement
-/// (a lookup of the row: it is not in the index) and skips the rows the budget does
+/// (from the index, like the rest) and skips the rows the budget does
 /// not admit, so the cut falls after the filter. Within a band the claim takes
 /// preferred jobs first, so the band in which the `limit`-th fitting job turns up is
 /// read to its end, where a preferred job may still outrank the ones in hand (F5);
@@ -414,7 +421,7 @@ fn fitting_candidates(
     // only as far as needed and dropped (which resets it) there.
     let mut ready = conn
         .prepare_cached(
-            "SELECT job, run_at, seq, placement, id FROM jobq_jobs INDEXED BY jobq_jobs_ready
+            "SELECT job, run_at, seq, placement FROM jobq_jobs INDEXED BY jobq_jobs_ready
              WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority = ?3 AND run_at <= ?4
              ORDER BY run_at, seq",
         )
@@ -439,7 +446,7 @@ fn fitting_candidates(
             let job: i64 = row.get(0).db("read a ready job")?;
             let (fits, is_preferred) = verdicts
                 .judge(row.get_ref(3).db("read a ready job")?)
-                .map_err(|why| Error::corrupt(row_subject(row, 4, job), why))?;
+                .map_err(|why| Error::corrupt(job_subject(conn, job), why))?;
             if !fits {
                 continue;
             }
@@ -589,7 +596,15 @@ fn fitted_rows(
     let mut candidates = Vec::new();
     let mut verdicts = Verdicts::new(request);
     for queue in unpaused_queues(conn, ns, &request.queues)? {
-        fitting_candidates(conn, ns, queue, request, now, &mut verdicts, &mut candidates)?;
+        fitting_candidates(
+            conn,
+            ns,
+            queue,
+            request,
+            now,
+            &mut verdicts,
+            &mut candidates,
+        )?;
     }
     candidates.sort_unstable_by_key(|(order, _)| *order);
     candidates.truncate(request.limit);

@@ -115,10 +115,15 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     "#,
     // Version 5: what a job needs and where it would best run (CONTRACT F1), as the one
     // text `jobs_core::fit::encode_placement` writes. NULL for a job that declares
-    // neither, so adding it rewrites no row and plain jobs store nothing more. It is
-    // not indexed: only a fitted claim reads it, for the rows its ready scan visits.
+    // neither, so adding it rewrites no row and plain jobs store nothing more. The
+    // ready index gains it as a last column, so a fitted claim judges the rows it walks
+    // from the index alone, as a plain claim reads them; the key order, and so every
+    // plain query, is unchanged, and a plain job's entry grows by one NULL byte.
     r#"
     ALTER TABLE jobq_jobs ADD COLUMN placement TEXT;
+    DROP INDEX jobq_jobs_ready;
+    CREATE INDEX jobq_jobs_ready ON jobq_jobs (ns, queue, priority, run_at, seq, placement)
+        WHERE state = 0;
     "#,
 ];
 
