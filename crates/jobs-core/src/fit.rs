@@ -221,6 +221,11 @@ pub fn encode_placement(needs: &Needs, locality: Option<&str>) -> Option<String>
 /// Reads a stored placement back; the error says what is wrong with the text (a
 /// backend reports it as a corrupt record).
 pub fn decode_placement(text: &str) -> Result<(Needs, Option<String>), String> {
+    // A derived struct also reads from a JSON array (its fields in order); only the
+    // object Rust writes is a placement.
+    if !text.trim_start().starts_with('{') {
+        return Err("placement unreadable: not a JSON object".to_owned());
+    }
     serde_json::from_str::<Placement>(text)
         .map(|placement| {
             let needs = Needs {
@@ -313,6 +318,16 @@ mod tests {
             (Needs::new(), Some("x".to_owned()))
         );
         assert!(decode_placement("{").is_err());
+        for bad in [
+            "[]",
+            "[{}]",
+            "7",
+            r#"{"a":[1]}"#,
+            r#"{"l":7}"#,
+            r#"{"a":{"gpu":-1}}"#,
+        ] {
+            assert!(decode_placement(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
