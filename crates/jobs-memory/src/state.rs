@@ -378,8 +378,15 @@ impl State {
                 continue;
             };
             let mut stale = Vec::new();
+            // The index is in ready order, so once `limit` jobs of this queue fit, only
+            // a preferred job of the same priority could still move ahead of them.
+            let mut fitting = 0;
+            let mut last_band = None;
             for entry in index.ready.iter() {
                 let (order, id) = *entry;
+                if last_band.is_some_and(|band| band != order.priority) {
+                    break;
+                }
                 let Some(record) = self.jobs.get(&id) else {
                     stale.push(*entry);
                     continue;
@@ -391,6 +398,13 @@ impl State {
                     continue;
                 }
                 candidates.push((request.fit_order(order, job.locality.as_deref()), id));
+                fitting += 1;
+                if fitting >= request.limit {
+                    if request.prefer.is_empty() {
+                        break;
+                    }
+                    last_band = Some(order.priority);
+                }
             }
             for entry in stale {
                 index.ready.remove(&entry);
