@@ -1086,7 +1086,6 @@ async fn ignored_budget_is_caught_by_f2_f3_f4() {
     caught(BudgetIgnored, "f2_budget_amounts_filter").await;
     caught(BudgetIgnored, "f3_capabilities_match_exactly").await;
     caught(BudgetIgnored, "f4_order_then_truncate_among_fitting_jobs").await;
-    caught(BudgetIgnored, "c2_claim_once_under_budgets").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -10,6 +10,7 @@
 //! (PostgreSQL's SQL, Redis's Lua), which the conformance suite holds to the same rules.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -23,15 +24,28 @@ use crate::order::ReadyOrder;
 /// assert_eq!(needs.amounts["gpu"], 1);
 /// assert!(needs.capabilities.contains("fpga"));
 /// ```
+///
+/// The maps are shared (`Arc`): a job's needs are copied into every answer that shows
+/// the job (each claim, get and list), and a copy is then two reference counts, not
+/// a map rebuilt key by key. Read them as maps (`needs.amounts["gpu"]`); the builder
+/// methods change them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Needs {
     /// Named integer amounts (`cpu_milli`, `mem_bytes`, `gpu`, …), each compared with
     /// the budget's amount of the same name.
-    #[serde(default, rename = "a", skip_serializing_if = "BTreeMap::is_empty")]
-    pub amounts: BTreeMap<String, u64>,
+    #[serde(default, rename = "a", skip_serializing_if = "is_empty_map")]
+    pub amounts: Arc<BTreeMap<String, u64>>,
     /// Capability keys the worker must offer, each matched exactly.
-    #[serde(default, rename = "c", skip_serializing_if = "BTreeSet::is_empty")]
-    pub capabilities: BTreeSet<String>,
+    #[serde(default, rename = "c", skip_serializing_if = "is_empty_set")]
+    pub capabilities: Arc<BTreeSet<String>>,
+}
+
+fn is_empty_map(map: &Arc<BTreeMap<String, u64>>) -> bool {
+    map.is_empty()
+}
+
+fn is_empty_set(set: &Arc<BTreeSet<String>>) -> bool {
+    set.is_empty()
 }
 
 impl Needs {
@@ -42,13 +56,13 @@ impl Needs {
 
     /// Needs `amount` of `name` (replacing an earlier amount of that name).
     pub fn amount(mut self, name: impl Into<String>, amount: u64) -> Self {
-        self.amounts.insert(name.into(), amount);
+        Arc::make_mut(&mut self.amounts).insert(name.into(), amount);
         self
     }
 
     /// Needs capability `key`.
     pub fn capability(mut self, key: impl Into<String>) -> Self {
-        self.capabilities.insert(key.into());
+        Arc::make_mut(&mut self.capabilities).insert(key.into());
         self
     }
 
@@ -124,7 +138,7 @@ impl Budget {
     /// capacity while the job runs. Amounts the budget does not name stay unnamed.
     pub fn minus(&self, needs: &Needs) -> Budget {
         let mut left = self.clone();
-        for (name, need) in &needs.amounts {
+        for (name, need) in needs.amounts.iter() {
             if let Some(free) = left.amounts.get_mut(name) {
                 *free = free.saturating_sub(*need);
             }
@@ -136,7 +150,7 @@ impl Budget {
     /// `total`.
     pub fn plus(&self, needs: &Needs, total: &Budget) -> Budget {
         let mut free = self.clone();
-        for (name, need) in &needs.amounts {
+        for (name, need) in needs.amounts.iter() {
             if let (Some(amount), Some(cap)) = (free.amounts.get_mut(name), total.amounts.get(name))
             {
                 *amount = amount.saturating_add(*need).min(*cap);
@@ -229,8 +243,8 @@ pub fn decode_placement(text: &str) -> Result<(Needs, Option<String>), String> {
     serde_json::from_str::<Placement>(text)
         .map(|placement| {
             let needs = Needs {
-                amounts: placement.amounts,
-                capabilities: placement.capabilities,
+                amounts: Arc::new(placement.amounts),
+                capabilities: Arc::new(placement.capabilities),
             };
             (needs, placement.locality)
         })
