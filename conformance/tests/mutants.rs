@@ -790,6 +790,25 @@ impl Bug for BudgetIgnored {
     }
 }
 
+/// Claims with `request`, then gives back (releases) every job `keep` refuses: the
+/// claim-then-filter shape of the F4 and F5 mutants.
+async fn claim_then_release(
+    inner: &dyn Backend,
+    request: ClaimRequest,
+    now: Timestamp,
+    keep: impl Fn(&ClaimedJob) -> bool + Send,
+) -> Result<Vec<ClaimedJob>> {
+    let mut kept = Vec::new();
+    for job in inner.claim(request, now).await? {
+        if keep(&job) {
+            kept.push(job);
+        } else {
+            inner.release(job.id(), job.token(), now, now).await?;
+        }
+    }
+    Ok(kept)
+}
+
 /// F4 broken: claims without the budget, then gives back what does not fit. The jobs
 /// it gives back were written (claimed, released), and they used up the limit.
 #[derive(Debug)]
@@ -805,15 +824,7 @@ impl Bug for ClaimThenFilter {
     ) -> Result<Vec<ClaimedJob>> {
         let mut unfiltered = request.clone();
         unfiltered.budget = None;
-        let mut kept = Vec::new();
-        for job in inner.claim(unfiltered, now).await? {
-            if request.admits(&job.job.needs) {
-                kept.push(job);
-            } else {
-                inner.release(job.id(), job.token(), now, now).await?;
-            }
-        }
-        Ok(kept)
+        claim_then_release(inner, unfiltered, now, |job| request.admits(&job.job.needs)).await
     }
 }
 
@@ -846,20 +857,16 @@ impl Bug for PreferenceFilters {
         request: ClaimRequest,
         now: Timestamp,
     ) -> Result<Vec<ClaimedJob>> {
-        let mut kept = Vec::new();
-        for job in inner.claim(request.clone(), now).await? {
-            let preferred = job
-                .job
-                .locality
-                .as_ref()
-                .is_some_and(|l| request.prefer.contains(l));
-            if request.prefer.is_empty() || preferred {
-                kept.push(job);
-            } else {
-                inner.release(job.id(), job.token(), now, now).await?;
-            }
-        }
-        Ok(kept)
+        let prefer = request.prefer.clone();
+        claim_then_release(inner, request, now, |job| {
+            prefer.is_empty()
+                || job
+                    .job
+                    .locality
+                    .as_ref()
+                    .is_some_and(|l| prefer.contains(l))
+        })
+        .await
     }
 }
 

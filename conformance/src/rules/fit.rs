@@ -639,7 +639,7 @@ pub async fn c2_claim_once_under_budgets(harness: &dyn Harness) {
         .iter()
         .zip(seed.enqueue_batch(batch.clone()).await.must("C2"))
     {
-        sizes.insert(answer.id, job.needs.amounts["gpu"]);
+        sizes.insert(answer.id, job.needs.amounts()["gpu"]);
     }
     let sizes = Arc::new(sizes);
     let claimed: Arc<Mutex<HashSet<JobId>>> = Arc::default();

@@ -21,54 +21,94 @@ use crate::order::ReadyOrder;
 /// ```
 /// use jobs_core::Needs;
 /// let needs = Needs::new().amount("cpu_milli", 2_000).amount("gpu", 1).capability("fpga");
-/// assert_eq!(needs.amounts["gpu"], 1);
-/// assert!(needs.capabilities.contains("fpga"));
+/// assert_eq!(needs.amounts()["gpu"], 1);
+/// assert!(needs.capabilities().contains("fpga"));
+/// assert!(Needs::new().is_empty());
 /// ```
 ///
-/// The maps are shared (`Arc`): a job's needs are copied into every answer that shows
-/// the job (each claim, get and list), and a copy is then two reference counts, not
-/// a map rebuilt key by key. Read them as maps (`needs.amounts["gpu"]`); the builder
-/// methods change them.
+/// A job's needs are copied into every answer that shows the job (each claim, get and
+/// list), so they are shared: a job that needs nothing holds nothing, and a copy of
+/// one that does is a reference count, not maps rebuilt key by key.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "NeedSet", into = "NeedSet")]
+pub struct Needs(Option<Arc<NeedSet>>);
+
+/// The contents of [`Needs`], and their serialised form (`{"a":{..},"c":[..]}`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Needs {
-    /// Named integer amounts (`cpu_milli`, `mem_bytes`, `gpu`, …), each compared with
-    /// the budget's amount of the same name.
-    #[serde(default, rename = "a", skip_serializing_if = "is_empty_map")]
-    pub amounts: Arc<BTreeMap<String, u64>>,
-    /// Capability keys the worker must offer, each matched exactly.
-    #[serde(default, rename = "c", skip_serializing_if = "is_empty_set")]
-    pub capabilities: Arc<BTreeSet<String>>,
+struct NeedSet {
+    #[serde(default, rename = "a", skip_serializing_if = "BTreeMap::is_empty")]
+    amounts: BTreeMap<String, u64>,
+    #[serde(default, rename = "c", skip_serializing_if = "BTreeSet::is_empty")]
+    capabilities: BTreeSet<String>,
 }
 
-fn is_empty_map(map: &Arc<BTreeMap<String, u64>>) -> bool {
-    map.is_empty()
+static NO_AMOUNTS: BTreeMap<String, u64> = BTreeMap::new();
+static NO_CAPABILITIES: BTreeSet<String> = BTreeSet::new();
+
+impl From<NeedSet> for Needs {
+    fn from(set: NeedSet) -> Self {
+        // Nothing is stored as nothing, so two empty needs are always equal.
+        if set.amounts.is_empty() && set.capabilities.is_empty() {
+            Needs(None)
+        } else {
+            Needs(Some(Arc::new(set)))
+        }
+    }
 }
 
-fn is_empty_set(set: &Arc<BTreeSet<String>>) -> bool {
-    set.is_empty()
+impl From<Needs> for NeedSet {
+    fn from(needs: Needs) -> Self {
+        needs.0.map(Arc::unwrap_or_clone).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for Needs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Needs")
+            .field("amounts", self.amounts())
+            .field("capabilities", self.capabilities())
+            .finish()
+    }
 }
 
 impl Needs {
     /// Needs nothing: fits every worker.
     pub fn new() -> Self {
-        Needs::default()
+        Needs(None)
+    }
+
+    fn set_mut(&mut self) -> &mut NeedSet {
+        Arc::make_mut(self.0.get_or_insert_with(Default::default))
     }
 
     /// Needs `amount` of `name` (replacing an earlier amount of that name).
     pub fn amount(mut self, name: impl Into<String>, amount: u64) -> Self {
-        Arc::make_mut(&mut self.amounts).insert(name.into(), amount);
+        self.set_mut().amounts.insert(name.into(), amount);
         self
     }
 
     /// Needs capability `key`.
     pub fn capability(mut self, key: impl Into<String>) -> Self {
-        Arc::make_mut(&mut self.capabilities).insert(key.into());
+        self.set_mut().capabilities.insert(key.into());
         self
+    }
+
+    /// Named integer amounts (`cpu_milli`, `mem_bytes`, `gpu`, …), each compared with
+    /// the budget's amount of the same name.
+    pub fn amounts(&self) -> &BTreeMap<String, u64> {
+        self.0.as_ref().map_or(&NO_AMOUNTS, |set| &set.amounts)
+    }
+
+    /// Capability keys the worker must offer, each matched exactly.
+    pub fn capabilities(&self) -> &BTreeSet<String> {
+        self.0
+            .as_ref()
+            .map_or(&NO_CAPABILITIES, |set| &set.capabilities)
     }
 
     /// Whether the job declares nothing.
     pub fn is_empty(&self) -> bool {
-        self.amounts.is_empty() && self.capabilities.is_empty()
+        self.0.is_none()
     }
 }
 
@@ -121,10 +161,10 @@ impl Budget {
     /// offered (CONTRACT F2, F3).
     pub fn admits(&self, needs: &Needs) -> bool {
         needs
-            .amounts
+            .amounts()
             .iter()
             .all(|(name, need)| self.amounts.get(name).is_none_or(|offered| need <= offered))
-            && needs.capabilities.is_subset(&self.capabilities)
+            && needs.capabilities().is_subset(&self.capabilities)
     }
 
     /// The budget as JSON text (`{"a":{name:amount},"c":[key]}`), the form the
@@ -138,7 +178,7 @@ impl Budget {
     /// capacity while the job runs. Amounts the budget does not name stay unnamed.
     pub fn minus(&self, needs: &Needs) -> Budget {
         let mut left = self.clone();
-        for (name, need) in needs.amounts.iter() {
+        for (name, need) in needs.amounts() {
             if let Some(free) = left.amounts.get_mut(name) {
                 *free = free.saturating_sub(*need);
             }
@@ -150,7 +190,7 @@ impl Budget {
     /// `total`.
     pub fn plus(&self, needs: &Needs, total: &Budget) -> Budget {
         let mut free = self.clone();
-        for (name, need) in needs.amounts.iter() {
+        for (name, need) in needs.amounts() {
             if let (Some(amount), Some(cap)) = (free.amounts.get_mut(name), total.amounts.get(name))
             {
                 *amount = amount.saturating_add(*need).min(*cap);
@@ -225,8 +265,8 @@ pub fn encode_placement(needs: &Needs, locality: Option<&str>) -> Option<String>
         return None;
     }
     serde_json::to_string(&StoredPlacement {
-        amounts: &needs.amounts,
-        capabilities: &needs.capabilities,
+        amounts: needs.amounts(),
+        capabilities: needs.capabilities(),
         locality,
     })
     .ok()
@@ -242,10 +282,10 @@ pub fn decode_placement(text: &str) -> Result<(Needs, Option<String>), String> {
     }
     serde_json::from_str::<Placement>(text)
         .map(|placement| {
-            let needs = Needs {
-                amounts: Arc::new(placement.amounts),
-                capabilities: Arc::new(placement.capabilities),
-            };
+            let needs = Needs::from(NeedSet {
+                amounts: placement.amounts,
+                capabilities: placement.capabilities,
+            });
             (needs, placement.locality)
         })
         .map_err(|err| format!("placement unreadable: {err}"))

@@ -215,7 +215,7 @@ impl NewJob {
     /// let job = NewJob::new("render")
     ///     .needs(Needs::new().amount("gpu", 1).amount("mem_bytes", 8 << 30))
     ///     .locality("host-7");
-    /// assert_eq!(job.needs.amounts["gpu"], 1);
+    /// assert_eq!(job.needs.amounts()["gpu"], 1);
     /// ```
     pub fn needs(mut self, needs: Needs) -> Self {
         self.needs = needs;

@@ -142,7 +142,7 @@ pub fn validate_new_job(job: &NewJob, settings: &StoreSettings) -> Result<()> {
     if let Some(timeout) = job.timeout {
         validate_timeout(timeout)?;
     }
-    validate_fit_keys("needs", &job.needs.amounts, &job.needs.capabilities)?;
+    validate_fit_keys("needs", job.needs.amounts(), job.needs.capabilities())?;
     if let Some(locality) = &job.locality {
         validate_locality("locality", locality)?;
     }

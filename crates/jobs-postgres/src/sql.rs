@@ -44,6 +44,38 @@ macro_rules! job_columns {
     };
 }
 
+/// What every claim statement ends with: it leases the rows of `cand` (running, one
+/// more attempt and token, the lease) and returns them with their payloads.
+macro_rules! lease_candidates {
+    () => {
+        concat!(
+            "
+UPDATE {schema}.jobs SET
+    state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
+    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
+FROM cand
+WHERE namespace = $1 AND id = cand.cand_id AND {relax}
+RETURNING ",
+            job_columns!(),
+            ", payload"
+        )
+    };
+}
+
+/// The per-queue probe's guard in the claim statements: `o.open` is false for a paused
+/// queue `q.name` (CONTRACT Q1), one key lookup per queue.
+macro_rules! open_queues {
+    () => {
+        "    CROSS JOIN LATERAL (
+        SELECT NOT EXISTS (
+            SELECT 1 FROM {schema}.paused_queues
+            WHERE namespace = $1 AND queue = q.name
+        ) AS open
+    ) o
+"
+    };
+}
+
 /// Enqueues many jobs in one statement (CONTRACT E1–E10).
 ///
 /// `$1` namespace, `$2` now, `$3..$11` and `$14` the jobs as parallel arrays (id,
@@ -140,14 +172,9 @@ const CLAIM: &str = concat!(
 WITH cand AS (
     SELECT c.cand_id
     FROM unnest($2::text[]) AS q(name)
-    -- CONTRACT Q1: a paused queue gives no candidates (one key lookup per queue).
-    CROSS JOIN LATERAL (
-        SELECT NOT EXISTS (
-            SELECT 1 FROM {schema}.paused_queues
-            WHERE namespace = $1 AND queue = q.name
-        ) AS open
-    ) o
-    CROSS JOIN LATERAL (
+"#,
+    open_queues!(),
+    r#"    CROSS JOIN LATERAL (
         SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s FROM {schema}.jobs
         WHERE o.open AND namespace = $1 AND queue = q.name AND state = 'queued'
           AND run_at <= $3{fit}
@@ -158,14 +185,8 @@ WITH cand AS (
     ORDER BY c.p DESC, c.r, c.s
     LIMIT $4
 )
-UPDATE {schema}.jobs SET
-    state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
-    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
-FROM cand
-WHERE namespace = $1 AND id = cand.cand_id AND {relax}
-RETURNING "#,
-    job_columns!(),
-    ", payload"
+"#,
+    lease_candidates!()
 );
 
 /// The admission test of a fitted claim (CONTRACT F2, F3), `$7` the budget
@@ -203,14 +224,9 @@ const CLAIM_PREFERRING: &str = concat!(
 WITH fitting AS MATERIALIZED (
     SELECT q.name AS queue, c.*
     FROM unnest($2::text[]) AS q(name)
-    -- CONTRACT Q1: a paused queue gives no candidates (one key lookup per queue).
-    CROSS JOIN LATERAL (
-        SELECT NOT EXISTS (
-            SELECT 1 FROM {schema}.paused_queues
-            WHERE namespace = $1 AND queue = q.name
-        ) AS open
-    ) o
-    CROSS JOIN LATERAL (
+"#,
+    open_queues!(),
+    r#"    CROSS JOIN LATERAL (
         SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s, placement ->> 'l' AS l
         FROM {schema}.jobs
         WHERE o.open AND namespace = $1 AND queue = q.name AND state = 'queued'
@@ -251,14 +267,8 @@ cand AS (
     ORDER BY c.p DESC, (c.l = ANY($8::text[])) IS TRUE DESC, c.r, c.s
     LIMIT $4
 )
-UPDATE {schema}.jobs SET
-    state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
-    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
-FROM cand
-WHERE namespace = $1 AND id = cand.cand_id AND {relax}
-RETURNING "#,
-    job_columns!(),
-    ", payload"
+"#,
+    lease_candidates!()
 );
 
 /// A claim of one reserved job (CONTRACT F6): job `$4`, if it is ready in one of the
@@ -281,14 +291,8 @@ WITH cand AS MATERIALIZED (
       ){fit}
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {schema}.jobs SET
-    state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
-    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
-FROM cand
-WHERE namespace = $1 AND id = cand.cand_id AND {relax}
-RETURNING "#,
-    job_columns!(),
-    ", payload"
+"#,
+    lease_candidates!()
 );
 
 /// Whether a job exists: tells "not found" from "lease lost" after a missed update.

@@ -54,16 +54,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ran: Arc<Mutex<BTreeMap<String, Vec<String>>>> = Arc::default();
     let gpus_in_use = Arc::new(AtomicUsize::new(0));
     let most_gpus = Arc::new(AtomicUsize::new(0));
+    let (finished, mut finishes) = tokio::sync::mpsc::unbounded_channel();
     let handler = {
         let (ran, gpus_in_use, most_gpus) = (ran.clone(), gpus_in_use.clone(), most_gpus.clone());
         move |ctx: JobContext, payload: Bytes| {
-            let (ran, gpus_in_use, most_gpus) =
-                (ran.clone(), gpus_in_use.clone(), most_gpus.clone());
+            let (ran, gpus_in_use, most_gpus, finished) = (
+                ran.clone(),
+                gpus_in_use.clone(),
+                most_gpus.clone(),
+                finished.clone(),
+            );
             async move {
-                let gpus = ctx.job().needs.amounts.get("gpu").copied().unwrap_or(0) as usize;
+                let gpus = ctx.job().needs.amounts().get("gpu").copied().unwrap_or(0) as usize;
                 let now = gpus_in_use.fetch_add(gpus, Ordering::SeqCst) + gpus;
                 most_gpus.fetch_max(now, Ordering::SeqCst);
-                // Stands in for the work, so that jobs overlap.
+                // Stands in for the job's work (a render takes a while), so that jobs
+                // overlap and the capacity shows.
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 gpus_in_use.fetch_sub(gpus, Ordering::SeqCst);
                 ran.lock()
@@ -71,6 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .entry(ctx.worker_id().to_owned())
                     .or_default()
                     .push(String::from_utf8_lossy(&payload).into_owned());
+                let _ = finished.send(ctx.id());
                 Ok(())
             }
         }
@@ -92,13 +99,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?
         .spawn();
 
-    for id in &ids {
-        while store.get(*id).await?.state != JobState::Succeeded {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    for _ in &ids {
+        if finishes.recv().await.is_none() {
+            return Err("the workers stopped before every job ran".into());
         }
     }
+    // Shutting down waits for the last outcomes to be stored.
     gpu_box.shutdown().await;
     cpu_box.shutdown().await;
+    for id in &ids {
+        if store.get(*id).await?.state != JobState::Succeeded {
+            return Err(format!("job {id} did not succeed").into());
+        }
+    }
 
     let ran = ran.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for (worker, jobs) in &ran {

@@ -437,7 +437,7 @@ mod scenarios {
                 let (started, gate, in_use, most) =
                     (started.clone(), gate.clone(), in_use.clone(), most.clone());
                 async move {
-                    let gpus = ctx.job().needs.amounts.get("gpu").copied().unwrap_or(0) as usize;
+                    let gpus = ctx.job().needs.amounts().get("gpu").copied().unwrap_or(0) as usize;
                     let now = in_use.fetch_add(gpus, Ordering::SeqCst) + gpus;
                     most.fetch_max(now, Ordering::SeqCst);
                     let _ = started.send(ctx.id());
@@ -510,34 +510,30 @@ mod scenarios {
     }
 
     /// A worker facing ready jobs it cannot take (none fits its capacity) does not
-    /// spin on the store's wake-ups: once a wake-up led to an empty claim, it polls at
-    /// its poll interval. Six claims take at least two intervals; a spinning worker
-    /// makes them in a few milliseconds.
+    /// spin on the store's wake-ups. The store here wakes every wait at once, as
+    /// SQLite's does while any job is ready (the contract allows spurious wake-ups):
+    /// once a wake-up led to an empty claim, the worker's next wait is a plain poll, so
+    /// it waits for work at most every other claim. A spinning worker waits before
+    /// every claim.
     pub async fn ready_jobs_that_do_not_fit_cost_no_spin(env: Env) {
+        const CLAIMS: usize = 8;
         let store = env.store().await;
         let unfit = enqueue(
             &store,
             NewJob::new("gpu").needs(Needs::new().amount("gpu", 1)),
         )
         .await;
-        let (counted, counting) = env.layered(|inner| CountingStore::new(inner, 0)).await;
-        let poll = Duration::from_millis(20);
-        let worker = test_worker(counted, "w")
-            .poll_interval(poll)
+        let (woken, wakes) = env.layered(|inner| AlwaysWakes::new(inner, CLAIMS)).await;
+        let worker = test_worker(woken, "w")
             .capacity(Budget::new().amount("gpu", 0))
             .handler("gpu", |_ctx: JobContext, _payload: Bytes| async { Ok(()) });
-        let started = tokio::time::Instant::now();
         let handle = build(worker).spawn();
-        while counting.claims.load(Ordering::SeqCst) < 6 {
-            assert!(started.elapsed() < PATIENCE, "the worker stopped claiming");
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        let elapsed = started.elapsed();
+        let waits = recv(&mut wakes.take_receiver(), "the worker's claims").await;
         handle.shutdown().await;
         assert!(
-            elapsed >= 2 * poll,
-            "six claims in {elapsed:?}: the worker spins on wake-ups for a job it cannot take"
+            waits <= CLAIMS / 2 + 1,
+            "{waits} waits for work before {CLAIMS} claims: the worker spins on wake-ups \
+             for a job it cannot take"
         );
         let job = store.get(unfit).await.expect("get");
         assert_eq!((job.state, job.attempts), (JobState::Queued, 0));
@@ -1514,7 +1510,6 @@ struct CountingStore {
     /// While set, every heartbeat fails as a whole, unavailable, writing nothing.
     heartbeats_down: AtomicBool,
     heartbeat_batches: AtomicUsize,
-    claims: AtomicUsize,
 }
 
 impl CountingStore {
@@ -1528,8 +1523,73 @@ impl CountingStore {
             completions_down: AtomicBool::new(false),
             heartbeats_down: AtomicBool::new(false),
             heartbeat_batches: AtomicUsize::new(0),
-            claims: AtomicUsize::new(0),
         }
+    }
+}
+
+/// A store whose `wait_for_work` returns at once, every time; it counts the worker's
+/// waits and, at its `claims`-th claim, sends how many waits came before it.
+struct AlwaysWakes {
+    inner: Arc<dyn Backend>,
+    claims: AtomicUsize,
+    waits: AtomicUsize,
+    report_at: usize,
+    report: mpsc::UnboundedSender<usize>,
+    receiver: Mutex<Option<mpsc::UnboundedReceiver<usize>>>,
+}
+
+impl AlwaysWakes {
+    fn new(inner: Arc<dyn Backend>, report_at: usize) -> Self {
+        let (report, receiver) = mpsc::unbounded_channel();
+        AlwaysWakes {
+            inner,
+            claims: AtomicUsize::new(0),
+            waits: AtomicUsize::new(0),
+            report_at,
+            report,
+            receiver: Mutex::new(Some(receiver)),
+        }
+    }
+
+    fn take_receiver(&self) -> mpsc::UnboundedReceiver<usize> {
+        match self
+            .receiver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            Some(receiver) => receiver,
+            None => panic!("the report's receiver was taken already"),
+        }
+    }
+}
+
+impl std::fmt::Debug for AlwaysWakes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlwaysWakes").finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl LayeredBackend for AlwaysWakes {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
+    async fn claim(
+        &self,
+        request: jobs::ClaimRequest,
+        now: Timestamp,
+    ) -> jobs::Result<Vec<jobs::ClaimedJob>> {
+        if self.claims.fetch_add(1, Ordering::SeqCst) + 1 == self.report_at {
+            let _ = self.report.send(self.waits.load(Ordering::SeqCst));
+        }
+        self.inner.claim(request, now).await
+    }
+
+    async fn wait_for_work(&self, _queues: &[String], _timeout: Duration) -> jobs::Result<()> {
+        self.waits.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -1544,15 +1604,6 @@ fn test_outage() -> jobs::Error {
 impl LayeredBackend for CountingStore {
     fn inner(&self) -> &dyn Backend {
         &*self.inner
-    }
-
-    async fn claim(
-        &self,
-        request: jobs::ClaimRequest,
-        now: Timestamp,
-    ) -> jobs::Result<Vec<jobs::ClaimedJob>> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(request, now).await
     }
 
     async fn heartbeat(

@@ -9,6 +9,7 @@ use super::{unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
 use crate::codec::{
     array, decode_claimed, id_string, int, job_id, job_id_bytes, text, LeaseWrite, Unreadable,
 };
+use crate::keys::Keys;
 use crate::scripts;
 
 /// Claim calls that may find their candidates taken by other claimers before a claim
@@ -30,6 +31,34 @@ const FIT_SCAN_BOUND: usize = 2_000;
 /// `(1 + FIT_SCAN_CALLS) × FIT_SCAN_BOUND` (10,000) entries that do not are still found,
 /// and one claim never examines more than that.
 const FIT_SCAN_CALLS: usize = 4;
+
+/// A call of `claim.lua` or `claim_fit.lua` with what both begin with: KEYS 1–7 (the
+/// indexes and the paused set) and ARGV 1–6 (now, worker, lease expiry, limit, hint
+/// size, promotion bound). Each script's own keys and arguments follow.
+fn claim_invocation<'s>(
+    script: &'s redis::Script,
+    keys: &Keys,
+    [now, worker, expires]: [&String; 3],
+    limit: usize,
+    hint_size: usize,
+) -> redis::ScriptInvocation<'s> {
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .key(&keys.ready)
+        .key(&keys.sched)
+        .key(&keys.leases)
+        .key(&keys.list)
+        .key(&keys.running)
+        .key(&keys.done)
+        .key(&keys.paused)
+        .arg(now)
+        .arg(worker)
+        .arg(expires)
+        .arg(limit)
+        .arg(hint_size)
+        .arg(PROMOTE_BOUND);
+    invocation
+}
 
 /// What one `claim_fit.lua` call answered besides its jobs.
 struct FitRound {
@@ -80,22 +109,14 @@ impl RedisStore {
         let mut promotions = 0usize;
         loop {
             let remaining = request.limit - claimed.len();
-            let mut invocation = scripts::CLAIM.prepare_invoke();
-            invocation
-                .key(&keys.ready)
-                .key(&keys.sched)
-                .key(&keys.leases)
-                .key(&keys.list)
-                .key(&keys.running)
-                .key(&keys.done)
-                .key(&keys.paused)
-                .arg(&now_text)
-                .arg(&request.worker)
-                .arg(&expires)
-                .arg(remaining)
-                .arg(request.limit + HINT_SLACK)
-                .arg(PROMOTE_BOUND)
-                .arg(queues.len());
+            let mut invocation = claim_invocation(
+                &scripts::CLAIM,
+                keys,
+                [&now_text, &request.worker, &expires],
+                remaining,
+                request.limit + HINT_SLACK,
+            );
+            invocation.arg(queues.len());
             for queue in queues {
                 invocation.arg(queue);
             }
@@ -192,22 +213,15 @@ impl RedisStore {
         let mut scans = 0;
         let hint = loop {
             let remaining = request.limit - claimed.len();
-            let mut invocation = scripts::CLAIM_FIT.prepare_invoke();
+            let mut invocation = claim_invocation(
+                &scripts::CLAIM_FIT,
+                keys,
+                [&now_text, &request.worker, &expires],
+                remaining,
+                remaining + HINT_SLACK,
+            );
             invocation
-                .key(&keys.ready)
-                .key(&keys.sched)
-                .key(&keys.leases)
-                .key(&keys.list)
-                .key(&keys.running)
-                .key(&keys.done)
-                .key(&keys.paused)
                 .key(&keys.placement)
-                .arg(&now_text)
-                .arg(&request.worker)
-                .arg(&expires)
-                .arg(remaining)
-                .arg(remaining + HINT_SLACK)
-                .arg(PROMOTE_BOUND)
                 .arg(FIT_SCAN_BOUND)
                 .arg(&budget)
                 .arg(&reserved)
