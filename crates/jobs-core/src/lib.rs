@@ -14,6 +14,7 @@ mod schedule;
 mod state;
 mod store;
 mod time;
+pub mod transaction;
 pub mod transition;
 pub mod validate;
 
@@ -34,6 +35,7 @@ pub use schedule::{
 pub use state::ParseJobStateError;
 pub use store::Store;
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
+pub use transaction::FencedCompletion;
 
 // The contract is this module's documentation; the module holds no items.
 #[doc = include_str!("../CONTRACT.md")]

@@ -16,6 +16,7 @@ use crate::model::{
 };
 use crate::schedule::{Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
+use crate::transaction;
 use crate::validate;
 
 /// A durable job store: the [contract](crate::contract), one method per operation,
@@ -106,9 +107,8 @@ impl Store {
 
     /// Rules E1–E7: adds a job, or returns the existing job for a live idempotency key.
     pub async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        validate::validate_new_job(&job, self.settings())?;
-        let now = self.now();
-        self.backend.enqueue(resolve_delay(job, now), now).await
+        let (job, now) = transaction::prepare_enqueue(self.settings(), job)?;
+        self.backend.enqueue(job, now).await
     }
 
     /// Enqueues `job` on its type's queue, as JSON (see [`TypedJob`]).
@@ -120,15 +120,10 @@ impl Store {
     /// fewer round trips (and fsyncs). A batch holding an invalid job is refused whole
     /// and writes nothing.
     pub async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        validate::validate_batch(&jobs, self.settings())?;
+        let (jobs, now) = transaction::prepare_batch(self.settings(), jobs)?;
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let now = self.now();
-        let jobs = jobs
-            .into_iter()
-            .map(|job| resolve_delay(job, now))
-            .collect();
         self.backend.enqueue_batch(jobs, now).await
     }
 
@@ -235,10 +230,8 @@ impl Store {
         token: LeaseToken,
         result: Option<Bytes>,
     ) -> Result<()> {
-        if let Some(bytes) = &result {
-            validate::validate_size("result", bytes.len(), self.settings())?;
-        }
-        self.backend.complete(id, token, result, self.now()).await
+        let now = transaction::prepare_complete(self.settings(), result.as_ref())?;
+        self.backend.complete(id, token, result, now).await
     }
 
     /// Rules L4, L5, one `complete` per entry: the answer at index `i` is what
@@ -535,13 +528,6 @@ impl Store {
 }
 
 /// A relative delay becomes an absolute `run_at` on the store's clock.
-fn resolve_delay(mut job: NewJob, now: Timestamp) -> NewJob {
-    if let Some(delay) = job.delay.take() {
-        job.run_at = Some(now.saturating_add(delay));
-    }
-    job
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
