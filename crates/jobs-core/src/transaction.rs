@@ -32,7 +32,10 @@ pub fn prepare_batch(
 ) -> Result<(Vec<NewJob>, Timestamp)> {
     validate::validate_batch(&jobs, settings)?;
     let now = settings.now();
-    let jobs = jobs.into_iter().map(|job| resolve_delay(job, now)).collect();
+    let jobs = jobs
+        .into_iter()
+        .map(|job| resolve_delay(job, now))
+        .collect();
     Ok((jobs, now))
 }
 
@@ -133,9 +136,12 @@ mod tests {
     fn a_batch_with_one_bad_job_is_refused_whole() {
         let (settings, _clock) = settings();
         let refused = prepare_batch(&settings, vec![NewJob::new("q"), NewJob::new("")]);
-        assert!(matches!(refused, Err(Error::InvalidInput { .. })), "{refused:?}");
-        let (jobs, _) = prepare_batch(&settings, vec![NewJob::new("q"), NewJob::new("r")])
-            .expect("valid");
+        assert!(
+            matches!(refused, Err(Error::InvalidInput { .. })),
+            "{refused:?}"
+        );
+        let (jobs, _) =
+            prepare_batch(&settings, vec![NewJob::new("q"), NewJob::new("r")]).expect("valid");
         assert_eq!(jobs.len(), 2);
     }
 

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use jobs_core::batch::{Batch, Limits};
 use jobs_core::{Enqueued, Error, JobId, NewJob, Result, StoreSettings, Timestamp, Uniqueness};
 use sqlx::postgres::PgBindIterExt;
-use sqlx::Postgres;
+use sqlx::{Connection, PgConnection, Postgres};
 use uuid::Uuid;
 
 use crate::conn::Shared;
 use crate::row::{self, column};
+use crate::wake;
 
 /// Most payload bytes sent in one enqueue statement. A larger batch is split into
 /// several statements inside one transaction, so it stays all-or-nothing.
@@ -117,6 +118,21 @@ fn unknown_parent(parent: JobId) -> Error {
     Error::invalid("parent", format!("job {parent} does not exist"))
 }
 
+/// The queues that got a job ready at `now`.
+fn ready_queues<'r>(
+    now: Timestamp,
+    rows: &'r [Pending<'_>],
+    answers: &'r [RowAnswer],
+) -> impl Iterator<Item = &'r str> {
+    rows.iter()
+        .zip(answers)
+        .filter(move |(row, answer)| {
+            matches!(answer, Ok(Enqueued { created: true, .. }))
+                && row.job.run_at.is_none_or(|at| at <= now)
+        })
+        .map(|(row, _)| row.job.queue.as_str())
+}
+
 /// Wakes waiters of the queues that got a job ready now.
 fn announce(
     shared: &Shared,
@@ -125,15 +141,80 @@ fn announce(
     rows: &[Pending<'_>],
     answers: &[RowAnswer],
 ) {
-    let ready = rows
-        .iter()
-        .zip(answers)
-        .filter(|(row, answer)| {
-            matches!(answer, Ok(Enqueued { created: true, .. }))
-                && row.job.run_at.is_none_or(|at| at <= now)
-        })
-        .map(|(row, _)| row.job.queue.as_str());
-    shared.wake.announce(&settings.namespace, ready);
+    shared
+        .wake
+        .announce(&settings.namespace, ready_queues(now, rows, answers));
+}
+
+/// An explicit batch, ready to send: the jobs sent (a key repeated in the batch is
+/// sent once), and for each job of the batch, the sent job whose answer is its own.
+struct Plan<'a> {
+    sent: Vec<Pending<'a>>,
+    /// `Ok(i)`: answered by `sent[i]`; `Err(i)`: a later job with `sent[i]`'s key,
+    /// answered as a second enqueue would be, with that job.
+    slot: Vec<std::result::Result<usize, usize>>,
+}
+
+impl<'a> Plan<'a> {
+    fn new(jobs: &'a [NewJob], now: Timestamp) -> Self {
+        let mut first_of_key: HashMap<(&str, &str), usize> = HashMap::new();
+        let mut sent: Vec<Pending<'_>> = Vec::with_capacity(jobs.len());
+        let mut slot = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            if let Some(key) = job.idempotency_key.as_deref() {
+                if let Some(&index) = first_of_key.get(&(job.tenant.as_str(), key)) {
+                    slot.push(Err(index));
+                    continue;
+                }
+                first_of_key.insert((job.tenant.as_str(), key), sent.len());
+            }
+            slot.push(Ok(sent.len()));
+            sent.push(Pending {
+                id: JobId::mint(now),
+                job,
+            });
+        }
+        Plan { sent, slot }
+    }
+
+    /// The sent jobs cut into statements of at most [`MAX_STATEMENT_PAYLOAD`] bytes
+    /// of payload (and at least one job each).
+    fn chunks(&self) -> Vec<&[Pending<'a>]> {
+        let sent = &self.sent;
+        let mut chunks: Vec<&[Pending<'_>]> = Vec::new();
+        let mut start = 0;
+        let mut bytes = 0;
+        for (index, row) in sent.iter().enumerate() {
+            let size = row.job.payload.len();
+            if index > start && bytes + size > MAX_STATEMENT_PAYLOAD {
+                chunks.push(&sent[start..index]);
+                start = index;
+                bytes = 0;
+            }
+            bytes += size;
+        }
+        chunks.push(&sent[start..]);
+        chunks
+    }
+
+    /// Each job's answer, in the batch's order, from the answers of the sent jobs.
+    fn answer(self, answers: Vec<RowAnswer>) -> Result<Vec<Enqueued>> {
+        let answers = answers
+            .into_iter()
+            .map(|answer| answer.map_err(unknown_parent))
+            .collect::<Result<Vec<Enqueued>>>()?;
+        self.slot
+            .into_iter()
+            .map(|slot| match slot {
+                Ok(index) => answers.get(index).copied(),
+                Err(index) => answers.get(index).map(|first| Enqueued {
+                    id: first.id,
+                    created: false,
+                }),
+            })
+            .map(|answer| answer.ok_or_else(|| Error::corrupt("enqueue", "missing answer")))
+            .collect()
+    }
 }
 
 /// An explicit batch (E9): the same as enqueueing each job in order at `now`, all or
@@ -144,41 +225,8 @@ pub(crate) async fn enqueue_all(
     jobs: &[NewJob],
     now: Timestamp,
 ) -> Result<Vec<Enqueued>> {
-    // A key repeated in the batch is sent once; the later jobs answer like a second
-    // enqueue would, with the first one's job.
-    let mut first_of_key: HashMap<(&str, &str), usize> = HashMap::new();
-    let mut sent: Vec<Pending<'_>> = Vec::with_capacity(jobs.len());
-    let mut slot: Vec<std::result::Result<usize, usize>> = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        if let Some(key) = job.idempotency_key.as_deref() {
-            if let Some(&index) = first_of_key.get(&(job.tenant.as_str(), key)) {
-                slot.push(Err(index));
-                continue;
-            }
-            first_of_key.insert((job.tenant.as_str(), key), sent.len());
-        }
-        slot.push(Ok(sent.len()));
-        sent.push(Pending {
-            id: JobId::mint(now),
-            job,
-        });
-    }
-
-    let mut chunks: Vec<&[Pending<'_>]> = Vec::new();
-    let mut start = 0;
-    let mut bytes = 0;
-    for (index, row) in sent.iter().enumerate() {
-        let size = row.job.payload.len();
-        if index > start && bytes + size > MAX_STATEMENT_PAYLOAD {
-            chunks.push(&sent[start..index]);
-            start = index;
-            bytes = 0;
-        }
-        bytes += size;
-    }
-    chunks.push(&sent[start..]);
-
-    let answers = if let [only] = chunks[..] {
+    let plan = Plan::new(jobs, now);
+    let answers = if let [only] = plan.chunks()[..] {
         statement(shared, settings, &shared.pool, now, only, true).await?
     } else {
         let mut tx = shared
@@ -186,8 +234,8 @@ pub(crate) async fn enqueue_all(
             .begin()
             .await
             .map_err(|err| shared.error("enqueue: begin", err))?;
-        let mut answers = Vec::with_capacity(sent.len());
-        for chunk in chunks {
+        let mut answers = Vec::with_capacity(plan.sent.len());
+        for chunk in plan.chunks() {
             answers.extend(statement(shared, settings, &mut *tx, now, chunk, true).await?);
         }
         tx.commit()
@@ -195,22 +243,57 @@ pub(crate) async fn enqueue_all(
             .map_err(|err| shared.error("enqueue: commit", err))?;
         answers
     };
-    announce(shared, settings, now, &sent, &answers);
+    announce(shared, settings, now, &plan.sent, &answers);
+    plan.answer(answers)
+}
 
-    let answers = answers
-        .into_iter()
-        .map(|answer| answer.map_err(unknown_parent))
-        .collect::<Result<Vec<Enqueued>>>()?;
-    slot.into_iter()
-        .map(|slot| match slot {
-            Ok(index) => answers.get(index).copied(),
-            Err(index) => answers.get(index).map(|first| Enqueued {
-                id: first.id,
-                created: false,
-            }),
-        })
-        .map(|answer| answer.ok_or_else(|| Error::corrupt("enqueue", "missing answer")))
-        .collect()
+/// E9 inside the caller's transaction (CONTRACT §7, T1, T2): the jobs are written on
+/// `conn` and exist once its transaction commits; their wake-ups are sent inside it,
+/// so PostgreSQL delivers them at that commit and drops them at a rollback.
+///
+/// A refused batch writes nothing and leaves the caller's transaction usable: one
+/// statement writes nothing when one of its jobs names a missing parent, and a batch
+/// of several statements runs inside a savepoint of its own.
+pub(crate) async fn enqueue_in(
+    shared: &Shared,
+    settings: &StoreSettings,
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    now: Timestamp,
+) -> Result<Vec<Enqueued>> {
+    let plan = Plan::new(jobs, now);
+    let answers = if let [only] = plan.chunks()[..] {
+        statement(shared, settings, &mut *conn, now, only, true).await?
+    } else {
+        let mut savepoint = conn
+            .begin()
+            .await
+            .map_err(|err| shared.error("enqueue: savepoint", err))?;
+        let mut answers = Vec::with_capacity(plan.sent.len());
+        for chunk in plan.chunks() {
+            // On an error the savepoint is dropped, which rolls back to it.
+            answers.extend(statement(shared, settings, &mut *savepoint, now, chunk, true).await?);
+        }
+        savepoint
+            .commit()
+            .await
+            .map_err(|err| shared.error("enqueue: release savepoint", err))?;
+        answers
+    };
+    let mut payloads: Vec<String> = ready_queues(now, &plan.sent, &answers)
+        .map(|queue| wake::key(&settings.namespace, queue))
+        .collect();
+    payloads.sort_unstable();
+    payloads.dedup();
+    if !payloads.is_empty() {
+        sqlx::query(shared.sql.notify_in.sql())
+            .bind(shared.wake.channel())
+            .bind(&payloads)
+            .execute(&mut *conn)
+            .await
+            .map_err(|err| shared.error("enqueue: notify", err))?;
+    }
+    plan.answer(answers)
 }
 
 /// One `enqueue` call: the job and the instant its caller read.

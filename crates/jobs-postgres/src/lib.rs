@@ -11,6 +11,7 @@ mod row;
 mod schema;
 mod sql;
 mod store;
+mod transaction;
 mod wake;
 
 pub use backend::{

@@ -52,6 +52,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "fit",
         sql: include_str!("../migrations/0007_fit.sql"),
     },
+    Migration {
+        version: 8,
+        name: "fence",
+        sql: include_str!("../migrations/0008_fence.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

@@ -359,6 +359,29 @@ const COMPLETED_BEFORE: &str = "EXISTS (SELECT 1 FROM {schema}.jobs y \
        AND (y.state = 'succeeded' AND y.lease_token = input.token AND y.finished_at = $5 \
             AND y.result IS NOT DISTINCT FROM input.result) IS TRUE)";
 
+/// Rules L4, L5 and T3 (CONTRACT §7) for one job, inside the caller's transaction:
+/// `$2` id, `$3` token, `$4` result, `$5` now.
+///
+/// The `UPDATE` holds the job's row until the caller's transaction ends, so no reclaim
+/// takes the job back in between. When it matched no row, `fence` raises (migration
+/// 8), which aborts the caller's transaction: its own writes cannot commit beside a
+/// completion that did not happen. No `{relax}`: the caller's transaction keeps its
+/// own `synchronous_commit`.
+const COMPLETE_IN: &str = r#"
+WITH done AS (
+    UPDATE {schema}.jobs j SET
+        state = 'succeeded', result = $4, finished_at = $5,
+        lease_worker = NULL, lease_expires_at = NULL
+    WHERE j.namespace = $1 AND j.id = $2
+      AND (j.state = 'running' AND j.lease_token = $3) IS TRUE
+    RETURNING j.id
+)
+SELECT {schema}.fence(
+    EXISTS (SELECT 1 FROM done),
+    EXISTS (SELECT 1 FROM {schema}.jobs x WHERE x.namespace = $1 AND x.id = $2),
+    $2)
+"#;
+
 /// Rule L1 for many leases at once: `$2` ids, `$3` tokens (parallel, sorted by id),
 /// `$4` the new expiry, `$5` now.
 ///
@@ -508,6 +531,13 @@ RETURNING queue
 /// for microseconds.
 const NOTIFY: &str = "SELECT set_config('synchronous_commit', 'off', true), \
      count(pg_notify($1, payload)) FROM unnest($2::text[]) AS p(payload)";
+
+/// Sends wake-up notices, one per `$2` payload, on channel `$1`, inside the caller's
+/// transaction (CONTRACT §7, T2): PostgreSQL delivers them when it commits, and never
+/// when it rolls back. Unlike [`NOTIFY`] it leaves `synchronous_commit` alone, since
+/// the transaction holds the caller's own writes.
+const NOTIFY_IN: &str =
+    "SELECT count(pg_notify($1, payload)) FROM unnest($2::text[]) AS p(payload)";
 
 /// Rule A3: counts per state, queued split by `run_at <= $3`, from `jobs_listing`.
 const STATS: &str = r#"
@@ -706,6 +736,8 @@ pub(crate) struct Statements {
     pub(crate) complete: Text,
     /// `complete` sent again after its connection broke (see [`COMPLETE`]).
     pub(crate) complete_again: Text,
+    /// [`COMPLETE_IN`]: one fenced completion in the caller's transaction.
+    pub(crate) complete_in: Text,
     pub(crate) fail: Text,
     pub(crate) release: Text,
     pub(crate) reclaim: Text,
@@ -724,6 +756,8 @@ pub(crate) struct Statements {
     pub(crate) vanish: Text,
     pub(crate) drop_namespace: Text,
     pub(crate) notify: Text,
+    /// [`NOTIFY_IN`]: notices sent inside the caller's transaction.
+    pub(crate) notify_in: Text,
 }
 
 impl Statements {
@@ -747,6 +781,7 @@ impl Statements {
             heartbeat_batch: r(HEARTBEAT_BATCH),
             complete: r(COMPLETE),
             complete_again: Text::render(COMPLETE, quoted_schema, relax, COMPLETED_BEFORE),
+            complete_in: r(COMPLETE_IN),
             fail: r(FAIL),
             release: r(RELEASE),
             reclaim: r(RECLAIM),
@@ -765,6 +800,7 @@ impl Statements {
             vanish: r(VANISH),
             drop_namespace: r(DROP_NAMESPACE),
             notify: r(NOTIFY),
+            notify_in: r(NOTIFY_IN),
         }
     }
 }
@@ -772,6 +808,19 @@ impl Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What runs in the caller's transaction must leave its `synchronous_commit`
+    /// alone: relaxing it there would relax the caller's own writes.
+    #[test]
+    fn statements_in_the_callers_transaction_never_relax_its_commit() {
+        for relaxed in [true, false] {
+            let sql = Statements::new("\"jobs\"", relaxed);
+            for text in [&sql.enqueue, &sql.complete_in, &sql.notify_in] {
+                assert!(!text.0.contains("set_config"), "{}", text.0);
+                assert!(!text.0.contains('{'), "a placeholder is left: {}", text.0);
+            }
+        }
+    }
 
     #[test]
     fn only_fitted_claims_test_a_budget() {

@@ -120,7 +120,7 @@ impl PostgresStore {
         &self.inner.settings.namespace
     }
 
-    fn shared(&self) -> &Shared {
+    pub(crate) fn shared(&self) -> &Shared {
         &self.inner.shared
     }
 
@@ -204,7 +204,7 @@ fn claim_order(rows: Vec<PgRow>, request: &ClaimRequest) -> Result<Vec<ClaimedJo
     Ok(claimed.into_iter().map(|(_, job)| job).collect())
 }
 
-fn token_param(token: LeaseToken) -> i64 {
+pub(crate) fn token_param(token: LeaseToken) -> i64 {
     // Stored tokens are positive; one beyond i64 can never be current.
     i64::try_from(token.get()).unwrap_or(-1)
 }

@@ -40,7 +40,8 @@ struct HubState {
     epoch: u64,
 }
 
-fn key(namespace: &str, queue: &str) -> String {
+/// The payload of a notice, and the hub's key: `namespace '\n' queue`.
+pub(crate) fn key(namespace: &str, queue: &str) -> String {
     format!("{namespace}\n{queue}")
 }
 
@@ -139,6 +140,11 @@ impl Wake {
             outbox: Arc::default(),
             sender: Mutex::default(),
         }
+    }
+
+    /// The channel notices are sent on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
     }
 
     /// Announces ready work on `queues` of `namespace` to every listening process.

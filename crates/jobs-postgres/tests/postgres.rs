@@ -409,7 +409,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 7);
+        assert_eq!(backend.schema_version().await.expect("version"), 8);
     }
 
     // Migrations 2 to 7 are safe to run again on a migrated schema with jobs (and a
@@ -442,7 +442,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     let again = PostgresBackend::connect(config)
         .await
         .expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 7);
+    assert_eq!(again.schema_version().await.expect("version"), 8);
     assert_eq!(
         store.paused_queues().await.expect("paused"),
         vec!["held".to_owned()],
@@ -551,7 +551,7 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     .expect("back to version 6");
 
     let upgraded = PostgresBackend::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 7);
+    assert_eq!(upgraded.schema_version().await.expect("version"), 8);
     let store = open(&upgraded, settings);
     for id in &old_jobs {
         let job = store.get(*id).await.expect("get");
