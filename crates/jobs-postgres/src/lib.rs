@@ -19,5 +19,8 @@ pub use backend::{
 };
 pub use store::PostgresStore;
 
+/// The sqlx this crate is built with: the transactions `PostgresStore::enqueue_in`
+/// and `complete_in` take are this version's.
+pub use sqlx;
 /// Re-exported so callers can build pools and options without naming sqlx's version.
 pub use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use jobs_core::{BoxError, Enqueued, Job, JobId, LeaseToken, NewJob, Store};
+use jobs_core::{BoxError, Enqueued, FencedCompletion, Job, JobId, LeaseToken, NewJob, Store};
 use tokio_util::sync::CancellationToken;
 
 /// Why a running handler was asked to stop.
@@ -290,6 +290,26 @@ impl JobError {
         self.source.as_deref()
     }
 
+    /// Whether this failure is the store's [`jobs_core::Error::LeaseLost`], passed on by
+    /// the handler (with `?` from a fenced completion, say): the worker no longer holds
+    /// the lease, so it records nothing for the attempt.
+    pub(crate) fn is_lease_lost(&self) -> bool {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = match &self.source {
+            Some(source) => Some(source.as_ref()),
+            None => None,
+        };
+        while let Some(err) = cause {
+            if err
+                .downcast_ref::<jobs_core::Error>()
+                .is_some_and(jobs_core::Error::is_lease_lost)
+            {
+                return true;
+            }
+            cause = err.source();
+        }
+        false
+    }
+
     /// The text stored as `last_error`: the message followed by the chain of causes
     /// not already part of it.
     pub(crate) fn to_error_text(&self) -> String {
@@ -338,6 +358,43 @@ impl<E: Into<BoxError>> From<E> for JobError {
 pub trait JobOutput: Send {
     /// The bytes to store, or `None` for no result. An error here fails the attempt.
     fn into_result(self) -> Result<Option<Bytes>, JobError>;
+
+    /// The receipt of a completion the handler already stored itself, inside its own
+    /// transaction (CONTRACT §7, T3): the worker then stores nothing for the job.
+    /// `None`, the default, for every output but [`FencedCompletion`].
+    fn recorded(&self) -> Option<FencedCompletion> {
+        None
+    }
+}
+
+/// What the worker does with a handler's success.
+#[derive(Debug)]
+pub(crate) enum Success {
+    /// Stores the job's completion with this result.
+    Store(Option<Bytes>),
+    /// Nothing: the handler completed the job in its own transaction.
+    Recorded(FencedCompletion),
+}
+
+fn success<O: JobOutput>(output: O) -> Result<Success, JobError> {
+    match output.recorded() {
+        Some(receipt) => Ok(Success::Recorded(receipt)),
+        None => Ok(Success::Store(output.into_result()?)),
+    }
+}
+
+/// A handler that completed its job inside its own database transaction returns the
+/// receipt (`Ok(receipt)`) once that transaction committed: the worker then records
+/// nothing more for the job, and lets its lease go. See `PostgresStore::complete_in`
+/// and `SqliteTransaction::complete`.
+impl JobOutput for FencedCompletion {
+    fn into_result(self) -> Result<Option<Bytes>, JobError> {
+        Ok(None)
+    }
+
+    fn recorded(&self) -> Option<FencedCompletion> {
+        Some(*self)
+    }
 }
 
 impl JobOutput for () {
@@ -390,7 +447,7 @@ impl<T: serde::Serialize + Send> JobOutput for Json<T> {
 }
 
 /// The boxed future a type-erased handler returns.
-pub(crate) type HandlerFuture = BoxFuture<'static, Result<Option<Bytes>, JobError>>;
+pub(crate) type HandlerFuture = BoxFuture<'static, Result<Success, JobError>>;
 
 /// A handler with its payload and output types erased, as the worker stores it.
 pub(crate) trait ErasedHandler: Send + Sync {
@@ -415,7 +472,7 @@ where
 {
     fn call(&self, ctx: JobContext, payload: Bytes) -> HandlerFuture {
         let fut = (self.f)(ctx, payload);
-        Box::pin(async move { fut.await?.into_result() })
+        Box::pin(async move { success(fut.await?) })
     }
 }
 
@@ -436,7 +493,7 @@ where
         match serde_json::from_slice::<T>(&payload) {
             Ok(value) => {
                 let fut = (self.f)(ctx, value);
-                Box::pin(async move { fut.await?.into_result() })
+                Box::pin(async move { success(fut.await?) })
             }
             // A payload that does not decode now never will: retrying cannot help.
             Err(err) => {
@@ -477,6 +534,41 @@ mod tests {
         let permanent = JobError::permanent("bad input");
         assert!(!permanent.is_retryable());
         assert_eq!(permanent.to_string(), "bad input");
+    }
+
+    #[test]
+    fn a_fenced_completion_is_recorded_not_stored() {
+        let id = JobId::mint(jobs_core::Timestamp::from_millis(1));
+        let receipt = FencedCompletion::new(id, LeaseToken::new(3));
+        assert!(matches!(success(receipt), Ok(Success::Recorded(r)) if r == receipt));
+        assert!(matches!(success(()), Ok(Success::Store(None))));
+        assert!(matches!(
+            success("done"),
+            Ok(Success::Store(Some(bytes))) if bytes == Bytes::from_static(b"done")
+        ));
+    }
+
+    #[test]
+    fn only_the_stores_lease_lost_reads_as_a_lost_lease() {
+        let id = JobId::mint(jobs_core::Timestamp::from_millis(1));
+        assert!(JobError::from(jobs_core::Error::LeaseLost { id }).is_lease_lost());
+        // Wrapped by the handler's own error type, found down the chain.
+        #[derive(Debug)]
+        struct Wrapped(jobs_core::Error);
+        impl fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("saving the receipt failed")
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        assert!(JobError::from(Wrapped(jobs_core::Error::LeaseLost { id })).is_lease_lost());
+        assert!(!JobError::from(jobs_core::Error::NotFound { id }).is_lease_lost());
+        assert!(!JobError::retry("lease lost").is_lease_lost());
+        assert!(!JobError::from("boom").is_lease_lost());
     }
 
     #[test]

@@ -14,9 +14,10 @@ pub use connect::{connect, connect_with};
 pub use handler::{CancelReason, JobContext, JobError, JobOutput, Json};
 pub use jobs_core::{
     contract, Backoff, Budget, Bytes, Cadence, CatchUp, ClaimRequest, ClaimedJob, Clock,
-    Completion, Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, Lease, LeaseToken,
-    ListPage, ListQuery, ManualClock, Needs, NewJob, QueueStats, ReclaimedJob, Result, Retry,
-    Schedule, ScheduleRecord, Store, StoreSettings, SystemClock, Timestamp, TypedJob, Uniqueness,
+    Completion, Enqueued, Error, FencedCompletion, Heartbeat, HeldLease, Job, JobId, JobState,
+    Lease, LeaseToken, ListPage, ListQuery, ManualClock, Needs, NewJob, QueueStats, ReclaimedJob,
+    Result, Retry, Schedule, ScheduleRecord, Store, StoreSettings, SystemClock, Timestamp,
+    TypedJob, Uniqueness,
 };
 pub use worker::{
     ShutdownHandle, Worker, WorkerBuilder, WorkerHandle, DEFAULT_BLOCKING_THRESHOLD,

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures::FutureExt;
 use jobs_core::{ClaimedJob, Completion, JobId, LeaseToken, Needs};
 use tokio::sync::mpsc;
@@ -21,6 +20,7 @@ use super::report::{report_outcome, Report, Succeeded};
 use super::Shared;
 use crate::handler::{
     CancelReason, CancelState, ErasedHandler, HandlerFuture, JobContext, JobError, RetryAdvice,
+    Success,
 };
 use crate::telemetry::QueueMetrics;
 
@@ -292,7 +292,7 @@ struct Begun {
 /// How a handler ended.
 enum Finished {
     /// It returned.
-    Returned(std::result::Result<Option<Bytes>, JobError>),
+    Returned(std::result::Result<Success, JobError>),
     /// It panicked, with this message.
     Panicked(String),
     /// The worker dropped it: cancelled and not done within the grace period.
@@ -345,7 +345,35 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
     let cancelled = reason == Some(CancelReason::Requested);
     let attempt = begun.attempt;
     let report = match finished {
-        Finished::Returned(Ok(result)) => Report::Complete(result),
+        Finished::Returned(Ok(Success::Recorded(receipt)))
+            if (receipt.id(), receipt.token()) == (begun.id, begun.token) =>
+        {
+            // Stored by the handler with its own writes (CONTRACT §7, T3): nothing is
+            // left to record, and the lease is no longer worth keeping.
+            begun.metrics.succeeded.increment(1);
+            tracing::debug!("completed by the handler in its own transaction");
+            shared.leases.drop_job(begun.id, begun.token);
+            return None;
+        }
+        Finished::Returned(Ok(Success::Recorded(receipt))) => Report::Fail(
+            format!(
+                "the handler returned the receipt of job {}'s completion (lease {}), not of its own",
+                receipt.id(),
+                receipt.token().get()
+            ),
+            Some(config.backoff.delay(attempt)),
+        ),
+        Finished::Returned(Err(error)) if error.is_lease_lost() => {
+            // The store told the handler its lease is gone (a fenced completion refused,
+            // say): another worker may hold the job now, so nothing is recorded.
+            tracing::warn!(
+                error = %error,
+                "the handler's lease was lost; recording nothing for the attempt"
+            );
+            shared.leases.drop_job(begun.id, begun.token);
+            return None;
+        }
+        Finished::Returned(Ok(Success::Store(result))) => Report::Complete(result),
         Finished::Returned(Err(error)) if cancelled => {
             Report::Fail(format!("cancelled: {}", error.to_error_text()), None)
         }
@@ -452,7 +480,7 @@ struct WatchedPolls {
 }
 
 impl Future for WatchedPolls {
-    type Output = std::result::Result<Option<Bytes>, JobError>;
+    type Output = std::result::Result<Success, JobError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let began = Instant::now();
