@@ -12,6 +12,8 @@ use futures::future::BoxFuture;
 use jobs_core::{BoxError, Enqueued, FencedCompletion, Job, JobId, LeaseToken, NewJob, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::worker::AbortOnDrop;
+
 /// Why a running handler was asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -63,6 +65,8 @@ struct ContextInner {
     worker: Arc<str>,
     cancel: Arc<CancelState>,
     store: Store,
+    /// The runtime the worker was started from, where the store's connections live.
+    store_runtime: tokio::runtime::Handle,
 }
 
 impl fmt::Debug for JobContext {
@@ -84,6 +88,7 @@ impl JobContext {
         worker: Arc<str>,
         cancel: Arc<CancelState>,
         store: Store,
+        store_runtime: tokio::runtime::Handle,
     ) -> Self {
         JobContext {
             inner: Arc::new(ContextInner {
@@ -92,6 +97,7 @@ impl JobContext {
                 worker,
                 cancel,
                 store,
+                store_runtime,
             }),
         }
     }
@@ -157,6 +163,33 @@ impl JobContext {
     /// The store the job came from.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// Runs `work` on the runtime the worker was started from, where the store's
+    /// connections live, and awaits it.
+    ///
+    /// Handlers may run on a runtime of the worker's own (the default for PostgreSQL
+    /// and Redis, so a handler that blocks its threads cannot starve the leases), and a
+    /// connection a pool opens is driven by the runtime of the task that opened it. A
+    /// handler that uses a pool the rest of the application shares, such as the
+    /// transaction of a fenced completion (`PostgresStore::complete_in`), runs that
+    /// part here: connections opened for it then outlive the worker's runtime instead
+    /// of failing once it shut down.
+    ///
+    /// If the worker's runtime is gone, or `work` panics, the error says so (a
+    /// panic is passed on).
+    pub async fn on_store_runtime<F, T>(&self, work: F) -> Result<T, JobError>
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        // Aborted when the handler stops waiting, as dropping `work` in place would be.
+        let mut task = AbortOnDrop(self.inner.store_runtime.spawn(work));
+        match (&mut task.0).await {
+            Ok(value) => Ok(value),
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(_) => Err(JobError::retry("the worker's runtime shut down")),
+        }
     }
 
     /// Enqueues `job` with this job as its parent (fan-out, CONTRACT E8).

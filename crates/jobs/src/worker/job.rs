@@ -144,6 +144,7 @@ pub(crate) fn start_job(
         config.worker_id.clone(),
         cancel.clone(),
         config.store.clone(),
+        shared.store_runtime.clone(),
     );
     let begun = Begun {
         id,

@@ -251,8 +251,9 @@ impl Drop for HandlerThreads {
     }
 }
 
-/// Aborts the task when dropped: the claim loop must not outlive an aborted worker.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+/// Aborts the task when dropped: the claim loop must not outlive an aborted worker,
+/// and work sent to another runtime must not outlive the caller that awaits it.
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
