@@ -19,14 +19,26 @@ use crate::config::SqliteConfig;
 use crate::error::{db_error, stopped, DbResultExt};
 use crate::schema;
 
-/// The writer's view of one group transaction, handed to each operation.
+/// The writer's view of one group transaction, handed to each operation; also built on
+/// a caller's own transaction (`crate::SqliteTransaction`), so both run the same `ops`.
 pub(crate) struct WriteTx<'a> {
     conn: &'a Connection,
     seq: &'a mut SeqCounter,
     wakes: &'a mut HashSet<i64>,
 }
 
-impl WriteTx<'_> {
+impl<'a> WriteTx<'a> {
+    /// A view of the write transaction open on `conn`: sequence values are drawn from
+    /// `seq` (write it back with [`write_seq`] before the commit) and the namespaces to
+    /// wake after the commit gathered in `wakes`.
+    pub(crate) fn new(
+        conn: &'a Connection,
+        seq: &'a mut SeqCounter,
+        wakes: &'a mut HashSet<i64>,
+    ) -> WriteTx<'a> {
+        WriteTx { conn, seq, wakes }
+    }
+
     /// The connection, inside the group's `BEGIN IMMEDIATE` transaction.
     pub(crate) fn conn(&self) -> &Connection {
         self.conn
@@ -58,8 +70,9 @@ impl WriteTx<'_> {
     }
 }
 
-#[derive(Default)]
-struct SeqCounter {
+/// The store-wide sequence as one write transaction hands it out.
+#[derive(Debug, Default)]
+pub(crate) struct SeqCounter {
     /// The value stored when the group first asked, if it asked.
     loaded: Option<i64>,
     /// The next value to hand out.
@@ -143,7 +156,20 @@ where
     fn run(self: Box<Self>, tx: &mut WriteTx<'_>) -> std::result::Result<Box<dyn Finish>, Spoiled> {
         let Call { f, reply, mode } = *self;
         let result = if mode.savepoint {
-            in_savepoint(tx, f)
+            match in_savepoint(tx, f) {
+                Ok(result) => result,
+                Err(err) => {
+                    // The savepoint could not be ended: what the operation wrote may still
+                    // be in the transaction, which must not commit.
+                    let spoiled = Error::Unavailable {
+                        message: "another operation of the group commit failed after writing"
+                            .to_owned(),
+                        source: Some(Arc::new(err.clone())),
+                    };
+                    let _ = reply.send(Err(err));
+                    return Err(Spoiled(spoiled));
+                }
+            }
         } else {
             // Most operations check everything before their first write, so a logical
             // refusal (not found, lease lost) leaves nothing behind and needs no
@@ -192,27 +218,36 @@ impl<T: Send> Finish for Ran<T> {
 }
 
 /// Runs one operation between `SAVEPOINT` and `RELEASE`, rolling back to the savepoint
-/// if it fails, so one failed operation never undoes the others of its group.
-fn in_savepoint<T>(
+/// if it fails, so one failed operation never undoes the others of its group (or the
+/// caller's own writes, in a caller's transaction).
+///
+/// The inner result is the operation's. The outer error says the savepoint itself could
+/// not be managed: the transaction may then hold part of the operation's writes and
+/// must not commit.
+pub(crate) fn in_savepoint<T>(
     tx: &mut WriteTx<'_>,
     f: impl FnOnce(&mut WriteTx<'_>) -> Result<T>,
-) -> Result<T> {
+) -> Result<Result<T>> {
     let exec = |conn: &Connection, sql: &str| {
         conn.prepare_cached(sql)
             .and_then(|mut stmt| stmt.execute([]))
             .db("manage a savepoint")
     };
-    exec(tx.conn, "SAVEPOINT op")?;
+    // Nothing was written yet if the savepoint cannot be opened: the operation's own
+    // failure, not the transaction's.
+    if let Err(err) = exec(tx.conn, "SAVEPOINT op") {
+        return Ok(Err(err));
+    }
     match f(tx) {
         Ok(value) => {
             exec(tx.conn, "RELEASE op")?;
-            Ok(value)
+            Ok(Ok(value))
         }
         Err(err) => {
             exec(tx.conn, "ROLLBACK TO op")?;
             exec(tx.conn, "RELEASE op")?;
             // A wake-up the operation asked for stays: spurious wake-ups are allowed.
-            Err(err)
+            Ok(Err(err))
         }
     }
 }
@@ -231,7 +266,9 @@ impl Wakers {
         map.entry(ns).or_default().clone()
     }
 
-    fn wake(&self, namespaces: &HashSet<i64>) {
+    /// Wakes this process's waiters of each namespace in `namespaces`; called only after
+    /// the transaction that made their jobs ready has committed.
+    pub(crate) fn wake(&self, namespaces: &HashSet<i64>) {
         let map = self.by_ns.lock().unwrap_or_else(|p| p.into_inner());
         for ns in namespaces {
             if let Some(notify) = map.get(ns) {
@@ -546,19 +583,26 @@ fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &
     }
 }
 
-fn lost_transaction() -> Error {
+pub(crate) fn lost_transaction() -> Error {
     Error::Unavailable {
-        message: "sqlite rolled the group transaction back after an error".to_owned(),
+        message: "sqlite rolled the transaction back after an error".to_owned(),
         source: None,
     }
 }
 
+/// Writes the last sequence value the transaction handed out back to `jobq_meta`, if it
+/// handed any out: once per transaction, just before its commit.
+pub(crate) fn write_seq(conn: &Connection, seq: &SeqCounter) -> rusqlite::Result<()> {
+    if let Some(value) = seq.pending_write() {
+        conn.prepare_cached("UPDATE jobq_meta SET value = ?1 WHERE name = 'seq'")?
+            .execute([value])?;
+    }
+    Ok(())
+}
+
 fn commit(conn: &Connection, seq: &SeqCounter) -> Result<()> {
     let run = || -> rusqlite::Result<()> {
-        if let Some(value) = seq.pending_write() {
-            conn.prepare_cached("UPDATE jobq_meta SET value = ?1 WHERE name = 'seq'")?
-                .execute([value])?;
-        }
+        write_seq(conn, seq)?;
         conn.prepare_cached("COMMIT")?.execute([])?;
         Ok(())
     };

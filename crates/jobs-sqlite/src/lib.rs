@@ -6,6 +6,7 @@ mod engine;
 mod error;
 mod ops;
 mod schema;
+mod transaction;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,6 +21,12 @@ use jobs_core::{
 use tokio::sync::Notify;
 
 pub use config::{SqliteConfig, Synchronous};
+pub use transaction::SqliteTransaction;
+
+/// The SQLite driver this crate is built on. A caller's transactions
+/// ([`SqliteStore::transaction`]) take its connections, so use this re-export (or the
+/// same version) to write your own rows next to the jobs.
+pub use rusqlite;
 
 use engine::{Engine, WriteMode};
 
@@ -90,6 +97,42 @@ impl SqliteStore {
     /// The configuration the file was opened with.
     pub fn config(&self) -> &SqliteConfig {
         &self.engine.config
+    }
+
+    /// Opens a new connection on the store's file for the caller's own transactions
+    /// ([`SqliteStore::transaction`]), set up as the store's writer connection: the same
+    /// busy timeout ([`SqliteConfig::busy_timeout`]) and planner settings; the file is
+    /// already in WAL mode. A connection the caller opened themselves works too.
+    ///
+    /// Opening blocks (it is a file open); keep the connection for many transactions.
+    pub fn connection(&self) -> Result<rusqlite::Connection> {
+        transaction::open_connection(&self.engine.path, &self.engine.config)
+    }
+
+    /// Begins a write transaction on `conn`, a connection to the store's file, in which
+    /// the caller's own statements, enqueues and fenced completions of this store's
+    /// namespace commit together or not at all (CONTRACT §7).
+    ///
+    /// It sets the connection's `synchronous` to what an enqueue through the store gets
+    /// (`FULL` under [`Synchronous::DurableEnqueues`]), then begins with
+    /// `BEGIN IMMEDIATE`, taking the file's write lock (waiting up to the connection's
+    /// busy timeout for it). A connection on another file, on an in-memory database or
+    /// already inside a transaction is refused with `InvalidInput`, writing nothing.
+    /// Blocks like any rusqlite call.
+    pub fn transaction<'c>(
+        &self,
+        conn: &'c mut rusqlite::Connection,
+    ) -> Result<SqliteTransaction<'c>> {
+        transaction::begin(
+            transaction::Owner {
+                ns: self.ns,
+                settings: &self.settings,
+                wakers: &self.engine.wakers,
+                path: &self.engine.path,
+                config: &self.engine.config,
+            },
+            conn,
+        )
     }
 
     /// Deletes job `id`'s record and payload while leaving its idempotency record in
