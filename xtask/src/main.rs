@@ -183,8 +183,12 @@ fn ci() -> Result<(), String> {
     cargo(&["test", "--workspace", "--all-features"], &[])?;
     // The examples are what a new user runs first: each must run to its end (they
     // check their own outcome and exit non-zero when it is wrong).
-    for example in EXAMPLES {
-        cargo(&["run", "-q", "-p", "jobs", "--example", example], &[])?;
+    for (example, features) in EXAMPLES {
+        let mut args = vec!["run", "-q", "-p", "jobs", "--example", example];
+        if !features.is_empty() {
+            args.extend(["--features", features]);
+        }
+        cargo(&args, &[])?;
     }
     conformance(&["redis-cluster"])?;
     // A short chaos run (docs/reliability.md): every multi-process backend under
@@ -205,8 +209,15 @@ const CI_CHAOS_JOBS: u64 = 5_000;
 /// Seconds of faults per backend in CI's short chaos run.
 const CI_CHAOS_SECONDS: u64 = 20;
 
-/// The examples of the `jobs` crate that CI runs.
-const EXAMPLES: &[&str] = &["quickstart", "scheduling", "resource_aware"];
+/// The examples of the `jobs` crate that CI runs, with the features each needs beyond
+/// the default.
+const EXAMPLES: &[(&str, &str)] = &[
+    ("quickstart", ""),
+    ("scheduling", ""),
+    ("resource_aware", ""),
+    ("transactional_sqlite", ""),
+    ("transactional_postgres", "postgres"),
+];
 
 /// The feature sets of the `jobs` facade that CI compiles.
 const FEATURE_SETS: &[&str] = &[
