@@ -405,14 +405,14 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4, 5, 6, 7],
+        vec![1, 2, 3, 4, 5, 6, 7, 8],
         "each migration is applied exactly once"
     );
     for backend in &backends {
         assert_eq!(backend.schema_version().await.expect("version"), 8);
     }
 
-    // Migrations 2 to 7 are safe to run again on a migrated schema with jobs (and a
+    // Migrations 2 to 8 are safe to run again on a migrated schema with jobs (and a
     // paused queue) in it: forget that they ran, connect, and they run once more.
     let clock = ManualClock::default();
     let store = open(&backends[0], settings(&clock));
@@ -433,7 +433,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     )))
     .execute(&admin)
     .await
-    .expect("forget migrations 2 to 7");
+    .expect("forget migrations 2 to 8");
     let config = PostgresConfig::new(&url())
         .expect("url")
         .schema(schema.clone())
@@ -539,12 +539,13 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     }
     drop(old);
     drop(before);
-    // What migration 7 adds, taken away again: the schema as version 6 left it.
+    // What migrations 7 and 8 add, taken away again: the schema as version 6 left it.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP INDEX \"{schema}\".jobs_ready_locality;
          DROP FUNCTION \"{schema}\".budget_admits(jsonb);
+         DROP FUNCTION \"{schema}\".fence(boolean, boolean, uuid);
          ALTER TABLE \"{schema}\".jobs DROP COLUMN placement;
-         DELETE FROM \"{schema}\".migrations WHERE version = 7;"
+         DELETE FROM \"{schema}\".migrations WHERE version >= 7;"
     )))
     .execute(&admin)
     .await
