@@ -291,10 +291,72 @@ pub fn decode_placement(text: &str) -> Result<(Needs, Option<String>), String> {
         .map_err(|err| format!("placement unreadable: {err}"))
 }
 
+/// Placements decoded by their stored text, for one call that reads many jobs of a few
+/// kinds (a claim of 32 jobs rarely holds more than a handful of distinct needs): each
+/// text is decoded once, and the jobs that share it share one [`Needs`], a reference
+/// count. Holds at most [`PlacementCache::CAPACITY`] texts; past that a text is decoded
+/// each time it is met.
+#[derive(Debug, Default)]
+pub struct PlacementCache {
+    seen: std::collections::HashMap<Box<str>, (Needs, Option<String>)>,
+}
+
+impl PlacementCache {
+    /// Texts remembered.
+    pub const CAPACITY: usize = 64;
+
+    /// An empty cache.
+    pub fn new() -> Self {
+        PlacementCache::default()
+    }
+
+    /// [`decode_placement`] of `text`, remembered.
+    pub fn decode(&mut self, text: &str) -> Result<(Needs, Option<String>), String> {
+        if let Some((needs, locality)) = self.seen.get(text) {
+            return Ok((needs.clone(), locality.clone()));
+        }
+        let decoded = decode_placement(text)?;
+        if self.seen.len() < Self::CAPACITY {
+            self.seen.insert(text.into(), decoded.clone());
+        }
+        Ok(decoded)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::time::Timestamp;
+
+    #[test]
+    fn a_cached_placement_decodes_as_the_text_does_and_shares_its_needs() {
+        let needs = Needs::new().amount("gpu", 2).capability("cuda");
+        let text = encode_placement(&needs, Some("rack-1")).expect("a placement");
+        let mut cache = PlacementCache::new();
+        let first = cache.decode(&text).expect("decodes");
+        let second = cache.decode(&text).expect("decodes");
+        assert_eq!(first, decode_placement(&text).expect("decodes"));
+        assert_eq!(first, second);
+        assert_eq!(first.1.as_deref(), Some("rack-1"));
+        // The second answer shares the first one's needs instead of rebuilding them.
+        let (Needs(Some(a)), Needs(Some(b))) = (&first.0, &second.0) else {
+            panic!("needs were expected");
+        };
+        assert!(Arc::ptr_eq(a, b));
+        assert!(
+            cache.decode("[1]").is_err(),
+            "an unreadable text stays unreadable"
+        );
+        assert!(cache.decode("[1]").is_err());
+        for n in 0..(PlacementCache::CAPACITY as u64 + 10) {
+            let text = encode_placement(&Needs::new().amount("n", n), None).expect("text");
+            assert_eq!(
+                cache.decode(&text).expect("decodes").0.amounts()["n"],
+                n,
+                "past its capacity the cache still answers right"
+            );
+        }
+    }
 
     #[test]
     fn an_absent_amount_is_unconstrained_and_a_named_zero_is_a_limit() {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::fit::{decode_placement, encode_placement};
+use jobs_core::fit::{decode_placement, encode_placement, PlacementCache};
 use jobs_core::{Error, Job, JobId, JobState, Lease, LeaseToken, Needs, NewJob, Result, Timestamp};
 use sqlx::postgres::{PgRow, Postgres};
 use sqlx::{Decode, Row, Type};
@@ -35,6 +35,12 @@ fn count(value: i64, field: &str, what: &dyn Fn() -> String) -> Result<u32> {
 
 /// A job from the columns of `sql::job_columns!`, starting at column 0.
 pub(crate) fn job(row: &PgRow) -> Result<Job> {
+    job_in(row, None)
+}
+
+/// [`job`], decoding placements through `placements` when given (the rows of one
+/// claim share a few).
+pub(crate) fn job_in(row: &PgRow, placements: Option<&mut PlacementCache>) -> Result<Job> {
     let id = job_id(column(row, 0, &|| "job row".to_owned())?)?;
     let what = || format!("job {id}");
     let what: &dyn Fn() -> String = &what;
@@ -70,7 +76,11 @@ pub(crate) fn job(row: &PgRow) -> Result<Job> {
         None
     };
     let (needs, locality) = match column::<Option<String>>(row, 22, what)? {
-        Some(text) => decode_placement(&text).map_err(|err| Error::corrupt(what(), err))?,
+        Some(text) => match placements {
+            Some(cache) => cache.decode(&text),
+            None => decode_placement(&text),
+        }
+        .map_err(|err| Error::corrupt(what(), err))?,
         None => (Needs::new(), None),
     };
     let stamp = |index: usize| -> Result<Option<Timestamp>> {

@@ -184,8 +184,9 @@ impl PostgresBackend {
 /// has none.
 fn claim_order(rows: Vec<PgRow>, request: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
     let mut claimed = Vec::with_capacity(rows.len());
+    let mut placements = jobs_core::fit::PlacementCache::new();
     for row in rows {
-        let job = row::job(&row)?;
+        let job = row::job_in(&row, Some(&mut placements))?;
         let seq = row::seq(&row, job.id)?;
         let payload: Vec<u8> = column(&row, 23, &|| format!("job {}", job.id))?;
         let order = request.fit_order(

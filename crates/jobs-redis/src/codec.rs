@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use jobs_core::fit::decode_placement;
+use jobs_core::fit::{decode_placement, PlacementCache};
 use jobs_core::{
     Bytes, ClaimedJob, Error, Job, JobId, JobState, Lease, LeaseToken, Needs, Result, Timestamp,
 };
@@ -49,6 +49,15 @@ fn timeout_of(text: Option<&str>) -> std::result::Result<Option<Duration>, &'sta
 /// job's needs and locality, or why they cannot be read.
 fn placement_of(text: Option<&str>) -> std::result::Result<(Needs, Option<String>), String> {
     text.map_or_else(|| Ok((Needs::new(), None)), decode_placement)
+}
+
+/// [`placement_of`] through `cache`, for the many jobs of one claim reply, which share a
+/// few placements.
+fn cached_placement_of(
+    text: Option<&str>,
+    cache: &mut PlacementCache,
+) -> std::result::Result<(Needs, Option<String>), String> {
+    text.map_or_else(|| Ok((Needs::new(), None)), |text| cache.decode(text))
 }
 
 /// The fields a job never changes, packed into the `meta` hash field so the scripts read
@@ -278,6 +287,7 @@ pub(crate) struct Unreadable {
 pub(crate) fn decode_claimed(
     value: Value,
     lease: &LeaseWrite<'_>,
+    placements: &mut PlacementCache,
 ) -> std::result::Result<ClaimedJob, std::result::Result<Unreadable, Error>> {
     let Value::Array(items) = value else {
         return Err(Err(Error::corrupt("claim reply", "expected an array")));
@@ -313,6 +323,7 @@ pub(crate) fn decode_claimed(
         &cancel,
         payload,
         lease,
+        placements,
     )
     .map_err(|error| {
         Ok(Unreadable {
@@ -329,6 +340,7 @@ fn decode_claimed_fields(
     cancel: &Value,
     payload: Value,
     lease: &LeaseWrite<'_>,
+    placements: &mut PlacementCache,
 ) -> Result<ClaimedJob> {
     // Field names for error messages, in the order of `values`.
     const NAMES: [&str; 7] = [
@@ -369,12 +381,13 @@ fn decode_claimed_fields(
             .map_err(|_| corrupt(5, "not UTF-8"))?,
     )
     .map_err(|reason| corrupt(5, reason))?;
-    let (needs, locality) = placement_of(
+    let (needs, locality) = cached_placement_of(
         values[6]
             .as_deref()
             .map(std::str::from_utf8)
             .transpose()
             .map_err(|_| corrupt(6, "not UTF-8"))?,
+        placements,
     )
     .map_err(|reason| corrupt(6, &reason))?;
     let job = Job {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::fit::{decode_placement, is_preferred, FitOrder};
+use jobs_core::fit::{decode_placement, is_preferred, FitOrder, PlacementCache};
 use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState, Lease, LeaseToken,
@@ -70,13 +70,21 @@ fn id_from_blob(what: &str, bytes: [u8; 16]) -> Result<JobId> {
 /// A job's needs and locality from its `placement` column: NULL when it declares
 /// neither, else the text `jobs_core::fit::encode_placement` wrote. Anything else is
 /// described in the error, for the caller to report as a corrupt record.
-fn placement_from(value: ValueRef<'_>) -> std::result::Result<(Needs, Option<String>), String> {
+///
+/// With a cache, each text is decoded once per cache (a claim's jobs share a few).
+fn placement_from(
+    value: ValueRef<'_>,
+    cache: Option<&mut PlacementCache>,
+) -> std::result::Result<(Needs, Option<String>), String> {
     match value {
         ValueRef::Null => Ok((Needs::new(), None)),
         ValueRef::Text(bytes) => {
             let text = std::str::from_utf8(bytes)
                 .map_err(|err| format!("placement is not UTF-8: {err}"))?;
-            decode_placement(text)
+            match cache {
+                Some(cache) => cache.decode(text),
+                None => decode_placement(text),
+            }
         }
         other => Err(format!("placement holds a {} value", other.data_type())),
     }
@@ -93,6 +101,11 @@ fn token_value(token: LeaseToken) -> Option<i64> {
 }
 
 fn job_from_row(row: &Row<'_>) -> Result<Job> {
+    job_from_row_in(row, None)
+}
+
+/// [`job_from_row`], decoding placements through `placements` when given.
+fn job_from_row_in(row: &Row<'_>, placements: Option<&mut PlacementCache>) -> Result<Job> {
     let read = |err| crate::error::db_error("read a job row", err);
     let id = id_from_blob("job id", row.get(0).map_err(read)?)?;
     let what = || format!("job {id}");
@@ -141,7 +154,7 @@ fn job_from_row(row: &Row<'_>) -> Result<Job> {
         )),
         None => None,
     };
-    let (needs, locality) = placement_from(row.get_ref(21).map_err(read)?)
+    let (needs, locality) = placement_from(row.get_ref(21).map_err(read)?, placements)
         .map_err(|why| Error::corrupt(what(), why))?;
     Ok(Job {
         id,
@@ -498,12 +511,12 @@ impl<'r> Verdicts<'r> {
     /// and is never preferred.
     fn judge(&mut self, value: ValueRef<'_>) -> std::result::Result<(bool, bool), String> {
         let ValueRef::Text(bytes) = value else {
-            return placement_from(value).map(|_| (true, false));
+            return placement_from(value, None).map(|_| (true, false));
         };
         if let Some(verdict) = self.seen.get(bytes) {
             return Ok(*verdict);
         }
-        let (needs, locality) = placement_from(value)?;
+        let (needs, locality) = placement_from(value, None)?;
         let verdict = (
             self.request.admits(&needs),
             is_preferred(&self.request.prefer, locality.as_deref()),
@@ -543,7 +556,7 @@ fn reserved_row(
     if state != QUEUED || run_at > now.as_millis() || !request.queues.contains(&queue) {
         return Ok(None);
     }
-    let (needs, _) = placement_from(row.get_ref(4).db("read the reserved job")?)
+    let (needs, _) = placement_from(row.get_ref(4).db("read the reserved job")?, None)
         .map_err(|why| Error::corrupt(format!("job {id}"), why))?;
     if !request.admits(&needs) {
         return Ok(None);
@@ -662,12 +675,13 @@ fn lease_rows(
         ))
         .db("prepare the claim read")?;
     let mut picked = Vec::with_capacity(rows.len());
+    let mut placements = PlacementCache::new();
     for row in rows {
         let mut answer = read.query([row]).db("read a claimed job")?;
         let Some(found) = answer.next().db("read a claimed job")? else {
             continue;
         };
-        let job = job_from_row(found)?;
+        let job = job_from_row_in(found, Some(&mut placements))?;
         let token: i64 = found.get(JOB_COLUMNS).db("read a claimed job")?;
         let token = u64::try_from(token)
             .map_err(|_| Error::corrupt(format!("job {}", job.id), "negative lease token"))?;

@@ -2,6 +2,7 @@
 //! `claim_fit.lua` (CONTRACT F2–F6), with their hints, and the burial of leased jobs
 //! whose record cannot be read.
 
+use jobs_core::fit::PlacementCache;
 use jobs_core::{ClaimRequest, ClaimedJob, Error, JobId, Result, Timestamp};
 use redis::Value;
 
@@ -385,11 +386,12 @@ impl RedisStore {
             return Err(Error::corrupt("claim reply", "expected an array of jobs"));
         };
         let got = jobs.len();
+        let mut placements = PlacementCache::new();
         for job in jobs {
             // A leased job whose record cannot be read is not handed out, and failing the
             // whole claim would strand its batch mates until their leases expire: it is
             // buried (moved to dead) after this round.
-            match decode_claimed(job, lease) {
+            match decode_claimed(job, lease, &mut placements) {
                 Ok(job) => claimed.push(job),
                 Err(Ok(bad)) => unreadable.push(bad),
                 Err(Err(err)) => return Err(err),
