@@ -54,7 +54,25 @@ pub struct Opened {
     pub namespace: String,
     /// What the server would do on its own in production, where it does not here.
     pub housekeeping: Housekeeping,
+    /// The same store as its concrete type, for the workloads that write jobs inside
+    /// the caller's own transaction (CONTRACT §7); `None` on backends without them.
+    pub transactional: Option<Transactional>,
     cleanup: Cleanup,
+}
+
+/// A store whose backend takes jobs inside the caller's own database transaction.
+pub enum Transactional {
+    /// The SQLite store: its transactions run on a connection of the caller's own.
+    #[cfg(feature = "sqlite")]
+    Sqlite(jobs_sqlite::SqliteStore),
+    /// The PostgreSQL store, and the run's schema, where the workload's own tables go.
+    #[cfg(feature = "postgres")]
+    Postgres {
+        /// The store; its pool begins the transactions.
+        store: jobs_postgres::PostgresStore,
+        /// The run's schema (dropped whole with everything in it afterwards).
+        schema: String,
+    },
 }
 
 enum Cleanup {
@@ -76,27 +94,25 @@ impl Opened {
             store,
             namespace,
             housekeeping,
+            transactional,
             cleanup,
         } = self;
         housekeeping.close().await;
-        // Close the store's connections before removing what they point at.
-        drop(store);
+        // Close the store's connections (through both handles) before removing what
+        // they point at.
+        drop((store, transactional));
+        // No clean-up needs the name: each removes what its own handle points at.
+        let _ = namespace;
         match cleanup {
             #[cfg(feature = "memory")]
-            Cleanup::Nothing => {
-                let _ = namespace;
-                Ok(())
-            }
+            Cleanup::Nothing => Ok(()),
             #[cfg(feature = "sqlite")]
             Cleanup::Dir(dir) => dir.close().map_err(|e| format!("remove sqlite dir: {e}")),
             #[cfg(feature = "redis")]
-            Cleanup::Redis(redis) => {
-                let _ = namespace;
-                match redis.drop_namespace().await {
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(format!("redis cleanup: {e}")),
-                }
-            }
+            Cleanup::Redis(redis) => match redis.drop_namespace().await {
+                Ok(_) => Ok(()),
+                Err(e) => Err(format!("redis cleanup: {e}")),
+            },
             #[cfg(feature = "postgres")]
             Cleanup::Postgres(url, schema) => postgres_cleanup(&url, &schema).await,
         }
@@ -128,6 +144,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 store: Store::new(store),
                 namespace,
                 housekeeping: Housekeeping::none(),
+                transactional: None,
                 cleanup: Cleanup::Nothing,
             })
         }
@@ -143,9 +160,10 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 .await
                 .map_err(|e| format!("open sqlite: {e}"))?;
             Ok(Opened {
-                store: Store::new(store),
+                store: Store::new(store.clone()),
                 namespace,
                 housekeeping: Housekeeping::none(),
+                transactional: Some(Transactional::Sqlite(store)),
                 cleanup: Cleanup::Dir(dir),
             })
         }
@@ -158,6 +176,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 store: Store::new(store.clone()),
                 namespace,
                 housekeeping: Housekeeping::none(),
+                transactional: None,
                 cleanup: Cleanup::Redis(store),
             })
         }
@@ -175,9 +194,13 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 .map_err(|e| format!("connect postgres: {e}"))?;
             let housekeeping = Housekeeping::postgres(&url, &schema).await?;
             Ok(Opened {
-                store: Store::new(store),
+                store: Store::new(store.clone()),
                 namespace,
                 housekeeping,
+                transactional: Some(Transactional::Postgres {
+                    store,
+                    schema: schema.clone(),
+                }),
                 cleanup: Cleanup::Postgres(url, schema),
             })
         }

@@ -6,8 +6,8 @@
 // jobs-bench <workload> --backend NAME [--jobs N] [--concurrency C] [--claim-batch B]
 //            [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop]
 //            [--stall-secs S] [--deadline-secs S] [--claimers N]
-// workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, latency, reclaim,
-//            claim, claim-budget
+// workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, latency,
+//            latency-tx, reclaim, claim, claim-budget
 // ```
 
 #![doc = include_str!("../README.md")]
@@ -21,6 +21,7 @@ mod progress;
 mod report;
 #[cfg(feature = "runtime")]
 mod runtime;
+mod transactional;
 mod workloads;
 
 use std::process::ExitCode;
@@ -41,6 +42,7 @@ const WORKLOADS: &[&str] = &[
     "e2e-backlog",
     "e2e-producer",
     "latency",
+    "latency-tx",
     "reclaim",
     "claim",
     "claim-budget",
@@ -76,7 +78,7 @@ struct Cli {
     /// Concurrent producers of the one-at-a-time enqueue workload.
     #[arg(long, default_value_t = 16, value_parser = positive::<usize>)]
     producers: usize,
-    /// Jobs per second of the latency workload's producer.
+    /// Jobs per second of the latency workloads' producer.
     #[arg(long, default_value_t = 500, value_parser = positive::<u64>)]
     rate: u64,
     /// How to drain: the worker runtime or a bare claim/complete loop [default: runtime
@@ -145,6 +147,7 @@ async fn run(args: Args) -> Result<(), String> {
         "e2e-backlog" => workloads::e2e_backlog(store, &opened.housekeeping, &opts).await,
         "e2e-producer" => workloads::e2e_producer(store, &opened.housekeeping, &opts).await,
         "latency" => workloads::latency(store, &opts).await,
+        "latency-tx" => workloads::latency_tx(store, opened.transactional.as_ref(), &opts).await,
         "reclaim" => workloads::reclaim(store, &opts).await,
         "claim" => workloads::claim(store, &opts, false).await,
         "claim-budget" => workloads::claim(store, &opts, true).await,

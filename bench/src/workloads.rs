@@ -1,11 +1,13 @@
 //! The workloads of `cargo xtask bench`, each measured on one fresh store.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobs_core::{Budget, ClaimRequest, JobState, Needs, NewJob, Store};
 use tokio::task::JoinSet;
 
+use crate::backends::Transactional;
 use crate::drain::{self, DrainConfig, Driver};
 use crate::housekeeping::Housekeeping;
 use crate::probe::Probe;
@@ -32,7 +34,7 @@ pub struct Options {
     pub enqueue_batch: usize,
     /// Concurrent producers of the one-at-a-time enqueue workload.
     pub producers: usize,
-    /// Jobs per second of the latency workload's producer.
+    /// Jobs per second of the latency workloads' producer.
     pub rate: u64,
     /// The drain driver.
     pub driver: Driver,
@@ -232,31 +234,86 @@ pub async fn e2e_producer(
 /// `latency`: a producer enqueues one job at a time at a steady rate into idle workers;
 /// the pickup latency of a job runs from its enqueue returning to its handler starting.
 pub async fn latency(store: Store, opts: &Options) -> Result<(), String> {
+    let producer = store.clone();
+    pickup_latency("latency", store, opts, || async move {
+        let mut returned = Vec::with_capacity(opts.jobs as usize);
+        let mut ticks = ticker(opts.rate);
+        for i in 0..opts.jobs {
+            ticks.tick().await;
+            producer
+                .enqueue(payload(i))
+                .await
+                .map_err(|e| format!("enqueue: {e}"))?;
+            returned.push(Instant::now());
+        }
+        Ok(returned)
+    })
+    .await
+}
+
+/// `latency-tx`: `latency`, but each job is enqueued inside a transaction of the
+/// producer's own that also writes one business row, and its pickup latency runs from
+/// that transaction's commit returning (CONTRACT §7). Only the SQL backends have such
+/// transactions; on the others it fails, saying so.
+pub async fn latency_tx(
+    store: Store,
+    transactional: Option<&Transactional>,
+    opts: &Options,
+) -> Result<(), String> {
+    let Some(transactional) = transactional else {
+        return Err(format!(
+            "latency-tx enqueues inside the caller's database transaction, which the {} \
+             backend does not have (only sqlite and postgres do)",
+            opts.backend
+        ));
+    };
+    pickup_latency("latency-tx", store, opts, || {
+        crate::transactional::produce(transactional, opts)
+    })
+    .await
+}
+
+/// Drives a pickup-latency run: workers start idle on `store`, then `produce` enqueues
+/// jobs `0..opts.jobs` at `opts.rate` jobs/s, answering when each job's enqueue (or its
+/// transaction's commit) returned, in job order. Each job's latency runs from then to
+/// its handler starting; emits p50, p99 and max as `workload`'s line.
+async fn pickup_latency<F, Fut>(
+    workload: &str,
+    store: Store,
+    opts: &Options,
+    produce: F,
+) -> Result<(), String>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Vec<Instant>, String>>,
+{
     let progress = Arc::new(Progress::new(opts.jobs, true));
     let workers = drain::start(
         opts.driver,
-        store.clone(),
+        store,
         &opts.drain_config(),
         Arc::clone(&progress),
     )
     .await?;
     // Let the workers reach their idle wait before the first job arrives.
     idle(Duration::from_millis(200)).await;
-    let mut returned = Vec::with_capacity(opts.jobs as usize);
-    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / opts.rate.max(1) as f64));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    for i in 0..opts.jobs {
-        ticks.tick().await;
-        store
-            .enqueue(payload(i))
-            .await
-            .map_err(|e| format!("enqueue: {e}"))?;
-        returned.push(Instant::now());
-    }
-    let waited = progress.wait(opts.stall, None).await.map(|_| ());
+    let produced = produce().await;
+    // A producer that failed enqueued only some jobs: do not wait for the rest.
+    let waited = match &produced {
+        Ok(_) => progress.wait(opts.stall, None).await.map(|_| ()),
+        Err(_) => Ok(()),
+    };
     let stopped = workers.stop().await;
+    let returned = produced?;
     waited?;
     stopped?;
+    if returned.len() as u64 != opts.jobs {
+        return Err(format!(
+            "the producer reported {} enqueues, not {}",
+            returned.len(),
+            opts.jobs
+        ));
+    }
     let mut latencies: Vec<f64> = returned
         .iter()
         .enumerate()
@@ -270,7 +327,7 @@ pub async fn latency(store: Store, opts: &Options) -> Result<(), String> {
         })
         .collect::<Result<_, String>>()?;
     latencies.sort_by(f64::total_cmp);
-    opts.line("latency")
+    opts.line(workload)
         .int("rate", opts.rate)
         .int("concurrency", opts.concurrency as u64)
         .text("driver", opts.driver.name())
@@ -281,6 +338,19 @@ pub async fn latency(store: Store, opts: &Options) -> Result<(), String> {
         .text("unit", "ms")
         .emit();
     Ok(())
+}
+
+/// The time between two jobs of a producer at `rate` jobs/s.
+pub fn period(rate: u64) -> Duration {
+    Duration::from_secs_f64(1.0 / rate.max(1) as f64)
+}
+
+/// A latency producer's pace on the async runtime: one tick per job, the first at once;
+/// a late tick delays the ones after it instead of bunching them up.
+pub fn ticker(rate: u64) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(period(rate));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
 }
 
 /// What every job of the `claim-budget` workload needs, and the budget its claims carry:

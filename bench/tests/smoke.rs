@@ -47,7 +47,7 @@ fn check_backend(backend: &str) {
         let value = result["value"].as_f64().expect("a numeric value");
         match *workload {
             // Latencies and reclaim times may round to zero on a fast machine.
-            "latency" => {
+            "latency" | "latency-tx" => {
                 let p50 = result["p50_ms"].as_f64().expect("p50");
                 let p99 = result["p99_ms"].as_f64().expect("p99");
                 assert!(p50 >= 0.0 && p99 >= p50, "{result}");
@@ -74,6 +74,33 @@ fn every_workload_reports_on_memory() {
 #[test]
 fn every_workload_reports_on_sqlite() {
     check_backend("sqlite");
+    // Jobs enqueued in the caller's own transactions: only the SQL backends have them.
+    let result = run("latency-tx", "sqlite", &["--jobs", "50", "--rate", "1000"]);
+    assert_eq!(result["workload"], "latency-tx");
+    assert!(result.get("error").is_none(), "{result}");
+    for field in ["p50_ms", "p99_ms", "max_ms", "value", "rate", "concurrency"] {
+        assert!(result[field].as_f64().is_some(), "{field} in {result}");
+    }
+    assert_eq!(result["unit"], "ms");
+}
+
+/// A backend without transactions refuses `latency-tx`, saying why, instead of
+/// measuring plain enqueues under its name.
+#[cfg(feature = "memory")]
+#[test]
+fn latency_tx_is_refused_without_transactions() {
+    let output = Command::new(env!("CARGO_BIN_EXE_jobs-bench"))
+        .args(["latency-tx", "--backend", "memory", "--jobs", "10"])
+        .output()
+        .expect("the jobs-bench binary runs");
+    assert!(!output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let result: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    let error = result["error"].as_str().expect("an error field");
+    assert!(
+        error.contains("transaction") && error.contains("memory"),
+        "{error}"
+    );
 }
 
 #[test]

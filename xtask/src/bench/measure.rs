@@ -10,7 +10,7 @@ use std::{env, thread};
 
 use super::args::Settings;
 use super::results::{Outcome, Results, Sample};
-use super::{BIG_DRAIN_DEADLINE, PEER_BACKENDS, SLOW_PEER_RUN};
+use super::{BIG_DRAIN_DEADLINE, PEER_BACKENDS, SLOW_PEER_RUN, TRANSACTIONAL_BACKENDS};
 
 /// Where apalis is measured when it cannot take the comparison size: the largest of
 /// these that it survives is compared.
@@ -337,6 +337,10 @@ pub(super) fn bench_backend(
             }
         }
         runner.once("jobs", ours, "latency", 2_000.min(n), &["--rate", "500"]);
+        if TRANSACTIONAL_BACKENDS.contains(&backend) {
+            // The same, each job enqueued in a transaction beside a business row.
+            runner.once("jobs", ours, "latency-tx", 2_000.min(n), &["--rate", "500"]);
+        }
         runner.once("jobs", ours, "reclaim", n, &[]);
         runner.once("jobs", ours, "claim", n, &[]);
         runner.once("jobs", ours, "claim-budget", n, &[]);

@@ -29,6 +29,9 @@ use results::Results;
 
 /// The backends apalis 1.0 has.
 const PEER_BACKENDS: &[&str] = &["sqlite", "redis", "postgres"];
+/// The backends that enqueue inside the caller's own transaction (CONTRACT §7), where
+/// `latency-tx` runs.
+const TRANSACTIONAL_BACKENDS: &[&str] = &["sqlite", "postgres"];
 /// How long the 10×N drain may run; past it, its rate over the jobs drained so far is
 /// reported.
 const BIG_DRAIN_DEADLINE: Duration = Duration::from_secs(300);
