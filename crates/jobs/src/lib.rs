@@ -20,8 +20,8 @@ pub use jobs_core::{
     TypedJob, Uniqueness,
 };
 pub use worker::{
-    ShutdownHandle, Worker, WorkerBuilder, WorkerHandle, DEFAULT_BLOCKING_THRESHOLD,
-    DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_TIMEOUT,
+    JobEvent, JobOutcome, ShutdownHandle, Worker, WorkerBuilder, WorkerHandle,
+    DEFAULT_BLOCKING_THRESHOLD, DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_TIMEOUT,
 };
 
 /// Writing layers: code that wraps every store call (metrics, tracing, fault

@@ -15,6 +15,7 @@ use jobs_core::validate::{
 use jobs_core::{Backoff, Budget, ClaimRequest, Error, Result, Schedule, Store};
 use tokio_util::sync::CancellationToken;
 
+use super::events::{Hooks, JobEvent};
 use super::job::{InlinePolls, QueueHandler};
 use super::Worker;
 use crate::handler::{BytesHandler, JobContext, JobError, JobOutput, JsonHandler};
@@ -70,6 +71,7 @@ pub struct WorkerBuilder {
     handler_runtime: Option<HandlerRuntime>,
     capacity: Option<Budget>,
     prefer: Vec<String>,
+    hooks: Hooks,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -85,6 +87,7 @@ impl fmt::Debug for WorkerBuilder {
             .field("timeout", &self.timeout)
             .field("capacity", &self.capacity)
             .field("prefer", &self.prefer)
+            .field("hooks", &self.hooks.len())
             .finish_non_exhaustive()
     }
 }
@@ -114,6 +117,7 @@ impl WorkerBuilder {
             handler_runtime: None,
             capacity: None,
             prefer: Vec::new(),
+            hooks: Hooks::default(),
         }
     }
 
@@ -360,6 +364,47 @@ impl WorkerBuilder {
         self
     }
 
+    /// Calls `hook` each time the store has acknowledged an outcome of one of this
+    /// worker's jobs: succeeded (recorded by the worker, in a batch or not, or by the
+    /// handler in its own transaction), failed and to be retried, dead, snoozed,
+    /// cancelled, or released. See [`JobEvent`] and [`JobOutcome`](crate::JobOutcome).
+    /// May be called several times: every hook is called, in the order they were
+    /// added.
+    ///
+    /// Never called for an outcome the store refused (the lease was lost, so another
+    /// worker holds the job) or could not take. A job that dies because its lease
+    /// expired on its last attempt (its worker crashed) is ended by a reclaim, not by a
+    /// worker's outcome, and has no event: count `jobs_reclaimed{state="dead"}`.
+    ///
+    /// Hooks run synchronously on the worker's own tasks (the claim loop, for batched
+    /// successes), right after the outcome is stored, so they must be quick: hand
+    /// anything slow (an HTTP call, a page) to a channel or a task. A hook that panics
+    /// is logged (`tracing::error`) and skipped; the worker and the other hooks go on.
+    /// A worker without hooks builds no event.
+    ///
+    /// ```
+    /// # fn example(store: jobs::Store) -> jobs::Result<()> {
+    /// use jobs::{JobContext, JobOutcome};
+    /// let (dead_tx, _dead_rx) = tokio::sync::mpsc::unbounded_channel();
+    /// let worker = jobs::Worker::builder(store)
+    ///     .handler("emails", |_ctx: JobContext, _payload: jobs::Bytes| async { Ok(()) })
+    ///     .on_event(move |event| {
+    ///         if let JobOutcome::Dead { error } = event.outcome() {
+    ///             // Quick: the alert itself is sent by whoever reads the channel.
+    ///             let _ = dead_tx.send((event.id(), error.clone()));
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn on_event<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&JobEvent) + Send + Sync + 'static,
+    {
+        self.hooks.push(Box::new(hook));
+        self
+    }
+
     /// Checks the configuration and builds the worker.
     pub fn build(self) -> Result<Worker> {
         if self.handlers.is_empty() {
@@ -383,9 +428,11 @@ impl WorkerBuilder {
                 ));
             }
             queue_names.push(queue.clone());
+            let name = Arc::from(queue.as_str());
             handlers.insert(
                 queue,
                 QueueHandler {
+                    name,
                     handler,
                     inline: InlinePolls::new(),
                 },
@@ -480,6 +527,7 @@ impl WorkerBuilder {
                 handler_runtime,
                 capacity: self.capacity,
                 prefer: self.prefer,
+                hooks: self.hooks,
             },
             shutdown: CancellationToken::new(),
         })
@@ -511,4 +559,6 @@ pub(crate) struct Config {
     pub(crate) handler_runtime: HandlerRuntime,
     pub(crate) capacity: Option<Budget>,
     pub(crate) prefer: Vec<String>,
+    /// The lifecycle hooks, called once each outcome is stored.
+    pub(crate) hooks: Hooks,
 }

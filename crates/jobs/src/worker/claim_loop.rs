@@ -182,6 +182,7 @@ fn start_all(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: Vec<ClaimedJ
     let now = config.store.settings().now();
     let mut held = Vec::with_capacity(claimed.len());
     let mut leases = Vec::with_capacity(claimed.len());
+    let hooks = !config.hooks.is_empty();
     for job in claimed {
         let metrics = shared.metrics.queue(&job.job.queue);
         metrics.claimed.increment(1);
@@ -194,6 +195,11 @@ fn start_all(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: Vec<ClaimedJ
             |lease| lease.expires_at,
         );
         let cancel = Arc::new(CancelState::default());
+        // Only the lifecycle events name the queue; without hooks nothing is kept.
+        let queue = hooks.then(|| match config.handlers.get(&job.job.queue) {
+            Some(handler) => handler.name.clone(),
+            None => Arc::from(job.job.queue.as_str()),
+        });
         leases.push(Claimed {
             id: job.id(),
             token: job.token(),
@@ -201,6 +207,7 @@ fn start_all(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: Vec<ClaimedJ
             cancel: cancel.clone(),
             metrics: metrics.clone(),
             attempt: job.job.attempts,
+            queue,
         });
         held.push((job, cancel));
     }

@@ -15,8 +15,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+use super::events::JobOutcome;
 use super::leases::{Deadline, Start};
-use super::report::{report_outcome, Report, Succeeded};
+use super::report::{report_outcome, stored, Report, Succeeded};
 use super::Shared;
 use crate::handler::{
     CancelReason, CancelState, ErasedHandler, HandlerFuture, JobContext, JobError, RetryAdvice,
@@ -32,6 +33,8 @@ pub(crate) const SLOW_POLLS_IN_A_ROW: u32 = 4;
 
 /// A queue's handler, and whether its jobs start inline (see [`start_job`]).
 pub(crate) struct QueueHandler {
+    /// The queue's name, shared by the lifecycle events of its jobs.
+    pub(crate) name: Arc<str>,
     pub(crate) handler: Arc<dyn ErasedHandler>,
     pub(crate) inline: InlinePolls,
 }
@@ -119,7 +122,7 @@ pub(crate) fn start_job(
         at: now.saturating_add(timeout),
         timeout,
     });
-    match shared.leases.start(id, token, now, deadline) {
+    match shared.leases.start(id, token, now, deadline, started) {
         Start::Run => {}
         Start::Lost => {
             // Reclaimed while it waited for its turn: another worker may run it now.
@@ -329,12 +332,23 @@ fn conclude_inline(
 /// report: the lease was lost, or the keeper already failed the job as timed out).
 fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report> {
     let config = &shared.config;
-    begun
-        .metrics
-        .run_time
-        .record(begun.started.elapsed().as_secs_f64());
-    if !shared.leases.finish(begun.id, begun.token) {
+    let ran_for = begun.started.elapsed();
+    begun.metrics.run_time.record(ran_for.as_secs_f64());
+    if !shared.leases.finish(begun.id, begun.token, ran_for) {
         return None;
+    }
+    if let Finished::Returned(Ok(Success::Recorded(receipt))) = &finished {
+        if (receipt.id(), receipt.token()) == (begun.id, begun.token) {
+            // Stored by the handler with its own writes (CONTRACT §7, T3): nothing is
+            // left to record, and the lease is no longer worth keeping. A heartbeat may
+            // have found the lease gone since: that is this completion's doing (a store
+            // that had taken the lease back would have refused it), so it is checked
+            // before the cancel reason.
+            begun.metrics.succeeded.increment(1);
+            tracing::debug!("completed by the handler in its own transaction");
+            stored(shared, begun.id, begun.token, || JobOutcome::Succeeded);
+            return None;
+        }
     }
     let reason = begun.cancel.reason();
     if reason == Some(CancelReason::LeaseLost) {
@@ -346,16 +360,7 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
     let cancelled = reason == Some(CancelReason::Requested);
     let attempt = begun.attempt;
     let report = match finished {
-        Finished::Returned(Ok(Success::Recorded(receipt)))
-            if (receipt.id(), receipt.token()) == (begun.id, begun.token) =>
-        {
-            // Stored by the handler with its own writes (CONTRACT §7, T3): nothing is
-            // left to record, and the lease is no longer worth keeping.
-            begun.metrics.succeeded.increment(1);
-            tracing::debug!("completed by the handler in its own transaction");
-            shared.leases.drop_job(begun.id, begun.token);
-            return None;
-        }
+        // The receipt of another lease than this attempt's (its own is handled above).
         Finished::Returned(Ok(Success::Recorded(receipt))) => Report::Fail(
             format!(
                 "the handler returned the receipt of job {}'s completion (lease {}), not of its own",

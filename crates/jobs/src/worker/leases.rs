@@ -54,6 +54,21 @@ struct Held {
     /// The task running the handler: the keeper aborts it if the handler blocks its
     /// thread past its timeout and the grace.
     task: Option<AbortHandle>,
+    /// The job's queue, kept only for a worker with lifecycle hooks (its events name it).
+    queue: Option<Arc<str>>,
+    /// When the handler started (wall clock).
+    started: Option<Instant>,
+    /// How long the handler ran, once it is done (or given up on).
+    ran_for: Option<Duration>,
+}
+
+/// What a lifecycle event says about a job the worker let go of: kept with its lease,
+/// so every path that stores an outcome finds it in one place.
+pub(crate) struct LetGo {
+    /// `None` unless the worker has hooks.
+    pub(crate) queue: Option<Arc<str>>,
+    pub(crate) attempt: u32,
+    pub(crate) ran_for: Option<Duration>,
 }
 
 /// A running attempt's time limit, and when it is up on the store's clock.
@@ -71,6 +86,8 @@ pub(crate) struct Claimed {
     pub(crate) cancel: Arc<CancelState>,
     pub(crate) metrics: Arc<QueueMetrics>,
     pub(crate) attempt: u32,
+    /// The job's queue, for a worker with lifecycle hooks; `None` otherwise.
+    pub(crate) queue: Option<Arc<str>>,
 }
 
 /// What [`Leases::start`] decided for a job about to start.
@@ -117,6 +134,9 @@ impl Leases {
                     deadline: None,
                     timed_out_at: None,
                     task: None,
+                    queue: job.queue,
+                    started: None,
+                    ran_for: None,
                 },
             );
         }
@@ -130,13 +150,14 @@ impl Leases {
     }
 
     /// Decides whether a waiting job may start now (`now` on the store's clock), and
-    /// marks it running with its deadline and time limit if so.
+    /// marks it running with its deadline and time limit, started at `started`, if so.
     pub(crate) fn start(
         &self,
         id: JobId,
         token: LeaseToken,
         now: Timestamp,
         deadline: Option<Deadline>,
+        started: Instant,
     ) -> Start {
         let mut held = self.lock();
         let Some(job) = Self::entry(&mut held, id, token) else {
@@ -151,6 +172,7 @@ impl Leases {
         }
         job.phase = Phase::Running;
         job.deadline = deadline;
+        job.started = Some(started);
         Start::Run
     }
 
@@ -161,13 +183,15 @@ impl Leases {
         }
     }
 
-    /// Takes a finished handler's job into reporting. False when it is no longer the
-    /// handler's to report: the keeper already failed it as timed out.
-    pub(crate) fn finish(&self, id: JobId, token: LeaseToken) -> bool {
+    /// Takes a finished handler's job into reporting, the handler having run for
+    /// `ran_for`. False when it is no longer the handler's to report: the keeper
+    /// already failed it as timed out.
+    pub(crate) fn finish(&self, id: JobId, token: LeaseToken, ran_for: Duration) -> bool {
         match Self::entry(&mut self.lock(), id, token) {
             Some(job) if job.phase == Phase::Running => {
                 job.phase = Phase::Reporting;
                 job.task = None;
+                job.ran_for = Some(ran_for);
                 true
             }
             _ => false,
@@ -193,6 +217,35 @@ impl Leases {
                 held.remove(&id);
             }
         }
+    }
+
+    /// Lets go of a job as [`Leases::drop_job`] does, returning what its lifecycle
+    /// event needs; `None` if the lease was no longer held.
+    pub(crate) fn let_go(&self, id: JobId, token: LeaseToken) -> Option<LetGo> {
+        let mut held = self.lock();
+        Self::take(&mut held, id, token)
+    }
+
+    /// Lets go of many jobs under one lock, returning for each what its lifecycle
+    /// event needs, in order.
+    pub(crate) fn let_go_all(
+        &self,
+        jobs: impl IntoIterator<Item = (JobId, LeaseToken)>,
+    ) -> Vec<Option<LetGo>> {
+        let mut held = self.lock();
+        jobs.into_iter()
+            .map(|(id, token)| Self::take(&mut held, id, token))
+            .collect()
+    }
+
+    fn take(held: &mut JobIdMap<Held>, id: JobId, token: LeaseToken) -> Option<LetGo> {
+        Self::entry(held, id, token)?;
+        let job = held.remove(&id)?;
+        Some(LetGo {
+            queue: job.queue,
+            attempt: job.attempt,
+            ran_for: job.ran_for,
+        })
     }
 
     /// The cancel states of the jobs whose handlers are running.
@@ -241,6 +294,7 @@ impl Leases {
             };
             if timed_out_at.elapsed() >= overdue_after {
                 job.phase = Phase::Reporting;
+                job.ran_for = job.started.map(|started| started.elapsed());
                 if let Some(task) = job.task.take() {
                     task.abort();
                 }

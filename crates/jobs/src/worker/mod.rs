@@ -7,6 +7,7 @@
 //! - [`job`]: one job's life, from start to its report.
 //! - [`report`]: recording outcomes, retried while the lease holds.
 //! - [`leases`]: the leases held, and the keeper that extends them.
+//! - [`events`]: the lifecycle hooks, told of each outcome once it is stored.
 //! - [`maintenance`]: reclaim, purge and schedules.
 //!
 //! Threads: handlers (and the claim loop, which polls their first steps) run on a
@@ -17,6 +18,7 @@
 mod builder;
 mod capacity;
 mod claim_loop;
+mod events;
 mod job;
 mod leases;
 mod maintenance;
@@ -37,6 +39,7 @@ use tracing::Instrument;
 pub use builder::{
     WorkerBuilder, DEFAULT_BLOCKING_THRESHOLD, DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_TIMEOUT,
 };
+pub use events::{JobEvent, JobOutcome};
 
 use builder::{Config, HandlerRuntime};
 use leases::Leases;

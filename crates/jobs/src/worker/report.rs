@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::{Completion, Error, JobId, JobState, LeaseToken, Result, Retry};
+use jobs_core::{Completion, Error, JobId, JobState, LeaseToken, Result, Retry, Timestamp};
 use tokio_util::sync::CancellationToken;
 
+use super::events::{JobEvent, JobOutcome};
+use super::leases::LetGo;
 use super::{Shared, StoreBackoff};
 use crate::telemetry::QueueMetrics;
 
@@ -108,13 +110,16 @@ fn answer_each(shared: &Shared, batch: &mut Vec<Succeeded>, answers: Vec<Result<
         );
     }
     let mut answers = answers.into_iter();
+    // Each job let go of, and whether it succeeded (its hooks hear of it).
     let mut done_with = Vec::with_capacity(batch.len());
     batch.retain(|done| {
         let (id, token) = (done.completion.id, done.completion.token);
+        let mut succeeded = false;
         match answers.next() {
             Some(Ok(())) => {
                 done.metrics.succeeded.increment(1);
                 tracing::debug!(job = %id, "job succeeded");
+                succeeded = true;
             }
             Some(Err(err)) if err.is_retryable() => {
                 shared.metrics.store_errors.increment(1);
@@ -135,10 +140,56 @@ fn answer_each(shared: &Shared, batch: &mut Vec<Succeeded>, answers: Vec<Result<
             // A store that answered too few entries: try the rest again.
             None => return still_held(shared, &done.completion, &done.metrics),
         }
-        done_with.push((id, token));
+        done_with.push((id, token, succeeded));
         false
     });
-    shared.leases.drop_all(done_with);
+    let hooks = &shared.config.hooks;
+    if hooks.is_empty() {
+        shared
+            .leases
+            .drop_all(done_with.into_iter().map(|(id, token, _)| (id, token)));
+        return;
+    }
+    let let_go = shared
+        .leases
+        .let_go_all(done_with.iter().map(|&(id, token, _)| (id, token)));
+    for ((id, _, succeeded), held) in done_with.into_iter().zip(let_go) {
+        if let (true, Some(held)) = (succeeded, held) {
+            emit(shared, id, held, JobOutcome::Succeeded);
+        }
+    }
+}
+
+/// Lets go of a job whose outcome the store has acknowledged, and tells the worker's
+/// lifecycle hooks what it was (`outcome` is only called when there are hooks).
+pub(crate) fn stored(
+    shared: &Shared,
+    id: JobId,
+    token: LeaseToken,
+    outcome: impl FnOnce() -> JobOutcome,
+) {
+    if shared.config.hooks.is_empty() {
+        shared.leases.drop_job(id, token);
+    } else if let Some(held) = shared.leases.let_go(id, token) {
+        emit(shared, id, held, outcome());
+    }
+}
+
+/// Calls the hooks with the event of a job the worker let go of.
+fn emit(shared: &Shared, id: JobId, held: LetGo, outcome: JobOutcome) {
+    // Kept for every held job once the worker has hooks.
+    let Some(queue) = held.queue else {
+        return;
+    };
+    let event = JobEvent::new(
+        id,
+        queue,
+        held.attempt,
+        shared.config.worker_id.clone(),
+        held.ran_for,
+        outcome,
+    );
+    shared.config.hooks.emit(&event);
 }
 
 /// Records one job's failure, release or (when the claim loop is gone) completion,
@@ -153,6 +204,8 @@ pub(crate) async fn report_outcome(
     let store = &shared.config.store;
     let mut delay = StoreBackoff::new();
     loop {
+        // The time the job was asked to run again at, for its lifecycle event.
+        let mut again_at = None;
         let result = match &outcome {
             Report::Complete(result) => store
                 .complete(id, token, result.clone())
@@ -160,19 +213,36 @@ pub(crate) async fn report_outcome(
                 .map(|()| JobState::Succeeded),
             Report::Fail(error, retry_in) => {
                 let retry = match retry_in {
-                    Some(delay) => Retry::At(store.settings().now().saturating_add(*delay)),
+                    Some(delay) => {
+                        let at = store.settings().now().saturating_add(*delay);
+                        again_at = Some(at);
+                        Retry::At(at)
+                    }
                     None => Retry::Never,
                 };
                 store.fail(id, token, error, retry).await
             }
             Report::Release => store.release(id, token).await.map(|()| JobState::Queued),
-            Report::Snooze(delay) => store
-                .snooze(id, token, *delay)
-                .await
-                .map(|()| JobState::Queued),
+            Report::Snooze(delay) => {
+                if !shared.config.hooks.is_empty() {
+                    // The store adds the delay to its own reading of the same clock.
+                    again_at = Some(store.settings().now().saturating_add(*delay));
+                }
+                store
+                    .snooze(id, token, *delay)
+                    .await
+                    .map(|()| JobState::Queued)
+            }
         };
         match result {
-            Ok(state) => count_outcome(metrics, &outcome, state),
+            Ok(state) => {
+                count_outcome(metrics, &outcome, state);
+                stored(shared, id, token, || {
+                    let again_at = again_at.unwrap_or_else(|| store.settings().now());
+                    stored_outcome(outcome, state, again_at)
+                });
+                return;
+            }
             Err(err) if err.is_retryable() => {
                 shared.metrics.store_errors.increment(1);
                 tracing::warn!(error = %err, "reporting the outcome failed; retrying");
@@ -195,6 +265,24 @@ pub(crate) async fn report_outcome(
         }
         shared.leases.drop_job(id, token);
         return;
+    }
+}
+
+/// What the store made of a reported outcome, for the lifecycle hooks: the state `fail`
+/// answered tells a retry from a death or a cancellation.
+fn stored_outcome(outcome: Report, state: JobState, again_at: Timestamp) -> JobOutcome {
+    match outcome {
+        Report::Complete(_) => JobOutcome::Succeeded,
+        Report::Fail(error, _) => match state {
+            JobState::Dead => JobOutcome::Dead { error },
+            JobState::Cancelled => JobOutcome::Cancelled { error },
+            _ => JobOutcome::Failed {
+                error,
+                retry_at: again_at,
+            },
+        },
+        Report::Release => JobOutcome::Released,
+        Report::Snooze(_) => JobOutcome::Snoozed { until: again_at },
     }
 }
 
