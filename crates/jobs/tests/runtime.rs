@@ -512,9 +512,9 @@ mod scenarios {
     /// A worker facing ready jobs it cannot take (none fits its capacity) does not
     /// spin on the store's wake-ups. The store here wakes every wait at once, as
     /// SQLite's does while any job is ready (the contract allows spurious wake-ups):
-    /// once a wake-up led to an empty claim, the worker's next wait is a plain poll, so
-    /// it waits for work at most every other claim. A spinning worker waits before
-    /// every claim.
+    /// once two wake-ups in a row led to empty claims, the worker's next wait is a
+    /// plain poll, so it waits for work before at most five of eight claims. A
+    /// spinning worker waits before every claim.
     pub async fn ready_jobs_that_do_not_fit_cost_no_spin(env: Env) {
         const CLAIMS: usize = 8;
         let store = env.store().await;
@@ -1930,6 +1930,74 @@ impl LayeredBackend for AlwaysWakes {
         self.waits.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
+}
+
+/// Wakes the first wait for work at once, for nothing; reports every later wait
+/// (its number) before making it.
+#[derive(Debug)]
+struct WakesOnceForNothing {
+    inner: Arc<dyn Backend>,
+    waits: AtomicUsize,
+    report: mpsc::UnboundedSender<usize>,
+}
+
+#[async_trait]
+impl LayeredBackend for WakesOnceForNothing {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> jobs::Result<()> {
+        let n = self.waits.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == 1 {
+            return Ok(());
+        }
+        let _ = self.report.send(n);
+        self.inner.wait_for_work(queues, timeout).await
+    }
+}
+
+/// One wake-up for nothing (a notice for a job another claim already took, as
+/// PostgreSQL and Redis send now and then) leaves the worker listening: its next wait
+/// is a wait for work, not a poll, so a job enqueued then is picked up at once rather
+/// than after the poll interval (ten minutes here). A worker that polled after every
+/// such wake-up kept pickups waiting up to the poll interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_wake_up_for_nothing_leaves_the_worker_listening() {
+    let Some(server) = memory().await else {
+        return;
+    };
+    let env = Env::new(server);
+    let store = env.store().await;
+    let (report, mut waits) = mpsc::unbounded_channel();
+    let (woken, _layer) = env
+        .layered(|inner| WakesOnceForNothing {
+            inner,
+            waits: AtomicUsize::new(0),
+            report,
+        })
+        .await;
+    let (ran, mut runs) = mpsc::unbounded_channel();
+    let worker = test_worker(woken, "w")
+        .poll_interval(Duration::from_secs(600))
+        .handler("q", move |ctx: JobContext, _payload: Bytes| {
+            let ran = ran.clone();
+            async move {
+                let _ = ran.send(ctx.id());
+                Ok(())
+            }
+        });
+    let handle = build(worker).spawn();
+    assert_eq!(
+        recv(&mut waits, "a wait for work after the wake-up for nothing").await,
+        2
+    );
+    let id = enqueue(&store, NewJob::new("q")).await;
+    assert_eq!(
+        recv(&mut runs, "the job enqueued while the worker waits").await,
+        id
+    );
+    handle.shutdown().await;
 }
 
 fn test_outage() -> jobs::Error {

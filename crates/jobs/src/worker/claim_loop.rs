@@ -23,6 +23,10 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most completions handed to the store in one `complete_batch` call.
 const COMPLETION_BATCH: usize = 256;
 
+/// Early wake-ups in a row, each followed by an empty claim, after which the claim
+/// loop's next wait is a plain poll (see `run_loop`).
+const WAKES_FOR_NOTHING_BEFORE_A_POLL: u32 = 2;
+
 /// The claim loop, then the shutdown sequence.
 pub(crate) async fn run_loop(
     shared: Arc<Shared>,
@@ -36,6 +40,8 @@ pub(crate) async fn run_loop(
     let mut error_delay = StoreBackoff::new();
     // Whether the last wait for work ended before its timeout.
     let mut woke_early = false;
+    // Early wake-ups in a row that were followed by an empty claim.
+    let mut empty_wakes = 0u32;
     loop {
         while let Some(done) = jobs.try_join_next() {
             log_job_task_end(done);
@@ -90,13 +96,25 @@ pub(crate) async fn run_loop(
             record_completions(&shared, &mut succeeded, Some(&shutdown)),
             config.store.claim(request)
         );
-        // An early wake-up followed by an empty claim: the store's wake-up keeps saying
-        // "work" for jobs this worker cannot take (jobs that do not fit its capacity, a
-        // paused queue's backlog), so the next wait is a plain poll instead of a spin.
+        // Early wake-ups followed by empty claims, twice in a row: the store's wake-up
+        // keeps saying "work" for jobs this worker cannot take (jobs that do not fit its
+        // capacity, a paused queue's backlog), so the next wait is a plain poll instead
+        // of a spin. Once is not enough: a notice for a job another claim already took
+        // (PostgreSQL, Redis) wakes a worker for nothing now and then, and a poll after
+        // each such wake-up kept workers deaf to the next job for up to the poll
+        // interval (pickup p50 went from 0.7 ms to 470 ms on PostgreSQL).
         let wakes_for_nothing = match claimed {
             Ok(claimed) => {
                 error_delay.reset();
-                let wakes_for_nothing = woke_early && claimed.is_empty();
+                empty_wakes = if woke_early && claimed.is_empty() {
+                    empty_wakes + 1
+                } else {
+                    0
+                };
+                let wakes_for_nothing = empty_wakes >= WAKES_FOR_NOTHING_BEFORE_A_POLL;
+                if wakes_for_nothing {
+                    empty_wakes = 0;
+                }
                 woke_early = false;
                 let full = claimed.len() >= limit;
                 start_all(&shared, &mut jobs, claimed);
