@@ -29,6 +29,7 @@ script!(CANCEL, "cancel.lua");
 script!(RETRY, "retry.lua");
 script!(PURGE, "purge.lua");
 script!(STATS, "stats.lua");
+script!(QUEUES, "queues.lua");
 script!(LIST, "list.lua");
 script!(BURY, "bury.lua");
 script!(UNSTAGE, "unstage.lua");
@@ -36,9 +37,9 @@ script!(UNKEY, "unkey.lua");
 script!(SCHEDULE, "schedule.lua");
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 17] {
+pub(crate) fn all() -> [&'static Script; 18] {
     [
         &ENQUEUE, &CLAIM, &CLAIM_FIT, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL,
-        &RETRY, &PURGE, &STATS, &LIST, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
+        &RETRY, &PURGE, &STATS, &QUEUES, &LIST, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
     ]
 }

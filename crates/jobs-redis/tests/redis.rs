@@ -2363,3 +2363,207 @@ async fn fitted_claims_agree_with_the_rust_reference() {
 fn id_text(id: JobId) -> String {
     id.to_string()
 }
+
+/// `queues.lua` (CONTRACT A7): the queues come from the list index, names that are
+/// prefixes of others ("a", "a-", "a.b", "ab") each listed once; counts match `stats`
+/// for each; the oldest ready time is found across priority bands (the lowest band
+/// holding the oldest job), after promoting the scheduled jobs that came due; a queue
+/// whose jobs are all finished is listed with no ready time; an empty namespace lists
+/// none.
+#[tokio::test]
+async fn queues_lists_every_queue_with_counts_and_oldest_ready_time() {
+    let Some(env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let overviews = |store: &TestStore| {
+        let store = store.clone();
+        async move {
+            jobs_core::Backend::queues(&store.redis, store.now())
+                .await
+                .expect("queues")
+        }
+    };
+    assert!(overviews(&store).await.is_empty(), "empty namespace");
+    assert!(store.queues().await.expect("queues").is_empty());
+
+    let t0 = env.clock.now();
+    let at = |ms: i64| Timestamp::from_millis(t0.as_millis() + ms);
+    enqueue_all(
+        &store,
+        vec![
+            // Comes due at t0 + 1 s, in the lowest band: the oldest ready job of "a".
+            NewJob::new("a").priority(-3).run_at(at(1_000)),
+            // Stays scheduled.
+            NewJob::new("a").priority(-3).run_at(at(3_600_000)),
+            NewJob::new("ab").run_at(at(3_600_000)),
+        ],
+    )
+    .await;
+    env.clock.advance(Duration::from_secs(10));
+    let jobs = enqueue_all(
+        &store,
+        vec![
+            NewJob::new("a").priority(5),
+            NewJob::new("a").priority(0),
+            NewJob::new("a").priority(i16::MAX),
+            NewJob::new("a.b"),
+            NewJob::new("a.b"),
+            NewJob::new("a.b"),
+            NewJob::new("a-")
+                .priority(i16::MIN)
+                .run_at(Timestamp::from_millis(-5_000)),
+            NewJob::new("a-").priority(i16::MAX),
+            NewJob::new("b:1"),
+        ],
+    )
+    .await;
+    let lease = Duration::from_secs(30);
+    let claimed = store
+        .claim(ClaimRequest::new(["a.b"], "w", lease).limit(3))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 3);
+    store
+        .complete(claimed[0].id(), claimed[0].token(), None)
+        .await
+        .expect("complete");
+    store
+        .fail(claimed[1].id(), claimed[1].token(), "boom", Retry::Never)
+        .await
+        .expect("fail");
+    store.cancel(jobs[8]).await.expect("cancel");
+    store.pause("b:1").await.expect("pause");
+    store.pause("zz").await.expect("pause");
+    env.clock.advance(Duration::from_secs(1));
+
+    let listed = overviews(&store).await;
+    let names: Vec<&str> = listed.iter().map(|o| o.queue.as_str()).collect();
+    assert_eq!(
+        names,
+        ["a", "a-", "a.b", "ab", "b:1"],
+        "by name, paused zz not a backend's"
+    );
+    for overview in &listed {
+        let mut stats = store.stats(&overview.queue).await.expect("stats");
+        stats.paused = false;
+        assert_eq!(overview.stats, stats, "{}", overview.queue);
+        assert_eq!(overview.lag, None, "the handle fills in the lag");
+    }
+    let by_name = |name: &str| {
+        listed
+            .iter()
+            .find(|o| o.queue == name)
+            .unwrap_or_else(|| panic!("{name} listed"))
+    };
+    let a = by_name("a");
+    assert_eq!(
+        (a.stats.ready, a.stats.scheduled),
+        (4, 1),
+        "the due job was promoted"
+    );
+    assert_eq!(
+        a.oldest_ready,
+        Some(at(1_000)),
+        "the lowest band holds the oldest"
+    );
+    assert_eq!(
+        by_name("a-").oldest_ready,
+        Some(Timestamp::from_millis(-5_000))
+    );
+    let ab = by_name("a.b");
+    assert_eq!(
+        (
+            ab.stats.running,
+            ab.stats.succeeded,
+            ab.stats.dead,
+            ab.oldest_ready
+        ),
+        (1, 1, 1, None)
+    );
+    let ab = by_name("ab");
+    assert_eq!(
+        (ab.stats.scheduled, ab.stats.ready, ab.oldest_ready),
+        (1, 0, None)
+    );
+    let b1 = by_name("b:1");
+    assert_eq!(
+        (b1.stats.cancelled, b1.stats.total(), b1.oldest_ready),
+        (1, 1, None)
+    );
+
+    // Through the handle: paused flags and lag filled in, the empty paused queue added.
+    let handle = store.queues().await.expect("queues");
+    let names: Vec<&str> = handle.iter().map(|o| o.queue.as_str()).collect();
+    assert_eq!(names, ["a", "a-", "a.b", "ab", "b:1", "zz"]);
+    assert_eq!(handle[0].lag, Some(Duration::from_secs(10)));
+    assert!(handle[4].stats.paused && handle[5].stats.paused && !handle[0].stats.paused);
+
+    // Once the oldest band is claimed, the next oldest ready time is the answer.
+    let taken = store
+        .claim(ClaimRequest::new(["a"], "w", lease).limit(3))
+        .await
+        .expect("claim");
+    assert_eq!(taken.len(), 3, "priorities MAX, 5 and 0 first");
+    let a = overviews(&store).await.remove(0);
+    assert_eq!((a.queue.as_str(), a.oldest_ready), ("a", Some(at(1_000))));
+    let last = store
+        .claim(ClaimRequest::new(["a"], "w", lease).limit(1))
+        .await
+        .expect("claim");
+    assert_eq!(last.len(), 1);
+    let a = overviews(&store).await.remove(0);
+    assert_eq!(
+        (a.stats.ready, a.stats.running, a.oldest_ready),
+        (0, 4, None)
+    );
+}
+
+/// More queues than one `queues.lua` call reads (its read budget): the calls continue
+/// after the last queue listed, and every queue is listed once, in order.
+#[tokio::test]
+async fn queues_lists_more_queues_than_one_call_reads() {
+    let Some(env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let names: Vec<String> = (0..1500).map(|i| format!("q{i}")).collect();
+    let mut jobs = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        jobs.push(NewJob::new(name.as_str()));
+        if i % 3 == 0 {
+            jobs.push(NewJob::new(name.as_str()).priority(-1));
+        }
+    }
+    enqueue_all(&store, jobs).await;
+    let listed = jobs_core::Backend::queues(&store.redis, store.now())
+        .await
+        .expect("queues");
+    let mut expected = names.clone();
+    expected.sort();
+    assert_eq!(
+        listed.iter().map(|o| o.queue.clone()).collect::<Vec<_>>(),
+        expected
+    );
+    let now = store.now();
+    for overview in &listed {
+        let n: usize = overview.queue[1..].parse().expect("index");
+        let jobs = if n % 3 == 0 { 2 } else { 1 };
+        assert_eq!(overview.stats.ready, jobs, "{}", overview.queue);
+        assert_eq!(overview.oldest_ready, Some(now), "{}", overview.queue);
+    }
+}
+
+/// A list index member that names no queue is reported as corrupt, not skipped.
+#[tokio::test]
+async fn queues_reports_a_list_member_without_a_queue_as_corrupt() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    store.enqueue(NewJob::new("q")).await.expect("enqueue");
+    let list = env.key("list");
+    let _: i64 = env.admin.zadd(&list, " a broken", 0).await.expect("ZADD");
+    let err = store.queues().await.expect_err("corrupt");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+}

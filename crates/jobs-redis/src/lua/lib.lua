@@ -165,6 +165,23 @@ local function promote(ready, sched, now, bound)
   return #redis.call('ZRANGEBYSCORE', sched, '-inf', now, 'LIMIT', 0, 1) == 0
 end
 
+-- The counts of one queue's jobs per state (CONTRACT A3), from index sizes: ready (the
+-- queue's range of the ready index), active (queued and running, list code 'a'),
+-- running (the queue's running counter), succeeded, dead, cancelled (list codes 's', 'd',
+-- 'c'), in that order. O(log n) per count (ZLEXCOUNT), whatever the backlog. A running
+-- counter that is not a number gives nil, which ends the reply array there (Rust then
+-- reports the short reply as corrupt). Used by stats.lua and queues.lua.
+local function queue_counts(ready, list, running, queue)
+  local function count_state(code)
+    local prefix = queue .. ' ' .. code
+    return redis.call('ZLEXCOUNT', list, '[' .. prefix .. ' ', '(' .. prefix .. '!')
+  end
+  return {
+    redis.call('ZLEXCOUNT', ready, '[' .. queue .. ' ', '(' .. queue .. '!'),
+    count_state('a'), tonumber(redis.call('HGET', running, queue) or '0'),
+    count_state('s'), count_state('d'), count_state('c') }
+end
+
 -- Whether order key `a` sorts before `b` (36 hex digits each), exactly and bytewise.
 local function order_less(a, b)
   for i = 1, 36, 12 do

@@ -17,11 +17,5 @@ local queue = ARGV[3]
 if not promote(ready, sched, ARGV[1], tonumber(ARGV[2])) then
   return { 'promote' }
 end
-local function count_state(code)
-  local prefix = queue .. ' ' .. code
-  return redis.call('ZLEXCOUNT', list, '[' .. prefix .. ' ', '(' .. prefix .. '!')
-end
-return { 'ok',
-  redis.call('ZLEXCOUNT', ready, '[' .. queue .. ' ', '(' .. queue .. '!'),
-  count_state('a'), tonumber(redis.call('HGET', running, queue) or '0'),
-  count_state('s'), count_state('d'), count_state('c') }
+local counts = queue_counts(ready, list, running, queue)
+return { 'ok', counts[1], counts[2], counts[3], counts[4], counts[5], counts[6] }

@@ -3,7 +3,7 @@
 //!
 //! The type and its `Backend` impl live here; the work is split by job:
 //! [`connect`] (opening single and cluster connections, TLS), [`claim`], [`sweep`]
-//! (reclaim and purge), [`reads`] (get, payload, children, list, stats) and [`lease`]
+//! (reclaim and purge), [`reads`] (get, payload, children, list, stats, queues) and [`lease`]
 //! (heartbeat, complete, fail, release, and the admin calls cancel and retry).
 
 use std::collections::HashMap;
@@ -14,8 +14,9 @@ use std::time::Duration;
 use jobs_core::batch::Batcher;
 use jobs_core::{
     async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
-    HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueStats,
-    ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, Timestamp,
+    HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueOverview,
+    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
+    Timestamp,
 };
 use redis::{ScriptInvocation, Value};
 
@@ -267,6 +268,10 @@ impl Backend for RedisStore {
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         self.queue_stats(queue, now).await
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        self.queue_overviews(now).await
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {

@@ -1,12 +1,14 @@
-//! Reads: one job, its payload, its children, a page of a queue, a queue's counts; and
-//! the paused queues, with the one write that changes them.
+//! Reads: one job, its payload, its children, a page of a queue, a queue's counts, every
+//! queue's counts and oldest ready job; and the paused queues, with the one write that
+//! changes them.
 
 use std::collections::HashMap;
 
 use jobs_core::{
-    Bytes, Error, Job, JobId, JobState, ListPage, ListQuery, QueueStats, Result, StoredSchedule,
-    Timestamp,
+    Bytes, Error, Job, JobId, JobState, ListPage, ListQuery, QueueOverview, QueueStats, ReadyOrder,
+    Result, StoredSchedule, Timestamp,
 };
+use redis::Value;
 
 use super::{status, unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
 use crate::codec::{
@@ -307,27 +309,123 @@ impl RedisStore {
             if word == "promote" {
                 continue;
             }
-            let counts = rest
-                .iter()
-                .map(|v| int(v, "stats reply").map(|n| u64::try_from(n).unwrap_or(0)))
-                .collect::<Result<Vec<_>>>()?;
-            let [ready, active, running, succeeded, dead, cancelled] = counts[..] else {
-                return Err(unexpected("stats reply", &word));
-            };
-            // Queued and running jobs share the list code 'a'; the lease entries tell
-            // them apart.
-            let queued = active.saturating_sub(running);
-            return Ok(QueueStats {
-                ready,
-                scheduled: queued.saturating_sub(ready),
-                running,
-                succeeded,
-                dead,
-                cancelled,
-                // Filled in by the `Store` handle (CONTRACT Q1).
-                paused: false,
-            });
+            return decode_counts(rest, "stats reply");
         }
         Err(Error::corrupt("scheduled index", "promotion does not end"))
     }
+
+    /// Rule A7: every queue holding a job, by name, with its counts and the ready time of
+    /// its oldest ready job at `now`: `queues.lua` calls, each listing the queues after
+    /// the last one the previous call listed until its read budget is spent
+    /// ([`QUEUES_READ_BUDGET`]), due scheduled jobs promoted first as in `stats`. Each
+    /// queue's row comes from one call; rows of different calls are read at different
+    /// moments (all at `now`), so a queue that gets its first job during a listing of
+    /// several calls may be missed, as if it came just after.
+    pub(super) async fn queue_overviews(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        const WHAT: &str = "queues reply";
+        let keys = self.keys();
+        let mut overviews = Vec::new();
+        let mut after = String::new();
+        let mut promotions = 0;
+        loop {
+            let mut invocation = scripts::QUEUES.prepare_invoke();
+            invocation
+                .key(&keys.ready)
+                .key(&keys.sched)
+                .key(&keys.list)
+                .key(&keys.running)
+                .arg(now.as_millis())
+                .arg(PROMOTE_BOUND)
+                .arg(&after)
+                .arg(QUEUES_READ_BUDGET);
+            let reply = self.invoke(&invocation, "queues").await?;
+            let (word, rest) = status(&reply, WHAT)?;
+            match (word.as_str(), rest) {
+                ("promote", _) => {
+                    promotions += 1;
+                    if promotions > PROMOTE_ROUNDS {
+                        return Err(Error::corrupt("scheduled index", "promotion does not end"));
+                    }
+                }
+                ("corrupt", [member]) => {
+                    let member = text(member, WHAT)?;
+                    return Err(Error::corrupt(
+                        "list index",
+                        format!("member {member:?} names no queue"),
+                    ));
+                }
+                ("ok", [next, rows]) => {
+                    for row in array(rows, WHAT)? {
+                        overviews.push(decode_overview(row)?);
+                    }
+                    let next = text(next, WHAT)?;
+                    if next.is_empty() {
+                        break;
+                    }
+                    // The script always moves forward in the index, so the calls end.
+                    after = next;
+                }
+                _ => return Err(unexpected(WHAT, &word)),
+            }
+        }
+        // Index order is byte order for valid names; sorting keeps the promise for any.
+        overviews.sort_by(|a, b| a.queue.cmp(&b.queue));
+        overviews.dedup_by(|a, b| a.queue == b.queue);
+        Ok(overviews)
+    }
+}
+
+/// Range reads after which one `queues.lua` call starts no further queue: about 450
+/// queues of one priority band each (nine reads a queue: one to find it, six counts, two
+/// band reads), some 3 ms of server time; a queue is always read whole, so a call
+/// exceeds this by at most one queue's bands.
+const QUEUES_READ_BUDGET: usize = 4096;
+
+/// The counts `queue_counts` (lib.lua) answers, in its order: ready, active, running,
+/// succeeded, dead, cancelled, as [`QueueStats`] (`paused` left `false`).
+fn decode_counts(values: &[Value], what: &str) -> Result<QueueStats> {
+    let counts = values
+        .iter()
+        .map(|v| int(v, what).map(|n| u64::try_from(n).unwrap_or(0)))
+        .collect::<Result<Vec<_>>>()?;
+    let [ready, active, running, succeeded, dead, cancelled] = counts[..] else {
+        return Err(Error::corrupt(
+            what,
+            format!("{} counts instead of 6", counts.len()),
+        ));
+    };
+    // Queued and running jobs share the list code 'a'; the lease entries tell them apart.
+    let queued = active.saturating_sub(running);
+    Ok(QueueStats {
+        ready,
+        scheduled: queued.saturating_sub(ready),
+        running,
+        succeeded,
+        dead,
+        cancelled,
+        // Filled in by the `Store` handle (CONTRACT Q1).
+        paused: false,
+    })
+}
+
+/// One row of `queues.lua`: `{queue, counts, order key or ''}`.
+fn decode_overview(row: &Value) -> Result<QueueOverview> {
+    const WHAT: &str = "queues reply";
+    let [name, counts, oldest] = array(row, WHAT)? else {
+        return Err(Error::corrupt(WHAT, "a row is not {queue, counts, key}"));
+    };
+    let queue = text(name, WHAT)?;
+    let stats = decode_counts(array(counts, WHAT)?, &format!("counts of queue {queue}"))?;
+    let oldest = text(oldest, WHAT)?;
+    let oldest_ready = if oldest.is_empty() {
+        None
+    } else {
+        Some(ReadyOrder::ready_at_of_sort_key(&oldest).ok_or_else(|| {
+            Error::corrupt(
+                "ready index",
+                format!("order key {oldest:?} of queue {queue}"),
+            )
+        })?)
+    };
+    Ok(QueueOverview::new(queue, stats, oldest_ready))
 }
