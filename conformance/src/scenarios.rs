@@ -99,6 +99,7 @@ macro_rules! __scenario_list {
             A2 rules::a2_concurrent_retries_one_succeeds,
             A3 rules::a3_stats_count_every_state,
             A3 rules::a3_stats_of_queues_sharing_a_prefix_are_apart,
+            A7 rules::a7_queues_list_every_queue_with_counts_pause_and_lag,
             A4 rules::a4_list_pages_join_to_the_whole_set_newest_first,
             A4 rules::a4_list_filters_by_state,
             A4 rules::a4_full_last_page_has_a_cursor_then_an_empty_page,

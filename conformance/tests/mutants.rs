@@ -16,9 +16,9 @@ use std::time::Duration;
 use jobs_conformance::{Harness, Scenario, SCENARIOS};
 use jobs_core::{
     async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
-    HeldLease, JobId, JobState, LayeredBackend, LeaseToken, ListQuery, NewJob, QueueStats,
-    ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoreSettings, Timestamp, Uniqueness,
-    LEASE_EXPIRED,
+    HeldLease, JobId, JobState, LayeredBackend, LeaseToken, ListQuery, NewJob, QueueOverview,
+    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoreSettings, Timestamp,
+    Uniqueness, LEASE_EXPIRED,
 };
 use jobs_memory::MemoryServer;
 
@@ -112,6 +112,10 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
 
     async fn set_paused(&self, inner: &dyn Backend, queue: &str, paused: bool) -> Result<()> {
         inner.set_paused(queue, paused).await
+    }
+
+    async fn queues(&self, inner: &dyn Backend, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        inner.queues(now).await
     }
 
     async fn update_schedule(
@@ -230,6 +234,10 @@ impl LayeredBackend for Mutant {
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
         self.bug.set_paused(&*self.inner, queue, paused).await
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        self.bug.queues(&*self.inner, now).await
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
@@ -703,6 +711,33 @@ impl Bug for PauseForgotten {
     }
 }
 
+/// A7 broken: the lag is read from the job a claim would take next (the head of the
+/// highest priority), not from the oldest ready job, as a backend that looked only at
+/// its ready index's head would.
+#[derive(Debug)]
+struct LagFromTheHead;
+
+#[async_trait]
+impl Bug for LagFromTheHead {
+    async fn queues(&self, inner: &dyn Backend, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        let mut queues = inner.queues(now).await?;
+        for overview in &mut queues {
+            if overview.oldest_ready.is_some() {
+                let head = inner
+                    .list(ListQuery::new(overview.queue.clone()).state(JobState::Queued))
+                    .await?
+                    .jobs
+                    .into_iter()
+                    .filter(|job| job.run_at <= now)
+                    .max_by_key(|job| (job.priority, std::cmp::Reverse(job.run_at)))
+                    .map(|job| job.run_at);
+                overview.oldest_ready = head;
+            }
+        }
+        Ok(queues)
+    }
+}
+
 /// S2 broken: recording a firing writes the whole record back as the firing read it,
 /// enabled, so a disable that landed in between is undone.
 #[derive(Debug)]
@@ -1051,6 +1086,15 @@ async fn forgotten_pause_is_caught_by_q1() {
     caught(
         PauseForgotten,
         "q1_a_claim_skips_paused_queues_before_its_limit",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lag_from_the_head_is_caught_by_a7() {
+    caught(
+        LagFromTheHead,
+        "a7_queues_list_every_queue_with_counts_pause_and_lag",
     )
     .await;
 }

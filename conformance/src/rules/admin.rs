@@ -451,6 +451,105 @@ pub async fn a3_stats_of_queues_sharing_a_prefix_are_apart(harness: &dyn Harness
     }
 }
 
+/// A7: `queues` lists every queue holding a job or paused, by name, without being told
+/// their names: counts as `stats` gives them, pause, and lag (the age of the oldest
+/// ready job, whatever its priority); queues sharing a prefix apart; none listed for an
+/// empty namespace.
+pub async fn a7_queues_list_every_queue_with_counts_pause_and_lag(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    assert!(
+        store.queues().await.must("A7: queues").is_empty(),
+        "A7: an empty namespace lists no queue"
+    );
+    let start = env.clock.now();
+    // "b": an old job at a low priority, a newer one at a high priority (claimed first).
+    let oldest = enqueue(&store, NewJob::new("b").priority(-5), "A7").await;
+    env.clock.advance(Duration::from_secs(2));
+    let newer = enqueue(&store, NewJob::new("b").priority(7), "A7").await;
+    enqueue(&store, NewJob::new("b.x"), "A7").await;
+    let later = env.clock.now().saturating_add(Duration::from_secs(100));
+    enqueue(&store, NewJob::new("a").run_at(later), "A7").await;
+    store.pause("c").await.must("A7: pause");
+    env.clock.advance(Duration::from_secs(3));
+
+    let queues = store.queues().await.must("A7: queues");
+    let names: Vec<&str> = queues.iter().map(|q| q.queue.as_str()).collect();
+    assert_eq!(names, ["a", "b", "b.x", "c"], "A7: every queue, by name");
+    for overview in &queues {
+        let mut stats = store.stats(&overview.queue).await.must("A7: stats");
+        stats.paused = overview.queue == "c";
+        assert_eq!(
+            overview.stats, stats,
+            "A7: {} counts as stats does",
+            overview.queue
+        );
+    }
+    let by_name = |name: &str| {
+        queues
+            .iter()
+            .find(|q| q.queue == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("A7: queue {name} is listed"))
+    };
+    let b = by_name("b");
+    assert_eq!(b.stats.ready, 2);
+    assert_eq!(
+        b.oldest_ready,
+        Some(start),
+        "A7: the oldest ready job, at any priority"
+    );
+    assert_eq!(b.lag, Some(Duration::from_secs(5)), "A7: its age now");
+    assert_eq!(by_name("b.x").lag, Some(Duration::from_secs(3)));
+    let a = by_name("a");
+    assert_eq!(
+        (a.stats.scheduled, a.lag),
+        (1, None),
+        "A7: nothing ready, no lag"
+    );
+    let c = by_name("c");
+    assert!(
+        c.stats.paused && c.stats.total() == 0 && c.lag.is_none(),
+        "A7: {c:?}"
+    );
+    assert!(!b.stats.paused);
+
+    // The high-priority job is claimed first; the old one keeps the lag.
+    let claimed = claim(&store, &["b"], 1, "A7").await;
+    assert_eq!(claimed[0].id(), newer);
+    env.clock.advance(Duration::from_secs(1));
+    let b = store
+        .queues()
+        .await
+        .must("A7: queues")
+        .into_iter()
+        .find(|q| q.queue == "b");
+    let b = b.unwrap_or_else(|| panic!("A7: b is listed"));
+    assert_eq!((b.stats.ready, b.stats.running), (1, 1));
+    assert_eq!(b.lag, Some(Duration::from_secs(6)));
+    // Once the old one is claimed too, nothing in "b" is ready: no lag.
+    let claimed = claim(&store, &["b"], 1, "A7").await;
+    assert_eq!(claimed[0].id(), oldest);
+    let b = store
+        .queues()
+        .await
+        .must("A7: queues")
+        .into_iter()
+        .find(|q| q.queue == "b");
+    let b = b.unwrap_or_else(|| panic!("A7: b is listed"));
+    assert_eq!((b.stats.ready, b.stats.running, b.lag), (0, 2, None));
+    // A scheduled job that came due is ready, and its lag runs from its run time.
+    env.clock.advance(Duration::from_secs(100));
+    let a = store
+        .queues()
+        .await
+        .must("A7: queues")
+        .into_iter()
+        .find(|q| q.queue == "a");
+    let a = a.unwrap_or_else(|| panic!("A7: a is listed"));
+    assert_eq!((a.stats.ready, a.oldest_ready), (1, Some(later)));
+}
+
 /// A3: `stats` counts jobs per state, queued split into ready and scheduled by the
 /// store's clock, per queue; it agrees with the jobs `list` shows after every step;
 /// an unused queue counts zero and a bad queue name is refused.

@@ -17,7 +17,8 @@ use crate::error::Result;
 use crate::id::JobId;
 use crate::model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
-    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,
+    StoreSettings,
 };
 use crate::schedule::{ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
@@ -201,6 +202,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Rule A3: counts of one queue's jobs per state at `now` (`paused` is left
     /// `false`: the handle fills it in from [`Backend::paused_queues`]).
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats>;
+
+    /// Rule A7: every queue of the namespace that holds a job, sorted by name, with its
+    /// counts at `now` (as [`Backend::stats`] counts them, `paused` left `false`) and
+    /// the ready time of its oldest ready job (`lag` left `None`: the handle fills in
+    /// both, and lists the paused queues that hold no job).
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>>;
 
     /// Rule Q1: pauses (`true`) or resumes (`false`) `queue` for every store of the
     /// namespace, in every process: no claim takes a job from a paused queue.
@@ -441,6 +448,10 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
         self.inner().paused_queues().await
     }
 
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        self.inner().queues(now).await
+    }
+
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
         self.inner().put_schedule(name, spec, now).await
     }
@@ -679,6 +690,14 @@ impl<L: LayeredBackend> Backend for L {
         Self: 'b,
     {
         LayeredBackend::paused_queues(self)
+    }
+
+    fn queues<'a, 'b>(&'a self, now: Timestamp) -> BoxFuture<'b, Result<Vec<QueueOverview>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::queues(self, now)
     }
 
     fn put_schedule<'a, 'n, 's, 'b>(

@@ -25,8 +25,8 @@ pub use fit::{Budget, Needs};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,
-    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
-    TypedJob, Uniqueness, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,
+    StoreSettings, TypedJob, Uniqueness, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
 };
 pub use order::ReadyOrder;
 pub use schedule::{

@@ -577,6 +577,41 @@ impl QueueStats {
     }
 }
 
+/// One queue of a namespace, as [`Store::queues`](crate::Store::queues) lists it
+/// (CONTRACT A7): its counts per state, whether it is paused, and its lag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueOverview {
+    /// The queue's name.
+    pub queue: String,
+    /// Its jobs per state and whether it is paused, as [`Store::stats`](crate::Store::stats)
+    /// counts them.
+    pub stats: QueueStats,
+    /// When its oldest ready job became ready (the earliest ready time among its
+    /// ready jobs); `None` when none is ready.
+    pub oldest_ready: Option<Timestamp>,
+    /// How long that job has waited at the instant of the call: the queue's lag.
+    /// `None` when no job is ready.
+    pub lag: Option<std::time::Duration>,
+}
+
+impl QueueOverview {
+    /// A queue's overview as a backend reads it: `paused` and `lag` are the handle's to
+    /// fill in.
+    pub fn new(
+        queue: impl Into<String>,
+        stats: QueueStats,
+        oldest_ready: Option<Timestamp>,
+    ) -> Self {
+        QueueOverview {
+            queue: queue.into(),
+            stats,
+            oldest_ready,
+            lag: None,
+        }
+    }
+}
+
 /// A page request for `list` (CONTRACT A4): one queue, optionally one state, newest first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListQuery {

@@ -43,6 +43,18 @@ impl ReadyOrder {
     }
 }
 
+impl ReadyOrder {
+    /// The ready time a [`ReadyOrder::sort_key`] holds (its digits 5 to 20), or `None`
+    /// when `key` is not such a key.
+    pub fn ready_at_of_sort_key(key: &str) -> Option<Timestamp> {
+        if key.len() != 36 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let shifted = u64::from_str_radix(key.get(4..20)?, 16).ok()?;
+        Some(Timestamp::from_millis((shifted ^ (1 << 63)) as i64))
+    }
+}
+
 impl Ord for ReadyOrder {
     fn cmp(&self, other: &Self) -> Ordering {
         other
@@ -87,6 +99,19 @@ mod tests {
                 order(-3, 0, 0),
             ]
         );
+    }
+
+    #[test]
+    fn the_ready_time_reads_back_from_a_sort_key() {
+        for at in [i64::MIN, -1, 0, 1, 1_700_000_000_000, i64::MAX] {
+            let key = order(-3, at, 9).sort_key();
+            assert_eq!(
+                ReadyOrder::ready_at_of_sort_key(&key),
+                Some(Timestamp::from_millis(at))
+            );
+        }
+        assert_eq!(ReadyOrder::ready_at_of_sort_key("xyz"), None);
+        assert_eq!(ReadyOrder::ready_at_of_sort_key(&"g".repeat(36)), None);
     }
 
     #[test]

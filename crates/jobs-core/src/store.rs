@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::id::JobId;
 use crate::model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
-    LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReclaimedJob, Retry, StoreSettings,
-    TypedJob,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,
+    StoreSettings, TypedJob,
 };
 use crate::schedule::{Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
@@ -361,6 +361,35 @@ impl Store {
             paused: paused.binary_search_by(|p| p.as_str().cmp(queue)).is_ok(),
             ..stats?
         })
+    }
+
+    /// Rule A7: every queue of the namespace that holds a job or is paused, sorted by
+    /// name, without naming them first: each with its counts per state (as
+    /// [`Store::stats`]), whether it is paused, and its lag, how long its oldest ready
+    /// job has waited at the instant of the call.
+    pub async fn queues(&self) -> Result<Vec<QueueOverview>> {
+        let now = self.now();
+        let (queues, paused) =
+            futures_util::future::join(self.backend.queues(now), self.backend.paused_queues())
+                .await;
+        let (mut queues, paused) = (queues?, paused?);
+        for overview in &mut queues {
+            overview.stats.paused = paused
+                .binary_search_by(|p| p.as_str().cmp(&overview.queue))
+                .is_ok();
+            overview.lag = overview.oldest_ready.map(|ready| now.duration_since(ready));
+        }
+        for name in paused {
+            if queues.binary_search_by(|q| q.queue.cmp(&name)).is_err() {
+                let stats = QueueStats {
+                    paused: true,
+                    ..QueueStats::default()
+                };
+                queues.push(QueueOverview::new(name, stats, None));
+            }
+        }
+        queues.sort_by(|a, b| a.queue.cmp(&b.queue));
+        Ok(queues)
     }
 
     /// Rule Q1: pauses `queue` for every worker of every process: no claim takes its

@@ -11,8 +11,8 @@ use jobs_core::validate::validate_settings;
 use jobs_core::{
     async_trait, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion, Enqueued,
     Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
-    Timestamp,
+    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
+    StoredSchedule, Timestamp,
 };
 use tokio::sync::Notify;
 
@@ -263,6 +263,10 @@ impl Backend for MemoryStore {
 
     async fn paused_queues(&self) -> Result<Vec<String>> {
         Ok(self.namespace.lock().paused_queues())
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        Ok(self.namespace.lock().queues(now))
     }
 
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {

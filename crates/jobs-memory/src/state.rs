@@ -10,8 +10,9 @@ use std::time::Duration;
 use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobIdMap, JobState,
-    Lease, LeaseToken, ListPage, ListQuery, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result,
-    Retry, ScheduleUpdate, StoreSettings, StoredSchedule, Timestamp, Uniqueness, LEASE_EXPIRED,
+    Lease, LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReadyOrder,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, Timestamp,
+    Uniqueness, LEASE_EXPIRED,
 };
 
 #[derive(Debug)]
@@ -631,6 +632,32 @@ impl State {
             }
         }
         stats
+    }
+
+    /// CONTRACT A7: every queue holding a job, by name, with its counts and the ready
+    /// time of its oldest ready job.
+    pub(crate) fn queues(&mut self, now: Timestamp) -> Vec<QueueOverview> {
+        let mut names: Vec<String> = self.queues.keys().cloned().collect();
+        names.sort_unstable();
+        let mut overviews = Vec::with_capacity(names.len());
+        for name in names {
+            let stats = self.stats(&name, now);
+            if stats.total() == 0 {
+                continue;
+            }
+            let oldest_ready = self.queues.get(&name).and_then(|index| {
+                index
+                    .all
+                    .iter()
+                    .filter_map(|id| self.jobs.get(id))
+                    .map(|r| &r.job)
+                    .filter(|job| job.state == JobState::Queued && job.run_at <= now)
+                    .map(|job| job.run_at)
+                    .min()
+            });
+            overviews.push(QueueOverview::new(name, stats, oldest_ready));
+        }
+        overviews
     }
 
     pub(crate) fn list(&self, query: &ListQuery) -> ListPage {

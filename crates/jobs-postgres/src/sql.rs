@@ -546,6 +546,17 @@ FROM {schema}.jobs WHERE namespace = $1 AND queue = $2
 GROUP BY state
 "#;
 
+/// Rule A7: per queue and state of namespace `$1`, the counts as [`STATS`] gives them
+/// and, of the ready jobs (`run_at <= $2`), the earliest ready time; by queue name.
+/// One pass over the namespace's rows of the `jobs_listing` index's leading columns.
+const QUEUES: &str = r#"
+SELECT queue, state, count(*) FILTER (WHERE run_at <= $2) AS due, count(*) AS total,
+       min(run_at) FILTER (WHERE state = 'queued' AND run_at <= $2) AS oldest
+FROM {schema}.jobs WHERE namespace = $1
+GROUP BY queue, state
+ORDER BY queue
+"#;
+
 /// Rule A4: one page, newest first. `$3` the states to list, `$4` the exclusive
 /// cursor (the largest uuid for the first page), `$5` the page size. One index range
 /// per state, newest first, merged: a page costs its size, not its depth.
@@ -744,6 +755,7 @@ pub(crate) struct Statements {
     pub(crate) cancel: Text,
     pub(crate) retry: Text,
     pub(crate) stats: Text,
+    pub(crate) queues: Text,
     pub(crate) pause: Text,
     pub(crate) resume: Text,
     pub(crate) paused_queues: Text,
@@ -788,6 +800,7 @@ impl Statements {
             cancel: r(CANCEL),
             retry: r(RETRY),
             stats: r(STATS),
+            queues: r(QUEUES),
             pause: r(PAUSE),
             resume: r(RESUME),
             paused_queues: r(PAUSED_QUEUES),

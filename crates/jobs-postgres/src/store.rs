@@ -11,8 +11,8 @@ use jobs_core::batch::Batcher;
 use jobs_core::{
     async_trait, validate, Backend, Budget, Capabilities, ClaimRequest, ClaimedJob, Enqueued,
     Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
-    StoredSchedule, Timestamp, LEASE_EXPIRED,
+    QueueOverview, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate,
+    StoreSettings, StoredSchedule, Timestamp, LEASE_EXPIRED,
 };
 use sqlx::postgres::{PgBindIterExt, PgRow};
 use sqlx::PgPool;
@@ -732,6 +732,49 @@ impl Backend for PostgresStore {
             }
         }
         Ok(stats)
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        let rows = self
+            .shared()
+            .fetch_all_again("queues", |_| {
+                sqlx::query(self.sql().queues.sql())
+                    .bind(self.namespace())
+                    .bind(now.as_millis())
+            })
+            .await?;
+        let mut overviews: Vec<QueueOverview> = Vec::new();
+        for row in &rows {
+            let queue: String = column(row, 0, &|| "queue list row".to_owned())?;
+            let what = || format!("queue {queue}");
+            let state = row::state(row, 1, &what)?;
+            let due = column::<i64>(row, 2, &what)?.unsigned_abs();
+            let total = column::<i64>(row, 3, &what)?.unsigned_abs();
+            let oldest: Option<i64> = column(row, 4, &what)?;
+            if overviews.last().is_none_or(|last| last.queue != queue) {
+                overviews.push(QueueOverview::new(
+                    queue.clone(),
+                    QueueStats::default(),
+                    None,
+                ));
+            }
+            let Some(overview) = overviews.last_mut() else {
+                continue;
+            };
+            let stats = &mut overview.stats;
+            match state {
+                JobState::Queued => {
+                    stats.ready = due;
+                    stats.scheduled = total.saturating_sub(due);
+                    overview.oldest_ready = oldest.map(Timestamp::from_millis);
+                }
+                JobState::Running => stats.running = total,
+                JobState::Succeeded => stats.succeeded = total,
+                JobState::Dead => stats.dead = total,
+                JobState::Cancelled => stats.cancelled = total,
+            }
+        }
+        Ok(overviews)
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {

@@ -15,8 +15,8 @@ use std::time::Duration;
 use jobs_core::{
     async_trait, validate, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
     Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery,
-    NewJob, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
-    Timestamp,
+    NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
+    StoredSchedule, Timestamp,
 };
 use tokio::sync::Notify;
 
@@ -362,6 +362,13 @@ impl Backend for SqliteStore {
         let (ns, queue) = (self.ns, queue.to_owned());
         self.engine
             .read(move |conn| ops::stats(conn, ns, &queue, now))
+            .await
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        let ns = self.ns;
+        self.engine
+            .read(move |conn| ops::queues(conn, ns, now))
             .await
     }
 

@@ -10,8 +10,9 @@ use jobs_core::fit::{decode_placement, is_preferred, FitOrder, PlacementCache};
 use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState, Lease, LeaseToken,
-    ListPage, ListQuery, Needs, NewJob, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry,
-    ScheduleUpdate, StoreSettings, StoredSchedule, Timestamp, Uniqueness, LEASE_EXPIRED,
+    ListPage, ListQuery, Needs, NewJob, QueueOverview, QueueStats, ReadyOrder, ReclaimedJob,
+    Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, Timestamp, Uniqueness,
+    LEASE_EXPIRED,
 };
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -1334,6 +1335,73 @@ pub(crate) fn stats(conn: &Connection, ns: i64, queue: &str, now: Timestamp) -> 
     stats.scheduled = queued - stats.ready;
     tx.finish().db("end a read")?;
     Ok(stats)
+}
+
+/// Rule A7: every queue holding a job, by name, with its counts (as [`stats`] counts
+/// them) and the ready time of its oldest ready job, in one read transaction. The
+/// cost follows the namespace's queues and states, then each queue's ready jobs.
+pub(crate) fn queues(conn: &Connection, ns: i64, now: Timestamp) -> Result<Vec<QueueOverview>> {
+    let tx = conn.unchecked_transaction().db("begin a read")?;
+    // (queue, counts, queued) in name order.
+    let mut found: Vec<(String, QueueStats, u64)> = Vec::new();
+    {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT queue, state, COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_state
+                 WHERE ns = ?1 GROUP BY queue, state ORDER BY queue",
+            )
+            .db("prepare the queue list")?;
+        let mut rows = stmt.query(params![ns]).db("list the queues")?;
+        while let Some(row) = rows.next().db("list the queues")? {
+            let queue: String = row.get(0).db("list the queues")?;
+            let code: i64 = row.get(1).db("list the queues")?;
+            let count: i64 = row.get(2).db("list the queues")?;
+            let count = u64::try_from(count).unwrap_or(0);
+            if found.last().is_none_or(|(last, _, _)| *last != queue) {
+                found.push((queue.clone(), QueueStats::default(), 0));
+            }
+            let Some((_, stats, queued)) = found.last_mut() else {
+                continue;
+            };
+            match state_from_code(code) {
+                Some(JobState::Queued) => *queued = count,
+                Some(JobState::Running) => stats.running = count,
+                Some(JobState::Succeeded) => stats.succeeded = count,
+                Some(JobState::Dead) => stats.dead = count,
+                Some(JobState::Cancelled) => stats.cancelled = count,
+                None => {
+                    return Err(Error::corrupt(
+                        format!("queue {queue}"),
+                        format!("{count} jobs in unknown state {code}"),
+                    ))
+                }
+            }
+        }
+    }
+    let mut ready = tx
+        .prepare_cached(
+            "SELECT COUNT(*), MIN(run_at) FROM jobq_jobs INDEXED BY jobq_jobs_ready
+             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND run_at <= ?3",
+        )
+        .db("prepare the ready count")?;
+    let mut overviews = Vec::with_capacity(found.len());
+    for (queue, mut stats, queued) in found {
+        let mut oldest_ready = None;
+        if queued > 0 {
+            let (count, oldest): (i64, Option<i64>) = ready
+                .query_row(params![ns, queue, now.as_millis()], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .db("count ready jobs")?;
+            stats.ready = u64::try_from(count).unwrap_or(0).min(queued);
+            oldest_ready = oldest.map(Timestamp::from_millis);
+        }
+        stats.scheduled = queued - stats.ready;
+        overviews.push(QueueOverview::new(queue, stats, oldest_ready));
+    }
+    drop(ready);
+    tx.finish().db("end a read")?;
+    Ok(overviews)
 }
 
 /// Rule A4: newest first by id. Without a state filter it merges one index range per

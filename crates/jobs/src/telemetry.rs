@@ -48,6 +48,12 @@ pub const JOBS_SCHEDULED: &str = "jobs_scheduled";
 pub const JOBS_PURGED: &str = "jobs_purged";
 /// Counter: store calls that failed (the worker logs them and carries on).
 pub const JOBS_STORE_ERRORS: &str = "jobs_store_errors";
+/// Gauge: jobs of a queue the worker serves, by `state` (`ready`, `scheduled`,
+/// `running`), as `Store::queues` last read them (CONTRACT A7).
+pub const JOBS_QUEUE_DEPTH: &str = "jobs_queue_depth";
+/// Gauge: seconds the oldest ready job of a queue the worker serves has waited; 0 when
+/// none is ready.
+pub const JOBS_QUEUE_LAG: &str = "jobs_queue_lag_seconds";
 /// Histogram, seconds: from the time a job became ready (`run_at`) to its claim, on
 /// the store's clock.
 pub const JOBS_PICKUP_LATENCY: &str = "jobs_pickup_latency_seconds";

@@ -32,9 +32,35 @@ impl metrics::HistogramFn for Samples {
     }
 }
 
+/// A gauge's value, as the bits of an `f64`.
+#[derive(Default)]
+struct GaugeValue(AtomicU64);
+
+impl metrics::GaugeFn for GaugeValue {
+    fn increment(&self, value: f64) {
+        self.set(self.get() + value);
+    }
+
+    fn decrement(&self, value: f64) {
+        self.set(self.get() - value);
+    }
+
+    fn set(&self, value: f64) {
+        self.0
+            .store(value.to_bits(), std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl GaugeValue {
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
 #[derive(Default)]
 struct TestRecorder {
     counters: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    gauges: Mutex<HashMap<String, Arc<GaugeValue>>>,
     histograms: Mutex<HashMap<String, Arc<Samples>>>,
 }
 
@@ -48,8 +74,9 @@ impl Recorder for &'static TestRecorder {
         Counter::from_arc(counters.entry(key_text(key)).or_default().clone())
     }
 
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        let mut gauges = self.gauges.lock().unwrap_or_else(|p| p.into_inner());
+        Gauge::from_arc(gauges.entry(key_text(key)).or_default().clone())
     }
 
     fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
@@ -68,6 +95,14 @@ impl TestRecorder {
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
             .map_or(0, |c| c.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    fn gauge(&self, key: &str) -> Option<f64> {
+        self.gauges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .map(|g| g.get())
     }
 
     fn samples(&self, key: &str) -> Vec<f64> {
@@ -106,6 +141,10 @@ async fn runtime_metrics_are_recorded_under_their_names() {
     let store =
         Store::new(jobs_memory::MemoryStore::new(settings).expect("store")).layer(MetricsLayer);
 
+    // A paused queue the worker serves: its job stays ready, and its lag grows with the
+    // clock (CONTRACT A7).
+    store.pause("p").await.expect("pause");
+    store.enqueue(NewJob::new("p")).await.expect("enqueue");
     let mut ids = HashMap::new();
     for what in ["ok", "permanent", "panic", "retry", "stuck"] {
         let job = NewJob::new("m").payload(what).max_attempts(2);
@@ -140,6 +179,7 @@ async fn runtime_metrics_are_recorded_under_their_names() {
         .heartbeat_interval(Duration::from_millis(20))
         .poll_interval(Duration::from_millis(20))
         .shutdown_grace(Duration::from_millis(100))
+        .queue_gauges_interval(Duration::from_millis(20))
         .backoff(Backoff {
             initial: Duration::from_secs(10),
             max: Duration::from_secs(10),
@@ -154,6 +194,7 @@ async fn runtime_metrics_are_recorded_under_their_names() {
                 _ => Ok(()),
             }
         })
+        .handler("p", |_ctx: JobContext, _payload: Bytes| async { Ok(()) })
         .build()
         .expect("build");
     let handle = worker.spawn();
@@ -180,6 +221,40 @@ async fn runtime_metrics_are_recorded_under_their_names() {
     clock.advance(Duration::from_secs(10));
     wait_for_state(&store, ids["panic"], JobState::Dead).await;
     wait_for_state(&store, ids["retry"], JobState::Dead).await;
+    // Depth and lag as the store counts them now: the stuck job runs, the paused
+    // queue's job has waited the 10 s the clock moved.
+    let g = |key: String| recorder.gauge(&key);
+    let expected = [
+        (format!("{JOBS_QUEUE_DEPTH}{{queue=m,state=running}}"), 1.0),
+        (format!("{JOBS_QUEUE_DEPTH}{{queue=m,state=ready}}"), 0.0),
+        (format!("{JOBS_QUEUE_LAG}{{queue=m}}"), 0.0),
+        (format!("{JOBS_QUEUE_DEPTH}{{queue=p,state=ready}}"), 1.0),
+        (
+            format!("{JOBS_QUEUE_DEPTH}{{queue=p,state=scheduled}}"),
+            0.0,
+        ),
+        (format!("{JOBS_QUEUE_LAG}{{queue=p}}"), 10.0),
+    ];
+    let gauges_read = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            ticker.tick().await;
+            if expected
+                .iter()
+                .all(|(key, value)| g(key.clone()) == Some(*value))
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        gauges_read.is_ok(),
+        "queue gauges: {:?}",
+        expected
+            .iter()
+            .map(|(key, _)| (key.clone(), g(key.clone())))
+            .collect::<Vec<_>>()
+    );
     handle.shutdown().await;
     assert_eq!(
         store.get(ids["stuck"]).await.expect("get").state,

@@ -63,6 +63,7 @@ pub struct WorkerBuilder {
     purge_interval: Option<Duration>,
     purge_batch: usize,
     schedule_interval: Option<Duration>,
+    queue_gauges_interval: Option<Duration>,
     schedules: Vec<Schedule>,
     shutdown_grace: Duration,
     cancel_grace: Duration,
@@ -109,6 +110,7 @@ impl WorkerBuilder {
             purge_interval: Some(Duration::from_secs(60)),
             purge_batch: 1_000,
             schedule_interval: Some(Duration::from_secs(1)),
+            queue_gauges_interval: Some(Duration::from_secs(15)),
             schedules: Vec::new(),
             shutdown_grace: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(5),
@@ -291,6 +293,21 @@ impl WorkerBuilder {
     /// enqueued.
     pub fn schedule_interval(mut self, interval: Duration) -> Self {
         self.schedule_interval = Some(interval);
+        self
+    }
+
+    /// How often the worker reads its queues' depth and lag (`Store::queues`,
+    /// CONTRACT A7) into the `jobs_queue_depth` and `jobs_queue_lag_seconds` gauges.
+    /// Default 15 s. Each read counts the namespace's jobs per queue and state, so a
+    /// fleet of workers may leave it to a few ([`WorkerBuilder::disable_queue_gauges`]).
+    pub fn queue_gauges_interval(mut self, interval: Duration) -> Self {
+        self.queue_gauges_interval = Some(interval);
+        self
+    }
+
+    /// Exports no queue gauges.
+    pub fn disable_queue_gauges(mut self) -> Self {
+        self.queue_gauges_interval = None;
         self
     }
 
@@ -482,6 +499,7 @@ impl WorkerBuilder {
             ("reclaim_interval", self.reclaim_interval),
             ("purge_interval", self.purge_interval),
             ("schedule_interval", self.schedule_interval),
+            ("queue_gauges_interval", self.queue_gauges_interval),
             ("timeout", self.timeout),
             ("blocking_threshold", Some(self.blocking_threshold)),
         ];
@@ -519,6 +537,7 @@ impl WorkerBuilder {
                 purge_interval: self.purge_interval,
                 purge_batch: self.purge_batch,
                 schedule_interval: self.schedule_interval,
+                queue_gauges_interval: self.queue_gauges_interval,
                 schedules: self.schedules,
                 shutdown_grace: self.shutdown_grace,
                 cancel_grace: self.cancel_grace,
@@ -551,6 +570,7 @@ pub(crate) struct Config {
     pub(crate) purge_interval: Option<Duration>,
     pub(crate) purge_batch: usize,
     pub(crate) schedule_interval: Option<Duration>,
+    pub(crate) queue_gauges_interval: Option<Duration>,
     pub(crate) schedules: Vec<Schedule>,
     pub(crate) shutdown_grace: Duration,
     pub(crate) cancel_grace: Duration,

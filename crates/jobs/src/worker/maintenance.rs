@@ -42,6 +42,47 @@ pub(crate) async fn reclaim_loop(shared: Arc<Shared>, interval: Duration, stop: 
     .await;
 }
 
+/// Reads the depth and lag of the worker's queues (CONTRACT A7) into gauges, every
+/// interval. Only the queues the worker serves, so the gauges' labels stay as few as
+/// its handlers; a queue it serves with no job reads zero.
+pub(crate) async fn queue_gauges_loop(
+    shared: Arc<Shared>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let config = &shared.config;
+    every(interval, &stop, || async {
+        match config.store.queues().await {
+            Ok(queues) => {
+                for name in &config.queue_names {
+                    let overview = queues.iter().find(|q| &q.queue == name);
+                    let stats = overview.map(|q| q.stats).unwrap_or_default();
+                    for (state, depth) in [
+                        ("ready", stats.ready),
+                        ("scheduled", stats.scheduled),
+                        ("running", stats.running),
+                    ] {
+                        metrics::gauge!(
+                            crate::telemetry::JOBS_QUEUE_DEPTH,
+                            "queue" => name.clone(),
+                            "state" => state
+                        )
+                        .set(depth as f64);
+                    }
+                    let lag = overview.and_then(|q| q.lag).unwrap_or_default();
+                    metrics::gauge!(crate::telemetry::JOBS_QUEUE_LAG, "queue" => name.clone())
+                        .set(lag.as_secs_f64());
+                }
+            }
+            Err(err) => {
+                shared.metrics.store_errors.increment(1);
+                tracing::warn!(error = %err, "reading the queues' depth and lag failed");
+            }
+        }
+    })
+    .await;
+}
+
 /// Deletes terminal jobs past retention (CONTRACT A5), every interval.
 pub(crate) async fn purge_loop(shared: Arc<Shared>, interval: Duration, stop: CancellationToken) {
     let config = &shared.config;

@@ -400,6 +400,13 @@ async fn run_worker(
             shutdown.clone(),
         ));
     }
+    if let Some(interval) = config.queue_gauges_interval {
+        background.spawn(maintenance::queue_gauges_loop(
+            shared.clone(),
+            interval,
+            shutdown.clone(),
+        ));
+    }
     if config.schedule_interval.is_some() || !config.schedules.is_empty() {
         background.spawn(maintenance::schedule_loop(
             shared.clone(),

@@ -17,7 +17,8 @@ use bytes::Bytes;
 use jobs_core::{
     async_trait, Backend, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
     HeldLease, Job, JobId, JobState, LayeredBackend, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoredSchedule, Timestamp,
+    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoredSchedule,
+    Timestamp,
 };
 use tokio::runtime::Handle;
 
@@ -193,6 +194,10 @@ impl LayeredBackend for OnStoreRuntime {
     async fn paused_queues(&self) -> Result<Vec<String>> {
         self.hop(move |b| async move { b.paused_queues().await })
             .await
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        self.hop(move |b| async move { b.queues(now).await }).await
     }
 
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
