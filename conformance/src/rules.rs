@@ -18,6 +18,7 @@ mod queues;
 mod reclaim;
 mod schedules;
 mod support;
+mod workers;
 
 pub use admin::*;
 pub use claim::*;
@@ -27,3 +28,4 @@ pub use lease::*;
 pub use queues::*;
 pub use reclaim::*;
 pub use schedules::*;
+pub use workers::*;

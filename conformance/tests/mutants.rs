@@ -118,6 +118,10 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
         inner.queues(now).await
     }
 
+    async fn reap_workers(&self, inner: &dyn Backend, cutoff: Timestamp) -> Result<Vec<String>> {
+        inner.reap_workers(cutoff).await
+    }
+
     async fn update_schedule(
         &self,
         inner: &dyn Backend,
@@ -238,6 +242,10 @@ impl LayeredBackend for Mutant {
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
         self.bug.queues(&*self.inner, now).await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        self.bug.reap_workers(&*self.inner, cutoff).await
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
@@ -738,6 +746,19 @@ impl Bug for LagFromTheHead {
     }
 }
 
+/// W4 broken: a worker last seen exactly at the cut-off is reaped too (`<=` for `<`).
+#[derive(Debug)]
+struct ReapAtTheCutoff;
+
+#[async_trait]
+impl Bug for ReapAtTheCutoff {
+    async fn reap_workers(&self, inner: &dyn Backend, cutoff: Timestamp) -> Result<Vec<String>> {
+        inner
+            .reap_workers(cutoff.saturating_add(std::time::Duration::from_millis(1)))
+            .await
+    }
+}
+
 /// S2 broken: recording a firing writes the whole record back as the firing read it,
 /// enabled, so a disable that landed in between is undone.
 #[derive(Debug)]
@@ -1086,6 +1107,15 @@ async fn forgotten_pause_is_caught_by_q1() {
     caught(
         PauseForgotten,
         "q1_a_claim_skips_paused_queues_before_its_limit",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reaping_at_the_cutoff_is_caught_by_w4() {
+    caught(
+        ReapAtTheCutoff,
+        "w4_silent_workers_are_reaped_and_their_jobs_left",
     )
     .await;
 }

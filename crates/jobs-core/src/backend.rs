@@ -22,6 +22,7 @@ use crate::model::{
 };
 use crate::schedule::{ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
+use crate::workers::StoredWorker;
 
 /// What a backend can do beyond the contract, read by the [`Store`](crate::Store)
 /// handle and the worker runtime to choose how to drive it.
@@ -208,6 +209,24 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// the ready time of its oldest ready job (`lag` left `None`: the handle fills in
     /// both, and lists the paused queues that hold no job).
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>>;
+
+    /// Rule W1: stores worker `id` with its description `spec` (opaque text),
+    /// `in_flight` 0 and `last_seen` `now`, replacing any record of that id whole.
+    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()>;
+
+    /// Rule W2: sets worker `id`'s `in_flight` and moves its `last_seen` to `now`;
+    /// whether the worker is registered (an unknown one is left unregistered).
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool>;
+
+    /// Rule W3: removes worker `id`'s record; whether it existed.
+    async fn delete_worker(&self, id: &str) -> Result<bool>;
+
+    /// Rule W1: every registered worker of the namespace, sorted by id.
+    async fn workers(&self) -> Result<Vec<StoredWorker>>;
+
+    /// Rule W4: removes every worker last seen strictly before `cutoff`, and returns
+    /// their ids, sorted.
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>>;
 
     /// Rule Q1: pauses (`true`) or resumes (`false`) `queue` for every store of the
     /// namespace, in every process: no claim takes a job from a paused queue.
@@ -450,6 +469,26 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
         self.inner().queues(now).await
+    }
+
+    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.inner().put_worker(id, spec, now).await
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        self.inner().touch_worker(id, in_flight, now).await
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        self.inner().delete_worker(id).await
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        self.inner().workers().await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        self.inner().reap_workers(cutoff).await
     }
 
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
@@ -698,6 +737,60 @@ impl<L: LayeredBackend> Backend for L {
         Self: 'b,
     {
         LayeredBackend::queues(self, now)
+    }
+
+    fn put_worker<'a, 'i, 's, 'b>(
+        &'a self,
+        id: &'i str,
+        spec: &'s str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'i: 'b,
+        's: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::put_worker(self, id, spec, now)
+    }
+
+    fn touch_worker<'a, 'i, 'b>(
+        &'a self,
+        id: &'i str,
+        in_flight: u32,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'i: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::touch_worker(self, id, in_flight, now)
+    }
+
+    fn delete_worker<'a, 'i, 'b>(&'a self, id: &'i str) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'i: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::delete_worker(self, id)
+    }
+
+    fn workers<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<StoredWorker>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::workers(self)
+    }
+
+    fn reap_workers<'a, 'b>(&'a self, cutoff: Timestamp) -> BoxFuture<'b, Result<Vec<String>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::reap_workers(self, cutoff)
     }
 
     fn put_schedule<'a, 'n, 's, 'b>(

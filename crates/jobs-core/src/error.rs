@@ -71,6 +71,13 @@ pub enum Error {
         name: String,
     },
 
+    /// No worker of this id is registered in the namespace (CONTRACT W2).
+    #[error("worker {id:?} not found")]
+    WorkerNotFound {
+        /// The id asked for.
+        id: String,
+    },
+
     /// The backend could not be reached or timed out. The caller may retry; the
     /// operation may or may not have been applied.
     #[error("backend unavailable: {message}")]

@@ -17,6 +17,7 @@ mod time;
 pub mod transaction;
 pub mod transition;
 pub mod validate;
+mod workers;
 
 pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend};
 pub use backoff::Backoff;
@@ -36,6 +37,7 @@ pub use state::ParseJobStateError;
 pub use store::Store;
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
 pub use transaction::FencedCompletion;
+pub use workers::{StoredWorker, WorkerInfo, MAX_HOST_BYTES};
 
 // The contract is this module's documentation; the module holds no items.
 #[doc = include_str!("../CONTRACT.md")]

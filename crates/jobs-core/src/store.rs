@@ -18,6 +18,7 @@ use crate::schedule::{Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
 use crate::transaction;
 use crate::validate;
+use crate::workers::WorkerInfo;
 
 /// A durable job store: the [contract](crate::contract), one method per operation,
 /// over any [`Backend`].
@@ -390,6 +391,69 @@ impl Store {
         }
         queues.sort_by(|a, b| a.queue.cmp(&b.queue));
         Ok(queues)
+    }
+
+    /// Rule W1: records `worker` as running, replacing any record of its id whole:
+    /// its `started_at` and `last_seen` become now, its `in_flight` is as given.
+    pub async fn register_worker(&self, worker: &WorkerInfo) -> Result<()> {
+        worker.validate()?;
+        let now = self.now();
+        let record = WorkerInfo {
+            started_at: now,
+            last_seen: now,
+            ..worker.clone()
+        };
+        let spec = record.to_spec()?;
+        self.backend.put_worker(&worker.id, &spec, now).await?;
+        if worker.in_flight > 0 {
+            self.backend
+                .touch_worker(&worker.id, worker.in_flight, now)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Rule W2: the worker reports it is alive, running `in_flight` jobs: its
+    /// `last_seen` becomes now. An unknown worker is [`Error::WorkerNotFound`] (it was
+    /// reaped, or never registered: register again).
+    pub async fn worker_heartbeat(&self, id: &str, in_flight: u32) -> Result<()> {
+        validate::validate_worker(id)?;
+        if self.backend.touch_worker(id, in_flight, self.now()).await? {
+            Ok(())
+        } else {
+            Err(Error::WorkerNotFound { id: id.to_owned() })
+        }
+    }
+
+    /// Rule W3: removes worker `id`'s record, as a worker does when it shuts down;
+    /// whether it was registered.
+    pub async fn deregister_worker(&self, id: &str) -> Result<bool> {
+        validate::validate_worker(id)?;
+        self.backend.delete_worker(id).await
+    }
+
+    /// Rule W1: every registered worker of the namespace, sorted by id.
+    pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
+        let stored = self.backend.workers().await?;
+        stored.iter().map(WorkerInfo::from_stored).collect()
+    }
+
+    /// Rule W1: worker `id`, or [`Error::WorkerNotFound`].
+    pub async fn worker(&self, id: &str) -> Result<WorkerInfo> {
+        validate::validate_worker(id)?;
+        let stored = self.backend.workers().await?;
+        match stored.iter().find(|w| w.id == id) {
+            Some(found) => WorkerInfo::from_stored(found),
+            None => Err(Error::WorkerNotFound { id: id.to_owned() }),
+        }
+    }
+
+    /// Rule W4: removes the workers not heard of for longer than `silent_for`
+    /// (`last_seen < now - silent_for`), and returns their ids, sorted. Their leases
+    /// are left alone: `reclaim` takes their jobs back once the leases expire.
+    pub async fn reap_workers(&self, silent_for: Duration) -> Result<Vec<String>> {
+        let cutoff = self.now().saturating_sub(silent_for);
+        self.backend.reap_workers(cutoff).await
     }
 
     /// Rule Q1: pauses `queue` for every worker of every process: no claim takes its

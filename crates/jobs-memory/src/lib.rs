@@ -12,7 +12,7 @@ use jobs_core::{
     async_trait, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion, Enqueued,
     Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
     QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
-    StoredSchedule, Timestamp,
+    StoredSchedule, StoredWorker, Timestamp,
 };
 use tokio::sync::Notify;
 
@@ -267,6 +267,27 @@ impl Backend for MemoryStore {
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
         Ok(self.namespace.lock().queues(now))
+    }
+
+    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.namespace.lock().put_worker(id, spec, now);
+        Ok(())
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        Ok(self.namespace.lock().touch_worker(id, in_flight, now))
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        Ok(self.namespace.lock().delete_worker(id))
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        Ok(self.namespace.lock().workers())
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        Ok(self.namespace.lock().reap_workers(cutoff))
     }
 
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {

@@ -11,8 +11,8 @@ use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobIdMap, JobState,
     Lease, LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReadyOrder,
-    ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, Timestamp,
-    Uniqueness, LEASE_EXPIRED,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, StoredWorker,
+    Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 
 #[derive(Debug)]
@@ -52,6 +52,8 @@ pub(crate) struct State {
     paused: BTreeSet<String>,
     /// Schedules by name (CONTRACT S1).
     schedules: BTreeMap<String, StoredSchedule>,
+    /// Registered workers by id (CONTRACT W1).
+    workers: BTreeMap<String, StoredWorker>,
 }
 
 fn lease_lost(id: JobId) -> Error {
@@ -72,6 +74,55 @@ impl State {
 
     pub(crate) fn paused_queues(&self) -> Vec<String> {
         self.paused.iter().cloned().collect()
+    }
+
+    /// Rule W1: the worker's record, replaced whole.
+    pub(crate) fn put_worker(&mut self, id: &str, spec: &str, now: Timestamp) {
+        self.workers.insert(
+            id.to_owned(),
+            StoredWorker {
+                id: id.to_owned(),
+                spec: spec.to_owned(),
+                in_flight: 0,
+                last_seen: now,
+            },
+        );
+    }
+
+    /// Rule W2: whether the worker is registered.
+    pub(crate) fn touch_worker(&mut self, id: &str, in_flight: u32, now: Timestamp) -> bool {
+        match self.workers.get_mut(id) {
+            Some(worker) => {
+                worker.in_flight = in_flight;
+                worker.last_seen = now;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Rule W3.
+    pub(crate) fn delete_worker(&mut self, id: &str) -> bool {
+        self.workers.remove(id).is_some()
+    }
+
+    /// Rule W1: by id.
+    pub(crate) fn workers(&self) -> Vec<StoredWorker> {
+        self.workers.values().cloned().collect()
+    }
+
+    /// Rule W4: the workers last seen before `cutoff`, removed.
+    pub(crate) fn reap_workers(&mut self, cutoff: Timestamp) -> Vec<String> {
+        let silent: Vec<String> = self
+            .workers
+            .values()
+            .filter(|w| w.last_seen < cutoff)
+            .map(|w| w.id.clone())
+            .collect();
+        for id in &silent {
+            self.workers.remove(id);
+        }
+        silent
     }
 
     /// Rule S1: a new schedule starts enabled at `now`; a known one keeps both.

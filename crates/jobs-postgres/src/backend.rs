@@ -347,9 +347,9 @@ impl PostgresBackend {
         Ok(())
     }
 
-    /// Deletes every job and every idempotency key of `namespace` in this backend's
-    /// schema, in one transaction, and returns how many jobs it deleted. The schema and
-    /// the other namespaces are left as they are.
+    /// Deletes every job, idempotency key, paused queue, schedule and worker record of
+    /// `namespace` in this backend's schema, in one transaction, and returns how many
+    /// jobs it deleted. The schema and the other namespaces are left as they are.
     ///
     /// For tests and for retiring a namespace: jobs still running in it are gone
     /// too, and their holders' next calls answer `NotFound`.
@@ -454,6 +454,18 @@ mod tests {
                 .bind(1_i64)
                 .bind(10_i64)
                 .bind(1_i64),
+            "put_worker" => sqlx::query(sql.put_worker.sql())
+                .bind(ns)
+                .bind("w")
+                .bind("{}")
+                .bind(1_i64),
+            "touch_worker" => sqlx::query(sql.touch_worker.sql())
+                .bind(ns)
+                .bind("w")
+                .bind(1_i64)
+                .bind(1_i64),
+            "delete_worker" => sqlx::query(sql.delete_worker.sql()).bind(ns).bind("w"),
+            "reap_workers" => sqlx::query(sql.reap_workers.sql()).bind(ns).bind(1_i64),
             "cancel" => sqlx::query(sql.cancel.sql()).bind(ns).bind(id).bind(1_i64),
             "retry" => sqlx::query(sql.retry.sql()).bind(ns).bind(id).bind(1_i64),
             other => panic!("no statement {other}"),
@@ -464,7 +476,7 @@ mod tests {
         setting
     }
 
-    const WORKERS: [&str; 9] = [
+    const WORKERS: [&str; 13] = [
         "claim",
         "heartbeat",
         "heartbeat_batch",
@@ -474,6 +486,10 @@ mod tests {
         "release",
         "reclaim",
         "purge",
+        "put_worker",
+        "touch_worker",
+        "delete_worker",
+        "reap_workers",
     ];
     const OPERATORS: [&str; 2] = ["cancel", "retry"];
 

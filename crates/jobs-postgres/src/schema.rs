@@ -57,6 +57,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "fence",
         sql: include_str!("../migrations/0008_fence.sql"),
     },
+    Migration {
+        version: 9,
+        name: "workers",
+        sql: include_str!("../migrations/0009_workers.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

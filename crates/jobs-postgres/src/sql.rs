@@ -19,7 +19,7 @@
 //! expiry or finish time) serves them.
 //!
 //! The statements of workers' calls (claim, heartbeat, complete, fail, release,
-//! reclaim, purge) hold `{relax}` in their `WHERE`: an always-true condition that,
+//! reclaim, purge, and a worker's own record: put, touch, delete and reap) hold `{relax}` in their `WHERE`: an always-true condition that,
 //! when the workers' commits are relaxed (`Durability::DurableEnqueues`, the
 //! default), turns `synchronous_commit` off for the statement's own transaction. It
 //! is an uncorrelated scalar subquery, so Postgres runs it once per statement, as a
@@ -681,8 +681,47 @@ const PAUSED_QUEUES: &str = r#"
 SELECT queue FROM {schema}.paused_queues WHERE namespace = $1 ORDER BY queue
 "#;
 
-/// Deletes every row of namespace `$1`, jobs, keys and pauses, in one transaction;
-/// returns how many jobs it deleted.
+/// Rule W1: `$1` namespace, `$2` id, `$3` spec, `$4` now. Stores the worker whole,
+/// `in_flight` 0 and `last_seen` now, replacing a record of that id.
+const PUT_WORKER: &str = r#"
+INSERT INTO {schema}.workers (namespace, id, spec, in_flight, last_seen)
+SELECT $1, $2, $3, 0, $4
+WHERE {relax}
+ON CONFLICT (namespace, id) DO UPDATE SET
+    spec = excluded.spec, in_flight = excluded.in_flight, last_seen = excluded.last_seen
+"#;
+
+/// Rule W2: `$1` namespace, `$2` id, `$3` in flight, `$4` now. Returns a row when the
+/// worker is registered; creates none.
+const TOUCH_WORKER: &str = r#"
+UPDATE {schema}.workers SET in_flight = $3, last_seen = $4
+WHERE namespace = $1 AND id = $2 AND {relax}
+RETURNING 1
+"#;
+
+/// Rule W3: `$1` namespace, `$2` id. Returns a row when the worker existed.
+const DELETE_WORKER: &str = r#"
+DELETE FROM {schema}.workers WHERE namespace = $1 AND id = $2 AND {relax}
+RETURNING 1
+"#;
+
+/// Rule W1: every worker of namespace `$1`, by id in byte order (`COLLATE "C"`, as
+/// Rust sorts strings, whatever the database's collation).
+const WORKERS: &str = r#"
+SELECT id, spec, in_flight, last_seen FROM {schema}.workers
+WHERE namespace = $1 ORDER BY id COLLATE "C"
+"#;
+
+/// Rule W4: `$1` namespace, `$2` cutoff. Deletes the workers last seen strictly before
+/// the cutoff (through `workers_seen`) and returns their ids (unordered: the store
+/// sorts them).
+const REAP_WORKERS: &str = r#"
+DELETE FROM {schema}.workers WHERE namespace = $1 AND last_seen < $2 AND {relax}
+RETURNING id
+"#;
+
+/// Deletes every row of namespace `$1`, jobs, keys, pauses, schedules and workers, in
+/// one transaction; returns how many jobs it deleted.
 const DROP_NAMESPACE: &str = r#"
 WITH keys AS (
     DELETE FROM {schema}.dedup WHERE namespace = $1
@@ -692,6 +731,9 @@ paused AS (
 ),
 schedules AS (
     DELETE FROM {schema}.schedules WHERE namespace = $1
+),
+workers AS (
+    DELETE FROM {schema}.workers WHERE namespace = $1
 ),
 gone AS (
     DELETE FROM {schema}.jobs WHERE namespace = $1
@@ -763,6 +805,11 @@ pub(crate) struct Statements {
     pub(crate) schedules: Text,
     pub(crate) update_schedule: Text,
     pub(crate) delete_schedule: Text,
+    pub(crate) put_worker: Text,
+    pub(crate) touch_worker: Text,
+    pub(crate) delete_worker: Text,
+    pub(crate) workers: Text,
+    pub(crate) reap_workers: Text,
     pub(crate) list: Text,
     pub(crate) purge: Text,
     pub(crate) vanish: Text,
@@ -808,6 +855,11 @@ impl Statements {
             schedules: r(SCHEDULES),
             update_schedule: r(UPDATE_SCHEDULE),
             delete_schedule: r(DELETE_SCHEDULE),
+            put_worker: r(PUT_WORKER),
+            touch_worker: r(TOUCH_WORKER),
+            delete_worker: r(DELETE_WORKER),
+            workers: r(WORKERS),
+            reap_workers: r(REAP_WORKERS),
             list: r(LIST),
             purge: r(PURGE),
             vanish: r(VANISH),

@@ -12,7 +12,7 @@ use jobs_core::{
     async_trait, validate, Backend, Budget, Capabilities, ClaimRequest, ClaimedJob, Enqueued,
     Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
     QueueOverview, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate,
-    StoreSettings, StoredSchedule, Timestamp, LEASE_EXPIRED,
+    StoreSettings, StoredSchedule, StoredWorker, Timestamp, LEASE_EXPIRED,
 };
 use sqlx::postgres::{PgBindIterExt, PgRow};
 use sqlx::PgPool;
@@ -700,6 +700,94 @@ impl Backend for PostgresStore {
             .fetch_optional_once("delete_schedule", query)
             .await?
             .is_some())
+    }
+
+    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
+        // Storing the same record twice at the same instant is storing it once: sent
+        // again if the connection broke.
+        self.shared()
+            .fetch_all_again("put_worker", |_| {
+                sqlx::query(self.sql().put_worker.sql())
+                    .bind(self.namespace())
+                    .bind(id)
+                    .bind(spec)
+                    .bind(now.as_millis())
+            })
+            .await
+            .map(drop)
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        // Setting the same two values twice is setting them once, and answers the
+        // same: sent again if the connection broke.
+        let rows = self
+            .shared()
+            .fetch_all_again("touch_worker", |_| {
+                sqlx::query(self.sql().touch_worker.sql())
+                    .bind(self.namespace())
+                    .bind(id)
+                    .bind(i64::from(in_flight))
+                    .bind(now.as_millis())
+            })
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        // Sent once, as `delete_schedule` is: a second run after a broken connection
+        // would answer `false` for a worker the first run deleted.
+        let query = sqlx::query(self.sql().delete_worker.sql())
+            .bind(self.namespace())
+            .bind(id);
+        Ok(self
+            .fetch_optional_once("delete_worker", query)
+            .await?
+            .is_some())
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        let rows = self
+            .shared()
+            .fetch_all_again("workers", |_| {
+                sqlx::query(self.sql().workers.sql()).bind(self.namespace())
+            })
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = column(row, 0, &|| "worker row".to_owned())?;
+                let what = || format!("worker {id}");
+                let in_flight: i64 = column(row, 2, &what)?;
+                let in_flight = u32::try_from(in_flight)
+                    .map_err(|_| Error::corrupt(what(), format!("in_flight is {in_flight}")))?;
+                Ok(StoredWorker {
+                    spec: column(row, 1, &what)?,
+                    in_flight,
+                    last_seen: Timestamp::from_millis(column(row, 3, &what)?),
+                    id,
+                })
+            })
+            .collect()
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        // Deleting the silent workers twice deletes them once: sent again if the
+        // connection broke (the answer then misses the ids the first run deleted, as
+        // `reclaim`'s and `purge`'s do).
+        let rows = self
+            .shared()
+            .fetch_all_again("reap_workers", |_| {
+                sqlx::query(self.sql().reap_workers.sql())
+                    .bind(self.namespace())
+                    .bind(cutoff.as_millis())
+            })
+            .await?;
+        let what = || "reaped worker row".to_owned();
+        let mut ids = rows
+            .iter()
+            .map(|row| column(row, 0, &what))
+            .collect::<Result<Vec<String>>>()?;
+        ids.sort_unstable();
+        Ok(ids)
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {

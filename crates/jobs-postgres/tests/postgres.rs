@@ -13,7 +13,7 @@ use std::time::Duration;
 use jobs_conformance::unique_namespace;
 use jobs_core::{
     Budget, ClaimRequest, Clock, Completion, Error, Heartbeat, HeldLease, JobId, JobState,
-    LeaseToken, ManualClock, Needs, NewJob, Store, StoreSettings,
+    LeaseToken, ManualClock, Needs, NewJob, Store, StoreSettings, WorkerInfo,
 };
 use jobs_postgres::{PgPool, PgPoolOptions, PostgresBackend, PostgresConfig};
 use tokio::sync::Notify;
@@ -405,15 +405,16 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4, 5, 6, 7, 8],
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 8);
+        assert_eq!(backend.schema_version().await.expect("version"), 9);
     }
 
-    // Migrations 2 to 8 are safe to run again on a migrated schema with jobs (and a
-    // paused queue) in it: forget that they ran, connect, and they run once more.
+    // Migrations 2 to 9 are safe to run again on a migrated schema with jobs (and a
+    // paused queue, and a worker) in it: forget that they ran, connect, and they run
+    // once more.
     let clock = ManualClock::default();
     let store = open(&backends[0], settings(&clock));
     let needs = Needs::new().amount("gpu", 2).capability("fpga");
@@ -428,12 +429,14 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
         .expect("enqueue")
         .id;
     store.pause("held").await.expect("pause");
+    let worker = WorkerInfo::new("w-1", "host", 7, vec!["q".to_owned()], 3);
+    store.register_worker(&worker).await.expect("register");
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DELETE FROM \"{schema}\".migrations WHERE version >= 2"
     )))
     .execute(&admin)
     .await
-    .expect("forget migrations 2 to 8");
+    .expect("forget migrations 2 to 9");
     let config = PostgresConfig::new(&url())
         .expect("url")
         .schema(schema.clone())
@@ -442,10 +445,16 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     let again = PostgresBackend::connect(config)
         .await
         .expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 8);
+    assert_eq!(again.schema_version().await.expect("version"), 9);
     assert_eq!(
         store.paused_queues().await.expect("paused"),
         vec!["held".to_owned()],
+        "kept"
+    );
+    let workers = store.workers().await.expect("workers");
+    assert_eq!(
+        workers.iter().map(|w| w.id.as_str()).collect::<Vec<_>>(),
+        ["w-1"],
         "kept"
     );
     let job = store.get(queued).await.expect("get");
@@ -504,9 +513,9 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("drop the schema");
 }
 
-/// A schema an older build left at version 6, with jobs in it, takes migration 7: its
-/// jobs read back needing nothing and fit every budget, and new jobs keep their needs
-/// and locality.
+/// A schema an older build left at version 6, with jobs in it, takes migrations 7 to
+/// 9: its jobs read back needing nothing and fit every budget, new jobs keep their
+/// needs and locality, and workers register in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_7_upgrades_a_schema_with_jobs() {
     let schema = unique_name("jobs_upgrade");
@@ -539,9 +548,10 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     }
     drop(old);
     drop(before);
-    // What migrations 7 and 8 add, taken away again: the schema as version 6 left it.
+    // What migrations 7 to 9 add, taken away again: the schema as version 6 left it.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP INDEX \"{schema}\".jobs_ready_locality;
+        "DROP TABLE \"{schema}\".workers;
+         DROP INDEX \"{schema}\".jobs_ready_locality;
          DROP FUNCTION \"{schema}\".budget_admits(jsonb);
          DROP FUNCTION \"{schema}\".fence(boolean, boolean, uuid);
          ALTER TABLE \"{schema}\".jobs DROP COLUMN placement;
@@ -552,8 +562,12 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     .expect("back to version 6");
 
     let upgraded = PostgresBackend::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 8);
+    assert_eq!(upgraded.schema_version().await.expect("version"), 9);
     let store = open(&upgraded, settings);
+    assert!(store.workers().await.expect("workers").is_empty());
+    let worker = WorkerInfo::new("w", "host", 1, vec!["q".to_owned()], 1);
+    store.register_worker(&worker).await.expect("register");
+    assert_eq!(store.worker("w").await.expect("worker").concurrency, 1);
     for id in &old_jobs {
         let job = store.get(*id).await.expect("get");
         assert_eq!((job.needs, job.locality), (Needs::new(), None), "old job");
@@ -863,6 +877,75 @@ async fn undecodable_rows_are_corrupt() {
         assert!(matches!(err, Error::Corrupt { .. }), "{bad}: {err:?}");
     }
     clean_up(&backend, &settings.namespace).await;
+}
+
+/// A worker's `in_flight` keeps every `u32`; a record that does not read back (a
+/// negative or oversized `in_flight`, a spec that does not decode) is `Corrupt`,
+/// named by its worker; `drop_namespace` deletes the namespace's workers and no
+/// other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_records_keep_their_values_and_bad_ones_are_corrupt() {
+    let Some(backend) = backend("jobs-postgres-workers", 2).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let (settings, other) = (settings(&clock), settings(&clock));
+    let store = open(&backend, settings.clone());
+    let neighbour = open(&backend, other.clone());
+    let worker = WorkerInfo::new("w-1", "host", 1, vec!["q".to_owned()], 4);
+    store.register_worker(&worker).await.expect("register");
+    let theirs = WorkerInfo::new("w-2", "host", 2, vec!["q".to_owned()], 1);
+    neighbour.register_worker(&theirs).await.expect("register");
+    store
+        .worker_heartbeat("w-1", u32::MAX)
+        .await
+        .expect("heartbeat");
+    assert_eq!(
+        store.worker("w-1").await.expect("worker").in_flight,
+        u32::MAX
+    );
+
+    let damage = |sql: &'static str| {
+        let pool = backend.pool().clone();
+        let namespace = settings.namespace.clone();
+        async move {
+            sqlx::query(sql)
+                .bind(namespace)
+                .execute(&pool)
+                .await
+                .expect("damage the row");
+        }
+    };
+    for bad in [
+        "UPDATE jobs.workers SET in_flight = -1 WHERE namespace = $1",
+        "UPDATE jobs.workers SET in_flight = 4294967296 WHERE namespace = $1",
+        "UPDATE jobs.workers SET in_flight = 0, spec = '{' WHERE namespace = $1",
+    ] {
+        damage(bad).await;
+        let err = store.workers().await.expect_err(bad);
+        assert!(matches!(err, Error::Corrupt { .. }), "{bad}: {err:?}");
+        assert!(err.to_string().contains("w-1"), "{bad}: {err}");
+    }
+    assert_eq!(neighbour.workers().await.expect("theirs").len(), 1);
+
+    backend
+        .drop_namespace(&settings.namespace)
+        .await
+        .expect("drop");
+    assert!(store.workers().await.expect("workers").is_empty());
+    assert_eq!(
+        neighbour
+            .workers()
+            .await
+            .expect("theirs")
+            .iter()
+            .map(|w| w.id.as_str())
+            .collect::<Vec<_>>(),
+        ["w-2"],
+        "untouched"
+    );
+    clean_up(&backend, &other.namespace).await;
+    assert!(neighbour.workers().await.expect("theirs").is_empty());
 }
 
 /// A server that cannot be reached is `Unavailable`, not a backend error.

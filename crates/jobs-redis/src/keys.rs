@@ -30,6 +30,12 @@ pub(crate) struct Keys {
     pub cron_specs: String,
     pub cron_enabled: String,
     pub cron_last: String,
+    /// Live workers (CONTRACT W1-W4): each worker's spec (hash, id -> spec text).
+    pub workers: String,
+    /// Each worker's jobs in flight at its last report (hash, id -> integer).
+    pub workers_busy: String,
+    /// Each worker's last report (zset, score last_seen ms, member id), read by reap.
+    pub workers_seen: String,
     /// Parent-to-child links (zset, score 0, member `parent child`).
     pub children: String,
     /// The placement (needs and locality, CONTRACT F1) of every job that declares one
@@ -58,6 +64,9 @@ impl Keys {
             cron_specs: key("cron:spec"),
             cron_enabled: key("cron:enabled"),
             cron_last: key("cron:last"),
+            workers: key("workers"),
+            workers_busy: key("workers:busy"),
+            workers_seen: key("workers:seen"),
             done: key("done"),
             children: key("children"),
             placement: key("placement"),
@@ -158,6 +167,9 @@ mod tests {
             keys.cron_specs.clone(),
             keys.cron_enabled.clone(),
             keys.cron_last.clone(),
+            keys.workers.clone(),
+            keys.workers_busy.clone(),
+            keys.workers_seen.clone(),
             keys.done.clone(),
             keys.children.clone(),
             keys.placement.clone(),

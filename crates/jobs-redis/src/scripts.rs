@@ -35,11 +35,12 @@ script!(BURY, "bury.lua");
 script!(UNSTAGE, "unstage.lua");
 script!(UNKEY, "unkey.lua");
 script!(SCHEDULE, "schedule.lua");
+script!(WORKERS, "workers.lua");
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 18] {
+pub(crate) fn all() -> [&'static Script; 19] {
     [
         &ENQUEUE, &CLAIM, &CLAIM_FIT, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL,
-        &RETRY, &PURGE, &STATS, &QUEUES, &LIST, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
+        &RETRY, &PURGE, &STATS, &QUEUES, &LIST, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE, &WORKERS,
     ]
 }

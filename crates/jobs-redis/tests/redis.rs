@@ -2567,3 +2567,103 @@ async fn queues_reports_a_list_member_without_a_queue_as_corrupt() {
     let err = store.queues().await.expect_err("corrupt");
     assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
 }
+
+/// W1–W4 on Redis: a worker is three entries under the namespace's tag (spec, in
+/// flight, last seen); reaping more workers than one script call handles (1,000) takes
+/// them all, in calls that each stay bounded; an unreadable in-flight count or
+/// last-seen score is `Corrupt`; a stray index entry without a spec is never reported
+/// but reaped quietly; `drop_namespace` removes the worker keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_are_reaped_in_bounded_calls_and_unreadable_ones_are_corrupt() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let worker = |id: String| jobs_core::WorkerInfo::new(id, "host", 1, vec!["q".into()], 4);
+    let silent: Vec<String> = (0..2_500).map(|i| format!("old-{i:05}")).collect();
+    for id in &silent {
+        store
+            .register_worker(&worker(id.clone()))
+            .await
+            .expect("register");
+    }
+    env.clock.advance(Duration::from_secs(60));
+    store
+        .register_worker(&worker("alive".into()))
+        .await
+        .expect("register");
+    store.worker_heartbeat("alive", 3).await.expect("heartbeat");
+    for name in ["workers", "workers:busy"] {
+        let n: u64 = env.admin.hlen(env.key(name)).await.expect("HLEN");
+        assert_eq!(n, 2_501, "{name}");
+    }
+    assert_eq!(env.zcard("workers:seen").await, 2_501);
+    let seen: Option<f64> = env
+        .admin
+        .zscore(env.key("workers:seen"), "alive")
+        .await
+        .expect("ZSCORE");
+    assert_eq!(seen, Some(env.clock.now().as_millis() as f64));
+
+    // A seen entry with no spec (left by hand) is removed by reap but not reported.
+    let _: () = env
+        .admin
+        .zadd(env.key("workers:seen"), "stray", 0)
+        .await
+        .expect("ZADD");
+    let reaped = store
+        .reap_workers(Duration::from_secs(30))
+        .await
+        .expect("reap");
+    assert_eq!(reaped, silent, "every silent worker, sorted");
+    assert_eq!(env.zcard("workers:seen").await, 1);
+    let left: Vec<String> = store
+        .workers()
+        .await
+        .expect("workers")
+        .into_iter()
+        .map(|w| w.id)
+        .collect();
+    assert_eq!(left, ["alive"]);
+    let alive = store.worker("alive").await.expect("worker");
+    assert_eq!((alive.in_flight, alive.last_seen), (3, env.clock.now()));
+
+    // Unreadable values are reported, never guessed.
+    for (key, field, value) in [
+        ("workers:busy", "alive", "-1"),
+        ("workers:busy", "alive", "many"),
+    ] {
+        let _: () = env
+            .admin
+            .hset(env.key(key), field, value)
+            .await
+            .expect("HSET");
+        assert!(
+            matches!(store.workers().await, Err(Error::Corrupt { .. })),
+            "in flight {value:?}"
+        );
+    }
+    let _: () = env
+        .admin
+        .hset(env.key("workers:busy"), "alive", "3")
+        .await
+        .expect("HSET");
+    let _: () = env
+        .admin
+        .zadd(env.key("workers:seen"), "alive", 1.5)
+        .await
+        .expect("ZADD");
+    assert!(matches!(store.workers().await, Err(Error::Corrupt { .. })));
+    let _: i64 = env
+        .admin
+        .zrem(env.key("workers:seen"), "alive")
+        .await
+        .expect("ZREM");
+    assert!(matches!(store.workers().await, Err(Error::Corrupt { .. })));
+    // A heartbeat writes both values again.
+    store.worker_heartbeat("alive", 2).await.expect("heartbeat");
+    assert_eq!(store.worker("alive").await.expect("worker").in_flight, 2);
+
+    store.redis.drop_namespace().await.expect("drop_namespace");
+    assert_eq!(env.namespace_keys().await, Vec::<String>::new());
+}

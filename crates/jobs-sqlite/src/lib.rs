@@ -16,7 +16,7 @@ use jobs_core::{
     async_trait, validate, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
     Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery,
     NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
-    StoredSchedule, Timestamp,
+    StoredSchedule, StoredWorker, Timestamp,
 };
 use tokio::sync::Notify;
 
@@ -146,7 +146,7 @@ impl SqliteStore {
     }
 
     /// Deletes every job of this store's namespace, with its payloads and idempotency
-    /// records, in one transaction; other namespaces of the file are untouched. Returns
+    /// records, and its pauses, schedules and workers, in one transaction; other namespaces of the file are untouched. Returns
     /// how many jobs were deleted. For tests and for retiring a namespace.
     ///
     /// The namespace's name stays registered in the file: stores still open on it keep
@@ -369,6 +369,47 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .read(move |conn| ops::queues(conn, ns, now))
+            .await
+    }
+
+    // Worker records are a worker's own calls, not enqueues: a crash may lose the last
+    // registration or heartbeat, and the worker's next one writes it again.
+    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
+        let (ns, id, spec) = (self.ns, id.to_owned(), spec.to_owned());
+        self.engine
+            .write(WriteMode::WORKER, move |tx| {
+                ops::put_worker(tx, ns, &id, &spec, now)
+            })
+            .await
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        let (ns, id) = (self.ns, id.to_owned());
+        self.engine
+            .write(WriteMode::WORKER, move |tx| {
+                ops::touch_worker(tx, ns, &id, in_flight, now)
+            })
+            .await
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        let (ns, id) = (self.ns, id.to_owned());
+        self.engine
+            .write(WriteMode::WORKER, move |tx| ops::delete_worker(tx, ns, &id))
+            .await
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        let ns = self.ns;
+        self.engine.read(move |conn| ops::workers(conn, ns)).await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        let ns = self.ns;
+        self.engine
+            .write(WriteMode::WORKER, move |tx| {
+                ops::reap_workers(tx, ns, cutoff)
+            })
             .await
     }
 

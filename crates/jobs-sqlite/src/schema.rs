@@ -125,6 +125,21 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX jobq_jobs_ready ON jobq_jobs (ns, queue, priority, run_at, seq, placement)
         WHERE state = 0;
     "#,
+    // Version 6: live workers (CONTRACT W1-W4). `spec` is the description as jobs-core
+    // encodes it, read and written whole; `in_flight` and `last_seen` sit beside it
+    // because a heartbeat changes them. Reaping walks the namespace's workers by
+    // `last_seen`, so its cost follows the silent ones (W4).
+    r#"
+    CREATE TABLE jobq_workers (
+        ns        INTEGER NOT NULL,
+        id        TEXT NOT NULL,
+        spec      TEXT NOT NULL,
+        in_flight INTEGER NOT NULL,
+        last_seen INTEGER NOT NULL,
+        PRIMARY KEY (ns, id)
+    ) WITHOUT ROWID;
+    CREATE INDEX jobq_workers_seen ON jobq_workers (ns, last_seen);
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -266,7 +281,7 @@ mod tests {
     }
 
     /// A file a version 4 build wrote (its migrations as they shipped, and its jobs as
-    /// its enqueue stored them) opens at version 5: its jobs keep everything and need
+    /// its enqueue stored them) opens at version 5 (and on to the current one): its jobs keep everything and need
     /// nothing, and new jobs store their placement next to them.
     #[tokio::test]
     async fn a_version_4_file_migrates_to_5_and_keeps_its_jobs() {
@@ -338,7 +353,7 @@ mod tests {
             "read the version",
         );
         assert_eq!(version, SCHEMA_VERSION);
-        assert_eq!(SCHEMA_VERSION, 5);
+        assert_eq!(SCHEMA_VERSION, 6);
 
         let old = must(store.get(done).await, "get the finished job");
         assert_eq!(old.state, JobState::Succeeded);
@@ -375,6 +390,70 @@ mod tests {
         assert_eq!(new.needs, Needs::new().amount("gpu", 2));
         assert_eq!(new.locality.as_deref(), Some("rack-1"));
         assert_eq!(new.state, JobState::Queued);
+    }
+
+    /// A file a version 5 build wrote opens at version 6 with its schedules, pauses and
+    /// jobs kept, and workers register, beat and are reaped in it.
+    #[tokio::test]
+    async fn a_version_5_file_migrates_to_6_and_keeps_its_records() {
+        use jobs_core::{Clock, JobState, ManualClock, NewJob, Store, StoreSettings, WorkerInfo};
+
+        let dir = must(tempfile::tempdir(), "temp dir");
+        let path = dir.path().join("v5.db");
+        let clock = ManualClock::default();
+        let settings = || StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
+        let job = {
+            let store = Store::new(must(
+                crate::SqliteStore::open(&path, settings()).await,
+                "open at the current version",
+            ));
+            must(store.pause("stopped").await, "pause");
+            must(store.enqueue(NewJob::new("old")).await, "enqueue").id
+        };
+        // Take the file back to what a version 5 build left: no workers table.
+        {
+            let conn = must(Connection::open(&path), "reopen");
+            must(
+                conn.execute_batch(
+                    "DROP TABLE jobq_workers;
+                     UPDATE jobq_meta SET value = 5 WHERE name = 'schema_version';",
+                ),
+                "undo version 6",
+            );
+        }
+        let store = Store::new(must(
+            crate::SqliteStore::open(&path, settings()).await,
+            "open the version 5 file",
+        ));
+        let version: i64 = must(
+            must(Connection::open(&path), "reopen").query_row(
+                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
+                [],
+                |row| row.get(0),
+            ),
+            "read the version",
+        );
+        assert_eq!((version, SCHEMA_VERSION), (6, 6));
+        assert_eq!(must(store.get(job).await, "get").state, JobState::Queued);
+        assert_eq!(
+            must(store.paused_queues().await, "paused"),
+            vec!["stopped".to_owned()]
+        );
+
+        let worker = WorkerInfo::new("w-1", "host", 7, vec!["old".to_owned()], 2);
+        must(store.register_worker(&worker).await, "register");
+        must(store.worker_heartbeat("w-1", 1).await, "heartbeat");
+        let read = must(store.worker("w-1").await, "worker");
+        assert_eq!((read.in_flight, read.last_seen), (1, clock.now()));
+        clock.advance(std::time::Duration::from_secs(60));
+        assert_eq!(
+            must(
+                store.reap_workers(std::time::Duration::from_secs(30)).await,
+                "reap"
+            ),
+            vec!["w-1".to_owned()]
+        );
+        assert!(must(store.workers().await, "workers").is_empty());
     }
 
     #[test]

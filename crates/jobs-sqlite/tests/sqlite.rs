@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use jobs_core::{
     Backend, Budget, ClaimRequest, Clock, Error, JobId, JobState, LeaseToken, ListQuery,
-    ManualClock, Needs, NewJob, ReadyOrder, Retry, Store, StoreSettings, Timestamp,
+    ManualClock, Needs, NewJob, ReadyOrder, Retry, Store, StoreSettings, Timestamp, WorkerInfo,
 };
 use jobs_sqlite::{SqliteConfig, SqliteStore, Synchronous, SCHEMA_VERSION};
 
@@ -326,6 +326,52 @@ async fn unreadable_rows_are_reported_as_corrupt() {
     }
 }
 
+/// A worker record that cannot be read back (a negative or oversized `in_flight`, a
+/// spec that is not text) is reported as corrupt, never a panic or a wrapped value.
+#[tokio::test]
+async fn unreadable_workers_are_reported_as_corrupt() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    let worker = WorkerInfo::new("w-1", "host", 1, vec!["q".to_owned()], 4);
+    if let Err(err) = store.register_worker(&worker).await {
+        panic!("register failed: {err}");
+    }
+    let conn = raw(&path);
+    let original: (String, i64) =
+        match conn.query_row("SELECT spec, last_seen FROM jobq_workers", [], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        }) {
+            Ok(original) => original,
+            Err(err) => panic!("read the record: {err}"),
+        };
+    for breakage in [
+        "UPDATE jobq_workers SET in_flight = -1",
+        "UPDATE jobq_workers SET in_flight = 4294967296",
+        "UPDATE jobq_workers SET spec = x'7b7d'",
+        "UPDATE jobq_workers SET last_seen = 'soon'",
+    ] {
+        assert!(matches!(conn.execute(breakage, []), Ok(1)), "{breakage}");
+        match store.workers().await {
+            Err(Error::Corrupt { what, .. }) => assert!(what.contains("w-1"), "{what}"),
+            other => panic!("{breakage}: expected Corrupt, got {other:?}"),
+        }
+        assert!(matches!(
+            store.worker("w-1").await,
+            Err(Error::Corrupt { .. })
+        ));
+        let repaired = conn.execute(
+            "UPDATE jobq_workers SET spec = ?1, in_flight = 0, last_seen = ?2",
+            rusqlite::params![original.0, original.1],
+        );
+        assert!(matches!(repaired, Ok(1)), "{breakage}: repair");
+    }
+    match store.workers().await {
+        Ok(workers) => assert_eq!(workers.len(), 1),
+        Err(err) => panic!("the repaired record: {err}"),
+    }
+}
+
 #[tokio::test]
 async fn bad_configurations_are_refused() {
     let (_dir, path) = temp_db();
@@ -417,8 +463,8 @@ fn count(path: &Path, sql: &str) -> i64 {
     }
 }
 
-/// `clear_namespace` removes every job, payload and idempotency record of its namespace
-/// and nothing of another one in the same file; a store still open on the emptied
+/// `clear_namespace` removes every job, payload, idempotency record and worker of its
+/// namespace and nothing of another one in the same file; a store still open on the emptied
 /// namespace keeps working on it and never sees the neighbour's jobs.
 #[tokio::test]
 async fn clearing_a_namespace_empties_it_and_no_other() {
@@ -469,6 +515,12 @@ async fn clearing_a_namespace_empties_it_and_no_other() {
     }
     let theirs = enqueue(&neighbour, keyed(b"theirs")).await.id;
     let their_other = enqueue(&neighbour, NewJob::new("clear")).await.id;
+    for (who, id) in [(&store, "mine"), (&neighbour, "theirs")] {
+        let worker = WorkerInfo::new(id, "host", 1, vec!["clear".to_owned()], 1);
+        if let Err(err) = who.register_worker(&worker).await {
+            panic!("register failed: {err}");
+        }
+    }
 
     match backend.clear_namespace().await {
         Ok(deleted) => assert_eq!(deleted, 3),
@@ -495,6 +547,16 @@ async fn clearing_a_namespace_empties_it_and_no_other() {
         "orphan payloads"
     );
     assert_eq!(count(&path, "SELECT COUNT(*) FROM jobq_dedup"), 1);
+    match (store.workers().await, neighbour.workers().await) {
+        (Ok(mine), Ok(theirs)) => {
+            assert!(mine.is_empty(), "the cleared namespace's workers: {mine:?}");
+            assert_eq!(
+                theirs.iter().map(|w| w.id.as_str()).collect::<Vec<_>>(),
+                ["theirs"]
+            );
+        }
+        other => panic!("workers failed: {other:?}"),
+    }
     match store.get(parent).await {
         Err(Error::NotFound { .. }) => {}
         other => panic!("the cleared job is still there: {other:?}"),

@@ -15,9 +15,9 @@ pub use handler::{CancelReason, JobContext, JobError, JobOutput, Json};
 pub use jobs_core::{
     contract, Backoff, Budget, Bytes, Cadence, CatchUp, ClaimRequest, ClaimedJob, Clock,
     Completion, Enqueued, Error, FencedCompletion, Heartbeat, HeldLease, Job, JobId, JobState,
-    Lease, LeaseToken, ListPage, ListQuery, ManualClock, Needs, NewJob, QueueStats, ReclaimedJob,
-    Result, Retry, Schedule, ScheduleRecord, Store, StoreSettings, SystemClock, Timestamp,
-    TypedJob, Uniqueness,
+    Lease, LeaseToken, ListPage, ListQuery, ManualClock, Needs, NewJob, QueueOverview, QueueStats,
+    ReclaimedJob, Result, Retry, Schedule, ScheduleRecord, Store, StoreSettings, SystemClock,
+    Timestamp, TypedJob, Uniqueness, WorkerInfo,
 };
 pub use worker::{
     JobEvent, JobOutcome, ShutdownHandle, Worker, WorkerBuilder, WorkerHandle,

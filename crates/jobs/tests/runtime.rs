@@ -509,6 +509,79 @@ mod scenarios {
         }
     }
 
+    /// A running worker records itself (CONTRACT W1–W4): its queues, concurrency, host
+    /// and process, with its jobs in flight renewed at every heartbeat; it reaps the
+    /// records of workers silent past `worker_silence` (a minute by default here), not
+    /// its own; and its record is gone once it has shut down.
+    pub async fn workers_record_themselves_while_they_run(env: Env) {
+        let store = env.store().await;
+        let id = enqueue(&store, NewJob::new("q")).await;
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let handler_gate = gate.clone();
+        let worker = test_worker(env.store().await, "recorded")
+            .concurrency(3)
+            .handler("q", move |_ctx: JobContext, _payload: Bytes| {
+                let gate = handler_gate.clone();
+                async move {
+                    let _permit = gate.acquire().await;
+                    Ok(())
+                }
+            });
+        let handle = build(worker).spawn();
+        let record = |in_flight: u32| {
+            let store = store.clone();
+            async move {
+                let waited = tokio::time::timeout(PATIENCE, async {
+                    loop {
+                        if let Ok(info) = store.worker("recorded").await {
+                            if info.in_flight == in_flight {
+                                return info;
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                })
+                .await;
+                match waited {
+                    Ok(info) => info,
+                    Err(_) => panic!("the worker's record never showed {in_flight} in flight"),
+                }
+            }
+        };
+        let running = record(1).await;
+        assert_eq!(running.queues, ["q"]);
+        assert_eq!(running.concurrency, 3);
+        assert_eq!(running.pid, std::process::id());
+        assert!(!running.host.is_empty());
+        gate.add_permits(1);
+        wait_for(&store, id, "success", |j| j.state == JobState::Succeeded).await;
+        let idle = record(0).await;
+        assert!(idle.last_seen >= running.last_seen);
+
+        let ghost = jobs::WorkerInfo::new("ghost", "gone.example", 1, vec!["q".into()], 1);
+        store.register_worker(&ghost).await.expect("register");
+        env.clock.advance(Duration::from_secs(61));
+        let reaped = tokio::time::timeout(PATIENCE, async {
+            while store.worker("ghost").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(reaped.is_ok(), "the silent worker was not reaped");
+        store
+            .worker("recorded")
+            .await
+            .expect("a worker keeps its own record");
+        handle.shutdown().await;
+        assert!(
+            matches!(
+                store.worker("recorded").await,
+                Err(jobs::Error::WorkerNotFound { .. })
+            ),
+            "a stopped worker's record is gone"
+        );
+    }
+
     /// A worker facing ready jobs it cannot take (none fits its capacity) does not
     /// spin on the store's wake-ups. The store here wakes every wait at once, as
     /// SQLite's does while any job is ready (the contract allows spurious wake-ups):
@@ -2091,6 +2164,7 @@ macro_rules! runtime_tests {
                 handlers_enqueue_follow_ups_through_their_context,
                 capacity_bounds_what_runs_at_once,
                 ready_jobs_that_do_not_fit_cost_no_spin,
+                workers_record_themselves_while_they_run,
                 dead_workers_jobs_are_reclaimed,
                 heartbeats_keep_long_jobs,
                 shutdown_releases_unfinished_jobs,

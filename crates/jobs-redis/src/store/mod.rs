@@ -4,7 +4,8 @@
 //! The type and its `Backend` impl live here; the work is split by job:
 //! [`connect`] (opening single and cluster connections, TLS), [`claim`], [`sweep`]
 //! (reclaim and purge), [`reads`] (get, payload, children, list, stats, queues) and [`lease`]
-//! (heartbeat, complete, fail, release, and the admin calls cancel and retry).
+//! (heartbeat, complete, fail, release, and the admin calls cancel and retry), and
+//! [`workers`] (the live workers of CONTRACT W1–W4).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,7 +17,7 @@ use jobs_core::{
     async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
     HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueOverview,
     QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
-    Timestamp,
+    StoredWorker, Timestamp,
 };
 use redis::{ScriptInvocation, Value};
 
@@ -32,6 +33,7 @@ mod connect;
 mod lease;
 mod reads;
 mod sweep;
+mod workers;
 
 #[cfg(feature = "tls")]
 pub use connect::TlsConfig;
@@ -313,6 +315,26 @@ impl Backend for RedisStore {
 
     async fn delete_schedule(&self, name: &str) -> Result<bool> {
         self.write_schedule("delete", name, "", "").await
+    }
+
+    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.write_worker(id, spec, now).await
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        self.touch_stored_worker(id, in_flight, now).await
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        self.remove_worker(id).await
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        self.read_workers().await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        self.reap_silent_workers(cutoff).await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {

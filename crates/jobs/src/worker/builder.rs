@@ -64,6 +64,7 @@ pub struct WorkerBuilder {
     purge_batch: usize,
     schedule_interval: Option<Duration>,
     queue_gauges_interval: Option<Duration>,
+    worker_silence: Option<Duration>,
     schedules: Vec<Schedule>,
     shutdown_grace: Duration,
     cancel_grace: Duration,
@@ -111,6 +112,7 @@ impl WorkerBuilder {
             purge_batch: 1_000,
             schedule_interval: Some(Duration::from_secs(1)),
             queue_gauges_interval: Some(Duration::from_secs(15)),
+            worker_silence: None,
             schedules: Vec::new(),
             shutdown_grace: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(5),
@@ -302,6 +304,14 @@ impl WorkerBuilder {
     /// fleet of workers may leave it to a few ([`WorkerBuilder::disable_queue_gauges`]).
     pub fn queue_gauges_interval(mut self, interval: Duration) -> Self {
         self.queue_gauges_interval = Some(interval);
+        self
+    }
+
+    /// How long a worker of the namespace may go unheard before this worker reaps its
+    /// record (`Store::reap_workers`, CONTRACT W4; its jobs are left to reclaim).
+    /// Default: four heartbeat intervals, and at least a minute.
+    pub fn worker_silence(mut self, silence: Duration) -> Self {
+        self.worker_silence = Some(silence);
         self
     }
 
@@ -500,6 +510,7 @@ impl WorkerBuilder {
             ("purge_interval", self.purge_interval),
             ("schedule_interval", self.schedule_interval),
             ("queue_gauges_interval", self.queue_gauges_interval),
+            ("worker_silence", self.worker_silence),
             ("timeout", self.timeout),
             ("blocking_threshold", Some(self.blocking_threshold)),
         ];
@@ -538,6 +549,9 @@ impl WorkerBuilder {
                 purge_batch: self.purge_batch,
                 schedule_interval: self.schedule_interval,
                 queue_gauges_interval: self.queue_gauges_interval,
+                worker_silence: self
+                    .worker_silence
+                    .unwrap_or_else(|| (heartbeat * 4).max(Duration::from_secs(60))),
                 schedules: self.schedules,
                 shutdown_grace: self.shutdown_grace,
                 cancel_grace: self.cancel_grace,
@@ -571,6 +585,8 @@ pub(crate) struct Config {
     pub(crate) purge_batch: usize,
     pub(crate) schedule_interval: Option<Duration>,
     pub(crate) queue_gauges_interval: Option<Duration>,
+    /// How long another worker may go unheard before this one reaps its record.
+    pub(crate) worker_silence: Duration,
     pub(crate) schedules: Vec<Schedule>,
     pub(crate) shutdown_grace: Duration,
     pub(crate) cancel_grace: Duration,

@@ -5,7 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{JobState, Schedule};
+use std::sync::atomic::Ordering;
+
+use jobs_core::{Error, JobState, Schedule, WorkerInfo};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -77,6 +79,62 @@ pub(crate) async fn queue_gauges_loop(
             Err(err) => {
                 shared.metrics.store_errors.increment(1);
                 tracing::warn!(error = %err, "reading the queues' depth and lag failed");
+            }
+        }
+    })
+    .await;
+}
+
+/// This worker's record among the namespace's live workers (CONTRACT W1–W4): registers
+/// it, renews it every heartbeat interval with the jobs in flight (registering again
+/// if it was reaped meanwhile), and reaps the records of workers silent for longer than
+/// `worker_silence`. The record is removed at shutdown, by the worker's run.
+pub(crate) async fn worker_record_loop(shared: Arc<Shared>, stop: CancellationToken) {
+    let config = &shared.config;
+    let info = WorkerInfo::new(
+        config.worker_id.to_string(),
+        gethostname::gethostname().to_string_lossy().into_owned(),
+        std::process::id(),
+        config.queue_names.clone(),
+        u32::try_from(config.concurrency).unwrap_or(u32::MAX),
+    );
+    let registered = std::sync::atomic::AtomicBool::new(false);
+    every(config.heartbeat, &stop, || async {
+        let in_flight =
+            u32::try_from(shared.handlers_running.load(Ordering::Acquire)).unwrap_or(u32::MAX);
+        if registered.load(Ordering::Relaxed) {
+            match config.store.worker_heartbeat(&info.id, in_flight).await {
+                Ok(()) => {}
+                Err(Error::WorkerNotFound { .. }) => {
+                    tracing::info!("this worker's record was reaped; registering again");
+                    registered.store(false, Ordering::Relaxed);
+                }
+                Err(err) => {
+                    shared.metrics.store_errors.increment(1);
+                    tracing::warn!(error = %err, "renewing the worker's record failed");
+                }
+            }
+        }
+        if !registered.load(Ordering::Relaxed) {
+            let mut record = info.clone();
+            record.in_flight = in_flight;
+            match config.store.register_worker(&record).await {
+                Ok(()) => registered.store(true, Ordering::Relaxed),
+                Err(err) => {
+                    shared.metrics.store_errors.increment(1);
+                    tracing::warn!(error = %err, "registering the worker failed");
+                }
+            }
+        }
+        match config.store.reap_workers(config.worker_silence).await {
+            Ok(reaped) => {
+                for id in reaped {
+                    tracing::info!(worker = %id, "reaped the record of a silent worker");
+                }
+            }
+            Err(err) => {
+                shared.metrics.store_errors.increment(1);
+                tracing::warn!(error = %err, "reaping silent workers failed");
             }
         }
     })

@@ -400,6 +400,10 @@ async fn run_worker(
             shutdown.clone(),
         ));
     }
+    background.spawn(maintenance::worker_record_loop(
+        shared.clone(),
+        shutdown.clone(),
+    ));
     if let Some(interval) = config.queue_gauges_interval {
         background.spawn(maintenance::queue_gauges_loop(
             shared.clone(),
@@ -439,6 +443,10 @@ async fn run_worker(
     // Reclaim and purge are aborted where they wait; a call already running ends first,
     // so nothing of this worker is still at work once `run` returns.
     background.shutdown().await;
+    // Last, once nothing can register it again: this worker is gone (CONTRACT W3).
+    if let Err(err) = config.store.deregister_worker(&config.worker_id).await {
+        tracing::warn!(error = %err, "removing the worker's record failed; it will be reaped");
+    }
     drop(handlers);
     tracing::info!("worker stopped");
 }

@@ -18,7 +18,7 @@ use jobs_core::{
     async_trait, Backend, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
     HeldLease, Job, JobId, JobState, LayeredBackend, LeaseToken, ListPage, ListQuery, NewJob,
     QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoredSchedule,
-    Timestamp,
+    StoredWorker, Timestamp,
 };
 use tokio::runtime::Handle;
 
@@ -198,6 +198,33 @@ impl LayeredBackend for OnStoreRuntime {
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
         self.hop(move |b| async move { b.queues(now).await }).await
+    }
+
+    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
+        let (id, spec) = (id.to_owned(), spec.to_owned());
+        self.hop(move |b| async move { b.put_worker(&id, &spec, now).await })
+            .await
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        let id = id.to_owned();
+        self.hop(move |b| async move { b.touch_worker(&id, in_flight, now).await })
+            .await
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        let id = id.to_owned();
+        self.hop(move |b| async move { b.delete_worker(&id).await })
+            .await
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        self.hop(move |b| async move { b.workers().await }).await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        self.hop(move |b| async move { b.reap_workers(cutoff).await })
+            .await
     }
 
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
