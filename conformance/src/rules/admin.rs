@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    Bytes, Clock, Enqueued, Job, JobId, JobState, LeaseToken, ListQuery, NewJob, QueueStats, Retry,
-    Store,
+    Bytes, Clock, Enqueued, Job, JobId, JobState, LeaseToken, ListQuery, NewJob, QueueOverview,
+    QueueStats, Retry, Store,
 };
 use tokio::sync::Barrier;
 
@@ -451,6 +451,15 @@ pub async fn a3_stats_of_queues_sharing_a_prefix_are_apart(harness: &dyn Harness
     }
 }
 
+/// Queue `name` as `queues` lists it now; the scenario fails if it is not listed.
+async fn listed(store: &Store, name: &str) -> QueueOverview {
+    let queues = store.queues().await.must("A7: queues");
+    match queues.into_iter().find(|q| q.queue == name) {
+        Some(found) => found,
+        None => panic!("A7: queue {name} is listed"),
+    }
+}
+
 /// A7: `queues` lists every queue holding a job or paused, by name, without being told
 /// their names: counts as `stats` gives them, pause, and lag (the age of the oldest
 /// ready job, whatever its priority); queues sharing a prefix apart; none listed for an
@@ -485,14 +494,7 @@ pub async fn a7_queues_list_every_queue_with_counts_pause_and_lag(harness: &dyn 
             overview.queue
         );
     }
-    let by_name = |name: &str| {
-        queues
-            .iter()
-            .find(|q| q.queue == name)
-            .cloned()
-            .unwrap_or_else(|| panic!("A7: queue {name} is listed"))
-    };
-    let b = by_name("b");
+    let b = listed(&store, "b").await;
     assert_eq!(b.stats.ready, 2);
     assert_eq!(
         b.oldest_ready,
@@ -500,14 +502,17 @@ pub async fn a7_queues_list_every_queue_with_counts_pause_and_lag(harness: &dyn 
         "A7: the oldest ready job, at any priority"
     );
     assert_eq!(b.lag, Some(Duration::from_secs(5)), "A7: its age now");
-    assert_eq!(by_name("b.x").lag, Some(Duration::from_secs(3)));
-    let a = by_name("a");
+    assert_eq!(
+        listed(&store, "b.x").await.lag,
+        Some(Duration::from_secs(3))
+    );
+    let a = listed(&store, "a").await;
     assert_eq!(
         (a.stats.scheduled, a.lag),
         (1, None),
         "A7: nothing ready, no lag"
     );
-    let c = by_name("c");
+    let c = listed(&store, "c").await;
     assert!(
         c.stats.paused && c.stats.total() == 0 && c.lag.is_none(),
         "A7: {c:?}"
@@ -518,35 +523,17 @@ pub async fn a7_queues_list_every_queue_with_counts_pause_and_lag(harness: &dyn 
     let claimed = claim(&store, &["b"], 1, "A7").await;
     assert_eq!(claimed[0].id(), newer);
     env.clock.advance(Duration::from_secs(1));
-    let b = store
-        .queues()
-        .await
-        .must("A7: queues")
-        .into_iter()
-        .find(|q| q.queue == "b");
-    let b = b.unwrap_or_else(|| panic!("A7: b is listed"));
+    let b = listed(&store, "b").await;
     assert_eq!((b.stats.ready, b.stats.running), (1, 1));
     assert_eq!(b.lag, Some(Duration::from_secs(6)));
     // Once the old one is claimed too, nothing in "b" is ready: no lag.
     let claimed = claim(&store, &["b"], 1, "A7").await;
     assert_eq!(claimed[0].id(), oldest);
-    let b = store
-        .queues()
-        .await
-        .must("A7: queues")
-        .into_iter()
-        .find(|q| q.queue == "b");
-    let b = b.unwrap_or_else(|| panic!("A7: b is listed"));
+    let b = listed(&store, "b").await;
     assert_eq!((b.stats.ready, b.stats.running, b.lag), (0, 2, None));
     // A scheduled job that came due is ready, and its lag runs from its run time.
     env.clock.advance(Duration::from_secs(100));
-    let a = store
-        .queues()
-        .await
-        .must("A7: queues")
-        .into_iter()
-        .find(|q| q.queue == "a");
-    let a = a.unwrap_or_else(|| panic!("A7: a is listed"));
+    let a = listed(&store, "a").await;
     assert_eq!((a.stats.ready, a.oldest_ready), (1, Some(later)));
 }
 

@@ -95,6 +95,21 @@ impl Fixture {
         .map(|_| ())
     }
 
+    /// A job of queue `work`, enqueued and claimed by `worker` for `ttl`.
+    async fn enqueue_and_claim(&self, worker: &str, ttl: Duration) -> jobs_core::ClaimedJob {
+        self.store
+            .enqueue(NewJob::new("work"))
+            .await
+            .expect("enqueue");
+        let mut claimed = self
+            .store
+            .claim(ClaimRequest::new(["work"], worker, ttl))
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 1, "the job is claimed");
+        claimed.remove(0)
+    }
+
     async fn rows(&self) -> i64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT count(*) FROM {}",
@@ -313,13 +328,7 @@ async fn a_fenced_completion_commits_with_the_business_write() {
     let Some(f) = Fixture::new(4).await else {
         return;
     };
-    f.store.enqueue(NewJob::new("work")).await.expect("enqueue");
-    let job = f
-        .store
-        .claim(ClaimRequest::new(["work"], "w", TTL))
-        .await
-        .expect("claim")
-        .remove(0);
+    let job = f.enqueue_and_claim("w", TTL).await;
 
     // Rolled back: neither the row nor the completion.
     let mut tx = f.pg.pool().begin().await.expect("begin");
@@ -377,13 +386,7 @@ async fn a_stale_lease_refuses_the_whole_transaction() {
     let Some(f) = Fixture::new(4).await else {
         return;
     };
-    f.store.enqueue(NewJob::new("work")).await.expect("enqueue");
-    let old = f
-        .store
-        .claim(ClaimRequest::new(["work"], "old", Duration::from_secs(1)))
-        .await
-        .expect("claim")
-        .remove(0);
+    let old = f.enqueue_and_claim("old", Duration::from_secs(1)).await;
     f.clock.advance(Duration::from_secs(2));
     assert_eq!(f.store.reclaim(10).await.expect("reclaim").len(), 1);
     let new = f
@@ -451,13 +454,7 @@ async fn a_reclaim_cannot_take_back_a_job_completed_in_an_open_transaction() {
     let Some(f) = Fixture::new(4).await else {
         return;
     };
-    f.store.enqueue(NewJob::new("work")).await.expect("enqueue");
-    let job = f
-        .store
-        .claim(ClaimRequest::new(["work"], "w", Duration::from_secs(1)))
-        .await
-        .expect("claim")
-        .remove(0);
+    let job = f.enqueue_and_claim("w", Duration::from_secs(1)).await;
     let mut tx = f.pg.pool().begin().await.expect("begin");
     f.insert_row(&mut tx, 1).await.expect("business row");
     let _receipt =
@@ -488,13 +485,7 @@ async fn bad_input_writes_nothing_and_leaves_the_transaction_usable() {
     let Some(f) = Fixture::new(4).await else {
         return;
     };
-    f.store.enqueue(NewJob::new("work")).await.expect("enqueue");
-    let job = f
-        .store
-        .claim(ClaimRequest::new(["work"], "w", TTL))
-        .await
-        .expect("claim")
-        .remove(0);
+    let job = f.enqueue_and_claim("w", TTL).await;
     let mut tx = f.pg.pool().begin().await.expect("begin");
     let bad_queue = f.pg.enqueue_in(&mut tx, NewJob::new("no spaces")).await;
     assert!(
@@ -672,9 +663,14 @@ async fn child_holds_an_open_transaction() {
     println!("READY");
     use std::io::Write;
     std::io::stdout().flush().expect("flush");
-    // The parent kills this process now; the bound only ends an orphaned child.
-    tokio::time::sleep(Duration::from_secs(120)).await;
-    panic!("not killed within two minutes");
+    // Killed while it waits here; should the parent die first, its end of the pipe
+    // closes and so does this wait, so an orphan does not linger.
+    let _ = tokio::task::spawn_blocking(|| {
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+    })
+    .await;
+    drop(tx);
+    panic!("the parent went away before killing this child");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -689,6 +685,8 @@ async fn a_process_killed_before_its_commit_leaves_neither() {
     let mut child = Command::new(exe)
         .args(["--exact", "child_holds_an_open_transaction", "--nocapture"])
         .env(CHILD, format!("{}\n{}", f.namespace(), f.table))
+        // Held open until the kill: the child waits on it.
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

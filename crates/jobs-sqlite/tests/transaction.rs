@@ -108,37 +108,31 @@ async fn only_a_committed_transaction_creates_its_job_and_wakes_waiters() {
             store
                 .wait_for_work(&[QUEUE.to_owned()], Duration::from_secs(120))
                 .await
+                .expect("wait_for_work");
+            Instant::now()
         })
     };
     let mut waiter = waiter;
-    // Let the waiter make its first look and park on the wake-up, so a wake-up sent by
-    // a rollback would reach it. (A pause for the waiter to settle, not for an expiry.)
-    tokio::time::sleep(Duration::from_millis(150)).await;
-
-    let rolled_back = {
+    // Many rolled-back and dropped transactions, so that the waiter (which parks within
+    // microseconds of its spawn, on another thread) is parked for most of them: a
+    // wake-up sent by any of them would end its wait before the commit below.
+    let mut gone = Vec::new();
+    for n in 0..20 {
         let mut tx = f.backend.transaction(&mut conn).expect("begin");
-        place_order(&tx, "rolled back");
+        place_order(&tx, "never kept");
         let id = tx.enqueue(NewJob::new(QUEUE)).expect("enqueue").id;
         // Invisible to the store's own connections until the commit.
         assert_no_job(&f.store, id).await;
-        tx.rollback().expect("roll back");
-        id
-    };
-    let dropped = {
-        let mut tx = f.backend.transaction(&mut conn).expect("begin");
-        place_order(&tx, "dropped");
-        let id = tx.enqueue(NewJob::new(QUEUE)).expect("enqueue").id;
-        drop(tx);
-        id
-    };
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut waiter)
-            .await
-            .is_err(),
-        "a rolled-back or dropped transaction woke the waiter"
-    );
-    assert_no_job(&f.store, rolled_back).await;
-    assert_no_job(&f.store, dropped).await;
+        if n % 2 == 0 {
+            tx.rollback().expect("roll back");
+        } else {
+            drop(tx);
+        }
+        gone.push(id);
+    }
+    for id in gone {
+        assert_no_job(&f.store, id).await;
+    }
     assert_eq!(total(&f.store.stats(QUEUE).await.expect("stats")), 0);
     assert_eq!(orders(&conn), 0);
 
@@ -150,11 +144,14 @@ async fn only_a_committed_transaction_creates_its_job_and_wakes_waiters() {
         tx.commit().expect("commit");
         id
     };
-    tokio::time::timeout(Duration::from_secs(5), &mut waiter)
+    let woken_at = tokio::time::timeout(Duration::from_secs(5), &mut waiter)
         .await
         .expect("the commit wakes the waiter")
-        .expect("the waiter task")
-        .expect("wait_for_work");
+        .expect("the waiter task");
+    assert!(
+        woken_at >= started,
+        "a rolled-back or dropped transaction woke the waiter"
+    );
     assert!(
         started.elapsed() < poll / 10,
         "woken after {:?}, by the poll rather than the commit",
@@ -473,8 +470,9 @@ fn child_holds_an_open_transaction() {
     let mut stdout = std::io::stdout();
     writeln!(stdout, "READY").expect("write");
     stdout.flush().expect("flush");
-    // Killed long before this ends; bounded so an orphan does not linger.
-    std::thread::sleep(Duration::from_secs(60));
+    // Killed while it waits here; should the parent die first, its end of the pipe
+    // closes and so does this wait, so an orphan does not linger.
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
     drop(tx);
 }
 
@@ -496,6 +494,8 @@ async fn a_process_killed_before_its_commit_leaves_nothing() {
             "1",
         ])
         .env(CHILD_DB, &f.path)
+        // Held open until the kill: the child waits on it.
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn the child");

@@ -17,9 +17,9 @@ use jobs::backends::postgres::{sqlx, PostgresBackend, PostgresConfig, PostgresSt
 use jobs::backends::sqlite::SqliteStore;
 use jobs::layers::{async_trait, Backend, LayeredBackend};
 use jobs::{
-    Backoff, ClaimRequest, Completion, Error, FencedCompletion, HeldLease, JobContext, JobId,
-    JobState, LeaseToken, ManualClock, NewJob, Result, Retry, Store, StoreSettings, Timestamp,
-    Worker,
+    Backoff, ClaimRequest, Completion, Error, FencedCompletion, HeldLease, JobContext, JobEvent,
+    JobId, JobOutcome, JobState, LeaseToken, ManualClock, NewJob, Result, Retry, Store,
+    StoreSettings, Timestamp, Worker,
 };
 use tokio::sync::{mpsc, Notify};
 
@@ -325,23 +325,25 @@ fn worker(store: Store) -> jobs::WorkerBuilder {
         })
 }
 
-async fn wait_until_succeeded(store: &Store, ids: &[JobId]) {
-    let done = tokio::time::timeout(PATIENCE, async {
-        loop {
-            let mut all = true;
-            for id in ids {
-                if store.get(*id).await.expect("get").state != JobState::Succeeded {
-                    all = false;
+/// Waits for the worker's `Succeeded` event of every job in `ids`: the hook is called
+/// once the success is stored, so nothing needs polling.
+async fn succeeded_events(events: &mut mpsc::UnboundedReceiver<JobId>, ids: &[JobId]) {
+    let mut left: std::collections::HashSet<JobId> = ids.iter().copied().collect();
+    let heard = tokio::time::timeout(PATIENCE, async {
+        while !left.is_empty() {
+            match events.recv().await {
+                Some(id) => {
+                    left.remove(&id);
                 }
+                None => return,
             }
-            if all {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await;
-    assert!(done.is_ok(), "the jobs did not all succeed in time");
+    assert!(
+        heard.is_ok() && left.is_empty(),
+        "no success heard for {left:?}"
+    );
 }
 
 /// Twenty jobs, each completed by its handler in the transaction that writes its
@@ -367,8 +369,14 @@ async fn handlers_complete_their_jobs_in_their_own_transactions(
         );
     }
     let handler_db = Arc::clone(&db);
+    let (succeeded, mut events) = mpsc::unbounded_channel();
     let running = worker(watched)
         .concurrency(4)
+        .on_event(move |event: &JobEvent| {
+            if matches!(event.outcome(), JobOutcome::Succeeded) {
+                let _ = succeeded.send(event.id());
+            }
+        })
         .handler("receipts", move |ctx: JobContext, _payload: jobs::Bytes| {
             let db = Arc::clone(&handler_db);
             async move {
@@ -385,7 +393,7 @@ async fn handlers_complete_their_jobs_in_their_own_transactions(
         .build()
         .expect("worker")
         .spawn();
-    wait_until_succeeded(&plain, &ids).await;
+    succeeded_events(&mut events, &ids).await;
     running.shutdown().await;
     assert_eq!(db.rows().await, 20, "a business row is missing");
     assert_eq!(
@@ -395,6 +403,7 @@ async fn handlers_complete_their_jobs_in_their_own_transactions(
     );
     for id in &ids {
         let job = plain.get(*id).await.expect("get");
+        assert_eq!(job.state, JobState::Succeeded);
         assert_eq!(job.attempts, 1, "job {id} ran twice");
         assert!(job.lease.is_none());
     }
