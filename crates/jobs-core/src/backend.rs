@@ -211,8 +211,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>>;
 
     /// Rule W1: stores worker `id` with its description `spec` (opaque text),
-    /// `in_flight` 0 and `last_seen` `now`, replacing any record of that id whole.
-    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()>;
+    /// `in_flight` and `last_seen` `now`, replacing any record of that id whole.
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()>;
 
     /// Rule W2: sets worker `id`'s `in_flight` and moves its `last_seen` to `now`;
     /// whether the worker is registered (an unknown one is left unregistered).
@@ -471,8 +471,8 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
         self.inner().queues(now).await
     }
 
-    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
-        self.inner().put_worker(id, spec, now).await
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
+        self.inner().put_worker(id, spec, in_flight, now).await
     }
 
     async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
@@ -743,6 +743,7 @@ impl<L: LayeredBackend> Backend for L {
         &'a self,
         id: &'i str,
         spec: &'s str,
+        in_flight: u32,
         now: Timestamp,
     ) -> BoxFuture<'b, Result<()>>
     where
@@ -751,7 +752,7 @@ impl<L: LayeredBackend> Backend for L {
         's: 'b,
         Self: 'b,
     {
-        LayeredBackend::put_worker(self, id, spec, now)
+        LayeredBackend::put_worker(self, id, spec, in_flight, now)
     }
 
     fn touch_worker<'a, 'i, 'b>(

@@ -404,13 +404,9 @@ impl Store {
             ..worker.clone()
         };
         let spec = record.to_spec()?;
-        self.backend.put_worker(&worker.id, &spec, now).await?;
-        if worker.in_flight > 0 {
-            self.backend
-                .touch_worker(&worker.id, worker.in_flight, now)
-                .await?;
-        }
-        Ok(())
+        self.backend
+            .put_worker(&worker.id, &spec, worker.in_flight, now)
+            .await
     }
 
     /// Rule W2: the worker reports it is alive, running `in_flight` jobs: its

@@ -269,8 +269,8 @@ impl Backend for MemoryStore {
         Ok(self.namespace.lock().queues(now))
     }
 
-    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
-        self.namespace.lock().put_worker(id, spec, now);
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
+        self.namespace.lock().put_worker(id, spec, in_flight, now);
         Ok(())
     }
 

@@ -77,13 +77,13 @@ impl State {
     }
 
     /// Rule W1: the worker's record, replaced whole.
-    pub(crate) fn put_worker(&mut self, id: &str, spec: &str, now: Timestamp) {
+    pub(crate) fn put_worker(&mut self, id: &str, spec: &str, in_flight: u32, now: Timestamp) {
         self.workers.insert(
             id.to_owned(),
             StoredWorker {
                 id: id.to_owned(),
                 spec: spec.to_owned(),
-                in_flight: 0,
+                in_flight,
                 last_seen: now,
             },
         );

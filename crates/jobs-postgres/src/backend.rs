@@ -458,7 +458,8 @@ mod tests {
                 .bind(ns)
                 .bind("w")
                 .bind("{}")
-                .bind(1_i64),
+                .bind(1_i64)
+                .bind(0_i64),
             "touch_worker" => sqlx::query(sql.touch_worker.sql())
                 .bind(ns)
                 .bind("w")

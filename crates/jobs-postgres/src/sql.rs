@@ -681,11 +681,11 @@ const PAUSED_QUEUES: &str = r#"
 SELECT queue FROM {schema}.paused_queues WHERE namespace = $1 ORDER BY queue
 "#;
 
-/// Rule W1: `$1` namespace, `$2` id, `$3` spec, `$4` now. Stores the worker whole,
-/// `in_flight` 0 and `last_seen` now, replacing a record of that id.
+/// Rule W1: `$1` namespace, `$2` id, `$3` spec, `$4` now, `$5` in flight. Stores the
+/// worker whole, `last_seen` now, replacing a record of that id.
 const PUT_WORKER: &str = r#"
 INSERT INTO {schema}.workers (namespace, id, spec, in_flight, last_seen)
-SELECT $1, $2, $3, 0, $4
+SELECT $1, $2, $3, $5, $4
 WHERE {relax}
 ON CONFLICT (namespace, id) DO UPDATE SET
     spec = excluded.spec, in_flight = excluded.in_flight, last_seen = excluded.last_seen

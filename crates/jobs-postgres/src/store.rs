@@ -205,6 +205,22 @@ fn claim_order(rows: Vec<PgRow>, request: &ClaimRequest) -> Result<Vec<ClaimedJo
     Ok(claimed.into_iter().map(|(_, job)| job).collect())
 }
 
+/// Adds one (state, due, total) row of [`crate::sql`]'s counts to a queue's counts:
+/// queued jobs split into ready (due) and scheduled.
+fn count_state(stats: &mut QueueStats, state: JobState, due: i64, total: i64) {
+    let (due, total) = (due.unsigned_abs(), total.unsigned_abs());
+    match state {
+        JobState::Queued => {
+            stats.ready = due;
+            stats.scheduled = total.saturating_sub(due);
+        }
+        JobState::Running => stats.running = total,
+        JobState::Succeeded => stats.succeeded = total,
+        JobState::Dead => stats.dead = total,
+        JobState::Cancelled => stats.cancelled = total,
+    }
+}
+
 pub(crate) fn token_param(token: LeaseToken) -> i64 {
     // Stored tokens are positive; one beyond i64 can never be current.
     i64::try_from(token.get()).unwrap_or(-1)
@@ -702,7 +718,7 @@ impl Backend for PostgresStore {
             .is_some())
     }
 
-    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
         // Storing the same record twice at the same instant is storing it once: sent
         // again if the connection broke.
         self.shared()
@@ -712,6 +728,7 @@ impl Backend for PostgresStore {
                     .bind(id)
                     .bind(spec)
                     .bind(now.as_millis())
+                    .bind(i64::from(in_flight))
             })
             .await
             .map(drop)
@@ -806,18 +823,7 @@ impl Backend for PostgresStore {
             let state = row::state(row, 0, &what)?;
             let due: i64 = column(row, 1, &what)?;
             let total: i64 = column(row, 2, &what)?;
-            let due = due.unsigned_abs();
-            let total = total.unsigned_abs();
-            match state {
-                JobState::Queued => {
-                    stats.ready = due;
-                    stats.scheduled = total.saturating_sub(due);
-                }
-                JobState::Running => stats.running = total,
-                JobState::Succeeded => stats.succeeded = total,
-                JobState::Dead => stats.dead = total,
-                JobState::Cancelled => stats.cancelled = total,
-            }
+            count_state(&mut stats, state, due, total);
         }
         Ok(stats)
     }
@@ -836,8 +842,8 @@ impl Backend for PostgresStore {
             let queue: String = column(row, 0, &|| "queue list row".to_owned())?;
             let what = || format!("queue {queue}");
             let state = row::state(row, 1, &what)?;
-            let due = column::<i64>(row, 2, &what)?.unsigned_abs();
-            let total = column::<i64>(row, 3, &what)?.unsigned_abs();
+            let due: i64 = column(row, 2, &what)?;
+            let total: i64 = column(row, 3, &what)?;
             let oldest: Option<i64> = column(row, 4, &what)?;
             if overviews.last().is_none_or(|last| last.queue != queue) {
                 overviews.push(QueueOverview::new(
@@ -849,17 +855,9 @@ impl Backend for PostgresStore {
             let Some(overview) = overviews.last_mut() else {
                 continue;
             };
-            let stats = &mut overview.stats;
-            match state {
-                JobState::Queued => {
-                    stats.ready = due;
-                    stats.scheduled = total.saturating_sub(due);
-                    overview.oldest_ready = oldest.map(Timestamp::from_millis);
-                }
-                JobState::Running => stats.running = total,
-                JobState::Succeeded => stats.succeeded = total,
-                JobState::Dead => stats.dead = total,
-                JobState::Cancelled => stats.cancelled = total,
+            count_state(&mut overview.stats, state, due, total);
+            if state == JobState::Queued {
+                overview.oldest_ready = oldest.map(Timestamp::from_millis);
             }
         }
         Ok(overviews)

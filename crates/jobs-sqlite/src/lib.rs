@@ -374,11 +374,11 @@ impl Backend for SqliteStore {
 
     // Worker records are a worker's own calls, not enqueues: a crash may lose the last
     // registration or heartbeat, and the worker's next one writes it again.
-    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
         let (ns, id, spec) = (self.ns, id.to_owned(), spec.to_owned());
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::put_worker(tx, ns, &id, &spec, now)
+                ops::put_worker(tx, ns, &id, &spec, in_flight, now)
             })
             .await
     }

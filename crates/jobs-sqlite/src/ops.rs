@@ -1198,25 +1198,28 @@ pub(crate) fn delete_schedule(tx: &mut WriteTx<'_>, ns: i64, name: &str) -> Resu
         .map(|deleted| deleted > 0)
 }
 
-/// Rule W1: stores worker `id` whole, `in_flight` 0 and `last_seen` `now`, replacing
+/// Rule W1: stores worker `id` whole, its `in_flight` and `last_seen` `now`, replacing
 /// any record of that id.
 pub(crate) fn put_worker(
     tx: &mut WriteTx<'_>,
     ns: i64,
     id: &str,
     spec: &str,
+    in_flight: u32,
     now: Timestamp,
 ) -> Result<()> {
     tx.conn()
         .prepare_cached(
             "INSERT INTO jobq_workers (ns, id, spec, in_flight, last_seen)
-             VALUES (?1, ?2, ?3, 0, ?4)
+             VALUES (?1, ?2, ?3, ?5, ?4)
              ON CONFLICT (ns, id) DO UPDATE SET
                  spec = excluded.spec,
                  in_flight = excluded.in_flight,
                  last_seen = excluded.last_seen",
         )
-        .and_then(|mut stmt| stmt.execute(params![ns, id, spec, now.as_millis()]))
+        .and_then(|mut stmt| {
+            stmt.execute(params![ns, id, spec, now.as_millis(), i64::from(in_flight)])
+        })
         .db("store a worker")
         .map(drop)
 }
@@ -1418,6 +1421,32 @@ pub(crate) fn paused_queues(conn: &Connection, ns: i64) -> Result<Vec<String>> {
         .db("read the paused queues")
 }
 
+/// Adds `count` jobs of state `code` to a queue's counts (queued jobs to `queued`, to be
+/// split into ready and scheduled); an unknown state code is a corrupt record.
+fn count_state(
+    stats: &mut QueueStats,
+    queued: &mut u64,
+    queue: &str,
+    code: i64,
+    count: i64,
+) -> Result<()> {
+    let count = u64::try_from(count).unwrap_or(0);
+    match state_from_code(code) {
+        Some(JobState::Queued) => *queued = count,
+        Some(JobState::Running) => stats.running = count,
+        Some(JobState::Succeeded) => stats.succeeded = count,
+        Some(JobState::Dead) => stats.dead = count,
+        Some(JobState::Cancelled) => stats.cancelled = count,
+        None => {
+            return Err(Error::corrupt(
+                format!("queue {queue}"),
+                format!("{count} jobs in unknown state {code}"),
+            ))
+        }
+    }
+    Ok(())
+}
+
 /// Rule A3, from one snapshot.
 pub(crate) fn stats(conn: &Connection, ns: i64, queue: &str, now: Timestamp) -> Result<QueueStats> {
     let tx = conn.unchecked_transaction().db("begin a read")?;
@@ -1434,20 +1463,7 @@ pub(crate) fn stats(conn: &Connection, ns: i64, queue: &str, now: Timestamp) -> 
         while let Some(row) = rows.next().db("count jobs")? {
             let code: i64 = row.get(0).db("count jobs")?;
             let count: i64 = row.get(1).db("count jobs")?;
-            let count = u64::try_from(count).unwrap_or(0);
-            match state_from_code(code) {
-                Some(JobState::Queued) => queued = count,
-                Some(JobState::Running) => stats.running = count,
-                Some(JobState::Succeeded) => stats.succeeded = count,
-                Some(JobState::Dead) => stats.dead = count,
-                Some(JobState::Cancelled) => stats.cancelled = count,
-                None => {
-                    return Err(Error::corrupt(
-                        format!("queue {queue}"),
-                        format!("{count} jobs in unknown state {code}"),
-                    ))
-                }
-            }
+            count_state(&mut stats, &mut queued, queue, code, count)?;
         }
     }
     let ready: i64 = tx
@@ -1482,25 +1498,11 @@ pub(crate) fn queues(conn: &Connection, ns: i64, now: Timestamp) -> Result<Vec<Q
             let queue: String = row.get(0).db("list the queues")?;
             let code: i64 = row.get(1).db("list the queues")?;
             let count: i64 = row.get(2).db("list the queues")?;
-            let count = u64::try_from(count).unwrap_or(0);
             if found.last().is_none_or(|(last, _, _)| *last != queue) {
                 found.push((queue.clone(), QueueStats::default(), 0));
             }
-            let Some((_, stats, queued)) = found.last_mut() else {
-                continue;
-            };
-            match state_from_code(code) {
-                Some(JobState::Queued) => *queued = count,
-                Some(JobState::Running) => stats.running = count,
-                Some(JobState::Succeeded) => stats.succeeded = count,
-                Some(JobState::Dead) => stats.dead = count,
-                Some(JobState::Cancelled) => stats.cancelled = count,
-                None => {
-                    return Err(Error::corrupt(
-                        format!("queue {queue}"),
-                        format!("{count} jobs in unknown state {code}"),
-                    ))
-                }
+            if let Some((name, stats, queued)) = found.last_mut() {
+                count_state(stats, queued, name, code, count)?;
             }
         }
     }

@@ -518,56 +518,47 @@ mod scenarios {
         let id = enqueue(&store, NewJob::new("q")).await;
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let handler_gate = gate.clone();
-        let worker = test_worker(env.store().await, "recorded")
-            .concurrency(3)
-            .handler("q", move |_ctx: JobContext, _payload: Bytes| {
+        let (reports, record_calls) = env.layered(RecordCalls::new).await;
+        let mut record_calls = record_calls.take_receiver();
+        let worker = test_worker(reports, "recorded").concurrency(3).handler(
+            "q",
+            move |_ctx: JobContext, _payload: Bytes| {
                 let gate = handler_gate.clone();
                 async move {
                     let _permit = gate.acquire().await;
                     Ok(())
                 }
-            });
+            },
+        );
         let handle = build(worker).spawn();
-        let record = |in_flight: u32| {
-            let store = store.clone();
-            async move {
-                let waited = tokio::time::timeout(PATIENCE, async {
-                    loop {
-                        if let Ok(info) = store.worker("recorded").await {
-                            if info.in_flight == in_flight {
-                                return info;
-                            }
-                        }
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                })
-                .await;
-                match waited {
-                    Ok(info) => info,
-                    Err(_) => panic!("the worker's record never showed {in_flight} in flight"),
-                }
-            }
-        };
-        let running = record(1).await;
+        reported(&mut record_calls, 1, "a report of the running job").await;
+        let running = store.worker("recorded").await.expect("the worker's record");
+        assert_eq!(running.in_flight, 1);
         assert_eq!(running.queues, ["q"]);
         assert_eq!(running.concurrency, 3);
         assert_eq!(running.pid, std::process::id());
         assert!(!running.host.is_empty());
         gate.add_permits(1);
         wait_for(&store, id, "success", |j| j.state == JobState::Succeeded).await;
-        let idle = record(0).await;
+        reported(&mut record_calls, 0, "a report once the job is done").await;
+        let idle = store.worker("recorded").await.expect("the worker's record");
         assert!(idle.last_seen >= running.last_seen);
 
         let ghost = jobs::WorkerInfo::new("ghost", "gone.example", 1, vec!["q".into()], 1);
         store.register_worker(&ghost).await.expect("register");
         env.clock.advance(Duration::from_secs(61));
-        let reaped = tokio::time::timeout(PATIENCE, async {
-            while store.worker("ghost").await.is_ok() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+        loop {
+            if let RecordCall::Reaped(ids) = recv(&mut record_calls, "a reap").await {
+                if !ids.is_empty() {
+                    assert_eq!(ids, ["ghost"], "only the silent worker is reaped");
+                    break;
+                }
             }
-        })
-        .await;
-        assert!(reaped.is_ok(), "the silent worker was not reaped");
+        }
+        assert!(matches!(
+            store.worker("ghost").await,
+            Err(jobs::Error::WorkerNotFound { .. })
+        ));
         store
             .worker("recorded")
             .await
@@ -2002,6 +1993,95 @@ impl LayeredBackend for AlwaysWakes {
     async fn wait_for_work(&self, _queues: &[String], _timeout: Duration) -> jobs::Result<()> {
         self.waits.fetch_add(1, Ordering::SeqCst);
         Ok(())
+    }
+}
+
+/// A call a worker made about its own record, once the store answered it.
+#[derive(Debug)]
+enum RecordCall {
+    /// A registration or heartbeat, with the jobs in flight it reported.
+    Reported(u32),
+    /// A reap, with the workers it removed.
+    Reaped(Vec<String>),
+}
+
+/// Waits for the worker to report `in_flight` jobs in its record.
+async fn reported(
+    calls: &mut mpsc::UnboundedReceiver<RecordCall>,
+    in_flight: u32,
+    what: &'static str,
+) {
+    loop {
+        if let RecordCall::Reported(n) = recv(calls, what).await {
+            if n == in_flight {
+                return;
+            }
+        }
+    }
+}
+
+/// Reports the worker-record calls that went through, so a test waits on them instead
+/// of polling the store.
+#[derive(Debug)]
+struct RecordCalls {
+    inner: Arc<dyn Backend>,
+    report: mpsc::UnboundedSender<RecordCall>,
+    receiver: Mutex<Option<mpsc::UnboundedReceiver<RecordCall>>>,
+}
+
+impl RecordCalls {
+    fn new(inner: Arc<dyn Backend>) -> Self {
+        let (report, receiver) = mpsc::unbounded_channel();
+        RecordCalls {
+            inner,
+            report,
+            receiver: Mutex::new(Some(receiver)),
+        }
+    }
+
+    fn take_receiver(&self) -> mpsc::UnboundedReceiver<RecordCall> {
+        match self
+            .receiver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            Some(receiver) => receiver,
+            None => panic!("the report's receiver was taken already"),
+        }
+    }
+}
+
+#[async_trait]
+impl LayeredBackend for RecordCalls {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
+    async fn put_worker(
+        &self,
+        id: &str,
+        spec: &str,
+        in_flight: u32,
+        now: Timestamp,
+    ) -> jobs::Result<()> {
+        self.inner.put_worker(id, spec, in_flight, now).await?;
+        let _ = self.report.send(RecordCall::Reported(in_flight));
+        Ok(())
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> jobs::Result<bool> {
+        let known = self.inner.touch_worker(id, in_flight, now).await?;
+        if known {
+            let _ = self.report.send(RecordCall::Reported(in_flight));
+        }
+        Ok(known)
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> jobs::Result<Vec<String>> {
+        let reaped = self.inner.reap_workers(cutoff).await?;
+        let _ = self.report.send(RecordCall::Reaped(reaped.clone()));
+        Ok(reaped)
     }
 }
 

@@ -7,8 +7,8 @@
 -- KEYS[1] specs (hash: id -> spec)   KEYS[2] busy (hash: id -> in flight)
 -- KEYS[3] seen (zset: score last seen in ms, member id)
 -- ARGV[1] the operation: 'put', 'touch', 'delete', 'read' or 'reap'
--- put:    ARGV[2] id, ARGV[3] spec, ARGV[4] now (ms): replaces the record whole, in
---         flight 0, last seen now. Returns 1.
+-- put:    ARGV[2] id, ARGV[3] spec, ARGV[4] now (ms), ARGV[5] in flight: replaces the
+--         record whole, last seen now. Returns 1.
 -- touch:  ARGV[2] id, ARGV[3] in flight, ARGV[4] now (ms): sets in flight and last seen
 --         of a known worker. Returns 1, or 0 (nothing written) when the id is unknown.
 -- delete: ARGV[2] id: removes the three entries. Returns 1 when the record existed.
@@ -25,7 +25,7 @@ local op = ARGV[1]
 if op == 'put' then
   local id = ARGV[2]
   redis.call('HSET', specs, id, ARGV[3])
-  redis.call('HSET', busy, id, '0')
+  redis.call('HSET', busy, id, ARGV[5])
   redis.call('ZADD', seen, ARGV[4], id)
   return 1
 end

@@ -317,8 +317,8 @@ impl Backend for RedisStore {
         self.write_schedule("delete", name, "", "").await
     }
 
-    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
-        self.write_worker(id, spec, now).await
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
+        self.write_worker(id, spec, in_flight, now).await
     }
 
     async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {

@@ -31,11 +31,17 @@ impl RedisStore {
         self.invoke(&invocation, what).await
     }
 
-    /// Rule W1: stores worker `id` whole (spec, in flight 0, last seen `now`).
-    pub(super) async fn write_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
-        let now = now.as_millis().to_string();
+    /// Rule W1: stores worker `id` whole (spec, in flight, last seen `now`).
+    pub(super) async fn write_worker(
+        &self,
+        id: &str,
+        spec: &str,
+        in_flight: u32,
+        now: Timestamp,
+    ) -> Result<()> {
+        let (now, in_flight) = (now.as_millis().to_string(), in_flight.to_string());
         let reply = self
-            .workers_script(&["put", id, spec, &now], "put_worker")
+            .workers_script(&["put", id, spec, &now, &in_flight], "put_worker")
             .await?;
         int(&reply, "put_worker reply").map(drop)
     }

@@ -200,9 +200,9 @@ impl LayeredBackend for OnStoreRuntime {
         self.hop(move |b| async move { b.queues(now).await }).await
     }
 
-    async fn put_worker(&self, id: &str, spec: &str, now: Timestamp) -> Result<()> {
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
         let (id, spec) = (id.to_owned(), spec.to_owned());
-        self.hop(move |b| async move { b.put_worker(&id, &spec, now).await })
+        self.hop(move |b| async move { b.put_worker(&id, &spec, in_flight, now).await })
             .await
     }
 
