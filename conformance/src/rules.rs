@@ -10,10 +10,12 @@
 //! [`SCENARIOS`](crate::SCENARIOS).
 
 mod admin;
+mod attempts;
 mod claim;
 mod enqueue;
 mod fit;
 mod lease;
+mod listing;
 mod queues;
 mod reclaim;
 mod schedules;
@@ -21,10 +23,12 @@ mod support;
 mod workers;
 
 pub use admin::*;
+pub use attempts::*;
 pub use claim::*;
 pub use enqueue::*;
 pub use fit::*;
 pub use lease::*;
+pub use listing::*;
 pub use queues::*;
 pub use reclaim::*;
 pub use schedules::*;

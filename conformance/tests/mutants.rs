@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use jobs_conformance::{Harness, Scenario, SCENARIOS};
 use jobs_core::{
-    async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
-    HeldLease, JobId, JobState, LayeredBackend, LeaseToken, ListQuery, NewJob, QueueOverview,
-    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoreSettings, Timestamp,
-    Uniqueness, LEASE_EXPIRED,
+    async_trait, Attempt, AttemptOutcome, Backend, Bytes, ClaimRequest, ClaimedJob, Completion,
+    Enqueued, Error, Heartbeat, HeldLease, JobId, JobState, LayeredBackend, LeaseToken, ListPage,
+    ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate,
+    Store, StoreSettings, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 use jobs_memory::MemoryServer;
 
@@ -120,6 +120,14 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
 
     async fn reap_workers(&self, inner: &dyn Backend, cutoff: Timestamp) -> Result<Vec<String>> {
         inner.reap_workers(cutoff).await
+    }
+
+    async fn list(&self, inner: &dyn Backend, query: ListQuery) -> Result<ListPage> {
+        inner.list(query).await
+    }
+
+    async fn attempts(&self, inner: &dyn Backend, id: JobId) -> Result<Vec<Attempt>> {
+        inner.attempts(id).await
     }
 
     async fn update_schedule(
@@ -246,6 +254,14 @@ impl LayeredBackend for Mutant {
 
     async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
         self.bug.reap_workers(&*self.inner, cutoff).await
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        self.bug.list(&*self.inner, query).await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.bug.attempts(&*self.inner, id).await
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
@@ -746,6 +762,75 @@ impl Bug for LagFromTheHead {
     }
 }
 
+/// A4 broken: the queue prefix is matched as an SQL `LIKE` pattern, so `_` matches any
+/// byte, as a backend that pasted the prefix into `LIKE 'prefix%'` would.
+#[derive(Debug)]
+struct PrefixAsPattern;
+
+#[async_trait]
+impl Bug for PrefixAsPattern {
+    async fn list(&self, inner: &dyn Backend, mut query: ListQuery) -> Result<ListPage> {
+        let Some(prefix) = query.queue_prefix.take() else {
+            return inner.list(query).await;
+        };
+        let like = |queue: &str| {
+            queue.len() >= prefix.len()
+                && prefix
+                    .bytes()
+                    .zip(queue.bytes())
+                    .all(|(p, q)| p == b'_' || p == q)
+        };
+        let mut page = inner.list(query).await?;
+        page.jobs.retain(|job| like(&job.queue));
+        Ok(page)
+    }
+}
+
+/// A4 broken: tag filters are dropped, as a backend that forgot to read them would.
+#[derive(Debug)]
+struct TagsIgnored;
+
+#[async_trait]
+impl Bug for TagsIgnored {
+    async fn list(&self, inner: &dyn Backend, mut query: ListQuery) -> Result<ListPage> {
+        query.tags.clear();
+        inner.list(query).await
+    }
+}
+
+/// H2 broken: a release (or snooze) leaves no attempt record, as a backend that wrote
+/// records only from `fail` and `reclaim` would.
+#[derive(Debug)]
+struct ReleaseLeavesNoAttempt;
+
+#[async_trait]
+impl Bug for ReleaseLeavesNoAttempt {
+    async fn attempts(&self, inner: &dyn Backend, id: JobId) -> Result<Vec<Attempt>> {
+        let mut attempts = inner.attempts(id).await?;
+        attempts.retain(|a| a.outcome != AttemptOutcome::Released);
+        Ok(attempts)
+    }
+}
+
+/// H3 broken: the oldest attempts are kept and the newest dropped, as a backend that
+/// stopped writing once its slots were full would.
+#[derive(Debug)]
+struct OldestAttemptsKept;
+
+#[async_trait]
+impl Bug for OldestAttemptsKept {
+    async fn attempts(&self, inner: &dyn Backend, id: JobId) -> Result<Vec<Attempt>> {
+        let mut attempts = inner.attempts(id).await?;
+        if attempts.len() as u64 == jobs_core::ATTEMPTS_KEPT {
+            // What slots that stop at the first 32 claims would hold: claims 1..=32.
+            for (claim, attempt) in (1..).zip(attempts.iter_mut()) {
+                attempt.token = LeaseToken::new(claim);
+            }
+        }
+        Ok(attempts)
+    }
+}
+
 /// W4 broken: a worker last seen exactly at the cut-off is reaped too (`<=` for `<`).
 #[derive(Debug)]
 struct ReapAtTheCutoff;
@@ -1118,6 +1203,34 @@ async fn reaping_at_the_cutoff_is_caught_by_w4() {
         "w4_silent_workers_are_reaped_and_their_jobs_left",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prefix_as_pattern_is_caught_by_a4() {
+    caught(
+        PrefixAsPattern,
+        "a4_queue_prefix_is_literal_and_case_sensitive",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ignored_tags_are_caught_by_a4() {
+    caught(TagsIgnored, "a4_list_filters_by_tenant_and_tags_exactly").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_leaving_no_attempt_is_caught_by_h2() {
+    caught(
+        ReleaseLeavesNoAttempt,
+        "h2_each_ending_is_recorded_with_its_outcome_and_error",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keeping_the_oldest_attempts_is_caught_by_h3() {
+    caught(OldestAttemptsKept, "h3_only_the_newest_attempts_are_kept").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -859,7 +859,7 @@ pub async fn a4_jobs_keeping_state_are_never_skipped_while_paging(harness: &dyn 
         let mut round = 0usize;
         loop {
             let mut query = ListQuery::new("q").limit(6);
-            query.state = filter;
+            query.states = filter.into_iter().collect();
             query.cursor = cursor;
             let page = store.list(query).await.must("A4: list");
             for job in &page.jobs {

@@ -1,11 +1,11 @@
-//! Rules E1–E10: enqueue, idempotency, validation, fan-out, batches.
+//! Rules E1–E12: enqueue, idempotency, validation, fan-out, batches, tags, trace context.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    Bytes, Clock, Enqueued, Job, JobId, JobState, Needs, NewJob, QueueStats, Retry, Store,
+    Bytes, Clock, Enqueued, Job, JobId, JobState, Needs, NewJob, QueueStats, Retry, Store, Tags,
     Timestamp, Uniqueness, DEFAULT_MAX_ATTEMPTS,
 };
 use tokio::sync::Barrier;
@@ -68,6 +68,8 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
         cancel_requested: false,
         needs: Needs::new(),
         locality: None,
+        tags: Tags::new(),
+        trace_context: None,
     };
     assert_eq!(
         get(&store, answer.id, "E1: get").await,
@@ -108,6 +110,8 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
             cancel_requested: false,
             needs: Needs::new(),
             locality: None,
+            tags: Tags::new(),
+            trace_context: None,
         },
         "E1: unset fields take their defaults: empty tenant, no key, priority 0, run_at = now, 25 attempts"
     );
@@ -1376,4 +1380,123 @@ pub async fn e10_concurrent_unique_enqueues_leave_one_active_job(harness: &dyn H
             .must("E10: complete");
         previous = Some(id);
     }
+}
+
+/// E11: a job's tags round-trip exactly with every read (`get`, `claim`, `list`,
+/// `children`), with any UTF-8 value; a job without tags shows none; bad tags are
+/// refused naming `tags` and write nothing, in a batch too.
+pub async fn e11_tags_round_trip_and_are_checked(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let parent = enqueue(&store, NewJob::new("parents"), "E11").await;
+    let mut tags = Tags::new();
+    tags.insert("customer".into(), "42".into());
+    tags.insert("a.b:c-d_e".into(), String::new());
+    tags.insert(
+        "note".into(),
+        "ünïcödé, \"quotes\", commas; = and {json}".into(),
+    );
+    let mut job = NewJob::new("q").parent(parent);
+    job.tags = tags.clone();
+    let id = enqueue(&store, job, "E11: enqueue with tags").await;
+    let plain = enqueue(&store, NewJob::new("q"), "E11: enqueue without tags").await;
+    assert_eq!(
+        get(&store, id, "E11").await.tags,
+        tags,
+        "E11: get shows the tags"
+    );
+    assert!(
+        get(&store, plain, "E11").await.tags.is_empty(),
+        "E11: a job without tags shows none"
+    );
+    let children = store.children(parent).await.must("E11: children");
+    assert_eq!(children[0].tags, tags, "E11: children show the tags");
+    let listed = list_all(&store, "q", None, "E11: list").await;
+    let listed = listed.iter().find(|j| j.id == id).expect("E11: listed");
+    assert_eq!(listed.tags, tags, "E11: list shows the tags");
+    let claimed = claim(&store, &["q"], 2, "E11: claim").await;
+    assert_eq!(claimed[0].job.tags, tags, "E11: claim shows the tags");
+
+    let too_many: Tags = (0..17).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+    let bad_tags = [
+        Tags::from([("has space".to_owned(), "v".to_owned())]),
+        Tags::from([(String::new(), "v".to_owned())]),
+        Tags::from([("k".to_owned(), "x".repeat(257))]),
+        Tags::from([("k".to_owned(), "line\nbreak".to_owned())]),
+        too_many,
+    ];
+    for bad in bad_tags {
+        let mut job = NewJob::new("refused");
+        job.tags = bad;
+        expect_invalid(store.enqueue(job.clone()).await, "tags", "E11: bad tags");
+        expect_invalid(
+            store.enqueue_batch(vec![NewJob::new("refused"), job]).await,
+            "tags",
+            "E11: a batch with bad tags",
+        );
+    }
+    assert_stats(
+        &store,
+        "refused",
+        QueueStats::default(),
+        "E11: nothing written",
+    )
+    .await;
+}
+
+/// E12: a job's trace context (a W3C `traceparent`) round-trips exactly with every
+/// read; one that is not a version-00 traceparent is refused naming `trace_context`
+/// and writes nothing.
+pub async fn e12_trace_context_round_trips_and_is_checked(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let id = enqueue(
+        &store,
+        NewJob::new("q").trace_context(traceparent),
+        "E12: enqueue with a trace context",
+    )
+    .await;
+    let plain = enqueue(&store, NewJob::new("q"), "E12").await;
+    assert_eq!(
+        get(&store, id, "E12").await.trace_context.as_deref(),
+        Some(traceparent),
+        "E12: get shows the trace context"
+    );
+    assert_eq!(get(&store, plain, "E12").await.trace_context, None);
+    let claimed = claim(&store, &["q"], 1, "E12: claim").await;
+    assert_eq!(
+        claimed[0].job.trace_context.as_deref(),
+        Some(traceparent),
+        "E12: claim hands the handler the trace context"
+    );
+    let listed = list_all(&store, "q", None, "E12: list").await;
+    assert!(
+        listed
+            .iter()
+            .any(|j| j.id == id && j.trace_context.as_deref() == Some(traceparent)),
+        "E12: list shows the trace context"
+    );
+    for bad in [
+        "",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+    ] {
+        expect_invalid(
+            store
+                .enqueue(NewJob::new("refused").trace_context(bad))
+                .await,
+            "trace_context",
+            "E12: a bad trace context",
+        );
+    }
+    assert_stats(
+        &store,
+        "refused",
+        QueueStats::default(),
+        "E12: nothing written",
+    )
+    .await;
 }

@@ -145,7 +145,7 @@ pub(crate) async fn list_all(
     let mut cursor = None;
     loop {
         let mut query = ListQuery::new(queue).limit(1_000);
-        query.state = state;
+        query.states = state.into_iter().collect();
         query.cursor = cursor;
         let page = store.list(query).await.must(what);
         all.extend(page.jobs);

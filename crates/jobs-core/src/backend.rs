@@ -13,6 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::attempts::Attempt;
 use crate::error::Result;
 use crate::id::JobId;
 use crate::model::{
@@ -110,6 +111,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Rule E8: the jobs enqueued with `parent`, oldest first.
     async fn children(&self, parent: JobId) -> Result<Vec<Job>>;
+
+    /// Rules H1–H4: the job's attempts, oldest first, at most
+    /// [`ATTEMPTS_KEPT`](crate::ATTEMPTS_KEPT), the running one included, read in one
+    /// snapshot with the job's record ([`crate::attempts::history`] puts the stored
+    /// records and the record's own attempt together). [`crate::Error::NotFound`] for
+    /// an unknown job.
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>>;
 
     /// Rules C1–C9: leases up to `request.limit` ready jobs in claim order and returns
     /// them, with payloads, in that order.
@@ -249,7 +257,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Rule S1: deletes schedule `name`; whether it existed.
     async fn delete_schedule(&self, name: &str) -> Result<bool>;
 
-    /// Rule A4: one page of a queue's jobs, newest first.
+    /// Rule A4: one page of the jobs `query` matches ([`ListQuery::matches`]), newest
+    /// first, after its cursor. A page holds at most `query.limit` jobs; `next` is the
+    /// last listed id when the page is full, and `None` only when no job after the page
+    /// matches. A backend that bounds the work of one call may end a page early, `next`
+    /// set to the last id it examined.
     async fn list(&self, query: ListQuery) -> Result<ListPage>;
 
     /// Rule A5: deletes up to `limit` terminal jobs that finished at or before
@@ -379,6 +391,10 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
 
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         self.inner().children(parent).await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.inner().attempts(id).await
     }
 
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
@@ -576,6 +592,14 @@ impl<L: LayeredBackend> Backend for L {
         Self: 'b,
     {
         LayeredBackend::children(self, parent)
+    }
+
+    fn attempts<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<Vec<Attempt>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::attempts(self, id)
     }
 
     fn claim<'a, 'b>(

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+pub mod attempts;
 mod backend;
 mod backoff;
 #[cfg(feature = "batch")]
@@ -8,6 +9,7 @@ pub mod batch;
 mod error;
 pub mod fit;
 mod id;
+pub mod meta;
 mod model;
 mod order;
 mod schedule;
@@ -19,11 +21,13 @@ pub mod transition;
 pub mod validate;
 mod workers;
 
+pub use attempts::{Attempt, AttemptOutcome, ATTEMPTS_KEPT};
 pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend};
 pub use backoff::Backoff;
 pub use error::{BoxError, Error, Result, SharedError};
 pub use fit::{Budget, Needs};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
+pub use meta::Tags;
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,
     LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,

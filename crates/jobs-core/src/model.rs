@@ -9,6 +9,7 @@ use bytes::Bytes;
 use crate::error::Error;
 use crate::fit::{Budget, FitOrder, Needs};
 use crate::id::JobId;
+use crate::meta::Tags;
 use crate::order::ReadyOrder;
 use crate::time::{Clock, SystemClock, Timestamp};
 
@@ -98,6 +99,11 @@ pub struct NewJob {
     /// Where the job would best run (a host, a cache, a region): claims that prefer it
     /// take it first within its priority (CONTRACT F5). Never a filter.
     pub locality: Option<String>,
+    /// Tags for filtering and for people to read (CONTRACT E11); `list` filters by them.
+    pub tags: Tags,
+    /// The W3C `traceparent` of the span that enqueued the job (CONTRACT E12), so its
+    /// attempts join that trace. The `jobs` crate's `opentelemetry` feature fills it in.
+    pub trace_context: Option<String>,
 }
 
 impl NewJob {
@@ -117,6 +123,8 @@ impl NewJob {
             timeout: None,
             needs: Needs::new(),
             locality: None,
+            tags: Tags::new(),
+            trace_context: None,
         }
     }
 
@@ -228,6 +236,23 @@ impl NewJob {
         self.locality = Some(locality.into());
         self
     }
+
+    /// Adds (or replaces) tag `key` (CONTRACT E11).
+    ///
+    /// ```
+    /// let job = jobs_core::NewJob::new("emails").tag("customer", "42").tag("plan", "pro");
+    /// assert_eq!(job.tags["customer"], "42");
+    /// ```
+    pub fn tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the W3C `traceparent` the job's attempts join (CONTRACT E12).
+    pub fn trace_context(mut self, traceparent: impl Into<String>) -> Self {
+        self.trace_context = Some(traceparent.into());
+        self
+    }
 }
 
 /// A kind of job with a queue of its own, so enqueueing and handling it are checked by
@@ -299,6 +324,10 @@ pub struct Job {
     pub needs: Needs,
     /// Where it would best run, as enqueued.
     pub locality: Option<String>,
+    /// Its tags, as enqueued.
+    pub tags: Tags,
+    /// The trace context it was enqueued with.
+    pub trace_context: Option<String>,
 }
 
 impl Job {
@@ -328,6 +357,8 @@ impl Job {
             cancel_requested: false,
             needs: new.needs,
             locality: new.locality,
+            tags: new.tags,
+            trace_context: new.trace_context,
         };
         (job, new.payload)
     }
@@ -612,13 +643,28 @@ impl QueueOverview {
     }
 }
 
-/// A page request for `list` (CONTRACT A4): one queue, optionally one state, newest first.
+/// A page request for `list` (CONTRACT A4): the jobs that match every filter set,
+/// newest first.
+///
+/// ```
+/// use jobs_core::{JobState, ListQuery};
+/// let dead_emails = ListQuery::new("emails").state(JobState::Dead).limit(50);
+/// let a_customers_jobs = ListQuery::all().tag("customer", "42").tenant("acme");
+/// assert!(dead_emails.matches_queue("emails") && a_customers_jobs.matches_queue("any"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListQuery {
-    /// The queue to list.
-    pub queue: String,
-    /// Only jobs in this state, if set.
-    pub state: Option<JobState>,
+    /// Only this queue (whole name); `None` lists every queue.
+    pub queue: Option<String>,
+    /// Only queues whose name starts with this text, compared byte for byte: no
+    /// wildcards, case counts.
+    pub queue_prefix: Option<String>,
+    /// Only jobs in one of these states; empty means every state.
+    pub states: Vec<JobState>,
+    /// Only this tenant (whole value); empty means every tenant.
+    pub tenant: String,
+    /// Only jobs carrying every one of these tags with exactly these values.
+    pub tags: Tags,
     /// The most jobs per page: 1..=1000.
     pub limit: usize,
     /// Continue after this job (from [`ListPage::next`]).
@@ -626,19 +672,62 @@ pub struct ListQuery {
 }
 
 impl ListQuery {
-    /// The first page of `queue`, 100 jobs at most.
-    pub fn new(queue: impl Into<String>) -> Self {
+    /// The first page of every queue's jobs, 100 jobs at most.
+    pub fn all() -> Self {
         ListQuery {
-            queue: queue.into(),
-            state: None,
+            queue: None,
+            queue_prefix: None,
+            states: Vec::new(),
+            tenant: String::new(),
+            tags: Tags::new(),
             limit: 100,
             cursor: None,
         }
     }
 
-    /// Only jobs in `state`.
+    /// The first page of `queue`, 100 jobs at most.
+    pub fn new(queue: impl Into<String>) -> Self {
+        ListQuery::all().queue(queue)
+    }
+
+    /// Only jobs of `queue`.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// Only jobs of queues whose name starts with `prefix` (literally, case counts).
+    pub fn queue_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.queue_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Also lists jobs in `state` (the first call narrows from every state to it).
     pub fn state(mut self, state: JobState) -> Self {
-        self.state = Some(state);
+        if !self.states.contains(&state) {
+            self.states.push(state);
+        }
+        self
+    }
+
+    /// Only jobs in one of `states`.
+    pub fn states(mut self, states: impl IntoIterator<Item = JobState>) -> Self {
+        self.states.clear();
+        for state in states {
+            self = self.state(state);
+        }
+        self
+    }
+
+    /// Only jobs of `tenant` (empty: every tenant).
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = tenant.into();
+        self
+    }
+
+    /// Only jobs tagged `key` = `value` (with any other tags set, all must match).
+    pub fn tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.insert(key.into(), value.into());
         self
     }
 
@@ -652,6 +741,48 @@ impl ListQuery {
     pub fn after(mut self, cursor: JobId) -> Self {
         self.cursor = Some(cursor);
         self
+    }
+
+    /// Continue after the cursor a caller handed back as text (a [`ListPage::next`]
+    /// printed by a tool); text that is not a job id is refused naming `cursor`.
+    pub fn after_cursor(self, cursor: &str) -> Result<Self, Error> {
+        let id = cursor.parse::<JobId>().map_err(|err| {
+            Error::invalid(
+                "cursor",
+                format!("{cursor:?} is not a cursor of `list`: {err}"),
+            )
+        })?;
+        Ok(self.after(id))
+    }
+
+    /// Whether a job of `queue` passes the queue filters.
+    pub fn matches_queue(&self, queue: &str) -> bool {
+        self.queue.as_deref().is_none_or(|q| q == queue)
+            && self
+                .queue_prefix
+                .as_deref()
+                .is_none_or(|prefix| queue.starts_with(prefix))
+    }
+
+    /// Whether a job in `state` passes the state filter.
+    pub fn matches_state(&self, state: JobState) -> bool {
+        self.states.is_empty() || self.states.contains(&state)
+    }
+
+    /// Whether a job of `tenant` with `tags` passes the tenant and tag filters.
+    pub fn matches_scope(&self, tenant: &str, tags: &Tags) -> bool {
+        (self.tenant.is_empty() || self.tenant == tenant)
+            && self
+                .tags
+                .iter()
+                .all(|(key, value)| tags.get(key) == Some(value))
+    }
+
+    /// Whether `job` passes every filter (the cursor aside).
+    pub fn matches(&self, job: &Job) -> bool {
+        self.matches_queue(&job.queue)
+            && self.matches_state(job.state)
+            && self.matches_scope(&job.tenant, &job.tags)
     }
 }
 

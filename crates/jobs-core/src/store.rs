@@ -591,7 +591,15 @@ impl Store {
         }
     }
 
-    /// Rule A4: one page of a queue's jobs, newest first.
+    /// Rules H1–H4: every attempt of job `id`, oldest first, the running one included:
+    /// who ran it, when, how it ended and with what error. At most
+    /// [`ATTEMPTS_KEPT`](crate::ATTEMPTS_KEPT), the newest.
+    pub async fn attempts(&self, id: JobId) -> Result<Vec<crate::Attempt>> {
+        self.backend.attempts(id).await
+    }
+
+    /// Rule A4: one page of the jobs `query` matches, newest first: by queue (or every
+    /// queue), queue prefix, states, tenant and tags.
     pub async fn list(&self, query: ListQuery) -> Result<ListPage> {
         validate::validate_list(&query)?;
         self.backend.list(query).await

@@ -146,6 +146,10 @@ pub fn validate_new_job(job: &NewJob, settings: &StoreSettings) -> Result<()> {
     if let Some(locality) = &job.locality {
         validate_locality("locality", locality)?;
     }
+    crate::meta::validate_tags("tags", &job.tags)?;
+    if let Some(traceparent) = &job.trace_context {
+        crate::meta::validate_trace_context(traceparent)?;
+    }
     Ok(())
 }
 
@@ -264,9 +268,26 @@ pub fn validate_queues(queues: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// A `list` page request.
+/// A `list` page request (CONTRACT A4): its queue and queue prefix are names (a prefix
+/// holding a byte no queue name holds is refused, not matched to nothing), its tenant
+/// and tags within the limits of a job's.
 pub fn validate_list(query: &ListQuery) -> Result<()> {
-    validate_queue(&query.queue)?;
+    if let Some(queue) = &query.queue {
+        validate_queue(queue)?;
+    }
+    if let Some(prefix) = &query.queue_prefix {
+        validate_name("queue_prefix", prefix, MAX_QUEUE_BYTES)?;
+    }
+    if query.tenant.len() > MAX_TENANT_BYTES {
+        return Err(Error::invalid(
+            "tenant",
+            format!(
+                "is {} bytes, the limit is {MAX_TENANT_BYTES}",
+                query.tenant.len()
+            ),
+        ));
+    }
+    crate::meta::validate_tags("tags", &query.tags)?;
     if query.limit == 0 || query.limit > MAX_LIST_LIMIT {
         return Err(Error::invalid(
             "limit",

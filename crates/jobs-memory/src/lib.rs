@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use jobs_core::validate::validate_settings;
 use jobs_core::{
-    async_trait, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion, Enqueued,
-    Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
+    async_trait, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
+    Enqueued, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
     QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
     StoredSchedule, StoredWorker, Timestamp,
 };
@@ -151,6 +151,10 @@ impl Backend for MemoryStore {
 
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         Ok(self.namespace.lock().children(parent))
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.namespace.lock().attempt_history(id)
     }
 
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {

@@ -7,12 +7,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
+use jobs_core::attempts::{self, LastClaim};
 use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
-    Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobIdMap, JobState,
-    Lease, LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReadyOrder,
-    ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, StoredWorker,
-    Timestamp, Uniqueness, LEASE_EXPIRED,
+    Attempt, AttemptOutcome, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job,
+    JobId, JobIdMap, JobState, Lease, LeaseToken, ListPage, ListQuery, NewJob, QueueOverview,
+    QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
+    StoredSchedule, StoredWorker, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 
 #[derive(Debug)]
@@ -23,6 +24,11 @@ struct Record {
     seq: u64,
     /// The last fencing token issued for this job; the next claim issues one more.
     last_token: u64,
+    /// The worker of the last claim, kept after the lease ends (CONTRACT H1).
+    last_worker: Option<String>,
+    /// The attempts that ended other than by success, oldest first, at most
+    /// `ATTEMPTS_KEPT` (CONTRACT H2, H3).
+    ended: Vec<Attempt>,
 }
 
 /// The per-queue indexes.
@@ -320,6 +326,8 @@ impl State {
                 payload,
                 seq,
                 last_token: 0,
+                last_worker: None,
+                ended: Vec::new(),
             },
         );
         self.index(id, now);
@@ -479,6 +487,7 @@ impl State {
             .filter_map(|id| {
                 let token = self.jobs.get_mut(&id).map_or(0, |record| {
                     record.last_token += 1;
+                    record.last_worker = Some(request.worker.clone());
                     record.last_token
                 });
                 let job = self.transition(id, now, |job| {
@@ -569,6 +578,7 @@ impl State {
         now: Timestamp,
     ) -> Result<JobState> {
         self.check_lease(id, token)?;
+        self.end_attempt(id, AttemptOutcome::Failed, Some(error), now);
         self.transition_checked(id, now, |job| {
             job.last_error = Some(error.to_owned());
             Self::apply(
@@ -588,6 +598,7 @@ impl State {
         now: Timestamp,
     ) -> Result<JobState> {
         self.check_lease(id, token)?;
+        self.end_attempt(id, AttemptOutcome::Released, None, now);
         self.transition_checked(id, now, |job| {
             let next = transition::after_release(job.cancel_requested, ready_at);
             if next.state() == JobState::Queued {
@@ -614,6 +625,7 @@ impl State {
                 self.leases.pop_first();
                 continue;
             }
+            self.end_attempt(id, AttemptOutcome::Expired, Some(LEASE_EXPIRED), now);
             let reclaimed_state = self.transition(id, now, |job| {
                 job.last_error = Some(LEASE_EXPIRED.to_owned());
                 let next = transition::after_lease_expired(Self::attempts(job), now);
@@ -625,6 +637,51 @@ impl State {
             }
         }
         reclaimed
+    }
+
+    /// Records how the running attempt of `id` ended, before its lease is dropped.
+    fn end_attempt(
+        &mut self,
+        id: JobId,
+        outcome: AttemptOutcome,
+        error: Option<&str>,
+        now: Timestamp,
+    ) {
+        let Some(record) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let (Some(lease), Some(started_at)) = (&record.job.lease, record.job.started_at) else {
+            return;
+        };
+        let attempt = Attempt::ended(
+            lease.token,
+            lease.worker.clone(),
+            started_at,
+            now,
+            outcome,
+            error.map(str::to_owned),
+        );
+        record.ended.push(attempt);
+        let kept = usize::try_from(jobs_core::ATTEMPTS_KEPT).unwrap_or(usize::MAX);
+        if record.ended.len() > kept {
+            record.ended.remove(0);
+        }
+    }
+
+    /// CONTRACT H1–H3: the job's attempts, oldest first.
+    pub(crate) fn attempt_history(&self, id: JobId) -> Result<Vec<Attempt>> {
+        let record = self.jobs.get(&id).ok_or(Error::NotFound { id })?;
+        let job = &record.job;
+        Ok(attempts::history(
+            record.ended.clone(),
+            LastClaim {
+                state: job.state,
+                worker: record.last_worker.clone(),
+                token: LeaseToken::new(record.last_token),
+                started_at: job.started_at,
+                finished_at: job.finished_at,
+            },
+        ))
     }
 
     pub(crate) fn cancel(&mut self, id: JobId, now: Timestamp) -> Result<JobState> {
@@ -711,24 +768,30 @@ impl State {
         overviews
     }
 
+    /// CONTRACT A4: each matching queue's newest matching jobs after the cursor,
+    /// merged newest first; a queue can give no more than a page, so the merge is exact.
     pub(crate) fn list(&self, query: &ListQuery) -> ListPage {
-        let Some(index) = self.queues.get(&query.queue) else {
-            return ListPage {
-                jobs: Vec::new(),
-                next: None,
+        let mut jobs: Vec<Job> = Vec::new();
+        for (_, index) in self
+            .queues
+            .iter()
+            .filter(|(name, _)| query.matches_queue(name))
+        {
+            let newest_first = match query.cursor {
+                Some(cursor) => index.all.range(..cursor).rev(),
+                None => index.all.range(..).rev(),
             };
-        };
-        let newest_first = match query.cursor {
-            Some(cursor) => index.all.range(..cursor).rev(),
-            None => index.all.range(..).rev(),
-        };
-        let jobs: Vec<Job> = newest_first
-            .filter_map(|id| self.jobs.get(id))
-            .map(|record| &record.job)
-            .filter(|job| query.state.is_none_or(|state| job.state == state))
-            .take(query.limit)
-            .cloned()
-            .collect();
+            jobs.extend(
+                newest_first
+                    .filter_map(|id| self.jobs.get(id))
+                    .map(|record| &record.job)
+                    .filter(|job| query.matches(job))
+                    .take(query.limit)
+                    .cloned(),
+            );
+        }
+        jobs.sort_unstable_by_key(|job| std::cmp::Reverse(job.id));
+        jobs.truncate(query.limit);
         let next = if jobs.len() == query.limit {
             jobs.last().map(|job| job.id)
         } else {

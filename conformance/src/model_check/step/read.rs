@@ -126,7 +126,7 @@ impl Run {
         let bound = self.ids.len() / page + 2;
         for _ in 0..bound {
             let mut query = ListQuery::new(QUEUES[queue]).limit(page);
-            query.state = state;
+            query.states = state.into_iter().collect();
             query.cursor = cursor;
             let got = self
                 .store
