@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    async_trait, validate, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
-    Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery,
-    NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
-    StoredSchedule, StoredWorker, Timestamp,
+    async_trait, validate, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
+    Completion, Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage,
+    ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate,
+    StoreSettings, StoredSchedule, StoredWorker, Timestamp,
 };
 use tokio::sync::Notify;
 
@@ -135,9 +135,9 @@ impl SqliteStore {
         )
     }
 
-    /// Deletes job `id`'s record and payload while leaving its idempotency record in
-    /// place, as a careless operator or a damaged backup would. For tests of CONTRACT
-    /// C7 and R5; never needed in production.
+    /// Deletes job `id`'s record, payload and attempts while leaving its idempotency
+    /// record in place, as a careless operator or a damaged backup would. For tests of
+    /// CONTRACT C7 and R5; never needed in production.
     pub async fn vanish(&self, id: JobId) -> Result<()> {
         let ns = self.ns;
         self.engine
@@ -210,6 +210,13 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .read(move |conn| ops::children(conn, ns, parent))
+            .await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        let ns = self.ns;
+        self.engine
+            .read(move |conn| ops::attempts(conn, ns, id))
             .await
     }
 

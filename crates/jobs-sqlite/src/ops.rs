@@ -6,13 +6,15 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use jobs_core::attempts::{self, LastClaim};
 use jobs_core::fit::{decode_placement, is_preferred, FitOrder, PlacementCache};
+use jobs_core::meta::{decode_tags, encode_tags};
 use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
-    ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId, JobState, Lease, LeaseToken,
-    ListPage, ListQuery, Needs, NewJob, QueueOverview, QueueStats, ReadyOrder, ReclaimedJob,
-    Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, StoredWorker, Timestamp,
-    Uniqueness, LEASE_EXPIRED,
+    Attempt, AttemptOutcome, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId,
+    JobState, Lease, LeaseToken, ListPage, ListQuery, Needs, NewJob, QueueOverview, QueueStats,
+    ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
+    StoredWorker, Tags, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -54,12 +56,12 @@ macro_rules! job_columns {
         "id, queue, tenant, idem_key, priority, run_at, max_attempts, parent, state, \
          attempts, lease_worker, lease_token, lease_expires_at, created_at, started_at, \
          heartbeat_at, finished_at, last_error, result, cancel_requested, timeout_ms, \
-         placement"
+         placement, tags, trace_context"
     };
 }
 
 /// How many columns `job_columns!` names: a query that reads more puts them after.
-const JOB_COLUMNS: usize = 22;
+const JOB_COLUMNS: usize = 24;
 
 /// The job id in a 16-byte `id` blob, as `JobId::to_bytes` wrote it. The blob is read
 /// as `[u8; 16]` (no allocation; a blob of another size fails in rusqlite and is
@@ -88,6 +90,21 @@ fn placement_from(
             }
         }
         other => Err(format!("placement holds a {} value", other.data_type())),
+    }
+}
+
+/// A job's tags from its `tags` column: NULL for none, else the text
+/// `jobs_core::meta::encode_tags` wrote. Anything else is described in the error, for
+/// the caller to report as a corrupt record.
+fn tags_from(value: ValueRef<'_>) -> std::result::Result<Tags, String> {
+    match value {
+        ValueRef::Null => Ok(Tags::new()),
+        ValueRef::Text(bytes) => {
+            let text =
+                std::str::from_utf8(bytes).map_err(|err| format!("tags are not UTF-8: {err}"))?;
+            decode_tags(text)
+        }
+        other => Err(format!("tags hold a {} value", other.data_type())),
     }
 }
 
@@ -157,6 +174,8 @@ fn job_from_row_in(row: &Row<'_>, placements: Option<&mut PlacementCache>) -> Re
     };
     let (needs, locality) = placement_from(row.get_ref(21).map_err(read)?, placements)
         .map_err(|why| Error::corrupt(what(), why))?;
+    let tags =
+        tags_from(row.get_ref(22).map_err(read)?).map_err(|why| Error::corrupt(what(), why))?;
     Ok(Job {
         id,
         queue: row.get(1).map_err(read)?,
@@ -179,6 +198,8 @@ fn job_from_row_in(row: &Row<'_>, placements: Option<&mut PlacementCache>) -> Re
         cancel_requested: get_i64(19)? != 0,
         needs,
         locality,
+        tags,
+        trace_context: row.get(23).map_err(read)?,
     })
 }
 
@@ -270,8 +291,9 @@ pub(crate) fn enqueue(
     conn.prepare_cached(
         "INSERT INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
              max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key, parent,
-             timeout_ms, placement)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+             timeout_ms, placement, tags, trace_context)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+             ?18)",
     )
     .and_then(|mut stmt| {
         stmt.execute(params![
@@ -291,6 +313,8 @@ pub(crate) fn enqueue(
             job.parent.map(JobId::to_bytes),
             job.timeout.map(jobs_core::duration_millis),
             job.placement(),
+            encode_tags(&job.tags),
+            job.trace_context,
         ])
     })
     .db("insert the job")?;
@@ -810,7 +834,10 @@ pub(crate) fn heartbeat(
     })
 }
 
-/// Rules L4, L5.
+/// Rules L4, L5. The lease's worker and token stay on the row (only its expiry goes):
+/// with `started_at` and `finished_at` they are the succeeded attempt (CONTRACT H2),
+/// so a completion writes no attempt record. `Job::lease` is read only for a running
+/// row, so the job shows no lease.
 pub(crate) fn complete(
     tx: &mut WriteTx<'_>,
     ns: i64,
@@ -822,8 +849,8 @@ pub(crate) fn complete(
     let conn = tx.conn();
     let lease = check_lease(conn, ns, id, token)?;
     conn.prepare_cached(
-        "UPDATE jobq_jobs SET state = 2, result = ?2, lease_worker = NULL,
-             lease_expires_at = NULL, finished_at = ?3
+        "UPDATE jobq_jobs SET state = 2, result = ?2, lease_expires_at = NULL,
+             finished_at = ?3
          WHERE job = ?1",
     )
     .and_then(|mut stmt| stmt.execute(params![lease.row, result, now.as_millis()]))
@@ -894,7 +921,46 @@ fn apply(
     Ok(next.state())
 }
 
-/// Rules L6, L7, and a cancellation asked for while the job ran (CONTRACT A1).
+/// Rules H2, H3: records how the attempt holding lease `token` of job row `row` ended,
+/// in the job's slot for that token, overwriting the attempt `ATTEMPTS_KEPT` claims
+/// older. One statement, run before the state change drops the lease: the worker and
+/// the start are the row's own (`lease_worker`, `started_at`), so the caller reads
+/// nothing more than it did. A running row without them (changed behind the store's
+/// back) records nothing rather than refusing the call: `reclaim` would otherwise meet
+/// it again and again, and the row's own reads report it as corrupt.
+fn record_attempt(
+    conn: &Connection,
+    row: i64,
+    token: LeaseToken,
+    outcome: AttemptOutcome,
+    error: Option<&str>,
+    now: Timestamp,
+) -> Result<()> {
+    // A slot is below ATTEMPTS_KEPT (32); a token past i64::MAX was never issued.
+    let slot = i64::try_from(attempts::slot(token)).unwrap_or(0);
+    let token = token_value(token).unwrap_or(i64::MAX);
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO jobq_attempts
+             (ns, job_id, slot, token, worker, started_at, ended_at, outcome, error)
+         SELECT ns, id, ?2, ?3, lease_worker, started_at, ?4, ?5, ?6 FROM jobq_jobs
+         WHERE job = ?1 AND lease_worker IS NOT NULL AND started_at IS NOT NULL",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            row,
+            slot,
+            token,
+            now.as_millis(),
+            outcome.as_str(),
+            error
+        ])
+    })
+    .db("record the attempt")?;
+    Ok(())
+}
+
+/// Rules L6, L7, and a cancellation asked for while the job ran (CONTRACT A1). The
+/// attempt ends failed with `error` whatever the job becomes (H2).
 pub(crate) fn fail(
     tx: &mut WriteTx<'_>,
     ns: i64,
@@ -906,10 +972,19 @@ pub(crate) fn fail(
 ) -> Result<JobState> {
     let lease = check_lease(tx.conn(), ns, id, token)?;
     let next = transition::after_failure(lease.attempts, retry);
+    record_attempt(
+        tx.conn(),
+        lease.row,
+        token,
+        AttemptOutcome::Failed,
+        Some(error),
+        now,
+    )?;
     apply(tx, ns, lease.row, next, 0, Some(error), now)
 }
 
-/// Rules L8, L10: the attempt is given back if the job is queued again.
+/// Rules L8, L10: the attempt is given back if the job is queued again; its record
+/// says released (H2), snoozes included.
 pub(crate) fn release(
     tx: &mut WriteTx<'_>,
     ns: i64,
@@ -920,10 +995,19 @@ pub(crate) fn release(
 ) -> Result<()> {
     let lease = check_lease(tx.conn(), ns, id, token)?;
     let next = transition::after_release(lease.attempts.cancel_requested, ready_at);
+    record_attempt(
+        tx.conn(),
+        lease.row,
+        token,
+        AttemptOutcome::Released,
+        None,
+        now,
+    )?;
     apply(tx, ns, lease.row, next, -1, None, now).map(drop)
 }
 
-/// Rules R1–R6: only the expired leases are read, through the lease index.
+/// Rules R1–R6: only the expired leases are read, through the lease index. Each ends
+/// its attempt as expired (H2).
 pub(crate) fn reclaim(
     tx: &mut WriteTx<'_>,
     ns: i64,
@@ -931,10 +1015,10 @@ pub(crate) fn reclaim(
     now: Timestamp,
 ) -> Result<Vec<ReclaimedJob>> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let expired: Vec<(i64, [u8; 16], i64, i64, i64)> = tx
+    let expired: Vec<(i64, [u8; 16], i64, i64, i64, i64)> = tx
         .conn()
         .prepare_cached(
-            "SELECT job, id, attempts, max_attempts, cancel_requested
+            "SELECT job, id, attempts, max_attempts, cancel_requested, lease_token
              FROM jobq_jobs INDEXED BY jobq_jobs_lease
              WHERE ns = ?1 AND state = 1 AND lease_expires_at < ?2
              ORDER BY lease_expires_at LIMIT ?3",
@@ -947,6 +1031,7 @@ pub(crate) fn reclaim(
                     row.get(2)?,
                     row.get(3)?,
                     row.get(4)?,
+                    row.get(5)?,
                 ))
             })?
             .collect()
@@ -956,17 +1041,31 @@ pub(crate) fn reclaim(
     // the whole reclaim without leaving part of it done.
     let expired = expired
         .into_iter()
-        .map(|(row, id, attempts, max_attempts, cancel)| {
+        .map(|(row, id, attempts, max_attempts, cancel, token)| {
             let id = id_from_blob("job id", id)?;
+            // A negative token was never issued: like a missing worker, the attempt
+            // cannot be described, and the reclaim goes on without recording it.
+            let token = u64::try_from(token).ok().map(LeaseToken::new);
             Ok((
                 row,
                 id,
                 attempts_from_row(id, attempts, max_attempts, cancel)?,
+                token,
             ))
         })
         .collect::<Result<Vec<_>>>()?;
     let mut reclaimed = Vec::with_capacity(expired.len());
-    for (row, id, attempts) in expired {
+    for (row, id, attempts, token) in expired {
+        if let Some(token) = token {
+            record_attempt(
+                tx.conn(),
+                row,
+                token,
+                AttemptOutcome::Expired,
+                Some(LEASE_EXPIRED),
+                now,
+            )?;
+        }
         let next = transition::after_lease_expired(attempts, now);
         let state = apply(tx, ns, row, next, 0, Some(LEASE_EXPIRED), now)?;
         reclaimed.push(ReclaimedJob { id, state });
@@ -1034,7 +1133,7 @@ pub(crate) fn retry(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) ->
 }
 
 /// Rule A5: deletes terminal jobs that finished at or before `cutoff` with their
-/// payloads and the idempotency records that point at them.
+/// payloads, their attempts (H4) and the idempotency records that point at them.
 pub(crate) fn purge(tx: &mut WriteTx<'_>, ns: i64, limit: usize, cutoff: Timestamp) -> Result<u64> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let conn = tx.conn();
@@ -1053,7 +1152,7 @@ pub(crate) fn purge(tx: &mut WriteTx<'_>, ns: i64, limit: usize, cutoff: Timesta
         .db("find jobs past retention")?;
     let mut deleted = 0u64;
     for (row, id, tenant, key) in due {
-        delete_record(conn, row)?;
+        delete_record(conn, ns, row, &id)?;
         if let Some(key) = key {
             conn.prepare_cached(
                 "DELETE FROM jobq_dedup
@@ -1067,18 +1166,22 @@ pub(crate) fn purge(tx: &mut WriteTx<'_>, ns: i64, limit: usize, cutoff: Timesta
     Ok(deleted)
 }
 
-fn delete_record(conn: &Connection, row: i64) -> Result<()> {
+/// Deletes job row `row` (of id blob `id`) with its payload and its attempts.
+fn delete_record(conn: &Connection, ns: i64, row: i64, id: &[u8]) -> Result<()> {
     conn.prepare_cached("DELETE FROM jobq_jobs WHERE job = ?1")
         .and_then(|mut stmt| stmt.execute([row]))
         .db("delete the job")?;
     conn.prepare_cached("DELETE FROM jobq_payloads WHERE job = ?1")
         .and_then(|mut stmt| stmt.execute([row]))
         .db("delete the payload")?;
+    conn.prepare_cached("DELETE FROM jobq_attempts WHERE ns = ?1 AND job_id = ?2")
+        .and_then(|mut stmt| stmt.execute(params![ns, id]))
+        .db("delete the attempts")?;
     Ok(())
 }
 
-/// Deletes every job of namespace `ns` with its payload, and its idempotency records,
-/// pauses, schedules and workers.
+/// Deletes every job of namespace `ns` with its payload and attempts, and its
+/// idempotency records, pauses, schedules and workers.
 /// The namespace's row stays, so its id is never reused (see
 /// `SqliteStore::clear_namespace`).
 pub(crate) fn clear_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
@@ -1096,6 +1199,10 @@ pub(crate) fn clear_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
     let jobs = exec(
         "DELETE FROM jobq_jobs WHERE ns = ?1",
         "delete the namespace's jobs",
+    )?;
+    exec(
+        "DELETE FROM jobq_attempts WHERE ns = ?1",
+        "delete the namespace's attempts",
     )?;
     exec(
         "DELETE FROM jobq_dedup WHERE ns = ?1",
@@ -1322,11 +1429,11 @@ pub(crate) fn reap_workers(
     Ok(ids)
 }
 
-/// Deletes a job's record and payload but keeps its idempotency record: a lost record,
-/// for testing C7 and R5.
+/// Deletes a job's record, payload and attempts but keeps its idempotency record: a
+/// lost record, for testing C7 and R5.
 pub(crate) fn vanish(tx: &mut WriteTx<'_>, ns: i64, id: JobId) -> Result<()> {
     let (row, _) = current_state(tx.conn(), ns, id)?;
-    delete_record(tx.conn(), row)
+    delete_record(tx.conn(), ns, row, &id.to_bytes())
 }
 
 /// Rule E1.
@@ -1386,6 +1493,83 @@ pub(crate) fn children(conn: &Connection, ns: i64, parent: JobId) -> Result<Vec<
         ),
         params![ns, parent.to_bytes()],
     )
+}
+
+/// Rules H1–H4: the job's attempts, oldest first, from one snapshot: the records of
+/// the attempts that ended by `fail`, `release` or `reclaim`, and the running or
+/// succeeded attempt the job's own row describes (`jobs_core::attempts::history` puts
+/// them together). `NotFound` for an unknown job; a value that cannot be read back is
+/// a corrupt record.
+pub(crate) fn attempts(conn: &Connection, ns: i64, id: JobId) -> Result<Vec<Attempt>> {
+    let what = || format!("job {id}");
+    let corrupt = |why: String| Error::corrupt(what(), why);
+    let tx = conn.unchecked_transaction().db("begin a read")?;
+    type ClaimColumns = (i64, Option<String>, i64, Option<i64>, Option<i64>);
+    let found: Option<ClaimColumns> = tx
+        .prepare_cached(
+            "SELECT state, lease_worker, lease_token, started_at, finished_at
+             FROM jobq_jobs WHERE ns = ?1 AND id = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![ns, id.to_bytes()], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
+            })
+            .optional()
+        })
+        .db("read a job's last claim")?;
+    let Some((state, worker, token, started_at, finished_at)) = found else {
+        return Err(Error::NotFound { id });
+    };
+    let state = state_from_code(state).ok_or_else(|| corrupt(format!("unknown state {state}")))?;
+    let token = u64::try_from(token)
+        .map_err(|_| corrupt(format!("lease_token holds {token}, out of range")))?;
+    let mut ended = Vec::new();
+    {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT token, worker, started_at, ended_at, outcome, error
+                 FROM jobq_attempts WHERE ns = ?1 AND job_id = ?2",
+            )
+            .db("prepare the attempts")?;
+        let mut rows = stmt
+            .query(params![ns, id.to_bytes()])
+            .db("read the attempts")?;
+        while let Some(row) = rows.next().db("read the attempts")? {
+            let field = |err: rusqlite::Error| corrupt(format!("an attempt record: {err}"));
+            let token: i64 = row.get(0).map_err(field)?;
+            let token = u64::try_from(token)
+                .map_err(|_| corrupt(format!("an attempt's token holds {token}")))?;
+            let outcome: String = row.get(4).map_err(field)?;
+            let outcome = outcome
+                .parse::<AttemptOutcome>()
+                .map_err(|err| corrupt(format!("an attempt record: {err}")))?;
+            ended.push(Attempt {
+                token: LeaseToken::new(token),
+                worker: row.get(1).map_err(field)?,
+                started_at: Timestamp::from_millis(row.get(2).map_err(field)?),
+                ended_at: Some(Timestamp::from_millis(row.get(3).map_err(field)?)),
+                outcome,
+                error: row.get(5).map_err(field)?,
+            });
+        }
+    }
+    tx.finish().db("end a read")?;
+    Ok(attempts::history(
+        ended,
+        LastClaim {
+            state,
+            worker,
+            token: LeaseToken::new(token),
+            started_at: millis(started_at),
+            finished_at: millis(finished_at),
+        },
+    ))
 }
 
 /// Rule Q1: pauses or resumes `queue`; a resume wakes the claimers waiting here.
@@ -1532,40 +1716,284 @@ pub(crate) fn queues(conn: &Connection, ns: i64, now: Timestamp) -> Result<Vec<Q
     Ok(overviews)
 }
 
-/// Rule A4: newest first by id. Without a state filter it merges one index range per
-/// state, so every page is a few short index scans whatever the queue's size.
+/// The most rows one `list` call examines before it ends its page early, `next` set
+/// to the last id it examined (CONTRACT A4 lets a backend bound the work of one call):
+/// a filter that matches few jobs costs at most this many rows per page, and the
+/// caller pages on. A page the index ranges answer alone (one queue, or a few queues
+/// and states, without a tenant or tag filter) never stops early: every row they yield
+/// matches, and a page holds at most 1,000.
+const LIST_EXAMINE_MAX: usize = 16_384;
+
+/// The most (queue, state) streams one `list` call merges; a filter that would need
+/// more walks the id index once instead.
+const LIST_MAX_STREAMS: usize = 32;
+
+/// The rows of one queue in one state, newest first, from the state index alone when
+/// no tenant or tag filter needs the row.
+const LIST_STATE_SQL: &str = "SELECT job, id, queue, state FROM jobq_jobs
+     INDEXED BY jobq_jobs_state
+     WHERE ns = ?1 AND queue = ?2 AND state = ?3 AND id < ?4 ORDER BY id DESC LIMIT ?5";
+const LIST_STATE_SCOPED_SQL: &str = "SELECT job, id, queue, state, tenant, tags FROM jobq_jobs
+     INDEXED BY jobq_jobs_state
+     WHERE ns = ?1 AND queue = ?2 AND state = ?3 AND id < ?4 ORDER BY id DESC LIMIT ?5";
+/// Every row of the namespace, newest first, through the id index.
+const LIST_ALL_SQL: &str = "SELECT job, id, queue, state FROM jobq_jobs INDEXED BY jobq_jobs_id
+     WHERE ns = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3";
+const LIST_ALL_SCOPED_SQL: &str = "SELECT job, id, queue, state, tenant, tags FROM jobq_jobs
+     INDEXED BY jobq_jobs_id
+     WHERE ns = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3";
+
+/// The first queue name at or after `?2`, and the first after it: one index seek each.
+const FIRST_QUEUE_SQL: &str = "SELECT queue FROM jobq_jobs INDEXED BY jobq_jobs_state
+     WHERE ns = ?1 AND queue >= ?2 ORDER BY queue LIMIT 1";
+const NEXT_QUEUE_SQL: &str = "SELECT queue FROM jobq_jobs INDEXED BY jobq_jobs_state
+     WHERE ns = ?1 AND queue > ?2 ORDER BY queue LIMIT 1";
+
+/// Where one stream of `list` candidates comes from.
+enum ListStream<'q> {
+    /// One queue's jobs in one state.
+    QueueState(&'q str, JobState),
+    /// Every job of the namespace.
+    All,
+}
+
+/// One stream of `list` candidates, newest first, read in chunks: each chunk is one
+/// statement run to its end, so any number of streams share the cached statements.
+struct ListSource<'q> {
+    stream: ListStream<'q>,
+    /// Fetched and not yet merged: (row, id, whether it matches every filter).
+    buffered: std::collections::VecDeque<(i64, [u8; 16], bool)>,
+    /// The last id fetched (exclusive bound of the next chunk).
+    below: Vec<u8>,
+    /// Rows the next chunk asks for; doubles with each chunk, so a stream that gives
+    /// most of a page takes few statements.
+    chunk: usize,
+    exhausted: bool,
+}
+
+impl ListSource<'_> {
+    /// Fetches the stream's next chunk, judging each row against `query`'s filters
+    /// with the jobs-core matchers, so a queue prefix is compared byte for byte and a
+    /// tag exactly, as the reference does (no SQL pattern, no JSON path).
+    fn refill(&mut self, conn: &Connection, ns: i64, query: &ListQuery) -> Result<()> {
+        let scoped = !query.tenant.is_empty() || !query.tags.is_empty();
+        let limit = i64::try_from(self.chunk).unwrap_or(i64::MAX);
+        let mut stmt;
+        let mut rows = match self.stream {
+            ListStream::QueueState(queue, state) => {
+                let sql = if scoped {
+                    LIST_STATE_SCOPED_SQL
+                } else {
+                    LIST_STATE_SQL
+                };
+                stmt = conn.prepare_cached(sql).db("prepare the list scan")?;
+                stmt.query(params![ns, queue, state_code(state), self.below, limit])
+            }
+            ListStream::All => {
+                let sql = if scoped {
+                    LIST_ALL_SCOPED_SQL
+                } else {
+                    LIST_ALL_SQL
+                };
+                stmt = conn.prepare_cached(sql).db("prepare the list scan")?;
+                stmt.query(params![ns, self.below, limit])
+            }
+        }
+        .db("scan jobs to list")?;
+        let mut fetched = 0usize;
+        while let Some(row) = rows.next().db("scan jobs to list")? {
+            fetched += 1;
+            let read = |err| crate::error::db_error("read a job to list", err);
+            let job: i64 = row.get(0).map_err(read)?;
+            let id: [u8; 16] = row.get(1).map_err(read)?;
+            let matches = list_match(row, query, scoped)
+                .map_err(|why| Error::corrupt(job_subject(conn, job), why))?;
+            self.buffered.push_back((job, id, matches));
+            self.below.clear();
+            self.below.extend_from_slice(&id);
+        }
+        self.exhausted = fetched < self.chunk;
+        self.chunk = (self.chunk * 2).min(1024);
+        Ok(())
+    }
+}
+
+/// Whether a row a list scan read passes every filter of `query`; why not, when a
+/// value it must judge cannot be read.
+fn list_match(row: &Row<'_>, query: &ListQuery, scoped: bool) -> std::result::Result<bool, String> {
+    let text = |index: usize| -> std::result::Result<&str, String> {
+        row.get_ref(index)
+            .and_then(|value| value.as_str().map_err(Into::into))
+            .map_err(|err| err.to_string())
+    };
+    let code: i64 = row.get(3).map_err(|err| err.to_string())?;
+    let state = state_from_code(code).ok_or_else(|| format!("unknown state {code}"))?;
+    if !(query.matches_queue(text(2)?) && query.matches_state(state)) {
+        return Ok(false);
+    }
+    if !scoped {
+        return Ok(true);
+    }
+    // Tags are decoded only when the query names some.
+    let tags = if query.tags.is_empty() {
+        Tags::new()
+    } else {
+        tags_from(row.get_ref(5).map_err(|err| err.to_string())?)?
+    };
+    Ok(query.matches_scope(text(4)?, &tags))
+}
+
+/// The queues of the namespace whose names start with `prefix` (every queue for an
+/// empty one), in name order, one index seek each; `None` once there are more than
+/// `cap`. Names compare as bytes in SQLite and in Rust alike, so the names with a
+/// prefix are one run starting at the prefix itself.
+fn queues_with_prefix(
+    conn: &Connection,
+    ns: i64,
+    prefix: &str,
+    cap: usize,
+) -> Result<Option<Vec<String>>> {
+    let mut first = conn
+        .prepare_cached(FIRST_QUEUE_SQL)
+        .db("prepare the queue seek")?;
+    let mut next = conn
+        .prepare_cached(NEXT_QUEUE_SQL)
+        .db("prepare the queue seek")?;
+    let mut found: Vec<String> = Vec::new();
+    loop {
+        let queue: Option<String> = match found.last() {
+            None => first.query_row(params![ns, prefix], |row| row.get(0)),
+            Some(last) => next.query_row(params![ns, last], |row| row.get(0)),
+        }
+        .optional()
+        .db("find the queues to list")?;
+        match queue {
+            Some(queue) if queue.starts_with(prefix) => {
+                if found.len() == cap {
+                    return Ok(None);
+                }
+                found.push(queue);
+            }
+            _ => return Ok(Some(found)),
+        }
+    }
+}
+
+/// Rule A4: the jobs matching every filter of `query`, newest first by id, after its
+/// cursor, from one snapshot.
+///
+/// The plan: the candidates come from streams that each yield rows newest first,
+/// merged by id. A queue (and any states) reads one range of the state index
+/// `(ns, queue, state, id)` per state asked; no queue, with a prefix or states, finds
+/// the matching queues by seeking the same index and reads one range per (queue,
+/// state), up to [`LIST_MAX_STREAMS`]; every queue and every state, or more streams
+/// than that, walks the id index `(ns, id)` back from the cursor once. Tenant and
+/// tags are judged on the rows read (no index serves them, so enqueues keep their
+/// cost). Then the page's rows, and only those, are read whole. The cursor is only a
+/// bound (`id < cursor`), so it works after its job is deleted.
 pub(crate) fn list(conn: &Connection, ns: i64, query: &ListQuery) -> Result<ListPage> {
     // Every id is 16 bytes; 17 bytes of 0xff sort after all of them.
-    let cursor: Vec<u8> = match query.cursor {
+    let below: Vec<u8> = match query.cursor {
         Some(id) => id.to_bytes().to_vec(),
         None => vec![0xff; 17],
     };
-    let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
-    let states: Vec<JobState> = match query.state {
-        Some(state) => vec![state],
-        None => JobState::ALL.to_vec(),
-    };
+    let states: Vec<JobState> = JobState::ALL
+        .into_iter()
+        .filter(|state| query.matches_state(*state))
+        .collect();
     let tx = conn.unchecked_transaction().db("begin a read")?;
-    let sql = concat!(
-        "SELECT ",
-        job_columns!(),
-        " FROM jobq_jobs INDEXED BY jobq_jobs_state
-         WHERE ns = ?1 AND queue = ?2 AND state = ?3 AND id < ?4
-         ORDER BY id DESC LIMIT ?5"
-    );
-    let mut jobs = Vec::new();
-    for state in states {
-        jobs.extend(collect_jobs(
-            &tx,
-            sql,
-            params![ns, query.queue, state_code(state), cursor, limit],
-        )?);
+    let found_queues;
+    let streams: Vec<ListStream<'_>> = match (&query.queue, &query.queue_prefix) {
+        (Some(queue), _) if !query.matches_queue(queue) => Vec::new(),
+        (Some(queue), _) => states
+            .iter()
+            .map(|state| ListStream::QueueState(queue, *state))
+            .collect(),
+        (None, None) if query.states.is_empty() => vec![ListStream::All],
+        (None, prefix) => {
+            let cap = LIST_MAX_STREAMS / states.len().max(1);
+            found_queues = queues_with_prefix(&tx, ns, prefix.as_deref().unwrap_or(""), cap)?;
+            match &found_queues {
+                Some(queues) => queues
+                    .iter()
+                    .flat_map(|queue| {
+                        states
+                            .iter()
+                            .map(move |state| ListStream::QueueState(queue, *state))
+                    })
+                    .collect(),
+                None => vec![ListStream::All],
+            }
+        }
+    };
+    let chunk = query.limit.div_ceil(streams.len().max(1)).clamp(16, 1024);
+    let mut sources: Vec<ListSource<'_>> = streams
+        .into_iter()
+        .map(|stream| ListSource {
+            stream,
+            buffered: std::collections::VecDeque::new(),
+            below: below.clone(),
+            chunk,
+            exhausted: false,
+        })
+        .collect();
+
+    let mut matched: Vec<(i64, [u8; 16])> = Vec::with_capacity(query.limit.min(1024));
+    let mut examined = 0usize;
+    let mut last_examined = None;
+    while matched.len() < query.limit && examined < LIST_EXAMINE_MAX {
+        for source in &mut sources {
+            if source.buffered.is_empty() && !source.exhausted {
+                source.refill(&tx, ns, query)?;
+            }
+        }
+        // The newest head of all streams; ids are unique, so there is one.
+        let newest = sources
+            .iter_mut()
+            .filter_map(|source| {
+                let id = source.buffered.front()?.1;
+                Some((id, source))
+            })
+            .max_by_key(|(id, _)| *id);
+        let Some((_, source)) = newest else { break };
+        let Some((job, id, matches)) = source.buffered.pop_front() else {
+            break;
+        };
+        examined += 1;
+        last_examined = Some(id);
+        if matches {
+            matched.push((job, id));
+        }
+    }
+    let more = sources
+        .iter()
+        .any(|source| !source.buffered.is_empty() || !source.exhausted);
+
+    let mut jobs = Vec::with_capacity(matched.len());
+    {
+        let mut read = tx
+            .prepare_cached(concat!(
+                "SELECT ",
+                job_columns!(),
+                " FROM jobq_jobs WHERE job = ?1"
+            ))
+            .db("prepare the list read")?;
+        for (job, _) in &matched {
+            let mut rows = read.query([job]).db("read a listed job")?;
+            if let Some(row) = rows.next().db("read a listed job")? {
+                jobs.push(job_from_row(row)?);
+            }
+        }
     }
     tx.finish().db("end a read")?;
-    jobs.sort_unstable_by_key(|job| std::cmp::Reverse(job.id));
-    jobs.truncate(query.limit);
     let next = if jobs.len() == query.limit {
         jobs.last().map(|job| job.id)
+    } else if more {
+        // The page ended at the bound of examined rows: the next one starts below the
+        // last row examined.
+        last_examined
+            .map(|id| id_from_blob("job id", id))
+            .transpose()?
     } else {
         None
     };

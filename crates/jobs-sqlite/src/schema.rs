@@ -140,6 +140,39 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE INDEX jobq_workers_seen ON jobq_workers (ns, last_seen);
     "#,
+    // Version 7: tags (CONTRACT E11), trace context (E12) and attempts (H1-H4).
+    //
+    // `tags` is the text `jobs_core::meta::encode_tags` writes, `trace_context` the
+    // traceparent as given; both NULL for a job without them, so adding them rewrites
+    // no row and a plain job stores two NULL header bytes more. No index: `list`
+    // filters by tag and tenant on the rows it walks (CONTRACT A4), and an index on
+    // either would be one more entry for every enqueue to write.
+    //
+    // `jobq_attempts` holds only the attempts that ended by `fail`, `release` or
+    // `reclaim`; the running and the succeeded attempt are read from the job's own
+    // row (`jobs_core::attempts::history`). A job has at most `ATTEMPTS_KEPT` rows, one
+    // per `slot` (`jobs_core::attempts::slot` of the token), overwritten as tokens
+    // wrap, so no pass trims them. Rows are keyed by the job's id, not its rowid: a
+    // rowid can be reused by a later job, an id never, so a record left behind by a
+    // job deleted outside this crate can never be read as another job's. Jobs of
+    // older versions start their history with their next claim; one that succeeded
+    // before the upgrade shows no attempt (its worker was cleared on completion then).
+    r#"
+    ALTER TABLE jobq_jobs ADD COLUMN tags TEXT;
+    ALTER TABLE jobq_jobs ADD COLUMN trace_context TEXT;
+    CREATE TABLE jobq_attempts (
+        ns         INTEGER NOT NULL,
+        job_id     BLOB NOT NULL,
+        slot       INTEGER NOT NULL,
+        token      INTEGER NOT NULL,
+        worker     TEXT NOT NULL,
+        started_at INTEGER NOT NULL,
+        ended_at   INTEGER NOT NULL,
+        outcome    TEXT NOT NULL,
+        error      TEXT,
+        PRIMARY KEY (ns, job_id, slot)
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -353,7 +386,7 @@ mod tests {
             "read the version",
         );
         assert_eq!(version, SCHEMA_VERSION);
-        assert_eq!(SCHEMA_VERSION, 6);
+        assert_eq!(SCHEMA_VERSION, 7);
 
         let old = must(store.get(done).await, "get the finished job");
         assert_eq!(old.state, JobState::Succeeded);
@@ -410,15 +443,19 @@ mod tests {
             must(store.pause("stopped").await, "pause");
             must(store.enqueue(NewJob::new("old")).await, "enqueue").id
         };
-        // Take the file back to what a version 5 build left: no workers table.
+        // Take the file back to what a version 5 build left: no attempts, tags or trace
+        // context (version 7), no workers table (version 6).
         {
             let conn = must(Connection::open(&path), "reopen");
             must(
                 conn.execute_batch(
-                    "DROP TABLE jobq_workers;
+                    "DROP TABLE jobq_attempts;
+                     ALTER TABLE jobq_jobs DROP COLUMN trace_context;
+                     ALTER TABLE jobq_jobs DROP COLUMN tags;
+                     DROP TABLE jobq_workers;
                      UPDATE jobq_meta SET value = 5 WHERE name = 'schema_version';",
                 ),
-                "undo version 6",
+                "undo versions 7 and 6",
             );
         }
         let store = Store::new(must(
@@ -433,7 +470,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (6, 6));
+        assert_eq!((version, SCHEMA_VERSION), (7, 7));
         assert_eq!(must(store.get(job).await, "get").state, JobState::Queued);
         assert_eq!(
             must(store.paused_queues().await, "paused"),
@@ -454,6 +491,182 @@ mod tests {
             vec!["w-1".to_owned()]
         );
         assert!(must(store.workers().await, "workers").is_empty());
+    }
+
+    /// A file a version 6 build wrote (its migrations as they shipped, its jobs as its
+    /// enqueue, claim and complete left them) opens at version 7: its jobs read back
+    /// without tags or trace context, a running one shows its attempt from its lease,
+    /// and attempts, tags and list filters work on old and new jobs alike.
+    #[tokio::test]
+    async fn a_version_6_file_migrates_to_7_and_keeps_its_jobs() {
+        use jobs_core::{
+            AttemptOutcome, Clock, JobId, JobState, LeaseToken, ListQuery, ManualClock, NewJob,
+            Retry, Store, StoreSettings, Tags,
+        };
+
+        let dir = must(tempfile::tempdir(), "temp dir");
+        let path = dir.path().join("v6.db");
+        let clock = ManualClock::default();
+        let now = clock.now().as_millis();
+        let (queued, running, done) = (
+            JobId::mint(clock.now()),
+            JobId::mint(clock.now()),
+            JobId::mint(clock.now()),
+        );
+        {
+            let mut conn = must(Connection::open(&path), "open");
+            let tx = must(conn.transaction(), "begin");
+            must(
+                tx.execute_batch(
+                    "CREATE TABLE jobq_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)
+                         WITHOUT ROWID;
+                     INSERT INTO jobq_meta (name, value) VALUES ('schema_version', 6);",
+                ),
+                "create the meta table",
+            );
+            for migration in &MIGRATIONS[..6] {
+                must(tx.execute_batch(migration), "apply a version 6 migration");
+            }
+            must(
+                tx.execute_batch(
+                    "INSERT INTO jobq_namespaces (id, name) VALUES (1, 'default');
+                     UPDATE jobq_meta SET value = 3 WHERE name = 'seq';",
+                ),
+                "register the namespace",
+            );
+            // A version 6 completion cleared the worker; a running job holds its lease.
+            let rows = [
+                (1, queued, 0, 0, None, None, None),
+                (2, running, 1, 2, Some("w-old"), Some(now + 30_000), None),
+                (3, done, 2, 1, None, None, Some(now)),
+            ];
+            for (row, id, state, token, worker, expires, finished) in rows {
+                let started = (token > 0).then_some(now);
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_jobs (job, ns, id, queue, state, priority, run_at,
+                             seq, attempts, max_attempts, lease_token, lease_worker,
+                             lease_expires_at, cancel_requested, created_at, started_at,
+                             heartbeat_at, finished_at, tenant)
+                         VALUES (?1, 1, ?2, 'old', ?3, 0, ?4, ?1, ?5, 5, ?5, ?6, ?7, 0, ?4,
+                             ?8, ?8, ?9, '')",
+                        rusqlite::params![
+                            row,
+                            id.to_bytes(),
+                            state,
+                            now,
+                            token,
+                            worker,
+                            expires,
+                            started,
+                            finished
+                        ],
+                    ),
+                    "insert a version 6 job",
+                );
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_payloads (job, payload) VALUES (?1, x'01')",
+                        [row],
+                    ),
+                    "insert a version 6 payload",
+                );
+            }
+            must(tx.commit(), "commit");
+        }
+
+        let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
+        let store = Store::new(must(
+            crate::SqliteStore::open(&path, settings).await,
+            "open",
+        ));
+        let version: i64 = must(
+            must(Connection::open(&path), "reopen").query_row(
+                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
+                [],
+                |row| row.get(0),
+            ),
+            "read the version",
+        );
+        assert_eq!((version, SCHEMA_VERSION), (7, 7));
+        for id in [queued, running, done] {
+            let job = must(store.get(id).await, "get an old job");
+            assert_eq!((job.tags, job.trace_context), (Tags::new(), None));
+        }
+        assert!(must(store.attempts(queued).await, "attempts").is_empty());
+        assert!(
+            must(store.attempts(done).await, "attempts").is_empty(),
+            "a job that succeeded under version 6 kept no worker, so no attempt"
+        );
+        let history = must(store.attempts(running).await, "attempts");
+        assert_eq!(history.len(), 1);
+        assert_eq!(
+            (
+                history[0].token,
+                history[0].worker.as_str(),
+                history[0].outcome
+            ),
+            (LeaseToken::new(2), "w-old", AttemptOutcome::Running)
+        );
+        clock.advance(std::time::Duration::from_millis(5));
+        must(
+            store
+                .fail(running, LeaseToken::new(2), "old boom", Retry::Never)
+                .await,
+            "fail the old running job",
+        );
+        let history = must(store.attempts(running).await, "attempts");
+        assert_eq!(
+            history
+                .iter()
+                .map(|a| (a.token.get(), a.outcome, a.error.as_deref(), a.ended_at))
+                .collect::<Vec<_>>(),
+            vec![(
+                2,
+                AttemptOutcome::Failed,
+                Some("old boom"),
+                Some(clock.now())
+            )]
+        );
+
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let tagged = must(
+            store
+                .enqueue(
+                    NewJob::new("old")
+                        .tag("customer", "42")
+                        .trace_context(traceparent),
+                )
+                .await,
+            "enqueue after the migration",
+        )
+        .id;
+        let job = must(store.get(tagged).await, "get the new job");
+        assert_eq!(job.tags.get("customer").map(String::as_str), Some("42"));
+        assert_eq!(job.trace_context.as_deref(), Some(traceparent));
+        let by_tag = must(
+            store
+                .list(ListQuery::new("old").tag("customer", "42"))
+                .await,
+            "list by tag",
+        );
+        assert_eq!(
+            by_tag.jobs.iter().map(|job| job.id).collect::<Vec<_>>(),
+            vec![tagged]
+        );
+        let everything = must(store.list(ListQuery::all()).await, "list every queue");
+        assert_eq!(
+            everything.jobs.iter().map(|job| job.id).collect::<Vec<_>>(),
+            vec![tagged, done, running, queued]
+        );
+        let dead = must(
+            store.list(ListQuery::all().state(JobState::Dead)).await,
+            "list the dead",
+        );
+        assert_eq!(
+            dead.jobs.iter().map(|job| job.id).collect::<Vec<_>>(),
+            vec![running]
+        );
     }
 
     #[test]

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobs_core::{
-    Bytes, ClaimRequest, Error, JobId, JobState, ManualClock, NewJob, QueueStats, Store,
-    StoreSettings, Timestamp,
+    AttemptOutcome, Bytes, ClaimRequest, Clock, Error, JobId, JobState, ManualClock, NewJob,
+    QueueStats, Store, StoreSettings, Timestamp,
 };
 use jobs_sqlite::rusqlite::{self, Connection};
 use jobs_sqlite::{SqliteConfig, SqliteStore};
@@ -212,6 +212,67 @@ async fn a_committed_job_is_claimed_and_completed_normally() {
     let job = f.store.get(enqueued.id).await.expect("get");
     assert_eq!(job.state, JobState::Succeeded);
     assert_eq!(orders(&conn), 1);
+}
+
+/// E11, E12, H2 through the caller's transaction: an enqueue stores its tags and trace
+/// context as the store's does (and refuses bad tags, leaving the transaction usable);
+/// a fenced completion ends the attempt as succeeded, with the lease's worker kept and
+/// no lease shown, and writes no attempt record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_keeps_tags_trace_context_and_attempts_as_the_store_does() {
+    let f = fixture(SqliteConfig::default()).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut conn = f.backend.connection().expect("a connection");
+    let mut tx = f.backend.transaction(&mut conn).expect("begin");
+    let refused = tx.enqueue(NewJob::new(QUEUE).tag("bad key", "v"));
+    assert!(
+        matches!(&refused, Err(Error::InvalidInput { field: "tags", .. })),
+        "{refused:?}"
+    );
+    let id = tx
+        .enqueue(
+            NewJob::new(QUEUE)
+                .tag("order", "17")
+                .trace_context(traceparent),
+        )
+        .expect("enqueue")
+        .id;
+    tx.commit().expect("commit");
+    let job = f.store.get(id).await.expect("get");
+    assert_eq!(job.tags.get("order").map(String::as_str), Some("17"));
+    assert_eq!(job.trace_context.as_deref(), Some(traceparent));
+
+    let claimed = f
+        .store
+        .claim(claim_request(Duration::from_secs(30)))
+        .await
+        .expect("claim");
+    assert_eq!(claimed[0].job.tags, job.tags);
+    f.clock.advance(Duration::from_millis(9));
+    let mut tx = f.backend.transaction(&mut conn).expect("begin");
+    let _receipt = tx.complete(id, claimed[0].token(), None).expect("complete");
+    tx.commit().expect("commit");
+    let history = f.store.attempts(id).await.expect("attempts");
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        (
+            history[0].outcome,
+            history[0].worker.as_str(),
+            history[0].token,
+            history[0].ended_at
+        ),
+        (
+            AttemptOutcome::Succeeded,
+            "worker",
+            claimed[0].token(),
+            Some(f.clock.now())
+        )
+    );
+    assert_eq!(f.store.get(id).await.expect("get").lease, None);
+    let records: i64 = conn
+        .query_row("SELECT COUNT(*) FROM jobq_attempts", [], |row| row.get(0))
+        .expect("count the attempt records");
+    assert_eq!(records, 0, "a completion writes no attempt record");
 }
 
 /// T3: a completion in the caller's transaction commits with the caller's row; a stale
