@@ -81,6 +81,12 @@ where
                 .bind_iter(),
         )
         .bind(rows.iter().map(|r| row::placement_param(r.job)).bind_iter())
+        .bind(rows.iter().map(|r| row::tags_param(r.job)).bind_iter())
+        .bind(
+            rows.iter()
+                .map(|r| r.job.trace_context.as_deref())
+                .bind_iter(),
+        )
         .fetch_all(executor)
         .await
         .map_err(|err| shared.error("enqueue", err))?;

@@ -4,8 +4,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use jobs_core::attempts::LastClaim;
 use jobs_core::fit::{decode_placement, encode_placement, PlacementCache};
-use jobs_core::{Error, Job, JobId, JobState, Lease, LeaseToken, Needs, NewJob, Result, Timestamp};
+use jobs_core::meta::{decode_tags, encode_tags, validate_tags, validate_trace_context};
+use jobs_core::{
+    Attempt, AttemptOutcome, Error, Job, JobId, JobState, Lease, LeaseToken, Needs, NewJob, Result,
+    Tags, Timestamp,
+};
 use sqlx::postgres::{PgRow, Postgres};
 use sqlx::{Decode, Row, Type};
 use uuid::Uuid;
@@ -32,6 +37,9 @@ fn text(bytes: Vec<u8>, field: &str, what: &dyn Fn() -> String) -> Result<String
 fn count(value: i64, field: &str, what: &dyn Fn() -> String) -> Result<u32> {
     u32::try_from(value).map_err(|_| Error::corrupt(what(), format!("{field} is {value}")))
 }
+
+/// The column after `sql::job_columns!` in a claim's rows: the payload.
+pub(crate) const CLAIM_PAYLOAD: usize = 25;
 
 /// A job from the columns of `sql::job_columns!`, starting at column 0.
 pub(crate) fn job(row: &PgRow) -> Result<Job> {
@@ -83,6 +91,16 @@ pub(crate) fn job_in(row: &PgRow, placements: Option<&mut PlacementCache>) -> Re
         .map_err(|err| Error::corrupt(what(), err))?,
         None => (Needs::new(), None),
     };
+    let tags = match column::<Option<String>>(row, 23, what)? {
+        Some(text) => tags(&text, what)?,
+        None => Tags::new(),
+    };
+    let trace_context = column::<Option<String>>(row, 24, what)?;
+    if let Some(traceparent) = &trace_context {
+        // Outside the model (CONTRACT E12) as a timeout of zero is: corrupt.
+        validate_trace_context(traceparent)
+            .map_err(|err| Error::corrupt(what(), format!("trace_context: {err}")))?;
+    }
     let stamp = |index: usize| -> Result<Option<Timestamp>> {
         Ok(column::<Option<i64>>(row, index, what)?.map(Timestamp::from_millis))
     };
@@ -112,7 +130,68 @@ pub(crate) fn job_in(row: &PgRow, placements: Option<&mut PlacementCache>) -> Re
             .transpose()?,
         needs,
         locality,
+        tags,
+        trace_context,
     })
+}
+
+/// Stored tags (CONTRACT E11): the JSON map `encode_tags` wrote, and within the
+/// limits of E11, or the record is corrupt.
+fn tags(text: &str, what: &dyn Fn() -> String) -> Result<Tags> {
+    let tags = decode_tags(text).map_err(|err| Error::corrupt(what(), err))?;
+    validate_tags("tags", &tags).map_err(|err| Error::corrupt(what(), err.to_string()))?;
+    Ok(tags)
+}
+
+/// A job's tags as stored: the text of `encode_tags`, NULL for none.
+pub(crate) fn tags_param(job: &NewJob) -> Option<String> {
+    encode_tags(&job.tags)
+}
+
+/// What a row of `sql::ATTEMPTS` says of the job's last claim (columns 0 to 4).
+pub(crate) fn last_claim(row: &PgRow, id: JobId) -> Result<LastClaim> {
+    let what = || format!("job {id}");
+    let what: &dyn Fn() -> String = &what;
+    let token: i64 = column(row, 2, what)?;
+    let token = u64::try_from(token)
+        .map_err(|_| Error::corrupt(what(), format!("lease_token is {token}")))?;
+    Ok(LastClaim {
+        state: state(row, 0, what)?,
+        worker: column::<Option<Vec<u8>>>(row, 1, what)?
+            .map(|worker| text(worker, "lease_worker", what))
+            .transpose()?,
+        token: LeaseToken::new(token),
+        started_at: column::<Option<i64>>(row, 3, what)?.map(Timestamp::from_millis),
+        finished_at: column::<Option<i64>>(row, 4, what)?.map(Timestamp::from_millis),
+    })
+}
+
+/// The stored attempt of a row of `sql::ATTEMPTS` (columns 5 to 10), `None` when the
+/// job has none (the left join's NULLs).
+pub(crate) fn attempt(row: &PgRow, id: JobId) -> Result<Option<Attempt>> {
+    let what = || format!("attempt of job {id}");
+    let what: &dyn Fn() -> String = &what;
+    let Some(token) = column::<Option<i64>>(row, 5, what)? else {
+        return Ok(None);
+    };
+    let token = match u64::try_from(token) {
+        Ok(token) if token > 0 => LeaseToken::new(token),
+        _ => return Err(Error::corrupt(what(), format!("token is {token}"))),
+    };
+    let outcome: String = column(row, 9, what)?;
+    let outcome: AttemptOutcome = outcome
+        .parse()
+        .map_err(|_| Error::corrupt(what(), format!("unknown outcome {outcome:?}")))?;
+    Ok(Some(Attempt::ended(
+        token,
+        text(column(row, 6, what)?, "worker", what)?,
+        Timestamp::from_millis(column(row, 7, what)?),
+        Timestamp::from_millis(column(row, 8, what)?),
+        outcome,
+        column::<Option<Vec<u8>>>(row, 10, what)?
+            .map(|error| text(error, "error", what))
+            .transpose()?,
+    )))
 }
 
 /// A stored timeout: milliseconds above zero (`validate_timeout` admits no other).

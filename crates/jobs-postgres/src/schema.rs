@@ -62,6 +62,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "workers",
         sql: include_str!("../migrations/0009_workers.sql"),
     },
+    Migration {
+        version: 10,
+        name: "attempts_tags",
+        sql: include_str!("../migrations/0010_attempts_tags.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

@@ -34,13 +34,13 @@ use sqlx::AssertSqlSafe;
 
 /// The columns of a job as `get` shows it, in the order `row::job` reads them. The
 /// placement is read as its text: sqlx decodes no `jsonb` into a `String`, and
-/// jobs-core decodes the text.
+/// jobs-core decodes the text. The tags are stored as text already (migration 10).
 macro_rules! job_columns {
     () => {
         "id, queue, tenant, idempotency_key, priority, run_at, seq, max_attempts, parent, \
          state, attempts, lease_worker, lease_token, lease_expires_at, created_at, \
          started_at, heartbeat_at, finished_at, last_error, result, cancel_requested, \
-         timeout_ms, placement::text"
+         timeout_ms, placement::text, tags, trace_context"
     };
 }
 
@@ -76,12 +76,49 @@ macro_rules! open_queues {
     };
 }
 
+/// The end of a statement that ends leases (`fail`, `release`, `reclaim`): `ended`,
+/// the `UPDATE … RETURNING` of the jobs whose lease it ended (their id, last token,
+/// worker and start, none of which the update changes), becomes one attempt record
+/// each (CONTRACT H2), in the same statement, so the call costs no extra round trip
+/// and the record commits with the change of state or not at all.
+///
+/// The record goes in slot `token % ATTEMPTS_KEPT` (`jobs_core::attempts::slot`),
+/// overwriting the attempt that many claims older (H3). A running row always has a
+/// worker and a start; one edited by hand to lack them ends its lease as any other,
+/// without a record.
+macro_rules! record_attempt {
+    ($ended_at:literal, $outcome:literal, $error:literal) => {
+        concat!(
+            "
+recorded AS (
+    INSERT INTO {schema}.attempts
+        (namespace, job, slot, token, worker, started_at, ended_at, outcome, error)
+    SELECT $1, ended.id, (ended.lease_token % {kept})::smallint, ended.lease_token,
+           ended.lease_worker, ended.started_at, ",
+            $ended_at,
+            ", '",
+            $outcome,
+            "', ",
+            $error,
+            "
+    FROM ended
+    WHERE ended.lease_worker IS NOT NULL AND ended.started_at IS NOT NULL
+    ON CONFLICT (namespace, job, slot) DO UPDATE SET
+        token = excluded.token, worker = excluded.worker, started_at = excluded.started_at,
+        ended_at = excluded.ended_at, outcome = excluded.outcome, error = excluded.error
+)
+"
+        )
+    };
+}
+
 /// Enqueues many jobs in one statement (CONTRACT E1–E10).
 ///
 /// `$1` namespace, `$2` now, `$3..$11` and `$14` the jobs as parallel arrays (id,
 /// queue, tenant, key, payload, priority, run_at, max_attempts, parent; timeout in
 /// milliseconds, NULL for none; `$15` whether the key is unique while active, E10;
-/// `$16` the placement text, NULL for none, F1), `$12` the dedup cutoff
+/// `$16` the placement text, NULL for none, F1; `$17` the tags text, NULL for none,
+/// E11; `$18` the trace context, NULL for none, E12), `$12` the dedup cutoff
 /// (`now - window`: an entry created at or before it no longer deduplicates), `$13`
 /// whole: when true, one unknown parent writes nothing at all (an `enqueue_batch`);
 /// when false, only that job is refused (calls gathered from different callers).
@@ -101,9 +138,10 @@ WITH input AS MATERIALIZED (
                                         WHERE p.namespace = $1 AND p.id = t.parent)) AS parent_ok
     FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::bytea[],
                 $8::int2[], $9::int8[], $10::int8[], $11::uuid[], $14::int8[], $15::bool[],
-                $16::text[])
+                $16::text[], $17::text[], $18::text[])
          WITH ORDINALITY AS t(id, queue, tenant, key, payload, priority, run_at,
-                              max_attempts, parent, timeout_ms, while_active, placement, ord)
+                              max_attempts, parent, timeout_ms, while_active, placement,
+                              tags, trace_context, ord)
 ),
 bad AS (
     SELECT count(*) FILTER (WHERE NOT parent_ok) AS n FROM input
@@ -135,10 +173,10 @@ d AS (
 j AS (
     INSERT INTO {schema}.jobs (namespace, id, queue, tenant, idempotency_key, priority,
                                run_at, seq, max_attempts, parent, state, created_at, payload,
-                               timeout_ms, placement)
+                               timeout_ms, placement, tags, trace_context)
     SELECT $1, ok.id, ok.queue, ok.tenant, ok.key, ok.priority, ok.run_at, ok.seq,
            ok.max_attempts, ok.parent, 'queued', $2, ok.payload, ok.timeout_ms,
-           ok.placement::jsonb
+           ok.placement::jsonb, ok.tags, ok.trace_context
     FROM ok
     WHERE ok.key IS NULL OR EXISTS (SELECT 1 FROM d WHERE d.job_id = ok.id)
     RETURNING id
@@ -312,6 +350,19 @@ const CHILDREN: &str = concat!(
     " FROM {schema}.jobs WHERE namespace = $1 AND parent = $2 ORDER BY id"
 );
 
+/// Rules H1–H4: the job's own record of its last claim (state, worker, token, start,
+/// finish) and its stored attempts, one row per attempt (the attempt columns NULL when
+/// it has none), none when the job does not exist. One statement, so one snapshot:
+/// the records and the job agree (`jobs_core::attempts::history` joins them). Both
+/// lookups are primary-key ranges.
+const ATTEMPTS: &str = r#"
+SELECT j.state, j.lease_worker, j.lease_token, j.started_at, j.finished_at,
+       a.token, a.worker, a.started_at, a.ended_at, a.outcome, a.error
+FROM {schema}.jobs j
+LEFT JOIN {schema}.attempts a ON a.namespace = $1 AND a.job = $2
+WHERE j.namespace = $1 AND j.id = $2
+"#;
+
 /// Rule L1. `$3` token, `$4` new expiry, `$5` now.
 const HEARTBEAT: &str = r#"
 UPDATE {schema}.jobs SET lease_expires_at = $4, heartbeat_at = $5
@@ -336,9 +387,11 @@ WITH input AS (
     SELECT * FROM unnest($2::uuid[], $3::int8[], $4::bytea[]) AS t(id, token, result)
 ),
 done AS (
+    -- `lease_worker` stays: with `lease_token`, `started_at` and `finished_at` it is
+    -- the attempt that succeeded (CONTRACT H4), which nothing else records.
     UPDATE {schema}.jobs j SET
         state = 'succeeded', result = input.result, finished_at = $5,
-        lease_worker = NULL, lease_expires_at = NULL
+        lease_expires_at = NULL
     FROM input
     WHERE j.namespace = $1 AND j.id = input.id
       AND (j.state = 'running' AND j.lease_token = input.token) IS TRUE
@@ -369,9 +422,10 @@ const COMPLETED_BEFORE: &str = "EXISTS (SELECT 1 FROM {schema}.jobs y \
 /// own `synchronous_commit`.
 const COMPLETE_IN: &str = r#"
 WITH done AS (
+    -- `lease_worker` stays, as in [`COMPLETE`]: it names the attempt that succeeded.
     UPDATE {schema}.jobs j SET
         state = 'succeeded', result = $4, finished_at = $5,
-        lease_worker = NULL, lease_expires_at = NULL
+        lease_expires_at = NULL
     WHERE j.namespace = $1 AND j.id = $2
       AND (j.state = 'running' AND j.lease_token = $3) IS TRUE
     RETURNING j.id
@@ -411,12 +465,18 @@ FROM input LEFT JOIN beat ON beat.id = input.id AND beat.lease_token = input.tok
 WHERE {relax}
 "#;
 
-/// Rules L6, L7 and the cancel-while-running decision.
+/// Rules L6, L7, H2 and the cancel-while-running decision.
 ///
 /// `$3` token, `$4` retry time (NULL: never), `$5` now, `$6` error text. Every `SET`
 /// expression reads the row as it was, so the requeue test is repeated rather than
-/// stored: cancel requested wins, then a retry with attempts left, else dead.
-const FAIL: &str = r#"
+/// stored: cancel requested wins, then a retry with attempts left, else dead. The
+/// attempt is recorded as failed, with the error, whatever the new state
+/// (`record_attempt!`). `lease_worker` is left as it was: the record reads it back
+/// from `RETURNING`, which shows the row as updated, and a non-running job's lease
+/// reads as none whatever the column holds.
+const FAIL: &str = concat!(
+    r#"
+WITH ended AS (
 UPDATE {schema}.jobs SET
     -- Mirrors jobs_core::transition::after_failure (attempts counts the one ending).
     -- CONTRACT A1 (cancel while running): a cancel-requested job that fails ends
@@ -434,17 +494,24 @@ UPDATE {schema}.jobs SET
     -- (L7) are terminal; a requeued job (L6) is not.
     finished_at = CASE WHEN NOT cancel_requested AND $4::int8 IS NOT NULL AND attempts < max_attempts
                        THEN NULL ELSE $5 END,
-    last_error = $6, lease_worker = NULL, lease_expires_at = NULL
+    last_error = $6, lease_expires_at = NULL
 WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS TRUE
   AND {relax}
-RETURNING state
-"#;
+RETURNING id, state, lease_token, lease_worker, started_at
+),"#,
+    record_attempt!("$5", "failed", "$6"),
+    "SELECT state FROM ended
+"
+);
 
 /// Rules L8, L10: back to `queued`, ready at `$5` (now for a release, later for a
 /// snooze), behind the ready jobs, the attempt taken back and `last_error` untouched;
 /// `cancelled` instead when cancellation was requested, with the attempt still counted
-/// (decided under A1). `$3` token, `$4` now, `$5` ready time.
-const RELEASE: &str = r#"
+/// (decided under A1). `$3` token, `$4` now, `$5` ready time. The attempt is recorded
+/// as released either way (H2), as [`FAIL`] records its own.
+const RELEASE: &str = concat!(
+    r#"
+WITH ended AS (
 UPDATE {schema}.jobs SET
     -- Mirrors jobs_core::transition::after_release.
     -- CONTRACT A1 (cancel while running): a cancel-requested job that is released
@@ -458,25 +525,32 @@ UPDATE {schema}.jobs SET
     seq = CASE WHEN cancel_requested THEN seq ELSE nextval('{schema}.seq') END,
     -- CONTRACT §2 (every terminal state sets finished_at): only the cancelled end.
     finished_at = CASE WHEN cancel_requested THEN $4 ELSE NULL END,
-    lease_worker = NULL, lease_expires_at = NULL
+    lease_expires_at = NULL
 WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS TRUE
   AND {relax}
-RETURNING state, queue
-"#;
+RETURNING id, state, queue, lease_token, lease_worker, started_at
+),"#,
+    record_attempt!("$4", "released", "NULL::bytea"),
+    "SELECT state, queue FROM ended
+"
+);
 
 /// Rules R1–R6. `$2` now, `$3` limit, `$4` the eviction text.
 ///
 /// The selection walks `jobs_leases` from the oldest expiry, so its cost follows the
 /// number of expired leases (R6); `SKIP LOCKED` and the re-check of the locked row
-/// make concurrent reclaimers take each job once (R4).
-const RECLAIM: &str = r#"
+/// make concurrent reclaimers take each job once (R4). Each attempt is recorded as
+/// expired, with the eviction text (H2), as [`FAIL`] records its own.
+const RECLAIM: &str = concat!(
+    r#"
 WITH expired AS (
     SELECT id AS expired_id FROM {schema}.jobs
     WHERE namespace = $1 AND lease_expires_at < $2 AND (state = 'running') IS TRUE
     ORDER BY lease_expires_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-)
+),
+ended AS (
 UPDATE {schema}.jobs SET
     -- Mirrors jobs_core::transition::after_lease_expired.
     -- R3: cancel requested → cancelled (first, so a job both cancel-requested and on
@@ -493,11 +567,15 @@ UPDATE {schema}.jobs SET
     -- are terminal, a requeued job (R1) is not.
     finished_at = CASE WHEN NOT cancel_requested AND attempts < max_attempts
                        THEN NULL ELSE $2 END,
-    last_error = $4, lease_worker = NULL, lease_expires_at = NULL
+    last_error = $4, lease_expires_at = NULL
 FROM expired
 WHERE namespace = $1 AND id = expired.expired_id AND {relax}
-RETURNING id, state, queue
-"#;
+RETURNING id, state, queue, lease_token, lease_worker, started_at
+),"#,
+    record_attempt!("$2", "expired", "$4"),
+    "SELECT id, state, queue FROM ended
+"
+);
 
 /// Rule A1 on a queued or running job. `$3` now.
 const CANCEL: &str = r#"
@@ -557,10 +635,39 @@ GROUP BY queue, state
 ORDER BY queue
 "#;
 
-/// Rule A4: one page, newest first. `$3` the states to list, `$4` the exclusive
-/// cursor (the largest uuid for the first page), `$5` the page size. One index range
-/// per state, newest first, merged: a page costs its size, not its depth.
-const LIST: &str = concat!(
+/// The filters of `list` every walk applies to the rows it reaches (CONTRACT A4):
+/// the tenant (`$tenant`, NULL for every tenant) and the tags (`$tags`, the filter's
+/// JSON object, NULL for none), all of which a job's tags must contain (`@>`, whole
+/// keys and whole values). Neither has an index (nothing on the hot path needs one,
+/// and every enqueue would pay for it), so a selective one makes the walk read past
+/// the rows it leaves out. A row whose stored tags do not read as JSON passes the tag
+/// filter (`tags_json` is NULL, migration 10), so its decoding reports it `Corrupt`.
+macro_rules! list_filters {
+    ($tenant:literal, $tags:literal) => {
+        concat!(
+            "
+      AND (",
+            $tenant,
+            "::bytea IS NULL OR tenant = ",
+            $tenant,
+            ")
+      AND (",
+            $tags,
+            "::jsonb IS NULL
+           OR (tags IS NOT NULL AND ({schema}.tags_json(tags) @> ",
+            $tags,
+            "::jsonb) IS NOT FALSE))"
+        )
+    };
+}
+
+/// Rule A4 for one queue: one page, newest first. `$2` the queue, `$3` the states to
+/// list (every state when the query names none), `$4` the exclusive cursor (the
+/// largest uuid for the first page), `$5` the page size, `$6` and `$7` the
+/// `list_filters!`. One range of `jobs_listing` (namespace, queue, state, id) per
+/// state, walked newest first and cut at `$5` matches, then merged: a page costs its
+/// size (and the rows the filters leave out), not its depth.
+const LIST_QUEUE: &str = concat!(
     "SELECT ",
     job_columns!(),
     r#" FROM unnest($3::text[]) AS s(st),
@@ -568,7 +675,9 @@ LATERAL (
     SELECT "#,
     job_columns!(),
     r#" FROM {schema}.jobs
-    WHERE namespace = $1 AND queue = $2 AND state = s.st AND id < $4
+    WHERE namespace = $1 AND queue = $2 AND state = s.st AND id < $4"#,
+    list_filters!("$6", "$7"),
+    r#"
     ORDER BY id DESC
     LIMIT $5
 ) page
@@ -577,9 +686,65 @@ LIMIT $5
 "#
 );
 
+/// Rule A4 across queues, for a query naming states or a queue prefix but no queue:
+/// [`LIST_QUEUE`]'s walk for every queue of the namespace whose name starts with `$2`
+/// (NULL: every queue), merged. `$3` to `$7` as in [`LIST_QUEUE`].
+///
+/// The namespace's queues come from a skip scan of `jobs_listing`: each step one
+/// descent to the next queue name, so their number, not the jobs', sets its cost. The
+/// prefix is compared with `starts_with`, byte for byte (no pattern, so `_` and `%`
+/// are themselves), on each name found: index order follows the database's collation,
+/// in which the names sharing a prefix need not be adjacent, so no range of it is
+/// taken for the prefix. Per queue and state the walk stops at `$5` matches, so a page
+/// reads at most queues × states × `$5` rows however deep it is.
+const LIST_QUEUES: &str = concat!(
+    r#"
+WITH RECURSIVE queues(name) AS (
+    SELECT min(queue) FROM {schema}.jobs WHERE namespace = $1
+    UNION ALL
+    SELECT (SELECT min(queue) FROM {schema}.jobs WHERE namespace = $1 AND queue > q.name)
+    FROM queues q
+    WHERE q.name IS NOT NULL
+)
+SELECT "#,
+    job_columns!(),
+    r#" FROM queues q
+CROSS JOIN unnest($3::text[]) AS s(st),
+LATERAL (
+    SELECT "#,
+    job_columns!(),
+    r#" FROM {schema}.jobs
+    WHERE namespace = $1 AND queue = q.name AND state = s.st AND id < $4"#,
+    list_filters!("$6", "$7"),
+    r#"
+    ORDER BY id DESC
+    LIMIT $5
+) page
+WHERE q.name IS NOT NULL AND ($2::text IS NULL OR starts_with(q.name, $2::text))
+ORDER BY id DESC
+LIMIT $5
+"#
+);
+
+/// Rule A4 over every job of the namespace (no queue, prefix or state named): the
+/// primary key (namespace, id) walked newest first from the exclusive cursor `$2`,
+/// `$3` the page size, `$4` and `$5` the `list_filters!`. Without filters a page
+/// reads its own rows and no more.
+const LIST_ALL: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    r#" FROM {schema}.jobs
+WHERE namespace = $1 AND id < $2"#,
+    list_filters!("$4", "$5"),
+    r#"
+ORDER BY id DESC
+LIMIT $3
+"#
+);
+
 /// Rule A5: deletes up to `$3` terminal jobs finished at or before `$2` (the retention
-/// cutoff) with their idempotency keys, and up to `$3` other keys created at or before
-/// `$4`.
+/// cutoff) with their idempotency keys and their attempts (H4), and up to `$3` other
+/// keys created at or before `$4`.
 ///
 /// Only inert keys go: a key stops deduplicating once its job is gone or its window
 /// has passed (see [`ENQUEUE`]). `$4` is the retention cutoff less the dedup window;
@@ -606,6 +771,11 @@ gone AS (
     DELETE FROM {schema}.jobs j USING old_jobs g
     WHERE j.namespace = $1 AND j.id = g.gone_id
     RETURNING j.id AS gone_id, j.tenant AS gone_tenant, j.idempotency_key AS gone_key
+),
+-- CONTRACT H4: a job's attempts go with it (a range of the attempts' primary key).
+gone_attempts AS (
+    DELETE FROM {schema}.attempts a USING gone
+    WHERE a.namespace = $1 AND a.job = gone.gone_id
 ),
 own_keys AS MATERIALIZED (
     SELECT d.tenant AS t, d.key AS k FROM {schema}.dedup d
@@ -720,11 +890,14 @@ DELETE FROM {schema}.workers WHERE namespace = $1 AND last_seen < $2 AND {relax}
 RETURNING id
 "#;
 
-/// Deletes every row of namespace `$1`, jobs, keys, pauses, schedules and workers, in
-/// one transaction; returns how many jobs it deleted.
+/// Deletes every row of namespace `$1`, jobs, attempts, keys, pauses, schedules and
+/// workers, in one transaction; returns how many jobs it deleted.
 const DROP_NAMESPACE: &str = r#"
 WITH keys AS (
     DELETE FROM {schema}.dedup WHERE namespace = $1
+),
+attempts AS (
+    DELETE FROM {schema}.attempts WHERE namespace = $1
 ),
 paused AS (
     DELETE FROM {schema}.paused_queues WHERE namespace = $1
@@ -760,7 +933,8 @@ impl Text {
                 .replace("{fit}", FIT)
                 .replace("{again}", again)
                 .replace("{schema}", schema)
-                .replace("{relax}", relax),
+                .replace("{relax}", relax)
+                .replace("{kept}", &jobs_core::ATTEMPTS_KEPT.to_string()),
         ))
     }
 
@@ -784,6 +958,7 @@ pub(crate) struct Statements {
     pub(crate) get: Text,
     pub(crate) payload: Text,
     pub(crate) children: Text,
+    pub(crate) attempts: Text,
     pub(crate) heartbeat: Text,
     pub(crate) heartbeat_batch: Text,
     pub(crate) complete: Text,
@@ -810,7 +985,12 @@ pub(crate) struct Statements {
     pub(crate) delete_worker: Text,
     pub(crate) workers: Text,
     pub(crate) reap_workers: Text,
-    pub(crate) list: Text,
+    /// [`LIST_QUEUE`]: a page of one queue.
+    pub(crate) list_queue: Text,
+    /// [`LIST_QUEUES`]: a page across the queues, by state or queue prefix.
+    pub(crate) list_queues: Text,
+    /// [`LIST_ALL`]: a page of every job.
+    pub(crate) list_all: Text,
     pub(crate) purge: Text,
     pub(crate) vanish: Text,
     pub(crate) drop_namespace: Text,
@@ -836,6 +1016,7 @@ impl Statements {
             get: r(GET),
             payload: r(PAYLOAD),
             children: r(CHILDREN),
+            attempts: r(ATTEMPTS),
             heartbeat: r(HEARTBEAT),
             heartbeat_batch: r(HEARTBEAT_BATCH),
             complete: r(COMPLETE),
@@ -860,7 +1041,9 @@ impl Statements {
             delete_worker: r(DELETE_WORKER),
             workers: r(WORKERS),
             reap_workers: r(REAP_WORKERS),
-            list: r(LIST),
+            list_queue: r(LIST_QUEUE),
+            list_queues: r(LIST_QUEUES),
+            list_all: r(LIST_ALL),
             purge: r(PURGE),
             vanish: r(VANISH),
             drop_namespace: r(DROP_NAMESPACE),
@@ -884,6 +1067,51 @@ mod tests {
                 assert!(!text.0.contains("set_config"), "{}", text.0);
                 assert!(!text.0.contains('{'), "a placeholder is left: {}", text.0);
             }
+        }
+    }
+
+    /// CONTRACT H4, decided: the hot path (enqueue, claim, heartbeat, complete) writes
+    /// no attempt and completions keep the worker; each call that ends a lease
+    /// otherwise records its attempt in its own statement, in its slot.
+    #[test]
+    fn only_leases_ending_off_the_hot_path_write_attempts() {
+        let sql = Statements::new("\"jobs\"", true);
+        for hot in [
+            &sql.enqueue,
+            &sql.claim,
+            &sql.claim_budgeted,
+            &sql.claim_preferring,
+            &sql.claim_reserved,
+            &sql.heartbeat,
+            &sql.heartbeat_batch,
+            &sql.complete,
+            &sql.complete_again,
+            &sql.complete_in,
+        ] {
+            assert!(!hot.0.contains("\"jobs\".attempts"), "{}", hot.0);
+            assert!(!hot.0.contains("lease_worker = NULL"), "{}", hot.0);
+        }
+        for ending in [&sql.fail, &sql.release, &sql.reclaim] {
+            assert!(
+                ending.0.contains("INSERT INTO \"jobs\".attempts"),
+                "{}",
+                ending.0
+            );
+            let slot = format!("% {})::smallint", jobs_core::ATTEMPTS_KEPT);
+            assert!(ending.0.contains(&slot), "{}", ending.0);
+        }
+        for text in [
+            &sql.attempts,
+            &sql.fail,
+            &sql.release,
+            &sql.reclaim,
+            &sql.list_queue,
+            &sql.list_queues,
+            &sql.list_all,
+            &sql.purge,
+            &sql.drop_namespace,
+        ] {
+            assert!(!text.0.contains('{'), "a placeholder is left: {}", text.0);
         }
     }
 

@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use jobs_core::attempts::history;
 use jobs_core::batch::Batcher;
+use jobs_core::meta::encode_tags;
 use jobs_core::{
-    async_trait, validate, Backend, Budget, Capabilities, ClaimRequest, ClaimedJob, Enqueued,
-    Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueOverview, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate,
+    async_trait, validate, Attempt, Backend, Budget, Capabilities, ClaimRequest, ClaimedJob,
+    Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery,
+    NewJob, QueueOverview, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate,
     StoreSettings, StoredSchedule, StoredWorker, Timestamp, LEASE_EXPIRED,
 };
 use sqlx::postgres::{PgBindIterExt, PgRow};
@@ -188,7 +190,7 @@ fn claim_order(rows: Vec<PgRow>, request: &ClaimRequest) -> Result<Vec<ClaimedJo
     for row in rows {
         let job = row::job_in(&row, Some(&mut placements))?;
         let seq = row::seq(&row, job.id)?;
-        let payload: Vec<u8> = column(&row, 23, &|| format!("job {}", job.id))?;
+        let payload: Vec<u8> = column(&row, row::CLAIM_PAYLOAD, &|| format!("job {}", job.id))?;
         let order = request.fit_order(
             ReadyOrder::new(job.priority, job.run_at, seq),
             job.locality.as_deref(),
@@ -291,6 +293,28 @@ impl Backend for PostgresStore {
             })
             .await?;
         rows.iter().map(row::job).collect()
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        // A read: sent again if the connection broke.
+        let rows = self
+            .shared()
+            .fetch_all_again("attempts", |_| {
+                sqlx::query(self.sql().attempts.sql())
+                    .bind(self.namespace())
+                    .bind(Uuid::from(id))
+            })
+            .await?;
+        // Every row repeats the job's own columns; none means no such job.
+        let Some(first) = rows.first() else {
+            return Err(Error::NotFound { id });
+        };
+        let last = row::last_claim(first, id)?;
+        let ended = rows
+            .iter()
+            .filter_map(|row| row::attempt(row, id).transpose())
+            .collect::<Result<Vec<Attempt>>>()?;
+        Ok(history(ended, last))
     }
 
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
@@ -864,21 +888,63 @@ impl Backend for PostgresStore {
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        let states: Vec<&str> = match query.state {
-            Some(state) => vec![state.as_str()],
-            None => JobState::ALL.iter().map(|s| s.as_str()).collect(),
+        let cursor = query.cursor.map_or(Uuid::max(), Uuid::from);
+        let limit = limit_param(query.limit);
+        // NULL binds "every tenant" and "no tag filter" (see `sql::list_filters`).
+        let tenant = (!query.tenant.is_empty()).then_some(query.tenant.as_bytes());
+        let tags = encode_tags(&query.tags);
+        let states: Vec<&str> = JobState::ALL
+            .iter()
+            .filter(|state| query.matches_state(**state))
+            .map(|state| state.as_str())
+            .collect();
+        let every_state = states.len() == JobState::ALL.len();
+        let rows = match &query.queue {
+            // A queue outside the prefix: nothing can match.
+            Some(queue) if !query.matches_queue(queue) => Vec::new(),
+            Some(queue) => {
+                self.shared()
+                    .fetch_all_again("list", |_| {
+                        sqlx::query(self.sql().list_queue.sql())
+                            .bind(self.namespace())
+                            .bind(queue)
+                            .bind(&states[..])
+                            .bind(cursor)
+                            .bind(limit)
+                            .bind(tenant)
+                            .bind(tags.as_deref())
+                    })
+                    .await?
+            }
+            // Every job: the newest first by primary key reads a page and no more.
+            None if every_state && query.queue_prefix.is_none() => {
+                self.shared()
+                    .fetch_all_again("list", |_| {
+                        sqlx::query(self.sql().list_all.sql())
+                            .bind(self.namespace())
+                            .bind(cursor)
+                            .bind(limit)
+                            .bind(tenant)
+                            .bind(tags.as_deref())
+                    })
+                    .await?
+            }
+            // Some states or some queues: per queue and state, an index range.
+            None => {
+                self.shared()
+                    .fetch_all_again("list", |_| {
+                        sqlx::query(self.sql().list_queues.sql())
+                            .bind(self.namespace())
+                            .bind(query.queue_prefix.as_deref())
+                            .bind(&states[..])
+                            .bind(cursor)
+                            .bind(limit)
+                            .bind(tenant)
+                            .bind(tags.as_deref())
+                    })
+                    .await?
+            }
         };
-        let rows = self
-            .shared()
-            .fetch_all_again("list", |_| {
-                sqlx::query(self.sql().list.sql())
-                    .bind(self.namespace())
-                    .bind(&query.queue)
-                    .bind(&states[..])
-                    .bind(query.cursor.map_or(Uuid::max(), Uuid::from))
-                    .bind(limit_param(query.limit))
-            })
-            .await?;
         let jobs = rows.iter().map(row::job).collect::<Result<Vec<_>>>()?;
         let next = if jobs.len() == query.limit {
             jobs.last().map(|job| job.id)

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use jobs_conformance::unique_namespace;
 use jobs_core::{
-    Budget, ClaimRequest, Clock, Completion, Error, Heartbeat, HeldLease, JobId, JobState,
-    LeaseToken, ManualClock, Needs, NewJob, Store, StoreSettings, WorkerInfo,
+    AttemptOutcome, Budget, ClaimRequest, Clock, Completion, Error, Heartbeat, HeldLease, JobId,
+    JobState, LeaseToken, ListQuery, ManualClock, Needs, NewJob, Retry, Store, StoreSettings,
+    WorkerInfo, LEASE_EXPIRED,
 };
 use jobs_postgres::{PgPool, PgPoolOptions, PostgresBackend, PostgresConfig};
 use tokio::sync::Notify;
@@ -405,16 +406,16 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 9);
+        assert_eq!(backend.schema_version().await.expect("version"), 10);
     }
 
-    // Migrations 2 to 9 are safe to run again on a migrated schema with jobs (and a
-    // paused queue, and a worker) in it: forget that they ran, connect, and they run
-    // once more.
+    // Migrations 2 to 10 are safe to run again on a migrated schema with jobs (with
+    // tags and a recorded attempt, a paused queue, and a worker) in it: forget that
+    // they ran, connect, and they run once more.
     let clock = ManualClock::default();
     let store = open(&backends[0], settings(&clock));
     let needs = Needs::new().amount("gpu", 2).capability("fpga");
@@ -423,11 +424,21 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
             NewJob::new("q")
                 .timeout(Duration::from_millis(1500))
                 .needs(needs.clone())
-                .locality("rack-1"),
+                .locality("rack-1")
+                .tag("k", "v"),
         )
         .await
         .expect("enqueue")
         .id;
+    let released = store.enqueue(NewJob::new("r")).await.expect("enqueue").id;
+    let held = store
+        .claim(ClaimRequest::new(["r"], "w", TTL))
+        .await
+        .expect("claim");
+    store
+        .release(released, held[0].token())
+        .await
+        .expect("release");
     store.pause("held").await.expect("pause");
     let worker = WorkerInfo::new("w-1", "host", 7, vec!["q".to_owned()], 3);
     store.register_worker(&worker).await.expect("register");
@@ -436,7 +447,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     )))
     .execute(&admin)
     .await
-    .expect("forget migrations 2 to 9");
+    .expect("forget migrations 2 to 10");
     let config = PostgresConfig::new(&url())
         .expect("url")
         .schema(schema.clone())
@@ -445,7 +456,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     let again = PostgresBackend::connect(config)
         .await
         .expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 9);
+    assert_eq!(again.schema_version().await.expect("version"), 10);
     assert_eq!(
         store.paused_queues().await.expect("paused"),
         vec!["held".to_owned()],
@@ -463,6 +474,13 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     assert_eq!(
         (job.needs, job.locality.as_deref()),
         (needs, Some("rack-1")),
+        "kept"
+    );
+    assert_eq!(job.tags.get("k").map(String::as_str), Some("v"), "kept");
+    let attempts = store.attempts(released).await.expect("attempts");
+    assert_eq!(
+        attempts.iter().map(|a| a.outcome).collect::<Vec<_>>(),
+        [AttemptOutcome::Released],
         "kept"
     );
     let locality: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
@@ -514,7 +532,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
 }
 
 /// A schema an older build left at version 6, with jobs in it, takes migrations 7 to
-/// 9: its jobs read back needing nothing and fit every budget, new jobs keep their
+/// 10: its jobs read back needing nothing and fit every budget, new jobs keep their
 /// needs and locality, and workers register in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_7_upgrades_a_schema_with_jobs() {
@@ -548,9 +566,12 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     }
     drop(old);
     drop(before);
-    // What migrations 7 to 9 add, taken away again: the schema as version 6 left it.
+    // What migrations 7 to 10 add, taken away again: the schema as version 6 left it.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE \"{schema}\".workers;
+        "DROP TABLE \"{schema}\".attempts;
+         DROP FUNCTION \"{schema}\".tags_json(text);
+         ALTER TABLE \"{schema}\".jobs DROP COLUMN tags, DROP COLUMN trace_context;
+         DROP TABLE \"{schema}\".workers;
          DROP INDEX \"{schema}\".jobs_ready_locality;
          DROP FUNCTION \"{schema}\".budget_admits(jsonb);
          DROP FUNCTION \"{schema}\".fence(boolean, boolean, uuid);
@@ -562,7 +583,7 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     .expect("back to version 6");
 
     let upgraded = PostgresBackend::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 9);
+    assert_eq!(upgraded.schema_version().await.expect("version"), 10);
     let store = open(&upgraded, settings);
     assert!(store.workers().await.expect("workers").is_empty());
     let worker = WorkerInfo::new("w", "host", 1, vec!["q".to_owned()], 1);
@@ -613,6 +634,291 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     .execute(&admin)
     .await
     .expect("drop the schema");
+}
+
+/// A schema an older build left at version 9, with jobs queued, running and done in
+/// it, takes migration 10 in place: its jobs read back without tags or trace context,
+/// a lease taken before the upgrade is the running attempt and its failure is recorded
+/// after it, a job the older build completed (clearing the worker, as it did) shows no
+/// attempt rather than a wrong one, and new jobs carry tags the list filters by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
+    let schema = unique_name("jobs_upgrade10");
+    let admin = match PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url())
+        .await
+    {
+        Ok(pool) => pool,
+        Err(err) => {
+            jobs_conformance::skip_or_fail::<()>("PostgreSQL", &url(), &err);
+            return;
+        }
+    };
+    let config = || {
+        PostgresConfig::new(&url())
+            .expect("url")
+            .schema(schema.clone())
+            .expect("schema")
+            .max_connections(2)
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let before = PostgresBackend::connect(config()).await.expect("migrate");
+    let old = open(&before, settings.clone());
+    let queued = old.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    let running = old.enqueue(NewJob::new("r")).await.expect("enqueue").id;
+    let done = old.enqueue(NewJob::new("d")).await.expect("enqueue").id;
+    let started = clock.now();
+    let held = old
+        .claim(ClaimRequest::new(["r", "d"], "w-old", TTL).limit(2))
+        .await
+        .expect("claim");
+    let token_of = |id: JobId| {
+        held.iter()
+            .find(|c| c.id() == id)
+            .map(|c| c.token())
+            .expect("claimed")
+    };
+    old.complete(done, token_of(done), None)
+        .await
+        .expect("complete");
+    drop(old);
+    drop(before);
+    // The schema as a build of version 9 left it: without migration 10, and with the
+    // worker of the completed job cleared, as that build's completions did.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE \"{schema}\".attempts;
+         DROP FUNCTION \"{schema}\".tags_json(text);
+         ALTER TABLE \"{schema}\".jobs DROP COLUMN tags, DROP COLUMN trace_context;
+         UPDATE \"{schema}\".jobs SET lease_worker = NULL WHERE state = 'succeeded';
+         DELETE FROM \"{schema}\".migrations WHERE version >= 10;"
+    )))
+    .execute(&admin)
+    .await
+    .expect("back to version 9");
+
+    let upgraded = PostgresBackend::connect(config()).await.expect("upgrade");
+    assert_eq!(upgraded.schema_version().await.expect("version"), 10);
+    let store = open(&upgraded, settings);
+    for id in [queued, running, done] {
+        let job = store.get(id).await.expect("get");
+        assert!(
+            job.tags.is_empty() && job.trace_context.is_none(),
+            "{job:?}"
+        );
+    }
+    assert!(store.attempts(queued).await.expect("attempts").is_empty());
+    assert!(
+        store.attempts(done).await.expect("attempts").is_empty(),
+        "no worker was kept, so no succeeded attempt is made up"
+    );
+    let attempts = store.attempts(running).await.expect("attempts");
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| (a.worker.as_str(), a.started_at, a.outcome))
+            .collect::<Vec<_>>(),
+        [("w-old", started, AttemptOutcome::Running)]
+    );
+    clock.advance(Duration::from_millis(3));
+    store
+        .fail(
+            running,
+            token_of(running),
+            "after the upgrade",
+            Retry::Never,
+        )
+        .await
+        .expect("the lease of before the upgrade still holds");
+    let attempts = store.attempts(running).await.expect("attempts");
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| (a.outcome, a.error.as_deref(), a.ended_at))
+            .collect::<Vec<_>>(),
+        [(
+            AttemptOutcome::Failed,
+            Some("after the upgrade"),
+            Some(clock.now())
+        )]
+    );
+    let tagged = store
+        .enqueue(NewJob::new("q").tag("k", "v"))
+        .await
+        .expect("enqueue")
+        .id;
+    let listed = store
+        .list(ListQuery::all().tag("k", "v"))
+        .await
+        .expect("list");
+    assert_eq!(
+        listed.jobs.iter().map(|j| j.id).collect::<Vec<_>>(),
+        [tagged]
+    );
+
+    drop(store);
+    drop(upgraded);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop the schema");
+}
+
+/// The attempt rows of `namespace` in the default schema.
+async fn attempt_rows(backend: &PostgresBackend, namespace: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM jobs.attempts WHERE namespace = $1")
+        .bind(namespace)
+        .fetch_one(backend.pool())
+        .await
+        .expect("count attempt rows")
+}
+
+/// How many transactions wrote the job's row and its attempt rows as they stand: 1
+/// when the last change of state and the attempt it ended were one statement.
+async fn writers_of(backend: &PostgresBackend, namespace: &str, id: JobId) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(DISTINCT x) FROM (
+             SELECT xmin::text AS x FROM jobs.jobs
+             WHERE namespace = $1 AND id = $2::text::uuid
+             UNION ALL
+             SELECT xmin::text FROM jobs.attempts
+             WHERE namespace = $1 AND job = $2::text::uuid AND ended_at = (
+                 SELECT max(ended_at) FROM jobs.attempts
+                 WHERE namespace = $1 AND job = $2::text::uuid)
+         ) t",
+    )
+    .bind(namespace)
+    .bind(id.to_string())
+    .fetch_one(backend.pool())
+    .await
+    .expect("read xmin")
+}
+
+/// CONTRACT H4, decided: a claim and a completion write no attempt row (the completion
+/// keeps the worker on the job instead); `fail`, `release` and `reclaim` each write one,
+/// in the transaction of the job's change of state. However often a job is claimed it
+/// holds at most `ATTEMPTS_KEPT` rows, the newest; purge deletes them with the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_rows_are_written_only_when_a_lease_ends_off_the_hot_path() {
+    let Some(backend) = backend("jobs-postgres-attempts", 2).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock).retention(Duration::from_secs(60));
+    let ns = settings.namespace.clone();
+    let store = open(&backend, settings);
+    let claim_one = |queue: &'static str, ttl: Duration| {
+        let store = store.clone();
+        async move {
+            let mut held = store
+                .claim(ClaimRequest::new([queue], "w", ttl))
+                .await
+                .expect("claim");
+            assert_eq!(held.len(), 1, "a job of {queue} is claimed");
+            held.remove(0)
+        }
+    };
+
+    let quick = store
+        .enqueue(NewJob::new("quick"))
+        .await
+        .expect("enqueue")
+        .id;
+    let held = claim_one("quick", TTL).await;
+    assert_eq!(attempt_rows(&backend, &ns).await, 0, "a claim writes none");
+    clock.advance(Duration::from_millis(2));
+    store
+        .complete(quick, held.token(), None)
+        .await
+        .expect("complete");
+    assert_eq!(
+        attempt_rows(&backend, &ns).await,
+        0,
+        "a completion writes none"
+    );
+    let done = store.attempts(quick).await.expect("attempts");
+    assert_eq!(
+        done.iter()
+            .map(|a| (a.worker.as_str(), a.outcome, a.ended_at))
+            .collect::<Vec<_>>(),
+        [("w", AttemptOutcome::Succeeded, Some(clock.now()))],
+        "the job kept the worker of its last lease"
+    );
+
+    let busy = store
+        .enqueue(NewJob::new("busy").max_attempts(1_000))
+        .await
+        .expect("enqueue")
+        .id;
+    let held = claim_one("busy", TTL).await;
+    store
+        .fail(busy, held.token(), "boom", Retry::At(clock.now()))
+        .await
+        .expect("fail");
+    assert_eq!(attempt_rows(&backend, &ns).await, 1);
+    assert_eq!(
+        writers_of(&backend, &ns, busy).await,
+        1,
+        "fail: one statement"
+    );
+    let held = claim_one("busy", TTL).await;
+    clock.advance(Duration::from_millis(1));
+    store.release(busy, held.token()).await.expect("release");
+    assert_eq!(attempt_rows(&backend, &ns).await, 2);
+    assert_eq!(
+        writers_of(&backend, &ns, busy).await,
+        1,
+        "release: one statement"
+    );
+    claim_one("busy", Duration::from_millis(10)).await;
+    clock.advance(Duration::from_millis(11));
+    assert_eq!(store.reclaim(10).await.expect("reclaim").len(), 1);
+    assert_eq!(attempt_rows(&backend, &ns).await, 3);
+    assert_eq!(
+        writers_of(&backend, &ns, busy).await,
+        1,
+        "reclaim: one statement"
+    );
+    let expired = store.attempts(busy).await.expect("attempts");
+    assert_eq!(
+        expired
+            .last()
+            .map(|a| (a.outcome, a.error.as_deref(), a.ended_at)),
+        Some((
+            AttemptOutcome::Expired,
+            Some(LEASE_EXPIRED),
+            Some(clock.now())
+        ))
+    );
+
+    // Slots wrap: the newest `ATTEMPTS_KEPT` stay, and no more rows than that.
+    for _ in 0..40 {
+        let held = claim_one("busy", TTL).await;
+        clock.advance(Duration::from_millis(1));
+        store.release(busy, held.token()).await.expect("release");
+    }
+    let kept = jobs_core::ATTEMPTS_KEPT;
+    assert_eq!(attempt_rows(&backend, &ns).await, kept as i64);
+    let history = store.attempts(busy).await.expect("attempts");
+    let tokens: Vec<u64> = history.iter().map(|a| a.token.get()).collect();
+    assert_eq!(tokens, (43 - kept + 1..=43).collect::<Vec<u64>>());
+
+    let held = claim_one("busy", TTL).await;
+    store
+        .fail(busy, held.token(), "the end", Retry::Never)
+        .await
+        .expect("fail");
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(store.purge(10).await.expect("purge"), 2);
+    assert_eq!(
+        attempt_rows(&backend, &ns).await,
+        0,
+        "purge deletes the attempts with their job"
+    );
+    clean_up(&backend, &ns).await;
 }
 
 /// `wait_for_work` wakes on an enqueue made through another pool (the notice crosses
@@ -876,6 +1182,93 @@ async fn undecodable_rows_are_corrupt() {
             .expect_err(bad);
         assert!(matches!(err, Error::Corrupt { .. }), "{bad}: {err:?}");
     }
+
+    // Tags and a trace context that jobs-core cannot read back (E11, E12).
+    let tagged = store
+        .enqueue(NewJob::new("t").tag("k", "v"))
+        .await
+        .expect("enqueue")
+        .id;
+    let set = |column: &'static str, value: Option<&'static str>| {
+        let pool = backend.pool().clone();
+        let namespace = settings.namespace.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE jobs.jobs SET {column} = $2 WHERE namespace = $1 AND queue = 't'"
+            )))
+            .bind(namespace)
+            .bind(value)
+            .execute(&pool)
+            .await
+            .expect("damage the row");
+        }
+    };
+    for bad in [
+        "not json",
+        "[1]",
+        r#"{"k":1}"#,
+        r#"{"bad key":"v"}"#,
+        "{\"k\":\"a\\nb\"}",
+    ] {
+        set("tags", Some(bad)).await;
+        let err = store.get(tagged).await.expect_err(bad);
+        assert!(matches!(err, Error::Corrupt { .. }), "{bad}: {err:?}");
+        assert!(err.to_string().contains(&tagged.to_string()), "{err}");
+        let err = store.list(ListQuery::new("t")).await.expect_err(bad);
+        assert!(matches!(err, Error::Corrupt { .. }), "{bad}: {err:?}");
+    }
+    // A tag filter does not hide tags that are not JSON: the row is listed, so its
+    // decoding reports it, through every list statement.
+    set("tags", Some("{not json")).await;
+    for query in [
+        ListQuery::all().tag("k", "v"),
+        ListQuery::new("t").tag("k", "v"),
+        ListQuery::all().queue_prefix("t").tag("k", "v"),
+    ] {
+        let err = store
+            .list(query.clone())
+            .await
+            .expect_err("unreadable tags");
+        assert!(matches!(err, Error::Corrupt { .. }), "{query:?}: {err:?}");
+        assert!(err.to_string().contains(&tagged.to_string()), "{err}");
+    }
+    set("tags", Some(r#"{"k":"v"}"#)).await;
+    assert_eq!(
+        store
+            .get(tagged)
+            .await
+            .expect("repaired")
+            .tags
+            .get("k")
+            .map(String::as_str),
+        Some("v")
+    );
+    set("trace_context", Some("00-not-a-traceparent")).await;
+    let err = store.get(tagged).await.expect_err("a bad trace context");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    set("trace_context", None).await;
+
+    // An attempt record that does not read back.
+    let held = store
+        .claim(ClaimRequest::new(["t"], "w", TTL))
+        .await
+        .expect("claim");
+    store
+        .release(tagged, held[0].token())
+        .await
+        .expect("release");
+    assert_eq!(store.attempts(tagged).await.expect("attempts").len(), 1);
+    sqlx::query("UPDATE jobs.attempts SET worker = '\\xff'::bytea WHERE namespace = $1")
+        .bind(&settings.namespace)
+        .execute(backend.pool())
+        .await
+        .expect("damage the attempt");
+    let err = store
+        .attempts(tagged)
+        .await
+        .expect_err("a worker that is not UTF-8");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains(&tagged.to_string()), "{err}");
     clean_up(&backend, &settings.namespace).await;
 }
 
@@ -1600,7 +1993,7 @@ async fn rows_of(backend: &PostgresBackend, namespace: &str) -> (i64, i64) {
 }
 
 /// `drop_namespace`, the conformance harness's teardown, deletes every job (queued
-/// or running) and every key of one namespace, and nothing of another.
+/// or running), every key and every attempt of one namespace, and nothing of another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_namespace_deletes_one_namespace_and_nothing_else() {
     let Some(backend) = backend("jobs-postgres-drop", 2).await else {
@@ -1620,8 +2013,17 @@ async fn drop_namespace_deletes_one_namespace_and_nothing_else() {
             .expect("enqueue_batch");
         let request = ClaimRequest::new(["q"], "w", TTL);
         assert_eq!(store.claim(request).await.expect("claim").len(), 1);
+        let released = store
+            .claim(ClaimRequest::new(["r"], "w", TTL))
+            .await
+            .expect("claim");
+        store
+            .release(released[0].id(), released[0].token())
+            .await
+            .expect("release");
     }
     assert_eq!(rows_of(&backend, &gone.namespace).await, (3, 1));
+    assert_eq!(attempt_rows(&backend, &gone.namespace).await, 1);
 
     let deleted = backend.drop_namespace(&gone.namespace).await.expect("drop");
     assert_eq!(deleted, 3);
@@ -1631,6 +2033,12 @@ async fn drop_namespace_deletes_one_namespace_and_nothing_else() {
         (3, 1),
         "untouched"
     );
+    assert_eq!(attempt_rows(&backend, &gone.namespace).await, 0);
+    assert_eq!(
+        attempt_rows(&backend, &kept.namespace).await,
+        1,
+        "untouched"
+    );
     let again = backend
         .drop_namespace(&gone.namespace)
         .await
@@ -1638,6 +2046,7 @@ async fn drop_namespace_deletes_one_namespace_and_nothing_else() {
     assert_eq!(again, 0, "dropping an empty namespace deletes nothing");
     clean_up(&backend, &kept.namespace).await;
     assert_eq!(rows_of(&backend, &kept.namespace).await, (0, 0));
+    assert_eq!(attempt_rows(&backend, &kept.namespace).await, 0);
 }
 
 /// Purge gets only the retention cutoff, not now: it deletes a purged job's key with

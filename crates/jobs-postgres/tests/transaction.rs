@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use jobs_conformance::unique_namespace;
-use jobs_core::{ClaimRequest, Error, JobId, JobState, ManualClock, NewJob, Store, StoreSettings};
+use jobs_core::{
+    AttemptOutcome, ClaimRequest, Clock, Error, JobId, JobState, ListQuery, ManualClock, NewJob,
+    Store, StoreSettings,
+};
 use jobs_postgres::{PostgresBackend, PostgresConfig, PostgresStore, DEFAULT_SCHEMA};
 use sqlx::postgres::PgListener;
 use tokio::task::JoinSet;
@@ -381,6 +384,102 @@ async fn a_fenced_completion_commits_with_the_business_write() {
     f.clean_up().await;
 }
 
+/// Tags and a trace context enqueued in the caller's transaction (E11, E12) read back
+/// like any others, and a job completed in it (T3) keeps the worker of its lease, so its
+/// attempt that succeeded is read back with it (H4), as a completion outside does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_trace_context_and_the_succeeded_attempt_go_through_the_callers_transaction() {
+    let Some(f) = Fixture::new(4).await else {
+        return;
+    };
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut tx = f.pg.pool().begin().await.expect("begin");
+    f.insert_row(&mut tx, 1).await.expect("business row");
+    let single =
+        f.pg.enqueue_in(
+            &mut tx,
+            NewJob::new("work")
+                .tag("order", "1")
+                .trace_context(traceparent),
+        )
+        .await
+        .expect("enqueue")
+        .id;
+    let batch =
+        f.pg.enqueue_batch_in(
+            &mut tx,
+            vec![NewJob::new("work").tag("order", "2"), NewJob::new("work")],
+        )
+        .await
+        .expect("enqueue a batch");
+    tx.commit().await.expect("commit");
+
+    let job = f.store.get(single).await.expect("get");
+    assert_eq!(job.tags.get("order").map(String::as_str), Some("1"));
+    assert_eq!(job.trace_context.as_deref(), Some(traceparent));
+    let tagged = f.store.get(batch[0].id).await.expect("get");
+    assert_eq!(tagged.tags.get("order").map(String::as_str), Some("2"));
+    assert_eq!(tagged.trace_context, None);
+    let plain = f.store.get(batch[1].id).await.expect("get");
+    assert!(plain.tags.is_empty());
+    let listed = f
+        .store
+        .list(ListQuery::all().tag("order", "2"))
+        .await
+        .expect("list");
+    assert_eq!(
+        listed.jobs.iter().map(|j| j.id).collect::<Vec<_>>(),
+        [batch[0].id]
+    );
+
+    let claimed = f
+        .store
+        .claim(ClaimRequest::new(["work"], "w-tx", TTL).limit(3))
+        .await
+        .expect("claim");
+    let held = claimed
+        .iter()
+        .find(|c| c.id() == single)
+        .expect("the traced job is claimed");
+    assert_eq!(held.job.trace_context.as_deref(), Some(traceparent));
+    let started_at = f.clock.now();
+    f.clock.advance(Duration::from_millis(5));
+    let mut tx = f.pg.pool().begin().await.expect("begin");
+    let receipt =
+        f.pg.complete_in(&mut tx, single, held.token(), None)
+            .await
+            .expect("complete in the transaction");
+    assert_eq!(receipt.id(), single);
+    tx.commit().await.expect("commit");
+    let attempts = f.store.attempts(single).await.expect("attempts");
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    let done = &attempts[0];
+    assert_eq!(
+        (
+            done.worker.as_str(),
+            done.token,
+            done.started_at,
+            done.ended_at,
+            done.outcome
+        ),
+        (
+            "w-tx",
+            held.token(),
+            started_at,
+            Some(f.clock.now()),
+            AttemptOutcome::Succeeded
+        )
+    );
+    assert!(f.store.get(single).await.expect("get").lease.is_none());
+    for job in claimed.iter().filter(|c| c.id() != single) {
+        f.store
+            .complete(job.id(), job.token(), None)
+            .await
+            .expect("complete");
+    }
+    f.clean_up().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_lease_refuses_the_whole_transaction() {
     let Some(f) = Fixture::new(4).await else {
@@ -425,6 +524,18 @@ async fn a_stale_lease_refuses_the_whole_transaction() {
     assert_eq!(job.state, JobState::Running);
     assert_eq!(job.lease.as_ref().map(|l| l.worker.as_str()), Some("new"));
     assert!(job.result.is_none());
+    // The refused completion ended no attempt: the old one expired, the new one runs.
+    let attempts = f.store.attempts(old.id()).await.expect("attempts");
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| (a.worker.as_str(), a.outcome))
+            .collect::<Vec<_>>(),
+        [
+            ("old", AttemptOutcome::Expired),
+            ("new", AttemptOutcome::Running)
+        ]
+    );
 
     // An unknown job: not found, and the transaction is refused the same way.
     let mut tx = f.pg.pool().begin().await.expect("begin");
