@@ -4,9 +4,12 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use jobs_core::attempts::{Attempt, AttemptOutcome};
 use jobs_core::fit::{decode_placement, PlacementCache};
+use jobs_core::meta::{decode_tags, encode_tags};
 use jobs_core::{
-    Bytes, ClaimedJob, Error, Job, JobId, JobState, Lease, LeaseToken, Needs, Result, Timestamp,
+    Bytes, ClaimedJob, Error, Job, JobId, JobState, Lease, LeaseToken, Needs, Result, Tags,
+    Timestamp,
 };
 use redis::Value;
 
@@ -62,10 +65,17 @@ fn cached_placement_of(
 
 /// The fields a job never changes, packed into the `meta` hash field so the scripts read
 /// and write few values per job:
-/// `QUEUE PARENT PRIO MAX_ATTEMPTS CREATED TENANT_LEN KEY_LEN TENANTKEY`, with `PARENT`
-/// and `KEY_LEN` `-` when absent. Tenant and key come last, cut by their byte lengths,
-/// so they may hold spaces or any other character. `lua/lib.lua` (`meta_head`) reads the
-/// first five.
+/// `QUEUE PARENT PRIO MAX_ATTEMPTS CREATED TENANT_LEN KEY_LEN TENANTKEY[ EXT]`, with
+/// `PARENT` and `KEY_LEN` `-` when absent. Tenant and key come last, cut by their byte
+/// lengths, so they may hold spaces or any other character. `lua/lib.lua` (`meta_head`)
+/// reads the first five; `lua/list_rows.lua` reads the tenant and the tags.
+///
+/// `EXT` is only there when the job has tags or a trace context (CONTRACT E11, E12):
+/// ` TRACE TAGS`, `TRACE` the traceparent or `-` (a traceparent never is `-` and holds no
+/// space), `TAGS` the text of [`encode_tags`] or nothing. Keeping them in `meta` costs the
+/// hot path nothing: a claim already reads and returns `meta`, a job without either
+/// stores the same `meta` as before, and records written before tags existed read as
+/// having none.
 pub(crate) struct Meta {
     pub queue: String,
     pub parent: Option<JobId>,
@@ -74,6 +84,8 @@ pub(crate) struct Meta {
     pub created_at: Timestamp,
     pub tenant: String,
     pub idempotency_key: Option<String>,
+    pub tags: Tags,
+    pub trace_context: Option<String>,
 }
 
 /// Packs a new job's immutable fields (see [`Meta`]).
@@ -83,7 +95,7 @@ pub(crate) fn encode_meta(job: &jobs_core::NewJob, created_at: Timestamp) -> Str
         .idempotency_key
         .as_ref()
         .map_or_else(|| "-".to_owned(), |k| k.len().to_string());
-    format!(
+    let mut meta = format!(
         "{} {parent} {} {} {} {} {key_len} {}{}",
         job.queue,
         job.priority,
@@ -92,31 +104,47 @@ pub(crate) fn encode_meta(job: &jobs_core::NewJob, created_at: Timestamp) -> Str
         job.tenant.len(),
         job.tenant,
         job.idempotency_key.as_deref().unwrap_or(""),
-    )
+    );
+    let tags = encode_tags(&job.tags);
+    if tags.is_some() || job.trace_context.is_some() {
+        meta.push(' ');
+        meta.push_str(job.trace_context.as_deref().unwrap_or("-"));
+        meta.push(' ');
+        meta.push_str(tags.as_deref().unwrap_or(""));
+    }
+    meta
 }
 
-/// Unpacks a `meta` field; `None` when it is malformed.
-pub(crate) fn decode_meta(text: &str) -> Option<Meta> {
+/// Unpacks a `meta` field, or says why it cannot be read.
+pub(crate) fn decode_meta(text: &str) -> std::result::Result<Meta, String> {
+    let malformed = || "malformed".to_owned();
     let mut parts = text.splitn(8, ' ');
-    let queue = parts.next()?.to_owned();
-    let parent = match parts.next()? {
+    let mut next = || parts.next().ok_or_else(malformed);
+    let queue = next()?.to_owned();
+    let parent = match next()? {
         "-" => None,
-        id => Some(JobId::from_str(id).ok()?),
+        id => Some(JobId::from_str(id).map_err(|_| "bad parent id".to_owned())?),
     };
-    let priority = parts.next()?.parse().ok()?;
-    let max_attempts = parts.next()?.parse().ok()?;
-    let created_at = Timestamp::from_millis(parts.next()?.parse().ok()?);
-    let tenant_len: usize = parts.next()?.parse().ok()?;
-    let key_len: Option<usize> = match parts.next()? {
+    let priority = next()?.parse().map_err(|_| "bad priority".to_owned())?;
+    let max_attempts = next()?.parse().map_err(|_| "bad max attempts".to_owned())?;
+    let created_at = Timestamp::from_millis(next()?.parse().map_err(|_| malformed())?);
+    let tenant_len: usize = next()?.parse().map_err(|_| malformed())?;
+    let key_len: Option<usize> = match next()? {
         "-" => None,
-        len => Some(len.parse().ok()?),
+        len => Some(len.parse().map_err(|_| malformed())?),
     };
-    let rest = parts.next()?;
-    if rest.len() != tenant_len + key_len.unwrap_or(0) || !rest.is_char_boundary(tenant_len) {
-        return None;
+    let rest = next()?;
+    let end = tenant_len
+        .checked_add(key_len.unwrap_or(0))
+        .filter(|end| *end <= rest.len())
+        .ok_or_else(|| "tenant and key longer than the field".to_owned())?;
+    if !rest.is_char_boundary(tenant_len) || !rest.is_char_boundary(end) {
+        return Err("tenant and key not cut at characters".to_owned());
     }
-    let (tenant, key) = rest.split_at(tenant_len);
-    Some(Meta {
+    let (tenant, after) = rest.split_at(tenant_len);
+    let (key, ext) = after.split_at(end - tenant_len);
+    let (tags, trace_context) = decode_ext(ext)?;
+    Ok(Meta {
         queue,
         parent,
         priority,
@@ -124,7 +152,92 @@ pub(crate) fn decode_meta(text: &str) -> Option<Meta> {
         created_at,
         tenant: tenant.to_owned(),
         idempotency_key: key_len.map(|_| key.to_owned()),
+        tags,
+        trace_context,
     })
+}
+
+/// The tags and trace context after tenant and key (`EXT` of [`Meta`]).
+fn decode_ext(ext: &str) -> std::result::Result<(Tags, Option<String>), String> {
+    if ext.is_empty() {
+        return Ok((Tags::new(), None));
+    }
+    let (trace, tags) = ext
+        .strip_prefix(' ')
+        .and_then(|ext| ext.split_once(' '))
+        .ok_or_else(|| "trailing text after tenant and key".to_owned())?;
+    let trace_context = match trace {
+        "-" => None,
+        "" => return Err("empty trace context".to_owned()),
+        trace => Some(trace.to_owned()),
+    };
+    let tags = if tags.is_empty() {
+        Tags::new()
+    } else {
+        decode_tags(tags)?
+    };
+    Ok((tags, trace_context))
+}
+
+/// The text `lua/list_rows.lua` looks for in a job's stored tags to match tag `key` =
+/// `value`: the pair exactly as [`encode_tags`] writes it inside its braces
+/// (`"key":"value"`). The script accepts it only between `{` or `,` and `,` or `}`, where
+/// in that encoding only a whole key and its whole value can stand (a quote inside a
+/// value is always escaped), so `pro` never matches `professional`. Rust checks every
+/// listed job's decoded tags again, so a hand-written record in another spelling can
+/// only be left out, never listed wrongly.
+pub(crate) fn tag_pattern(key: &str, value: &str) -> String {
+    let one = Tags::from([(key.to_owned(), value.to_owned())]);
+    let text = encode_tags(&one).unwrap_or_default();
+    text.strip_prefix('{')
+        .and_then(|t| t.strip_suffix('}'))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The hash field of the attempt stored in slot `slot` (`a0` .. `a31`): fail, release
+/// and reclaim write it, `attempts` reads every slot.
+pub(crate) fn attempt_field(slot: u64) -> String {
+    format!("a{slot}")
+}
+
+/// Reads an ended attempt as `fail.lua`, `release.lua` and `reclaim.lua` store it
+/// (`attempt_record` in `lua/lib.lua`):
+/// `TOKEN STARTED ENDED OUTCOME WORKER_LEN WORKERERROR`, `OUTCOME` one letter (`f`
+/// failed, `r` released, `e` expired), the worker cut by its byte length, the error the
+/// rest (none for a release, possibly empty for a failure).
+pub(crate) fn decode_attempt(text: &str) -> std::result::Result<Attempt, String> {
+    let malformed = || format!("unreadable attempt {text:?}");
+    let mut parts = text.splitn(6, ' ');
+    let mut next = || parts.next().ok_or_else(malformed);
+    let token: u64 = next()?.parse().map_err(|_| malformed())?;
+    let started: i64 = next()?.parse().map_err(|_| malformed())?;
+    let ended: i64 = next()?.parse().map_err(|_| malformed())?;
+    let outcome = match next()? {
+        "f" => AttemptOutcome::Failed,
+        "r" => AttemptOutcome::Released,
+        "e" => AttemptOutcome::Expired,
+        _ => return Err(malformed()),
+    };
+    let worker_len: usize = next()?.parse().map_err(|_| malformed())?;
+    let rest = next()?;
+    if worker_len > rest.len() || !rest.is_char_boundary(worker_len) {
+        return Err(malformed());
+    }
+    let (worker, error) = rest.split_at(worker_len);
+    let error = match outcome {
+        AttemptOutcome::Released if error.is_empty() => None,
+        AttemptOutcome::Released => return Err(malformed()),
+        _ => Some(error.to_owned()),
+    };
+    Ok(Attempt::ended(
+        LeaseToken::new(token),
+        worker,
+        Timestamp::from_millis(started),
+        Timestamp::from_millis(ended),
+        outcome,
+        error,
+    ))
 }
 
 /// A reply's bytes: bulk and simple strings as they are, integers in decimal, nil as `None`.
@@ -365,8 +478,8 @@ fn decode_claimed_fields(
     let num_at =
         |i: usize| -> Result<i64> { parse(text_at(i)?).ok_or_else(|| corrupt(i, "not a number")) };
     let meta_text = text_at(0)?;
-    let meta =
-        decode_meta(meta_text).ok_or_else(|| corrupt(0, &format!("unreadable: {meta_text:?}")))?;
+    let meta = decode_meta(meta_text)
+        .map_err(|why| corrupt(0, &format!("unreadable ({why}): {meta_text:?}")))?;
     let attempts = parse(text_at(2)?).ok_or_else(|| corrupt(2, "not a number"))?;
     let token = parse(text_at(3)?).ok_or_else(|| corrupt(3, "not a number"))?;
     let last_error = values[4]
@@ -417,6 +530,8 @@ fn decode_claimed_fields(
         cancel_requested: matches!(cancel, Value::BulkString(b) if b == b"1"),
         needs,
         locality,
+        tags: meta.tags,
+        trace_context: meta.trace_context,
     };
     Ok(ClaimedJob {
         job,
@@ -444,7 +559,7 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
     }
     let meta_text = f.text(0)?;
     let meta = decode_meta(&meta_text)
-        .ok_or_else(|| f.corrupt("meta", format!("unreadable: {meta_text:?}")))?;
+        .map_err(|why| f.corrupt("meta", format!("unreadable ({why}): {meta_text:?}")))?;
     let state_text = f.text(2)?;
     let state = JobState::from_str(&state_text)
         .map_err(|_| f.corrupt("state", format!("unknown state {state_text:?}")))?;
@@ -482,6 +597,8 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         cancel_requested: f.raw(12) == Some(b"1"),
         needs,
         locality,
+        tags: meta.tags,
+        trace_context: meta.trace_context,
     })
 }
 
@@ -514,7 +631,7 @@ pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str
             .and_then(|t| t.parse().ok())
             .map(Timestamp::from_millis)
     };
-    let meta = text(0).and_then(decode_meta);
+    let meta = text(0).and_then(|t| decode_meta(t).ok());
     let (needs, locality) = placement_of(text(14)).unwrap_or_default();
     Ok(Job {
         id,
@@ -542,6 +659,8 @@ pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str
         cancel_requested: values.get(12).and_then(Option::as_deref) == Some(b"1"),
         needs,
         locality,
+        tags: meta.as_ref().map(|m| m.tags.clone()).unwrap_or_default(),
+        trace_context: meta.as_ref().and_then(|m| m.trace_context.clone()),
     })
 }
 
@@ -583,10 +702,22 @@ mod tests {
                 .parent(parent),
             NewJob::new("q").tenant("ünï").idempotency_key("é"),
             NewJob::new("q").idempotency_key("-"),
+            NewJob::new("q")
+                .tenant("t ")
+                .idempotency_key("k ")
+                .tag("plan", "pro x")
+                .tag("a.b", ""),
+            NewJob::new("q")
+                .trace_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            NewJob::new("q")
+                .tag("k", "ünï \"{}\"")
+                .trace_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
         ];
         for job in cases {
             let text = encode_meta(&job, Timestamp::from_millis(-42));
             let meta = decode_meta(&text).expect("decodes");
+            assert_eq!(meta.tags, job.tags);
+            assert_eq!(meta.trace_context, job.trace_context);
             assert_eq!(meta.queue, job.queue);
             assert_eq!(meta.parent, job.parent);
             assert_eq!(meta.priority, job.priority);
@@ -595,7 +726,62 @@ mod tests {
             assert_eq!(meta.tenant, job.tenant);
             assert_eq!(meta.idempotency_key, job.idempotency_key);
         }
-        assert!(decode_meta("q - 0 1 5 3 - ab").is_none());
-        assert!(decode_meta("garbage").is_none());
+        assert!(decode_meta("q - 0 1 5 3 - ab").is_err());
+        assert!(decode_meta("garbage").is_err());
+        // What follows tenant and key is a space, a trace context or `-`, a space, tags.
+        assert!(decode_meta("q - 0 1 5 1 - ab").is_err());
+        assert!(decode_meta("q - 0 1 5 1 - a -").is_err());
+        assert!(decode_meta("q - 0 1 5 1 - a - [1]").is_err());
+        assert!(decode_meta("q - 0 1 5 1 - a  {}").is_err());
+        let meta = decode_meta("q - 0 1 5 1 - a - ").expect("no tags, no trace");
+        assert!(meta.tags.is_empty() && meta.trace_context.is_none());
+        // A job without tags or trace context stores `meta` as before they existed.
+        assert_eq!(
+            encode_meta(&NewJob::new("q").tenant("t"), Timestamp::from_millis(5)),
+            "q - 0 25 5 1 - t"
+        );
+    }
+
+    #[test]
+    fn tag_patterns_are_the_encoded_pair() {
+        assert_eq!(tag_pattern("plan", "pro"), r#""plan":"pro""#);
+        assert_eq!(tag_pattern("k", "a\"b\\"), r#""k":"a\"b\\""#);
+        assert_eq!(tag_pattern("k", ""), r#""k":"""#);
+    }
+
+    #[test]
+    fn attempts_decode_as_the_scripts_write_them() {
+        let failed = decode_attempt("3 100 150 f 6 w 1 :2boom here").expect("failed");
+        assert_eq!(
+            failed,
+            Attempt::ended(
+                LeaseToken::new(3),
+                "w 1 :2",
+                Timestamp::from_millis(100),
+                Timestamp::from_millis(150),
+                AttemptOutcome::Failed,
+                Some("boom here".into()),
+            )
+        );
+        let empty = decode_attempt("1 -5 7 f 1 w").expect("an empty error");
+        assert_eq!(empty.error.as_deref(), Some(""));
+        let released = decode_attempt("2 1 2 r 3 wü").expect("released");
+        assert_eq!(
+            (released.outcome, released.error, released.worker.as_str()),
+            (AttemptOutcome::Released, None, "wü")
+        );
+        let expired = decode_attempt("4 1 2 e 1 wlease expired").expect("expired");
+        assert_eq!(expired.error.as_deref(), Some("lease expired"));
+        for bad in [
+            "",
+            "1 2 3 f",
+            "x 1 2 f 1 w",
+            "1 2 3 s 1 w",
+            "1 2 3 f 9 w",
+            "1 2 3 r 1 wx",
+            "1 2 3 f 1 ü",
+        ] {
+            assert!(decode_attempt(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -31,6 +31,7 @@ script!(PURGE, "purge.lua");
 script!(STATS, "stats.lua");
 script!(QUEUES, "queues.lua");
 script!(LIST, "list.lua");
+script!(LIST_ROWS, "list_rows.lua");
 script!(BURY, "bury.lua");
 script!(UNSTAGE, "unstage.lua");
 script!(UNKEY, "unkey.lua");
@@ -38,9 +39,10 @@ script!(SCHEDULE, "schedule.lua");
 script!(WORKERS, "workers.lua");
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 19] {
+pub(crate) fn all() -> [&'static Script; 20] {
     [
         &ENQUEUE, &CLAIM, &CLAIM_FIT, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL,
-        &RETRY, &PURGE, &STATS, &QUEUES, &LIST, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE, &WORKERS,
+        &RETRY, &PURGE, &STATS, &QUEUES, &LIST, &LIST_ROWS, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
+        &WORKERS,
     ]
 }

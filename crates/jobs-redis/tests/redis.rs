@@ -2667,3 +2667,361 @@ async fn workers_are_reaped_in_bounded_calls_and_unreadable_ones_are_corrupt() {
     store.redis.drop_namespace().await.expect("drop_namespace");
     assert_eq!(env.namespace_keys().await, Vec::<String>::new());
 }
+
+/// The fields of a job's hash, sorted.
+async fn hash_fields(env: &mut Env, id: JobId) -> Vec<String> {
+    let key = jobs_redis::job_key(&env.settings.namespace, id);
+    let mut fields: Vec<String> = env.admin.hkeys(&key).await.expect("HKEYS");
+    fields.sort();
+    fields
+}
+
+/// CONTRACT H1–H4 on Redis: an attempt that ends by fail, release or reclaim is a field of
+/// the job's own hash (`a` + token mod 32), written by the script that ends the lease; no
+/// key is added for it. A claim and a completion write no attempt: the completion writes
+/// only what it wrote before (`state`, `finished`), and the hash keeps the worker of the
+/// last lease, from which `attempts` shows the succeeded attempt.
+#[tokio::test]
+async fn attempts_are_fields_of_the_job_hash_and_complete_writes_none() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    let keys_before = env.namespace_keys().await;
+    let ttl = Duration::from_secs(5);
+    let first = store
+        .claim_one(&["q"], "w-1", ttl)
+        .await
+        .expect("claim")
+        .expect("a job");
+    env.clock.advance(Duration::from_millis(3));
+    store
+        .fail(id, first.token(), "boom", Retry::At(env.clock.now()))
+        .await
+        .expect("fail");
+    let after_fail = hash_fields(&mut env, id).await;
+    assert!(after_fail.contains(&"a1".to_owned()), "{after_fail:?}");
+    let second = store
+        .claim_one(&["q"], "w-2", ttl)
+        .await
+        .expect("claim")
+        .expect("a job");
+    let fields = hash_fields(&mut env, id).await;
+    assert_eq!(
+        fields
+            .iter()
+            .filter(|f| f.starts_with('a') && f[1..].parse::<u64>().is_ok())
+            .count(),
+        1,
+        "a claim writes no attempt: {fields:?}"
+    );
+    env.clock.advance(Duration::from_millis(4));
+    store
+        .complete(id, second.token(), None)
+        .await
+        .expect("complete");
+    let after_complete = hash_fields(&mut env, id).await;
+    let added: Vec<&String> = after_complete
+        .iter()
+        .filter(|f| !fields.contains(f))
+        .collect();
+    assert_eq!(added, vec!["finished"], "complete adds only finished_at");
+    let worker: String = env
+        .admin
+        .hget(jobs_redis::job_key(&env.settings.namespace, id), "worker")
+        .await
+        .expect("HGET");
+    assert_eq!(worker, "w-2", "the worker of the last lease is kept");
+    assert_eq!(store.get(id).await.expect("get").lease, None);
+    let history = store.attempts(id).await.expect("attempts");
+    assert_eq!(
+        history
+            .iter()
+            .map(|a| (
+                a.token.get(),
+                a.worker.as_str(),
+                a.outcome,
+                a.error.as_deref()
+            ))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, "w-1", jobs_core::AttemptOutcome::Failed, Some("boom")),
+            (2, "w-2", jobs_core::AttemptOutcome::Succeeded, None),
+        ]
+    );
+    let added: Vec<String> = env
+        .namespace_keys()
+        .await
+        .into_iter()
+        .filter(|key| !keys_before.contains(key))
+        .collect();
+    let indexes = [env.key("leases"), env.key("running"), env.key("done")];
+    assert!(
+        added.iter().all(|key| indexes.contains(key)),
+        "no key beyond the indexes a claim and a completion always wrote: {added:?}"
+    );
+}
+
+/// An attempt record or a lease that cannot be read is corrupt (CONTRACT §5): `attempts`
+/// answers `Corrupt` while `get` still reads the job; a lease call on a running job
+/// without its worker refuses with `Corrupt` and writes nothing (its attempt could not
+/// be recorded), and reclaim buries such a job.
+#[tokio::test]
+async fn unreadable_attempts_and_leases_are_corrupt() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let claimed = enqueue_and_claim(&store, 2).await;
+    let (job, other) = (&claimed[0], &claimed[1]);
+    store.release(job.id(), job.token()).await.expect("release");
+    let key = jobs_redis::job_key(&env.settings.namespace, job.id());
+    let _: () = env
+        .admin
+        .hset(&key, "a1", "1 2 x r 1 w")
+        .await
+        .expect("HSET");
+    let err = store.attempts(job.id()).await.expect_err("corrupt attempt");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert_eq!(
+        store.get(job.id()).await.expect("get").state,
+        JobState::Queued
+    );
+
+    let other_key = jobs_redis::job_key(&env.settings.namespace, other.id());
+    let _: i64 = env.admin.hdel(&other_key, "worker").await.expect("HDEL");
+    let before: Vec<(String, String)> = env.admin.hgetall(&other_key).await.expect("HGETALL");
+    let err = store
+        .fail(other.id(), other.token(), "boom", Retry::Never)
+        .await
+        .expect_err("fail without a worker");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    let err = store
+        .release(other.id(), other.token())
+        .await
+        .expect_err("release without a worker");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    let after: Vec<(String, String)> = env.admin.hgetall(&other_key).await.expect("HGETALL");
+    assert_eq!(after, before, "nothing written");
+    env.clock.advance(Duration::from_secs(6));
+    let reclaimed = store.reclaim(10).await.expect("reclaim");
+    assert_eq!(
+        reclaimed
+            .iter()
+            .map(|r| (r.id, r.state))
+            .collect::<Vec<_>>(),
+        vec![(other.id(), JobState::Dead)]
+    );
+    let error: String = env.admin.hget(&other_key, "error").await.expect("HGET");
+    assert_eq!(error, "corrupt record: field worker missing");
+}
+
+/// Tags and trace context live in `meta`, after tenant and key; a job with neither
+/// stores `meta` as before they existed, so records written then read as having none.
+#[tokio::test]
+async fn tags_and_trace_context_are_kept_in_meta() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let tagged = store
+        .enqueue(
+            NewJob::new("q")
+                .tenant("t")
+                .tag("plan", "pro")
+                .trace_context(trace),
+        )
+        .await
+        .expect("enqueue")
+        .id;
+    let plain = store
+        .enqueue(NewJob::new("q").tenant("t"))
+        .await
+        .expect("enqueue")
+        .id;
+    let meta = |id: JobId| jobs_redis::job_key(&env.settings.namespace, id);
+    let tagged_meta: String = env.admin.hget(meta(tagged), "meta").await.expect("HGET");
+    assert!(
+        tagged_meta.ends_with(&format!(" 1 - t {trace} {{\"plan\":\"pro\"}}")),
+        "{tagged_meta}"
+    );
+    let plain_meta: String = env.admin.hget(meta(plain), "meta").await.expect("HGET");
+    assert!(plain_meta.ends_with(" 1 - t"), "{plain_meta}");
+    // Tags that do not decode make the record corrupt.
+    let _: () = env
+        .admin
+        .hset(
+            meta(tagged),
+            "meta",
+            tagged_meta.replace("{\"plan\"", "[\"plan\""),
+        )
+        .await
+        .expect("HSET");
+    let err = store.get(tagged).await.expect_err("corrupt tags");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    // A tag filter does not match what it cannot read; the list goes on.
+    let listed = store
+        .list(ListQuery::new("q").tag("plan", "pro"))
+        .await
+        .expect("list");
+    assert!(listed.jobs.is_empty() && listed.next.is_none());
+}
+
+/// CONTRACT A4 on Redis: under a tenant or tag filter one `list` call examines at most
+/// 4,096 index entries; a page that has not filled by then ends early with `next` set
+/// to the last id examined, and paging on finds every match. Records that vanished or
+/// whose `meta` cannot be read match no tenant and do not break the listing.
+#[tokio::test]
+async fn filtered_list_examines_a_bounded_number_of_entries_per_call() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let oldest = store
+        .enqueue(NewJob::new("q").tenant("acme").tag("plan", "pro"))
+        .await
+        .expect("enqueue")
+        .id;
+    let others = enqueue_all(
+        &store,
+        (0..5_000)
+            .map(|i| NewJob::new(if i % 2 == 0 { "q" } else { "r" }).tenant("other"))
+            .collect(),
+    )
+    .await;
+    let newest = store
+        .enqueue(NewJob::new("r").tenant("acme").tag("plan", "pro"))
+        .await
+        .expect("enqueue")
+        .id;
+    // One record vanished, one with unreadable meta: neither breaks a filtered list.
+    let _: () = env
+        .admin
+        .del(jobs_redis::job_key(&env.settings.namespace, others[4_980]))
+        .await
+        .expect("DEL");
+    let _: () = env
+        .admin
+        .hset(
+            jobs_redis::job_key(&env.settings.namespace, others[4_990]),
+            "meta",
+            "garbage",
+        )
+        .await
+        .expect("HSET");
+    for query in [
+        ListQuery::all().tenant("acme"),
+        ListQuery::all().tag("plan", "pro"),
+        ListQuery::all().queue_prefix("q").tenant("acme"),
+    ] {
+        let mut found = Vec::new();
+        let mut calls = 0;
+        let mut cursor = None;
+        loop {
+            let mut page_query = query.clone().limit(10);
+            page_query.cursor = cursor;
+            let page = store.list(page_query).await.expect("list");
+            calls += 1;
+            found.extend(page.jobs.iter().map(|j| j.id));
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        let expected = if query.queue_prefix.is_some() {
+            vec![oldest]
+        } else {
+            vec![newest, oldest]
+        };
+        assert_eq!(found, expected, "{query:?}");
+        if query.queue_prefix.is_none() {
+            assert!(calls >= 2, "5,000 entries take more than one call: {calls}");
+        }
+    }
+    // Without them, an unreadable record no claim has buried yet is reported, as `get`
+    // reports it (CONTRACT §5); a vanished one is skipped, and pages stay full.
+    let unfiltered = store.list(ListQuery::all().limit(1_000)).await;
+    assert!(
+        matches!(unfiltered, Err(Error::Corrupt { .. })),
+        "{:?}",
+        unfiltered.err()
+    );
+    let _: i64 = env
+        .admin
+        .del(jobs_redis::job_key(&env.settings.namespace, others[4_990]))
+        .await
+        .expect("DEL");
+    let page = store
+        .list(ListQuery::all().limit(1_000))
+        .await
+        .expect("list");
+    assert_eq!(page.jobs.len(), 1_000);
+    assert_eq!(page.jobs[0].id, newest);
+    assert!(page
+        .jobs
+        .iter()
+        .all(|j| j.id != others[4_980] && j.id != others[4_990]));
+}
+
+/// Pages of queued jobs only or running jobs only, across queues and under a prefix:
+/// queued and running share the list code `a`, so the lease index tells them apart.
+#[tokio::test]
+async fn queued_and_running_pages_span_queues() {
+    let Some(env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        let queue = ["a1", "a2", "b"][i % 3];
+        ids.push((
+            store.enqueue(NewJob::new(queue)).await.expect("enqueue").id,
+            queue,
+        ));
+    }
+    let mut running = HashSet::new();
+    for queue in ["a1", "a2", "b"] {
+        let claimed = store
+            .claim(ClaimRequest::new([queue], "w", Duration::from_secs(30)).limit(2))
+            .await
+            .expect("claim");
+        running.extend(claimed.iter().map(|c| c.id()));
+    }
+    for (query, state) in [
+        (ListQuery::all().state(JobState::Queued), JobState::Queued),
+        (ListQuery::all().state(JobState::Running), JobState::Running),
+        (
+            ListQuery::all().queue_prefix("a").state(JobState::Running),
+            JobState::Running,
+        ),
+        (
+            ListQuery::all().queue_prefix("a").state(JobState::Queued),
+            JobState::Queued,
+        ),
+    ] {
+        let expected: Vec<JobId> = ids
+            .iter()
+            .rev()
+            .filter(|(id, queue)| {
+                query.matches_queue(queue) && (running.contains(id) == (state == JobState::Running))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        let mut found = Vec::new();
+        let mut cursor = None;
+        loop {
+            let mut page_query = query.clone().limit(2);
+            page_query.cursor = cursor;
+            let page = store.list(page_query).await.expect("list");
+            assert!(page.jobs.iter().all(|j| j.state == state));
+            found.extend(page.jobs.iter().map(|j| j.id));
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(found, expected, "{query:?}");
+    }
+}

@@ -14,6 +14,10 @@
 --
 -- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason}
 --
+-- The attempt ends failed with the error (CONTRACT H2): its record goes into the job's
+-- hash (attempt_record in lib.lua) in the HSET that stores the error, whatever the new
+-- state.
+--
 -- Atomicity: the job leaves the lease index and enters the ready, scheduled or finished
 -- index in the same step that changes its state. Check before write: every field the
 -- decision needs and the queue's running counter are read and checked first; a corrupt
@@ -23,7 +27,7 @@
 local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local running = KEYS[8]
 local id, now = ARGV[1], ARGV[3]
-local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel', 'worker', 'started')
 if not v[1] then
   return { 'notfound' }
 end
@@ -37,7 +41,12 @@ end
 if not is_int(v[4]) then
   return { 'corrupt', 'field att not a number' }
 end
+local unreadable = lease_unreadable(v[6], v[7])
+if unreadable then
+  return { 'corrupt', unreadable }
+end
 check_counters(running, { queue })
+local attempt = attempt_record(v[2], v[7], now, 'f', v[6], ARGV[4])
 
 -- Mirrors jobs_core::transition::after_failure (CONTRACT L6/L7, A1): cancel requested
 -- -> cancelled; a retry time and attempts left -> queued at that time; else dead.
@@ -55,13 +64,13 @@ if state == 'queued' then
   local next_seq = redis.call('INCR', seq)
   local due = ARGV[7] == '1'
   requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[5], ARGV[6], due, 'running')
-  redis.call('HSET', job, 'error', ARGV[4])
+  redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
   drop_lease(leases, running, queue, id)
   if due then
     redis.call('PUBLISH', ARGV[8], queue)
   end
 else
-  redis.call('HSET', job, 'error', ARGV[4])
+  redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
   drop_lease(leases, running, queue, id)
   finish(job, list, done, queue, id, parent, 'running', state, now)
 end

@@ -315,3 +315,38 @@ local function write_claim(ready, leases, list, running, done, to_lease, to_bury
   zrem_members(list, list_old)
   return claimed, corrupt
 end
+
+-- Attempts (CONTRACT H1-H4). Only an attempt that ends other than by success is written
+-- (fail.lua, release.lua, reclaim.lua, in the same call that ends its lease): the running
+-- attempt is the job's lease, and the succeeded one its last lease (`worker`, `token`,
+-- `started`, which complete.lua leaves in place) and `finished`. Each record goes into the
+-- job's own hash, field 'a' .. (token mod ATTEMPTS_KEPT) (jobs_core::attempts::slot), so it
+-- is deleted with the job, a newer attempt overwrites the one 32 claims older, and no
+-- key or trim pass is added.
+local ATTEMPTS_KEPT = 32
+
+-- The hash field of the attempt of `token` (an integer string, checked by the caller).
+local function attempt_field(token)
+  return 'a' .. string.format('%d', tonumber(token) % ATTEMPTS_KEPT)
+end
+
+-- An ended attempt, read by codec::decode_attempt:
+-- "TOKEN STARTED ENDED OUTCOME WORKER_LEN WORKERERROR", outcome 'f' (failed), 'r'
+-- (released: no error) or 'e' (expired); the worker is cut by its byte length, so it may
+-- hold spaces, and the error is the rest. Every part is a string as stored or given.
+local function attempt_record(token, started, ended, outcome, worker, err)
+  return token .. ' ' .. started .. ' ' .. ended .. ' ' .. outcome .. ' '
+    .. string.format('%d', #worker) .. ' ' .. worker .. (err or '')
+end
+
+-- Why the lease of a running job cannot become an attempt record (its worker or start
+-- unreadable), or nil when it can. Checked before a script's first write.
+local function lease_unreadable(worker, started)
+  if not worker then
+    return 'field worker missing'
+  end
+  if not is_int(started) then
+    return 'field started not a number'
+  end
+  return nil
+end

@@ -21,6 +21,10 @@
 -- be read (unreadable meta or attempts, unknown state) is moved to `dead` with last_error
 -- 'corrupt record: ...' (CONTRACT §5, corrupt records) and reported as dead.
 --
+-- The attempt of each job taken back ends expired with the eviction text (CONTRACT H2):
+-- its record goes into the job's hash in the HSET that stores that text. A record whose
+-- token, worker or start cannot be read is buried like any unreadable record.
+--
 -- Atomicity: each job moves from the lease index to the ready or finished index in the
 -- same step that changes its state. Check before write: a first pass reads and decides
 -- every entry, then the running counters are checked, then one INCRBY draws the sequence
@@ -30,7 +34,7 @@ local leases, ready, list, done, seq, running = KEYS[1], KEYS[2], KEYS[3], KEYS[
 local now, now_hex, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now_n = tonumber(now)
 local examined = 0
-local plan = {}     -- per entry taken: {kind, job, member, queue, id, parent, prio, reason}
+local plan = {}     -- per entry taken: {kind, job, member, queue, id, parent, prio, reason, v}
 local queues, seen_queue, seen_member = {}, {}, {}
 local requeued = 0
 -- Pass 1: read and decide, no writes.
@@ -47,7 +51,7 @@ for i = 1, #KEYS - 6 do
       seen_queue[queue] = true
       queues[#queues + 1] = queue
     end
-    local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel')
+    local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel', 'token', 'worker', 'started')
     local state = v[1]
     local _, parent, prio, max_att = meta_head(v[3])
     local kind, reason
@@ -55,10 +59,15 @@ for i = 1, #KEYS - 6 do
       -- The hash vanished (R5): drop its entries, write nothing to it.
       kind = 'vanished'
     elseif state == 'running' then
+      local lease_bad = lease_unreadable(v[6], v[7])
       if not prio or not is_int(prio) or not is_int(max_att) then
         kind, reason = 'corrupt', 'field meta unreadable'
       elseif not is_int(v[2]) then
         kind, reason = 'corrupt', 'field att not a number'
+      elseif not is_int(v[5]) then
+        kind, reason = 'corrupt', 'field token not a number'
+      elseif lease_bad then
+        kind, reason = 'corrupt', lease_bad
       elseif v[4] == '1' then
         -- Mirrors jobs_core::transition::after_lease_expired (CONTRACT R1/R3): cancel
         -- requested -> cancelled; last attempt used -> dead; else queued, ready now.
@@ -75,7 +84,7 @@ for i = 1, #KEYS - 6 do
       -- Any other state means the entry was stale: it is only removed.
       kind = 'stale'
     end
-    plan[#plan + 1] = { kind, job, member, queue, id, parent, prio, reason }
+    plan[#plan + 1] = { kind, job, member, queue, id, parent, prio, reason, v }
   end
 end
 check_counters(running, queues)
@@ -89,6 +98,7 @@ local out = {}
 local woken = {}
 for _, p in ipairs(plan) do
   local kind, job, member, queue, id, parent, prio, reason = p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]
+  local v = p[9]
   redis.call('ZREM', leases, member)
   redis.call('HINCRBY', running, queue, -1)
   if kind == 'vanished' then
@@ -97,7 +107,8 @@ for _, p in ipairs(plan) do
     bury(job, list, done, queue, id, parent, now, reason)
     out[#out + 1] = { id, 'dead' }
   elseif kind ~= 'stale' then
-    redis.call('HSET', job, 'error', message)
+    redis.call('HSET', job, 'error', message, attempt_field(v[5]),
+      attempt_record(v[5], v[7], now, 'e', v[6], message))
     if kind == 'queued' then
       seq_next = seq_next + 1
       requeue(job, ready, nil, list, seq_next, queue, id, prio, now, now_hex, true, 'running')

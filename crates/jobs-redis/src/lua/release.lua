@@ -14,12 +14,15 @@
 --
 -- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason}
 --
+-- The attempt ends released (CONTRACT H2): its record goes into the job's hash in the
+-- same call, on either branch.
+--
 -- Atomicity and check before write: as fail.lua.
 
 local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local running = KEYS[8]
 local id, now = ARGV[1], ARGV[3]
-local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att', 'worker', 'started')
 if not v[1] then
   return { 'notfound' }
 end
@@ -33,7 +36,12 @@ end
 if not is_int(v[5]) then
   return { 'corrupt', 'field att not a number' }
 end
+local unreadable = lease_unreadable(v[6], v[7])
+if unreadable then
+  return { 'corrupt', unreadable }
+end
 check_counters(running, { queue })
+local attempt = attempt_record(v[2], v[7], now, 'r', v[6], nil)
 
 -- Mirrors jobs_core::transition::after_release (CONTRACT L8, A1): a cancel-requested job
 -- ends cancelled, its attempt counted; any other goes back to queued, ready at the given
@@ -41,13 +49,14 @@ check_counters(running, { queue })
 if v[4] == '1' then
   drop_lease(leases, running, queue, id)
   finish(job, list, done, queue, id, parent, 'running', 'cancelled', now)
+  redis.call('HSET', job, attempt_field(v[2]), attempt)
   return { 'ok', 'cancelled' }
 end
 -- The first write: INCR fails on a corrupt counter before anything else changed.
 local next_seq = redis.call('INCR', seq)
 local due = ARGV[7] == '1'
 requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[6], ARGV[4], due, 'running')
-redis.call('HSET', job, 'att', string.format('%d', tonumber(v[5]) - 1))
+redis.call('HSET', job, 'att', string.format('%d', tonumber(v[5]) - 1), attempt_field(v[2]), attempt)
 drop_lease(leases, running, queue, id)
 if due then
   redis.call('PUBLISH', ARGV[5], queue)

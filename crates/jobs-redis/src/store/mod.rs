@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use jobs_core::batch::Batcher;
 use jobs_core::{
-    async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
-    HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueOverview,
-    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
-    StoredWorker, Timestamp,
+    async_trait, Attempt, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error,
+    Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
+    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
+    StoredSchedule, StoredWorker, Timestamp,
 };
 use redis::{ScriptInvocation, Value};
 
@@ -174,6 +174,10 @@ impl Backend for RedisStore {
 
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         self.read_children(parent).await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.read_attempts(id).await
     }
 
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {

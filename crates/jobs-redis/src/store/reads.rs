@@ -4,15 +4,17 @@
 
 use std::collections::HashMap;
 
+use jobs_core::attempts::{self, LastClaim};
 use jobs_core::{
-    Bytes, Error, Job, JobId, JobState, ListPage, ListQuery, QueueOverview, QueueStats, ReadyOrder,
-    Result, StoredSchedule, Timestamp,
+    Attempt, Bytes, Error, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, QueueOverview,
+    QueueStats, ReadyOrder, Result, StoredSchedule, Timestamp, ATTEMPTS_KEPT,
 };
 use redis::Value;
 
 use super::{status, unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
 use crate::codec::{
-    array, decode_job, decode_listed, int, is_missing, job_id, member_id, text, JOB_FIELDS,
+    array, attempt_field, decode_attempt, decode_job, decode_listed, id_string, int, is_missing,
+    job_id, member_id, opt_bytes, tag_pattern, text, JOB_FIELDS,
 };
 use crate::conn::map_err;
 use crate::scripts;
@@ -187,107 +189,256 @@ impl RedisStore {
         Ok(jobs)
     }
 
-    /// Up to `limit` ids of `queue`'s list index under the state `codes`, newest first,
-    /// after `cursor`: one consistent read of every code's range, merged.
-    async fn list_ids(
-        &self,
-        queue: &str,
-        codes: &str,
-        cursor: Option<JobId>,
-        limit: usize,
-    ) -> Result<Vec<JobId>> {
-        let mut invocation = scripts::LIST.prepare_invoke();
-        invocation
-            .key(&self.keys().list)
-            .arg(queue)
-            .arg(codes)
-            .arg(cursor.map(|c| c.to_string()).unwrap_or_default())
-            .arg(limit);
-        let reply = self.invoke(&invocation, "list").await?;
-        let mut ids = Vec::new();
-        for part in array(&reply, "list reply")? {
-            for id in array(part, "list reply")? {
-                ids.push(job_id(&text(id, "list reply")?, "list index")?);
-            }
-        }
-        ids.sort_unstable_by(|a, b| b.cmp(a));
-        ids.dedup();
-        ids.truncate(limit);
-        Ok(ids)
-    }
-
-    /// The ids of `queue`'s running jobs, newest first, after `cursor`, from the lease
-    /// index (read whole: it holds one entry per running job of the namespace).
-    async fn running_ids(&self, queue: &str, cursor: Option<JobId>) -> Result<Vec<JobId>> {
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&self.keys().leases)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|err| map_err("list running", err))?;
-        let prefix = format!("{queue} ");
-        let mut ids = Vec::new();
-        for member in members.iter().filter(|m| m.starts_with(&prefix)) {
-            let id = member_id(member, "lease index")?;
-            if cursor.is_none_or(|cursor| id < cursor) {
-                ids.push(id);
-            }
-        }
-        ids.sort_unstable_by(|a, b| b.cmp(a));
-        Ok(ids)
-    }
-
-    /// Rule A4: one page of a queue's jobs, newest first.
+    /// Rule A4: one page of the jobs `query` matches, newest first, in rounds of two
+    /// script calls: `list.lua` finds the next ids of the queues and states asked for
+    /// (the list index's ranges merged by id, no index of its own), `list_rows.lua`
+    /// reads their records in one snapshot, keeps those of the tenant and tags asked for
+    /// and returns their rows. A page without tenant or tags is one round. With them,
+    /// rounds go on, each asking for twice as many ids, until the page is full, the ids
+    /// run out, or [`LIST_EXAMINE_BOUND`] candidates were examined: the page then ends
+    /// early, `next` the last id examined (CONTRACT A4 allows it; callers page on until
+    /// `next` is none).
     pub(super) async fn list_jobs(&self, query: ListQuery) -> Result<ListPage> {
-        // Running jobs are read from the lease index (bounded by how many run); every
-        // other page from the list index, whose code 'a' holds queued and running jobs
-        // alike, so a queued page skips the running ones on the way.
-        let running = match query.state {
-            Some(JobState::Running) => Some(self.running_ids(&query.queue, query.cursor).await?),
-            _ => None,
-        };
-        let codes = match query.state {
-            Some(JobState::Queued) | Some(JobState::Running) => "a",
-            Some(JobState::Succeeded) => "s",
-            Some(JobState::Dead) => "d",
-            Some(JobState::Cancelled) => "c",
-            None => "asdc",
-        };
+        if let (Some(queue), Some(prefix)) = (&query.queue, &query.queue_prefix) {
+            if !queue.starts_with(prefix.as_str()) {
+                return Ok(ListPage {
+                    jobs: Vec::new(),
+                    next: None,
+                });
+            }
+        }
+        let streams = Streams::of(&query.states);
+        let scoped = !query.tenant.is_empty() || !query.tags.is_empty();
+        let patterns: Vec<String> = query
+            .tags
+            .iter()
+            .map(|(key, value)| tag_pattern(key, value))
+            .collect();
         let mut cursor = query.cursor;
-        let mut offset = 0;
-        let mut jobs = Vec::with_capacity(query.limit);
+        let mut examined = 0;
+        // Under a tenant or tag filter, the first round asks for a few pages' worth of
+        // candidates, each next round for twice as many: few rounds when matches are
+        // rare, little read in vain when they are not.
+        let mut ask = (4 * query.limit).max(512);
+        let mut jobs: Vec<Job> = Vec::with_capacity(query.limit);
         loop {
-            let ids: Vec<JobId> = match &running {
-                Some(all) => {
-                    let chunk: Vec<JobId> =
-                        all.iter().skip(offset).take(query.limit).copied().collect();
-                    offset += chunk.len();
-                    chunk
-                }
-                None => {
-                    self.list_ids(&query.queue, codes, cursor, query.limit)
-                        .await?
-                }
+            let missing = query.limit - jobs.len();
+            let left = LIST_EXAMINE_BOUND.saturating_sub(examined).max(1);
+            let want = if scoped {
+                ask.min(left)
+            } else {
+                missing.min(left)
             };
-            let exhausted = ids.len() < query.limit;
-            for job in self.get_many(&ids, &query.queue).await? {
-                if query.state.is_none_or(|state| job.state == state) {
-                    let id = job.id;
+            let found = self.list_candidates(&query, &streams, cursor, want).await?;
+            let Some(last) = found.ids.last().copied() else {
+                return Ok(ListPage { jobs, next: None });
+            };
+            let (looked, rows) = self
+                .list_rows(&found.ids, missing, &query.tenant, &patterns)
+                .await?;
+            examined += looked;
+            for (at, row) in rows {
+                // list_rows checked every row number against the ids it was given.
+                let Some(&id) = found.ids.get(at) else {
+                    return Err(Error::corrupt("list rows reply", "bad row number"));
+                };
+                let queue = found.queue_of(at);
+                let job = decode_listed(id, row, queue)?;
+                // list_rows.lua judged tenant and tags on the stored text; the decoded
+                // job is what counts, and its state may have changed between the calls.
+                if query.matches(&job) {
                     jobs.push(job);
-                    if jobs.len() == query.limit {
-                        return Ok(ListPage {
-                            jobs,
-                            next: Some(id),
-                        });
-                    }
                 }
             }
-            if exhausted {
+            if jobs.len() == query.limit {
+                let next = jobs.last().map(|job| job.id);
+                return Ok(ListPage { jobs, next });
+            }
+            if looked >= found.ids.len() && found.exhausted {
                 return Ok(ListPage { jobs, next: None });
             }
-            cursor = ids.last().copied();
+            // `looked` is at least 1: the script examines candidates until it has the
+            // rows still missing, and at least one is.
+            let last_examined = looked.checked_sub(1).and_then(|at| found.ids.get(at));
+            cursor = Some(last_examined.copied().unwrap_or(last));
+            if examined >= LIST_EXAMINE_BOUND {
+                return Ok(ListPage { jobs, next: cursor });
+            }
+            ask = ask.saturating_mul(2);
         }
+    }
+
+    /// One `list.lua` call: up to `want` ids after `cursor`, newest first.
+    async fn list_candidates(
+        &self,
+        query: &ListQuery,
+        streams: &Streams,
+        cursor: Option<JobId>,
+        want: usize,
+    ) -> Result<Candidates> {
+        const WHAT: &str = "list reply";
+        let keys = self.keys();
+        let mut invocation = scripts::LIST.prepare_invoke();
+        invocation
+            .key(&keys.list)
+            .key(&keys.leases)
+            .arg(query.queue.as_deref().unwrap_or(""))
+            .arg(query.queue_prefix.as_deref().unwrap_or(""))
+            .arg(&streams.codes)
+            .arg(if streams.queued_only { "q" } else { "" })
+            .arg(if streams.running { "1" } else { "" })
+            .arg(cursor.map(id_string).unwrap_or_default())
+            .arg(want);
+        let reply = self.invoke(&invocation, "list").await?;
+        let [ids, numbers, queues, exhausted] = array(&reply, WHAT)? else {
+            return Err(Error::corrupt(WHAT, "expected four items"));
+        };
+        let ids = array(ids, WHAT)?
+            .iter()
+            .map(|id| job_id(&text(id, WHAT)?, "list index"))
+            .collect::<Result<Vec<_>>>()?;
+        let numbers = array(numbers, WHAT)?
+            .iter()
+            .map(|n| int(n, WHAT))
+            .collect::<Result<Vec<_>>>()?;
+        let queues = array(queues, WHAT)?
+            .iter()
+            .map(|q| text(q, WHAT))
+            .collect::<Result<Vec<_>>>()?;
+        if numbers.len() != ids.len() {
+            return Err(Error::corrupt(WHAT, "one queue number per id expected"));
+        }
+        Ok(Candidates {
+            ids,
+            numbers,
+            queues,
+            exhausted: int(exhausted, WHAT)? == 1,
+        })
+    }
+
+    /// One `list_rows.lua` call over `ids`: how many it examined, and the rows it kept
+    /// (at most `most`), each with its position in `ids`.
+    async fn list_rows(
+        &self,
+        ids: &[JobId],
+        most: usize,
+        tenant: &str,
+        patterns: &[String],
+    ) -> Result<(usize, Vec<(usize, Vec<Option<Vec<u8>>>)>)> {
+        const WHAT: &str = "list rows reply";
+        let keys = self.keys();
+        let mut invocation = scripts::LIST_ROWS.prepare_invoke();
+        invocation.arg(most).arg(tenant).arg(patterns.len());
+        for pattern in patterns {
+            invocation.arg(pattern);
+        }
+        invocation.arg(JOB_FIELDS.len());
+        for field in JOB_FIELDS {
+            invocation.arg(field);
+        }
+        for id in ids {
+            invocation.key(keys.job(*id));
+        }
+        let reply = self.invoke(&invocation, "list").await?;
+        let [examined, rows] = array(&reply, WHAT)? else {
+            return Err(Error::corrupt(WHAT, "expected two items"));
+        };
+        let examined = usize::try_from(int(examined, WHAT)?)
+            .ok()
+            .filter(|n| *n <= ids.len())
+            .ok_or_else(|| Error::corrupt(WHAT, "bad examined count"))?;
+        let mut kept = Vec::new();
+        for pair in array(rows, WHAT)?.chunks(2) {
+            let [at, values] = pair else {
+                return Err(Error::corrupt(WHAT, "a row without its number"));
+            };
+            let at = usize::try_from(int(at, WHAT)?)
+                .ok()
+                .and_then(|at| at.checked_sub(1))
+                .filter(|at| *at < examined)
+                .ok_or_else(|| Error::corrupt(WHAT, "bad row number"))?;
+            let values: Vec<Option<Vec<u8>>> = array(values, WHAT)?.iter().map(opt_bytes).collect();
+            kept.push((at, values));
+        }
+        Ok((examined, kept))
+    }
+
+    /// Rules H1–H4: the job's attempts, from one HMGET of its hash: the fields of its
+    /// last claim and every attempt slot (`a0`..`a31`, see `lua/lib.lua`), never the
+    /// payload or result. The hash is the one snapshot of both.
+    pub(super) async fn read_attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        const LAST: [&str; 5] = ["state", "worker", "token", "started", "finished"];
+        let slots = ATTEMPTS_KEPT;
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(self.keys().job(id)).arg(&LAST[..]);
+        for slot in 0..slots {
+            cmd.arg(attempt_field(slot));
+        }
+        let raw: Vec<Option<Vec<u8>>> = cmd
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("attempts", err))?;
+        let corrupt = |field: &str, why: String| {
+            Error::corrupt(format!("job {id}"), format!("field {field}: {why}"))
+        };
+        let names = LAST
+            .iter()
+            .map(|name| (*name).to_owned())
+            .chain((0..slots).map(attempt_field));
+        let values = raw
+            .into_iter()
+            .zip(names)
+            .map(|(value, name)| {
+                value
+                    .map(|bytes| {
+                        String::from_utf8(bytes).map_err(|_| corrupt(&name, "not UTF-8".into()))
+                    })
+                    .transpose()
+            })
+            .collect::<Result<Vec<Option<String>>>>()?;
+        let (last, records) = values.split_at(LAST.len().min(values.len()));
+        let [state, worker, token, started, finished] = last else {
+            return Err(Error::corrupt("attempts reply", "too few fields"));
+        };
+        let Some(state) = state else {
+            // No job (a staged payload alone is none either); a hash holding a job's
+            // fields without its state is one `get` reports as corrupt too.
+            if values.iter().any(Option::is_some) {
+                return Err(corrupt("state", "missing".into()));
+            }
+            return Err(Error::NotFound { id });
+        };
+        let state: JobState = state
+            .parse()
+            .map_err(|_| corrupt("state", format!("unknown state {state:?}")))?;
+        let number = |field: &str, text: &Option<String>| -> Result<Option<i64>> {
+            text.as_deref()
+                .map(|t| {
+                    t.parse()
+                        .map_err(|_| corrupt(field, format!("not a number: {t:?}")))
+                })
+                .transpose()
+        };
+        let token = number("token", token)?.unwrap_or(0);
+        let token = u64::try_from(token).map_err(|_| corrupt("token", "negative".into()))?;
+        let mut ended = Vec::new();
+        for (slot, record) in (0..slots).zip(records) {
+            if let Some(record) = record {
+                ended.push(
+                    decode_attempt(record).map_err(|why| corrupt(&attempt_field(slot), why))?,
+                );
+            }
+        }
+        Ok(attempts::history(
+            ended,
+            LastClaim {
+                state,
+                worker: worker.clone(),
+                token: LeaseToken::new(token),
+                started_at: number("started", started)?.map(Timestamp::from_millis),
+                finished_at: number("finished", finished)?.map(Timestamp::from_millis),
+            },
+        ))
     }
 
     /// Rule A3: the counts of one queue's jobs per state at `now`, promoting due
@@ -372,6 +523,70 @@ impl RedisStore {
         overviews.sort_by(|a, b| a.queue.cmp(&b.queue));
         overviews.dedup_by(|a, b| a.queue == b.queue);
         Ok(overviews)
+    }
+}
+
+/// Candidates one `list` call examines at most (CONTRACT A4): with a tenant or tags to
+/// match, each is a record read inside `list_rows.lua` (about a microsecond of server
+/// time), so a page over jobs that mostly do not match holds the server a few
+/// milliseconds at most before it ends early with `next` set.
+const LIST_EXAMINE_BOUND: usize = 4096;
+
+/// The ranges one `list.lua` call reads, from the states a query asks for: list-index
+/// codes, and how queued and running jobs (which share code `a`) are told apart.
+#[derive(Debug, Clone)]
+struct Streams {
+    /// Codes of the list index read (`a` queued and running, `s`, `d`, `c`).
+    codes: String,
+    /// Only the queued jobs of code `a`: the running ones (the lease index) skipped.
+    queued_only: bool,
+    /// The running jobs, from the lease index (bounded by how many run), instead of
+    /// walking code `a` past every queued job.
+    running: bool,
+}
+
+impl Streams {
+    fn of(states: &[JobState]) -> Self {
+        let has = |state| states.is_empty() || states.contains(&state);
+        let (queued, running) = (has(JobState::Queued), has(JobState::Running));
+        let mut codes = String::new();
+        for (wanted, code) in [
+            (queued, 'a'),
+            (has(JobState::Succeeded), 's'),
+            (has(JobState::Dead), 'd'),
+            (has(JobState::Cancelled), 'c'),
+        ] {
+            if wanted {
+                codes.push(code);
+            }
+        }
+        Streams {
+            codes,
+            queued_only: queued && !running,
+            running: running && !queued,
+        }
+    }
+}
+
+/// What one `list.lua` call found.
+struct Candidates {
+    ids: Vec<JobId>,
+    /// For each id, the number (from 1) of its queue in `queues`.
+    numbers: Vec<i64>,
+    queues: Vec<String>,
+    /// No id follows the last one.
+    exhausted: bool,
+}
+
+impl Candidates {
+    /// The queue whose index entry named candidate `at`.
+    fn queue_of(&self, at: usize) -> &str {
+        self.numbers
+            .get(at)
+            .and_then(|n| usize::try_from(*n).ok())
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|n| self.queues.get(n))
+            .map_or("", String::as_str)
     }
 }
 
