@@ -18,7 +18,9 @@ pub async fn connect(url: &str) -> Result<Store> {
 /// | `redis://host:port/db`, `rediss://…` (TLS) | Redis | `redis` (`redis-tls` for `rediss://`) |
 /// | `postgres://user@host/db`, `postgresql://…` | PostgreSQL | `postgres` (`postgres-tls` for `sslmode=require`) |
 ///
-/// The store carries the [`MetricsLayer`], so enqueued jobs are counted.
+/// The store carries the [`MetricsLayer`], so enqueued jobs are counted, and with the
+/// `opentelemetry` feature the [`TraceContextLayer`](crate::layers::TraceContextLayer),
+/// so each job carries the trace context of the span that enqueued it.
 ///
 /// A scheme that is unknown, or whose feature is not enabled, is refused with
 /// [`Error::InvalidInput`] naming the field `url`. Error messages never repeat the URL,
@@ -37,7 +39,10 @@ pub async fn connect_with(url: &str, settings: StoreSettings) -> Result<Store> {
             ),
         )),
     }?;
-    Ok(store.layer(MetricsLayer))
+    let store = store.layer(MetricsLayer);
+    #[cfg(feature = "opentelemetry")]
+    let store = store.layer(crate::trace_context::TraceContextLayer);
+    Ok(store)
 }
 
 /// The lower-cased scheme of `url`.

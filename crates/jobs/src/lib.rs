@@ -5,6 +5,9 @@
 mod connect;
 mod handler;
 pub mod telemetry;
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub mod trace_context;
 mod tracing_layer;
 mod worker;
 
@@ -13,11 +16,11 @@ mod worker;
 pub use connect::{connect, connect_with};
 pub use handler::{CancelReason, JobContext, JobError, JobOutput, Json};
 pub use jobs_core::{
-    contract, Backoff, Budget, Bytes, Cadence, CatchUp, ClaimRequest, ClaimedJob, Clock,
-    Completion, Enqueued, Error, FencedCompletion, Heartbeat, HeldLease, Job, JobId, JobState,
-    Lease, LeaseToken, ListPage, ListQuery, ManualClock, Needs, NewJob, QueueOverview, QueueStats,
-    ReclaimedJob, Result, Retry, Schedule, ScheduleRecord, Store, StoreSettings, SystemClock,
-    Timestamp, TypedJob, Uniqueness, WorkerInfo,
+    contract, Attempt, AttemptOutcome, Backoff, Budget, Bytes, Cadence, CatchUp, ClaimRequest,
+    ClaimedJob, Clock, Completion, Enqueued, Error, FencedCompletion, Heartbeat, HeldLease, Job,
+    JobId, JobState, Lease, LeaseToken, ListPage, ListQuery, ManualClock, Needs, NewJob,
+    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, Schedule, ScheduleRecord, Store,
+    StoreSettings, SystemClock, Tags, Timestamp, TypedJob, Uniqueness, WorkerInfo, ATTEMPTS_KEPT,
 };
 pub use worker::{
     JobEvent, JobOutcome, ShutdownHandle, Worker, WorkerBuilder, WorkerHandle,
@@ -29,6 +32,9 @@ pub use worker::{
 /// and overrides only the calls it changes; `store.layer(..)` adds it to a handle.
 pub mod layers {
     pub use crate::telemetry::MetricsLayer;
+    #[cfg(feature = "opentelemetry")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+    pub use crate::trace_context::TraceContextLayer;
     pub use crate::tracing_layer::TracingLayer;
     pub use jobs_core::{async_trait, Backend, Capabilities, Layer, LayeredBackend};
 }

@@ -57,7 +57,8 @@ pub const JOBS_QUEUE_LAG: &str = "jobs_queue_lag_seconds";
 /// Histogram, seconds: from the time a job became ready (`run_at`) to its claim, on
 /// the store's clock.
 pub const JOBS_PICKUP_LATENCY: &str = "jobs_pickup_latency_seconds";
-/// Histogram, seconds: how long handlers ran.
+/// Histogram, seconds: how long each attempt ran, from its claim to the end of its
+/// handler, on the store's clock: the span its attempt record shows (CONTRACT H2).
 pub const JOBS_RUN_TIME: &str = "jobs_run_time_seconds";
 
 /// The handles of one queue's metrics, registered once.

@@ -20,9 +20,9 @@ use std::time::Duration;
 
 use jobs::layers::{async_trait, Backend, LayeredBackend};
 use jobs::{
-    Backoff, Budget, Bytes, CancelReason, Clock, JobContext, JobError, JobEvent, JobId, JobOutcome,
-    JobState, Json, LeaseToken, ManualClock, Needs, NewJob, Schedule, Store, StoreSettings,
-    Timestamp, Worker, WorkerBuilder,
+    AttemptOutcome, Backoff, Budget, Bytes, CancelReason, Clock, JobContext, JobError, JobEvent,
+    JobId, JobOutcome, JobState, Json, LeaseToken, ManualClock, Needs, NewJob, Schedule, Store,
+    StoreSettings, Timestamp, Worker, WorkerBuilder,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
 
@@ -263,6 +263,82 @@ mod scenarios {
         assert!(job.finished_at.is_some());
         handle.shutdown().await;
         assert!(rx.try_recv().is_err(), "a dead job ran again");
+    }
+
+    /// Each run of a job through the runtime is one attempt in its history (CONTRACT
+    /// H1, H2), with the worker's id and each run's outcome: a failure with its error, a
+    /// snooze as released, and the success; the run-time histogram reads the same
+    /// records' clock.
+    pub async fn attempts_record_each_run_with_its_worker(env: Env) {
+        let store = env.store().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let worker = test_worker(env.store().await, "w-attempts")
+            .backoff(Backoff {
+                initial: Duration::from_secs(5),
+                max: Duration::from_secs(5),
+                jitter: 0.0,
+            })
+            .handler("tries", move |_ctx: JobContext, _payload: Bytes| {
+                let tx = tx.clone();
+                let runs = runs.clone();
+                async move {
+                    let run = runs.fetch_add(1, Ordering::SeqCst);
+                    let _ = tx.send(run);
+                    match run {
+                        0 => Err(JobError::retry("first run fails")),
+                        1 => Err(JobError::snooze("not yet", Duration::from_secs(5))),
+                        _ => Ok(()),
+                    }
+                }
+            });
+        let handle = build(worker).spawn();
+        let id = enqueue(&store, NewJob::new("tries")).await;
+        for run in 0..2 {
+            assert_eq!(recv(&mut rx, "a run").await, run);
+            wait_for(&store, id, "the job back in its queue", |j| {
+                j.state == JobState::Queued && j.started_at.is_some()
+            })
+            .await;
+            // The next claim's instant is later, so each attempt has its own start.
+            env.clock.advance(Duration::from_secs(5));
+        }
+        assert_eq!(recv(&mut rx, "the last run").await, 2);
+        wait_for(&store, id, "success", |j| j.state == JobState::Succeeded).await;
+        handle.shutdown().await;
+        let attempts = store.attempts(id).await.expect("attempts");
+        assert_eq!(
+            attempts
+                .iter()
+                .map(|a| (
+                    a.token.get(),
+                    a.worker.as_str(),
+                    a.outcome,
+                    a.error.as_deref()
+                ))
+                .collect::<Vec<_>>(),
+            vec![
+                (
+                    1,
+                    "w-attempts",
+                    AttemptOutcome::Failed,
+                    Some("first run fails")
+                ),
+                (2, "w-attempts", AttemptOutcome::Released, None),
+                (3, "w-attempts", AttemptOutcome::Succeeded, None),
+            ],
+            "each run is an attempt with its worker, outcome and error"
+        );
+        assert!(
+            attempts
+                .windows(2)
+                .all(|w| w[0].started_at < w[1].started_at),
+            "each attempt starts at its own claim"
+        );
+        assert!(
+            attempts.iter().all(|a| a.ended_at >= Some(a.started_at)),
+            "every attempt ended after it started"
+        );
     }
 
     /// A handler that snoozes runs again after the delay (store clock) as the same
@@ -2240,6 +2316,7 @@ macro_rules! runtime_tests {
                 failures_retry_with_backoff_then_die,
                 permanent_errors_go_dead_at_once,
                 snoozed_jobs_run_again_later_without_using_an_attempt,
+                attempts_record_each_run_with_its_worker,
                 declared_schedules_fire_once_per_tick,
                 handlers_enqueue_follow_ups_through_their_context,
                 capacity_bounds_what_runs_at_once,

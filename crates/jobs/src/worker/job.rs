@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use jobs_core::{ClaimedJob, Completion, JobId, LeaseToken, Needs};
+use jobs_core::{ClaimedJob, Completion, JobId, LeaseToken, Needs, Timestamp};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -98,6 +98,7 @@ pub(crate) fn start_job(
     let config = &shared.config;
     let token = claimed.token();
     let ClaimedJob { job, payload } = claimed;
+    let job_started_at = job.started_at;
     let id = job.id;
     let span = tracing::info_span!(
         "job",
@@ -105,6 +106,11 @@ pub(crate) fn start_job(
         id = %job.id,
         attempt = job.attempts,
     );
+    #[cfg(feature = "opentelemetry")]
+    if let Some(traceparent) = &job.trace_context {
+        // Before the span is entered: its parent is fixed once it starts.
+        crate::trace_context::adopt(&span, traceparent);
+    }
     let _entered = span.enter();
     let metrics = Arc::clone(shared.metrics.queue(&job.queue));
 
@@ -154,6 +160,7 @@ pub(crate) fn start_job(
         token,
         attempt: ctx.attempt(),
         started,
+        claimed_at: job_started_at,
         timeout,
         metrics,
         cancel,
@@ -288,6 +295,8 @@ struct Begun {
     token: LeaseToken,
     attempt: u32,
     started: Instant,
+    /// When the claim began this attempt, as its record says (CONTRACT H1).
+    claimed_at: Option<Timestamp>,
     timeout: Option<Duration>,
     metrics: Arc<QueueMetrics>,
     cancel: Arc<CancelState>,
@@ -333,7 +342,12 @@ fn conclude_inline(
 fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report> {
     let config = &shared.config;
     let ran_for = begun.started.elapsed();
-    begun.metrics.run_time.record(ran_for.as_secs_f64());
+    // On the store's clock from the attempt's recorded start, as `attempts()` reports
+    // it (CONTRACT H2), so the histogram and the history tell one story.
+    let run_time = begun
+        .claimed_at
+        .map_or(ran_for, |at| config.store.now().duration_since(at));
+    begun.metrics.run_time.record(run_time.as_secs_f64());
     if !shared.leases.finish(begun.id, begun.token, ran_for) {
         return None;
     }

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use jobs_core::{
-    async_trait, Backend, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat,
-    HeldLease, Job, JobId, JobState, LayeredBackend, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoredSchedule,
-    StoredWorker, Timestamp,
+    async_trait, Attempt, Backend, ClaimRequest, ClaimedJob, Completion, Enqueued, Error,
+    Heartbeat, HeldLease, Job, JobId, JobState, LayeredBackend, LeaseToken, ListPage, ListQuery,
+    NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Store,
+    StoredSchedule, StoredWorker, Timestamp,
 };
 use tokio::runtime::Handle;
 
@@ -247,6 +247,10 @@ impl LayeredBackend for OnStoreRuntime {
         let name = name.to_owned();
         self.hop(move |b| async move { b.delete_schedule(&name).await })
             .await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.hop(move |b| async move { b.attempts(id).await }).await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
