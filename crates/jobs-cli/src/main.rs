@@ -1,0 +1,3 @@
+//! The `jobs` command line.
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! A web dashboard for a jobs store.
