@@ -2,6 +2,7 @@
 //! them. Values are checked here (ids, states, queue names, times, durations), so a
 //! malformed one is a usage error (exit status 2) before any store is opened.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
@@ -113,6 +114,28 @@ pub enum Command {
     },
     /// Every periodic job: its cadence, its queue, whether it is enabled, its last and next run.
     Schedules,
+    /// Serves the web dashboard until ctrl-c.
+    Dashboard(DashboardArgs),
+}
+
+/// The arguments of `jobs dashboard`.
+#[derive(Debug, Clone, Args)]
+pub struct DashboardArgs {
+    /// The address to listen on. Any address but loopback needs a token.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Show no action, and refuse every one.
+    #[arg(long)]
+    pub read_only: bool,
+    /// The token actions need: a browser gives it once at /login, a script as
+    /// `Authorization: Bearer TOKEN`.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "JOBS_DASHBOARD_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
 }
 
 /// The arguments of `jobs list`.

@@ -25,6 +25,9 @@ pub trait Terminal {
 
     /// Tells the person something that is not the command's output.
     fn warn(&mut self, message: &str);
+
+    /// Tells the person what the command is doing (a server's address), on stderr.
+    fn note(&mut self, message: &str);
 }
 
 /// The process's stdin and stderr.
@@ -69,6 +72,10 @@ impl Terminal for Console {
 
     fn warn(&mut self, message: &str) {
         eprintln!("jobs: warning: {message}");
+    }
+
+    fn note(&mut self, message: &str) {
+        eprintln!("jobs: {message}");
     }
 }
 

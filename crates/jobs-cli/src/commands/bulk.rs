@@ -276,6 +276,7 @@ mod tests {
             bar
         }
         fn warn(&mut self, _: &str) {}
+        fn note(&mut self, _: &str) {}
     }
 
     async fn dead_job(store: &Store) -> JobId {

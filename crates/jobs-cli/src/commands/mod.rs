@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod bulk;
+pub mod dashboard;
 pub mod enqueue;
 pub mod inspect;
 pub mod list;
@@ -28,5 +29,6 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
         Command::Pause { queue } => admin::set_paused(cx, queue, true).await,
         Command::Resume { queue } => admin::set_paused(cx, queue, false).await,
         Command::Schedules => read::schedules(cx).await,
+        Command::Dashboard(args) => dashboard::serve(cx, args).await,
     }
 }
