@@ -159,7 +159,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// What every answer carries: no script may run, no other page may frame it, nothing
-/// is cached, no referrer leaves it.
+/// is cached, no referrer leaves for another site.
 pub(crate) async fn response_headers(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
@@ -175,9 +175,11 @@ pub(crate) async fn response_headers(request: Request, next: Next) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // Not `no-referrer`: under it a browser sends `Origin: null` with the dashboard's
+    // own form posts, which the origin check then cannot tell from another site's.
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     headers
         .entry(header::CACHE_CONTROL)

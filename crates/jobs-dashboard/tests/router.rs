@@ -68,6 +68,8 @@ async fn the_overview_lists_queues_with_counts_and_workers() {
         .header(header::CONTENT_SECURITY_POLICY)
         .contains("default-src 'none'"));
     assert_eq!(page.header(header::X_FRAME_OPTIONS), "DENY");
+    // Not no-referrer: a browser would send `Origin: null` with the dashboard's forms.
+    assert_eq!(page.header(header::REFERRER_POLICY), "same-origin");
     assert_eq!(page.header(header::CACHE_CONTROL), "no-store");
 }
 
