@@ -14,7 +14,7 @@ use axum::Router;
 
 use crate::history::{History, Sample};
 use crate::security::{self, Auth};
-use crate::{actions, metrics, pages, CHART_WINDOW};
+use crate::{actions, metrics, pages};
 
 /// The largest form body an action takes.
 const MAX_FORM_BYTES: usize = 16 * 1024;
@@ -37,13 +37,14 @@ impl App {
         read_only: bool,
         token: Option<String>,
         sample_interval: Duration,
+        chart_window: Duration,
     ) -> Self {
         App {
             store,
             read_only,
             token,
             csrf: security::random_token(),
-            history: History::new(sample_interval, CHART_WINDOW),
+            history: History::new(sample_interval, chart_window),
             sampling: AtomicBool::new(false),
         }
     }

@@ -25,12 +25,17 @@ const PALETTE: [&str; MAX_LINES] = [
 
 /// A chart of `series` over the last `window_secs` seconds, values in `unit`.
 pub(crate) fn line_chart(title: &str, unit: &str, series: &[Series], window_secs: f64) -> Markup {
-    let mut lines: Vec<&Series> = series.iter().collect();
-    // The busiest first, so the lines kept are the ones worth seeing.
-    lines.sort_by(|a, b| b.peak().total_cmp(&a.peak()));
+    // Each line keeps the colour of its place in `series` (sorted by queue), so a
+    // queue has the same colour in every chart; the busiest lines are the ones kept.
+    let mut lines: Vec<(&str, &Series)> = series
+        .iter()
+        .enumerate()
+        .map(|(i, line)| (PALETTE[i % PALETTE.len()], line))
+        .collect();
+    lines.sort_by(|a, b| b.1.peak().total_cmp(&a.1.peak()));
     let left_out = lines.len().saturating_sub(MAX_LINES);
     lines.truncate(MAX_LINES);
-    let peak = lines.iter().map(|s| s.peak()).fold(0.0, f64::max);
+    let peak = lines.iter().map(|(_, s)| s.peak()).fold(0.0, f64::max);
     let top = nice_ceiling(peak);
     let window = window_secs.max(1.0);
     let x = |t: f64| LEFT + (t + window).clamp(0.0, window) / window * (WIDTH - LEFT - RIGHT);
@@ -42,7 +47,7 @@ pub(crate) fn line_chart(title: &str, unit: &str, series: &[Series], window_secs
             @if lines.is_empty() {
                 p class="empty" { "Collecting samples: the first points appear within seconds." }
             } @else {
-                svg xmlns="http://www.w3.org/2000/svg" viewBox={ "0 0 " (WIDTH) " " (HEIGHT) }
+                svg class="plot" xmlns="http://www.w3.org/2000/svg" viewBox={ "0 0 " (WIDTH) " " (HEIGHT) }
                     role="img" aria-label=(label) {
                     title { (label) }
                     @for step in 0..=2 {
@@ -52,12 +57,11 @@ pub(crate) fn line_chart(title: &str, unit: &str, series: &[Series], window_secs
                         text x=(LEFT - 6.0) y=(y(value) + 4.0) text-anchor="end" font-size="11"
                             fill="#57606a" { (format::number(value)) }
                     }
-                    @for (i, tick) in x_ticks(window).iter().enumerate() {
-                        text x=(x(tick.0)) y=(HEIGHT - 6.0) font-size="11" fill="#57606a"
-                            text-anchor=(if i == 0 { "start" } else { "middle" }) { (tick.1) }
+                    @for (t, text) in x_ticks(window) {
+                        text x=(x(t)) y=(HEIGHT - 6.0) font-size="11" fill="#57606a"
+                            text-anchor=(if t <= -window { "start" } else if t >= 0.0 { "end" } else { "middle" }) { (text) }
                     }
-                    @for (i, line) in lines.iter().enumerate() {
-                        @let colour = PALETTE[i % PALETTE.len()];
+                    @for (colour, line) in &lines {
                         @if line.points.len() == 1 {
                             @let (t, v) = line.points[0];
                             circle cx=(x(t)) cy=(y(v)) r="3" fill=(colour) {}
@@ -68,11 +72,11 @@ pub(crate) fn line_chart(title: &str, unit: &str, series: &[Series], window_secs
                     }
                 }
                 ul class="legend" {
-                    @for (i, line) in lines.iter().enumerate() {
+                    @for (colour, line) in &lines {
                         li {
                             svg xmlns="http://www.w3.org/2000/svg" width="12" height="12"
                                 viewBox="0 0 12 12" aria-hidden="true" {
-                                rect width="12" height="12" rx="2" fill=(PALETTE[i % PALETTE.len()]) {}
+                                rect width="12" height="12" rx="2" fill=(colour) {}
                             }
                             " " (line.name)
                             span class="muted" { " peak " (format::number(line.peak())) }
@@ -96,21 +100,31 @@ fn points(points: &[(f64, f64)], x: impl Fn(f64) -> f64, y: impl Fn(f64) -> f64)
     out.trim_end().to_owned()
 }
 
-/// The labels under the x axis: the start of the window, two marks between, and now.
+/// The labels under the x axis: now, and every round step back to the window's start
+/// (at most four steps).
 fn x_ticks(window: f64) -> Vec<(f64, String)> {
-    (0..=3)
-        .map(|i| {
-            let t = -window * f64::from(3 - i) / 3.0;
-            let text = if i == 3 {
-                "now".to_owned()
-            } else if window >= 120.0 {
-                format!("−{} min", format::number(-t / 60.0))
-            } else {
-                format!("−{} s", format::number(-t))
-            };
-            (t, text)
-        })
-        .collect()
+    const STEPS: [f64; 14] = [
+        5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 10800.0,
+        21600.0,
+    ];
+    let step = STEPS
+        .into_iter()
+        .find(|step| window / step <= 4.0 + 1e-9)
+        .unwrap_or(window / 4.0);
+    let mut ticks = vec![(0.0, "now".to_owned())];
+    let mut back = step;
+    while back <= window + 1e-9 {
+        let text = if step >= 3600.0 {
+            format!("−{} h", format::number(back / 3600.0))
+        } else if step >= 60.0 {
+            format!("−{} min", format::number(back / 60.0))
+        } else {
+            format!("−{} s", format::number(back))
+        };
+        ticks.push((-back, text));
+        back += step;
+    }
+    ticks
 }
 
 /// The smallest of 1, 2, 5 × 10ⁿ at or above `value` (1 for nothing).
@@ -157,9 +171,46 @@ mod tests {
         assert_eq!(svg.matches("<circle").count(), 1, "{svg}");
         assert!(svg.contains("a&lt;b"), "{svg}");
         assert!(!svg.contains("a<b"), "{svg}");
-        assert!(svg.contains("−15 min"), "{svg}");
+        assert!(svg.contains("−15 min") && svg.contains("−5 min"), "{svg}");
         let empty = line_chart("Lag", "s", &[], 900.0).into_string();
         assert!(empty.contains("Collecting samples"), "{empty}");
+    }
+
+    #[test]
+    fn ticks_fall_on_round_steps() {
+        let texts = |window: f64| -> Vec<String> {
+            x_ticks(window).into_iter().map(|(_, text)| text).collect()
+        };
+        assert_eq!(texts(20.0), ["now", "−5 s", "−10 s", "−15 s", "−20 s"]);
+        assert_eq!(texts(900.0), ["now", "−5 min", "−10 min", "−15 min"]);
+        assert_eq!(
+            texts(3600.0),
+            ["now", "−15 min", "−30 min", "−45 min", "−60 min"]
+        );
+        assert_eq!(texts(6.0 * 3600.0), ["now", "−2 h", "−4 h", "−6 h"]);
+    }
+
+    #[test]
+    fn a_queue_keeps_its_colour_whatever_its_rank() {
+        let line = |name: &str, v: f64| Series {
+            name: name.into(),
+            points: vec![(-5.0, v), (0.0, v)],
+        };
+        let busy_a = line_chart("T", "u", &[line("a", 9.0), line("b", 1.0)], 60.0).into_string();
+        let busy_b = line_chart("T", "u", &[line("a", 1.0), line("b", 9.0)], 60.0).into_string();
+        for svg in [busy_a, busy_b] {
+            let a = svg.find(" a<").expect("a's legend");
+            let b = svg.find(" b<").expect("b's legend");
+            let colour_before = |at: usize| svg[..at].rfind("fill=\"#").map(|i| &svg[i..i + 14]);
+            assert_eq!(
+                colour_before(a),
+                Some(&format!("fill=\"{}\"", PALETTE[0])[..])
+            );
+            assert_eq!(
+                colour_before(b),
+                Some(&format!("fill=\"{}\"", PALETTE[1])[..])
+            );
+        }
     }
 
     #[test]

@@ -25,15 +25,22 @@ pub(crate) fn relative(now: Timestamp, ts: Timestamp) -> String {
     }
 }
 
-/// `850 ms`, `12 s`, `3 min 4 s`, `2 h 5 min`, `4 d 3 h`.
+/// `850 ms`, `12 s`, `3 min 4 s`, `15 min`, `2 h 5 min`, `4 d 3 h`.
 pub(crate) fn duration(d: Duration) -> String {
     let secs = d.as_secs();
+    let two = |big: u64, big_unit: &str, small: u64, small_unit: &str| {
+        if small == 0 {
+            format!("{big} {big_unit}")
+        } else {
+            format!("{big} {big_unit} {small} {small_unit}")
+        }
+    };
     match secs {
         0 => format!("{} ms", d.as_millis()),
         1..60 => format!("{secs} s"),
-        60..3600 => format!("{} min {} s", secs / 60, secs % 60),
-        3600..86400 => format!("{} h {} min", secs / 3600, secs % 3600 / 60),
-        _ => format!("{} d {} h", secs / 86400, secs % 86400 / 3600),
+        60..3600 => two(secs / 60, "min", secs % 60, "s"),
+        3600..86400 => two(secs / 3600, "h", secs % 3600 / 60, "min"),
+        _ => two(secs / 86400, "d", secs % 86400 / 3600, "h"),
     }
 }
 
@@ -71,6 +78,8 @@ mod tests {
         assert_eq!(relative(at, at), "now");
         assert_eq!(duration(Duration::from_millis(850)), "850 ms");
         assert_eq!(duration(Duration::from_secs(184)), "3 min 4 s");
+        assert_eq!(duration(Duration::from_secs(900)), "15 min");
+        assert_eq!(duration(Duration::from_secs(3600)), "1 h");
         assert_eq!(duration(Duration::from_secs(7500)), "2 h 5 min");
         assert_eq!(
             duration(Duration::from_secs(4 * 86400 + 3 * 3600)),

@@ -224,7 +224,8 @@ button.link { border: none; background: none; color: #fff; padding: 0; }
 figure.chart { margin: 0; padding: 10px; border: 1px solid var(--line); background: #fff; }
 figure.chart figcaption { font-weight: 600; margin-bottom: 4px; }
 figure.chart .unit { font-weight: 400; color: var(--muted); }
-figure.chart svg { width: 100%; height: auto; display: block; }
+figure.chart svg.plot { width: 100%; height: auto; display: block; }
+ul.legend svg { width: 12px; height: 12px; vertical-align: -1px; }
 ul.legend { list-style: none; display: flex; flex-wrap: wrap; gap: 4px 16px; padding: 0; margin: 6px 0 0; }
 .actions { display: flex; gap: 8px; margin: 12px 0; }
 .pager { display: flex; gap: 16px; margin: 12px 0; }

@@ -68,8 +68,8 @@ pub use serve::{serve, serve_on};
 /// How often the dashboard samples the queues for its charts, unless told otherwise.
 pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 
-/// How far back the charts reach.
-pub const CHART_WINDOW: Duration = Duration::from_secs(15 * 60);
+/// How far back the charts reach, unless told otherwise.
+pub const DEFAULT_CHART_WINDOW: Duration = Duration::from_secs(15 * 60);
 
 /// A dashboard over one store: build it, then take its [`router`](Dashboard::router)
 /// or [`serve`] it.
@@ -89,6 +89,7 @@ pub struct Dashboard {
     read_only: bool,
     token: Option<String>,
     sample_interval: Duration,
+    chart_window: Duration,
 }
 
 impl fmt::Debug for Dashboard {
@@ -98,18 +99,21 @@ impl fmt::Debug for Dashboard {
             .field("read_only", &self.read_only)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("sample_interval", &self.sample_interval)
+            .field("chart_window", &self.chart_window)
             .finish()
     }
 }
 
 impl Dashboard {
-    /// A dashboard over `store`: actions allowed, no token, samples every 5 s.
+    /// A dashboard over `store`: actions allowed, no token, charts of the last 15
+    /// minutes sampled every 5 s.
     pub fn new(store: jobs::Store) -> Self {
         Dashboard {
             store,
             read_only: false,
             token: None,
             sample_interval: DEFAULT_SAMPLE_INTERVAL,
+            chart_window: DEFAULT_CHART_WINDOW,
         }
     }
 
@@ -127,10 +131,16 @@ impl Dashboard {
         self
     }
 
-    /// How often the queues are sampled for the charts (at least 100 ms). The charts
-    /// keep the samples of the last [`CHART_WINDOW`].
+    /// How often the queues are sampled for the charts (at least 100 ms).
     pub fn sample_interval(mut self, interval: Duration) -> Self {
         self.sample_interval = interval.max(Duration::from_millis(100));
+        self
+    }
+
+    /// How far back the charts reach (10 s to 6 h); the dashboard keeps the samples of
+    /// that long, in memory.
+    pub fn chart_window(mut self, window: Duration) -> Self {
+        self.chart_window = window.clamp(Duration::from_secs(10), Duration::from_secs(6 * 3600));
         self
     }
 
@@ -158,6 +168,7 @@ impl Dashboard {
             self.read_only,
             self.token,
             self.sample_interval,
+            self.chart_window,
         ))
     }
 }

@@ -64,10 +64,7 @@ async fn pages_over(store: Store) {
             ],
         ),
         ("/workers".into(), vec!["w-dash".into()]),
-        (
-            "/schedules".into(),
-            vec!["tick".into(), "every 1 h 0 min".into()],
-        ),
+        ("/schedules".into(), vec!["tick".into(), "every 1 h".into()]),
         (
             "/metrics".into(),
             vec![

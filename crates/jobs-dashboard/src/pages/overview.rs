@@ -34,7 +34,7 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         h1 { "Queues" }
         (notice(done))
         (queue_table(ctx, &queues, &samples))
-        h2 { "The last " (format::duration(crate::CHART_WINDOW)) }
+        h2 { "The last " (format::duration(ctx.app.history.window)) }
         (charts_of(&samples, None, ctx.app.history.window))
         h2 { a href=(ctx.href("/workers")) { "Live workers" } " " span class="muted" { (live.len()) } }
         (worker_summary(ctx, &live))
