@@ -72,6 +72,16 @@ fn usage(kind: ErrorKind, message: impl std::fmt::Display) -> clap::Error {
     Cli::command().error(kind, message)
 }
 
+/// A usage error of subcommand `name`, showing that subcommand's usage.
+fn subcommand_usage(name: &str, kind: ErrorKind, message: impl std::fmt::Display) -> clap::Error {
+    let mut command = Cli::command();
+    command.build();
+    match command.find_subcommand_mut(name) {
+        Some(subcommand) => subcommand.error(kind, message),
+        None => command.error(kind, message),
+    }
+}
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -220,7 +230,8 @@ pub struct Selection {
 impl Selection {
     fn check(&self, action: Action) -> Result<(), clap::Error> {
         match self.state {
-            Some(state) if !action.applies_to(state.into()) => Err(usage(
+            Some(state) if !action.applies_to(state.into()) => Err(subcommand_usage(
+                action.verb(),
                 ErrorKind::InvalidValue,
                 format!(
                     "`jobs {}` acts on {} jobs, not {} ones",

@@ -34,8 +34,12 @@ async fn usage_errors_exit_2_before_anything_is_opened() {
         .usage_error();
     t.run(&["enqueue", "emails", "{}", "--delay", "soon"])
         .usage_error();
-    t.run(&["retry", "--queue", "emails", "--state", "queued"])
-        .usage_error();
+    let wrong = t.run(&["retry", "--queue", "emails", "--state", "queued"]);
+    assert!(wrong
+        .stderr
+        .contains("acts on dead or cancelled jobs, not queued ones"));
+    assert!(wrong.stderr.contains("Usage: jobs retry "), "{wrong:#?}");
+    wrong.usage_error();
     t.run(&["cancel", "--queue", "emails", "--state", "dead"])
         .usage_error();
     t.run(&["retry", "--queue", "emails"]).usage_error();
@@ -252,4 +256,9 @@ async fn inspect_shows_children_and_list_filters_by_state() {
         .run(&["retry", "--queue", "fanout", "--state", "dead"])
         .ok();
     assert_eq!(none, "no dead jobs of queue fanout to retry\n");
+    let none = t.json(&["retry", "--queue", "fanout", "--state", "dead", "--yes"]);
+    assert_eq!(
+        (none["count"].as_u64(), none["done"].as_u64()),
+        (Some(0), Some(0))
+    );
 }

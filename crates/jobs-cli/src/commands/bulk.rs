@@ -37,8 +37,11 @@ impl Chosen {
 pub async fn act(cx: &mut Context<'_>, action: Action, selection: &Selection) -> Result<()> {
     let chosen = choose(cx, action, selection).await?;
     let count = chosen.ids.len();
-    if selection.dry_run || count == 0 {
-        return report(cx, action, &chosen, selection.dry_run, None);
+    if selection.dry_run {
+        return report(cx, action, &chosen, true, None);
+    }
+    if count == 0 {
+        return report(cx, action, &chosen, false, Some(Tally::default()));
     }
     if chosen.filter.is_some() && !selection.yes {
         confirm(cx, action, &chosen.describe(count))?;
@@ -182,14 +185,14 @@ fn report(
             tally,
         });
     }
+    if count == 0 {
+        let none = match &chosen.filter {
+            Some((state, queue)) => format!("no {state} jobs of queue {queue}"),
+            None => "no jobs".to_owned(),
+        };
+        return cx.print(&format!("{none} to {}\n", action.verb()));
+    }
     let Some(tally) = tally else {
-        if count == 0 {
-            let none = match &chosen.filter {
-                Some((state, queue)) => format!("no {state} jobs of queue {queue}"),
-                None => "no jobs".to_owned(),
-            };
-            return cx.print(&format!("{none} to {}\n", action.verb()));
-        }
         let mut text = format!("would {} {}:\n", action.verb(), chosen.describe(count));
         for id in &chosen.ids {
             text.push_str(&format!("{id}\n"));
