@@ -50,8 +50,13 @@ impl Context<'_> {
 
     /// Writes `value` as one JSON document, pretty, on its own lines.
     pub fn print_json<T: serde::Serialize + ?Sized>(&mut self, value: &T) -> Result<()> {
-        serde_json::to_writer_pretty(&mut *self.out, value)
-            .map_err(|err| CliError::new(format!("cannot write JSON: {err}")))?;
+        serde_json::to_writer_pretty(&mut *self.out, value).map_err(|err| {
+            match err.io_error_kind() {
+                // The output's own trouble (a reader gone away), not the JSON's.
+                Some(kind) => CliError::from(std::io::Error::from(kind)),
+                None => CliError::new(format!("cannot write JSON: {err}")),
+            }
+        })?;
         self.out.write_all(b"\n")?;
         Ok(())
     }
@@ -98,4 +103,37 @@ async fn run(cli: &Cli, url: &str, out: &mut dyn Write, terminal: &mut dyn Termi
     }
     cx.out.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader that went away, as `jobs list | head -1` leaves it.
+    struct Closed;
+
+    impl Write for Closed {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_output_is_a_broken_pipe_for_tables_and_json() {
+        let store = jobs::connect("memory://").await.expect("store");
+        let mut out = Closed;
+        let mut console = Console;
+        let mut cx = Context {
+            store: &store,
+            out: &mut out,
+            json: false,
+            terminal: &mut console,
+        };
+        assert!(cx.print("x\n").expect_err("closed").is_broken_pipe());
+        let err = cx.print_json(&vec!["x"; 100]).expect_err("closed");
+        assert!(err.is_broken_pipe(), "{err}");
+    }
 }
