@@ -62,9 +62,8 @@ pub(crate) fn line_chart(title: &str, unit: &str, series: &[Series], window_secs
                             text-anchor=(if t <= -window { "start" } else if t >= 0.0 { "end" } else { "middle" }) { (text) }
                     }
                     @for (colour, line) in &lines {
-                        @if line.points.len() == 1 {
-                            @let (t, v) = line.points[0];
-                            circle cx=(x(t)) cy=(y(v)) r="3" fill=(colour) {}
+                        @if let [(t, v)] = line.points.as_slice() {
+                            circle cx=(x(*t)) cy=(y(*v)) r="3" fill=(colour) {}
                         } @else {
                             polyline fill="none" stroke=(colour) stroke-width="2"
                                 stroke-linejoin="round" points=(points(&line.points, x, y)) {}

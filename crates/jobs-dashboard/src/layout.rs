@@ -17,6 +17,9 @@ pub(crate) struct View {
     pub title: String,
     /// Whether the page reloads itself every [`REFRESH_SECS`].
     pub refresh: bool,
+    /// Where the reload goes, when not to the same address (a page showing what an
+    /// action did reloads without the notice).
+    pub refresh_to: Option<String>,
     pub body: Markup,
 }
 
@@ -26,6 +29,7 @@ impl View {
         View {
             title: title.into(),
             refresh: true,
+            refresh_to: None,
             body,
         }
     }
@@ -35,8 +39,15 @@ impl View {
         View {
             title: title.into(),
             refresh: false,
+            refresh_to: None,
             body,
         }
+    }
+
+    /// Reloads to `url` instead of the page's own address.
+    pub fn refresh_to(mut self, url: String) -> Self {
+        self.refresh_to = Some(url);
+        self
     }
 }
 
@@ -101,7 +112,10 @@ fn frame(ctx: &Ctx, view: &View) -> Markup {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 @if view.refresh {
-                    meta http-equiv="refresh" content=(REFRESH_SECS);
+                    @match &view.refresh_to {
+                        Some(url) => meta http-equiv="refresh" content={ (REFRESH_SECS) "; url=" (url) };,
+                        None => meta http-equiv="refresh" content=(REFRESH_SECS);,
+                    }
                 }
                 title { (view.title) " · jobs" }
                 link rel="stylesheet" href=(ctx.href("/assets/dashboard.css"));

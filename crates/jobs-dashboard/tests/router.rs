@@ -222,6 +222,15 @@ async fn a_dead_job_is_retried_from_its_page() {
     assert_eq!(job.attempts, 0);
     let after = get(&router, &format!("/jobs/{id}?notice=retried")).await;
     assert!(after.body.contains("Queued again"), "{}", after.body);
+    // Its reload drops the notice, which says what the press did, not what is now.
+    assert!(
+        after.body.contains(&format!(
+            "http-equiv=\"refresh\" content=\"5; url=/jobs/{id}\""
+        )),
+        "{}",
+        after.body
+    );
+    assert!(page.body.contains("http-equiv=\"refresh\" content=\"5\""));
 
     // Retrying it again is refused by the store: 409, nothing changes.
     let again = send(

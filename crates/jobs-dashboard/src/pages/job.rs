@@ -48,7 +48,11 @@ async fn view(ctx: &Ctx, id: &str, query: Option<&str>) -> Result<View, Problem>
         (result(&job))
         (family(ctx, &job, children.map_err(|e| e.to_string())))
     };
-    Ok(View::live(format!("Job {id}"), body))
+    let view = View::live(format!("Job {id}"), body);
+    Ok(match done {
+        Some(_) => view.refresh_to(job_href(ctx, id)),
+        None => view,
+    })
 }
 
 fn section(title: &str, id: &str, body: Markup) -> Markup {

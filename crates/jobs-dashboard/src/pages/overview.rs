@@ -39,7 +39,11 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         h2 { a href=(ctx.href("/workers")) { "Live workers" } " " span class="muted" { (live.len()) } }
         (worker_summary(ctx, &live))
     };
-    Ok(View::live("Overview", body))
+    let view = View::live("Overview", body);
+    Ok(match done {
+        Some(_) => view.refresh_to(ctx.home()),
+        None => view,
+    })
 }
 
 /// The throughput and lag charts of every queue, or of `only`.

@@ -11,7 +11,7 @@ use crate::format;
 use crate::input::{self, Params};
 use crate::layout::{self, View};
 use crate::pages::overview::{charts_of, pause_button};
-use crate::pages::{list_href, notice, schedules, workers, Notice, NOTICE_FIELDS};
+use crate::pages::{list_href, notice, queue_href, schedules, workers, Notice, NOTICE_FIELDS};
 use crate::problem::Problem;
 
 /// `GET /queue?name=Q`.
@@ -69,7 +69,11 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         h2 { "Schedules feeding it" }
         (schedules::table(ctx, &feeding))
     };
-    Ok(View::live(format!("Queue {name}"), body))
+    let view = View::live(format!("Queue {name}"), body);
+    Ok(match done {
+        Some(_) => view.refresh_to(queue_href(ctx, &name)),
+        None => view,
+    })
 }
 
 fn counts(ctx: &Ctx, queue: &str, stats: &QueueStats) -> Markup {
