@@ -1,0 +1,34 @@
+//! The commands, one function each over a [`Context`].
+
+pub mod admin;
+pub mod bulk;
+pub mod dashboard;
+pub mod enqueue;
+pub mod inspect;
+pub mod list;
+pub mod read;
+
+use crate::cli::{Action, Command};
+use crate::{Context, Result};
+
+/// Runs `command` against the context's store.
+pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
+    match command {
+        Command::Queues => read::queues(cx).await,
+        Command::Workers => read::workers(cx).await,
+        Command::Stats { queue } => read::stats(cx, queue).await,
+        Command::List(args) => list::list(cx, args).await,
+        Command::Inspect { id } => inspect::inspect(cx, *id).await,
+        Command::Enqueue(args) => {
+            let job = enqueue::prepare(args, cx.terminal)?;
+            enqueue::run(cx, job).await
+        }
+        Command::Retry(selection) => bulk::act(cx, Action::Retry, selection).await,
+        Command::Cancel(selection) => bulk::act(cx, Action::Cancel, selection).await,
+        Command::Purge(_) => admin::purge(cx).await,
+        Command::Pause { queue } => admin::set_paused(cx, queue, true).await,
+        Command::Resume { queue } => admin::set_paused(cx, queue, false).await,
+        Command::Schedules => read::schedules(cx).await,
+        Command::Dashboard(args) => dashboard::serve(cx, args).await,
+    }
+}

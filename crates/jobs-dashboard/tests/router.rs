@@ -1,0 +1,850 @@
+//! The dashboard's router over a real store (memory, and SQLite where the store's own
+//! behaviour matters), request by request with `oneshot`: what the pages show, what the
+//! actions do, and every refusal, each checked to have written nothing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use common::{dead_job, get, post, send, SAME_ORIGIN};
+use jobs::{JobState, NewJob, Store, WorkerInfo};
+use jobs_dashboard::Dashboard;
+
+async fn memory() -> Store {
+    jobs::connect("memory://").await.expect("a memory store")
+}
+
+fn router(store: &Store) -> Router {
+    Dashboard::new(store.clone()).router()
+}
+
+/// `headers` plus a browser's same-origin headers.
+fn browser<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut headers = SAME_ORIGIN.to_vec();
+    headers.extend_from_slice(extra);
+    headers
+}
+
+#[tokio::test]
+async fn the_overview_lists_queues_with_counts_and_workers() {
+    let store = memory().await;
+    store.enqueue(NewJob::new("emails")).await.expect("enqueue");
+    store.enqueue(NewJob::new("emails")).await.expect("enqueue");
+    dead_job(&store, "reports", "boom").await;
+    store.pause("idle").await.expect("pause");
+    let worker = WorkerInfo::new("w-1", "box-7", 42, vec!["emails".into()], 8);
+    store.register_worker(&worker).await.expect("register");
+    let router = router(&store);
+
+    let page = get(&router, "/").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.header(header::CONTENT_TYPE).starts_with("text/html"));
+    for queue in ["emails", "reports", "idle"] {
+        assert!(
+            page.body.contains(&format!("data-queue=\"{queue}\"")),
+            "{queue} missing: {}",
+            page.body
+        );
+    }
+    assert!(page
+        .body
+        .contains("href=\"/jobs?queue=emails&amp;state=queued\">2</a>"));
+    assert!(page
+        .body
+        .contains("href=\"/jobs?queue=reports&amp;state=dead\">1</a>"));
+    assert!(page.body.contains("badge paused"), "idle is paused");
+    assert!(page.body.contains("box-7"), "the worker is listed");
+    assert!(
+        page.body.contains("http-equiv=\"refresh\""),
+        "it refreshes itself"
+    );
+    assert!(page.body.contains("Throughput") && page.body.contains("Lag"));
+    assert!(!page.body.contains("<script"), "no script at all");
+    // Security headers on every page.
+    assert!(page
+        .header(header::CONTENT_SECURITY_POLICY)
+        .contains("default-src 'none'"));
+    assert_eq!(page.header(header::X_FRAME_OPTIONS), "DENY");
+    // Not no-referrer: a browser would send `Origin: null` with the dashboard's forms.
+    assert_eq!(page.header(header::REFERRER_POLICY), "same-origin");
+    assert_eq!(page.header(header::CACHE_CONTROL), "no-store");
+}
+
+#[tokio::test]
+async fn user_text_is_escaped_everywhere() {
+    let store = memory().await;
+    let evil = "<img src=x onerror=alert(1)>";
+    let id = dead_job(&store, "q", evil).await;
+    let with_payload = store
+        .enqueue(NewJob::new("q").payload(format!("<script>{evil}</script>")))
+        .await
+        .expect("enqueue")
+        .id;
+    let worker = WorkerInfo::new("<b>w</b>", "<i>host</i>", 1, vec!["q".into()], 1);
+    store.register_worker(&worker).await.expect("register");
+    let router = router(&store);
+    for uri in [
+        "/".to_owned(),
+        "/workers".to_owned(),
+        format!("/jobs/{id}"),
+        format!("/jobs/{with_payload}"),
+        "/jobs?queue=q".to_owned(),
+        "/jobs?queue=q&state=dead".to_owned(),
+    ] {
+        let page = get(&router, &uri).await;
+        assert_eq!(page.status, StatusCode::OK, "{uri}: {}", page.body);
+        for raw in ["<img", "<script", "<b>w", "<i>host"] {
+            assert!(!page.body.contains(raw), "{uri} holds {raw}: {}", page.body);
+        }
+    }
+    let detail = get(&router, &format!("/jobs/{id}")).await;
+    assert!(detail.body.contains("&lt;img src=x onerror=alert(1)&gt;"));
+    let workers = get(&router, "/workers").await;
+    assert!(workers.body.contains("&lt;b&gt;w&lt;/b&gt;"));
+}
+
+#[tokio::test]
+async fn job_lists_filter_by_state_and_page_by_cursor() {
+    let store = memory().await;
+    let mut queued = Vec::new();
+    for _ in 0..5 {
+        queued.push(store.enqueue(NewJob::new("q")).await.expect("enqueue").id);
+    }
+    let dead = dead_job(&store, "q", "boom").await;
+    let router = router(&store);
+
+    let dead_only = get(&router, "/jobs?queue=q&state=dead").await;
+    assert_eq!(dead_only.status, StatusCode::OK, "{}", dead_only.body);
+    assert!(dead_only.body.contains(&dead.to_string()));
+    assert!(!dead_only.body.contains(&queued[0].to_string()));
+
+    // Newest first, two per page: the 5 queued jobs take three pages.
+    let mut seen = Vec::new();
+    let mut uri = "/jobs?queue=q&state=queued&limit=2".to_owned();
+    for _ in 0..3 {
+        let page = get(&router, &uri).await;
+        assert_eq!(page.status, StatusCode::OK, "{uri}: {}", page.body);
+        let mut on_page: Vec<(usize, jobs::JobId)> = queued
+            .iter()
+            .filter_map(|id| Some((page.body.find(&format!("data-job=\"{id}\""))?, *id)))
+            .collect();
+        on_page.sort();
+        assert!(on_page.len() <= 2, "two per page");
+        seen.extend(on_page.into_iter().map(|(_, id)| id));
+        match page.body.split("id=\"next-page\"").next() {
+            Some(before) if page.body.contains("id=\"next-page\"") => {
+                let href_start = before.rfind("href=\"").expect("the link's href") + 6;
+                let href = &before[href_start..];
+                let href = &href[..href.find('"').expect("href ends")];
+                uri = href.replace("&amp;", "&");
+            }
+            _ => {
+                uri.clear();
+                break;
+            }
+        }
+    }
+    assert!(uri.is_empty(), "the third page is the last");
+    let mut newest_first = queued.clone();
+    newest_first.reverse();
+    assert_eq!(seen, newest_first, "every queued job once, newest first");
+
+    // Without a queue, the form asks for one.
+    let chooser = get(&router, "/jobs").await;
+    assert_eq!(chooser.status, StatusCode::OK);
+    assert!(chooser.body.contains("Choose a queue"));
+}
+
+#[tokio::test]
+async fn bad_inputs_of_pages_are_refused_with_400() {
+    let store = memory().await;
+    let router = router(&store);
+    for uri in [
+        "/jobs?queue=a%20b",
+        "/jobs?queue=q&state=zombie",
+        "/jobs?queue=q&limit=0",
+        "/jobs?queue=q&limit=1001",
+        "/jobs?queue=q&after=not-an-id",
+        "/jobs?queue=q&queue=r",
+        "/jobs?queue=q&sort=asc",
+        "/jobs/not-an-id",
+        "/jobs/00000000-0000-4000-8000-000000000000",
+        "/queue",
+        "/queue?name=",
+        "/queue?name=%3Cscript%3E",
+        "/queue?name=q&notice=%3Cscript%3E",
+        "/?x=1",
+    ] {
+        let page = get(&router, uri).await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{uri}: {}", page.body);
+        assert!(!page.body.contains("<script"), "{uri}: {}", page.body);
+    }
+    let id = jobs::JobId::mint(store.now());
+    let missing = get(&router, &format!("/jobs/{id}")).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    let nowhere = get(&router, "/nowhere").await;
+    assert_eq!(nowhere.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_dead_job_is_retried_from_its_page() {
+    let store = memory().await;
+    let id = dead_job(&store, "q", "boom").await;
+    let router = router(&store);
+    let page = get(&router, &format!("/jobs/{id}")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("data-state=\"dead\""));
+    assert!(page.body.contains("boom"), "the last error is shown");
+    assert!(
+        page.body.contains("{\n  &quot;n&quot;: 1\n}"),
+        "the payload, as JSON: {}",
+        page.body
+    );
+    let action = format!("action=\"/jobs/{id}/retry\"");
+    assert!(page.body.contains(&action), "a retry button: {}", page.body);
+
+    let form = format!("csrf={}", page.csrf());
+    let done = send(
+        &router,
+        post(&format!("/jobs/{id}/retry"), &form, &browser(&[])),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert_eq!(
+        done.header(header::LOCATION),
+        format!("/jobs/{id}?notice=retried")
+    );
+    let job = store.get(id).await.expect("the job");
+    assert_eq!(job.state, JobState::Queued);
+    assert_eq!(job.attempts, 0);
+    let after = get(&router, &format!("/jobs/{id}?notice=retried")).await;
+    assert!(after.body.contains("Queued again"), "{}", after.body);
+    // Its reload drops the notice, which says what the press did, not what is now.
+    assert!(
+        after.body.contains(&format!(
+            "http-equiv=\"refresh\" content=\"5; url=/jobs/{id}\""
+        )),
+        "{}",
+        after.body
+    );
+    assert!(page.body.contains("http-equiv=\"refresh\" content=\"5\""));
+
+    // Retrying it again is refused by the store: 409, nothing changes.
+    let again = send(
+        &router,
+        post(&format!("/jobs/{id}/retry"), &form, &browser(&[])),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
+}
+
+#[tokio::test]
+async fn cancel_pause_and_resume() {
+    let store = memory().await;
+    let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    let router = router(&store);
+    let csrf = get(&router, "/").await.csrf();
+
+    let cancelled = send(
+        &router,
+        post(
+            &format!("/jobs/{id}/cancel"),
+            &format!("csrf={csrf}"),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(
+        cancelled.status,
+        StatusCode::SEE_OTHER,
+        "{}",
+        cancelled.body
+    );
+    assert_eq!(store.get(id).await.expect("job").state, JobState::Cancelled);
+
+    let paused = send(
+        &router,
+        post(
+            "/queue/pause",
+            &format!("csrf={csrf}&queue=q"),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(paused.status, StatusCode::SEE_OTHER, "{}", paused.body);
+    assert_eq!(
+        paused.header(header::LOCATION),
+        "/queue?name=q&notice=paused"
+    );
+    assert!(store.stats("q").await.expect("stats").paused);
+    let page = get(&router, "/queue?name=q&notice=paused").await;
+    assert!(page.body.contains("id=\"queue-paused\""), "{}", page.body);
+    assert!(page.body.contains("action=\"/queue/resume\""));
+
+    let resumed = send(
+        &router,
+        post(
+            "/queue/resume",
+            &format!("csrf={csrf}&queue=q"),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(resumed.status, StatusCode::SEE_OTHER, "{}", resumed.body);
+    assert!(!store.stats("q").await.expect("stats").paused);
+}
+
+#[tokio::test]
+async fn every_dead_job_of_a_queue_is_retried_after_a_confirmation() {
+    let store = memory().await;
+    let mut dead = Vec::new();
+    for _ in 0..3 {
+        dead.push(dead_job(&store, "q", "boom").await);
+    }
+    let other = dead_job(&store, "other", "boom").await;
+    let router = router(&store);
+
+    let queue = get(&router, "/queue?name=q").await;
+    assert!(queue.body.contains("href=\"/queue/retry-dead?name=q\""));
+    let confirm = get(&router, "/queue/retry-dead?name=q").await;
+    assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
+    assert!(
+        confirm.body.contains("id=\"dead-count\">3<"),
+        "{}",
+        confirm.body
+    );
+    assert!(
+        !confirm.body.contains("http-equiv=\"refresh\""),
+        "a form stays put"
+    );
+    let csrf = confirm.csrf();
+
+    // Without the confirmation: 400, and every job is still dead.
+    let unconfirmed = send(
+        &router,
+        post(
+            "/queue/retry-dead",
+            &format!("csrf={csrf}&queue=q"),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(unconfirmed.status, StatusCode::BAD_REQUEST);
+    assert_eq!(store.stats("q").await.expect("stats").dead, 3);
+
+    let done = send(
+        &router,
+        post(
+            "/queue/retry-dead",
+            &format!("csrf={csrf}&queue=q&confirm=yes"),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert_eq!(
+        done.header(header::LOCATION),
+        "/queue?name=q&notice=retried-dead&n=3&skipped=0"
+    );
+    for id in dead {
+        assert_eq!(store.get(id).await.expect("job").state, JobState::Queued);
+    }
+    assert_eq!(
+        store.get(other).await.expect("job").state,
+        JobState::Dead,
+        "another queue's dead job is left alone"
+    );
+    let page = get(&router, "/queue?name=q&notice=retried-dead&n=3&skipped=0").await;
+    assert!(page.body.contains("Retried 3 dead jobs."), "{}", page.body);
+}
+
+/// Every action, each in a form that is wrong in one way: none writes.
+#[tokio::test]
+async fn refused_actions_write_nothing() {
+    let store = memory().await;
+    let dead = dead_job(&store, "q", "boom").await;
+    let queued = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    let router = router(&store);
+    let csrf = get(&router, "/").await.csrf();
+    let retry = format!("/jobs/{dead}/retry");
+    let cancel = format!("/jobs/{queued}/cancel");
+    let good = format!("csrf={csrf}");
+    let good_queue = format!("csrf={csrf}&queue=q");
+    let good_all = format!("csrf={csrf}&queue=q&confirm=yes");
+    let cross_site = [
+        ("origin", "http://evil.test"),
+        ("sec-fetch-site", "cross-site"),
+    ];
+    let other_origin = [("origin", "http://127.0.0.1:9999")];
+
+    let cases: Vec<(&str, Request<Body>, StatusCode)> = vec![
+        // No CSRF token, a wrong one, one cut short.
+        (
+            "no csrf",
+            post(&retry, "", &browser(&[])),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "wrong csrf",
+            post(&retry, "csrf=0000", &browser(&[])),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "short csrf",
+            post(&cancel, &good[..good.len() - 1], &browser(&[])),
+            StatusCode::FORBIDDEN,
+        ),
+        // From another site, even with the right token.
+        (
+            "cross-site",
+            post(&retry, &good, &cross_site),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "other origin",
+            post("/queue/pause", &good_queue, &other_origin),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "same-site",
+            post(&cancel, &good, &[("sec-fetch-site", "same-site")]),
+            StatusCode::FORBIDDEN,
+        ),
+        // Bad inputs.
+        (
+            "bad id",
+            post("/jobs/nope/retry", &good, &browser(&[])),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "v4 id",
+            post(
+                "/jobs/00000000-0000-4000-8000-000000000000/cancel",
+                &good,
+                &browser(&[]),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "bad queue",
+            post("/queue/pause", &format!("{good}&queue=a+b"), &browser(&[])),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "no queue",
+            post("/queue/pause", &good, &browser(&[])),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "unknown field",
+            post(&retry, &format!("{good}&state=dead"), &browser(&[])),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "field twice",
+            post(
+                "/queue/pause",
+                &format!("{good_queue}&queue=r"),
+                &browser(&[]),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "confirm=no",
+            post(
+                "/queue/retry-dead",
+                &format!("{good_queue}&confirm=no"),
+                &browser(&[]),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "retry-dead bad queue",
+            post(
+                "/queue/retry-dead",
+                &format!("{good}&queue=%3Cx%3E&confirm=yes"),
+                &browser(&[]),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
+        // Not a form.
+        (
+            "json body",
+            {
+                let mut request = post(&retry, "{\"csrf\":\"x\"}", &browser(&[]));
+                request.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    header::HeaderValue::from_static("application/json"),
+                );
+                request
+            },
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            "huge body",
+            post(
+                "/queue/retry-dead",
+                &format!("{good_all}&x={}", "a".repeat(64 * 1024)),
+                &browser(&[]),
+            ),
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+    ];
+    for (what, request, status) in cases {
+        let answer = send(&router, request).await;
+        assert_eq!(answer.status, status, "{what}: {}", answer.body);
+    }
+    // A GET never acts.
+    let get_retry = get(&router, &retry).await;
+    assert_eq!(get_retry.status, StatusCode::METHOD_NOT_ALLOWED);
+
+    assert_eq!(store.get(dead).await.expect("job").state, JobState::Dead);
+    assert_eq!(
+        store.get(queued).await.expect("job").state,
+        JobState::Queued
+    );
+    assert!(store.paused_queues().await.expect("paused").is_empty());
+}
+
+#[tokio::test]
+async fn a_read_only_dashboard_shows_no_action_and_refuses_every_one() {
+    let store = memory().await;
+    let dead = dead_job(&store, "q", "boom").await;
+    let router = Dashboard::new(store.clone()).read_only(true).router();
+    for uri in [
+        "/".to_owned(),
+        format!("/jobs/{dead}"),
+        "/queue?name=q".to_owned(),
+    ] {
+        let page = get(&router, &uri).await;
+        assert_eq!(page.status, StatusCode::OK, "{uri}");
+        assert!(
+            !page.body.contains("method=\"post\""),
+            "{uri}: {}",
+            page.body
+        );
+        assert!(page.body.contains("read-only"), "{uri}");
+    }
+    // Even with a CSRF token lifted from another dashboard's page, nothing passes.
+    let csrf = get(&Dashboard::new(store.clone()).router(), "/")
+        .await
+        .csrf();
+    for (path, form) in [
+        (format!("/jobs/{dead}/retry"), format!("csrf={csrf}")),
+        (format!("/jobs/{dead}/cancel"), format!("csrf={csrf}")),
+        ("/queue/pause".to_owned(), format!("csrf={csrf}&queue=q")),
+        ("/queue/resume".to_owned(), format!("csrf={csrf}&queue=q")),
+        (
+            "/queue/retry-dead".to_owned(),
+            format!("csrf={csrf}&queue=q&confirm=yes"),
+        ),
+        ("/login".to_owned(), format!("csrf={csrf}&token=x")),
+    ] {
+        let answer = send(&router, post(&path, &form, &browser(&[]))).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{path}: {}",
+            answer.body
+        );
+    }
+    let confirm = get(&router, "/queue/retry-dead?name=q").await;
+    assert_eq!(confirm.status, StatusCode::FORBIDDEN);
+    assert_eq!(store.get(dead).await.expect("job").state, JobState::Dead);
+    assert!(store.paused_queues().await.expect("paused").is_empty());
+}
+
+#[tokio::test]
+async fn a_token_guards_actions_through_a_login_cookie_or_a_bearer_header() {
+    let store = memory().await;
+    let dead = dead_job(&store, "q", "boom").await;
+    let router = Dashboard::new(store.clone())
+        .token(Some("correct horse".into()))
+        .router();
+    let page = get(&router, &format!("/jobs/{dead}")).await;
+    assert_eq!(page.status, StatusCode::OK, "reads need no token");
+    assert!(
+        !page.body.contains("/retry\""),
+        "no action without the token"
+    );
+    assert!(page.body.contains("Log in to act"));
+    assert!(!page.body.contains("name=\"csrf\""), "no form to post");
+    let csrf = get(&router, "/login").await.csrf();
+
+    let retry = format!("/jobs/{dead}/retry");
+    let anonymous = send(
+        &router,
+        post(&retry, &format!("csrf={csrf}"), &browser(&[])),
+    )
+    .await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    let wrong_bearer = send(
+        &router,
+        post(&retry, "", &[("authorization", "Bearer wrong")]),
+    )
+    .await;
+    assert_eq!(wrong_bearer.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(store.get(dead).await.expect("job").state, JobState::Dead);
+
+    // A wrong token at the login form: 403 and no cookie.
+    let login = get(&router, "/login").await;
+    assert!(login.body.contains("type=\"password\""));
+    assert!(
+        !login.body.contains("http-equiv=\"refresh\""),
+        "a form stays put"
+    );
+    let refused = send(
+        &router,
+        post("/login", &format!("csrf={csrf}&token=guess"), &browser(&[])),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(refused.headers.get(header::SET_COOKIE).is_none());
+    // Without the CSRF token the login is refused too.
+    let forged = send(
+        &router,
+        post("/login", "token=correct+horse", &browser(&[])),
+    )
+    .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+
+    let logged_in = send(
+        &router,
+        post(
+            "/login",
+            &format!("csrf={csrf}&token=correct+horse"),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(
+        logged_in.status,
+        StatusCode::SEE_OTHER,
+        "{}",
+        logged_in.body
+    );
+    let cookie = logged_in.header(header::SET_COOKIE).to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(cookie.contains("Path=/;"), "{cookie}");
+    assert!(
+        !cookie.contains("correct"),
+        "the cookie does not spell the token out"
+    );
+    let cookie_pair = cookie.split(';').next().expect("name=value").to_owned();
+
+    // The cookie opens the actions, still with the CSRF token.
+    let page = send(
+        &router,
+        Request::get(format!("/jobs/{dead}"))
+            .header(header::COOKIE, &cookie_pair)
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert!(page
+        .body
+        .contains(&format!("action=\"/jobs/{dead}/retry\"")));
+    let no_csrf = send(
+        &router,
+        post(&retry, "", &browser(&[("cookie", &cookie_pair)])),
+    )
+    .await;
+    assert_eq!(no_csrf.status, StatusCode::FORBIDDEN);
+    let with_cookie = send(
+        &router,
+        post(
+            &retry,
+            &format!("csrf={csrf}"),
+            &browser(&[("cookie", &cookie_pair)]),
+        ),
+    )
+    .await;
+    assert_eq!(
+        with_cookie.status,
+        StatusCode::SEE_OTHER,
+        "{}",
+        with_cookie.body
+    );
+    assert_eq!(store.get(dead).await.expect("job").state, JobState::Queued);
+
+    // A script sends the token as a bearer header, and needs no CSRF token.
+    let scripted = send(
+        &router,
+        Request::post("/queue/pause")
+            .header(header::AUTHORIZATION, "Bearer correct horse")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("queue=q"))
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(scripted.status, StatusCode::SEE_OTHER, "{}", scripted.body);
+    assert!(store.stats("q").await.expect("stats").paused);
+
+    let logout = send(
+        &router,
+        post(
+            "/logout",
+            &format!("csrf={csrf}"),
+            &browser(&[("cookie", &cookie_pair)]),
+        ),
+    )
+    .await;
+    assert_eq!(logout.status, StatusCode::SEE_OTHER);
+    assert!(logout.header(header::SET_COOKIE).contains("Max-Age=0"));
+}
+
+#[tokio::test]
+async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
+    let store = memory().await;
+    store.enqueue(NewJob::new("emails")).await.expect("enqueue");
+    store.enqueue(NewJob::new("emails")).await.expect("enqueue");
+    dead_job(&store, "emails", "boom").await;
+    store.pause("idle").await.expect("pause");
+    let router = router(&store);
+    let scrape = get(&router, "/metrics").await;
+    assert_eq!(scrape.status, StatusCode::OK);
+    assert!(scrape
+        .header(header::CONTENT_TYPE)
+        .starts_with("text/plain; version=0.0.4"));
+    let lines: Vec<&str> = scrape.body.lines().collect();
+    for expected in [
+        "# TYPE jobs_queue_depth gauge",
+        "jobs_queue_depth{queue=\"emails\",state=\"ready\"} 2",
+        "jobs_queue_depth{queue=\"emails\",state=\"dead\"} 1",
+        "jobs_queue_depth{queue=\"emails\",state=\"running\"} 0",
+        "jobs_queue_depth{queue=\"idle\",state=\"ready\"} 0",
+        "# TYPE jobs_queue_lag_seconds gauge",
+        "jobs_queue_lag_seconds{queue=\"idle\"} 0",
+        "jobs_queue_paused{queue=\"idle\"} 1",
+        "jobs_queue_paused{queue=\"emails\"} 0",
+        "jobs_workers 0",
+    ] {
+        assert!(
+            lines.contains(&expected),
+            "{expected} missing:\n{}",
+            scrape.body
+        );
+    }
+    let lag = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("jobs_queue_lag_seconds{queue=\"emails\"} "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("the lag of emails");
+    assert!(lag >= 0.0);
+    // The next scrape reads the store again.
+    store.enqueue(NewJob::new("emails")).await.expect("enqueue");
+    let again = get(&router, "/metrics").await;
+    assert!(again
+        .body
+        .contains("jobs_queue_depth{queue=\"emails\",state=\"ready\"} 3"));
+}
+
+#[tokio::test]
+async fn a_nested_dashboard_links_and_redirects_under_its_path() {
+    let store = memory().await;
+    let dead = dead_job(&store, "q", "boom").await;
+    let app: Router = Router::new().nest("/admin/jobs", Dashboard::new(store.clone()).router());
+    let overview = get(&app, "/admin/jobs").await;
+    assert_eq!(overview.status, StatusCode::OK, "{}", overview.body);
+    assert!(overview
+        .body
+        .contains("href=\"/admin/jobs/assets/dashboard.css\""));
+    assert!(overview.body.contains("href=\"/admin/jobs/queue?name=q\""));
+    assert!(!overview.body.contains("href=\"/jobs"), "{}", overview.body);
+    let css = get(&app, "/admin/jobs/assets/dashboard.css").await;
+    assert_eq!(css.status, StatusCode::OK);
+    assert!(css.header(header::CONTENT_TYPE).starts_with("text/css"));
+    let detail = get(&app, &format!("/admin/jobs/jobs/{dead}")).await;
+    assert!(detail
+        .body
+        .contains(&format!("action=\"/admin/jobs/jobs/{dead}/retry\"")));
+    let done = send(
+        &app,
+        post(
+            &format!("/admin/jobs/jobs/{dead}/retry"),
+            &format!("csrf={}", detail.csrf()),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert_eq!(
+        done.header(header::LOCATION),
+        format!("/admin/jobs/jobs/{dead}?notice=retried")
+    );
+    let missing = get(&app, "/admin/jobs/nowhere").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(
+        missing.body.contains("href=\"/admin/jobs\""),
+        "{}",
+        missing.body
+    );
+}
+
+#[tokio::test]
+async fn the_charts_fill_from_samples_taken_in_the_background() {
+    let store = memory().await;
+    store.enqueue(NewJob::new("q")).await.expect("enqueue");
+    let router = Dashboard::new(store.clone())
+        .sample_interval(Duration::from_millis(100))
+        .router();
+    let first = get(&router, "/").await;
+    assert!(first.body.contains("Collecting samples") || first.body.contains("<polyline"));
+    // The first request started the sampler: within a few samples the lag line of q
+    // is drawn. Bounded by a generous deadline.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let page = get(&router, "/queue?name=q").await;
+        if page.body.matches("<polyline").count() >= 2 {
+            break; // throughput and lag both have two points or more
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no chart after 30 s: {}",
+            page.body
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn pages_of_a_sqlite_store() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
+    let store = jobs::connect(&url).await.expect("an SQLite store");
+    let dead = dead_job(&store, "q", "boom").await;
+    let child = store
+        .enqueue(NewJob::new("q").parent(dead))
+        .await
+        .expect("enqueue")
+        .id;
+    let router = router(&store);
+    let detail = get(&router, &format!("/jobs/{dead}")).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    assert!(
+        detail.body.contains(&format!("href=\"/jobs/{child}\"")),
+        "its child"
+    );
+    let child_page = get(&router, &format!("/jobs/{child}")).await;
+    assert!(
+        child_page.body.contains(&format!("href=\"/jobs/{dead}\"")),
+        "its parent"
+    );
+    let done = send(
+        &router,
+        post(
+            &format!("/jobs/{dead}/retry"),
+            &format!("csrf={}", detail.csrf()),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert_eq!(store.get(dead).await.expect("job").state, JobState::Queued);
+}
