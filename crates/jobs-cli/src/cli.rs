@@ -151,18 +151,37 @@ pub struct DashboardArgs {
 /// The arguments of `jobs list`.
 #[derive(Debug, Clone, Args)]
 pub struct ListArgs {
-    /// The queue to list.
+    /// Only this queue; every queue when absent.
     #[arg(long, value_parser = queue_name)]
-    pub queue: String,
-    /// Only jobs in this state.
+    pub queue: Option<String>,
+    /// Only queues whose name starts with this text (literally: no wildcards).
+    #[arg(long, value_name = "PREFIX", value_parser = queue_name)]
+    pub prefix: Option<String>,
+    /// Only jobs in this state; repeat for several.
     #[arg(long)]
-    pub state: Option<StateArg>,
+    pub state: Vec<StateArg>,
+    /// Only jobs of this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only jobs tagged KEY=VALUE; repeat to require several.
+    #[arg(long, value_name = "KEY=VALUE", value_parser = tag_filter)]
+    pub tag: Vec<(String, String)>,
     /// The most jobs on the page (1..=1000).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub limit: u16,
     /// Continue after this job: the cursor the previous page printed.
     #[arg(long, value_name = "CURSOR")]
     pub after: Option<JobId>,
+}
+
+/// A `--tag KEY=VALUE` filter: the key a valid tag key, the value any text.
+fn tag_filter(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))?;
+    let tags = jobs::Tags::from([(key.to_owned(), value.to_owned())]);
+    jobs_core::meta::validate_tags("tag", &tags).map_err(|err| err.to_string())?;
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 /// The arguments of `jobs enqueue`.

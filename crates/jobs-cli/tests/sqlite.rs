@@ -26,7 +26,9 @@ async fn usage_errors_exit_2_before_anything_is_opened() {
     t.run(&["queues", "--no-such-flag"]).usage_error();
     t.run(&["no-such-command"]).usage_error();
     t.run(&["inspect", "not-an-id"]).usage_error();
-    t.run(&["list"]).usage_error(); // --queue is required
+    t.run(&["list", "--tag", "no-equals-sign"]).usage_error();
+    t.run(&["list", "--tag", "bad key=v"]).usage_error();
+    t.run(&["list", "--prefix", "a%"]).usage_error();
     t.run(&["list", "--queue", "emails", "--state", "lost"])
         .usage_error();
     t.run(&["stats", "bad queue"]).usage_error();
@@ -261,4 +263,59 @@ async fn inspect_shows_children_and_list_filters_by_state() {
         (none["count"].as_u64(), none["done"].as_u64()),
         (Some(0), Some(0))
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_filters_across_queues_by_tag_and_inspect_shows_attempts() {
+    let (_dir, t) = sqlite().await;
+    let tagged = t
+        .store
+        .enqueue(NewJob::new("mail.welcome").tag("customer", "42"))
+        .await
+        .expect("tagged")
+        .id;
+    let other = t
+        .store
+        .enqueue(NewJob::new("mail.digest").tag("customer", "7"))
+        .await
+        .expect("other")
+        .id;
+    let elsewhere = t.enqueue(&["billing", "{}"]);
+    let ids = |doc: serde_json::Value| -> Vec<String> {
+        doc["jobs"]
+            .as_array()
+            .map(|jobs| {
+                jobs.iter()
+                    .map(|j| j["id"].to_string().replace('"', ""))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        ids(t.json(&["list"])),
+        [elsewhere, other, tagged].map(|id| id.to_string()),
+        "without --queue every queue is listed, newest first"
+    );
+    assert_eq!(
+        ids(t.json(&["list", "--prefix", "mail."])),
+        [other, tagged].map(|id| id.to_string())
+    );
+    assert_eq!(
+        ids(t.json(&["list", "--tag", "customer=42"])),
+        [tagged.to_string()]
+    );
+    assert!(ids(t.json(&["list", "--tag", "customer=4"])).is_empty());
+    t.kill(tagged, "mail.welcome", "smtp refused").await;
+    assert_eq!(
+        ids(t.json(&["list", "--state", "dead", "--state", "queued", "--prefix", "mail."])),
+        [other, tagged].map(|id| id.to_string())
+    );
+    let shown = t.run(&["inspect", &tagged.to_string()]).ok();
+    assert!(shown.contains("attempts (1):"), "{shown}");
+    assert!(shown.contains("failed"), "{shown}");
+    assert!(shown.contains("smtp refused"), "{shown}");
+    let doc = t.json(&["inspect", &tagged.to_string()]);
+    assert_eq!(doc["attempts"][0]["outcome"], "failed");
+    assert_eq!(doc["attempts"][0]["error"], "smtp refused");
+    assert_eq!(doc["attempts"][0]["token"], 1);
 }

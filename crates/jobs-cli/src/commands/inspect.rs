@@ -1,9 +1,9 @@
-//! `jobs inspect ID`: one job, in sections (its fields, payload, lease, last error,
-//! result, children), each written by a function of its own.
+//! `jobs inspect ID`: one job, in sections (its fields, payload, lease, attempts, last
+//! error, result, children), each written by a function of its own.
 
 use std::time::Duration;
 
-use jobs::{Job, JobId, JobState, Timestamp};
+use jobs::{Attempt, Job, JobId, JobState, Timestamp};
 use serde::Serialize;
 
 use crate::commands::list::{jobs_table, state_text};
@@ -16,6 +16,7 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
     let job = cx.store.get(id).await?;
     let payload = cx.store.payload(id).await?;
     let children = cx.store.children(id).await?;
+    let attempts = cx.store.attempts(id).await?;
     let now = cx.store.now();
     if cx.json {
         #[derive(Serialize)]
@@ -23,7 +24,17 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
             job: JobJson<'a>,
             payload: Shown<'a>,
             result: Option<Shown<'a>>,
+            attempts: Vec<AttemptJson<'a>>,
             children: Vec<JobJson<'a>>,
+        }
+        #[derive(Serialize)]
+        struct AttemptJson<'a> {
+            token: u64,
+            worker: &'a str,
+            started_at: String,
+            ended_at: Option<String>,
+            outcome: &'static str,
+            error: Option<&'a str>,
         }
         #[derive(Serialize)]
         struct Shown<'a> {
@@ -41,6 +52,17 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
             job: JobJson::new(&job, now),
             payload: shown(&payload),
             result: job.result.as_deref().map(shown),
+            attempts: attempts
+                .iter()
+                .map(|a| AttemptJson {
+                    token: a.token.get(),
+                    worker: &a.worker,
+                    started_at: format::time(a.started_at),
+                    ended_at: a.ended_at.map(format::time),
+                    outcome: a.outcome.as_str(),
+                    error: a.error.as_deref(),
+                })
+                .collect(),
             children: children.iter().map(|c| JobJson::new(c, now)).collect(),
         });
     }
@@ -48,6 +70,7 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
         job_section(&job, now),
         bytes_section("payload", &payload),
         lease_section(&job, now),
+        attempts_section(&attempts, now),
         error_section(&job),
         job.result
             .as_deref()
@@ -142,6 +165,42 @@ fn lease_section(job: &Job, now: Timestamp) -> String {
             ("token", view.token.to_string()),
             ("expires at", when(lease.expires_at, now)),
         ]))
+    )
+}
+
+/// Every attempt kept, oldest first: its number, worker, start, run time, outcome and
+/// the first line of its error.
+fn attempts_section(attempts: &[Attempt], now: Timestamp) -> String {
+    if attempts.is_empty() {
+        return String::new();
+    }
+    let rows = attempts
+        .iter()
+        .map(|a| {
+            vec![
+                a.token.to_string(),
+                a.worker.clone(),
+                format::time(a.started_at),
+                duration_text(Duration::from_millis(
+                    u64::try_from(a.run_time(now).as_millis()).unwrap_or(u64::MAX),
+                )),
+                a.outcome.to_string(),
+                a.error
+                    .as_deref()
+                    .and_then(|e| e.lines().next())
+                    .map(|e| format::clip(e, 60))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+    format!(
+        "attempts ({}):\n{}",
+        attempts.len(),
+        format::table(
+            &["#", "WORKER", "STARTED", "RAN", "OUTCOME", "ERROR"],
+            &[0],
+            rows
+        )
     )
 }
 

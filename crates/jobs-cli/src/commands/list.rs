@@ -11,9 +11,15 @@ use crate::{Context, Result};
 /// The store's query for `args`: every filter the command line takes is turned into
 /// the store's terms here, and only here.
 pub fn query(args: &ListArgs) -> ListQuery {
-    let mut query = ListQuery::new(args.queue.as_str()).limit(usize::from(args.limit));
-    if let Some(state) = args.state {
-        query = query.state(state.into());
+    let mut query = ListQuery::all().limit(usize::from(args.limit));
+    query.queue = args.queue.clone();
+    query.queue_prefix = args.prefix.clone();
+    query = query.states(args.state.iter().map(|&state| state.into()));
+    if let Some(tenant) = &args.tenant {
+        query = query.tenant(tenant.as_str());
+    }
+    for (key, value) in &args.tag {
+        query = query.tag(key.as_str(), value.as_str());
     }
     if let Some(cursor) = args.after {
         query = query.after(cursor);

@@ -86,7 +86,7 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         return Ok(View::live("Jobs", body));
     };
     let mut list = ListQuery::new(queue.clone()).limit(filter.limit);
-    list.state = filter.state;
+    list.states = filter.state.into_iter().collect();
     list.cursor = filter.after;
     let page = store.list(list).await?;
     let title = match filter.state {
