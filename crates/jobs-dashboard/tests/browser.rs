@@ -254,7 +254,7 @@ async fn write_report(_ctx: JobContext, _payload: Bytes) -> Result<(), JobError>
 async fn the_dashboard_in_a_real_browser() {
     let (chromium, chromedriver) = match browser_programs() {
         Ok(programs) => programs,
-        Err(why) => return skip_or_fail("Chromium and chromedriver", &why),
+        Err(why) => return skip_or_fail("The browser (Chromium with chromedriver)", &why),
     };
     let dir = tempfile::tempdir().expect("a temp dir");
     let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
