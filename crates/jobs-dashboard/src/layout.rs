@@ -224,6 +224,16 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
 .state-queued { background: #ddf4ff; } .state-running { background: #fff8c5; }
 .state-succeeded { background: #dafbe1; } .state-dead { background: #ffebe9; }
 .state-cancelled { background: #eaeef2; } .paused { background: #fff1e5; }
+.outcome-running { background: #fff8c5; } .outcome-succeeded { background: #dafbe1; }
+.outcome-failed { background: #ffebe9; } .outcome-expired { background: #fff1e5; }
+.outcome-released { background: #eaeef2; }
+.tags { display: inline-flex; flex-wrap: wrap; gap: 4px; }
+.tag { display: inline-block; padding: 0 6px; border-radius: 4px; border: 1px solid #54aeff;
+       background: #ddf4ff; color: var(--fg); font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
+       font-size: 12px; white-space: nowrap; }
+a.tag:hover { text-decoration: none; border-color: var(--accent); }
+td.error details summary { cursor: pointer; }
+td.error details pre { margin: 6px 0 0; max-height: 240px; }
 .notice { padding: 8px 12px; border: 1px solid #54aeff; background: #ddf4ff; margin: 8px 0; }
 .problem { padding: 8px 12px; border: 1px solid #ff8182; background: #ffebe9; }
 form.inline { display: inline; margin: 0; }

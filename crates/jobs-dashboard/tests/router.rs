@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use common::{dead_job, get, post, send, SAME_ORIGIN};
-use jobs::{JobState, NewJob, Store, WorkerInfo};
+use jobs::{ClaimRequest, JobState, NewJob, Retry, Store, WorkerInfo};
 use jobs_dashboard::Dashboard;
 
 async fn memory() -> Store {
@@ -156,6 +156,117 @@ async fn job_lists_filter_by_state_and_page_by_cursor() {
     let chooser = get(&router, "/jobs").await;
     assert_eq!(chooser.status, StatusCode::OK);
     assert!(chooser.body.contains("Choose a queue"));
+}
+
+#[tokio::test]
+async fn the_job_page_shows_every_attempt_its_tags_and_trace_context() {
+    let store = memory().await;
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let id = store
+        .enqueue(
+            NewJob::new("q")
+                .max_attempts(5)
+                .tag("customer", "<acme>")
+                .tag("region", "eu")
+                .trace_context(trace),
+        )
+        .await
+        .expect("enqueue")
+        .id;
+    let router = router(&store);
+    let fresh = get(&router, &format!("/jobs/{id}")).await;
+    assert_eq!(fresh.status, StatusCode::OK, "{}", fresh.body);
+    assert!(fresh.body.contains("id=\"no-attempts\""), "{}", fresh.body);
+
+    // The first attempt fails with an error of two lines; the job is ready again at
+    // once, and a second worker claims it.
+    let claim =
+        |worker: &str| ClaimRequest::new(["q"], worker, Duration::from_secs(30)).reserved(id);
+    let first = store.claim(claim("worker-<1>")).await.expect("claim");
+    let first = first.first().expect("the job is claimed");
+    let error = "smtp said <no>\n  at send (mail.rs:42)";
+    store
+        .fail(first.id(), first.token(), error, Retry::At(store.now()))
+        .await
+        .expect("fail");
+    let second = store.claim(claim("worker-2")).await.expect("claim");
+    let second = second.first().expect("the job is claimed again");
+
+    let page = get(&router, &format!("/jobs/{id}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let section = page
+        .body
+        .split("id=\"attempt-history\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .unwrap_or_else(|| panic!("no attempts section: {}", page.body));
+    let failed = section
+        .split("data-attempt=\"1\" data-outcome=\"failed\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no failed attempt 1: {section}"));
+    assert!(failed.contains("worker-&lt;1&gt;"), "{failed}");
+    assert!(
+        failed.contains("<details><summary>smtp said &lt;no&gt;…</summary>"),
+        "the error's first line: {failed}"
+    );
+    assert!(
+        failed.contains("<pre>smtp said &lt;no&gt;\n  at send (mail.rs:42)</pre>"),
+        "the whole error, folded: {failed}"
+    );
+    let running = section
+        .split("data-attempt=\"2\" data-outcome=\"running\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no running attempt 2: {section}"));
+    assert!(running.contains("worker-2"), "{running}");
+    assert!(
+        running.contains("<td class=\"muted\">running</td>"),
+        "{running}"
+    );
+    assert!(
+        !running.contains("<details>"),
+        "no error while it runs: {running}"
+    );
+    assert!(
+        section.find("data-attempt=\"1\"") < section.find("data-attempt=\"2\""),
+        "oldest first"
+    );
+    // Tags as chips, each a link to the jobs carrying it; the trace context as given.
+    assert!(
+        page.body.contains(
+            "<a class=\"tag\" data-tag=\"customer=&lt;acme&gt;\" \
+             href=\"/jobs?tag=customer%3D%3Cacme%3E\">customer=&lt;acme&gt;</a>"
+        ),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("data-tag=\"region=eu\""));
+    assert!(page.body.contains(&format!(
+        "id=\"trace-context\" title=\"W3C traceparent\">{trace}</dd>"
+    )));
+    for raw in ["<acme>", "<no>", "worker-<1>"] {
+        assert!(!page.body.contains(raw), "{raw} unescaped: {}", page.body);
+    }
+
+    // Once it succeeds, the second attempt says so and ends.
+    store
+        .complete(second.id(), second.token(), None)
+        .await
+        .expect("complete");
+    let done = get(&router, &format!("/jobs/{id}")).await;
+    assert!(
+        done.body
+            .contains("data-attempt=\"2\" data-outcome=\"succeeded\""),
+        "{}",
+        done.body
+    );
+    assert!(!done.body.contains("<td class=\"muted\">running</td>"));
+    // A job without tags or trace context shows neither.
+    let plain = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    let plain = get(&router, &format!("/jobs/{plain}")).await;
+    assert!(!plain.body.contains("id=\"job-tags\""));
+    assert!(!plain.body.contains("id=\"trace-context\""));
 }
 
 #[tokio::test]

@@ -1,12 +1,12 @@
 //! `GET /jobs/{id}`: one job. The page is a list of sections, each a function of what
-//! the store answered: the summary, its actions, the last error, the payload, the
-//! result, and its family (parent and children). The attempt history becomes one
-//! more section once the store records attempts.
+//! the store answered: the summary (tags and trace context included), its actions,
+//! the last error, its attempts (CONTRACT H1–H4), the payload, the result, and its
+//! family (parent and children).
 
 use axum::extract::Path;
 use axum::http::Uri;
 use axum::response::Response;
-use jobs::{Bytes, Job, JobState, Timestamp};
+use jobs::{Attempt, AttemptOutcome, Bytes, Job, JobState, Timestamp, ATTEMPTS_KEPT};
 use maud::{html, Markup};
 
 use crate::app::Ctx;
@@ -14,7 +14,9 @@ use crate::format;
 use crate::input::{self, Params};
 use crate::layout::{self, action_button, View};
 use crate::pages::list::first_line;
-use crate::pages::{job_href, list_href, notice, queue_href, state_badge, Notice, NOTICE_FIELDS};
+use crate::pages::{
+    job_href, list_href, notice, queue_href, state_badge, tag_chips, Notice, NOTICE_FIELDS,
+};
 use crate::problem::Problem;
 
 /// The most payload or result bytes a page shows.
@@ -34,8 +36,12 @@ async fn view(ctx: &Ctx, id: &str, query: Option<&str>) -> Result<View, Problem>
     let params = Params::query(query, &NOTICE_FIELDS)?;
     let done = Notice::from_params(&params)?;
     let store = &ctx.app.store;
-    let (job, payload, children) =
-        tokio::join!(store.get(id), store.payload(id), store.children(id));
+    let (job, payload, children, attempts) = tokio::join!(
+        store.get(id),
+        store.payload(id),
+        store.children(id),
+        store.attempts(id)
+    );
     let job = job?;
     let now = store.now();
     let body = html! {
@@ -44,6 +50,7 @@ async fn view(ctx: &Ctx, id: &str, query: Option<&str>) -> Result<View, Problem>
         (actions(ctx, &job))
         (summary(ctx, &job, now))
         (last_error(&job))
+        (attempts_section(attempts.map_err(|e| e.to_string()), now))
         (section("Payload", "payload", bytes_view(payload.as_ref().map_err(|e| e.to_string()))))
         (result(&job))
         (family(ctx, &job, children.map_err(|e| e.to_string())))
@@ -115,6 +122,10 @@ fn summary(ctx: &Ctx, job: &Job, now: Timestamp) -> Markup {
                     }
                 }
                 @if let Some(locality) = &job.locality { dt { "Locality" } dd class="mono" { (locality) } }
+                @if !job.tags.is_empty() { dt { "Tags" } dd id="job-tags" { (tag_chips(Some(ctx), &job.tags)) } }
+                @if let Some(trace) = &job.trace_context {
+                    dt { "Trace context" } dd class="mono" id="trace-context" title="W3C traceparent" { (trace) }
+                }
             }
         }
     }
@@ -125,6 +136,57 @@ fn last_error(job: &Job) -> Markup {
         Some(error) => section("Last error", "last-error", html! { pre { (error) } }),
         None => html! {},
     }
+}
+
+/// Every attempt the store keeps, oldest first: its number (the claim's token), worker,
+/// start, end (or "running"), run time, outcome, and its error's first line with the
+/// whole error folded under it.
+fn attempts_section(attempts: Result<Vec<Attempt>, String>, now: Timestamp) -> Markup {
+    let body = match attempts {
+        Err(err) => html! { p class="problem" { "Could not read its attempts: " (err) } },
+        Ok(attempts) if attempts.is_empty() => {
+            html! { p class="muted" id="no-attempts" { "Not claimed yet." } }
+        }
+        Ok(attempts) => html! {
+            @if attempts.len() as u64 >= ATTEMPTS_KEPT {
+                p class="muted" { "The newest " (ATTEMPTS_KEPT) " attempts; older ones are not kept." }
+            }
+            table id="attempts" {
+                thead { tr {
+                    th class="num" { "#" } th { "Worker" } th { "Started" } th { "Ended" }
+                    th class="num" { "Run time" } th { "Outcome" } th { "Error" }
+                } }
+                tbody {
+                    @for attempt in &attempts {
+                        tr data-attempt=(attempt.token) data-outcome=(attempt.outcome.as_str()) {
+                            td class="num" { (attempt.token) }
+                            td class="mono" { (attempt.worker) }
+                            td title=(format::timestamp(attempt.started_at)) { (format::relative(now, attempt.started_at)) }
+                            @match attempt.ended_at {
+                                Some(ended) => td title=(format::timestamp(ended)) { (format::relative(now, ended)) },
+                                None => td class="muted" { "running" },
+                            }
+                            td class="num" { (format::duration(attempt.run_time(now))) }
+                            td { (outcome_badge(attempt.outcome)) }
+                            td class="error" {
+                                @if let Some(error) = &attempt.error {
+                                    details {
+                                        summary { (first_line(error, 120)) }
+                                        pre { (error) }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    };
+    section("Attempts", "attempt-history", body)
+}
+
+fn outcome_badge(outcome: AttemptOutcome) -> Markup {
+    html! { span class={ "badge outcome-" (outcome.as_str()) } { (outcome.as_str()) } }
 }
 
 fn result(job: &Job) -> Markup {

@@ -10,7 +10,7 @@ pub(crate) mod workers;
 
 use axum::http::Uri;
 use axum::response::Response;
-use jobs::{Job, JobState, Timestamp};
+use jobs::{Job, JobState, Tags, Timestamp};
 use maud::{html, Markup};
 
 use crate::app::Ctx;
@@ -135,6 +135,24 @@ pub(crate) fn state_badge(job: &Job, now: Timestamp) -> Markup {
             (job.state.as_str())
             @if scheduled { " (scheduled)" }
             @if job.cancel_requested && job.state == JobState::Running { " (cancel requested)" }
+        }
+    }
+}
+
+/// Tags as `key=value` chips, each a link to every job carrying it when `ctx` is
+/// given; nothing for no tags.
+pub(crate) fn tag_chips(ctx: Option<&Ctx>, tags: &Tags) -> Markup {
+    html! {
+        @if !tags.is_empty() {
+            span class="tags" {
+                @for (key, value) in tags {
+                    @let text = format!("{key}={value}");
+                    @match ctx {
+                        Some(ctx) => a class="tag" data-tag=(text) href=(ctx.href_query("/jobs", &[("tag", &text)])) { (text) },
+                        None => span class="tag" data-tag=(text) { (text) },
+                    }
+                }
+            }
         }
     }
 }
