@@ -1,8 +1,9 @@
 //! Every input the dashboard takes, parsed and checked before the store is called: a
-//! query string or form body (known fields only, each at most once), job ids, queue
-//! names, states, page sizes.
+//! query string or form body (known fields only, each at most once unless it is one
+//! that repeats), job ids, queue names and prefixes, states, tenants, tag filters,
+//! page sizes.
 
-use jobs::{JobId, JobState};
+use jobs::{JobId, JobState, ListQuery, Tags};
 
 use crate::problem::Problem;
 
@@ -22,15 +23,26 @@ impl Params {
     /// Parses `raw` (`a=1&b=2`), refusing a field not in `allowed` and a field given
     /// twice.
     pub fn parse(raw: &[u8], allowed: &[&str]) -> Result<Params, Problem> {
+        Params::parse_repeating(raw, allowed, &[])
+    }
+
+    /// Parses `raw` as [`parse`](Params::parse) does, and also takes the fields in
+    /// `repeating` (`state=a&state=b`) any number of times.
+    pub fn parse_repeating(
+        raw: &[u8],
+        allowed: &[&str],
+        repeating: &[&str],
+    ) -> Result<Params, Problem> {
         let mut fields: Vec<(String, String)> = Vec::new();
         for (key, value) in url::form_urlencoded::parse(raw) {
-            if !allowed.contains(&key.as_ref()) {
+            let repeats = repeating.contains(&key.as_ref());
+            if !repeats && !allowed.contains(&key.as_ref()) {
                 return Err(Problem::bad_request(format!(
                     "unknown parameter {:?}",
                     cut(&key)
                 )));
             }
-            if fields.iter().any(|(k, _)| *k == key) {
+            if !repeats && fields.iter().any(|(k, _)| *k == key) {
                 return Err(Problem::bad_request(format!(
                     "parameter {key:?} given more than once"
                 )));
@@ -43,6 +55,23 @@ impl Params {
     /// Parses an optional query string.
     pub fn query(raw: Option<&str>, allowed: &[&str]) -> Result<Params, Problem> {
         Params::parse(raw.unwrap_or("").as_bytes(), allowed)
+    }
+
+    /// Parses an optional query string whose fields in `repeating` may repeat.
+    pub fn query_repeating(
+        raw: Option<&str>,
+        allowed: &[&str],
+        repeating: &[&str],
+    ) -> Result<Params, Problem> {
+        Params::parse_repeating(raw.unwrap_or("").as_bytes(), allowed, repeating)
+    }
+
+    /// Every value given for `key`, in order, the empty ones left out.
+    pub fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.fields
+            .iter()
+            .filter(move |(k, v)| k == key && !v.is_empty())
+            .map(|(_, v)| v.as_str())
     }
 
     /// The value of `key`, if given and not empty.
@@ -71,6 +100,45 @@ pub(crate) fn queue(text: &str) -> Result<String, Problem> {
     jobs_core::validate::validate_queue(text)
         .map_err(|err| Problem::bad_request(format!("{err}: {:?}", cut(text))))?;
     Ok(text.to_owned())
+}
+
+/// A queue-name prefix, checked as the store checks the prefix of a list (CONTRACT
+/// A4: a byte no queue name may hold is refused, not matched to nothing).
+pub(crate) fn queue_prefix(text: &str) -> Result<String, Problem> {
+    list_check(&ListQuery::all().queue_prefix(text), text)?;
+    Ok(text.to_owned())
+}
+
+/// A tenant, checked as the store checks the tenant of a list.
+pub(crate) fn tenant(text: &str) -> Result<String, Problem> {
+    list_check(&ListQuery::all().tenant(text), text)?;
+    Ok(text.to_owned())
+}
+
+/// A tag filter `key=value` (split at the first `=`; the value may be empty), checked
+/// as the store checks a job's tags (CONTRACT E11).
+pub(crate) fn tag(text: &str) -> Result<(String, String), Problem> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(Problem::bad_request(format!(
+            "a tag filter is key=value, not {:?}",
+            cut(text)
+        )));
+    };
+    let tags = Tags::from([(key.to_owned(), value.to_owned())]);
+    jobs_core::meta::validate_tags("tag", &tags)
+        .map_err(|err| Problem::bad_request(format!("{err}: {:?}", cut(text))))?;
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+/// A whole list query, as the store checks it before any backend sees it: what each
+/// field passed alone may still fail together (more tags than a job may carry).
+pub(crate) fn list_query(query: &ListQuery) -> Result<(), Problem> {
+    jobs_core::validate::validate_list(query).map_err(|err| Problem::bad_request(err.to_string()))
+}
+
+fn list_check(query: &ListQuery, text: &str) -> Result<(), Problem> {
+    jobs_core::validate::validate_list(query)
+        .map_err(|err| Problem::bad_request(format!("{err}: {:?}", cut(text))))
 }
 
 /// A job state by its stored name (`queued`, `running`, `succeeded`, `dead`,
@@ -110,6 +178,11 @@ mod tests {
         assert!(Params::parse(b"queue=a&queue=b", &["queue"]).is_err());
         assert!(Params::parse(b"bogus=1", &["queue"]).is_err());
         assert!(Params::query(None, &[]).is_ok());
+        let many = Params::parse_repeating(b"state=a&state=&state=b&q=1", &["q"], &["state"])
+            .expect("a repeating field");
+        assert_eq!(many.all("state").collect::<Vec<_>>(), ["a", "b"]);
+        assert!(Params::parse_repeating(b"q=1&q=2", &["q"], &["state"]).is_err());
+        assert!(Params::parse_repeating(b"x=1", &["q"], &["state"]).is_err());
     }
 
     #[test]
@@ -128,5 +201,23 @@ mod tests {
         assert!(page_size("0").is_err());
         assert!(page_size("1001").is_err());
         assert!(page_size("-1").is_err());
+        assert_eq!(queue_prefix("emails.").ok().as_deref(), Some("emails."));
+        assert!(queue_prefix("e*").is_err());
+        assert!(queue_prefix(&"p".repeat(129)).is_err());
+        assert!(tenant(&"t".repeat(256)).is_ok());
+        assert!(tenant(&"t".repeat(257)).is_err());
+        assert_eq!(
+            tag("customer=42=x").ok(),
+            Some(("customer".into(), "42=x".into()))
+        );
+        assert_eq!(tag("flag=").ok(), Some(("flag".into(), String::new())));
+        assert!(tag("no-equals").is_err());
+        assert!(tag("=v").is_err());
+        assert!(tag("a b=v").is_err());
+        assert!(tag("k=line\nbreak").is_err());
+        assert!(tag(&format!("k={}", "v".repeat(257))).is_err());
+        let crowded = (0..17).fold(ListQuery::all(), |q, i| q.tag(format!("k{i}"), ""));
+        assert!(list_query(&crowded).is_err());
+        assert!(list_query(&ListQuery::all()).is_ok());
     }
 }

@@ -211,6 +211,7 @@ h2 { font-size: 16px; margin: 24px 0 8px; }
 table { border-collapse: collapse; width: 100%; background: #fff; }
 th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid var(--line); vertical-align: top; }
 th { background: var(--bg); font-weight: 600; white-space: nowrap; }
+td.id { white-space: nowrap; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 dl.fields { display: grid; grid-template-columns: max-content 1fr; gap: 4px 16px; margin: 0; }
 dl.fields dt { color: var(--muted); }
@@ -234,11 +235,16 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
 a.tag:hover { text-decoration: none; border-color: var(--accent); }
 td.error details summary { cursor: pointer; }
 td.error details pre { margin: 6px 0 0; max-height: 240px; }
+p.scope { display: flex; flex-wrap: wrap; gap: 16px; color: var(--muted); margin: 0 0 8px; }
 .notice { padding: 8px 12px; border: 1px solid #54aeff; background: #ddf4ff; margin: 8px 0; }
 .problem { padding: 8px 12px; border: 1px solid #ff8182; background: #ffebe9; }
 form.inline { display: inline; margin: 0; }
 form.filters { display: flex; gap: 12px; align-items: end; flex-wrap: wrap; margin: 8px 0 12px; }
 form.filters label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); }
+form.filters fieldset.states { display: flex; gap: 8px; border: none; padding: 0; margin: 0; }
+form.filters fieldset.states legend { font-size: 12px; color: var(--muted); padding: 0; }
+form.filters label.check { flex-direction: row; align-items: center; gap: 3px; font-size: 13px;
+                           color: var(--fg); }
 button { font: inherit; padding: 3px 12px; border-radius: 6px; border: 1px solid var(--line);
          background: var(--bg); cursor: pointer; }
 button.danger { color: #fff; background: var(--bad); border-color: var(--bad); }

@@ -20,8 +20,10 @@
 //!
 //! What it shows: every queue with its jobs per state, its lag and its throughput over
 //! the last 15 minutes (drawn as charts from samples the dashboard takes every 5 s),
-//! the live workers, the schedules, jobs by queue and state with paging, and each job
-//! with its payload, result, last error, parent and children. What it does: retry,
+//! the live workers, the schedules, jobs with paging (across every queue or one, by
+//! queue prefix, states, tenant and tags), and each job with its tags, trace context,
+//! attempts (who ran each, when, for how long, how it ended, with what error),
+//! payload, result, last error, parent and children. What it does: retry,
 //! cancel, pause and resume a queue, and retry every dead job of a queue after a
 //! confirmation. `/metrics` answers the queues' depth and lag in the Prometheus text
 //! format, read from the store at each scrape.
@@ -36,8 +38,9 @@
 //!   every action.
 //! - Actions are `POST` forms carrying a per-dashboard random CSRF token, and a request
 //!   whose `Origin` or `Sec-Fetch-Site` says it came from another site is refused.
-//! - Every input (job id, queue name, state, page size, cursor) is parsed and checked
-//!   before the store is called: a bad request answers 400 and writes nothing.
+//! - Every input (job id, queue name and prefix, states, tenant, tag filters, page
+//!   size, cursor) is parsed and checked, as the store checks it, before the store is
+//!   called: a bad request answers 400 and writes nothing.
 //! - Pages carry a `Content-Security-Policy` that allows no script at all, and may not
 //!   be framed.
 //!

@@ -10,7 +10,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use common::{dead_job, get, post, send, skip_or_fail, unique_namespace, SAME_ORIGIN};
+use common::{
+    dead_job, get, listed, next_page, post, send, skip_or_fail, unique_namespace, SAME_ORIGIN,
+};
 use jobs::{JobState, NewJob, Schedule, Store, StoreSettings, WorkerInfo};
 use jobs_dashboard::Dashboard;
 
@@ -29,6 +31,15 @@ async fn pages_over(store: Store) {
     store.pause("idle").await.expect("pause");
     let worker = WorkerInfo::new("w-dash", "box-9", 7, vec!["emails".into()], 4);
     store.register_worker(&worker).await.expect("register");
+    let tagged = |queue: &str, customer: &str| {
+        let job = NewJob::new(queue).tenant("acme").tag("customer", customer);
+        let store = store.clone();
+        async move { store.enqueue(job).await.expect("enqueue a tagged job").id }
+    };
+    let tagged_a = tagged("tagged.a", "42").await;
+    let tagged_b = tagged("tagged.b", "42").await;
+    let tagged_420 = tagged("tagged.b", "420").await;
+    let other = tagged("other", "42").await;
     let tick = Schedule::every("tick", Duration::from_secs(3600), NewJob::new("emails"));
     store.put_schedule(&tick).await.expect("put a schedule");
     let router = Dashboard::new(store.clone()).router();
@@ -56,8 +67,26 @@ async fn pages_over(store: Store) {
             vec!["id=\"next-page\"".into()],
         ),
         (
+            "/jobs?prefix=tagged.&tag=customer%3D42&tenant=acme&state=queued".into(),
+            vec![
+                format!("data-job=\"{tagged_a}\""),
+                format!("data-job=\"{tagged_b}\""),
+                "data-tag=\"customer=42\"".into(),
+            ],
+        ),
+        (
+            "/jobs?tag=customer%3D42&limit=1".into(),
+            vec![
+                "id=\"next-page\"".into(),
+                "tag=customer%3D42&amp;limit=1".into(),
+            ],
+        ),
+        (
             format!("/jobs/{dead}"),
             vec![
+                "data-attempt=\"1\" data-outcome=\"failed\"".into(),
+                "<summary>smtp said &lt;no&gt;</summary>".into(),
+                "test-worker".into(),
                 "smtp said &lt;no&gt;".into(),
                 format!("href=\"/jobs/{child}\""),
                 "data-state=\"dead\"".into(),
@@ -75,6 +104,31 @@ async fn pages_over(store: Store) {
             ],
         ),
     ];
+    // Across queues by tag: neither a value that only starts with the one asked for
+    // nor a queue outside the prefix is listed.
+    let by_tag = get(&router, "/jobs?prefix=tagged.&tag=customer%3D42").await;
+    assert_eq!(by_tag.status, StatusCode::OK, "{}", by_tag.body);
+    for unwanted in [tagged_420, other, dead] {
+        assert!(
+            !by_tag.body.contains(&format!("data-job=\"{unwanted}\"")),
+            "{unwanted} listed: {}",
+            by_tag.body
+        );
+    }
+    // Page by page, every job tagged customer=42, each once.
+    let mut seen = Vec::new();
+    let mut uri = Some("/jobs?tag=customer%3D42&limit=1".to_owned());
+    while let Some(at) = uri.take() {
+        let page = get(&router, &at).await;
+        assert_eq!(page.status, StatusCode::OK, "{at}: {}", page.body);
+        seen.extend(listed(&page, &[tagged_a, tagged_b, tagged_420, other]));
+        uri = next_page(&page);
+        assert!(seen.len() <= 3, "{seen:?}");
+    }
+    assert_eq!(seen, [other, tagged_b, tagged_a], "newest first, each once");
+    let refused = get(&router, "/jobs?tag=customer").await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+
     for (uri, wanted) in checks {
         let page = get(&router, &uri).await;
         assert_eq!(page.status, StatusCode::OK, "{uri}: {}", page.body);

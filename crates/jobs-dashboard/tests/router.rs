@@ -4,13 +4,16 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
-use common::{dead_job, get, post, send, SAME_ORIGIN};
-use jobs::{ClaimRequest, JobState, NewJob, Retry, Store, WorkerInfo};
+use common::{dead_job, get, listed, next_page, post, send, SAME_ORIGIN};
+use jobs::layers::{Backend, LayeredBackend};
+use jobs::{ClaimRequest, JobState, ListPage, ListQuery, NewJob, Retry, Store, WorkerInfo};
 use jobs_dashboard::Dashboard;
 
 async fn memory() -> Store {
@@ -83,10 +86,22 @@ async fn user_text_is_escaped_everywhere() {
         .await
         .expect("enqueue")
         .id;
+    let tagged = store
+        .enqueue(NewJob::new("q").tag("k", evil).tenant(evil))
+        .await
+        .expect("enqueue")
+        .id;
     let worker = WorkerInfo::new("<b>w</b>", "<i>host</i>", 1, vec!["q".into()], 1);
     store.register_worker(&worker).await.expect("register");
     let router = router(&store);
+    let by_tag = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("tag", &format!("k={evil}"))
+        .append_pair("tenant", evil)
+        .finish();
     for uri in [
+        format!("/jobs/{tagged}"),
+        "/jobs".to_owned(),
+        format!("/jobs?{by_tag}"),
         "/".to_owned(),
         "/workers".to_owned(),
         format!("/jobs/{id}"),
@@ -104,6 +119,15 @@ async fn user_text_is_escaped_everywhere() {
     assert!(detail.body.contains("&lt;img src=x onerror=alert(1)&gt;"));
     let workers = get(&router, "/workers").await;
     assert!(workers.body.contains("&lt;b&gt;w&lt;/b&gt;"));
+    let filtered = get(&router, &format!("/jobs?{by_tag}")).await;
+    assert!(
+        filtered.body.contains(&format!("data-job=\"{tagged}\"")),
+        "the evil tag matches: {}",
+        filtered.body
+    );
+    assert!(filtered
+        .body
+        .contains("value=\"k=&lt;img src=x onerror=alert(1)&gt;\""));
 }
 
 #[tokio::test]
@@ -123,39 +147,68 @@ async fn job_lists_filter_by_state_and_page_by_cursor() {
 
     // Newest first, two per page: the 5 queued jobs take three pages.
     let mut seen = Vec::new();
-    let mut uri = "/jobs?queue=q&state=queued&limit=2".to_owned();
-    for _ in 0..3 {
-        let page = get(&router, &uri).await;
-        assert_eq!(page.status, StatusCode::OK, "{uri}: {}", page.body);
-        let mut on_page: Vec<(usize, jobs::JobId)> = queued
-            .iter()
-            .filter_map(|id| Some((page.body.find(&format!("data-job=\"{id}\""))?, *id)))
-            .collect();
-        on_page.sort();
+    let mut uri = Some("/jobs?queue=q&state=queued&limit=2".to_owned());
+    let mut pages = 0;
+    while let Some(at) = uri.take() {
+        let page = get(&router, &at).await;
+        assert_eq!(page.status, StatusCode::OK, "{at}: {}", page.body);
+        let on_page = listed(&page, &queued);
         assert!(on_page.len() <= 2, "two per page");
-        seen.extend(on_page.into_iter().map(|(_, id)| id));
-        match page.body.split("id=\"next-page\"").next() {
-            Some(before) if page.body.contains("id=\"next-page\"") => {
-                let href_start = before.rfind("href=\"").expect("the link's href") + 6;
-                let href = &before[href_start..];
-                let href = &href[..href.find('"').expect("href ends")];
-                uri = href.replace("&amp;", "&");
-            }
-            _ => {
-                uri.clear();
-                break;
-            }
-        }
+        seen.extend(on_page);
+        uri = next_page(&page);
+        pages += 1;
+        assert!(pages <= 3, "the third page is the last");
     }
-    assert!(uri.is_empty(), "the third page is the last");
+    assert_eq!(pages, 3);
     let mut newest_first = queued.clone();
     newest_first.reverse();
     assert_eq!(seen, newest_first, "every queued job once, newest first");
 
-    // Without a queue, the form asks for one.
-    let chooser = get(&router, "/jobs").await;
-    assert_eq!(chooser.status, StatusCode::OK);
-    assert!(chooser.body.contains("Choose a queue"));
+    // Without a queue, every queue's jobs.
+    let everything = get(&router, "/jobs").await;
+    assert_eq!(everything.status, StatusCode::OK);
+    assert!(everything.body.contains("Jobs of every queue"));
+    let mut all = queued.clone();
+    all.push(dead);
+    all.reverse();
+    assert_eq!(listed(&everything, &all), all);
+}
+
+/// A layer over a store's backend that counts `list` calls and caps each page at
+/// `cap` jobs, as a backend that bounds the work of one call ends a page early with
+/// `next` set (CONTRACT A4).
+#[derive(Debug)]
+struct ShortPages {
+    inner: Arc<dyn Backend>,
+    cap: usize,
+    reads: Arc<AtomicUsize>,
+}
+
+#[jobs::layers::async_trait]
+impl LayeredBackend for ShortPages {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
+    async fn list(&self, mut query: ListQuery) -> jobs::Result<ListPage> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        query.limit = query.limit.min(self.cap);
+        self.inner.list(query).await
+    }
+}
+
+/// `store` seen through [`ShortPages`], and its count of `list` calls.
+fn short_pages(store: Store, cap: usize) -> (Store, Arc<AtomicUsize>) {
+    let reads = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&reads);
+    let store = store.layer(move |inner: Arc<dyn Backend>| -> Arc<dyn Backend> {
+        Arc::new(ShortPages {
+            inner,
+            cap,
+            reads: Arc::clone(&counted),
+        })
+    });
+    (store, reads)
 }
 
 #[tokio::test]
@@ -267,6 +320,243 @@ async fn the_job_page_shows_every_attempt_its_tags_and_trace_context() {
     let plain = get(&router, &format!("/jobs/{plain}")).await;
     assert!(!plain.body.contains("id=\"job-tags\""));
     assert!(!plain.body.contains("id=\"trace-context\""));
+}
+
+#[tokio::test]
+async fn job_lists_span_queues_and_filter_by_prefix_states_tenant_and_tags() {
+    let store = memory().await;
+    let enqueue = |queue: &str, tenant: &str, customer: &str| {
+        let job = NewJob::new(queue).tenant(tenant).tag("customer", customer);
+        let store = store.clone();
+        async move { store.enqueue(job).await.expect("enqueue").id }
+    };
+    let eu = enqueue("emails.eu", "acme", "42").await;
+    let us = enqueue("emails.us", "beta", "42").await;
+    let eu_420 = enqueue("emails.eu", "acme", "420").await;
+    let report = enqueue("reports", "acme", "42").await;
+    let dead = dead_job(&store, "emails.eu", "boom").await;
+    let every = [eu, us, eu_420, report, dead];
+    let router = router(&store);
+
+    let newest_first = |ids: &[jobs::JobId]| {
+        let mut ids = ids.to_vec();
+        ids.sort();
+        ids.reverse();
+        ids
+    };
+    let cases: [(&str, Vec<jobs::JobId>); 9] = [
+        ("/jobs", newest_first(&every)),
+        ("/jobs?tag=customer%3D42", newest_first(&[eu, us, report])),
+        ("/jobs?tag=customer=420", vec![eu_420]),
+        (
+            "/jobs?prefix=emails.&tag=customer%3D42",
+            newest_first(&[eu, us]),
+        ),
+        (
+            "/jobs?tenant=acme&tag=customer%3D42",
+            newest_first(&[eu, report]),
+        ),
+        (
+            "/jobs?prefix=emails.eu&state=queued&state=dead",
+            newest_first(&[eu, eu_420, dead]),
+        ),
+        ("/jobs?state=dead", vec![dead]),
+        ("/jobs?queue=emails.us", vec![us]),
+        ("/jobs?prefix=Emails", vec![]),
+    ];
+    for (uri, expected) in cases {
+        let page = get(&router, uri).await;
+        assert_eq!(page.status, StatusCode::OK, "{uri}: {}", page.body);
+        assert_eq!(listed(&page, &every), expected, "{uri}: {}", page.body);
+        if expected.is_empty() {
+            assert!(page.body.contains("id=\"no-jobs\""), "{uri}");
+        }
+    }
+
+    // Across queues, each row names its queue and shows its tags.
+    let all = get(&router, "/jobs").await;
+    assert!(all.body.contains("<th>Queue</th>") && all.body.contains("<th>Tags</th>"));
+    assert!(all
+        .body
+        .contains("href=\"/queue?name=reports\">reports</a>"));
+    assert!(all.body.contains("data-tag=\"customer=420\""));
+    assert!(all
+        .body
+        .contains("<option value=\"\" selected>all queues</option>"));
+    // One queue's list needs no queue column.
+    let one = get(&router, "/jobs?queue=reports").await;
+    assert!(!one.body.contains("<th>Queue</th>"), "{}", one.body);
+
+    // The form shows the filters it was given.
+    let form = get(
+        &router,
+        "/jobs?prefix=emails.&state=dead&state=queued&tenant=acme&tag=customer%3D42",
+    )
+    .await;
+    assert_eq!(form.status, StatusCode::OK, "{}", form.body);
+    for wanted in [
+        "name=\"prefix\" value=\"emails.\"",
+        "name=\"state\" value=\"dead\" checked",
+        "name=\"state\" value=\"queued\" checked",
+        "name=\"state\" value=\"running\">",
+        "name=\"tenant\" value=\"acme\"",
+        "name=\"tag\" value=\"customer=42\"",
+        "name=\"tag\" placeholder=\"key=value\"",
+        "Jobs of every queue · queued, dead",
+    ] {
+        assert!(form.body.contains(wanted), "{wanted}: {}", form.body);
+    }
+    assert_eq!(listed(&form, &every), vec![eu]);
+}
+
+#[tokio::test]
+async fn paging_keeps_every_filter() {
+    let store = memory().await;
+    let mut wanted = Vec::new();
+    for n in 0..5 {
+        let queue = if n % 2 == 0 { "x.a" } else { "x.b" };
+        let job = NewJob::new(queue).tenant("t1").tag("batch", "7");
+        wanted.push(store.enqueue(job).await.expect("enqueue").id);
+        // Noise between them, each failing one filter.
+        for job in [
+            NewJob::new(queue).tenant("t1").tag("batch", "8"),
+            NewJob::new("y").tenant("t1").tag("batch", "7"),
+            NewJob::new(queue).tenant("t2").tag("batch", "7"),
+        ] {
+            store.enqueue(job).await.expect("enqueue");
+        }
+    }
+    let router = router(&store);
+    let mut seen = Vec::new();
+    let mut uri = Some("/jobs?prefix=x.&state=queued&tenant=t1&tag=batch%3D7&limit=2".to_owned());
+    let mut pages = 0;
+    while let Some(at) = uri.take() {
+        let page = get(&router, &at).await;
+        assert_eq!(page.status, StatusCode::OK, "{at}: {}", page.body);
+        let rows = page.body.matches("<tr data-job=").count();
+        let on_page = listed(&page, &wanted);
+        assert_eq!(
+            rows,
+            on_page.len(),
+            "{at}: only matching jobs: {}",
+            page.body
+        );
+        assert!(on_page.len() <= 2, "{at}");
+        seen.extend(on_page);
+        uri = next_page(&page);
+        if let Some(next) = &uri {
+            for kept in [
+                "prefix=x.",
+                "state=queued",
+                "tenant=t1",
+                "tag=batch%3D7",
+                "limit=2",
+            ] {
+                assert!(next.contains(kept), "{next} lost {kept}");
+            }
+        }
+        if pages > 0 {
+            // "First page" keeps them too.
+            assert!(
+                page.body.contains(
+                    "href=\"/jobs?prefix=x.&amp;state=queued&amp;tenant=t1&amp;tag=batch%3D7&amp;limit=2\">← First page"
+                ),
+                "{}",
+                page.body
+            );
+        }
+        pages += 1;
+        assert!(pages <= 4, "at most three pages and an empty last one");
+    }
+    wanted.reverse();
+    assert_eq!(seen, wanted, "every matching job once, newest first");
+}
+
+#[tokio::test]
+async fn a_page_the_store_ends_early_reads_on() {
+    // Each store read hands back at most 2 jobs with `next` set, as Redis does under
+    // tag filters; a page of 5 takes three reads.
+    let (store, reads) = short_pages(memory().await, 2);
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let queue = if n % 2 == 0 { "a" } else { "b" };
+        let job = NewJob::new(queue).tag("t", "1");
+        ids.push(store.enqueue(job).await.expect("enqueue").id);
+    }
+    ids.reverse();
+    let router = router(&store);
+    let page = get(&router, "/jobs?tag=t%3D1&limit=5").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert_eq!(listed(&page, &ids), ids[..5]);
+    assert_eq!(reads.load(Ordering::SeqCst), 3);
+    assert!(!page.body.contains("id=\"ended-early\""));
+    let next = next_page(&page).expect("a next page");
+    assert!(next.contains(&format!("after={}", ids[4])), "{next}");
+
+    // A page of 50 stops after 8 reads (16 jobs) and says so; the next page goes on.
+    reads.store(0, Ordering::SeqCst);
+    let page = get(&router, "/jobs?tag=t%3D1").await;
+    assert_eq!(listed(&page, &ids), ids[..16]);
+    assert_eq!(reads.load(Ordering::SeqCst), 8);
+    assert!(page.body.contains("id=\"ended-early\""), "{}", page.body);
+    let next = next_page(&page).expect("a next page");
+    let rest = get(&router, &next).await;
+    assert_eq!(listed(&rest, &ids), ids[16..]);
+    assert!(next_page(&rest).is_none(), "{}", rest.body);
+}
+
+#[tokio::test]
+async fn bad_list_filters_are_refused_before_the_store_is_read() {
+    let (store, reads) = short_pages(memory().await, 1000);
+    store
+        .enqueue(NewJob::new("q").tag("k", "v"))
+        .await
+        .expect("enqueue");
+    let router = router(&store);
+    let counts = || async {
+        let queues = store.queues().await.expect("queues");
+        queues
+            .into_iter()
+            .map(|q| (q.queue, q.stats))
+            .collect::<Vec<_>>()
+    };
+    let before = counts().await;
+    let too_many: String = (0..17).map(|i| format!("tag=k{i}%3Dv&")).collect();
+    let too_many = format!("/jobs?{too_many}");
+    let long_tenant = format!("/jobs?tenant={}", "t".repeat(257));
+    let long_value = format!("/jobs?tag=k%3D{}", "v".repeat(257));
+    for uri in [
+        "/jobs?tag=novalue",
+        "/jobs?tag=%3Dv",
+        "/jobs?tag=a%20b%3Dv",
+        "/jobs?tag=%3Cscript%3E%3Dv",
+        "/jobs?tag=k%3Dline%0Abreak",
+        "/jobs?tag=k%3D1&tag=k%3D2",
+        too_many.as_str(),
+        long_value.as_str(),
+        "/jobs?prefix=a*",
+        "/jobs?prefix=a%20b",
+        "/jobs?prefix=%3Cscript%3E",
+        "/jobs?prefix=a&prefix=b",
+        "/jobs?tenant=a&tenant=b",
+        long_tenant.as_str(),
+        "/jobs?state=dead&state=zombie",
+        "/jobs?state=Dead",
+        "/jobs?queue=q&after=not-an-id",
+    ] {
+        let page = get(&router, uri).await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{uri}: {}", page.body);
+        assert!(!page.body.contains("<script"), "{uri}: {}", page.body);
+    }
+    assert_eq!(
+        reads.load(Ordering::SeqCst),
+        0,
+        "the store was never listed"
+    );
+    assert_eq!(counts().await, before, "nothing written");
+    let fine = get(&router, "/jobs?tag=k%3Dv").await;
+    assert_eq!(fine.status, StatusCode::OK);
+    assert_eq!(reads.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

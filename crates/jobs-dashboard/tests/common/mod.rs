@@ -43,6 +43,28 @@ impl Answer {
     }
 }
 
+/// The href of the page's "Next page" link, `&amp;` decoded, if it has one.
+pub fn next_page(page: &Answer) -> Option<String> {
+    let before = page.body.split("id=\"next-page\"").next()?;
+    if !page.body.contains("id=\"next-page\"") {
+        return None;
+    }
+    let start = before.rfind("href=\"")? + 6;
+    let href = &before[start..];
+    let href = &href[..href.find('"')?];
+    Some(href.replace("&amp;", "&"))
+}
+
+/// The jobs of `ids` listed on `page` (rows `data-job`), in the page's order.
+pub fn listed(page: &Answer, ids: &[JobId]) -> Vec<JobId> {
+    let mut on_page: Vec<(usize, JobId)> = ids
+        .iter()
+        .filter_map(|id| Some((page.body.find(&format!("data-job=\"{id}\""))?, *id)))
+        .collect();
+    on_page.sort();
+    on_page.into_iter().map(|(_, id)| id).collect()
+}
+
 /// Sends `request` through `router`.
 pub async fn send(router: &Router, request: Request<Body>) -> Answer {
     let response = router
