@@ -3,7 +3,8 @@
 //! served on 127.0.0.1 over an SQLite store with a real worker.
 //!
 //! It loads the overview and sees the queue, opens a dead job from the list of dead
-//! jobs, retries it and sees it succeed, pauses the queue and sees claims stop (a job
+//! jobs, unfolds the error of its failed attempt, retries it and sees it succeed with
+//! a second attempt, pauses the queue and sees claims stop (a job
 //! enqueued there stays ready while the worker takes the jobs of another queue),
 //! resumes it and sees the job run. On the way it takes screenshots of the main pages:
 //! into `$JOBS_DASHBOARD_SCREENSHOTS` (relative to the workspace root) when set — the
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{dead_job, skip_or_fail};
+use common::{dead_job_of, skip_or_fail};
 use fantoccini::{Client, ClientBuilder, Locator};
 use jobs::{Bytes, JobContext, JobError, JobId, JobState, NewJob, Store, Worker};
 use jobs_dashboard::{serve_on, Dashboard};
@@ -260,15 +261,24 @@ async fn the_dashboard_in_a_real_browser() {
     let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
     let store = jobs::connect(&url).await.expect("an SQLite store");
 
-    // Three dead jobs (the worker is not running yet, so they stay dead), and jobs for
-    // the worker to run so the overview has something to chart.
+    // Three dead jobs (the worker is not running yet, so they stay dead), tagged and
+    // with the trace context of the request that enqueued them, and jobs for the
+    // worker to run so the overview has something to chart.
     let mut dead = Vec::new();
-    for error in [
-        "smtp: 550 mailbox unavailable",
-        "smtp: connection reset by peer",
-        "template \"welcome\" not found",
+    for (customer, error) in [
+        (
+            "acme",
+            "smtp: 550 mailbox unavailable\n  at send_welcome (mail.rs:42)\n  at run (worker.rs:7)",
+        ),
+        ("globex", "smtp: connection reset by peer"),
+        ("acme", "template \"welcome\" not found"),
     ] {
-        dead.push(dead_job(&store, "emails", error).await);
+        let job = NewJob::new("emails")
+            .payload(format!("{{\"to\":\"ada@{customer}.example\"}}"))
+            .tag("customer", customer)
+            .tag("campaign", "welcome")
+            .trace_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        dead.push(dead_job_of(&store, job, error).await);
     }
     let first_dead = dead[0];
     for n in 0..30 {
@@ -359,6 +369,29 @@ async fn the_dashboard_in_a_real_browser() {
         .expect("open the dead job");
     wait_for(&client, "#job-state[data-state=\"dead\"]").await;
     wait_for(&client, "#last-error pre").await;
+    wait_for(&client, "#job-tags a.tag[data-tag=\"customer=acme\"]").await;
+    // The failed attempt's error is folded to its first line; a click unfolds it.
+    // The page is loaded afresh first, so its own refresh (5 s) cannot fold it again
+    // before the screenshot.
+    let folded = wait_for(&client, "tr[data-outcome=\"failed\"] details").await;
+    assert_eq!(folded.attr("open").await.ok().flatten(), None);
+    let here = client.current_url().await.expect("the job's address");
+    client.goto(here.as_str()).await.expect("reload the job");
+    wait_for(&client, "tr[data-outcome=\"failed\"] details summary")
+        .await
+        .click()
+        .await
+        .expect("unfold the error");
+    let unfolded = client
+        .find(Locator::Css(
+            "tr[data-outcome=\"failed\"] details[open] pre",
+        ))
+        .await
+        .expect("the unfolded error");
+    assert!(unfolded
+        .text()
+        .await
+        .is_ok_and(|text| text.contains("at send_welcome (mail.rs:42)")));
     screenshot(&client, "job.png").await;
     wait_for(
         &client,
@@ -368,8 +401,14 @@ async fn the_dashboard_in_a_real_browser() {
     .click()
     .await
     .expect("press retry");
-    // The page refreshes itself until the worker has run the job.
+    // The page refreshes itself until the worker has run the job: a second attempt,
+    // after the failed one.
     wait_for(&client, "#job-state[data-state=\"succeeded\"]").await;
+    wait_for(
+        &client,
+        "tr[data-attempt=\"1\"][data-outcome=\"failed\"] ~ tr[data-attempt=\"2\"][data-outcome=\"succeeded\"]",
+    )
+    .await;
     assert_eq!(
         store.get(first_dead).await.expect("the job").state,
         JobState::Succeeded

@@ -118,8 +118,15 @@ pub const SAME_ORIGIN: [(&str, &str); 2] = [
 
 /// Enqueues a job on `queue` and lets it die at its first attempt with `error`.
 pub async fn dead_job(store: &Store, queue: &str, error: &str) -> JobId {
+    dead_job_of(store, NewJob::new(queue).payload("{\"n\":1}"), error).await
+}
+
+/// Enqueues `job` with one attempt allowed, and lets it die at that attempt with
+/// `error` (a claim by `test-worker`).
+pub async fn dead_job_of(store: &Store, job: NewJob, error: &str) -> JobId {
+    let queue = job.queue.clone();
     let id = store
-        .enqueue(NewJob::new(queue).payload("{\"n\":1}").max_attempts(1))
+        .enqueue(job.max_attempts(1))
         .await
         .expect("enqueue")
         .id;
