@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{ClaimRequest, Store};
+use jobs_core::{ClaimRequest, Retry, Store};
 use tokio::task::JoinSet;
 
 use crate::progress::{payload_index, Progress};
@@ -58,6 +58,9 @@ pub struct DrainConfig {
     pub batch: usize,
     /// The lease of each claim.
     pub lease: Duration,
+    /// Fail each job's first attempt (ready again at once), complete its second (the
+    /// loop driver only).
+    pub fail_first: bool,
 }
 
 /// Workers running in the background until [`Workers::stop`].
@@ -157,8 +160,20 @@ fn start_loop(store: Store, config: &DrainConfig, progress: Arc<Progress>) -> Wo
                     continue;
                 }
                 for job in jobs {
-                    progress.started(payload_index(&job.payload));
                     std::hint::black_box(&job.payload);
+                    if config.fail_first && job.job.attempts == 1 {
+                        store
+                            .fail(
+                                job.id(),
+                                job.token(),
+                                "bench: the first attempt fails",
+                                Retry::At(store.now()),
+                            )
+                            .await
+                            .map_err(|e| format!("fail: {e}"))?;
+                        continue;
+                    }
+                    progress.started(payload_index(&job.payload));
                     store
                         .complete(job.id(), job.token(), None)
                         .await

@@ -91,6 +91,10 @@ struct Cli {
     /// `e2e-backlog` stops after draining this many seconds and reports the rate so far.
     #[arg(long, value_parser = positive::<u64>)]
     deadline_secs: Option<u64>,
+    /// The drain fails each job's first attempt (ready again at once) and completes the
+    /// second: the price of a failure, and of recording its attempt (CONTRACT H2).
+    #[arg(long)]
+    fail_first: bool,
 }
 
 /// Parses a count that must be above zero: a run of zero jobs, producers or seconds
@@ -123,6 +127,7 @@ impl From<Cli> for Args {
                 driver: cli.driver.unwrap_or_else(Driver::default_for_build),
                 stall: Duration::from_secs(cli.stall_secs),
                 deadline: cli.deadline_secs.map(Duration::from_secs),
+                fail_first: cli.fail_first,
             },
         }
     }

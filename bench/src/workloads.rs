@@ -42,6 +42,8 @@ pub struct Options {
     pub stall: Duration,
     /// `e2e-backlog` stops after draining this long, and reports the rate so far.
     pub deadline: Option<Duration>,
+    /// The drain fails each job's first attempt and completes its second.
+    pub fail_first: bool,
 }
 
 impl Options {
@@ -55,6 +57,7 @@ impl Options {
             concurrency: self.concurrency,
             batch: self.claim_batch,
             lease: Duration::from_secs(60),
+            fail_first: self.fail_first,
         }
     }
 }
@@ -170,6 +173,7 @@ pub async fn e2e_backlog(
     }
     opts.line("e2e-backlog")
         .merge(probed)
+        .int("fail_first", u64::from(opts.fail_first))
         .int("concurrency", opts.concurrency as u64)
         .text("driver", opts.driver.name())
         .num("value", rate(drained, span))

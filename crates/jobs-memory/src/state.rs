@@ -24,7 +24,8 @@ struct Record {
     seq: u64,
     /// The last fencing token issued for this job; the next claim issues one more.
     last_token: u64,
-    /// The worker of the last claim, kept after the lease ends (CONTRACT H1).
+    /// The worker of the lease that completed the job, moved out of the lease as it
+    /// ends, so a claim costs no copy of it (CONTRACT H1).
     last_worker: Option<String>,
     /// The attempts that ended other than by success, oldest first, at most
     /// `ATTEMPTS_KEPT` (CONTRACT H2, H3).
@@ -487,7 +488,6 @@ impl State {
             .filter_map(|id| {
                 let token = self.jobs.get_mut(&id).map_or(0, |record| {
                     record.last_token += 1;
-                    record.last_worker = Some(request.worker.clone());
                     record.last_token
                 });
                 let job = self.transition(id, now, |job| {
@@ -563,10 +563,17 @@ impl State {
         now: Timestamp,
     ) -> Result<()> {
         self.check_lease(id, token)?;
-        self.transition_checked(id, now, |job| {
+        // Moved out of the ending lease (after `transition` unindexed it), not copied.
+        let worker = self.transition_checked(id, now, |job| {
+            let worker = job.lease.take().map(|lease| lease.worker);
             Self::finish(job, JobState::Succeeded, now);
             job.result = result;
-        })
+            worker
+        })?;
+        if let Some(record) = self.jobs.get_mut(&id) {
+            record.last_worker = worker;
+        }
+        Ok(())
     }
 
     pub(crate) fn fail(
@@ -676,7 +683,11 @@ impl State {
             record.ended.clone(),
             LastClaim {
                 state: job.state,
-                worker: record.last_worker.clone(),
+                worker: job
+                    .lease
+                    .as_ref()
+                    .map(|lease| lease.worker.clone())
+                    .or_else(|| record.last_worker.clone()),
                 token: LeaseToken::new(record.last_token),
                 started_at: job.started_at,
                 finished_at: job.finished_at,
