@@ -314,6 +314,7 @@ impl RedisStore {
                 settings,
                 keys,
                 hints: Mutex::new(HashMap::new()),
+                fit_gates: Mutex::new(HashMap::new()),
                 waker,
                 completions,
                 enqueues,

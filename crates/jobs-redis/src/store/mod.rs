@@ -64,6 +64,9 @@ struct Inner {
     /// The ids at the head of the ready order after the last claim of each queue set,
     /// so the next claim can pass their hashes in KEYS without reading first.
     hints: Mutex<HashMap<String, Vec<JobId>>>,
+    /// One fitted claim in flight per queue set of this store; see
+    /// `RedisStore::claim_fitted`.
+    fit_gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     waker: Waker,
     completions: Batcher<Completions>,
     enqueues: Batcher<Enqueues>,
