@@ -627,8 +627,9 @@ mod scenarios {
         loop {
             if let RecordCall::Reaped(mut ids) = recv(&mut record_calls, "a reap").await {
                 // The clock jumped past the running worker's last renewal too, if that
-                // renewal came before the jump: it may reap itself, and then registers
-                // again at once (awaited below).
+                // renewal came before the jump: it may reap itself (W4 by the store's
+                // clock), and its next beat, finding its record gone, registers it again
+                // (awaited below).
                 let before = ids.len();
                 ids.retain(|id| id != "recorded");
                 reaped_itself |= ids.len() < before;

@@ -133,17 +133,6 @@ pub(crate) async fn worker_record_loop(shared: Arc<Shared>, stop: CancellationTo
         match config.store.reap_workers(config.worker_silence).await {
             Ok(reaped) => {
                 for id in reaped {
-                    if id == info.id {
-                        // Its own record looked silent: the store's clock moved past the
-                        // renewal just made (a step of the clock, or a driven one). It is
-                        // alive, so it registers again at once rather than a beat later.
-                        let mut record = info.clone();
-                        record.in_flight = in_flight;
-                        if config.store.register_worker(&record).await.is_err() {
-                            registered.store(false, Ordering::Relaxed);
-                        }
-                        continue;
-                    }
                     tracing::info!(worker = %id, "reaped the record of a silent worker");
                 }
             }
