@@ -61,6 +61,10 @@ pub struct JobJson<'a> {
     pub capabilities: Vec<&'a str>,
     /// Where it would best run.
     pub locality: Option<&'a str>,
+    /// Its tags (CONTRACT E11).
+    pub tags: &'a jobs::Tags,
+    /// The W3C traceparent it was enqueued with (CONTRACT E12).
+    pub trace_context: Option<&'a str>,
 }
 
 impl<'a> JobJson<'a> {
@@ -94,6 +98,8 @@ impl<'a> JobJson<'a> {
                 .map(String::as_str)
                 .collect(),
             locality: job.locality.as_deref(),
+            tags: &job.tags,
+            trace_context: job.trace_context.as_deref(),
         }
     }
 }

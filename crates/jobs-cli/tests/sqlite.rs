@@ -314,7 +314,12 @@ async fn list_filters_across_queues_by_tag_and_inspect_shows_attempts() {
     assert!(shown.contains("attempts (1):"), "{shown}");
     assert!(shown.contains("failed"), "{shown}");
     assert!(shown.contains("smtp refused"), "{shown}");
+    assert!(
+        shown.contains("customer=42"),
+        "inspect shows the tags: {shown}"
+    );
     let doc = t.json(&["inspect", &tagged.to_string()]);
+    assert_eq!(doc["job"]["tags"]["customer"], "42");
     assert_eq!(doc["attempts"][0]["outcome"], "failed");
     assert_eq!(doc["attempts"][0]["error"], "smtp refused");
     assert_eq!(doc["attempts"][0]["token"], 1);

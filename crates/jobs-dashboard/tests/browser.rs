@@ -20,6 +20,7 @@ mod common;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{dead_job_of, skip_or_fail};
@@ -244,13 +245,6 @@ async fn succeed(_ctx: JobContext, _payload: Bytes) -> Result<(), JobError> {
     Ok(())
 }
 
-/// A report takes a while to write: with the producer's pace, a backlog (and a lag)
-/// builds up for the charts to show.
-async fn write_report(_ctx: JobContext, _payload: Bytes) -> Result<(), JobError> {
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_dashboard_in_a_real_browser() {
     let (chromium, chromedriver) = match browser_programs() {
@@ -300,23 +294,40 @@ async fn the_dashboard_in_a_real_browser() {
         let _ = stopped.await;
     }));
 
+    let report_permits = Arc::new(tokio::sync::Semaphore::new(0));
+    let producer_permits = Arc::clone(&report_permits);
+    let handler_permits = Arc::clone(&report_permits);
     let worker = Worker::builder(store.clone())
         .handler("emails", succeed)
-        .handler("reports", write_report)
+        .handler("reports", move |_ctx: JobContext, _payload: Bytes| {
+            // A report is written when the test lets it (a permit each): the producer
+            // lets fewer through than it enqueues, so a backlog and a lag build up
+            // for the charts, and no handler waits on the clock.
+            let reports = Arc::clone(&handler_permits);
+            async move {
+                if let Ok(permit) = reports.acquire().await {
+                    permit.forget();
+                }
+                Ok::<(), JobError>(())
+            }
+        })
         .handler("probes", succeed)
         .concurrency(2)
         .poll_interval(Duration::from_millis(100))
         .build()
         .expect("a worker");
     let running = worker.spawn();
-    // A producer keeps `reports` busy (10 jobs/s for a worker that writes 6.7/s), so
-    // throughput and lag have lines to draw.
+    // A producer keeps `reports` busy (10 jobs/s, of which it lets 2 in 3 be
+    // written), so throughput and lag have lines to draw.
     let producer = {
         let store = store.clone();
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(Duration::from_millis(100));
-            loop {
+            for tick in 0u64.. {
                 ticks.tick().await;
+                if tick % 3 != 0 {
+                    producer_permits.add_permits(1);
+                }
                 if store.enqueue(NewJob::new("reports")).await.is_err() {
                     break;
                 }
@@ -348,6 +359,7 @@ async fn the_dashboard_in_a_real_browser() {
     screenshot(&client, "overview.png").await;
     // The reports backlog drains from here on; the dead job waits behind it.
     producer.abort();
+    report_permits.add_permits(1_000_000);
 
     // The queue's dead count leads to its dead jobs.
     wait_for(&client, "tr[data-queue=\"emails\"] a[href$=\"state=dead\"]")

@@ -111,6 +111,13 @@ fn job_section(job: &Job, now: Timestamp) -> String {
     if let Some(key) = &job.idempotency_key {
         pairs.push(("key", key.clone()));
     }
+    if !job.tags.is_empty() {
+        let tags: Vec<String> = job.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        pairs.push(("tags", tags.join(" ")));
+    }
+    if let Some(traceparent) = &job.trace_context {
+        pairs.push(("trace", traceparent.clone()));
+    }
     if let Some(parent) = job.parent {
         pairs.push(("parent", parent.to_string()));
     }
