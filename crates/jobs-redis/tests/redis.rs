@@ -960,6 +960,81 @@ async fn concurrent_batch_claims_hand_out_each_job_once_in_order() {
     assert_eq!(unique, ids.iter().copied().collect::<HashSet<_>>());
 }
 
+/// Many claimers sharing one store handle, whose calls are in flight together, each
+/// holding its slice of the predicted head (`store/heads.rs`): plain claims and fitted
+/// ones with a budget that admits only part of the queue. Every job is handed out once,
+/// each claim in order, and the jobs the budget does not admit are never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claimers_sharing_one_store_take_each_job_once_in_order() {
+    let Some(env) = Env::new().await else {
+        return;
+    };
+    let store: Store = (*env.store().await).clone();
+    // Priorities interleaved, and every third job needs 2 GPUs (no claim below admits it).
+    let jobs: Vec<NewJob> = (0..3000)
+        .map(|i| {
+            let job = NewJob::new("q").priority((i % 3) as i16);
+            if i % 3 == 0 {
+                job.needs(Needs::new().amount("gpu", 2))
+            } else {
+                job.needs(Needs::new().amount("gpu", 1))
+            }
+        })
+        .collect();
+    let ids = enqueue_all(&store, jobs).await;
+    let big: HashSet<JobId> = ids.iter().step_by(3).copied().collect();
+    let mut tasks = Vec::new();
+    for claimer in 0..16 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            let mut empty_in_a_row = 0;
+            while empty_in_a_row < 3 {
+                let request =
+                    ClaimRequest::new(["q"], format!("w{claimer}"), Duration::from_secs(60))
+                        .limit(1 + claimer % 9);
+                // Half the claimers fit the worker to one GPU.
+                let request = if claimer % 2 == 0 {
+                    request.budget(Budget::new().amount("gpu", 1))
+                } else {
+                    request
+                };
+                let batch = store.claim(request).await.expect("claim");
+                if batch.is_empty() {
+                    empty_in_a_row += 1;
+                    continue;
+                }
+                empty_in_a_row = 0;
+                let orders: Vec<(i16, JobId)> =
+                    batch.iter().map(|c| (c.job.priority, c.id())).collect();
+                assert!(
+                    orders
+                        .windows(2)
+                        .all(|w| w[0].0 > w[1].0 || (w[0].0 == w[1].0 && w[0].1 < w[1].1)),
+                    "a claim out of order: {orders:?}"
+                );
+                mine.extend(batch.into_iter().map(|c| (claimer % 2 == 0, c.id())));
+            }
+            mine
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("join"));
+    }
+    for (fitted, id) in &all {
+        assert!(
+            !(*fitted && big.contains(id)),
+            "a fitted claim took a job needing 2 GPUs"
+        );
+    }
+    let claimed: Vec<JobId> = all.iter().map(|(_, id)| *id).collect();
+    let unique: HashSet<JobId> = claimed.iter().copied().collect();
+    assert_eq!(unique.len(), claimed.len(), "a job was claimed twice");
+    // Plain claimers drained the rest, big jobs included, so every job was claimed.
+    assert_eq!(unique, ids.iter().copied().collect::<HashSet<_>>());
+}
+
 /// On a cluster (`JOBS_REDIS_CLUSTER_URLS`), namespaces land on different masters and
 /// every operation works on each of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,16 @@
 //! Claiming: the claim loop over `claim.lua`, the fitted claim loop over
-//! `claim_fit.lua` (CONTRACT F2–F6), with their hints, and the burial of leased jobs
-//! whose record cannot be read.
+//! `claim_fit.lua` (CONTRACT F2–F6), each call holding the slice of the predicted head
+//! that [`super::heads`] hands it, and the burial of leased jobs whose record cannot be
+//! read.
 
-use std::sync::Arc;
+use std::pin::pin;
+use std::task::Poll;
 
 use jobs_core::fit::PlacementCache;
 use jobs_core::{ClaimRequest, ClaimedJob, Error, JobId, Result, Timestamp};
 use redis::Value;
 
+use super::heads::Call;
 use super::{unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
 use crate::codec::{
     array, decode_claimed, id_string, int, job_id, job_id_bytes, text, LeaseWrite, Unreadable,
@@ -18,9 +21,6 @@ use crate::scripts;
 /// Claim calls that may find their candidates taken by other claimers before a claim
 /// gives up and returns what it has (an empty claim is allowed; the caller claims again).
 const CLAIM_CONTENDED_ROUNDS: usize = 64;
-/// Extra ids a claim asks for beyond its limit, so the next claim of the same queues
-/// usually needs one call.
-const HINT_SLACK: usize = 16;
 /// The most ready entries one `claim_fit.lua` call examines. Without a bound, a fitted
 /// claim over queues whose head holds jobs its budget does not admit (or, with preferred
 /// localities, a long priority band holding none of them) would read the whole queue in
@@ -63,15 +63,17 @@ fn claim_invocation<'s>(
     invocation
 }
 
-/// What one `claim_fit.lua` call answered besides its jobs.
-struct FitRound {
-    /// Jobs it leased.
-    got: usize,
-    /// Ids whose hashes the next call needs (see the script's header).
-    hint: Vec<JobId>,
-    /// Whether its selection was not wholly leased: call again with the hint.
+/// What a claim script answered, read as far as the next call needs: the leased jobs
+/// are still to be decoded.
+struct Answer {
+    jobs: Value,
+    corrupt: Value,
+    /// The ids whose hashes the next call needs (see the scripts' headers), or why
+    /// they cannot be read; the jobs the call leased are handed out either way.
+    hint: Result<Vec<JobId>>,
+    /// `claim_fit.lua` only: the selection was not wholly leased; call again.
     more: bool,
-    /// Where its walk stopped at the scan bound, if it did.
+    /// `claim_fit.lua` only: where its walk stopped at the scan bound, if it did.
     stop: Option<String>,
 }
 
@@ -90,7 +92,7 @@ impl RedisStore {
         }
         // The handle refused a queue named twice, so the names go to the script as they are.
         let queues = &request.queues;
-        let hint_key = queues.join(",");
+        let claimer = self.inner.heads.claimer(queues.join(","));
         let now_text = now.as_millis().to_string();
         let expires_at = now.saturating_add(request.lease_ttl);
         let expires = expires_at.as_millis().to_string();
@@ -100,42 +102,30 @@ impl RedisStore {
             now,
         };
         let keys = self.keys();
-        let mut candidates = self
-            .inner
-            .hints
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&hint_key)
-            .unwrap_or_default();
         let mut claimed: Vec<ClaimedJob> = Vec::new();
         let mut contended = 0;
         let mut promotions = 0usize;
         loop {
             let remaining = request.limit - claimed.len();
+            let mut call = claimer.next_call(remaining).await;
             let mut invocation = claim_invocation(
                 &scripts::CLAIM,
                 keys,
                 [&now_text, &request.worker, &expires],
                 remaining,
-                request.limit + HINT_SLACK,
+                claimer.hint_size(remaining),
             );
             invocation.arg(queues.len());
             for queue in queues {
                 invocation.arg(queue);
             }
-            for id in &candidates {
-                invocation.key(keys.job(*id)).arg(id_string(*id));
-            }
-            let mut unreadable = Vec::new();
-            let round = match self.invoke(&invocation, "claim").await {
-                Ok(reply) => self.claim_round(reply, &lease, &mut claimed, &mut unreadable),
-                Err(err) => Err(err),
-            };
-            if !unreadable.is_empty() {
-                self.bury(unreadable, now).await;
-            }
-            let (got, hint) = match round {
-                Ok(Some(round)) => round,
+            hold(&mut invocation, keys, call.held());
+            let answer = self
+                .send(&invocation, &mut call)
+                .await
+                .and_then(|reply| read_answer(reply, false));
+            let answer = match answer {
+                Ok(Some(answer)) => answer,
                 Ok(None) => {
                     promotions += 1;
                     if promotions > PROMOTE_ROUNDS {
@@ -151,6 +141,19 @@ impl RedisStore {
                     break;
                 }
             };
+            call.answered(answer.hint.as_deref().unwrap_or_default());
+            let round = self
+                .take_jobs(answer.jobs, &answer.corrupt, &lease, &mut claimed, now)
+                .await
+                .and_then(|got| Ok((got, answer.hint?)));
+            let (got, hint) = match round {
+                Ok(round) => round,
+                Err(err) if claimed.is_empty() => return Err(err),
+                Err(err) => {
+                    tracing::debug!(error = %err, "claim round failed; returning the jobs claimed so far");
+                    break;
+                }
+            };
             if got == 0 {
                 contended += 1;
             }
@@ -158,17 +161,8 @@ impl RedisStore {
                 || hint.is_empty()
                 || contended > CLAIM_CONTENDED_ROUNDS
             {
-                if !hint.is_empty() {
-                    let mut hints = self.inner.hints.lock().unwrap_or_else(|p| p.into_inner());
-                    // The cache only saves round trips; keep it small.
-                    if hints.len() > 256 {
-                        hints.clear();
-                    }
-                    hints.insert(hint_key, hint);
-                }
                 break;
             }
-            candidates = hint;
         }
         Ok(claimed)
     }
@@ -176,32 +170,22 @@ impl RedisStore {
     /// Rules F2–F6 with C1–C9: a claim with a budget, preferred localities or a
     /// reservation, over `claim_fit.lua`. Each call selects anew among the ready jobs
     /// and leases the selected jobs whose hashes it was given, in order; the ones it was
-    /// not given come back as the hint, and the next call passes them. A call that
-    /// reached [`FIT_SCAN_BOUND`] names where it stopped, and a claim still short of
-    /// its limit goes on from there, [`FIT_SCAN_CALLS`] times at most.
+    /// not given come back in the hint, which the next call's slice is taken from. A
+    /// call that reached [`FIT_SCAN_BOUND`] names where it stopped, and a claim still
+    /// short of its limit goes on from there, [`FIT_SCAN_CALLS`] times at most. A
+    /// reservation holds its one job and no slice.
     async fn claim_fitted(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
         let queues = &request.queues;
-        // Kept apart from the plain claim's hints, which name the head of the queues:
-        // these name the jobs behind the last fitted selection.
-        let hint_key = format!("fit {}", queues.join(","));
-        // Claimers of one store take turns per queue set. Every call on the server runs
-        // one at a time anyway; concurrent fitted calls from one process all select the
-        // same head, only the first can lease it, and the rest cost a call each for
-        // nothing (at 32 claimers, nine in ten). In turn, each call finds the hint its
-        // predecessor left and leases what it selects. Claims of other processes still
-        // race as before, and the script still decides every claim alone.
-        let gate = {
-            let mut gates = self
-                .inner
-                .fit_gates
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if gates.len() > 256 {
-                gates.retain(|_, gate| Arc::strong_count(gate) > 1);
-            }
-            Arc::clone(gates.entry(hint_key.clone()).or_default())
+        // Kept apart from the plain claim's head, which is the ready order: this one is
+        // the order of the fitted selection.
+        let claimer = match request.reserved {
+            Some(_) => None,
+            None => Some(
+                self.inner
+                    .heads
+                    .claimer(format!("fit {}", queues.join(","))),
+            ),
         };
-        let _turn = gate.lock().await;
         let now_text = now.as_millis().to_string();
         let expires_at = now.saturating_add(request.lease_ttl);
         let expires = expires_at.as_millis().to_string();
@@ -217,29 +201,26 @@ impl RedisStore {
             .unwrap_or_default();
         let reserved = request.reserved.map(id_string).unwrap_or_default();
         let keys = self.keys();
-        let mut candidates = match request.reserved {
-            Some(id) => vec![id],
-            None => self
-                .inner
-                .hints
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&hint_key)
-                .unwrap_or_default(),
-        };
         let mut claimed: Vec<ClaimedJob> = Vec::new();
         let mut start = String::new();
         let mut contended = 0;
         let mut promotions = 0usize;
         let mut scans = 0;
-        let hint = loop {
+        loop {
             let remaining = request.limit - claimed.len();
+            let mut call = match &claimer {
+                Some(claimer) => Some(claimer.next_call(remaining).await),
+                None => None,
+            };
+            let hint_size = claimer
+                .as_ref()
+                .map_or(remaining, |claimer| claimer.hint_size(remaining));
             let mut invocation = claim_invocation(
                 &scripts::CLAIM_FIT,
                 keys,
                 [&now_text, &request.worker, &expires],
                 remaining,
-                remaining + HINT_SLACK,
+                hint_size,
             );
             invocation
                 .key(&keys.placement)
@@ -255,19 +236,19 @@ impl RedisStore {
             for locality in &request.prefer {
                 invocation.arg(locality);
             }
-            for id in &candidates {
-                invocation.key(keys.job(*id)).arg(id_string(*id));
+            let answer = match (&mut call, request.reserved) {
+                (Some(call), _) => {
+                    hold(&mut invocation, keys, call.held());
+                    self.send(&invocation, call).await
+                }
+                (None, reservation) => {
+                    hold(&mut invocation, keys, reservation.as_slice());
+                    self.invoke(&invocation, "claim").await
+                }
             }
-            let mut unreadable = Vec::new();
-            let round = match self.invoke(&invocation, "claim").await {
-                Ok(reply) => self.fit_round(reply, &lease, &mut claimed, &mut unreadable),
-                Err(err) => Err(err),
-            };
-            if !unreadable.is_empty() {
-                self.bury(unreadable, now).await;
-            }
-            let round = match round {
-                Ok(Some(round)) => round,
+            .and_then(|reply| read_answer(reply, true));
+            let answer = match answer {
+                Ok(Some(answer)) => answer,
                 Ok(None) => {
                     promotions += 1;
                     if promotions > PROMOTE_ROUNDS {
@@ -282,131 +263,75 @@ impl RedisStore {
                     return Ok(claimed);
                 }
             };
-            if claimed.len() >= request.limit {
-                break round.hint;
+            if let Some(call) = call {
+                call.answered(answer.hint.as_deref().unwrap_or_default());
             }
-            if round.more {
-                if round.got == 0 {
+            let round = self
+                .take_jobs(answer.jobs, &answer.corrupt, &lease, &mut claimed, now)
+                .await
+                .and_then(|got| answer.hint.map(|_| got));
+            let got = match round {
+                Ok(got) => got,
+                Err(err) if claimed.is_empty() => return Err(err),
+                Err(err) => {
+                    tracing::debug!(error = %err, "claim round failed; returning the jobs claimed so far");
+                    return Ok(claimed);
+                }
+            };
+            if claimed.len() >= request.limit {
+                break;
+            }
+            if answer.more {
+                if got == 0 {
                     contended += 1;
                     if contended > CLAIM_CONTENDED_ROUNDS {
-                        break round.hint;
+                        break;
                     }
                 }
-                candidates = round.hint;
-            } else if let Some(stop) = round.stop.filter(|_| scans < FIT_SCAN_CALLS) {
+            } else if let Some(stop) = answer.stop.filter(|_| scans < FIT_SCAN_CALLS) {
                 scans += 1;
                 start = stop;
-                candidates = round.hint;
             } else {
-                break round.hint;
+                break;
             }
-            if let Some(id) = request.reserved {
-                // A reservation's call always holds its one job.
-                candidates = vec![id];
-            }
-        };
-        if !hint.is_empty() && request.reserved.is_none() {
-            let mut hints = self.inner.hints.lock().unwrap_or_else(|p| p.into_inner());
-            // The cache only saves round trips; keep it small.
-            if hints.len() > 256 {
-                hints.clear();
-            }
-            hints.insert(hint_key, hint);
         }
         Ok(claimed)
     }
 
-    /// Reads one `claim_fit.lua` reply: `None` when the script only promoted due jobs.
-    /// The leased jobs are appended to `claimed` or `unreadable` as in [`Self::claim_round`].
-    fn fit_round(
+    /// Runs one claim call holding `call`'s slice. The call is put on the connection
+    /// before the turn is given up (a multiplexed connection sends in the order calls
+    /// are first polled), so the next claimer's call reaches the server behind it.
+    async fn send(
         &self,
-        reply: Value,
-        lease: &LeaseWrite<'_>,
-        claimed: &mut Vec<ClaimedJob>,
-        unreadable: &mut Vec<Unreadable>,
-    ) -> Result<Option<FitRound>> {
-        let Value::Array(items) = reply else {
-            return Err(Error::corrupt("claim reply", "expected an array"));
-        };
-        let word = items
-            .first()
-            .map(|w| text(w, "claim reply"))
-            .transpose()?
-            .unwrap_or_default();
-        if word == "promote" {
-            return Ok(None);
+        invocation: &redis::ScriptInvocation<'_>,
+        call: &mut Call,
+    ) -> Result<Value> {
+        let mut reply = pin!(self.invoke(invocation, "claim"));
+        let first = futures::poll!(reply.as_mut());
+        call.sent();
+        match first {
+            Poll::Ready(reply) => reply,
+            Poll::Pending => reply.await,
         }
-        let Ok::<[Value; 6], _>([_, jobs, hint, corrupt, more, stop]) = items.try_into() else {
-            return Err(unexpected("claim reply", &word));
-        };
-        if word != "ok" {
-            return Err(unexpected("claim reply", &word));
-        }
-        let (got, hint) = self.take_round(jobs, &hint, &corrupt, lease, claimed, unreadable)?;
-        let stop = text(&stop, "claim reply")?;
-        Ok(Some(FitRound {
-            got,
-            hint,
-            more: int(&more, "claim reply")? == 1,
-            stop: Some(stop).filter(|stop| !stop.is_empty()),
-        }))
     }
 
-    /// Reads one claim script reply: `None` when the script only promoted due jobs, else
-    /// how many jobs it leased and the hint for the next call. The leased jobs that can
-    /// be read are appended to `claimed`, the others to `unreadable` (to be buried).
-    fn claim_round(
+    /// Decodes the jobs a claim call leased: those that can be read are appended to
+    /// `claimed`; the others are buried (moved to dead). Returns how many it leased.
+    async fn take_jobs(
         &self,
-        reply: Value,
+        jobs: Value,
+        corrupt: &Value,
         lease: &LeaseWrite<'_>,
         claimed: &mut Vec<ClaimedJob>,
-        unreadable: &mut Vec<Unreadable>,
-    ) -> Result<Option<(usize, Vec<JobId>)>> {
-        let Value::Array(mut items) = reply else {
-            return Err(Error::corrupt("claim reply", "expected an array"));
-        };
-        let word = items
-            .first()
-            .map(|w| text(w, "claim reply"))
-            .transpose()?
-            .unwrap_or_default();
-        if word == "promote" {
-            return Ok(None);
-        }
-        if word != "ok" || items.len() != 4 {
-            return Err(unexpected("claim reply", &word));
-        }
-        let corrupt_value = items.pop().unwrap_or_default();
-        let hint_value = items.pop().unwrap_or_default();
-        let jobs_value = items.pop().unwrap_or_default();
-        self.take_round(
-            jobs_value,
-            &hint_value,
-            &corrupt_value,
-            lease,
-            claimed,
-            unreadable,
-        )
-        .map(Some)
-    }
-
-    /// The part of a claim reply both scripts share: the leased jobs (those that can be
-    /// read appended to `claimed`, the others to `unreadable`), the ids buried as
-    /// corrupt, and the hint. Returns how many jobs the call leased, and the hint.
-    fn take_round(
-        &self,
-        jobs_value: Value,
-        hint_value: &Value,
-        corrupt_value: &Value,
-        lease: &LeaseWrite<'_>,
-        claimed: &mut Vec<ClaimedJob>,
-        unreadable: &mut Vec<Unreadable>,
-    ) -> Result<(usize, Vec<JobId>)> {
-        let Value::Array(jobs) = jobs_value else {
+        now: Timestamp,
+    ) -> Result<usize> {
+        let Value::Array(jobs) = jobs else {
             return Err(Error::corrupt("claim reply", "expected an array of jobs"));
         };
         let got = jobs.len();
         let mut placements = PlacementCache::new();
+        let mut unreadable = Vec::new();
+        let mut failed = None;
         for job in jobs {
             // A leased job whose record cannot be read is not handed out, and failing the
             // whole claim would strand its batch mates until their leases expire: it is
@@ -414,24 +339,26 @@ impl RedisStore {
             match decode_claimed(job, lease, &mut placements) {
                 Ok(job) => claimed.push(job),
                 Err(Ok(bad)) => unreadable.push(bad),
-                Err(Err(err)) => return Err(err),
+                Err(Err(err)) => {
+                    failed = Some(err);
+                    break;
+                }
             }
         }
-        for id in array(corrupt_value, "claim reply")? {
+        if !unreadable.is_empty() {
+            self.bury(unreadable, now).await;
+        }
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        for id in array(corrupt, "claim reply")? {
             tracing::warn!(
                 namespace = %self.inner.settings.namespace,
                 id = %text(id, "claim reply")?,
                 "a ready job's record is unreadable; the claim moved it to dead"
             );
         }
-        let hint = array(hint_value, "claim reply")?
-            .iter()
-            .map(|id| match id {
-                Value::BulkString(bytes) => job_id_bytes(bytes, "ready index"),
-                other => job_id(&text(other, "claim reply")?, "ready index"),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok((got, hint))
+        Ok(got)
     }
 
     /// Moves jobs this store's claim leased but could not read to `dead` (`bury.lua`),
@@ -467,4 +394,64 @@ impl RedisStore {
             }
         }
     }
+}
+
+/// Passes the hashes of `ids` (KEYS) with their ids (ARGV), after every other argument.
+fn hold(invocation: &mut redis::ScriptInvocation<'_>, keys: &Keys, ids: &[JobId]) {
+    for id in ids {
+        invocation.key(keys.job(*id)).arg(id_string(*id));
+    }
+}
+
+/// Reads a claim script's reply up to its jobs: `None` when the script only promoted
+/// due jobs. `fitted` for `claim_fit.lua`'s reply, which adds `more` and `stop`.
+fn read_answer(reply: Value, fitted: bool) -> Result<Option<Answer>> {
+    let Value::Array(items) = reply else {
+        return Err(Error::corrupt("claim reply", "expected an array"));
+    };
+    let word = items
+        .first()
+        .map(|w| text(w, "claim reply"))
+        .transpose()?
+        .unwrap_or_default();
+    if word == "promote" {
+        return Ok(None);
+    }
+    if word != "ok" {
+        return Err(unexpected("claim reply", &word));
+    }
+    let mut items = items.into_iter().skip(1);
+    let (Some(jobs), Some(hint), Some(corrupt)) = (items.next(), items.next(), items.next()) else {
+        return Err(unexpected("claim reply", &word));
+    };
+    let (more, stop) = if fitted {
+        let (Some(more), Some(stop)) = (items.next(), items.next()) else {
+            return Err(unexpected("claim reply", &word));
+        };
+        let stop = text(&stop, "claim reply")?;
+        (
+            int(&more, "claim reply")? == 1,
+            Some(stop).filter(|stop| !stop.is_empty()),
+        )
+    } else {
+        (false, None)
+    };
+    if items.next().is_some() {
+        return Err(unexpected("claim reply", &word));
+    }
+    let hint = array(&hint, "claim reply").and_then(|ids| {
+        ids.iter()
+            .map(|id| match id {
+                Value::BulkString(bytes) => job_id_bytes(bytes, "ready index"),
+                other => job_id(&text(other, "claim reply")?, "ready index"),
+            })
+            .collect::<Result<Vec<_>>>()
+    });
+    Ok(Some(Answer {
+        jobs,
+        corrupt,
+        hint,
+        more,
+        stop,
+    }))
 }

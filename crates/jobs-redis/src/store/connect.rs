@@ -1,8 +1,7 @@
 //! Opening a store: one server or a cluster, plain or TLS, and what every store loads
 //! and starts at open time.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::batch::Batcher;
@@ -11,7 +10,7 @@ use jobs_core::{duration_millis, Error, Result, StoreSettings};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 
-use super::{Inner, RedisStore};
+use super::{Heads, Inner, RedisStore};
 use crate::complete::Completions;
 use crate::conn::{map_err, Conn};
 use crate::enqueue::{Ctx as EnqueueCtx, Enqueues};
@@ -313,8 +312,7 @@ impl RedisStore {
                 conn,
                 settings,
                 keys,
-                hints: Mutex::new(HashMap::new()),
-                fit_gates: Mutex::new(HashMap::new()),
+                heads: Heads::default(),
                 waker,
                 completions,
                 enqueues,

@@ -7,9 +7,8 @@
 //! (heartbeat, complete, fail, release, and the admin calls cancel and retry), and
 //! [`workers`] (the live workers of CONTRACT W1–W4).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::batch::Batcher;
@@ -27,9 +26,11 @@ use crate::conn::{map_err, Conn};
 use crate::enqueue::{Ctx as EnqueueCtx, Enqueues, Prepared};
 use crate::keys::Keys;
 use crate::wake::Waker;
+use heads::Heads;
 
 mod claim;
 mod connect;
+mod heads;
 mod lease;
 mod reads;
 mod sweep;
@@ -61,12 +62,9 @@ struct Inner {
     conn: Conn,
     settings: StoreSettings,
     keys: Keys,
-    /// The ids at the head of the ready order after the last claim of each queue set,
-    /// so the next claim can pass their hashes in KEYS without reading first.
-    hints: Mutex<HashMap<String, Vec<JobId>>>,
-    /// One fitted claim in flight per queue set of this store; see
-    /// `RedisStore::claim_fitted`.
-    fit_gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// What this store's claims know of the head of each queue set, so each call can
+    /// pass the hashes of the jobs it will lease in KEYS without reading first.
+    heads: Heads,
     waker: Waker,
     completions: Batcher<Completions>,
     enqueues: Batcher<Enqueues>,
