@@ -38,28 +38,39 @@
 --
 -- The selection (recomputed by every call, so the call that leases decides atomically):
 -- the walk reads the merged head of the named, unpaused queues in ready order, in
--- chunks, reading the placement of each job it judges from the placement index, and
--- keeps the jobs the budget admits (`admits`, Budget::admits transcribed; a job without a
--- placement fits every budget). With no preferred locality it stops at `limit` jobs that
--- fit. With preferred localities the order is priority, then preferred first, then ready
--- order (FitOrder), so a preferred job late in a priority band overtakes the others of
--- its band: the walk reads the band of the last job it would take to its end, or until
--- the preferred jobs of that band alone fill the claim. The cut to `limit` comes after
--- the filter and the order. A reservation skips the walk: its job is selected when its
--- ready entry (found from its hash's `meta` and `order`) is in a named queue and fits.
+-- chunks, and keeps the jobs the budget admits (`admits`, Budget::admits transcribed; a
+-- job without a placement fits every budget). The cut to `limit` comes after the filter
+-- and the order. Each placement is decoded once per call (cjson), however many jobs
+-- share its text. A job that does not fit is never written.
 --
--- Then, as claim.lua, the selected jobs are leased in order while their hashes are held,
--- stopping at the first that is not. A job that does not fit is never read or written.
--- Each placement is decoded once per call (cjson), however many jobs share its text.
+-- With no preferred locality (the common case, and the hot path), the order is the
+-- ready order and the walk is one pass, as claim.lua's: a job whose hash the call holds
+-- is judged by its own `placement` field, read with the fields the lease needs, and
+-- leased at once when it fits; the first fitting job it does not hold (judged by the
+-- placement index) ends the walk, since nothing behind it can be leased now. It stops
+-- at `limit` leased jobs. Once it meets a job that does not fit, it reads the index for
+-- the rest of the chunk in one HMGET and passes over held jobs the index says do not
+-- fit without reading their records.
+--
+-- With preferred localities the order is priority, then preferred first, then ready
+-- order (FitOrder), so a preferred job late in a priority band overtakes the others of
+-- its band: the walk judges by the placement index (read a chunk at a time) and reads
+-- the band of the last job it would take to its end, or until the preferred jobs of
+-- that band alone fill the claim. Then, as claim.lua, the selected jobs are leased in
+-- order while their hashes are held, stopping at the first that is not. A reservation
+-- skips the walk: its job is selected when its ready entry (found from its hash's
+-- `meta` and `order`) is in a named queue and fits.
 --
 -- The scan bound keeps one call short when the head of the queues holds many jobs the
--- worker does not fit: past it the walk stops, and what it selected so far is all this
--- call takes (with preferred localities, a preferred job of the last band beyond the
--- bound is not seen).
+-- worker does not fit: past it the walk stops, and what it took or selected so far is
+-- all this call takes (with preferred localities, a preferred job of the last band
+-- beyond the bound is not seen).
 --
--- The placement index holds what decides; each leased job's own `placement` field must
--- say the same, or the index entry is set from the record (changed behind the store's
--- back) and the job waits for the next call, which decides on the repaired index.
+-- A job's own `placement` field is the truth; the placement index is what a call judges
+-- by where it cannot read the record. Where both were read and disagree (the index
+-- changed behind the store's back), the index entry is set from the record: a job the
+-- index selected wrongly waits for the next call (preferred walk), or the record decides
+-- at once (ready-order walk).
 --
 -- Atomicity and check before write: as claim.lua. The walk and every record it acts on
 -- are read in a first pass, the writes come after.
@@ -209,6 +220,58 @@ local extra_first, extra = {}, {}
 local bad = {}       -- jobs whose placement cannot be read, to bury
 local stop = ''
 
+local claimed, corrupt, hint = {}, {}, {}
+local more = 0
+local taken = {}       -- ready members to remove
+local list_old = {}    -- list members of vanished jobs
+local unplaced = {}    -- placement index entries of vanished jobs
+local repaired = {}    -- {id, placement text or false} set from the record
+local to_lease = {}  -- {job key, values, queue, id, attempts, token}
+local to_bury = {}   -- {job key, queue, id, parent, reason}
+
+-- The fields of a job's record a claim reads, in the reply's order (see claim.lua),
+-- with its placement last; v[1] is overwritten by the id in the reply.
+local function read_record(job)
+  return redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
+    'cancel', 'payload', 'timeout', 'placement')
+end
+
+-- A queued job this call takes: leased, or buried when its record cannot be read.
+-- Returns whether it was leased.
+local function take_queued(job, v, member, queue, id)
+  taken[#taken + 1] = member
+  local reason = nil
+  if not meta_ok(v[2]) then
+    reason = 'field meta unreadable'
+  elseif v[4] and not is_int(v[4]) then
+    reason = 'field att not a number'
+  elseif v[5] and not is_int(v[5]) then
+    reason = 'field token not a number'
+  end
+  if reason then
+    local _, parent = meta_queue_parent(v[2])
+    to_bury[#to_bury + 1] = { job, queue, id, parent, reason }
+    return false
+  end
+  to_lease[#to_lease + 1] = { job, v, queue, id, tonumber(v[4] or '0'), tonumber(v[5] or '0') }
+  return true
+end
+
+-- A ready entry whose job is not queued: its hash vanished under it (C7: the entries
+-- are dropped, nothing is written), its state is unknown (buried), or it is stale (only
+-- dropped).
+local function drop_entry(job, v, member, queue, id)
+  local state = v[1]
+  taken[#taken + 1] = member
+  if not state then
+    list_old[#list_old + 1] = list_member(queue, 'queued', id)
+    unplaced[#unplaced + 1] = id
+  elseif not STATE_CODE[state] then
+    local _, parent = meta_queue_parent(v[2])
+    to_bury[#to_bury + 1] = { job, queue, id, parent, 'unknown state' }
+  end
+end
+
 if reserved ~= '' then
   local job = held[reserved]
   local v = job and redis.call('HMGET', job, 'meta', 'order')
@@ -236,7 +299,7 @@ else
       from = '(' .. q .. ' ' .. start_after
     end
     streams[i] = {
-      q = q, from = from, to = '(' .. q .. '!', buf = {}, pos = 1, n = 0,
+      q = q, from = from, to = '(' .. q .. '!', buf = {}, pos = 1, n = 0, ids = {}, places = {}, placed = 0,
       done = false, chunk = math.max(1, math.min(limit + hint_size, scan_bound, CHUNK)),
       order = nil,
     }
@@ -247,11 +310,30 @@ else
     local members = redis.call('ZRANGEBYLEX', ready, s.from, s.to, 'LIMIT', 0, s.chunk)
     local n = #members
     s.buf, s.pos, s.n = members, 1, n
+    s.ids, s.places, s.placed = {}, {}, 0
     s.done = n < s.chunk
     if n > 0 then
       s.from = '(' .. members[n]
     end
     s.chunk = math.min(2 * s.chunk, CHUNK)
+  end
+
+  -- The ids and placements of the next `want` entries of a stream's chunk from `pos`
+  -- (at most the chunk's end), read in one HMGET: the placements the walk is about to
+  -- judge, never those of the entries it only passes on as a hint. An entry without a
+  -- placement reads as false.
+  local function read_places(s, pos, want)
+    local last = math.min(s.n, pos + want - 1)
+    local ids, buf = s.ids, s.buf
+    for i = pos, last do
+      ids[i] = string.sub(buf[i], -36)
+    end
+    local got = redis.call('HMGET', placements, unpack(ids, pos, last))
+    local places = s.places
+    for i = pos, last do
+      places[i] = got[i - pos + 1]
+    end
+    s.placed = last
   end
 
   -- The stream whose head is the next entry of the merged ready order, nil at the end.
@@ -280,6 +362,95 @@ else
     return best
   end
 
+  -- The walk without a preference, in one pass: the jobs that fit are taken in ready
+  -- order. A job this call holds is judged by its own record, which the lease reads
+  -- anyway, so a claim whose jobs all fit reads no placement index at all. A job it
+  -- does not hold is judged by the placement index: the first one that fits ends the
+  -- walk (nothing behind it can be leased now; contended calls meet it at once, and
+  -- stopping there keeps them cheap) and heads the hint, then the ready order behind
+  -- it, as claim.lua's: a job there that does not fit is held by the next call, not
+  -- taken. An unreadable one not held goes into the hint, to be buried by the next
+  -- call. Once the walk meets a job that does not fit, it reads the index for the rest
+  -- of the chunk in one HMGET, and a held job the index says does not fit is passed
+  -- over unread (its record, payload and all, is not read for nothing). Where a record
+  -- and the index disagree, the record decides and the index is set from it.
+  local examined, last = 0, nil
+  local function walk_in_ready_order()
+    local leased, stopped, unheld_bad = 0, nil, {}
+    while leased < limit do
+      if examined >= scan_bound then
+        stop = string.sub(last, -72)
+        break
+      end
+      local s = next_stream()
+      if not s then
+        break
+      end
+      local pos = s.pos
+      local member = s.buf[pos]
+      s.pos, s.order = pos + 1, nil
+      examined = examined + 1
+      last = member
+      local id = string.sub(member, -36)
+      local job = held[id]
+      local indexed = pos <= s.placed
+      if job and not (indexed and judge(s.places[pos]) == 'no') then
+        local v = read_record(job)
+        if v[1] == 'queued' then
+          local verdict = judge(v[10])
+          if verdict == 'no' and not indexed then
+            read_places(s, pos, s.n)
+            indexed = true
+          end
+          if indexed and s.places[pos] ~= v[10] then
+            repaired[#repaired + 1] = { id, v[10] }
+          end
+          if verdict == 'fit' then
+            if take_queued(job, v, member, s.q, id) then
+              leased = leased + 1
+            end
+          elseif verdict == 'bad' then
+            taken[#taken + 1] = member
+            local _, parent = meta_queue_parent(v[2])
+            to_bury[#to_bury + 1] = { job, s.q, id, parent, 'field placement unreadable' }
+          end
+        else
+          drop_entry(job, v, member, s.q, id)
+        end
+      elseif not job then
+        if not indexed then
+          read_places(s, pos, s.n)
+        end
+        local verdict = judge(s.places[pos])
+        if verdict == 'fit' then
+          stopped = id
+          break
+        elseif verdict == 'bad' and #unheld_bad < hint_size then
+          unheld_bad[#unheld_bad + 1] = id
+        end
+      end
+    end
+    if stopped or #unheld_bad > 0 then
+      more = 1
+    end
+    if stopped then
+      hint[1] = stopped
+    end
+    for _, id in ipairs(unheld_bad) do
+      hint[#hint + 1] = id
+    end
+    while examined < scan_bound and #hint < hint_size do
+      local s = next_stream()
+      if not s then
+        return
+      end
+      local pos = s.pos
+      s.pos, s.order = pos + 1, nil
+      examined = examined + 1
+      hint[#hint + 1] = string.sub(s.buf[pos], -36)
+    end
+  end
+
   -- The jobs that fit in the priority band being read: preferred ones, then the others,
   -- each in ready order. A band is closed into the selection when the walk leaves it.
   local band, first, rest = nil, {}, {}
@@ -301,103 +472,97 @@ else
     first, rest = {}, {}
   end
 
-  -- Entries are only built into tables for the jobs that fit: most of a long walk is
-  -- over jobs that do not.
-  local examined, last, pending = 0, nil, nil
-  while true do
-    if examined >= scan_bound then
-      stop = string.sub(last, -72)
-      break
-    end
-    local s = next_stream()
-    if not s then
-      break
-    end
-    -- A placement is read only for an entry the walk judges: a contended call stops at
-    -- its first job, and the hint needs none with no preference.
-    local member = s.buf[s.pos]
-    local place = redis.call('HGET', placements, string.sub(member, -36))
-    s.pos, s.order = s.pos + 1, nil
-    -- The first 4 hex digits of the order key are the (inverted) priority.
-    local b = string.sub(member, -72, -69)
-    if b ~= band then
-      close_band()
-      band = b
-      if #selected >= limit then
-        pending = { member, place, s.q }
+  -- The walk with preferred localities: the order is priority, then preferred first,
+  -- then ready order (FitOrder). Entries are only built into tables for the jobs that
+  -- fit: most of a long walk is over jobs that do not.
+  local function walk_by_preference()
+    local pending = nil
+    while true do
+      if examined >= scan_bound then
+        stop = string.sub(last, -72)
         break
       end
-    end
-    examined = examined + 1
-    last = member
-    local verdict, pref = judge(place)
-    if verdict == 'fit' then
-      if pref then
-        first[#first + 1] = { member, place, s.q }
-      else
-        rest[#rest + 1] = { member, place, s.q }
-      end
-      -- Nothing later can move ahead of what was read once the preferred jobs of this
-      -- band fill the claim, or, with no preference, once the jobs that fit do.
-      if #selected + #first >= limit or (np == 0 and #selected + #rest >= limit) then
+      local s = next_stream()
+      if not s then
         break
       end
-      -- With no preference the selection is the walk's order, so nothing behind a job
-      -- this call does not hold can be leased now: the rest of the walk only feeds the
-      -- hint. (Contended claims meet this at once; stopping here keeps them cheap.)
-      if np == 0 and not held[string.sub(member, -36)] then
-        break
+      -- The band is read to its end: placements come a chunk at a time.
+      local pos = s.pos
+      if pos > s.placed then
+        read_places(s, pos, s.n)
       end
-    elseif verdict == 'bad' and #bad < hint_size then
-      bad[#bad + 1] = { member, place, s.q }
+      local member, place = s.buf[pos], s.places[pos]
+      s.pos, s.order = pos + 1, nil
+      -- The first 4 hex digits of the order key are the (inverted) priority.
+      local b = string.sub(member, -72, -69)
+      if b ~= band then
+        close_band()
+        band = b
+        if #selected >= limit then
+          pending = { member, place, s.q }
+          break
+        end
+      end
+      examined = examined + 1
+      last = member
+      local verdict, pref = judge(place)
+      if verdict == 'fit' then
+        if pref then
+          first[#first + 1] = { member, place, s.q }
+        else
+          rest[#rest + 1] = { member, place, s.q }
+        end
+        -- Nothing later can move ahead of what was read once the preferred jobs of this
+        -- band fill the claim.
+        if #selected + #first >= limit then
+          break
+        end
+      elseif verdict == 'bad' and #bad < hint_size then
+        bad[#bad + 1] = { member, place, s.q }
+      end
     end
-  end
-  close_band()
+    close_band()
 
-  -- Hints from what was read already: the jobs that fit right behind the selection,
-  -- looking on for preferred ones when the claim prefers (the next claim takes those
-  -- first, wherever they are in their band).
-  -- As many as the hint holds, so the next claim of this size holds every job it
-  -- selects and needs one call (what claim.lua's hint of the head gives a plain claim).
-  local wanted = hint_size
-  local function hinted(member, place, queue)
-    local verdict, pref = judge(place)
-    if verdict == 'fit' and pref then
-      extra_first[#extra_first + 1] = { member, place, queue }
-    elseif verdict == 'fit' then
-      extra[#extra + 1] = { member, place, queue }
+    -- Hints from what was read already: the jobs that fit right behind the selection,
+    -- looking on for preferred ones when the claim prefers (the next claim takes those
+    -- first, wherever they are in their band).
+    -- As many as the hint holds, so the next claim of this size holds every job it
+    -- selects and needs one call (what claim.lua's hint of the head gives a plain claim).
+    local wanted = hint_size
+    local function hinted(member, place, queue)
+      local verdict, pref = judge(place)
+      if verdict == 'fit' and pref then
+        extra_first[#extra_first + 1] = { member, place, queue }
+      elseif verdict == 'fit' then
+        extra[#extra + 1] = { member, place, queue }
+      end
+    end
+    if pending then
+      hinted(pending[1], pending[2], pending[3])
+    end
+    while examined < scan_bound and #extra_first < wanted do
+      local s = next_stream()
+      if not s then
+        break
+      end
+      local pos = s.pos
+      s.pos, s.order = pos + 1, nil
+      examined = examined + 1
+      if pos > s.placed then
+        read_places(s, pos, s.n)
+      end
+      hinted(s.buf[pos], s.places[pos], s.q)
     end
   end
-  if pending then
-    hinted(pending[1], pending[2], pending[3])
-  end
-  while examined < scan_bound and #extra_first < wanted and (np > 0 or #extra < wanted) do
-    local s = next_stream()
-    if not s then
-      break
-    end
-    local member = s.buf[s.pos]
-    s.pos, s.order = s.pos + 1, nil
-    examined = examined + 1
-    if np == 0 then
-      -- Without a preference the hint is the ready order behind the selection, as
-      -- claim.lua's: a job in it that does not fit is held by the next call, not taken.
-      extra[#extra + 1] = { member, false, s.q }
-    else
-      hinted(member, redis.call('HGET', placements, string.sub(member, -36)), s.q)
-    end
+
+  if np == 0 then
+    walk_in_ready_order()
+  else
+    walk_by_preference()
   end
 end
 
-local claimed, corrupt, hint = {}, {}, {}
-local more = 0
-local taken = {}       -- ready members to remove
-local list_old = {}    -- list members of vanished jobs
-local unplaced = {}    -- placement index entries of vanished jobs
-local repaired = {}    -- {id, placement text or false} set from the record
--- Pass 1: read and decide, no writes.
-local to_lease = {}  -- {job key, values, queue, id, attempts, token}
-local to_bury = {}   -- {job key, queue, id, parent, reason}
+-- Pass 1 of the walks judged by the index: read and decide, no writes.
 local blocked = false
 for _, e in ipairs(selected) do
   local member, place, queue = e[1], e[2], e[3]
@@ -408,43 +573,19 @@ for _, e in ipairs(selected) do
     blocked = true
     hint[#hint + 1] = id
   else
-    -- The reply's order (see claim.lua), with the id in front: v[1] is overwritten by it.
-    local v = redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
-      'cancel', 'payload', 'timeout', 'placement')
+    local v = read_record(job)
     local state = v[1]
     if state == 'queued' and v[10] ~= place then
       repaired[#repaired + 1] = { id, v[10] }
       blocked = true
       hint[#hint + 1] = id
     elseif state == 'queued' then
-      taken[#taken + 1] = member
-      local reason = nil
-      if not meta_ok(v[2]) then
-        reason = 'field meta unreadable'
-      elseif v[4] and not is_int(v[4]) then
-        reason = 'field att not a number'
-      elseif v[5] and not is_int(v[5]) then
-        reason = 'field token not a number'
-      end
-      if reason then
-        local _, parent = meta_queue_parent(v[2])
-        to_bury[#to_bury + 1] = { job, queue, id, parent, reason }
+      if not take_queued(job, v, member, queue, id) then
         more = 1
-      else
-        to_lease[#to_lease + 1] = { job, v, queue, id, tonumber(v[4] or '0'), tonumber(v[5] or '0') }
       end
     else
-      taken[#taken + 1] = member
+      drop_entry(job, v, member, queue, id)
       more = 1
-      if not state then
-        -- The hash vanished under its index entries (C7): drop them, write nothing.
-        list_old[#list_old + 1] = list_member(queue, 'queued', id)
-        unplaced[#unplaced + 1] = id
-      elseif not STATE_CODE[state] then
-        local _, parent = meta_queue_parent(v[2])
-        to_bury[#to_bury + 1] = { job, queue, id, parent, 'unknown state' }
-      end
-      -- Any other state means the entry is stale: it is only dropped.
     end
   end
 end
