@@ -29,12 +29,12 @@ use crate::order::ReadyOrder;
 /// A job's needs are copied into every answer that shows the job (each claim, get and
 /// list), so they are shared: a job that needs nothing holds nothing, and a copy of
 /// one that does is a reference count, not maps rebuilt key by key.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(from = "NeedSet", into = "NeedSet")]
 pub struct Needs(Option<Arc<NeedSet>>);
 
 /// The contents of [`Needs`], and their serialised form (`{"a":{..},"c":[..]}`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 struct NeedSet {
     #[serde(default, rename = "a", skip_serializing_if = "BTreeMap::is_empty")]
     amounts: BTreeMap<String, u64>,
@@ -109,6 +109,66 @@ impl Needs {
     /// Whether the job declares nothing.
     pub fn is_empty(&self) -> bool {
         self.0.is_none()
+    }
+
+    /// Whether `self` and `other` are one shared set (one is a copy of the other, or
+    /// both need nothing): then they are equal, and whatever was decided for one holds
+    /// for the other, without reading either.
+    pub fn is_shared_with(&self, other: &Needs) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Equal [`Needs`] made one shared set, for a store that keeps jobs in memory: jobs of
+/// one kind then share their needs, so a claim judges each kind once
+/// ([`Needs::is_shared_with`]) and reads one set, not one per job. Sets no job holds
+/// any more are dropped as the pool grows.
+#[derive(Debug, Default)]
+pub struct NeedsPool {
+    sets: std::collections::HashSet<Needs>,
+    /// Size after which the next insertion first drops the unused sets.
+    sweep_at: usize,
+}
+
+impl NeedsPool {
+    /// The smallest size at which the pool looks for unused sets.
+    const MIN_SWEEP: usize = 1024;
+
+    /// An empty pool.
+    pub fn new() -> Self {
+        NeedsPool::default()
+    }
+
+    /// `needs` as the pool's shared set equal to it (added if new).
+    pub fn share(&mut self, needs: Needs) -> Needs {
+        if needs.is_empty() {
+            return needs;
+        }
+        if let Some(shared) = self.sets.get(&needs) {
+            return shared.clone();
+        }
+        if self.sets.len() >= self.sweep_at.max(Self::MIN_SWEEP) {
+            // Held by the pool alone: no job needs it any more.
+            self.sets
+                .retain(|set| set.0.as_ref().is_some_and(|set| Arc::strong_count(set) > 1));
+            self.sweep_at = 2 * self.sets.len();
+        }
+        self.sets.insert(needs.clone());
+        needs
+    }
+
+    /// Distinct sets held.
+    pub fn len(&self) -> usize {
+        self.sets.len()
+    }
+
+    /// Whether the pool holds no set.
+    pub fn is_empty(&self) -> bool {
+        self.sets.is_empty()
     }
 }
 
@@ -326,6 +386,45 @@ impl PlacementCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_shares_equal_needs_and_drops_the_ones_no_job_holds() {
+        let mut pool = NeedsPool::new();
+        let gpu = || Needs::new().amount("gpu", 1).capability("cuda");
+        let first = pool.share(gpu());
+        let second = pool.share(gpu());
+        assert!(first.is_shared_with(&second));
+        assert_eq!(first, second);
+        let other = pool.share(Needs::new().amount("gpu", 2));
+        assert!(!other.is_shared_with(&first));
+        assert!(pool.share(Needs::new()).is_shared_with(&Needs::new()));
+        assert!(!Needs::new().is_shared_with(&first));
+        // Equal but apart: equal contents are not one shared set.
+        assert!(!gpu().is_shared_with(&gpu()));
+        assert_eq!(pool.len(), 2);
+
+        // Sets nobody holds go once the pool reaches its sweep size; held ones stay.
+        drop((second, other));
+        let mut held = Vec::new();
+        for n in 0..NeedsPool::MIN_SWEEP as u64 {
+            let needs = pool.share(Needs::new().amount("mem_bytes", n));
+            if n % 2 == 0 {
+                held.push(needs);
+            }
+        }
+        assert!(
+            pool.len() < NeedsPool::MIN_SWEEP,
+            "a sweep ran: {}",
+            pool.len()
+        );
+        assert!(
+            pool.share(gpu()).is_shared_with(&first),
+            "a held set stays shared"
+        );
+        for needs in &held {
+            assert!(pool.share(needs.clone()).is_shared_with(needs));
+        }
+    }
     use crate::time::Timestamp;
 
     #[test]

@@ -8,12 +8,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use jobs_core::attempts::{self, LastClaim};
+use jobs_core::fit::NeedsPool;
 use jobs_core::transition::{self, Attempts, Next};
 use jobs_core::{
     Attempt, AttemptOutcome, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job,
-    JobId, JobIdMap, JobState, Lease, LeaseToken, ListPage, ListQuery, NewJob, QueueOverview,
-    QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
-    StoredSchedule, StoredWorker, Timestamp, Uniqueness, LEASE_EXPIRED,
+    JobId, JobIdMap, JobState, Lease, LeaseToken, ListPage, ListQuery, Needs, NewJob,
+    QueueOverview, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate,
+    StoreSettings, StoredSchedule, StoredWorker, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 
 #[derive(Debug)]
@@ -61,7 +62,13 @@ pub(crate) struct State {
     schedules: BTreeMap<String, StoredSchedule>,
     /// Registered workers by id (CONTRACT W1).
     workers: BTreeMap<String, StoredWorker>,
+    /// The needs of the jobs, equal ones shared, so a fitted claim judges each kind once.
+    needs: NeedsPool,
 }
+
+/// Kinds of needs one fitted claim remembers its verdict on; past that, a job of another
+/// kind is judged each time it is met.
+const VERDICTS_KEPT: usize = 16;
 
 fn lease_lost(id: JobId) -> Error {
     Error::LeaseLost { id }
@@ -311,7 +318,8 @@ impl State {
         }
         let id = JobId::mint(now);
         let seq = self.draw_seq();
-        let (job, payload) = Job::enqueued(new, id, now);
+        let (mut job, payload) = Job::enqueued(new, id, now);
+        job.needs = self.needs.share(std::mem::take(&mut job.needs));
         if let Some(parent) = job.parent {
             self.children.entry(parent).or_default().insert(id);
         }
@@ -442,6 +450,8 @@ impl State {
             // The index is in ready order, so once `limit` jobs of this queue fit, only
             // a preferred job of the same priority could still move ahead of them.
             let mut fitting = 0;
+            // Jobs of one kind share their needs (`NeedsPool`): each kind is judged once.
+            let mut verdicts: Vec<(&Needs, bool)> = Vec::new();
             let mut last_band = None;
             for entry in index.ready.iter() {
                 let (order, id) = *entry;
@@ -453,9 +463,23 @@ impl State {
                     continue;
                 };
                 let job = &record.job;
-                if request.reserved.is_some_and(|reserved| reserved != id)
-                    || !request.admits(&job.needs)
+                if request.reserved.is_some_and(|reserved| reserved != id) {
+                    continue;
+                }
+                let admitted = match verdicts
+                    .iter()
+                    .find(|(needs, _)| needs.is_shared_with(&job.needs))
                 {
+                    Some(&(_, admitted)) => admitted,
+                    None => {
+                        let admitted = request.admits(&job.needs);
+                        if verdicts.len() < VERDICTS_KEPT {
+                            verdicts.push((&job.needs, admitted));
+                        }
+                        admitted
+                    }
+                };
+                if !admitted {
                     continue;
                 }
                 candidates.push((request.fit_order(order, job.locality.as_deref()), id));
