@@ -61,6 +61,31 @@ impl Cell {
     pub(super) fn failed(&self) -> bool {
         self.values.is_empty() && !self.failures.is_empty()
     }
+
+    /// This cell against `other`, where each run measured the two back to back: the
+    /// median of the runs' ratios, which the machine's drift from one run to the next
+    /// moves less than the ratio of the medians does. Where a run of either failed, the
+    /// runs no longer pair up and the ratio of the medians is all there is.
+    pub(super) fn ratio_per_run(&self, other: &Cell) -> Option<f64> {
+        let paired = self.failures.is_empty()
+            && other.failures.is_empty()
+            && self.values.len() == other.values.len();
+        if !paired {
+            let (a, b) = (self.median()?, other.median()?);
+            return (b > 0.0).then(|| a / b);
+        }
+        Cell {
+            values: self
+                .values
+                .iter()
+                .zip(&other.values)
+                .filter(|(_, b)| **b > 0.0)
+                .map(|(a, b)| a / b)
+                .collect(),
+            failures: Vec::new(),
+        }
+        .median()
+    }
 }
 
 /// Key of a cell: (impl, backend, workload, jobs, metric).
@@ -201,5 +226,25 @@ mod tests {
             failures: vec![],
         };
         assert_eq!(even.median(), Some(2.5));
+    }
+
+    #[test]
+    fn ratios_pair_the_runs_unless_one_failed() {
+        let fitted = Cell {
+            values: vec![80.0, 45.0, 90.0],
+            failures: vec![],
+        };
+        let plain = Cell {
+            values: vec![100.0, 50.0, 120.0],
+            failures: vec![],
+        };
+        // Runs 0.8, 0.9, 0.75: their median, not 80 / 100.
+        assert_eq!(fitted.ratio_per_run(&plain), Some(0.8));
+        let with_a_failure = Cell {
+            values: vec![100.0, 120.0],
+            failures: vec!["killed".into()],
+        };
+        assert_eq!(fitted.ratio_per_run(&with_a_failure), Some(80.0 / 110.0));
+        assert_eq!(fitted.ratio_per_run(&Cell::default()), None);
     }
 }
