@@ -108,13 +108,10 @@ end
 
 local claimed = {}
 local corrupt = {}
-local taken = {}
-local list_old = {}
 -- Pass 1: read and decide, no writes.
-local to_lease = {}  -- {job key, values, queue, id, attempts, token}
-local to_bury = {}   -- {job key, queue, id, parent, reason}
+local d = claim_decisions()
 for _, member in ipairs(head(limit)) do
-  if #to_lease >= limit then
+  if #d.lease >= limit then
     break
   end
   local id = string.sub(member, -36)
@@ -122,43 +119,11 @@ for _, member in ipairs(head(limit)) do
   if not job then
     break
   end
-  local queue = string.sub(member, 1, #member - 73)
-  -- The reply's order (see the header), with the id in front: v[1] is overwritten by it.
-  local v = redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
-    'cancel', 'payload', 'timeout', 'placement')
-  taken[#taken + 1] = member
-  local state = v[1]
-  if state == 'queued' then
-    -- Absent counters read as 0; present ones must be integers.
-    local reason = nil
-    if not meta_ok(v[2]) then
-      reason = 'field meta unreadable'
-    elseif v[4] and not is_int(v[4]) then
-      reason = 'field att not a number'
-    elseif v[5] and not is_int(v[5]) then
-      reason = 'field token not a number'
-    end
-    local attempts = tonumber(v[4] or '0')
-    local token = tonumber(v[5] or '0')
-    if reason then
-      local _, parent = meta_queue_parent(v[2])
-      to_bury[#to_bury + 1] = { job, queue, id, parent, reason }
-    else
-      to_lease[#to_lease + 1] = { job, v, queue, id, attempts, token }
-    end
-  elseif not state then
-    -- The hash vanished under its index entries (C7): drop them, write nothing.
-    list_old[#list_old + 1] = list_member(queue, 'queued', id)
-  elseif not STATE_CODE[state] then
-    local _, parent = meta_queue_parent(v[2])
-    to_bury[#to_bury + 1] = { job, queue, id, parent, 'unknown state' }
-  end
-  -- Any other state means the entry is stale: it is only dropped.
+  decide_claim(d, job, read_for_claim(job), member, string.sub(member, 1, #member - 73), id)
 end
 
 -- Pass 2: writes.
-local leased, buried = write_claim(ready, leases, list, running, done, to_lease, to_bury,
-  taken, list_old, worker, expires, now)
+local leased, buried = write_claim(ready, leases, list, running, done, d, worker, expires, now)
 for _, v in ipairs(leased) do
   claimed[#claimed + 1] = v
 end

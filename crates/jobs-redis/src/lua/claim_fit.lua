@@ -222,54 +222,18 @@ local stop = ''
 
 local claimed, corrupt, hint = {}, {}, {}
 local more = 0
-local taken = {}       -- ready members to remove
-local list_old = {}    -- list members of vanished jobs
+local d = claim_decisions()
 local unplaced = {}    -- placement index entries of vanished jobs
 local repaired = {}    -- {id, placement text or false} set from the record
-local to_lease = {}  -- {job key, values, queue, id, attempts, token}
-local to_bury = {}   -- {job key, queue, id, parent, reason}
 
--- The fields of a job's record a claim reads, in the reply's order (see claim.lua),
--- with its placement last; v[1] is overwritten by the id in the reply.
-local function read_record(job)
-  return redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
-    'cancel', 'payload', 'timeout', 'placement')
-end
-
--- A queued job this call takes: leased, or buried when its record cannot be read.
--- Returns whether it was leased.
-local function take_queued(job, v, member, queue, id)
-  taken[#taken + 1] = member
-  local reason = nil
-  if not meta_ok(v[2]) then
-    reason = 'field meta unreadable'
-  elseif v[4] and not is_int(v[4]) then
-    reason = 'field att not a number'
-  elseif v[5] and not is_int(v[5]) then
-    reason = 'field token not a number'
-  end
-  if reason then
-    local _, parent = meta_queue_parent(v[2])
-    to_bury[#to_bury + 1] = { job, queue, id, parent, reason }
-    return false
-  end
-  to_lease[#to_lease + 1] = { job, v, queue, id, tonumber(v[4] or '0'), tonumber(v[5] or '0') }
-  return true
-end
-
--- A ready entry whose job is not queued: its hash vanished under it (C7: the entries
--- are dropped, nothing is written), its state is unknown (buried), or it is stale (only
--- dropped).
-local function drop_entry(job, v, member, queue, id)
-  local state = v[1]
-  taken[#taken + 1] = member
-  if not state then
-    list_old[#list_old + 1] = list_member(queue, 'queued', id)
+-- decide_claim for a job this call takes; the placement index entry of a vanished job
+-- goes with its other entries. Returns what decide_claim did.
+local function decide(job, v, member, queue, id)
+  local done = decide_claim(d, job, v, member, queue, id)
+  if done == 'vanished' then
     unplaced[#unplaced + 1] = id
-  elseif not STATE_CODE[state] then
-    local _, parent = meta_queue_parent(v[2])
-    to_bury[#to_bury + 1] = { job, queue, id, parent, 'unknown state' }
   end
+  return done
 end
 
 if reserved ~= '' then
@@ -362,6 +326,21 @@ else
     return best
   end
 
+  -- Moves past the next entry of the merged ready order, counting it as examined:
+  -- returns its stream and its position in the stream's chunk, nil at the end.
+  local examined, last = 0, nil
+  local function step()
+    local s = next_stream()
+    if not s then
+      return nil
+    end
+    local pos = s.pos
+    s.pos, s.order = pos + 1, nil
+    examined = examined + 1
+    last = s.buf[pos]
+    return s, pos
+  end
+
   -- The walk without a preference, in one pass: the jobs that fit are taken in ready
   -- order. A job this call holds is judged by its own record, which the lease reads
   -- anyway, so a claim whose jobs all fit reads no placement index at all. A job it
@@ -374,7 +353,6 @@ else
   -- of the chunk in one HMGET, and a held job the index says does not fit is passed
   -- over unread (its record, payload and all, is not read for nothing). Where a record
   -- and the index disagree, the record decides and the index is set from it.
-  local examined, last = 0, nil
   local function walk_in_ready_order()
     local leased, stopped, unheld_bad = 0, nil, {}
     while leased < limit do
@@ -382,40 +360,28 @@ else
         stop = string.sub(last, -72)
         break
       end
-      local s = next_stream()
+      local s, pos = step()
       if not s then
         break
       end
-      local pos = s.pos
       local member = s.buf[pos]
-      s.pos, s.order = pos + 1, nil
-      examined = examined + 1
-      last = member
       local id = string.sub(member, -36)
       local job = held[id]
       local indexed = pos <= s.placed
       if job and not (indexed and judge(s.places[pos]) == 'no') then
-        local v = read_record(job)
-        if v[1] == 'queued' then
-          local verdict = judge(v[10])
-          if verdict == 'no' and not indexed then
-            read_places(s, pos, s.n)
-            indexed = true
-          end
-          if indexed and s.places[pos] ~= v[10] then
-            repaired[#repaired + 1] = { id, v[10] }
-          end
-          if verdict == 'fit' then
-            if take_queued(job, v, member, s.q, id) then
-              leased = leased + 1
-            end
-          elseif verdict == 'bad' then
-            taken[#taken + 1] = member
-            local _, parent = meta_queue_parent(v[2])
-            to_bury[#to_bury + 1] = { job, s.q, id, parent, 'field placement unreadable' }
-          end
-        else
-          drop_entry(job, v, member, s.q, id)
+        local v = read_for_claim(job)
+        local verdict = v[1] == 'queued' and judge(v[10])
+        if verdict == 'no' and not indexed then
+          read_places(s, pos, s.n)
+          indexed = true
+        end
+        if verdict and indexed and s.places[pos] ~= v[10] then
+          repaired[#repaired + 1] = { id, v[10] }
+        end
+        if verdict == 'bad' then
+          decide_bury(d, job, v[2], member, s.q, id, 'field placement unreadable')
+        elseif verdict ~= 'no' and decide(job, v, member, s.q, id) == 'leased' then
+          leased = leased + 1
         end
       elseif not job then
         if not indexed then
@@ -440,13 +406,10 @@ else
       hint[#hint + 1] = id
     end
     while examined < scan_bound and #hint < hint_size do
-      local s = next_stream()
+      local s, pos = step()
       if not s then
         return
       end
-      local pos = s.pos
-      s.pos, s.order = pos + 1, nil
-      examined = examined + 1
       hint[#hint + 1] = string.sub(s.buf[pos], -36)
     end
   end
@@ -482,17 +445,15 @@ else
         stop = string.sub(last, -72)
         break
       end
-      local s = next_stream()
+      local s, pos = step()
       if not s then
         break
       end
       -- The band is read to its end: placements come a chunk at a time.
-      local pos = s.pos
       if pos > s.placed then
         read_places(s, pos, s.n)
       end
       local member, place = s.buf[pos], s.places[pos]
-      s.pos, s.order = pos + 1, nil
       -- The first 4 hex digits of the order key are the (inverted) priority.
       local b = string.sub(member, -72, -69)
       if b ~= band then
@@ -503,8 +464,6 @@ else
           break
         end
       end
-      examined = examined + 1
-      last = member
       local verdict, pref = judge(place)
       if verdict == 'fit' then
         if pref then
@@ -541,13 +500,10 @@ else
       hinted(pending[1], pending[2], pending[3])
     end
     while examined < scan_bound and #extra_first < wanted do
-      local s = next_stream()
+      local s, pos = step()
       if not s then
         break
       end
-      local pos = s.pos
-      s.pos, s.order = pos + 1, nil
-      examined = examined + 1
       if pos > s.placed then
         read_places(s, pos, s.n)
       end
@@ -573,18 +529,12 @@ for _, e in ipairs(selected) do
     blocked = true
     hint[#hint + 1] = id
   else
-    local v = read_record(job)
-    local state = v[1]
-    if state == 'queued' and v[10] ~= place then
+    local v = read_for_claim(job)
+    if v[1] == 'queued' and v[10] ~= place then
       repaired[#repaired + 1] = { id, v[10] }
       blocked = true
       hint[#hint + 1] = id
-    elseif state == 'queued' then
-      if not take_queued(job, v, member, queue, id) then
-        more = 1
-      end
-    else
-      drop_entry(job, v, member, queue, id)
+    elseif decide(job, v, member, queue, id) ~= 'leased' then
       more = 1
     end
   end
@@ -600,23 +550,16 @@ for _, e in ipairs(bad) do
     hint[#hint + 1] = id
     more = 1
   else
+    -- State and meta first, as decide_claim reads them for a job that is not queued.
     local v = redis.call('HMGET', job, 'state', 'meta', 'placement')
-    local state = v[1]
-    if state == 'queued' and v[3] ~= place then
+    if v[1] == 'queued' and v[3] ~= place then
       repaired[#repaired + 1] = { id, v[3] }
       hint[#hint + 1] = id
       more = 1
-    elseif state == 'queued' or (state and not STATE_CODE[state]) then
-      taken[#taken + 1] = member
-      local _, parent = meta_queue_parent(v[2])
-      local reason = state == 'queued' and 'field placement unreadable' or 'unknown state'
-      to_bury[#to_bury + 1] = { job, queue, id, parent, reason }
+    elseif v[1] == 'queued' then
+      decide_bury(d, job, v[2], member, queue, id, 'field placement unreadable')
     else
-      taken[#taken + 1] = member
-      if not state then
-        list_old[#list_old + 1] = list_member(queue, 'queued', id)
-        unplaced[#unplaced + 1] = id
-      end
+      decide(job, v, member, queue, id)
     end
   end
 end
@@ -630,8 +573,7 @@ for _, group in ipairs({ extra_first, extra }) do
 end
 
 -- Pass 2: writes.
-local leased, buried = write_claim(ready, leases, list, running, done, to_lease, to_bury,
-  taken, list_old, worker, expires, now)
+local leased, buried = write_claim(ready, leases, list, running, done, d, worker, expires, now)
 for _, v in ipairs(leased) do
   claimed[#claimed + 1] = v
 end

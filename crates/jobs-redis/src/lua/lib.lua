@@ -274,16 +274,73 @@ local function bury(job, list, done, queue, id, parent, now, reason)
   redis.call('ZADD', done, now, done_member(queue, 'dead', id, parent))
 end
 
--- The writes of a claim (claim.lua, claim_fit.lua), once every value they depend on was
--- read and checked: each of `to_lease` ({job key, reply values, queue, id, attempts,
--- token}) becomes running under this lease, leaving `ready` and entering `leases` and
--- its queue's running counter in this step; each of `to_bury` ({job key, queue, id,
--- parent, reason}) goes to dead; the `taken` ready members and `list_old` list members
--- are removed. Returns the reply rows of the leased jobs and the buried ids.
-local function write_claim(ready, leases, list, running, done, to_lease, to_bury, taken, list_old,
-    worker, expires, now)
+-- What one claim call (claim.lua, claim_fit.lua) decided in its first pass, for
+-- write_claim: `lease` ({job key, reply values, queue, id, attempts, token}), `bury`
+-- ({job key, queue, id, parent, reason}), `taken` (ready members to remove) and
+-- `list_old` (list members of vanished jobs).
+local function claim_decisions()
+  return { lease = {}, bury = {}, taken = {}, list_old = {} }
+end
+
+-- The fields of a job's record a claim reads, in the order of its reply row (claim.lua's
+-- header; v[1], the state, is overwritten there by the id), the placement last.
+local function read_for_claim(job)
+  return redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
+    'cancel', 'payload', 'timeout', 'placement')
+end
+
+-- Decides that the claim takes the job of ready entry `member` off the ready index and
+-- buries it, for `reason`; `meta` is its record's meta field (for its parent).
+local function decide_bury(d, job, meta, member, queue, id, reason)
+  d.taken[#d.taken + 1] = member
+  local _, parent = meta_queue_parent(meta)
+  d.bury[#d.bury + 1] = { job, queue, id, parent, reason }
+end
+
+-- Decides what the claim does with the job of ready entry `member`, whose record `v`
+-- (read_for_claim) it read: a queued job is leased, or buried when its record cannot be
+-- read (absent counters read as 0, present ones must be integers); a job whose hash
+-- vanished under its entries (C7) has them dropped and nothing written; one in an
+-- unknown state is buried; any other state means the entry is stale, and it is only
+-- dropped. Returns 'leased', 'buried', 'vanished' or 'stale'.
+local function decide_claim(d, job, v, member, queue, id)
+  local state = v[1]
+  local reason = nil
+  if state == 'queued' then
+    if not meta_ok(v[2]) then
+      reason = 'field meta unreadable'
+    elseif v[4] and not is_int(v[4]) then
+      reason = 'field att not a number'
+    elseif v[5] and not is_int(v[5]) then
+      reason = 'field token not a number'
+    else
+      d.taken[#d.taken + 1] = member
+      d.lease[#d.lease + 1] = { job, v, queue, id, tonumber(v[4] or '0'), tonumber(v[5] or '0') }
+      return 'leased'
+    end
+  elseif state and not STATE_CODE[state] then
+    reason = 'unknown state'
+  end
+  if reason then
+    decide_bury(d, job, v[2], member, queue, id, reason)
+    return 'buried'
+  end
+  d.taken[#d.taken + 1] = member
+  if not state then
+    d.list_old[#d.list_old + 1] = list_member(queue, 'queued', id)
+    return 'vanished'
+  end
+  return 'stale'
+end
+
+-- The writes of a claim, once every value they depend on was read and checked
+-- (claim_decisions): each job to lease becomes running under this lease, leaving `ready`
+-- and entering `leases` and its queue's running counter in this step; each job to bury
+-- goes to dead; the taken ready members and the list members of vanished jobs are
+-- removed. Returns the reply rows of the leased jobs and the buried ids.
+local function write_claim(ready, leases, list, running, done, d, worker, expires, now)
   local claimed, corrupt, lease_pairs = {}, {}, {}
-  for _, l in ipairs(to_lease) do
+  for _, l in ipairs(d.lease) do
     local job, v, queue, id = l[1], l[2], l[3], l[4]
     -- Counters are small integers: incremented and formatted exactly, in one write.
     local attempts = string.format('%d', l[5] + 1)
@@ -303,16 +360,16 @@ local function write_claim(ready, leases, list, running, done, to_lease, to_bury
     pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
     -- The list entry stays: queued and running share the code 'a'.
   end
-  for _, b in ipairs(to_bury) do
+  for _, b in ipairs(d.bury) do
     bury(b[1], list, done, b[2], b[3], b[4], now, b[5])
     corrupt[#corrupt + 1] = b[3]
   end
-  zrem_members(ready, taken)
+  zrem_members(ready, d.taken)
   for queue, flat in pairs(lease_pairs) do
     zadd_pairs(leases, flat)
     redis.call('HINCRBY', running, queue, string.format('%d', #flat / 2))
   end
-  zrem_members(list, list_old)
+  zrem_members(list, d.list_old)
   return claimed, corrupt
 end
 
