@@ -63,6 +63,18 @@ fn claim_invocation<'s>(
     invocation
 }
 
+/// What one claim call did, once its jobs were handed to the claim.
+struct Round {
+    /// Jobs it leased.
+    got: usize,
+    /// The ids whose hashes the next call needs (see the scripts' headers).
+    hint: Vec<JobId>,
+    /// `claim_fit.lua` only: the selection was not wholly leased; call again.
+    more: bool,
+    /// `claim_fit.lua` only: where its walk stopped at the scan bound, if it did.
+    stop: Option<String>,
+}
+
 /// What a claim script answered, read as far as the next call needs: the leased jobs
 /// are still to be decoded.
 struct Answer {
@@ -93,21 +105,14 @@ impl RedisStore {
         // The handle refused a queue named twice, so the names go to the script as they are.
         let queues = &request.queues;
         let claimer = self.inner.heads.claimer(queues.join(","));
-        let now_text = now.as_millis().to_string();
-        let expires_at = now.saturating_add(request.lease_ttl);
-        let expires = expires_at.as_millis().to_string();
-        let lease = LeaseWrite {
-            worker: &request.worker,
-            expires_at,
-            now,
-        };
+        let (lease, [now_text, expires]) = lease_of(&request, now);
         let keys = self.keys();
         let mut claimed: Vec<ClaimedJob> = Vec::new();
         let mut contended = 0;
         let mut promotions = 0usize;
         loop {
             let remaining = request.limit - claimed.len();
-            let mut call = claimer.next_call(remaining).await;
+            let call = claimer.next_call(remaining).await;
             let mut invocation = claim_invocation(
                 &scripts::CLAIM,
                 keys,
@@ -120,39 +125,13 @@ impl RedisStore {
                 invocation.arg(queue);
             }
             hold(&mut invocation, keys, call.held());
-            let answer = self
-                .send(&invocation, &mut call)
-                .await
-                .and_then(|reply| read_answer(reply, false));
-            let answer = match answer {
-                Ok(Some(answer)) => answer,
-                Ok(None) => {
-                    promotions += 1;
-                    if promotions > PROMOTE_ROUNDS {
-                        return Err(Error::corrupt("scheduled index", "promotion does not end"));
-                    }
-                    continue;
-                }
-                // Jobs leased by earlier rounds are handed out rather than stranded until
-                // their leases expire; the failure shows again on the next call.
-                Err(err) if claimed.is_empty() => return Err(err),
-                Err(err) => {
-                    tracing::debug!(error = %err, "claim round failed; returning the jobs claimed so far");
-                    break;
-                }
-            };
-            call.answered(answer.hint.as_deref().unwrap_or_default());
             let round = self
-                .take_jobs(answer.jobs, &answer.corrupt, &lease, &mut claimed, now)
-                .await
-                .and_then(|got| Ok((got, answer.hint?)));
-            let (got, hint) = match round {
-                Ok(round) => round,
-                Err(err) if claimed.is_empty() => return Err(err),
-                Err(err) => {
-                    tracing::debug!(error = %err, "claim round failed; returning the jobs claimed so far");
-                    break;
-                }
+                .round(&invocation, Some(call), false, &lease, &mut claimed, now)
+                .await;
+            let Round { got, hint, .. } = match next_step(round, &claimed, &mut promotions)? {
+                Step::Go(round) => round,
+                Step::Again => continue,
+                Step::Stop => break,
             };
             if got == 0 {
                 contended += 1;
@@ -186,14 +165,7 @@ impl RedisStore {
                     .claimer(format!("fit {}", queues.join(","))),
             ),
         };
-        let now_text = now.as_millis().to_string();
-        let expires_at = now.saturating_add(request.lease_ttl);
-        let expires = expires_at.as_millis().to_string();
-        let lease = LeaseWrite {
-            worker: &request.worker,
-            expires_at,
-            now,
-        };
+        let (lease, [now_text, expires]) = lease_of(&request, now);
         let budget = request
             .budget
             .as_ref()
@@ -208,7 +180,7 @@ impl RedisStore {
         let mut scans = 0;
         loop {
             let remaining = request.limit - claimed.len();
-            let mut call = match &claimer {
+            let call = match &claimer {
                 Some(claimer) => Some(claimer.next_call(remaining).await),
                 None => None,
             };
@@ -236,59 +208,30 @@ impl RedisStore {
             for locality in &request.prefer {
                 invocation.arg(locality);
             }
-            let answer = match (&mut call, request.reserved) {
-                (Some(call), _) => {
-                    hold(&mut invocation, keys, call.held());
-                    self.send(&invocation, call).await
-                }
-                (None, reservation) => {
-                    hold(&mut invocation, keys, reservation.as_slice());
-                    self.invoke(&invocation, "claim").await
-                }
-            }
-            .and_then(|reply| read_answer(reply, true));
-            let answer = match answer {
-                Ok(Some(answer)) => answer,
-                Ok(None) => {
-                    promotions += 1;
-                    if promotions > PROMOTE_ROUNDS {
-                        return Err(Error::corrupt("scheduled index", "promotion does not end"));
-                    }
-                    continue;
-                }
-                // As in the plain claim: jobs leased by earlier rounds are handed out.
-                Err(err) if claimed.is_empty() => return Err(err),
-                Err(err) => {
-                    tracing::debug!(error = %err, "claim round failed; returning the jobs claimed so far");
-                    return Ok(claimed);
-                }
+            let held = match &call {
+                Some(call) => call.held(),
+                None => request.reserved.as_slice(),
             };
-            if let Some(call) = call {
-                call.answered(answer.hint.as_deref().unwrap_or_default());
-            }
+            hold(&mut invocation, keys, held);
             let round = self
-                .take_jobs(answer.jobs, &answer.corrupt, &lease, &mut claimed, now)
-                .await
-                .and_then(|got| answer.hint.map(|_| got));
-            let got = match round {
-                Ok(got) => got,
-                Err(err) if claimed.is_empty() => return Err(err),
-                Err(err) => {
-                    tracing::debug!(error = %err, "claim round failed; returning the jobs claimed so far");
-                    return Ok(claimed);
-                }
+                .round(&invocation, call, true, &lease, &mut claimed, now)
+                .await;
+            let round = match next_step(round, &claimed, &mut promotions)? {
+                Step::Go(round) => round,
+                Step::Again => continue,
+                Step::Stop => break,
             };
             if claimed.len() >= request.limit {
                 break;
             }
-            if answer.more {
-                if got == 0 {
+            if round.more {
+                if round.got == 0 {
                     contended += 1;
                     if contended > CLAIM_CONTENDED_ROUNDS {
                         break;
                     }
                 }
-            } else if let Some(stop) = answer.stop.filter(|_| scans < FIT_SCAN_CALLS) {
+            } else if let Some(stop) = round.stop.filter(|_| scans < FIT_SCAN_CALLS) {
                 scans += 1;
                 start = stop;
             } else {
@@ -296,6 +239,45 @@ impl RedisStore {
             }
         }
         Ok(claimed)
+    }
+
+    /// One claim script call (`fitted`: `claim_fit.lua`): sent holding `call`'s slice,
+    /// its answer handed to the head before its jobs are decoded (a claimer waiting for
+    /// it goes on at once), its jobs appended to `claimed`. With no `call` (a
+    /// reservation) it is sent as prepared. `None` when the script only promoted due
+    /// jobs.
+    async fn round(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        call: Option<Call>,
+        fitted: bool,
+        lease: &LeaseWrite<'_>,
+        claimed: &mut Vec<ClaimedJob>,
+        now: Timestamp,
+    ) -> Result<Option<Round>> {
+        let reply = match call {
+            Some(mut call) => {
+                let reply = self.send(invocation, &mut call).await;
+                let answer = reply.and_then(|reply| read_answer(reply, fitted))?;
+                if let Some(answer) = &answer {
+                    call.answered(answer.hint.as_deref().unwrap_or_default());
+                }
+                answer
+            }
+            None => read_answer(self.invoke(invocation, "claim").await?, fitted)?,
+        };
+        let Some(answer) = reply else {
+            return Ok(None);
+        };
+        let got = self
+            .take_jobs(answer.jobs, &answer.corrupt, lease, claimed, now)
+            .await?;
+        Ok(Some(Round {
+            got,
+            hint: answer.hint?,
+            more: answer.more,
+            stop: answer.stop,
+        }))
     }
 
     /// Runs one claim call holding `call`'s slice. The call is put on the connection
@@ -392,6 +374,57 @@ impl RedisStore {
             if let Err(err) = self.invoke(&invocation, "bury").await {
                 tracing::warn!(id = %bad.id, error = %err, "could not bury an unreadable job");
             }
+        }
+    }
+}
+
+/// What the lease of each job a claim leases is (Rust fills it in; the script does
+/// not return it), and the clock reading and lease expiry its calls pass, as text.
+fn lease_of(request: &ClaimRequest, now: Timestamp) -> (LeaseWrite<'_>, [String; 2]) {
+    let expires_at = now.saturating_add(request.lease_ttl);
+    let texts = [
+        now.as_millis().to_string(),
+        expires_at.as_millis().to_string(),
+    ];
+    let lease = LeaseWrite {
+        worker: &request.worker,
+        expires_at,
+        now,
+    };
+    (lease, texts)
+}
+
+/// What a claim loop does after a call.
+enum Step {
+    /// Goes on with what the call did.
+    Go(Round),
+    /// Calls again: the script only promoted due jobs.
+    Again,
+    /// Hands out what it has: the call failed after earlier calls leased jobs.
+    Stop,
+}
+
+/// The step after a call, shared by both claim loops. Jobs leased by earlier calls are
+/// handed out rather than stranded until their leases expire; the failure shows again
+/// on the next claim. A promotion that does not end is a corrupt scheduled index.
+fn next_step(
+    round: Result<Option<Round>>,
+    claimed: &[ClaimedJob],
+    promotions: &mut usize,
+) -> Result<Step> {
+    match round {
+        Ok(Some(round)) => Ok(Step::Go(round)),
+        Ok(None) => {
+            *promotions += 1;
+            if *promotions > PROMOTE_ROUNDS {
+                return Err(Error::corrupt("scheduled index", "promotion does not end"));
+            }
+            Ok(Step::Again)
+        }
+        Err(err) if claimed.is_empty() => Err(err),
+        Err(err) => {
+            tracing::debug!(error = %err, "claim round failed; returning the jobs claimed so far");
+            Ok(Step::Stop)
         }
     }
 }

@@ -176,16 +176,14 @@ impl Call {
         plan.in_flight.retain(|(n, _)| *n != number);
         if plan.newest_answer.is_none_or(|newest| newest < number) {
             plan.newest_answer = Some(number);
-            let on_their_way: Vec<JobId> = plan
-                .in_flight
-                .iter()
-                .flat_map(|(_, held)| held.iter().copied())
-                .collect();
-            plan.ahead = hint
+            let on_their_way =
+                |id: &JobId| plan.in_flight.iter().any(|(_, held)| held.contains(id));
+            let ahead = hint
                 .iter()
                 .copied()
-                .filter(|id| !on_their_way.contains(id))
+                .filter(|id| !on_their_way(id))
                 .collect();
+            plan.ahead = ahead;
         }
         drop(plan);
         self.head.answered.notify_waiters();
@@ -228,6 +226,13 @@ mod tests {
             .collect()
     }
 
+    /// The next call of `claimer`, on the connection (its turn given up).
+    async fn sent(claimer: &Claimer, wanted: usize) -> Call {
+        let mut call = claimer.next_call(wanted).await;
+        call.sent();
+        call
+    }
+
     /// Whether `future` waits: nothing it waits for can happen while the test polls it.
     async fn waits<F: std::future::Future>(future: F) -> bool {
         futures::poll!(pin!(future)).is_pending()
@@ -246,21 +251,18 @@ mod tests {
         );
 
         // Nothing known yet: the first call holds nothing, and learns the head.
-        let mut first = a.next_call(32).await;
+        let first = sent(&a, 32).await;
         assert!(first.held().is_empty());
-        first.sent();
         first.answered(&ids(1..81));
 
-        let mut second = b.next_call(32).await;
+        let second = sent(&b, 32).await;
         assert_eq!(second.held(), ids(1..33));
-        second.sent();
-        let mut third = c.next_call(32).await;
+        let third = sent(&c, 32).await;
         assert_eq!(
             third.held(),
             ids(33..65),
             "the slice behind the one on its way"
         );
-        third.sent();
         // 16 ids are left, two calls are in flight: the next claimer waits for an answer
         // rather than send a short call.
         assert!(waits(a.next_call(32)).await);
@@ -268,9 +270,8 @@ mod tests {
         // The second call's answer names the head after it ran: the third call's slice,
         // then what follows. Only what follows the third call's slice is left to take.
         second.answered(&ids(33..113));
-        let mut fourth = a.next_call(32).await;
+        let fourth = sent(&a, 32).await;
         assert_eq!(fourth.held(), ids(65..97));
-        fourth.sent();
         third.answered(&ids(65..145));
         fourth.answered(&ids(97..177));
         assert_eq!(b.next_call(32).await.held(), ids(97..129));
@@ -281,13 +282,10 @@ mod tests {
         let heads = Heads::default();
         let a = heads.claimer("q".into());
         let b = heads.claimer("q".into());
-        let mut first = a.next_call(8).await;
-        first.sent();
+        let first = sent(&a, 8).await;
         first.answered(&ids(1..41));
-        let mut second = b.next_call(8).await;
-        second.sent();
-        let mut third = a.next_call(8).await;
-        third.sent();
+        let second = sent(&b, 8).await;
+        let third = sent(&a, 8).await;
         third.answered(&ids(100..120));
         // Out of order (a cluster retry, say): the second call's answer is older news.
         second.answered(&ids(1..20));
@@ -299,8 +297,7 @@ mod tests {
         let heads = Heads::default();
         let a = heads.claimer("q".into());
         let b = heads.claimer("q".into());
-        let mut first = a.next_call(8).await;
-        first.sent();
+        let first = sent(&a, 8).await;
         let mut waiting = pin!(b.next_call(8));
         assert!(
             futures::poll!(waiting.as_mut()).is_pending(),
@@ -322,8 +319,7 @@ mod tests {
         let heads = Heads::default();
         let a = heads.claimer("q".into());
         let b = heads.claimer("q".into());
-        let mut first = a.next_call(8).await;
-        first.sent();
+        let first = sent(&a, 8).await;
         first.answered(&ids(1..41));
         let mut second = a.next_call(8).await;
         // The prediction has room for another call, but the turn is not given up yet:
@@ -338,8 +334,7 @@ mod tests {
         let heads = Heads::default();
         let only = heads.claimer("q".into());
         assert_eq!(only.hint_size(10), 10 + HINT_SLACK);
-        let mut first = only.next_call(10).await;
-        first.sent();
+        let first = sent(&only, 10).await;
         first.answered(&ids(1..27));
         // Nobody else needs the rest: holding it all lets the call lease past entries
         // another process took meanwhile.
@@ -357,11 +352,9 @@ mod tests {
         let heads = Heads::default();
         let a = heads.claimer("a".into());
         let b = heads.claimer("b".into());
-        let mut first = a.next_call(4).await;
-        first.sent();
+        let first = sent(&a, 4).await;
         first.answered(&ids(1..10));
-        let mut other = b.next_call(4).await;
+        let other = sent(&b, 4).await;
         assert!(other.held().is_empty(), "nothing is known of b's head");
-        other.sent();
     }
 }
