@@ -906,6 +906,18 @@ async fn extreme_times_and_priorities_keep_the_order() {
     assert_eq!((stats.running, stats.scheduled), (5, 1));
 }
 
+/// One claim's jobs are in claim order (CONTRACT C3): priority descending, then enqueue
+/// order (jobs enqueued at one instant, so their ids are in enqueue order).
+fn assert_claim_order(batch: &[jobs_core::ClaimedJob]) {
+    let orders: Vec<(i16, JobId)> = batch.iter().map(|c| (c.job.priority, c.id())).collect();
+    assert!(
+        orders
+            .windows(2)
+            .all(|w| w[0].0 > w[1].0 || (w[0].0 == w[1].0 && w[0].1 < w[1].1)),
+        "a claim out of order: {orders:?}"
+    );
+}
+
 /// Many claimers on several store instances (connections) against one queue, with
 /// limits above one: every job once, each claim in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -940,12 +952,7 @@ async fn concurrent_batch_claims_hand_out_each_job_once_in_order() {
                     continue;
                 }
                 empty_in_a_row = 0;
-                let orders: Vec<(i16, JobId)> =
-                    batch.iter().map(|c| (c.job.priority, c.id())).collect();
-                // Within one claim: priority descending, then enqueue order.
-                assert!(orders
-                    .windows(2)
-                    .all(|w| w[0].0 > w[1].0 || (w[0].0 == w[1].0 && w[0].1 < w[1].1)));
+                assert_claim_order(&batch);
                 mine.extend(batch.into_iter().map(|c| c.id()));
             }
             mine
@@ -1005,14 +1012,7 @@ async fn claimers_sharing_one_store_take_each_job_once_in_order() {
                     continue;
                 }
                 empty_in_a_row = 0;
-                let orders: Vec<(i16, JobId)> =
-                    batch.iter().map(|c| (c.job.priority, c.id())).collect();
-                assert!(
-                    orders
-                        .windows(2)
-                        .all(|w| w[0].0 > w[1].0 || (w[0].0 == w[1].0 && w[0].1 < w[1].1)),
-                    "a claim out of order: {orders:?}"
-                );
+                assert_claim_order(&batch);
                 mine.extend(batch.into_iter().map(|c| (claimer % 2 == 0, c.id())));
             }
             mine
@@ -2278,6 +2278,33 @@ async fn a_placement_index_that_disagrees_with_the_record_is_repaired_not_truste
     assert_eq!(
         claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
         vec![big]
+    );
+}
+
+/// CONTRACT §5 (Redis), the other way round: a job the claim holds is judged by its own
+/// `placement` field, not by the index. A job needing 1 GPU whose index entry says 8 is
+/// leased by a claim with 1 GPU, in its order between the jobs around it.
+#[tokio::test]
+async fn a_held_job_is_judged_by_its_record_not_the_index() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let one = || NewJob::new("q").needs(Needs::new().amount("gpu", 1));
+    let ids = enqueue_all(&store, vec![one(), one(), one()]).await;
+    let index = env.key("placement");
+    let _: () = env
+        .admin
+        .hset(&index, id_text(ids[1]), r#"{"a":{"gpu":8}}"#)
+        .await
+        .expect("HSET");
+    // The first call holds nothing, stops at the first job and learns the three ids;
+    // the second holds them and reads each record.
+    let claimed = store.claim(gpu_claim(1, 10)).await.expect("claim");
+    assert_eq!(
+        claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
+        ids,
+        "the record decides for the job whose index entry is wrong"
     );
 }
 
