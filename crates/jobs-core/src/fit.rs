@@ -160,16 +160,6 @@ impl NeedsPool {
         self.sets.insert(needs.clone());
         needs
     }
-
-    /// Distinct sets held.
-    pub fn len(&self) -> usize {
-        self.sets.len()
-    }
-
-    /// Whether the pool holds no set.
-    pub fn is_empty(&self) -> bool {
-        self.sets.is_empty()
-    }
 }
 
 /// What a worker offers a claim right now: the amounts it has free and the
@@ -401,7 +391,7 @@ mod tests {
         assert!(!Needs::new().is_shared_with(&first));
         // Equal but apart: equal contents are not one shared set.
         assert!(!gpu().is_shared_with(&gpu()));
-        assert_eq!(pool.len(), 2);
+        assert_eq!(pool.sets.len(), 2);
 
         // Sets nobody holds go once the pool reaches its sweep size; held ones stay.
         drop((second, other));
@@ -413,9 +403,9 @@ mod tests {
             }
         }
         assert!(
-            pool.len() < NeedsPool::MIN_SWEEP,
+            pool.sets.len() < NeedsPool::MIN_SWEEP,
             "a sweep ran: {}",
-            pool.len()
+            pool.sets.len()
         );
         assert!(
             pool.share(gpu()).is_shared_with(&first),
