@@ -43,13 +43,7 @@ impl Cell {
     /// The median of the runs: the figure the report shows (a few runs, not samples
     /// of a distribution).
     pub(super) fn median(&self) -> Option<f64> {
-        let mut sorted = self.values.clone();
-        sorted.sort_by(f64::total_cmp);
-        match sorted.len() {
-            0 => None,
-            n if n % 2 == 1 => Some(sorted[n / 2]),
-            n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
-        }
+        median(self.values.clone())
     }
     /// The range of the runs.
     pub(super) fn min_max(&self) -> Option<(f64, f64)> {
@@ -74,17 +68,24 @@ impl Cell {
             let (a, b) = (self.median()?, other.median()?);
             return (b > 0.0).then(|| a / b);
         }
-        Cell {
-            values: self
-                .values
+        median(
+            self.values
                 .iter()
                 .zip(&other.values)
                 .filter(|(_, b)| **b > 0.0)
                 .map(|(a, b)| a / b)
                 .collect(),
-            failures: Vec::new(),
-        }
-        .median()
+        )
+    }
+}
+
+/// The median of some figures (the mean of the middle two of an even count).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(values[n / 2]),
+        n => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
     }
 }
 
