@@ -3,6 +3,8 @@
 use std::env;
 use std::path::PathBuf;
 
+use super::baseline::PairSettings;
+
 const BACKENDS: &[&str] = &["memory", "sqlite", "redis", "postgres"];
 
 /// `cargo xtask bench`'s command line.
@@ -32,6 +34,17 @@ pub struct Args {
     /// The report to rewrite between its generated-section markers.
     #[arg(long, default_value = "docs/benchmarks.md")]
     out: PathBuf,
+    /// Measure against the benchmark binary of this revision instead, pair after pair
+    /// (alone: the revision pinned in bench/BASELINE).
+    #[arg(long, value_name = "REV")]
+    #[allow(clippy::option_option)] // absent, present alone, or present with a revision
+    baseline: Option<Option<String>>,
+    /// With --baseline: pairs per workload.
+    #[arg(long, default_value_t = 5, value_parser = crate::positive)]
+    pairs: u64,
+    /// With --baseline: only this workload (repeatable).
+    #[arg(long = "workload", value_parser = ["enqueue-one", "enqueue-batch", "e2e-backlog", "e2e-producer", "latency"])]
+    workloads: Vec<String>,
 }
 
 /// The choices of `--backend`.
@@ -57,6 +70,8 @@ pub(super) struct Settings {
     pub(super) scale: bool,
     pub(super) out: PathBuf,
     pub(super) command: String,
+    /// Set for `--baseline`: pairs against another revision instead of the tables.
+    pub(super) pairs: Option<PairSettings>,
 }
 
 impl Settings {
@@ -70,6 +85,18 @@ impl Settings {
             BenchBackend::Redis => vec!["redis"],
             BenchBackend::Postgres => vec!["postgres"],
         };
+        let command_shown = command.clone();
+        let pairs = args.baseline.map(|rev| PairSettings {
+            rev: rev.filter(|r| !r.is_empty()),
+            backends: backends.clone(),
+            jobs: args.jobs,
+            enqueue_jobs: 10_000.min(args.jobs),
+            concurrency: args.concurrency,
+            pairs: usize::try_from(args.pairs).unwrap_or(usize::MAX),
+            workloads: args.workloads,
+            out: args.out.clone(),
+            command: command_shown,
+        });
         Settings {
             backends,
             jobs: args.jobs,
@@ -81,6 +108,7 @@ impl Settings {
             scale: !args.no_scale,
             out: args.out,
             command,
+            pairs,
         }
     }
 }
@@ -150,5 +178,35 @@ mod tests {
         assert!(settings(&["--runs", "0"]).is_err());
         assert!(settings(&["--backend", "mysql"]).is_err());
         assert!(settings(&["--bogus"]).is_err());
+        assert!(settings(&[]).expect("parses").pairs.is_none());
+    }
+
+    #[test]
+    fn baseline_takes_a_revision_or_the_pinned_one() {
+        let pinned = settings(&["--baseline"])
+            .expect("parses")
+            .pairs
+            .expect("pairs");
+        assert_eq!((pinned.rev, pinned.pairs), (None, 5));
+        assert!(pinned.workloads.is_empty());
+        let given = settings(&[
+            "--baseline=abc123",
+            "--pairs",
+            "3",
+            "--workload",
+            "e2e-backlog",
+            "--workload",
+            "latency",
+            "--backend",
+            "redis",
+        ])
+        .expect("parses")
+        .pairs
+        .expect("pairs");
+        assert_eq!(given.rev.as_deref(), Some("abc123"));
+        assert_eq!((given.pairs, given.backends), (3, vec!["redis"]));
+        assert_eq!(given.workloads, ["e2e-backlog", "latency"]);
+        assert!(settings(&["--baseline", "--workload", "claim"]).is_err());
+        assert!(settings(&["--baseline", "--pairs", "0"]).is_err());
     }
 }

@@ -16,13 +16,18 @@ use super::{BIG_DRAIN_DEADLINE, PEER_BACKENDS, SLOW_PEER_RUN, TRANSACTIONAL_BACK
 /// these that it survives is compared.
 const PEER_FALLBACK_SIZES: &[u64] = &[10_000, 5_000, 2_000, 1_000];
 
+/// The features of the benchmark package a build may ask for: a backend each, and the
+/// worker runtime (without it the bench drains with a bare claim loop).
+pub(super) const BENCH_FEATURES: &[&str] = &["memory", "sqlite", "redis", "postgres", "runtime"];
+
 /// The two binaries and how to call them.
 pub(super) struct Binaries {
-    ours: PathBuf,
+    pub(super) ours: PathBuf,
     peers: Option<PathBuf>,
 }
 
-fn target_dir(default_name: &str) -> PathBuf {
+/// The target directory cargo builds into: `CARGO_TARGET_DIR`, or `default_name`.
+pub(super) fn target_dir(default_name: &str) -> PathBuf {
     match env::var("CARGO_TARGET_DIR") {
         Ok(dir) if !dir.is_empty() => PathBuf::from(dir),
         _ => PathBuf::from(default_name),
@@ -31,9 +36,13 @@ fn target_dir(default_name: &str) -> PathBuf {
 
 pub(super) fn build(settings: &Settings) -> Result<Binaries, String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let mut features: Vec<&str> = settings.backends.clone();
-    features.push("runtime");
-    let features = features.join(",");
+    let features = settings
+        .backends
+        .iter()
+        .chain(&["runtime"])
+        .copied()
+        .collect::<Vec<_>>()
+        .join(",");
     crate::run(
         &cargo,
         &[
@@ -75,7 +84,7 @@ pub(super) fn build(settings: &Settings) -> Result<Binaries, String> {
 }
 
 /// Runs one workload once; a crash, a timeout or an error line is a failed outcome.
-fn measure(
+pub(super) fn measure(
     binary: &Path,
     workload: &str,
     backend: &str,

@@ -6,13 +6,19 @@
 //! cargo xtask bench [--backend memory|sqlite|redis|postgres|all] [--jobs N] [--runs R]
 //!                   [--peer-jobs N] [--concurrency C] [--no-peers] [--no-scale]
 //!                   [--out PATH]
+//! cargo xtask bench --baseline[=REV] [--pairs P] [--workload W]... [--backend …] [--jobs N]
 //! ```
+//!
+//! With `--baseline`, it runs this tree's binary and the one built at REV (by default
+//! the revision pinned in `bench/BASELINE`) alternately, pair after pair, and writes
+//! the speed-up of each figure into the report's baseline section instead ([`baseline`]).
 //!
 //! It shells out to cargo and to the binaries, and reads the one-line JSON result each
 //! binary prints last. By job: [`args`] (the command line), [`measure`] (building and
 //! running the binaries), [`results`] (the table of figures), [`report`] (the markdown).
 
 mod args;
+mod baseline;
 mod measure;
 mod report;
 mod results;
@@ -44,6 +50,12 @@ pub fn run(args: Args) -> Result<(), String> {
     let started = Instant::now();
     let root = workspace_root()?;
     env::set_current_dir(&root).map_err(|e| format!("cd {}: {e}", root.display()))?;
+    if let Some(pairs) = &settings.pairs {
+        let mut ours_only = settings.clone();
+        ours_only.peers = false;
+        let binaries = build(&ours_only)?;
+        return baseline::run(&root, pairs, &binaries.ours);
+    }
     let binaries = build(&settings)?;
     let mut results = Results::default();
     for backend in &settings.backends {

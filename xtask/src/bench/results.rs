@@ -80,7 +80,7 @@ impl Cell {
 }
 
 /// The median of some figures (the mean of the middle two of an even count).
-fn median(mut values: Vec<f64>) -> Option<f64> {
+pub(super) fn median(mut values: Vec<f64>) -> Option<f64> {
     values.sort_by(f64::total_cmp);
     match values.len() {
         0 => None,
