@@ -5,6 +5,11 @@
 //! Server counters are server-wide: other clients of a shared server add to them, so
 //! they are an upper bound for this run's share.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use crate::report::Line;
 
 /// CPU time this process has used (user + system), in microseconds, from
@@ -26,24 +31,77 @@ fn clock_ticks() -> f64 {
     100.0
 }
 
-/// CPU time of every local process whose command name is `name`, in microseconds.
-fn processes_cpu_us(name: &str) -> Option<f64> {
-    let mut total = 0.0;
-    let mut found = false;
+/// CPU time of every local process whose command name is `name`, in microseconds, by
+/// process id.
+fn processes_cpu_us(name: &str) -> Option<HashMap<u32, f64>> {
+    let mut found = HashMap::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let pid = entry.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+        let Ok(number) = pid.parse::<u32>() else {
             continue;
-        }
+        };
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         if comm.trim() == name {
             if let Some(cpu) = process_cpu_us(&pid) {
-                total += cpu;
-                found = true;
+                found.insert(number, cpu);
             }
         }
     }
-    found.then_some(total)
+    (!found.is_empty()).then_some(found)
+}
+
+/// How often [`ServerCpu`] reads the server's processes.
+const SERVER_CPU_SAMPLE: Duration = Duration::from_millis(20);
+
+/// The CPU time the processes of a server named `name` spend from its start to its
+/// end, read every [`SERVER_CPU_SAMPLE`] meanwhile: a process that ends during the
+/// run (a pooled connection's backend, closed with its pool) takes its CPU time with
+/// it from `/proc`, so a reading only at the ends would lose it. A process is counted
+/// from its first reading (zero if it started during the run) to its last, so at most
+/// one sampling interval of a process that ends is lost.
+struct ServerCpu {
+    stop: Arc<AtomicBool>,
+    /// Answers what it read, and the CPU time the sampling cost this process.
+    sampler: std::thread::JoinHandle<(Readings, Option<f64>)>,
+}
+
+/// Per process id, its CPU time (µs) when first and when last read.
+type Readings = HashMap<u32, (f64, f64)>;
+
+impl ServerCpu {
+    fn start(name: &'static str) -> ServerCpu {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let sampler = std::thread::spawn(move || {
+            // pid -> (CPU time when first seen, when last seen).
+            let mut seen = Readings::new();
+            let mut first = true;
+            loop {
+                let last = stopping.load(Ordering::Acquire);
+                for (pid, cpu) in processes_cpu_us(name).unwrap_or_default() {
+                    let from = if first { cpu } else { 0.0 };
+                    seen.entry(pid).or_insert((from, cpu)).1 = cpu;
+                }
+                first = false;
+                if last {
+                    return (seen, process_cpu_us("thread-self"));
+                }
+                std::thread::sleep(SERVER_CPU_SAMPLE);
+            }
+        });
+        ServerCpu { stop, sampler }
+    }
+
+    /// The server's CPU time since the start, and this sampler's own, in microseconds.
+    fn finish(self) -> (Option<f64>, Option<f64>) {
+        self.stop.store(true, Ordering::Release);
+        let Ok((seen, own)) = self.sampler.join() else {
+            return (None, None);
+        };
+        let server = (!seen.is_empty())
+            .then(|| seen.values().map(|(from, to)| (to - from).max(0.0)).sum());
+        (server, own)
+    }
 }
 
 /// A snapshot of the counters.
@@ -61,14 +119,18 @@ struct Snapshot {
 pub struct Probe {
     backend: String,
     start: Snapshot,
+    /// The server's CPU time, where it is read from its processes.
+    server_cpu: Option<ServerCpu>,
 }
 
 impl Probe {
     /// Reads the counters now.
     pub async fn start(backend: &str) -> Probe {
+        let server_cpu = (backend == "postgres").then(|| ServerCpu::start("postgres"));
         Probe {
             backend: backend.to_owned(),
             start: snapshot(backend).await,
+            server_cpu,
         }
     }
 
@@ -79,7 +141,15 @@ impl Probe {
             let settle = std::time::Duration::from_millis(1_100);
             tokio::time::sleep_until(tokio::time::Instant::now() + settle).await;
         }
-        let end = snapshot(&self.backend).await;
+        let mut end = snapshot(&self.backend).await;
+        if let Some(sampled) = self.server_cpu {
+            let (server, sampling) = sampled.finish();
+            end.server_cpu_us = server;
+            // The sampler's own CPU time is the bench's, not the client's.
+            if let (Some(client), Some(sampling)) = (end.client_cpu_us.as_mut(), sampling) {
+                *client -= sampling;
+            }
+        }
         let per_job = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) if jobs > 0 => Some((b - a).max(0.0) / jobs as f64),
             _ => None,
@@ -88,7 +158,9 @@ impl Probe {
         if let Some(v) = per_job(self.start.client_cpu_us, end.client_cpu_us) {
             line = line.num("client_cpu_us_per_job", v);
         }
-        if let Some(v) = per_job(self.start.server_cpu_us, end.server_cpu_us) {
+        // A sampled server's figure is already the difference.
+        let server_start = self.start.server_cpu_us.or(Some(0.0));
+        if let Some(v) = per_job(server_start, end.server_cpu_us) {
             line = line.num("server_cpu_us_per_job", v);
         }
         if let Some(v) = per_job(self.start.server_ops, end.server_ops) {
@@ -122,15 +194,12 @@ async fn snapshot(backend: &str) -> Snapshot {
         }
         #[cfg(feature = "postgres")]
         "postgres" => {
-            snap.server_cpu_us = processes_cpu_us("postgres");
             if let Some((commits, syncs)) = postgres_counters().await {
                 snap.server_ops = Some(commits);
                 snap.wal_syncs = syncs;
             }
         }
-        _ => {
-            let _ = processes_cpu_us;
-        }
+        _ => {}
     }
     snap
 }
