@@ -94,6 +94,21 @@ pub trait Backend: Send + Sync + fmt::Debug {
         Capabilities::default()
     }
 
+    /// This backend opened again: the same namespace and settings, over connections of
+    /// its own opened from the runtime this is called on, and so driven by that runtime
+    /// alone. `None` for a backend that cannot be (the default), and for one whose calls
+    /// need no particular runtime, which serves every runtime as it is.
+    ///
+    /// The worker's lease keeper runs on a thread of its own and reopens a backend
+    /// [tied to its runtime](Capabilities::tied_to_runtime) there, so that handlers
+    /// blocking every thread of the worker's runtime cannot stall a heartbeat, while
+    /// the claim loop and the handlers share that runtime with the store's connections
+    /// (no hop between threads per call). A reopened backend needs a connection or two
+    /// and starts nothing else: no migrations, no listener until it is waited on.
+    async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(None)
+    }
+
     /// Rules E1–E7: adds a job, or returns the existing job for a live idempotency key.
     /// Whether `job.parent` exists is for the backend to check, in the same
     /// transaction as the insert.
@@ -333,6 +348,12 @@ where
     }
 }
 
+impl<L: Layer + ?Sized> Layer for Arc<L> {
+    fn layer(&self, inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        (**self).layer(inner)
+    }
+}
+
 /// A backend that wraps another and forwards every call it does not override.
 ///
 /// Every type implementing it is a [`Backend`]; a layer writes [`inner`] and the
@@ -371,6 +392,14 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
 
     fn capabilities(&self) -> Capabilities {
         self.inner().capabilities()
+    }
+
+    /// A layer cannot be rebuilt around a reopened backend from here: by default it
+    /// answers `None`, so a worker keeps its leases through this layer where the
+    /// backend was opened. A [`Store`](crate::Store) reopens the backend beneath the
+    /// layers it added itself and adds them again.
+    async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(None)
     }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
@@ -548,6 +577,14 @@ impl<L: LayeredBackend> Backend for L {
 
     fn capabilities(&self) -> Capabilities {
         LayeredBackend::capabilities(self)
+    }
+
+    fn reopen<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Option<Arc<dyn Backend>>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::reopen(self)
     }
 
     fn enqueue<'a, 'b>(&'a self, job: NewJob, now: Timestamp) -> BoxFuture<'b, Result<Enqueued>>

@@ -48,7 +48,17 @@ use crate::workers::WorkerInfo;
 /// ```
 #[derive(Clone)]
 pub struct Store {
+    /// The backend with every layer around it: what each call goes to.
     backend: Arc<dyn Backend>,
+    /// How `backend` was built, for [`Store::reopen`].
+    stack: Arc<Stack>,
+}
+
+/// The backend a handle was made on and the layers [`Store::layer`] added around it,
+/// innermost first.
+struct Stack {
+    base: Arc<dyn Backend>,
+    layers: Vec<Arc<dyn Layer + Send + Sync>>,
 }
 
 impl fmt::Debug for Store {
@@ -65,25 +75,51 @@ impl<B: Backend + 'static> From<B> for Store {
 
 impl From<Arc<dyn Backend>> for Store {
     fn from(backend: Arc<dyn Backend>) -> Self {
-        Store { backend }
+        Store {
+            stack: Arc::new(Stack {
+                base: Arc::clone(&backend),
+                layers: Vec::new(),
+            }),
+            backend,
+        }
     }
 }
 
 impl Store {
     /// A handle on `backend`.
     pub fn new(backend: impl Backend + 'static) -> Self {
-        Store {
-            backend: Arc::new(backend),
-        }
+        Store::from(Arc::new(backend) as Arc<dyn Backend>)
     }
 
     /// This handle with `layer` wrapped around its backend: every call made through
     /// the returned handle passes through the layer, after validation. Clones made
     /// before keep their layers.
-    pub fn layer(self, layer: impl Layer) -> Self {
+    pub fn layer(self, layer: impl Layer + Send + Sync + 'static) -> Self {
+        let backend = layer.layer(self.backend);
+        let mut layers = self.stack.layers.clone();
+        layers.push(Arc::new(layer));
         Store {
-            backend: layer.layer(self.backend),
+            backend,
+            stack: Arc::new(Stack {
+                base: Arc::clone(&self.stack.base),
+                layers,
+            }),
         }
+    }
+
+    /// The same store opened again over connections of its own, opened from the
+    /// runtime this is called on, with this handle's layers around it (see
+    /// [`Backend::reopen`]); `None` when its backend cannot be reopened, or needs no
+    /// particular runtime and serves this one as it is.
+    pub async fn reopen(&self) -> Result<Option<Store>> {
+        let Some(base) = self.stack.base.reopen().await? else {
+            return Ok(None);
+        };
+        let mut store = Store::from(base);
+        for layer in &self.stack.layers {
+            store = store.layer(Arc::clone(layer));
+        }
+        Ok(Some(store))
     }
 
     /// The backend behind the handle, with its layers.

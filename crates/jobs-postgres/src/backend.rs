@@ -232,6 +232,34 @@ fn check_tls(options: &PgConnectOptions) -> Result<()> {
     Ok(())
 }
 
+/// What the stores of a backend share, over a pool of its own with the same options
+/// and size, whose connections are opened as they are needed, from the runtime that
+/// needs them (see `Backend::reopen`): a caller making one call at a time opens one.
+/// The schema is migrated already; nothing is listened to until a store waits for work.
+pub(crate) fn reopened(old: &Shared) -> Arc<Shared> {
+    let health = Arc::new(Health::default());
+    let options = old.pool.options();
+    let config = PostgresConfig::from_options((*old.pool.connect_options()).clone())
+        .max_connections(options.get_max_connections())
+        .acquire_timeout(options.get_acquire_timeout());
+    let pool = config
+        .pool_options(Arc::clone(&health))
+        .connect_lazy_with(config.options.clone());
+    let shared = Shared {
+        wake: Wake::new(
+            pool.clone(),
+            old.wake.channel().to_owned(),
+            old.sql.notify.clone(),
+            Arc::clone(&health),
+        ),
+        sql: Arc::clone(&old.sql),
+        schema: old.schema.clone(),
+        pool,
+        health,
+    };
+    Arc::new(shared)
+}
+
 /// A migrated database schema and a connection pool: the factory of stores.
 ///
 /// Stores of any number of namespaces can be made from one backend; they share its
@@ -305,7 +333,7 @@ impl PostgresBackend {
                 sql.notify.clone(),
                 Arc::clone(&health),
             ),
-            sql,
+            sql: Arc::new(sql),
             schema: schema.to_owned(),
             pool,
             health,

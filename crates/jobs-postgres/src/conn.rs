@@ -47,7 +47,7 @@ pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
     pub(crate) schema: String,
-    pub(crate) sql: Statements,
+    pub(crate) sql: Arc<Statements>,
     pub(crate) wake: Wake,
     /// When a connection of the pool was last found closed by the server.
     pub(crate) health: Arc<Health>,

@@ -244,6 +244,14 @@ impl Backend for PostgresStore {
         Capabilities::default()
     }
 
+    async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
+        let shared = crate::backend::reopened(&self.inner.shared);
+        Ok(Some(Arc::new(PostgresStore::new(
+            shared,
+            self.inner.settings.clone(),
+        ))))
+    }
+
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         self.inner.enqueues.call(Enqueue { job, now }).await?
     }

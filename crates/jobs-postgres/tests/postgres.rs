@@ -2148,3 +2148,42 @@ async fn tls_required_without_the_tls_feature_is_refused() {
         assert_eq!(err.invalid_field(), Some("sslmode"), "{mode}: {err:?}");
     }
 }
+
+/// `reopen` opens a pool of the reopening runtime's own: while the runtime the store's
+/// connections were opened on runs nothing (as one whose threads handlers block), the
+/// reopened store still answers, where one sharing the first pool would be handed a
+/// connection that runtime must drive.
+#[test]
+fn a_reopened_store_is_driven_by_the_runtime_that_reopened_it() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let (opening, reopening) = (runtime(), runtime());
+    let Some(backend) = opening.block_on(backend("jobs_reopen", 1)) else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let namespace = settings.namespace.clone();
+    let store = open(&backend, settings);
+    let id = opening
+        .block_on(store.enqueue(NewJob::new("q")))
+        .expect("enqueue")
+        .id;
+    // From here on `opening` is never driven again; its one connection sits idle in
+    // the first pool.
+    let reopened = reopening
+        .block_on(store.reopen())
+        .expect("reopen")
+        .expect("a PostgreSQL store reopens");
+    let job = reopening
+        .block_on(async { tokio::time::timeout(Duration::from_secs(5), reopened.get(id)).await })
+        .expect("the reopened store answers without the first runtime")
+        .expect("get");
+    assert_eq!(job.queue, "q");
+    drop(reopened);
+    opening.block_on(clean_up(&backend, &namespace));
+}

@@ -35,6 +35,11 @@ impl Waker {
         }
     }
 
+    /// The nodes the subscriber may listen on.
+    pub(crate) fn nodes(&self) -> &[redis::Client] {
+        &self.nodes
+    }
+
     /// Starts the subscriber task unless it runs.
     fn ensure_started(&self) {
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());

@@ -3127,3 +3127,41 @@ async fn queued_and_running_pages_span_queues() {
         assert_eq!(found, expected, "{query:?}");
     }
 }
+
+/// `reopen` opens a connection of the reopening runtime's own: while the runtime the
+/// store was opened on runs nothing (as one whose threads handlers block), the reopened
+/// store still answers, where one sharing the first store's connection would wait for
+/// that runtime to drive it.
+#[test]
+fn a_reopened_store_is_driven_by_the_runtime_that_reopened_it() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let (opening, reopening) = (runtime(), runtime());
+    let Some(env) = opening.block_on(Env::new()) else {
+        return;
+    };
+    let store = opening.block_on(env.store());
+    let id = opening
+        .block_on(store.enqueue(NewJob::new("q")))
+        .expect("enqueue")
+        .id;
+    // From here on `opening` is never driven again.
+    let reopened = reopening
+        .block_on(store.handle.reopen())
+        .expect("reopen")
+        .expect("a Redis store reopens");
+    let job = reopening
+        .block_on(async { tokio::time::timeout(Duration::from_secs(5), reopened.get(id)).await })
+        .expect("the reopened store answers without the first runtime")
+        .expect("get");
+    assert_eq!(job.queue, "q");
+    drop(reopened);
+    drop(store);
+    drop(opening);
+    // The clean-up runs on its own connection.
+    drop(env);
+}

@@ -77,3 +77,84 @@ async fn the_tracing_layer_names_each_call_and_its_failure() {
         "reads open no span:\n{logged}"
     );
 }
+
+/// A backend that can be reopened: the memory store behind a wrapper that counts its
+/// reopenings, each a new wrapper over the same namespace.
+#[derive(Debug)]
+struct Reopenable {
+    inner: Arc<dyn jobs_core::Backend>,
+    reopened: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[jobs_core::async_trait]
+impl jobs_core::LayeredBackend for Reopenable {
+    fn inner(&self) -> &dyn jobs_core::Backend {
+        &*self.inner
+    }
+
+    async fn reopen(&self) -> jobs::Result<Option<Arc<dyn jobs_core::Backend>>> {
+        self.reopened
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(Some(Arc::new(Reopenable {
+            inner: Arc::clone(&self.inner),
+            reopened: Arc::clone(&self.reopened),
+        })))
+    }
+}
+
+/// Counts the enqueues it sees.
+#[derive(Debug)]
+struct CountEnqueues {
+    inner: Arc<dyn jobs_core::Backend>,
+    seen: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[jobs_core::async_trait]
+impl jobs_core::LayeredBackend for CountEnqueues {
+    fn inner(&self) -> &dyn jobs_core::Backend {
+        &*self.inner
+    }
+
+    async fn enqueue(&self, job: NewJob, now: jobs::Timestamp) -> jobs::Result<jobs::Enqueued> {
+        self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.enqueue(job, now).await
+    }
+}
+
+#[tokio::test]
+async fn a_reopened_store_keeps_the_layers_its_handle_added() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let reopened = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let base = Reopenable {
+        inner: Arc::clone(memory_store().backend()),
+        reopened: Arc::clone(&reopened),
+    };
+    let counting = Arc::clone(&seen);
+    let store = Store::new(base).layer(move |inner| {
+        Arc::new(CountEnqueues {
+            inner,
+            seen: Arc::clone(&counting),
+        }) as Arc<dyn jobs_core::Backend>
+    });
+    let again = store
+        .reopen()
+        .await
+        .expect("reopen")
+        .expect("the base reopens");
+    assert_eq!(
+        reopened.load(Ordering::SeqCst),
+        1,
+        "the base was reopened once"
+    );
+    let id = again.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    assert_eq!(seen.load(Ordering::SeqCst), 1, "the layer was added again");
+    // The same namespace: the first handle sees the job.
+    assert_eq!(store.get(id).await.expect("get").queue, "q");
+
+    // A store that needs no runtime is not reopened: it serves any runtime as it is.
+    assert!(memory_store().reopen().await.expect("reopen").is_none());
+    // Nor is a layer built outside `Store::layer`, which cannot be rebuilt.
+    let opaque = Store::from(store.backend().clone());
+    assert!(opaque.reopen().await.expect("reopen").is_none());
+}

@@ -236,14 +236,9 @@ impl RedisStore {
     ) -> Result<Self> {
         validate_settings(&settings)?;
         let client = node_client(url, tls)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(30)))
-            .set_number_of_retries(2);
-        let conn = ConnectionManager::new_with_config(client.clone(), config)
-            .await
-            .map_err(|err| map_err("connect", err))?;
-        Self::finish_connect(Conn::Single(conn), vec![client], settings, false).await
+        let dial = Dial::Single(Box::new(client.clone()));
+        let conn = dial.connect().await?;
+        Self::finish_connect(conn, dial, vec![client], settings).await
     }
 
     async fn open_cluster<I, S>(
@@ -278,19 +273,52 @@ impl RedisStore {
         let client = builder
             .build()
             .map_err(|err| bad_url("urls", urls.iter().any(|url| is_tls_url(url)), &err))?;
-        let conn = client
-            .get_async_connection()
-            .await
-            .map_err(|err| map_err("connect", err))?;
-        Self::finish_connect(Conn::Cluster(conn), nodes, settings, true).await
+        let dial = Dial::Cluster(Box::new(client));
+        let conn = dial.connect().await?;
+        Self::finish_connect(conn, dial, nodes, settings).await
     }
 
+    /// The store over `conn` (just opened by `dial`), with every script loaded.
     async fn finish_connect(
         conn: Conn,
+        dial: Dial,
         pubsub_nodes: Vec<redis::Client>,
         settings: StoreSettings,
-        cluster: bool,
     ) -> Result<Self> {
+        let store = Self::over(conn, dial, pubsub_nodes, settings);
+        // Loading every script now finds a broken server or script at connect time, and
+        // spares the first calls a NOSCRIPT round trip.
+        let mut conn = store.conn();
+        for script in scripts::all() {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|err| map_err("script load", err))?;
+        }
+        Ok(store)
+    }
+
+    /// This store over a connection of its own, opened from the calling runtime (see
+    /// `Backend::reopen`). The scripts are on the server already.
+    pub(super) async fn reopened(&self) -> Result<Self> {
+        let inner = &self.inner;
+        let conn = inner.dial.connect().await?;
+        Ok(Self::over(
+            conn,
+            inner.dial.clone(),
+            inner.waker.nodes().to_vec(),
+            inner.settings.clone(),
+        ))
+    }
+
+    /// A store over `conn`; its wake-up subscriber and batchers start on first use.
+    fn over(
+        conn: Conn,
+        dial: Dial,
+        pubsub_nodes: Vec<redis::Client>,
+        settings: StoreSettings,
+    ) -> Self {
         let keys = Keys::new(&settings.namespace);
         let waker = Waker::new(pubsub_nodes, keys.wake.clone());
         let completions = Batcher::new(Completions {
@@ -307,9 +335,11 @@ impl RedisStore {
         let enqueues = Batcher::new(Enqueues {
             ctx: enqueue_ctx.clone(),
         });
-        let store = RedisStore {
+        RedisStore {
             inner: Arc::new(Inner {
+                cluster: matches!(dial, Dial::Cluster(_)),
                 conn,
+                dial,
                 settings,
                 keys,
                 heads: Heads::default(),
@@ -317,20 +347,39 @@ impl RedisStore {
                 completions,
                 enqueues,
                 enqueue_ctx,
-                cluster,
             }),
-        };
-        // Loading every script now finds a broken server or script at connect time, and
-        // spares the first calls a NOSCRIPT round trip.
-        let mut conn = store.conn();
-        for script in scripts::all() {
-            script
-                .prepare_invoke()
-                .load_async(&mut conn)
-                .await
-                .map_err(|err| map_err("script load", err))?;
         }
-        Ok(store)
+    }
+}
+
+/// How a store's connection is opened: kept, so the store can open another one.
+#[derive(Clone)]
+pub(super) enum Dial {
+    /// One server: a connection that reconnects by itself.
+    Single(Box<redis::Client>),
+    /// A cluster, through its nodes.
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+impl Dial {
+    async fn connect(&self) -> Result<Conn> {
+        match self {
+            Dial::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(5)))
+                    .set_response_timeout(Some(Duration::from_secs(30)))
+                    .set_number_of_retries(2);
+                ConnectionManager::new_with_config((**client).clone(), config)
+                    .await
+                    .map(Conn::Single)
+                    .map_err(|err| map_err("connect", err))
+            }
+            Dial::Cluster(client) => client
+                .get_async_connection()
+                .await
+                .map(Conn::Cluster)
+                .map_err(|err| map_err("connect", err)),
+        }
     }
 }
 

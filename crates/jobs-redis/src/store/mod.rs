@@ -60,6 +60,8 @@ pub struct RedisStore {
 
 struct Inner {
     conn: Conn,
+    /// How `conn` was opened, to open another for `reopen`.
+    dial: connect::Dial,
     settings: StoreSettings,
     keys: Keys,
     /// What this store's claims know of the head of each queue set, so each call can
@@ -144,6 +146,10 @@ impl Backend for RedisStore {
 
     // Redis connections are driven by tasks on the runtime the store was opened on: the
     // default capabilities (tied to the runtime) are this backend's.
+
+    async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(Some(Arc::new(self.reopened().await?)))
+    }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         let id = JobId::mint(now);

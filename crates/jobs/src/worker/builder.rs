@@ -33,10 +33,10 @@ pub const DEFAULT_BLOCKING_THRESHOLD: Duration = Duration::from_millis(100);
 /// Where handlers run.
 #[derive(Clone)]
 pub(crate) enum HandlerRuntime {
-    /// Chosen by the store (see [`Capabilities::tied_to_runtime`](jobs_core::Capabilities::tied_to_runtime)): beside the claim loop on
-    /// the worker's runtime when the store's calls do not need that runtime (the
-    /// keeper then has a thread of its own), else on a runtime of the worker's own with
-    /// this many threads.
+    /// Chosen by the store (see [`Capabilities::tied_to_runtime`](jobs_core::Capabilities::tied_to_runtime)): on
+    /// the worker's runtime when the store's calls do not need that runtime, else on a
+    /// runtime of the worker's own with this many threads, over the store reopened
+    /// there.
     Auto(usize),
     /// A multi-thread runtime the worker starts for its handlers, with this many threads.
     Own(usize),
@@ -373,19 +373,20 @@ impl WorkerBuilder {
     ///
     /// By default the store decides: a store whose connections live on the runtime the
     /// worker was started from (Redis, PostgreSQL) gets handlers on a runtime of their
-    /// own, one thread per core, so that a handler that blocks its thread delays other
-    /// handlers, never the heartbeats and outcomes that keep every job's lease; a store
-    /// that needs no runtime (memory, SQLite) runs handlers beside the claim loop, and
-    /// the leases are kept from a thread of their own.
+    /// own, one thread per core, with the store reopened there (`Store::reopen`), so
+    /// that a handler that blocks its thread delays other handlers, never the rest of
+    /// the program; a store that needs no runtime (memory, SQLite) runs handlers beside
+    /// the claim loop. Either way the leases are kept from a thread of their own.
     pub fn handler_threads(mut self, threads: usize) -> Self {
         self.handler_runtime = Some(HandlerRuntime::Own(threads));
         self
     }
 
     /// Runs handlers on the given runtime instead of one of the worker's own, for
-    /// example `tokio::runtime::Handle::current()`. Lease upkeep stays safe from
-    /// handlers that block only if that runtime is not the one the store's connections
-    /// were opened on (for the Redis and PostgreSQL stores), or if handlers never block.
+    /// example `tokio::runtime::Handle::current()`; a tied store is reopened there
+    /// unless it is the runtime the worker was started from. Lease upkeep stays safe
+    /// from handlers that block whatever runtime they run on: the keeper has a thread
+    /// of its own.
     pub fn handler_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
         self.handler_runtime = Some(HandlerRuntime::Shared(runtime));
         self

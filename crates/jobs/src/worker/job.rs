@@ -220,7 +220,15 @@ pub(crate) fn start_job(
                 run_handler(watched, &begun.cancel, cancel_grace, begun.timeout).await
             };
             if let Some(report) = conclude(&task_shared, &begun, finished) {
-                report_outcome(&task_shared, &begun.metrics, begun.id, begun.token, report).await;
+                report_outcome(
+                    &task_shared,
+                    &task_shared.config.store,
+                    &begun.metrics,
+                    begun.id,
+                    begun.token,
+                    report,
+                )
+                .await;
             }
         }
         .instrument(span.clone()),
@@ -240,7 +248,7 @@ fn spawn_report(
 ) {
     let shared = Arc::clone(shared);
     jobs.spawn(
-        async move { report_outcome(&shared, &metrics, id, token, report).await }
+        async move { report_outcome(&shared, &shared.config.store, &metrics, id, token, report).await }
             .instrument(span.clone()),
     );
 }

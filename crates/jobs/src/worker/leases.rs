@@ -4,16 +4,16 @@
 //! waits for its handler to start, while the handler runs, and while its completion,
 //! failure or release is on the way to the store (retried through an outage). Every
 //! such job is in [`Leases`], and the keeper extends all of them with one
-//! `heartbeat_batch` call per interval. The keeper runs on the runtime the worker was
-//! started from, not the handlers' runtime, so handlers that block their threads cannot
-//! starve it.
+//! `heartbeat_batch` call per interval. The keeper runs on a thread of its own, over a
+//! store that needs no runtime or over connections it opened there, so handlers that
+//! block their threads cannot starve it.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use jobs_core::validate::MAX_BATCH_LEN;
-use jobs_core::{HeldLease, JobId, JobIdMap, LeaseToken, Timestamp};
+use jobs_core::{HeldLease, JobId, JobIdMap, LeaseToken, Store, Timestamp};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::MissedTickBehavior;
@@ -330,9 +330,113 @@ struct Overdue {
     metrics: Arc<QueueMetrics>,
 }
 
+/// The store the keeper extends leases through.
+pub(crate) struct KeeperStore {
+    store: Store,
+    /// While `store` reaches a tied store through the worker's runtime because the
+    /// keeper could not yet open connections of its own: the store to reopen on the
+    /// keeper's thread once its server answers.
+    reopen: Option<Store>,
+}
+
+impl KeeperStore {
+    /// A store that serves the keeper's thread as it is: one that needs no runtime, or
+    /// one reopened there.
+    pub(crate) fn own(store: Store) -> Self {
+        KeeperStore {
+            store,
+            reopen: None,
+        }
+    }
+
+    /// A store reached through another runtime, and what to reopen, if anything.
+    pub(crate) fn borrowed(store: Store, reopen: Option<Store>) -> Self {
+        KeeperStore { store, reopen }
+    }
+
+    /// Opens the keeper's own connections if they are still to be opened.
+    async fn try_reopen(&mut self) {
+        let Some(tied) = &self.reopen else {
+            return;
+        };
+        match tied.reopen().await {
+            Ok(Some(own)) => {
+                tracing::info!("the lease keeper now has connections of its own");
+                self.store = own;
+                self.reopen = None;
+            }
+            Ok(None) => self.reopen = None,
+            Err(err) => {
+                tracing::debug!(error = %err, "the lease keeper still cannot open its own connections")
+            }
+        }
+    }
+}
+
+/// The keeper's thread, with a runtime of its own: nothing that runs on the worker's
+/// runtime, not even every thread of it blocked by handlers, can delay a heartbeat made
+/// from here over connections opened here.
+pub(crate) struct KeeperThread {
+    runtime: tokio::runtime::Handle,
+    /// Dropped to end the thread.
+    stop: Option<oneshot::Sender<()>>,
+    /// Resolves once the thread's runtime is gone.
+    done: oneshot::Receiver<()>,
+}
+
+impl KeeperThread {
+    pub(crate) fn start() -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (finished, done) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("jobs-lease-keeper".to_owned())
+            .spawn(move || {
+                // Runs every task spawned on the runtime until told to stop, then drops
+                // them (the keeper has returned by then) with the runtime.
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+                drop(runtime);
+                let _ = finished.send(());
+            })?;
+        Ok(KeeperThread {
+            runtime: handle,
+            stop: Some(stop),
+            done,
+        })
+    }
+
+    /// `store` reopened on this thread (see `Store::reopen`).
+    pub(crate) async fn reopen(&self, store: Store) -> jobs_core::Result<Option<Store>> {
+        super::reopen_on(&self.runtime, store).await
+    }
+
+    /// Runs `keeper` on this thread; the answer resolves once it has returned and the
+    /// thread's runtime is gone.
+    pub(crate) fn run<F>(mut self, keeper: F) -> oneshot::Receiver<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let stop = self.stop.take();
+        self.runtime.spawn(async move {
+            keeper.await;
+            drop(stop);
+        });
+        self.done
+    }
+}
+
 /// Extends every held lease once per heartbeat interval until `stop`, and enforces
 /// the running jobs' deadlines: at each tick, and when the next one is up.
-pub(crate) async fn keep_leases(shared: Arc<Shared>, stop: CancellationToken) {
+pub(crate) async fn keep_leases(
+    shared: Arc<Shared>,
+    mut store: KeeperStore,
+    stop: CancellationToken,
+) {
     let config = &shared.config;
     let mut ticker = tokio::time::interval(config.heartbeat);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -349,7 +453,10 @@ pub(crate) async fn keep_leases(shared: Arc<Shared>, stop: CancellationToken) {
             .next_deadline(config.store.settings().now())
             .unwrap_or(config.heartbeat);
         tokio::select! {
-            _ = ticker.tick() => extend_all(&shared).await,
+            _ = ticker.tick() => {
+                extend_all(&shared, &store.store).await;
+                store.try_reopen().await;
+            }
             () = tokio::time::sleep(next_deadline) => {}
             () = stop.cancelled() => return,
         }
@@ -366,41 +473,25 @@ pub(crate) async fn keep_leases(shared: Arc<Shared>, stop: CancellationToken) {
             let report = timed_out_report(&shared, job.attempt, job.timeout);
             let task_shared = shared.clone();
             shared.store_runtime.spawn(async move {
-                report_outcome(&task_shared, &job.metrics, job.id, job.token, report).await;
+                report_outcome(
+                    &task_shared,
+                    &task_shared.home,
+                    &job.metrics,
+                    job.id,
+                    job.token,
+                    report,
+                )
+                .await;
             });
         }
     }
 }
 
-/// Runs `keeper` on a thread of its own, with a runtime of its own, for a store whose
-/// calls need no particular runtime: then nothing that runs on the worker's runtime,
-/// not even every thread of it blocked by handlers, can delay a heartbeat. The answer
-/// resolves once the keeper has returned and its runtime is gone.
-pub(crate) fn spawn_keeper_thread<F>(keeper: F) -> std::io::Result<oneshot::Receiver<()>>
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (done, finished) = oneshot::channel();
-    std::thread::Builder::new()
-        .name("jobs-lease-keeper".to_owned())
-        .spawn(move || {
-            runtime.block_on(keeper);
-            drop(runtime);
-            let _ = done.send(());
-        })?;
-    Ok(finished)
-}
-
 /// One `heartbeat_batch` per [`MAX_BATCH_LEN`] held leases, answers applied per entry.
-async fn extend_all(shared: &Shared) {
+async fn extend_all(shared: &Shared, store: &Store) {
     let due = shared.leases.due();
     for chunk in due.chunks(MAX_BATCH_LEN) {
-        let answers = shared
-            .config
-            .store
+        let answers = store
             .heartbeat_batch(chunk.to_vec(), shared.config.lease)
             .await;
         match answers {

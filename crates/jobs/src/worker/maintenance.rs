@@ -18,7 +18,7 @@ pub(crate) async fn reclaim_loop(shared: Arc<Shared>, interval: Duration, stop: 
     let config = &shared.config;
     every(interval, &stop, || async {
         loop {
-            match config.store.reclaim(config.reclaim_batch).await {
+            match shared.home.reclaim(config.reclaim_batch).await {
                 Ok(reclaimed) => {
                     let mut requeued = false;
                     for job in &reclaimed {
@@ -58,7 +58,7 @@ pub(crate) async fn queue_gauges_loop(
     let config = &shared.config;
     let first = tokio::time::Instant::now() + interval;
     every_from(first, interval, &stop, || async {
-        match config.store.queues().await {
+        match shared.home.queues().await {
             Ok(queues) => {
                 for name in &config.queue_names {
                     let overview = queues.iter().find(|q| &q.queue == name);
@@ -107,7 +107,7 @@ pub(crate) async fn worker_record_loop(shared: Arc<Shared>, stop: CancellationTo
         let in_flight =
             u32::try_from(shared.handlers_running.load(Ordering::Acquire)).unwrap_or(u32::MAX);
         if registered.load(Ordering::Relaxed) {
-            match config.store.worker_heartbeat(&info.id, in_flight).await {
+            match shared.home.worker_heartbeat(&info.id, in_flight).await {
                 Ok(()) => {}
                 Err(Error::WorkerNotFound { .. }) => {
                     tracing::info!("this worker's record was reaped; registering again");
@@ -122,7 +122,7 @@ pub(crate) async fn worker_record_loop(shared: Arc<Shared>, stop: CancellationTo
         if !registered.load(Ordering::Relaxed) {
             let mut record = info.clone();
             record.in_flight = in_flight;
-            match config.store.register_worker(&record).await {
+            match shared.home.register_worker(&record).await {
                 Ok(()) => registered.store(true, Ordering::Relaxed),
                 Err(err) => {
                     shared.metrics.store_errors.increment(1);
@@ -130,7 +130,7 @@ pub(crate) async fn worker_record_loop(shared: Arc<Shared>, stop: CancellationTo
                 }
             }
         }
-        match config.store.reap_workers(config.worker_silence).await {
+        match shared.home.reap_workers(config.worker_silence).await {
             Ok(reaped) => {
                 for id in reaped {
                     tracing::info!(worker = %id, "reaped the record of a silent worker");
@@ -150,7 +150,7 @@ pub(crate) async fn purge_loop(shared: Arc<Shared>, interval: Duration, stop: Ca
     let config = &shared.config;
     every(interval, &stop, || async {
         while !stop.is_cancelled() {
-            match config.store.purge(config.purge_batch).await {
+            match shared.home.purge(config.purge_batch).await {
                 Ok(deleted) => {
                     shared.metrics.purged.increment(deleted);
                     if deleted > 0 {
@@ -179,7 +179,7 @@ pub(crate) async fn schedule_loop(
     interval: Option<Duration>,
     stop: CancellationToken,
 ) {
-    let store = &shared.config.store;
+    let store = &shared.home;
     for schedule in &declared {
         // Until it is stored, with the worker's store back-off: a worker that cannot
         // store its schedules still runs its handlers meanwhile.

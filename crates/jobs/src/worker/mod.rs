@@ -168,6 +168,11 @@ struct Shared {
     /// The runtime the worker was started from, where the store's connections live:
     /// outcomes the keeper records are sent from there.
     store_runtime: tokio::runtime::Handle,
+    /// The store as the worker was given it, for the calls made from `store_runtime`
+    /// (housekeeping, outcomes the keeper records, the worker's deregistration), which
+    /// handlers blocking their own runtime must not hold up. `config.store` is the
+    /// handlers' and the claim loop's (see [`Placement`]).
+    home: Store,
 }
 
 /// The wait after a store call failed, before the next try: 100 ms doubling to 5 s, a
@@ -313,14 +318,31 @@ impl Worker {
     /// Store errors never end the loop: they are logged, counted, and retried with a
     /// backoff, since a worker outliving a database restart is what users want.
     pub async fn run(self) {
+        let span = tracing::info_span!("worker", worker = %self.config.worker_id);
+        self.run_placed().instrument(span).await;
+    }
+
+    /// [`Worker::run`], in the worker's span.
+    async fn run_placed(self) {
         let Worker {
             mut config,
             shutdown,
         } = self;
-        // Every call to the store, from any of the worker's tasks or its handlers, is
-        // made where the store's connections live (see `on_store`).
-        config.store =
-            on_store::on_store_runtime(config.store.clone(), tokio::runtime::Handle::current());
+        let store_runtime = tokio::runtime::Handle::current();
+        // The keeper extends every lease from a thread of its own, where nothing the
+        // handlers do can hold it up.
+        let keeper_thread = match leases::KeeperThread::start() {
+            Ok(thread) => thread,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot start the lease keeper's thread; the worker does not run");
+                return;
+            }
+        };
+        let placement = Placement::choose(&config, &keeper_thread, &store_runtime).await;
+        let Some(placement) = placement else {
+            return;
+        };
+        let home = std::mem::replace(&mut config.store, placement.store.clone());
         let metrics = WorkerMetrics::new(&config.queue_names);
         let (completions, completed) = mpsc::unbounded_channel();
         let capacity = config.capacity.clone().map(capacity::Capacity::new);
@@ -333,59 +355,132 @@ impl Worker {
             handlers_running: AtomicUsize::new(0),
             slot_freed: Notify::new(),
             reclaimed: Notify::new(),
-            store_runtime: tokio::runtime::Handle::current(),
+            store_runtime,
+            home,
         });
-        let span = tracing::info_span!("worker", worker = %shared.config.worker_id);
-        run_worker(shared, completed, shutdown)
-            .instrument(span)
-            .await;
+        run_worker(shared, completed, shutdown, placement, keeper_thread).await;
     }
+}
+
+/// Where the worker's parts run, and over which connections.
+///
+/// | store | handlers and the claim loop | lease keeper |
+/// |---|---|---|
+/// | needs no runtime (memory, SQLite) | the worker's runtime, the store as is | its own thread, the store as is |
+/// | tied to its runtime (Redis, PostgreSQL) | a runtime of their own, over connections reopened there | its own thread, over connections reopened there |
+///
+/// Each of the three places then calls a store whose connections it drives itself: no
+/// call hops between threads, and handlers that block their threads stall neither the
+/// keeper nor the rest of the program. A tied store that cannot be reopened (a layer
+/// built outside [`Store::layer`]), or not yet (its server is down as the worker
+/// starts), is reached from the other two places by a hop to the worker's runtime,
+/// where it was opened (see `on_store`); the keeper reopens it as soon as it can.
+struct Placement {
+    /// Where handlers and the claim loop run.
+    handlers: HandlerThreads,
+    /// The store they call.
+    store: Store,
+    /// The store the keeper extends leases through.
+    keeper: leases::KeeperStore,
+}
+
+impl Placement {
+    /// `None` if a runtime for the handlers could not be started.
+    async fn choose(
+        config: &Config,
+        keeper_thread: &leases::KeeperThread,
+        store_runtime: &tokio::runtime::Handle,
+    ) -> Option<Placement> {
+        let store = &config.store;
+        let tied = store.capabilities().tied_to_runtime;
+        let handler_runtime = match &config.handler_runtime {
+            HandlerRuntime::Auto(_) if !tied => HandlerRuntime::Shared(store_runtime.clone()),
+            HandlerRuntime::Auto(threads) => HandlerRuntime::Own(*threads),
+            other => other.clone(),
+        };
+        let handlers = match HandlerThreads::start(&handler_runtime) {
+            Ok(handlers) => handlers,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot start the handlers' runtime; the worker does not run");
+                return None;
+            }
+        };
+        if !tied {
+            return Some(Placement {
+                handlers,
+                store: store.clone(),
+                keeper: leases::KeeperStore::own(store.clone()),
+            });
+        }
+        let hopping = || on_store::on_store_runtime(store.clone(), store_runtime.clone());
+        // Connections opened from the keeper's thread are driven by its runtime alone.
+        let keeper = match keeper_thread.reopen(store.clone()).await {
+            Ok(Some(own)) => leases::KeeperStore::own(own),
+            Ok(None) => leases::KeeperStore::borrowed(hopping(), None),
+            Err(err) => {
+                tracing::warn!(error = %err, "the lease keeper cannot open connections of its own yet; it reaches the store through the worker's runtime until it can");
+                leases::KeeperStore::borrowed(hopping(), Some(store.clone()))
+            }
+        };
+        let handler_store = match handlers.handle() {
+            Some(handle) if same_runtime(handle, store_runtime) => store.clone(),
+            Some(handle) => match reopen_on(handle, store.clone()).await {
+                Ok(Some(own)) => own,
+                Ok(None) => hopping(),
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot open connections for the handlers' runtime; its calls go through the worker's runtime");
+                    hopping()
+                }
+            },
+            None => return None,
+        };
+        Some(Placement {
+            handlers,
+            store: handler_store,
+            keeper,
+        })
+    }
+}
+
+/// `store` reopened from a task on `runtime` (see [`Store::reopen`]).
+async fn reopen_on(
+    runtime: &tokio::runtime::Handle,
+    store: Store,
+) -> jobs_core::Result<Option<Store>> {
+    let mut reopening = AbortOnDrop(runtime.spawn(async move { store.reopen().await }));
+    (&mut reopening.0).await.unwrap_or_else(|_| {
+        Err(jobs_core::Error::Unavailable {
+            message: "the runtime opening the store's connections shut down".to_owned(),
+            source: None,
+        })
+    })
+}
+
+/// Whether two handles drive the same runtime.
+fn same_runtime(a: &tokio::runtime::Handle, b: &tokio::runtime::Handle) -> bool {
+    a.id() == b.id()
 }
 
 async fn run_worker(
     shared: Arc<Shared>,
     completed: mpsc::UnboundedReceiver<Succeeded>,
     shutdown: CancellationToken,
+    placement: Placement,
+    keeper_thread: leases::KeeperThread,
 ) {
     let config = &shared.config;
-    // A store whose calls need this runtime keeps the keeper here, beside its
-    // connections, and handlers elsewhere; one that needs no runtime lets handlers run
-    // here, beside the claim loop (no thread hop per job), and keeps leases from a
-    // thread of its own.
-    let tied = config.store.capabilities().tied_to_runtime;
-    let handler_runtime = match &config.handler_runtime {
-        HandlerRuntime::Auto(_) if !tied => {
-            HandlerRuntime::Shared(tokio::runtime::Handle::current())
-        }
-        other => other.clone(),
-    };
-    let handlers = match HandlerThreads::start(&handler_runtime) {
-        Ok(handlers) => handlers,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot start the handlers' runtime; the worker does not run");
-            return;
-        }
-    };
+    let Placement {
+        handlers, keeper, ..
+    } = placement;
     let Some(handle) = handlers.handle() else {
         return;
     };
     // The keeper outlives the claim loop: it stops only once every outcome is stored.
     let stop_keeper = CancellationToken::new();
     let mut background = JoinSet::new();
-    let keeper = leases::keep_leases(shared.clone(), stop_keeper.clone())
+    let keeper = leases::keep_leases(shared.clone(), keeper, stop_keeper.clone())
         .instrument(tracing::Span::current());
-    let keeper_thread = if tied {
-        background.spawn(keeper);
-        None
-    } else {
-        match leases::spawn_keeper_thread(keeper) {
-            Ok(done) => Some(done),
-            Err(err) => {
-                tracing::error!(error = %err, "cannot start the lease keeper's thread; the worker does not run");
-                return;
-            }
-        }
-    };
+    let keeper_done = keeper_thread.run(keeper);
     if let Some(interval) = config.reclaim_interval {
         background.spawn(maintenance::reclaim_loop(
             shared.clone(),
@@ -436,15 +531,13 @@ async fn run_worker(
         }
     }
     stop_keeper.cancel();
-    if let Some(keeper_thread) = keeper_thread {
-        // The thread ends with its runtime once the keeper has returned.
-        let _ = keeper_thread.await;
-    }
+    // The thread ends with its runtime once the keeper has returned.
+    let _ = keeper_done.await;
     // Reclaim and purge are aborted where they wait; a call already running ends first,
     // so nothing of this worker is still at work once `run` returns.
     background.shutdown().await;
     // Last, once nothing can register it again: this worker is gone (CONTRACT W3).
-    if let Err(err) = config.store.deregister_worker(&config.worker_id).await {
+    if let Err(err) = shared.home.deregister_worker(&config.worker_id).await {
         tracing::warn!(error = %err, "removing the worker's record failed; it will be reaped");
     }
     drop(handlers);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::{Completion, Error, JobId, JobState, LeaseToken, Result, Retry, Timestamp};
+use jobs_core::{Completion, Error, JobId, JobState, LeaseToken, Result, Retry, Store, Timestamp};
 use tokio_util::sync::CancellationToken;
 
 use super::events::{JobEvent, JobOutcome};
@@ -192,16 +192,16 @@ fn emit(shared: &Shared, id: JobId, held: LetGo, outcome: JobOutcome) {
     shared.config.hooks.emit(&event);
 }
 
-/// Records one job's failure, release or (when the claim loop is gone) completion,
-/// trying again while its lease holds; lets go of the job at the end.
+/// Records one job's failure, release or (when the claim loop is gone) completion
+/// through `store`, trying again while its lease holds; lets go of the job at the end.
 pub(crate) async fn report_outcome(
     shared: &Shared,
+    store: &Store,
     metrics: &QueueMetrics,
     id: JobId,
     token: LeaseToken,
     outcome: Report,
 ) {
-    let store = &shared.config.store;
     let mut delay = StoreBackoff::new();
     loop {
         // The time the job was asked to run again at, for its lifecycle event.
