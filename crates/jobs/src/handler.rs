@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::atomic::{fence, Ordering as AtomicOrdering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use futures::future::BoxFuture;
 use jobs_core::{BoxError, Enqueued, FencedCompletion, Job, JobId, LeaseToken, NewJob, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::worker::AbortOnDrop;
+use crate::worker::{AbortOnDrop, HeldJob};
 
 /// Why a running handler was asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,21 +33,44 @@ pub enum CancelReason {
 }
 
 /// The cancellation state shared by a running job, its heartbeat and the worker.
+///
+/// The token is made the first time someone waits on it: most handlers return
+/// without ever looking, and a token costs an allocation to make and a lock to drop.
 #[derive(Debug, Default)]
 pub(crate) struct CancelState {
-    pub(crate) token: CancellationToken,
+    token: OnceLock<CancellationToken>,
     reason: OnceLock<CancelReason>,
 }
 
 impl CancelState {
-    /// Records `reason` (the first reason wins) and cancels the token.
+    /// Records `reason` (the first reason wins) and cancels the token, if it was made.
     pub(crate) fn cancel(&self, reason: CancelReason) {
         let _ = self.reason.set(reason);
-        self.token.cancel();
+        // With the fence in `token`, one of the two sides sees the other's write: a
+        // token made while this runs is cancelled by its maker or by this.
+        fence(AtomicOrdering::SeqCst);
+        if let Some(token) = self.token.get() {
+            token.cancel();
+        }
     }
 
     pub(crate) fn reason(&self) -> Option<CancelReason> {
         self.reason.get().copied()
+    }
+
+    /// Whether the job was asked to stop (or a handler cancelled the token itself).
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.reason.get().is_some() || self.token.get().is_some_and(|t| t.is_cancelled())
+    }
+
+    /// The token, cancelled once the job is asked to stop; made on first use.
+    pub(crate) fn token(&self) -> &CancellationToken {
+        let token = self.token.get_or_init(CancellationToken::new);
+        fence(AtomicOrdering::SeqCst);
+        if self.reason.get().is_some() {
+            token.cancel();
+        }
+        token
     }
 }
 
@@ -56,113 +80,98 @@ impl CancelState {
 /// Cheap to clone.
 #[derive(Clone)]
 pub struct JobContext {
-    inner: Arc<ContextInner>,
+    /// The job as the worker holds it: its context is its lease's.
+    held: Arc<HeldJob>,
+    worker: Arc<WorkerContext>,
 }
 
-struct ContextInner {
-    job: Job,
-    token: LeaseToken,
-    worker: Arc<str>,
-    cancel: Arc<CancelState>,
-    store: Store,
+/// What the contexts of one worker's jobs share.
+pub(crate) struct WorkerContext {
+    pub(crate) worker_id: Arc<str>,
+    /// The store the worker's handlers call.
+    pub(crate) store: Store,
     /// The runtime the worker was started from, where the store's connections live.
-    store_runtime: tokio::runtime::Handle,
+    pub(crate) store_runtime: tokio::runtime::Handle,
 }
 
 impl fmt::Debug for JobContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JobContext")
-            .field("id", &self.inner.job.id)
-            .field("queue", &self.inner.job.queue)
-            .field("attempt", &self.inner.job.attempts)
-            .field("worker", &self.inner.worker)
-            .field("cancelled", &self.inner.cancel.token.is_cancelled())
+            .field("id", &self.held.job.id)
+            .field("queue", &self.held.job.queue)
+            .field("attempt", &self.held.job.attempts)
+            .field("worker", &self.worker.worker_id)
+            .field("cancelled", &self.held.cancel.is_cancelled())
             .finish()
     }
 }
 
 impl JobContext {
-    pub(crate) fn new(
-        job: Job,
-        token: LeaseToken,
-        worker: Arc<str>,
-        cancel: Arc<CancelState>,
-        store: Store,
-        store_runtime: tokio::runtime::Handle,
-    ) -> Self {
-        JobContext {
-            inner: Arc::new(ContextInner {
-                job,
-                token,
-                worker,
-                cancel,
-                store,
-                store_runtime,
-            }),
-        }
+    pub(crate) fn new(held: Arc<HeldJob>, worker: Arc<WorkerContext>) -> Self {
+        JobContext { held, worker }
     }
 
     /// The job's id.
     pub fn id(&self) -> JobId {
-        self.inner.job.id
+        self.held.job.id
     }
 
     /// The queue the job came from.
     pub fn queue(&self) -> &str {
-        &self.inner.job.queue
+        &self.held.job.queue
     }
 
     /// Which attempt this is, starting at 1.
     pub fn attempt(&self) -> u32 {
-        self.inner.job.attempts
+        self.held.job.attempts
     }
 
     /// Whether a failure now would make the job dead instead of retrying it.
     pub fn is_last_attempt(&self) -> bool {
-        self.inner.job.attempts >= self.inner.job.max_attempts
+        self.held.job.attempts >= self.held.job.max_attempts
     }
 
     /// The job as the claim returned it (state `running`, lease set).
     pub fn job(&self) -> &Job {
-        &self.inner.job
+        &self.held.job
     }
 
     /// The fencing token of this claim. Pass it to systems that should refuse writes
     /// from a worker whose lease was taken over (it only ever grows per job).
     pub fn lease_token(&self) -> LeaseToken {
-        self.inner.token
+        self.held.token
     }
 
     /// The id of the worker running the job.
     pub fn worker_id(&self) -> &str {
-        &self.inner.worker
+        &self.worker.worker_id
     }
 
     /// The token that is cancelled when the handler should stop: the job was cancelled
     /// by an operator, its lease was lost, its timeout passed, or the worker's shutdown
     /// grace ran out.
     pub fn cancellation(&self) -> &CancellationToken {
-        &self.inner.cancel.token
+        self.held.cancel.token()
     }
 
     /// Whether the handler has been asked to stop.
     pub fn is_cancelled(&self) -> bool {
-        self.inner.cancel.token.is_cancelled()
+        self.held.cancel.is_cancelled()
     }
 
     /// Resolves when the handler is asked to stop. Select on it around long work.
     pub async fn cancelled(&self) {
-        self.inner.cancel.token.cancelled().await;
+        self.held.cancel.token().cancelled().await;
     }
 
     /// Why the handler was asked to stop, once it was.
     pub fn cancel_reason(&self) -> Option<CancelReason> {
-        self.inner.cancel.reason()
+        self.held.cancel.reason()
     }
 
     /// The store the job came from.
     pub fn store(&self) -> &Store {
-        &self.inner.store
+        &self.worker.store
     }
 
     /// Runs `work` on the runtime the worker was started from, where the store's
@@ -184,7 +193,7 @@ impl JobContext {
         T: Send + 'static,
     {
         // Aborted when the handler stops waiting, as dropping `work` in place would be.
-        let mut task = AbortOnDrop(self.inner.store_runtime.spawn(work));
+        let mut task = AbortOnDrop(self.worker.store_runtime.spawn(work));
         match (&mut task.0).await {
             Ok(value) => Ok(value),
             Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
@@ -194,7 +203,7 @@ impl JobContext {
 
     /// Enqueues `job` with this job as its parent (fan-out, CONTRACT E8).
     pub async fn enqueue_child(&self, job: NewJob) -> jobs_core::Result<Enqueued> {
-        let enqueued = self.inner.store.enqueue(job.parent(self.id())).await?;
+        let enqueued = self.worker.store.enqueue(job.parent(self.id())).await?;
         Ok(enqueued)
     }
 }
@@ -543,6 +552,39 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cancel_state_makes_its_token_only_when_asked_and_never_misses_a_cancel() {
+        let state = CancelState::default();
+        assert!(!state.is_cancelled());
+        state.cancel(CancelReason::Requested);
+        assert!(state.token.get().is_none(), "cancelling makes no token");
+        assert!(state.is_cancelled());
+        assert!(
+            state.token().is_cancelled(),
+            "a token made after the cancel is cancelled"
+        );
+        state.cancel(CancelReason::Shutdown);
+        assert_eq!(
+            state.reason(),
+            Some(CancelReason::Requested),
+            "the first reason wins"
+        );
+
+        // A cancel racing the token's making, on two threads, many times: the token
+        // always ends cancelled.
+        for _ in 0..2_000 {
+            let state = Arc::new(CancelState::default());
+            let cancelling = Arc::clone(&state);
+            let canceller = std::thread::spawn(move || cancelling.cancel(CancelReason::LeaseLost));
+            let token = state.token().clone();
+            canceller.join().expect("the cancelling thread");
+            assert!(
+                token.is_cancelled(),
+                "a cancel racing the token's making was lost"
+            );
+        }
+    }
 
     #[derive(Debug)]
     struct Outer(std::io::Error);

@@ -6,22 +6,23 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{ClaimRequest, ClaimedJob};
+use jobs_core::{ClaimRequest, ClaimedJob, LeaseToken};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::job::start_job;
-use super::leases::Claimed;
+use super::job::{start_job, QueueHandler};
+use super::leases::HeldJob;
 use super::report::{record_completions, Succeeded};
 use super::{Shared, StoreBackoff};
-use crate::handler::{CancelReason, CancelState};
+use crate::handler::CancelReason;
+use crate::telemetry::QueueMetrics;
 
 /// How long the worker waits, after cancelling the handlers still running at the end
 /// of the shutdown grace period, for their releases to reach the store.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most completions handed to the store in one `complete_batch` call.
-const COMPLETION_BATCH: usize = 256;
+pub(crate) const COMPLETION_BATCH: usize = 256;
 
 /// Early wake-ups in a row, each followed by an empty claim, after which the claim
 /// loop's next wait is a plain poll (see `run_loop`).
@@ -117,7 +118,7 @@ pub(crate) async fn run_loop(
                 }
                 woke_early = false;
                 let full = claimed.len() >= limit;
-                start_all(&shared, &mut jobs, claimed);
+                start_all(&shared, &mut jobs, claimed, &mut succeeded);
                 if full {
                     continue;
                 }
@@ -176,8 +177,8 @@ pub(crate) async fn run_loop(
             jobs = left.len(),
             "shutdown grace period over; releasing unfinished jobs"
         );
-        for cancel in left {
-            cancel.cancel(CancelReason::Shutdown);
+        for job in left {
+            job.cancel.cancel(CancelReason::Shutdown);
         }
         let released = tokio::time::timeout(
             RELEASE_TIMEOUT,
@@ -195,43 +196,57 @@ pub(crate) async fn run_loop(
 
 /// Holds every job of a claim before starting any, so that the leases of those whose
 /// turn comes later are kept while the first ones start; then starts them in order.
-fn start_all(shared: &Arc<Shared>, jobs: &mut JoinSet<()>, claimed: Vec<ClaimedJob>) {
+///
+/// Jobs that succeed in their first poll join `succeeded`, the next batch of
+/// completions, without a trip through the channel.
+fn start_all(
+    shared: &Arc<Shared>,
+    jobs: &mut JoinSet<()>,
+    claimed: Vec<ClaimedJob>,
+    succeeded: &mut Vec<Succeeded>,
+) {
     let config = &shared.config;
     let now = config.store.settings().now();
-    let mut held = Vec::with_capacity(claimed.len());
-    let mut leases = Vec::with_capacity(claimed.len());
     let hooks = !config.hooks.is_empty();
-    for job in claimed {
-        let metrics = shared.metrics.queue(&job.job.queue);
+    let mut held = Vec::with_capacity(claimed.len());
+    // The jobs of a claim mostly share a queue: its handler and metrics are looked up
+    // once for each run of jobs of one queue.
+    let mut last: Option<(&str, Option<&QueueHandler>, &Arc<QueueMetrics>)> = None;
+    for ClaimedJob { job, payload } in claimed {
+        let (handler, metrics) = match last {
+            Some((name, handler, metrics)) if name == job.queue => (handler, metrics),
+            _ => {
+                let (name, handler) = match config.handlers.get_key_value(job.queue.as_str()) {
+                    Some((name, handler)) => (Some(name.as_str()), Some(handler)),
+                    None => (None, None),
+                };
+                let metrics = shared.metrics.queue(&job.queue);
+                if let Some(name) = name {
+                    last = Some((name, handler, metrics));
+                }
+                (handler, metrics)
+            }
+        };
         metrics.claimed.increment(1);
-        let picked_up_at = job.job.started_at.unwrap_or(now);
+        let picked_up_at = job.started_at.unwrap_or(now);
         metrics
             .pickup_latency
-            .record(picked_up_at.duration_since(job.job.run_at).as_secs_f64());
-        let expires_at = job.job.lease.as_ref().map_or_else(
-            || now.saturating_add(config.lease),
-            |lease| lease.expires_at,
+            .record(picked_up_at.duration_since(job.run_at).as_secs_f64());
+        let (token, expires_at) = job.lease.as_ref().map_or_else(
+            || (LeaseToken::new(0), now.saturating_add(config.lease)),
+            |lease| (lease.token, lease.expires_at),
         );
-        let cancel = Arc::new(CancelState::default());
         // Only the lifecycle events name the queue; without hooks nothing is kept.
-        let queue = hooks.then(|| match config.handlers.get(&job.job.queue) {
+        let queue = hooks.then(|| match handler {
             Some(handler) => handler.name.clone(),
-            None => Arc::from(job.job.queue.as_str()),
+            None => Arc::from(job.queue.as_str()),
         });
-        leases.push(Claimed {
-            id: job.id(),
-            token: job.token(),
-            expires_at,
-            cancel: cancel.clone(),
-            metrics: metrics.clone(),
-            attempt: job.job.attempts,
-            queue,
-        });
-        held.push((job, cancel));
+        let job = HeldJob::new(job, token, expires_at, Arc::clone(metrics), queue);
+        held.push((Arc::new(job), payload, handler));
     }
-    shared.leases.hold_all(leases);
-    for (job, cancel) in held {
-        start_job(shared, jobs, job, cancel);
+    shared.leases.hold_all(held.iter().map(|(job, _, _)| job));
+    for (job, payload, handler) in held {
+        start_job(shared, jobs, job, payload, handler, succeeded);
     }
 }
 

@@ -9,21 +9,22 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::FutureExt;
-use jobs_core::{ClaimedJob, Completion, JobId, LeaseToken, Needs, Timestamp};
+use jobs_core::Needs;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+use super::claim_loop::COMPLETION_BATCH;
 use super::events::JobOutcome;
-use super::leases::{Deadline, Start};
+use super::leases::{Deadline, HeldJob, Start};
 use super::report::{report_outcome, stored, Report, Succeeded};
 use super::Shared;
 use crate::handler::{
     CancelReason, CancelState, ErasedHandler, HandlerFuture, JobContext, JobError, RetryAdvice,
     Success,
 };
-use crate::telemetry::QueueMetrics;
 
 /// First polls of a queue's handler taking longer than this, [`SLOW_POLLS_IN_A_ROW`]
 /// times in a row, move its jobs to tasks.
@@ -92,14 +93,13 @@ impl InlinePolls {
 pub(crate) fn start_job(
     shared: &Arc<Shared>,
     jobs: &mut JoinSet<()>,
-    claimed: ClaimedJob,
-    cancel: Arc<CancelState>,
+    held: Arc<HeldJob>,
+    payload: Bytes,
+    queue: Option<&QueueHandler>,
+    succeeded: &mut Vec<Succeeded>,
 ) {
     let config = &shared.config;
-    let token = claimed.token();
-    let ClaimedJob { job, payload } = claimed;
-    let job_started_at = job.started_at;
-    let id = job.id;
+    let job = &held.job;
     let span = tracing::info_span!(
         "job",
         queue = %job.queue,
@@ -112,28 +112,29 @@ pub(crate) fn start_job(
         crate::trace_context::adopt(&span, traceparent);
     }
     let _entered = span.enter();
-    let metrics = Arc::clone(shared.metrics.queue(&job.queue));
 
-    let Some(queue) = config.handlers.get(&job.queue) else {
+    let Some(queue) = queue else {
         // Only a store breaking CONTRACT C4 hands out a job of a queue not asked for;
         // give it back untouched rather than guess what to run.
         tracing::error!("claimed a job of a queue this worker does not serve; releasing it");
-        spawn_report(shared, jobs, metrics, id, token, Report::Release, &span);
+        spawn_report(shared, jobs, held, Report::Release, &span);
         return;
     };
     let timeout = job.timeout.or(config.timeout);
     let started = Instant::now();
+    // Read for each job, not once for the claim: a job before it in the batch may have
+    // blocked this loop past the lease (CONTRACT L9).
     let now = config.store.settings().now();
     let deadline = timeout.map(|timeout| Deadline {
         at: now.saturating_add(timeout),
         timeout,
     });
-    match shared.leases.start(id, token, now, deadline, started) {
+    match held.start(now, deadline, started) {
         Start::Run => {}
         Start::Lost => {
             // Reclaimed while it waited for its turn: another worker may run it now.
             tracing::warn!("lease lost before the handler started; not starting it");
-            shared.leases.drop_job(id, token);
+            shared.leases.drop_job(&held);
             return;
         }
         Start::Expired => {
@@ -141,42 +142,29 @@ pub(crate) fn start_job(
             // at any moment, so it is handed back rather than started under a lease
             // that another worker may be given.
             tracing::warn!("lease expired before the handler started; releasing it");
-            spawn_report(shared, jobs, metrics, id, token, Report::Release, &span);
+            spawn_report(shared, jobs, held, Report::Release, &span);
             return;
         }
     }
 
     let slot = SlotGuard::take(shared, &job.needs);
-    let ctx = JobContext::new(
-        job,
-        token,
-        config.worker_id.clone(),
-        cancel.clone(),
-        config.store.clone(),
-        shared.store_runtime.clone(),
-    );
     let begun = Begun {
-        id,
-        token,
-        attempt: ctx.attempt(),
         started,
-        claimed_at: job_started_at,
         timeout,
-        metrics,
-        cancel,
+        held: Arc::clone(&held),
     };
+    let ctx = JobContext::new(held, Arc::clone(&shared.context));
     // Building the future runs the closure's synchronous part, which may panic too.
-    let handler = Arc::clone(&queue.handler);
-    let mut future = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(ctx, payload)))
-    {
-        Ok(future) => future,
-        Err(panic) => {
-            slot.free_inline();
-            let finished = Finished::Panicked(panic_message(panic.as_ref()));
-            conclude_inline(shared, jobs, begun, finished, &span);
-            return;
-        }
-    };
+    let mut future =
+        match std::panic::catch_unwind(AssertUnwindSafe(|| queue.handler.call(ctx, payload))) {
+            Ok(future) => future,
+            Err(panic) => {
+                slot.free_inline();
+                let finished = Finished::Panicked(panic_message(panic.as_ref()));
+                conclude_inline(shared, jobs, begun, finished, &span, succeeded);
+                return;
+            }
+        };
     if queue.inline.allowed() {
         // No waker to give: if the handler is not done, its task polls it again at once
         // and registers its own, so nothing it waits for can be missed.
@@ -202,7 +190,7 @@ pub(crate) fn start_job(
         };
         if let Some(finished) = finished {
             slot.free_inline();
-            conclude_inline(shared, jobs, begun, finished, &span);
+            conclude_inline(shared, jobs, begun, finished, &span, succeeded);
             return;
         }
     }
@@ -213,43 +201,42 @@ pub(crate) fn start_job(
     };
     let task_shared = Arc::clone(shared);
     let cancel_grace = config.cancel_grace;
+    let held = Arc::clone(&begun.held);
     let task = jobs.spawn(
         async move {
             let finished = {
                 let _slot = slot;
-                run_handler(watched, &begun.cancel, cancel_grace, begun.timeout).await
+                run_handler(watched, &begun.held.cancel, cancel_grace, begun.timeout).await
             };
-            if let Some(report) = conclude(&task_shared, &begun, finished) {
-                report_outcome(
-                    &task_shared,
-                    &task_shared.config.store,
-                    &begun.metrics,
-                    begun.id,
-                    begun.token,
-                    report,
-                )
-                .await;
+            let report = match conclude(&task_shared, &begun, finished) {
+                Some(Report::Complete(result)) => hand_over(&task_shared, &begun.held, result),
+                other => other,
+            };
+            if let Some(report) = report {
+                let store = &task_shared.config.store;
+                report_outcome(&task_shared, store, &begun.held, report).await;
             }
         }
         .instrument(span.clone()),
     );
-    shared.leases.set_task(id, token, task);
+    held.set_task(task);
 }
 
 /// Sends a job's outcome from a task of its own.
 fn spawn_report(
     shared: &Arc<Shared>,
     jobs: &mut JoinSet<()>,
-    metrics: Arc<QueueMetrics>,
-    id: JobId,
-    token: LeaseToken,
+    held: Arc<HeldJob>,
     report: Report,
     span: &tracing::Span,
 ) {
     let shared = Arc::clone(shared);
     jobs.spawn(
-        async move { report_outcome(&shared, &shared.config.store, &metrics, id, token, report).await }
-            .instrument(span.clone()),
+        async move {
+            let store = &shared.config.store;
+            report_outcome(&shared, store, &held, report).await;
+        }
+        .instrument(span.clone()),
     );
 }
 
@@ -299,15 +286,9 @@ impl Drop for SlotGuard {
 
 /// A job whose handler was called.
 struct Begun {
-    id: JobId,
-    token: LeaseToken,
-    attempt: u32,
     started: Instant,
-    /// When the claim began this attempt, as its record says (CONTRACT H1).
-    claimed_at: Option<Timestamp>,
     timeout: Option<Duration>,
-    metrics: Arc<QueueMetrics>,
-    cancel: Arc<CancelState>,
+    held: Arc<HeldJob>,
 }
 
 /// How a handler ended.
@@ -322,65 +303,72 @@ enum Finished {
     TimedOut(Duration),
 }
 
-/// Concludes a job that finished in its first poll: a success goes to the claim loop,
-/// any other outcome to a task of its own.
+/// Concludes a job that finished in its first poll: a success joins the claim loop's
+/// next batch of completions (`succeeded`, while it has room; the channel otherwise),
+/// any other outcome goes to a task of its own.
 fn conclude_inline(
     shared: &Arc<Shared>,
     jobs: &mut JoinSet<()>,
     begun: Begun,
     finished: Finished,
     span: &tracing::Span,
+    succeeded: &mut Vec<Succeeded>,
 ) {
-    if let Some(report) = conclude(shared, &begun, finished) {
-        spawn_report(
-            shared,
-            jobs,
-            begun.metrics,
-            begun.id,
-            begun.token,
-            report,
-            span,
-        );
+    let report = match conclude(shared, &begun, finished) {
+        Some(Report::Complete(result)) if succeeded.len() < COMPLETION_BATCH => {
+            succeeded.push(Succeeded {
+                held: begun.held,
+                result,
+            });
+            return;
+        }
+        Some(Report::Complete(result)) => hand_over(shared, &begun.held, result),
+        other => other,
+    };
+    if let Some(report) = report {
+        spawn_report(shared, jobs, begun.held, report, span);
     }
 }
 
-/// Takes a finished handler's job into reporting and decides what to report. A success
-/// is handed to the claim loop here (`None` is returned, as when there is nothing to
-/// report: the lease was lost, or the keeper already failed the job as timed out).
+/// Takes a finished handler's job into reporting and decides what to report: `None`
+/// when there is nothing to (the lease was lost, the handler stored its completion
+/// itself, or the keeper already failed the job as timed out).
 fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report> {
     let config = &shared.config;
+    let held = &begun.held;
     let ran_for = begun.started.elapsed();
     // On the store's clock from the attempt's recorded start, as `attempts()` reports
     // it (CONTRACT H2), so the histogram and the history tell one story.
-    let run_time = begun
-        .claimed_at
+    let run_time = held
+        .job
+        .started_at
         .map_or(ran_for, |at| config.store.now().duration_since(at));
-    begun.metrics.run_time.record(run_time.as_secs_f64());
-    if !shared.leases.finish(begun.id, begun.token, ran_for) {
+    held.metrics.run_time.record(run_time.as_secs_f64());
+    if !held.finish(ran_for) {
         return None;
     }
     if let Finished::Returned(Ok(Success::Recorded(receipt))) = &finished {
-        if (receipt.id(), receipt.token()) == (begun.id, begun.token) {
+        if (receipt.id(), receipt.token()) == (held.id(), held.token) {
             // Stored by the handler with its own writes (CONTRACT §7, T3): nothing is
             // left to record, and the lease is no longer worth keeping. A heartbeat may
             // have found the lease gone since: that is this completion's doing (a store
             // that had taken the lease back would have refused it), so it is checked
             // before the cancel reason.
-            begun.metrics.succeeded.increment(1);
+            held.metrics.succeeded.increment(1);
             tracing::debug!("completed by the handler in its own transaction");
-            stored(shared, begun.id, begun.token, || JobOutcome::Succeeded);
+            stored(shared, held, || JobOutcome::Succeeded);
             return None;
         }
     }
-    let reason = begun.cancel.reason();
+    let reason = held.cancel.reason();
     if reason == Some(CancelReason::LeaseLost) {
         // Counted and logged by the keeper when the store said so.
         tracing::debug!("the handler ended after its lease was lost; nothing to report");
-        shared.leases.drop_job(begun.id, begun.token);
+        shared.leases.drop_job(held);
         return None;
     }
     let cancelled = reason == Some(CancelReason::Requested);
-    let attempt = begun.attempt;
+    let attempt = held.attempt();
     let report = match finished {
         // The receipt of another lease than this attempt's (its own is handled above).
         Finished::Returned(Ok(Success::Recorded(receipt))) => Report::Fail(
@@ -398,7 +386,7 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
                 error = %error,
                 "the handler's lease was lost; recording nothing for the attempt"
             );
-            shared.leases.drop_job(begun.id, begun.token);
+            shared.leases.drop_job(held);
             return None;
         }
         Finished::Returned(Ok(Success::Store(result))) => Report::Complete(result),
@@ -424,7 +412,7 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
             Report::Fail(text, retry_in)
         }
         Finished::Panicked(message) => {
-            begun.metrics.panicked.increment(1);
+            held.metrics.panicked.increment(1);
             let text = format!("handler panicked: {message}");
             if cancelled {
                 Report::Fail(text, None)
@@ -433,7 +421,7 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
             }
         }
         Finished::TimedOut(timeout) => {
-            begun.metrics.timed_out.increment(1);
+            held.metrics.timed_out.increment(1);
             super::report::timed_out_report(shared, attempt, timeout)
         }
         Finished::Dropped if cancelled => Report::Fail(
@@ -442,23 +430,23 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
         ),
         Finished::Dropped => Report::Release,
     };
-    let Report::Complete(result) = report else {
-        return Some(report);
+    Some(report)
+}
+
+/// Hands a success to the claim loop from a job's task. Successes are the common case
+/// and need no answer here: the claim loop records them in batches, so a thousand short
+/// jobs cost a few store calls. The lease stays held (and heartbeated) until the
+/// completion is stored. Returns the report to make here if the claim loop is gone.
+fn hand_over(shared: &Shared, held: &Arc<HeldJob>, result: Option<Bytes>) -> Option<Report> {
+    let succeeded = Succeeded {
+        held: Arc::clone(held),
+        result,
     };
-    // Successes are the common case and need no answer here: the claim loop records
-    // them in batches, so a thousand short jobs cost a few store calls. The lease stays
-    // held (and heartbeated) until the completion is stored.
-    let handed_over = shared.completions.send(Succeeded {
-        completion: Completion::new(begun.id, begun.token, result),
-        metrics: Arc::clone(&begun.metrics),
-    });
-    match handed_over {
+    match shared.completions.send(succeeded) {
         Ok(()) => None,
-        Err(mpsc::error::SendError(succeeded)) => {
-            // The claim loop is gone only if the worker's own task was aborted midway;
-            // report this one directly rather than drop it.
-            Some(Report::Complete(succeeded.completion.result))
-        }
+        // The claim loop is gone only if the worker's own task was aborted midway;
+        // report this one directly rather than drop it.
+        Err(mpsc::error::SendError(succeeded)) => Some(Report::Complete(succeeded.result)),
     }
 }
 
@@ -477,7 +465,7 @@ async fn run_handler(
         // and polling the token first would register a waiter only to drop it.
         biased;
         joined = &mut future => Some(joined),
-        () = cancel.token.cancelled() => None,
+        () = cancel.token().cancelled() => None,
     };
     let joined = match joined {
         Some(joined) => joined,

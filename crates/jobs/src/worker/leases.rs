@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use jobs_core::validate::MAX_BATCH_LEN;
-use jobs_core::{HeldLease, JobId, JobIdMap, LeaseToken, Store, Timestamp};
+use jobs_core::{HeldLease, Job, JobId, JobIdMap, LeaseToken, Store, Timestamp};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::MissedTickBehavior;
@@ -35,17 +35,34 @@ enum Phase {
     Reporting,
 }
 
-/// One held lease.
-struct Held {
-    token: LeaseToken,
+/// A job the worker holds a lease on, from its claim until its outcome is stored:
+/// what its handler's [`JobContext`](crate::JobContext) shows, and the lease's state.
+///
+/// The job's own code (its start, its end, its report) moves it along through this
+/// shared value, with no lookup; the worker's table ([`Leases`]) holds it too, for the
+/// keeper to walk, and is touched once when a claim's jobs are taken and once when a
+/// batch of outcomes is stored.
+pub(crate) struct HeldJob {
+    /// The job as claimed: state `running`, its lease set.
+    pub(crate) job: Job,
+    pub(crate) token: LeaseToken,
+    pub(crate) cancel: CancelState,
+    pub(crate) metrics: Arc<QueueMetrics>,
+    /// The job's queue as the worker names it, kept only for a worker with lifecycle
+    /// hooks (its events name it).
+    pub(crate) queue: Option<Arc<str>>,
+    lease: Mutex<LeaseState>,
+}
+
+/// The changing part of a held job.
+struct LeaseState {
     /// The expiry the store last confirmed (claim or heartbeat), on the store's clock.
     expires_at: Timestamp,
     /// Set once the store said the lease is gone (another worker may hold the job).
     lost: bool,
+    /// Set once the worker let go of the job: its outcome is stored, or can no longer be.
+    let_go: bool,
     phase: Phase,
-    cancel: Arc<CancelState>,
-    metrics: Arc<QueueMetrics>,
-    attempt: u32,
     /// The running attempt's time limit and when it is up, on the store's clock (so a
     /// driven clock drives timeouts, as it drives lease expiry and retries).
     deadline: Option<Deadline>,
@@ -54,16 +71,116 @@ struct Held {
     /// The task running the handler: the keeper aborts it if the handler blocks its
     /// thread past its timeout and the grace.
     task: Option<AbortHandle>,
-    /// The job's queue, kept only for a worker with lifecycle hooks (its events name it).
-    queue: Option<Arc<str>>,
     /// When the handler started (wall clock).
     started: Option<Instant>,
     /// How long the handler ran, once it is done (or given up on).
     ran_for: Option<Duration>,
 }
 
-/// What a lifecycle event says about a job the worker let go of: kept with its lease,
-/// so every path that stores an outcome finds it in one place.
+impl HeldJob {
+    /// A job just claimed, its lease held until `expires_at` (store clock).
+    pub(crate) fn new(
+        job: Job,
+        token: LeaseToken,
+        expires_at: Timestamp,
+        metrics: Arc<QueueMetrics>,
+        queue: Option<Arc<str>>,
+    ) -> Self {
+        HeldJob {
+            job,
+            token,
+            cancel: CancelState::default(),
+            metrics,
+            queue,
+            lease: Mutex::new(LeaseState {
+                expires_at,
+                lost: false,
+                let_go: false,
+                phase: Phase::Waiting,
+                deadline: None,
+                timed_out_at: None,
+                task: None,
+                started: None,
+                ran_for: None,
+            }),
+        }
+    }
+
+    pub(crate) fn id(&self) -> JobId {
+        self.job.id
+    }
+
+    pub(crate) fn attempt(&self) -> u32 {
+        self.job.attempts
+    }
+
+    fn state(&self) -> MutexGuard<'_, LeaseState> {
+        // Every critical section is a few field reads and writes; a panic cannot leave
+        // the state half-changed, so a poisoned lock is still consistent.
+        self.lease
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Decides whether the waiting job may start now (`now` on the store's clock), and
+    /// marks it running with its deadline, started at `started`, if so.
+    pub(crate) fn start(
+        &self,
+        now: Timestamp,
+        deadline: Option<Deadline>,
+        started: Instant,
+    ) -> Start {
+        let mut state = self.state();
+        if state.lost || state.let_go {
+            return Start::Lost;
+        }
+        if state.expires_at <= now {
+            state.phase = Phase::Reporting;
+            return Start::Expired;
+        }
+        state.phase = Phase::Running;
+        state.deadline = deadline;
+        state.started = Some(started);
+        Start::Run
+    }
+
+    /// Records the task the handler runs in, so the keeper can stop it.
+    pub(crate) fn set_task(&self, task: AbortHandle) {
+        self.state().task = Some(task);
+    }
+
+    /// Takes the finished handler's job into reporting, the handler having run for
+    /// `ran_for`. False when it is no longer the handler's to report: the keeper
+    /// already failed it as timed out.
+    pub(crate) fn finish(&self, ran_for: Duration) -> bool {
+        let mut state = self.state();
+        if state.phase != Phase::Running {
+            return false;
+        }
+        state.phase = Phase::Reporting;
+        state.task = None;
+        state.ran_for = Some(ran_for);
+        true
+    }
+
+    /// Whether the store said the lease is gone (or the worker let go of the job), so
+    /// an outcome that failed to reach the store is not worth trying again.
+    pub(crate) fn is_lost(&self) -> bool {
+        let state = self.state();
+        state.lost || state.let_go
+    }
+
+    /// What the job's lifecycle event says of it.
+    fn let_go_info(&self, ran_for: Option<Duration>) -> LetGo {
+        LetGo {
+            queue: self.queue.clone(),
+            attempt: self.attempt(),
+            ran_for,
+        }
+    }
+}
+
+/// What a lifecycle event says about a job the worker let go of.
 pub(crate) struct LetGo {
     /// `None` unless the worker has hooks.
     pub(crate) queue: Option<Arc<str>>,
@@ -78,19 +195,7 @@ pub(crate) struct Deadline {
     pub(crate) timeout: Duration,
 }
 
-/// A job of a claim, as [`Leases::hold_all`] takes it.
-pub(crate) struct Claimed {
-    pub(crate) id: JobId,
-    pub(crate) token: LeaseToken,
-    pub(crate) expires_at: Timestamp,
-    pub(crate) cancel: Arc<CancelState>,
-    pub(crate) metrics: Arc<QueueMetrics>,
-    pub(crate) attempt: u32,
-    /// The job's queue, for a worker with lifecycle hooks; `None` otherwise.
-    pub(crate) queue: Option<Arc<str>>,
-}
-
-/// What [`Leases::start`] decided for a job about to start.
+/// What [`HeldJob::start`] decided for a job about to start.
 pub(crate) enum Start {
     /// Its lease holds: run it.
     Run,
@@ -101,159 +206,64 @@ pub(crate) enum Start {
     Expired,
 }
 
-/// What the runtime holds, by job id.
+/// Every job the worker holds, by id.
 #[derive(Default)]
 pub(crate) struct Leases {
-    held: Mutex<JobIdMap<Held>>,
+    held: Mutex<JobIdMap<Arc<HeldJob>>>,
 }
 
 impl Leases {
-    fn lock(&self) -> MutexGuard<'_, JobIdMap<Held>> {
-        // Every critical section is one lookup and a few field writes; a panic cannot
-        // leave an entry half-changed, so a poisoned lock is still consistent.
+    fn lock(&self) -> MutexGuard<'_, JobIdMap<Arc<HeldJob>>> {
+        // Every critical section is a few map operations; a panic cannot leave the map
+        // half-changed, so a poisoned lock is still consistent.
         self.held
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Holds the jobs of one claim, until [`Leases::drop_job`] lets go of each; one
-    /// lock for the whole claim.
-    pub(crate) fn hold_all(&self, claimed: impl IntoIterator<Item = Claimed>) {
+    /// Holds the jobs of one claim until they are let go of; one lock for the claim.
+    pub(crate) fn hold_all<'a>(&self, claimed: impl IntoIterator<Item = &'a Arc<HeldJob>>) {
         let mut held = self.lock();
         for job in claimed {
-            held.insert(
-                job.id,
-                Held {
-                    token: job.token,
-                    expires_at: job.expires_at,
-                    lost: false,
-                    phase: Phase::Waiting,
-                    cancel: job.cancel,
-                    metrics: job.metrics,
-                    attempt: job.attempt,
-                    deadline: None,
-                    timed_out_at: None,
-                    task: None,
-                    queue: job.queue,
-                    started: None,
-                    ran_for: None,
-                },
-            );
+            held.insert(job.id(), Arc::clone(job));
         }
-    }
-
-    /// The entry of `id` if it is the lease taken under `token`: a job the worker let
-    /// go and claimed again has a new entry, which calls about the old lease must not
-    /// touch.
-    fn entry(held: &mut JobIdMap<Held>, id: JobId, token: LeaseToken) -> Option<&mut Held> {
-        held.get_mut(&id).filter(|job| job.token == token)
-    }
-
-    /// Decides whether a waiting job may start now (`now` on the store's clock), and
-    /// marks it running with its deadline and time limit, started at `started`, if so.
-    pub(crate) fn start(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        now: Timestamp,
-        deadline: Option<Deadline>,
-        started: Instant,
-    ) -> Start {
-        let mut held = self.lock();
-        let Some(job) = Self::entry(&mut held, id, token) else {
-            return Start::Lost;
-        };
-        if job.lost {
-            return Start::Lost;
-        }
-        if job.expires_at <= now {
-            job.phase = Phase::Reporting;
-            return Start::Expired;
-        }
-        job.phase = Phase::Running;
-        job.deadline = deadline;
-        job.started = Some(started);
-        Start::Run
-    }
-
-    /// Records the task a running job's handler runs in, so the keeper can stop it.
-    pub(crate) fn set_task(&self, id: JobId, token: LeaseToken, task: AbortHandle) {
-        if let Some(job) = Self::entry(&mut self.lock(), id, token) {
-            job.task = Some(task);
-        }
-    }
-
-    /// Takes a finished handler's job into reporting, the handler having run for
-    /// `ran_for`. False when it is no longer the handler's to report: the keeper
-    /// already failed it as timed out.
-    pub(crate) fn finish(&self, id: JobId, token: LeaseToken, ran_for: Duration) -> bool {
-        match Self::entry(&mut self.lock(), id, token) {
-            Some(job) if job.phase == Phase::Running => {
-                job.phase = Phase::Reporting;
-                job.task = None;
-                job.ran_for = Some(ran_for);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Whether the store said the job's lease is gone (or the job is no longer held),
-    /// so an outcome that failed to reach the store is not worth trying again.
-    pub(crate) fn is_lost(&self, id: JobId, token: LeaseToken) -> bool {
-        Self::entry(&mut self.lock(), id, token).is_none_or(|job| job.lost)
     }
 
     /// Lets go of a job: its outcome is stored, or it can no longer be.
-    pub(crate) fn drop_job(&self, id: JobId, token: LeaseToken) {
-        self.drop_all([(id, token)]);
+    pub(crate) fn drop_job(&self, job: &Arc<HeldJob>) {
+        self.let_go_all([job]);
     }
 
-    /// Lets go of many jobs under one lock (a batch of recorded completions).
-    pub(crate) fn drop_all(&self, jobs: impl IntoIterator<Item = (JobId, LeaseToken)>) {
-        let mut held = self.lock();
-        for (id, token) in jobs {
-            if Self::entry(&mut held, id, token).is_some() {
-                held.remove(&id);
-            }
-        }
-    }
-
-    /// Lets go of a job as [`Leases::drop_job`] does, returning what its lifecycle
-    /// event needs; `None` if the lease was no longer held.
-    pub(crate) fn let_go(&self, id: JobId, token: LeaseToken) -> Option<LetGo> {
-        let mut held = self.lock();
-        Self::take(&mut held, id, token)
-    }
-
-    /// Lets go of many jobs under one lock, returning for each what its lifecycle
-    /// event needs, in order.
-    pub(crate) fn let_go_all(
+    /// Lets go of many jobs under one lock (a batch of recorded completions), returning
+    /// for each what its lifecycle event needs, in order; `None` for a job no longer
+    /// held.
+    pub(crate) fn let_go_all<'a>(
         &self,
-        jobs: impl IntoIterator<Item = (JobId, LeaseToken)>,
+        jobs: impl IntoIterator<Item = &'a Arc<HeldJob>>,
     ) -> Vec<Option<LetGo>> {
         let mut held = self.lock();
         jobs.into_iter()
-            .map(|(id, token)| Self::take(&mut held, id, token))
+            .map(|job| {
+                // A job the worker let go of and claimed again has a new entry, which
+                // this old one must not remove.
+                let current = held.get(&job.id()).is_some_and(|h| Arc::ptr_eq(h, job));
+                let mut state = job.state();
+                if !current || state.let_go {
+                    return None;
+                }
+                held.remove(&job.id());
+                state.let_go = true;
+                Some(job.let_go_info(state.ran_for))
+            })
             .collect()
     }
 
-    fn take(held: &mut JobIdMap<Held>, id: JobId, token: LeaseToken) -> Option<LetGo> {
-        Self::entry(held, id, token)?;
-        let job = held.remove(&id)?;
-        Some(LetGo {
-            queue: job.queue,
-            attempt: job.attempt,
-            ran_for: job.ran_for,
-        })
-    }
-
-    /// The cancel states of the jobs whose handlers are running.
-    pub(crate) fn running(&self) -> Vec<Arc<CancelState>> {
+    /// The jobs whose handlers are running.
+    pub(crate) fn running(&self) -> Vec<Arc<HeldJob>> {
         self.lock()
             .values()
-            .filter(|job| job.phase == Phase::Running)
-            .map(|job| job.cancel.clone())
+            .filter(|job| job.state().phase == Phase::Running)
+            .cloned()
             .collect()
     }
 
@@ -263,11 +273,11 @@ impl Leases {
     }
 
     /// The leases to extend now: every held one the store has not taken back.
-    fn due(&self) -> Vec<HeldLease> {
+    fn due(&self) -> Vec<Arc<HeldJob>> {
         self.lock()
-            .iter()
-            .filter(|(_, job)| !job.lost)
-            .map(|(id, job)| HeldLease::new(*id, job.token))
+            .values()
+            .filter(|job| !job.state().lost)
+            .cloned()
             .collect()
     }
 
@@ -278,32 +288,30 @@ impl Leases {
     /// blocks its thread: it is taken into reporting here and its task aborted
     /// (effective once it yields), and returned for the keeper to fail the attempt.
     fn enforce_deadlines(&self, now: Timestamp, overdue_after: Duration) -> Vec<Overdue> {
-        let mut held = self.lock();
+        let held = self.lock();
         let mut overdue = Vec::new();
-        for (id, job) in held.iter_mut() {
-            let Some(deadline) = job.deadline else {
+        for job in held.values() {
+            let mut state = job.state();
+            let Some(deadline) = state.deadline else {
                 continue;
             };
-            if job.phase != Phase::Running || job.lost || now < deadline.at {
+            if state.phase != Phase::Running || state.lost || now < deadline.at {
                 continue;
             }
-            let Some(timed_out_at) = job.timed_out_at else {
-                job.timed_out_at = Some(Instant::now());
+            let Some(timed_out_at) = state.timed_out_at else {
+                state.timed_out_at = Some(Instant::now());
                 job.cancel.cancel(CancelReason::TimedOut);
                 continue;
             };
             if timed_out_at.elapsed() >= overdue_after {
-                job.phase = Phase::Reporting;
-                job.ran_for = job.started.map(|started| started.elapsed());
-                if let Some(task) = job.task.take() {
+                state.phase = Phase::Reporting;
+                state.ran_for = state.started.map(|started| started.elapsed());
+                if let Some(task) = state.task.take() {
                     task.abort();
                 }
                 overdue.push(Overdue {
-                    id: *id,
-                    token: job.token,
-                    attempt: job.attempt,
+                    job: Arc::clone(job),
                     timeout: deadline.timeout,
-                    metrics: job.metrics.clone(),
                 });
             }
         }
@@ -314,8 +322,11 @@ impl Leases {
     fn next_deadline(&self, now: Timestamp) -> Option<Duration> {
         self.lock()
             .values()
-            .filter(|job| job.phase == Phase::Running && job.timed_out_at.is_none())
-            .filter_map(|job| job.deadline)
+            .filter_map(|job| {
+                let state = job.state();
+                let waiting = state.phase == Phase::Running && state.timed_out_at.is_none();
+                waiting.then_some(state.deadline).flatten()
+            })
             .map(|deadline| deadline.at.duration_since(now))
             .min()
     }
@@ -323,11 +334,8 @@ impl Leases {
 
 /// A running job the keeper failed as timed out.
 struct Overdue {
-    id: JobId,
-    token: LeaseToken,
-    attempt: u32,
+    job: Arc<HeldJob>,
     timeout: Duration,
-    metrics: Arc<QueueMetrics>,
 }
 
 /// The store the keeper extends leases through.
@@ -463,25 +471,17 @@ pub(crate) async fn keep_leases(
         let now = config.store.settings().now();
         // The slot of an overdue handler is freed when its task ends; the attempt is
         // recorded now, so a hung handler does not hold its lease for good.
-        for job in shared.leases.enforce_deadlines(now, overdue_after) {
+        for Overdue { job, timeout } in shared.leases.enforce_deadlines(now, overdue_after) {
             job.metrics.timed_out.increment(1);
             tracing::warn!(
-                job = %job.id,
-                timeout = ?job.timeout,
+                job = %job.id(),
+                timeout = ?timeout,
                 "the handler did not stop after its timeout and the cancel grace; failing the attempt"
             );
-            let report = timed_out_report(&shared, job.attempt, job.timeout);
+            let report = timed_out_report(&shared, job.attempt(), timeout);
             let task_shared = shared.clone();
             shared.store_runtime.spawn(async move {
-                report_outcome(
-                    &task_shared,
-                    &task_shared.home,
-                    &job.metrics,
-                    job.id,
-                    job.token,
-                    report,
-                )
-                .await;
+                report_outcome(&task_shared, &task_shared.home, &job, report).await;
             });
         }
     }
@@ -491,9 +491,11 @@ pub(crate) async fn keep_leases(
 async fn extend_all(shared: &Shared, store: &Store) {
     let due = shared.leases.due();
     for chunk in due.chunks(MAX_BATCH_LEN) {
-        let answers = store
-            .heartbeat_batch(chunk.to_vec(), shared.config.lease)
-            .await;
+        let leases = chunk
+            .iter()
+            .map(|job| HeldLease::new(job.id(), job.token))
+            .collect();
+        let answers = store.heartbeat_batch(leases, shared.config.lease).await;
         match answers {
             Ok(answers) => apply(shared, chunk, answers),
             Err(err) => {
@@ -507,55 +509,53 @@ async fn extend_all(shared: &Shared, store: &Store) {
 
 fn apply(
     shared: &Shared,
-    leases: &[HeldLease],
+    jobs: &[Arc<HeldJob>],
     answers: Vec<jobs_core::Result<jobs_core::Heartbeat>>,
 ) {
-    if answers.len() != leases.len() {
+    if answers.len() != jobs.len() {
         shared.metrics.store_errors.increment(1);
         tracing::error!(
-            entries = leases.len(),
+            entries = jobs.len(),
             answers = answers.len(),
             "the store answered a different number of heartbeats than it was given"
         );
     }
-    let mut held = shared.leases.lock();
-    for (lease, answer) in leases.iter().zip(answers) {
+    for (job, answer) in jobs.iter().zip(answers) {
+        let mut state = job.state();
         // The job may have been let go (its outcome stored) while the call was out:
         // then whatever the store answered is about a lease no longer ours.
-        let Some(job) = held
-            .get_mut(&lease.id)
-            .filter(|job| job.token == lease.token)
-        else {
+        if state.let_go {
             continue;
-        };
+        }
+        let id = job.id();
         match answer {
             Ok(beat) => {
-                job.expires_at = job.expires_at.max(beat.expires_at);
-                if beat.cancel_requested && job.phase == Phase::Running {
-                    if !job.cancel.token.is_cancelled() {
-                        tracing::info!(job = %lease.id, "cancellation requested; stopping the handler");
+                state.expires_at = state.expires_at.max(beat.expires_at);
+                if beat.cancel_requested && state.phase == Phase::Running {
+                    if !job.cancel.is_cancelled() {
+                        tracing::info!(job = %id, "cancellation requested; stopping the handler");
                     }
                     job.cancel.cancel(CancelReason::Requested);
                 }
             }
             Err(err) if err.is_lease_lost() || err.is_not_found() => {
-                job.lost = true;
-                match job.phase {
+                state.lost = true;
+                match state.phase {
                     // The outcome call that is on its way will hear the same, and says
                     // so; a job that just succeeded is no news.
                     Phase::Reporting => {
-                        tracing::debug!(job = %lease.id, "lease gone while the outcome was being recorded");
+                        tracing::debug!(job = %id, "lease gone while the outcome was being recorded");
                     }
                     Phase::Waiting | Phase::Running => {
                         job.metrics.lease_lost.increment(1);
-                        tracing::warn!(job = %lease.id, "lease lost; stopping the handler");
+                        tracing::warn!(job = %id, "lease lost; stopping the handler");
                         job.cancel.cancel(CancelReason::LeaseLost);
                     }
                 }
             }
             Err(err) => {
                 shared.metrics.store_errors.increment(1);
-                tracing::warn!(job = %lease.id, error = %err, "heartbeat failed");
+                tracing::warn!(job = %id, error = %err, "heartbeat failed");
             }
         }
     }

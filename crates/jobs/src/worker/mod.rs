@@ -42,6 +42,7 @@ pub use builder::{
 pub use events::{JobEvent, JobOutcome};
 
 use builder::{Config, HandlerRuntime};
+pub(crate) use leases::HeldJob;
 use leases::Leases;
 use report::Succeeded;
 
@@ -173,6 +174,8 @@ struct Shared {
     /// handlers blocking their own runtime must not hold up. `config.store` is the
     /// handlers' and the claim loop's (see [`Placement`]).
     home: Store,
+    /// What every job's [`JobContext`](crate::JobContext) shares.
+    context: Arc<crate::handler::WorkerContext>,
 }
 
 /// The wait after a store call failed, before the next try: 100 ms doubling to 5 s, a
@@ -346,7 +349,13 @@ impl Worker {
         let metrics = WorkerMetrics::new(&config.queue_names);
         let (completions, completed) = mpsc::unbounded_channel();
         let capacity = config.capacity.clone().map(capacity::Capacity::new);
+        let context = Arc::new(crate::handler::WorkerContext {
+            worker_id: config.worker_id.clone(),
+            store: config.store.clone(),
+            store_runtime: store_runtime.clone(),
+        });
         let shared = Arc::new(Shared {
+            context,
             capacity,
             config,
             metrics,
@@ -477,6 +486,9 @@ async fn run_worker(
     };
     // The keeper outlives the claim loop: it stops only once every outcome is stored.
     let stop_keeper = CancellationToken::new();
+    // The keeper's thread outlives nothing of the worker's: an aborted worker (a crash,
+    // as `WorkerHandle::abort` plays it) must leave its leases to expire.
+    let _stop_keeper_if_dropped = stop_keeper.clone().drop_guard();
     let mut background = JoinSet::new();
     let keeper = leases::keep_leases(shared.clone(), keeper, stop_keeper.clone())
         .instrument(tracing::Span::current());

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::{Completion, Error, JobId, JobState, LeaseToken, Result, Retry, Store, Timestamp};
+use jobs_core::{Completion, Error, JobId, JobState, Result, Retry, Store, Timestamp};
 use tokio_util::sync::CancellationToken;
 
 use super::events::{JobEvent, JobOutcome};
-use super::leases::LetGo;
+use super::leases::{HeldJob, LetGo};
 use super::{Shared, StoreBackoff};
 use crate::telemetry::QueueMetrics;
 
@@ -36,8 +36,9 @@ pub(crate) fn timed_out_report(shared: &Shared, attempt: u32, timeout: Duration)
 
 /// A handler's success, waiting for the claim loop to record it.
 pub(crate) struct Succeeded {
-    pub(crate) completion: Completion,
-    pub(crate) metrics: Arc<QueueMetrics>,
+    pub(crate) held: Arc<HeldJob>,
+    /// What the handler returned, stored as the job's result.
+    pub(crate) result: Option<Bytes>,
 }
 
 /// Records a batch of successes with `complete_batch`, trying again what the store
@@ -51,13 +52,16 @@ pub(crate) async fn record_completions(
     let store = &shared.config.store;
     let mut delay = StoreBackoff::new();
     while !batch.is_empty() {
-        let completions = batch.iter().map(|done| done.completion.clone()).collect();
+        let completions = batch
+            .iter()
+            .map(|done| Completion::new(done.held.id(), done.held.token, done.result.clone()))
+            .collect();
         match store.complete_batch(completions).await {
             Ok(answers) => answer_each(shared, batch, answers),
             Err(err) if err.is_retryable() => {
                 shared.metrics.store_errors.increment(1);
                 tracing::warn!(error = %err, jobs = batch.len(), "recording completions failed; retrying");
-                batch.retain(|done| still_held(shared, &done.completion, &done.metrics));
+                batch.retain(|done| lease_holds(shared, &done.held));
             }
             Err(err) => {
                 shared.metrics.store_errors.increment(1);
@@ -66,11 +70,10 @@ pub(crate) async fn record_completions(
                     jobs = batch.len(),
                     "could not record completions; the leases will expire and the jobs run again"
                 );
-                for done in batch.drain(..) {
-                    shared
-                        .leases
-                        .drop_job(done.completion.id, done.completion.token);
-                }
+                shared
+                    .leases
+                    .let_go_all(batch.iter().map(|done| &done.held));
+                batch.clear();
                 return;
             }
         }
@@ -80,18 +83,13 @@ pub(crate) async fn record_completions(
     }
 }
 
-/// Whether a completion that did not reach the store is worth trying again.
-fn still_held(shared: &Shared, completion: &Completion, metrics: &QueueMetrics) -> bool {
-    lease_holds(shared, completion.id, completion.token, metrics)
-}
-
 /// Whether an outcome that did not reach the store is worth trying again: the lease is
 /// still the worker's. Lets go of the job if not.
-fn lease_holds(shared: &Shared, id: JobId, token: LeaseToken, metrics: &QueueMetrics) -> bool {
-    if shared.leases.is_lost(id, token) {
-        metrics.lease_lost.increment(1);
-        tracing::warn!(job = %id, "lease lost before the outcome was recorded");
-        shared.leases.drop_job(id, token);
+fn lease_holds(shared: &Shared, held: &Arc<HeldJob>) -> bool {
+    if held.is_lost() {
+        held.metrics.lease_lost.increment(1);
+        tracing::warn!(job = %held.id(), "lease lost before the outcome was recorded");
+        shared.leases.drop_job(held);
         false
     } else {
         true
@@ -110,68 +108,61 @@ fn answer_each(shared: &Shared, batch: &mut Vec<Succeeded>, answers: Vec<Result<
         );
     }
     let mut answers = answers.into_iter();
-    // Each job let go of, and whether it succeeded (its hooks hear of it).
-    let mut done_with = Vec::with_capacity(batch.len());
+    // Each job to let go of, and whether it succeeded (its hooks hear of it).
+    let mut done_with: Vec<(Arc<HeldJob>, bool)> = Vec::with_capacity(batch.len());
     batch.retain(|done| {
-        let (id, token) = (done.completion.id, done.completion.token);
+        let held = &done.held;
         let mut succeeded = false;
         match answers.next() {
             Some(Ok(())) => {
-                done.metrics.succeeded.increment(1);
-                tracing::debug!(job = %id, "job succeeded");
+                held.metrics.succeeded.increment(1);
+                tracing::debug!(job = %held.id(), "job succeeded");
                 succeeded = true;
             }
             Some(Err(err)) if err.is_retryable() => {
                 shared.metrics.store_errors.increment(1);
-                return still_held(shared, &done.completion, &done.metrics);
+                return lease_holds(shared, held);
             }
             Some(Err(err)) if err.is_lease_lost() || err.is_not_found() => {
-                done.metrics.lease_lost.increment(1);
-                tracing::warn!(job = %id, error = %err, "lease lost before the outcome was recorded");
+                held.metrics.lease_lost.increment(1);
+                tracing::warn!(job = %held.id(), error = %err, "lease lost before the outcome was recorded");
             }
             Some(Err(err)) => {
                 shared.metrics.store_errors.increment(1);
                 tracing::error!(
-                    job = %id,
+                    job = %held.id(),
                     error = %err,
                     "could not record the outcome; the lease will expire and the job run again"
                 );
             }
             // A store that answered too few entries: try the rest again.
-            None => return still_held(shared, &done.completion, &done.metrics),
+            None => return lease_holds(shared, held),
         }
-        done_with.push((id, token, succeeded));
+        done_with.push((Arc::clone(held), succeeded));
         false
     });
-    let hooks = &shared.config.hooks;
-    if hooks.is_empty() {
-        shared
-            .leases
-            .drop_all(done_with.into_iter().map(|(id, token, _)| (id, token)));
-        return;
-    }
     let let_go = shared
         .leases
-        .let_go_all(done_with.iter().map(|&(id, token, _)| (id, token)));
-    for ((id, _, succeeded), held) in done_with.into_iter().zip(let_go) {
-        if let (true, Some(held)) = (succeeded, held) {
-            emit(shared, id, held, JobOutcome::Succeeded);
+        .let_go_all(done_with.iter().map(|(held, _)| held));
+    if shared.config.hooks.is_empty() {
+        return;
+    }
+    for ((held, succeeded), info) in done_with.into_iter().zip(let_go) {
+        if let (true, Some(info)) = (succeeded, info) {
+            emit(shared, held.id(), info, JobOutcome::Succeeded);
         }
     }
 }
 
 /// Lets go of a job whose outcome the store has acknowledged, and tells the worker's
 /// lifecycle hooks what it was (`outcome` is only called when there are hooks).
-pub(crate) fn stored(
-    shared: &Shared,
-    id: JobId,
-    token: LeaseToken,
-    outcome: impl FnOnce() -> JobOutcome,
-) {
+pub(crate) fn stored(shared: &Shared, held: &Arc<HeldJob>, outcome: impl FnOnce() -> JobOutcome) {
+    let let_go = shared.leases.let_go_all([held]);
     if shared.config.hooks.is_empty() {
-        shared.leases.drop_job(id, token);
-    } else if let Some(held) = shared.leases.let_go(id, token) {
-        emit(shared, id, held, outcome());
+        return;
+    }
+    if let Some(Some(info)) = let_go.into_iter().next() {
+        emit(shared, held.id(), info, outcome());
     }
 }
 
@@ -197,11 +188,10 @@ fn emit(shared: &Shared, id: JobId, held: LetGo, outcome: JobOutcome) {
 pub(crate) async fn report_outcome(
     shared: &Shared,
     store: &Store,
-    metrics: &QueueMetrics,
-    id: JobId,
-    token: LeaseToken,
+    held: &Arc<HeldJob>,
     outcome: Report,
 ) {
+    let (id, token, metrics) = (held.id(), held.token, &*held.metrics);
     let mut delay = StoreBackoff::new();
     loop {
         // The time the job was asked to run again at, for its lifecycle event.
@@ -237,7 +227,7 @@ pub(crate) async fn report_outcome(
         match result {
             Ok(state) => {
                 count_outcome(metrics, &outcome, state);
-                stored(shared, id, token, || {
+                stored(shared, held, || {
                     let again_at = again_at.unwrap_or_else(|| store.settings().now());
                     stored_outcome(outcome, state, again_at)
                 });
@@ -246,7 +236,7 @@ pub(crate) async fn report_outcome(
             Err(err) if err.is_retryable() => {
                 shared.metrics.store_errors.increment(1);
                 tracing::warn!(error = %err, "reporting the outcome failed; retrying");
-                if lease_holds(shared, id, token, metrics) {
+                if lease_holds(shared, held) {
                     delay.wait(None).await;
                     continue;
                 }
@@ -263,7 +253,7 @@ pub(crate) async fn report_outcome(
             }
             Err(err) => log_refused(shared, &err),
         }
-        shared.leases.drop_job(id, token);
+        shared.leases.drop_job(held);
         return;
     }
 }
