@@ -32,10 +32,13 @@ pub fn prepare_batch(
 ) -> Result<(Vec<NewJob>, Timestamp)> {
     validate::validate_batch(&jobs, settings)?;
     let now = settings.now();
-    let jobs = jobs
-        .into_iter()
-        .map(|job| resolve_delay(job, now))
-        .collect();
+    let mut jobs = jobs;
+    // In place: a job is a few hundred bytes, and a batch a thousand of them.
+    for job in &mut jobs {
+        if let Some(delay) = job.delay.take() {
+            job.run_at = Some(now.saturating_add(delay));
+        }
+    }
     Ok((jobs, now))
 }
 

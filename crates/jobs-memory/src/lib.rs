@@ -116,10 +116,11 @@ impl Backend for MemoryStore {
     }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        let prepared = State::prepare(job, now);
         let enqueued = {
             let mut state = self.namespace.lock();
-            state.check_parents(std::slice::from_ref(&job))?;
-            state.enqueue(job, now, &self.settings)
+            state.check_parents([prepared.job()])?;
+            state.enqueue(prepared, now, &self.settings)
         };
         if enqueued.created {
             self.namespace.signal_work();
@@ -128,10 +129,15 @@ impl Backend for MemoryStore {
     }
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
+        let prepared: Vec<_> = jobs
+            .into_iter()
+            .map(|job| State::prepare(job, now))
+            .collect();
         let results: Vec<Enqueued> = {
             let mut state = self.namespace.lock();
-            state.check_parents(&jobs)?;
-            jobs.into_iter()
+            state.check_parents(prepared.iter().map(|p| p.job()))?;
+            prepared
+                .into_iter()
                 .map(|job| state.enqueue(job, now, &self.settings))
                 .collect()
         };

@@ -5,6 +5,8 @@
 //! entry, because `MemoryServer::vanish` deletes records behind the indexes' back.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use rustc_hash::FxHashMap;
 use std::time::Duration;
 
 use jobs_core::attempts::{self, LastClaim};
@@ -16,6 +18,19 @@ use jobs_core::{
     QueueOverview, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate,
     StoreSettings, StoredSchedule, StoredWorker, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
+
+/// A job made ready to store outside the namespace's lock (see [`State::prepare`]).
+pub(crate) struct Prepared {
+    /// The record as it will be stored; its `seq` is drawn under the lock.
+    record: Box<Record>,
+    uniqueness: Uniqueness,
+}
+
+impl Prepared {
+    pub(crate) fn job(&self) -> &Job {
+        &self.record.job
+    }
+}
 
 #[derive(Debug)]
 struct Record {
@@ -44,14 +59,85 @@ struct QueueIndex {
     all: BTreeSet<JobId>,
 }
 
+/// The indexes over the records, apart from the records so a transition can change a
+/// record and its index entries under one lookup of it.
 #[derive(Debug, Default)]
-pub(crate) struct State {
-    jobs: JobIdMap<Record>,
-    queues: HashMap<String, QueueIndex>,
+struct Indexes {
+    queues: FxHashMap<String, QueueIndex>,
     /// Running jobs by lease expiry, so reclaim touches only expired leases (R6).
     leases: BTreeSet<(Timestamp, JobId)>,
     /// Terminal jobs by `finished_at`, so purge touches only jobs past retention.
     finished: BTreeSet<(Timestamp, JobId)>,
+}
+
+impl Indexes {
+    /// Changes the index of `queue`, made on first use: the name is copied only then.
+    fn with_queue<T>(&mut self, queue: &str, change: impl FnOnce(&mut QueueIndex) -> T) -> T {
+        if let Some(index) = self.queues.get_mut(queue) {
+            return change(index);
+        }
+        let mut index = QueueIndex::default();
+        let answer = change(&mut index);
+        self.queues.insert(queue.to_owned(), index);
+        answer
+    }
+
+    /// Adds the record's index entries for its current state.
+    fn add(&mut self, record: &Record, id: JobId, now: Timestamp) {
+        let job = &record.job;
+        match job.state {
+            JobState::Queued => self.with_queue(&job.queue, |queue| {
+                if job.run_at <= now {
+                    queue.ready.insert((job.ready_order(record.seq), id));
+                } else {
+                    queue.scheduled.insert((job.run_at, record.seq, id));
+                }
+            }),
+            JobState::Running => {
+                if let Some(lease) = &job.lease {
+                    self.leases.insert((lease.expires_at, id));
+                }
+            }
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
+                if let Some(finished_at) = job.finished_at {
+                    self.finished.insert((finished_at, id));
+                }
+            }
+        }
+    }
+
+    /// Removes the record's index entries for its current state.
+    fn remove(&mut self, record: &Record, id: JobId) {
+        let job = &record.job;
+        match job.state {
+            JobState::Queued => {
+                if let Some(queue) = self.queues.get_mut(job.queue.as_str()) {
+                    // A queued job is in one of the two; most often the ready one.
+                    if !queue.ready.remove(&(job.ready_order(record.seq), id)) {
+                        queue.scheduled.remove(&(job.run_at, record.seq, id));
+                    }
+                }
+            }
+            JobState::Running => {
+                if let Some(lease) = &job.lease {
+                    self.leases.remove(&(lease.expires_at, id));
+                }
+            }
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
+                if let Some(finished_at) = job.finished_at {
+                    self.finished.remove(&(finished_at, id));
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// Boxed: a record is several hundred bytes, which the map would otherwise move on
+    /// every insert and every growth, and spread its lookups across.
+    jobs: JobIdMap<Box<Record>>,
+    idx: Indexes,
     /// (tenant, key) -> (job, when the key was taken).
     dedup: HashMap<(String, String), (JobId, Timestamp)>,
     children: BTreeMap<JobId, BTreeSet<JobId>>,
@@ -182,79 +268,34 @@ impl State {
         self.next_seq
     }
 
-    /// Adds the record's index entries for its current state.
-    fn index(&mut self, id: JobId, now: Timestamp) {
-        let Some(record) = self.jobs.get(&id) else {
-            return;
-        };
-        let job = &record.job;
-        match job.state {
-            JobState::Queued => {
-                let queue = self.queues.entry(job.queue.clone()).or_default();
-                if job.run_at <= now {
-                    queue.ready.insert((job.ready_order(record.seq), id));
-                } else {
-                    queue.scheduled.insert((job.run_at, record.seq, id));
-                }
-            }
-            JobState::Running => {
-                if let Some(lease) = &job.lease {
-                    self.leases.insert((lease.expires_at, id));
-                }
-            }
-            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
-                if let Some(finished_at) = job.finished_at {
-                    self.finished.insert((finished_at, id));
-                }
-            }
-        }
-    }
-
-    /// Removes the record's index entries for its current state.
-    fn unindex(&mut self, id: JobId) {
-        let Some(record) = self.jobs.get(&id) else {
-            return;
-        };
-        let job = &record.job;
-        match job.state {
-            JobState::Queued => {
-                if let Some(queue) = self.queues.get_mut(&job.queue) {
-                    queue.ready.remove(&(job.ready_order(record.seq), id));
-                    queue.scheduled.remove(&(job.run_at, record.seq, id));
-                }
-            }
-            JobState::Running => {
-                if let Some(lease) = &job.lease {
-                    self.leases.remove(&(lease.expires_at, id));
-                }
-            }
-            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
-                if let Some(finished_at) = job.finished_at {
-                    self.finished.remove(&(finished_at, id));
-                }
-            }
-        }
-    }
-
-    /// Applies `change` to a job, keeping the indexes in step. A change that sends the
-    /// job (back) to `queued` gets a fresh sequence number, so it queues behind the
-    /// jobs already ready (CONTRACT C3).
+    /// Applies `change` to a job, keeping the indexes in step, under one lookup of its
+    /// record. A change that sends the job (back) to `queued` gets a fresh sequence
+    /// number, so it queues behind the jobs already ready (CONTRACT C3).
     fn transition<T>(
         &mut self,
         id: JobId,
         now: Timestamp,
         change: impl FnOnce(&mut Job) -> T,
     ) -> Option<T> {
-        self.unindex(id);
-        let next_seq = self.next_seq + 1;
+        self.transition_record(id, now, |record| change(&mut record.job))
+    }
+
+    /// [`State::transition`], with the whole record to change.
+    fn transition_record<T>(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        change: impl FnOnce(&mut Record) -> T,
+    ) -> Option<T> {
         let record = self.jobs.get_mut(&id)?;
+        self.idx.remove(record, id);
         let was = record.job.state;
-        let result = change(&mut record.job);
+        let result = change(record);
         if record.job.state == JobState::Queued && was != JobState::Queued {
-            record.seq = next_seq;
-            self.next_seq = next_seq;
+            self.next_seq += 1;
+            record.seq = self.next_seq;
         }
-        self.index(id, now);
+        self.idx.add(record, id, now);
         Some(result)
     }
 
@@ -280,7 +321,7 @@ impl State {
         Ok(())
     }
 
-    pub(crate) fn check_parents(&self, jobs: &[NewJob]) -> Result<()> {
+    pub(crate) fn check_parents<'a>(&self, jobs: impl IntoIterator<Item = &'a Job>) -> Result<()> {
         for job in jobs {
             if let Some(parent) = job.parent {
                 if !self.jobs.contains_key(&parent) {
@@ -294,19 +335,44 @@ impl State {
         Ok(())
     }
 
+    /// The stored form of `new`, made before the namespace is locked: what can be done
+    /// outside the lock is, so that concurrent producers wait on each other less.
+    pub(crate) fn prepare(new: NewJob, now: Timestamp) -> Prepared {
+        let uniqueness = new.uniqueness;
+        let (job, payload) = Job::enqueued(new, JobId::mint(now), now);
+        Prepared {
+            record: Box::new(Record {
+                job,
+                payload,
+                seq: 0,
+                last_token: 0,
+                last_worker: None,
+                ended: Vec::new(),
+            }),
+            uniqueness,
+        }
+    }
+
+    /// Rules E1–E7: stores a prepared job, or answers the existing job of a live
+    /// idempotency key (the prepared one, and its id, then go unused).
     pub(crate) fn enqueue(
         &mut self,
-        new: NewJob,
+        prepared: Prepared,
         now: Timestamp,
         settings: &StoreSettings,
     ) -> Enqueued {
-        let dedup_key = new
+        let Prepared {
+            mut record,
+            uniqueness,
+        } = prepared;
+        let job = &mut record.job;
+        let dedup_key = job
             .idempotency_key
             .as_ref()
-            .map(|key| (new.tenant.clone(), key.clone()));
+            .map(|key| (job.tenant.clone(), key.clone()));
         if let Some(key) = &dedup_key {
             if let Some(&(id, taken_at)) = self.dedup.get(key) {
-                let holds = match (self.jobs.get(&id), new.uniqueness) {
+                let holds = match (self.jobs.get(&id), uniqueness) {
                     (None, _) => false,
                     (Some(_), Uniqueness::Window) => settings.dedup_active(taken_at, now),
                     (Some(record), Uniqueness::WhileActive) => record.job.state.is_active(),
@@ -316,30 +382,16 @@ impl State {
                 }
             }
         }
-        let id = JobId::mint(now);
-        let seq = self.draw_seq();
-        let (mut job, payload) = Job::enqueued(new, id, now);
+        let id = job.id;
         job.needs = self.needs.share(std::mem::take(&mut job.needs));
         if let Some(parent) = job.parent {
             self.children.entry(parent).or_default().insert(id);
         }
-        self.queues
-            .entry(job.queue.clone())
-            .or_default()
-            .all
-            .insert(id);
-        self.jobs.insert(
-            id,
-            Record {
-                job,
-                payload,
-                seq,
-                last_token: 0,
-                last_worker: None,
-                ended: Vec::new(),
-            },
-        );
-        self.index(id, now);
+        self.idx
+            .with_queue(&job.queue, |queue| queue.all.insert(id));
+        record.seq = self.draw_seq();
+        self.idx.add(&record, id, now);
+        self.jobs.insert(id, record);
         if let Some(key) = dedup_key {
             self.dedup.insert(key, (id, now));
         }
@@ -371,7 +423,7 @@ impl State {
 
     /// Moves the queue's scheduled jobs that are due into its ready index.
     fn promote_due(&mut self, queue: &str, now: Timestamp) {
-        let Some(index) = self.queues.get_mut(queue) else {
+        let Some(index) = self.idx.queues.get_mut(queue) else {
             return;
         };
         while let Some(&(run_at, seq, id)) = index.scheduled.first() {
@@ -404,7 +456,7 @@ impl State {
                 continue;
             }
             self.promote_due(queue, now);
-            let Some(index) = self.queues.get_mut(queue) else {
+            let Some(index) = self.idx.queues.get_mut(queue) else {
                 continue;
             };
             // Each queue contributes at most `limit` live candidates; entries whose record
@@ -443,7 +495,7 @@ impl State {
                 continue;
             }
             self.promote_due(queue, now);
-            let Some(index) = self.queues.get_mut(queue) else {
+            let Some(index) = self.idx.queues.get_mut(queue) else {
                 continue;
             };
             let mut stale = Vec::new();
@@ -510,24 +562,23 @@ impl State {
         candidates
             .into_iter()
             .filter_map(|id| {
-                let token = self.jobs.get_mut(&id).map_or(0, |record| {
+                self.transition_record(id, now, |record| {
                     record.last_token += 1;
-                    record.last_token
-                });
-                let job = self.transition(id, now, |job| {
+                    let job = &mut record.job;
                     job.state = JobState::Running;
                     job.attempts = job.attempts.saturating_add(1);
                     job.started_at = Some(now);
                     job.heartbeat_at = Some(now);
                     job.lease = Some(Lease {
                         worker: request.worker.clone(),
-                        token: LeaseToken::new(token),
+                        token: LeaseToken::new(record.last_token),
                         expires_at,
                     });
-                    job.clone()
-                })?;
-                let payload = self.jobs.get(&id)?.payload.clone();
-                Some(ClaimedJob { job, payload })
+                    ClaimedJob {
+                        job: job.clone(),
+                        payload: record.payload.clone(),
+                    }
+                })
             })
             .collect()
     }
@@ -588,16 +639,13 @@ impl State {
     ) -> Result<()> {
         self.check_lease(id, token)?;
         // Moved out of the ending lease (after `transition` unindexed it), not copied.
-        let worker = self.transition_checked(id, now, |job| {
-            let worker = job.lease.take().map(|lease| lease.worker);
+        self.transition_record(id, now, |record| {
+            let job = &mut record.job;
+            record.last_worker = job.lease.take().map(|lease| lease.worker);
             Self::finish(job, JobState::Succeeded, now);
             job.result = result;
-            worker
-        })?;
-        if let Some(record) = self.jobs.get_mut(&id) {
-            record.last_worker = worker;
-        }
-        Ok(())
+        })
+        .ok_or(Error::NotFound { id })
     }
 
     pub(crate) fn fail(
@@ -644,7 +692,7 @@ impl State {
     pub(crate) fn reclaim(&mut self, limit: usize, now: Timestamp) -> Vec<ReclaimedJob> {
         let mut reclaimed = Vec::new();
         while reclaimed.len() < limit {
-            let Some(&(expires_at, id)) = self.leases.first() else {
+            let Some(&(expires_at, id)) = self.idx.leases.first() else {
                 break;
             };
             // Strictly past the expiry (CONTRACT R1, R2).
@@ -653,7 +701,7 @@ impl State {
             }
             if !self.jobs.contains_key(&id) {
                 // A vanished record: drop the entry, never requeue or recreate (R5).
-                self.leases.pop_first();
+                self.idx.leases.pop_first();
                 continue;
             }
             self.end_attempt(id, AttemptOutcome::Expired, Some(LEASE_EXPIRED), now);
@@ -756,7 +804,7 @@ impl State {
 
     pub(crate) fn stats(&mut self, queue: &str, now: Timestamp) -> QueueStats {
         let mut stats = QueueStats::default();
-        let Some(index) = self.queues.get(queue) else {
+        let Some(index) = self.idx.queues.get(queue) else {
             return stats;
         };
         for job in index
@@ -780,7 +828,7 @@ impl State {
     /// CONTRACT A7: every queue holding a job, by name, with its counts and the ready
     /// time of its oldest ready job.
     pub(crate) fn queues(&mut self, now: Timestamp) -> Vec<QueueOverview> {
-        let mut names: Vec<String> = self.queues.keys().cloned().collect();
+        let mut names: Vec<String> = self.idx.queues.keys().cloned().collect();
         names.sort_unstable();
         let mut overviews = Vec::with_capacity(names.len());
         for name in names {
@@ -788,7 +836,7 @@ impl State {
             if stats.total() == 0 {
                 continue;
             }
-            let oldest_ready = self.queues.get(&name).and_then(|index| {
+            let oldest_ready = self.idx.queues.get(&name).and_then(|index| {
                 index
                     .all
                     .iter()
@@ -808,6 +856,7 @@ impl State {
     pub(crate) fn list(&self, query: &ListQuery) -> ListPage {
         let mut jobs: Vec<Job> = Vec::new();
         for (_, index) in self
+            .idx
             .queues
             .iter()
             .filter(|(name, _)| query.matches_queue(name))
@@ -838,18 +887,18 @@ impl State {
     pub(crate) fn purge(&mut self, limit: usize, cutoff: Timestamp) -> u64 {
         let mut purged = 0;
         while (purged as usize) < limit {
-            let Some(&(finished_at, id)) = self.finished.first() else {
+            let Some(&(finished_at, id)) = self.idx.finished.first() else {
                 break;
             };
             if finished_at > cutoff {
                 break;
             }
-            self.finished.pop_first();
+            self.idx.finished.pop_first();
             let Some(record) = self.jobs.remove(&id) else {
                 continue;
             };
             let job = record.job;
-            if let Some(index) = self.queues.get_mut(&job.queue) {
+            if let Some(index) = self.idx.queues.get_mut(&job.queue) {
                 index.all.remove(&id);
             }
             if let Some(key) = job.idempotency_key {
