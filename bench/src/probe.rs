@@ -98,8 +98,8 @@ impl ServerCpu {
         let Ok((seen, own)) = self.sampler.join() else {
             return (None, None);
         };
-        let server = (!seen.is_empty())
-            .then(|| seen.values().map(|(from, to)| (to - from).max(0.0)).sum());
+        let server =
+            (!seen.is_empty()).then(|| seen.values().map(|(from, to)| (to - from).max(0.0)).sum());
         (server, own)
     }
 }
