@@ -191,10 +191,45 @@ impl NewJob {
         self
     }
 
-    /// A job of type `J` on its queue, [`TypedJob::QUEUE`], with `job` as its JSON
-    /// payload.
+    /// A job of type `J` with `job` as its JSON payload, and what the type declares for
+    /// every job of it ([`TypedJob`]): its queue, attempts, priority, timeout, tags and
+    /// idempotency key. Any of them can be changed afterwards with the methods here.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use jobs_core::{NewJob, TypedJob};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Invoice { order: u64 }
+    ///
+    /// impl TypedJob for Invoice {
+    ///     const QUEUE: &'static str = "invoices";
+    ///     const MAX_ATTEMPTS: u32 = 10;
+    ///     const TIMEOUT: Option<Duration> = Some(Duration::from_secs(60));
+    ///     // One invoice per order while one is queued or running.
+    ///     fn unique_key(&self) -> Option<String> {
+    ///         Some(format!("order-{}", self.order))
+    ///     }
+    /// }
+    ///
+    /// let job = NewJob::typed(&Invoice { order: 7 })?.priority(5);
+    /// assert_eq!((job.queue.as_str(), job.max_attempts, job.priority), ("invoices", 10, 5));
+    /// assert_eq!(job.idempotency_key.as_deref(), Some("order-7"));
+    /// # Ok::<(), jobs_core::Error>(())
+    /// ```
     pub fn typed<J: TypedJob>(job: &J) -> Result<Self, Error> {
-        NewJob::new(J::QUEUE).json(job)
+        let mut new = NewJob::new(J::QUEUE)
+            .json(job)?
+            .max_attempts(J::MAX_ATTEMPTS)
+            .priority(J::PRIORITY);
+        new.timeout = J::TIMEOUT;
+        for (key, value) in J::TAGS {
+            new = new.tag(*key, *value);
+        }
+        if let Some(key) = job.unique_key() {
+            new = new.unique_while_active(key);
+        }
+        Ok(new)
     }
 
     /// Sets how many claims the job gets before it is dead.
@@ -255,10 +290,14 @@ impl NewJob {
     }
 }
 
-/// A kind of job with a queue of its own, so enqueueing and handling it are checked by
-/// the compiler: `store.enqueue_typed(&job)` puts it on its queue as JSON, and the
-/// worker's `typed_handler::<J>` reads it back as a `J`. Raw-bytes jobs (for producers
-/// written in other languages) need none of this.
+/// A kind of job: its queue and what every job of it is enqueued with, so enqueueing and
+/// handling it are checked by the compiler. `store.enqueue_typed(&job)` puts it on its
+/// queue as JSON with the type's defaults ([`NewJob::typed`] to change one for one job),
+/// and the worker's `typed_handler::<J>` reads it back as a `J`. Raw-bytes jobs (for
+/// producers written in other languages) need none of this.
+///
+/// Only [`TypedJob::QUEUE`] must be given; everything else defaults to what
+/// [`NewJob::new`] gives.
 ///
 /// ```
 /// #[derive(serde::Serialize, serde::Deserialize)]
@@ -266,14 +305,32 @@ impl NewJob {
 ///
 /// impl jobs_core::TypedJob for SendEmail {
 ///     const QUEUE: &'static str = "emails";
+///     const MAX_ATTEMPTS: u32 = 5;
+///     const TAGS: &'static [(&'static str, &'static str)] = &[("team", "growth")];
 /// }
 /// let job = jobs_core::NewJob::typed(&SendEmail { to: "ada@example.com".into() })?;
-/// assert_eq!(job.queue, "emails");
+/// assert_eq!((job.queue.as_str(), job.max_attempts), ("emails", 5));
+/// assert_eq!(job.tags["team"], "growth");
 /// # Ok::<(), jobs_core::Error>(())
 /// ```
 pub trait TypedJob: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static {
     /// The queue jobs of this type wait in.
     const QUEUE: &'static str;
+    /// Claims a job of this type gets before it is dead (CONTRACT L7).
+    const MAX_ATTEMPTS: u32 = DEFAULT_MAX_ATTEMPTS;
+    /// Higher runs first (CONTRACT C3).
+    const PRIORITY: i16 = 0;
+    /// How long one attempt may run; `None` leaves it to the worker's default.
+    const TIMEOUT: Option<Duration> = None;
+    /// Tags every job of this type carries (CONTRACT E11).
+    const TAGS: &'static [(&'static str, &'static str)] = &[];
+
+    /// The key that keeps this job unique while a job with the same key is queued or
+    /// running (CONTRACT E10): an enqueue meanwhile returns that job instead of adding
+    /// one. `None` (the default): every enqueue adds a job.
+    fn unique_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A stored job, as `get` shows it. The payload is read separately (`Store::payload`)

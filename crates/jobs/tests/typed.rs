@@ -82,3 +82,58 @@ fn new_job_typed_and_system_time() {
     assert_eq!(job.queue, "images.resize");
     assert_eq!(job.run_at.map(|t| t.as_millis()), Some(1_700_000_000_000));
 }
+
+/// A type that declares what every job of it is enqueued with.
+#[derive(Debug, Serialize, Deserialize)]
+struct Invoice {
+    order: u64,
+}
+
+impl TypedJob for Invoice {
+    const QUEUE: &'static str = "billing.invoices";
+    const MAX_ATTEMPTS: u32 = 7;
+    const PRIORITY: i16 = 3;
+    const TIMEOUT: Option<Duration> = Some(Duration::from_secs(90));
+    const TAGS: &'static [(&'static str, &'static str)] = &[("team", "billing")];
+
+    fn unique_key(&self) -> Option<String> {
+        Some(format!("invoice-{}", self.order))
+    }
+}
+
+#[tokio::test]
+async fn a_typed_job_is_stored_with_its_types_defaults_and_one_enqueue_can_change_them() {
+    let store = store();
+    let first = store
+        .enqueue_typed(&Invoice { order: 1 })
+        .await
+        .expect("enqueue");
+    let job = store.get(first.id).await.expect("get");
+    assert_eq!(job.queue, "billing.invoices");
+    assert_eq!((job.max_attempts, job.priority), (7, 3));
+    assert_eq!(job.timeout, Some(Duration::from_secs(90)));
+    assert_eq!(job.tags["team"], "billing");
+    assert_eq!(job.idempotency_key.as_deref(), Some("invoice-1"));
+
+    // Unique while active: the same order again answers the job already there.
+    let again = store
+        .enqueue_typed(&Invoice { order: 1 })
+        .await
+        .expect("enqueue again");
+    assert_eq!((again.id, again.created), (first.id, false));
+    let other = store
+        .enqueue_typed(&Invoice { order: 2 })
+        .await
+        .expect("another order");
+    assert!(other.created);
+
+    // One enqueue overrides a default without touching the type's.
+    let urgent = NewJob::typed(&Invoice { order: 3 })
+        .expect("typed")
+        .priority(100)
+        .max_attempts(1);
+    let urgent = store.enqueue(urgent).await.expect("enqueue urgent");
+    let job = store.get(urgent.id).await.expect("get");
+    assert_eq!((job.priority, job.max_attempts), (100, 1));
+    assert_eq!(job.tags["team"], "billing", "the rest are the type's");
+}
