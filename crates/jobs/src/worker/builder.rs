@@ -74,6 +74,7 @@ pub struct WorkerBuilder {
     capacity: Option<Budget>,
     prefer: Vec<String>,
     hooks: Hooks,
+    claim_limit: Option<usize>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -122,6 +123,7 @@ impl WorkerBuilder {
             capacity: None,
             prefer: Vec::new(),
             hooks: Hooks::default(),
+            claim_limit: None,
         }
     }
 
@@ -433,6 +435,22 @@ impl WorkerBuilder {
         self
     }
 
+    /// The queues the worker serves, in the order their handlers were added.
+    #[cfg(feature = "testing")]
+    pub(crate) fn queue_names(&self) -> Vec<String> {
+        self.handlers
+            .iter()
+            .map(|(queue, _)| queue.clone())
+            .collect()
+    }
+
+    /// Claims at most `jobs` jobs in all, then only waits to be shut down.
+    #[cfg(feature = "testing")]
+    pub(crate) fn claim_limit(mut self, jobs: usize) -> Self {
+        self.claim_limit = Some(jobs);
+        self
+    }
+
     /// Checks the configuration and builds the worker.
     pub fn build(self) -> Result<Worker> {
         if self.handlers.is_empty() {
@@ -562,6 +580,7 @@ impl WorkerBuilder {
                 capacity: self.capacity,
                 prefer: self.prefer,
                 hooks: self.hooks,
+                claim_limit: self.claim_limit,
             },
             shutdown: CancellationToken::new(),
         })
@@ -598,4 +617,7 @@ pub(crate) struct Config {
     pub(crate) prefer: Vec<String>,
     /// The lifecycle hooks, called once each outcome is stored.
     pub(crate) hooks: Hooks,
+    /// How many jobs the worker claims in all before it only waits to be shut down
+    /// (`jobs::testing` runs one job at a time); `None`: no limit.
+    pub(crate) claim_limit: Option<usize>,
 }

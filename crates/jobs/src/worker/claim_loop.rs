@@ -43,6 +43,8 @@ pub(crate) async fn run_loop(
     let mut woke_early = false;
     // Early wake-ups in a row that were followed by an empty claim.
     let mut empty_wakes = 0u32;
+    // Jobs still to claim, for a worker with a claim limit.
+    let mut claims_left = config.claim_limit;
     loop {
         while let Some(done) = jobs.try_join_next() {
             log_job_task_end(done);
@@ -56,7 +58,7 @@ pub(crate) async fn run_loop(
             .saturating_sub(shared.handlers_running.load(Ordering::Acquire));
         // Failures and releases are reported by the jobs' tasks; those in flight are
         // bounded too, so a slow store pushes back on claiming.
-        if free == 0 || jobs.len() >= 2 * config.concurrency {
+        if free == 0 || jobs.len() >= 2 * config.concurrency || claims_left == Some(0) {
             if !succeeded.is_empty() {
                 record_completions(&shared, &mut succeeded, Some(&shutdown)).await;
                 continue;
@@ -73,7 +75,9 @@ pub(crate) async fn run_loop(
             }
             continue;
         }
-        let mut limit = free.min(config.claim_batch);
+        let mut limit = free
+            .min(config.claim_batch)
+            .min(claims_left.unwrap_or(usize::MAX));
         let mut request = ClaimRequest::new(
             config.queue_names.iter().cloned(),
             config.worker_id.as_ref(),
@@ -118,6 +122,7 @@ pub(crate) async fn run_loop(
                 }
                 woke_early = false;
                 let full = claimed.len() >= limit;
+                claims_left = claims_left.map(|left| left.saturating_sub(claimed.len()));
                 start_all(&shared, &mut jobs, claimed, &mut succeeded);
                 if full {
                     continue;
