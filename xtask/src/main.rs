@@ -165,6 +165,12 @@ fn ci() -> Result<(), String> {
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
+    // What a user's `cargo doc` builds: the facade with its default features, where
+    // links to items of features that are off would dangle.
+    cargo(
+        &["doc", "-p", "jobs", "--no-deps"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
     // Features are additive: each backend alone and all together must compile.
     for features in FEATURE_SETS {
         cargo(

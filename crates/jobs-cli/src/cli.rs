@@ -91,8 +91,8 @@ pub enum Command {
     Workers,
     /// Counts of one queue's jobs per state, and whether it is paused.
     Stats {
-        /// The queue.
-        #[arg(value_parser = queue_name)]
+        /// The queue (as `list --queue` names it).
+        #[arg(long, value_parser = queue_name)]
         queue: String,
     },
     /// One page of a queue's jobs, newest first; prints the cursor of the next page.
@@ -115,6 +115,10 @@ pub enum Command {
         /// The queue.
         #[arg(value_parser = queue_name)]
         queue: String,
+        /// Pause it even though it holds no job yet (a queue a deploy is about to
+        /// use); without it, a name the namespace does not know is refused as a typo.
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Lets workers claim a paused queue's jobs again.
     Resume {
@@ -122,10 +126,26 @@ pub enum Command {
         #[arg(value_parser = queue_name)]
         queue: String,
     },
-    /// Every periodic job: its cadence, its queue, whether it is enabled, its last and next run.
-    Schedules,
+    /// Every periodic job: its cadence, its queue, whether it is enabled, its last and
+    /// next run; `schedules delete NAME` removes one.
+    Schedules {
+        /// What to do instead of listing them.
+        #[command(subcommand)]
+        action: Option<ScheduleAction>,
+    },
     /// Serves the web dashboard until ctrl-c.
     Dashboard(DashboardArgs),
+}
+
+/// What `jobs schedules` does besides listing.
+#[derive(Debug, Subcommand)]
+pub enum ScheduleAction {
+    /// Deletes a schedule: no worker fires it again (one that declares it in its code
+    /// stores it again when it starts).
+    Delete {
+        /// The schedule's name.
+        name: String,
+    },
 }
 
 /// The arguments of `jobs dashboard`.

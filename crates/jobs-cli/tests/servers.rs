@@ -69,10 +69,31 @@ async fn the_main_flow_on_postgres() {
 fn memory_urls_warn_that_they_share_nothing() {
     let run = jobs(&["--url", "memory://", "queues"]);
     assert_eq!(run.code, 0, "{run:#?}");
-    assert_eq!(run.stdout, "(no queues)\n");
+    assert_eq!(
+        run.stdout,
+        "(no queues in namespace \"default\"; another namespace: -n NAME)\n"
+    );
     assert!(
         run.stderr
             .starts_with("jobs: warning: memory:// opens a new, empty store"),
         "{run:#?}"
     );
+}
+
+/// The binary is built with TLS: a URL asking PostgreSQL for it (`sslmode=require`, as
+/// managed databases do) connects and reads, where a build without TLS refused it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_url_asking_for_tls_is_served() {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let namespace = unique_namespace("cli-tls");
+    // The server must answer at all; whether it offers TLS is what the run shows.
+    if let Err(err) = Target::open(&url, &namespace).await {
+        return skip_or_fail("PostgreSQL", &url, &err).unwrap_or(());
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let tls = format!("{url}{separator}sslmode=require");
+    let run = jobs(&["--url", &tls, "-n", &namespace, "queues"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.starts_with("(no queues"), "{run:#?}");
 }

@@ -31,7 +31,9 @@ async fn usage_errors_exit_2_before_anything_is_opened() {
     t.run(&["list", "--prefix", "a%"]).usage_error();
     t.run(&["list", "--queue", "emails", "--state", "lost"])
         .usage_error();
-    t.run(&["stats", "bad queue"]).usage_error();
+    t.run(&["stats", "--queue", "bad queue"]).usage_error();
+    // One queue is `--queue` wherever a command names one to read.
+    t.run(&["stats", "emails"]).usage_error();
     t.run(&["enqueue", "emails", "{}", "--run-at", "tomorrow"])
         .usage_error();
     t.run(&["enqueue", "emails", "{}", "--delay", "soon"])
@@ -176,7 +178,10 @@ async fn enqueue_reads_checks_and_deduplicates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_of_an_empty_store_and_the_environment() {
     let (_dir, t) = sqlite().await;
-    assert_eq!(t.run(&["queues"]).ok(), "(no queues)\n");
+    assert_eq!(
+        t.run(&["queues"]).ok(),
+        "(no queues in namespace \"cli-test\"; another namespace: -n NAME)\n"
+    );
     assert_eq!(t.run(&["workers"]).ok(), "(no live workers)\n");
     assert_eq!(t.run(&["schedules"]).ok(), "(no schedules)\n");
     assert_eq!(t.run(&["list", "--queue", "emails"]).ok(), "(0 jobs)\n");
@@ -184,7 +189,7 @@ async fn reads_of_an_empty_store_and_the_environment() {
         &["queues"][..],
         &["workers"],
         &["schedules"],
-        &["stats", "emails"],
+        &["stats", "--queue", "emails"],
         &["list", "--queue", "emails"],
         &["purge"],
     ] {

@@ -19,8 +19,8 @@ pub async fn connect(url: &str) -> Result<Store> {
 /// | `postgres://user@host/db`, `postgresql://…` | PostgreSQL | `postgres` (`postgres-tls` for `sslmode=require`) |
 ///
 /// The store carries the [`MetricsLayer`], so enqueued jobs are counted, and with the
-/// `opentelemetry` feature the [`TraceContextLayer`](crate::layers::TraceContextLayer),
-/// so each job carries the trace context of the span that enqueued it.
+/// `opentelemetry` feature the `TraceContextLayer` of [`layers`](crate::layers), so each
+/// job carries the trace context of the span that enqueued it.
 ///
 /// A scheme that is unknown, or whose feature is not enabled, is refused with
 /// [`Error::InvalidInput`] naming the field `url`. Error messages never repeat the URL,

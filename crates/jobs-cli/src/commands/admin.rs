@@ -1,8 +1,8 @@
-//! `purge`, `pause` and `resume`.
+//! `purge`, `pause`, `resume` and `schedules delete`.
 
 use serde::Serialize;
 
-use crate::{Context, Result};
+use crate::{CliError, Context, Result};
 
 /// Jobs one purge call deletes at most.
 const PURGE_BATCH: usize = 1_000;
@@ -27,6 +27,41 @@ pub async fn purge(cx: &mut Context<'_>) -> Result<()> {
     }
     let jobs = if purged == 1 { "job" } else { "jobs" };
     cx.print(&format!("purged {purged} finished {jobs}\n"))
+}
+
+/// `jobs pause QUEUE`: refused for a queue the namespace does not know (most often a
+/// typo, which would otherwise pause nothing and show up in `queues`), unless
+/// `allow_empty`.
+pub async fn pause(cx: &mut Context<'_>, queue: &str, allow_empty: bool) -> Result<()> {
+    if !allow_empty && !cx.store.queues().await?.iter().any(|q| q.queue == queue) {
+        let namespace = &cx.store.settings().namespace;
+        return Err(CliError::new(format!(
+            "namespace {namespace:?} has no queue {queue:?}; pass --allow-empty to pause it before it holds a job"
+        )));
+    }
+    set_paused(cx, queue, true).await
+}
+
+/// `jobs schedules delete NAME`.
+pub async fn delete_schedule(cx: &mut Context<'_>, name: &str) -> Result<()> {
+    if !cx.store.delete_schedule(name).await? {
+        let namespace = &cx.store.settings().namespace;
+        return Err(CliError::new(format!(
+            "namespace {namespace:?} has no schedule {name:?}"
+        )));
+    }
+    if cx.json {
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            schedule: &'a str,
+            deleted: bool,
+        }
+        return cx.print_json(&Doc {
+            schedule: name,
+            deleted: true,
+        });
+    }
+    cx.print(&format!("deleted schedule {name}\n"))
 }
 
 /// `jobs pause QUEUE` and `jobs resume QUEUE`.

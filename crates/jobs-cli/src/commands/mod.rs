@@ -8,7 +8,7 @@ pub mod inspect;
 pub mod list;
 pub mod read;
 
-use crate::cli::{Action, Command};
+use crate::cli::{Action, Command, ScheduleAction};
 use crate::{Context, Result};
 
 /// Runs `command` against the context's store.
@@ -26,9 +26,12 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
         Command::Retry(selection) => bulk::act(cx, Action::Retry, selection).await,
         Command::Cancel(selection) => bulk::act(cx, Action::Cancel, selection).await,
         Command::Purge(_) => admin::purge(cx).await,
-        Command::Pause { queue } => admin::set_paused(cx, queue, true).await,
+        Command::Pause { queue, allow_empty } => admin::pause(cx, queue, *allow_empty).await,
         Command::Resume { queue } => admin::set_paused(cx, queue, false).await,
-        Command::Schedules => read::schedules(cx).await,
+        Command::Schedules { action: None } => read::schedules(cx).await,
+        Command::Schedules {
+            action: Some(ScheduleAction::Delete { name }),
+        } => admin::delete_schedule(cx, name).await,
         Command::Dashboard(args) => dashboard::serve(cx, args).await,
     }
 }

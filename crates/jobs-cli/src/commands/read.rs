@@ -22,7 +22,10 @@ pub async fn queues(cx: &mut Context<'_>) -> Result<()> {
         return cx.print_json(&Doc { queues });
     }
     if queues.is_empty() {
-        return cx.print("(no queues)\n");
+        let namespace = &cx.store.settings().namespace;
+        return cx.print(&format!(
+            "(no queues in namespace {namespace:?}; another namespace: -n NAME)\n"
+        ));
     }
     let rows = queues
         .iter()
@@ -55,7 +58,7 @@ pub async fn queues(cx: &mut Context<'_>) -> Result<()> {
     cx.print(&table(&headers, &[1, 2, 3, 4, 5, 6, 8], rows))
 }
 
-/// `jobs stats QUEUE`: one queue's counts per state, and whether it is paused.
+/// `jobs stats --queue QUEUE`: one queue's counts per state, and whether it is paused.
 pub async fn stats(cx: &mut Context<'_>, queue: &str) -> Result<()> {
     let stats = cx.store.stats(queue).await?;
     if cx.json {

@@ -245,12 +245,15 @@ pub async fn main_flow(t: &Target) {
         .nth(1)
         .is_some_and(|l| l.starts_with("emails ")));
 
-    let stats = t.json(&["stats", "emails"]);
+    let stats = t.json(&["stats", "--queue", "emails"]);
     assert_eq!(
         (stats["ready"].as_u64(), stats["total"].as_u64()),
         (Some(3), Some(3))
     );
-    assert!(t.run(&["stats", "emails"]).ok().contains("ready:     3\n"));
+    assert!(t
+        .run(&["stats", "--queue", "emails"])
+        .ok()
+        .contains("ready:     3\n"));
 
     let page = t.json(&["list", "--queue", "emails", "--limit", "2"]);
     let listed: Vec<&str> = page["jobs"]
@@ -364,9 +367,22 @@ pub async fn main_flow(t: &Target) {
         .expect("fail");
     assert_eq!(state, JobState::Cancelled);
 
-    // Pause and resume.
+    // Pause and resume. A queue the namespace does not know is refused as a typo,
+    // and is not made up by the refusal; --allow-empty pauses it before its first job.
+    t.run(&["pause", "emials"])
+        .fails_with(r#"has no queue "emials"; pass --allow-empty"#);
+    assert!(
+        !t.json(&["queues"]).to_string().contains("emials"),
+        "a refused pause leaves no queue behind"
+    );
+    assert_eq!(
+        t.run(&["pause", "later", "--allow-empty"]).ok(),
+        "paused queue later\n"
+    );
+    assert!(t.store.stats("later").await.expect("stats").paused);
+    assert_eq!(t.run(&["resume", "later"]).ok(), "resumed queue later\n");
     assert_eq!(t.run(&["pause", "emails"]).ok(), "paused queue emails\n");
-    assert!(t.json(&["stats", "emails"])["paused"]
+    assert!(t.json(&["stats", "--queue", "emails"])["paused"]
         .as_bool()
         .expect("paused"));
     assert_eq!(t.json(&["resume", "emails"])["paused"], false);
@@ -381,6 +397,13 @@ pub async fn main_flow(t: &Target) {
     assert_eq!(schedules["schedules"][0]["enabled"], true);
     let table = t.run(&["schedules"]).ok();
     assert!(table.contains("every 30s"), "{table}");
+    t.run(&["schedules", "delete", "pong"])
+        .fails_with(r#"has no schedule "pong""#);
+    assert_eq!(
+        t.run(&["schedules", "delete", "ping"]).ok(),
+        "deleted schedule ping\n"
+    );
+    assert!(t.store.schedules().await.expect("schedules").is_empty());
 
     // Purge: nothing past a week's retention; everything finished past none.
     assert_eq!(t.run(&["purge"]).ok(), "purged 0 finished jobs\n");
