@@ -130,6 +130,10 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
         inner.attempts(id).await
     }
 
+    async fn get(&self, inner: &dyn Backend, id: JobId) -> Result<jobs_core::Job> {
+        inner.get(id).await
+    }
+
     async fn update_schedule(
         &self,
         inner: &dyn Backend,
@@ -262,6 +266,10 @@ impl LayeredBackend for Mutant {
 
     async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
         self.bug.attempts(&*self.inner, id).await
+    }
+
+    async fn get(&self, id: JobId) -> Result<jobs_core::Job> {
+        self.bug.get(&*self.inner, id).await
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
@@ -814,6 +822,68 @@ impl Bug for ReleaseLeavesNoAttempt {
 
 /// H3 broken: the oldest attempts are kept and the newest dropped, as a backend that
 /// stopped writing once its slots were full would.
+/// L4, A2: the job keeps showing the last error it was failed with, after a success
+/// or an operator's retry (the stale field issue #31 found).
+#[derive(Debug, Default)]
+struct StaleLastError {
+    errors: Mutex<HashMap<JobId, String>>,
+}
+
+#[async_trait]
+impl Bug for StaleLastError {
+    async fn fail(
+        &self,
+        inner: &dyn Backend,
+        lease: HeldLease,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        let state = inner.fail(lease.id, lease.token, error, retry, now).await?;
+        lock(&self.errors).insert(lease.id, error.to_owned());
+        Ok(state)
+    }
+
+    async fn get(&self, inner: &dyn Backend, id: JobId) -> Result<jobs_core::Job> {
+        let mut job = inner.get(id).await?;
+        if job.last_error.is_none() {
+            job.last_error = lock(&self.errors).get(&id).cloned();
+        }
+        Ok(job)
+    }
+}
+
+/// H2: an attempt's error is kept whole, as `last_error` is.
+#[derive(Debug, Default)]
+struct AttemptErrorUncut {
+    errors: Mutex<HashMap<JobId, String>>,
+}
+
+#[async_trait]
+impl Bug for AttemptErrorUncut {
+    async fn fail(
+        &self,
+        inner: &dyn Backend,
+        lease: HeldLease,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        lock(&self.errors).insert(lease.id, error.to_owned());
+        inner.fail(lease.id, lease.token, error, retry, now).await
+    }
+
+    async fn attempts(&self, inner: &dyn Backend, id: JobId) -> Result<Vec<Attempt>> {
+        let mut attempts = inner.attempts(id).await?;
+        if let Some(error) = lock(&self.errors).get(&id) {
+            for attempt in attempts.iter_mut().filter(|a| a.error.is_some()) {
+                attempt.error = Some(error.clone());
+            }
+        }
+        Ok(attempts)
+    }
+}
+
 #[derive(Debug)]
 struct OldestAttemptsKept;
 
@@ -1224,6 +1294,29 @@ async fn a_release_leaving_no_attempt_is_caught_by_h2() {
     caught(
         ReleaseLeavesNoAttempt,
         "h2_each_ending_is_recorded_with_its_outcome_and_error",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_last_error_is_caught_by_l4_and_a2() {
+    caught(
+        StaleLastError::default(),
+        "l4_a_succeeded_job_shows_no_error_of_an_earlier_attempt",
+    )
+    .await;
+    caught(
+        StaleLastError::default(),
+        "a2_retry_dead_job_requeues_with_attempts_reset",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_uncut_attempt_error_is_caught_by_h2() {
+    caught(
+        AttemptErrorUncut::default(),
+        "h2_an_attempts_error_is_cut_at_4_kib",
     )
     .await;
 }

@@ -317,6 +317,8 @@ impl Model {
         let job = self.held(idx, token)?;
         job.finish(JobState::Succeeded, now);
         job.result = result;
+        // L4: an earlier attempt's error is in the history, not on a succeeded job.
+        job.last_error = None;
         Ok(())
     }
 
@@ -470,6 +472,10 @@ impl Model {
         job.finished_at = None;
         job.result = None;
         job.lease = None;
+        // A2: it starts over.
+        job.started_at = None;
+        job.heartbeat_at = None;
+        job.last_error = None;
         let seq = self.next_seq();
         self.jobs[idx].seq = seq;
         Ok(())

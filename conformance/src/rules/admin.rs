@@ -250,9 +250,16 @@ pub async fn a2_retry_dead_job_requeues_with_attempts_reset(harness: &dyn Harnes
         "A2: retry queues the job ready now with attempts reset and finish cleared"
     );
     assert_eq!(
-        job.last_error.as_deref(),
-        Some("two"),
-        "A2: retry keeps last_error for history"
+        (job.last_error.as_deref(), job.started_at, job.heartbeat_at),
+        (None, None, None),
+        "A2: retry starts the job over: no error, start or heartbeat of a past run"
+    );
+    let history = store.attempts(id).await.must("A2: attempts");
+    let errors: Vec<Option<&str>> = history.iter().map(|a| a.error.as_deref()).collect();
+    assert_eq!(
+        errors,
+        [Some("one"), Some("two")],
+        "A2: the errors of the runs before the retry are in the attempt history"
     );
     assert_eq!(
         (

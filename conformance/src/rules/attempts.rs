@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use jobs_core::{
-    Attempt, AttemptOutcome, ClaimRequest, Clock, JobId, JobState, LeaseToken, NewJob, Retry,
-    Store, ATTEMPTS_KEPT, LEASE_EXPIRED,
+    validate, Attempt, AttemptOutcome, ClaimRequest, Clock, JobId, JobState, LeaseToken, NewJob,
+    Retry, Store, ATTEMPTS_KEPT, LEASE_EXPIRED,
 };
 
-use super::support::{claim, enqueue, expect_lease_lost, expect_not_found, Must, TTL, WORKER};
+use super::support::{claim, enqueue, expect_lease_lost, expect_not_found, get, Must, TTL, WORKER};
 use crate::{Harness, TestEnv};
 
 async fn attempts(store: &Store, id: JobId, what: &str) -> Vec<Attempt> {
@@ -83,6 +83,35 @@ pub async fn h1_every_claim_is_an_attempt_with_its_worker_and_token(harness: &dy
     );
     let unknown = JobId::mint(env.clock.now());
     expect_not_found(store.attempts(unknown).await, unknown, "H1: unknown job");
+}
+
+/// H2: an attempt's error is kept cut at 4 KiB on a character boundary, where the job's
+/// `last_error` keeps 64 KiB of the same text.
+pub async fn h2_an_attempts_error_is_cut_at_4_kib(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(5), "H2").await;
+    // Three-byte characters, so 4 KiB falls inside one: the cut steps back to its start.
+    let error = "€".repeat(10_000);
+    let held = claim(&store, &["q"], 1, "H2").await.remove(0);
+    store
+        .fail(id, held.token(), &error, Retry::At(env.clock.now()))
+        .await
+        .must("H2: fail");
+    let last_error = get(&store, id, "H2").await.last_error.unwrap_or_default();
+    assert_eq!(
+        last_error,
+        validate::truncate_error(&error),
+        "H2: last_error keeps 64 KiB"
+    );
+    let attempts = store.attempts(id).await.must("H2: attempts");
+    let recorded = attempts[0].error.clone().unwrap_or_default();
+    assert_eq!(
+        recorded.len(),
+        validate::MAX_ATTEMPT_ERROR_BYTES / 3 * 3,
+        "H2: the attempt's error is cut at 4 KiB, on a character boundary"
+    );
+    assert!(error.starts_with(&recorded), "H2: the cut keeps the start");
 }
 
 /// H2: each way an attempt ends is recorded with the instant of the call that ended it:

@@ -308,6 +308,49 @@ pub async fn l4_complete_stores_result_and_finishes(harness: &dyn Harness) {
     }
 }
 
+/// L4: a job that succeeds after failed attempts shows no error: `last_error` is
+/// cleared by the completion, and the earlier attempts' errors are in its history (H2).
+pub async fn l4_a_succeeded_job_shows_no_error_of_an_earlier_attempt(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let id = enqueue(&store, NewJob::new("q").max_attempts(5), "L4").await;
+    for error in ["first", "second"] {
+        let held = claim_expecting(&store, "q", id, "L4").await;
+        store
+            .fail(id, held.token(), error, Retry::At(env.clock.now()))
+            .await
+            .must("L4: fail with a retry");
+        assert_eq!(
+            get(&store, id, "L4").await.last_error.as_deref(),
+            Some(error),
+            "L4: a job waiting to run again shows the error that sent it back (L6)"
+        );
+    }
+    let held = claim_expecting(&store, "q", id, "L4").await;
+    store
+        .complete(id, held.token(), None)
+        .await
+        .must("L4: complete");
+    let job = get(&store, id, "L4").await;
+    assert_eq!(
+        (job.state, job.last_error.as_deref()),
+        (JobState::Succeeded, None),
+        "L4: a succeeded job shows no error of an earlier attempt"
+    );
+    let errors: Vec<Option<String>> = store
+        .attempts(id)
+        .await
+        .must("L4: attempts")
+        .into_iter()
+        .map(|a| a.error)
+        .collect();
+    assert_eq!(
+        errors,
+        [Some("first".to_owned()), Some("second".to_owned()), None],
+        "L4: the earlier attempts' errors are in the history"
+    );
+}
+
 /// L4: a result over `max_payload_bytes` is refused as too large and nothing changes;
 /// a result of exactly the limit is stored.
 pub async fn l4_oversized_result_is_refused_and_changes_nothing(harness: &dyn Harness) {

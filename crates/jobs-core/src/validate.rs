@@ -25,6 +25,8 @@ pub const MAX_LIST_LIMIT: usize = 1_000;
 pub const MAX_BATCH_LEN: usize = 10_000;
 /// Longest `last_error` kept; longer messages are cut at a character boundary.
 pub const MAX_ERROR_BYTES: usize = 64 * 1024;
+/// Longest error text of one attempt's record (CONTRACT H2), in bytes.
+pub const MAX_ATTEMPT_ERROR_BYTES: usize = 4 * 1024;
 /// Longest amount name or capability key of a job's needs or a claim's budget, in bytes.
 pub const MAX_FIT_KEY_BYTES: usize = 64;
 /// The most amounts, and the most capabilities, one job may need or one budget offer.
@@ -309,14 +311,25 @@ pub fn validate_settings(settings: &StoreSettings) -> Result<()> {
 /// Cuts an error message to [`MAX_ERROR_BYTES`] at a character boundary, so one huge
 /// panic message cannot bloat every later read of the job.
 pub fn truncate_error(message: &str) -> &str {
-    if message.len() <= MAX_ERROR_BYTES {
-        return message;
+    cut_at(message, MAX_ERROR_BYTES)
+}
+
+/// Cuts the error of an attempt's record to [`MAX_ATTEMPT_ERROR_BYTES`] at a character
+/// boundary (CONTRACT H2): a job keeps up to 32 of them, where it keeps one `last_error`.
+pub fn truncate_attempt_error(message: &str) -> &str {
+    cut_at(message, MAX_ATTEMPT_ERROR_BYTES)
+}
+
+/// `text`'s first `limit` bytes at most, ending on a character boundary.
+fn cut_at(text: &str, limit: usize) -> &str {
+    if text.len() <= limit {
+        return text;
     }
-    let mut end = MAX_ERROR_BYTES;
-    while !message.is_char_boundary(end) {
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    &message[..end]
+    &text[..end]
 }
 
 #[cfg(test)]

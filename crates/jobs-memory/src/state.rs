@@ -644,6 +644,8 @@ impl State {
             record.last_worker = job.lease.take().map(|lease| lease.worker);
             Self::finish(job, JobState::Succeeded, now);
             job.result = result;
+            // An earlier attempt's error is in the history, not on a succeeded job (L4).
+            job.last_error = None;
         })
         .ok_or(Error::NotFound { id })
     }
@@ -738,7 +740,7 @@ impl State {
             started_at,
             now,
             outcome,
-            error.map(str::to_owned),
+            error.map(|error| jobs_core::validate::truncate_attempt_error(error).to_owned()),
         );
         record.ended.push(attempt);
         let kept = usize::try_from(jobs_core::ATTEMPTS_KEPT).unwrap_or(usize::MAX);
@@ -799,6 +801,10 @@ impl State {
             job.finished_at = None;
             job.result = None;
             job.lease = None;
+            // It starts over (CONTRACT A2): its past runs are in its attempt history.
+            job.started_at = None;
+            job.heartbeat_at = None;
+            job.last_error = None;
         })
     }
 

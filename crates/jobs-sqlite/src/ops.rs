@@ -850,7 +850,7 @@ pub(crate) fn complete(
     let lease = check_lease(conn, ns, id, token)?;
     conn.prepare_cached(
         "UPDATE jobq_jobs SET state = 2, result = ?2, lease_expires_at = NULL,
-             finished_at = ?3
+             finished_at = ?3, last_error = NULL
          WHERE job = ?1",
     )
     .and_then(|mut stmt| stmt.execute(params![lease.row, result, now.as_millis()]))
@@ -952,7 +952,7 @@ fn record_attempt(
             token,
             now.as_millis(),
             outcome.as_str(),
-            error
+            error.map(jobs_core::validate::truncate_attempt_error)
         ])
     })
     .db("record the attempt")?;
@@ -1123,7 +1123,8 @@ pub(crate) fn retry(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) ->
         .prepare_cached(
             "UPDATE jobq_jobs SET state = 0, run_at = ?2, seq = ?3, attempts = 0,
                  cancel_requested = 0, finished_at = NULL, result = NULL,
-                 lease_worker = NULL, lease_expires_at = NULL
+                 lease_worker = NULL, lease_expires_at = NULL, started_at = NULL,
+                 heartbeat_at = NULL, last_error = NULL
              WHERE job = ?1",
         )
         .and_then(|mut stmt| stmt.execute(params![row, now.as_millis(), seq]))
