@@ -1112,38 +1112,44 @@ async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
     assert_eq!(scrape.status, StatusCode::OK);
     assert!(scrape
         .header(header::CONTENT_TYPE)
-        .starts_with("text/plain; version=0.0.4"));
+        .starts_with("application/openmetrics-text; version=1.0.0"));
+    let namespace = store.settings().namespace.clone();
     let lines: Vec<&str> = scrape.body.lines().collect();
     for expected in [
-        "# TYPE jobs_queue_depth gauge",
-        "jobs_queue_depth{queue=\"emails\",state=\"ready\"} 2",
-        "jobs_queue_depth{queue=\"emails\",state=\"dead\"} 1",
-        "jobs_queue_depth{queue=\"emails\",state=\"running\"} 0",
-        "jobs_queue_depth{queue=\"idle\",state=\"ready\"} 0",
-        "# TYPE jobs_queue_lag_seconds gauge",
-        "jobs_queue_lag_seconds{queue=\"idle\"} 0",
-        "jobs_queue_paused{queue=\"idle\"} 1",
-        "jobs_queue_paused{queue=\"emails\"} 0",
-        "jobs_workers 0",
+        "# TYPE jobs_queue_depth gauge".to_owned(),
+        format!("jobs_queue_depth{{namespace=\"{namespace}\",queue=\"emails\",state=\"ready\"}} 2"),
+        format!("jobs_queue_depth{{namespace=\"{namespace}\",queue=\"emails\",state=\"dead\"}} 1"),
+        format!(
+            "jobs_queue_depth{{namespace=\"{namespace}\",queue=\"emails\",state=\"running\"}} 0"
+        ),
+        format!("jobs_queue_depth{{namespace=\"{namespace}\",queue=\"idle\",state=\"ready\"}} 0"),
+        "# TYPE jobs_queue_lag_seconds gauge".to_owned(),
+        format!("jobs_queue_lag_seconds{{namespace=\"{namespace}\",queue=\"idle\"}} 0.0"),
+        format!("jobs_queue_paused{{namespace=\"{namespace}\",queue=\"idle\"}} 1"),
+        format!("jobs_queue_paused{{namespace=\"{namespace}\",queue=\"emails\"}} 0"),
+        format!("jobs_workers{{namespace=\"{namespace}\"}} 0"),
+        "# EOF".to_owned(),
     ] {
         assert!(
-            lines.contains(&expected),
+            lines.contains(&expected.as_str()),
             "{expected} missing:\n{}",
             scrape.body
         );
     }
+    let lag_prefix =
+        format!("jobs_queue_lag_seconds{{namespace=\"{namespace}\",queue=\"emails\"}} ");
     let lag = lines
         .iter()
-        .find_map(|l| l.strip_prefix("jobs_queue_lag_seconds{queue=\"emails\"} "))
+        .find_map(|l| l.strip_prefix(lag_prefix.as_str()))
         .and_then(|v| v.parse::<f64>().ok())
         .expect("the lag of emails");
     assert!(lag >= 0.0);
     // The next scrape reads the store again.
     store.enqueue(NewJob::new("emails")).await.expect("enqueue");
     let again = get(&router, "/metrics").await;
-    assert!(again
-        .body
-        .contains("jobs_queue_depth{queue=\"emails\",state=\"ready\"} 3"));
+    assert!(again.body.contains(&format!(
+        "jobs_queue_depth{{namespace=\"{namespace}\",queue=\"emails\",state=\"ready\"}} 3"
+    )));
 }
 
 #[tokio::test]
