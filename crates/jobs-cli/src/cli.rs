@@ -166,6 +166,10 @@ pub struct DashboardArgs {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// Mark the login cookie `Secure`: the dashboard is reached over HTTPS (a proxy in
+    /// front of it ends TLS).
+    #[arg(long)]
+    pub secure_cookie: bool,
 }
 
 /// The arguments of `jobs list`.

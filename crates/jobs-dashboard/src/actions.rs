@@ -33,6 +33,14 @@ fn gate(ctx: &Ctx, headers: &HeaderMap, body: &[u8], fields: &[&str]) -> Result<
             "This dashboard is read-only: it takes no action.",
         ));
     }
+    if matches!(ctx.auth, Auth::Bearer | Auth::WrongBearer) {
+        // Throttled before the token counts, so a refused guess and a right one look
+        // the same while guessing is throttled.
+        ctx.check_throttle()?;
+    }
+    if ctx.auth == Auth::WrongBearer {
+        ctx.count_failure();
+    }
     if !ctx.auth.allowed() {
         return Err(Problem::needs_login());
     }
@@ -284,16 +292,19 @@ pub(crate) async fn login(ctx: Ctx, headers: HeaderMap, body: axum::body::Bytes)
         let form = parse_form(&headers, &body, &["token"])?;
         security::check_csrf(&form, &ctx.app.csrf)?;
         let given = form.require("token")?;
+        ctx.check_throttle()?;
         if !security::constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+            ctx.count_failure();
             return Err(Problem {
                 login: true,
                 ..Problem::forbidden("That is not the dashboard's token.")
             });
         }
         let cookie = format!(
-            "{LOGIN_COOKIE}={}; Path={}; HttpOnly; SameSite=Strict",
+            "{LOGIN_COOKIE}={}; Path={}; HttpOnly; SameSite=Strict{}",
             security::cookie_value(expected),
-            ctx.home()
+            ctx.home(),
+            secure(&ctx)
         );
         with_cookie(see_other(ctx.home(), Notice::LoggedIn), &cookie)
     };
@@ -307,12 +318,23 @@ pub(crate) async fn logout(ctx: Ctx, headers: HeaderMap, body: axum::body::Bytes
         let form = parse_form(&headers, &body, &[])?;
         security::check_csrf(&form, &ctx.app.csrf)?;
         let cookie = format!(
-            "{LOGIN_COOKIE}=; Path={}; HttpOnly; SameSite=Strict; Max-Age=0",
-            ctx.home()
+            "{LOGIN_COOKIE}=; Path={}; HttpOnly; SameSite=Strict; Max-Age=0{}",
+            ctx.home(),
+            secure(&ctx)
         );
         with_cookie(see_other(ctx.home(), Notice::LoggedOut), &cookie)
     };
     answer(&ctx, result.await)
+}
+
+/// The cookie attribute that keeps the login cookie to HTTPS, when the dashboard is
+/// told it is served over TLS.
+fn secure(ctx: &Ctx) -> &'static str {
+    if ctx.app.secure_cookie {
+        "; Secure"
+    } else {
+        ""
+    }
 }
 
 fn with_cookie(mut response: Response, cookie: &str) -> Result<Response, Problem> {

@@ -27,6 +27,10 @@ pub(crate) struct App {
     pub token: Option<String>,
     /// The CSRF token of this dashboard's forms: random, made when it was built.
     pub csrf: String,
+    /// Failed attempts at the token.
+    pub throttle: std::sync::Mutex<security::Throttle>,
+    /// Whether the login cookie is marked `Secure` (the dashboard is served over TLS).
+    pub secure_cookie: bool,
     pub history: History,
     sampling: AtomicBool,
 }
@@ -38,12 +42,15 @@ impl App {
         token: Option<String>,
         sample_interval: Duration,
         chart_window: Duration,
+        secure_cookie: bool,
     ) -> Self {
         App {
             store,
             read_only,
             token,
             csrf: security::random_token(),
+            throttle: std::sync::Mutex::new(security::Throttle::new(std::time::Instant::now())),
+            secure_cookie,
             history: History::new(sample_interval, chart_window),
             sampling: AtomicBool::new(false),
         }
@@ -126,6 +133,28 @@ impl Ctx {
     /// Whether a token guards actions and this request has not given it.
     pub fn needs_login(&self) -> bool {
         !self.app.read_only && !self.auth.allowed()
+    }
+
+    /// Refuses an attempt at the token while failures are throttled (429, with how long
+    /// to wait), before the token is compared.
+    pub fn check_throttle(&self) -> Result<(), crate::problem::Problem> {
+        let mut throttle = self
+            .app
+            .throttle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        throttle
+            .check(std::time::Instant::now())
+            .map_err(crate::problem::Problem::throttled)
+    }
+
+    /// Counts a failed attempt at the token.
+    pub fn count_failure(&self) {
+        self.app
+            .throttle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .failed(std::time::Instant::now());
     }
 }
 

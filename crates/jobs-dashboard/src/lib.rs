@@ -93,6 +93,7 @@ pub struct Dashboard {
     token: Option<String>,
     sample_interval: Duration,
     chart_window: Duration,
+    secure_cookie: bool,
 }
 
 impl fmt::Debug for Dashboard {
@@ -103,6 +104,7 @@ impl fmt::Debug for Dashboard {
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("sample_interval", &self.sample_interval)
             .field("chart_window", &self.chart_window)
+            .field("secure_cookie", &self.secure_cookie)
             .finish()
     }
 }
@@ -117,7 +119,15 @@ impl Dashboard {
             token: None,
             sample_interval: DEFAULT_SAMPLE_INTERVAL,
             chart_window: DEFAULT_CHART_WINDOW,
+            secure_cookie: false,
         }
+    }
+
+    /// Marks the login cookie `Secure`, so a browser sends it over HTTPS only: set it
+    /// when the dashboard is reached over TLS (behind a proxy that ends TLS, say).
+    pub fn secure_cookie(mut self, secure: bool) -> Self {
+        self.secure_cookie = secure;
+        self
     }
 
     /// A read-only dashboard shows no action and answers 403 to every one.
@@ -172,6 +182,7 @@ impl Dashboard {
             self.token,
             self.sample_interval,
             self.chart_window,
+            self.secure_cookie,
         ))
     }
 }

@@ -44,6 +44,17 @@ impl Problem {
         }
     }
 
+    /// 429: too many wrong tokens lately; the next attempt is allowed after `wait`.
+    pub fn throttled(wait: std::time::Duration) -> Self {
+        Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "Too many wrong tokens lately: try again in {} s.",
+                wait.as_secs().max(1)
+            ),
+        )
+    }
+
     /// 404.
     pub fn not_found(detail: impl Into<String>) -> Self {
         Problem::new(StatusCode::NOT_FOUND, detail)

@@ -3,6 +3,8 @@
 //! `Sec-Fetch-Site` checks, the response headers every page carries, and the `Host`
 //! check of a dashboard served on loopback.
 
+use std::time::{Duration, Instant};
+
 use axum::extract::Request;
 use axum::http::header::{self, HeaderMap, HeaderValue};
 use axum::middleware::Next;
@@ -27,14 +29,17 @@ pub(crate) enum Auth {
     /// The request carried `Authorization: Bearer <token>`: not a browser form, so no
     /// CSRF field is asked for.
     Bearer,
-    /// A token is needed and the request has none, or a wrong one.
+    /// A token is needed and the request has none.
     Anonymous,
+    /// A token is needed and the request's bearer header holds a wrong one: a failed
+    /// attempt, which [`Throttle`] counts.
+    WrongBearer,
 }
 
 impl Auth {
     /// Whether the request may act (a read-only dashboard still refuses).
     pub fn allowed(self) -> bool {
-        !matches!(self, Auth::Anonymous)
+        !matches!(self, Auth::Anonymous | Auth::WrongBearer)
     }
 }
 
@@ -51,13 +56,64 @@ pub(crate) fn authenticate(token: Option<&str>, headers: &HeaderMap) -> Auth {
         if constant_time_eq(given.trim().as_bytes(), token.as_bytes()) {
             return Auth::Bearer;
         }
-        return Auth::Anonymous;
+        return Auth::WrongBearer;
     }
     match cookie(headers, LOGIN_COOKIE) {
         Some(value) if constant_time_eq(value.as_bytes(), cookie_value(token).as_bytes()) => {
             Auth::Cookie
         }
         _ => Auth::Anonymous,
+    }
+}
+
+/// Failed attempts at the dashboard's token (a wrong login, a wrong bearer header), so
+/// that guessing it online takes forever: [`Throttle::BURST`] failures are allowed at
+/// once, then one more every [`Throttle::EVERY`]. While none is allowed, attempts are
+/// refused with 429 before the token is compared, even a right one; a browser already
+/// logged in (its cookie) is never refused. One count for the whole dashboard: behind a
+/// proxy every client has the proxy's address, so counting per address would count
+/// nothing.
+#[derive(Debug)]
+pub(crate) struct Throttle {
+    /// Failures still allowed now; refills with time up to [`Throttle::BURST`].
+    allowance: f64,
+    /// When `allowance` was last brought up to date.
+    at: Instant,
+}
+
+impl Throttle {
+    /// Failures allowed in a row.
+    pub(crate) const BURST: f64 = 5.0;
+    /// How often one more failure is allowed.
+    pub(crate) const EVERY: Duration = Duration::from_secs(12);
+
+    pub(crate) fn new(now: Instant) -> Self {
+        Throttle {
+            allowance: Self::BURST,
+            at: now,
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let gained =
+            now.saturating_duration_since(self.at).as_secs_f64() / Self::EVERY.as_secs_f64();
+        self.allowance = (self.allowance + gained).min(Self::BURST);
+        self.at = now;
+    }
+
+    /// Whether a token may be tried at `now`; the wait until one may, if not.
+    pub(crate) fn check(&mut self, now: Instant) -> Result<(), Duration> {
+        self.refill(now);
+        if self.allowance >= 1.0 {
+            return Ok(());
+        }
+        Err(Self::EVERY.mul_f64(1.0 - self.allowance))
+    }
+
+    /// Counts a failed attempt at `now`.
+    pub(crate) fn failed(&mut self, now: Instant) {
+        self.refill(now);
+        self.allowance = (self.allowance - 1.0).max(0.0);
     }
 }
 
@@ -253,7 +309,7 @@ mod tests {
         );
         assert_eq!(
             authenticate(token, &headers(&[("authorization", "Bearer wrong")])),
-            Auth::Anonymous
+            Auth::WrongBearer
         );
         let cookie = format!("a=b; {LOGIN_COOKIE}={}", cookie_value("s3cret; x"));
         assert_eq!(
@@ -265,6 +321,29 @@ mod tests {
             authenticate(token, &headers(&[("cookie", &wrong)])),
             Auth::Anonymous
         );
+    }
+
+    #[test]
+    fn failed_attempts_are_throttled_and_allowed_again_with_time() {
+        let start = Instant::now();
+        let mut throttle = Throttle::new(start);
+        for _ in 0..5 {
+            assert!(throttle.check(start).is_ok());
+            throttle.failed(start);
+        }
+        let wait = throttle.check(start).expect_err("the sixth attempt waits");
+        assert_eq!(wait, Throttle::EVERY, "one more is allowed after EVERY");
+        assert!(throttle.check(start + Throttle::EVERY / 2).is_err());
+        assert!(throttle.check(start + Throttle::EVERY).is_ok());
+        throttle.failed(start + Throttle::EVERY);
+        assert!(throttle.check(start + Throttle::EVERY).is_err());
+        // A long quiet spell allows a burst again, never more.
+        let later = start + Throttle::EVERY * 100;
+        for _ in 0..5 {
+            assert!(throttle.check(later).is_ok());
+            throttle.failed(later);
+        }
+        assert!(throttle.check(later).is_err());
     }
 
     #[test]

@@ -44,6 +44,7 @@ async fn pages_over(store: Store) {
     store.put_schedule(&tick).await.expect("put a schedule");
     let router = Dashboard::new(store.clone()).router();
 
+    let ns = store.settings().namespace.clone();
     let checks: Vec<(String, Vec<String>)> = vec![
         (
             "/".into(),
@@ -97,10 +98,12 @@ async fn pages_over(store: Store) {
         (
             "/metrics".into(),
             vec![
-                "jobs_queue_depth{queue=\"emails\",state=\"dead\"} 1".into(),
-                "jobs_queue_depth{queue=\"emails\",state=\"ready\"} 2".into(),
-                "jobs_queue_paused{queue=\"idle\"} 1".into(),
-                "jobs_workers 1".into(),
+                format!("jobs_queue_depth{{namespace=\"{ns}\",queue=\"emails\",state=\"dead\"}} 1"),
+                format!(
+                    "jobs_queue_depth{{namespace=\"{ns}\",queue=\"emails\",state=\"ready\"}} 2"
+                ),
+                format!("jobs_queue_paused{{namespace=\"{ns}\",queue=\"idle\"}} 1"),
+                format!("jobs_workers{{namespace=\"{ns}\"}} 1"),
             ],
         ),
     ];

@@ -1255,3 +1255,84 @@ async fn pages_of_a_sqlite_store() {
     assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
     assert_eq!(store.get(dead).await.expect("job").state, JobState::Queued);
 }
+
+/// Guessing the token online is throttled (issue #30): after five wrong tokens, at the
+/// login form or as a bearer header, every attempt is refused with 429 before its token
+/// is compared, a right one too, so a guess learns nothing; a browser already logged in
+/// keeps acting. Told it is served over TLS, the dashboard marks its cookie `Secure`.
+#[tokio::test]
+async fn wrong_tokens_are_throttled_and_a_logged_in_browser_is_not() {
+    let store = memory().await;
+    let dead = dead_job(&store, "q", "boom").await;
+    let router = Dashboard::new(store.clone())
+        .token(Some("correct horse".into()))
+        .secure_cookie(true)
+        .router();
+    let csrf = get(&router, "/login").await.csrf();
+    let login = |token: &str| {
+        post(
+            "/login",
+            &format!("csrf={csrf}&token={token}"),
+            &browser(&[]),
+        )
+    };
+    let logged_in = send(&router, login("correct+horse")).await;
+    assert_eq!(
+        logged_in.status,
+        StatusCode::SEE_OTHER,
+        "{}",
+        logged_in.body
+    );
+    let cookie = logged_in.header(header::SET_COOKIE).to_owned();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    let cookie_pair = cookie.split(';').next().expect("name=value").to_owned();
+
+    for guess in ["a", "b", "c", "d"] {
+        assert_eq!(
+            send(&router, login(guess)).await.status,
+            StatusCode::FORBIDDEN
+        );
+    }
+    let bearer = |token: &str| {
+        Request::post("/queue/pause")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("queue=q"))
+            .expect("request")
+    };
+    assert_eq!(
+        send(&router, bearer("e")).await.status,
+        StatusCode::UNAUTHORIZED,
+        "the fifth wrong token"
+    );
+    let throttled = send(&router, login("f")).await;
+    assert_eq!(throttled.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        throttled.body.contains("try again in"),
+        "{}",
+        throttled.body
+    );
+    assert_eq!(
+        send(&router, login("correct+horse")).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a right token is refused alike while guessing is throttled"
+    );
+    assert_eq!(
+        send(&router, bearer("correct horse")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert!(!store.stats("q").await.expect("stats").paused);
+
+    // The browser logged in before keeps acting.
+    let retried = send(
+        &router,
+        post(
+            &format!("/jobs/{dead}/retry"),
+            &format!("csrf={csrf}"),
+            &browser(&[("cookie", &cookie_pair)]),
+        ),
+    )
+    .await;
+    assert_eq!(retried.status, StatusCode::SEE_OTHER, "{}", retried.body);
+    assert_eq!(store.get(dead).await.expect("job").state, JobState::Queued);
+}

@@ -11,7 +11,8 @@ use crate::{Context, Result};
 pub async fn serve(cx: &mut Context<'_>, args: &DashboardArgs) -> Result<()> {
     let dashboard = jobs_dashboard::Dashboard::new(cx.store.clone())
         .read_only(args.read_only)
-        .token(args.token.clone());
+        .token(args.token.clone())
+        .secure_cookie(args.secure_cookie);
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|err| crate::CliError::new(format!("cannot listen on {}: {err}", args.listen)))?;
