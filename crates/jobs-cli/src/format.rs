@@ -31,18 +31,10 @@ pub fn maybe_time(ts: Option<Timestamp>) -> String {
     ts.map_or_else(|| "-".to_owned(), time)
 }
 
-/// A duration in its two largest units: `450ms`, `12s`, `3m 12s`, `2h 5m`, `3d 4h`.
+/// A duration in its two largest units, as the dashboard writes it: `450ms`, `12s`,
+/// `3m 12s`, `2h 5m`, `3d 4h`.
 pub fn age(d: Duration) -> String {
-    let secs = d.as_secs();
-    let (days, hours, minutes, seconds) =
-        (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
-    match () {
-        () if days > 0 => format!("{days}d {hours}h"),
-        () if hours > 0 => format!("{hours}h {minutes}m"),
-        () if minutes > 0 => format!("{minutes}m {seconds}s"),
-        () if secs > 0 => format!("{seconds}s"),
-        () => format!("{}ms", d.as_millis()),
-    }
+    jobs_dashboard::format::duration(d)
 }
 
 /// How long ago `then` was, at `now`; `in 5m` for a time still to come.
@@ -228,7 +220,7 @@ mod tests {
         assert_eq!(age(Duration::from_secs(2 * 3600 + 5 * 60 + 9)), "2h 5m");
         assert_eq!(age(Duration::from_secs(3 * 86_400 + 4 * 3600)), "3d 4h");
         let now = Timestamp::from_millis(1_000_000);
-        assert_eq!(ago(Timestamp::from_millis(940_000), now), "1m 0s ago");
+        assert_eq!(ago(Timestamp::from_millis(940_000), now), "1m ago");
         assert_eq!(ago(Timestamp::from_millis(1_005_000), now), "in 5s");
     }
 

@@ -1,4 +1,5 @@
-//! Times, durations and rates as the pages write them.
+//! Times, durations and rates as the pages write them; [`duration`] and [`relative`]
+//! are the `jobs` command line's too.
 
 use std::time::Duration;
 
@@ -12,8 +13,8 @@ pub(crate) fn timestamp(ts: Timestamp) -> String {
     }
 }
 
-/// `12 s ago`, `in 3 min`, `now`.
-pub(crate) fn relative(now: Timestamp, ts: Timestamp) -> String {
+/// `12s ago`, `in 3m`, `now`: [`duration`] from `now` to `ts`.
+pub fn relative(now: Timestamp, ts: Timestamp) -> String {
     let millis = now.as_millis().saturating_sub(ts.as_millis());
     let span = Duration::from_millis(millis.unsigned_abs());
     if span < Duration::from_secs(1) {
@@ -25,21 +26,23 @@ pub(crate) fn relative(now: Timestamp, ts: Timestamp) -> String {
     }
 }
 
-/// `850 ms`, `12 s`, `3 min 4 s`, `15 min`, `2 h 5 min`, `4 d 3 h`.
-pub(crate) fn duration(d: Duration) -> String {
+/// A duration in its two largest units: `850ms`, `12s`, `3m 4s`, `15m`, `2h 5m`, `4d 3h`.
+/// The one way both operator tools write a duration: the dashboard's pages, and the
+/// `jobs` command line's tables.
+pub fn duration(d: Duration) -> String {
     let secs = d.as_secs();
     let two = |big: u64, big_unit: &str, small: u64, small_unit: &str| {
         if small == 0 {
-            format!("{big} {big_unit}")
+            format!("{big}{big_unit}")
         } else {
-            format!("{big} {big_unit} {small} {small_unit}")
+            format!("{big}{big_unit} {small}{small_unit}")
         }
     };
     match secs {
-        0 => format!("{} ms", d.as_millis()),
-        1..60 => format!("{secs} s"),
-        60..3600 => two(secs / 60, "min", secs % 60, "s"),
-        3600..86400 => two(secs / 3600, "h", secs % 3600 / 60, "min"),
+        0 => format!("{}ms", d.as_millis()),
+        1..60 => format!("{secs}s"),
+        60..3600 => two(secs / 60, "m", secs % 60, "s"),
+        3600..86400 => two(secs / 3600, "h", secs % 3600 / 60, "m"),
         _ => two(secs / 86400, "d", secs % 86400 / 3600, "h"),
     }
 }
@@ -73,18 +76,15 @@ mod tests {
         let at = Timestamp::from_millis(1_777_000_000_000);
         assert_eq!(timestamp(at), "2026-04-24 03:06:40 UTC");
         let later = Timestamp::from_millis(1_777_000_012_500);
-        assert_eq!(relative(later, at), "12 s ago");
-        assert_eq!(relative(at, later), "in 12 s");
+        assert_eq!(relative(later, at), "12s ago");
+        assert_eq!(relative(at, later), "in 12s");
         assert_eq!(relative(at, at), "now");
-        assert_eq!(duration(Duration::from_millis(850)), "850 ms");
-        assert_eq!(duration(Duration::from_secs(184)), "3 min 4 s");
-        assert_eq!(duration(Duration::from_secs(900)), "15 min");
-        assert_eq!(duration(Duration::from_secs(3600)), "1 h");
-        assert_eq!(duration(Duration::from_secs(7500)), "2 h 5 min");
-        assert_eq!(
-            duration(Duration::from_secs(4 * 86400 + 3 * 3600)),
-            "4 d 3 h"
-        );
+        assert_eq!(duration(Duration::from_millis(850)), "850ms");
+        assert_eq!(duration(Duration::from_secs(184)), "3m 4s");
+        assert_eq!(duration(Duration::from_secs(900)), "15m");
+        assert_eq!(duration(Duration::from_secs(3600)), "1h");
+        assert_eq!(duration(Duration::from_secs(7500)), "2h 5m");
+        assert_eq!(duration(Duration::from_secs(4 * 86400 + 3 * 3600)), "4d 3h");
         assert_eq!(number(0.25), "0.25");
         assert_eq!(number(12.5), "12.5");
         assert_eq!(number(1200.4), "1200");

@@ -52,7 +52,7 @@
 mod actions;
 mod app;
 mod charts;
-mod format;
+pub mod format;
 mod history;
 mod input;
 mod layout;

@@ -94,7 +94,7 @@ async fn pages_over(store: Store) {
             ],
         ),
         ("/workers".into(), vec!["w-dash".into()]),
-        ("/schedules".into(), vec!["tick".into(), "every 1 h".into()]),
+        ("/schedules".into(), vec!["tick".into(), "every 1h".into()]),
         (
             "/metrics".into(),
             vec![
