@@ -49,10 +49,15 @@ pub async fn drain(args: DrainArgs) -> Result<(), String> {
             Ok(stats) => {
                 let left = stats.ready + stats.scheduled + stats.running;
                 if left == 0 || Instant::now() >= deadline {
-                    println!(
-                        "{{\"ready\":{},\"scheduled\":{},\"running\":{},\"succeeded\":{},\"dead\":{},\"cancelled\":{}}}",
-                        stats.ready, stats.scheduled, stats.running, stats.succeeded, stats.dead, stats.cancelled
-                    );
+                    let counts = serde_json::json!({
+                        "ready": stats.ready,
+                        "scheduled": stats.scheduled,
+                        "running": stats.running,
+                        "succeeded": stats.succeeded,
+                        "dead": stats.dead,
+                        "cancelled": stats.cancelled,
+                    });
+                    println!("{counts}");
                     if left == 0 {
                         return Ok(());
                     }

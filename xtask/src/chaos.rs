@@ -496,12 +496,14 @@ impl Run<'_> {
         end: Option<u64>,
         hits: Option<u64>,
     ) {
-        let pid = pid.map_or("null".to_owned(), |p| p.to_string());
-        let end = end.map_or("null".to_owned(), |e| e.to_string());
-        let hits = hits.map_or("null".to_owned(), |h| h.to_string());
-        let line = format!(
-            "{{\"t\":{t},\"kind\":\"{kind}\",\"pid\":{pid},\"end\":{end},\"hits\":{hits}}}\n"
-        );
+        let record = serde_json::json!({
+            "t": t,
+            "kind": kind,
+            "pid": pid,
+            "end": end,
+            "hits": hits,
+        });
+        let line = format!("{record}\n");
         if let Err(err) = self.faults.write_all(line.as_bytes()) {
             self.anomalies
                 .push(format!("cannot write the fault log: {err}"));
