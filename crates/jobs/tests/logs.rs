@@ -296,3 +296,98 @@ impl LayeredBackend for RacingStore {
         answer
     }
 }
+
+/// Issue #30: a handler that stores its own completion in its transaction (CONTRACT §7)
+/// and has not returned yet when a heartbeat of its job comes back "lease lost" (the
+/// completion ended the lease) succeeded: it is logged and counted as a success, never
+/// as a lost lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_success_is_not_reported_as_a_lost_lease() {
+    logs();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let settings =
+        StoreSettings::default().namespace(jobs_conformance::unique_namespace("logs-fenced"));
+    let sqlite = jobs_sqlite::SqliteStore::open(dir.path().join("jobs.db"), settings)
+        .await
+        .expect("open sqlite");
+    let plain = Store::new(sqlite.clone());
+    let id = plain
+        .enqueue(NewJob::new("fenced"))
+        .await
+        .expect("enqueue")
+        .id;
+    let heard = Arc::new(HeardLeaseLost {
+        inner: plain.backend().clone(),
+        lost: Notify::new(),
+        answers: AtomicUsize::new(0),
+    });
+    let store = Store::from(heard.clone() as Arc<dyn Backend>);
+    let handler_heard = heard.clone();
+    let worker = Worker::builder(store)
+        .heartbeat_interval(Duration::from_millis(10))
+        .handler("fenced", move |ctx: JobContext, _payload: Bytes| {
+            let (sqlite, heard) = (sqlite.clone(), handler_heard.clone());
+            async move {
+                let (id, token) = (ctx.id(), ctx.lease_token());
+                let lost = heard.lost.notified();
+                let receipt = tokio::task::spawn_blocking(move || {
+                    let mut conn = sqlite.connection()?;
+                    let mut tx = sqlite.transaction(&mut conn)?;
+                    let receipt = tx.complete(id, token, None)?;
+                    tx.commit()?;
+                    Ok::<_, jobs::Error>(receipt)
+                })
+                .await
+                .map_err(|err| JobError::retry(err.to_string()))??;
+                // Return only once a heartbeat heard that the lease is gone.
+                lost.await;
+                Ok(receipt)
+            }
+        })
+        .build()
+        .expect("build");
+    let handle = worker.spawn();
+    wait_until_succeeded(&plain, id).await;
+    handle.shutdown().await;
+    assert!(
+        heard.answers.load(Ordering::SeqCst) > 0,
+        "the test staged the race: a heartbeat answered lease lost before the handler returned"
+    );
+    let lines = lines_about(id);
+    assert!(
+        !lines.iter().any(|line| line.contains("lease lost")),
+        "a job that succeeded in its own transaction was logged as a lost lease: {lines:#?}"
+    );
+}
+
+/// Tells when a heartbeat of the store answered "lease lost".
+#[derive(Debug)]
+struct HeardLeaseLost {
+    inner: Arc<dyn Backend>,
+    lost: Notify,
+    answers: AtomicUsize,
+}
+
+#[async_trait]
+impl LayeredBackend for HeardLeaseLost {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> jobs::Result<Vec<jobs::Result<Heartbeat>>> {
+        let answers = self.inner.heartbeat_batch(leases, ttl, now).await?;
+        if answers
+            .iter()
+            .any(|answer| answer.as_ref().is_err_and(|err| err.is_lease_lost()))
+        {
+            self.answers.fetch_add(1, Ordering::SeqCst);
+            self.lost.notify_waiters();
+        }
+        Ok(answers)
+    }
+}

@@ -133,6 +133,7 @@ pub(crate) fn start_job(
         Start::Run => {}
         Start::Lost => {
             // Reclaimed while it waited for its turn: another worker may run it now.
+            held.metrics.lease_lost.increment(1);
             tracing::warn!("lease lost before the handler started; not starting it");
             shared.leases.drop_job(&held);
             return;
@@ -362,8 +363,10 @@ fn conclude(shared: &Shared, begun: &Begun, finished: Finished) -> Option<Report
     }
     let reason = held.cancel.reason();
     if reason == Some(CancelReason::LeaseLost) {
-        // Counted and logged by the keeper when the store said so.
-        tracing::debug!("the handler ended after its lease was lost; nothing to report");
+        // Counted here, not when a heartbeat heard of it: a fenced success (above) may
+        // be why the lease is gone.
+        held.metrics.lease_lost.increment(1);
+        tracing::warn!("the handler ended after its lease was lost; nothing to report");
         shared.leases.drop_job(held);
         return None;
     }

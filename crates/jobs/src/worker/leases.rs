@@ -546,9 +546,12 @@ fn apply(
                     Phase::Reporting => {
                         tracing::debug!(job = %id, "lease gone while the outcome was being recorded");
                     }
+                    // Counted and logged once the handler has ended (or once the job
+                    // would have started): a handler that stored its own completion in
+                    // its transaction (CONTRACT §7) before this heartbeat landed
+                    // succeeded, and its lease is gone because of that.
                     Phase::Waiting | Phase::Running => {
-                        job.metrics.lease_lost.increment(1);
-                        tracing::warn!(job = %id, "lease lost; stopping the handler");
+                        tracing::debug!(job = %id, "the store says the lease is gone; stopping the handler");
                         job.cancel.cancel(CancelReason::LeaseLost);
                     }
                 }
