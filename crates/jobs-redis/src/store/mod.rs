@@ -119,6 +119,12 @@ impl RedisStore {
         &self.inner.keys
     }
 
+    async fn eval(&self, eval: &crate::scripts::Eval, what: &str) -> Result<Value> {
+        eval.invoke(&mut self.conn())
+            .await
+            .map_err(|err| map_err(what, err))
+    }
+
     async fn invoke(&self, invocation: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
         invocation
             .invoke_async(&mut self.conn())
