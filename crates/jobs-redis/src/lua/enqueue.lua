@@ -12,7 +12,8 @@
 --   ARGV entries in the same order.
 --
 -- ARGV[1] dedup key TTL in ms ('0': the window is empty, write no dedup key)
--- ARGV[2] N                     ARGV[3] wake-up channel
+-- ARGV[2] N                     ARGV[3] wake-up channel: per queue with a job made ready,
+--                               one message 'QUEUE ID ID...' naming its first 32 such jobs
 -- ARGV[4] '1' when some job of the run has an idempotency key, else '0'
 -- then for job j an entry of 7 values, then one value per option that takes one:
 --   id, queue, meta (the packed immutable fields, see lib.lua, created_at included),
@@ -148,7 +149,22 @@ end
 local seq_base = call('INCRBY', KEYS[4], n) - n
 
 local results = {}
-local woken = {}
+-- Per queue with a job ready now, the first WAKE_IDS ids made ready: the wake-up names
+-- them, so a waiting claimer holds their hashes in its first call and leases them in one
+-- round trip when its queue was empty (see wake.rs and store/heads.rs).
+local WAKE_IDS = 32
+local woken, nwoken = {}, {}
+local function wake(queue, id)
+  local ids = woken[queue]
+  if not ids then
+    woken[queue] = { id }
+    nwoken[queue] = 1
+  elseif nwoken[queue] < WAKE_IDS then
+    local k = nwoken[queue] + 1
+    ids[k] = id
+    nwoken[queue] = k
+  end
+end
 local ready_pairs, sched_pairs, list_pairs, child_pairs, placement_pairs = {}, {}, {}, {}, {}
 local nr, nl = 0, 0
 
@@ -168,7 +184,7 @@ for j = 1, n do
     nr = nr + 2
     ready_pairs[nr - 1] = '0'
     ready_pairs[nr] = queue .. ' ' .. order .. id
-    woken[queue] = true
+    wake(queue, id)
     nl = nl + 2
     list_pairs[nl - 1] = '0'
     list_pairs[nl] = queue .. ' a ' .. id
@@ -229,7 +245,7 @@ for j = 1, n do
         nr = nr + 2
         ready_pairs[nr - 1] = '0'
         ready_pairs[nr] = member
-        woken[queue] = true
+        wake(queue, id)
       end
       nl = nl + 2
       list_pairs[nl - 1] = '0'
@@ -267,7 +283,7 @@ add_all(KEYS[2], 'ZADD', sched_pairs)
 add_all(KEYS[3], 'ZADD', list_pairs)
 add_all(KEYS[5], 'ZADD', child_pairs)
 add_all(KEYS[6], 'HSET', placement_pairs)
-for queue in pairs(woken) do
-  call('PUBLISH', channel, queue)
+for queue, ids in pairs(woken) do
+  call('PUBLISH', channel, queue .. ' ' .. table.concat(ids, ' '))
 end
 return { 'ok', results }

@@ -66,7 +66,7 @@ struct Inner {
     keys: Keys,
     /// What this store's claims know of the head of each queue set, so each call can
     /// pass the hashes of the jobs it will lease in KEYS without reading first.
-    heads: Heads,
+    heads: Arc<Heads>,
     waker: Waker,
     completions: Batcher<Completions>,
     enqueues: Batcher<Enqueues>,
