@@ -130,9 +130,9 @@ local function requeue(job, ready, sched, list, seq, queue, id, prio, run_at, re
 end
 
 -- What one claim call (claim.lua, claim_fit.lua) decided in its first pass, for
--- write_claim: `lease` ({job key, reply values, queue, id, attempts, token}), `bury`
--- ({job key, queue, id, parent, reason}), `taken` (ready members to remove) and
--- `list_old` (list members of vanished jobs).
+-- write_claim: `lease` ({job key, reply values, queue, id, attempts, token as the claim
+-- writes them}), `bury` ({job key, queue, id, parent, reason}), `taken` (ready members to
+-- remove) and `list_old` (list members of vanished jobs).
 local function claim_decisions()
   return { lease = {}, bury = {}, taken = {}, list_old = {} }
 end
@@ -162,15 +162,16 @@ local function decide_claim(d, job, v, member, queue, id)
   local state = v[1]
   local reason = nil
   if state == 'queued' then
+    local attempts, token = succ(v[4]), succ(v[5])
     if not meta_ok(v[2]) then
       reason = 'field meta unreadable'
-    elseif v[4] and not is_int(v[4]) then
+    elseif not attempts then
       reason = 'field att not a number'
-    elseif v[5] and not is_int(v[5]) then
+    elseif not token then
       reason = 'field token not a number'
     else
       d.taken[#d.taken + 1] = member
-      d.lease[#d.lease + 1] = { job, v, queue, id, tonumber(v[4] or '0'), tonumber(v[5] or '0') }
+      d.lease[#d.lease + 1] = { job, v, queue, id, attempts, token }
       return 'leased'
     end
   elseif state and not STATE_CODE[state] then
@@ -192,20 +193,24 @@ end
 -- (claim_decisions): each job to lease becomes running under this lease, leaving `ready`
 -- and entering `leases` and its queue's running counter in this step; each job to bury
 -- goes to dead; the taken ready members and the list members of vanished jobs are
--- removed. Returns the reply rows of the leased jobs and the buried ids.
+-- removed. Returns the leased jobs' reply rows, one flat array of 10 values per job (as
+-- claim.lua answers: a table per row costs the reply more than its values), and the
+-- buried ids.
 local function write_claim(ready, leases, list, running, done, d, worker, expires, now)
   local claimed, corrupt, lease_pairs = {}, {}, {}
   for _, l in ipairs(d.lease) do
     local job, v, queue, id = l[1], l[2], l[3], l[4]
-    -- Counters are small integers: incremented and formatted exactly, in one write.
-    local attempts = string.format('%d', l[5] + 1)
-    local token = string.format('%d', l[6] + 1)
+    -- The counters as decide_claim found them next (succ), in one write.
+    local attempts, token = l[5], l[6]
     redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
       'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
-    v[1] = id
-    v[4] = attempts
-    v[5] = token
-    claimed[#claimed + 1] = v
+    local r = #claimed
+    claimed[r + 1] = id
+    for i = 2, 10 do
+      claimed[r + i] = v[i]
+    end
+    claimed[r + 4] = attempts
+    claimed[r + 5] = token
     local pairs_of_queue = lease_pairs[queue]
     if not pairs_of_queue then
       pairs_of_queue = {}
