@@ -393,24 +393,19 @@ pub(crate) struct Unreadable {
     pub error: Error,
 }
 
+/// The values of one leased job in a claim reply (see [`decode_claimed`]).
+pub(crate) const CLAIMED_FIELDS: usize = 10;
+
 /// A job leased by `claim.lua` or `claim_fit.lua`, from its reply entry `[id, meta, run_at,
 /// att, token, error, cancel, payload, timeout, placement]` (see the scripts' headers) and
 /// what the claim wrote.
 /// `Err(None)` when the entry itself is malformed (no id to name).
 pub(crate) fn decode_claimed(
-    value: Value,
+    row: [Value; CLAIMED_FIELDS],
     lease: &LeaseWrite<'_>,
     placements: &mut PlacementCache,
 ) -> std::result::Result<ClaimedJob, std::result::Result<Unreadable, Error>> {
-    let Value::Array(items) = value else {
-        return Err(Err(Error::corrupt("claim reply", "expected an array")));
-    };
-    let Ok::<[Value; 10], _>(
-        [id, meta, run_at, att, token, error, cancel, payload, timeout, placement],
-    ) = items.try_into()
-    else {
-        return Err(Err(Error::corrupt("claim reply", "wrong number of fields")));
-    };
+    let [id, meta, run_at, att, token, error, cancel, payload, timeout, placement] = row;
     let id = match &id {
         Value::BulkString(bytes) => job_id_bytes(bytes, "claim reply"),
         other => text(other, "claim reply").and_then(|t| job_id(&t, "claim reply")),

@@ -10,10 +10,10 @@ use jobs_core::batch::{Batch, Limits};
 use jobs_core::{Bytes, Error, JobId, LeaseToken, Result, Timestamp};
 use redis::Value;
 
-use crate::codec::{array, id_string, text};
+use crate::codec::{array, text};
 use crate::conn::{map_err, Conn};
 use crate::keys::Keys;
-use crate::scripts;
+use crate::scripts::{self, Eval};
 
 /// Completions one script call takes at most, and the result bytes it carries at most
 /// (a single larger result still goes alone). Bounds how long one call holds the server.
@@ -93,23 +93,42 @@ pub(crate) async fn run_script(
     keys: &Keys,
     entries: &[Entry<'_>],
 ) -> Result<Vec<Result<()>>> {
-    let mut invocation = scripts::COMPLETE.prepare_invoke();
+    let mut invocation = Eval::new(&scripts::COMPLETE);
     invocation
         .key(&keys.leases)
         .key(&keys.list)
         .key(&keys.done)
         .key(&keys.running);
+    // The first entry's instant is the call's default: a batch shares one, and grouped
+    // calls mostly do, so most entries pass '' instead of their own.
+    let default_now = entries.first().map_or(0, |e| e.now.as_millis());
+    invocation.arg(default_now);
+    // Results follow the entries' values (ARGV is 1-based: the default instant, then
+    // four values per entry).
+    let mut next_result = 2 + 4 * entries.len();
     for entry in entries {
         invocation
-            .key(keys.job(entry.id))
-            .arg(id_string(entry.id))
-            .arg(entry.token.get())
-            .arg(entry.now.as_millis())
-            .arg(if entry.result.is_some() { "1" } else { "0" })
-            .arg(entry.result.unwrap_or(b""));
+            .job_key(keys, entry.id)
+            .id_arg(entry.id)
+            .arg(entry.token.get());
+        let now = entry.now.as_millis();
+        if now == default_now {
+            invocation.arg("");
+        } else {
+            invocation.arg(now);
+        }
+        if entry.result.is_some() {
+            invocation.arg(next_result);
+            next_result += 1;
+        } else {
+            invocation.arg("");
+        }
+    }
+    for result in entries.iter().filter_map(|e| e.result) {
+        invocation.arg(result);
     }
     let reply: Value = invocation
-        .invoke_async(&mut conn)
+        .invoke(&mut conn)
         .await
         .map_err(|err| map_err("complete", err))?;
     let items = array(&reply, "complete reply")?;

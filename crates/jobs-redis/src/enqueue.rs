@@ -20,10 +20,10 @@ use jobs_core::batch::{Batch, Limits};
 use jobs_core::{Enqueued, Error, JobId, NewJob, Result, Timestamp, Uniqueness};
 use redis::Value;
 
-use crate::codec::{array, encode_meta, id_string, int, job_id, text};
+use crate::codec::{array, encode_meta, int, job_id, job_id_bytes, text};
 use crate::conn::{map_err, Conn};
 use crate::keys::Keys;
-use crate::scripts;
+use crate::scripts::{self, Eval};
 
 /// Grouped single enqueues per script call, and the payload bytes one call carries at
 /// most (a larger batch stages its payloads first; a single larger job still goes
@@ -92,11 +92,32 @@ fn chunk_len(jobs: &[&Prepared]) -> usize {
     end
 }
 
+/// The first 20 hex digits of `jobs_core::ReadyOrder::sort_key()` of a job of
+/// `priority` ready at `at`: what the claim order knows before the sequence number,
+/// which `enqueue.lua` draws and appends. Written without the formatting machinery, as
+/// it is once per enqueued job.
+pub(crate) fn order_prefix(priority: i16, at: Timestamp) -> [u8; 20] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // As sort_key: priority inverted so the highest sorts first, the signed time shifted
+    // into unsigned space so negative instants sort first.
+    let inverted = (i32::from(i16::MAX) - i32::from(priority)) as u16;
+    let ready = (at.as_millis() as u64) ^ (1 << 63);
+    let mut out = [0u8; 20];
+    for (i, digit) in out[..4].iter_mut().enumerate() {
+        *digit = HEX[usize::from((inverted >> (12 - 4 * i)) & 0xf)];
+    }
+    for (i, digit) in out[4..].iter_mut().enumerate() {
+        *digit = HEX[((ready >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
+}
+
 /// Runs one script call over `jobs`, passing the hashes of the `known` jobs that dedup
 /// keys point at. With `staged`, the payloads are already in the jobs' hashes.
 async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool) -> Result<Chunk> {
     let keys = &ctx.keys;
-    let mut invocation = scripts::ENQUEUE.prepare_invoke();
+    let mut invocation = Eval::new(&scripts::ENQUEUE);
+    let has_keys = jobs.iter().any(|p| p.job.idempotency_key.is_some());
     invocation
         .key(&keys.ready)
         .key(&keys.sched)
@@ -106,86 +127,103 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
         .key(&keys.placement)
         .arg(ctx.dedup_ttl)
         .arg(jobs.len())
-        .arg(&keys.wake);
+        .arg(&keys.wake)
+        .arg(if has_keys { "1" } else { "0" });
+    let mut opts = String::with_capacity(8);
     for prepared in jobs {
         let (job, id, now) = (&prepared.job, prepared.id, prepared.now);
         let run_at = job.run_at.unwrap_or(now);
-        invocation.key(keys.job(id));
-        match &job.idempotency_key {
-            Some(key) => invocation.key(keys.dedup(&job.tenant, key)),
-            None => invocation.key(&keys.none),
-        };
-        match job.parent {
-            Some(parent) => invocation.key(keys.job(parent)),
-            None => invocation.key(&keys.none),
-        };
-        let flags = match (job.idempotency_key.is_some(), staged) {
-            (false, false) => "0",
-            (true, false) => "1",
-            (false, true) => "2",
-            (true, true) => "3",
-        };
+        let timeout = job
+            .timeout
+            .map(|t| jobs_core::duration_millis(t).to_string());
+        let placement = jobs_core::fit::encode_placement(&job.needs, job.locality.as_deref());
+        // The options of the entry (see the script's header), in the script's order.
+        opts.clear();
+        if run_at > now {
+            opts.push('s');
+        }
+        if staged {
+            opts.push('g');
+        }
+        invocation.job_key(keys, id);
+        if let Some(key) = &job.idempotency_key {
+            opts.push('k');
+            if job.uniqueness == Uniqueness::WhileActive {
+                opts.push('a');
+            }
+            invocation.key(keys.dedup(&job.tenant, key));
+        }
+        if let Some(parent) = job.parent {
+            opts.push('p');
+            invocation.job_key(keys, parent);
+        }
+        if timeout.is_some() {
+            opts.push('t');
+        }
+        if placement.is_some() {
+            opts.push('l');
+        }
         invocation
-            .arg(id_string(id))
+            .id_arg(id)
             .arg(&job.queue)
             .arg(encode_meta(job, now))
-            .arg(flags)
             .arg(if staged {
                 &[][..]
             } else {
                 job.payload.as_ref()
             })
-            .arg(job.priority)
             .arg(run_at.as_millis())
-            .arg(ready_hex(run_at))
-            .arg(if run_at <= now { "1" } else { "0" })
-            .arg(job.parent.map(|p| p.to_string()).unwrap_or_default())
-            .arg(now.saturating_sub(ctx.window).as_millis())
-            .arg(
-                job.timeout
-                    .map(|t| jobs_core::duration_millis(t).to_string())
-                    .unwrap_or_default(),
-            )
-            .arg(match job.uniqueness {
-                Uniqueness::Window => "",
-                Uniqueness::WhileActive => "a",
-            })
-            .arg(
-                jobs_core::fit::encode_placement(&job.needs, job.locality.as_deref())
-                    .unwrap_or_default(),
-            );
+            .arg(&order_prefix(job.priority, run_at)[..])
+            .arg(&opts);
+        if job.idempotency_key.is_some() {
+            invocation.arg(now.saturating_sub(ctx.window).as_millis());
+        }
+        if let Some(parent) = job.parent {
+            invocation.id_arg(parent);
+        }
+        if let Some(timeout) = timeout {
+            invocation.arg(timeout);
+        }
+        if let Some(placement) = placement {
+            invocation.arg(placement);
+        }
     }
     for id in known {
-        invocation.key(keys.job(*id));
-    }
-    for id in known {
-        invocation.arg(id_string(*id));
+        invocation.job_key(keys, *id).id_arg(*id);
     }
     let reply = invocation
-        .invoke_async(&mut ctx.conn.clone())
+        .invoke(&mut ctx.conn.clone())
         .await
         .map_err(|err| map_err("enqueue", err))?;
-    parse_reply(&reply, jobs.len())
+    parse_reply(&reply, jobs)
 }
 
-fn parse_reply(reply: &Value, len: usize) -> Result<Chunk> {
+fn parse_reply(reply: &Value, jobs: &[&Prepared]) -> Result<Chunk> {
     const WHAT: &str = "enqueue reply";
+    let len = jobs.len();
     let items = array(reply, WHAT)?;
     let (first, rest) = items
         .split_first()
         .ok_or_else(|| Error::corrupt(WHAT, "empty script reply"))?;
     let word = text(first, WHAT)?;
+    // Per job: 1 when it was created under its own id, else the id its key points at.
     let results = |value: &Value| -> Result<Vec<Enqueued>> {
         array(value, WHAT)?
             .iter()
-            .map(|pair| {
-                let [id, created] = array(pair, WHAT)? else {
-                    return Err(Error::corrupt(WHAT, "expected id and flag"));
-                };
-                Ok(Enqueued {
-                    id: job_id(&text(id, WHAT)?, WHAT)?,
-                    created: int(created, WHAT)? == 1,
-                })
+            .zip(jobs)
+            .map(|(result, job)| match result {
+                Value::Int(1) => Ok(Enqueued {
+                    id: job.id,
+                    created: true,
+                }),
+                Value::BulkString(bytes) => Ok(Enqueued {
+                    id: job_id_bytes(bytes, WHAT)?,
+                    created: false,
+                }),
+                other => Err(Error::corrupt(
+                    WHAT,
+                    format!("unexpected job result {other:?}"),
+                )),
             })
             .collect()
     };
@@ -199,11 +237,10 @@ fn parse_reply(reply: &Value, len: usize) -> Result<Chunk> {
     };
     match (word.as_str(), rest) {
         ("ok", [done]) => {
-            let done = results(done)?;
-            if done.len() != len {
+            if array(done, WHAT)?.len() != len {
                 return Err(Error::corrupt(WHAT, "one result per job expected"));
             }
-            Ok(Chunk::Done(done))
+            Ok(Chunk::Done(results(done)?))
         }
         ("parent", [j]) => Ok(Chunk::Parent(index(j)?)),
         ("staged", [j]) => Ok(Chunk::Staged(index(j)?)),
@@ -463,5 +500,25 @@ impl Batch for Enqueues {
                 (None, None) => Err(unanswered()),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_prefixes_are_the_start_of_the_sort_key() {
+        for priority in [i16::MIN, -1, 0, 1, 7, i16::MAX] {
+            for millis in [i64::MIN, -1, 0, 1, 1_764_000_000_123, i64::MAX] {
+                let at = Timestamp::from_millis(millis);
+                let key = jobs_core::ReadyOrder::new(priority, at, 42).sort_key();
+                assert_eq!(
+                    std::str::from_utf8(&order_prefix(priority, at)).expect("hex"),
+                    &key[..20],
+                    "priority {priority}, at {millis}"
+                );
+            }
+        }
     }
 }

@@ -44,8 +44,6 @@ pub(crate) struct Keys {
     pub placement: String,
     /// The sequence counter of the claim order (string).
     pub seq: String,
-    /// A key no script writes, passed where a job has no dedup key or parent.
-    pub none: String,
     /// The pub/sub channel of wake-ups (not a key).
     pub wake: String,
 }
@@ -71,7 +69,6 @@ impl Keys {
             children: key("children"),
             placement: key("placement"),
             seq: key("seq"),
-            none: key("none"),
             wake: key("wake"),
             prefix,
         }
@@ -86,10 +83,15 @@ impl Keys {
     /// The hash of one job.
     pub(crate) fn job(&self, id: JobId) -> String {
         let mut out = String::with_capacity(self.prefix.len() + 4 + 36);
+        self.push_job(&mut out, id);
+        out
+    }
+
+    /// Appends the key of job `id`'s hash to `out`.
+    pub(crate) fn push_job(&self, out: &mut String, id: JobId) {
         out.push_str(&self.prefix);
         out.push_str("job:");
-        id.push_canonical(&mut out);
-        out
+        id.push_canonical(out);
     }
 
     /// The dedup key of (tenant, idempotency key): both hex-encoded, so `:` `{` `}` or
@@ -174,7 +176,6 @@ mod tests {
             keys.children.clone(),
             keys.placement.clone(),
             keys.seq.clone(),
-            keys.none.clone(),
             keys.job(id),
             keys.dedup("}{", "{x}"),
             keys.dedup("tenant{other}", "}"),

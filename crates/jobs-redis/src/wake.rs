@@ -2,16 +2,25 @@
 //! its queue on the namespace's channel; one subscriber task per store fans the messages
 //! out to the waiting calls. A missed message only costs the waiter its timeout: polling
 //! is the fallback.
+//!
+//! `enqueue.lua` names the jobs it made ready after the queue (`QUEUE ID ID...`; the other
+//! scripts send the bare queue). The subscriber hands those ids to the store's claims
+//! (its [`Seed`]) before it wakes anyone, so a claimer woken on an empty queue holds the
+//! new jobs' hashes in its first call and leases them in one round trip instead of two.
+//! The ids are only a prediction: the claim script decides alone.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
+/// What the subscriber does with the ids a wake-up names (queue, space-separated ids):
+/// the store's claims take them as their prediction of the queue's head.
+pub(crate) type Seed = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
 /// The subscriber of one store, started by the first wait.
-#[derive(Debug)]
 pub(crate) struct Waker {
     /// Where to subscribe: one server, or any node of a cluster (tried in turn), with
     /// the store's TLS settings.
@@ -19,11 +28,20 @@ pub(crate) struct Waker {
     channel: String,
     sender: broadcast::Sender<String>,
     subscribed: watch::Sender<bool>,
+    seed: Seed,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waker")
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Waker {
-    pub(crate) fn new(nodes: Vec<redis::Client>, channel: String) -> Self {
+    pub(crate) fn new(nodes: Vec<redis::Client>, channel: String, seed: Seed) -> Self {
         let (sender, _) = broadcast::channel(1024);
         let (subscribed, _) = watch::channel(false);
         Waker {
@@ -31,6 +49,7 @@ impl Waker {
             channel,
             sender,
             subscribed,
+            seed,
             task: Mutex::new(None),
         }
     }
@@ -50,7 +69,10 @@ impl Waker {
         let channel = self.channel.clone();
         let sender = self.sender.clone();
         let subscribed = self.subscribed.clone();
-        *task = Some(tokio::spawn(listen(nodes, channel, sender, subscribed)));
+        let seed = Arc::clone(&self.seed);
+        *task = Some(tokio::spawn(listen(
+            nodes, channel, sender, subscribed, seed,
+        )));
     }
 
     /// Waits until one of `queues` is published, or `timeout` passes.
@@ -109,6 +131,7 @@ async fn listen(
     channel: String,
     sender: broadcast::Sender<String>,
     subscribed: watch::Sender<bool>,
+    seed: Seed,
 ) {
     let mut backoff = Duration::from_millis(50);
     for client in nodes.iter().cycle() {
@@ -118,7 +141,11 @@ async fn listen(
                 backoff = Duration::from_millis(50);
                 let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
-                    if let Ok(queue) = message.get_payload::<String>() {
+                    if let Ok(mut queue) = message.get_payload::<String>() {
+                        if let Some(space) = queue.find(' ') {
+                            seed(&queue[..space], &queue[space + 1..]);
+                            queue.truncate(space);
+                        }
                         let _ = sender.send(queue);
                     }
                 }

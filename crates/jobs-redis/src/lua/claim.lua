@@ -19,30 +19,40 @@
 --   {'promote'}               more due scheduled jobs than the bound: some were moved to
 --                             the ready index, nothing was claimed; call again
 --   {'ok', claimed, hint, corrupt}
---                             claimed: one array per leased job: id, meta, run_at, att,
---                             token (both as now stored), error, cancel, payload, timeout,
---                             placement (needs and locality, decoded by Rust);
+--                             claimed: 10 values per leased job, one flat array: id,
+--                             meta, run_at, att, token (both as now stored), error, cancel,
+--                             payload, timeout, placement (needs and locality, decoded by
+--                             Rust);
 --                             the rest of the record is what this call wrote from its ARGV
 --                             (state running, worker, lease_exp, started = hb = now) or
 --                             absent on a queued job (finished, result), so Rust fills it in
---                             without the script reading and returning it; hint: the ids now
---                             at the head of the ready order (at most the hint size), for the
---                             next call; corrupt: ids of jobs whose record cannot be read
---                             (unreadable `meta`, `att` or `token`, or an unknown state),
---                             which this call moved to `dead` with last_error
---                             'corrupt record: ...' (CONTRACT §5, corrupt records), so one bad
---                             record neither blocks its queue nor leaves the indexes
+--                             without the script reading and returning it; hint: the ready
+--                             index members now at the head of the ready order (at most the
+--                             hint size; each ends with its job's id), for the next call;
+--                             corrupt: ids of jobs whose record cannot be read (unreadable
+--                             `meta`, `att` or `token`, or an unknown state), which this call
+--                             moved to `dead` with last_error 'corrupt record: ...'
+--                             (CONTRACT §5, corrupt records), so one bad record neither
+--                             blocks its queue nor leaves the indexes
 --
 -- The script only touches hashes passed in KEYS, so it cannot follow the ready index to
 -- a job it was not given. It walks the merged head of the named queues in order and
 -- leases each entry whose hash it holds; at the first entry it does not hold it stops,
 -- because leasing anything behind it would break the order. Rust then calls again with
 -- the hint. Entries whose hash is gone are removed on the way (C7) and never written.
+-- The head is read once, `limit + hint size` entries deep: what the walk leaves of it is
+-- the hint, since nothing but this call changes the ready index while it runs.
 --
 -- Atomicity: each job leaves the ready index and enters the lease index (and its queue's
 -- running counter) in the same script that marks it running, so a crash never strands a
 -- job in neither. Every value read is checked before the first write (the running
 -- counters before the promotion, the records in a first pass, see lib.lua).
+--
+-- Cost: this is the hot path, so it is written for the server's time per job: one
+-- HMGET and one HSET per job, the index writes of the whole call batched, no table or
+-- string built per job beyond the reply row, the lease member and the id, and the
+-- counters incremented without `tonumber`/`string.format` in the common case (see
+-- `succ` in lib.lua).
 
 local now, worker, expires = ARGV[1], ARGV[2], ARGV[3]
 local limit = tonumber(ARGV[4])
@@ -51,12 +61,13 @@ local bound = tonumber(ARGV[6])
 local nq = tonumber(ARGV[7])
 local ready, sched, leases, list, running, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local paused = KEYS[7]
+local call, sub = redis.call, string.sub
 
 -- CONTRACT Q1: a paused queue gives no candidates.
 local named = {}
 for i = 1, nq do
   local q = ARGV[7 + i]
-  if redis.call('SISMEMBER', paused, q) == 0 then
+  if call('SISMEMBER', paused, q) == 0 then
     named[#named + 1] = q
   end
 end
@@ -76,12 +87,12 @@ end
 local function head(n)
   if #named == 1 then
     local q = named[1]
-    return redis.call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
+    return call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
   end
   local parts, pos = {}, {}
   for i = 1, #named do
     local q = named[i]
-    parts[i] = redis.call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
+    parts[i] = call('ZRANGEBYLEX', ready, '[' .. q .. ' ', '(' .. q .. '!', 'LIMIT', 0, n)
     pos[i] = 1
   end
   local first = {}
@@ -90,7 +101,7 @@ local function head(n)
     for i = 1, #named do
       local member = parts[i][pos[i]]
       if member then
-        local order = string.sub(member, -72, -37)
+        local order = sub(member, -72, -37)
         if not best or order_less(order, best_order) then
           best, best_order = i, order
         end
@@ -105,34 +116,103 @@ local function head(n)
   return first
 end
 
-
-local claimed = {}
-local corrupt = {}
--- Pass 1: read and decide, no writes.
-local d = claim_decisions()
-for _, member in ipairs(head(limit)) do
-  if #d.lease >= limit then
+-- Pass 1: read and decide, no writes. One queue (the common case) needs no queue name
+-- cut out of each member.
+local members = #named > 0 and head(limit + hint_size) or {}
+local only = #named == 1 and named[1] or nil
+local claimed, corrupt, taken, list_old, lease_pairs, per_queue = {}, {}, {}, {}, {}, {}
+local lease_keys = {}
+local buried = {}
+local nc, nt, np = 0, 0, 0
+local walked = 0
+for i = 1, #members do
+  if nc >= limit then
     break
   end
-  local id = string.sub(member, -36)
+  local member = members[i]
+  local id = sub(member, -36)
   local job = held[id]
   if not job then
     break
   end
-  decide_claim(d, job, read_for_claim(job), member, string.sub(member, 1, #member - 73), id)
+  walked = i
+  local queue = only or sub(member, 1, #member - 73)
+  local v = call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error', 'cancel',
+    'payload', 'timeout', 'placement')
+  local state = v[1]
+  nt = nt + 1
+  taken[nt] = member
+  local reason = nil
+  if state == 'queued' then
+    -- A job never claimed before, the common case, without a function call.
+    local attempts, token
+    if v[4] == '0' and v[5] == '0' then
+      attempts, token = '1', '1'
+    else
+      attempts, token = succ(v[4]), succ(v[5])
+    end
+    if not meta_ok(v[2]) then
+      reason = 'field meta unreadable'
+    elseif not attempts then
+      reason = 'field att not a number'
+    elseif not token then
+      reason = 'field token not a number'
+    else
+      -- The reply row, flat: the id in place of the state, the counters as this call
+      -- writes them (a table per row would cost the reply more than its values).
+      local r = 10 * nc
+      claimed[r + 1] = id
+      claimed[r + 2] = v[2]
+      claimed[r + 3] = v[3]
+      claimed[r + 4] = attempts
+      claimed[r + 5] = token
+      claimed[r + 6] = v[6]
+      claimed[r + 7] = v[7]
+      claimed[r + 8] = v[8]
+      claimed[r + 9] = v[9]
+      claimed[r + 10] = v[10]
+      nc = nc + 1
+      lease_keys[nc] = job
+      np = np + 2
+      lease_pairs[np - 1] = expires
+      lease_pairs[np] = queue .. ' ' .. id
+      per_queue[queue] = (per_queue[queue] or 0) + 1
+    end
+  elseif state and not STATE_CODE[state] then
+    reason = 'unknown state'
+  elseif not state then
+    -- The hash vanished under its index entries (C7): drop them, write nothing.
+    list_old[#list_old + 1] = queue .. ' a ' .. id
+  end
+  -- Any other state means the entry is stale: it is only dropped.
+  if reason then
+    local _, parent = meta_queue_parent(v[2])
+    buried[#buried + 1] = { job, queue, id, parent, reason }
+  end
 end
 
--- Pass 2: writes.
-local leased, buried = write_claim(ready, leases, list, running, done, d, worker, expires, now)
-for _, v in ipairs(leased) do
-  claimed[#claimed + 1] = v
+-- Pass 2: writes. Each leased job in one HSET; the index entries of the call together.
+for i = 1, nc do
+  local r = 10 * (i - 1)
+  call('HSET', lease_keys[i], 'state', 'running', 'att', claimed[r + 4], 'token', claimed[r + 5],
+    'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
 end
-for _, id in ipairs(buried) do
-  corrupt[#corrupt + 1] = id
+for _, b in ipairs(buried) do
+  bury(b[1], list, done, b[2], b[3], b[4], now, b[5])
+  corrupt[#corrupt + 1] = b[3]
 end
+zrem_members(ready, taken)
+if np > 0 then
+  zadd_pairs(leases, lease_pairs)
+  for queue, n in pairs(per_queue) do
+    call('HINCRBY', running, queue, n)
+  end
+end
+zrem_members(list, list_old)
 
+-- What the walk left of the head is the head now.
 local hint = {}
-for i, member in ipairs(head(hint_size)) do
-  hint[i] = string.sub(member, -36)
+for i = walked + 1, math.min(#members, walked + hint_size) do
+  hint[#hint + 1] = members[i]
 end
 return { 'ok', claimed, hint, corrupt }

@@ -5,8 +5,10 @@
 -- KEYS[3] finished index (zset)
 -- KEYS[4] running counters (hash: queue -> lease entries)
 -- KEYS[4+j] the hash of job j, j = 1..N
--- for job j, 5 values from ARGV[5(j-1) + 1]:
---   id, token, now (ms), '1' if a result is given else '0', the result bytes
+-- ARGV[1] the default now (ms)
+-- for job j, 4 values from ARGV[4(j-1) + 2]:
+--   id, token, now (ms) or '' for the default, and where its result is: '' for none,
+--   else the index in ARGV of the result bytes (after the jobs' values)
 --
 -- Returns one status per job, in order: 'ok' | 'notfound' | 'lost' | 'corrupt' (unreadable meta).
 --
@@ -21,60 +23,74 @@
 --
 -- Cost: per job one HMGET and one HSET; the index entries of the whole batch are written
 -- with one ZREM/ZADD per index (and one ZREM per queue of the lease index, to keep the
--- running counters exact).
+-- running counters exact). The per-job Lua is kept to the four index members the layout
+-- needs and one pattern match of `meta`.
 
 local leases, list, done, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local call, match = redis.call, string.match
+local default_now = ARGV[1]
 local out = {}
 local lease_old, list_old, list_new, done_new = {}, {}, {}, {}
 local nl, nn = 0, 0
-local finishing = {}  -- per entry to complete: {entry, job key}
+local finishing = {}  -- per entry to complete: its number j
 local completed = {}  -- job keys completed by an earlier entry of this call
 local queues = {}
 -- Pass 1: read and decide, no writes.
 for j = 1, #KEYS - 4 do
-  local a = 5 * (j - 1)
+  local a = 4 * j - 2
   local job = KEYS[4 + j]
-  local id, now = ARGV[a + 1], ARGV[a + 3]
-  local v = redis.call('HMGET', job, 'state', 'token', 'meta')
+  local v = call('HMGET', job, 'state', 'token', 'meta')
   if not v[1] then
     out[j] = 'notfound'
-  elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 2] or completed[job] then
+  elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 1] or completed[job] then
     out[j] = 'lost'
   else
-    local queue, parent = meta_queue_parent(v[3])
+    local queue, parent = match(v[3] or '', '^(%S+) (%S+) %S+ %S+ %S+ ')
     if not queue then
       out[j] = 'corrupt'
     else
       completed[job] = true
       finishing[#finishing + 1] = j
-      finishing[#finishing + 1] = job
+      local id = ARGV[a]
+      local now = ARGV[a + 2]
+      if now == '' then
+        now = default_now
+      end
       local of_queue = lease_old[queue]
       if not of_queue then
         of_queue = {}
         lease_old[queue] = of_queue
         queues[#queues + 1] = queue
       end
-      of_queue[#of_queue + 1] = queue .. ' ' .. id
+      local tail = ' ' .. id
+      of_queue[#of_queue + 1] = queue .. tail
       nl = nl + 1
-      list_old[nl] = queue .. ' a ' .. id
+      list_old[nl] = queue .. ' a' .. tail
+      local succeeded = queue .. ' s' .. tail
       nn = nn + 2
       list_new[nn - 1] = '0'
-      list_new[nn] = queue .. ' s ' .. id
+      list_new[nn] = succeeded
       done_new[nn - 1] = now
-      done_new[nn] = queue .. ' s ' .. id .. ' ' .. (parent or '')
+      -- A parent is stored as '-' when there is none; the member then ends with a space.
+      done_new[nn] = succeeded .. (parent == '-' and ' ' or ' ' .. parent)
       out[j] = 'ok'
     end
   end
 end
 check_counters(running, queues)
 -- Pass 2: writes.
-for i = 1, #finishing, 2 do
-  local j, job = finishing[i], finishing[i + 1]
-  local a = 5 * (j - 1)
-  if ARGV[a + 4] == '1' then
-    redis.call('HSET', job, 'state', 'succeeded', 'finished', ARGV[a + 3], 'result', ARGV[a + 5])
+for _, j in ipairs(finishing) do
+  local a = 4 * j - 2
+  local now = ARGV[a + 2]
+  if now == '' then
+    now = default_now
+  end
+  local result = ARGV[a + 3]
+  if result == '' then
+    call('HSET', KEYS[4 + j], 'state', 'succeeded', 'finished', now)
   else
-    redis.call('HSET', job, 'state', 'succeeded', 'finished', ARGV[a + 3])
+    call('HSET', KEYS[4 + j], 'state', 'succeeded', 'finished', now, 'result',
+      ARGV[tonumber(result)])
   end
 end
 -- Per queue, so each running counter drops by exactly the entries removed.
@@ -84,11 +100,11 @@ for queue, members in pairs(lease_old) do
   local i = 1
   while i <= n do
     local last = math.min(i + CHUNK - 1, n)
-    removed = removed + redis.call('ZREM', leases, unpack(members, i, last))
+    removed = removed + call('ZREM', leases, unpack(members, i, last))
     i = last + 1
   end
   if removed > 0 then
-    redis.call('HINCRBY', running, queue, string.format('%d', -removed))
+    call('HINCRBY', running, queue, string.format('%d', -removed))
   end
 end
 zrem_members(list, list_old)

@@ -1,21 +1,7 @@
--- lib.lua: helpers prepended to every script of this crate (see scripts.rs).
+-- lib.lua: the helpers of the scripts off the hot path, prepended after core.lua (see
+-- scripts.rs), whose definitions they use.
 -- KEYS: none of its own.  ARGV: none of its own.  Returns: nothing; it only defines
 -- local functions and tables that the script after it uses.
---
--- Numbers: every timestamp arrives from Rust as an integer string and is stored exactly
--- as given. Lua only compares them (tonumber; exact below 2^53) and formats small
--- integers (priority, sequence, counters) with string.format, never with tostring,
--- which may print 1.7e+12. Only claim_fit.lua uses cjson, to read placements and budgets,
--- whose amounts are at most 2^53 - 1 (CONTRACT F1), so a double holds them exactly; it
--- compares them and writes none back.
---
--- Strings: Lua's `<` on strings follows the server's locale (strcoll), so order keys
--- are compared by their numeric 12-digit chunks instead (order_less).
-
--- The one-letter state codes used inside list index members. Queued and running share
--- 'a' (active), so a claim does not touch the list index; the lease index and the
--- per-queue running counter tell the two apart.
-local STATE_CODE = { queued = 'a', running = 'a', succeeded = 's', dead = 'd', cancelled = 'c' }
 
 -- The fields a job never changes are packed by Rust into one `meta` field, so scripts read
 -- and write few values per job: "QUEUE PARENT PRIO MAX_ATTEMPTS CREATED TLEN KLEN TENANTKEY"
@@ -32,31 +18,6 @@ local function meta_head(meta)
   end
   return queue, parent, prio, max_att, created
 end
-
--- The queue and parent (nil if none) of a `meta` field, or nil when it is missing or
--- malformed: the same check as meta_head with two captures instead of five, for the hot
--- scripts that need no more (each capture is a new Lua string).
-local function meta_queue_parent(meta)
-  if not meta then
-    return nil
-  end
-  local queue, parent = string.match(meta, '^(%S+) (%S+) %S+ %S+ %S+ ')
-  if parent == '-' then
-    parent = nil
-  end
-  return queue, parent
-end
-
--- Whether a `meta` field is readable (meta_head would parse it), without building strings.
-local function meta_ok(meta)
-  return meta ~= nil and string.find(meta, '^%S+ %S+ %S+ %S+ %S+ ') ~= nil
-end
-
--- Scores of lexical indexes are passed as the string '0', never the number: a Lua number
--- argument is formatted with sprintf on every call.
-
--- Most members one ZADD/ZREM call takes: Lua's unpack is limited to a few thousand values.
-local CHUNK = 1000
 
 -- The claim-order key of CONTRACT C3, byte for byte jobs_core::ReadyOrder::sort_key():
 -- 4 hex digits of inverted priority, 16 of the ready time (formatted by Rust and passed
@@ -80,37 +41,9 @@ local function lease_member(queue, id)
   return queue .. ' ' .. id
 end
 
--- Member of the finished index: everything purge needs to remove a job's index entries
--- even when its hash is already gone (server TTL).
-local function done_member(queue, state, id, parent)
-  return queue .. ' ' .. STATE_CODE[state] .. ' ' .. id .. ' ' .. (parent or '')
-end
-
 -- Member of the children index: parent id, space, child id.
 local function child_member(parent, id)
   return parent .. ' ' .. id
-end
-
--- ZADD of score/member pairs (flat list), CHUNK pairs per call.
-local function zadd_pairs(key, flat)
-  local n = #flat
-  local i = 1
-  while i <= n do
-    local last = math.min(i + 2 * CHUNK - 1, n)
-    redis.call('ZADD', key, unpack(flat, i, last))
-    i = last + 1
-  end
-end
-
--- ZREM of members, CHUNK per call.
-local function zrem_members(key, members)
-  local n = #members
-  local i = 1
-  while i <= n do
-    local last = math.min(i + CHUNK - 1, n)
-    redis.call('ZREM', key, unpack(members, i, last))
-    i = last + 1
-  end
 end
 
 -- HSET of field/value pairs (flat list), CHUNK pairs per call.
@@ -145,26 +78,6 @@ local function move_list(list, queue, id, from, to)
   redis.call('ZADD', list, '0', list_member(queue, to, id))
 end
 
--- Moves at most `bound` scheduled entries that are due at `now` into the ready index.
--- Returns true when no due entry is left, so the ready index is the whole ready set.
-local function promote(ready, sched, now, bound)
-  local due = redis.call('ZRANGEBYSCORE', sched, '-inf', now, 'LIMIT', 0, bound)
-  if #due == 0 then
-    return true
-  end
-  local flat = {}
-  for i, member in ipairs(due) do
-    flat[2 * i - 1] = '0'
-    flat[2 * i] = member
-  end
-  zadd_pairs(ready, flat)
-  zrem_members(sched, due)
-  if #due < bound then
-    return true
-  end
-  return #redis.call('ZRANGEBYSCORE', sched, '-inf', now, 'LIMIT', 0, 1) == 0
-end
-
 -- The counts of one queue's jobs per state (CONTRACT A3), from index sizes: ready (the
 -- queue's range of the ready index), active (queued and running, list code 'a'),
 -- running (the queue's running counter), succeeded, dead, cancelled (list codes 's', 'd',
@@ -180,18 +93,6 @@ local function queue_counts(ready, list, running, queue)
     redis.call('ZLEXCOUNT', ready, '[' .. queue .. ' ', '(' .. queue .. '!'),
     count_state('a'), tonumber(redis.call('HGET', running, queue) or '0'),
     count_state('s'), count_state('d'), count_state('c') }
-end
-
--- Whether order key `a` sorts before `b` (36 hex digits each), exactly and bytewise.
-local function order_less(a, b)
-  for i = 1, 36, 12 do
-    local x = tonumber(string.sub(a, i, i + 11), 16)
-    local y = tonumber(string.sub(b, i, i + 11), 16)
-    if x ~= y then
-      return x < y
-    end
-  end
-  return false
 end
 
 -- Removes a job's lease entry, keeping the per-queue running counter equal to the number
@@ -228,56 +129,10 @@ local function requeue(job, ready, sched, list, seq, queue, id, prio, run_at, re
   move_list(list, queue, id, from, 'queued')
 end
 
--- Check before write. Redis does not roll a script back when it fails half-way, so every
--- script reads and checks every value it depends on before its first write, and stops
--- with no write when one is unreadable: a job is never left `running` without its lease
--- entry, or in one index but not the other.
-
--- Aborts the script as a whole with an error reply whose code Rust maps to
--- `Error::Corrupt`. Only called before a script's first write.
-local function abort_corrupt(what)
-  error({ err = 'JOBSCORRUPT ' .. what })
-end
-
--- Whether `s` is a decimal integer as this crate writes them (optional minus, digits).
-local function is_int(s)
-  return s ~= nil and s ~= false and string.find(s, '^%-?%d+$') ~= nil
-end
-
--- The running counter of `queue` must be an integer (or absent) before a script changes
--- it with HINCRBY, which fails on anything else after the script's earlier writes.
-local function check_counters(running, queues)
-  if #queues == 0 then
-    return
-  end
-  local values = redis.call('HMGET', running, unpack(queues))
-  for i, value in ipairs(values) do
-    if value and not is_int(value) then
-      abort_corrupt('running counter of queue ' .. queues[i] .. ': not an integer')
-    end
-  end
-end
-
--- The prefix of `last_error` on a job whose record could not be read where a claim or
--- reclaim met it (CONTRACT §5, corrupt records).
-local CORRUPT_PREFIX = 'corrupt record: '
-
--- Moves a job whose record cannot be read to `dead`, so it neither blocks its queue nor
--- vanishes from the indexes: state, finished_at and last_error written (the other fields
--- are left as found), its list entry moved to code 'd', a finished entry added (purge then
--- deletes it like any dead job). `queue` comes from the index entry that led here;
--- `parent` from `meta` when that is readable.
-local function bury(job, list, done, queue, id, parent, now, reason)
-  redis.call('HSET', job, 'state', 'dead', 'finished', now, 'error', CORRUPT_PREFIX .. reason)
-  redis.call('ZREM', list, queue .. ' a ' .. id)
-  redis.call('ZADD', list, '0', queue .. ' d ' .. id)
-  redis.call('ZADD', done, now, done_member(queue, 'dead', id, parent))
-end
-
 -- What one claim call (claim.lua, claim_fit.lua) decided in its first pass, for
--- write_claim: `lease` ({job key, reply values, queue, id, attempts, token}), `bury`
--- ({job key, queue, id, parent, reason}), `taken` (ready members to remove) and
--- `list_old` (list members of vanished jobs).
+-- write_claim: `lease` ({job key, reply values, queue, id, attempts, token as the claim
+-- writes them}), `bury` ({job key, queue, id, parent, reason}), `taken` (ready members to
+-- remove) and `list_old` (list members of vanished jobs).
 local function claim_decisions()
   return { lease = {}, bury = {}, taken = {}, list_old = {} }
 end
@@ -307,15 +162,16 @@ local function decide_claim(d, job, v, member, queue, id)
   local state = v[1]
   local reason = nil
   if state == 'queued' then
+    local attempts, token = succ(v[4]), succ(v[5])
     if not meta_ok(v[2]) then
       reason = 'field meta unreadable'
-    elseif v[4] and not is_int(v[4]) then
+    elseif not attempts then
       reason = 'field att not a number'
-    elseif v[5] and not is_int(v[5]) then
+    elseif not token then
       reason = 'field token not a number'
     else
       d.taken[#d.taken + 1] = member
-      d.lease[#d.lease + 1] = { job, v, queue, id, tonumber(v[4] or '0'), tonumber(v[5] or '0') }
+      d.lease[#d.lease + 1] = { job, v, queue, id, attempts, token }
       return 'leased'
     end
   elseif state and not STATE_CODE[state] then
@@ -337,20 +193,24 @@ end
 -- (claim_decisions): each job to lease becomes running under this lease, leaving `ready`
 -- and entering `leases` and its queue's running counter in this step; each job to bury
 -- goes to dead; the taken ready members and the list members of vanished jobs are
--- removed. Returns the reply rows of the leased jobs and the buried ids.
+-- removed. Returns the leased jobs' reply rows, one flat array of 10 values per job (as
+-- claim.lua answers: a table per row costs the reply more than its values), and the
+-- buried ids.
 local function write_claim(ready, leases, list, running, done, d, worker, expires, now)
   local claimed, corrupt, lease_pairs = {}, {}, {}
   for _, l in ipairs(d.lease) do
     local job, v, queue, id = l[1], l[2], l[3], l[4]
-    -- Counters are small integers: incremented and formatted exactly, in one write.
-    local attempts = string.format('%d', l[5] + 1)
-    local token = string.format('%d', l[6] + 1)
+    -- The counters as decide_claim found them next (succ), in one write.
+    local attempts, token = l[5], l[6]
     redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
       'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
-    v[1] = id
-    v[4] = attempts
-    v[5] = token
-    claimed[#claimed + 1] = v
+    local r = #claimed
+    claimed[r + 1] = id
+    for i = 2, 10 do
+      claimed[r + i] = v[i]
+    end
+    claimed[r + 4] = attempts
+    claimed[r + 5] = token
     local pairs_of_queue = lease_pairs[queue]
     if not pairs_of_queue then
       pairs_of_queue = {}

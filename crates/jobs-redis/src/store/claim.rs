@@ -13,10 +13,11 @@ use redis::Value;
 use super::heads::Call;
 use super::{unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
 use crate::codec::{
-    array, decode_claimed, id_string, int, job_id, job_id_bytes, text, LeaseWrite, Unreadable,
+    array, decode_claimed, id_string, int, job_id_bytes, member_id, text, LeaseWrite, Unreadable,
+    CLAIMED_FIELDS,
 };
 use crate::keys::Keys;
-use crate::scripts;
+use crate::scripts::{self, Eval};
 
 /// Claim calls that may find their candidates taken by other claimers before a claim
 /// gives up and returns what it has (an empty claim is allowed; the caller claims again).
@@ -38,14 +39,14 @@ const FIT_SCAN_CALLS: usize = 4;
 /// A call of `claim.lua` or `claim_fit.lua` with what both begin with: KEYS 1–7 (the
 /// indexes and the paused set) and ARGV 1–6 (now, worker, lease expiry, limit, hint
 /// size, promotion bound). Each script's own keys and arguments follow.
-fn claim_invocation<'s>(
-    script: &'s redis::Script,
+fn claim_invocation(
+    script: &'static redis::Script,
     keys: &Keys,
     [now, worker, expires]: [&String; 3],
     limit: usize,
     hint_size: usize,
-) -> redis::ScriptInvocation<'s> {
-    let mut invocation = script.prepare_invoke();
+) -> Eval {
+    let mut invocation = Eval::new(script);
     invocation
         .key(&keys.ready)
         .key(&keys.sched)
@@ -248,7 +249,7 @@ impl RedisStore {
     /// jobs.
     async fn round(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &Eval,
         call: Option<Call>,
         fitted: bool,
         lease: &LeaseWrite<'_>,
@@ -264,7 +265,7 @@ impl RedisStore {
                 }
                 answer
             }
-            None => read_answer(self.invoke(invocation, "claim").await?, fitted)?,
+            None => read_answer(self.eval(invocation, "claim").await?, fitted)?,
         };
         let Some(answer) = reply else {
             return Ok(None);
@@ -283,12 +284,8 @@ impl RedisStore {
     /// Runs one claim call holding `call`'s slice. The call is put on the connection
     /// before the turn is given up (a multiplexed connection sends in the order calls
     /// are first polled), so the next claimer's call reaches the server behind it.
-    async fn send(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-        call: &mut Call,
-    ) -> Result<Value> {
-        let mut reply = pin!(self.invoke(invocation, "claim"));
+    async fn send(&self, invocation: &Eval, call: &mut Call) -> Result<Value> {
+        let mut reply = pin!(self.eval(invocation, "claim"));
         let first = futures::poll!(reply.as_mut());
         call.sent();
         match first {
@@ -310,6 +307,7 @@ impl RedisStore {
         let Value::Array(jobs) = jobs else {
             return Err(Error::corrupt("claim reply", "expected an array of jobs"));
         };
+        let jobs = claimed_rows(jobs)?;
         let got = jobs.len();
         let mut placements = PlacementCache::new();
         let mut unreadable = Vec::new();
@@ -429,10 +427,39 @@ fn next_step(
     }
 }
 
+/// The rows of a claim reply's jobs: `claim.lua` answers one flat array of 10 values
+/// per job (a table per row costs the server more than its values), `claim_fit.lua` an
+/// array per job.
+fn claimed_rows(jobs: Vec<Value>) -> Result<Vec<[Value; CLAIMED_FIELDS]>> {
+    let malformed = || Error::corrupt("claim reply", "wrong number of fields");
+    if matches!(jobs.first(), Some(Value::Array(_))) {
+        return jobs
+            .into_iter()
+            .map(|row| match row {
+                Value::Array(items) => items.try_into().map_err(|_| malformed()),
+                _ => Err(malformed()),
+            })
+            .collect();
+    }
+    if jobs.len() % CLAIMED_FIELDS != 0 {
+        return Err(malformed());
+    }
+    let mut rows = Vec::with_capacity(jobs.len() / CLAIMED_FIELDS);
+    let mut values = jobs.into_iter();
+    loop {
+        let row: Vec<Value> = values.by_ref().take(CLAIMED_FIELDS).collect();
+        if row.is_empty() {
+            break;
+        }
+        rows.push(row.try_into().map_err(|_| malformed())?);
+    }
+    Ok(rows)
+}
+
 /// Passes the hashes of `ids` (KEYS) with their ids (ARGV), after every other argument.
-fn hold(invocation: &mut redis::ScriptInvocation<'_>, keys: &Keys, ids: &[JobId]) {
+fn hold(invocation: &mut Eval, keys: &Keys, ids: &[JobId]) {
     for id in ids {
-        invocation.key(keys.job(*id)).arg(id_string(*id));
+        invocation.job_key(keys, *id).id_arg(*id);
     }
 }
 
@@ -472,11 +499,16 @@ fn read_answer(reply: Value, fitted: bool) -> Result<Option<Answer>> {
     if items.next().is_some() {
         return Err(unexpected("claim reply", &word));
     }
-    let hint = array(&hint, "claim reply").and_then(|ids| {
-        ids.iter()
-            .map(|id| match id {
-                Value::BulkString(bytes) => job_id_bytes(bytes, "ready index"),
-                other => job_id(&text(other, "claim reply")?, "ready index"),
+    // `claim.lua` names the head by its ready index members, `claim_fit.lua` by ids:
+    // either ends with the id.
+    let hint = array(&hint, "claim reply").and_then(|entries| {
+        entries
+            .iter()
+            .map(|entry| match entry {
+                Value::BulkString(bytes) => {
+                    job_id_bytes(&bytes[bytes.len().saturating_sub(36)..], "ready index")
+                }
+                other => member_id(&text(other, "claim reply")?, "ready index"),
             })
             .collect::<Result<Vec<_>>>()
     });

@@ -320,7 +320,13 @@ impl RedisStore {
         settings: StoreSettings,
     ) -> Self {
         let keys = Keys::new(&settings.namespace);
-        let waker = Waker::new(pubsub_nodes, keys.wake.clone());
+        let heads = Arc::new(Heads::default());
+        let seeded = Arc::clone(&heads);
+        let waker = Waker::new(
+            pubsub_nodes,
+            keys.wake.clone(),
+            Arc::new(move |queue: &str, ids: &str| seeded.seed(queue, ids)),
+        );
         let completions = Batcher::new(Completions {
             conn: conn.clone(),
             keys: keys.clone(),
@@ -342,7 +348,7 @@ impl RedisStore {
                 dial,
                 settings,
                 keys,
-                heads: Heads::default(),
+                heads,
                 waker,
                 completions,
                 enqueues,

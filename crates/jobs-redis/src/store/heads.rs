@@ -14,6 +14,9 @@
 //!   after it (they are on their way to lease those jobs).
 //! - A claimer that finds less than it wants predicted waits for the next answer while a
 //!   call is in flight, rather than send a call that would lease nothing.
+//! - A wake-up that names the jobs an enqueue made ready ([`Heads::seed`]) is the
+//!   prediction of a queue whose claims have none: a claimer woken on an empty queue
+//!   leases the new jobs in its first call.
 //!
 //! All of it only saves calls: the script decides every claim alone and leases only
 //! what is at the head when it runs. A slice that is no longer the head (another
@@ -55,6 +58,26 @@ impl Heads {
         };
         lock(&head.plan).claimers += 1;
         Claimer { head }
+    }
+}
+
+impl Heads {
+    /// What a wake-up says of `queue`'s head: the jobs `ids` (space-separated) were just
+    /// made ready there. Taken as the prediction of the plain claims of that queue alone
+    /// when they have none and no call is in flight (after the queue ran dry, the usual
+    /// case of a wake-up), so the next call holds those jobs and leases them at once;
+    /// otherwise the hints of the calls know better. Text that is no id is left out.
+    pub(super) fn seed(&self, queue: &str, ids: &str) {
+        let Some(head) = lock(&self.heads).get(queue).cloned() else {
+            return;
+        };
+        let mut plan = lock(&head.plan);
+        if plan.ahead.is_empty() && plan.in_flight.is_empty() {
+            plan.ahead = ids
+                .split(' ')
+                .filter_map(|id| JobId::parse_canonical(id.as_bytes()).ok())
+                .collect();
+        }
     }
 }
 
@@ -345,6 +368,34 @@ mod tests {
         assert_eq!(again.hint_size(10), 2 * 10 + HINT_SLACK);
         drop(other);
         assert_eq!(again.hint_size(10), 10 + HINT_SLACK);
+    }
+
+    /// The text of `ids` as a wake-up names them.
+    fn named(ids: &[JobId]) -> String {
+        ids.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_seeds_only_an_empty_prediction_with_no_call_in_flight() {
+        let heads = Heads::default();
+        let claimer = heads.claimer("q".into());
+        // The queue ran dry: the jobs a wake-up names are the next call's.
+        heads.seed("q", &named(&ids(1..3)));
+        let call = sent(&claimer, 8).await;
+        assert_eq!(call.held(), ids(1..3));
+        // A call is in flight, and its answer knows the head better than a wake-up.
+        heads.seed("q", &named(&ids(5..7)));
+        call.answered(&ids(10..12));
+        heads.seed("q", &named(&ids(5..7)));
+        assert_eq!(claimer.next_call(8).await.held(), ids(10..12));
+        // Other queue sets, and text that is no id, change nothing.
+        heads.seed("other", &named(&ids(1..3)));
+        assert!(lock(&heads.heads).get("other").is_none());
+        heads.seed("q", "not-an-id x");
+        assert!(sent(&claimer, 8).await.held().is_empty());
     }
 
     #[tokio::test]

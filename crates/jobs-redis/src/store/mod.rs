@@ -66,7 +66,7 @@ struct Inner {
     keys: Keys,
     /// What this store's claims know of the head of each queue set, so each call can
     /// pass the hashes of the jobs it will lease in KEYS without reading first.
-    heads: Heads,
+    heads: Arc<Heads>,
     waker: Waker,
     completions: Batcher<Completions>,
     enqueues: Batcher<Enqueues>,
@@ -117,6 +117,12 @@ impl RedisStore {
 
     fn keys(&self) -> &Keys {
         &self.inner.keys
+    }
+
+    async fn eval(&self, eval: &crate::scripts::Eval, what: &str) -> Result<Value> {
+        eval.invoke(&mut self.conn())
+            .await
+            .map_err(|err| map_err(what, err))
     }
 
     async fn invoke(&self, invocation: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
