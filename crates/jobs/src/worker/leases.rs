@@ -462,8 +462,16 @@ pub(crate) async fn keep_leases(
             .unwrap_or(config.heartbeat);
         tokio::select! {
             _ = ticker.tick() => {
-                extend_all(&shared, &store.store).await;
-                store.try_reopen().await;
+                // A heartbeat that hangs (a stalled connection) must not hold up the
+                // worker's shutdown: once told to stop, no lease is left to keep.
+                let extend = async {
+                    extend_all(&shared, &store.store).await;
+                    store.try_reopen().await;
+                };
+                tokio::select! {
+                    () = extend => {}
+                    () = stop.cancelled() => return,
+                }
             }
             () = tokio::time::sleep(next_deadline) => {}
             () = stop.cancelled() => return,
