@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use jobs_core::{Store, StoreSettings, SystemClock};
+use durq_core::{Store, StoreSettings, SystemClock};
 
 use crate::housekeeping::Housekeeping;
 
@@ -64,12 +64,12 @@ pub struct Opened {
 pub enum Transactional {
     /// The SQLite store: its transactions run on a connection of the caller's own.
     #[cfg(feature = "sqlite")]
-    Sqlite(jobs_sqlite::SqliteStore),
+    Sqlite(durq_sqlite::SqliteStore),
     /// The PostgreSQL store, and the run's schema, where the workload's own tables go.
     #[cfg(feature = "postgres")]
     Postgres {
         /// The store; its pool begins the transactions.
-        store: jobs_postgres::PostgresStore,
+        store: durq_postgres::PostgresStore,
         /// The run's schema (dropped whole with everything in it afterwards).
         schema: String,
     },
@@ -82,7 +82,7 @@ enum Cleanup {
     #[cfg(feature = "sqlite")]
     Dir(tempfile::TempDir),
     #[cfg(feature = "redis")]
-    Redis(jobs_redis::RedisStore),
+    Redis(durq_redis::RedisStore),
     #[cfg(feature = "postgres")]
     Postgres(String, String),
 }
@@ -139,7 +139,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
     match backend {
         #[cfg(feature = "memory")]
         "memory" => {
-            let store = jobs_memory::MemoryStore::new(settings).map_err(|e| e.to_string())?;
+            let store = durq_memory::MemoryStore::new(settings).map_err(|e| e.to_string())?;
             Ok(Opened {
                 store: Store::new(store),
                 namespace,
@@ -151,12 +151,12 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
         #[cfg(feature = "sqlite")]
         "sqlite" => {
             let dir = tempfile::Builder::new()
-                .prefix("jobs-bench-")
+                .prefix("durq-bench-")
                 .tempdir()
                 .map_err(|e| format!("temp dir: {e}"))?;
             // The backend's default configuration, durability included (see
             // docs/sqlite.md): what a user who opens a file gets.
-            let store = jobs_sqlite::SqliteStore::open(dir.path().join("jobs.sqlite3"), settings)
+            let store = durq_sqlite::SqliteStore::open(dir.path().join("jobs.sqlite3"), settings)
                 .await
                 .map_err(|e| format!("open sqlite: {e}"))?;
             Ok(Opened {
@@ -169,7 +169,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
         }
         #[cfg(feature = "redis")]
         "redis" => {
-            let store = jobs_redis::RedisStore::connect(&redis_url(), settings)
+            let store = durq_redis::RedisStore::connect(&redis_url(), settings)
                 .await
                 .map_err(|e| format!("connect redis: {e}"))?;
             Ok(Opened {
@@ -186,10 +186,10 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
             // other test's rows are ever touched.
             let url = postgres_url();
             let schema = namespace.replace(['-', '.', ':'], "_");
-            let config = jobs_postgres::PostgresConfig::new(&url)
+            let config = durq_postgres::PostgresConfig::new(&url)
                 .and_then(|c| c.schema(schema.clone()))
                 .map_err(|e| format!("postgres config: {e}"))?;
-            let store = jobs_postgres::PostgresStore::connect_with(config, settings)
+            let store = durq_postgres::PostgresStore::connect_with(config, settings)
                 .await
                 .map_err(|e| format!("connect postgres: {e}"))?;
             let housekeeping = Housekeeping::postgres(&url, &schema).await?;
@@ -233,9 +233,9 @@ pub async fn server_version(backend: &str) -> Result<String, String> {
         "memory" => Ok("in process".to_owned()),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(format!(
-            "SQLite {} (bundled by rusqlite), jobs-sqlite's default durability: {:?}",
+            "SQLite {} (bundled by rusqlite), durq-sqlite's default durability: {:?}",
             rusqlite::version(),
-            jobs_sqlite::SqliteConfig::default().synchronous
+            durq_sqlite::SqliteConfig::default().synchronous
         )),
         #[cfg(feature = "redis")]
         "redis" => {
@@ -293,9 +293,9 @@ pub async fn server_version(backend: &str) -> Result<String, String> {
                  VACUUM (ANALYZE) every 5 s while workers run"
             };
             Ok(format!(
-                "PostgreSQL {version} (synchronous_commit = {sync}; {vacuum}); jobs-postgres's \
+                "PostgreSQL {version} (synchronous_commit = {sync}; {vacuum}); durq-postgres's \
                  default durability: {:?}",
-                jobs_postgres::Durability::default()
+                durq_postgres::Durability::default()
             ))
         }
         other => Err(format!("no server version for {other:?}")),

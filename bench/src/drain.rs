@@ -1,10 +1,10 @@
-//! Draining a queue with no-op jobs: with the worker runtime of the `jobs` crate, or with
+//! Draining a queue with no-op jobs: with the worker runtime of the `durq` crate, or with
 //! a bare claim/complete loop over the `Store` handle (the floor the runtime adds to).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{ClaimRequest, Retry, Store};
+use durq_core::{ClaimRequest, Retry, Store};
 use tokio::task::JoinSet;
 
 use crate::progress::{payload_index, Progress};
@@ -12,7 +12,7 @@ use crate::progress::{payload_index, Progress};
 /// How a run drains its queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Driver {
-    /// The worker runtime of the `jobs` crate.
+    /// The worker runtime of the `durq` crate.
     Runtime,
     /// `concurrency` tasks, each claiming up to `batch` jobs and completing them one by
     /// one: what the runtime does, without its heartbeats, retries and bookkeeping.

@@ -1,9 +1,9 @@
-// `jobs-bench`: one benchmark workload on one backend, on a fresh store, printing one
+// `durq-bench`: one benchmark workload on one backend, on a fresh store, printing one
 // JSON result line. `cargo xtask bench` runs it per backend, size and run, and writes
 // `docs/benchmarks.md`; see that file for the workloads and the protocol.
 //
 // ```text
-// jobs-bench <workload> --backend NAME [--jobs N] [--concurrency C] [--claim-batch B]
+// durq-bench <workload> --backend NAME [--jobs N] [--concurrency C] [--claim-batch B]
 //            [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop]
 //            [--stall-secs S] [--deadline-secs S] [--claimers N]
 // workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, latency,
@@ -51,7 +51,7 @@ const WORKLOADS: &[&str] = &[
 /// One benchmark workload on one backend, on a fresh store, printing one JSON result
 /// line (`cargo xtask bench` runs it and collects the lines).
 #[derive(Debug, Parser)]
-#[command(name = "jobs-bench")]
+#[command(name = "durq-bench")]
 struct Cli {
     /// The workload to run.
     #[arg(value_parser = PossibleValuesParser::new(WORKLOADS))]
@@ -174,7 +174,7 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("jobs-bench: cannot start tokio: {err}");
+            eprintln!("durq-bench: cannot start tokio: {err}");
             return ExitCode::FAILURE;
         }
     };
@@ -185,7 +185,7 @@ fn main() -> ExitCode {
             Line::new(&workload, &backend)
                 .text("error", message.clone())
                 .emit();
-            eprintln!("jobs-bench: {workload} on {backend}: {message}");
+            eprintln!("durq-bench: {workload} on {backend}: {message}");
             ExitCode::FAILURE
         }
     }
@@ -198,7 +198,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
-        let all = std::iter::once("jobs-bench").chain(args.iter().copied());
+        let all = std::iter::once("durq-bench").chain(args.iter().copied());
         Cli::try_parse_from(all).map(Args::from)
     }
 

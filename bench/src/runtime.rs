@@ -1,9 +1,9 @@
-//! Draining with the worker runtime of the `jobs` crate: one worker, a no-op handler.
+//! Draining with the worker runtime of the `durq` crate: one worker, a no-op handler.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use jobs::{JobContext, JobError, Store, Worker, WorkerHandle};
+use durq::{JobContext, JobError, Store, Worker, WorkerHandle};
 
 use crate::drain::DrainConfig;
 use crate::progress::{payload_index, Progress};

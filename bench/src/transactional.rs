@@ -44,7 +44,7 @@ pub async fn produce(target: &Transactional, opts: &Options) -> Result<Vec<Insta
 mod sqlite {
     use std::time::{Duration, Instant};
 
-    use jobs_sqlite::SqliteStore;
+    use durq_sqlite::SqliteStore;
 
     use super::TABLE;
     use crate::workloads::{payload, period};
@@ -119,7 +119,7 @@ mod sqlite {
 mod postgres {
     use std::time::Instant;
 
-    use jobs_postgres::PostgresStore;
+    use durq_postgres::PostgresStore;
     use sqlx::AssertSqlSafe;
 
     use super::TABLE;

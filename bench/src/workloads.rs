@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use jobs_core::{Budget, ClaimRequest, JobState, Needs, NewJob, Store};
+use durq_core::{Budget, ClaimRequest, JobState, Needs, NewJob, Store};
 use tokio::task::JoinSet;
 
 use crate::backends::Transactional;
@@ -445,7 +445,7 @@ pub async fn claim(store: Store, opts: &Options, budget: bool) -> Result<(), Str
     Ok(())
 }
 
-/// `reclaim`: `jobs` live leases and a few expired ones; times `reclaim` recovering the
+/// `reclaim`: `durq` live leases and a few expired ones; times `reclaim` recovering the
 /// expired ones, several times.
 pub async fn reclaim(store: Store, opts: &Options) -> Result<(), String> {
     const EXPIRED: usize = 10;

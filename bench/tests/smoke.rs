@@ -1,4 +1,4 @@
-//! Runs every workload of the `jobs-bench` binary at a small size on the backends that
+//! Runs every workload of the `durq-bench` binary at a small size on the backends that
 //! need no server, and checks each prints one well-formed result: the harness behind
 //! `cargo xtask bench` must keep working between benchmark runs. No timing is asserted.
 
@@ -20,12 +20,12 @@ const WORKLOADS: &[(&str, &[&str])] = &[
 ];
 
 fn run(workload: &str, backend: &str, args: &[&str]) -> Value {
-    let output = Command::new(env!("CARGO_BIN_EXE_jobs-bench"))
+    let output = Command::new(env!("CARGO_BIN_EXE_durq-bench"))
         .arg(workload)
         .args(["--backend", backend, "--stall-secs", "30"])
         .args(args)
         .output()
-        .expect("the jobs-bench binary runs");
+        .expect("the durq-bench binary runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -89,10 +89,10 @@ fn every_workload_reports_on_sqlite() {
 #[cfg(feature = "memory")]
 #[test]
 fn latency_tx_is_refused_without_transactions() {
-    let output = Command::new(env!("CARGO_BIN_EXE_jobs-bench"))
+    let output = Command::new(env!("CARGO_BIN_EXE_durq-bench"))
         .args(["latency-tx", "--backend", "memory", "--jobs", "10"])
         .output()
-        .expect("the jobs-bench binary runs");
+        .expect("the durq-bench binary runs");
     assert!(!output.status.success());
     let stdout = String::from_utf8_lossy(&output.stdout);
     let result: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
@@ -105,16 +105,16 @@ fn latency_tx_is_refused_without_transactions() {
 
 #[test]
 fn bad_arguments_are_refused_with_the_reason() {
-    let output = Command::new(env!("CARGO_BIN_EXE_jobs-bench"))
+    let output = Command::new(env!("CARGO_BIN_EXE_durq-bench"))
         .args(["e2e-backlog", "--backend", "memory", "--jobs", "0"])
         .output()
-        .expect("the jobs-bench binary runs");
+        .expect("the durq-bench binary runs");
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("positive integer"));
-    let output = Command::new(env!("CARGO_BIN_EXE_jobs-bench"))
+    let output = Command::new(env!("CARGO_BIN_EXE_durq-bench"))
         .args(["nonsense", "--backend", "memory"])
         .output()
-        .expect("the jobs-bench binary runs");
+        .expect("the durq-bench binary runs");
     assert_eq!(output.status.code(), Some(2));
     // An unknown workload is named, with the workloads there are.
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -122,10 +122,10 @@ fn bad_arguments_are_refused_with_the_reason() {
         stderr.contains("'nonsense'") && stderr.contains("e2e-backlog"),
         "{stderr}"
     );
-    let output = Command::new(env!("CARGO_BIN_EXE_jobs-bench"))
+    let output = Command::new(env!("CARGO_BIN_EXE_durq-bench"))
         .args(["e2e-backlog", "--jobs", "10"])
         .output()
-        .expect("the jobs-bench binary runs");
+        .expect("the durq-bench binary runs");
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--backend"));
 }

@@ -22,14 +22,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use durq::{Error, Job, JobId, JobState, Store};
 use futures::StreamExt;
-use jobs::{Error, Job, JobId, JobState, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::history::{now_us, Event, Op, ProcessHistory};
 use crate::StoreArgs;
 
-/// Arguments of `jobs-chaos drain`.
+/// Arguments of `durq-chaos drain`.
 #[derive(Debug, Args)]
 pub struct DrainArgs {
     #[command(flatten)]
@@ -77,7 +77,7 @@ pub async fn drain(args: DrainArgs) -> Result<(), String> {
     }
 }
 
-/// Arguments of `jobs-chaos check`.
+/// Arguments of `durq-chaos check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     #[command(flatten)]
@@ -642,7 +642,7 @@ mod tests {
     use super::*;
 
     fn id(n: i64) -> JobId {
-        JobId::mint(jobs::Timestamp::from_millis(1_000 + n))
+        JobId::mint(durq::Timestamp::from_millis(1_000 + n))
     }
 
     fn worker(pid: u32, events: Vec<Event>) -> ProcessHistory {

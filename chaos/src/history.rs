@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use jobs::JobId;
+use durq::JobId;
 use serde::{Deserialize, Serialize};
 
 /// Microseconds since the Unix epoch on the wall clock. All processes of a run share
@@ -193,7 +193,7 @@ impl Log {
 /// Prints `message` and exits with status 3 (told apart from a SIGKILL by the
 /// orchestrator).
 pub fn fatal(message: &str) -> ! {
-    eprintln!("jobs-chaos: {message}");
+    eprintln!("durq-chaos: {message}");
     std::process::exit(3)
 }
 
@@ -268,9 +268,9 @@ mod tests {
 
     #[test]
     fn a_cut_final_line_is_tolerated_and_an_inner_one_is_not() {
-        let dir = std::env::temp_dir().join(format!("jobs-chaos-history-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("durq-chaos-history-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let id = JobId::mint(jobs::Timestamp::from_millis(1_000));
+        let id = JobId::mint(durq::Timestamp::from_millis(1_000));
         let line = serde_json::to_string(&Event::Claim { t: 1, id, token: 7 }).expect("encode");
         let cut = &line[..line.len() / 2];
         std::fs::write(dir.join("worker-11.jsonl"), format!("{line}\n{cut}")).expect("write");

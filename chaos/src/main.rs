@@ -1,10 +1,10 @@
-//! `jobs-chaos`: the processes of the chaos suite (issue #11), driven by
+//! `durq-chaos`: the processes of the chaos suite (issue #11), driven by
 //! `cargo xtask chaos`, which starts them, kills them and checks what they recorded.
 //!
-//! - `jobs-chaos worker …`: a real worker (the `jobs` runtime) over a recording store;
-//! - `jobs-chaos producer …`: enqueues a fixed plan of batches, resuming after a kill;
-//! - `jobs-chaos drain …`: waits until the queue has nothing ready, scheduled or running;
-//! - `jobs-chaos check …`: reads the run's history and the store's final state and
+//! - `durq-chaos worker …`: a real worker (the `durq` runtime) over a recording store;
+//! - `durq-chaos producer …`: enqueues a fixed plan of batches, resuming after a kill;
+//! - `durq-chaos drain …`: waits until the queue has nothing ready, scheduled or running;
+//! - `durq-chaos check …`: reads the run's history and the store's final state and
 //!   prints the verdict as one JSON line.
 //!
 //! Every process writes its own history file in the run directory (see
@@ -18,13 +18,13 @@ mod recording;
 mod worker;
 
 use clap::{Args, Parser, Subcommand};
-use jobs::{Store, StoreSettings};
+use durq::{Store, StoreSettings};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// The chaos suite's processes.
 #[derive(Debug, Parser)]
-#[command(name = "jobs-chaos", about = "processes of the jobs chaos suite")]
+#[command(name = "durq-chaos", about = "processes of the jobs chaos suite")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -70,11 +70,11 @@ pub struct StoreArgs {
 }
 
 /// Opens the store `args` names, in the run's namespace (and schema), carrying the
-/// layers `jobs::connect` adds, so every backend runs under the same ones.
+/// layers `durq::connect` adds, so every backend runs under the same ones.
 pub async fn open_store(args: &StoreArgs) -> Result<Store, String> {
     let settings = StoreSettings::default().namespace(args.namespace.clone());
     if args.url.starts_with("postgres://") || args.url.starts_with("postgresql://") {
-        use jobs::backends::postgres::{PostgresConfig, PostgresStore};
+        use durq::backends::postgres::{PostgresConfig, PostgresStore};
         let mut config = PostgresConfig::new(&args.url)
             .map_err(|err| format!("postgres config: {err}"))?
             .max_connections(args.pg_connections);
@@ -89,9 +89,9 @@ pub async fn open_store(args: &StoreArgs) -> Result<Store, String> {
         let store = PostgresStore::connect_with(config, settings)
             .await
             .map_err(|err| format!("cannot open the PostgreSQL store: {err}"))?;
-        return Ok(Store::new(store).layer(jobs::layers::MetricsLayer));
+        return Ok(Store::new(store).layer(durq::layers::MetricsLayer));
     }
-    jobs::connect_with(&args.url, settings)
+    durq::connect_with(&args.url, settings)
         .await
         .map_err(|err| format!("cannot open the store: {err}"))
 }
@@ -112,7 +112,7 @@ where
             Err(err) => {
                 tries += 1;
                 if tries % 20 == 1 {
-                    eprintln!("jobs-chaos: {what} failed (try {tries}): {err}");
+                    eprintln!("durq-chaos: {what} failed (try {tries}): {err}");
                 }
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(std::time::Duration::from_secs(1));
@@ -143,7 +143,7 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("jobs-chaos: cannot start tokio: {err}");
+            eprintln!("durq-chaos: cannot start tokio: {err}");
             return ExitCode::FAILURE;
         }
     };
@@ -160,7 +160,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("jobs-chaos: {message}");
+            eprintln!("durq-chaos: {message}");
             ExitCode::FAILURE
         }
     }

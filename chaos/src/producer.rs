@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Args;
-use jobs::{NewJob, Store};
+use durq::{NewJob, Store};
 
 use crate::history::{now_us, Event, Log};
 use crate::worker::FAIL_ONCE;
 use crate::StoreArgs;
 
-/// Arguments of `jobs-chaos producer`.
+/// Arguments of `durq-chaos producer`.
 #[derive(Debug, Args)]
 pub struct ProducerArgs {
     #[command(flatten)]
@@ -63,7 +63,7 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The plan for `jobs` jobs: batches of 50–500 through `enqueue_batch`, every sixth
+/// The plan for `durq` jobs: batches of 50–500 through `enqueue_batch`, every sixth
 /// batch 10–30 single `enqueue` calls, every other batch with idempotency keys.
 pub fn plan(jobs: u64) -> Vec<Batch> {
     let mut batches = Vec::new();
@@ -201,7 +201,7 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(60);
 async fn until_ok<T, F, Fut>(what: &str, mut f: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = jobs::Result<T>>,
+    Fut: std::future::Future<Output = durq::Result<T>>,
 {
     let started = Instant::now();
     let mut pause = Duration::from_millis(20);
@@ -210,7 +210,7 @@ where
             Ok(value) => return Ok(value),
             Err(err) if started.elapsed() < GIVE_UP_AFTER => {
                 if !err.is_retryable() {
-                    eprintln!("jobs-chaos producer: {what} refused with a non-retryable error (retrying anyway): {err}");
+                    eprintln!("durq-chaos producer: {what} refused with a non-retryable error (retrying anyway): {err}");
                 }
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use jobs::layers::{async_trait, Backend, Layer, LayeredBackend};
-use jobs::{
+use durq::layers::{async_trait, Backend, Layer, LayeredBackend};
+use durq::{
     ClaimRequest, ClaimedJob, Completion, Error, Heartbeat, HeldLease, JobId, JobState, LeaseToken,
     ReclaimedJob, Result, Retry, Timestamp,
 };

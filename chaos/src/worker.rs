@@ -1,4 +1,4 @@
-//! The worker process: the `jobs` runtime, used as any service would, over a store
+//! The worker process: the `durq` runtime, used as any service would, over a store
 //! that records what the checker needs.
 
 use std::sync::Arc;
@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Args;
-use jobs::{Backoff, JobContext, JobError, Worker};
+use durq::{Backoff, JobContext, JobError, Worker};
 
 use crate::history::{now_us, Event, Log};
 use crate::recording::RecordingLayer;
@@ -16,7 +16,7 @@ use crate::StoreArgs;
 /// run exercises retries. Written by the producer.
 pub const FAIL_ONCE: &[u8] = b"fail-once";
 
-/// Arguments of `jobs-chaos worker`.
+/// Arguments of `durq-chaos worker`.
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     #[command(flatten)]

@@ -4,10 +4,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 #[cfg(doc)]
-use jobs_core::Layer;
-use jobs_core::{async_trait, Backend, JobId, ManualClock, Result, Store, StoreSettings};
+use durq_core::Layer;
+use durq_core::{async_trait, Backend, JobId, ManualClock, Result, Store, StoreSettings};
+use futures::future::BoxFuture;
 
 mod scenarios;
 
@@ -84,8 +84,8 @@ impl std::fmt::Debug for Scenario {
 /// scenario against a deliberately broken store and expect it to panic:
 ///
 /// ```no_run
-/// # async fn demo(harness: &dyn jobs_conformance::Harness) {
-/// for scenario in jobs_conformance::SCENARIOS.iter().filter(|s| s.rule == "C2") {
+/// # async fn demo(harness: &dyn durq_conformance::Harness) {
+/// for scenario in durq_conformance::SCENARIOS.iter().filter(|s| s.rule == "C2") {
 ///     (scenario.run)(harness).await;
 /// }
 /// # }
@@ -111,10 +111,10 @@ pub fn scenarios_for(rule: &str) -> impl Iterator<Item = &'static Scenario> + '_
 /// async fn harness() -> Option<MyHarness> {
 ///     match MyHarness::connect().await {
 ///         Ok(harness) => Some(harness),
-///         Err(err) => jobs_conformance::skip_or_fail("my-server", "tcp://localhost", &err),
+///         Err(err) => durq_conformance::skip_or_fail("my-server", "tcp://localhost", &err),
 ///     }
 /// }
-/// jobs_conformance::conformance_tests!(harness);
+/// durq_conformance::conformance_tests!(harness);
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
@@ -235,7 +235,7 @@ pub trait HarnessExt: Harness + Sized {
     /// async fn harness() -> Option<impl Harness> {
     ///     Some(MemoryServer::new().layered(|inner| Arc::new(MyLayer(inner))))
     /// }
-    /// jobs_conformance::conformance_tests!(harness);
+    /// durq_conformance::conformance_tests!(harness);
     /// ```
     fn layered<F>(self, wrap: F) -> Layered<Self, F>
     where
@@ -253,13 +253,13 @@ impl<H: Harness> HarnessExt for H {}
 /// The in-memory backend's harness: the reference backend, and the one to wrap when
 /// testing a layer.
 #[async_trait]
-impl Harness for jobs_memory::MemoryServer {
+impl Harness for durq_memory::MemoryServer {
     async fn open(&self, settings: StoreSettings) -> Result<Store> {
-        Ok(Store::new(jobs_memory::MemoryServer::open(self, settings)?))
+        Ok(Store::new(durq_memory::MemoryServer::open(self, settings)?))
     }
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
-        jobs_memory::MemoryServer::vanish(self, namespace, id);
+        durq_memory::MemoryServer::vanish(self, namespace, id);
         Ok(())
     }
 
@@ -410,7 +410,7 @@ mod tests {
     use super::*;
 
     /// The rule ids of the contract: the bold id (`**E1**`) that opens a top-level
-    /// bullet of `jobs_core::CONTRACT`, in document order.
+    /// bullet of `durq_core::CONTRACT`, in document order.
     fn contract_rules(contract: &str) -> Vec<String> {
         contract
             .lines()
@@ -435,7 +435,7 @@ mod tests {
 
     #[test]
     fn every_rule_has_a_scenario_named_after_it() {
-        let rules = contract_rules(jobs_core::CONTRACT);
+        let rules = contract_rules(durq_core::CONTRACT);
         let mut distinct = HashSet::new();
         for rule in &rules {
             assert!(

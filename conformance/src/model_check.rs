@@ -5,7 +5,7 @@
 //! heartbeat, complete, fail, release, reclaim, cancel, retry, purge, get, children,
 //! stats, list, and clock jumps, some landing exactly on a lease expiry, a `run_at`,
 //! the end of a dedup window or of a retention), runs it on a fresh store, and runs it
-//! on the reference model in `model`, written from the [contract](jobs_core::contract)
+//! on the reference model in `model`, written from the [contract](durq_core::contract)
 //! alone. After every step it compares what the store answered with what the model
 //! allows, then checks the invariants on the whole store: every job, as listed, equals
 //! the model's, field by field; the per-state listings partition each queue (each job
@@ -41,7 +41,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use jobs_core::Clock;
+use durq_core::Clock;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 

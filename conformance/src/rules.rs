@@ -1,4 +1,4 @@
-//! One public function per rule of the [contract](jobs_core::contract), named after it.
+//! One public function per rule of the [contract](durq_core::contract), named after it.
 //!
 //! Each scenario takes a [`Harness`](crate::Harness), builds its own
 //! [`TestEnv`](crate::TestEnv) (a fresh namespace and a manual clock), drives time only

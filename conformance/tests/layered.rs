@@ -1,6 +1,6 @@
 //! The whole suite on a layer over the memory store: a layer costs its own code only.
-use jobs_conformance::HarnessExt;
-use jobs_core::{Backend, LayeredBackend};
+use durq_conformance::HarnessExt;
+use durq_core::{Backend, LayeredBackend};
 use std::sync::Arc;
 #[derive(Debug)]
 struct Passthrough(Arc<dyn Backend>);
@@ -9,7 +9,7 @@ impl LayeredBackend for Passthrough {
         &*self.0
     }
 }
-async fn harness() -> Option<impl jobs_conformance::Harness> {
-    Some(jobs_memory::MemoryServer::new().layered(|inner| Arc::new(Passthrough(inner))))
+async fn harness() -> Option<impl durq_conformance::Harness> {
+    Some(durq_memory::MemoryServer::new().layered(|inner| Arc::new(Passthrough(inner))))
 }
-jobs_conformance::conformance_tests!(harness);
+durq_conformance::conformance_tests!(harness);

@@ -1,9 +1,9 @@
 //! Rule M1 against the in-memory store, from inside the conformance crate, so the
-//! model check itself is exercised by `cargo test -p jobs-conformance`.
+//! model check itself is exercised by `cargo test -p durq-conformance`.
 
-use jobs_memory::MemoryServer;
+use durq_memory::MemoryServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn m1_model_check_on_memory() {
-    jobs_conformance::model_check::m1_model_check(&MemoryServer::new()).await;
+    durq_conformance::model_check::m1_model_check(&MemoryServer::new()).await;
 }

@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use jobs_conformance::{Harness, Scenario, SCENARIOS};
-use jobs_core::{
+use durq_conformance::{Harness, Scenario, SCENARIOS};
+use durq_core::{
     async_trait, Attempt, AttemptOutcome, Backend, Bytes, ClaimRequest, ClaimedJob, Completion,
     Enqueued, Error, Heartbeat, HeldLease, JobId, JobState, LayeredBackend, LeaseToken, ListPage,
     ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate,
     Store, StoreSettings, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
-use jobs_memory::MemoryServer;
+use durq_memory::MemoryServer;
 
 // ---------------------------------------------------------------------------------
 // The forwarding layer.
@@ -130,7 +130,7 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
         inner.attempts(id).await
     }
 
-    async fn get(&self, inner: &dyn Backend, id: JobId) -> Result<jobs_core::Job> {
+    async fn get(&self, inner: &dyn Backend, id: JobId) -> Result<durq_core::Job> {
         inner.get(id).await
     }
 
@@ -194,7 +194,7 @@ impl LayeredBackend for Mutant {
         now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
         // Through the mutant's own `heartbeat`, so a broken heartbeat is broken here too.
-        Ok(jobs_core::heartbeat_each(self, leases, ttl, now).await)
+        Ok(durq_core::heartbeat_each(self, leases, ttl, now).await)
     }
 
     async fn complete(
@@ -214,7 +214,7 @@ impl LayeredBackend for Mutant {
         now: Timestamp,
     ) -> Result<Vec<Result<()>>> {
         // Through the mutant's own `complete`, so a broken complete is broken here too.
-        Ok(jobs_core::complete_each(self, completions, now).await)
+        Ok(durq_core::complete_each(self, completions, now).await)
     }
 
     async fn fail(
@@ -268,7 +268,7 @@ impl LayeredBackend for Mutant {
         self.bug.attempts(&*self.inner, id).await
     }
 
-    async fn get(&self, id: JobId) -> Result<jobs_core::Job> {
+    async fn get(&self, id: JobId) -> Result<durq_core::Job> {
         self.bug.get(&*self.inner, id).await
     }
 
@@ -844,7 +844,7 @@ impl Bug for StaleLastError {
         Ok(state)
     }
 
-    async fn get(&self, inner: &dyn Backend, id: JobId) -> Result<jobs_core::Job> {
+    async fn get(&self, inner: &dyn Backend, id: JobId) -> Result<durq_core::Job> {
         let mut job = inner.get(id).await?;
         if job.last_error.is_none() {
             job.last_error = lock(&self.errors).get(&id).cloned();
@@ -891,7 +891,7 @@ struct OldestAttemptsKept;
 impl Bug for OldestAttemptsKept {
     async fn attempts(&self, inner: &dyn Backend, id: JobId) -> Result<Vec<Attempt>> {
         let mut attempts = inner.attempts(id).await?;
-        if attempts.len() as u64 == jobs_core::ATTEMPTS_KEPT {
+        if attempts.len() as u64 == durq_core::ATTEMPTS_KEPT {
             // What slots that stop at the first 32 claims would hold: claims 1..=32.
             for (claim, attempt) in (1..).zip(attempts.iter_mut()) {
                 attempt.token = LeaseToken::new(claim);

@@ -1,8 +1,8 @@
 //! `cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]`:
 //! the chaos suite of issue #11.
 //!
-//! For each backend it builds `jobs-chaos` once, starts a producer and three worker
-//! processes (the real `jobs` runtime), and for S seconds injects faults at random
+//! For each backend it builds `durq-chaos` once, starts a producer and three worker
+//! processes (the real `durq` runtime), and for S seconds injects faults at random
 //! moments: SIGKILL of a worker (a new one starts at once), SIGKILL of the producer in
 //! the middle of a batch (a new one resumes the plan, re-sending the same keys), and
 //! per backend Redis `CLIENT KILL` and SIGKILL + restart of a Redis with AOF that this
@@ -10,7 +10,7 @@
 //! connections (found by their `application_name`), and for SQLite worker kills at
 //! random sub-millisecond moments, which land in the middle of commits. Then it lets
 //! the workers drain the queue, stops them gracefully (their standard input closes),
-//! and runs `jobs-chaos check` on the history. See docs/reliability.md.
+//! and runs `durq-chaos check` on the history. See docs/reliability.md.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -43,7 +43,7 @@ pub struct Options {
     pub jobs: u64,
     /// Seconds of faults per backend.
     pub seconds: u64,
-    /// Build and run `jobs-chaos` with `--release`.
+    /// Build and run `durq-chaos` with `--release`.
     pub release: bool,
     /// The random seed (printed, so a run can be repeated).
     pub seed: u64,
@@ -62,7 +62,7 @@ pub struct Args {
     /// Seconds of faults per backend.
     #[arg(long, default_value_t = 60, value_parser = crate::positive)]
     seconds: u64,
-    /// Build and run `jobs-chaos` with `--release`.
+    /// Build and run `durq-chaos` with `--release`.
     #[arg(long)]
     release: bool,
     /// The random seed, to repeat a run (default: from the clock).
@@ -177,27 +177,27 @@ fn chaos_root(root: &Path) -> PathBuf {
     target_dir(root).join("chaos")
 }
 
-/// Builds `jobs-chaos` and returns the binary's path.
+/// Builds `durq-chaos` and returns the binary's path.
 fn build(root: &Path, release: bool) -> Result<PathBuf, String> {
-    let mut args = vec!["build", "-p", "jobs-chaos"];
+    let mut args = vec!["build", "-p", "durq-chaos"];
     if release {
         args.push("--release");
     }
     crate::cargo(&args, &[])?;
     let bin = target_dir(root)
         .join(if release { "release" } else { "debug" })
-        .join(format!("jobs-chaos{}", std::env::consts::EXE_SUFFIX));
+        .join(format!("durq-chaos{}", std::env::consts::EXE_SUFFIX));
     if bin.exists() {
         Ok(bin)
     } else {
         Err(format!(
-            "built jobs-chaos, but {} is not there",
+            "built durq-chaos, but {} is not there",
             bin.display()
         ))
     }
 }
 
-/// One row of the results table: the numbers of `jobs-chaos check`'s verdict.
+/// One row of the results table: the numbers of `durq-chaos check`'s verdict.
 #[derive(Debug, Default)]
 struct Row {
     backend: String,
@@ -482,7 +482,7 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Appends one line to the fault log (read by `jobs-chaos check`).
+    /// Appends one line to the fault log (read by `durq-chaos check`).
     fn record(&mut self, t: u64, kind: &str, pid: Option<u32>, end: Option<u64>) {
         self.record_hits(t, kind, pid, end, None);
     }
@@ -830,7 +830,7 @@ fn run_backend(
         .args(["--timeout-s", &DRAIN_TIMEOUT_S.to_string()])
         .stdin(Stdio::null())
         .output()
-        .map_err(|err| format!("cannot run jobs-chaos drain: {err}"))?;
+        .map_err(|err| format!("cannot run durq-chaos drain: {err}"))?;
     let drained = drain.status.success();
     eprint!("{}", String::from_utf8_lossy(&drain.stderr));
     eprintln!(
@@ -855,10 +855,10 @@ fn run_backend(
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|err| format!("cannot run jobs-chaos check: {err}"))?;
+        .map_err(|err| format!("cannot run durq-chaos check: {err}"))?;
     let verdict = String::from_utf8_lossy(&check.stdout).trim().to_owned();
     if !check.status.success() || verdict.is_empty() {
-        return Err(format!("jobs-chaos check failed ({})", check.status));
+        return Err(format!("durq-chaos check failed ({})", check.status));
     }
     let _ = fs::write(dir.join("verdict.json"), format!("{verdict}\n"));
 
@@ -897,7 +897,7 @@ fn run_backend(
     Ok(row)
 }
 
-/// What the results table reads of `jobs-chaos check`'s verdict (its JSON `Verdict`;
+/// What the results table reads of `durq-chaos check`'s verdict (its JSON `Verdict`;
 /// the fields not listed here are ignored).
 #[derive(Debug, serde::Deserialize)]
 struct Verdict {
@@ -927,10 +927,10 @@ struct Verdict {
 }
 
 impl Verdict {
-    /// The verdict `jobs-chaos check` printed.
+    /// The verdict `durq-chaos check` printed.
     fn parse(text: &str) -> Result<Verdict, String> {
         serde_json::from_str(text)
-            .map_err(|err| format!("cannot read the verdict of jobs-chaos check ({err}): {text}"))
+            .map_err(|err| format!("cannot read the verdict of durq-chaos check ({err}): {text}"))
     }
 }
 

@@ -124,7 +124,7 @@ fn conformance(backends: &[&str]) -> Result<(), String> {
         match *backend {
             "redis-cluster" => redis_cluster_conformance()?,
             name => {
-                let package = format!("jobs-{name}");
+                let package = format!("durq-{name}");
                 cargo(&["test", "-p", &package, "--test", "conformance"], &[])?;
             }
         }
@@ -141,7 +141,7 @@ fn redis_cluster_conformance() -> Result<(), String> {
     redis_cluster::with_cluster(CLUSTER_BASE_PORT, |urls| {
         let urls = urls.join(",");
         cargo(
-            &["test", "-p", "jobs-redis", "--test", "conformance"],
+            &["test", "-p", "durq-redis", "--test", "conformance"],
             &[("JOBS_REDIS_CLUSTER_URLS", urls.as_str())],
         )
     })
@@ -168,7 +168,7 @@ fn ci() -> Result<(), String> {
     // What a user's `cargo doc` builds: the facade with its default features, where
     // links to items of features that are off would dangle.
     cargo(
-        &["doc", "-p", "jobs", "--no-deps"],
+        &["doc", "-p", "durq", "--no-deps"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
     // Features are additive: each backend alone and all together must compile.
@@ -185,12 +185,12 @@ fn ci() -> Result<(), String> {
             &[],
         )?;
     }
-    // All features, so the runtime tests of the `jobs` facade run on every backend.
+    // All features, so the runtime tests of the `durq` facade run on every backend.
     cargo(&["test", "--workspace", "--all-features"], &[])?;
     // The examples are what a new user runs first: each must run to its end (they
     // check their own outcome and exit non-zero when it is wrong).
     for (example, features) in EXAMPLES {
-        let mut args = vec!["run", "-q", "-p", "jobs", "--example", example];
+        let mut args = vec!["run", "-q", "-p", "durq", "--example", example];
         if !features.is_empty() {
             args.extend(["--features", features]);
         }
@@ -215,7 +215,7 @@ const CI_CHAOS_JOBS: u64 = 5_000;
 /// Seconds of faults per backend in CI's short chaos run.
 const CI_CHAOS_SECONDS: u64 = 20;
 
-/// The examples of the `jobs` crate that CI runs, with the features each needs beyond
+/// The examples of the `durq` crate that CI runs, with the features each needs beyond
 /// the default.
 const EXAMPLES: &[(&str, &str)] = &[
     ("quickstart", ""),
@@ -225,7 +225,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("transactional_postgres", "postgres"),
 ];
 
-/// The feature sets of the `jobs` facade that CI compiles.
+/// The feature sets of the `durq` facade that CI compiles.
 const FEATURE_SETS: &[&str] = &[
     "memory",
     "sqlite",

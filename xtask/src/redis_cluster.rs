@@ -37,7 +37,7 @@ pub fn with_cluster<T>(
         })
         .collect::<Result<_, _>>()?;
     let dir = std::env::temp_dir().join(format!(
-        "jobs-redis-cluster-{}-{base_port}",
+        "durq-redis-cluster-{}-{base_port}",
         std::process::id()
     ));
     // The guard owns the servers and the directory from here on: dropping it (at the end

@@ -1,9 +1,9 @@
-//! `jobs-bench-peers`: the enqueue and end-to-end workloads of `jobs-bench`, run on
+//! `durq-bench-peers`: the enqueue and end-to-end workloads of `durq-bench`, run on
 //! apalis 1.0 (apalis-redis, apalis-sqlite, apalis-postgres) so `cargo xtask bench` can
 //! report our figures as ratios to theirs. Same command line, same JSON result lines.
 //!
 //! ```text
-//! jobs-bench-peers <info|enqueue-one|enqueue-batch|e2e-backlog|e2e-producer>
+//! durq-bench-peers <info|enqueue-one|enqueue-batch|e2e-backlog|e2e-producer>
 //!     --backend <redis|sqlite|postgres> [--jobs N] [--concurrency C] [--enqueue-batch B]
 //!     [--producers P] [--stall-secs S]
 //! ```
@@ -51,7 +51,7 @@ struct Options {
 
 fn usage() -> String {
     format!(
-        "usage: jobs-bench-peers <{}> --backend <redis|sqlite|postgres> [--jobs N] \
+        "usage: durq-bench-peers <{}> --backend <redis|sqlite|postgres> [--jobs N] \
          [--concurrency C] [--enqueue-batch B] [--producers P] [--stall-secs S]",
         WORKLOADS.join("|")
     )
@@ -257,7 +257,7 @@ async fn open(opts: &Options) -> Result<Peer, String> {
             Ok(Peer::Redis(RedisPeer { conn, queue, batch }))
         }
         "sqlite" => {
-            let dir = std::env::temp_dir().join(unique("jobs-bench-peer"));
+            let dir = std::env::temp_dir().join(unique("durq-bench-peer"));
             std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir: {e}"))?;
             let dir = TempDir(dir);
             let path = dir.0.join("apalis.sqlite3");
@@ -616,7 +616,7 @@ async fn e2e(peer: &Peer, opts: &Options, producer_alongside: bool) -> Result<()
     Ok(())
 }
 
-/// The stand-in for autovacuum that jobs-bench runs on its own PostgreSQL runs where
+/// The stand-in for autovacuum that durq-bench runs on its own PostgreSQL runs where
 /// the server has autovacuum off (see `bench/src/housekeeping.rs`), run the same way on
 /// apalis' table, so both queues drain on equal terms.
 struct Housekeeping(Option<apalis_postgres::PgPool>);
@@ -732,7 +732,7 @@ fn main() -> std::process::ExitCode {
     let (workload, opts) = match parse(&args) {
         Ok(parsed) => parsed,
         Err(message) => {
-            eprintln!("jobs-bench-peers: {message}");
+            eprintln!("durq-bench-peers: {message}");
             return std::process::ExitCode::from(2);
         }
     };
@@ -742,7 +742,7 @@ fn main() -> std::process::ExitCode {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("jobs-bench-peers: cannot start tokio: {err}");
+            eprintln!("durq-bench-peers: cannot start tokio: {err}");
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -754,7 +754,7 @@ fn main() -> std::process::ExitCode {
                 .text("error", message.clone())
                 .emit();
             eprintln!(
-                "jobs-bench-peers: {workload} on {}: {message}",
+                "durq-bench-peers: {workload} on {}: {message}",
                 opts.backend
             );
             std::process::ExitCode::FAILURE

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use jobs_core::{Clock, JobId, JobState, ManualClock, Store};
+use durq_core::{Clock, JobId, JobState, ManualClock, Store};
 
 use super::model::{Model, ModelJob};
 use super::ops::{Pick, Tok};

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use jobs_core::{JobState, ListQuery};
+use durq_core::{JobState, ListQuery};
 
 use super::{Run, QUEUES};
 

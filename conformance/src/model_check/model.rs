@@ -1,4 +1,4 @@
-//! The reference model of rule M1: the [contract](jobs_core::contract), its decided
+//! The reference model of rule M1: the [contract](durq_core::contract), its decided
 //! choices included, written as plain data, with no storage, no concurrency and no
 //! cleverness, so it can be read against the document line by line.
 //!
@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use jobs_core::{Job, JobId, JobState, QueueStats, ReadyOrder, Retry, Timestamp, LEASE_EXPIRED};
+use durq_core::{Job, JobId, JobState, QueueStats, ReadyOrder, Retry, Timestamp, LEASE_EXPIRED};
 
 /// What the contract says a failing call must report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 use proptest::prelude::*;
 use proptest::strategy::{SBoxedStrategy, Union};
 
-use jobs_core::JobState;
+use durq_core::JobState;
 
 /// Which job or claim an operation acts on: the `n`th (modulo their number) of those
 /// the operation is interesting for (a claim still held, a dead job to retry, …), or,

@@ -2,7 +2,7 @@
 //! answers compared.
 //!
 //! [`Run::step`] only dispatches; each operation has its own function, grouped by the
-//! section of the [contract](jobs_core::contract) that rules it. Each returns a short
+//! section of the [contract](durq_core::contract) that rules it. Each returns a short
 //! note of what happened (for the trace and the coverage summary), or why the store's
 //! answer is not one the model allows. A step whose operation has nothing to act on
 //! yet (no jobs, no claims) is skipped, and its note starts with "skipped".
@@ -15,7 +15,7 @@ mod lease;
 mod read;
 mod reclaim;
 
-use jobs_core::{Error, JobId};
+use durq_core::{Error, JobId};
 
 use super::case::Run;
 use super::model::Expect;
@@ -85,7 +85,7 @@ fn agree<W: std::fmt::Debug, G: std::fmt::Debug>(
     what: &str,
     id: JobId,
     want: Result<W, Expect>,
-    got: jobs_core::Result<G>,
+    got: durq_core::Result<G>,
     same: impl Fn(&W, &G) -> bool,
 ) -> Result<String, String> {
     match (&want, &got) {

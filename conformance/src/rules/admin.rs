@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{
+use durq_core::{
     Bytes, Clock, Enqueued, Job, JobId, JobState, LeaseToken, ListQuery, NewJob, QueueOverview,
     QueueStats, Retry, Store,
 };
@@ -401,7 +401,7 @@ pub async fn a2_concurrent_retries_one_succeeds(harness: &dyn Harness) {
             for id in order {
                 match store.retry(id).await {
                     Ok(()) => won.push(id),
-                    Err(jobs_core::Error::InvalidState { state, .. }) => assert_eq!(
+                    Err(durq_core::Error::InvalidState { state, .. }) => assert_eq!(
                         state,
                         JobState::Queued,
                         "A2: a losing retry sees the job queued"

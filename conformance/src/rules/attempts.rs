@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use jobs_core::{
+use durq_core::{
     validate, Attempt, AttemptOutcome, ClaimRequest, Clock, JobId, JobState, LeaseToken, NewJob,
     Retry, Store, ATTEMPTS_KEPT, LEASE_EXPIRED,
 };

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use jobs_core::{
+use durq_core::{
     Bytes, Clock, JobId, JobState, Lease, LeaseToken, NewJob, QueueStats, Retry, Store, Timestamp,
 };
 use tokio::sync::Barrier;
@@ -745,7 +745,7 @@ pub async fn c6_token_is_a_per_job_counter(harness: &dyn Harness) {
     let id = enqueue(&store, NewJob::new("q").max_attempts(3), "C6").await;
     let other = enqueue(&store, NewJob::new("other"), "C6").await;
     let mut expect = 1;
-    let mut next = |what: &str, held: &jobs_core::ClaimedJob| {
+    let mut next = |what: &str, held: &durq_core::ClaimedJob| {
         assert_eq!(
             held.token(),
             LeaseToken::new(expect),

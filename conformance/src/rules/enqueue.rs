@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{
+use durq_core::{
     Bytes, Clock, Enqueued, Job, JobId, JobState, Needs, NewJob, QueueStats, Retry, Store, Tags,
     Timestamp, Uniqueness, DEFAULT_MAX_ATTEMPTS,
 };

@@ -4,8 +4,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use jobs_core::validate::{MAX_AMOUNT, MAX_FIT_KEYS};
-use jobs_core::{
+use durq_core::validate::{MAX_AMOUNT, MAX_FIT_KEYS};
+use durq_core::{
     Budget, ClaimRequest, ClaimedJob, JobId, JobState, ListQuery, Needs, NewJob, Store,
 };
 use tokio::sync::Barrier;
@@ -610,7 +610,7 @@ pub async fn f6_reserved_claims_only_that_job(harness: &dyn Harness) {
     );
     let claimed = claim_with(&store, fitted(&["f6"], 10).reserved(later), "F6").await;
     assert!(claimed.is_empty(), "F6: a job not yet due is not claimed");
-    let missing = JobId::mint(jobs_core::Clock::now(&env.clock));
+    let missing = JobId::mint(durq_core::Clock::now(&env.clock));
     let claimed = claim_with(&store, fitted(&["f6"], 10).reserved(missing), "F6").await;
     assert!(claimed.is_empty(), "F6: an unknown job claims nothing");
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{
+use durq_core::{
     validate, Bytes, ClaimedJob, Clock, Completion, Heartbeat, HeldLease, Job, JobId, JobState,
     LeaseToken, NewJob, QueueStats, Retry, Store,
 };
@@ -624,7 +624,7 @@ pub async fn l6_fail_with_retry_requeues_at_the_given_time(harness: &dyn Harness
 }
 
 /// L6 with the decision on `last_error`: a message over 64 KiB is cut at a character
-/// boundary to at most 64 KiB (`jobs_core::validate::truncate_error`).
+/// boundary to at most 64 KiB (`durq_core::validate::truncate_error`).
 pub async fn l6_long_error_is_cut_at_64_kib(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
@@ -989,7 +989,7 @@ pub async fn l9_holder_racing_reclaim_has_one_winner(harness: &dyn Harness) {
         let reclaimed = join_all(vec![reclaim]).await.remove(0).must("L9: reclaim");
         let holder_won = match join_all(vec![call]).await.remove(0) {
             Ok(()) => true,
-            Err(jobs_core::Error::LeaseLost { .. }) => false,
+            Err(durq_core::Error::LeaseLost { .. }) => false,
             Err(err) => panic!("L9: the holder's call on job {id} failed: {err}"),
         };
         let reclaimed: Vec<JobId> = reclaimed.iter().map(|r| r.id).collect();
@@ -1010,7 +1010,7 @@ pub async fn l9_holder_racing_reclaim_has_one_winner(harness: &dyn Harness) {
         );
         let job = get(&seed, id, "L9").await;
         let expected = match (holder_won, call_kind) {
-            (false, _) => (JobState::Queued, Some(jobs_core::LEASE_EXPIRED)),
+            (false, _) => (JobState::Queued, Some(durq_core::LEASE_EXPIRED)),
             (true, HolderCall::Complete) => (JobState::Succeeded, None),
             (true, HolderCall::Heartbeat) => (JobState::Running, None),
             (true, HolderCall::Release) => (JobState::Queued, None),

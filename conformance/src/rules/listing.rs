@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use jobs_core::{Job, JobId, JobState, ListQuery, NewJob, Retry, Store};
+use durq_core::{Job, JobId, JobState, ListQuery, NewJob, Retry, Store};
 
 use super::support::{claim, enqueue, expect_invalid, Must};
 use crate::{Harness, TestEnv};
@@ -258,7 +258,7 @@ pub async fn a4_cursor_survives_the_deletion_of_its_job(harness: &dyn Harness) {
     assert_eq!(cursor, ids_made[3], "A4: the cursor is the page's last id");
     // Finish and purge exactly the cursor's job.
     let held = store
-        .claim(jobs_core::ClaimRequest::new(["q"], "w", Duration::from_secs(30)).limit(6))
+        .claim(durq_core::ClaimRequest::new(["q"], "w", Duration::from_secs(30)).limit(6))
         .await
         .must("A4: claim");
     for job in &held {

@@ -1,6 +1,6 @@
 //! Rule Q1: paused queues.
 
-use jobs_core::{JobState, NewJob, QueueStats};
+use durq_core::{JobState, NewJob, QueueStats};
 
 use super::support::{
     assert_nothing_claimable, assert_stats, claim, enqueue, expect_invalid, get, ids_of, Must,

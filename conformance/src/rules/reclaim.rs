@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{
+use durq_core::{
     Bytes, Clock, JobId, JobState, NewJob, QueueStats, ReclaimedJob, Retry, LEASE_EXPIRED,
 };
 use tokio::sync::Barrier;

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_core::{
+use durq_core::{
     CatchUp, Clock, Error, JobId, NewJob, Schedule, ScheduleRecord, ScheduleUpdate, Store,
     Timestamp,
 };
@@ -27,7 +27,7 @@ async fn record(store: &Store, name: &str, what: &str) -> ScheduleRecord {
         .unwrap_or_else(|| panic!("{what}: schedule {name} is not listed"))
 }
 
-fn expect_unknown<T: std::fmt::Debug>(result: jobs_core::Result<T>, name: &str, what: &str) {
+fn expect_unknown<T: std::fmt::Debug>(result: durq_core::Result<T>, name: &str, what: &str) {
     match result {
         Err(Error::ScheduleNotFound { name: named }) => assert_eq!(named, name, "{what}"),
         other => panic!("{what}: expected ScheduleNotFound, got {other:?}"),

@@ -6,7 +6,7 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
-use jobs_core::{
+use durq_core::{
     ClaimRequest, ClaimedJob, Error, Job, JobId, JobState, ListQuery, NewJob, QueueStats, Result,
     Store, Timestamp,
 };
@@ -162,7 +162,7 @@ pub(crate) async fn list_all(
     }
 }
 
-/// The counts `stats` must report for `jobs` at `now`.
+/// The counts `stats` must report for `durq` at `now`.
 pub(crate) fn count(jobs: &[Job], now: Timestamp) -> QueueStats {
     let mut stats = QueueStats::default();
     for job in jobs {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use jobs_core::{Clock, Error, JobState, NewJob, WorkerInfo};
+use durq_core::{Clock, Error, JobState, NewJob, WorkerInfo};
 
 use super::support::{claim, enqueue, get, Must};
 use crate::{unique_namespace, Harness, TestEnv};
@@ -19,7 +19,7 @@ fn info(id: &str, queues: &[&str], concurrency: u32, in_flight: u32) -> WorkerIn
     info
 }
 
-fn expect_worker_not_found<T: std::fmt::Debug>(result: jobs_core::Result<T>, what: &str) {
+fn expect_worker_not_found<T: std::fmt::Debug>(result: durq_core::Result<T>, what: &str) {
     match result {
         Err(Error::WorkerNotFound { .. }) => {}
         other => panic!("{what}: expected WorkerNotFound, got {other:?}"),

@@ -49,14 +49,14 @@ pub(super) fn build(settings: &Settings) -> Result<Binaries, String> {
             "build",
             "--release",
             "-p",
-            "jobs-bench",
+            "durq-bench",
             "--no-default-features",
             "--features",
             &features,
         ],
         &[],
     )?;
-    let ours = target_dir("target").join("release").join("jobs-bench");
+    let ours = target_dir("target").join("release").join("durq-bench");
     let wants_peers = settings.peers && settings.backends.iter().any(|b| PEER_BACKENDS.contains(b));
     let peers = if wants_peers {
         // The peers are their own workspace; keep their build apart from ours unless
@@ -76,7 +76,7 @@ pub(super) fn build(settings: &Settings) -> Result<Binaries, String> {
             ],
             &[("CARGO_TARGET_DIR", target.as_str())],
         )?;
-        Some(peers_target.join("release").join("jobs-bench-peers"))
+        Some(peers_target.join("release").join("durq-bench-peers"))
     } else {
         None
     };

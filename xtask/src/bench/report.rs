@@ -63,7 +63,7 @@ pub(super) fn group_thousands(n: u64) -> String {
     out
 }
 
-/// Says so when the drain of `jobs` was stopped at its deadline before it finished.
+/// Says so when the drain of `durq` was stopped at its deadline before it finished.
 fn partial_note(results: &Results, backend: &str, jobs: u64) -> String {
     let drained = results.cell("jobs", backend, "e2e-backlog", jobs, "drained");
     match drained.median() {
@@ -692,7 +692,7 @@ mod tests {
             versions_named(metadata, &["tokio", "redis", "sqlx"]),
             ["redis 1.0.2", "tokio 1.47.0"]
         );
-        // And from this workspace itself: its own `jobs` crate is one of its packages.
+        // And from this workspace itself: its own `durq` crate is one of its packages.
         let root = crate::bench::workspace_root().expect("root");
         let ours = resolved_versions(&root.join("Cargo.toml"), &["jobs", "xtask"])
             .expect("cargo metadata of this workspace");

@@ -1,6 +1,6 @@
 //! Operator actions that change jobs: cancel (A1), retry (A2) and purge (A5).
 
-use jobs_core::JobState;
+use durq_core::JobState;
 
 use super::agree;
 use crate::model_check::case::Run;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use jobs_core::{ClaimRequest, Error, JobState};
+use durq_core::{ClaimRequest, Error, JobState};
 
 use crate::model_check::case::{Claim, Run};
 use crate::model_check::{QUEUES, WORKERS};

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use jobs_core::{Clock, JobState, Timestamp};
+use durq_core::{Clock, JobState, Timestamp};
 
 use crate::model_check::case::Run;
 use crate::model_check::model::ModelJob;

@@ -1,7 +1,7 @@
 //! Enqueue (E1–E9): one job or a batch, with or without an idempotency key or a
 //! parent. The ids the store returns are mapped onto model ids here.
 
-use jobs_core::{Enqueued, NewJob, Timestamp};
+use durq_core::{Enqueued, NewJob, Timestamp};
 
 use super::error_matches;
 use crate::model_check::case::Run;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use jobs_core::{Completion, LeaseToken, Retry, Timestamp};
+use durq_core::{Completion, LeaseToken, Retry, Timestamp};
 
 use super::agree;
 use crate::model_check::case::{Claim, Run};

@@ -1,7 +1,7 @@
 //! The calls that change nothing: get and payload (E1), children (E8), stats (A3) and
 //! list (A4). Their answers must equal the model's exactly.
 
-use jobs_core::{JobState, ListQuery};
+use durq_core::{JobState, ListQuery};
 
 use crate::model_check::case::Run;
 use crate::model_check::ops::Pick;

@@ -1,0 +1,931 @@
+//! What a backend implements: [`Backend`], narrow on purpose, and the tools for
+//! writing layers over one ([`LayeredBackend`], [`Layer`]).
+//!
+//! A backend never sees input the [contract](crate::contract) refuses: the
+//! [`Store`](crate::Store) handle validates every argument, reads the clock once and
+//! passes that instant down, and answers the trivial calls (`limit == 0`, empty batches)
+//! itself. So a backend is only the storage: its own transactions, scripts and indexes.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::attempts::Attempt;
+use crate::error::Result;
+use crate::id::JobId;
+use crate::model::{
+    ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,
+    StoreSettings,
+};
+use crate::schedule::{ScheduleUpdate, StoredSchedule};
+use crate::time::Timestamp;
+use crate::workers::StoredWorker;
+
+/// What a backend can do beyond the contract, read by the [`Store`](crate::Store)
+/// handle and the worker runtime to choose how to drive it.
+///
+/// Every field's default is the answer that is safe for any backend, so a backend
+/// written before a field existed keeps working.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Whether the backend's calls need the tokio runtime it was opened on to make
+    /// progress: its connections' I/O is driven there (a Redis connection's driver
+    /// task, a PostgreSQL pool's sockets). A backend whose calls complete on any
+    /// runtime, or on none (in-process state, a writer thread of its own), says
+    /// `false`.
+    ///
+    /// The worker runtime reads it to keep leases where handlers cannot starve them:
+    /// beside a tied backend's connections, or on a thread of its own for a backend
+    /// that is not tied. Default `true`.
+    pub tied_to_runtime: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            tied_to_runtime: true,
+        }
+    }
+}
+
+impl Capabilities {
+    /// Sets [`Capabilities::tied_to_runtime`].
+    pub fn tied_to_runtime(mut self, tied: bool) -> Self {
+        self.tied_to_runtime = tied;
+        self
+    }
+}
+
+/// A durable job store's storage: one method per operation of the
+/// [contract](crate::contract).
+///
+/// Object-safe; users never call it directly but through the [`Store`](crate::Store)
+/// handle, which guarantees what every method may assume:
+///
+/// - every argument passed the checks of [`crate::validate`] (queue names, sizes,
+///   leases, limits, no queue named twice in one claim), and error messages are
+///   already cut to [`crate::validate::MAX_ERROR_BYTES`];
+/// - `now` was read once from [`StoreSettings::clock`]; a backend takes every
+///   decision at that instant and never reads a server's clock;
+/// - `limit` is at least 1 and batches hold at least one entry;
+/// - a retry time is not before `now`.
+///
+/// What a backend still checks itself is what only it can see: whether a parent
+/// exists, whether a lease token is current, whether a record is corrupt.
+///
+/// Every operation but two has no default, so a backend cannot lose behaviour by
+/// accident. The two defaults, [`Backend::complete_batch`] and
+/// [`Backend::heartbeat_batch`], are defined by `complete` and `heartbeat` and only
+/// forgo a speed-up when not overridden. A layer that wraps another backend implements
+/// [`LayeredBackend`] instead, and writes only the methods it changes.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// The settings the backend was opened with, its clock included.
+    fn settings(&self) -> &StoreSettings;
+
+    /// What the backend can do; see [`Capabilities`]. The default is safe for any
+    /// backend.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// This backend opened again: the same namespace and settings, over connections of
+    /// its own opened from the runtime this is called on, and so driven by that runtime
+    /// alone. `None` for a backend that cannot be (the default), and for one whose calls
+    /// need no particular runtime, which serves every runtime as it is.
+    ///
+    /// The worker's lease keeper runs on a thread of its own and reopens a backend
+    /// [tied to its runtime](Capabilities::tied_to_runtime) there, so that handlers
+    /// blocking every thread of the worker's runtime cannot stall a heartbeat, while
+    /// the claim loop and the handlers share that runtime with the store's connections
+    /// (no hop between threads per call). A reopened backend needs a connection or two
+    /// and starts nothing else: no migrations, no listener until it is waited on.
+    async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(None)
+    }
+
+    /// Rules E1–E7: adds a job, or returns the existing job for a live idempotency key.
+    /// Whether `job.parent` exists is for the backend to check, in the same
+    /// transaction as the insert.
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued>;
+
+    /// Rule E9: the same as enqueueing each job in order, answered in order, all or
+    /// nothing: a batch naming a missing parent writes nothing.
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>>;
+
+    /// Rule E1: the job as stored, or [`crate::Error::NotFound`].
+    async fn get(&self, id: JobId) -> Result<Job>;
+
+    /// Rule E1: the job's payload bytes, exactly as enqueued.
+    async fn payload(&self, id: JobId) -> Result<Bytes>;
+
+    /// Rule E8: the jobs enqueued with `parent`, oldest first.
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>>;
+
+    /// Rules H1–H4: the job's attempts, oldest first, at most
+    /// [`ATTEMPTS_KEPT`](crate::ATTEMPTS_KEPT), the running one included, read in one
+    /// snapshot with the job's record ([`crate::attempts::history`] puts the stored
+    /// records and the record's own attempt together). [`crate::Error::NotFound`] for
+    /// an unknown job.
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>>;
+
+    /// Rules C1–C9: leases up to `request.limit` ready jobs in claim order and returns
+    /// them, with payloads, in that order.
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>>;
+
+    /// Rule L1: extends the lease to `now + ttl`; reports a requested cancellation.
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat>;
+
+    /// Rule L1, one `heartbeat` per entry: the answer at index `i` is what `heartbeat`
+    /// would have answered for `leases[i]`, and an entry that fails leaves the others
+    /// alone. `Err` means the call failed as a whole.
+    ///
+    /// The default issues the `heartbeat` calls concurrently; a backend that can renew
+    /// many leases in one round trip overrides it.
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        Ok(heartbeat_each(self, leases, ttl, now).await)
+    }
+
+    /// Rules L4, L5: marks the job succeeded and stores `result`.
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()>;
+
+    /// Rules L4, L5, one `complete` per entry, in order: the answer at index `i` is
+    /// what `complete` would have answered for `completions[i]`, and an entry that fails
+    /// (a stale token, a second completion of a job earlier in the batch) leaves the
+    /// others alone. `Err` means the call failed as a whole; any entry may or may not
+    /// have taken effect.
+    ///
+    /// The default issues the `complete` calls concurrently, which keeps a backend that
+    /// groups concurrent calls grouping them; a backend that can do better overrides it.
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
+        Ok(complete_each(self, completions, now).await)
+    }
+
+    /// Rules L6, L7: records `error` and requeues the job at the retry time, or makes it
+    /// dead when asked to or when its attempts are used up; a job whose cancellation was
+    /// requested becomes cancelled ([`crate::transition::after_failure`]). Returns the
+    /// new state.
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState>;
+
+    /// Rules L8, L10: gives the job back, ready at `ready_at` (`now` for a release,
+    /// later for a snooze; never earlier than `now`), without counting the attempt or
+    /// touching `last_error`.
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()>;
+
+    /// Rules R1–R6: recovers up to `limit` jobs whose lease expired strictly before
+    /// `now` (`expires_at < now`: a lease expiring at `now` still holds, R2).
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>>;
+
+    /// Rule A1: cancels a queued job, asks a running one to stop, leaves a terminal one.
+    /// Returns the job's state afterwards.
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState>;
+
+    /// Rule A2: queues a dead or cancelled job again with its attempts reset.
+    /// Any other state is refused with [`crate::Error::InvalidState`].
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()>;
+
+    /// Rule A3: counts of one queue's jobs per state at `now` (`paused` is left
+    /// `false`: the handle fills it in from [`Backend::paused_queues`]).
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats>;
+
+    /// Rule A7: every queue of the namespace that holds a job, sorted by name, with its
+    /// counts at `now` (as [`Backend::stats`] counts them, `paused` left `false`) and
+    /// the ready time of its oldest ready job (`lag` left `None`: the handle fills in
+    /// both, and lists the paused queues that hold no job).
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>>;
+
+    /// Rule W1: stores worker `id` with its description `spec` (opaque text),
+    /// `in_flight` and `last_seen` `now`, replacing any record of that id whole.
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()>;
+
+    /// Rule W2: sets worker `id`'s `in_flight` and moves its `last_seen` to `now`;
+    /// whether the worker is registered (an unknown one is left unregistered).
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool>;
+
+    /// Rule W3: removes worker `id`'s record; whether it existed.
+    async fn delete_worker(&self, id: &str) -> Result<bool>;
+
+    /// Rule W1: every registered worker of the namespace, sorted by id.
+    async fn workers(&self) -> Result<Vec<StoredWorker>>;
+
+    /// Rule W4: removes every worker last seen strictly before `cutoff`, and returns
+    /// their ids, sorted.
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>>;
+
+    /// Rule Q1: pauses (`true`) or resumes (`false`) `queue` for every store of the
+    /// namespace, in every process: no claim takes a job from a paused queue.
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// Rule Q1: the namespace's paused queues, sorted by name.
+    async fn paused_queues(&self) -> Result<Vec<String>>;
+
+    /// Rule S1: stores schedule `name` with its definition `spec` (opaque text). A new
+    /// schedule starts enabled, its last tick `now`; an existing one keeps both.
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()>;
+
+    /// Rule S1: every schedule of the namespace, sorted by name.
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>>;
+
+    /// Rule S2: changes only what `update` sets, in one atomic step; the last tick
+    /// only moves forward. `ScheduleNotFound` for an unknown name.
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()>;
+
+    /// Rule S1: deletes schedule `name`; whether it existed.
+    async fn delete_schedule(&self, name: &str) -> Result<bool>;
+
+    /// Rule A4: one page of the jobs `query` matches ([`ListQuery::matches`]), newest
+    /// first, after its cursor. A page holds at most `query.limit` jobs; `next` is the
+    /// last listed id when the page is full, and `None` only when no job after the page
+    /// matches. A backend that bounds the work of one call may end a page early, `next`
+    /// set to the last id it examined.
+    async fn list(&self, query: ListQuery) -> Result<ListPage>;
+
+    /// Rule A5: deletes up to `limit` terminal jobs that finished at or before
+    /// `cutoff`, with their index entries. Returns how many were deleted.
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64>;
+
+    /// Resolves when work may have arrived on one of `queues`, or after `timeout`
+    /// (real time), whichever comes first. Spurious wake-ups are allowed; a claimer
+    /// calls `claim` after it either way.
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()>;
+}
+
+/// [`Backend::complete_batch`] as `complete` calls: its default, and what a backend
+/// that overrides it can fall back on.
+pub async fn complete_each<B: Backend + ?Sized>(
+    backend: &B,
+    completions: Vec<Completion>,
+    now: Timestamp,
+) -> Vec<Result<()>> {
+    // Entries for one job are serialised (L5: the first one stands, the next is lease
+    // lost), so only distinct jobs' completions run at the same time.
+    let mut seen = std::collections::HashSet::with_capacity(completions.len());
+    if completions.iter().all(|c| seen.insert(c.id)) {
+        futures_util::future::join_all(
+            completions
+                .into_iter()
+                .map(|c| backend.complete(c.id, c.token, c.result, now)),
+        )
+        .await
+    } else {
+        let mut answers = Vec::with_capacity(completions.len());
+        for c in completions {
+            answers.push(backend.complete(c.id, c.token, c.result, now).await);
+        }
+        answers
+    }
+}
+
+/// [`Backend::heartbeat_batch`] as concurrent `heartbeat` calls: its default, and what
+/// a backend that overrides it can fall back on.
+pub async fn heartbeat_each<B: Backend + ?Sized>(
+    backend: &B,
+    leases: Vec<HeldLease>,
+    ttl: Duration,
+    now: Timestamp,
+) -> Vec<Result<Heartbeat>> {
+    futures_util::future::join_all(
+        leases
+            .into_iter()
+            .map(|lease| backend.heartbeat(lease.id, lease.token, ttl, now)),
+    )
+    .await
+}
+
+/// Wraps a backend in another: metrics, logging, fault injection, a tenant guard.
+/// Added to a handle with [`Store::layer`](crate::Store::layer); the last layer added
+/// is the outermost.
+pub trait Layer {
+    /// The backend `inner` seen through this layer.
+    fn layer(&self, inner: Arc<dyn Backend>) -> Arc<dyn Backend>;
+}
+
+impl<F> Layer for F
+where
+    F: Fn(Arc<dyn Backend>) -> Arc<dyn Backend>,
+{
+    fn layer(&self, inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        self(inner)
+    }
+}
+
+impl<L: Layer + ?Sized> Layer for Arc<L> {
+    fn layer(&self, inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        (**self).layer(inner)
+    }
+}
+
+/// A backend that wraps another and forwards every call it does not override.
+///
+/// Every type implementing it is a [`Backend`]; a layer writes [`inner`] and the
+/// methods it changes, nothing else:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use durq_core::{async_trait, Backend, ClaimRequest, ClaimedJob, LayeredBackend, Result, Timestamp};
+///
+/// /// Counts claims, forwards everything.
+/// #[derive(Debug)]
+/// struct CountClaims { inner: Arc<dyn Backend>, claims: AtomicU64 }
+///
+/// #[async_trait]
+/// impl LayeredBackend for CountClaims {
+///     fn inner(&self) -> &dyn Backend { &*self.inner }
+///
+///     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+///         self.claims.fetch_add(1, Ordering::Relaxed);
+///         self.inner.claim(request, now).await
+///     }
+/// }
+/// ```
+///
+/// [`inner`]: LayeredBackend::inner
+#[async_trait]
+#[allow(missing_docs)] // Each method is the `Backend` method of the same name.
+pub trait LayeredBackend: Send + Sync + fmt::Debug {
+    /// The backend this layer wraps.
+    fn inner(&self) -> &dyn Backend;
+
+    fn settings(&self) -> &StoreSettings {
+        self.inner().settings()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner().capabilities()
+    }
+
+    /// A layer cannot be rebuilt around a reopened backend from here: by default it
+    /// answers `None`, so a worker keeps its leases through this layer where the
+    /// backend was opened. A [`Store`](crate::Store) reopens the backend beneath the
+    /// layers it added itself and adds them again.
+    async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(None)
+    }
+
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        self.inner().enqueue(job, now).await
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
+        self.inner().enqueue_batch(jobs, now).await
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        self.inner().get(id).await
+    }
+
+    async fn payload(&self, id: JobId) -> Result<Bytes> {
+        self.inner().payload(id).await
+    }
+
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        self.inner().children(parent).await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.inner().attempts(id).await
+    }
+
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+        self.inner().claim(request, now).await
+    }
+
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        self.inner().heartbeat(id, token, ttl, now).await
+    }
+
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        self.inner().heartbeat_batch(leases, ttl, now).await
+    }
+
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner().complete(id, token, result, now).await
+    }
+
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
+        self.inner().complete_batch(completions, now).await
+    }
+
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        self.inner().fail(id, token, error, retry, now).await
+    }
+
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner().release(id, token, ready_at, now).await
+    }
+
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
+        self.inner().reclaim(limit, now).await
+    }
+
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        self.inner().cancel(id, now).await
+    }
+
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        self.inner().retry(id, now).await
+    }
+
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        self.inner().stats(queue, now).await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.inner().set_paused(queue, paused).await
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        self.inner().paused_queues().await
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        self.inner().queues(now).await
+    }
+
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
+        self.inner().put_worker(id, spec, in_flight, now).await
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        self.inner().touch_worker(id, in_flight, now).await
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        self.inner().delete_worker(id).await
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        self.inner().workers().await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        self.inner().reap_workers(cutoff).await
+    }
+
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.inner().put_schedule(name, spec, now).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        self.inner().schedules().await
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        self.inner().update_schedule(name, update).await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        self.inner().delete_schedule(name).await
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        self.inner().list(query).await
+    }
+
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        self.inner().purge(limit, cutoff).await
+    }
+
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        self.inner().wait_for_work(queues, timeout).await
+    }
+}
+
+/// The boxed future every [`Backend`] method returns (what `async_trait` expands to).
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+// Written without `async_trait` so a layer's call costs the layer's own future and no
+// second box around it: each method hands back the future `LayeredBackend` made.
+impl<L: LayeredBackend> Backend for L {
+    fn settings(&self) -> &StoreSettings {
+        LayeredBackend::settings(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        LayeredBackend::capabilities(self)
+    }
+
+    fn reopen<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Option<Arc<dyn Backend>>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::reopen(self)
+    }
+
+    fn enqueue<'a, 'b>(&'a self, job: NewJob, now: Timestamp) -> BoxFuture<'b, Result<Enqueued>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::enqueue(self, job, now)
+    }
+
+    fn enqueue_batch<'a, 'b>(
+        &'a self,
+        jobs: Vec<NewJob>,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<Enqueued>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::enqueue_batch(self, jobs, now)
+    }
+
+    fn get<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<Job>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::get(self, id)
+    }
+
+    fn payload<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<Bytes>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::payload(self, id)
+    }
+
+    fn children<'a, 'b>(&'a self, parent: JobId) -> BoxFuture<'b, Result<Vec<Job>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::children(self, parent)
+    }
+
+    fn attempts<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<Vec<Attempt>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::attempts(self, id)
+    }
+
+    fn claim<'a, 'b>(
+        &'a self,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<ClaimedJob>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::claim(self, request, now)
+    }
+
+    fn heartbeat<'a, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Heartbeat>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::heartbeat(self, id, token, ttl, now)
+    }
+
+    fn heartbeat_batch<'a, 'b>(
+        &'a self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<Result<Heartbeat>>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::heartbeat_batch(self, leases, ttl, now)
+    }
+
+    fn complete<'a, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::complete(self, id, token, result, now)
+    }
+
+    fn complete_batch<'a, 'b>(
+        &'a self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<Result<()>>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::complete_batch(self, completions, now)
+    }
+
+    fn fail<'a, 'e, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        error: &'e str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<JobState>>
+    where
+        'a: 'b,
+        'e: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::fail(self, id, token, error, retry, now)
+    }
+
+    fn release<'a, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::release(self, id, token, ready_at, now)
+    }
+
+    fn reclaim<'a, 'b>(
+        &'a self,
+        limit: usize,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<ReclaimedJob>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::reclaim(self, limit, now)
+    }
+
+    fn cancel<'a, 'b>(&'a self, id: JobId, now: Timestamp) -> BoxFuture<'b, Result<JobState>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::cancel(self, id, now)
+    }
+
+    fn retry<'a, 'b>(&'a self, id: JobId, now: Timestamp) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::retry(self, id, now)
+    }
+
+    fn stats<'a, 'q, 'b>(
+        &'a self,
+        queue: &'q str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<QueueStats>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::stats(self, queue, now)
+    }
+
+    fn set_paused<'a, 'q, 'b>(&'a self, queue: &'q str, paused: bool) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::set_paused(self, queue, paused)
+    }
+
+    fn paused_queues<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<String>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::paused_queues(self)
+    }
+
+    fn queues<'a, 'b>(&'a self, now: Timestamp) -> BoxFuture<'b, Result<Vec<QueueOverview>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::queues(self, now)
+    }
+
+    fn put_worker<'a, 'i, 's, 'b>(
+        &'a self,
+        id: &'i str,
+        spec: &'s str,
+        in_flight: u32,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'i: 'b,
+        's: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::put_worker(self, id, spec, in_flight, now)
+    }
+
+    fn touch_worker<'a, 'i, 'b>(
+        &'a self,
+        id: &'i str,
+        in_flight: u32,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'i: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::touch_worker(self, id, in_flight, now)
+    }
+
+    fn delete_worker<'a, 'i, 'b>(&'a self, id: &'i str) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'i: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::delete_worker(self, id)
+    }
+
+    fn workers<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<StoredWorker>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::workers(self)
+    }
+
+    fn reap_workers<'a, 'b>(&'a self, cutoff: Timestamp) -> BoxFuture<'b, Result<Vec<String>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::reap_workers(self, cutoff)
+    }
+
+    fn put_schedule<'a, 'n, 's, 'b>(
+        &'a self,
+        name: &'n str,
+        spec: &'s str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        's: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::put_schedule(self, name, spec, now)
+    }
+
+    fn schedules<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<StoredSchedule>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::schedules(self)
+    }
+
+    fn update_schedule<'a, 'n, 'b>(
+        &'a self,
+        name: &'n str,
+        update: ScheduleUpdate,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::update_schedule(self, name, update)
+    }
+
+    fn delete_schedule<'a, 'n, 'b>(&'a self, name: &'n str) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::delete_schedule(self, name)
+    }
+
+    fn list<'a, 'b>(&'a self, query: ListQuery) -> BoxFuture<'b, Result<ListPage>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::list(self, query)
+    }
+
+    fn purge<'a, 'b>(&'a self, limit: usize, cutoff: Timestamp) -> BoxFuture<'b, Result<u64>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::purge(self, limit, cutoff)
+    }
+
+    fn wait_for_work<'a, 'q, 'b>(
+        &'a self,
+        queues: &'q [String],
+        timeout: Duration,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::wait_for_work(self, queues, timeout)
+    }
+}

@@ -1,0 +1,62 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+pub mod attempts;
+mod backend;
+mod backoff;
+#[cfg(feature = "batch")]
+pub mod batch;
+mod error;
+pub mod fit;
+mod id;
+pub mod meta;
+mod model;
+mod order;
+mod schedule;
+mod state;
+mod store;
+mod time;
+pub mod transaction;
+pub mod transition;
+pub mod validate;
+mod workers;
+
+pub use attempts::{Attempt, AttemptOutcome, ATTEMPTS_KEPT};
+pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend};
+pub use backoff::Backoff;
+pub use error::{BoxError, Error, Result, SharedError};
+pub use fit::{Budget, Needs};
+pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
+pub use meta::Tags;
+pub use model::{
+    ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,
+    StoreSettings, TypedJob, Uniqueness, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES,
+};
+pub use order::ReadyOrder;
+pub use schedule::{
+    Cadence, CatchUp, Due, Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule,
+};
+pub use state::ParseJobStateError;
+pub use store::Store;
+pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
+pub use transaction::FencedCompletion;
+pub use workers::{StoredWorker, WorkerInfo, MAX_HOST_BYTES};
+
+// The contract is this module's documentation; the module holds no items.
+#[doc = include_str!("../CONTRACT.md")]
+pub mod contract {}
+
+/// The text of the job store contract (see [`contract`]), in Markdown.
+///
+/// The `durq-conformance` crate reads the rule ids (`**E1**`, `**C2**`, …) from it, so
+/// a rule added to the contract without a scenario named after it fails its tests.
+pub const CONTRACT: &str = include_str!("../CONTRACT.md");
+
+/// The `last_error` a job gets when its lease expires and `reclaim` takes it back
+/// (rule R1 of the [`contract`]).
+pub const LEASE_EXPIRED: &str = "lease expired";
+
+/// Re-exported so backends and callers name one version.
+pub use async_trait::async_trait;
+pub use bytes::Bytes;

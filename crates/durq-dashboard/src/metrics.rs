@@ -1,0 +1,127 @@
+//! `GET /metrics`: the queues' depth and lag in the Prometheus (OpenMetrics) text
+//! format, read from the store at each scrape, so the dashboard keeps no state for it.
+//! `prometheus-client` writes the format, escaping included.
+//!
+//! The names are the runtime's (`durq::telemetry`): `jobs_queue_depth{queue,state}` for
+//! every state (`ready`, `scheduled`, `running`, `succeeded`, `dead`, `cancelled`) and
+//! `jobs_queue_lag_seconds{queue}`; beside them `jobs_queue_paused{queue}` and
+//! `jobs_workers`, the live workers. Every series carries a `namespace` label, so the
+//! dashboards of several namespaces can be scraped into one Prometheus.
+
+use std::sync::atomic::AtomicU64;
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use durq::telemetry::{JOBS_QUEUE_DEPTH, JOBS_QUEUE_LAG};
+use durq::{QueueOverview, WorkerInfo};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::app::Ctx;
+
+/// The content type of the OpenMetrics text format, which Prometheus reads.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueState {
+    namespace: String,
+    queue: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Queue {
+    namespace: String,
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Namespace {
+    namespace: String,
+}
+
+/// `GET /metrics`.
+pub(crate) async fn scrape(ctx: Ctx) -> Response {
+    let store = &ctx.app.store;
+    let (queues, live) = tokio::join!(store.queues(), store.workers());
+    let namespace = &store.settings().namespace;
+    let failed = |text: String| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            text,
+        )
+            .into_response()
+    };
+    match (queues, live) {
+        (Ok(queues), Ok(live)) => match exposition(namespace, &queues, &live) {
+            Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+            Err(err) => failed(format!("# the metrics could not be written: {err}\n")),
+        },
+        (Err(err), _) | (_, Err(err)) => failed(format!("# the store could not be read: {err}\n")),
+    }
+}
+
+/// The text of one scrape.
+pub(crate) fn exposition(
+    namespace: &str,
+    queues: &[QueueOverview],
+    live: &[WorkerInfo],
+) -> Result<String, std::fmt::Error> {
+    let depth = Family::<QueueState, Gauge>::default();
+    let lag = Family::<Queue, Gauge<f64, AtomicU64>>::default();
+    let paused = Family::<Queue, Gauge>::default();
+    let workers = Family::<Namespace, Gauge>::default();
+    for q in queues {
+        let s = &q.stats;
+        for (state, count) in [
+            ("ready", s.ready),
+            ("scheduled", s.scheduled),
+            ("running", s.running),
+            ("succeeded", s.succeeded),
+            ("dead", s.dead),
+            ("cancelled", s.cancelled),
+        ] {
+            let labels = QueueState {
+                namespace: namespace.to_owned(),
+                queue: q.queue.clone(),
+                state,
+            };
+            depth
+                .get_or_create(&labels)
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        let queue = Queue {
+            namespace: namespace.to_owned(),
+            queue: q.queue.clone(),
+        };
+        lag.get_or_create(&queue)
+            .set(q.lag.map_or(0.0, |lag| lag.as_secs_f64()));
+        paused.get_or_create(&queue).set(i64::from(q.stats.paused));
+    }
+    workers
+        .get_or_create(&Namespace {
+            namespace: namespace.to_owned(),
+        })
+        .set(i64::try_from(live.len()).unwrap_or(i64::MAX));
+
+    let mut registry = Registry::default();
+    registry.register(JOBS_QUEUE_DEPTH, "Jobs of a queue, by state", depth);
+    registry.register(
+        JOBS_QUEUE_LAG,
+        "Seconds the oldest ready job of a queue has waited; 0 when none is ready",
+        lag,
+    );
+    registry.register(
+        "jobs_queue_paused",
+        "Whether a queue is paused (1) or not (0)",
+        paused,
+    );
+    registry.register("jobs_workers", "Workers registered in the store", workers);
+    let mut out = String::with_capacity(256 + queues.len() * 600);
+    encode(&mut out, &registry)?;
+    Ok(out)
+}

@@ -1,0 +1,212 @@
+//! Key names: every key of a namespace shares the hash tag `{namespace}`, so every
+//! script runs on Redis Cluster; strings that come from users are hex-encoded, so no two
+//! distinct values share a key and none can change the hash slot or break out of its key.
+
+use std::fmt::Write as _;
+
+use durq_core::JobId;
+
+/// The key names of one namespace. The namespace is validated
+/// (`[A-Za-z0-9._:-]`, no braces), so `{namespace}` is the whole hash tag.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    prefix: String,
+    /// Ready jobs of every queue (zset, score 0, member `queue order id`).
+    pub ready: String,
+    /// Scheduled jobs of every queue (zset, score run_at, member `queue order id`).
+    pub sched: String,
+    /// Running jobs (zset, score lease expiry, member `queue id`).
+    pub leases: String,
+    /// Every job by queue and state (zset, score 0, member `queue state-code id`).
+    pub list: String,
+    /// Lease entries per queue (hash, queue -> count): the running jobs of a queue.
+    pub running: String,
+    /// Terminal jobs (zset, score finished_at, member `queue state-code id parent`).
+    pub done: String,
+    /// Paused queues (set of queue names, CONTRACT Q1).
+    pub paused: String,
+    /// Schedules (CONTRACT S1): definitions, enabled flags and last ticks, three hashes
+    /// keyed by schedule name.
+    pub cron_specs: String,
+    pub cron_enabled: String,
+    pub cron_last: String,
+    /// Live workers (CONTRACT W1-W4): each worker's spec (hash, id -> spec text).
+    pub workers: String,
+    /// Each worker's jobs in flight at its last report (hash, id -> integer).
+    pub workers_busy: String,
+    /// Each worker's last report (zset, score last_seen ms, member id), read by reap.
+    pub workers_seen: String,
+    /// Parent-to-child links (zset, score 0, member `parent child`).
+    pub children: String,
+    /// The placement (needs and locality, CONTRACT F1) of every job that declares one
+    /// (hash, id -> `Job::placement()` text), so a fitted claim can judge ready jobs
+    /// whose hashes it was not given. Jobs that declare none have no entry.
+    pub placement: String,
+    /// The sequence counter of the claim order (string).
+    pub seq: String,
+    /// The pub/sub channel of wake-ups (not a key).
+    pub wake: String,
+}
+
+impl Keys {
+    pub(crate) fn new(namespace: &str) -> Self {
+        let prefix = format!("jobs:{{{namespace}}}:");
+        let key = |name: &str| format!("{prefix}{name}");
+        Keys {
+            ready: key("ready"),
+            sched: key("sched"),
+            leases: key("leases"),
+            list: key("list"),
+            running: key("running"),
+            paused: key("paused"),
+            cron_specs: key("cron:spec"),
+            cron_enabled: key("cron:enabled"),
+            cron_last: key("cron:last"),
+            workers: key("workers"),
+            workers_busy: key("workers:busy"),
+            workers_seen: key("workers:seen"),
+            done: key("done"),
+            children: key("children"),
+            placement: key("placement"),
+            seq: key("seq"),
+            wake: key("wake"),
+            prefix,
+        }
+    }
+
+    /// The `SCAN` pattern of every key of the namespace. A namespace holds no glob
+    /// character (`[A-Za-z0-9._:-]`), and braces are literal in Redis patterns.
+    pub(crate) fn all(&self) -> String {
+        format!("{}*", self.prefix)
+    }
+
+    /// The hash of one job.
+    pub(crate) fn job(&self, id: JobId) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 4 + 36);
+        self.push_job(&mut out, id);
+        out
+    }
+
+    /// Appends the key of job `id`'s hash to `out`.
+    pub(crate) fn push_job(&self, out: &mut String, id: JobId) {
+        out.push_str(&self.prefix);
+        out.push_str("job:");
+        id.push_canonical(out);
+    }
+
+    /// The dedup key of (tenant, idempotency key): both hex-encoded, so `:` `{` `}` or
+    /// any other byte in them is just data, and ("a:b", "c") differs from ("a", "b:c").
+    pub(crate) fn dedup(&self, tenant: &str, key: &str) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 7 + 2 * (tenant.len() + key.len()));
+        out.push_str(&self.prefix);
+        out.push_str("dedup:");
+        push_hex(&mut out, tenant.as_bytes());
+        out.push(':');
+        push_hex(&mut out, key.as_bytes());
+        out
+    }
+}
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    for byte in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{byte:02x}");
+    }
+}
+
+/// The hash slot Redis Cluster gives `key` (CRC16 of its hash tag, mod 16384).
+#[cfg(test)]
+pub(crate) fn hash_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|b| *b == b'{').and_then(|open| {
+        bytes[open + 1..]
+            .iter()
+            .position(|b| *b == b'}')
+            .filter(|len| *len > 0)
+            .map(|len| &bytes[open + 1..open + 1 + len])
+    });
+    crc16(tagged.unwrap_or(bytes)) % 16384
+}
+
+#[cfg(test)]
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in bytes {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use durq_core::Timestamp;
+
+    #[test]
+    fn crc16_matches_the_cluster_spec() {
+        // The reference value from the Redis Cluster specification.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+    }
+
+    #[test]
+    fn every_key_of_a_namespace_shares_one_slot() {
+        let keys = Keys::new("ns-1");
+        let id = JobId::mint(Timestamp::from_millis(1_700_000_000_000));
+        let slot = hash_slot(&keys.ready);
+        let all = [
+            keys.sched.clone(),
+            keys.leases.clone(),
+            keys.list.clone(),
+            keys.running.clone(),
+            keys.paused.clone(),
+            keys.cron_specs.clone(),
+            keys.cron_enabled.clone(),
+            keys.cron_last.clone(),
+            keys.workers.clone(),
+            keys.workers_busy.clone(),
+            keys.workers_seen.clone(),
+            keys.done.clone(),
+            keys.children.clone(),
+            keys.placement.clone(),
+            keys.seq.clone(),
+            keys.job(id),
+            keys.dedup("}{", "{x}"),
+            keys.dedup("tenant{other}", "}"),
+            keys.dedup("", "k"),
+        ];
+        for key in all {
+            assert_eq!(hash_slot(&key), slot, "{key}");
+        }
+    }
+
+    #[test]
+    fn distinct_tenant_key_pairs_never_share_a_dedup_key() {
+        let keys = Keys::new("ns");
+        let pairs = [
+            ("a:b", "c"),
+            ("a", "b:c"),
+            ("", "a:b:c"),
+            ("a:b:c", ""),
+            ("a", "b"),
+            ("ab", ""),
+            ("{a}", "b"),
+            ("a}", "{b"),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (tenant, key) in pairs {
+            assert!(seen.insert(keys.dedup(tenant, key)), "{tenant:?} {key:?}");
+        }
+        // User braces never reach the key: the only braces are the namespace's tag.
+        let key = keys.dedup("a}:{", "x{}\u{0}");
+        assert!(key.starts_with("jobs:{ns}:dedup:"));
+        assert_eq!(key.matches('{').count(), 1);
+        assert_eq!(key.matches('}').count(), 1);
+    }
+}

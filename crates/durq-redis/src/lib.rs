@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod codec;
+mod complete;
+mod conn;
+mod enqueue;
+mod keys;
+mod scripts;
+mod store;
+mod wake;
+
+#[cfg(feature = "tls")]
+pub use store::TlsConfig;
+pub use store::{ReclaimReport, RedisStore};
+
+/// The key of job `id`'s hash in `namespace`: for operators and test harnesses that
+/// inspect or delete a record behind the store's back (see `docs/redis.md`).
+pub fn job_key(namespace: &str, id: durq_core::JobId) -> String {
+    keys::Keys::new(namespace).job(id)
+}

@@ -1,0 +1,289 @@
+-- enqueue.lua: adds a run of N jobs in order, each exactly as one enqueue would
+-- (CONTRACT E1-E6, E9), deciding idempotency inside the script. All or nothing: every
+-- check comes before the first write, so a refused run writes nothing.
+--
+-- KEYS[1]  ready index (zset)        KEYS[2] scheduled index (zset)
+-- KEYS[3]  list index (zset)         KEYS[4] sequence counter (string, INCRBY N once)
+-- KEYS[5]  children index (zset)      KEYS[6] placement index (hash: id -> placement)
+-- then for job j = 1..N, in order: the new job's hash (its id minted by Rust), its dedup
+--   key if it has an idempotency key ('k' below), its parent's hash if it has a parent
+--   ('p' below)
+-- then the hashes of jobs that dedup keys are known to point at, whose ids are the last
+--   ARGV entries in the same order.
+--
+-- ARGV[1] dedup key TTL in ms ('0': the window is empty, write no dedup key)
+-- ARGV[2] N                     ARGV[3] wake-up channel: per queue with a job made ready,
+--                               one message 'QUEUE ID ID...' naming its first 32 such jobs
+-- ARGV[4] '1' when some job of the run has an idempotency key, else '0'
+-- then for job j an entry of 7 values, then one value per option that takes one:
+--   id, queue, meta (the packed immutable fields, see lib.lua, created_at included),
+--   payload ('' when staged), run_at (ms),
+--   order prefix (20 hex digits: inverted priority and ready time, as
+--     durq_core::ReadyOrder::sort_key() begins; the sequence follows),
+--   options: '' for a job due now with none of the below (the common case), else one
+--     letter each, in this order, those marked + taking the next value:
+--     's' scheduled (run_at after the job's now), 'g' payload staged,
+--     'k'+ idempotency key: the dedup cutoff (the job's now - dedup_window: a key
+--       deduplicates while its job's created_at > cutoff),
+--     'a' unique while active (CONTRACT E10; only with 'k'),
+--     'p'+ parent id, 't'+ timeout in ms,
+--     'l'+ placement (`Job::placement()`: needs and locality as JSON, CONTRACT F1)
+-- Each job carries its own clock reading (created_at, due, cutoff): concurrent enqueues
+-- of one store are sent together, each as it was called.
+-- then the ids of the extra KEYS.
+--
+-- A staged payload was written by Rust before this call into the job's own hash (field
+-- `payload` only, with a server TTL; no `state`, so the hash is no job yet and nothing
+-- finds it): this call turns it into the job (PERSIST) or deletes it (a duplicate).
+--
+-- Returns one of:
+--   {'ok', {r1, ..., rN}}   every job handled: rj is 1 when job j was created under its
+--                           own id, else the id of the job its key points at
+--   {'parent', j}           job j's parent does not exist; nothing written
+--   {'need', {id, ...}}     dedup keys point at these ids, whose hashes are not among
+--                           KEYS; nothing written: Rust calls again with them added
+--   {'staged', j}           job j's staged payload is gone (expired, deleted); nothing
+--                           written
+--
+-- Atomicity: phase 1 reads and checks (parents, staged payloads, dedup keys); phase 2
+-- writes. Every value phase 2 reads is either one phase 1 read (unchanged: the script runs
+-- alone) or one this script wrote, so phase 2 cannot stop half-way on a check.
+--
+-- Cost: the hot path of every producer. It includes none of the helper files (their
+-- definitions cost every call), reads each job's plain entry without decoding options,
+-- and per created job writes one HSET and adds its members to one ZADD per index.
+
+local call, find, format = redis.call, string.find, string.format
+local dedup_ttl = ARGV[1]
+local n = tonumber(ARGV[2])
+local channel = ARGV[3]
+local has_keys = ARGV[4] == '1'
+
+-- One job's options, decoded only for a job that has any: the flags and the values they
+-- take, and where its entry, its extra values and its keys end.
+local function options(opts, a, k)
+  local o = {}
+  local v = a + 7
+  o.sched = find(opts, 's', 1, true) ~= nil
+  o.staged = find(opts, 'g', 1, true) ~= nil
+  if find(opts, 'k', 1, true) then
+    v = v + 1
+    k = k + 1
+    o.cutoff = ARGV[v]
+    o.dedup = KEYS[k]
+    o.while_active = find(opts, 'a', 1, true) ~= nil
+  end
+  if find(opts, 'p', 1, true) then
+    v = v + 1
+    k = k + 1
+    o.parent = ARGV[v]
+    o.parent_key = KEYS[k]
+  end
+  if find(opts, 't', 1, true) then
+    v = v + 1
+    o.timeout = ARGV[v]
+  end
+  if find(opts, 'l', 1, true) then
+    v = v + 1
+    o.placement = ARGV[v]
+  end
+  return o, v, k
+end
+
+-- Phase 1: checks, no writes; the entries' positions and options for phase 2.
+local at, job_keys, opts_of = {}, {}, {}
+local a, k = 4, 6
+local with_keys = {}
+for j = 1, n do
+  at[j] = a
+  k = k + 1
+  job_keys[j] = KEYS[k]
+  local opts = ARGV[a + 7]
+  if opts == '' then
+    a = a + 7
+  else
+    local o
+    o, a, k = options(opts, a, k)
+    opts_of[j] = o
+    if o.parent and call('EXISTS', o.parent_key) == 0 then
+      return { 'parent', j }
+    end
+    if o.staged then
+      local job = job_keys[j]
+      if call('HEXISTS', job, 'payload') == 0 or call('HEXISTS', job, 'state') == 1 then
+        return { 'staged', j }
+      end
+    end
+    if o.dedup then
+      with_keys[#with_keys + 1] = j
+    end
+  end
+end
+
+-- Hashes whose keys this script holds, by job id: the run's jobs with keys (a key written
+-- by an earlier job of the run points at it) and the extra ones.
+local known = {}
+if has_keys then
+  for _, j in ipairs(with_keys) do
+    known[ARGV[at[j] + 1]] = job_keys[j]
+  end
+  for e = 1, #KEYS - k do
+    known[ARGV[a + e]] = KEYS[k + e]
+  end
+  local needed, asked = {}, {}
+  for _, j in ipairs(with_keys) do
+    local current = call('GET', opts_of[j].dedup)
+    if current and not known[current] and not asked[current] then
+      asked[current] = true
+      needed[#needed + 1] = current
+    end
+  end
+  if #needed > 0 then
+    return { 'need', needed }
+  end
+end
+
+-- Phase 2: writes. Sequence numbers for the whole run in one step (the first write; a
+-- corrupt counter fails it before anything else is written); a job that turns out to be
+-- a duplicate leaves a gap, which the order does not mind.
+local seq_base = call('INCRBY', KEYS[4], n) - n
+
+local results = {}
+-- Per queue with a job ready now, the first WAKE_IDS ids made ready: the wake-up names
+-- them, so a waiting claimer holds their hashes in its first call and leases them in one
+-- round trip when its queue was empty (see wake.rs and store/heads.rs).
+local WAKE_IDS = 32
+local woken, nwoken = {}, {}
+local function wake(queue, id)
+  local ids = woken[queue]
+  if not ids then
+    woken[queue] = { id }
+    nwoken[queue] = 1
+  elseif nwoken[queue] < WAKE_IDS then
+    local k = nwoken[queue] + 1
+    ids[k] = id
+    nwoken[queue] = k
+  end
+end
+local ready_pairs, sched_pairs, list_pairs, child_pairs, placement_pairs = {}, {}, {}, {}, {}
+local nr, nl = 0, 0
+
+for j = 1, n do
+  local a = at[j]
+  local id, queue, meta, payload, run_at = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
+  local job = job_keys[j]
+  local order = ARGV[a + 6] .. format('%016x', seq_base + j)
+  local o = opts_of[j]
+  if not o then
+    -- The common case: due now, nothing else. One HSET with its arguments inline
+    -- (building a table per job and unpacking it costs the server more than the write);
+    -- `state` first, then the fields claims and completions read, so their lookups in
+    -- the hash stop early.
+    call('HSET', job, 'state', 'queued', 'meta', meta, 'run_at', run_at, 'att', '0', 'token', '0',
+      'order', order, 'payload', payload)
+    nr = nr + 2
+    ready_pairs[nr - 1] = '0'
+    ready_pairs[nr] = queue .. ' ' .. order .. id
+    wake(queue, id)
+    nl = nl + 2
+    list_pairs[nl - 1] = '0'
+    list_pairs[nl] = queue .. ' a ' .. id
+    results[j] = 1
+  else
+    local existing = nil
+    if o.dedup then
+      local current = call('GET', o.dedup)
+      -- Phase 1 made sure every id a dedup key holds is known; keys written since point at
+      -- jobs of this run.
+      local current_job = current and known[current]
+      if current_job and o.while_active then
+        -- Unique while active (E10): the key holds while its job is queued or running.
+        local state = call('HGET', current_job, 'state')
+        if state == 'queued' or state == 'running' then
+          existing = current
+        end
+      elseif current_job then
+        -- A key deduplicates while its job exists and is inside the window (E2, E5, E6).
+        local meta_of = call('HGET', current_job, 'meta')
+        local created = meta_of and string.match(meta_of, '^%S+ %S+ %S+ %S+ (%S+) ')
+        local created_n = created and tonumber(created)
+        if created_n and created_n > tonumber(o.cutoff) then
+          existing = current
+        end
+      end
+    end
+    if existing then
+      results[j] = existing
+      if o.staged then
+        call('DEL', job)
+      end
+    else
+      -- A staged payload is in the hash already, and an absent timeout is no field.
+      if o.staged then
+        call('HSET', job, 'state', 'queued', 'meta', meta, 'run_at', run_at, 'att', '0',
+          'token', '0', 'order', order)
+        call('PERSIST', job)
+      else
+        call('HSET', job, 'state', 'queued', 'meta', meta, 'run_at', run_at, 'att', '0',
+          'token', '0', 'order', order, 'payload', payload)
+      end
+      if o.timeout then
+        call('HSET', job, 'timeout', o.timeout)
+      end
+      if o.placement then
+        -- Only jobs that declare a placement pay for it: a field of their own (what every
+        -- read decodes) and an entry in the index fitted claims read (written below).
+        call('HSET', job, 'placement', o.placement)
+        placement_pairs[#placement_pairs + 1] = id
+        placement_pairs[#placement_pairs + 1] = o.placement
+      end
+      local member = queue .. ' ' .. order .. id
+      if o.sched then
+        sched_pairs[#sched_pairs + 1] = run_at
+        sched_pairs[#sched_pairs + 1] = member
+      else
+        nr = nr + 2
+        ready_pairs[nr - 1] = '0'
+        ready_pairs[nr] = member
+        wake(queue, id)
+      end
+      nl = nl + 2
+      list_pairs[nl - 1] = '0'
+      list_pairs[nl] = queue .. ' a ' .. id
+      if o.parent then
+        child_pairs[#child_pairs + 1] = '0'
+        child_pairs[#child_pairs + 1] = o.parent .. ' ' .. id
+      end
+      if o.dedup and o.while_active then
+        -- No TTL: the key holds as long as the job is active. Purge deletes it with the
+        -- job, by the name kept in `dkey` (see purge.lua).
+        call('SET', o.dedup, id)
+        call('HSET', job, 'dkey', o.dedup)
+      elseif o.dedup and dedup_ttl ~= '0' then
+        call('SET', o.dedup, id, 'PX', dedup_ttl)
+      end
+      results[j] = 1
+    end
+  end
+end
+
+-- Index entries are written together at the end (fewer calls; at most 1,000 members or
+-- field pairs a call, as Lua's unpack is limited); nothing in between reads them.
+local function add_all(key, command, flat)
+  local total = #flat
+  local i = 1
+  while i <= total do
+    local last = math.min(i + 1999, total)
+    call(command, key, unpack(flat, i, last))
+    i = last + 1
+  end
+end
+add_all(KEYS[1], 'ZADD', ready_pairs)
+add_all(KEYS[2], 'ZADD', sched_pairs)
+add_all(KEYS[3], 'ZADD', list_pairs)
+add_all(KEYS[5], 'ZADD', child_pairs)
+add_all(KEYS[6], 'HSET', placement_pairs)
+for queue, ids in pairs(woken) do
+  call('PUBLISH', channel, queue .. ' ' .. table.concat(ids, ' '))
+end
+return { 'ok', results }

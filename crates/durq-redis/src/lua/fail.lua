@@ -1,0 +1,77 @@
+-- fail.lua: records a failure of a running job and requeues it or ends it
+-- (CONTRACT L2, L3, L6, L7; A1: cancel while running).
+--
+-- KEYS[1] the job's hash       KEYS[2] lease index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[5] ready index (zset)   KEYS[6] scheduled index (zset)
+-- KEYS[7] sequence counter (string)
+-- KEYS[8] running counters (hash)
+-- ARGV[1] job id               ARGV[2] token
+-- ARGV[3] now (ms)             ARGV[4] error text (already cut to 64 KiB)
+-- ARGV[5] retry time (ms), or '' for "never"
+-- ARGV[6] retry time as 16 hex digits    ARGV[7] '1' if the retry time is <= now
+-- ARGV[8] wake-up channel
+--
+-- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason}
+--
+-- The attempt ends failed with the error (CONTRACT H2): its record goes into the job's
+-- hash (attempt_record in lib.lua) in the HSET that stores the error, whatever the new
+-- state.
+--
+-- Atomicity: the job leaves the lease index and enters the ready, scheduled or finished
+-- index in the same step that changes its state. Check before write: every field the
+-- decision needs and the queue's running counter are read and checked first; a corrupt
+-- record is refused with nothing written (it stays running until its lease runs out and
+-- reclaim buries it).
+
+local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local running = KEYS[8]
+local id, now = ARGV[1], ARGV[3]
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel', 'worker', 'started')
+if not v[1] then
+  return { 'notfound' }
+end
+if v[1] ~= 'running' or v[2] ~= ARGV[2] then
+  return { 'lost' }
+end
+local queue, parent, prio, max_att = meta_head(v[3])
+if not queue or not is_int(prio) or not is_int(max_att) then
+  return { 'corrupt', 'field meta unreadable' }
+end
+if not is_int(v[4]) then
+  return { 'corrupt', 'field att not a number' }
+end
+local unreadable = lease_unreadable(v[6], v[7])
+if unreadable then
+  return { 'corrupt', unreadable }
+end
+check_counters(running, { queue })
+local attempt = attempt_record(v[2], v[7], now, 'f', v[6], ARGV[4])
+
+-- Mirrors durq_core::transition::after_failure (CONTRACT L6/L7, A1): cancel requested
+-- -> cancelled; a retry time and attempts left -> queued at that time; else dead.
+local state
+if v[5] == '1' then
+  state = 'cancelled'
+elseif ARGV[5] ~= '' and tonumber(v[4]) < tonumber(max_att) then
+  state = 'queued'
+else
+  state = 'dead'
+end
+
+if state == 'queued' then
+  -- The first write: INCR fails on a corrupt counter before anything else changed.
+  local next_seq = redis.call('INCR', seq)
+  local due = ARGV[7] == '1'
+  requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[5], ARGV[6], due, 'running')
+  redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
+  drop_lease(leases, running, queue, id)
+  if due then
+    redis.call('PUBLISH', ARGV[8], queue)
+  end
+else
+  redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
+  drop_lease(leases, running, queue, id)
+  finish(job, list, done, queue, id, parent, 'running', state, now)
+end
+return { 'ok', state }

@@ -1,0 +1,269 @@
+-- lib.lua: the helpers of the scripts off the hot path, prepended after core.lua (see
+-- scripts.rs), whose definitions they use.
+-- KEYS: none of its own.  ARGV: none of its own.  Returns: nothing; it only defines
+-- local functions and tables that the script after it uses.
+
+-- The fields a job never changes are packed by Rust into one `meta` field, so scripts read
+-- and write few values per job: "QUEUE PARENT PRIO MAX_ATTEMPTS CREATED TLEN KLEN TENANTKEY"
+-- (PARENT and KLEN are '-' when absent; tenant and key come last, by length, so they may
+-- hold any byte). Returns queue, parent (nil if none), priority, max attempts, created_at
+-- as strings, or nil when the field is missing or malformed.
+local function meta_head(meta)
+  if not meta then
+    return nil
+  end
+  local queue, parent, prio, max_att, created = string.match(meta, '^(%S+) (%S+) (%S+) (%S+) (%S+) ')
+  if parent == '-' then
+    parent = nil
+  end
+  return queue, parent, prio, max_att, created
+end
+
+-- The claim-order key of CONTRACT C3, byte for byte durq_core::ReadyOrder::sort_key():
+-- 4 hex digits of inverted priority, 16 of the ready time (formatted by Rust and passed
+-- in, because i64 times do not all fit a double), 16 of the sequence number.
+local function order_key(prio, ready_hex, seq)
+  return string.format('%04x', 32767 - tonumber(prio)) .. ready_hex .. string.format('%016x', seq)
+end
+
+-- Member of the ready and scheduled indexes: queue, space, order key, id.
+local function queue_member(queue, order, id)
+  return queue .. ' ' .. order .. id
+end
+
+-- Member of the list index: queue, space, state code, space, id.
+local function list_member(queue, state, id)
+  return queue .. ' ' .. STATE_CODE[state] .. ' ' .. id
+end
+
+-- Member of the lease index: queue, space, id.
+local function lease_member(queue, id)
+  return queue .. ' ' .. id
+end
+
+-- Member of the children index: parent id, space, child id.
+local function child_member(parent, id)
+  return parent .. ' ' .. id
+end
+
+-- HSET of field/value pairs (flat list), CHUNK pairs per call.
+local function hset_pairs(key, flat)
+  local n = #flat
+  local i = 1
+  while i <= n do
+    local last = math.min(i + 2 * CHUNK - 1, n)
+    redis.call('HSET', key, unpack(flat, i, last))
+    i = last + 1
+  end
+end
+
+-- HDEL of fields, CHUNK per call.
+local function hdel_fields(key, fields)
+  local n = #fields
+  local i = 1
+  while i <= n do
+    local last = math.min(i + CHUNK - 1, n)
+    redis.call('HDEL', key, unpack(fields, i, last))
+    i = last + 1
+  end
+end
+
+-- Moves a job's list entry from one state to another (nothing to do between queued
+-- and running, which share a code).
+local function move_list(list, queue, id, from, to)
+  if STATE_CODE[from] == STATE_CODE[to] then
+    return
+  end
+  redis.call('ZREM', list, list_member(queue, from, id))
+  redis.call('ZADD', list, '0', list_member(queue, to, id))
+end
+
+-- The counts of one queue's jobs per state (CONTRACT A3), from index sizes: ready (the
+-- queue's range of the ready index), active (queued and running, list code 'a'),
+-- running (the queue's running counter), succeeded, dead, cancelled (list codes 's', 'd',
+-- 'c'), in that order. O(log n) per count (ZLEXCOUNT), whatever the backlog. A running
+-- counter that is not a number gives nil, which ends the reply array there (Rust then
+-- reports the short reply as corrupt). Used by stats.lua and queues.lua.
+local function queue_counts(ready, list, running, queue)
+  local function count_state(code)
+    local prefix = queue .. ' ' .. code
+    return redis.call('ZLEXCOUNT', list, '[' .. prefix .. ' ', '(' .. prefix .. '!')
+  end
+  return {
+    redis.call('ZLEXCOUNT', ready, '[' .. queue .. ' ', '(' .. queue .. '!'),
+    count_state('a'), tonumber(redis.call('HGET', running, queue) or '0'),
+    count_state('s'), count_state('d'), count_state('c') }
+end
+
+-- Removes a job's lease entry, keeping the per-queue running counter equal to the number
+-- of lease entries of the queue.
+local function drop_lease(leases, running, queue, id)
+  if redis.call('ZREM', leases, lease_member(queue, id)) == 1 then
+    redis.call('HINCRBY', running, queue, -1)
+  end
+end
+
+-- A terminal transition: state, finished_at, indexes moved. The record carries no server
+-- TTL: purge deletes it once retention has passed (a PEXPIRE per job cost about a tenth
+-- of a completion's server time). `worker` and `lease_exp` stay as a record of the last
+-- lease; they are a lease only while running.
+local function finish(job, list, done, queue, id, parent, from, to, now)
+  redis.call('HSET', job, 'state', to, 'finished', now)
+  move_list(list, queue, id, from, to)
+  redis.call('ZADD', done, now, done_member(queue, to, id, parent))
+end
+
+-- A return to `queued`: a fresh sequence number `seq` (drawn by the caller with INCR as
+-- its first write, so a corrupt counter fails the script before anything changed; the job
+-- goes behind the jobs already ready), run_at and order key stored, indexes moved. `due`
+-- says whether run_at has come (decided by Rust from the same clock reading).
+local function requeue(job, ready, sched, list, seq, queue, id, prio, run_at, ready_hex, due, from)
+  local order = order_key(prio, ready_hex, seq)
+  redis.call('HSET', job, 'state', 'queued', 'run_at', run_at, 'order', order)
+  local member = queue_member(queue, order, id)
+  if due then
+    redis.call('ZADD', ready, '0', member)
+  else
+    redis.call('ZADD', sched, run_at, member)
+  end
+  move_list(list, queue, id, from, 'queued')
+end
+
+-- What one claim call (claim.lua, claim_fit.lua) decided in its first pass, for
+-- write_claim: `lease` ({job key, reply values, queue, id, attempts, token as the claim
+-- writes them}), `bury` ({job key, queue, id, parent, reason}), `taken` (ready members to
+-- remove) and `list_old` (list members of vanished jobs).
+local function claim_decisions()
+  return { lease = {}, bury = {}, taken = {}, list_old = {} }
+end
+
+-- The fields of a job's record a claim reads, in the order of its reply row (claim.lua's
+-- header; v[1], the state, is overwritten there by the id), the placement last.
+local function read_for_claim(job)
+  return redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
+    'cancel', 'payload', 'timeout', 'placement')
+end
+
+-- Decides that the claim takes the job of ready entry `member` off the ready index and
+-- buries it, for `reason`; `meta` is its record's meta field (for its parent).
+local function decide_bury(d, job, meta, member, queue, id, reason)
+  d.taken[#d.taken + 1] = member
+  local _, parent = meta_queue_parent(meta)
+  d.bury[#d.bury + 1] = { job, queue, id, parent, reason }
+end
+
+-- Decides what the claim does with the job of ready entry `member`, whose record `v`
+-- (read_for_claim) it read: a queued job is leased, or buried when its record cannot be
+-- read (absent counters read as 0, present ones must be integers); a job whose hash
+-- vanished under its entries (C7) has them dropped and nothing written; one in an
+-- unknown state is buried; any other state means the entry is stale, and it is only
+-- dropped. Returns 'leased', 'buried', 'vanished' or 'stale'.
+local function decide_claim(d, job, v, member, queue, id)
+  local state = v[1]
+  local reason = nil
+  if state == 'queued' then
+    local attempts, token = succ(v[4]), succ(v[5])
+    if not meta_ok(v[2]) then
+      reason = 'field meta unreadable'
+    elseif not attempts then
+      reason = 'field att not a number'
+    elseif not token then
+      reason = 'field token not a number'
+    else
+      d.taken[#d.taken + 1] = member
+      d.lease[#d.lease + 1] = { job, v, queue, id, attempts, token }
+      return 'leased'
+    end
+  elseif state and not STATE_CODE[state] then
+    reason = 'unknown state'
+  end
+  if reason then
+    decide_bury(d, job, v[2], member, queue, id, reason)
+    return 'buried'
+  end
+  d.taken[#d.taken + 1] = member
+  if not state then
+    d.list_old[#d.list_old + 1] = list_member(queue, 'queued', id)
+    return 'vanished'
+  end
+  return 'stale'
+end
+
+-- The writes of a claim, once every value they depend on was read and checked
+-- (claim_decisions): each job to lease becomes running under this lease, leaving `ready`
+-- and entering `leases` and its queue's running counter in this step; each job to bury
+-- goes to dead; the taken ready members and the list members of vanished jobs are
+-- removed. Returns the leased jobs' reply rows, one flat array of 10 values per job (as
+-- claim.lua answers: a table per row costs the reply more than its values), and the
+-- buried ids.
+local function write_claim(ready, leases, list, running, done, d, worker, expires, now)
+  local claimed, corrupt, lease_pairs = {}, {}, {}
+  for _, l in ipairs(d.lease) do
+    local job, v, queue, id = l[1], l[2], l[3], l[4]
+    -- The counters as decide_claim found them next (succ), in one write.
+    local attempts, token = l[5], l[6]
+    redis.call('HSET', job, 'state', 'running', 'att', attempts, 'token', token,
+      'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
+    local r = #claimed
+    claimed[r + 1] = id
+    for i = 2, 10 do
+      claimed[r + i] = v[i]
+    end
+    claimed[r + 4] = attempts
+    claimed[r + 5] = token
+    local pairs_of_queue = lease_pairs[queue]
+    if not pairs_of_queue then
+      pairs_of_queue = {}
+      lease_pairs[queue] = pairs_of_queue
+    end
+    pairs_of_queue[#pairs_of_queue + 1] = expires
+    pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
+    -- The list entry stays: queued and running share the code 'a'.
+  end
+  for _, b in ipairs(d.bury) do
+    bury(b[1], list, done, b[2], b[3], b[4], now, b[5])
+    corrupt[#corrupt + 1] = b[3]
+  end
+  zrem_members(ready, d.taken)
+  for queue, flat in pairs(lease_pairs) do
+    zadd_pairs(leases, flat)
+    redis.call('HINCRBY', running, queue, string.format('%d', #flat / 2))
+  end
+  zrem_members(list, d.list_old)
+  return claimed, corrupt
+end
+
+-- Attempts (CONTRACT H1-H4). Only an attempt that ends other than by success is written
+-- (fail.lua, release.lua, reclaim.lua, in the same call that ends its lease): the running
+-- attempt is the job's lease, and the succeeded one its last lease (`worker`, `token`,
+-- `started`, which complete.lua leaves in place) and `finished`. Each record goes into the
+-- job's own hash, field 'a' .. (token mod ATTEMPTS_KEPT) (durq_core::attempts::slot), so it
+-- is deleted with the job, a newer attempt overwrites the one 32 claims older, and no
+-- key or trim pass is added.
+local ATTEMPTS_KEPT = 32
+
+-- The hash field of the attempt of `token` (an integer string, checked by the caller).
+local function attempt_field(token)
+  return 'a' .. string.format('%d', tonumber(token) % ATTEMPTS_KEPT)
+end
+
+-- An ended attempt, read by codec::decode_attempt:
+-- "TOKEN STARTED ENDED OUTCOME WORKER_LEN WORKERERROR", outcome 'f' (failed), 'r'
+-- (released: no error) or 'e' (expired); the worker is cut by its byte length, so it may
+-- hold spaces, and the error is the rest. Every part is a string as stored or given.
+local function attempt_record(token, started, ended, outcome, worker, err)
+  return token .. ' ' .. started .. ' ' .. ended .. ' ' .. outcome .. ' '
+    .. string.format('%d', #worker) .. ' ' .. worker .. (err or '')
+end
+
+-- Why the lease of a running job cannot become an attempt record (its worker or start
+-- unreadable), or nil when it can. Checked before a script's first write.
+local function lease_unreadable(worker, started)
+  if not worker then
+    return 'field worker missing'
+  end
+  if not is_int(started) then
+    return 'field started not a number'
+  end
+  return nil
+end

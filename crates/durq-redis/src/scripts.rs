@@ -1,0 +1,134 @@
+//! The Lua scripts, one per state transition, each prefixed with the shared helpers it
+//! needs: `lua/core.lua` (the hot path's) and `lua/lib.lua` (the rest). [`Eval`] runs
+//! them with EVALSHA and loads them again when the server answers NOSCRIPT (after a
+//! restart or SCRIPT FLUSH).
+
+use std::sync::LazyLock;
+
+use durq_core::JobId;
+use redis::{Arg, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value};
+
+use crate::conn::Conn;
+use crate::keys::Keys;
+
+macro_rules! script {
+    // A script off the hot path: every helper.
+    ($name:ident, $file:literal) => {
+        script!($name, $file, "lua/core.lua", "lua/lib.lua");
+    };
+    // A script with the helper files named, in order.
+    ($name:ident, $file:literal, $($lib:literal),*) => {
+        pub(crate) static $name: LazyLock<Script> = LazyLock::new(|| {
+            Script::new(concat!($(include_str!($lib),)* include_str!(concat!("lua/", $file))))
+        });
+    };
+}
+
+// The hot path (a job's enqueue, claim and completion) includes only core.lua, whose
+// definitions the server runs again on every call; see core.lua.
+script!(ENQUEUE, "enqueue.lua", "lua/core.lua", "lua/lib.lua");
+script!(CLAIM, "claim.lua", "lua/core.lua");
+script!(CLAIM_FIT, "claim_fit.lua");
+script!(HEARTBEAT, "heartbeat.lua");
+script!(COMPLETE, "complete.lua", "lua/core.lua");
+script!(FAIL, "fail.lua");
+script!(RELEASE, "release.lua");
+script!(RECLAIM, "reclaim.lua");
+script!(CANCEL, "cancel.lua");
+script!(RETRY, "retry.lua");
+script!(PURGE, "purge.lua");
+script!(STATS, "stats.lua");
+script!(QUEUES, "queues.lua");
+script!(LIST, "list.lua");
+script!(LIST_ROWS, "list_rows.lua");
+script!(BURY, "bury.lua");
+script!(UNSTAGE, "unstage.lua");
+script!(UNKEY, "unkey.lua");
+script!(SCHEDULE, "schedule.lua");
+script!(WORKERS, "workers.lua");
+
+/// Every script, so a new connection can load them all up front.
+pub(crate) fn all() -> [&'static Script; 20] {
+    [
+        &ENQUEUE, &CLAIM, &CLAIM_FIT, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL,
+        &RETRY, &PURGE, &STATS, &QUEUES, &LIST, &LIST_ROWS, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
+        &WORKERS,
+    ]
+}
+
+/// One call of a script, built the way the command goes on the wire: the keys and the
+/// arguments each written into one buffer as they are added. A `redis::ScriptInvocation`
+/// allocates a vector per argument and copies them all again into the command, which on
+/// the hot path (a key and an id per job of a claim or a completion, a dozen values per
+/// enqueued job) cost the client more than the rest of the call's encoding.
+pub(crate) struct Eval {
+    script: &'static Script,
+    keys: Cmd,
+    args: Cmd,
+    /// Where job keys and ids are formatted before they are copied into a buffer.
+    scratch: String,
+}
+
+impl Eval {
+    /// A call of `script` with no keys and no arguments yet.
+    pub(crate) fn new(script: &'static Script) -> Self {
+        Eval {
+            script,
+            keys: Cmd::new(),
+            args: Cmd::new(),
+            scratch: String::with_capacity(96),
+        }
+    }
+
+    /// Adds a key (`KEYS[n]`).
+    pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        self.keys.arg(key);
+        self
+    }
+
+    /// Adds an argument (`ARGV[n]`).
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.args.arg(arg);
+        self
+    }
+
+    /// Adds the hash of job `id` as a key, without a string of its own.
+    pub(crate) fn job_key(&mut self, keys: &Keys, id: JobId) -> &mut Self {
+        self.scratch.clear();
+        keys.push_job(&mut self.scratch, id);
+        self.keys.arg(self.scratch.as_bytes());
+        self
+    }
+
+    /// Adds the canonical text of `id` as an argument, without a string of its own.
+    pub(crate) fn id_arg(&mut self, id: JobId) -> &mut Self {
+        self.scratch.clear();
+        id.push_canonical(&mut self.scratch);
+        self.args.arg(self.scratch.as_bytes());
+        self
+    }
+
+    /// Runs the call (EVALSHA), loading the script first when the server does not know
+    /// it (after a restart or `SCRIPT FLUSH`), as `redis::Script` does.
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> RedisResult<Value> {
+        let mut cmd = Cmd::with_capacity(
+            3 + self.keys.args_iter().len() + self.args.args_iter().len(),
+            0,
+        );
+        cmd.arg("EVALSHA")
+            .arg(self.script.get_hash())
+            .arg(self.keys.args_iter().len());
+        for part in self.keys.args_iter().chain(self.args.args_iter()) {
+            if let Arg::Simple(bytes) = part {
+                cmd.arg(bytes);
+            }
+        }
+        match cmd.query_async(conn).await {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.prepare_invoke().load_async(conn).await?;
+                cmd.query_async(conn).await
+            }
+            reply => reply,
+        }
+    }
+}

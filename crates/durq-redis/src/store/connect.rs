@@ -1,0 +1,430 @@
+//! Opening a store: one server or a cluster, plain or TLS, and what every store loads
+//! and starts at open time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use durq_core::batch::Batcher;
+use durq_core::validate::validate_settings;
+use durq_core::{duration_millis, Error, Result, StoreSettings};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+
+use super::{Heads, Inner, RedisStore};
+use crate::complete::Completions;
+use crate::conn::{map_err, Conn};
+use crate::enqueue::{Ctx as EnqueueCtx, Enqueues};
+use crate::keys::Keys;
+use crate::scripts;
+use crate::wake::Waker;
+
+/// Garbage-collection margin on top of the dedup window: server TTLs must
+/// never decide anything, so they fire well after the clock's decision.
+const TTL_MARGIN_MS: i64 = 24 * 60 * 60 * 1000;
+/// The longest server TTL set (100 years); longer settings just keep the keys.
+const TTL_MAX_MS: i64 = 100 * 365 * 24 * 60 * 60 * 1000;
+
+/// What a `rediss://` URL is told when the crate was built without TLS.
+#[cfg(not(feature = "tls"))]
+const NO_TLS: &str = "a rediss:// URL (TLS) needs the `tls` feature of durq-redis \
+                      (`redis-tls` of the jobs crate)";
+
+fn ttl_ms(duration: Duration) -> i64 {
+    duration_millis(duration)
+        .saturating_add(TTL_MARGIN_MS)
+        .min(TTL_MAX_MS)
+}
+
+/// Certificates for `rediss://` connections (feature `tls`) when the system's trust
+/// store is not the right one: the CA that signed the server's certificate (a private
+/// CA, a managed service's own), and a client certificate for servers that ask for one
+/// (mutual TLS). Everything is PEM.
+///
+/// A `rediss://` URL needs none of this when the server's certificate chains to a root
+/// the system trusts: [`RedisStore::connect`] takes it as it is.
+#[cfg(feature = "tls")]
+#[derive(Clone, Default)]
+pub struct TlsConfig {
+    root_ca_pem: Option<Vec<u8>>,
+    client_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(feature = "tls")]
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client key is a secret; the rest says only what is set.
+        f.debug_struct("TlsConfig")
+            .field("root_ca", &self.root_ca_pem.is_some())
+            .field("client_certificate", &self.client_pem.is_some())
+            .finish()
+    }
+}
+
+#[cfg(feature = "tls")]
+impl TlsConfig {
+    /// No certificates of the caller's: the system's roots, no client certificate.
+    pub fn new() -> Self {
+        TlsConfig::default()
+    }
+
+    /// Trusts the CA certificates in `pem` (one or more) instead of the system's roots.
+    pub fn root_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Presents the certificate chain `cert_pem`, with its private key `key_pem`, to
+    /// servers that authenticate clients (`tls-auth-clients yes`).
+    pub fn client_auth_pem(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.client_pem = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// The driver's form, once the PEM was found to hold what it must: the driver reads
+    /// text without a certificate as an empty list, which would only fail at the
+    /// handshake, as an unknown issuer.
+    fn certificates(&self) -> Result<redis::TlsCertificates> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::CertificateDer;
+        let holds_certificates = |pem: &[u8]| {
+            let mut certs = CertificateDer::pem_slice_iter(pem);
+            certs.next().is_some_and(|first| first.is_ok()) && certs.all(|c| c.is_ok())
+        };
+        if let Some(pem) = &self.root_ca_pem {
+            if !holds_certificates(pem) {
+                return Err(Error::invalid(
+                    "tls",
+                    "the root CA PEM holds no certificate",
+                ));
+            }
+        }
+        if let Some((cert, _)) = &self.client_pem {
+            if !holds_certificates(cert) {
+                return Err(Error::invalid(
+                    "tls",
+                    "the client certificate PEM holds no certificate",
+                ));
+            }
+        }
+        Ok(redis::TlsCertificates {
+            client_tls: self
+                .client_pem
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.root_ca_pem.clone(),
+        })
+    }
+}
+
+/// Without the `tls` feature no certificates can be given: an uninhabited stand-in, so
+/// the connect path is written once.
+#[cfg(not(feature = "tls"))]
+#[derive(Clone, Debug)]
+pub(super) enum TlsConfig {}
+
+/// Whether `url` asks for TLS (`rediss://`, or `valkeys://` as the driver also reads).
+fn is_tls_url(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(scheme, _)| {
+        scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+    })
+}
+
+/// The refusal of a URL the driver could not read.
+fn bad_url(field: &'static str, url_is_tls: bool, err: &redis::RedisError) -> Error {
+    #[cfg(not(feature = "tls"))]
+    if url_is_tls {
+        return Error::invalid(field, NO_TLS);
+    }
+    let _ = url_is_tls;
+    Error::invalid(field, format!("not a Redis URL: {err}"))
+}
+
+/// rustls needs one crypto provider for the process. With only ring built in it picks
+/// ring itself; when another crate of the program also builds aws-lc-rs it would find two
+/// and refuse (the driver's connection task would panic). So ring is installed unless
+/// the program installed a provider of its own first.
+#[cfg(feature = "tls")]
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race with another installer is fine: a provider is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// The driver's client for one node's `url`, with `tls`'s certificates if given.
+fn node_client(url: &str, tls: Option<&TlsConfig>) -> Result<redis::Client> {
+    let url_is_tls = is_tls_url(url);
+    let client = redis::Client::open(url).map_err(|err| bad_url("url", url_is_tls, &err))?;
+    #[cfg(feature = "tls")]
+    if url_is_tls {
+        ensure_crypto_provider();
+    }
+    match tls {
+        None => Ok(client),
+        #[cfg(feature = "tls")]
+        Some(tls) => {
+            if !url_is_tls {
+                return Err(Error::invalid(
+                    "url",
+                    "TLS certificates were given for a URL without TLS: use rediss://",
+                ));
+            }
+            redis::Client::build_with_tls(client.get_connection_info().clone(), tls.certificates()?)
+                .map_err(|err| Error::invalid("tls", format!("unusable certificates: {err}")))
+        }
+        #[cfg(not(feature = "tls"))]
+        Some(never) => match *never {},
+    }
+}
+
+impl RedisStore {
+    /// Connects to one Redis server, e.g. `redis://127.0.0.1:6379`, or
+    /// `rediss://host:6380` for TLS (feature `tls`; the server's certificate must chain
+    /// to a root the system trusts, else see [`RedisStore::connect_tls`]). The
+    /// connection reconnects by itself; a call made while it is down fails with
+    /// [`Error::Unavailable`].
+    ///
+    /// Settings that break the contract's limits are refused here.
+    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self> {
+        Self::open_single(url, None, settings).await
+    }
+
+    /// Connects to one Redis server over TLS (`rediss://`) with certificates of the
+    /// caller's: a CA to trust, a client certificate. Feature `tls`.
+    #[cfg(feature = "tls")]
+    pub async fn connect_tls(url: &str, tls: TlsConfig, settings: StoreSettings) -> Result<Self> {
+        Self::open_single(url, Some(&tls), settings).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes' URLs (all `redis://`, or all
+    /// `rediss://` with the `tls` feature). Every key of a namespace is in one hash slot,
+    /// so every script runs on the node owning it.
+    pub async fn connect_cluster<I, S>(urls: I, settings: StoreSettings) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::open_cluster(urls, None, settings).await
+    }
+
+    /// Connects to a Redis Cluster over TLS with certificates of the caller's, as
+    /// [`RedisStore::connect_tls`] does for one server. Feature `tls`.
+    #[cfg(feature = "tls")]
+    pub async fn connect_cluster_tls<I, S>(
+        urls: I,
+        tls: TlsConfig,
+        settings: StoreSettings,
+    ) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::open_cluster(urls, Some(&tls), settings).await
+    }
+
+    async fn open_single(
+        url: &str,
+        tls: Option<&TlsConfig>,
+        settings: StoreSettings,
+    ) -> Result<Self> {
+        validate_settings(&settings)?;
+        let client = node_client(url, tls)?;
+        let dial = Dial::Single(Box::new(client.clone()));
+        let conn = dial.connect().await?;
+        Self::finish_connect(conn, dial, vec![client], settings).await
+    }
+
+    async fn open_cluster<I, S>(
+        urls: I,
+        tls: Option<&TlsConfig>,
+        settings: StoreSettings,
+    ) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        validate_settings(&settings)?;
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        if urls.is_empty() {
+            return Err(Error::invalid("urls", "name at least one cluster node"));
+        }
+        // Each node's client is built first: it checks every URL and the certificates,
+        // and serves the wake-up subscriber (pub/sub messages reach every node of a
+        // cluster, so any node serves).
+        let nodes = urls
+            .iter()
+            .map(|url| node_client(url, tls))
+            .collect::<Result<Vec<_>>>()?;
+        let builder = ClusterClientBuilder::new(urls.clone())
+            .connection_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(30));
+        #[cfg(feature = "tls")]
+        let builder = match tls {
+            Some(tls) => builder.certs(tls.certificates()?),
+            None => builder,
+        };
+        let client = builder
+            .build()
+            .map_err(|err| bad_url("urls", urls.iter().any(|url| is_tls_url(url)), &err))?;
+        let dial = Dial::Cluster(Box::new(client));
+        let conn = dial.connect().await?;
+        Self::finish_connect(conn, dial, nodes, settings).await
+    }
+
+    /// The store over `conn` (just opened by `dial`), with every script loaded.
+    async fn finish_connect(
+        conn: Conn,
+        dial: Dial,
+        pubsub_nodes: Vec<redis::Client>,
+        settings: StoreSettings,
+    ) -> Result<Self> {
+        let store = Self::over(conn, dial, pubsub_nodes, settings);
+        // Loading every script now finds a broken server or script at connect time, and
+        // spares the first calls a NOSCRIPT round trip.
+        let mut conn = store.conn();
+        for script in scripts::all() {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|err| map_err("script load", err))?;
+        }
+        Ok(store)
+    }
+
+    /// This store over a connection of its own, opened from the calling runtime (see
+    /// `Backend::reopen`). The scripts are on the server already.
+    pub(super) async fn reopened(&self) -> Result<Self> {
+        let inner = &self.inner;
+        let conn = inner.dial.connect().await?;
+        Ok(Self::over(
+            conn,
+            inner.dial.clone(),
+            inner.waker.nodes().to_vec(),
+            inner.settings.clone(),
+        ))
+    }
+
+    /// A store over `conn`; its wake-up subscriber and batchers start on first use.
+    fn over(
+        conn: Conn,
+        dial: Dial,
+        pubsub_nodes: Vec<redis::Client>,
+        settings: StoreSettings,
+    ) -> Self {
+        let keys = Keys::new(&settings.namespace);
+        let heads = Arc::new(Heads::default());
+        let seeded = Arc::clone(&heads);
+        let waker = Waker::new(
+            pubsub_nodes,
+            keys.wake.clone(),
+            Arc::new(move |queue: &str, ids: &str| seeded.seed(queue, ids)),
+        );
+        let completions = Batcher::new(Completions {
+            conn: conn.clone(),
+            keys: keys.clone(),
+        });
+        let window = settings.dedup_window;
+        let enqueue_ctx = EnqueueCtx {
+            conn: conn.clone(),
+            keys: keys.clone(),
+            window,
+            dedup_ttl: if window.is_zero() { 0 } else { ttl_ms(window) },
+        };
+        let enqueues = Batcher::new(Enqueues {
+            ctx: enqueue_ctx.clone(),
+        });
+        RedisStore {
+            inner: Arc::new(Inner {
+                cluster: matches!(dial, Dial::Cluster(_)),
+                conn,
+                dial,
+                settings,
+                keys,
+                heads,
+                waker,
+                completions,
+                enqueues,
+                enqueue_ctx,
+            }),
+        }
+    }
+}
+
+/// How a store's connection is opened: kept, so the store can open another one.
+#[derive(Clone)]
+pub(super) enum Dial {
+    /// One server: a connection that reconnects by itself.
+    Single(Box<redis::Client>),
+    /// A cluster, through its nodes.
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+impl Dial {
+    async fn connect(&self) -> Result<Conn> {
+        match self {
+            Dial::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(5)))
+                    .set_response_timeout(Some(Duration::from_secs(30)))
+                    .set_number_of_retries(2);
+                ConnectionManager::new_with_config((**client).clone(), config)
+                    .await
+                    .map(Conn::Single)
+                    .map_err(|err| map_err("connect", err))
+            }
+            Dial::Cluster(client) => client
+                .get_async_connection()
+                .await
+                .map(Conn::Cluster)
+                .map_err(|err| map_err("connect", err)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_urls_are_told_by_their_scheme() {
+        assert!(is_tls_url("rediss://127.0.0.1:6380"));
+        assert!(is_tls_url("REDISS://host/#insecure"));
+        assert!(is_tls_url("valkeys://host"));
+        assert!(!is_tls_url("redis://host"));
+        assert!(!is_tls_url("redis://user:rediss://@host"));
+        assert!(!is_tls_url("not a url"));
+    }
+
+    /// Without the feature a rediss:// URL is refused at once, saying which feature it
+    /// needs; with it, the URL is read (connecting is for the TLS test).
+    #[test]
+    fn rediss_urls_need_the_tls_feature() {
+        let outcome = node_client("rediss://127.0.0.1:6380", None);
+        if cfg!(feature = "tls") {
+            assert!(outcome.is_ok(), "{outcome:?}");
+        } else {
+            let err = outcome.expect_err("no TLS built in");
+            assert_eq!(err.invalid_field(), Some("url"));
+            assert!(err.to_string().contains("`tls` feature"), "{err}");
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn certificates_need_a_tls_url_and_must_parse() {
+        let tls = TlsConfig::new().root_ca_pem("not a certificate");
+        let err = node_client("redis://127.0.0.1:6379", Some(&tls)).expect_err("plain URL");
+        assert_eq!(err.invalid_field(), Some("url"));
+        let err = node_client("rediss://127.0.0.1:6380", Some(&tls)).expect_err("bad PEM");
+        assert_eq!(err.invalid_field(), Some("tls"), "{err}");
+        assert!(!format!("{tls:?}").contains("not a certificate"));
+    }
+}

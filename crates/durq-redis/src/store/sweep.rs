@@ -1,0 +1,219 @@
+//! The sweeps: `reclaim` of expired leases and `purge` of finished jobs past
+//! retention. Each reads its candidates from the head of a sorted index, so its cost
+//! follows the entries due, not the size of the index (CONTRACT R6). And the sweep of
+//! a whole namespace, `drop_namespace`.
+
+use durq_core::{Error, ReclaimedJob, Result, Timestamp, LEASE_EXPIRED};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::Value;
+
+use super::{parse_state, ReclaimReport, RedisStore};
+use crate::codec::{array, int, job_id, member_id, text};
+use crate::conn::{map_err, Conn};
+use crate::enqueue::ready_hex;
+use crate::scripts;
+
+/// Entries one reclaim or purge call handles.
+const SWEEP_CHUNK: usize = 1000;
+
+impl RedisStore {
+    /// Deletes the dedup keys (unique while active, no TTL) of jobs just purged, each
+    /// only while it still names its job: `keys_left` as `purge.lua` returns them.
+    async fn drop_unique_keys(&self, keys_left: &[Value]) -> Result<()> {
+        if keys_left.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = scripts::UNKEY.prepare_invoke();
+        for pair in keys_left.chunks(2) {
+            let [key, id] = pair else {
+                return Err(Error::corrupt("purge reply", "a key without its job"));
+            };
+            invocation
+                .key(text(key, "purge reply")?)
+                .arg(text(id, "purge reply")?);
+        }
+        self.invoke(&invocation, "purge keys").await.map(drop)
+    }
+
+    /// Deletes every key of this store's namespace (its jobs, indexes, idempotency
+    /// keys and counters) and returns how many it deleted. Other namespaces are left
+    /// as they are. For tests and for retiring a namespace: stop its workers and
+    /// producers first, since a call racing the sweep can leave a key behind.
+    ///
+    /// The keys are found with `SCAN` (a page at a time, so the server is never
+    /// blocked) and removed with `UNLINK`. On a cluster every key of a namespace sits
+    /// in the slot of its hash tag, so the scan is sent to that slot's primary.
+    pub async fn drop_namespace(&self) -> Result<u64> {
+        let pattern = self.keys().all();
+        let mut conn = self.conn();
+        let mut cursor: u64 = 0;
+        let mut deleted = 0;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SWEEP_CHUNK);
+            let page = match &mut conn {
+                Conn::Single(single) => scan.query_async::<Value>(single).await,
+                Conn::Cluster(cluster) => {
+                    let route = Route::with_key(&self.keys().ready, SlotAddr::Master);
+                    let routing =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                    cluster.route_command(scan, routing).await
+                }
+            }
+            .map_err(|err| map_err("drop_namespace scan", err))?;
+            let (next, keys): (u64, Vec<String>) = redis::from_redis_value(page)
+                .map_err(|err| map_err("drop_namespace scan", err.into()))?;
+            if !keys.is_empty() {
+                let unlinked: u64 = redis::cmd("UNLINK")
+                    .arg(&keys)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|err| map_err("drop_namespace unlink", err))?;
+                deleted += unlinked;
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+
+    /// Up to `limit` members of the sorted set `key` with the lowest scores, up to
+    /// `max_score` (a Redis score bound: `(n` is exclusive). The sweeps of reclaim and
+    /// purge read their candidates this way, so their cost follows the entries due,
+    /// not the size of the set (CONTRACT R6).
+    async fn oldest_members(
+        &self,
+        key: &str,
+        max_score: &str,
+        limit: usize,
+        what: &'static str,
+    ) -> Result<Vec<String>> {
+        redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg("-inf")
+            .arg(max_score)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err(what, err))
+    }
+
+    /// [`durq_core::Backend::reclaim`] at `now`, also reporting how many lease entries
+    /// the scripts examined. Called on the backend directly, it takes `limit` and `now`
+    /// as they are: the [`durq_core::Store`] handle is what answers a `limit` of 0
+    /// without a call and reads the clock.
+    pub async fn reclaim_with_report(
+        &self,
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<(Vec<ReclaimedJob>, ReclaimReport)> {
+        let mut report = ReclaimReport::default();
+        let mut reclaimed = Vec::new();
+        let now_text = now.as_millis().to_string();
+        let now_hex = ready_hex(now);
+        let keys = self.keys();
+        while reclaimed.len() < limit {
+            let batch = (limit - reclaimed.len()).min(SWEEP_CHUNK);
+            // Only entries strictly expired (R1): O(log n + expired), whatever the number
+            // of live leases (R6).
+            let members = self
+                .oldest_members(&keys.leases, &format!("({now_text}"), batch, "reclaim read")
+                .await?;
+            if members.is_empty() {
+                break;
+            }
+            let mut invocation = scripts::RECLAIM.prepare_invoke();
+            invocation
+                .key(&keys.leases)
+                .key(&keys.ready)
+                .key(&keys.list)
+                .key(&keys.done)
+                .key(&keys.seq)
+                .key(&keys.running)
+                .arg(&now_text)
+                .arg(&now_hex)
+                .arg(LEASE_EXPIRED)
+                .arg(&keys.wake);
+            for member in &members {
+                let id = member_id(member, "lease index")?;
+                invocation.key(keys.job(id)).arg(member);
+            }
+            let reply = self.invoke(&invocation, "reclaim").await?;
+            let items = array(&reply, "reclaim reply")?;
+            let [examined, jobs] = items else {
+                return Err(Error::corrupt("reclaim reply", "expected two items"));
+            };
+            report.examined += u64::try_from(int(examined, "reclaim reply")?).unwrap_or(0);
+            let jobs = array(jobs, "reclaim reply")?;
+            for job in jobs {
+                let pair = array(job, "reclaim reply")?;
+                let [id, state] = pair else {
+                    return Err(Error::corrupt("reclaim reply", "expected id and state"));
+                };
+                reclaimed.push(ReclaimedJob {
+                    id: job_id(&text(id, "reclaim reply")?, "reclaim reply")?,
+                    state: parse_state(&text(state, "reclaim reply")?, "reclaim reply")?,
+                });
+            }
+            if members.len() < batch || jobs.is_empty() {
+                break;
+            }
+        }
+        Ok((reclaimed, report))
+    }
+
+    /// Rule A5: deletes up to `limit` terminal jobs finished at or before `cutoff`.
+    pub(super) async fn purge_finished(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        let cutoff_text = cutoff.as_millis().to_string();
+        let keys = self.keys();
+        let mut deleted = 0u64;
+        while (deleted as usize) < limit {
+            let batch = (limit - deleted as usize).min(SWEEP_CHUNK);
+            let members = self
+                .oldest_members(&keys.done, &cutoff_text, batch, "purge read")
+                .await?;
+            if members.is_empty() {
+                break;
+            }
+            let mut invocation = scripts::PURGE.prepare_invoke();
+            invocation
+                .key(&keys.done)
+                .key(&keys.list)
+                .key(&keys.children)
+                .key(&keys.placement)
+                .arg(&cutoff_text);
+            for member in &members {
+                // member = "queue code id parent"
+                let id = member
+                    .split(' ')
+                    .nth(2)
+                    .ok_or_else(|| {
+                        Error::corrupt("finished index", format!("bad entry {member:?}"))
+                    })
+                    .and_then(|id| job_id(id, "finished index"))?;
+                invocation.key(keys.job(id)).arg(member);
+            }
+            let reply = self.invoke(&invocation, "purge").await?;
+            let (count, keys_left) = match array(&reply, "purge reply")? {
+                [count, keys_left] => (
+                    u64::try_from(int(count, "purge reply")?).unwrap_or(0),
+                    array(keys_left, "purge reply")?,
+                ),
+                _ => return Err(Error::corrupt("purge reply", "two items expected")),
+            };
+            self.drop_unique_keys(keys_left).await?;
+            deleted += count;
+            if members.len() < batch || count == 0 {
+                break;
+            }
+        }
+        Ok(deleted)
+    }
+}

@@ -1,0 +1,74 @@
+//! The shared conformance suite against SQLite: every test of this binary shares one
+//! file, so namespaces are tested side by side in it (CONTRACT C8), and each `open` is
+//! a new store over that file (a reopen, CONTRACT A6). Each scenario's namespaces are
+//! emptied after it, so the file holds no job once the suite is done.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use durq_core::{async_trait, JobId, Result, Store, StoreSettings};
+use durq_sqlite::{SqliteConfig, SqliteStore};
+
+struct SqliteHarness {
+    path: PathBuf,
+}
+
+/// One file per test process, in the target directory. Files of test processes that
+/// are gone are removed first, so runs do not pile them up.
+fn shared_file() -> PathBuf {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sqlite-conformance");
+        let _ = std::fs::create_dir_all(&dir);
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let pid = name.split('.').next().unwrap_or_default();
+                if !pid.is_empty() && !PathBuf::from(format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        dir.join(format!("{}.db", std::process::id()))
+    })
+    .clone()
+}
+
+/// The configuration a new user gets, so the suite checks what they run (the per-group
+/// choice of `synchronous` included).
+fn config() -> SqliteConfig {
+    SqliteConfig::default()
+}
+
+impl SqliteHarness {
+    /// A backend on `namespace` with the default settings, for the harness's own work.
+    async fn backend(&self, namespace: &str) -> Result<SqliteStore> {
+        let settings = StoreSettings::default().namespace(namespace);
+        SqliteStore::open_with(&self.path, settings, config()).await
+    }
+}
+
+#[async_trait]
+impl durq_conformance::Harness for SqliteHarness {
+    async fn open(&self, settings: StoreSettings) -> Result<Store> {
+        let backend = SqliteStore::open_with(&self.path, settings, config()).await?;
+        Ok(Store::new(backend))
+    }
+
+    async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
+        self.backend(namespace).await?.vanish(id).await
+    }
+
+    async fn teardown(&self, namespace: &str) -> Result<()> {
+        self.backend(namespace).await?.clear_namespace().await?;
+        Ok(())
+    }
+}
+
+async fn harness() -> Option<SqliteHarness> {
+    Some(SqliteHarness {
+        path: shared_file(),
+    })
+}
+
+durq_conformance::conformance_tests!(harness);

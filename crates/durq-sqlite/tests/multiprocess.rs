@@ -1,0 +1,430 @@
+//! Several OS processes drain one queue from one file: every job is claimed exactly
+//! once, across processes as well as inside each.
+//!
+//! The test binary runs itself again as the child processes: `child_drainer` does its
+//! work only when `JOBS_SQLITE_CHILD_DB` is set, and is a no-op in a normal run.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use durq_core::{Budget, ClaimRequest, JobId, JobState, Needs, NewJob, Store, StoreSettings};
+use durq_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+
+const CHILD_DB: &str = "JOBS_SQLITE_CHILD_DB";
+const CHILD_NAME: &str = "JOBS_SQLITE_CHILD_NAME";
+const QUEUES: [&str; 2] = ["mp-a", "mp-b"];
+const JOBS: usize = 1500;
+const CHILDREN: usize = 3;
+
+fn settings() -> StoreSettings {
+    StoreSettings::default().namespace("multiprocess")
+}
+
+fn config() -> SqliteConfig {
+    // A short poll so that the parent's late enqueues reach waiting children quickly.
+    SqliteConfig::default()
+        .synchronous(Synchronous::Normal)
+        .poll_interval(Duration::from_millis(20))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => panic!("cannot start a runtime: {err}"),
+    }
+}
+
+/// The queue of the parent's "all enqueued" marker, which no drainer claims from.
+const DONE_QUEUE: &str = "mp-done";
+
+/// Claims, in batches of varying size, from both queues, completing each job and
+/// printing `CLAIMED <id>` once the completion is acknowledged. Stops when a claim comes
+/// back empty *after* the parent's marker was seen: the marker is enqueued after every
+/// job, so by then every job exists and an empty claim means all were taken.
+async fn drain(store: Store, worker: String, fitted: bool) -> Vec<String> {
+    let queues: Vec<String> = QUEUES.iter().map(|q| q.to_string()).collect();
+    let mut lines = Vec::new();
+    let mut limit = 1;
+    // A bound, so a child whose parent died does not run forever.
+    let started = std::time::Instant::now();
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "{worker}: still draining after five minutes"
+        );
+        let all_enqueued = match store.stats(DONE_QUEUE).await {
+            Ok(stats) => stats.ready > 0,
+            Err(err) => panic!("{worker}: stats failed: {err}"),
+        };
+        let mut request =
+            ClaimRequest::new(queues.clone(), worker.clone(), Duration::from_secs(600))
+                .limit(limit);
+        if fitted {
+            // A budget every job fits and a preference: the fitted claim path races the
+            // plain one, in this process and the others.
+            request = request
+                .budget(Budget::new().amount("gpu", 2).capability("cuda"))
+                .prefer(["loc-1"]);
+        }
+        limit = limit % 7 + 1;
+        let claimed = match store.claim(request).await {
+            Ok(claimed) => claimed,
+            Err(err) if err.is_retryable() => continue,
+            Err(err) => panic!("{worker}: claim failed: {err}"),
+        };
+        if claimed.is_empty() {
+            if all_enqueued {
+                return lines;
+            }
+            let _ = store
+                .wait_for_work(&queues, Duration::from_millis(200))
+                .await;
+            continue;
+        }
+        for job in claimed {
+            if let Err(err) = store.complete(job.id(), job.token(), None).await {
+                panic!("{worker}: complete of {} failed: {err}", job.id());
+            }
+            let line = format!("CLAIMED {}", job.id());
+            println!("{line}");
+            lines.push(line);
+        }
+    }
+}
+
+#[test]
+fn child_drainer() {
+    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
+        return;
+    };
+    runtime().block_on(async move {
+        let store = match SqliteStore::open_with(&db, settings(), config()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("child {name}: open failed: {err}"),
+        };
+        println!("\nREADY");
+        let tasks: Vec<_> = (0..2)
+            .map(|t| tokio::spawn(drain(store.clone(), format!("{name}-t{t}"), t == 1)))
+            .collect();
+        for task in tasks {
+            if let Err(err) = task.await {
+                panic!("child {name}: a task failed: {err}");
+            }
+        }
+    });
+}
+
+fn spawn_child(db: &Path, name: &str) -> std::process::Child {
+    spawn_test(db, name, "child_drainer")
+}
+
+/// Runs test `test` of this binary as a child process with the child environment set.
+fn spawn_test(db: &Path, name: &str, test: &str) -> std::process::Child {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(err) => panic!("no current exe: {err}"),
+    };
+    let spawned = Command::new(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env(CHILD_DB, db)
+        .env(CHILD_NAME, name)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn();
+    match spawned {
+        Ok(child) => child,
+        Err(err) => panic!("cannot start child {name}: {err}"),
+    }
+}
+
+#[test]
+fn processes_drain_one_queue_claiming_each_job_exactly_once() {
+    if std::env::var(CHILD_DB).is_ok() {
+        return;
+    }
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => panic!("no temp dir: {err}"),
+    };
+    let db = dir.path().join("queue.db");
+    let rt = runtime();
+    let store = rt.block_on(async {
+        match SqliteStore::open_with(&db, settings(), config()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("open failed: {err}"),
+        }
+    });
+
+    // Half the jobs arrive at once when every child is waiting, the rest while they and
+    // the parent drain, so claims race with enqueues across processes, not only with
+    // each other.
+    let enqueue = |range: std::ops::Range<usize>| {
+        let store = store.clone();
+        async move {
+            let mut ids = Vec::new();
+            for chunk in range.collect::<Vec<_>>().chunks(100) {
+                let jobs = chunk
+                    .iter()
+                    .map(|i| {
+                        let needs = Needs::new().amount("gpu", (i % 3) as u64);
+                        let needs = if i % 5 == 0 {
+                            needs.capability("cuda")
+                        } else {
+                            needs
+                        };
+                        NewJob::new(QUEUES[i % 2])
+                            .priority((i % 3) as i16)
+                            .payload(format!("job {i}").into_bytes())
+                            .needs(needs)
+                            .locality(format!("loc-{}", i % 3))
+                    })
+                    .collect();
+                match store.enqueue_batch(jobs).await {
+                    Ok(done) => ids.extend(done.into_iter().map(|e| e.id)),
+                    Err(err) => panic!("enqueue failed: {err}"),
+                }
+            }
+            ids
+        }
+    };
+    let mut children: Vec<_> = (0..CHILDREN)
+        .map(|n| spawn_child(&db, &format!("child{n}")))
+        .collect();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|child| {
+            let stdout = child.stdout.take();
+            let ready = ready_tx.clone();
+            std::thread::spawn(move || {
+                let Some(stdout) = stdout else {
+                    return Vec::new();
+                };
+                let mut claimed = Vec::new();
+                for line in BufReader::new(stdout).lines().map_while(|line| line.ok()) {
+                    if line.contains("READY") {
+                        let _ = ready.send(());
+                    }
+                    // libtest may print "test child_drainer ... " on the same line first.
+                    if let Some(id) = line.split("CLAIMED ").nth(1) {
+                        claimed.push(id.to_owned());
+                    }
+                }
+                claimed
+            })
+        })
+        .collect();
+    // Every child has its store open and is waiting for work before the first job
+    // exists, so all processes race for the jobs from the start.
+    for _ in 0..CHILDREN {
+        if ready_rx.recv_timeout(Duration::from_secs(120)).is_err() {
+            panic!("a child did not start");
+        }
+    }
+    let mut expected: Vec<JobId> = rt.block_on(enqueue(0..JOBS / 2));
+
+    // The parent drains too, in-process, while it enqueues the second half.
+    let parent_claims = rt.block_on(async {
+        let drainer = tokio::spawn(drain(store.clone(), "parent".to_owned(), true));
+        expected.extend(enqueue(JOBS / 2..JOBS).await);
+        if let Err(err) = store.enqueue(NewJob::new(DONE_QUEUE)).await {
+            panic!("enqueue of the marker failed: {err}");
+        }
+        match drainer.await {
+            Ok(lines) => lines,
+            Err(err) => panic!("the parent's drainer failed: {err}"),
+        }
+    });
+
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for line in parent_claims {
+        if let Some(id) = line.strip_prefix("CLAIMED ") {
+            *seen.entry(id.to_owned()).or_default() += 1;
+        }
+    }
+    let mut per_process = vec![seen.len()];
+    for (child, reader) in children.iter_mut().zip(readers) {
+        let ids = match reader.join() {
+            Ok(ids) => ids,
+            Err(_) => panic!("a reader thread panicked"),
+        };
+        per_process.push(ids.len());
+        for id in ids {
+            *seen.entry(id).or_default() += 1;
+        }
+        match child.wait() {
+            Ok(status) => assert!(status.success(), "a child failed: {status}"),
+            Err(err) => panic!("cannot wait for a child: {err}"),
+        }
+    }
+
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "jobs claimed more than once: {twice:?}");
+    if seen.len() != JOBS {
+        let missing: Vec<_> = expected
+            .iter()
+            .filter(|id| !seen.contains_key(&id.to_string()))
+            .collect();
+        let states: Vec<_> = rt.block_on(async {
+            let mut states = Vec::new();
+            for id in &missing {
+                states.push(
+                    store
+                        .get(**id)
+                        .await
+                        .map(|job| (job.state, job.attempts, job.lease)),
+                );
+            }
+            states
+        });
+        panic!(
+            "{} of {JOBS} jobs claimed (per process {per_process:?}); missing: {states:?}",
+            seen.len()
+        );
+    }
+    for id in &expected {
+        assert_eq!(
+            seen.get(&id.to_string()),
+            Some(&1),
+            "job {id} was not claimed once"
+        );
+    }
+    // More than one process took part, or the test proved nothing about processes.
+    let active = per_process.iter().filter(|n| **n > 0).count();
+    assert!(
+        active >= 2,
+        "only one process claimed jobs: {per_process:?}"
+    );
+
+    rt.block_on(async {
+        for id in &expected {
+            match store.get(*id).await {
+                Ok(job) => {
+                    assert_eq!(job.state, JobState::Succeeded, "job {id}");
+                    assert_eq!(job.attempts, 1, "job {id} was claimed more than once");
+                }
+                Err(err) => panic!("job {id}: {err}"),
+            }
+        }
+        for queue in QUEUES {
+            let stats = match store.stats(queue).await {
+                Ok(stats) => stats,
+                Err(err) => panic!("stats failed: {err}"),
+            };
+            assert_eq!(
+                stats.ready + stats.running + stats.scheduled,
+                0,
+                "{queue}: {stats:?}"
+            );
+        }
+    });
+}
+
+const KEYS: usize = 25;
+
+/// Child mode of the next test: open the (possibly new) file and enqueue one job per
+/// shared idempotency key, printing `KEY <n> <id> <created>`.
+#[test]
+fn child_opener() {
+    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
+        return;
+    };
+    runtime().block_on(async move {
+        let store = match SqliteStore::open_with(&db, settings(), config()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("child {name}: open failed: {err}"),
+        };
+        for n in 0..KEYS {
+            let job = NewJob::new("keys")
+                .tenant("shared")
+                .idempotency_key(format!("key-{n}"))
+                .payload(name.clone().into_bytes());
+            match store.enqueue(job).await {
+                Ok(done) => println!("\nKEY {n} {} {}", done.id, done.created),
+                Err(err) => panic!("child {name}: enqueue failed: {err}"),
+            }
+        }
+    });
+}
+
+/// Four processes open a file that does not exist yet at the same moment: the schema is
+/// created once, and their enqueues with the same idempotency keys make one job per key,
+/// whoever wins each key.
+#[test]
+fn processes_opening_a_new_file_at_once_migrate_once_and_share_keys() {
+    if std::env::var(CHILD_DB).is_ok() {
+        return;
+    }
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => panic!("no temp dir: {err}"),
+    };
+    let db = dir.path().join("fresh.db");
+    let mut children: Vec<_> = (0..4)
+        .map(|n| spawn_test(&db, &format!("opener{n}"), "child_opener"))
+        .collect();
+    let mut by_key: HashMap<String, Vec<(String, bool)>> = HashMap::new();
+    for child in &mut children {
+        let Some(stdout) = child.stdout.take() else {
+            panic!("a child has no stdout");
+        };
+        for line in BufReader::new(stdout).lines().map_while(|line| line.ok()) {
+            let Some(rest) = line.split("KEY ").nth(1) else {
+                continue;
+            };
+            let parts: Vec<&str> = rest.split_whitespace().collect();
+            if let [key, id, created] = parts[..] {
+                by_key
+                    .entry(key.to_owned())
+                    .or_default()
+                    .push((id.to_owned(), created == "true"));
+            }
+        }
+        match child.wait() {
+            Ok(status) => assert!(status.success(), "a child failed: {status}"),
+            Err(err) => panic!("cannot wait for a child: {err}"),
+        }
+    }
+    assert_eq!(by_key.len(), KEYS);
+    for (key, answers) in &by_key {
+        assert_eq!(answers.len(), 4, "key {key}: {answers:?}");
+        let first = &answers[0].0;
+        assert!(
+            answers.iter().all(|(id, _)| id == first),
+            "key {key}: {answers:?}"
+        );
+        let created = answers.iter().filter(|(_, created)| *created).count();
+        assert_eq!(created, 1, "key {key}: {answers:?}");
+    }
+
+    let conn = match rusqlite::Connection::open(&db) {
+        Ok(conn) => conn,
+        Err(err) => panic!("{err}"),
+    };
+    let versions: Vec<i64> = match conn
+        .prepare("SELECT value FROM jobq_meta WHERE name = 'schema_version'")
+        .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
+    {
+        Ok(versions) => versions,
+        Err(err) => panic!("{err}"),
+    };
+    assert_eq!(versions, vec![durq_sqlite::SCHEMA_VERSION]);
+    let rt = runtime();
+    rt.block_on(async {
+        let store = match SqliteStore::open_with(&db, settings(), config()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("open failed: {err}"),
+        };
+        match store.stats("keys").await {
+            Ok(stats) => assert_eq!(stats.total(), KEYS as u64, "{stats:?}"),
+            Err(err) => panic!("stats failed: {err}"),
+        }
+    });
+}
