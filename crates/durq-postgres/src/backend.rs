@@ -465,7 +465,8 @@ mod tests {
                 .bind(1_i64)
                 .bind(Some(2_i64))
                 .bind(1_i64)
-                .bind(&b"e"[..]),
+                .bind(&b"e"[..])
+                .bind(1_i32),
             "release" => sqlx::query(sql.release.sql())
                 .bind(ns)
                 .bind(id)

@@ -85,7 +85,7 @@ fn lock_key(schema: &str) -> i64 {
     let mut hasher = fnv::FnvHasher::default();
     // `write`, not `Hash::hash`: a str's `Hash` appends a terminator byte, which would
     // change the key.
-    hasher.write(b"durq-postgres/migrate/");
+    hasher.write(b"jobs-postgres/migrate/");
     hasher.write(schema.as_bytes());
     i64::from_ne_bytes(hasher.finish().to_ne_bytes())
 }
@@ -220,8 +220,8 @@ mod tests {
     fn lock_keys_differ_per_schema_and_are_stable() {
         assert_eq!(lock_key("jobs"), lock_key("jobs"));
         assert_ne!(lock_key("jobs"), lock_key("jobs2"));
-        // The key every earlier build took for `durq` (FNV-1a of
-        // "durq-postgres/migrate/jobs", computed apart from this crate): a build taking
+        // The key every earlier build took for `jobs` (FNV-1a of
+        // "jobs-postgres/migrate/jobs", computed apart from this crate): a build taking
         // another one would migrate beside an older build instead of after it.
         assert_eq!(lock_key("jobs"), -5_547_722_612_429_380_058);
     }

@@ -388,10 +388,11 @@ WITH input AS (
 ),
 done AS (
     -- `lease_worker` stays: with `lease_token`, `started_at` and `finished_at` it is
-    -- the attempt that succeeded (CONTRACT H4), which nothing else records.
+    -- the attempt that succeeded (CONTRACT H4), which nothing else records. An earlier
+    -- attempt's error is in the attempt history, not on a succeeded job (L4).
     UPDATE {schema}.jobs j SET
         state = 'succeeded', result = input.result, finished_at = $5,
-        lease_expires_at = NULL
+        lease_expires_at = NULL, last_error = NULL
     FROM input
     WHERE j.namespace = $1 AND j.id = input.id
       AND (j.state = 'running' AND j.lease_token = input.token) IS TRUE
@@ -425,7 +426,7 @@ WITH done AS (
     -- `lease_worker` stays, as in [`COMPLETE`]: it names the attempt that succeeded.
     UPDATE {schema}.jobs j SET
         state = 'succeeded', result = $4, finished_at = $5,
-        lease_expires_at = NULL
+        lease_expires_at = NULL, last_error = NULL
     WHERE j.namespace = $1 AND j.id = $2
       AND (j.state = 'running' AND j.lease_token = $3) IS TRUE
     RETURNING j.id
@@ -467,7 +468,9 @@ WHERE {relax}
 
 /// Rules L6, L7, H2 and the cancel-while-running decision.
 ///
-/// `$3` token, `$4` retry time (NULL: never), `$5` now, `$6` error text. Every `SET`
+/// `$3` token, `$4` retry time (NULL: never), `$5` now, `$6` error text, `$7` how many
+/// of its bytes the attempt's record keeps (H2: 4 KiB, cut on a character boundary by
+/// the caller, which knows the text is UTF-8; bytea's `substring` counts bytes). Every `SET`
 /// expression reads the row as it was, so the requeue test is repeated rather than
 /// stored: cancel requested wins, then a retry with attempts left, else dead. The
 /// attempt is recorded as failed, with the error, whatever the new state
@@ -499,7 +502,7 @@ WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS
   AND {relax}
 RETURNING id, state, lease_token, lease_worker, started_at
 ),"#,
-    record_attempt!("$5", "failed", "$6"),
+    record_attempt!("$5", "failed", "substring($6 FROM 1 FOR $7::int4)"),
     "SELECT state FROM ended
 "
 );
@@ -589,12 +592,14 @@ WHERE namespace = $1 AND id = $2 AND (state IN ('queued', 'running')) IS TRUE
 RETURNING state
 "#;
 
-/// Rule A2. `$3` now.
+/// Rule A2. `$3` now. The job starts over: no error, start or heartbeat of a past
+/// run is left on it (they are in its attempt history).
 const RETRY: &str = r#"
 UPDATE {schema}.jobs SET
     state = 'queued', run_at = $3, seq = nextval('{schema}.seq'), attempts = 0,
     cancel_requested = false, finished_at = NULL, result = NULL,
-    lease_worker = NULL, lease_expires_at = NULL
+    lease_worker = NULL, lease_expires_at = NULL, started_at = NULL,
+    heartbeat_at = NULL, last_error = NULL
 WHERE namespace = $1 AND id = $2 AND (state IN ('dead', 'cancelled')) IS TRUE
 RETURNING queue
 "#;

@@ -228,6 +228,14 @@ pub(crate) fn token_param(token: LeaseToken) -> i64 {
     i64::try_from(token.get()).unwrap_or(-1)
 }
 
+/// How many bytes of a failure's error its attempt record keeps (CONTRACT H2): the
+/// text cut at 4 KiB on a character boundary, so `FAIL` cuts the bytes it already has
+/// instead of receiving the text twice.
+fn attempt_error_len(error: &str) -> i32 {
+    let kept = durq_core::validate::truncate_attempt_error(error).len();
+    i32::try_from(kept).unwrap_or(i32::MAX)
+}
+
 fn limit_param(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
@@ -528,7 +536,8 @@ impl Backend for PostgresStore {
             .bind(token_param(token))
             .bind(retry_at)
             .bind(now.as_millis())
-            .bind(error.as_bytes());
+            .bind(error.as_bytes())
+            .bind(attempt_error_len(error));
         let row = self.fetch_optional_once("fail", query).await?;
         match row {
             Some(row) => row::state(&row, 0, &|| format!("job {id}")),

@@ -21,7 +21,8 @@
 -- earlier entry counts as no longer running), then the running counters of the queues
 -- concerned are checked, then a second pass writes.
 --
--- Cost: per job one HMGET and one HSET; the index entries of the whole batch are written
+-- Cost: per job one HMGET and one HSET (and one HDEL of the last error for a job past
+-- its first attempt, L4); the index entries of the whole batch are written
 -- with one ZREM/ZADD per index (and one ZREM per queue of the lease index, to keep the
 -- running counters exact). The per-job Lua is kept to the four index members the layout
 -- needs and one pattern match of `meta`.
@@ -33,13 +34,14 @@ local out = {}
 local lease_old, list_old, list_new, done_new = {}, {}, {}, {}
 local nl, nn = 0, 0
 local finishing = {}  -- per entry to complete: its number j
+local stale_error = {}  -- per entry to complete: whether an earlier attempt's error may be set
 local completed = {}  -- job keys completed by an earlier entry of this call
 local queues = {}
 -- Pass 1: read and decide, no writes.
 for j = 1, #KEYS - 4 do
   local a = 4 * j - 2
   local job = KEYS[4 + j]
-  local v = call('HMGET', job, 'state', 'token', 'meta')
+  local v = call('HMGET', job, 'state', 'token', 'meta', 'att')
   if not v[1] then
     out[j] = 'notfound'
   elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 1] or completed[job] then
@@ -51,6 +53,10 @@ for j = 1, #KEYS - 4 do
     else
       completed[job] = true
       finishing[#finishing + 1] = j
+      -- Only a job past its first attempt can carry an earlier attempt's error: fail
+      -- and reclaim, which write it, count the attempt they end, and release, which
+      -- takes one back, only follows a claim. So a first attempt has no error to clear.
+      stale_error[j] = v[4] ~= '1'
       local id = ARGV[a]
       local now = ARGV[a + 2]
       if now == '' then
@@ -91,6 +97,10 @@ for _, j in ipairs(finishing) do
   else
     call('HSET', KEYS[4 + j], 'state', 'succeeded', 'finished', now, 'result',
       ARGV[tonumber(result)])
+  end
+  -- L4: a succeeded job shows no error of an earlier attempt (it is in the history).
+  if stale_error[j] then
+    call('HDEL', KEYS[4 + j], 'error')
   end
 end
 -- Per queue, so each running counter drops by exactly the entries removed.

@@ -11,6 +11,8 @@
 -- ARGV[5] retry time (ms), or '' for "never"
 -- ARGV[6] retry time as 16 hex digits    ARGV[7] '1' if the retry time is <= now
 -- ARGV[8] wake-up channel
+-- ARGV[9] how many bytes of the error the attempt's record keeps (CONTRACT H2: 4 KiB,
+--         cut on a character boundary by the caller; string.sub counts bytes)
 --
 -- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason}
 --
@@ -46,7 +48,7 @@ if unreadable then
   return { 'corrupt', unreadable }
 end
 check_counters(running, { queue })
-local attempt = attempt_record(v[2], v[7], now, 'f', v[6], ARGV[4])
+local attempt = attempt_record(v[2], v[7], now, 'f', v[6], string.sub(ARGV[4], 1, tonumber(ARGV[9])))
 
 -- Mirrors durq_core::transition::after_failure (CONTRACT L6/L7, A1): cancel requested
 -- -> cancelled; a retry time and attempts left -> queued at that time; else dead.

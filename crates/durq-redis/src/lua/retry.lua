@@ -31,7 +31,9 @@ end
 local next_seq = redis.call('INCR', seq)
 redis.call('ZREM', done, done_member(queue, state, id, parent))
 redis.call('HSET', job, 'att', '0', 'cancel', '0')
-redis.call('HDEL', job, 'finished', 'result')
+-- The job starts over (A2): no error, start or heartbeat of a past run stays on it;
+-- they are in its attempt history.
+redis.call('HDEL', job, 'finished', 'result', 'error', 'started', 'hb')
 requeue(job, ready, nil, list, next_seq, queue, id, prio, now, ARGV[3], true, state)
 redis.call('PUBLISH', ARGV[4], queue)
 return { 'ok' }

@@ -130,7 +130,8 @@ impl RedisStore {
             .arg(at)
             .arg(at_hex)
             .arg(if due { "1" } else { "0" })
-            .arg(&keys.wake);
+            .arg(&keys.wake)
+            .arg(durq_core::validate::truncate_attempt_error(error).len());
         let reply = self.invoke(&invocation, "fail").await?;
         match status(&reply, "fail reply")? {
             (word, [state]) if word == "ok" => {
