@@ -177,7 +177,7 @@ fn ci() -> Result<(), String> {
             &[
                 "check",
                 "-p",
-                "jobs",
+                "durq",
                 "--no-default-features",
                 "--features",
                 features,
