@@ -21,7 +21,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::redis_server;
+use crate::{redis_server, workspace_root};
 
 /// The backends with several processes sharing one store. `memory` is one process's
 /// private store, so there is nothing to kill but the store itself.
@@ -148,13 +148,6 @@ pub fn run_with(options: &Options) -> Result<(), String> {
     } else {
         Err(format!("chaos checks failed:\n  {}", failed.join("\n  ")))
     }
-}
-
-/// The workspace root: the parent of this crate's directory.
-fn workspace_root() -> PathBuf {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    here.parent()
-        .map_or_else(|| here.to_path_buf(), Path::to_path_buf)
 }
 
 /// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the current directory,

@@ -4,16 +4,19 @@
 //! - `cargo xtask conformance [--backend memory|sqlite|redis|redis-cluster|postgres|all]`
 //! - `cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]`
 //! - `cargo xtask bench [--backend memory|sqlite|redis|postgres|all] [--jobs N] …`
+//! - `cargo xtask readme`
 //! - `cargo xtask ci`
 //!
 //! `cargo xtask --help` and `cargo xtask <command> --help` list every flag.
 
 mod bench;
 mod chaos;
+mod readme;
 mod redis_cluster;
 mod redis_server;
 
 use std::env;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -38,6 +41,8 @@ enum Task {
     Bench(bench::Args),
     /// Run the chaos suite: kills and connection faults under a live queue.
     Chaos(chaos::Args),
+    /// Build the README's example in a fresh crate, from the README's text, and run it.
+    Readme,
     /// Everything CI checks: fmt, clippy, docs, feature sets, tests, cluster
     /// conformance and a short chaos run.
     Ci,
@@ -78,6 +83,7 @@ fn main() -> ExitCode {
         Task::Conformance { backend } => conformance(&backend.names()),
         Task::Bench(args) => bench::run(args),
         Task::Chaos(args) => chaos::run(args),
+        Task::Readme => readme::run(),
         Task::Ci => ci(),
     };
     match result {
@@ -96,6 +102,13 @@ pub(crate) fn positive(text: &str) -> Result<u64, String> {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!("wants a positive integer, not {text:?}")),
     }
+}
+
+/// The workspace root: the parent of this crate's directory.
+pub(crate) fn workspace_root() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent()
+        .map_or_else(|| here.to_path_buf(), Path::to_path_buf)
 }
 
 /// Runs a command, failing with its description if it fails.
@@ -196,6 +209,8 @@ fn ci() -> Result<(), String> {
         }
         cargo(&args, &[])?;
     }
+    // The README's example, from its text, in a crate of its own.
+    readme::run()?;
     conformance(&["redis-cluster"])?;
     // A short chaos run (docs/reliability.md): every multi-process backend under
     // kills and connection faults, 20 s each, about 2 minutes in all. It reuses the

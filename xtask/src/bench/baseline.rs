@@ -522,7 +522,7 @@ mod tests {
         );
         assert_eq!(pinned_in("# only a comment\n\n"), None);
         // The file in this repository names one.
-        let root = crate::bench::workspace_root().expect("root");
+        let root = crate::workspace_root();
         let rev = pinned(&root).expect("bench/BASELINE names a revision");
         assert!(rev.chars().all(|c| c.is_ascii_hexdigit()), "{rev}");
     }

@@ -24,7 +24,6 @@ mod report;
 mod results;
 
 use std::env;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use args::Args;
@@ -48,7 +47,7 @@ const SLOW_PEER_RUN: Duration = Duration::from_secs(90);
 pub fn run(args: Args) -> Result<(), String> {
     let settings = Settings::new(args, command_line());
     let started = Instant::now();
-    let root = workspace_root()?;
+    let root = crate::workspace_root();
     env::set_current_dir(&root).map_err(|e| format!("cd {}: {e}", root.display()))?;
     if let Some(pairs) = &settings.pairs {
         let mut ours_only = settings.clone();
@@ -70,17 +69,4 @@ pub fn run(args: Args) -> Result<(), String> {
         wall.as_secs_f64() / 60.0
     );
     Ok(())
-}
-
-/// The workspace root, where the report and both workspaces of binaries are found.
-fn workspace_root() -> Result<PathBuf, String> {
-    // xtask's manifest sits in <root>/xtask.
-    let manifest = env::var("CARGO_MANIFEST_DIR").map(PathBuf::from);
-    match manifest {
-        Ok(dir) => dir
-            .parent()
-            .map(Path::to_path_buf)
-            .ok_or_else(|| "xtask has no parent directory".to_owned()),
-        Err(_) => env::current_dir().map_err(|e| format!("current dir: {e}")),
-    }
 }

@@ -260,7 +260,7 @@ fn write_header(
     let ours_versions = versions_shown(
         &root.join("Cargo.toml"),
         &[
-            "jobs",
+            "durq",
             "redis",
             "sqlx",
             "rusqlite",
@@ -693,12 +693,12 @@ mod tests {
             ["redis 1.0.2", "tokio 1.47.0"]
         );
         // And from this workspace itself: its own `durq` crate is one of its packages.
-        let root = crate::bench::workspace_root().expect("root");
-        let ours = resolved_versions(&root.join("Cargo.toml"), &["jobs", "xtask"])
+        let root = crate::workspace_root();
+        let ours = resolved_versions(&root.join("Cargo.toml"), &["durq", "xtask"])
             .expect("cargo metadata of this workspace");
         assert_eq!(ours.len(), 2, "{ours:?}");
         assert!(ours.iter().any(|v| v.starts_with("xtask ")), "{ours:?}");
-        assert!(resolved_versions(&root.join("no/Cargo.toml"), &["jobs"]).is_err());
+        assert!(resolved_versions(&root.join("no/Cargo.toml"), &["durq"]).is_err());
     }
 
     #[test]
