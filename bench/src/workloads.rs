@@ -445,7 +445,7 @@ pub async fn claim(store: Store, opts: &Options, budget: bool) -> Result<(), Str
     Ok(())
 }
 
-/// `reclaim`: `durq` live leases and a few expired ones; times `reclaim` recovering the
+/// `reclaim`: `jobs` live leases and a few expired ones; times `reclaim` recovering the
 /// expired ones, several times.
 pub async fn reclaim(store: Store, opts: &Options) -> Result<(), String> {
     const EXPIRED: usize = 10;

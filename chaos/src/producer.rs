@@ -63,7 +63,7 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The plan for `durq` jobs: batches of 50–500 through `enqueue_batch`, every sixth
+/// The plan for `jobs` jobs: batches of 50–500 through `enqueue_batch`, every sixth
 /// batch 10–30 single `enqueue` calls, every other batch with idempotency keys.
 pub fn plan(jobs: u64) -> Vec<Batch> {
     let mut batches = Vec::new();

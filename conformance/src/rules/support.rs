@@ -162,7 +162,7 @@ pub(crate) async fn list_all(
     }
 }
 
-/// The counts `stats` must report for `durq` at `now`.
+/// The counts `stats` must report for `jobs` at `now`.
 pub(crate) fn count(jobs: &[Job], now: Timestamp) -> QueueStats {
     let mut stats = QueueStats::default();
     for job in jobs {

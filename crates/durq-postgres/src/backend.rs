@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use durq_core::{Error, Result};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::conn::Shared;
@@ -23,6 +23,32 @@ pub const DEFAULT_SCHEMA: &str = "jobs";
 /// options (or `PGAPPNAME`) or [`PostgresConfig::application_name`] name another: it
 /// lets an operator find this queue's sessions in `pg_stat_activity`.
 pub const DEFAULT_APPLICATION_NAME: &str = "durq";
+
+/// Opens one connection and closes it, so a server that cannot be reached is reported
+/// at once, with its address and the cause. The pool alone would retry a refused
+/// connection until its acquire timeout (10 s by default) and then report only that
+/// it timed out. One connection more at open, none on any later call.
+async fn first_connection(config: &PostgresConfig) -> Result<()> {
+    let options = &config.options;
+    let server = match options.get_socket() {
+        Some(socket) => format!("{}", socket.display()),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    let what = format!("connect to PostgreSQL at {server}");
+    match tokio::time::timeout(config.acquire_timeout, PgConnection::connect_with(options)).await {
+        Ok(Ok(conn)) => {
+            // Closing politely is a courtesy to the server's log; a failure to do so
+            // says nothing about the pool's connections.
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(err)) => Err(crate::error::map(&what, err)),
+        Err(elapsed) => Err(Error::unavailable(
+            format!("{what}: no connection within {:?}", config.acquire_timeout),
+            elapsed,
+        )),
+    }
+}
 
 /// How long a pooled connection may sit idle before it is pinged on its way out.
 /// Recently used connections go out without the extra round trip, unless a sibling
@@ -92,7 +118,7 @@ pub struct PostgresConfig {
 }
 
 impl PostgresConfig {
-    /// A configuration from a `postgres://` URL, with the default schema (`durq`),
+    /// A configuration from a `postgres://` URL, with the default schema (`jobs`),
     /// 10 connections at most, and a 10 s wait for a free connection. The URL's
     /// parameters are honoured, `application_name` included; without one the
     /// connections are named [`DEFAULT_APPLICATION_NAME`].
@@ -284,11 +310,13 @@ pub struct PostgresBackend {
 impl PostgresBackend {
     /// Opens a pool and brings the schema to the latest version.
     ///
-    /// Fails with `Unavailable` when the server cannot be reached, and with
-    /// `InvalidInput` (field `sslmode`) when the options require TLS and this build
-    /// has none (the `tls` feature is off).
+    /// Fails with `Unavailable` when the server cannot be reached, naming the server
+    /// and the cause (a refused connection fails at once), and with `InvalidInput`
+    /// (field `sslmode`) when the options require TLS and this build has none (the
+    /// `tls` feature is off).
     pub async fn connect(config: PostgresConfig) -> Result<Self> {
         check_tls(&config.options)?;
+        first_connection(&config).await?;
         let health = Arc::new(Health::default());
         let pool = config
             .pool_options(Arc::clone(&health))

@@ -58,7 +58,7 @@ impl PostgresStore {
             .ok_or_else(|| Error::corrupt("enqueue", "no answer for the job"))
     }
 
-    /// Enqueues `durq` inside the caller's transaction `tx`, as
+    /// Enqueues `jobs` inside the caller's transaction `tx`, as
     /// [`durq_core::Store::enqueue_batch`] does (E9) and with the guarantees of
     /// [`PostgresStore::enqueue_in`]. A refused batch (an invalid job, a parent that
     /// does not exist) writes none of its jobs and leaves `tx` usable.

@@ -78,7 +78,7 @@ pub(crate) fn invalid_parent(parent: Option<JobId>) -> Error {
     }
 }
 
-/// How many jobs from the start of `durq` go into one grouped call.
+/// How many jobs from the start of `jobs` go into one grouped call.
 fn chunk_len(jobs: &[&Prepared]) -> usize {
     let mut end = 0;
     let mut bytes = 0;
@@ -112,7 +112,7 @@ pub(crate) fn order_prefix(priority: i16, at: Timestamp) -> [u8; 20] {
     out
 }
 
-/// Runs one script call over `durq`, passing the hashes of the `known` jobs that dedup
+/// Runs one script call over `jobs`, passing the hashes of the `known` jobs that dedup
 /// keys point at. With `staged`, the payloads are already in the jobs' hashes.
 async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool) -> Result<Chunk> {
     let keys = &ctx.keys;
@@ -303,7 +303,7 @@ pub(crate) async fn read_dedup_keys(ctx: &Ctx, jobs: &[NewJob]) -> Result<Vec<Jo
         .map(|ids| ids.into_iter().collect())
 }
 
-/// Enqueues `durq` in order as one batch, all or nothing (see the module's header).
+/// Enqueues `jobs` in order as one batch, all or nothing (see the module's header).
 /// An unknown parent fails the call.
 pub(crate) async fn run_all(
     ctx: &Ctx,

@@ -222,7 +222,7 @@ async fn enqueue_and_claim(store: &Store, n: usize) -> Vec<durq_core::ClaimedJob
     claimed
 }
 
-/// Enqueues `durq` in batches of 10,000 (the batch limit), returning the ids in order.
+/// Enqueues `jobs` in batches of 10,000 (the batch limit), returning the ids in order.
 async fn enqueue_all(store: &Store, jobs: Vec<NewJob>) -> Vec<JobId> {
     let mut ids = Vec::with_capacity(jobs.len());
     let mut jobs = jobs.into_iter().peekable();

@@ -176,7 +176,7 @@ impl SqliteTransaction<'_> {
         self.run(|tx| ops::enqueue(tx, ns, &settings, job, now))
     }
 
-    /// Enqueues `durq` in this transaction, all or none: a batch refused for one job
+    /// Enqueues `jobs` in this transaction, all or none: a batch refused for one job
     /// (an invalid job, a parent that does not exist) writes nothing of its own and
     /// leaves the transaction, and what the caller wrote in it, usable (CONTRACT E9).
     pub fn enqueue_batch(&mut self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {

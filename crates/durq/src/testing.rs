@@ -177,7 +177,7 @@ impl TestKit {
         self.run(worker, usize::MAX).await
     }
 
-    /// Runs `worker`, one job at a time, until it has recorded `durq` outcomes or none
+    /// Runs `worker`, one job at a time, until it has recorded `jobs` outcomes or none
     /// of its queues holds a ready or running job.
     async fn run(&self, worker: WorkerBuilder, jobs: usize) -> Vec<JobEvent> {
         /// How long a worker may leave a ready job alone before the kit gives up: a job

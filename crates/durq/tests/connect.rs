@@ -114,3 +114,41 @@ async fn sqlite_urls_need_the_feature() {
         .expect_err("feature off");
     assert_eq!(err.invalid_field(), Some("url"));
 }
+
+/// A port on this host where nothing listens: bound, then let go, so a connection to it
+/// is refused.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+fn refusing_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("its address").port()
+}
+
+/// A refused connection is reported at once (not after a pool's timeout), and the
+/// error's own text names the server and the cause, not only its `Debug` or sources.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+async fn assert_refused_at_once(url: &str, port: u16) {
+    let started = std::time::Instant::now();
+    let opened = tokio::time::timeout(std::time::Duration::from_secs(2), durq::connect(url))
+        .await
+        .unwrap_or_else(|_| panic!("{url}: no answer within 2 s"));
+    let err = opened.expect_err("nothing listens there");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    assert!(err.is_retryable(), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_refused_redis_connection_names_the_server_and_the_cause() {
+    let port = refusing_port();
+    assert_refused_at_once(&format!("redis://127.0.0.1:{port}"), port).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_refused_postgres_connection_names_the_server_and_the_cause() {
+    let port = refusing_port();
+    assert_refused_at_once(&format!("postgres://postgres@127.0.0.1:{port}/test"), port).await;
+}

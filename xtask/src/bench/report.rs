@@ -63,7 +63,7 @@ pub(super) fn group_thousands(n: u64) -> String {
     out
 }
 
-/// Says so when the drain of `durq` was stopped at its deadline before it finished.
+/// Says so when the drain of `jobs` was stopped at its deadline before it finished.
 fn partial_note(results: &Results, backend: &str, jobs: u64) -> String {
     let drained = results.cell("jobs", backend, "e2e-backlog", jobs, "drained");
     match drained.median() {

@@ -273,7 +273,12 @@ impl RedisStore {
         let client = builder
             .build()
             .map_err(|err| bad_url("urls", urls.iter().any(|url| is_tls_url(url)), &err))?;
-        let dial = Dial::Cluster(Box::new(client));
+        let nodes_text = nodes
+            .iter()
+            .map(|node| node.get_connection_info().addr().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let dial = Dial::Cluster(Box::new(client), nodes_text.into());
         let conn = dial.connect().await?;
         Self::finish_connect(conn, dial, nodes, settings).await
     }
@@ -343,7 +348,7 @@ impl RedisStore {
         });
         RedisStore {
             inner: Arc::new(Inner {
-                cluster: matches!(dial, Dial::Cluster(_)),
+                cluster: matches!(dial, Dial::Cluster(..)),
                 conn,
                 dial,
                 settings,
@@ -363,12 +368,22 @@ impl RedisStore {
 pub(super) enum Dial {
     /// One server: a connection that reconnects by itself.
     Single(Box<redis::Client>),
-    /// A cluster, through its nodes.
-    Cluster(Box<redis::cluster::ClusterClient>),
+    /// A cluster, through its nodes; and the addresses of the nodes it was given, for
+    /// errors.
+    Cluster(Box<redis::cluster::ClusterClient>, Arc<str>),
 }
 
 impl Dial {
+    /// A connection, or an error that names the server (or the cluster's nodes) and
+    /// the cause: "redis connect to 127.0.0.1:6379: Connection refused (os error 111)".
     async fn connect(&self) -> Result<Conn> {
+        let failed = |err: redis::RedisError| {
+            let server = match self {
+                Dial::Single(client) => client.get_connection_info().addr().to_string(),
+                Dial::Cluster(_, nodes) => format!("the cluster of {nodes}"),
+            };
+            map_err(&format!("connect to {server}: {err}"), err)
+        };
         match self {
             Dial::Single(client) => {
                 let config = ConnectionManagerConfig::new()
@@ -378,13 +393,13 @@ impl Dial {
                 ConnectionManager::new_with_config((**client).clone(), config)
                     .await
                     .map(Conn::Single)
-                    .map_err(|err| map_err("connect", err))
+                    .map_err(failed)
             }
-            Dial::Cluster(client) => client
+            Dial::Cluster(client, _) => client
                 .get_async_connection()
                 .await
                 .map(Conn::Cluster)
-                .map_err(|err| map_err("connect", err)),
+                .map_err(failed),
         }
     }
 }

@@ -444,7 +444,7 @@ impl WorkerBuilder {
             .collect()
     }
 
-    /// Claims at most `durq` jobs in all, then only waits to be shut down.
+    /// Claims at most `jobs` jobs in all, then only waits to be shut down.
     #[cfg(feature = "testing")]
     pub(crate) fn claim_limit(mut self, jobs: usize) -> Self {
         self.claim_limit = Some(jobs);
