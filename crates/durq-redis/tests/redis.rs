@@ -291,6 +291,46 @@ async fn purge_deletes_the_keys_of_unique_jobs_it_deletes() {
     assert_eq!((again.id, again.created), (newer.id, false));
 }
 
+/// A namespace whose every job was purged keeps no key of its jobs: neither their
+/// records and index entries nor the sequence and running counters that ordered and
+/// counted them (`purge --retention 0s` used to leave `seq` and `running` behind).
+#[tokio::test]
+async fn purging_every_job_leaves_no_key_of_the_namespace() {
+    let Some(mut env) = Env::new().await else {
+        return;
+    };
+    let store = env.store().await;
+    let claimed = enqueue_and_claim(&store, 2).await;
+    store
+        .complete(claimed[0].id(), claimed[0].token(), None)
+        .await
+        .expect("complete");
+    store
+        .fail(
+            claimed[1].id(),
+            claimed[1].token(),
+            "boom",
+            durq_core::Retry::Never,
+        )
+        .await
+        .expect("fail");
+    let cancelled = store.enqueue(NewJob::new("other")).await.expect("enqueue");
+    store.cancel(cancelled.id).await.expect("cancel");
+    assert!(!env.namespace_keys().await.is_empty());
+
+    env.clock.advance(Duration::from_secs(8 * 24 * 3600));
+    assert_eq!(store.purge(100).await.expect("purge"), 3);
+    assert_eq!(env.namespace_keys().await, Vec::<String>::new());
+
+    // The emptied namespace works as a new one: jobs are claimed in enqueue order.
+    let ids = enqueue_all(&store, (0..3).map(|_| NewJob::new("q")).collect()).await;
+    let again = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(5)).limit(3))
+        .await
+        .expect("claim");
+    assert_eq!(again.iter().map(|job| job.id()).collect::<Vec<_>>(), ids);
+}
+
 #[tokio::test]
 async fn drop_namespace_deletes_every_key_of_its_namespace_and_no_other() {
     let Some(mut env) = Env::new().await else {

@@ -3,7 +3,8 @@
 --
 -- KEYS[1] finished index (zset)   KEYS[2] list index (zset)
 -- KEYS[3] children index (zset)   KEYS[4] placement index (hash)
--- KEYS[4+i] the hash of the job of finished entry i (ARGV[1+i])
+-- KEYS[5] sequence counter (string) KEYS[6] running counters (hash)
+-- KEYS[6+i] the hash of the job of finished entry i (ARGV[1+i])
 -- ARGV[1] cutoff (ms): entries finished at or before it are due
 -- ARGV[1+i] finished index member i ("queue state id parent"), read by Rust with
 --           ZRANGEBYSCORE finished -inf cutoff LIMIT 0 limit
@@ -18,11 +19,18 @@
 -- the queue, state, id and parent, so the list, children and placement entries are
 -- removed even when the hash already expired by its server TTL.
 --
+-- A namespace left with no job at all (its list index empty) also loses its sequence
+-- counter and running counters, which only order and count jobs: an emptied namespace
+-- leaves no key of its jobs behind. An enqueue after it starts them again from nothing,
+-- which orders its jobs as well, since there is no older job to order them against.
+--
 -- Atomicity: the record and all its entries go in one step. Check before write: the only
 -- values read are the entries' scores and the members themselves, which cannot make a
 -- command fail; a member that does not parse is only removed from the finished index.
 
 local done, list, children, placements = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local seq, running = KEYS[5], KEYS[6]
+local FIRST_JOB = 6
 local cutoff = tonumber(ARGV[1])
 local deleted = 0
 local keys = {}
@@ -30,19 +38,19 @@ local keys = {}
 -- one HDEL of a missing field costs less than reading the hash to find out, and a hash
 -- already gone could not tell.
 local placed = {}
-for i = 1, #KEYS - 4 do
+for i = 1, #KEYS - FIRST_JOB do
   local member = ARGV[1 + i]
   local score = redis.call('ZSCORE', done, member)
   if score and tonumber(score) <= cutoff then
     -- member = queue .. ' ' .. code .. ' ' .. id .. ' ' .. parent (parent may be empty)
     local queue, code, id, parent = string.match(member, '^(%S+) (%a) (%S+) (%S*)$')
     if queue then
-      local dkey = redis.call('HGET', KEYS[4 + i], 'dkey')
+      local dkey = redis.call('HGET', KEYS[FIRST_JOB + i], 'dkey')
       if dkey then
         keys[#keys + 1] = dkey
         keys[#keys + 1] = id
       end
-      redis.call('DEL', KEYS[4 + i])
+      redis.call('DEL', KEYS[FIRST_JOB + i])
       placed[#placed + 1] = id
       redis.call('ZREM', list, queue .. ' ' .. code .. ' ' .. id)
       if parent ~= '' then
@@ -54,4 +62,7 @@ for i = 1, #KEYS - 4 do
   end
 end
 hdel_fields(placements, placed)
+if deleted > 0 and redis.call('ZCARD', list) == 0 then
+  redis.call('DEL', seq, running)
+end
 return { deleted, keys }

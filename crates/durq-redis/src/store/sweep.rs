@@ -188,6 +188,8 @@ impl RedisStore {
                 .key(&keys.list)
                 .key(&keys.children)
                 .key(&keys.placement)
+                .key(&keys.seq)
+                .key(&keys.running)
                 .arg(&cutoff_text);
             for member in &members {
                 // member = "queue code id parent"
