@@ -22,7 +22,7 @@ fn logs() -> &'static Mutex<Vec<u8>> {
     LOGS.get_or_init(|| {
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
-            .with_env_filter("jobs=debug")
+            .with_env_filter("durq=debug")
             .with_writer(|| LogWriter)
             .finish();
         let _ = tracing::subscriber::set_global_default(subscriber);
