@@ -196,8 +196,9 @@ impl NewJob {
     /// idempotency key. Any of them can be changed afterwards with the methods here.
     ///
     /// ```
+    /// # extern crate durq_core as durq; // users reach these through the `durq` facade
     /// use std::time::Duration;
-    /// use durq_core::{NewJob, TypedJob};
+    /// use durq::{NewJob, TypedJob};
     ///
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// struct Invoice { order: u64 }
@@ -215,7 +216,7 @@ impl NewJob {
     /// let job = NewJob::typed(&Invoice { order: 7 })?.priority(5);
     /// assert_eq!((job.queue.as_str(), job.max_attempts, job.priority), ("invoices", 10, 5));
     /// assert_eq!(job.idempotency_key.as_deref(), Some("order-7"));
-    /// # Ok::<(), durq_core::Error>(())
+    /// # Ok::<(), durq::Error>(())
     /// ```
     pub fn typed<J: TypedJob>(job: &J) -> Result<Self, Error> {
         let mut new = NewJob::new(J::QUEUE)
@@ -300,18 +301,23 @@ impl NewJob {
 /// [`NewJob::new`] gives.
 ///
 /// ```
+/// # extern crate durq_core as durq; // users reach these through the `durq` facade
+/// use durq::{NewJob, TypedJob};
+///
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct SendEmail { to: String }
 ///
-/// impl durq_core::TypedJob for SendEmail {
+/// impl TypedJob for SendEmail {
 ///     const QUEUE: &'static str = "emails";
 ///     const MAX_ATTEMPTS: u32 = 5;
 ///     const TAGS: &'static [(&'static str, &'static str)] = &[("team", "growth")];
 /// }
-/// let job = durq_core::NewJob::typed(&SendEmail { to: "ada@example.com".into() })?;
-/// assert_eq!((job.queue.as_str(), job.max_attempts), ("emails", 5));
+/// // `store.enqueue_typed(&email)` enqueues with these; `NewJob::typed` starts from
+/// // them and lets one enqueue change any of them.
+/// let job = NewJob::typed(&SendEmail { to: "ada@example.com".into() })?.priority(3);
+/// assert_eq!((job.queue.as_str(), job.max_attempts, job.priority), ("emails", 5, 3));
 /// assert_eq!(job.tags["team"], "growth");
-/// # Ok::<(), durq_core::Error>(())
+/// # Ok::<(), durq::Error>(())
 /// ```
 pub trait TypedJob: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static {
     /// The queue jobs of this type wait in.
