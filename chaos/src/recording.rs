@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use durq::layers::{async_trait, Backend, Layer, LayeredBackend};
-use durq::{
-    ClaimRequest, ClaimedJob, Completion, Error, Heartbeat, HeldLease, JobId, JobState, LeaseToken,
-    ReclaimedJob, Result, Retry, Timestamp,
+use durq::worker_calls::{
+    ClaimRequest, ClaimedJob, Completion, Heartbeat, HeldLease, ReclaimedJob, Retry,
 };
+use durq::{Error, JobId, JobState, LeaseToken, Result, Timestamp};
 
 use crate::history::{now_us, Event, Log, Op};
 

@@ -12,7 +12,8 @@
 
 use std::time::Duration;
 
-use durq::{ClaimRequest, JobId, NewJob, Retry, Schedule, Store, WorkerInfo};
+use durq::worker_calls::{ClaimRequest, Retry};
+use durq::{JobId, NewJob, Schedule, Store, WorkerInfo};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -13,7 +13,8 @@ use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use common::{dead_job, get, listed, next_page, post, send, SAME_ORIGIN};
 use durq::layers::{Backend, LayeredBackend};
-use durq::{ClaimRequest, JobState, ListPage, ListQuery, NewJob, Retry, Store, WorkerInfo};
+use durq::worker_calls::{ClaimRequest, Retry};
+use durq::{JobState, ListPage, ListQuery, NewJob, Store, WorkerInfo};
 use durq_dashboard::Dashboard;
 
 async fn memory() -> Store {

@@ -18,12 +18,21 @@ mod worker;
 // (`validate`, `ReadyOrder`, `JobIdHasher`, …) stay in `durq-core`.
 pub use connect::{connect, connect_with};
 pub use durq_core::{
-    contract, Attempt, AttemptOutcome, Backoff, Budget, Bytes, Cadence, CatchUp, ClaimRequest,
-    ClaimedJob, Clock, Completion, Enqueued, Error, FencedCompletion, Heartbeat, HeldLease, Job,
-    JobId, JobState, Lease, LeaseToken, ListPage, ListQuery, ManualClock, Needs, NewJob,
-    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, Schedule, ScheduleRecord, Store,
+    contract, Attempt, AttemptOutcome, Backoff, Budget, Bytes, Cadence, CatchUp, Clock, Enqueued,
+    Error, FencedCompletion, Job, JobId, JobState, Lease, LeaseToken, ListPage, ListQuery,
+    ManualClock, Needs, NewJob, QueueOverview, QueueStats, Result, Schedule, ScheduleRecord, Store,
     StoreSettings, SystemClock, Tags, Timestamp, TypedJob, Uniqueness, WorkerInfo, ATTEMPTS_KEPT,
 };
+
+/// The requests and answers of the calls a worker makes on the store: `claim`,
+/// `heartbeat`, `complete`, `fail`, `release`, `reclaim` (CONTRACT C, L, R).
+/// [`Worker`] makes these calls for you, keeping each lease from claim to stored outcome;
+/// they are here for runtimes of your own and for tests of the contract.
+pub mod worker_calls {
+    pub use durq_core::{
+        ClaimRequest, ClaimedJob, Completion, Heartbeat, HeldLease, ReclaimedJob, Retry,
+    };
+}
 pub use handler::{CancelReason, JobContext, JobError, JobOutput, Json};
 pub use worker::{
     JobEvent, JobOutcome, ShutdownHandle, Worker, WorkerBuilder, WorkerHandle,

@@ -17,7 +17,7 @@ async fn round_trip(store: &Store) {
         .expect("enqueue")
         .id;
     let claimed = store
-        .claim(durq::ClaimRequest::new(
+        .claim(durq::worker_calls::ClaimRequest::new(
             ["connect"],
             "w",
             std::time::Duration::from_secs(30),

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use durq::layers::{async_trait, Backend, LayeredBackend};
+use durq::worker_calls::{Completion, Heartbeat, HeldLease};
 use durq::{
-    Bytes, Completion, Heartbeat, HeldLease, JobContext, JobError, JobId, JobState, LeaseToken,
-    NewJob, Store, StoreSettings, Timestamp, Worker,
+    Bytes, JobContext, JobError, JobId, JobState, LeaseToken, NewJob, Store, StoreSettings,
+    Timestamp, Worker,
 };
 use tokio::sync::Notify;
 

@@ -781,7 +781,7 @@ mod scenarios {
         let late = store.complete(id, first.token, None).await;
         assert!(late.as_ref().is_err_and(|e| e.is_lease_lost()), "{late:?}");
         let late = store
-            .fail(id, first.token, "late", durq::Retry::Never)
+            .fail(id, first.token, "late", durq::worker_calls::Retry::Never)
             .await;
         assert!(late.as_ref().is_err_and(|e| e.is_lease_lost()), "{late:?}");
         assert_eq!(
@@ -1065,7 +1065,11 @@ mod scenarios {
         }
         assert_eq!(reclaimed.len(), 1);
         let thief = store
-            .claim(durq::ClaimRequest::new(["work"], "thief", LEASE))
+            .claim(durq::worker_calls::ClaimRequest::new(
+                ["work"],
+                "thief",
+                LEASE,
+            ))
             .await
             .expect("claim");
         assert_eq!(thief.len(), 1, "the reclaimed job is claimable");
@@ -1809,7 +1813,11 @@ mod scenarios {
         env.clock.advance(LEASE + Duration::from_millis(1));
         assert_eq!(store.reclaim(10).await.expect("reclaim").len(), 1);
         let thief = store
-            .claim(durq::ClaimRequest::new(["work"], "thief", LEASE))
+            .claim(durq::worker_calls::ClaimRequest::new(
+                ["work"],
+                "thief",
+                LEASE,
+            ))
             .await
             .expect("claim");
         assert_eq!(thief.len(), 1, "the reclaimed job is claimable");
@@ -2073,9 +2081,9 @@ impl LayeredBackend for AlwaysWakes {
 
     async fn claim(
         &self,
-        request: durq::ClaimRequest,
+        request: durq::worker_calls::ClaimRequest,
         now: Timestamp,
-    ) -> durq::Result<Vec<durq::ClaimedJob>> {
+    ) -> durq::Result<Vec<durq::worker_calls::ClaimedJob>> {
         if self.claims.fetch_add(1, Ordering::SeqCst) + 1 == self.report_at {
             let _ = self.report.send(self.waits.load(Ordering::SeqCst));
         }
@@ -2264,7 +2272,7 @@ impl LayeredBackend for CountingStore {
         token: LeaseToken,
         ttl: Duration,
         now: Timestamp,
-    ) -> durq::Result<durq::Heartbeat> {
+    ) -> durq::Result<durq::worker_calls::Heartbeat> {
         if self.heartbeats_down.load(Ordering::SeqCst) {
             return Err(test_outage());
         }
@@ -2273,10 +2281,10 @@ impl LayeredBackend for CountingStore {
 
     async fn heartbeat_batch(
         &self,
-        leases: Vec<durq::HeldLease>,
+        leases: Vec<durq::worker_calls::HeldLease>,
         ttl: Duration,
         now: Timestamp,
-    ) -> durq::Result<Vec<durq::Result<durq::Heartbeat>>> {
+    ) -> durq::Result<Vec<durq::Result<durq::worker_calls::Heartbeat>>> {
         self.heartbeat_batches.fetch_add(1, Ordering::SeqCst);
         if self.heartbeats_down.load(Ordering::SeqCst) {
             return Err(test_outage());
@@ -2300,7 +2308,7 @@ impl LayeredBackend for CountingStore {
 
     async fn complete_batch(
         &self,
-        completions: Vec<durq::Completion>,
+        completions: Vec<durq::worker_calls::Completion>,
         now: Timestamp,
     ) -> durq::Result<Vec<durq::Result<()>>> {
         self.batches.fetch_add(1, Ordering::SeqCst);

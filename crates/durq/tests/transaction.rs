@@ -16,10 +16,10 @@ use std::time::Duration;
 use durq::backends::postgres::{sqlx, PostgresBackend, PostgresConfig, PostgresStore};
 use durq::backends::sqlite::SqliteStore;
 use durq::layers::{async_trait, Backend, LayeredBackend};
+use durq::worker_calls::{ClaimRequest, Completion, HeldLease, Retry};
 use durq::{
-    Backoff, ClaimRequest, Completion, Error, FencedCompletion, HeldLease, JobContext, JobEvent,
-    JobId, JobOutcome, JobState, LeaseToken, ManualClock, NewJob, Result, Retry, Store,
-    StoreSettings, Timestamp, Worker,
+    Backoff, Error, FencedCompletion, JobContext, JobEvent, JobId, JobOutcome, JobState,
+    LeaseToken, ManualClock, NewJob, Result, Store, StoreSettings, Timestamp, Worker,
 };
 use tokio::sync::{mpsc, Notify};
 
@@ -289,7 +289,7 @@ impl LayeredBackend for Watch {
         token: LeaseToken,
         ttl: Duration,
         now: Timestamp,
-    ) -> Result<durq::Heartbeat> {
+    ) -> Result<durq::worker_calls::Heartbeat> {
         self.held().await?;
         self.inner.heartbeat(id, token, ttl, now).await
     }
@@ -299,7 +299,7 @@ impl LayeredBackend for Watch {
         leases: Vec<HeldLease>,
         ttl: Duration,
         now: Timestamp,
-    ) -> Result<Vec<Result<durq::Heartbeat>>> {
+    ) -> Result<Vec<Result<durq::worker_calls::Heartbeat>>> {
         self.held().await?;
         self.inner.heartbeat_batch(leases, ttl, now).await
     }

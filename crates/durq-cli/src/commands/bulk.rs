@@ -246,7 +246,8 @@ fn capitalized(word: &str) -> String {
 mod tests {
     use std::time::Duration;
 
-    use durq::{ClaimRequest, NewJob, Retry, Store};
+    use durq::worker_calls::{ClaimRequest, Retry};
+    use durq::{NewJob, Store};
     use indicatif::ProgressBar;
 
     use super::*;

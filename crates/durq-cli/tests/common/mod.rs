@@ -15,7 +15,8 @@ use std::panic::AssertUnwindSafe;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use durq::{ClaimRequest, JobId, JobState, NewJob, Retry, Schedule, Store, WorkerInfo};
+use durq::worker_calls::{ClaimRequest, Retry};
+use durq::{JobId, JobState, NewJob, Schedule, Store, WorkerInfo};
 use futures::FutureExt;
 use serde_json::Value;
 
@@ -164,7 +165,12 @@ impl Target {
     }
 
     /// Claims job `id` as `worker`, as a worker would.
-    pub async fn claim(&self, id: JobId, queue: &str, worker: &str) -> durq::ClaimedJob {
+    pub async fn claim(
+        &self,
+        id: JobId,
+        queue: &str,
+        worker: &str,
+    ) -> durq::worker_calls::ClaimedJob {
         let request = ClaimRequest::new([queue], worker, Duration::from_secs(300)).reserved(id);
         let mut claimed = self.store.claim(request).await.expect("claim");
         assert_eq!(claimed.len(), 1, "job {id} was claimed");

@@ -8,7 +8,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
-use durq::{ClaimRequest, JobId, NewJob, Retry, Store};
+use durq::worker_calls::{ClaimRequest, Retry};
+use durq::{JobId, NewJob, Store};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
