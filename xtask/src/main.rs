@@ -234,6 +234,7 @@ const CI_CHAOS_SECONDS: u64 = 20;
 /// the default.
 const EXAMPLES: &[(&str, &str)] = &[
     ("quickstart", ""),
+    ("signup", ""),
     ("scheduling", ""),
     ("resource_aware", ""),
     ("transactional_sqlite", ""),
