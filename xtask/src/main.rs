@@ -280,3 +280,53 @@ mod tests {
         assert!(Cli::try_parse_from(["xtask"]).is_err());
     }
 }
+
+/// ARCHITECTURE.md's code map against the tree: a crate or a rule file added without
+/// its line in the map, or a crate without a README, fails here.
+#[cfg(test)]
+mod code_map {
+    use std::fs;
+
+    use super::workspace_root;
+
+    #[test]
+    fn the_code_map_names_every_crate_and_rule_file() {
+        let root = workspace_root();
+        let map = fs::read_to_string(root.join("docs/ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+        let manifest = fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+        let members: Vec<&str> = manifest
+            .split("members = [")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .expect("the workspace's members")
+            .split(',')
+            .map(|member| member.trim().trim_matches('"'))
+            .filter(|member| !member.is_empty())
+            .collect();
+        assert!(members.len() >= 12, "{members:?}");
+        for member in &members {
+            assert!(
+                map.contains(&format!("`{member}`")),
+                "docs/ARCHITECTURE.md's code map does not name `{member}`"
+            );
+            assert!(
+                root.join(member).join("README.md").is_file(),
+                "{member} has no README.md"
+            );
+        }
+        let rules = fs::read_dir(root.join("conformance/src/rules")).expect("the rule files");
+        for entry in rules {
+            let path = entry.expect("a rule file").path();
+            let Some(stem) = path.file_stem().and_then(|stem| stem.to_str()) else {
+                continue;
+            };
+            if stem == "mod" {
+                continue;
+            }
+            assert!(
+                map.contains(&format!("`{stem}`")),
+                "docs/ARCHITECTURE.md's code map does not name the rule file `{stem}`"
+            );
+        }
+    }
+}
