@@ -674,7 +674,8 @@ macro_rules! list_filters {
 /// Rule A4 for one queue: one page, newest first. `$2` the queue, `$3` the states to
 /// list (every state when the query names none), `$4` the exclusive cursor (the
 /// largest uuid for the first page), `$5` the page size, `$6` and `$7` the
-/// `list_filters!`. One range of `jobs_listing` (namespace, queue, state, id) per
+/// `list_filters!`, `$8` the lowest id the page may hold (NULL: none; see
+/// `PostgresStore::list` for the bound on the rows one filtered page examines). One range of `jobs_listing` (namespace, queue, state, id) per
 /// state, walked newest first and cut at `$5` matches, then merged: a page costs its
 /// size (and the rows the filters leave out), not its depth.
 const LIST_QUEUE: &str = concat!(
@@ -685,7 +686,8 @@ LATERAL (
     SELECT "#,
     job_columns!(),
     r#" FROM {schema}.jobs
-    WHERE namespace = $1 AND queue = $2 AND state = s.st AND id < $4"#,
+    WHERE namespace = $1 AND queue = $2 AND state = s.st AND id < $4
+      AND id >= COALESCE($8::uuid, '00000000-0000-0000-0000-000000000000')"#,
     list_filters!("$6", "$7"),
     r#"
     ORDER BY id DESC
@@ -698,7 +700,7 @@ LIMIT $5
 
 /// Rule A4 across queues, for a query naming states or a queue prefix but no queue:
 /// [`LIST_QUEUE`]'s walk for every queue of the namespace whose name starts with `$2`
-/// (NULL: every queue), merged. `$3` to `$7` as in [`LIST_QUEUE`].
+/// (NULL: every queue), merged. `$3` to `$8` as in [`LIST_QUEUE`].
 ///
 /// The namespace's queues come from a skip scan of `jobs_listing`: each step one
 /// descent to the next queue name, so their number, not the jobs', sets its cost. The
@@ -724,7 +726,8 @@ LATERAL (
     SELECT "#,
     job_columns!(),
     r#" FROM {schema}.jobs
-    WHERE namespace = $1 AND queue = q.name AND state = s.st AND id < $4"#,
+    WHERE namespace = $1 AND queue = q.name AND state = s.st AND id < $4
+      AND id >= COALESCE($8::uuid, '00000000-0000-0000-0000-000000000000')"#,
     list_filters!("$6", "$7"),
     r#"
     ORDER BY id DESC
@@ -738,13 +741,15 @@ LIMIT $5
 
 /// Rule A4 over every job of the namespace (no queue, prefix or state named): the
 /// primary key (namespace, id) walked newest first from the exclusive cursor `$2`,
-/// `$3` the page size, `$4` and `$5` the `list_filters!`. Without filters a page
-/// reads its own rows and no more.
+/// `$3` the page size, `$4` and `$5` the `list_filters!`, `$6` the lowest id the page
+/// may hold (NULL: none), as in [`LIST_QUEUE`]. Without filters a page reads its own
+/// rows and no more.
 const LIST_ALL: &str = concat!(
     "SELECT ",
     job_columns!(),
     r#" FROM {schema}.jobs
-WHERE namespace = $1 AND id < $2"#,
+WHERE namespace = $1 AND id < $2
+  AND id >= COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000')"#,
     list_filters!("$4", "$5"),
     r#"
 ORDER BY id DESC

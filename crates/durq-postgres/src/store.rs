@@ -151,6 +151,71 @@ impl PostgresStore {
     }
 
     /// Why a lease call matched no row: the job is gone, or its lease is not this one.
+    /// One `list` statement for `page`: up to `limit` rows newest first, those of
+    /// `tenant` and with `tags` (NULL: any), none below `lowest` (NULL: no bound). The
+    /// statement is chosen by what the query names (see `sql::LIST_QUEUE`).
+    async fn list_rows(
+        &self,
+        page: &ListPageQuery<'_>,
+        limit: usize,
+        tenant: Option<&[u8]>,
+        tags: Option<&str>,
+        lowest: Option<Uuid>,
+    ) -> Result<Vec<PgRow>> {
+        let query = page.query;
+        let limit = limit_param(limit);
+        let every_state = page.states.len() == JobState::ALL.len();
+        match &query.queue {
+            // A queue outside the prefix: nothing can match.
+            Some(queue) if !query.matches_queue(queue) => Ok(Vec::new()),
+            Some(queue) => {
+                self.shared()
+                    .fetch_all_again("list", |_| {
+                        sqlx::query(self.sql().list_queue.sql())
+                            .bind(self.namespace())
+                            .bind(queue)
+                            .bind(page.states)
+                            .bind(page.cursor)
+                            .bind(limit)
+                            .bind(tenant)
+                            .bind(tags)
+                            .bind(lowest)
+                    })
+                    .await
+            }
+            // Every job: the newest first by primary key reads a page and no more.
+            None if every_state && query.queue_prefix.is_none() => {
+                self.shared()
+                    .fetch_all_again("list", |_| {
+                        sqlx::query(self.sql().list_all.sql())
+                            .bind(self.namespace())
+                            .bind(page.cursor)
+                            .bind(limit)
+                            .bind(tenant)
+                            .bind(tags)
+                            .bind(lowest)
+                    })
+                    .await
+            }
+            // Some states or some queues: per queue and state, an index range.
+            None => {
+                self.shared()
+                    .fetch_all_again("list", |_| {
+                        sqlx::query(self.sql().list_queues.sql())
+                            .bind(self.namespace())
+                            .bind(query.queue_prefix.as_deref())
+                            .bind(page.states)
+                            .bind(page.cursor)
+                            .bind(limit)
+                            .bind(tenant)
+                            .bind(tags)
+                            .bind(lowest)
+                    })
+                    .await
+            }
+        }
+    }
+
     async fn lease_miss(&self, what: &str, id: JobId) -> Error {
         match self.state_of(what, id).await {
             Ok(Some(_)) => Error::LeaseLost { id },
@@ -234,6 +299,17 @@ pub(crate) fn token_param(token: LeaseToken) -> i64 {
 fn attempt_error_len(error: &str) -> i32 {
     let kept = durq_core::validate::truncate_attempt_error(error).len();
     i32::try_from(kept).unwrap_or(i32::MAX)
+}
+
+/// The most rows one `list` call with a tenant or tag filter examines (see
+/// `PostgresStore::list`), as many as Redis examines.
+const LIST_EXAMINE_BOUND: usize = 4096;
+
+/// What every statement of one `list` page shares.
+struct ListPageQuery<'a> {
+    query: &'a ListQuery,
+    states: &'a [&'a str],
+    cursor: Uuid,
 }
 
 fn limit_param(limit: usize) -> i64 {
@@ -906,7 +982,6 @@ impl Backend for PostgresStore {
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
         let cursor = query.cursor.map_or(Uuid::max(), Uuid::from);
-        let limit = limit_param(query.limit);
         // NULL binds "every tenant" and "no tag filter" (see `sql::list_filters`).
         let tenant = (!query.tenant.is_empty()).then_some(query.tenant.as_bytes());
         let tags = encode_tags(&query.tags);
@@ -915,58 +990,40 @@ impl Backend for PostgresStore {
             .filter(|state| query.matches_state(**state))
             .map(|state| state.as_str())
             .collect();
-        let every_state = states.len() == JobState::ALL.len();
-        let rows = match &query.queue {
-            // A queue outside the prefix: nothing can match.
-            Some(queue) if !query.matches_queue(queue) => Vec::new(),
-            Some(queue) => {
-                self.shared()
-                    .fetch_all_again("list", |_| {
-                        sqlx::query(self.sql().list_queue.sql())
-                            .bind(self.namespace())
-                            .bind(queue)
-                            .bind(&states[..])
-                            .bind(cursor)
-                            .bind(limit)
-                            .bind(tenant)
-                            .bind(tags.as_deref())
-                    })
-                    .await?
-            }
-            // Every job: the newest first by primary key reads a page and no more.
-            None if every_state && query.queue_prefix.is_none() => {
-                self.shared()
-                    .fetch_all_again("list", |_| {
-                        sqlx::query(self.sql().list_all.sql())
-                            .bind(self.namespace())
-                            .bind(cursor)
-                            .bind(limit)
-                            .bind(tenant)
-                            .bind(tags.as_deref())
-                    })
-                    .await?
-            }
-            // Some states or some queues: per queue and state, an index range.
-            None => {
-                self.shared()
-                    .fetch_all_again("list", |_| {
-                        sqlx::query(self.sql().list_queues.sql())
-                            .bind(self.namespace())
-                            .bind(query.queue_prefix.as_deref())
-                            .bind(&states[..])
-                            .bind(cursor)
-                            .bind(limit)
-                            .bind(tenant)
-                            .bind(tags.as_deref())
-                    })
-                    .await?
-            }
+        let page = ListPageQuery {
+            query: &query,
+            states: &states,
+            cursor,
         };
+        // A tenant or tag filter may pass over any number of rows before it fills a
+        // page: the page then holds only the matches among the newest
+        // `LIST_EXAMINE_BOUND` rows the other conditions select, and ends there with
+        // `next` set (CONTRACT A4 lets a backend bound one call's work). The bound is
+        // found by the same walk without the filters, a page of that many rows.
+        let lowest = if tenant.is_some() || tags.is_some() {
+            let examined = self
+                .list_rows(&page, LIST_EXAMINE_BOUND, None, None, None)
+                .await?;
+            if examined.len() == LIST_EXAMINE_BOUND {
+                let last = examined
+                    .last()
+                    .map(|row| column::<Uuid>(row, 0, &|| "list row".to_owned()));
+                last.transpose()?
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        let rows = self
+            .list_rows(&page, query.limit, tenant, tags.as_deref(), lowest)
+            .await?;
         let jobs = rows.iter().map(row::job).collect::<Result<Vec<_>>>()?;
         let next = if jobs.len() == query.limit {
             jobs.last().map(|job| job.id)
         } else {
-            None
+            // Ended at the bound: the next page starts below the rows examined.
+            lowest.map(row::job_id).transpose()?
         };
         Ok(ListPage { jobs, next })
     }
