@@ -680,11 +680,11 @@ macro_rules! list_filters {
 /// size (and the rows the filters leave out), not its depth.
 const LIST_QUEUE: &str = concat!(
     "SELECT ",
-    job_columns!(),
+    "{columns}",
     r#" FROM unnest($3::text[]) AS s(st),
 LATERAL (
     SELECT "#,
-    job_columns!(),
+    "{columns}",
     r#" FROM {schema}.jobs
     WHERE namespace = $1 AND queue = $2 AND state = s.st AND id < $4
       AND id >= COALESCE($8::uuid, '00000000-0000-0000-0000-000000000000')"#,
@@ -719,12 +719,12 @@ WITH RECURSIVE queues(name) AS (
     WHERE q.name IS NOT NULL
 )
 SELECT "#,
-    job_columns!(),
+    "{columns}",
     r#" FROM queues q
 CROSS JOIN unnest($3::text[]) AS s(st),
 LATERAL (
     SELECT "#,
-    job_columns!(),
+    "{columns}",
     r#" FROM {schema}.jobs
     WHERE namespace = $1 AND queue = q.name AND state = s.st AND id < $4
       AND id >= COALESCE($8::uuid, '00000000-0000-0000-0000-000000000000')"#,
@@ -746,7 +746,7 @@ LIMIT $5
 /// rows and no more.
 const LIST_ALL: &str = concat!(
     "SELECT ",
-    job_columns!(),
+    "{columns}",
     r#" FROM {schema}.jobs
 WHERE namespace = $1 AND id < $2
   AND id >= COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000')"#,
@@ -1000,18 +1000,40 @@ pub(crate) struct Statements {
     pub(crate) delete_worker: Text,
     pub(crate) workers: Text,
     pub(crate) reap_workers: Text,
-    /// [`LIST_QUEUE`]: a page of one queue.
-    pub(crate) list_queue: Text,
-    /// [`LIST_QUEUES`]: a page across the queues, by state or queue prefix.
-    pub(crate) list_queues: Text,
-    /// [`LIST_ALL`]: a page of every job.
-    pub(crate) list_all: Text,
+    /// The `list` statements, returning whole jobs.
+    pub(crate) list: ListStatements,
+    /// The same walks returning ids only: what bounds the rows a filtered page
+    /// examines (see `PostgresStore::list`).
+    pub(crate) list_ids: ListStatements,
     pub(crate) purge: Text,
     pub(crate) vanish: Text,
     pub(crate) drop_namespace: Text,
     pub(crate) notify: Text,
     /// [`NOTIFY_IN`]: notices sent inside the caller's transaction.
     pub(crate) notify_in: Text,
+}
+
+/// The three statements of `list` (CONTRACT A4), one per shape of query, each
+/// selecting `{columns}`.
+#[derive(Debug)]
+pub(crate) struct ListStatements {
+    /// [`LIST_QUEUE`]: a page of one queue.
+    pub(crate) queue: Text,
+    /// [`LIST_QUEUES`]: a page across the queues, by state or queue prefix.
+    pub(crate) queues: Text,
+    /// [`LIST_ALL`]: a page of every job.
+    pub(crate) all: Text,
+}
+
+impl ListStatements {
+    fn render(columns: &str, r: &impl Fn(&str) -> Text) -> Self {
+        let with = |template: &str| r(&template.replace("{columns}", columns));
+        ListStatements {
+            queue: with(LIST_QUEUE),
+            queues: with(LIST_QUEUES),
+            all: with(LIST_ALL),
+        }
+    }
 }
 
 impl Statements {
@@ -1056,9 +1078,8 @@ impl Statements {
             delete_worker: r(DELETE_WORKER),
             workers: r(WORKERS),
             reap_workers: r(REAP_WORKERS),
-            list_queue: r(LIST_QUEUE),
-            list_queues: r(LIST_QUEUES),
-            list_all: r(LIST_ALL),
+            list: ListStatements::render(job_columns!(), &r),
+            list_ids: ListStatements::render("id", &r),
             purge: r(PURGE),
             vanish: r(VANISH),
             drop_namespace: r(DROP_NAMESPACE),
@@ -1138,9 +1159,12 @@ mod tests {
             &sql.fail,
             &sql.release,
             &sql.reclaim,
-            &sql.list_queue,
-            &sql.list_queues,
-            &sql.list_all,
+            &sql.list.queue,
+            &sql.list.queues,
+            &sql.list.all,
+            &sql.list_ids.queue,
+            &sql.list_ids.queues,
+            &sql.list_ids.all,
             &sql.purge,
             &sql.drop_namespace,
         ] {

@@ -151,11 +151,12 @@ impl PostgresStore {
     }
 
     /// Why a lease call matched no row: the job is gone, or its lease is not this one.
-    /// One `list` statement for `page`: up to `limit` rows newest first, those of
+    /// One of `statements` for `page`: up to `limit` rows newest first, those of
     /// `tenant` and with `tags` (NULL: any), none below `lowest` (NULL: no bound). The
     /// statement is chosen by what the query names (see `sql::LIST_QUEUE`).
     async fn list_rows(
         &self,
+        statements: &crate::sql::ListStatements,
         page: &ListPageQuery<'_>,
         limit: usize,
         tenant: Option<&[u8]>,
@@ -171,7 +172,7 @@ impl PostgresStore {
             Some(queue) => {
                 self.shared()
                     .fetch_all_again("list", |_| {
-                        sqlx::query(self.sql().list_queue.sql())
+                        sqlx::query(statements.queue.sql())
                             .bind(self.namespace())
                             .bind(queue)
                             .bind(page.states)
@@ -187,7 +188,7 @@ impl PostgresStore {
             None if every_state && query.queue_prefix.is_none() => {
                 self.shared()
                     .fetch_all_again("list", |_| {
-                        sqlx::query(self.sql().list_all.sql())
+                        sqlx::query(statements.all.sql())
                             .bind(self.namespace())
                             .bind(page.cursor)
                             .bind(limit)
@@ -201,7 +202,7 @@ impl PostgresStore {
             None => {
                 self.shared()
                     .fetch_all_again("list", |_| {
-                        sqlx::query(self.sql().list_queues.sql())
+                        sqlx::query(statements.queues.sql())
                             .bind(self.namespace())
                             .bind(query.queue_prefix.as_deref())
                             .bind(page.states)
@@ -999,24 +1000,26 @@ impl Backend for PostgresStore {
         // page: the page then holds only the matches among the newest
         // `LIST_EXAMINE_BOUND` rows the other conditions select, and ends there with
         // `next` set (CONTRACT A4 lets a backend bound one call's work). The bound is
-        // found by the same walk without the filters, a page of that many rows.
-        let lowest = if tenant.is_some() || tags.is_some() {
+        // found by the same walk without the filters, reading ids only.
+        let sql = self.sql();
+        let mut lowest = None;
+        if tenant.is_some() || tags.is_some() {
             let examined = self
-                .list_rows(&page, LIST_EXAMINE_BOUND, None, None, None)
+                .list_rows(&sql.list_ids, &page, LIST_EXAMINE_BOUND, None, None, None)
                 .await?;
-            if examined.len() == LIST_EXAMINE_BOUND {
-                let last = examined
-                    .last()
-                    .map(|row| column::<Uuid>(row, 0, &|| "list row".to_owned()));
-                last.transpose()?
-            } else {
-                None
+            if let (LIST_EXAMINE_BOUND, Some(last)) = (examined.len(), examined.last()) {
+                lowest = Some(column::<Uuid>(last, 0, &|| "list bound row".to_owned())?);
             }
-        } else {
-            None
-        };
+        }
         let rows = self
-            .list_rows(&page, query.limit, tenant, tags.as_deref(), lowest)
+            .list_rows(
+                &sql.list,
+                &page,
+                query.limit,
+                tenant,
+                tags.as_deref(),
+                lowest,
+            )
             .await?;
         let jobs = rows.iter().map(row::job).collect::<Result<Vec<_>>>()?;
         let next = if jobs.len() == query.limit {
