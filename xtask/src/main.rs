@@ -127,9 +127,13 @@ fn run(program: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<(), String
     }
 }
 
+/// The cargo running this task (`CARGO`, set by `cargo xtask`), or the one on the path.
+pub(crate) fn cargo_program() -> String {
+    env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
 fn cargo(args: &[&str], envs: &[(&str, &str)]) -> Result<(), String> {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    run(&cargo, args, envs)
+    run(&cargo_program(), args, envs)
 }
 
 fn conformance(backends: &[&str]) -> Result<(), String> {

@@ -44,7 +44,7 @@ pub(crate) fn run() -> Result<(), String> {
         "\n==> cargo run (the README's example, in {})",
         dir.display()
     );
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let cargo = crate::cargo_program();
     let output = Command::new(cargo)
         .args(["run", "--quiet"])
         .current_dir(&dir)

@@ -186,7 +186,7 @@ struct BenchPackage {
 }
 
 fn bench_package(checkout: &Path) -> Result<BenchPackage, String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let cargo = crate::cargo_program();
     let output = Command::new(cargo)
         .args([
             "metadata",
@@ -272,7 +272,7 @@ fn build_baseline(root: &Path, commit: &str) -> Result<PathBuf, String> {
         .filter(|f| package.features.iter().any(|have| have == f))
         .collect();
     let target = home.join("target");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let cargo = crate::cargo_program();
     let status = Command::new(&cargo)
         .current_dir(&worktree)
         .env("CARGO_TARGET_DIR", &target)

@@ -35,7 +35,7 @@ pub(super) fn target_dir(default_name: &str) -> PathBuf {
 }
 
 pub(super) fn build(settings: &Settings) -> Result<Binaries, String> {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let cargo = crate::cargo_program();
     let features = settings
         .backends
         .iter()

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use std::{env, fs, thread};
+use std::{fs, thread};
 
 use super::args::Settings;
 use super::results::{Cell, Results};
@@ -147,7 +147,7 @@ struct MetadataPackage {
 /// resolves to, as `cargo metadata` reports them (every version, when there are
 /// several).
 fn resolved_versions(manifest: &Path, names: &[&str]) -> Result<Vec<String>, String> {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let cargo = crate::cargo_program();
     let shown = format!("cargo metadata --manifest-path {}", manifest.display());
     // Every feature, so an optional dependency (a backend's driver) is listed too.
     let output = Command::new(cargo)
@@ -758,7 +758,7 @@ mod tests {
 
     #[test]
     fn report_section_is_replaced_in_place() {
-        let dir = env::temp_dir().join(format!("xtask-bench-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("xtask-bench-{}", std::process::id()));
         fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("benchmarks.md");
         let (begin, end) = (TABLES.begin, TABLES.end);
