@@ -127,12 +127,10 @@ fn refusing_port() -> u16 {
 /// error's own text names the server and the cause, not only its `Debug` or sources.
 #[cfg(any(feature = "redis", feature = "postgres"))]
 async fn assert_refused_at_once(url: &str, port: u16) {
-    let started = std::time::Instant::now();
     let opened = tokio::time::timeout(std::time::Duration::from_secs(2), durq::connect(url))
         .await
         .unwrap_or_else(|_| panic!("{url}: no answer within 2 s"));
     let err = opened.expect_err("nothing listens there");
-    assert!(started.elapsed() < std::time::Duration::from_secs(2));
     assert!(err.is_retryable(), "{err:?}");
     let text = err.to_string();
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
