@@ -349,6 +349,26 @@ pub async fn l4_a_succeeded_job_shows_no_error_of_an_earlier_attempt(harness: &d
         [Some("first".to_owned()), Some("second".to_owned()), None],
         "L4: the earlier attempts' errors are in the history"
     );
+
+    // The error of an expired lease, then a release (which takes its attempt back)
+    // before the run that succeeds: still no error shown on the succeeded job.
+    let other = enqueue(&store, NewJob::new("q").max_attempts(5), "L4").await;
+    claim_expecting(&store, "q", other, "L4").await;
+    env.clock.advance(TTL + Duration::from_secs(1));
+    assert_eq!(store.reclaim(100).await.must("L4: reclaim").len(), 1);
+    let held = claim_expecting(&store, "q", other, "L4").await;
+    store.release(other, held.token()).await.must("L4: release");
+    let held = claim_expecting(&store, "q", other, "L4").await;
+    store
+        .complete(other, held.token(), None)
+        .await
+        .must("L4: complete");
+    let job = get(&store, other, "L4").await;
+    assert_eq!(
+        (job.state, job.last_error.as_deref()),
+        (JobState::Succeeded, None),
+        "L4: a job reclaimed, then released, then completed shows no error"
+    );
 }
 
 /// L4: a result over `max_payload_bytes` is refused as too large and nothing changes;
