@@ -14,6 +14,7 @@ use crate::conn::Shared;
 use crate::health::Health;
 use crate::schema;
 use crate::sql::Statements;
+use crate::statistics::TableGrowth;
 use crate::wake::Wake;
 
 /// The schema the tables live in unless configured otherwise.
@@ -282,6 +283,7 @@ pub(crate) fn reopened(old: &Shared) -> Arc<Shared> {
         schema: old.schema.clone(),
         pool,
         health,
+        growth: TableGrowth::default(),
     };
     Arc::new(shared)
 }
@@ -365,6 +367,7 @@ impl PostgresBackend {
             schema: schema.to_owned(),
             pool,
             health,
+            growth: TableGrowth::default(),
         };
         Ok(PostgresBackend {
             shared: Arc::new(shared),

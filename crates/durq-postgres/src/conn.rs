@@ -37,6 +37,7 @@ use sqlx::{Connection, PgPool, Postgres};
 use crate::error::{is_connection_lost, map};
 use crate::health::Health;
 use crate::sql::Statements;
+use crate::statistics::TableGrowth;
 use crate::wake::Wake;
 
 /// A statement with its parameters bound, ready to run on a connection.
@@ -51,6 +52,9 @@ pub(crate) struct Shared {
     pub(crate) wake: Wake,
     /// When a connection of the pool was last found closed by the server.
     pub(crate) health: Arc<Health>,
+    /// Jobs enqueued since the job table's size was last compared with its
+    /// statistics.
+    pub(crate) growth: TableGrowth,
 }
 
 impl fmt::Debug for Shared {

@@ -40,7 +40,13 @@ async fn statement<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    let result = sqlx::query(shared.sql.enqueue.sql())
+    let plain = rows.iter().all(|r| is_plain(r.job));
+    let text = if plain {
+        &shared.sql.enqueue.plain
+    } else {
+        &shared.sql.enqueue.full
+    };
+    let mut query = sqlx::query(text.sql())
         .bind(&settings.namespace)
         .bind(now.as_millis())
         .bind(rows.iter().map(|r| Uuid::from(r.id)).bind_iter())
@@ -69,24 +75,28 @@ where
                 .bind_iter(),
         )
         .bind(now.saturating_sub(settings.dedup_window).as_millis())
-        .bind(whole)
-        .bind(
-            rows.iter()
-                .map(|r| crate::row::timeout_param(r.job.timeout))
-                .bind_iter(),
-        )
-        .bind(
-            rows.iter()
-                .map(|r| r.job.uniqueness == Uniqueness::WhileActive)
-                .bind_iter(),
-        )
-        .bind(rows.iter().map(|r| row::placement_param(r.job)).bind_iter())
-        .bind(rows.iter().map(|r| row::tags_param(r.job)).bind_iter())
-        .bind(
-            rows.iter()
-                .map(|r| r.job.trace_context.as_deref())
-                .bind_iter(),
-        )
+        .bind(whole);
+    if !plain {
+        query = query
+            .bind(
+                rows.iter()
+                    .map(|r| crate::row::timeout_param(r.job.timeout))
+                    .bind_iter(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.job.uniqueness == Uniqueness::WhileActive)
+                    .bind_iter(),
+            )
+            .bind(rows.iter().map(|r| row::placement_param(r.job)).bind_iter())
+            .bind(rows.iter().map(|r| row::tags_param(r.job)).bind_iter())
+            .bind(
+                rows.iter()
+                    .map(|r| r.job.trace_context.as_deref())
+                    .bind_iter(),
+            );
+    }
+    let result = query
         .fetch_all(executor)
         .await
         .map_err(|err| shared.error("enqueue", err))?;
@@ -120,6 +130,17 @@ where
         .collect()
 }
 
+/// Whether `job` leaves every field of the full statement's extra parameters unset, so
+/// the plain statement stores it exactly as the full one would (`sql::ENQUEUE`).
+fn is_plain(job: &NewJob) -> bool {
+    job.timeout.is_none()
+        && job.uniqueness != Uniqueness::WhileActive
+        && job.needs.is_empty()
+        && job.locality.is_none()
+        && job.tags.is_empty()
+        && job.trace_context.is_none()
+}
+
 fn unknown_parent(parent: JobId) -> Error {
     Error::invalid("parent", format!("job {parent} does not exist"))
 }
@@ -139,8 +160,9 @@ fn ready_queues<'r>(
         .map(|(row, _)| row.job.queue.as_str())
 }
 
-/// Wakes waiters of the queues that got a job ready now.
-fn announce(
+/// After an enqueue statement committed: wakes waiters of the queues that got a job
+/// ready now, and counts the new jobs toward the next look at the table's statistics.
+fn committed(
     shared: &Shared,
     settings: &StoreSettings,
     now: Timestamp,
@@ -150,6 +172,18 @@ fn announce(
     shared
         .wake
         .announce(&settings.namespace, ready_queues(now, rows, answers));
+    shared
+        .growth
+        .wrote(created(answers), &shared.pool, &shared.sql);
+}
+
+/// How many of a statement's jobs are new rows.
+fn created(answers: &[RowAnswer]) -> u64 {
+    let created = answers
+        .iter()
+        .filter(|answer| matches!(answer, Ok(Enqueued { created: true, .. })))
+        .count();
+    u64::try_from(created).unwrap_or(u64::MAX)
 }
 
 /// An explicit batch, ready to send: the jobs sent (a key repeated in the batch is
@@ -249,7 +283,7 @@ pub(crate) async fn enqueue_all(
             .map_err(|err| shared.error("enqueue: commit", err))?;
         answers
     };
-    announce(shared, settings, now, &plan.sent, &answers);
+    committed(shared, settings, now, &plan.sent, &answers);
     plan.answer(answers)
 }
 
@@ -299,6 +333,11 @@ pub(crate) async fn enqueue_in(
             .await
             .map_err(|err| shared.error("enqueue: notify", err))?;
     }
+    // Counted before the caller commits: at worst, a rolled-back batch brings the
+    // next look at the table's size forward, and a look is one catalog read.
+    shared
+        .growth
+        .wrote(created(&answers), &shared.pool, &shared.sql);
     plan.answer(answers)
 }
 
@@ -358,10 +397,41 @@ impl Batch for Enqueues {
             false,
         )
         .await?;
-        announce(&self.shared, &self.settings, now, &rows, &answers);
+        committed(&self.shared, &self.settings, now, &rows, &answers);
         Ok(answers
             .into_iter()
             .map(|answer| answer.map_err(unknown_parent))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use durq_core::{Needs, NewJob};
+
+    use super::is_plain;
+
+    /// The plain statement stores NULL (or `false`) for each of the full statement's
+    /// extra fields: a job setting any one of them must take the full statement, or
+    /// that field would be lost.
+    #[test]
+    fn a_job_setting_any_rarer_field_takes_the_full_statement() {
+        let plain = NewJob::new("q").payload(&b"{}"[..]).idempotency_key("k");
+        assert!(is_plain(&plain), "a key judged by the window is plain");
+        let rarer = [
+            NewJob::new("q").timeout(Duration::from_secs(1)),
+            NewJob::new("q").unique_while_active("k"),
+            NewJob::new("q").needs(Needs::new().amount("gpu", 1)),
+            NewJob::new("q").needs(Needs::new().capability("fpga")),
+            NewJob::new("q").locality("here"),
+            NewJob::new("q").tag("tenant", "acme"),
+            NewJob::new("q")
+                .trace_context("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        ];
+        for job in rarer {
+            assert!(!is_plain(&job), "{job:?}");
+        }
     }
 }

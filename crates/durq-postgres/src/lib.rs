@@ -10,6 +10,7 @@ mod health;
 mod row;
 mod schema;
 mod sql;
+mod statistics;
 mod store;
 mod transaction;
 mod wake;

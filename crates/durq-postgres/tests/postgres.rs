@@ -2243,3 +2243,88 @@ async fn a_filtered_list_examines_a_bounded_number_of_rows_per_page() {
     }
     clean_up(&backend, &namespace).await;
 }
+
+/// The job table's statistics follow its growth (`statistics.rs` in the crate): a fresh
+/// schema's table, never analyzed, is analyzed by the backend once a producer has
+/// grown it past a few pages, without waiting for autovacuum's nap. Plans made from
+/// the statistics of an empty table read a whole namespace per completion batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growing_job_table_gets_fresh_statistics() {
+    let schema = unique_name("jobs_stats");
+    let admin = match PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url())
+        .await
+    {
+        Ok(pool) => pool,
+        Err(err) => {
+            durq_conformance::skip_or_fail::<()>("PostgreSQL", &url(), &err);
+            return;
+        }
+    };
+    let config = PostgresConfig::new(&url())
+        .expect("url")
+        .schema(schema.clone())
+        .expect("schema")
+        .max_connections(2);
+    let backend = PostgresBackend::connect(config).await.expect("migrate");
+    let table = format!("\"{schema}\".jobs");
+    let analyzed_rows = || async {
+        let rows: f32 =
+            sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE oid = $1::regclass")
+                .bind(&table)
+                .fetch_one(&admin)
+                .await
+                .expect("read pg_class");
+        rows
+    };
+    assert!(analyzed_rows().await < 0.0, "a new table is never analyzed");
+
+    let clock = ManualClock::default();
+    let store = open(&backend, settings(&clock));
+    let payload = vec![b'x'; 200];
+    for batch in 0..2 {
+        let jobs = (0..1_000)
+            .map(|i| {
+                NewJob::new("q")
+                    .payload(payload.clone())
+                    .priority(i % 3 + batch)
+            })
+            .collect();
+        store.enqueue_batch(jobs).await.expect("enqueue");
+    }
+
+    // The look and the ANALYZE run in a task of the backend, after the enqueue
+    // returned: poll the catalog for what they wrote.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut rows = analyzed_rows().await;
+    while rows < 1_000.0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        rows = analyzed_rows().await;
+    }
+    assert!(
+        rows >= 1_000.0,
+        "the table of 2,000 jobs was analyzed (pg_class.reltuples = {rows})"
+    );
+    let namespace_stats: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'jobs' \
+         AND attname IN ('namespace', 'id')",
+    )
+    .bind(&schema)
+    .fetch_one(&admin)
+    .await
+    .expect("read pg_stats");
+    assert_eq!(
+        namespace_stats, 2,
+        "the columns the hot path's plans hinge on"
+    );
+
+    drop(store);
+    drop(backend);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop the schema");
+}
