@@ -52,7 +52,7 @@ pub(crate) struct Shared {
     pub(crate) wake: Wake,
     /// When a connection of the pool was last found closed by the server.
     pub(crate) health: Arc<Health>,
-    /// Jobs enqueued since the job table's size was last compared with its
+    /// Jobs claimed since the job table's size was last compared with its
     /// statistics.
     pub(crate) growth: TableGrowth,
 }

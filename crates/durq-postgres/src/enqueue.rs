@@ -41,10 +41,13 @@ where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
     let plain = rows.iter().all(|r| is_plain(r.job));
+    if rows.iter().all(|r| is_unchecked(r.job)) {
+        return insert(shared, settings, executor, now, rows, plain).await;
+    }
     let text = if plain {
-        &shared.sql.enqueue.plain
+        &shared.sql.enqueue.checked_plain
     } else {
-        &shared.sql.enqueue.full
+        &shared.sql.enqueue.checked_full
     };
     let mut query = sqlx::query(text.sql())
         .bind(&settings.namespace)
@@ -130,6 +133,88 @@ where
         .collect()
 }
 
+/// Runs `sql::INSERT` over `rows`, none of which names a key or a parent: each is a
+/// new job, with the id the store minted.
+async fn insert<'e, E>(
+    shared: &Shared,
+    settings: &StoreSettings,
+    executor: E,
+    now: Timestamp,
+    rows: &[Pending<'_>],
+    plain: bool,
+) -> Result<Vec<RowAnswer>>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    let text = if plain {
+        &shared.sql.enqueue.insert_plain
+    } else {
+        &shared.sql.enqueue.insert_full
+    };
+    let mut query = sqlx::query(text.sql())
+        .bind(&settings.namespace)
+        .bind(now.as_millis())
+        .bind(rows.iter().map(|r| Uuid::from(r.id)).bind_iter())
+        .bind(rows.iter().map(|r| r.job.queue.as_str()).bind_iter())
+        .bind(rows.iter().map(|r| r.job.tenant.as_bytes()).bind_iter())
+        .bind(rows.iter().map(|r| &r.job.payload[..]).bind_iter())
+        .bind(rows.iter().map(|r| r.job.priority).bind_iter())
+        .bind(
+            rows.iter()
+                .map(|r| r.job.run_at.unwrap_or(now).as_millis())
+                .bind_iter(),
+        )
+        .bind(
+            rows.iter()
+                .map(|r| i64::from(r.job.max_attempts))
+                .bind_iter(),
+        );
+    if !plain {
+        query = query
+            .bind(
+                rows.iter()
+                    .map(|r| crate::row::timeout_param(r.job.timeout))
+                    .bind_iter(),
+            )
+            .bind(rows.iter().map(|r| row::placement_param(r.job)).bind_iter())
+            .bind(rows.iter().map(|r| row::tags_param(r.job)).bind_iter())
+            .bind(
+                rows.iter()
+                    .map(|r| r.job.trace_context.as_deref())
+                    .bind_iter(),
+            );
+    }
+    let done = query
+        .execute(executor)
+        .await
+        .map_err(|err| shared.error("enqueue", err))?;
+    if usize::try_from(done.rows_affected()).ok() != Some(rows.len()) {
+        return Err(Error::corrupt(
+            "enqueue",
+            format!(
+                "{} rows inserted for {} jobs",
+                done.rows_affected(),
+                rows.len()
+            ),
+        ));
+    }
+    Ok(rows
+        .iter()
+        .map(|r| {
+            Ok(Enqueued {
+                id: r.id,
+                created: true,
+            })
+        })
+        .collect())
+}
+
+/// Whether `job` names neither an idempotency key nor a parent, so enqueueing it
+/// decides nothing: it is a new row (`sql::INSERT`).
+fn is_unchecked(job: &NewJob) -> bool {
+    job.idempotency_key.is_none() && job.parent.is_none()
+}
+
 /// Whether `job` leaves every field of the full statement's extra parameters unset, so
 /// the plain statement stores it exactly as the full one would (`sql::ENQUEUE`).
 fn is_plain(job: &NewJob) -> bool {
@@ -160,9 +245,8 @@ fn ready_queues<'r>(
         .map(|(row, _)| row.job.queue.as_str())
 }
 
-/// After an enqueue statement committed: wakes waiters of the queues that got a job
-/// ready now, and counts the new jobs toward the next look at the table's statistics.
-fn committed(
+/// Wakes waiters of the queues that got a job ready now.
+fn announce(
     shared: &Shared,
     settings: &StoreSettings,
     now: Timestamp,
@@ -172,18 +256,6 @@ fn committed(
     shared
         .wake
         .announce(&settings.namespace, ready_queues(now, rows, answers));
-    shared
-        .growth
-        .wrote(created(answers), &shared.pool, &shared.sql);
-}
-
-/// How many of a statement's jobs are new rows.
-fn created(answers: &[RowAnswer]) -> u64 {
-    let created = answers
-        .iter()
-        .filter(|answer| matches!(answer, Ok(Enqueued { created: true, .. })))
-        .count();
-    u64::try_from(created).unwrap_or(u64::MAX)
 }
 
 /// An explicit batch, ready to send: the jobs sent (a key repeated in the batch is
@@ -283,7 +355,7 @@ pub(crate) async fn enqueue_all(
             .map_err(|err| shared.error("enqueue: commit", err))?;
         answers
     };
-    committed(shared, settings, now, &plan.sent, &answers);
+    announce(shared, settings, now, &plan.sent, &answers);
     plan.answer(answers)
 }
 
@@ -333,11 +405,6 @@ pub(crate) async fn enqueue_in(
             .await
             .map_err(|err| shared.error("enqueue: notify", err))?;
     }
-    // Counted before the caller commits: at worst, a rolled-back batch brings the
-    // next look at the table's size forward, and a look is one catalog read.
-    shared
-        .growth
-        .wrote(created(&answers), &shared.pool, &shared.sql);
     plan.answer(answers)
 }
 
@@ -397,7 +464,7 @@ impl Batch for Enqueues {
             false,
         )
         .await?;
-        committed(&self.shared, &self.settings, now, &rows, &answers);
+        announce(&self.shared, &self.settings, now, &rows, &answers);
         Ok(answers
             .into_iter()
             .map(|answer| answer.map_err(unknown_parent))
@@ -411,7 +478,7 @@ mod tests {
 
     use durq_core::{Needs, NewJob};
 
-    use super::is_plain;
+    use super::{is_plain, is_unchecked};
 
     /// The plain statement stores NULL (or `false`) for each of the full statement's
     /// extra fields: a job setting any one of them must take the full statement, or
@@ -433,5 +500,16 @@ mod tests {
         for job in rarer {
             assert!(!is_plain(&job), "{job:?}");
         }
+    }
+
+    /// Only a job that decides nothing (no key to deduplicate by, no parent to find)
+    /// may skip the checked statement.
+    #[test]
+    fn a_job_naming_a_key_or_a_parent_is_checked() {
+        assert!(is_unchecked(&NewJob::new("q").payload(&b"{}"[..])));
+        assert!(!is_unchecked(&NewJob::new("q").idempotency_key("k")));
+        assert!(!is_unchecked(&NewJob::new("q").unique_while_active("k")));
+        let parent = durq_core::JobId::mint(durq_core::Timestamp::from_millis(1));
+        assert!(!is_unchecked(&NewJob::new("q").parent(parent)));
     }
 }

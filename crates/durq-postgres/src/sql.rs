@@ -121,8 +121,9 @@ recorded AS (
 /// when false, only that job is refused (calls gathered from different callers).
 /// Keys are distinct within one statement.
 ///
-/// The statement comes in two shapes (see [`EnqueueStatements`]): the plain one takes
-/// those thirteen parameters only, and the full one takes the rarer fields as well
+/// The statement comes in two shapes (see [`EnqueueStatements`]; jobs without a key
+/// or a parent take [`INSERT`]): the plain one takes those thirteen parameters only,
+/// and the full one takes the rarer fields as well
 /// (`$14` timeout in milliseconds, NULL for none; `$15` whether the key is unique
 /// while active, E10; `$16` the placement text, NULL for none, F1; `$17` the tags
 /// text, NULL for none, E11; `$18` the trace context, NULL for none, E12).
@@ -205,44 +206,95 @@ const ANALYZE_JOBS: &str = "BEGIN; \
      ANALYZE {schema}.jobs (namespace, id, queue, state); \
      COMMIT";
 
-/// The two shapes of [`ENQUEUE`].
+/// Enqueues jobs that name no idempotency key and no parent (CONTRACT E1, E9): every
+/// one of them is a new row, so there is nothing to decide and nothing to answer but
+/// the ids the store minted. One `INSERT`, no `RETURNING`: against [`ENQUEUE`], it
+/// skips the materialized input, the dedup upsert and the join back, and sends no row
+/// back per job.
 ///
-/// Most jobs carry none of the rarer fields, and a statement's cost on the server
-/// grows with its parameters and expressions whether they hold values or NULLs:
-/// five more arrays cost about 10 % more server time per job in the benchmark's
-/// one-at-a-time enqueue. A statement whose jobs all leave those fields unset takes
-/// the plain shape, which stores exactly what the full one would store for them
+/// `$1` namespace, `$2` now, `$3..$9` the jobs as parallel arrays (id, queue, tenant,
+/// payload, priority, run_at, max_attempts); in the full shape, `$10..$13` the rarer
+/// fields (timeout in milliseconds, placement text, tags text, trace context, NULL for
+/// none). `nextval` runs in the arrays' order, as in [`ENQUEUE`], so the claim order of
+/// a batch is its order (C3).
+const INSERT: &str = r#"
+INSERT INTO {schema}.jobs (namespace, id, queue, tenant, priority, run_at, seq,
+                           max_attempts, state, created_at, payload{rare_columns})
+SELECT $1, t.id, t.queue, t.tenant, t.priority, t.run_at, nextval('{schema}.seq'),
+       t.max_attempts, 'queued', $2, t.payload{rare_values}
+FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::int2[], $8::int8[],
+            $9::int8[]{rare_arrays})
+     AS t(id, queue, tenant, payload, priority, run_at, max_attempts{rare_names})
+"#;
+
+/// The shapes of the enqueue statement.
+///
+/// Most jobs name no key and no parent, and most carry none of the rarer fields. The
+/// server's cost per statement grows with its parameters and expressions even when
+/// they hold NULLs: five more arrays cost about a tenth more server time per job in the
+/// benchmark's one-at-a-time enqueue. So a statement takes the leanest shape that
+/// stores all of its jobs' fields, and stores them exactly as the fullest shape would
 /// (NULLs, and a key judged by its window).
 #[derive(Debug)]
 pub(crate) struct EnqueueStatements {
-    /// Thirteen parameters: for jobs with no timeout, placement, tags or trace
-    /// context, and no key unique while active.
-    pub(crate) plain: Text,
-    /// Eighteen parameters: every field.
-    pub(crate) full: Text,
+    /// [`INSERT`] for jobs with no key and no parent, and none of the rarer fields.
+    pub(crate) insert_plain: Text,
+    /// [`INSERT`] with the rarer fields: timeout, placement, tags, trace context.
+    pub(crate) insert_full: Text,
+    /// [`ENQUEUE`] with thirteen parameters: keys and parents, and none of the rarer
+    /// fields (nor a key unique while active).
+    pub(crate) checked_plain: Text,
+    /// [`ENQUEUE`] with eighteen parameters: every field.
+    pub(crate) checked_full: Text,
 }
 
 impl EnqueueStatements {
     fn render(r: &impl Fn(&str) -> Text) -> Self {
-        let shape = |rare: [&str; 5]| {
+        let shape = |template: &str, rare: [&str; 5]| {
             let [arrays, names, while_active, columns, values] = rare;
-            r(&ENQUEUE
+            r(&template
                 .replace("{rare_arrays}", arrays)
                 .replace("{rare_names}", names)
                 .replace("{while_active}", while_active)
                 .replace("{rare_columns}", columns)
                 .replace("{rare_values}", values))
         };
+        let plain = ["", "", "false", "", ""];
         EnqueueStatements {
-            plain: shape(["", "", "false", "", ""]),
-            full: shape([
-                ", $14::int8[], $15::bool[], $16::text[], $17::text[], $18::text[]",
-                ", timeout_ms, while_active, placement, tags, trace_context",
-                "ok.while_active",
-                ", timeout_ms, placement, tags, trace_context",
-                ", ok.timeout_ms, ok.placement::jsonb, ok.tags, ok.trace_context",
-            ]),
+            insert_plain: shape(INSERT, plain),
+            insert_full: shape(
+                INSERT,
+                [
+                    ", $10::int8[], $11::text[], $12::text[], $13::text[]",
+                    ", timeout_ms, placement, tags, trace_context",
+                    "",
+                    ", timeout_ms, placement, tags, trace_context",
+                    ", t.timeout_ms, t.placement::jsonb, t.tags, t.trace_context",
+                ],
+            ),
+            checked_plain: shape(ENQUEUE, plain),
+            checked_full: shape(
+                ENQUEUE,
+                [
+                    ", $14::int8[], $15::bool[], $16::text[], $17::text[], $18::text[]",
+                    ", timeout_ms, while_active, placement, tags, trace_context",
+                    "ok.while_active",
+                    ", timeout_ms, placement, tags, trace_context",
+                    ", ok.timeout_ms, ok.placement::jsonb, ok.tags, ok.trace_context",
+                ],
+            ),
         }
+    }
+
+    /// Every shape, for the tests of the rendered text.
+    #[cfg(test)]
+    pub(crate) fn all(&self) -> [&Text; 4] {
+        [
+            &self.insert_plain,
+            &self.insert_full,
+            &self.checked_plain,
+            &self.checked_full,
+        ]
     }
 }
 
@@ -1162,12 +1214,12 @@ mod tests {
     fn statements_in_the_callers_transaction_never_relax_its_commit() {
         for relaxed in [true, false] {
             let sql = Statements::new("\"jobs\"", relaxed);
-            for text in [
-                &sql.enqueue.plain,
-                &sql.enqueue.full,
-                &sql.complete_in,
-                &sql.notify_in,
-            ] {
+            for text in sql
+                .enqueue
+                .all()
+                .into_iter()
+                .chain([&sql.complete_in, &sql.notify_in])
+            {
                 assert!(!text.0.contains("set_config"), "{}", text.0);
                 assert!(!text.0.contains('{'), "a placeholder is left: {}", text.0);
             }
@@ -1199,8 +1251,10 @@ mod tests {
     fn only_leases_ending_off_the_hot_path_write_attempts() {
         let sql = Statements::new("\"jobs\"", true);
         for hot in [
-            &sql.enqueue.plain,
-            &sql.enqueue.full,
+            &sql.enqueue.insert_plain,
+            &sql.enqueue.insert_full,
+            &sql.enqueue.checked_plain,
+            &sql.enqueue.checked_full,
             &sql.claim,
             &sql.claim_budgeted,
             &sql.claim_preferring,

@@ -10,10 +10,13 @@
 //! refreshes the statistics, but only after its nap (a minute by default), and a burst
 //! can begin and end inside one nap.
 //!
-//! So the backend that writes the rows also watches the table's size. After every
-//! [`LOOK_EVERY`] jobs it has enqueued, it compares the table's pages with the pages
-//! counted by the last `ANALYZE`. Once the table has grown [`GROWTH`]-fold, it runs
-//! `ANALYZE` on the job table. New statistics invalidate the cached plans of every
+//! So the backend whose plans suffer, the one that claims, also watches the table's
+//! size. After every [`LOOK_EVERY`] jobs it has claimed, it compares the table's pages
+//! with the pages counted by the last `ANALYZE`. Once the table has grown
+//! [`GROWTH`]-fold, it runs `ANALYZE` on the job table. A process that only enqueues
+//! never does: its statement's plan does not depend on the table's size, and counting
+//! on the producer's side cost a batch enqueue of 10,000 jobs three `ANALYZE`s in a
+//! tenth of a second. New statistics invalidate the cached plans of every
 //! session, and each session then plans again from the new figures. Growth is
 //! geometric, so this happens a handful of times over a table's life. A table that
 //! stops growing is left to autovacuum.
@@ -28,7 +31,7 @@ use sqlx::PgPool;
 
 use crate::sql::Statements;
 
-/// Jobs enqueued between two looks at the table's size: one catalog read per this
+/// Jobs claimed between two looks at the table's size: one catalog read per this
 /// many jobs.
 pub(crate) const LOOK_EVERY: u64 = 1_000;
 
@@ -48,21 +51,21 @@ pub(crate) fn outgrown(analyzed_pages: i64, pages: i64) -> bool {
 /// What one backend counts between looks.
 #[derive(Debug, Default)]
 pub(crate) struct TableGrowth {
-    /// Jobs enqueued since the last look.
+    /// Jobs claimed since the last look.
     since_look: AtomicU64,
     /// Set while a look (and maybe an `ANALYZE`) runs, so at most one does at a time.
     looking: Arc<AtomicBool>,
 }
 
 impl TableGrowth {
-    /// Counts `created` new jobs; once [`LOOK_EVERY`] have been counted, looks at the
+    /// Counts `claimed` jobs; once [`LOOK_EVERY`] have been counted, looks at the
     /// table in a task of its own, off the caller's path.
-    pub(crate) fn wrote(&self, created: u64, pool: &PgPool, sql: &Arc<Statements>) {
-        if created == 0 {
+    pub(crate) fn passed(&self, claimed: u64, pool: &PgPool, sql: &Arc<Statements>) {
+        if claimed == 0 {
             return;
         }
-        let before = self.since_look.fetch_add(created, Ordering::Relaxed);
-        if before.saturating_add(created) < LOOK_EVERY {
+        let before = self.since_look.fetch_add(claimed, Ordering::Relaxed);
+        if before.saturating_add(claimed) < LOOK_EVERY {
             return;
         }
         if self.looking.swap(true, Ordering::AcqRel) {

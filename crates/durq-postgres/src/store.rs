@@ -469,6 +469,9 @@ impl Backend for PostgresStore {
                 }
             })
             .await?;
+        let shared = self.shared();
+        let claimed = u64::try_from(rows.len()).unwrap_or(u64::MAX);
+        shared.growth.passed(claimed, &shared.pool, &shared.sql);
         claim_order(rows, &request)
     }
 

@@ -2245,9 +2245,10 @@ async fn a_filtered_list_examines_a_bounded_number_of_rows_per_page() {
 }
 
 /// The job table's statistics follow its growth (`statistics.rs` in the crate): a fresh
-/// schema's table, never analyzed, is analyzed by the backend once a producer has
-/// grown it past a few pages, without waiting for autovacuum's nap. Plans made from
-/// the statistics of an empty table read a whole namespace per completion batch.
+/// schema's table, never analyzed, grown past a few pages by a producer, is analyzed by
+/// the backend whose worker claims from it, without waiting for autovacuum's nap.
+/// Plans made from the statistics of an empty table read a whole namespace per
+/// completion batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_growing_job_table_gets_fresh_statistics() {
     let schema = unique_name("jobs_stats");
@@ -2293,8 +2294,19 @@ async fn a_growing_job_table_gets_fresh_statistics() {
             .collect();
         store.enqueue_batch(jobs).await.expect("enqueue");
     }
+    assert!(
+        analyzed_rows().await < 0.0,
+        "enqueueing alone leaves the statistics to autovacuum"
+    );
+    let mut claimed = 0;
+    while claimed < 2_000 {
+        let request = ClaimRequest::new(["q"], "w", TTL).limit(500);
+        let jobs = store.claim(request).await.expect("claim");
+        assert!(!jobs.is_empty(), "2,000 jobs are ready");
+        claimed += jobs.len();
+    }
 
-    // The look and the ANALYZE run in a task of the backend, after the enqueue
+    // The look and the ANALYZE run in a task of the backend, after the claim
     // returned: poll the catalog for what they wrote.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut rows = analyzed_rows().await;
