@@ -10,7 +10,7 @@ use sqlx::postgres::PgBindIterExt;
 use sqlx::{Connection, PgConnection, Postgres};
 use uuid::Uuid;
 
-use crate::conn::Shared;
+use crate::conn::{PgQuery, Shared};
 use crate::row::{self, column};
 use crate::wake;
 
@@ -49,29 +49,15 @@ where
     } else {
         &shared.sql.enqueue.checked_full
     };
-    let mut query = sqlx::query(text.sql())
+    let query = sqlx::query(text.sql())
         .bind(&settings.namespace)
-        .bind(now.as_millis())
-        .bind(rows.iter().map(|r| Uuid::from(r.id)).bind_iter())
-        .bind(rows.iter().map(|r| r.job.queue.as_str()).bind_iter())
-        .bind(rows.iter().map(|r| r.job.tenant.as_bytes()).bind_iter())
-        .bind(
-            rows.iter()
-                .map(|r| r.job.idempotency_key.as_deref().map(str::as_bytes))
-                .bind_iter(),
-        )
-        .bind(rows.iter().map(|r| &r.job.payload[..]).bind_iter())
-        .bind(rows.iter().map(|r| r.job.priority).bind_iter())
-        .bind(
-            rows.iter()
-                .map(|r| r.job.run_at.unwrap_or(now).as_millis())
-                .bind_iter(),
-        )
-        .bind(
-            rows.iter()
-                .map(|r| i64::from(r.job.max_attempts))
-                .bind_iter(),
-        )
+        .bind(now.as_millis());
+    let query = bind_identity(query, rows).bind(
+        rows.iter()
+            .map(|r| r.job.idempotency_key.as_deref().map(str::as_bytes))
+            .bind_iter(),
+    );
+    let mut query = bind_schedule(query, rows, now)
         .bind(
             rows.iter()
                 .map(|r| r.job.parent.map(Uuid::from))
@@ -80,24 +66,7 @@ where
         .bind(now.saturating_sub(settings.dedup_window).as_millis())
         .bind(whole);
     if !plain {
-        query = query
-            .bind(
-                rows.iter()
-                    .map(|r| crate::row::timeout_param(r.job.timeout))
-                    .bind_iter(),
-            )
-            .bind(
-                rows.iter()
-                    .map(|r| r.job.uniqueness == Uniqueness::WhileActive)
-                    .bind_iter(),
-            )
-            .bind(rows.iter().map(|r| row::placement_param(r.job)).bind_iter())
-            .bind(rows.iter().map(|r| row::tags_param(r.job)).bind_iter())
-            .bind(
-                rows.iter()
-                    .map(|r| r.job.trace_context.as_deref())
-                    .bind_iter(),
-            );
+        query = bind_rarer(query, rows, true);
     }
     let result = query
         .fetch_all(executor)
@@ -133,6 +102,60 @@ where
         .collect()
 }
 
+/// Binds the jobs' ids, queues and tenants: the first arrays of both statements.
+fn bind_identity<'q>(query: PgQuery<'q>, rows: &'q [Pending<'_>]) -> PgQuery<'q> {
+    query
+        .bind(rows.iter().map(|r| Uuid::from(r.id)).bind_iter())
+        .bind(rows.iter().map(|r| r.job.queue.as_str()).bind_iter())
+        .bind(rows.iter().map(|r| r.job.tenant.as_bytes()).bind_iter())
+}
+
+/// Binds the jobs' payloads, priorities, ready times and attempts: the arrays both
+/// statements take after the identity (and, in the checked one, the keys).
+fn bind_schedule<'q>(query: PgQuery<'q>, rows: &'q [Pending<'_>], now: Timestamp) -> PgQuery<'q> {
+    query
+        .bind(rows.iter().map(|r| &r.job.payload[..]).bind_iter())
+        .bind(rows.iter().map(|r| r.job.priority).bind_iter())
+        .bind(
+            rows.iter()
+                .map(|r| r.job.run_at.unwrap_or(now).as_millis())
+                .bind_iter(),
+        )
+        .bind(
+            rows.iter()
+                .map(|r| i64::from(r.job.max_attempts))
+                .bind_iter(),
+        )
+}
+
+/// Binds the rarer fields of the full shapes: timeout, then (for the checked
+/// statement, whose keys may be unique while active) while-active, then placement,
+/// tags and trace context.
+fn bind_rarer<'q>(query: PgQuery<'q>, rows: &'q [Pending<'_>], while_active: bool) -> PgQuery<'q> {
+    let query = query.bind(
+        rows.iter()
+            .map(|r| crate::row::timeout_param(r.job.timeout))
+            .bind_iter(),
+    );
+    let query = if while_active {
+        query.bind(
+            rows.iter()
+                .map(|r| r.job.uniqueness == Uniqueness::WhileActive)
+                .bind_iter(),
+        )
+    } else {
+        query
+    };
+    query
+        .bind(rows.iter().map(|r| row::placement_param(r.job)).bind_iter())
+        .bind(rows.iter().map(|r| row::tags_param(r.job)).bind_iter())
+        .bind(
+            rows.iter()
+                .map(|r| r.job.trace_context.as_deref())
+                .bind_iter(),
+        )
+}
+
 /// Runs `sql::INSERT` over `rows`, none of which names a key or a parent: each is a
 /// new job, with the id the store minted.
 async fn insert<'e, E>(
@@ -151,38 +174,12 @@ where
     } else {
         &shared.sql.enqueue.insert_full
     };
-    let mut query = sqlx::query(text.sql())
+    let query = sqlx::query(text.sql())
         .bind(&settings.namespace)
-        .bind(now.as_millis())
-        .bind(rows.iter().map(|r| Uuid::from(r.id)).bind_iter())
-        .bind(rows.iter().map(|r| r.job.queue.as_str()).bind_iter())
-        .bind(rows.iter().map(|r| r.job.tenant.as_bytes()).bind_iter())
-        .bind(rows.iter().map(|r| &r.job.payload[..]).bind_iter())
-        .bind(rows.iter().map(|r| r.job.priority).bind_iter())
-        .bind(
-            rows.iter()
-                .map(|r| r.job.run_at.unwrap_or(now).as_millis())
-                .bind_iter(),
-        )
-        .bind(
-            rows.iter()
-                .map(|r| i64::from(r.job.max_attempts))
-                .bind_iter(),
-        );
+        .bind(now.as_millis());
+    let mut query = bind_schedule(bind_identity(query, rows), rows, now);
     if !plain {
-        query = query
-            .bind(
-                rows.iter()
-                    .map(|r| crate::row::timeout_param(r.job.timeout))
-                    .bind_iter(),
-            )
-            .bind(rows.iter().map(|r| row::placement_param(r.job)).bind_iter())
-            .bind(rows.iter().map(|r| row::tags_param(r.job)).bind_iter())
-            .bind(
-                rows.iter()
-                    .map(|r| r.job.trace_context.as_deref())
-                    .bind_iter(),
-            );
+        query = bind_rarer(query, rows, false);
     }
     let done = query
         .execute(executor)
