@@ -39,6 +39,16 @@ async fn backend(application_name: &str, max_connections: u32) -> Option<Postgre
     }
 }
 
+/// Drops a schema a test made, with everything in it.
+async fn drop_schema(admin: &PgPool, schema: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(admin)
+    .await
+    .expect("drop the schema");
+}
+
 fn settings(clock: &ManualClock) -> StoreSettings {
     StoreSettings::default()
         .namespace(unique_namespace("pg"))
@@ -373,16 +383,8 @@ async fn server_side_connection_kill_is_unavailable_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_connects_migrate_a_fresh_schema_once() {
     let schema = unique_name("jobs_migrate");
-    let admin = match PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url())
-        .await
-    {
-        Ok(pool) => pool,
-        Err(err) => {
-            durq_conformance::skip_or_fail::<()>("PostgreSQL", &url(), &err);
-            return;
-        }
+    let Some(admin) = admin().await else {
+        return;
     };
     let mut set = JoinSet::new();
     for _ in 0..12 {
@@ -523,12 +525,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     }
 
     drop(backends);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(&admin)
-    .await
-    .expect("drop the schema");
+    drop_schema(&admin, &schema).await;
 }
 
 /// A schema an older build left at version 6, with jobs in it, takes migrations 7 to
@@ -537,16 +534,8 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_7_upgrades_a_schema_with_jobs() {
     let schema = unique_name("jobs_upgrade");
-    let admin = match PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url())
-        .await
-    {
-        Ok(pool) => pool,
-        Err(err) => {
-            durq_conformance::skip_or_fail::<()>("PostgreSQL", &url(), &err);
-            return;
-        }
+    let Some(admin) = admin().await else {
+        return;
     };
     let config = || {
         PostgresConfig::new(&url())
@@ -628,12 +617,7 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
 
     drop(store);
     drop(upgraded);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(&admin)
-    .await
-    .expect("drop the schema");
+    drop_schema(&admin, &schema).await;
 }
 
 /// A schema an older build left at version 9, with jobs queued, running and done in
@@ -644,16 +628,8 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     let schema = unique_name("jobs_upgrade10");
-    let admin = match PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url())
-        .await
-    {
-        Ok(pool) => pool,
-        Err(err) => {
-            durq_conformance::skip_or_fail::<()>("PostgreSQL", &url(), &err);
-            return;
-        }
+    let Some(admin) = admin().await else {
+        return;
     };
     let config = || {
         PostgresConfig::new(&url())
@@ -759,12 +735,7 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
 
     drop(store);
     drop(upgraded);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(&admin)
-    .await
-    .expect("drop the schema");
+    drop_schema(&admin, &schema).await;
 }
 
 /// The attempt rows of `namespace` in the default schema.
@@ -1371,7 +1342,8 @@ fn bad_configuration_names_the_field() {
     );
 }
 
-/// A pool of its own, outside the store's, to look at and terminate sessions.
+/// A pool of its own, outside the store's, to look at and terminate sessions, read
+/// catalogs, and create and drop schemas; `None` to skip.
 async fn admin() -> Option<PgPool> {
     match PgPoolOptions::new()
         .max_connections(1)
@@ -2252,16 +2224,8 @@ async fn a_filtered_list_examines_a_bounded_number_of_rows_per_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_growing_job_table_gets_fresh_statistics() {
     let schema = unique_name("jobs_stats");
-    let admin = match PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url())
-        .await
-    {
-        Ok(pool) => pool,
-        Err(err) => {
-            durq_conformance::skip_or_fail::<()>("PostgreSQL", &url(), &err);
-            return;
-        }
+    let Some(admin) = admin().await else {
+        return;
     };
     let config = PostgresConfig::new(&url())
         .expect("url")
@@ -2333,10 +2297,5 @@ async fn a_growing_job_table_gets_fresh_statistics() {
 
     drop(store);
     drop(backend);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(&admin)
-    .await
-    .expect("drop the schema");
+    drop_schema(&admin, &schema).await;
 }
