@@ -40,7 +40,10 @@ impl<'a> WriteTx<'a> {
     }
 
     /// The connection, inside the group's `BEGIN IMMEDIATE` transaction.
-    pub(crate) fn conn(&self) -> &Connection {
+    ///
+    /// Borrowed for the transaction's whole life, not the view's, so statements prepared
+    /// on it can be held while the view hands out sequence values.
+    pub(crate) fn conn(&self) -> &'a Connection {
         self.conn
     }
 

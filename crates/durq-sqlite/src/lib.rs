@@ -187,9 +187,7 @@ impl Backend for SqliteStore {
         // unknown parent) undoes the whole batch, and only the batch.
         self.engine
             .write(WriteMode::DURABLE_ATOMIC, move |tx| {
-                jobs.into_iter()
-                    .map(|job| ops::enqueue(tx, ns, &settings, job, now))
-                    .collect()
+                ops::enqueue_batch(tx, ns, &settings, jobs, now)
             })
             .await
     }
@@ -296,8 +294,9 @@ impl Backend for SqliteStore {
         self.engine
             .write(WriteMode::WORKER, move |tx| {
                 let mut answers = Vec::with_capacity(completions.len());
+                let mut completer = ops::Completer::new(tx.conn())?;
                 for Completion { id, token, result } in completions {
-                    match ops::complete(tx, ns, id, token, result.as_deref(), now) {
+                    match completer.complete(ns, id, token, result.as_deref(), now) {
                         Err(err @ (Error::Unavailable { .. } | Error::Backend { .. })) => {
                             return Err(err)
                         }

@@ -188,13 +188,8 @@ impl SqliteTransaction<'_> {
         let (ns, settings) = (self.ns, self.settings.clone());
         // In a savepoint of its own, so a refusal after the first jobs were written
         // undoes exactly the batch.
-        let outcome = self.run(|tx| {
-            in_savepoint(tx, |tx| {
-                jobs.into_iter()
-                    .map(|job| ops::enqueue(tx, ns, &settings, job, now))
-                    .collect()
-            })
-        });
+        let outcome =
+            self.run(|tx| in_savepoint(tx, |tx| ops::enqueue_batch(tx, ns, &settings, jobs, now)));
         match outcome {
             Ok(answer) => answer,
             Err(err) => {
