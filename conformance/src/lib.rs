@@ -194,6 +194,16 @@ pub trait Harness: Send + Sync {
     /// expiry, or a careless operator, does (CONTRACT C7, R5).
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()>;
 
+    /// Makes the stored record of job `id` in `namespace` unreadable behind the store's
+    /// back (a field the backend cannot decode, as a damaged backup or a foreign writer
+    /// would leave it), keeping its state, queue and place in the queue. Answers
+    /// `false` when the harness cannot make a record unreadable: the scenarios of
+    /// CONTRACT C10 are then skipped, and say so. The default answers `false`.
+    async fn corrupt(&self, namespace: &str, id: JobId) -> Result<bool> {
+        let _ = (namespace, id);
+        Ok(false)
+    }
+
     /// Deletes everything stored under `namespace`. Called once per namespace a
     /// scenario opened, after the scenario, whether it passed or not.
     async fn teardown(&self, namespace: &str) -> Result<()>;
@@ -219,6 +229,10 @@ where
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
         self.harness.vanish(namespace, id).await
+    }
+
+    async fn corrupt(&self, namespace: &str, id: JobId) -> Result<bool> {
+        self.harness.corrupt(namespace, id).await
     }
 
     async fn teardown(&self, namespace: &str) -> Result<()> {
@@ -261,6 +275,10 @@ impl Harness for durq_memory::MemoryServer {
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
         durq_memory::MemoryServer::vanish(self, namespace, id);
         Ok(())
+    }
+
+    async fn corrupt(&self, namespace: &str, id: JobId) -> Result<bool> {
+        Ok(durq_memory::MemoryServer::corrupt(self, namespace, id))
     }
 
     async fn teardown(&self, namespace: &str) -> Result<()> {
@@ -309,6 +327,10 @@ impl Harness for Tracked<'_> {
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
         self.inner.vanish(namespace, id).await
+    }
+
+    async fn corrupt(&self, namespace: &str, id: JobId) -> Result<bool> {
+        self.inner.corrupt(namespace, id).await
     }
 
     async fn teardown(&self, namespace: &str) -> Result<()> {
@@ -375,6 +397,15 @@ impl<'a> TestEnv<'a> {
     pub async fn vanish(&self, id: JobId) {
         if let Err(err) = self.harness.vanish(&self.settings.namespace, id).await {
             panic!("the harness could not make job {id} vanish: {err}");
+        }
+    }
+
+    /// Makes the record of job `id` unreadable under the store; `false` when the
+    /// harness cannot.
+    pub async fn corrupt(&self, id: JobId) -> bool {
+        match self.harness.corrupt(&self.settings.namespace, id).await {
+            Ok(done) => done,
+            Err(err) => panic!("the harness could not corrupt the record of job {id}: {err}"),
         }
     }
 

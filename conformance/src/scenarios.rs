@@ -60,6 +60,7 @@ macro_rules! __scenario_list {
             C8 rules::c8_namespaces_are_isolated,
             C9 rules::c9_cancelled_jobs_are_never_claimed,
             C9 rules::c9_cancel_racing_claim_has_one_winner,
+            C10 rules::c10_a_corrupt_record_is_buried_and_the_claim_goes_on,
             L1 rules::l1_heartbeat_extends_the_lease,
             L1 rules::l1_heartbeat_batch_extends_each_lease,
             L1 rules::l1_heartbeat_batch_answers_each_entry_alone,

@@ -34,6 +34,11 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
         job
     }
 
+    /// Makes a record unreadable, as the harness's `corrupt` asks.
+    fn corrupt(&self, server: &MemoryServer, namespace: &str, id: JobId) -> bool {
+        server.corrupt(namespace, id)
+    }
+
     async fn enqueue(&self, inner: &dyn Backend, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         inner.enqueue(job, now).await
     }
@@ -330,6 +335,13 @@ impl Harness for MemoryHarness {
         Ok(())
     }
 
+    async fn corrupt(&self, namespace: &str, id: JobId) -> Result<bool> {
+        Ok(match &self.bug {
+            Some(bug) => bug.corrupt(&self.server, namespace, id),
+            None => self.server.corrupt(namespace, id),
+        })
+    }
+
     async fn teardown(&self, namespace: &str) -> Result<()> {
         self.server.drop_namespace(namespace);
         Ok(())
@@ -344,6 +356,36 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 // ---------------------------------------------------------------------------------
 // The bugs.
+
+/// C10: a claim leases its jobs first and decodes them after, so an unreadable record
+/// among them fails the whole claim and leaves the jobs it leased held by nobody until
+/// their leases expire (PostgreSQL's claim before C10).
+#[derive(Debug, Default)]
+struct DecodeAfterLease {
+    unreadable: Mutex<BTreeSet<JobId>>,
+}
+
+#[async_trait]
+impl Bug for DecodeAfterLease {
+    fn corrupt(&self, _server: &MemoryServer, _namespace: &str, id: JobId) -> bool {
+        lock(&self.unreadable).insert(id);
+        true
+    }
+
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        let claimed = inner.claim(request, now).await?;
+        let unreadable = lock(&self.unreadable);
+        match claimed.iter().find(|job| unreadable.contains(&job.id())) {
+            Some(job) => Err(Error::corrupt(format!("job {}", job.id()), "unreadable")),
+            None => Ok(claimed),
+        }
+    }
+}
 
 /// C2: every other claim also hands out the job the previous claim handed out, still
 /// leased to its first holder: the classic "read the head, then lease it" race.
@@ -1397,4 +1439,13 @@ async fn preference_bugs_are_caught_by_f5() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ignored_reservation_is_caught_by_f6() {
     caught(ReservationIgnored, "f6_reserved_claims_only_that_job").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn decode_after_lease_is_caught_by_c10() {
+    caught(
+        DecodeAfterLease::default(),
+        "c10_a_corrupt_record_is_buried_and_the_claim_goes_on",
+    )
+    .await;
 }

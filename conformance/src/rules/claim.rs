@@ -1110,3 +1110,74 @@ pub async fn c9_cancel_racing_claim_has_one_winner(harness: &dyn Harness) {
     }
     assert_nothing_claimable(&seed, &["q"], "C9: nothing left").await;
 }
+
+/// C10: a claim that meets a record it cannot read buries that job (`dead`, its error
+/// saying why) and goes on with the jobs behind it: the claim answers the readable
+/// jobs, no job is left leased to nobody, and the buried job is never handed out.
+pub async fn c10_a_corrupt_record_is_buried_and_the_claim_goes_on(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let first = enqueue(&store, NewJob::new("q").payload("a"), "C10").await;
+    let unreadable = enqueue(&store, NewJob::new("q"), "C10").await;
+    let last = enqueue(&store, NewJob::new("q").payload("c"), "C10").await;
+    if !env.corrupt(unreadable).await {
+        eprintln!("C10 skipped: this harness cannot make a stored record unreadable");
+        return;
+    }
+    // A backend may fill a claim's limit before it finds out a record is unreadable, so
+    // the readable jobs may take more than one claim; none of them may fail.
+    let mut claimed = Vec::new();
+    for round in 0..3 {
+        let got = claim(&store, &["q"], 10, &format!("C10: claim {round}")).await;
+        if got.is_empty() {
+            break;
+        }
+        claimed.extend(got);
+    }
+    assert_eq!(
+        ids_of(&claimed),
+        vec![first, last],
+        "C10: the readable jobs are claimed, in order, and the unreadable one is not"
+    );
+    assert_eq!(claimed[1].payload, Bytes::from_static(b"c"));
+    assert_nothing_claimable(&store, &["q"], "C10: the buried job is never claimed").await;
+    assert_stats(
+        &store,
+        "q",
+        QueueStats {
+            running: 2,
+            dead: 1,
+            ..QueueStats::default()
+        },
+        "C10: the unreadable job counts dead, not running or ready",
+    )
+    .await;
+    // Reading the buried job back may fail on the field that is unreadable; if it
+    // reads, it is dead, leased to nobody, and says why.
+    match store.get(unreadable).await {
+        Err(durq_core::Error::Corrupt { .. }) => {}
+        Ok(job) => {
+            assert_eq!(
+                job.state,
+                JobState::Dead,
+                "C10: the unreadable job is buried"
+            );
+            assert!(job.lease.is_none(), "C10: a buried job holds no lease");
+            let error = job.last_error.unwrap_or_default();
+            assert!(
+                error.starts_with("corrupt record"),
+                "C10: the buried job's error says why: {error:?}"
+            );
+        }
+        Err(other) => panic!("C10: get of the buried job failed with {other:?}"),
+    }
+    // Nothing expires into a second run: past every lease, reclaim takes back the two
+    // claimed jobs and nothing else.
+    env.clock.advance(TTL + Duration::from_secs(1));
+    let reclaimed = store.reclaim(10).await.must("C10: reclaim");
+    let mut back: Vec<JobId> = reclaimed.iter().map(|r| r.id).collect();
+    back.sort_unstable();
+    let mut expected = vec![first, last];
+    expected.sort_unstable();
+    assert_eq!(back, expected, "C10: only the claimed jobs were leased");
+}

@@ -88,6 +88,14 @@ impl MemoryServer {
     pub fn vanish(&self, namespace: &str, id: JobId) -> bool {
         self.namespace(namespace).lock().vanish(id)
     }
+
+    /// Marks the record of job `id` as one the store cannot read, standing for the
+    /// damaged record a backend with a storage format can hold: a claim that meets it
+    /// buries it (`dead`, its error saying why) instead of leasing it. For
+    /// fault-injection tests (CONTRACT C10). Returns whether the record exists.
+    pub fn corrupt(&self, namespace: &str, id: JobId) -> bool {
+        self.namespace(namespace).lock().corrupt(id)
+    }
 }
 
 /// The in-memory store.

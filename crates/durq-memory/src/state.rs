@@ -32,6 +32,9 @@ impl Prepared {
     }
 }
 
+/// The error a buried unreadable record carries (CONTRACT C10).
+const UNREADABLE: &str = "corrupt record: marked unreadable by a fault-injection test";
+
 #[derive(Debug)]
 struct Record {
     job: Job,
@@ -46,6 +49,9 @@ struct Record {
     /// The attempts that ended other than by success, oldest first, at most
     /// `ATTEMPTS_KEPT` (CONTRACT H2, H3).
     ended: Vec<Attempt>,
+    /// Set by [`crate::MemoryServer::corrupt`]: the record stands for one a backend
+    /// could not read, which a claim buries instead of leasing (CONTRACT C10).
+    unreadable: bool,
 }
 
 /// The per-queue indexes.
@@ -348,6 +354,7 @@ impl State {
                 last_token: 0,
                 last_worker: None,
                 ended: Vec::new(),
+                unreadable: false,
             }),
             uniqueness,
         }
@@ -563,6 +570,12 @@ impl State {
             .into_iter()
             .filter_map(|id| {
                 self.transition_record(id, now, |record| {
+                    if record.unreadable {
+                        // What every backend does with a record it cannot decode.
+                        Self::finish(&mut record.job, JobState::Dead, now);
+                        record.job.last_error = Some(UNREADABLE.to_owned());
+                        return None;
+                    }
                     record.last_token += 1;
                     let job = &mut record.job;
                     job.state = JobState::Running;
@@ -574,11 +587,12 @@ impl State {
                         token: LeaseToken::new(record.last_token),
                         expires_at,
                     });
-                    ClaimedJob {
+                    Some(ClaimedJob {
                         job: job.clone(),
                         payload: record.payload.clone(),
-                    }
+                    })
                 })
+                .flatten()
             })
             .collect()
     }
@@ -925,5 +939,15 @@ impl State {
 
     pub(crate) fn vanish(&mut self, id: JobId) -> bool {
         self.jobs.remove(&id).is_some()
+    }
+
+    pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
+        match self.jobs.get_mut(&id) {
+            Some(record) => {
+                record.unreadable = true;
+                true
+            }
+            None => false,
+        }
     }
 }

@@ -925,6 +925,15 @@ SELECT (SELECT count(*) FROM gone) AS jobs, (SELECT count(*) FROM keys) AS keys
 WHERE {relax}
 "#;
 
+/// CONTRACT C10: a job its claim leased but could not decode goes to `dead` with the
+/// reason, if that claim's lease (`$3`) still holds it. `$1` namespace, `$2` id, `$4`
+/// now, `$5` error text.
+const BURY: &str = r#"
+UPDATE {schema}.jobs SET state = 'dead', lease_expires_at = NULL, finished_at = $4,
+    last_error = $5
+WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS TRUE
+"#;
+
 /// Deletes a job row behind the store's back, as a lost record would (test harnesses).
 const VANISH: &str = "DELETE FROM {schema}.jobs WHERE namespace = $1 AND id = $2";
 
@@ -1115,6 +1124,7 @@ pub(crate) struct Statements {
     /// examines (see `PostgresStore::list`).
     pub(crate) list_ids: ListStatements,
     pub(crate) purge: Text,
+    pub(crate) bury: Text,
     pub(crate) vanish: Text,
     pub(crate) drop_namespace: Text,
     pub(crate) notify: Text,
@@ -1194,6 +1204,7 @@ impl Statements {
             list: ListStatements::render(job_columns!(), &r),
             list_ids: ListStatements::render("id", &r),
             purge: r(PURGE),
+            bury: r(BURY),
             vanish: r(VANISH),
             drop_namespace: r(DROP_NAMESPACE),
             notify: r(NOTIFY),

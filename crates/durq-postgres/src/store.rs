@@ -143,6 +143,24 @@ impl PostgresStore {
         Ok(rows.into_iter().next())
     }
 
+    /// Buries a job this store's claim leased and could not decode (CONTRACT C10), so
+    /// it is neither handed out nor left leased to nobody.
+    async fn bury(&self, job: Unreadable, now: Timestamp) -> Result<()> {
+        let error = format!("corrupt record: {}", job.reason);
+        // Sent again when the connection broke: the lease token fences a second run.
+        self.shared()
+            .fetch_all_again("bury", |_| {
+                sqlx::query(self.sql().bury.sql())
+                    .bind(self.namespace())
+                    .bind(job.id)
+                    .bind(job.token)
+                    .bind(now.as_millis())
+                    .bind(error.as_bytes())
+            })
+            .await?;
+        Ok(())
+    }
+
     fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
         self.inner
             .seen
@@ -250,27 +268,61 @@ impl PostgresBackend {
 
 /// Sorts claimed rows into the request's order (CONTRACT C3, F5): `UPDATE … RETURNING`
 /// has none.
-fn claim_order(rows: Vec<PgRow>, request: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
+/// A job a claim leased but could not decode (CONTRACT C10): its row's id and lease
+/// token, and why.
+struct Unreadable {
+    id: Uuid,
+    token: i64,
+    reason: String,
+}
+
+/// The claimed jobs in the claim's order, and those of its rows that did not decode.
+fn claim_order(
+    rows: Vec<PgRow>,
+    request: &ClaimRequest,
+) -> Result<(Vec<ClaimedJob>, Vec<Unreadable>)> {
     let mut claimed = Vec::with_capacity(rows.len());
+    let mut unreadable = Vec::new();
     let mut placements = durq_core::fit::PlacementCache::new();
     for row in rows {
-        let job = row::job_in(&row, Some(&mut placements))?;
-        let seq = row::seq(&row, job.id)?;
-        let payload: Vec<u8> = column(&row, row::CLAIM_PAYLOAD, &|| format!("job {}", job.id))?;
-        let order = request.fit_order(
-            ReadyOrder::new(job.priority, job.run_at, seq),
-            job.locality.as_deref(),
-        );
-        claimed.push((
-            order,
-            ClaimedJob {
-                job,
-                payload: Bytes::from(payload),
-            },
-        ));
+        match claimed_job(&row, request, &mut placements) {
+            Ok(job) => claimed.push(job),
+            Err(Error::Corrupt { what, reason }) => {
+                // The id and token columns are typed by the schema: they decode.
+                let id: Uuid = column(&row, 0, &|| what.clone())?;
+                let token: i64 = column(&row, 12, &|| what.clone())?;
+                unreadable.push(Unreadable { id, token, reason });
+            }
+            Err(other) => return Err(other),
+        }
     }
     claimed.sort_by_key(|(order, _)| *order);
-    Ok(claimed.into_iter().map(|(_, job)| job).collect())
+    Ok((
+        claimed.into_iter().map(|(_, job)| job).collect(),
+        unreadable,
+    ))
+}
+
+/// One row of a claim, decoded, with its place in the claim's order.
+fn claimed_job(
+    row: &PgRow,
+    request: &ClaimRequest,
+    placements: &mut durq_core::fit::PlacementCache,
+) -> Result<(durq_core::fit::FitOrder, ClaimedJob)> {
+    let job = row::job_in(row, Some(placements))?;
+    let seq = row::seq(row, job.id)?;
+    let payload: Vec<u8> = column(row, row::CLAIM_PAYLOAD, &|| format!("job {}", job.id))?;
+    let order = request.fit_order(
+        ReadyOrder::new(job.priority, job.run_at, seq),
+        job.locality.as_deref(),
+    );
+    Ok((
+        order,
+        ClaimedJob {
+            job,
+            payload: Bytes::from(payload),
+        },
+    ))
 }
 
 /// Adds one (state, due, total) row of [`crate::sql`]'s counts to a queue's counts:
@@ -472,7 +524,11 @@ impl Backend for PostgresStore {
         let shared = self.shared();
         let claimed = u64::try_from(rows.len()).unwrap_or(u64::MAX);
         shared.growth.passed(claimed, &shared.pool, &shared.sql);
-        claim_order(rows, &request)
+        let (claimed, unreadable) = claim_order(rows, &request)?;
+        for job in unreadable {
+            self.bury(job, now).await?;
+        }
+        Ok(claimed)
     }
 
     async fn heartbeat(

@@ -7,7 +7,7 @@
 //! opens lives in the rows of the shared default schema; `teardown` deletes them.
 
 use durq_conformance::Harness;
-use durq_core::{async_trait, JobId, Result, Store, StoreSettings};
+use durq_core::{async_trait, Error, JobId, Result, Store, StoreSettings};
 use durq_postgres::{PostgresBackend, PostgresConfig};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
@@ -29,6 +29,21 @@ impl Harness for PgHarness {
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
         self.backend.vanish(namespace, id).await
+    }
+
+    /// Tags that are not JSON: text the column takes but the store cannot read.
+    async fn corrupt(&self, namespace: &str, id: JobId) -> Result<bool> {
+        let sql = format!(
+            "UPDATE \"{}\".jobs SET tags = '{{' WHERE namespace = $1 AND id = $2",
+            self.backend.schema()
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(uuid::Uuid::from(id))
+            .execute(self.backend.pool())
+            .await
+            .map_err(|err| Error::backend("corrupt a record", err))?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// A namespace is its rows in the schema's tables (jobs and idempotency keys);

@@ -53,6 +53,24 @@ impl Harness for RedisHarness {
         .map_err(|err| Error::unavailable("vanish", err))
     }
 
+    /// A `meta` field that is not the record's encoding of its rarer fields.
+    async fn corrupt(&self, namespace: &str, id: JobId) -> Result<bool> {
+        let key = durq_redis::job_key(namespace, id);
+        let exists = admin(&self.target, redis::cmd("EXISTS").arg(&key))
+            .await
+            .map_err(|err| Error::unavailable("corrupt", err))?;
+        if exists != redis::Value::Int(1) {
+            return Ok(false);
+        }
+        admin(
+            &self.target,
+            redis::cmd("HSET").arg(&key).arg("meta").arg("not meta"),
+        )
+        .await
+        .map_err(|err| Error::unavailable("corrupt", err))?;
+        Ok(true)
+    }
+
     async fn teardown(&self, namespace: &str) -> Result<()> {
         let settings = StoreSettings::default().namespace(namespace);
         self.connect(settings).await?.drop_namespace().await?;

@@ -540,9 +540,15 @@ fn fitting_candidates(
             .db("scan ready jobs")?;
         while let Some(row) = rows.next().db("scan ready jobs")? {
             let job: i64 = row.get(0).db("read a ready job")?;
-            let (fits, is_preferred) = verdicts
-                .judge(row.get_ref(3).db("read a ready job")?)
-                .map_err(|why| Error::corrupt(job_subject(conn, job), why))?;
+            let (fits, is_preferred) = match verdicts.judge(row.get_ref(3).db("read a ready job")?)
+            {
+                Ok(verdict) => verdict,
+                Err(why) => {
+                    // Buried once the scan is done (CONTRACT C10).
+                    verdicts.unreadable.push((job, why));
+                    continue;
+                }
+            };
             if !fits {
                 continue;
             }
@@ -577,6 +583,8 @@ fn fitting_candidates(
 struct Verdicts<'r> {
     request: &'r ClaimRequest,
     seen: std::collections::HashMap<Vec<u8>, (bool, bool)>,
+    /// The rows whose placement could not be read, and why: the claim buries them.
+    unreadable: Vec<(i64, String)>,
 }
 
 impl<'r> Verdicts<'r> {
@@ -587,6 +595,7 @@ impl<'r> Verdicts<'r> {
         Verdicts {
             request,
             seen: std::collections::HashMap::new(),
+            unreadable: Vec::new(),
         }
     }
 
@@ -639,8 +648,15 @@ fn reserved_row(
     if state != QUEUED || run_at > now.as_millis() || !request.queues.contains(&queue) {
         return Ok(None);
     }
-    let (needs, _) = placement_from(row.get_ref(4).db("read the reserved job")?, None)
-        .map_err(|why| Error::corrupt(format!("job {id}"), why))?;
+    let placement = placement_from(row.get_ref(4).db("read the reserved job")?, None);
+    drop(rows);
+    let needs = match placement {
+        Ok((needs, _)) => needs,
+        Err(why) => {
+            bury(conn, job, &unreadable_placement(&why), now)?;
+            return Ok(None);
+        }
+    };
     if !request.admits(&needs) {
         return Ok(None);
     }
@@ -702,6 +718,9 @@ fn fitted_rows(
             &mut candidates,
         )?;
     }
+    for (row, why) in verdicts.unreadable {
+        bury(conn, row, &unreadable_placement(&why), now)?;
+    }
     candidates.sort_unstable_by_key(|(order, _)| *order);
     candidates.truncate(request.limit);
     Ok(candidates.into_iter().map(|(_, row)| row).collect())
@@ -745,8 +764,9 @@ fn lease_rows(
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<ClaimedJob>> {
-    // Everything is read and checked before the first write, so a corrupt row or a
-    // missing payload refuses the claim with nothing leased, and the claim needs no
+    // Everything is read and checked before the first lease is written. A row that
+    // cannot be read (a corrupt record, a missing payload) is buried, never leased and
+    // never in the way of the jobs behind it (CONTRACT C10); the claim needs no
     // savepoint (whose sub-journal would copy every page it touches).
     let mut read = conn
         .prepare_cached(concat!(
@@ -764,14 +784,11 @@ fn lease_rows(
         let Some(found) = answer.next().db("read a claimed job")? else {
             continue;
         };
-        let job = job_from_row_in(found, Some(&mut placements))?;
-        let token: i64 = found.get(JOB_COLUMNS).db("read a claimed job")?;
-        let token = u64::try_from(token)
-            .map_err(|_| Error::corrupt(format!("job {}", job.id), "negative lease token"))?;
-        let payload: Option<Vec<u8>> = found.get(JOB_COLUMNS + 1).db("read a claimed job")?;
-        let payload =
-            payload.ok_or_else(|| Error::corrupt(format!("job {}", job.id), "payload missing"))?;
-        picked.push((row, job, token, payload));
+        match claimable(found, &mut placements) {
+            Ok((job, token, payload)) => picked.push((row, job, token, payload)),
+            Err(Error::Corrupt { reason, .. }) => bury(conn, row, &reason, now)?,
+            Err(other) => return Err(other),
+        }
     }
 
     let expires_at = now.saturating_add(request.lease_ttl);
@@ -809,6 +826,36 @@ fn lease_rows(
         });
     }
     Ok(claimed)
+}
+
+/// A row read for a claim: the job, its current lease token and its payload.
+fn claimable(found: &Row<'_>, placements: &mut PlacementCache) -> Result<(Job, u64, Vec<u8>)> {
+    let job = job_from_row_in(found, Some(placements))?;
+    let token: i64 = found.get(JOB_COLUMNS).db("read a claimed job")?;
+    let token = u64::try_from(token)
+        .map_err(|_| Error::corrupt(format!("job {}", job.id), "negative lease token"))?;
+    let payload: Option<Vec<u8>> = found.get(JOB_COLUMNS + 1).db("read a claimed job")?;
+    let payload =
+        payload.ok_or_else(|| Error::corrupt(format!("job {}", job.id), "payload missing"))?;
+    Ok((job, token, payload))
+}
+
+/// Moves the job of row `row`, which a claim could not read, to `dead` with the reason
+/// (CONTRACT C10): it leaves the ready index, so no claim meets it again, and keeps
+/// its row for an operator to look at or purge.
+fn bury(conn: &Connection, row: i64, reason: &str, now: Timestamp) -> Result<()> {
+    finish(
+        conn,
+        row,
+        DEAD,
+        Some(&format!("corrupt record: {reason}")),
+        now,
+    )
+}
+
+/// The reason a job whose placement a fitted claim could not read is buried with.
+fn unreadable_placement(why: &str) -> String {
+    format!("placement unreadable: {why}")
 }
 
 /// The parts of a job that the lease calls decide on.

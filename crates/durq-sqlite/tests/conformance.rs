@@ -5,8 +5,9 @@
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::Duration;
 
-use durq_core::{async_trait, JobId, Result, Store, StoreSettings};
+use durq_core::{async_trait, Error, JobId, Result, Store, StoreSettings};
 use durq_sqlite::{SqliteConfig, SqliteStore};
 
 struct SqliteHarness {
@@ -57,6 +58,24 @@ impl durq_conformance::Harness for SqliteHarness {
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
         self.backend(namespace).await?.vanish(id).await
+    }
+
+    /// Tags that are not JSON: a value SQLite stores but the store cannot read.
+    async fn corrupt(&self, namespace: &str, id: JobId) -> Result<bool> {
+        let (path, namespace) = (self.path.clone(), namespace.to_owned());
+        let changed = tokio::task::spawn_blocking(move || {
+            let conn = rusqlite::Connection::open(path)?;
+            conn.busy_timeout(Duration::from_secs(10))?;
+            conn.execute(
+                "UPDATE jobq_jobs SET tags = '{' WHERE id = ?1
+                 AND ns = (SELECT id FROM jobq_namespaces WHERE name = ?2)",
+                rusqlite::params![id.to_bytes(), namespace],
+            )
+        })
+        .await
+        .map_err(|err| Error::backend("corrupt a record", err))?
+        .map_err(|err| Error::backend("corrupt a record", err))?;
+        Ok(changed == 1)
     }
 
     async fn teardown(&self, namespace: &str) -> Result<()> {

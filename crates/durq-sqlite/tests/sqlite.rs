@@ -314,15 +314,27 @@ async fn unreadable_rows_are_reported_as_corrupt() {
         store.payload(ids[1]).await,
         Err(Error::Corrupt { .. })
     ));
+    // The claim meets the job without a payload, buries it (CONTRACT C10) and answers
+    // what is left: nothing. The row with an unknown state is in no queue.
     let request = ClaimRequest::new(["corrupt"], "w", Duration::from_secs(30));
-    assert!(matches!(
-        store.claim(request).await,
-        Err(Error::Corrupt { .. })
-    ));
-    // The failed claim changed nothing.
+    match store.claim(request.clone()).await {
+        Ok(claimed) => assert!(claimed.is_empty(), "{claimed:?}"),
+        Err(err) => panic!("claim failed: {err}"),
+    }
     match store.get(ids[1]).await {
-        Ok(job) => assert_eq!(job.attempts, 0),
+        Ok(job) => {
+            assert_eq!(job.state, JobState::Dead);
+            assert_eq!(job.attempts, 0, "a buried job was never leased");
+            assert_eq!(
+                job.last_error.as_deref(),
+                Some("corrupt record: payload missing")
+            );
+        }
         Err(err) => panic!("{err}"),
+    }
+    match store.claim(request).await {
+        Ok(claimed) => assert!(claimed.is_empty(), "{claimed:?}"),
+        Err(err) => panic!("claim failed: {err}"),
     }
 }
 
@@ -683,40 +695,34 @@ async fn the_backend_decides_at_the_instant_it_is_given() {
 }
 
 /// A placement that cannot be read back is a corrupt record for every read that meets
-/// it, a fitted claim's scan included, and the refused claim leases nothing.
+/// it; a fitted claim whose scan meets it (budgeted, preferring, reserved) buries the
+/// job instead of leasing it or failing (CONTRACT C10).
 #[tokio::test]
 async fn unreadable_placements_are_reported_as_corrupt() {
     let (_dir, path) = temp_db();
     let clock = ManualClock::default();
     let store = open(&path, settings(&clock), SqliteConfig::default()).await;
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        match store
-            .enqueue(NewJob::new("placed").needs(Needs::new().amount("gpu", 1)))
-            .await
-        {
-            Ok(done) => ids.push(done.id),
-            Err(err) => panic!("enqueue failed: {err}"),
-        }
-    }
     let conn = raw(&path);
     let ttl = Duration::from_secs(30);
-    let fitted = ClaimRequest::new(["placed"], "w", ttl)
-        .limit(2)
-        .budget(Budget::new().amount("gpu", 4));
-    for bad in [
+    let gpu = || NewJob::new("placed").needs(Needs::new().amount("gpu", 1));
+    let bad_values = [
         rusqlite::types::Value::Text("{".to_owned()),
         rusqlite::types::Value::Text(r#"{"a":{"gpu":-1}}"#.to_owned()),
         rusqlite::types::Value::Integer(7),
         rusqlite::types::Value::Blob(vec![0xff, 0xfe]),
-    ] {
+    ];
+    for (round, bad) in bad_values.into_iter().enumerate() {
+        let (victim, readable) = match (store.enqueue(gpu()).await, store.enqueue(gpu()).await) {
+            (Ok(victim), Ok(readable)) => (victim.id, readable.id),
+            (Err(err), _) | (_, Err(err)) => panic!("enqueue failed: {err}"),
+        };
         let broken = conn.execute(
             "UPDATE jobq_jobs SET placement = ?1 WHERE id = ?2",
-            rusqlite::params![bad, ids[1].to_bytes()],
+            rusqlite::params![bad, victim.to_bytes()],
         );
         assert!(matches!(broken, Ok(1)));
         assert!(
-            matches!(store.get(ids[1]).await, Err(Error::Corrupt { .. })),
+            matches!(store.get(victim).await, Err(Error::Corrupt { .. })),
             "get with {bad:?}"
         );
         let listed = store.list(ListQuery::new("placed")).await;
@@ -724,35 +730,53 @@ async fn unreadable_placements_are_reported_as_corrupt() {
             matches!(listed, Err(Error::Corrupt { .. })),
             "list with {bad:?}"
         );
-        let claimed = store.claim(fitted.clone()).await;
-        match claimed {
-            Err(Error::Corrupt { what, .. }) => {
-                assert!(what.contains(&ids[1].to_string()), "{what}")
+        // Each kind of fitted claim in turn meets the unreadable placement.
+        let request = match round % 3 {
+            0 => ClaimRequest::new(["placed"], "w", ttl)
+                .limit(2)
+                .budget(Budget::new().amount("gpu", 4)),
+            1 => ClaimRequest::new(["placed"], "w", ttl)
+                .limit(2)
+                .prefer(["x"]),
+            _ => ClaimRequest::new(["placed"], "w", ttl).reserved(victim),
+        };
+        let claimed = match store.claim(request.clone()).await {
+            Ok(claimed) => claimed,
+            Err(err) => panic!("{request:?} with {bad:?} failed: {err}"),
+        };
+        let ids: Vec<JobId> = claimed.iter().map(|job| job.id()).collect();
+        let expected = if request.reserved.is_some() {
+            Vec::new()
+        } else {
+            vec![readable]
+        };
+        assert_eq!(ids, expected, "{request:?} with {bad:?}");
+        let buried = count(
+            &path,
+            &format!(
+                "SELECT COUNT(*) FROM jobq_jobs WHERE id = x'{}' AND state = 3 AND attempts = 0
+                 AND last_error LIKE 'corrupt record: placement unreadable: %'",
+                victim
+                    .to_bytes()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            ),
+        );
+        assert_eq!(buried, 1, "{request:?} with {bad:?} buried the job");
+        if request.reserved.is_some() {
+            // The readable job is still there for the next claim.
+            let plain = ClaimRequest::new(["placed"], "w", ttl).limit(10);
+            match store.claim(plain).await {
+                Ok(claimed) => assert_eq!(claimed.len(), 1),
+                Err(err) => panic!("{err}"),
             }
-            other => panic!("fitted claim with {bad:?}: {other:?}"),
-        }
-        let prefer = ClaimRequest::new(["placed"], "w", ttl).prefer(["x"]);
-        assert!(
-            matches!(store.claim(prefer).await, Err(Error::Corrupt { .. })),
-            "preferring claim with {bad:?}"
-        );
-        let reserved = ClaimRequest::new(["placed"], "w", ttl).reserved(ids[1]);
-        assert!(
-            matches!(store.claim(reserved).await, Err(Error::Corrupt { .. })),
-            "reserved claim with {bad:?}"
-        );
-    }
-    for id in &ids {
-        match store.get(*id).await {
-            Ok(job) => assert_eq!((job.state, job.attempts), (JobState::Queued, 0)),
-            Err(Error::Corrupt { .. }) => {}
-            Err(err) => panic!("{err}"),
         }
     }
     assert_eq!(
-        count(&path, "SELECT COUNT(*) FROM jobq_jobs WHERE state <> 0"),
+        count(&path, "SELECT COUNT(*) FROM jobq_jobs WHERE state = 0"),
         0,
-        "the refused claims leased nothing"
+        "every readable job was claimed, every unreadable one buried"
     );
 }
 
@@ -912,8 +936,8 @@ async fn fitted_claims_take_what_the_reference_takes() {
 }
 
 /// Tags that cannot be read back (not JSON, not a map of strings, not text) are a
-/// corrupt record for every read that meets them, a claim included (which then leases
-/// nothing); an attempt record that cannot be read makes `attempts` corrupt.
+/// corrupt record for every read that meets them; a claim buries the job (CONTRACT
+/// C10) and leases nothing; an attempt record that cannot be read makes `attempts` corrupt.
 #[tokio::test]
 async fn unreadable_tags_and_attempts_are_reported_as_corrupt() {
     let (_dir, path) = temp_db();
@@ -962,16 +986,26 @@ async fn unreadable_tags_and_attempts_are_reported_as_corrupt() {
                 "{query:?} with {bad:?}: {listed:?}"
             );
         }
-        let request = ClaimRequest::new(["tagged"], "w", Duration::from_secs(30));
-        assert!(
-            matches!(store.claim(request).await, Err(Error::Corrupt { .. })),
-            "claim with {bad:?}"
-        );
+    }
+    // A claim that meets the unreadable tags buries the job, leasing nothing (C10).
+    let request = ClaimRequest::new(["tagged"], "w", Duration::from_secs(30));
+    match store.claim(request).await {
+        Ok(claimed) => assert!(claimed.is_empty(), "{claimed:?}"),
+        Err(err) => panic!("claim failed: {err}"),
     }
     assert_eq!(
-        count(&path, "SELECT COUNT(*) FROM jobq_jobs WHERE state <> 0"),
+        count(
+            &path,
+            "SELECT COUNT(*) FROM jobq_jobs WHERE state = 3 AND attempts = 0
+             AND last_error LIKE 'corrupt record: %tags%'"
+        ),
+        1,
+        "the claim buried the job, unleased, saying why"
+    );
+    assert_eq!(
+        count(&path, "SELECT COUNT(*) FROM jobq_jobs WHERE state = 1"),
         0,
-        "the refused claims leased nothing"
+        "the claim leased nothing"
     );
     let repaired = conn.execute("UPDATE jobq_jobs SET tags = NULL", []);
     assert!(matches!(repaired, Ok(2)));
