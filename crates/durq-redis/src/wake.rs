@@ -16,6 +16,8 @@ use futures::StreamExt;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
+use crate::conn::{CONNECT_TIMEOUT, RECONNECT_CAP, RECONNECT_FIRST_DELAY};
+
 /// What the subscriber does with the ids a wake-up names (queue, space-separated ids):
 /// the store's claims take them as their prediction of the queue's head.
 pub(crate) type Seed = Arc<dyn Fn(&str, &str) + Send + Sync>;
@@ -123,9 +125,13 @@ impl Drop for Waker {
     }
 }
 
-/// Subscribes and forwards messages until the store drops the task; reconnects with a
-/// capped back-off when the connection is lost, to the next node each time (on a
-/// cluster, pub/sub messages reach every node, so any node serves).
+/// Subscribes and forwards messages until the store drops the task; when the connection
+/// is lost, subscribes again, to the next node each time (on a cluster, pub/sub messages
+/// reach every node, so any node serves). The pauses between attempts double from
+/// [`RECONNECT_FIRST_DELAY`] to [`RECONNECT_CAP`], as the store's connection's do, so a
+/// server that answers again is subscribed to within the cap however long it was down;
+/// an attempt (connect and subscription) that gets no answer is given up after
+/// [`CONNECT_TIMEOUT`] for a fresh one.
 async fn listen(
     nodes: Vec<redis::Client>,
     channel: String,
@@ -133,29 +139,32 @@ async fn listen(
     subscribed: watch::Sender<bool>,
     seed: Seed,
 ) {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = RECONNECT_FIRST_DELAY;
     for client in nodes.iter().cycle() {
-        if let Ok(mut pubsub) = client.get_async_pubsub().await {
-            if pubsub.subscribe(&channel).await.is_ok() {
-                subscribed.send_replace(true);
-                backoff = Duration::from_millis(50);
-                let mut messages = pubsub.into_on_message();
-                while let Some(message) = messages.next().await {
-                    if let Ok(mut queue) = message.get_payload::<String>() {
-                        if let Some(space) = queue.find(' ') {
-                            seed(&queue[..space], &queue[space + 1..]);
-                            queue.truncate(space);
-                        }
-                        let _ = sender.send(queue);
+        let subscribing = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        if let Ok(Ok(pubsub)) = tokio::time::timeout(CONNECT_TIMEOUT, subscribing).await {
+            subscribed.send_replace(true);
+            backoff = RECONNECT_FIRST_DELAY;
+            let mut messages = pubsub.into_on_message();
+            while let Some(message) = messages.next().await {
+                if let Ok(mut queue) = message.get_payload::<String>() {
+                    if let Some(space) = queue.find(' ') {
+                        seed(&queue[..space], &queue[space + 1..]);
+                        queue.truncate(space);
                     }
+                    let _ = sender.send(queue);
                 }
-                subscribed.send_replace(false);
-                // The connection is gone: wake every waiter, whose claim then finds
-                // out whether the server is back.
-                let _ = sender.send(String::new());
             }
+            subscribed.send_replace(false);
+            // The connection is gone: wake every waiter, whose claim then finds out
+            // whether the server is back.
+            let _ = sender.send(String::new());
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        backoff = (backoff * 2).min(RECONNECT_CAP);
     }
 }

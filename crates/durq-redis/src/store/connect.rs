@@ -12,7 +12,10 @@ use redis::cluster::ClusterClientBuilder;
 
 use super::{Heads, Inner, RedisStore};
 use crate::complete::Completions;
-use crate::conn::{map_err, Conn};
+use crate::conn::{
+    map_err, Conn, CONNECT_TIMEOUT, RECONNECT_CAP, RECONNECT_FIRST_DELAY, RECONNECT_RETRIES,
+    RESPONSE_TIMEOUT,
+};
 use crate::enqueue::{Ctx as EnqueueCtx, Enqueues};
 use crate::keys::Keys;
 use crate::scripts;
@@ -188,8 +191,10 @@ impl RedisStore {
     /// Connects to one Redis server, e.g. `redis://127.0.0.1:6379`, or
     /// `rediss://host:6380` for TLS (feature `tls`; the server's certificate must chain
     /// to a root the system trusts, else see [`RedisStore::connect_tls`]). The
-    /// connection reconnects by itself; a call made while it is down fails with
-    /// [`Error::Unavailable`].
+    /// connection reconnects by itself, within the reconnect back-off cap of 200 ms of
+    /// the server answering again; a call made while it is down waits for up to 13
+    /// connection attempts (1.2–2.3 s against a port that refuses), then fails with
+    /// [`Error::Unavailable`] (see the crate's "Reconnecting").
     ///
     /// Settings that break the contract's limits are refused here.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self> {
@@ -262,9 +267,12 @@ impl RedisStore {
             .iter()
             .map(|url| node_client(url, tls))
             .collect::<Result<Vec<_>>>()?;
+        // The driver's cluster connection reconnects a lost node by itself, continually
+        // (50 ms doubling to 1 s between attempts in redis 1.8.1); each attempt is bounded
+        // as a single server's is.
         let builder = ClusterClientBuilder::new(urls.clone())
-            .connection_timeout(Duration::from_secs(5))
-            .response_timeout(Duration::from_secs(30));
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT);
         #[cfg(feature = "tls")]
         let builder = match tls {
             Some(tls) => builder.certs(tls.certificates()?),
@@ -386,10 +394,17 @@ impl Dial {
         };
         match self {
             Dial::Single(client) => {
+                // A lost connection is replaced by a series of attempts, the pauses
+                // between them doubling from RECONNECT_FIRST_DELAY to RECONNECT_CAP: the
+                // driver adds up to as much again as jitter, so its own cap is half of
+                // ours. The calls made meanwhile wait for the series (see `Conn`).
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(5)))
-                    .set_response_timeout(Some(Duration::from_secs(30)))
-                    .set_number_of_retries(2);
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                    .set_min_delay(RECONNECT_FIRST_DELAY)
+                    .set_exponent_base(2.0)
+                    .set_max_delay(RECONNECT_CAP / 2)
+                    .set_number_of_retries(RECONNECT_RETRIES);
                 ConnectionManager::new_with_config((**client).clone(), config)
                     .await
                     .map(Conn::Single)

@@ -178,9 +178,10 @@ struct Shared {
     context: Arc<crate::handler::WorkerContext>,
 }
 
-/// The wait after a store call failed, before the next try: 100 ms doubling to 5 s, a
+/// The wait after a store call failed, before the next try: 100 ms doubling to 1 s, a
 /// little jitter so workers that lost the store together do not retry in step, and
-/// cut short by `stop`. Used by the claim loop (claims, waits) and by outcomes that did
+/// cut short by `stop`. The cap bounds how long a worker whose store came back keeps
+/// waiting (a call per second per worker costs a down server nothing). Used by the claim loop (claims, waits) and by outcomes that did
 /// not reach the store; it resets once a call went through.
 pub(crate) struct StoreBackoff {
     failures: u32,
@@ -189,7 +190,7 @@ pub(crate) struct StoreBackoff {
 impl StoreBackoff {
     const DELAYS: durq_core::Backoff = durq_core::Backoff {
         initial: std::time::Duration::from_millis(100),
-        max: std::time::Duration::from_secs(5),
+        max: std::time::Duration::from_secs(1),
         jitter: 0.2,
     };
 
