@@ -20,7 +20,7 @@ use crate::error::{db_error, stopped, DbResultExt};
 use crate::schema;
 
 /// The writer's view of one group transaction, handed to each operation; also built on
-/// a caller's own transaction (`crate::SqliteTransaction`), so both run the same `ops`.
+/// a caller's own transaction (`crate::SqliteTransaction`), so both run the same `store` functions.
 pub(crate) struct WriteTx<'a> {
     conn: &'a Connection,
     seq: &'a mut SeqCounter,

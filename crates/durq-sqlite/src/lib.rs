@@ -4,8 +4,8 @@
 mod config;
 mod engine;
 mod error;
-mod ops;
 mod schema;
+mod store;
 mod transaction;
 
 use std::path::Path;
@@ -83,7 +83,7 @@ impl SqliteStore {
         let engine = Engine::get(path.as_ref(), &config).await?;
         let name = settings.namespace.clone();
         let ns = engine
-            .write(WriteMode::DURABLE, move |tx| ops::namespace_id(tx, &name))
+            .write(WriteMode::DURABLE, move |tx| store::namespace_id(tx, &name))
             .await?;
         let notify = engine.wakers.for_ns(ns);
         Ok(SqliteStore {
@@ -141,7 +141,7 @@ impl SqliteStore {
     pub async fn vanish(&self, id: JobId) -> Result<()> {
         let ns = self.ns;
         self.engine
-            .write(WriteMode::WORKER, move |tx| ops::vanish(tx, ns, id))
+            .write(WriteMode::WORKER, move |tx| store::vanish(tx, ns, id))
             .await
     }
 
@@ -155,7 +155,7 @@ impl SqliteStore {
     pub async fn clear_namespace(&self) -> Result<u64> {
         let ns = self.ns;
         self.engine
-            .write(WriteMode::DURABLE, move |tx| ops::clear_namespace(tx, ns))
+            .write(WriteMode::DURABLE, move |tx| store::clear_namespace(tx, ns))
             .await
     }
 }
@@ -176,7 +176,7 @@ impl Backend for SqliteStore {
         let (ns, settings) = (self.ns, self.settings.clone());
         self.engine
             .write(WriteMode::DURABLE, move |tx| {
-                ops::enqueue(tx, ns, &settings, job, now)
+                store::enqueue(tx, ns, &settings, job, now)
             })
             .await
     }
@@ -187,34 +187,34 @@ impl Backend for SqliteStore {
         // unknown parent) undoes the whole batch, and only the batch.
         self.engine
             .write(WriteMode::DURABLE_ATOMIC, move |tx| {
-                ops::enqueue_batch(tx, ns, &settings, jobs, now)
+                store::enqueue_batch(tx, ns, &settings, jobs, now)
             })
             .await
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
         let ns = self.ns;
-        self.engine.read(move |conn| ops::get(conn, ns, id)).await
+        self.engine.read(move |conn| store::get(conn, ns, id)).await
     }
 
     async fn payload(&self, id: JobId) -> Result<Bytes> {
         let ns = self.ns;
         self.engine
-            .read(move |conn| ops::payload(conn, ns, id))
+            .read(move |conn| store::payload(conn, ns, id))
             .await
     }
 
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         let ns = self.ns;
         self.engine
-            .read(move |conn| ops::children(conn, ns, parent))
+            .read(move |conn| store::children(conn, ns, parent))
             .await
     }
 
     async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
         let ns = self.ns;
         self.engine
-            .read(move |conn| ops::attempts(conn, ns, id))
+            .read(move |conn| store::attempts(conn, ns, id))
             .await
     }
 
@@ -222,7 +222,7 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::claim(tx, ns, &request, now)
+                store::claim(tx, ns, &request, now)
             })
             .await
     }
@@ -237,7 +237,7 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::heartbeat(tx, ns, id, token, ttl, now)
+                store::heartbeat(tx, ns, id, token, ttl, now)
             })
             .await
     }
@@ -254,7 +254,7 @@ impl Backend for SqliteStore {
             .write(WriteMode::WORKER, move |tx| {
                 let mut answers = Vec::with_capacity(leases.len());
                 for lease in leases {
-                    match ops::heartbeat(tx, ns, lease.id, lease.token, ttl, now) {
+                    match store::heartbeat(tx, ns, lease.id, lease.token, ttl, now) {
                         Err(err @ (Error::Unavailable { .. } | Error::Backend { .. })) => {
                             return Err(err)
                         }
@@ -276,7 +276,7 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::complete(tx, ns, id, token, result.as_deref(), now)
+                store::complete(tx, ns, id, token, result.as_deref(), now)
             })
             .await
     }
@@ -294,7 +294,7 @@ impl Backend for SqliteStore {
         self.engine
             .write(WriteMode::WORKER, move |tx| {
                 let mut answers = Vec::with_capacity(completions.len());
-                let mut completer = ops::Completer::new(tx.conn())?;
+                let mut completer = store::Completer::new(tx.conn())?;
                 for Completion { id, token, result } in completions {
                     match completer.complete(ns, id, token, result.as_deref(), now) {
                         Err(err @ (Error::Unavailable { .. } | Error::Backend { .. })) => {
@@ -321,7 +321,7 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::fail(tx, ns, id, token, &error, retry, now)
+                store::fail(tx, ns, id, token, &error, retry, now)
             })
             .await
     }
@@ -336,7 +336,7 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::release(tx, ns, id, token, ready_at, now)
+                store::release(tx, ns, id, token, ready_at, now)
             })
             .await
     }
@@ -345,7 +345,7 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::reclaim(tx, ns, limit, now)
+                store::reclaim(tx, ns, limit, now)
             })
             .await
     }
@@ -353,28 +353,28 @@ impl Backend for SqliteStore {
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         let ns = self.ns;
         self.engine
-            .write(WriteMode::DURABLE, move |tx| ops::cancel(tx, ns, id, now))
+            .write(WriteMode::DURABLE, move |tx| store::cancel(tx, ns, id, now))
             .await
     }
 
     async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
         let ns = self.ns;
         self.engine
-            .write(WriteMode::DURABLE, move |tx| ops::retry(tx, ns, id, now))
+            .write(WriteMode::DURABLE, move |tx| store::retry(tx, ns, id, now))
             .await
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         let (ns, queue) = (self.ns, queue.to_owned());
         self.engine
-            .read(move |conn| ops::stats(conn, ns, &queue, now))
+            .read(move |conn| store::stats(conn, ns, &queue, now))
             .await
     }
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
         let ns = self.ns;
         self.engine
-            .read(move |conn| ops::queues(conn, ns, now))
+            .read(move |conn| store::queues(conn, ns, now))
             .await
     }
 
@@ -384,7 +384,7 @@ impl Backend for SqliteStore {
         let (ns, id, spec) = (self.ns, id.to_owned(), spec.to_owned());
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::put_worker(tx, ns, &id, &spec, in_flight, now)
+                store::put_worker(tx, ns, &id, &spec, in_flight, now)
             })
             .await
     }
@@ -393,7 +393,7 @@ impl Backend for SqliteStore {
         let (ns, id) = (self.ns, id.to_owned());
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::touch_worker(tx, ns, &id, in_flight, now)
+                store::touch_worker(tx, ns, &id, in_flight, now)
             })
             .await
     }
@@ -401,20 +401,22 @@ impl Backend for SqliteStore {
     async fn delete_worker(&self, id: &str) -> Result<bool> {
         let (ns, id) = (self.ns, id.to_owned());
         self.engine
-            .write(WriteMode::WORKER, move |tx| ops::delete_worker(tx, ns, &id))
+            .write(WriteMode::WORKER, move |tx| {
+                store::delete_worker(tx, ns, &id)
+            })
             .await
     }
 
     async fn workers(&self) -> Result<Vec<StoredWorker>> {
         let ns = self.ns;
-        self.engine.read(move |conn| ops::workers(conn, ns)).await
+        self.engine.read(move |conn| store::workers(conn, ns)).await
     }
 
     async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
         let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::reap_workers(tx, ns, cutoff)
+                store::reap_workers(tx, ns, cutoff)
             })
             .await
     }
@@ -423,7 +425,7 @@ impl Backend for SqliteStore {
         let (ns, queue) = (self.ns, queue.to_owned());
         self.engine
             .write(WriteMode::DURABLE, move |tx| {
-                ops::set_paused(tx, ns, &queue, paused)
+                store::set_paused(tx, ns, &queue, paused)
             })
             .await
     }
@@ -431,7 +433,7 @@ impl Backend for SqliteStore {
     async fn paused_queues(&self) -> Result<Vec<String>> {
         let ns = self.ns;
         self.engine
-            .read(move |conn| ops::paused_queues(conn, ns))
+            .read(move |conn| store::paused_queues(conn, ns))
             .await
     }
 
@@ -439,14 +441,16 @@ impl Backend for SqliteStore {
         let (ns, name, spec) = (self.ns, name.to_owned(), spec.to_owned());
         self.engine
             .write(WriteMode::DURABLE, move |tx| {
-                ops::put_schedule(tx, ns, &name, &spec, now)
+                store::put_schedule(tx, ns, &name, &spec, now)
             })
             .await
     }
 
     async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
         let ns = self.ns;
-        self.engine.read(move |conn| ops::schedules(conn, ns)).await
+        self.engine
+            .read(move |conn| store::schedules(conn, ns))
+            .await
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
@@ -459,7 +463,9 @@ impl Backend for SqliteStore {
             WriteMode::WORKER
         };
         self.engine
-            .write(mode, move |tx| ops::update_schedule(tx, ns, &name, update))
+            .write(mode, move |tx| {
+                store::update_schedule(tx, ns, &name, update)
+            })
             .await
     }
 
@@ -467,7 +473,7 @@ impl Backend for SqliteStore {
         let (ns, name) = (self.ns, name.to_owned());
         self.engine
             .write(WriteMode::DURABLE, move |tx| {
-                ops::delete_schedule(tx, ns, &name)
+                store::delete_schedule(tx, ns, &name)
             })
             .await
     }
@@ -475,7 +481,7 @@ impl Backend for SqliteStore {
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
         let ns = self.ns;
         self.engine
-            .read(move |conn| ops::list(conn, ns, &query))
+            .read(move |conn| store::list(conn, ns, &query))
             .await
     }
 
@@ -483,7 +489,7 @@ impl Backend for SqliteStore {
         let ns = self.ns;
         self.engine
             .write(WriteMode::WORKER, move |tx| {
-                ops::purge(tx, ns, limit, cutoff)
+                store::purge(tx, ns, limit, cutoff)
             })
             .await
     }
@@ -506,7 +512,7 @@ impl Backend for SqliteStore {
             let (ns, watched, now) = (self.ns, queues.to_vec(), self.settings.now());
             let ready = self
                 .engine
-                .read(move |conn| ops::has_ready(conn, ns, &watched, now))
+                .read(move |conn| store::has_ready(conn, ns, &watched, now))
                 .await?;
             if ready {
                 return Ok(());

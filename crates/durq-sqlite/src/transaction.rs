@@ -1,7 +1,7 @@
 //! Jobs written inside the caller's own write transaction on the store's file
 //! (CONTRACT §7): the caller's rows and the jobs commit together or not at all.
 //!
-//! The operations are the writer thread's own (`ops`), run over a [`WriteTx`] built on
+//! The operations are the writer thread's own (`store`), run over a [`WriteTx`] built on
 //! the caller's transaction instead of a group's, so an enqueue or a completion here
 //! keeps every rule it keeps through the writer.
 
@@ -20,7 +20,7 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use crate::config::SqliteConfig;
 use crate::engine::{in_savepoint, lost_transaction, write_seq, SeqCounter, Wakers, WriteTx};
 use crate::error::DbResultExt;
-use crate::ops;
+use crate::store;
 
 /// Opens a connection on `path` set up as the store's writer connection is, where it
 /// matters to the caller's transactions: the same busy timeout, the query planner
@@ -173,7 +173,7 @@ impl SqliteTransaction<'_> {
         self.usable()?;
         let (job, now) = prepare_enqueue(&self.settings, job)?;
         let (ns, settings) = (self.ns, self.settings.clone());
-        self.run(|tx| ops::enqueue(tx, ns, &settings, job, now))
+        self.run(|tx| store::enqueue(tx, ns, &settings, job, now))
     }
 
     /// Enqueues `jobs` in this transaction, all or none: a batch refused for one job
@@ -188,8 +188,8 @@ impl SqliteTransaction<'_> {
         let (ns, settings) = (self.ns, self.settings.clone());
         // In a savepoint of its own, so a refusal after the first jobs were written
         // undoes exactly the batch.
-        let outcome =
-            self.run(|tx| in_savepoint(tx, |tx| ops::enqueue_batch(tx, ns, &settings, jobs, now)));
+        let outcome = self
+            .run(|tx| in_savepoint(tx, |tx| store::enqueue_batch(tx, ns, &settings, jobs, now)));
         match outcome {
             Ok(answer) => answer,
             Err(err) => {
@@ -219,7 +219,7 @@ impl SqliteTransaction<'_> {
         self.usable()?;
         let now = prepare_complete(&self.settings, result.as_ref())?;
         let ns = self.ns;
-        match self.run(|tx| ops::complete(tx, ns, id, token, result.as_deref(), now)) {
+        match self.run(|tx| store::complete(tx, ns, id, token, result.as_deref(), now)) {
             Ok(()) => Ok(FencedCompletion::new(id, token)),
             Err(err) => {
                 // The caller asked for their writes to stand only with this completion.

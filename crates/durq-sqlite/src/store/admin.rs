@@ -1,0 +1,146 @@
+//! Operator actions (CONTRACT A1, A2, Q1) and the test hooks that change rows directly.
+
+use super::*;
+
+pub(super) fn current_state(conn: &Connection, ns: i64, id: JobId) -> Result<(i64, JobState)> {
+    let found: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT job, state FROM jobq_jobs WHERE ns = ?1 AND id = ?2")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![ns, id.to_bytes()], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()
+        })
+        .db("read the job state")?;
+    let (row, code) = found.ok_or(Error::NotFound { id })?;
+    let state = state_from_code(code)
+        .ok_or_else(|| Error::corrupt(format!("job {id}"), format!("state {code}")))?;
+    Ok((row, state))
+}
+
+/// Rule A1.
+pub(crate) fn cancel(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) -> Result<JobState> {
+    let (row, state) = current_state(tx.conn(), ns, id)?;
+    match state {
+        JobState::Queued => {
+            finish(tx.conn(), row, CANCELLED, None, now)?;
+            Ok(JobState::Cancelled)
+        }
+        JobState::Running => {
+            tx.conn()
+                .prepare_cached("UPDATE jobq_jobs SET cancel_requested = 1 WHERE job = ?1")
+                .and_then(|mut stmt| stmt.execute([row]))
+                .db("request cancellation")?;
+            Ok(JobState::Running)
+        }
+        terminal => Ok(terminal),
+    }
+}
+
+/// Rule A2.
+pub(crate) fn retry(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) -> Result<()> {
+    let (row, state) = current_state(tx.conn(), ns, id)?;
+    if !matches!(state, JobState::Dead | JobState::Cancelled) {
+        return Err(Error::InvalidState {
+            id,
+            state,
+            operation: "retry",
+        });
+    }
+    let seq = tx.next_seq()?;
+    tx.conn()
+        .prepare_cached(
+            "UPDATE jobq_jobs SET state = 0, run_at = ?2, seq = ?3, attempts = 0,
+                 cancel_requested = 0, finished_at = NULL, result = NULL,
+                 lease_worker = NULL, lease_expires_at = NULL, started_at = NULL,
+                 heartbeat_at = NULL, last_error = NULL
+             WHERE job = ?1",
+        )
+        .and_then(|mut stmt| stmt.execute(params![row, now.as_millis(), seq]))
+        .db("retry the job")?;
+    tx.wake(ns);
+    Ok(())
+}
+
+/// Deletes every job of namespace `ns` with its payload and attempts, and its
+/// idempotency records, pauses, schedules and workers.
+/// The namespace's row stays, so its id is never reused (see
+/// `SqliteStore::clear_namespace`).
+pub(crate) fn clear_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
+    let conn = tx.conn();
+    let exec = |sql: &str, what: &str| {
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([ns]))
+            .db(what)
+    };
+    // Payloads first: they are found through the job rows.
+    exec(
+        "DELETE FROM jobq_payloads WHERE job IN (SELECT job FROM jobq_jobs WHERE ns = ?1)",
+        "delete the namespace's payloads",
+    )?;
+    let jobs = exec(
+        "DELETE FROM jobq_jobs WHERE ns = ?1",
+        "delete the namespace's jobs",
+    )?;
+    exec(
+        "DELETE FROM jobq_attempts WHERE ns = ?1",
+        "delete the namespace's attempts",
+    )?;
+    exec(
+        "DELETE FROM jobq_dedup WHERE ns = ?1",
+        "delete the namespace's idempotency records",
+    )?;
+    exec(
+        "DELETE FROM jobq_paused WHERE ns = ?1",
+        "delete the namespace's pauses",
+    )?;
+    exec(
+        "DELETE FROM jobq_schedules WHERE ns = ?1",
+        "delete the namespace's schedules",
+    )?;
+    exec(
+        "DELETE FROM jobq_workers WHERE ns = ?1",
+        "delete the namespace's workers",
+    )?;
+    Ok(u64::try_from(jobs).unwrap_or(u64::MAX))
+}
+
+/// Deletes a job's record, payload and attempts but keeps its idempotency record: a
+/// lost record, for testing C7 and R5.
+pub(crate) fn vanish(tx: &mut WriteTx<'_>, ns: i64, id: JobId) -> Result<()> {
+    let (row, _) = current_state(tx.conn(), ns, id)?;
+    delete_record(tx.conn(), ns, row, &id.to_bytes())
+}
+
+/// Rule Q1: pauses or resumes `queue`; a resume wakes the claimers waiting here.
+pub(crate) fn set_paused(tx: &mut WriteTx<'_>, ns: i64, queue: &str, paused: bool) -> Result<()> {
+    let conn = tx.conn();
+    let was = conn
+        .prepare_cached("SELECT 1 FROM jobq_paused WHERE ns = ?1 AND queue = ?2")
+        .and_then(|mut stmt| stmt.exists(params![ns, queue]))
+        .db("check a pause")?;
+    let sql = if paused {
+        "INSERT OR IGNORE INTO jobq_paused (ns, queue) VALUES (?1, ?2)"
+    } else {
+        "DELETE FROM jobq_paused WHERE ns = ?1 AND queue = ?2"
+    };
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute(params![ns, queue]))
+        .db("pause or resume a queue")?;
+    if was && !paused {
+        tx.wake(ns);
+    }
+    Ok(())
+}
+
+/// Rule Q1: the paused queues, by name.
+pub(crate) fn paused_queues(conn: &Connection, ns: i64) -> Result<Vec<String>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT queue FROM jobq_paused WHERE ns = ?1 ORDER BY queue")
+        .db("prepare the paused queues")?;
+    let rows = stmt
+        .query_map([ns], |row| row.get(0))
+        .db("read the paused queues")?;
+    rows.collect::<rusqlite::Result<Vec<String>>>()
+        .db("read the paused queues")
+}

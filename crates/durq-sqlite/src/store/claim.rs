@@ -1,0 +1,488 @@
+//! Claim (CONTRACT C1–C10, F1–F6, Q1): the ready set across queues, fitted or not,
+//! ordered, cut to the limit and leased; unreadable records buried.
+
+use super::*;
+
+/// The highest priority below `?3` that holds queued jobs in one queue: one index seek.
+pub(super) const NEXT_BAND_SQL: &str = "SELECT priority FROM jobq_jobs INDEXED BY jobq_jobs_ready
+     WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority < ?3
+     ORDER BY priority DESC LIMIT 1";
+
+/// Whether a queue is paused (CONTRACT Q1).
+pub(super) const PAUSED_SQL: &str = "SELECT 1 FROM jobq_paused WHERE ns = ?1 AND queue = ?2";
+
+/// The priority band `priority` read from the ready index, or a corrupt record.
+pub(super) fn band_priority(queue: &str, priority: i64) -> Result<i16> {
+    i16::try_from(priority).map_err(|_| {
+        Error::corrupt(
+            format!("queue {queue}"),
+            format!("priority {priority} out of range"),
+        )
+    })
+}
+
+/// Up to `limit` ready jobs of one queue in claim order, appended to `out`.
+///
+/// SQLite cannot skip from one priority band to the next inside a range scan, so a
+/// plain `ORDER BY priority DESC, run_at, seq` with `run_at <= now` would walk every
+/// *scheduled* job of a band before reaching the ready jobs of the next. This walks the
+/// bands itself: one index seek finds the next lower priority that has queued jobs, one
+/// range scan takes that band's ready jobs. The cost follows the jobs returned and the
+/// bands visited, not the scheduled backlog.
+pub(super) fn ready_candidates(
+    conn: &Connection,
+    ns: i64,
+    queue: &str,
+    now: Timestamp,
+    limit: usize,
+    out: &mut Vec<(ReadyOrder, i64)>,
+) -> Result<()> {
+    let mut band = conn
+        .prepare_cached(NEXT_BAND_SQL)
+        .db("prepare the priority scan")?;
+    let mut ready = conn
+        .prepare_cached(
+            "SELECT job, run_at, seq FROM jobq_jobs INDEXED BY jobq_jobs_ready
+             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority = ?3 AND run_at <= ?4
+             ORDER BY run_at, seq LIMIT ?5",
+        )
+        .db("prepare the ready scan")?;
+    let mut below = i64::from(i16::MAX) + 1;
+    let mut found = 0usize;
+    while found < limit {
+        let priority: Option<i64> = band
+            .query_row(params![ns, queue, below], |row| row.get(0))
+            .optional()
+            .db("find the next priority")?;
+        let Some(priority) = priority else { break };
+        let as_i16 = band_priority(queue, priority)?;
+        let remaining = i64::try_from(limit - found).unwrap_or(i64::MAX);
+        let mut rows = ready
+            .query(params![ns, queue, priority, now.as_millis(), remaining])
+            .db("scan ready jobs")?;
+        while let Some(row) = rows.next().db("scan ready jobs")? {
+            let job: i64 = row.get(0).db("read a ready job")?;
+            let run_at: i64 = row.get(1).db("read a ready job")?;
+            let seq: i64 = row.get(2).db("read a ready job")?;
+            let seq = u64::try_from(seq).unwrap_or(0);
+            out.push((
+                ReadyOrder::new(as_i16, Timestamp::from_millis(run_at), seq),
+                job,
+            ));
+            found += 1;
+        }
+        below = priority;
+    }
+    Ok(())
+}
+
+/// The job a row of a scan names, for a corrupt-record report; the row number when
+/// its id cannot be read either.
+/// How an error names job row `job`: by its id, read apart (only for an error, so the
+/// scans that find none stay within their index).
+pub(super) fn job_subject(conn: &Connection, job: i64) -> String {
+    let id = conn
+        .query_row("SELECT id FROM jobq_jobs WHERE job = ?1", [job], |row| {
+            row.get::<_, [u8; 16]>(0)
+        })
+        .map(JobId::from_bytes);
+    match id {
+        Ok(Ok(id)) => format!("job {id}"),
+        _ => format!("job row {job}"),
+    }
+}
+
+/// The fitting ready jobs of one queue that can be among the claim's first
+/// `request.limit` (CONTRACT F2–F5), appended to `out` with their place in the claim's
+/// order; [`fitted_rows`] merges the queues and makes the cut.
+///
+/// Walks the bands as [`ready_candidates`] does, but reads each ready row's placement
+/// (from the index, like the rest) and skips the rows the budget does
+/// not admit, so the cut falls after the filter. Within a band the claim takes
+/// preferred jobs first, so the band in which the `limit`-th fitting job turns up is
+/// read to its end, where a preferred job may still outrank the ones in hand (F5);
+/// that stops early only once the band has given as many preferred jobs as the cut can
+/// take, or at once when the claim prefers no locality (its order is then the index
+/// order). No lower band can outrank a higher one. Of each kind, preferred or not, a
+/// band keeps only as many jobs as the cut can take, so a long band costs reading, not
+/// memory.
+pub(super) fn fitting_candidates(
+    conn: &Connection,
+    ns: i64,
+    queue: &str,
+    request: &ClaimRequest,
+    now: Timestamp,
+    verdicts: &mut Verdicts<'_>,
+    out: &mut Vec<(FitOrder, i64)>,
+) -> Result<()> {
+    let mut band = conn
+        .prepare_cached(NEXT_BAND_SQL)
+        .db("prepare the priority scan")?;
+    // No LIMIT: how far to read depends on what the rows hold, so the scan is stepped
+    // only as far as needed and dropped (which resets it) there.
+    let mut ready = conn
+        .prepare_cached(
+            "SELECT job, run_at, seq, placement FROM jobq_jobs INDEXED BY jobq_jobs_ready
+             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority = ?3 AND run_at <= ?4
+             ORDER BY run_at, seq",
+        )
+        .db("prepare the fitting scan")?;
+    let prefers = !request.prefer.is_empty();
+    let mut below = i64::from(i16::MAX) + 1;
+    let mut found = 0usize;
+    while found < request.limit {
+        let priority: Option<i64> = band
+            .query_row(params![ns, queue, below], |row| row.get(0))
+            .optional()
+            .db("find the next priority")?;
+        let Some(priority) = priority else { break };
+        let as_i16 = band_priority(queue, priority)?;
+        // The most jobs this band can still put under the cut.
+        let room = request.limit - found;
+        let (mut preferred, mut elsewhere) = (0usize, 0usize);
+        let mut rows = ready
+            .query(params![ns, queue, priority, now.as_millis()])
+            .db("scan ready jobs")?;
+        while let Some(row) = rows.next().db("scan ready jobs")? {
+            let job: i64 = row.get(0).db("read a ready job")?;
+            let (fits, is_preferred) = match verdicts.judge(row.get_ref(3).db("read a ready job")?)
+            {
+                Ok(verdict) => verdict,
+                Err(why) => {
+                    // Buried once the scan is done (CONTRACT C10).
+                    verdicts.unreadable.push((job, why));
+                    continue;
+                }
+            };
+            if !fits {
+                continue;
+            }
+            let kept = if is_preferred {
+                &mut preferred
+            } else {
+                &mut elsewhere
+            };
+            if *kept == room {
+                // `room` jobs of its kind that come before it are in hand already.
+                continue;
+            }
+            *kept += 1;
+            let run_at: i64 = row.get(1).db("read a ready job")?;
+            let seq: i64 = row.get(2).db("read a ready job")?;
+            let seq = u64::try_from(seq).unwrap_or(0);
+            let order = ReadyOrder::new(as_i16, Timestamp::from_millis(run_at), seq);
+            out.push((FitOrder::new(order, is_preferred), job));
+            if preferred == room || (!prefers && elsewhere == room) {
+                break;
+            }
+        }
+        found += (preferred + elsewhere).min(room);
+        below = priority;
+    }
+    Ok(())
+}
+
+/// What a fitted claim makes of each placement text: whether the budget admits it and
+/// whether its locality is preferred. Jobs of one kind share their text, so each text
+/// is decoded once per claim, not once per row.
+pub(super) struct Verdicts<'r> {
+    request: &'r ClaimRequest,
+    seen: std::collections::HashMap<Vec<u8>, (bool, bool)>,
+    /// The rows whose placement could not be read, and why: the claim buries them.
+    unreadable: Vec<(i64, String)>,
+}
+
+impl<'r> Verdicts<'r> {
+    /// Texts remembered per claim; past it, a text is decoded each time it is met.
+    const MAX_SEEN: usize = 256;
+
+    fn new(request: &'r ClaimRequest) -> Self {
+        Verdicts {
+            request,
+            seen: std::collections::HashMap::new(),
+            unreadable: Vec::new(),
+        }
+    }
+
+    /// (fits, preferred) of a stored placement; a job without one fits every budget
+    /// and is never preferred.
+    fn judge(&mut self, value: ValueRef<'_>) -> std::result::Result<(bool, bool), String> {
+        let ValueRef::Text(bytes) = value else {
+            return placement_from(value, None).map(|_| (true, false));
+        };
+        if let Some(verdict) = self.seen.get(bytes) {
+            return Ok(*verdict);
+        }
+        let (needs, locality) = placement_from(value, None)?;
+        let verdict = (
+            self.request.admits(&needs),
+            is_preferred(&self.request.prefer, locality.as_deref()),
+        );
+        if self.seen.len() < Self::MAX_SEEN {
+            self.seen.insert(bytes.to_vec(), verdict);
+        }
+        Ok(verdict)
+    }
+}
+
+/// CONTRACT F6: the row of job `id` if the claim may take it (queued and due, in one of
+/// the claim's queues that is not paused, and admitted by its budget), found by id.
+pub(super) fn reserved_row(
+    conn: &Connection,
+    ns: i64,
+    request: &ClaimRequest,
+    id: JobId,
+    now: Timestamp,
+) -> Result<Option<i64>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT job, queue, state, run_at, placement FROM jobq_jobs
+             WHERE ns = ?1 AND id = ?2",
+        )
+        .db("prepare the reservation read")?;
+    let mut rows = stmt
+        .query(params![ns, id.to_bytes()])
+        .db("read the reserved job")?;
+    let Some(row) = rows.next().db("read the reserved job")? else {
+        return Ok(None);
+    };
+    let read = || -> rusqlite::Result<(i64, String, i64, i64)> {
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+    };
+    let (job, queue, state, run_at) = read().db("read the reserved job")?;
+    if state != QUEUED || run_at > now.as_millis() || !request.queues.contains(&queue) {
+        return Ok(None);
+    }
+    let placement = placement_from(row.get_ref(4).db("read the reserved job")?, None);
+    drop(rows);
+    let needs = match placement {
+        Ok((needs, _)) => needs,
+        Err(why) => {
+            bury(conn, job, &unreadable_placement(&why), now)?;
+            return Ok(None);
+        }
+    };
+    if !request.admits(&needs) {
+        return Ok(None);
+    }
+    let paused = conn
+        .prepare_cached(PAUSED_SQL)
+        .and_then(|mut stmt| stmt.exists(params![ns, queue]))
+        .db("check a pause")?;
+    Ok((!paused).then_some(job))
+}
+
+/// The distinct queues of a claim, less the paused ones. Read in the claim's own write
+/// transaction, so a pause committed before the claim began is always seen (CONTRACT
+/// Q1).
+pub(super) fn unpaused_queues<'a>(
+    conn: &Connection,
+    ns: i64,
+    named: &'a [String],
+) -> Result<Vec<&'a str>> {
+    let mut queues: Vec<&str> = named.iter().map(String::as_str).collect();
+    queues.sort_unstable();
+    queues.dedup();
+    let mut paused = conn
+        .prepare_cached(PAUSED_SQL)
+        .db("prepare the pause check")?;
+    let mut open = 0;
+    for index in 0..queues.len() {
+        if !paused
+            .exists(params![ns, queues[index]])
+            .db("check a pause")?
+        {
+            queues.swap(open, index);
+            open += 1;
+        }
+    }
+    queues.truncate(open);
+    Ok(queues)
+}
+
+/// The rows a fitted claim takes (CONTRACT F2–F6), in its order: every queue's
+/// candidates from [`fitting_candidates`], merged, ordered, then cut to the limit. Each
+/// queue gave every job of its own that can make the cut, so the cut of the merge is
+/// the cut of all the fitting jobs.
+pub(super) fn fitted_rows(
+    conn: &Connection,
+    ns: i64,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<i64>> {
+    if let Some(id) = request.reserved {
+        let row = reserved_row(conn, ns, request, id, now)?;
+        return Ok(row.into_iter().take(request.limit).collect());
+    }
+    let mut candidates = Vec::new();
+    let mut verdicts = Verdicts::new(request);
+    for queue in unpaused_queues(conn, ns, &request.queues)? {
+        fitting_candidates(
+            conn,
+            ns,
+            queue,
+            request,
+            now,
+            &mut verdicts,
+            &mut candidates,
+        )?;
+    }
+    for (row, why) in verdicts.unreadable {
+        bury(conn, row, &unreadable_placement(&why), now)?;
+    }
+    candidates.sort_unstable_by_key(|(order, _)| *order);
+    candidates.truncate(request.limit);
+    Ok(candidates.into_iter().map(|(_, row)| row).collect())
+}
+
+/// Rules C1–C9 and F1–F6: one transaction picks the ready set across the queues, orders
+/// it, cuts it to `limit`, and leases each job. A claim that is not fitted (no budget,
+/// preference or reservation) never reads a placement.
+pub(crate) fn claim(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<ClaimedJob>> {
+    let conn = tx.conn();
+    if request.is_fitted() {
+        let rows = fitted_rows(conn, ns, request, now)?;
+        return lease_rows(conn, rows.into_iter(), request, now);
+    }
+    let mut candidates = Vec::new();
+    for queue in unpaused_queues(conn, ns, &request.queues)? {
+        ready_candidates(conn, ns, queue, now, request.limit, &mut candidates)?;
+    }
+    // Each queue gave its first `limit` jobs, so the first `limit` of the merge are the
+    // first `limit` of the whole ready set (C3).
+    candidates.sort_by_key(|(order, _)| *order);
+    candidates.truncate(request.limit);
+    lease_rows(
+        conn,
+        candidates.into_iter().map(|(_, row)| row),
+        request,
+        now,
+    )
+}
+
+/// Leases the jobs in `rows` to the claimer, in that order, and returns them as the
+/// lease left them.
+pub(super) fn lease_rows(
+    conn: &Connection,
+    rows: impl ExactSizeIterator<Item = i64>,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<ClaimedJob>> {
+    // Everything is read and checked before the first lease is written. A row that
+    // cannot be read (a corrupt record, a missing payload) is buried, never leased and
+    // never in the way of the jobs behind it (CONTRACT C10); the claim needs no
+    // savepoint (whose sub-journal would copy every page it touches).
+    let mut read = conn
+        .prepare_cached(concat!(
+            "SELECT ",
+            job_columns!(),
+            ", j.lease_token, p.payload
+             FROM jobq_jobs j LEFT JOIN jobq_payloads p ON p.job = j.job
+             WHERE j.job = ?1"
+        ))
+        .db("prepare the claim read")?;
+    let mut picked = Vec::with_capacity(rows.len());
+    let mut placements = PlacementCache::new();
+    for row in rows {
+        let mut answer = read.query([row]).db("read a claimed job")?;
+        let Some(found) = answer.next().db("read a claimed job")? else {
+            continue;
+        };
+        match claimable(found, &mut placements) {
+            Ok((job, token, payload)) => picked.push((row, job, token, payload)),
+            Err(Error::Corrupt { reason, .. }) => bury(conn, row, &reason, now)?,
+            Err(other) => return Err(other),
+        }
+    }
+
+    let expires_at = now.saturating_add(request.lease_ttl);
+    let mut update = conn
+        .prepare_cached(
+            "UPDATE jobq_jobs SET state = 1, attempts = attempts + 1,
+                 lease_token = lease_token + 1, lease_worker = ?2, lease_expires_at = ?3,
+                 started_at = ?4, heartbeat_at = ?4
+             WHERE job = ?1",
+        )
+        .db("prepare the claim")?;
+    let mut claimed = Vec::with_capacity(picked.len());
+    for (row, mut job, token, payload) in picked {
+        update
+            .execute(params![
+                row,
+                request.worker,
+                expires_at.as_millis(),
+                now.as_millis()
+            ])
+            .db("lease a job")?;
+        // The job as the UPDATE above stored it (C6: `get` shows the same).
+        job.state = JobState::Running;
+        job.attempts = job.attempts.saturating_add(1);
+        job.lease = Some(Lease {
+            worker: request.worker.clone(),
+            token: LeaseToken::new(token.saturating_add(1)),
+            expires_at,
+        });
+        job.started_at = Some(now);
+        job.heartbeat_at = Some(now);
+        claimed.push(ClaimedJob {
+            job,
+            payload: Bytes::from(payload),
+        });
+    }
+    Ok(claimed)
+}
+
+/// A row read for a claim: the job, its current lease token and its payload.
+pub(super) fn claimable(
+    found: &Row<'_>,
+    placements: &mut PlacementCache,
+) -> Result<(Job, u64, Vec<u8>)> {
+    let job = job_from_row_in(found, Some(placements))?;
+    let token: i64 = found.get(JOB_COLUMNS).db("read a claimed job")?;
+    let token = u64::try_from(token)
+        .map_err(|_| Error::corrupt(format!("job {}", job.id), "negative lease token"))?;
+    let payload: Option<Vec<u8>> = found.get(JOB_COLUMNS + 1).db("read a claimed job")?;
+    let payload =
+        payload.ok_or_else(|| Error::corrupt(format!("job {}", job.id), "payload missing"))?;
+    Ok((job, token, payload))
+}
+
+/// Moves the job of row `row`, which a claim could not read, to `dead` with the reason
+/// (CONTRACT C10): it leaves the ready index, so no claim meets it again, and keeps
+/// its row for an operator to look at or purge.
+pub(super) fn bury(conn: &Connection, row: i64, reason: &str, now: Timestamp) -> Result<()> {
+    finish(
+        conn,
+        row,
+        DEAD,
+        Some(&format!("corrupt record: {reason}")),
+        now,
+    )
+}
+
+/// The reason a job whose placement a fitted claim could not read is buried with.
+pub(super) fn unreadable_placement(why: &str) -> String {
+    format!("placement unreadable: {why}")
+}
+
+/// Whether any of `queues` holds a ready job: what `wait_for_work` polls.
+pub(crate) fn has_ready(
+    conn: &Connection,
+    ns: i64,
+    queues: &[String],
+    now: Timestamp,
+) -> Result<bool> {
+    let mut found = Vec::new();
+    for queue in queues {
+        ready_candidates(conn, ns, queue, now, 1, &mut found)?;
+        if !found.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

@@ -1,0 +1,165 @@
+//! Enqueue (CONTRACT E1–E12): one job or a batch, in the writer's transaction.
+
+use super::*;
+
+/// Rules E1–E7 for one job.
+pub(crate) fn enqueue(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    settings: &StoreSettings,
+    job: NewJob,
+    now: Timestamp,
+) -> Result<Enqueued> {
+    Enqueuer::new(tx.conn())?.enqueue(tx, ns, settings, job, now)
+}
+
+/// Rules E1–E7 for each job of a batch, in order, all in the caller's transaction.
+pub(crate) fn enqueue_batch(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    settings: &StoreSettings,
+    jobs: Vec<NewJob>,
+    now: Timestamp,
+) -> Result<Vec<Enqueued>> {
+    let mut enqueuer = Enqueuer::new(tx.conn())?;
+    jobs.into_iter()
+        .map(|job| enqueuer.enqueue(tx, ns, settings, job, now))
+        .collect()
+}
+
+/// The two statements every enqueue runs, prepared once per call rather than once per
+/// job: looking a statement up in the connection's cache hashes its whole text, which
+/// cost a batch of small jobs about as much as binding them.
+pub(super) struct Enqueuer<'c> {
+    conn: &'c Connection,
+    insert_job: CachedStatement<'c>,
+    insert_payload: CachedStatement<'c>,
+}
+
+impl<'c> Enqueuer<'c> {
+    fn new(conn: &'c Connection) -> Result<Self> {
+        let insert_job = conn
+            .prepare_cached(
+                "INSERT INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
+                     max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key,
+                     parent, timeout_ms, placement, tags, trace_context)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                     ?17, ?18)",
+            )
+            .db("prepare the job insert")?;
+        // OR REPLACE: a payload row left behind by a job deleted outside this crate must
+        // not block the new job that reuses its rowid.
+        let insert_payload = conn
+            .prepare_cached("INSERT OR REPLACE INTO jobq_payloads (job, payload) VALUES (?1, ?2)")
+            .db("prepare the payload insert")?;
+        Ok(Enqueuer {
+            conn,
+            insert_job,
+            insert_payload,
+        })
+    }
+
+    fn enqueue(
+        &mut self,
+        tx: &mut WriteTx<'_>,
+        ns: i64,
+        settings: &StoreSettings,
+        job: NewJob,
+        now: Timestamp,
+    ) -> Result<Enqueued> {
+        let conn = self.conn;
+        if let Some(parent) = job.parent {
+            if !job_exists(conn, ns, parent)? {
+                return Err(Error::invalid("parent", format!("no job {parent} exists")));
+            }
+        }
+        if let Some(key) = &job.idempotency_key {
+            if let Some(id) = held_key(conn, ns, settings, &job, key, now)? {
+                return Ok(Enqueued { id, created: false });
+            }
+        }
+
+        let id = JobId::mint(now);
+        let seq = tx.next_seq()?;
+        // The record is what durq-core says a new job is; the row stores it as it stands.
+        let (job, payload) = Job::enqueued(job, id, now);
+        self.insert_job
+            .execute(params![
+                ns,
+                id.to_bytes(),
+                job.queue,
+                state_code(job.state),
+                job.priority,
+                job.run_at.as_millis(),
+                seq,
+                job.attempts,
+                job.max_attempts,
+                job.cancel_requested,
+                job.created_at.as_millis(),
+                job.tenant,
+                job.idempotency_key,
+                job.parent.map(JobId::to_bytes),
+                job.timeout.map(durq_core::duration_millis),
+                job.placement(),
+                encode_tags(&job.tags),
+                job.trace_context,
+            ])
+            .db("insert the job")?;
+        let row = conn.last_insert_rowid();
+        self.insert_payload
+            .execute(params![row, &payload[..]])
+            .db("insert the payload")?;
+        if let Some(key) = &job.idempotency_key {
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO jobq_dedup (ns, tenant, key, job_id, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![ns, job.tenant, key, id.to_bytes(), now.as_millis()])
+            })
+            .db("record the idempotency key")?;
+        }
+        if job.is_ready(now) {
+            tx.wake(ns);
+        }
+        Ok(Enqueued { id, created: true })
+    }
+}
+
+/// The job that holds `key` for `job`'s tenant now, if one does.
+pub(super) fn held_key(
+    conn: &Connection,
+    ns: i64,
+    settings: &StoreSettings,
+    job: &NewJob,
+    key: &str,
+    now: Timestamp,
+) -> Result<Option<JobId>> {
+    let existing: Option<([u8; 16], i64)> = conn
+        .prepare_cached(
+            "SELECT job_id, created_at FROM jobq_dedup
+             WHERE ns = ?1 AND tenant = ?2 AND key = ?3",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![ns, job.tenant, key], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()
+        })
+        .db("look the idempotency key up")?;
+    let Some((id_bytes, created_at)) = existing else {
+        return Ok(None);
+    };
+    let id = id_from_blob("idempotency record", id_bytes)?;
+    // The key counts only while its window is open and its job still exists (E2, E6),
+    // or, unique while active, while its job is queued or running (E10); a key whose
+    // job is gone is taken over by the new job (E5).
+    let holds = match job.uniqueness {
+        Uniqueness::Window => {
+            settings.dedup_active(Timestamp::from_millis(created_at), now)
+                && job_exists(conn, ns, id)?
+        }
+        Uniqueness::WhileActive => job_state(conn, ns, id)?.is_some_and(JobState::is_active),
+    };
+    Ok(holds.then_some(id))
+}
