@@ -1,0 +1,155 @@
+//! Claim (CONTRACT C1–C10, F1–F6, Q1): plain, budgeted, preferring and reserved claims,
+//! and the burial of a row a claim could not decode.
+
+/// Claims up to `$4` ready jobs of queues `$2` (distinct names) (CONTRACT C1–C9).
+///
+/// `$1` namespace, `$3` now, `$5` worker, `$6` lease expiry. For each queue, the inner
+/// selection walks that queue's range of the partial index `jobs_ready` in claim order
+/// (C3) and locks its first `$4` ready rows, skipping rows another claimer holds; the
+/// outer one merges the queues and keeps the first `$4` overall, so the order spans
+/// every queue and is applied before the limit. (A single `queue = ANY($2)` scan
+/// cannot use the index order: it reads every ready row of the queues and sorts.)
+/// Rows locked but not kept are free again when the statement ends. The update
+/// leases the kept rows; `RETURNING` has no order, so the caller sorts.
+///
+/// `{fit}` is empty in the plain claim. A claim with a budget and nothing else
+/// (CONTRACT F2–F4) fills it with [`FIT`], with the budget as `$7`: each probe then
+/// tests the rows it walks and locks only the first `$4` that fit, so the cut still
+/// comes after the filter and the order, and a job that does not fit is never locked
+/// or written.
+pub(super) const CLAIM: &str = concat!(
+    r#"
+WITH cand AS (
+    SELECT c.cand_id
+    FROM unnest($2::text[]) AS q(name)
+"#,
+    open_queues!(),
+    r#"    CROSS JOIN LATERAL (
+        SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s FROM {schema}.jobs
+        WHERE o.open AND namespace = $1 AND queue = q.name AND state = 'queued'
+          AND run_at <= $3{fit}
+        ORDER BY priority DESC, run_at, seq
+        LIMIT $4
+        FOR UPDATE SKIP LOCKED
+    ) c
+    ORDER BY c.p DESC, c.r, c.s
+    LIMIT $4
+)
+"#,
+    lease_candidates!()
+);
+
+/// The admission test of a fitted claim (CONTRACT F2, F3), `$7` the budget
+/// (`Budget::to_json`, NULL for none): the migration's `budget_admits` path, built by
+/// an uncorrelated subquery, so once per statement rather than per row. A job without
+/// a placement needs nothing and fits every budget without the test.
+pub(super) const FIT: &str = "
+          AND (placement IS NULL OR placement @@ (SELECT {schema}.budget_admits($7::jsonb)))";
+
+/// A claim preferring localities (CONTRACT F5), with or without a budget: up to `$4`
+/// ready jobs of queues `$2` that pass [`FIT`], in the order of `durq_core::FitOrder`
+/// (priority, then preferred locality, then ready time and sequence).
+///
+/// `$1` to `$7` as in [`CLAIM`] with [`FIT`]; `$8` the preferred localities (distinct,
+/// at least one). No index walks the fitted order, so the statement gathers a set
+/// sure to hold the answer, then sorts it.
+///
+/// `fitting` is the budgeted claim's probe: per queue, the first `$4` jobs that fit, in
+/// claim order. A preferred job may overtake only jobs of its own priority, so only at
+/// the lowest priority a probe reached, and only when the probe came back full
+/// (otherwise it holds every job of the queue that fits): `edge` is that priority and
+/// the `k` jobs the probe took at it, and `local` adds, per preferred locality, the
+/// first `k` that fit at that priority and locality (`jobs_ready_locality`). The
+/// queue's first `$4` in fitted order are then all there: the jobs above the edge
+/// priority, and at it the first `k` in fitted order, whose preferred ones are each
+/// among the first `k` of their locality and whose others among the first `k` of the
+/// probe. `cand` sorts the union over every queue and keeps `$4`, so the cut comes
+/// after the filter and the order (F4, F5); a job found twice is one row (`UNION`).
+///
+/// Every probe locks only rows that fit, skipping rows other claimers hold; rows
+/// locked but not kept are free again when the statement ends. The probes are
+/// materialized, so each runs once whatever the join plan (see [`PURGE`]).
+pub(super) const CLAIM_PREFERRING: &str = concat!(
+    r#"
+WITH fitting AS MATERIALIZED (
+    SELECT q.name AS queue, c.*
+    FROM unnest($2::text[]) AS q(name)
+"#,
+    open_queues!(),
+    r#"    CROSS JOIN LATERAL (
+        SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s, placement ->> 'l' AS l
+        FROM {schema}.jobs
+        WHERE o.open AND namespace = $1 AND queue = q.name AND state = 'queued'
+          AND run_at <= $3{fit}
+        ORDER BY priority DESC, run_at, seq
+        LIMIT $4
+        FOR UPDATE SKIP LOCKED
+    ) c
+),
+edge AS (
+    SELECT f.queue, f.p, count(*) AS k
+    FROM fitting f
+    JOIN (
+        SELECT queue, min(p) AS p FROM fitting
+        GROUP BY queue
+        HAVING count(*) = $4
+    ) lowest ON lowest.queue = f.queue AND lowest.p = f.p
+    GROUP BY f.queue, f.p
+),
+local AS MATERIALIZED (
+    SELECT e.queue, c.*
+    FROM edge e
+    CROSS JOIN unnest($8::text[]) AS pl(locality)
+    CROSS JOIN LATERAL (
+        SELECT id AS cand_id, priority AS p, run_at AS r, seq AS s, placement ->> 'l' AS l
+        FROM {schema}.jobs
+        WHERE namespace = $1 AND queue = e.queue AND state = 'queued'
+          AND placement ? 'l' AND placement ->> 'l' = pl.locality AND priority = e.p
+          AND run_at <= $3{fit}
+        ORDER BY run_at, seq
+        LIMIT e.k
+        FOR UPDATE SKIP LOCKED
+    ) c
+),
+cand AS (
+    SELECT c.cand_id
+    FROM (SELECT * FROM fitting UNION SELECT * FROM local) c
+    ORDER BY c.p DESC, (c.l = ANY($8::text[])) IS TRUE DESC, c.r, c.s
+    LIMIT $4
+)
+"#,
+    lease_candidates!()
+);
+
+/// A claim of one reserved job (CONTRACT F6): job `$4`, if it is ready in one of the
+/// unpaused queues `$2` and passes [`FIT`] (`$7` the budget).
+///
+/// `$1`, `$3`, `$5`, `$6` as in [`CLAIM`]. The tests sit inside `( … ) IS TRUE` (see
+/// the module documentation), so only the primary key serves the lookup: a reservation
+/// costs one row whatever the queues hold.
+pub(super) const CLAIM_RESERVED: &str = concat!(
+    r#"
+WITH cand AS MATERIALIZED (
+    SELECT id AS cand_id
+    FROM {schema}.jobs
+    WHERE namespace = $1 AND id = $4
+      AND (state = 'queued' AND run_at <= $3 AND queue = ANY($2::text[])) IS TRUE
+      -- CONTRACT Q1: nothing from a paused queue.
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.paused_queues p
+          WHERE p.namespace = $1 AND p.queue = jobs.queue
+      ){fit}
+    FOR UPDATE SKIP LOCKED
+)
+"#,
+    lease_candidates!()
+);
+
+/// CONTRACT C10: a job its claim leased but could not decode goes to `dead` with the
+/// reason, if that claim's lease (`$3`) still holds it. `$1` namespace, `$2` id, `$4`
+/// now, `$5` error text.
+pub(super) const BURY: &str = r#"
+UPDATE {schema}.jobs SET state = 'dead', lease_expires_at = NULL, finished_at = $4,
+    last_error = $5
+WHERE namespace = $1 AND id = $2 AND (state = 'running' AND lease_token = $3) IS TRUE
+"#;
