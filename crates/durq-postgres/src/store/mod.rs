@@ -27,6 +27,14 @@ use crate::conn::{PgQuery, Shared};
 use crate::enqueue::{enqueue_all, Enqueue, Enqueues};
 use crate::row::{self, column};
 
+mod admin;
+mod claim;
+mod reads;
+mod schedules;
+mod workers;
+
+use self::claim::{claim_order, Unreadable};
+
 /// The jobs of one namespace of a PostgreSQL schema: a [`durq_core::Backend`], used
 /// through a [`durq_core::Store`] handle (`Store::new(store)`).
 ///
@@ -168,73 +176,6 @@ impl PostgresStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Why a lease call matched no row: the job is gone, or its lease is not this one.
-    /// One of `statements` for `page`: up to `limit` rows newest first, those of
-    /// `tenant` and with `tags` (NULL: any), none below `lowest` (NULL: no bound). The
-    /// statement is chosen by what the query names (see `sql::LIST_QUEUE`).
-    async fn list_rows(
-        &self,
-        statements: &crate::sql::ListStatements,
-        page: &ListPageQuery<'_>,
-        limit: usize,
-        tenant: Option<&[u8]>,
-        tags: Option<&str>,
-        lowest: Option<Uuid>,
-    ) -> Result<Vec<PgRow>> {
-        let query = page.query;
-        let limit = limit_param(limit);
-        let every_state = page.states.len() == JobState::ALL.len();
-        match &query.queue {
-            // A queue outside the prefix: nothing can match.
-            Some(queue) if !query.matches_queue(queue) => Ok(Vec::new()),
-            Some(queue) => {
-                self.shared()
-                    .fetch_all_again("list", |_| {
-                        sqlx::query(statements.queue.sql())
-                            .bind(self.namespace())
-                            .bind(queue)
-                            .bind(page.states)
-                            .bind(page.cursor)
-                            .bind(limit)
-                            .bind(tenant)
-                            .bind(tags)
-                            .bind(lowest)
-                    })
-                    .await
-            }
-            // Every job: the newest first by primary key reads a page and no more.
-            None if every_state && query.queue_prefix.is_none() => {
-                self.shared()
-                    .fetch_all_again("list", |_| {
-                        sqlx::query(statements.all.sql())
-                            .bind(self.namespace())
-                            .bind(page.cursor)
-                            .bind(limit)
-                            .bind(tenant)
-                            .bind(tags)
-                            .bind(lowest)
-                    })
-                    .await
-            }
-            // Some states or some queues: per queue and state, an index range.
-            None => {
-                self.shared()
-                    .fetch_all_again("list", |_| {
-                        sqlx::query(statements.queues.sql())
-                            .bind(self.namespace())
-                            .bind(query.queue_prefix.as_deref())
-                            .bind(page.states)
-                            .bind(page.cursor)
-                            .bind(limit)
-                            .bind(tenant)
-                            .bind(tags)
-                            .bind(lowest)
-                    })
-                    .await
-            }
-        }
-    }
-
     async fn lease_miss(&self, what: &str, id: JobId) -> Error {
         match self.state_of(what, id).await {
             Ok(Some(_)) => Error::LeaseLost { id },
@@ -266,81 +207,6 @@ impl PostgresBackend {
     }
 }
 
-/// Sorts claimed rows into the request's order (CONTRACT C3, F5): `UPDATE … RETURNING`
-/// has none.
-/// A job a claim leased but could not decode (CONTRACT C10): its row's id and lease
-/// token, and why.
-struct Unreadable {
-    id: Uuid,
-    token: i64,
-    reason: String,
-}
-
-/// The claimed jobs in the claim's order, and those of its rows that did not decode.
-fn claim_order(
-    rows: Vec<PgRow>,
-    request: &ClaimRequest,
-) -> Result<(Vec<ClaimedJob>, Vec<Unreadable>)> {
-    let mut claimed = Vec::with_capacity(rows.len());
-    let mut unreadable = Vec::new();
-    let mut placements = durq_core::fit::PlacementCache::new();
-    for row in rows {
-        match claimed_job(&row, request, &mut placements) {
-            Ok(job) => claimed.push(job),
-            Err(Error::Corrupt { what, reason }) => {
-                // The id and token columns are typed by the schema: they decode.
-                let id: Uuid = column(&row, 0, &|| what.clone())?;
-                let token: i64 = column(&row, 12, &|| what.clone())?;
-                unreadable.push(Unreadable { id, token, reason });
-            }
-            Err(other) => return Err(other),
-        }
-    }
-    claimed.sort_by_key(|(order, _)| *order);
-    Ok((
-        claimed.into_iter().map(|(_, job)| job).collect(),
-        unreadable,
-    ))
-}
-
-/// One row of a claim, decoded, with its place in the claim's order.
-fn claimed_job(
-    row: &PgRow,
-    request: &ClaimRequest,
-    placements: &mut durq_core::fit::PlacementCache,
-) -> Result<(durq_core::fit::FitOrder, ClaimedJob)> {
-    let job = row::job_in(row, Some(placements))?;
-    let seq = row::seq(row, job.id)?;
-    let payload: Vec<u8> = column(row, row::CLAIM_PAYLOAD, &|| format!("job {}", job.id))?;
-    let order = request.fit_order(
-        ReadyOrder::new(job.priority, job.run_at, seq),
-        job.locality.as_deref(),
-    );
-    Ok((
-        order,
-        ClaimedJob {
-            job,
-            payload: Bytes::from(payload),
-        },
-    ))
-}
-
-/// Adds one (state, due, total) row of [`crate::sql`]'s counts to a queue's counts:
-/// queued jobs split into ready (due) and scheduled.
-fn count_state(stats: &mut QueueStats, state: JobState, due: i64, total: i64) {
-    let (due, total) = (due.unsigned_abs(), total.unsigned_abs());
-    match state {
-        JobState::Queued => {
-            stats.ready = due;
-            stats.scheduled = total.saturating_sub(due);
-        }
-        JobState::Running => stats.running = total,
-        JobState::Succeeded => stats.succeeded = total,
-        JobState::Dead => stats.dead = total,
-        JobState::Cancelled => stats.cancelled = total,
-    }
-}
-
 pub(crate) fn token_param(token: LeaseToken) -> i64 {
     // Stored tokens are positive; one beyond i64 can never be current.
     i64::try_from(token.get()).unwrap_or(-1)
@@ -352,17 +218,6 @@ pub(crate) fn token_param(token: LeaseToken) -> i64 {
 fn attempt_error_len(error: &str) -> i32 {
     let kept = durq_core::validate::truncate_attempt_error(error).len();
     i32::try_from(kept).unwrap_or(i32::MAX)
-}
-
-/// The most rows one `list` call with a tenant or tag filter examines (see
-/// `PostgresStore::list`), as many as Redis examines.
-const LIST_EXAMINE_BOUND: usize = 4096;
-
-/// What every statement of one `list` page shares.
-struct ListPageQuery<'a> {
-    query: &'a ListQuery,
-    states: &'a [&'a str],
-    cursor: Uuid,
 }
 
 fn limit_param(limit: usize) -> i64 {
@@ -398,68 +253,19 @@ impl Backend for PostgresStore {
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
-        let row = self
-            .fetch_optional_again("get", || {
-                sqlx::query(self.sql().get.sql())
-                    .bind(self.namespace())
-                    .bind(Uuid::from(id))
-            })
-            .await?;
-        match row {
-            Some(row) => row::job(&row),
-            None => Err(Error::NotFound { id }),
-        }
+        reads::get(self, id).await
     }
 
     async fn payload(&self, id: JobId) -> Result<Bytes> {
-        let row = self
-            .fetch_optional_again("payload", || {
-                sqlx::query(self.sql().payload.sql())
-                    .bind(self.namespace())
-                    .bind(Uuid::from(id))
-            })
-            .await?;
-        match row {
-            Some(row) => {
-                let bytes: Vec<u8> = column(&row, 0, &|| format!("job {id}"))?;
-                Ok(Bytes::from(bytes))
-            }
-            None => Err(Error::NotFound { id }),
-        }
+        reads::payload(self, id).await
     }
 
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        let rows = self
-            .shared()
-            .fetch_all_again("children", |_| {
-                sqlx::query(self.sql().children.sql())
-                    .bind(self.namespace())
-                    .bind(Uuid::from(parent))
-            })
-            .await?;
-        rows.iter().map(row::job).collect()
+        reads::children(self, parent).await
     }
 
     async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
-        // A read: sent again if the connection broke.
-        let rows = self
-            .shared()
-            .fetch_all_again("attempts", |_| {
-                sqlx::query(self.sql().attempts.sql())
-                    .bind(self.namespace())
-                    .bind(Uuid::from(id))
-            })
-            .await?;
-        // Every row repeats the job's own columns; none means no such job.
-        let Some(first) = rows.first() else {
-            return Err(Error::NotFound { id });
-        };
-        let last = row::last_claim(first, id)?;
-        let ended = rows
-            .iter()
-            .filter_map(|row| row::attempt(row, id).transpose())
-            .collect::<Result<Vec<Attempt>>>()?;
-        Ok(history(ended, last))
+        reads::attempts(self, id).await
     }
 
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
@@ -745,349 +551,67 @@ impl Backend for PostgresStore {
     }
 
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
-        // The update acts on a queued or running job; otherwise the job is terminal
-        // and stays as it is. A job that moves between the two statements (a
-        // concurrent retry) is tried again.
-        let mut attempts = 0;
-        loop {
-            // Cancelling twice is cancelling once: sent again if the connection broke.
-            let row = self
-                .fetch_optional_again("cancel", || {
-                    sqlx::query(self.sql().cancel.sql())
-                        .bind(self.namespace())
-                        .bind(Uuid::from(id))
-                        .bind(now.as_millis())
-                })
-                .await?;
-            if let Some(row) = row {
-                return row::state(&row, 0, &|| format!("job {id}"));
-            }
-            match self.state_of("cancel", id).await? {
-                None => return Err(Error::NotFound { id }),
-                Some(state) if state.is_terminal() || attempts >= 8 => return Ok(state),
-                Some(_) => attempts += 1,
-            }
-        }
+        admin::cancel(self, id, now).await
     }
 
     async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
-        // Sent once: a second run after a first that committed unseen would refuse
-        // the job as already queued.
-        let query = sqlx::query(self.sql().retry.sql())
-            .bind(self.namespace())
-            .bind(Uuid::from(id))
-            .bind(now.as_millis());
-        let row = self.fetch_optional_once("retry", query).await?;
-        if let Some(row) = row {
-            let queue: String = column(&row, 0, &|| format!("job {id}"))?;
-            self.inner
-                .shared
-                .wake
-                .announce(self.namespace(), [queue.as_str()]);
-            return Ok(());
-        }
-        match self.state_of("retry", id).await? {
-            None => Err(Error::NotFound { id }),
-            Some(state) => Err(Error::InvalidState {
-                id,
-                state,
-                operation: "retry",
-            }),
-        }
+        admin::retry(self, id, now).await
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        // Pausing what is paused, or resuming what runs, changes nothing: sent again
-        // if the connection broke.
-        let sql = if paused {
-            &self.sql().pause
-        } else {
-            &self.sql().resume
-        };
-        let rows = self
-            .shared()
-            .fetch_all_again("pause", |_| {
-                sqlx::query(sql.sql()).bind(self.namespace()).bind(queue)
-            })
-            .await?;
-        if !paused && !rows.is_empty() {
-            // Claimers waiting on the queue look again.
-            self.inner.shared.wake.announce(self.namespace(), [queue]);
-        }
-        Ok(())
+        admin::set_paused(self, queue, paused).await
     }
 
     async fn paused_queues(&self) -> Result<Vec<String>> {
-        let rows = self
-            .shared()
-            .fetch_all_again("paused_queues", |_| {
-                sqlx::query(self.sql().paused_queues.sql()).bind(self.namespace())
-            })
-            .await?;
-        let what = || "paused queue".to_owned();
-        rows.iter().map(|row| column(row, 0, &what)).collect()
+        admin::paused_queues(self).await
     }
 
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
-        // Storing the same definition twice changes nothing: sent again if the
-        // connection broke.
-        self.shared()
-            .fetch_all_again("put_schedule", |_| {
-                sqlx::query(self.sql().put_schedule.sql())
-                    .bind(self.namespace())
-                    .bind(name)
-                    .bind(spec)
-                    .bind(now.as_millis())
-            })
-            .await
-            .map(drop)
+        schedules::put_schedule(self, name, spec, now).await
     }
 
     async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
-        let rows = self
-            .shared()
-            .fetch_all_again("schedules", |_| {
-                sqlx::query(self.sql().schedules.sql()).bind(self.namespace())
-            })
-            .await?;
-        let what = || "schedule row".to_owned();
-        rows.iter()
-            .map(|row| {
-                Ok(StoredSchedule {
-                    name: column(row, 0, &what)?,
-                    spec: column(row, 1, &what)?,
-                    enabled: column(row, 2, &what)?,
-                    last_tick: Timestamp::from_millis(column(row, 3, &what)?),
-                })
-            })
-            .collect()
+        schedules::schedules(self).await
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
-        // Setting a flag, or moving the last tick forward to a given instant, twice is
-        // the same as once: sent again if the connection broke.
-        let rows = self
-            .shared()
-            .fetch_all_again("update_schedule", |_| {
-                sqlx::query(self.sql().update_schedule.sql())
-                    .bind(self.namespace())
-                    .bind(name)
-                    .bind(update.enabled)
-                    .bind(update.last_tick.map(Timestamp::as_millis))
-            })
-            .await?;
-        if rows.is_empty() {
-            return Err(Error::ScheduleNotFound {
-                name: name.to_owned(),
-            });
-        }
-        Ok(())
+        schedules::update_schedule(self, name, update).await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<bool> {
-        // Sent once: a second run after a broken connection would answer `false`.
-        let query = sqlx::query(self.sql().delete_schedule.sql())
-            .bind(self.namespace())
-            .bind(name);
-        Ok(self
-            .fetch_optional_once("delete_schedule", query)
-            .await?
-            .is_some())
+        schedules::delete_schedule(self, name).await
     }
 
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
-        // Storing the same record twice at the same instant is storing it once: sent
-        // again if the connection broke.
-        self.shared()
-            .fetch_all_again("put_worker", |_| {
-                sqlx::query(self.sql().put_worker.sql())
-                    .bind(self.namespace())
-                    .bind(id)
-                    .bind(spec)
-                    .bind(now.as_millis())
-                    .bind(i64::from(in_flight))
-            })
-            .await
-            .map(drop)
+        workers::put_worker(self, id, spec, in_flight, now).await
     }
 
     async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
-        // Setting the same two values twice is setting them once, and answers the
-        // same: sent again if the connection broke.
-        let rows = self
-            .shared()
-            .fetch_all_again("touch_worker", |_| {
-                sqlx::query(self.sql().touch_worker.sql())
-                    .bind(self.namespace())
-                    .bind(id)
-                    .bind(i64::from(in_flight))
-                    .bind(now.as_millis())
-            })
-            .await?;
-        Ok(!rows.is_empty())
+        workers::touch_worker(self, id, in_flight, now).await
     }
 
     async fn delete_worker(&self, id: &str) -> Result<bool> {
-        // Sent once, as `delete_schedule` is: a second run after a broken connection
-        // would answer `false` for a worker the first run deleted.
-        let query = sqlx::query(self.sql().delete_worker.sql())
-            .bind(self.namespace())
-            .bind(id);
-        Ok(self
-            .fetch_optional_once("delete_worker", query)
-            .await?
-            .is_some())
+        workers::delete_worker(self, id).await
     }
 
     async fn workers(&self) -> Result<Vec<StoredWorker>> {
-        let rows = self
-            .shared()
-            .fetch_all_again("workers", |_| {
-                sqlx::query(self.sql().workers.sql()).bind(self.namespace())
-            })
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let id: String = column(row, 0, &|| "worker row".to_owned())?;
-                let what = || format!("worker {id}");
-                let in_flight: i64 = column(row, 2, &what)?;
-                let in_flight = u32::try_from(in_flight)
-                    .map_err(|_| Error::corrupt(what(), format!("in_flight is {in_flight}")))?;
-                Ok(StoredWorker {
-                    spec: column(row, 1, &what)?,
-                    in_flight,
-                    last_seen: Timestamp::from_millis(column(row, 3, &what)?),
-                    id,
-                })
-            })
-            .collect()
+        workers::workers(self).await
     }
 
     async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
-        // Deleting the silent workers twice deletes them once: sent again if the
-        // connection broke (the answer then misses the ids the first run deleted, as
-        // `reclaim`'s and `purge`'s do).
-        let rows = self
-            .shared()
-            .fetch_all_again("reap_workers", |_| {
-                sqlx::query(self.sql().reap_workers.sql())
-                    .bind(self.namespace())
-                    .bind(cutoff.as_millis())
-            })
-            .await?;
-        let what = || "reaped worker row".to_owned();
-        let mut ids = rows
-            .iter()
-            .map(|row| column(row, 0, &what))
-            .collect::<Result<Vec<String>>>()?;
-        ids.sort_unstable();
-        Ok(ids)
+        workers::reap_workers(self, cutoff).await
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
-        let rows = self
-            .shared()
-            .fetch_all_again("stats", |_| {
-                sqlx::query(self.sql().stats.sql())
-                    .bind(self.namespace())
-                    .bind(queue)
-                    .bind(now.as_millis())
-            })
-            .await?;
-        let what = || format!("stats of queue {queue}");
-        let mut stats = QueueStats::default();
-        for row in &rows {
-            let state = row::state(row, 0, &what)?;
-            let due: i64 = column(row, 1, &what)?;
-            let total: i64 = column(row, 2, &what)?;
-            count_state(&mut stats, state, due, total);
-        }
-        Ok(stats)
+        reads::stats(self, queue, now).await
     }
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
-        let rows = self
-            .shared()
-            .fetch_all_again("queues", |_| {
-                sqlx::query(self.sql().queues.sql())
-                    .bind(self.namespace())
-                    .bind(now.as_millis())
-            })
-            .await?;
-        let mut overviews: Vec<QueueOverview> = Vec::new();
-        for row in &rows {
-            let queue: String = column(row, 0, &|| "queue list row".to_owned())?;
-            let what = || format!("queue {queue}");
-            let state = row::state(row, 1, &what)?;
-            let due: i64 = column(row, 2, &what)?;
-            let total: i64 = column(row, 3, &what)?;
-            let oldest: Option<i64> = column(row, 4, &what)?;
-            if overviews.last().is_none_or(|last| last.queue != queue) {
-                overviews.push(QueueOverview::new(
-                    queue.clone(),
-                    QueueStats::default(),
-                    None,
-                ));
-            }
-            let Some(overview) = overviews.last_mut() else {
-                continue;
-            };
-            count_state(&mut overview.stats, state, due, total);
-            if state == JobState::Queued {
-                overview.oldest_ready = oldest.map(Timestamp::from_millis);
-            }
-        }
-        Ok(overviews)
+        reads::queues(self, now).await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        let cursor = query.cursor.map_or(Uuid::max(), Uuid::from);
-        // NULL binds "every tenant" and "no tag filter" (see `sql::list_filters`).
-        let tenant = (!query.tenant.is_empty()).then_some(query.tenant.as_bytes());
-        let tags = encode_tags(&query.tags);
-        let states: Vec<&str> = JobState::ALL
-            .iter()
-            .filter(|state| query.matches_state(**state))
-            .map(|state| state.as_str())
-            .collect();
-        let page = ListPageQuery {
-            query: &query,
-            states: &states,
-            cursor,
-        };
-        // A tenant or tag filter may pass over any number of rows before it fills a
-        // page: the page then holds only the matches among the newest
-        // `LIST_EXAMINE_BOUND` rows the other conditions select, and ends there with
-        // `next` set (CONTRACT A4 lets a backend bound one call's work). The bound is
-        // found by the same walk without the filters, reading ids only.
-        let sql = self.sql();
-        let mut lowest = None;
-        if tenant.is_some() || tags.is_some() {
-            let examined = self
-                .list_rows(&sql.list_ids, &page, LIST_EXAMINE_BOUND, None, None, None)
-                .await?;
-            if let (LIST_EXAMINE_BOUND, Some(last)) = (examined.len(), examined.last()) {
-                lowest = Some(column::<Uuid>(last, 0, &|| "list bound row".to_owned())?);
-            }
-        }
-        let rows = self
-            .list_rows(
-                &sql.list,
-                &page,
-                query.limit,
-                tenant,
-                tags.as_deref(),
-                lowest,
-            )
-            .await?;
-        let jobs = rows.iter().map(row::job).collect::<Result<Vec<_>>>()?;
-        let next = if jobs.len() == query.limit {
-            jobs.last().map(|job| job.id)
-        } else {
-            // Ended at the bound: the next page starts below the rows examined.
-            lowest.map(row::job_id).transpose()?
-        };
-        Ok(ListPage { jobs, next })
+        reads::list(self, query).await
     }
 
     async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {

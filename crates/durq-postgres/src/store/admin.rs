@@ -1,0 +1,88 @@
+//! Operator actions: cancel, retry, pause (CONTRACT A1, A2, Q1).
+
+use super::*;
+
+pub(super) async fn cancel(store: &PostgresStore, id: JobId, now: Timestamp) -> Result<JobState> {
+    // The update acts on a queued or running job; otherwise the job is terminal
+    // and stays as it is. A job that moves between the two statements (a
+    // concurrent retry) is tried again.
+    let mut attempts = 0;
+    loop {
+        // Cancelling twice is cancelling once: sent again if the connection broke.
+        let row = store
+            .fetch_optional_again("cancel", || {
+                sqlx::query(store.sql().cancel.sql())
+                    .bind(store.namespace())
+                    .bind(Uuid::from(id))
+                    .bind(now.as_millis())
+            })
+            .await?;
+        if let Some(row) = row {
+            return row::state(&row, 0, &|| format!("job {id}"));
+        }
+        match store.state_of("cancel", id).await? {
+            None => return Err(Error::NotFound { id }),
+            Some(state) if state.is_terminal() || attempts >= 8 => return Ok(state),
+            Some(_) => attempts += 1,
+        }
+    }
+}
+
+pub(super) async fn retry(store: &PostgresStore, id: JobId, now: Timestamp) -> Result<()> {
+    // Sent once: a second run after a first that committed unseen would refuse
+    // the job as already queued.
+    let query = sqlx::query(store.sql().retry.sql())
+        .bind(store.namespace())
+        .bind(Uuid::from(id))
+        .bind(now.as_millis());
+    let row = store.fetch_optional_once("retry", query).await?;
+    if let Some(row) = row {
+        let queue: String = column(&row, 0, &|| format!("job {id}"))?;
+        store
+            .inner
+            .shared
+            .wake
+            .announce(store.namespace(), [queue.as_str()]);
+        return Ok(());
+    }
+    match store.state_of("retry", id).await? {
+        None => Err(Error::NotFound { id }),
+        Some(state) => Err(Error::InvalidState {
+            id,
+            state,
+            operation: "retry",
+        }),
+    }
+}
+
+pub(super) async fn set_paused(store: &PostgresStore, queue: &str, paused: bool) -> Result<()> {
+    // Pausing what is paused, or resuming what runs, changes nothing: sent again
+    // if the connection broke.
+    let sql = if paused {
+        &store.sql().pause
+    } else {
+        &store.sql().resume
+    };
+    let rows = store
+        .shared()
+        .fetch_all_again("pause", |_| {
+            sqlx::query(sql.sql()).bind(store.namespace()).bind(queue)
+        })
+        .await?;
+    if !paused && !rows.is_empty() {
+        // Claimers waiting on the queue look again.
+        store.inner.shared.wake.announce(store.namespace(), [queue]);
+    }
+    Ok(())
+}
+
+pub(super) async fn paused_queues(store: &PostgresStore) -> Result<Vec<String>> {
+    let rows = store
+        .shared()
+        .fetch_all_again("paused_queues", |_| {
+            sqlx::query(store.sql().paused_queues.sql()).bind(store.namespace())
+        })
+        .await?;
+    let what = || "paused queue".to_owned();
+    rows.iter().map(|row| column(row, 0, &what)).collect()
+}
