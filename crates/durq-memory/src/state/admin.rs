@@ -1,0 +1,73 @@
+//! Operator actions (CONTRACT A1, A2, Q1) and the fault-injection hooks.
+
+use super::*;
+
+impl State {
+    /// Rule Q1. Returns whether the queue was paused before.
+    pub(crate) fn set_paused(&mut self, queue: &str, paused: bool) -> bool {
+        let was = self.paused.contains(queue);
+        if paused {
+            self.paused.insert(queue.to_owned());
+        } else {
+            self.paused.remove(queue);
+        }
+        was
+    }
+
+    pub(crate) fn paused_queues(&self) -> Vec<String> {
+        self.paused.iter().cloned().collect()
+    }
+
+    pub(crate) fn cancel(&mut self, id: JobId, now: Timestamp) -> Result<JobState> {
+        let state = self.job(id)?.state;
+        Ok(match state {
+            JobState::Queued => self.transition_checked(id, now, |job| {
+                Self::finish(job, JobState::Cancelled, now);
+                job.state
+            })?,
+            JobState::Running => self.transition_checked(id, now, |job| {
+                job.cancel_requested = true;
+                job.state
+            })?,
+            terminal => terminal,
+        })
+    }
+
+    pub(crate) fn retry(&mut self, id: JobId, now: Timestamp) -> Result<()> {
+        let state = self.job(id)?.state;
+        if !matches!(state, JobState::Dead | JobState::Cancelled) {
+            return Err(Error::InvalidState {
+                id,
+                state,
+                operation: "retry",
+            });
+        }
+        self.transition_checked(id, now, |job| {
+            job.state = JobState::Queued;
+            job.run_at = now;
+            job.attempts = 0;
+            job.cancel_requested = false;
+            job.finished_at = None;
+            job.result = None;
+            job.lease = None;
+            // It starts over (CONTRACT A2): its past runs are in its attempt history.
+            job.started_at = None;
+            job.heartbeat_at = None;
+            job.last_error = None;
+        })
+    }
+
+    pub(crate) fn vanish(&mut self, id: JobId) -> bool {
+        self.jobs.remove(&id).is_some()
+    }
+
+    pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
+        match self.jobs.get_mut(&id) {
+            Some(record) => {
+                record.unreadable = true;
+                true
+            }
+            None => false,
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Claim (CONTRACT C1–C10, F1–F6, Q1): ready and fitting candidates, then the leases.
+
+use super::*;
+
+impl State {
+    /// Moves the queue's scheduled jobs that are due into its ready index.
+    pub(super) fn promote_due(&mut self, queue: &str, now: Timestamp) {
+        let Some(index) = self.idx.queues.get_mut(queue) else {
+            return;
+        };
+        while let Some(&(run_at, seq, id)) = index.scheduled.first() {
+            if run_at > now {
+                break;
+            }
+            index.scheduled.pop_first();
+            if let Some(record) = self.jobs.get(&id) {
+                index
+                    .ready
+                    .insert((ReadyOrder::new(record.job.priority, run_at, seq), id));
+            }
+        }
+    }
+
+    pub(crate) fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Vec<ClaimedJob> {
+        let candidates = if request.is_fitted() {
+            self.fitting_candidates(request, now)
+        } else {
+            self.ready_candidates(request, now)
+        };
+        self.lease_all(candidates, request, now)
+    }
+
+    /// The first `limit` ready jobs of the named queues in claim order (CONTRACT C3).
+    pub(super) fn ready_candidates(
+        &mut self,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Vec<JobId> {
+        let mut candidates: Vec<(ReadyOrder, JobId)> = Vec::new();
+        for queue in &request.queues {
+            if self.paused.contains(queue) {
+                continue;
+            }
+            self.promote_due(queue, now);
+            let Some(index) = self.idx.queues.get_mut(queue) else {
+                continue;
+            };
+            // Each queue contributes at most `limit` live candidates; entries whose record
+            // vanished are dropped on the way (CONTRACT C7).
+            let mut taken = 0;
+            let mut stale = Vec::new();
+            for entry in index.ready.iter() {
+                if taken == request.limit {
+                    break;
+                }
+                if self.jobs.contains_key(&entry.1) {
+                    candidates.push(*entry);
+                    taken += 1;
+                } else {
+                    stale.push(*entry);
+                }
+            }
+            for entry in stale {
+                index.ready.remove(&entry);
+            }
+        }
+        // The order spans all named queues and is applied before cutting to `limit` (C3).
+        candidates.sort_unstable();
+        candidates.dedup();
+        candidates.truncate(request.limit);
+        candidates.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// The first `limit` ready jobs of the named queues that the claim's budget admits,
+    /// in its order (CONTRACT F2–F6): the whole ready set is filtered and ordered before
+    /// the cut, and a job that does not fit is left untouched.
+    pub(super) fn fitting_candidates(
+        &mut self,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Vec<JobId> {
+        let mut candidates = Vec::new();
+        for queue in &request.queues {
+            if self.paused.contains(queue) {
+                continue;
+            }
+            self.promote_due(queue, now);
+            let Some(index) = self.idx.queues.get_mut(queue) else {
+                continue;
+            };
+            let mut stale = Vec::new();
+            // The index is in ready order, so once `limit` jobs of this queue fit, only
+            // a preferred job of the same priority could still move ahead of them.
+            let mut fitting = 0;
+            // Jobs of one kind share their needs (`NeedsPool`): each kind is judged once.
+            let mut verdicts: Vec<(&Needs, bool)> = Vec::new();
+            let mut last_band = None;
+            for entry in index.ready.iter() {
+                let (order, id) = *entry;
+                if last_band.is_some_and(|band| band != order.priority) {
+                    break;
+                }
+                let Some(record) = self.jobs.get(&id) else {
+                    stale.push(*entry);
+                    continue;
+                };
+                let job = &record.job;
+                if request.reserved.is_some_and(|reserved| reserved != id) {
+                    continue;
+                }
+                let admitted = match verdicts
+                    .iter()
+                    .find(|(needs, _)| needs.is_shared_with(&job.needs))
+                {
+                    Some(&(_, admitted)) => admitted,
+                    None => {
+                        let admitted = request.admits(&job.needs);
+                        if verdicts.len() < VERDICTS_KEPT {
+                            verdicts.push((&job.needs, admitted));
+                        }
+                        admitted
+                    }
+                };
+                if !admitted {
+                    continue;
+                }
+                candidates.push((request.fit_order(order, job.locality.as_deref()), id));
+                fitting += 1;
+                if fitting >= request.limit {
+                    if request.prefer.is_empty() {
+                        break;
+                    }
+                    last_band = Some(order.priority);
+                }
+            }
+            for entry in stale {
+                index.ready.remove(&entry);
+            }
+        }
+        candidates.sort_unstable();
+        candidates.truncate(request.limit);
+        candidates.into_iter().map(|(_, id)| id).collect()
+    }
+
+    pub(super) fn lease_all(
+        &mut self,
+        candidates: Vec<JobId>,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Vec<ClaimedJob> {
+        let expires_at = now.saturating_add(request.lease_ttl);
+        candidates
+            .into_iter()
+            .filter_map(|id| {
+                self.transition_record(id, now, |record| {
+                    if record.unreadable {
+                        // What every backend does with a record it cannot decode.
+                        Self::finish(&mut record.job, JobState::Dead, now);
+                        record.job.last_error = Some(UNREADABLE.to_owned());
+                        return None;
+                    }
+                    record.last_token += 1;
+                    let job = &mut record.job;
+                    job.state = JobState::Running;
+                    job.attempts = job.attempts.saturating_add(1);
+                    job.started_at = Some(now);
+                    job.heartbeat_at = Some(now);
+                    job.lease = Some(Lease {
+                        worker: request.worker.clone(),
+                        token: LeaseToken::new(record.last_token),
+                        expires_at,
+                    });
+                    Some(ClaimedJob {
+                        job: job.clone(),
+                        payload: record.payload.clone(),
+                    })
+                })
+                .flatten()
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,83 @@
+//! Enqueue (CONTRACT E1–E12).
+
+use super::*;
+
+impl State {
+    pub(crate) fn check_parents<'a>(&self, jobs: impl IntoIterator<Item = &'a Job>) -> Result<()> {
+        for job in jobs {
+            if let Some(parent) = job.parent {
+                if !self.jobs.contains_key(&parent) {
+                    return Err(Error::invalid(
+                        "parent",
+                        format!("job {parent} does not exist"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The stored form of `new`, made before the namespace is locked: what can be done
+    /// outside the lock is, so that concurrent producers wait on each other less.
+    pub(crate) fn prepare(new: NewJob, now: Timestamp) -> Prepared {
+        let uniqueness = new.uniqueness;
+        let (job, payload) = Job::enqueued(new, JobId::mint(now), now);
+        Prepared {
+            record: Box::new(Record {
+                job,
+                payload,
+                seq: 0,
+                last_token: 0,
+                last_worker: None,
+                ended: Vec::new(),
+                unreadable: false,
+            }),
+            uniqueness,
+        }
+    }
+
+    /// Rules E1–E7: stores a prepared job, or answers the existing job of a live
+    /// idempotency key (the prepared one, and its id, then go unused).
+    pub(crate) fn enqueue(
+        &mut self,
+        prepared: Prepared,
+        now: Timestamp,
+        settings: &StoreSettings,
+    ) -> Enqueued {
+        let Prepared {
+            mut record,
+            uniqueness,
+        } = prepared;
+        let job = &mut record.job;
+        let dedup_key = job
+            .idempotency_key
+            .as_ref()
+            .map(|key| (job.tenant.clone(), key.clone()));
+        if let Some(key) = &dedup_key {
+            if let Some(&(id, taken_at)) = self.dedup.get(key) {
+                let holds = match (self.jobs.get(&id), uniqueness) {
+                    (None, _) => false,
+                    (Some(_), Uniqueness::Window) => settings.dedup_active(taken_at, now),
+                    (Some(record), Uniqueness::WhileActive) => record.job.state.is_active(),
+                };
+                if holds {
+                    return Enqueued { id, created: false };
+                }
+            }
+        }
+        let id = job.id;
+        job.needs = self.needs.share(std::mem::take(&mut job.needs));
+        if let Some(parent) = job.parent {
+            self.children.entry(parent).or_default().insert(id);
+        }
+        self.idx
+            .with_queue(&job.queue, |queue| queue.all.insert(id));
+        record.seq = self.draw_seq();
+        self.idx.add(&record, id, now);
+        self.jobs.insert(id, record);
+        if let Some(key) = dedup_key {
+            self.dedup.insert(key, (id, now));
+        }
+        Enqueued { id, created: true }
+    }
+}

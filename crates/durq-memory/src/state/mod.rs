@@ -1,0 +1,236 @@
+//! One namespace's jobs and the ordered indexes over them.
+//!
+//! The job records are the truth; the indexes only point at them. Every code path that
+//! follows an index entry tolerates a missing record (CONTRACT C7, R5) and drops the
+//! entry, because `MemoryServer::vanish` deletes records behind the indexes' back.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use rustc_hash::FxHashMap;
+use std::time::Duration;
+
+use durq_core::attempts::{self, LastClaim};
+use durq_core::fit::NeedsPool;
+use durq_core::transition::{self, Attempts, Next};
+use durq_core::{
+    Attempt, AttemptOutcome, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job,
+    JobId, JobIdMap, JobState, Lease, LeaseToken, ListPage, ListQuery, Needs, NewJob,
+    QueueOverview, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate,
+    StoreSettings, StoredSchedule, StoredWorker, Timestamp, Uniqueness, LEASE_EXPIRED,
+};
+
+/// A job made ready to store outside the namespace's lock (see [`State::prepare`]).
+pub(crate) struct Prepared {
+    /// The record as it will be stored; its `seq` is drawn under the lock.
+    record: Box<Record>,
+    uniqueness: Uniqueness,
+}
+
+impl Prepared {
+    pub(crate) fn job(&self) -> &Job {
+        &self.record.job
+    }
+}
+
+/// The error a buried unreadable record carries (CONTRACT C10).
+const UNREADABLE: &str = "corrupt record: marked unreadable by a fault-injection test";
+
+#[derive(Debug)]
+struct Record {
+    job: Job,
+    payload: Bytes,
+    /// The enqueue sequence drawn when the job last entered `queued`.
+    seq: u64,
+    /// The last fencing token issued for this job; the next claim issues one more.
+    last_token: u64,
+    /// The worker of the lease that completed the job, moved out of the lease as it
+    /// ends, so a claim costs no copy of it (CONTRACT H1).
+    last_worker: Option<String>,
+    /// The attempts that ended other than by success, oldest first, at most
+    /// `ATTEMPTS_KEPT` (CONTRACT H2, H3).
+    ended: Vec<Attempt>,
+    /// Set by [`crate::MemoryServer::corrupt`]: the record stands for one a backend
+    /// could not read, which a claim buries instead of leasing (CONTRACT C10).
+    unreadable: bool,
+}
+
+/// The per-queue indexes.
+#[derive(Debug, Default)]
+struct QueueIndex {
+    /// Queued jobs whose `run_at` had come when they were indexed, in claim order.
+    ready: BTreeSet<(ReadyOrder, JobId)>,
+    /// Queued jobs due later, by `run_at`; promoted into `ready` when due.
+    scheduled: BTreeSet<(Timestamp, u64, JobId)>,
+    /// Every job of the queue, by id (creation order), for `list` and `stats`.
+    all: BTreeSet<JobId>,
+}
+
+/// The indexes over the records, apart from the records so a transition can change a
+/// record and its index entries under one lookup of it.
+#[derive(Debug, Default)]
+struct Indexes {
+    queues: FxHashMap<String, QueueIndex>,
+    /// Running jobs by lease expiry, so reclaim touches only expired leases (R6).
+    leases: BTreeSet<(Timestamp, JobId)>,
+    /// Terminal jobs by `finished_at`, so purge touches only jobs past retention.
+    finished: BTreeSet<(Timestamp, JobId)>,
+}
+
+impl Indexes {
+    /// Changes the index of `queue`, made on first use: the name is copied only then.
+    fn with_queue<T>(&mut self, queue: &str, change: impl FnOnce(&mut QueueIndex) -> T) -> T {
+        if let Some(index) = self.queues.get_mut(queue) {
+            return change(index);
+        }
+        let mut index = QueueIndex::default();
+        let answer = change(&mut index);
+        self.queues.insert(queue.to_owned(), index);
+        answer
+    }
+
+    /// Adds the record's index entries for its current state.
+    fn add(&mut self, record: &Record, id: JobId, now: Timestamp) {
+        let job = &record.job;
+        match job.state {
+            JobState::Queued => self.with_queue(&job.queue, |queue| {
+                if job.run_at <= now {
+                    queue.ready.insert((job.ready_order(record.seq), id));
+                } else {
+                    queue.scheduled.insert((job.run_at, record.seq, id));
+                }
+            }),
+            JobState::Running => {
+                if let Some(lease) = &job.lease {
+                    self.leases.insert((lease.expires_at, id));
+                }
+            }
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
+                if let Some(finished_at) = job.finished_at {
+                    self.finished.insert((finished_at, id));
+                }
+            }
+        }
+    }
+
+    /// Removes the record's index entries for its current state.
+    fn remove(&mut self, record: &Record, id: JobId) {
+        let job = &record.job;
+        match job.state {
+            JobState::Queued => {
+                if let Some(queue) = self.queues.get_mut(job.queue.as_str()) {
+                    // A queued job is in one of the two; most often the ready one.
+                    if !queue.ready.remove(&(job.ready_order(record.seq), id)) {
+                        queue.scheduled.remove(&(job.run_at, record.seq, id));
+                    }
+                }
+            }
+            JobState::Running => {
+                if let Some(lease) = &job.lease {
+                    self.leases.remove(&(lease.expires_at, id));
+                }
+            }
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
+                if let Some(finished_at) = job.finished_at {
+                    self.finished.remove(&(finished_at, id));
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// Boxed: a record is several hundred bytes, which the map would otherwise move on
+    /// every insert and every growth, and spread its lookups across.
+    jobs: JobIdMap<Box<Record>>,
+    idx: Indexes,
+    /// (tenant, key) -> (job, when the key was taken).
+    dedup: HashMap<(String, String), (JobId, Timestamp)>,
+    children: BTreeMap<JobId, BTreeSet<JobId>>,
+    next_seq: u64,
+    /// Queues no claim takes from (CONTRACT Q1).
+    paused: BTreeSet<String>,
+    /// Schedules by name (CONTRACT S1).
+    schedules: BTreeMap<String, StoredSchedule>,
+    /// Registered workers by id (CONTRACT W1).
+    workers: BTreeMap<String, StoredWorker>,
+    /// The needs of the jobs, equal ones shared, so a fitted claim judges each kind once.
+    needs: NeedsPool,
+}
+
+/// Kinds of needs one fitted claim remembers its verdict on; past that, a job of another
+/// kind is judged each time it is met.
+const VERDICTS_KEPT: usize = 16;
+
+fn lease_lost(id: JobId) -> Error {
+    Error::LeaseLost { id }
+}
+
+mod admin;
+mod claim;
+mod enqueue;
+mod lease;
+mod reads;
+mod schedules;
+mod sweep;
+mod workers;
+
+impl State {
+    fn draw_seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+
+    /// Applies `change` to a job, keeping the indexes in step, under one lookup of its
+    /// record. A change that sends the job (back) to `queued` gets a fresh sequence
+    /// number, so it queues behind the jobs already ready (CONTRACT C3).
+    fn transition<T>(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        change: impl FnOnce(&mut Job) -> T,
+    ) -> Option<T> {
+        self.transition_record(id, now, |record| change(&mut record.job))
+    }
+
+    /// [`State::transition`], with the whole record to change.
+    fn transition_record<T>(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        change: impl FnOnce(&mut Record) -> T,
+    ) -> Option<T> {
+        let record = self.jobs.get_mut(&id)?;
+        self.idx.remove(record, id);
+        let was = record.job.state;
+        let result = change(record);
+        if record.job.state == JobState::Queued && was != JobState::Queued {
+            self.next_seq += 1;
+            record.seq = self.next_seq;
+        }
+        self.idx.add(record, id, now);
+        Some(result)
+    }
+
+    /// Like [`State::transition`], for a job whose existence the caller just checked.
+    fn transition_checked<T>(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        change: impl FnOnce(&mut Job) -> T,
+    ) -> Result<T> {
+        self.transition(id, now, change)
+            .ok_or(Error::NotFound { id })
+    }
+
+    /// The record of a running job whose lease `token` is current (CONTRACT L2, L3).
+    fn check_lease(&self, id: JobId, token: LeaseToken) -> Result<()> {
+        let record = self.jobs.get(&id).ok_or(Error::NotFound { id })?;
+        let job = &record.job;
+        let current = job.lease.as_ref().map(|lease| lease.token);
+        if job.state != JobState::Running || current != Some(token) {
+            return Err(lease_lost(id));
+        }
+        Ok(())
+    }
+}
