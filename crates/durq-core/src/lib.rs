@@ -9,6 +9,8 @@ pub mod batch;
 mod error;
 pub mod fit;
 mod id;
+mod layer;
+mod listing;
 pub mod meta;
 mod model;
 mod order;
@@ -22,11 +24,12 @@ pub mod validate;
 mod workers;
 
 pub use attempts::{Attempt, AttemptOutcome, ATTEMPTS_KEPT};
-pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Layer, LayeredBackend};
+pub use backend::{complete_each, heartbeat_each, Backend, Capabilities};
 pub use backoff::Backoff;
 pub use error::{BoxError, Error, Result, SharedError};
 pub use fit::{Budget, Needs};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
+pub use layer::{Layer, LayeredBackend};
 pub use meta::Tags;
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,

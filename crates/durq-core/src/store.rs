@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::backend::{Backend, Capabilities, Layer};
+use crate::backend::{Backend, Capabilities};
 use crate::error::{Error, Result};
 use crate::id::JobId;
+use crate::layer::Layer;
 use crate::model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
     LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,

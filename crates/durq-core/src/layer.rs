@@ -1,0 +1,622 @@
+//! Layers: a backend seen through another ([`Layer`]), and [`LayeredBackend`], which
+//! forwards every call a layer does not change to the backend it wraps.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::attempts::Attempt;
+use crate::error::Result;
+use crate::id::JobId;
+use crate::model::{
+    ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,
+    StoreSettings,
+};
+use crate::schedule::{ScheduleUpdate, StoredSchedule};
+use crate::time::Timestamp;
+use crate::workers::StoredWorker;
+
+use crate::backend::{Backend, Capabilities};
+
+/// Wraps a backend in another: metrics, logging, fault injection, a tenant guard.
+/// Added to a handle with [`Store::layer`](crate::Store::layer); the last layer added
+/// is the outermost.
+pub trait Layer {
+    /// The backend `inner` seen through this layer.
+    fn layer(&self, inner: Arc<dyn Backend>) -> Arc<dyn Backend>;
+}
+
+impl<F> Layer for F
+where
+    F: Fn(Arc<dyn Backend>) -> Arc<dyn Backend>,
+{
+    fn layer(&self, inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        self(inner)
+    }
+}
+
+impl<L: Layer + ?Sized> Layer for Arc<L> {
+    fn layer(&self, inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        (**self).layer(inner)
+    }
+}
+
+/// A backend that wraps another and forwards every call it does not override.
+///
+/// Every type implementing it is a [`Backend`]; a layer writes [`inner`] and the
+/// methods it changes, nothing else:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use durq_core::{async_trait, Backend, ClaimRequest, ClaimedJob, LayeredBackend, Result, Timestamp};
+///
+/// /// Counts claims, forwards everything.
+/// #[derive(Debug)]
+/// struct CountClaims { inner: Arc<dyn Backend>, claims: AtomicU64 }
+///
+/// #[async_trait]
+/// impl LayeredBackend for CountClaims {
+///     fn inner(&self) -> &dyn Backend { &*self.inner }
+///
+///     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+///         self.claims.fetch_add(1, Ordering::Relaxed);
+///         self.inner.claim(request, now).await
+///     }
+/// }
+/// ```
+///
+/// [`inner`]: LayeredBackend::inner
+#[async_trait]
+#[allow(missing_docs)] // Each method is the `Backend` method of the same name.
+pub trait LayeredBackend: Send + Sync + fmt::Debug {
+    /// The backend this layer wraps.
+    fn inner(&self) -> &dyn Backend;
+
+    fn settings(&self) -> &StoreSettings {
+        self.inner().settings()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner().capabilities()
+    }
+
+    /// A layer cannot be rebuilt around a reopened backend from here: by default it
+    /// answers `None`, so a worker keeps its leases through this layer where the
+    /// backend was opened. A [`Store`](crate::Store) reopens the backend beneath the
+    /// layers it added itself and adds them again.
+    async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(None)
+    }
+
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        self.inner().enqueue(job, now).await
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
+        self.inner().enqueue_batch(jobs, now).await
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        self.inner().get(id).await
+    }
+
+    async fn payload(&self, id: JobId) -> Result<Bytes> {
+        self.inner().payload(id).await
+    }
+
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        self.inner().children(parent).await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.inner().attempts(id).await
+    }
+
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+        self.inner().claim(request, now).await
+    }
+
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        self.inner().heartbeat(id, token, ttl, now).await
+    }
+
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        self.inner().heartbeat_batch(leases, ttl, now).await
+    }
+
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner().complete(id, token, result, now).await
+    }
+
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
+        self.inner().complete_batch(completions, now).await
+    }
+
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        self.inner().fail(id, token, error, retry, now).await
+    }
+
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner().release(id, token, ready_at, now).await
+    }
+
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
+        self.inner().reclaim(limit, now).await
+    }
+
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        self.inner().cancel(id, now).await
+    }
+
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        self.inner().retry(id, now).await
+    }
+
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        self.inner().stats(queue, now).await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.inner().set_paused(queue, paused).await
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        self.inner().paused_queues().await
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        self.inner().queues(now).await
+    }
+
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
+        self.inner().put_worker(id, spec, in_flight, now).await
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        self.inner().touch_worker(id, in_flight, now).await
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        self.inner().delete_worker(id).await
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        self.inner().workers().await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        self.inner().reap_workers(cutoff).await
+    }
+
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.inner().put_schedule(name, spec, now).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        self.inner().schedules().await
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        self.inner().update_schedule(name, update).await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        self.inner().delete_schedule(name).await
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        self.inner().list(query).await
+    }
+
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        self.inner().purge(limit, cutoff).await
+    }
+
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        self.inner().wait_for_work(queues, timeout).await
+    }
+}
+
+/// The boxed future every [`Backend`] method returns (what `async_trait` expands to).
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+// Written without `async_trait` so a layer's call costs the layer's own future and no
+// second box around it: each method hands back the future `LayeredBackend` made.
+impl<L: LayeredBackend> Backend for L {
+    fn settings(&self) -> &StoreSettings {
+        LayeredBackend::settings(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        LayeredBackend::capabilities(self)
+    }
+
+    fn reopen<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Option<Arc<dyn Backend>>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::reopen(self)
+    }
+
+    fn enqueue<'a, 'b>(&'a self, job: NewJob, now: Timestamp) -> BoxFuture<'b, Result<Enqueued>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::enqueue(self, job, now)
+    }
+
+    fn enqueue_batch<'a, 'b>(
+        &'a self,
+        jobs: Vec<NewJob>,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<Enqueued>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::enqueue_batch(self, jobs, now)
+    }
+
+    fn get<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<Job>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::get(self, id)
+    }
+
+    fn payload<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<Bytes>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::payload(self, id)
+    }
+
+    fn children<'a, 'b>(&'a self, parent: JobId) -> BoxFuture<'b, Result<Vec<Job>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::children(self, parent)
+    }
+
+    fn attempts<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<Vec<Attempt>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::attempts(self, id)
+    }
+
+    fn claim<'a, 'b>(
+        &'a self,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<ClaimedJob>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::claim(self, request, now)
+    }
+
+    fn heartbeat<'a, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Heartbeat>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::heartbeat(self, id, token, ttl, now)
+    }
+
+    fn heartbeat_batch<'a, 'b>(
+        &'a self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<Result<Heartbeat>>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::heartbeat_batch(self, leases, ttl, now)
+    }
+
+    fn complete<'a, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::complete(self, id, token, result, now)
+    }
+
+    fn complete_batch<'a, 'b>(
+        &'a self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<Result<()>>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::complete_batch(self, completions, now)
+    }
+
+    fn fail<'a, 'e, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        error: &'e str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<JobState>>
+    where
+        'a: 'b,
+        'e: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::fail(self, id, token, error, retry, now)
+    }
+
+    fn release<'a, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::release(self, id, token, ready_at, now)
+    }
+
+    fn reclaim<'a, 'b>(
+        &'a self,
+        limit: usize,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<Vec<ReclaimedJob>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::reclaim(self, limit, now)
+    }
+
+    fn cancel<'a, 'b>(&'a self, id: JobId, now: Timestamp) -> BoxFuture<'b, Result<JobState>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::cancel(self, id, now)
+    }
+
+    fn retry<'a, 'b>(&'a self, id: JobId, now: Timestamp) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::retry(self, id, now)
+    }
+
+    fn stats<'a, 'q, 'b>(
+        &'a self,
+        queue: &'q str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<QueueStats>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::stats(self, queue, now)
+    }
+
+    fn set_paused<'a, 'q, 'b>(&'a self, queue: &'q str, paused: bool) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::set_paused(self, queue, paused)
+    }
+
+    fn paused_queues<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<String>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::paused_queues(self)
+    }
+
+    fn queues<'a, 'b>(&'a self, now: Timestamp) -> BoxFuture<'b, Result<Vec<QueueOverview>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::queues(self, now)
+    }
+
+    fn put_worker<'a, 'i, 's, 'b>(
+        &'a self,
+        id: &'i str,
+        spec: &'s str,
+        in_flight: u32,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'i: 'b,
+        's: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::put_worker(self, id, spec, in_flight, now)
+    }
+
+    fn touch_worker<'a, 'i, 'b>(
+        &'a self,
+        id: &'i str,
+        in_flight: u32,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'i: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::touch_worker(self, id, in_flight, now)
+    }
+
+    fn delete_worker<'a, 'i, 'b>(&'a self, id: &'i str) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'i: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::delete_worker(self, id)
+    }
+
+    fn workers<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<StoredWorker>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::workers(self)
+    }
+
+    fn reap_workers<'a, 'b>(&'a self, cutoff: Timestamp) -> BoxFuture<'b, Result<Vec<String>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::reap_workers(self, cutoff)
+    }
+
+    fn put_schedule<'a, 'n, 's, 'b>(
+        &'a self,
+        name: &'n str,
+        spec: &'s str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        's: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::put_schedule(self, name, spec, now)
+    }
+
+    fn schedules<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<StoredSchedule>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::schedules(self)
+    }
+
+    fn update_schedule<'a, 'n, 'b>(
+        &'a self,
+        name: &'n str,
+        update: ScheduleUpdate,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::update_schedule(self, name, update)
+    }
+
+    fn delete_schedule<'a, 'n, 'b>(&'a self, name: &'n str) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::delete_schedule(self, name)
+    }
+
+    fn list<'a, 'b>(&'a self, query: ListQuery) -> BoxFuture<'b, Result<ListPage>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::list(self, query)
+    }
+
+    fn purge<'a, 'b>(&'a self, limit: usize, cutoff: Timestamp) -> BoxFuture<'b, Result<u64>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::purge(self, limit, cutoff)
+    }
+
+    fn wait_for_work<'a, 'q, 'b>(
+        &'a self,
+        queues: &'q [String],
+        timeout: Duration,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::wait_for_work(self, queues, timeout)
+    }
+}
