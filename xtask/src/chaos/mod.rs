@@ -12,19 +12,27 @@
 //! the workers drain the queue, stops them gracefully (their standard input closes),
 //! and runs `durq-chaos check` on the history. See docs/reliability.md.
 
-use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::{redis_server, workspace_root};
 
 /// The backends with several processes sharing one store. `memory` is one process's
 /// private store, so there is nothing to kill but the store itself.
+mod faults;
+mod report;
+mod servers;
+
+pub use self::faults::seed_from_clock;
+use self::faults::*;
+use self::report::*;
+use self::servers::*;
+
 pub const BACKENDS: &[&str] = &["sqlite", "redis", "postgres"];
 /// Worker processes kept running at all times.
 const WORKERS: usize = 3;
@@ -190,174 +198,11 @@ fn build(root: &Path, release: bool) -> Result<PathBuf, String> {
     }
 }
 
-/// One row of the results table: the numbers of `durq-chaos check`'s verdict.
-#[derive(Debug, Default)]
-struct Row {
-    backend: String,
-    passed: bool,
-    jobs: u64,
-    faults: u64,
-    fault_kinds: String,
-    connections_killed: u64,
-    store_errors_seen: u64,
-    lost: u64,
-    double: u64,
-    stale: u64,
-    stuck: u64,
-    other: u64,
-    extra_kill: u64,
-    extra_store: u64,
-    extra_unexplained: u64,
-    planned: u64,
-    worker_kills: u64,
-    claims_in_flight: u64,
-    runs_in_flight: u64,
-    throughput_faults: f64,
-    throughput_overall: f64,
-    drained: bool,
-    graceful: bool,
-    seconds: f64,
-}
-
-impl Row {
-    fn failures(&self) -> String {
-        let mut parts = Vec::new();
-        for (name, n) in [
-            ("lost", self.lost),
-            ("double completions", self.double),
-            ("stale completions accepted", self.stale),
-            ("stuck", self.stuck),
-            ("unexplained extra runs", self.extra_unexplained),
-            ("other violations", self.other),
-        ] {
-            if n > 0 {
-                parts.push(format!("{n} {name}"));
-            }
-        }
-        if !self.drained {
-            parts.push("the queue did not drain in time".to_owned());
-        }
-        if !self.graceful {
-            parts.push("a worker did not shut down gracefully".to_owned());
-        }
-        parts.join(", ")
-    }
-}
-
-fn table(rows: &[Row]) -> String {
-    let mut out = String::from(
-        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | extra runs: worker kill / store fault / unexplained | worker kills: claims / runs in flight | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
-         |---|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|\n",
-    );
-    for r in rows {
-        out.push_str(&format!(
-            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {} / {} / {} | {} kills: {} / {} | {} | {:.0} | {:.0} | {} |\n",
-            r.backend,
-            r.jobs,
-            r.faults,
-            r.fault_kinds,
-            if r.connections_killed > 0 {
-                format!(
-                    "; {} connections closed; {} failed store calls in workers",
-                    r.connections_killed, r.store_errors_seen
-                )
-            } else {
-                format!("; {} failed store calls in workers", r.store_errors_seen)
-            },
-            r.lost,
-            r.double,
-            r.stale,
-            r.stuck,
-            r.extra_kill,
-            r.extra_store,
-            r.extra_unexplained,
-            r.worker_kills,
-            r.claims_in_flight,
-            r.runs_in_flight,
-            r.planned,
-            r.throughput_faults,
-            r.throughput_overall,
-            if r.passed { "pass".to_owned() } else { format!("FAIL: {}", r.failures()) },
-        ));
-    }
-    out
-}
-
-/// A worker or producer process of the run.
-struct Proc {
-    child: Child,
-    /// Closing it asks the process to stop gracefully.
-    stdin: Option<ChildStdin>,
-    /// The PostgreSQL application_name of its connections.
-    app_name: String,
-}
-
-/// The Redis this task runs for the redis backend: AOF on every write, so a SIGKILL
-/// loses nothing acknowledged, on its own port and directory.
-struct RedisServer {
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
-impl RedisServer {
-    fn start(dir: &Path) -> Result<RedisServer, String> {
-        if redis_server::answers_ping(REDIS_PORT) {
-            return Err(format!(
-                "port {REDIS_PORT} already answers PING: another server is there"
-            ));
-        }
-        fs::create_dir_all(dir).map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
-        let mut server = RedisServer {
-            dir: dir.to_path_buf(),
-            child: None,
-        };
-        server.spawn()?;
-        Ok(server)
-    }
-
-    fn spawn(&mut self) -> Result<(), String> {
-        let extra = ["--appendonly", "yes", "--appendfsync", "always"];
-        let child = self
-            .child
-            .insert(redis_server::spawn(REDIS_PORT, &self.dir, &extra)?);
-        redis_server::wait_until_up(REDIS_PORT, child, Instant::now() + Duration::from_secs(30))
-    }
-
-    /// SIGKILL, like a crash: whatever the AOF holds is what comes back.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 impl Drop for RedisServer {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             redis_server::stop(REDIS_PORT, &mut child);
         }
-    }
-}
-
-fn redis_cli(args: &[&str]) -> Result<String, String> {
-    redis_server::redis_cli(REDIS_PORT, args)
-}
-
-fn psql(url: &str, sql: &str) -> Result<String, String> {
-    let output = Command::new("psql")
-        .args([url, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|err| format!("cannot run psql: {err}"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!(
-            "psql failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
     }
 }
 
@@ -700,19 +545,6 @@ impl Drop for Run<'_> {
     }
 }
 
-/// The faults a backend gets, with their weights.
-fn fault_menu(backend: &str) -> Vec<(&'static str, u64)> {
-    // A producer kill picked after the plan is done becomes a worker kill.
-    let mut menu = vec![("kill_worker", 4), ("kill_producer", 3)];
-    match backend {
-        "redis" => menu.extend([("client_kill", 3), ("redis_kill", 1)]),
-        "postgres" => menu.push(("pg_terminate", 3)),
-        // Kills are SQLite's fault: its file outlives every process.
-        _ => menu.push(("kill_worker", 3)),
-    }
-    menu
-}
-
 fn run_backend(
     root: &Path,
     bin: &Path,
@@ -888,140 +720,6 @@ fn run_backend(
         let _ = fs::remove_dir_all(dir.join("redis"));
     }
     Ok(row)
-}
-
-/// What the results table reads of `durq-chaos check`'s verdict (its JSON `Verdict`;
-/// the fields not listed here are ignored).
-#[derive(Debug, serde::Deserialize)]
-struct Verdict {
-    jobs: u64,
-    /// Faults injected, by kind.
-    #[serde(default)]
-    faults: BTreeMap<String, u64>,
-    connections_killed: u64,
-    store_errors_seen: u64,
-    lost: u64,
-    double_completions: u64,
-    stale_accepted: u64,
-    stuck: u64,
-    other_violations: u64,
-    extra_runs_worker_kill: u64,
-    extra_runs_store_fault: u64,
-    extra_runs_unexplained: u64,
-    planned_reruns: u64,
-    worker_kills: u64,
-    claims_in_flight_at_kills: u64,
-    runs_in_flight_at_kills: u64,
-    throughput_under_faults: f64,
-    throughput_overall: f64,
-    /// A few examples of each failure.
-    #[serde(default)]
-    examples: Vec<String>,
-}
-
-impl Verdict {
-    /// The verdict `durq-chaos check` printed.
-    fn parse(text: &str) -> Result<Verdict, String> {
-        serde_json::from_str(text)
-            .map_err(|err| format!("cannot read the verdict of durq-chaos check ({err}): {text}"))
-    }
-}
-
-/// The table row of a verdict.
-fn row_from(verdict: &Verdict, backend: &str) -> Row {
-    let kinds: Vec<String> = verdict
-        .faults
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect();
-    let mut row = Row {
-        backend: backend.to_owned(),
-        jobs: verdict.jobs,
-        faults: verdict.faults.values().sum(),
-        fault_kinds: kinds.join(", "),
-        connections_killed: verdict.connections_killed,
-        store_errors_seen: verdict.store_errors_seen,
-        lost: verdict.lost,
-        double: verdict.double_completions,
-        stale: verdict.stale_accepted,
-        stuck: verdict.stuck,
-        other: verdict.other_violations,
-        extra_kill: verdict.extra_runs_worker_kill,
-        extra_store: verdict.extra_runs_store_fault,
-        extra_unexplained: verdict.extra_runs_unexplained,
-        planned: verdict.planned_reruns,
-        worker_kills: verdict.worker_kills,
-        claims_in_flight: verdict.claims_in_flight_at_kills,
-        runs_in_flight: verdict.runs_in_flight_at_kills,
-        throughput_faults: verdict.throughput_under_faults,
-        throughput_overall: verdict.throughput_overall,
-        ..Row::default()
-    };
-    row.passed = row.lost == 0
-        && row.double == 0
-        && row.stale == 0
-        && row.stuck == 0
-        && row.other == 0
-        && row.extra_unexplained == 0;
-    row
-}
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
-/// A seed from the clock and the process id.
-pub fn seed_from_clock() -> u64 {
-    now_us() ^ (u64::from(std::process::id()) << 32)
-}
-
-/// Waits `d` by spinning: a thread sleep is not finer than the scheduler's tick, and a
-/// kill's moment should be random at the sub-millisecond scale.
-fn spin(d: Duration) {
-    let until = Instant::now() + d;
-    while Instant::now() < until {
-        std::hint::spin_loop();
-    }
-}
-
-/// xorshift64*: enough randomness to pick moments and faults, with a printable seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-
-    fn pick(&mut self, menu: &[(&'static str, u64)]) -> &'static str {
-        let total: u64 = menu.iter().map(|(_, w)| w).sum();
-        let mut roll = self.below(total);
-        for (name, weight) in menu {
-            if roll < *weight {
-                return name;
-            }
-            roll -= weight;
-        }
-        menu.first().map_or("kill_worker", |(name, _)| name)
-    }
 }
 
 #[cfg(test)]

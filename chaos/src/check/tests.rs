@@ -1,0 +1,184 @@
+//! The verdicts of recorded histories: what a history must show to pass, and what
+//! fails it.
+
+use super::*;
+
+fn id(n: i64) -> JobId {
+    JobId::mint(durq::Timestamp::from_millis(1_000 + n))
+}
+
+fn worker(pid: u32, events: Vec<Event>) -> ProcessHistory {
+    ProcessHistory {
+        role: "worker".into(),
+        pid,
+        events,
+        bad_lines: 0,
+        bad_inner_line: false,
+    }
+}
+
+fn claim(t: u64, id: JobId, token: u64) -> Event {
+    Event::Claim { t, id, token }
+}
+
+fn start(t: u64, id: JobId, token: u64) -> Event {
+    Event::RunStart {
+        t,
+        id,
+        token,
+        attempt: 1,
+    }
+}
+
+fn outcome(t: u64, op: Op, id: JobId, token: u64, ok: bool) -> Event {
+    Event::Outcome {
+        t0: t,
+        t: t + 1,
+        op,
+        id,
+        token,
+        ok,
+        lease_lost: !ok,
+        err: None,
+    }
+}
+
+fn kill(t: u64, pid: u32) -> Fault {
+    Fault {
+        t,
+        kind: "kill_worker".into(),
+        pid: Some(pid),
+        end: None,
+        hits: None,
+    }
+}
+
+#[test]
+fn a_rerun_after_a_kill_is_explained_and_counted_in_flight() {
+    let a = id(1);
+    let histories = vec![
+        worker(10, vec![claim(100, a, 1), start(110, a, 1)]),
+        worker(
+            11,
+            vec![
+                claim(5_000_000, a, 2),
+                start(5_000_010, a, 2),
+                outcome(5_000_100, Op::Complete, a, 2, true),
+            ],
+        ),
+    ];
+    let verdict = judge_history("t", &histories, &[kill(200, 10)]);
+    assert_eq!(verdict.extra_runs_worker_kill, 1);
+    assert_eq!(
+        (
+            verdict.claims_in_flight_at_kills,
+            verdict.runs_in_flight_at_kills
+        ),
+        (1, 1)
+    );
+    assert!(verdict.passed(), "{verdict:?}");
+}
+
+#[test]
+fn a_rerun_with_no_kill_and_no_fault_is_unexplained() {
+    let a = id(2);
+    let histories = vec![
+        worker(
+            10,
+            vec![
+                claim(100, a, 1),
+                start(110, a, 1),
+                outcome(200, Op::Complete, a, 1, false),
+            ],
+        ),
+        worker(
+            11,
+            vec![
+                claim(5_000_000, a, 2),
+                start(5_000_010, a, 2),
+                outcome(5_000_100, Op::Complete, a, 2, true),
+            ],
+        ),
+    ];
+    let verdict = judge_history("t", &histories, &[]);
+    assert_eq!(verdict.extra_runs_unexplained, 1);
+    assert!(!verdict.passed());
+    let faulted = judge_history(
+        "t",
+        &histories,
+        &[Fault {
+            t: 3_000_000,
+            kind: "pg_terminate".into(),
+            pid: None,
+            end: None,
+            hits: Some(1),
+        }],
+    );
+    assert_eq!(
+        (
+            faulted.extra_runs_store_fault,
+            faulted.extra_runs_unexplained
+        ),
+        (1, 0)
+    );
+}
+
+#[test]
+fn planned_retries_are_not_extra() {
+    let a = id(3);
+    let histories = vec![worker(
+        10,
+        vec![
+            claim(100, a, 1),
+            start(110, a, 1),
+            outcome(120, Op::Fail, a, 1, true),
+            claim(300, a, 2),
+            start(310, a, 2),
+            outcome(320, Op::Complete, a, 2, true),
+        ],
+    )];
+    let verdict = judge_history("t", &histories, &[]);
+    assert_eq!((verdict.planned_reruns, verdict.runs), (1, 2));
+    assert!(verdict.passed(), "{verdict:?}");
+}
+
+#[test]
+fn stale_and_double_completions_are_caught() {
+    let a = id(4);
+    let histories = vec![
+        worker(
+            10,
+            vec![
+                claim(100, a, 1),
+                start(110, a, 1),
+                outcome(9_000, Op::Complete, a, 1, true),
+            ],
+        ),
+        worker(
+            11,
+            vec![
+                claim(5_000, a, 2),
+                start(5_010, a, 2),
+                outcome(6_000, Op::Complete, a, 2, true),
+            ],
+        ),
+    ];
+    let verdict = judge_history("t", &histories, &[]);
+    assert_eq!(verdict.double_completions, 1);
+    assert_eq!(verdict.stale_accepted, 1);
+    assert!(!verdict.passed());
+}
+
+#[test]
+fn a_reused_token_and_a_twice_run_claim_are_violations() {
+    let a = id(5);
+    let histories = vec![
+        worker(
+            10,
+            vec![claim(100, a, 1), start(110, a, 1), start(120, a, 1)],
+        ),
+        worker(11, vec![claim(200, a, 1)]),
+    ];
+    let verdict = judge_history("t", &histories, &[]);
+    assert_eq!(verdict.other_violations, 2);
+}
