@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use durq::layers::{async_trait, Backend, Layer, LayeredBackend};
 use durq::worker_calls::{
     ClaimRequest, ClaimedJob, Completion, Heartbeat, HeldLease, ReclaimedJob, Retry,
@@ -92,25 +91,6 @@ impl LayeredBackend for Recording {
         Ok(claimed)
     }
 
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Heartbeat> {
-        let answer = self.inner.heartbeat(id, token, ttl, now).await;
-        if let Err(err) = &answer {
-            self.log.write(&Event::HeartbeatRefused {
-                t: now_us(),
-                id: Some(id),
-                token: token.get(),
-                err: err.to_string(),
-            });
-        }
-        answer
-    }
-
     async fn heartbeat_batch(
         &self,
         leases: Vec<HeldLease>,
@@ -140,19 +120,6 @@ impl LayeredBackend for Recording {
                 err: err.to_string(),
             }),
         }
-        answer
-    }
-
-    async fn complete(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        result: Option<Bytes>,
-        now: Timestamp,
-    ) -> Result<()> {
-        let t0 = now_us();
-        let answer = self.inner.complete(id, token, result, now).await;
-        self.outcome(t0, Op::Complete, id, token, &answer);
         answer
     }
 

@@ -181,36 +181,19 @@ impl LayeredBackend for Mutant {
         self.bug.claim(&*self.inner, request, now).await
     }
 
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Heartbeat> {
-        let lease = HeldLease::new(id, token);
-        self.bug.heartbeat(&*self.inner, lease, ttl, now).await
-    }
-
     async fn heartbeat_batch(
         &self,
         leases: Vec<HeldLease>,
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
-        // Through the mutant's own `heartbeat`, so a broken heartbeat is broken here too.
-        Ok(durq_core::heartbeat_each(self, leases, ttl, now).await)
-    }
-
-    async fn complete(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        result: Option<Bytes>,
-        now: Timestamp,
-    ) -> Result<()> {
-        let lease = HeldLease::new(id, token);
-        self.bug.complete(&*self.inner, lease, result, now).await
+        // Each entry through the bug's `heartbeat` hook: single heartbeats arrive here as
+        // batches of one, so a broken heartbeat is broken in both.
+        let mut answers = Vec::with_capacity(leases.len());
+        for lease in leases {
+            answers.push(self.bug.heartbeat(&*self.inner, lease, ttl, now).await);
+        }
+        Ok(answers)
     }
 
     async fn complete_batch(
@@ -218,8 +201,14 @@ impl LayeredBackend for Mutant {
         completions: Vec<Completion>,
         now: Timestamp,
     ) -> Result<Vec<Result<()>>> {
-        // Through the mutant's own `complete`, so a broken complete is broken here too.
-        Ok(durq_core::complete_each(self, completions, now).await)
+        // Each entry through the bug's `complete` hook: single completions arrive here as
+        // batches of one, so a broken complete is broken in both.
+        let mut answers = Vec::with_capacity(completions.len());
+        for Completion { id, token, result } in completions {
+            let lease = HeldLease::new(id, token);
+            answers.push(self.bug.complete(&*self.inner, lease, result, now).await);
+        }
+        Ok(answers)
     }
 
     async fn fail(

@@ -48,29 +48,40 @@ impl<L: Layer + ?Sized> Layer for Arc<L> {
 /// A backend that wraps another and forwards every call it does not override.
 ///
 /// Every type implementing it is a [`Backend`]; a layer writes [`inner`] and the
-/// methods it changes, nothing else:
+/// methods it changes, nothing else. Completions and heartbeats reach a layer only as
+/// batches: a single `complete` or `heartbeat` arrives in [`complete_batch`] or
+/// [`heartbeat_batch`] as a batch of one, so a layer that overrides those sees every
+/// completion and heartbeat (the worker's batched ones included) and keeps the
+/// batching of the backend beneath it:
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
-/// use durq_core::{async_trait, Backend, ClaimRequest, ClaimedJob, LayeredBackend, Result, Timestamp};
+/// use durq_core::{async_trait, Backend, ClaimRequest, ClaimedJob, Completion, LayeredBackend, Result, Timestamp};
 ///
-/// /// Counts claims, forwards everything.
+/// /// Logs claims, counts completions, forwards everything.
 /// #[derive(Debug)]
-/// struct CountClaims { inner: Arc<dyn Backend>, claims: AtomicU64 }
+/// struct Count { inner: Arc<dyn Backend>, completed: AtomicU64 }
 ///
 /// #[async_trait]
-/// impl LayeredBackend for CountClaims {
+/// impl LayeredBackend for Count {
 ///     fn inner(&self) -> &dyn Backend { &*self.inner }
 ///
 ///     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
-///         self.claims.fetch_add(1, Ordering::Relaxed);
+///         println!("claim of {:?}", request.queues);
 ///         self.inner.claim(request, now).await
+///     }
+///
+///     async fn complete_batch(&self, done: Vec<Completion>, now: Timestamp) -> Result<Vec<Result<()>>> {
+///         self.completed.fetch_add(done.len() as u64, Ordering::Relaxed);
+///         self.inner.complete_batch(done, now).await
 ///     }
 /// }
 /// ```
 ///
 /// [`inner`]: LayeredBackend::inner
+/// [`complete_batch`]: LayeredBackend::complete_batch
+/// [`heartbeat_batch`]: LayeredBackend::heartbeat_batch
 #[async_trait]
 #[allow(missing_docs)] // Each method is the `Backend` method of the same name.
 pub trait LayeredBackend: Send + Sync + fmt::Debug {
@@ -121,16 +132,6 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
         self.inner().claim(request, now).await
     }
 
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Heartbeat> {
-        self.inner().heartbeat(id, token, ttl, now).await
-    }
-
     async fn heartbeat_batch(
         &self,
         leases: Vec<HeldLease>,
@@ -138,16 +139,6 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
         now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
         self.inner().heartbeat_batch(leases, ttl, now).await
-    }
-
-    async fn complete(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        result: Option<Bytes>,
-        now: Timestamp,
-    ) -> Result<()> {
-        self.inner().complete(id, token, result, now).await
     }
 
     async fn complete_batch(
@@ -353,7 +344,13 @@ impl<L: LayeredBackend> Backend for L {
         'a: 'b,
         Self: 'b,
     {
-        LayeredBackend::heartbeat(self, id, token, ttl, now)
+        // A batch of one: a layer sees every heartbeat in `heartbeat_batch`.
+        Box::pin(async move {
+            let answers =
+                LayeredBackend::heartbeat_batch(self, vec![HeldLease::new(id, token)], ttl, now)
+                    .await?;
+            only_answer("heartbeat", answers)
+        })
     }
 
     fn heartbeat_batch<'a, 'b>(
@@ -380,7 +377,12 @@ impl<L: LayeredBackend> Backend for L {
         'a: 'b,
         Self: 'b,
     {
-        LayeredBackend::complete(self, id, token, result, now)
+        // A batch of one: a layer sees every completion in `complete_batch`.
+        Box::pin(async move {
+            let completion = Completion { id, token, result };
+            let answers = LayeredBackend::complete_batch(self, vec![completion], now).await?;
+            only_answer("complete", answers)
+        })
     }
 
     fn complete_batch<'a, 'b>(
@@ -618,5 +620,16 @@ impl<L: LayeredBackend> Backend for L {
         Self: 'b,
     {
         LayeredBackend::wait_for_work(self, queues, timeout)
+    }
+}
+
+/// The one answer of a batch of one; a batch that answered nothing is a backend error.
+fn only_answer<T>(call: &str, mut answers: Vec<Result<T>>) -> Result<T> {
+    match answers.pop() {
+        Some(answer) if answers.is_empty() => answer,
+        _ => Err(crate::error::Error::backend(
+            call,
+            "a batch of one was not answered with one entry",
+        )),
     }
 }

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durq_core::{
-    async_trait, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat,
-    HeldLease, JobId, JobState, Layer, LayeredBackend, LeaseToken, NewJob, ReclaimedJob, Result,
-    Retry, Timestamp,
+    async_trait, Backend, ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease,
+    JobId, JobState, Layer, LayeredBackend, LeaseToken, NewJob, ReclaimedJob, Result, Retry,
+    Timestamp,
 };
 use tracing::Instrument as _;
 
@@ -46,6 +46,40 @@ async fn within<T>(span: tracing::Span, call: impl Future<Output = Result<T>>) -
     .await
 }
 
+/// Like [`within`] for a batch: also logs each refused entry with its job's id. The
+/// ids are gathered only while a subscriber listens, so a batch costs nothing more
+/// otherwise.
+async fn within_batch<T>(
+    span: tracing::Span,
+    ids: Option<Vec<JobId>>,
+    call: impl Future<Output = Result<Vec<Result<T>>>>,
+) -> Result<Vec<Result<T>>> {
+    async move {
+        let result = call.await;
+        match (&result, &ids) {
+            (Err(err), _) => {
+                tracing::debug!(target: "durq::store", error = %err, "store call failed");
+            }
+            (Ok(answers), Some(ids)) => {
+                for (id, answer) in ids.iter().zip(answers) {
+                    if let Err(err) = answer {
+                        tracing::debug!(target: "durq::store", job = %id, error = %err, "store call failed");
+                    }
+                }
+            }
+            (Ok(_), None) => {}
+        }
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// The ids of a batch's jobs, when anyone listens for the spans.
+fn ids_if_traced(ids: impl Iterator<Item = JobId>) -> Option<Vec<JobId>> {
+    tracing::enabled!(target: "durq::store", tracing::Level::DEBUG).then(|| ids.collect())
+}
+
 macro_rules! span {
     ($op:literal $(, $field:ident = $value:expr)*) => {
         tracing::debug_span!(target: "durq::store", "jobs.store", op = $op $(, $field = $value)*)
@@ -79,19 +113,13 @@ impl LayeredBackend for Traced {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
-        let span = span!("heartbeat_batch", leases = leases.len());
-        within(span, self.inner.heartbeat_batch(leases, ttl, now)).await
-    }
-
-    async fn complete(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        result: Option<Bytes>,
-        now: Timestamp,
-    ) -> Result<()> {
-        let span = span!("complete", job = tracing::field::display(id));
-        within(span, self.inner.complete(id, token, result, now)).await
+        // A single `heartbeat` arrives as a batch of one: it gets the span of one job.
+        let span = match leases.as_slice() {
+            [one] => span!("heartbeat", job = tracing::field::display(one.id)),
+            many => span!("heartbeat_batch", leases = many.len()),
+        };
+        let ids = ids_if_traced(leases.iter().map(|lease| lease.id));
+        within_batch(span, ids, self.inner.heartbeat_batch(leases, ttl, now)).await
     }
 
     async fn complete_batch(
@@ -99,8 +127,13 @@ impl LayeredBackend for Traced {
         completions: Vec<Completion>,
         now: Timestamp,
     ) -> Result<Vec<Result<()>>> {
-        let span = span!("complete_batch", jobs = completions.len());
-        within(span, self.inner.complete_batch(completions, now)).await
+        // A single `complete` arrives as a batch of one: it gets the span of one job.
+        let span = match completions.as_slice() {
+            [one] => span!("complete", job = tracing::field::display(one.id)),
+            many => span!("complete_batch", jobs = many.len()),
+        };
+        let ids = ids_if_traced(completions.iter().map(|completion| completion.id));
+        within_batch(span, ids, self.inner.complete_batch(completions, now)).await
     }
 
     async fn fail(

@@ -10,8 +10,7 @@ use std::time::Duration;
 use durq::layers::{async_trait, Backend, LayeredBackend};
 use durq::worker_calls::{Completion, Heartbeat, HeldLease};
 use durq::{
-    Bytes, JobContext, JobError, JobId, JobState, LeaseToken, NewJob, Store, StoreSettings,
-    Timestamp, Worker,
+    Bytes, JobContext, JobError, JobId, JobState, NewJob, Store, StoreSettings, Timestamp, Worker,
 };
 use tokio::sync::Notify;
 
@@ -251,17 +250,6 @@ impl LayeredBackend for RacingStore {
         &*self.inner
     }
 
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> durq::Result<Heartbeat> {
-        self.hold_first().await;
-        self.inner.heartbeat(id, token, ttl, now).await
-    }
-
     async fn heartbeat_batch(
         &self,
         leases: Vec<HeldLease>,
@@ -273,18 +261,6 @@ impl LayeredBackend for RacingStore {
             self.held_call.store(call, Ordering::SeqCst);
         }
         self.inner.heartbeat_batch(leases, ttl, now).await
-    }
-
-    async fn complete(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        result: Option<Bytes>,
-        now: Timestamp,
-    ) -> durq::Result<()> {
-        let answer = self.inner.complete(id, token, result, now).await;
-        self.completion_recorded.notify_one();
-        answer
     }
 
     async fn complete_batch(

@@ -1121,11 +1121,6 @@ mod scenarios {
             "every success was recorded by shutdown"
         );
         assert_eq!(stats.total(), JOBS as u64);
-        assert_eq!(
-            counting.completes.load(Ordering::SeqCst),
-            0,
-            "no success went one by one"
-        );
         assert_eq!(counting.batched_entries.load(Ordering::SeqCst), JOBS);
         let batches = counting.batches.load(Ordering::SeqCst);
         assert!(
@@ -1733,11 +1728,6 @@ mod scenarios {
         handle.shutdown().await;
         assert!(events.try_recv().is_err(), "one event per job");
         assert_eq!(heard, ids.into_iter().collect(), "every job was heard");
-        assert_eq!(
-            counting.completes.load(Ordering::SeqCst),
-            0,
-            "the successes went in batches"
-        );
         assert!(counting.batches.load(Ordering::SeqCst) * 4 <= JOBS);
     }
 
@@ -2003,7 +1993,6 @@ fn assert_each_ran_once(runs: &[Seen], ids: &[JobId], attempt: u32) {
 #[derive(Debug)]
 struct CountingStore {
     inner: Arc<dyn Backend>,
-    completes: AtomicUsize,
     batches: AtomicUsize,
     batched_entries: AtomicUsize,
     /// This many `complete_batch` calls fail as a whole, unavailable, writing nothing.
@@ -2019,7 +2008,6 @@ impl CountingStore {
     fn new(inner: Arc<dyn Backend>, unavailable_batches: usize) -> Self {
         CountingStore {
             inner,
-            completes: AtomicUsize::new(0),
             batches: AtomicUsize::new(0),
             batched_entries: AtomicUsize::new(0),
             unavailable_batches: AtomicUsize::new(unavailable_batches),
@@ -2266,19 +2254,6 @@ impl LayeredBackend for CountingStore {
         &*self.inner
     }
 
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> durq::Result<durq::worker_calls::Heartbeat> {
-        if self.heartbeats_down.load(Ordering::SeqCst) {
-            return Err(test_outage());
-        }
-        self.inner.heartbeat(id, token, ttl, now).await
-    }
-
     async fn heartbeat_batch(
         &self,
         leases: Vec<durq::worker_calls::HeldLease>,
@@ -2290,20 +2265,6 @@ impl LayeredBackend for CountingStore {
             return Err(test_outage());
         }
         self.inner.heartbeat_batch(leases, ttl, now).await
-    }
-
-    async fn complete(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        result: Option<Bytes>,
-        now: Timestamp,
-    ) -> durq::Result<()> {
-        self.completes.fetch_add(1, Ordering::SeqCst);
-        if self.completions_down.load(Ordering::SeqCst) {
-            return Err(test_outage());
-        }
-        self.inner.complete(id, token, result, now).await
     }
 
     async fn complete_batch(

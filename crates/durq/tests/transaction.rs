@@ -239,17 +239,6 @@ impl LayeredBackend for Watch {
         &*self.inner
     }
 
-    async fn complete(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        result: Option<durq::Bytes>,
-        now: Timestamp,
-    ) -> Result<()> {
-        self.completions.fetch_add(1, Ordering::SeqCst);
-        self.inner.complete(id, token, result, now).await
-    }
-
     async fn complete_batch(
         &self,
         completions: Vec<Completion>,
@@ -281,17 +270,6 @@ impl LayeredBackend for Watch {
     ) -> Result<()> {
         self.releases.fetch_add(1, Ordering::SeqCst);
         self.inner.release(id, token, ready_at, now).await
-    }
-
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<durq::worker_calls::Heartbeat> {
-        self.held().await?;
-        self.inner.heartbeat(id, token, ttl, now).await
     }
 
     async fn heartbeat_batch(

@@ -99,17 +99,6 @@ impl LayeredBackend for OnStoreRuntime {
             .await
     }
 
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Heartbeat> {
-        self.hop(move |b| async move { b.heartbeat(id, token, ttl, now).await })
-            .await
-    }
-
     async fn heartbeat_batch(
         &self,
         leases: Vec<HeldLease>,
@@ -117,17 +106,6 @@ impl LayeredBackend for OnStoreRuntime {
         now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
         self.hop(move |b| async move { b.heartbeat_batch(leases, ttl, now).await })
-            .await
-    }
-
-    async fn complete(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        result: Option<Bytes>,
-        now: Timestamp,
-    ) -> Result<()> {
-        self.hop(move |b| async move { b.complete(id, token, result, now).await })
             .await
     }
 
