@@ -82,7 +82,7 @@ impl Capabilities {
 /// accident. The two defaults, [`Backend::complete_batch`] and
 /// [`Backend::heartbeat_batch`], are defined by `complete` and `heartbeat` and only
 /// forgo a speed-up when not overridden. A layer that wraps another backend implements
-/// [`LayeredBackend`] instead, and writes only the methods it changes.
+/// [`LayeredBackend`](crate::LayeredBackend) instead, and writes only the methods it changes.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug {
     /// The settings the backend was opened with, its clock included.
