@@ -112,27 +112,27 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
     }
 
     async fn stats(&self, inner: &dyn Backend, queue: &str, now: Timestamp) -> Result<QueueStats> {
-        inner.stats(queue, now).await
+        inner.require_inspect()?.stats(queue, now).await
     }
 
     async fn set_paused(&self, inner: &dyn Backend, queue: &str, paused: bool) -> Result<()> {
-        inner.set_paused(queue, paused).await
+        inner.require_pause()?.set_paused(queue, paused).await
     }
 
     async fn queues(&self, inner: &dyn Backend, now: Timestamp) -> Result<Vec<QueueOverview>> {
-        inner.queues(now).await
+        inner.require_inspect()?.queues(now).await
     }
 
     async fn reap_workers(&self, inner: &dyn Backend, cutoff: Timestamp) -> Result<Vec<String>> {
-        inner.reap_workers(cutoff).await
+        inner.require_worker_registry()?.reap_workers(cutoff).await
     }
 
     async fn list(&self, inner: &dyn Backend, query: ListQuery) -> Result<ListPage> {
-        inner.list(query).await
+        inner.require_inspect()?.list(query).await
     }
 
     async fn attempts(&self, inner: &dyn Backend, id: JobId) -> Result<Vec<Attempt>> {
-        inner.attempts(id).await
+        inner.require_inspect()?.attempts(id).await
     }
 
     async fn get(&self, inner: &dyn Backend, id: JobId) -> Result<durq_core::Job> {
@@ -145,7 +145,7 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
         name: &str,
         update: ScheduleUpdate,
     ) -> Result<()> {
-        inner.update_schedule(name, update).await
+        inner.require_schedules()?.update_schedule(name, update).await
     }
 }
 
@@ -515,7 +515,7 @@ impl Bug for ReclaimAtExpiry {
                     .state(JobState::Running)
                     .limit(1_000);
                 query.cursor = cursor;
-                let page = inner.list(query).await?;
+                let page = inner.require_inspect()?.list(query).await?;
                 for job in &page.jobs {
                     let Some(lease) = &job.lease else { continue };
                     if lease.expires_at != now || reclaimed.len() >= limit {
@@ -746,9 +746,9 @@ impl Bug for StatsByPrefix {
                     .collect()
             })
             .unwrap_or_default();
-        let mut total = inner.stats(queue, now).await?;
+        let mut total = inner.require_inspect()?.stats(queue, now).await?;
         for other in queues.iter().filter(|q| q.as_str() != queue) {
-            let more = inner.stats(other, now).await?;
+            let more = inner.require_inspect()?.stats(other, now).await?;
             total.ready += more.ready;
             total.scheduled += more.scheduled;
             total.running += more.running;
@@ -770,7 +770,7 @@ impl Bug for PauseForgotten {
         if paused {
             return Ok(());
         }
-        inner.set_paused(queue, paused).await
+        inner.require_pause()?.set_paused(queue, paused).await
     }
 }
 
@@ -783,10 +783,11 @@ struct LagFromTheHead;
 #[async_trait]
 impl Bug for LagFromTheHead {
     async fn queues(&self, inner: &dyn Backend, now: Timestamp) -> Result<Vec<QueueOverview>> {
-        let mut queues = inner.queues(now).await?;
+        let mut queues = inner.require_inspect()?.queues(now).await?;
         for overview in &mut queues {
             if overview.oldest_ready.is_some() {
                 let head = inner
+                    .require_inspect()?
                     .list(ListQuery::new(overview.queue.clone()).state(JobState::Queued))
                     .await?
                     .jobs
@@ -810,7 +811,7 @@ struct PrefixAsPattern;
 impl Bug for PrefixAsPattern {
     async fn list(&self, inner: &dyn Backend, mut query: ListQuery) -> Result<ListPage> {
         let Some(prefix) = query.queue_prefix.take() else {
-            return inner.list(query).await;
+            return inner.require_inspect()?.list(query).await;
         };
         let like = |queue: &str| {
             queue.len() >= prefix.len()
@@ -819,7 +820,7 @@ impl Bug for PrefixAsPattern {
                     .zip(queue.bytes())
                     .all(|(p, q)| p == b'_' || p == q)
         };
-        let mut page = inner.list(query).await?;
+        let mut page = inner.require_inspect()?.list(query).await?;
         page.jobs.retain(|job| like(&job.queue));
         Ok(page)
     }
@@ -833,7 +834,7 @@ struct TagsIgnored;
 impl Bug for TagsIgnored {
     async fn list(&self, inner: &dyn Backend, mut query: ListQuery) -> Result<ListPage> {
         query.tags.clear();
-        inner.list(query).await
+        inner.require_inspect()?.list(query).await
     }
 }
 
@@ -845,7 +846,7 @@ struct ReleaseLeavesNoAttempt;
 #[async_trait]
 impl Bug for ReleaseLeavesNoAttempt {
     async fn attempts(&self, inner: &dyn Backend, id: JobId) -> Result<Vec<Attempt>> {
-        let mut attempts = inner.attempts(id).await?;
+        let mut attempts = inner.require_inspect()?.attempts(id).await?;
         attempts.retain(|a| a.outcome != AttemptOutcome::Released);
         Ok(attempts)
     }
@@ -905,7 +906,7 @@ impl Bug for AttemptErrorUncut {
     }
 
     async fn attempts(&self, inner: &dyn Backend, id: JobId) -> Result<Vec<Attempt>> {
-        let mut attempts = inner.attempts(id).await?;
+        let mut attempts = inner.require_inspect()?.attempts(id).await?;
         if let Some(error) = lock(&self.errors).get(&id) {
             for attempt in attempts.iter_mut().filter(|a| a.error.is_some()) {
                 attempt.error = Some(error.clone());
@@ -921,7 +922,7 @@ struct OldestAttemptsKept;
 #[async_trait]
 impl Bug for OldestAttemptsKept {
     async fn attempts(&self, inner: &dyn Backend, id: JobId) -> Result<Vec<Attempt>> {
-        let mut attempts = inner.attempts(id).await?;
+        let mut attempts = inner.require_inspect()?.attempts(id).await?;
         if attempts.len() as u64 == durq_core::ATTEMPTS_KEPT {
             // What slots that stop at the first 32 claims would hold: claims 1..=32.
             for (claim, attempt) in (1..).zip(attempts.iter_mut()) {
@@ -940,6 +941,7 @@ struct ReapAtTheCutoff;
 impl Bug for ReapAtTheCutoff {
     async fn reap_workers(&self, inner: &dyn Backend, cutoff: Timestamp) -> Result<Vec<String>> {
         inner
+            .require_worker_registry()?
             .reap_workers(cutoff.saturating_add(std::time::Duration::from_millis(1)))
             .await
     }
@@ -965,7 +967,7 @@ impl Bug for FiringReenables {
             },
             None => update,
         };
-        inner.update_schedule(name, update).await
+        inner.require_schedules()?.update_schedule(name, update).await
     }
 }
 

@@ -74,6 +74,8 @@ pub async fn s1_schedules_are_stored_by_name(harness: &dyn Harness) {
     store.disable_schedule("beat").await.must("S1: disable");
     store
         .backend()
+        .require_schedules()
+        .expect("the scenario runs only where Schedules is declared")
         .update_schedule(
             "beat",
             ScheduleUpdate {
@@ -199,6 +201,8 @@ pub async fn s2_a_disable_survives_a_firing_that_races_it(harness: &dyn Harness)
     let tick = start.saturating_add(Duration::from_secs(1));
     store
         .backend()
+        .require_schedules()
+        .expect("the scenario runs only where Schedules is declared")
         .update_schedule(
             "beat",
             ScheduleUpdate {
@@ -214,6 +218,8 @@ pub async fn s2_a_disable_survives_a_firing_that_races_it(harness: &dyn Harness)
     // The last tick never moves back.
     store
         .backend()
+        .require_schedules()
+        .expect("the scenario runs only where Schedules is declared")
         .update_schedule(
             "beat",
             ScheduleUpdate {
@@ -359,6 +365,8 @@ pub async fn s3_a_schedule_that_cannot_fire_holds_up_no_other(harness: &dyn Harn
     env.clock.set(start);
     store
         .backend()
+        .require_schedules()
+        .expect("the scenario runs only where Schedules is declared")
         .put_schedule("broken", "{ not a schedule", start)
         .await
         .must("S3: store an unreadable definition");

@@ -1,5 +1,6 @@
-//! What a backend implements: [`Backend`], narrow on purpose, and the tools for
-//! writing layers over one ([`LayeredBackend`], [`Layer`]).
+//! What a backend implements: [`Backend`], the core of a job queue, narrow on purpose;
+//! the optional [capabilities](crate::capability) beside it; and the tools for writing
+//! layers over one ([`LayeredBackend`](crate::LayeredBackend), [`Layer`](crate::Layer)).
 //!
 //! A backend never sees input the [contract](crate::contract) refuses: the
 //! [`Store`](crate::Store) handle validates every argument, reads the clock once and
@@ -13,17 +14,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::attempts::Attempt;
-use crate::error::Result;
+use crate::capability::{Admin, Capability, Inspect, Pause, Schedules, WorkerRegistry};
+use crate::error::{Error, Result};
 use crate::id::JobId;
 use crate::model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
-    LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,
-    StoreSettings,
+    LeaseToken, NewJob, ReclaimedJob, Retry, StoreSettings,
 };
-use crate::schedule::{ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
-use crate::workers::StoredWorker;
 
 /// What a backend can do beyond the contract, read by the [`Store`](crate::Store)
 /// handle and the worker runtime to choose how to drive it.
@@ -61,8 +59,15 @@ impl Capabilities {
     }
 }
 
-/// A durable job store's storage: one method per operation of the
-/// [contract](crate::contract).
+/// The core of a durable job store's storage: one method per operation every job queue
+/// needs (enqueue, claim, the lease calls, reclaim, the reads of one job), each a rule
+/// of the [contract](crate::contract).
+///
+/// What a job queue may do beyond that (listing, operator actions, pause, schedules,
+/// the worker registry) is a [capability](crate::capability): a trait of its own that a
+/// backend implements and declares by answering `Some(self)` from its accessor
+/// ([`Backend::as_admin`], …). A backend that declares none is a complete job queue;
+/// the [`Store`](crate::Store) answers [`crate::Error::Unsupported`] for the rest.
 ///
 /// Object-safe; users never call it directly but through the [`Store`](crate::Store)
 /// handle, which guarantees what every method may assume:
@@ -78,7 +83,7 @@ impl Capabilities {
 /// What a backend still checks itself is what only it can see: whether a parent
 /// exists, whether a lease token is current, whether a record is corrupt.
 ///
-/// Every operation but two has no default, so a backend cannot lose behaviour by
+/// Every core operation but two has no default, so a backend cannot lose behaviour by
 /// accident. The two defaults, [`Backend::complete_batch`] and
 /// [`Backend::heartbeat_batch`], are defined by `complete` and `heartbeat` and only
 /// forgo a speed-up when not overridden. A layer that wraps another backend implements
@@ -123,16 +128,6 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Rule E1: the job's payload bytes, exactly as enqueued.
     async fn payload(&self, id: JobId) -> Result<Bytes>;
-
-    /// Rule E8: the jobs enqueued with `parent`, oldest first.
-    async fn children(&self, parent: JobId) -> Result<Vec<Job>>;
-
-    /// Rules H1–H4: the job's attempts, oldest first, at most
-    /// [`ATTEMPTS_KEPT`](crate::ATTEMPTS_KEPT), the running one included, read in one
-    /// snapshot with the job's record ([`crate::attempts::history`] puts the stored
-    /// records and the record's own attempt together). [`crate::Error::NotFound`] for
-    /// an unknown job.
-    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>>;
 
     /// Rules C1–C9: leases up to `request.limit` ready jobs in claim order and returns
     /// them, with payloads, in that order.
@@ -215,78 +210,77 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// `now` (`expires_at < now`: a lease expiring at `now` still holds, R2).
     async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>>;
 
-    /// Rule A1: cancels a queued job, asks a running one to stop, leaves a terminal one.
-    /// Returns the job's state afterwards.
-    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState>;
-
-    /// Rule A2: queues a dead or cancelled job again with its attempts reset.
-    /// Any other state is refused with [`crate::Error::InvalidState`].
-    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()>;
-
-    /// Rule A3: counts of one queue's jobs per state at `now` (`paused` is left
-    /// `false`: the handle fills it in from [`Backend::paused_queues`]).
-    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats>;
-
-    /// Rule A7: every queue of the namespace that holds a job, sorted by name, with its
-    /// counts at `now` (as [`Backend::stats`] counts them, `paused` left `false`) and
-    /// the ready time of its oldest ready job (`lag` left `None`: the handle fills in
-    /// both, and lists the paused queues that hold no job).
-    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>>;
-
-    /// Rule W1: stores worker `id` with its description `spec` (opaque text),
-    /// `in_flight` and `last_seen` `now`, replacing any record of that id whole.
-    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()>;
-
-    /// Rule W2: sets worker `id`'s `in_flight` and moves its `last_seen` to `now`;
-    /// whether the worker is registered (an unknown one is left unregistered).
-    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool>;
-
-    /// Rule W3: removes worker `id`'s record; whether it existed.
-    async fn delete_worker(&self, id: &str) -> Result<bool>;
-
-    /// Rule W1: every registered worker of the namespace, sorted by id.
-    async fn workers(&self) -> Result<Vec<StoredWorker>>;
-
-    /// Rule W4: removes every worker last seen strictly before `cutoff`, and returns
-    /// their ids, sorted.
-    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>>;
-
-    /// Rule Q1: pauses (`true`) or resumes (`false`) `queue` for every store of the
-    /// namespace, in every process: no claim takes a job from a paused queue.
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
-
-    /// Rule Q1: the namespace's paused queues, sorted by name.
-    async fn paused_queues(&self) -> Result<Vec<String>>;
-
-    /// Rule S1: stores schedule `name` with its definition `spec` (opaque text). A new
-    /// schedule starts enabled, its last tick `now`; an existing one keeps both.
-    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()>;
-
-    /// Rule S1: every schedule of the namespace, sorted by name.
-    async fn schedules(&self) -> Result<Vec<StoredSchedule>>;
-
-    /// Rule S2: changes only what `update` sets, in one atomic step; the last tick
-    /// only moves forward. `ScheduleNotFound` for an unknown name.
-    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()>;
-
-    /// Rule S1: deletes schedule `name`; whether it existed.
-    async fn delete_schedule(&self, name: &str) -> Result<bool>;
-
-    /// Rule A4: one page of the jobs `query` matches ([`ListQuery::matches`]), newest
-    /// first, after its cursor. A page holds at most `query.limit` jobs; `next` is the
-    /// last listed id when the page is full, and `None` only when no job after the page
-    /// matches. A backend that bounds the work of one call may end a page early, `next`
-    /// set to the last id it examined.
-    async fn list(&self, query: ListQuery) -> Result<ListPage>;
-
-    /// Rule A5: deletes up to `limit` terminal jobs that finished at or before
-    /// `cutoff`, with their index entries. Returns how many were deleted.
-    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64>;
-
     /// Resolves when work may have arrived on one of `queues`, or after `timeout`
     /// (real time), whichever comes first. Spurious wake-ups are allowed; a claimer
     /// calls `claim` after it either way.
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()>;
+
+    /// [`Inspect`] if the backend declares it: listing, counts, children, attempts.
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        None
+    }
+
+    /// [`Admin`] if the backend declares it: an operator's cancel, retry and purge.
+    fn as_admin(&self) -> Option<&dyn Admin> {
+        None
+    }
+
+    /// [`Pause`] if the backend declares it: pausing and resuming queues.
+    fn as_pause(&self) -> Option<&dyn Pause> {
+        None
+    }
+
+    /// [`Schedules`] if the backend declares it: stored cron schedules.
+    fn as_schedules(&self) -> Option<&dyn Schedules> {
+        None
+    }
+
+    /// [`WorkerRegistry`] if the backend declares it: the registry of running workers.
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        None
+    }
+
+    /// Whether the backend declares `capability`, read from its accessor.
+    fn supports(&self, capability: Capability) -> bool {
+        match capability {
+            Capability::Inspect => self.as_inspect().is_some(),
+            Capability::Admin => self.as_admin().is_some(),
+            Capability::Pause => self.as_pause().is_some(),
+            Capability::Schedules => self.as_schedules().is_some(),
+            Capability::WorkerRegistry => self.as_worker_registry().is_some(),
+        }
+    }
+}
+
+impl dyn Backend + '_ {
+    /// [`Backend::as_inspect`], or [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn require_inspect(&self) -> Result<&dyn Inspect> {
+        self.as_inspect()
+            .ok_or(Error::unsupported(Capability::Inspect))
+    }
+
+    /// [`Backend::as_admin`], or [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn require_admin(&self) -> Result<&dyn Admin> {
+        self.as_admin().ok_or(Error::unsupported(Capability::Admin))
+    }
+
+    /// [`Backend::as_pause`], or [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn require_pause(&self) -> Result<&dyn Pause> {
+        self.as_pause().ok_or(Error::unsupported(Capability::Pause))
+    }
+
+    /// [`Backend::as_schedules`], or [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn require_schedules(&self) -> Result<&dyn Schedules> {
+        self.as_schedules()
+            .ok_or(Error::unsupported(Capability::Schedules))
+    }
+
+    /// [`Backend::as_worker_registry`], or
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn require_worker_registry(&self) -> Result<&dyn WorkerRegistry> {
+        self.as_worker_registry()
+            .ok_or(Error::unsupported(Capability::WorkerRegistry))
+    }
 }
 
 /// [`Backend::complete_batch`] as `complete` calls: its default, and what a backend

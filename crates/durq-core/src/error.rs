@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 
+use crate::capability::Capability;
 use crate::id::{JobId, ParseJobIdError};
 use crate::state::{JobState, ParseJobStateError};
 
@@ -98,6 +99,14 @@ pub enum Error {
         reason: String,
     },
 
+    /// The operation belongs to a [capability](crate::capability) the backend does not
+    /// declare. Nothing was done; asking again will not help.
+    #[error("not supported: the backend does not declare the {capability} capability")]
+    Unsupported {
+        /// The capability the operation belongs to.
+        capability: Capability,
+    },
+
     /// Any other backend failure.
     #[error("backend error: {message}")]
     Backend {
@@ -132,6 +141,11 @@ impl Error {
             message: message.into(),
             source: Some(SharedError::from(source.into())),
         }
+    }
+
+    /// The error for an operation of `capability` on a backend that does not declare it.
+    pub fn unsupported(capability: Capability) -> Self {
+        Error::Unsupported { capability }
     }
 
     /// A corrupt-record error.

@@ -21,6 +21,7 @@ use crate::time::Timestamp;
 use crate::workers::StoredWorker;
 
 use crate::backend::{Backend, Capabilities};
+use crate::capability::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 
 /// Wraps a backend in another: metrics, logging, fault injection, a tenant guard.
 /// Added to a handle with [`Store::layer`](crate::Store::layer); the last layer added
@@ -46,6 +47,11 @@ impl<L: Layer + ?Sized> Layer for Arc<L> {
 }
 
 /// A backend that wraps another and forwards every call it does not override.
+///
+/// One flat list of every operation, the core's and each capability's: a layer
+/// overrides any of them by name. It declares the capabilities of the backend it wraps,
+/// no more and no fewer, and sees every call of each ([`Backend::as_admin`] and the
+/// other accessors hand out the layer itself).
 ///
 /// Every type implementing it is a [`Backend`]; a layer writes [`inner`] and the
 /// methods it changes, nothing else. Completions and heartbeats reach a layer only as
@@ -121,11 +127,11 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
     }
 
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        self.inner().children(parent).await
+        self.inner().require_inspect()?.children(parent).await
     }
 
     async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
-        self.inner().attempts(id).await
+        self.inner().require_inspect()?.attempts(id).await
     }
 
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
@@ -175,71 +181,71 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
     }
 
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
-        self.inner().cancel(id, now).await
+        self.inner().require_admin()?.cancel(id, now).await
     }
 
     async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
-        self.inner().retry(id, now).await
+        self.inner().require_admin()?.retry(id, now).await
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
-        self.inner().stats(queue, now).await
+        self.inner().require_inspect()?.stats(queue, now).await
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        self.inner().set_paused(queue, paused).await
+        self.inner().require_pause()?.set_paused(queue, paused).await
     }
 
     async fn paused_queues(&self) -> Result<Vec<String>> {
-        self.inner().paused_queues().await
+        self.inner().require_pause()?.paused_queues().await
     }
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
-        self.inner().queues(now).await
+        self.inner().require_inspect()?.queues(now).await
     }
 
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
-        self.inner().put_worker(id, spec, in_flight, now).await
+        self.inner().require_worker_registry()?.put_worker(id, spec, in_flight, now).await
     }
 
     async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
-        self.inner().touch_worker(id, in_flight, now).await
+        self.inner().require_worker_registry()?.touch_worker(id, in_flight, now).await
     }
 
     async fn delete_worker(&self, id: &str) -> Result<bool> {
-        self.inner().delete_worker(id).await
+        self.inner().require_worker_registry()?.delete_worker(id).await
     }
 
     async fn workers(&self) -> Result<Vec<StoredWorker>> {
-        self.inner().workers().await
+        self.inner().require_worker_registry()?.workers().await
     }
 
     async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
-        self.inner().reap_workers(cutoff).await
+        self.inner().require_worker_registry()?.reap_workers(cutoff).await
     }
 
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
-        self.inner().put_schedule(name, spec, now).await
+        self.inner().require_schedules()?.put_schedule(name, spec, now).await
     }
 
     async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
-        self.inner().schedules().await
+        self.inner().require_schedules()?.schedules().await
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
-        self.inner().update_schedule(name, update).await
+        self.inner().require_schedules()?.update_schedule(name, update).await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<bool> {
-        self.inner().delete_schedule(name).await
+        self.inner().require_schedules()?.delete_schedule(name).await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        self.inner().list(query).await
+        self.inner().require_inspect()?.list(query).await
     }
 
     async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
-        self.inner().purge(limit, cutoff).await
+        self.inner().require_admin()?.purge(limit, cutoff).await
     }
 
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
@@ -303,22 +309,6 @@ impl<L: LayeredBackend> Backend for L {
         Self: 'b,
     {
         LayeredBackend::payload(self, id)
-    }
-
-    fn children<'a, 'b>(&'a self, parent: JobId) -> BoxFuture<'b, Result<Vec<Job>>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        LayeredBackend::children(self, parent)
-    }
-
-    fn attempts<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<Vec<Attempt>>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        LayeredBackend::attempts(self, id)
     }
 
     fn claim<'a, 'b>(
@@ -439,6 +429,90 @@ impl<L: LayeredBackend> Backend for L {
         LayeredBackend::reclaim(self, limit, now)
     }
 
+    fn wait_for_work<'a, 'q, 'b>(
+        &'a self,
+        queues: &'q [String],
+        timeout: Duration,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::wait_for_work(self, queues, timeout)
+    }
+
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        self.inner().as_inspect().map(|_| self as &dyn Inspect)
+    }
+
+    fn as_admin(&self) -> Option<&dyn Admin> {
+        self.inner().as_admin().map(|_| self as &dyn Admin)
+    }
+
+    fn as_pause(&self) -> Option<&dyn Pause> {
+        self.inner().as_pause().map(|_| self as &dyn Pause)
+    }
+
+    fn as_schedules(&self) -> Option<&dyn Schedules> {
+        self.inner().as_schedules().map(|_| self as &dyn Schedules)
+    }
+
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        self.inner()
+            .as_worker_registry()
+            .map(|_| self as &dyn WorkerRegistry)
+    }
+}
+
+impl<L: LayeredBackend> Inspect for L {
+    fn children<'a, 'b>(&'a self, parent: JobId) -> BoxFuture<'b, Result<Vec<Job>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::children(self, parent)
+    }
+
+    fn attempts<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<Vec<Attempt>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::attempts(self, id)
+    }
+
+    fn stats<'a, 'q, 'b>(
+        &'a self,
+        queue: &'q str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<QueueStats>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::stats(self, queue, now)
+    }
+
+    fn queues<'a, 'b>(&'a self, now: Timestamp) -> BoxFuture<'b, Result<Vec<QueueOverview>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::queues(self, now)
+    }
+
+    fn list<'a, 'b>(&'a self, query: ListQuery) -> BoxFuture<'b, Result<ListPage>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::list(self, query)
+    }
+}
+
+impl<L: LayeredBackend> Admin for L {
     fn cancel<'a, 'b>(&'a self, id: JobId, now: Timestamp) -> BoxFuture<'b, Result<JobState>>
     where
         'a: 'b,
@@ -455,19 +529,16 @@ impl<L: LayeredBackend> Backend for L {
         LayeredBackend::retry(self, id, now)
     }
 
-    fn stats<'a, 'q, 'b>(
-        &'a self,
-        queue: &'q str,
-        now: Timestamp,
-    ) -> BoxFuture<'b, Result<QueueStats>>
+    fn purge<'a, 'b>(&'a self, limit: usize, cutoff: Timestamp) -> BoxFuture<'b, Result<u64>>
     where
         'a: 'b,
-        'q: 'b,
         Self: 'b,
     {
-        LayeredBackend::stats(self, queue, now)
+        LayeredBackend::purge(self, limit, cutoff)
     }
+}
 
+impl<L: LayeredBackend> Pause for L {
     fn set_paused<'a, 'q, 'b>(&'a self, queue: &'q str, paused: bool) -> BoxFuture<'b, Result<()>>
     where
         'a: 'b,
@@ -484,15 +555,56 @@ impl<L: LayeredBackend> Backend for L {
     {
         LayeredBackend::paused_queues(self)
     }
+}
 
-    fn queues<'a, 'b>(&'a self, now: Timestamp) -> BoxFuture<'b, Result<Vec<QueueOverview>>>
+impl<L: LayeredBackend> Schedules for L {
+    fn put_schedule<'a, 'n, 's, 'b>(
+        &'a self,
+        name: &'n str,
+        spec: &'s str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        's: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::put_schedule(self, name, spec, now)
+    }
+
+    fn schedules<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<StoredSchedule>>>
     where
         'a: 'b,
         Self: 'b,
     {
-        LayeredBackend::queues(self, now)
+        LayeredBackend::schedules(self)
     }
 
+    fn update_schedule<'a, 'n, 'b>(
+        &'a self,
+        name: &'n str,
+        update: ScheduleUpdate,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::update_schedule(self, name, update)
+    }
+
+    fn delete_schedule<'a, 'n, 'b>(&'a self, name: &'n str) -> BoxFuture<'b, Result<bool>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::delete_schedule(self, name)
+    }
+}
+
+impl<L: LayeredBackend> WorkerRegistry for L {
     fn put_worker<'a, 'i, 's, 'b>(
         &'a self,
         id: &'i str,
@@ -546,80 +658,6 @@ impl<L: LayeredBackend> Backend for L {
         Self: 'b,
     {
         LayeredBackend::reap_workers(self, cutoff)
-    }
-
-    fn put_schedule<'a, 'n, 's, 'b>(
-        &'a self,
-        name: &'n str,
-        spec: &'s str,
-        now: Timestamp,
-    ) -> BoxFuture<'b, Result<()>>
-    where
-        'a: 'b,
-        'n: 'b,
-        's: 'b,
-        Self: 'b,
-    {
-        LayeredBackend::put_schedule(self, name, spec, now)
-    }
-
-    fn schedules<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<StoredSchedule>>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        LayeredBackend::schedules(self)
-    }
-
-    fn update_schedule<'a, 'n, 'b>(
-        &'a self,
-        name: &'n str,
-        update: ScheduleUpdate,
-    ) -> BoxFuture<'b, Result<()>>
-    where
-        'a: 'b,
-        'n: 'b,
-        Self: 'b,
-    {
-        LayeredBackend::update_schedule(self, name, update)
-    }
-
-    fn delete_schedule<'a, 'n, 'b>(&'a self, name: &'n str) -> BoxFuture<'b, Result<bool>>
-    where
-        'a: 'b,
-        'n: 'b,
-        Self: 'b,
-    {
-        LayeredBackend::delete_schedule(self, name)
-    }
-
-    fn list<'a, 'b>(&'a self, query: ListQuery) -> BoxFuture<'b, Result<ListPage>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        LayeredBackend::list(self, query)
-    }
-
-    fn purge<'a, 'b>(&'a self, limit: usize, cutoff: Timestamp) -> BoxFuture<'b, Result<u64>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        LayeredBackend::purge(self, limit, cutoff)
-    }
-
-    fn wait_for_work<'a, 'q, 'b>(
-        &'a self,
-        queues: &'q [String],
-        timeout: Duration,
-    ) -> BoxFuture<'b, Result<()>>
-    where
-        'a: 'b,
-        'q: 'b,
-        Self: 'b,
-    {
-        LayeredBackend::wait_for_work(self, queues, timeout)
     }
 }
 

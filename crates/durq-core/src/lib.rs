@@ -4,6 +4,7 @@
 pub mod attempts;
 mod backend;
 mod backoff;
+pub mod capability;
 #[cfg(feature = "batch")]
 pub mod batch;
 mod error;
@@ -26,6 +27,7 @@ mod workers;
 pub use attempts::{Attempt, AttemptOutcome, ATTEMPTS_KEPT};
 pub use backend::{complete_each, heartbeat_each, Backend, Capabilities};
 pub use backoff::Backoff;
+pub use capability::{Admin, Capability, Inspect, Pause, Schedules, WorkerRegistry};
 pub use error::{BoxError, Error, Result, SharedError};
 pub use fit::{Budget, Needs};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::backend::{Backend, Capabilities};
+use crate::capability::Capability;
 use crate::error::{Error, Result};
 use crate::id::JobId;
 use crate::layer::Layer;
@@ -138,6 +139,12 @@ impl Store {
         self.backend.capabilities()
     }
 
+    /// Whether the backend declares `capability`: when it does not, the operations of
+    /// that capability answer [`Error::Unsupported`].
+    pub fn supports(&self, capability: Capability) -> bool {
+        self.backend.supports(capability)
+    }
+
     /// The current instant on the store's clock.
     pub fn now(&self) -> Timestamp {
         self.backend.settings().now()
@@ -196,7 +203,7 @@ impl Store {
 
     /// Rule E8: the jobs enqueued with `parent`, oldest first.
     pub async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        self.backend.children(parent).await
+        self.backend.require_inspect()?.children(parent).await
     }
 
     /// Rules C1–C9, F1–F6: leases up to `request.limit` ready jobs in claim order and
@@ -377,23 +384,21 @@ impl Store {
     /// Rule A1: cancels a queued job, asks a running one to stop, leaves a terminal one.
     /// Returns the job's state afterwards.
     pub async fn cancel(&self, id: JobId) -> Result<JobState> {
-        self.backend.cancel(id, self.now()).await
+        self.backend.require_admin()?.cancel(id, self.now()).await
     }
 
     /// Rule A2: queues a dead or cancelled job again with its attempts reset.
     /// Any other state is refused with [`Error::InvalidState`].
     pub async fn retry(&self, id: JobId) -> Result<()> {
-        self.backend.retry(id, self.now()).await
+        self.backend.require_admin()?.retry(id, self.now()).await
     }
 
     /// Rule A3: counts of one queue's jobs per state, and whether it is paused (Q1).
     pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
         validate::validate_queue(queue)?;
-        let (stats, paused) = futures_util::future::join(
-            self.backend.stats(queue, self.now()),
-            self.backend.paused_queues(),
-        )
-        .await;
+        let inspect = self.backend.require_inspect()?;
+        let (stats, paused) =
+            futures_util::future::join(inspect.stats(queue, self.now()), self.paused()).await;
         let paused = paused?;
         Ok(QueueStats {
             paused: paused.binary_search_by(|p| p.as_str().cmp(queue)).is_ok(),
@@ -407,9 +412,9 @@ impl Store {
     /// job has waited at the instant of the call.
     pub async fn queues(&self) -> Result<Vec<QueueOverview>> {
         let now = self.now();
+        let inspect = self.backend.require_inspect()?;
         let (queues, paused) =
-            futures_util::future::join(self.backend.queues(now), self.backend.paused_queues())
-                .await;
+            futures_util::future::join(inspect.queues(now), self.paused()).await;
         let (mut queues, paused) = (queues?, paused?);
         for overview in &mut queues {
             overview.stats.paused = paused
@@ -441,8 +446,7 @@ impl Store {
             ..worker.clone()
         };
         let spec = record.to_spec()?;
-        self.backend
-            .put_worker(&worker.id, &spec, worker.in_flight, now)
+        self.backend.require_worker_registry()?.put_worker(&worker.id, &spec, worker.in_flight, now)
             .await
     }
 
@@ -451,7 +455,7 @@ impl Store {
     /// reaped, or never registered: register again).
     pub async fn worker_heartbeat(&self, id: &str, in_flight: u32) -> Result<()> {
         validate::validate_worker(id)?;
-        if self.backend.touch_worker(id, in_flight, self.now()).await? {
+        if self.backend.require_worker_registry()?.touch_worker(id, in_flight, self.now()).await? {
             Ok(())
         } else {
             Err(Error::WorkerNotFound { id: id.to_owned() })
@@ -462,19 +466,19 @@ impl Store {
     /// whether it was registered.
     pub async fn deregister_worker(&self, id: &str) -> Result<bool> {
         validate::validate_worker(id)?;
-        self.backend.delete_worker(id).await
+        self.backend.require_worker_registry()?.delete_worker(id).await
     }
 
     /// Rule W1: every registered worker of the namespace, sorted by id.
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
-        let stored = self.backend.workers().await?;
+        let stored = self.backend.require_worker_registry()?.workers().await?;
         stored.iter().map(WorkerInfo::from_stored).collect()
     }
 
     /// Rule W1: worker `id`, or [`Error::WorkerNotFound`].
     pub async fn worker(&self, id: &str) -> Result<WorkerInfo> {
         validate::validate_worker(id)?;
-        let stored = self.backend.workers().await?;
+        let stored = self.backend.require_worker_registry()?.workers().await?;
         match stored.iter().find(|w| w.id == id) {
             Some(found) => WorkerInfo::from_stored(found),
             None => Err(Error::WorkerNotFound { id: id.to_owned() }),
@@ -486,7 +490,7 @@ impl Store {
     /// are left alone: `reclaim` takes their jobs back once the leases expire.
     pub async fn reap_workers(&self, silent_for: Duration) -> Result<Vec<String>> {
         let cutoff = self.now().saturating_sub(silent_for);
-        self.backend.reap_workers(cutoff).await
+        self.backend.require_worker_registry()?.reap_workers(cutoff).await
     }
 
     /// Rule Q1: pauses `queue` for every worker of every process: no claim takes its
@@ -494,18 +498,27 @@ impl Store {
     /// queue needs no jobs to be paused, and pausing a paused queue changes nothing.
     pub async fn pause(&self, queue: &str) -> Result<()> {
         validate::validate_queue(queue)?;
-        self.backend.set_paused(queue, true).await
+        self.backend.require_pause()?.set_paused(queue, true).await
     }
 
     /// Rule Q1: lets claims take `queue`'s jobs again, in the order they had.
     pub async fn resume(&self, queue: &str) -> Result<()> {
         validate::validate_queue(queue)?;
-        self.backend.set_paused(queue, false).await
+        self.backend.require_pause()?.set_paused(queue, false).await
+    }
+
+    /// The paused queues, or none on a backend that cannot pause queues: what
+    /// [`Store::stats`] and [`Store::queues`] mark as paused.
+    async fn paused(&self) -> Result<Vec<String>> {
+        match self.backend.as_pause() {
+            Some(pause) => pause.paused_queues().await,
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Rule Q1: the paused queues, sorted by name.
     pub async fn paused_queues(&self) -> Result<Vec<String>> {
-        self.backend.paused_queues().await
+        self.backend.require_pause()?.paused_queues().await
     }
 
     /// Rule S1: stores `schedule`, replacing the definition of one of the same name
@@ -515,8 +528,7 @@ impl Store {
         schedule.validate()?;
         validate::validate_new_job(&schedule.job, self.settings())?;
         let spec = schedule.to_spec()?;
-        self.backend
-            .put_schedule(&schedule.name, &spec, self.now())
+        self.backend.require_schedules()?.put_schedule(&schedule.name, &spec, self.now())
             .await
     }
 
@@ -524,6 +536,7 @@ impl Store {
     /// its next one.
     pub async fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
         self.backend
+            .require_schedules()?
             .schedules()
             .await?
             .into_iter()
@@ -558,13 +571,13 @@ impl Store {
             enabled: Some(enabled),
             last_tick: None,
         };
-        self.backend.update_schedule(name, update).await
+        self.backend.require_schedules()?.update_schedule(name, update).await
     }
 
     /// Rule S1: deletes schedule `name`; whether it existed.
     pub async fn delete_schedule(&self, name: &str) -> Result<bool> {
         validate::validate_name("schedule name", name, 128)?;
-        self.backend.delete_schedule(name).await
+        self.backend.require_schedules()?.delete_schedule(name).await
     }
 
     /// Rule S3: one pass of a scheduler. For each enabled schedule, enqueues the job of
@@ -584,7 +597,7 @@ impl Store {
         let now = self.now();
         let mut fired = Vec::new();
         let mut first_error = None;
-        for stored in self.backend.schedules().await? {
+        for stored in self.backend.require_schedules()?.schedules().await? {
             if !stored.enabled {
                 continue;
             }
@@ -621,7 +634,7 @@ impl Store {
             enabled: None,
             last_tick: Some(due.latest),
         };
-        match self.backend.update_schedule(&schedule.name, update).await {
+        match self.backend.require_schedules()?.update_schedule(&schedule.name, update).await {
             // Deleted while this pass ran: its ticks were enqueued as it stood.
             Err(Error::ScheduleNotFound { .. }) => Ok(()),
             other => other,
@@ -632,14 +645,14 @@ impl Store {
     /// who ran it, when, how it ended and with what error. At most
     /// [`ATTEMPTS_KEPT`](crate::ATTEMPTS_KEPT), the newest.
     pub async fn attempts(&self, id: JobId) -> Result<Vec<crate::Attempt>> {
-        self.backend.attempts(id).await
+        self.backend.require_inspect()?.attempts(id).await
     }
 
     /// Rule A4: one page of the jobs `query` matches, newest first: by queue (or every
     /// queue), queue prefix, states, tenant and tags.
     pub async fn list(&self, query: ListQuery) -> Result<ListPage> {
         validate::validate_list(&query)?;
-        self.backend.list(query).await
+        self.backend.require_inspect()?.list(query).await
     }
 
     /// Rule A5: deletes up to `limit` terminal jobs whose retention has passed, with
@@ -649,7 +662,7 @@ impl Store {
             return Ok(0);
         }
         let cutoff = self.settings().retention_cutoff(self.now());
-        self.backend.purge(limit, cutoff).await
+        self.backend.require_admin()?.purge(limit, cutoff).await
     }
 
     /// Resolves when work may have arrived on one of `queues`, or after `timeout`

@@ -194,7 +194,7 @@ impl LayeredBackend for ShortPages {
     async fn list(&self, mut query: ListQuery) -> durq::Result<ListPage> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         query.limit = query.limit.min(self.cap);
-        self.inner.list(query).await
+        self.inner.require_inspect()?.list(query).await
     }
 }
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use durq_core::validate::validate_settings;
 use durq_core::{
-    async_trait, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
+    async_trait, Admin, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
     Enqueued, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
+    Inspect, Pause, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StoreSettings, WorkerRegistry,
     StoredSchedule, StoredWorker, Timestamp,
 };
 use tokio::sync::Notify;
@@ -163,14 +163,6 @@ impl Backend for MemoryStore {
         self.namespace.lock().payload(id)
     }
 
-    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        Ok(self.namespace.lock().children(parent))
-    }
-
-    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
-        self.namespace.lock().attempt_history(id)
-    }
-
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
         Ok(self.namespace.lock().claim(&request, now))
     }
@@ -257,6 +249,59 @@ impl Backend for MemoryStore {
         Ok(reclaimed)
     }
 
+    async fn wait_for_work(&self, _queues: &[String], timeout: Duration) -> Result<()> {
+        // Any queue's news wakes every waiter: a spurious wake-up costs one empty claim,
+        // while per-queue signals would cost a map lookup on every enqueue.
+        let _ = tokio::time::timeout(timeout, self.namespace.work_arrived.notified()).await;
+        Ok(())
+    }
+
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn as_admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn as_pause(&self) -> Option<&dyn Pause> {
+        Some(self)
+    }
+
+    fn as_schedules(&self) -> Option<&dyn Schedules> {
+        Some(self)
+    }
+
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Inspect for MemoryStore {
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        Ok(self.namespace.lock().children(parent))
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.namespace.lock().attempt_history(id)
+    }
+
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        Ok(self.namespace.lock().stats(queue, now))
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        Ok(self.namespace.lock().queues(now))
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        Ok(self.namespace.lock().list(&query))
+    }
+}
+
+#[async_trait]
+impl Admin for MemoryStore {
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         self.namespace.lock().cancel(id, now)
     }
@@ -267,10 +312,13 @@ impl Backend for MemoryStore {
         Ok(())
     }
 
-    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
-        Ok(self.namespace.lock().stats(queue, now))
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        Ok(self.namespace.lock().purge(limit, cutoff))
     }
+}
 
+#[async_trait]
+impl Pause for MemoryStore {
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
         let was = self.namespace.lock().set_paused(queue, paused);
         if was && !paused {
@@ -282,11 +330,30 @@ impl Backend for MemoryStore {
     async fn paused_queues(&self) -> Result<Vec<String>> {
         Ok(self.namespace.lock().paused_queues())
     }
+}
 
-    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
-        Ok(self.namespace.lock().queues(now))
+#[async_trait]
+impl Schedules for MemoryStore {
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.namespace.lock().put_schedule(name, spec, now);
+        Ok(())
     }
 
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        Ok(self.namespace.lock().schedules())
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        self.namespace.lock().update_schedule(name, update)
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        Ok(self.namespace.lock().delete_schedule(name))
+    }
+}
+
+#[async_trait]
+impl WorkerRegistry for MemoryStore {
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
         self.namespace.lock().put_worker(id, spec, in_flight, now);
         Ok(())
@@ -306,37 +373,5 @@ impl Backend for MemoryStore {
 
     async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
         Ok(self.namespace.lock().reap_workers(cutoff))
-    }
-
-    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
-        self.namespace.lock().put_schedule(name, spec, now);
-        Ok(())
-    }
-
-    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
-        Ok(self.namespace.lock().schedules())
-    }
-
-    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
-        self.namespace.lock().update_schedule(name, update)
-    }
-
-    async fn delete_schedule(&self, name: &str) -> Result<bool> {
-        Ok(self.namespace.lock().delete_schedule(name))
-    }
-
-    async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        Ok(self.namespace.lock().list(&query))
-    }
-
-    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
-        Ok(self.namespace.lock().purge(limit, cutoff))
-    }
-
-    async fn wait_for_work(&self, _queues: &[String], timeout: Duration) -> Result<()> {
-        // Any queue's news wakes every waiter: a spurious wake-up costs one empty claim,
-        // while per-queue signals would cost a map lookup on every enqueue.
-        let _ = tokio::time::timeout(timeout, self.namespace.work_arrived.notified()).await;
-        Ok(())
     }
 }

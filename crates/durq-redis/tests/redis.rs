@@ -2521,7 +2521,7 @@ async fn queues_lists_every_queue_with_counts_and_oldest_ready_time() {
     let overviews = |store: &TestStore| {
         let store = store.clone();
         async move {
-            durq_core::Backend::queues(&store.redis, store.now())
+            durq_core::Inspect::queues(&store.redis, store.now())
                 .await
                 .expect("queues")
         }
@@ -2678,7 +2678,7 @@ async fn queues_lists_more_queues_than_one_call_reads() {
         }
     }
     enqueue_all(&store, jobs).await;
-    let listed = durq_core::Backend::queues(&store.redis, store.now())
+    let listed = durq_core::Inspect::queues(&store.redis, store.now())
         .await
         .expect("queues");
     let mut expected = names.clone();

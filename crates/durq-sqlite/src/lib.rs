@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use durq_core::{
     async_trait, validate, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
     Completion, Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage,
@@ -204,20 +205,6 @@ impl Backend for SqliteStore {
             .await
     }
 
-    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        let ns = self.ns;
-        self.engine
-            .read(move |conn| store::children(conn, ns, parent))
-            .await
-    }
-
-    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
-        let ns = self.ns;
-        self.engine
-            .read(move |conn| store::attempts(conn, ns, id))
-            .await
-    }
-
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
         let ns = self.ns;
         self.engine
@@ -350,17 +337,74 @@ impl Backend for SqliteStore {
             .await
     }
 
-    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+    /// Wakes at once when a job becomes ready through any store on this file in this
+    /// process; jobs enqueued by other processes are found by polling every
+    /// [`SqliteConfig::poll_interval`].
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Register for the wake-up before looking, so an enqueue that commits between
+            // the look and the wait still wakes this waiter.
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // The one clock read of the backend: a wait spans real time, so each look
+            // asks whether a job is ready at the instant of that look (a scheduled job
+            // comes due during the wait); no `now` handed in could answer that. It only
+            // decides when to wake, never what a job becomes.
+            let (ns, watched, now) = (self.ns, queues.to_vec(), self.settings.now());
+            let ready = self
+                .engine
+                .read(move |conn| store::has_ready(conn, ns, &watched, now))
+                .await?;
+            if ready {
+                return Ok(());
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(());
+            }
+            let poll_at = deadline.min(now + self.engine.config.poll_interval);
+            if tokio::time::timeout_at(poll_at, notified).await.is_ok() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn as_admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn as_pause(&self) -> Option<&dyn Pause> {
+        Some(self)
+    }
+
+    fn as_schedules(&self) -> Option<&dyn Schedules> {
+        Some(self)
+    }
+
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Inspect for SqliteStore {
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         let ns = self.ns;
         self.engine
-            .write(WriteMode::DURABLE, move |tx| store::cancel(tx, ns, id, now))
+            .read(move |conn| store::children(conn, ns, parent))
             .await
     }
 
-    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
         let ns = self.ns;
         self.engine
-            .write(WriteMode::DURABLE, move |tx| store::retry(tx, ns, id, now))
+            .read(move |conn| store::attempts(conn, ns, id))
             .await
     }
 
@@ -378,6 +422,105 @@ impl Backend for SqliteStore {
             .await
     }
 
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        let ns = self.ns;
+        self.engine
+            .read(move |conn| store::list(conn, ns, &query))
+            .await
+    }
+}
+
+#[async_trait]
+impl Admin for SqliteStore {
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        let ns = self.ns;
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| store::cancel(tx, ns, id, now))
+            .await
+    }
+
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        let ns = self.ns;
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| store::retry(tx, ns, id, now))
+            .await
+    }
+
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        let ns = self.ns;
+        self.engine
+            .write(WriteMode::WORKER, move |tx| {
+                store::purge(tx, ns, limit, cutoff)
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl Pause for SqliteStore {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        let (ns, queue) = (self.ns, queue.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                store::set_paused(tx, ns, &queue, paused)
+            })
+            .await
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        let ns = self.ns;
+        self.engine
+            .read(move |conn| store::paused_queues(conn, ns))
+            .await
+    }
+}
+
+#[async_trait]
+impl Schedules for SqliteStore {
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        let (ns, name, spec) = (self.ns, name.to_owned(), spec.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                store::put_schedule(tx, ns, &name, &spec, now)
+            })
+            .await
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        let ns = self.ns;
+        self.engine
+            .read(move |conn| store::schedules(conn, ns))
+            .await
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        let (ns, name) = (self.ns, name.to_owned());
+        // A firing's update may be lost in a crash (the tick is then fired again under
+        // the same key); a disable or enable must not be.
+        let mode = if update.enabled.is_some() {
+            WriteMode::DURABLE
+        } else {
+            WriteMode::WORKER
+        };
+        self.engine
+            .write(mode, move |tx| {
+                store::update_schedule(tx, ns, &name, update)
+            })
+            .await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        let (ns, name) = (self.ns, name.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                store::delete_schedule(tx, ns, &name)
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl WorkerRegistry for SqliteStore {
     // Worker records are a worker's own calls, not enqueues: a crash may lose the last
     // registration or heartbeat, and the worker's next one writes it again.
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
@@ -419,112 +562,5 @@ impl Backend for SqliteStore {
                 store::reap_workers(tx, ns, cutoff)
             })
             .await
-    }
-
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        let (ns, queue) = (self.ns, queue.to_owned());
-        self.engine
-            .write(WriteMode::DURABLE, move |tx| {
-                store::set_paused(tx, ns, &queue, paused)
-            })
-            .await
-    }
-
-    async fn paused_queues(&self) -> Result<Vec<String>> {
-        let ns = self.ns;
-        self.engine
-            .read(move |conn| store::paused_queues(conn, ns))
-            .await
-    }
-
-    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
-        let (ns, name, spec) = (self.ns, name.to_owned(), spec.to_owned());
-        self.engine
-            .write(WriteMode::DURABLE, move |tx| {
-                store::put_schedule(tx, ns, &name, &spec, now)
-            })
-            .await
-    }
-
-    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
-        let ns = self.ns;
-        self.engine
-            .read(move |conn| store::schedules(conn, ns))
-            .await
-    }
-
-    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
-        let (ns, name) = (self.ns, name.to_owned());
-        // A firing's update may be lost in a crash (the tick is then fired again under
-        // the same key); a disable or enable must not be.
-        let mode = if update.enabled.is_some() {
-            WriteMode::DURABLE
-        } else {
-            WriteMode::WORKER
-        };
-        self.engine
-            .write(mode, move |tx| {
-                store::update_schedule(tx, ns, &name, update)
-            })
-            .await
-    }
-
-    async fn delete_schedule(&self, name: &str) -> Result<bool> {
-        let (ns, name) = (self.ns, name.to_owned());
-        self.engine
-            .write(WriteMode::DURABLE, move |tx| {
-                store::delete_schedule(tx, ns, &name)
-            })
-            .await
-    }
-
-    async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        let ns = self.ns;
-        self.engine
-            .read(move |conn| store::list(conn, ns, &query))
-            .await
-    }
-
-    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
-        let ns = self.ns;
-        self.engine
-            .write(WriteMode::WORKER, move |tx| {
-                store::purge(tx, ns, limit, cutoff)
-            })
-            .await
-    }
-
-    /// Wakes at once when a job becomes ready through any store on this file in this
-    /// process; jobs enqueued by other processes are found by polling every
-    /// [`SqliteConfig::poll_interval`].
-    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            // Register for the wake-up before looking, so an enqueue that commits between
-            // the look and the wait still wakes this waiter.
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // The one clock read of the backend: a wait spans real time, so each look
-            // asks whether a job is ready at the instant of that look (a scheduled job
-            // comes due during the wait); no `now` handed in could answer that. It only
-            // decides when to wake, never what a job becomes.
-            let (ns, watched, now) = (self.ns, queues.to_vec(), self.settings.now());
-            let ready = self
-                .engine
-                .read(move |conn| store::has_ready(conn, ns, &watched, now))
-                .await?;
-            if ready {
-                return Ok(());
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(());
-            }
-            let poll_at = deadline.min(now + self.engine.config.poll_interval);
-            if tokio::time::timeout_at(poll_at, notified).await.is_ok() {
-                return Ok(());
-            }
-        }
     }
 }

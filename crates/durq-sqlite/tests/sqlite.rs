@@ -621,7 +621,7 @@ async fn the_backend_decides_at_the_instant_it_is_given() {
     assert_eq!((job.created_at, job.run_at), (at, at));
     // Ready at the instant given; the handle, at the clock's earlier instant, sees it
     // scheduled.
-    match Backend::stats(&backend, "instant", at).await {
+    match durq_core::Inspect::stats(&backend, "instant", at).await {
         Ok(stats) => assert_eq!(stats.ready, 1, "{stats:?}"),
         Err(err) => panic!("stats failed: {err}"),
     }
@@ -689,8 +689,8 @@ async fn the_backend_decides_at_the_instant_it_is_given() {
 
     // A5: the cutoff given is the line, whatever the retention setting says.
     let before = Timestamp::from_millis(past.as_millis() - 1);
-    assert!(matches!(Backend::purge(&backend, 10, before).await, Ok(0)));
-    assert!(matches!(Backend::purge(&backend, 10, past).await, Ok(1)));
+    assert!(matches!(durq_core::Admin::purge(&backend, 10, before).await, Ok(0)));
+    assert!(matches!(durq_core::Admin::purge(&backend, 10, past).await, Ok(1)));
     assert!(matches!(backend.get(id).await, Err(Error::NotFound { .. })));
 }
 

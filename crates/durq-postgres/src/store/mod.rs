@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use durq_core::attempts::history;
 use durq_core::batch::Batcher;
 use durq_core::meta::encode_tags;
@@ -258,14 +259,6 @@ impl Backend for PostgresStore {
 
     async fn payload(&self, id: JobId) -> Result<Bytes> {
         reads::payload(self, id).await
-    }
-
-    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        reads::children(self, parent).await
-    }
-
-    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
-        reads::attempts(self, id).await
     }
 
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
@@ -550,89 +543,6 @@ impl Backend for PostgresStore {
         Ok(reclaimed)
     }
 
-    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
-        admin::cancel(self, id, now).await
-    }
-
-    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
-        admin::retry(self, id, now).await
-    }
-
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        admin::set_paused(self, queue, paused).await
-    }
-
-    async fn paused_queues(&self) -> Result<Vec<String>> {
-        admin::paused_queues(self).await
-    }
-
-    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
-        schedules::put_schedule(self, name, spec, now).await
-    }
-
-    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
-        schedules::schedules(self).await
-    }
-
-    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
-        schedules::update_schedule(self, name, update).await
-    }
-
-    async fn delete_schedule(&self, name: &str) -> Result<bool> {
-        schedules::delete_schedule(self, name).await
-    }
-
-    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
-        workers::put_worker(self, id, spec, in_flight, now).await
-    }
-
-    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
-        workers::touch_worker(self, id, in_flight, now).await
-    }
-
-    async fn delete_worker(&self, id: &str) -> Result<bool> {
-        workers::delete_worker(self, id).await
-    }
-
-    async fn workers(&self) -> Result<Vec<StoredWorker>> {
-        workers::workers(self).await
-    }
-
-    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
-        workers::reap_workers(self, cutoff).await
-    }
-
-    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
-        reads::stats(self, queue, now).await
-    }
-
-    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
-        reads::queues(self, now).await
-    }
-
-    async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        reads::list(self, query).await
-    }
-
-    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
-        // Keys this old are past their window whatever now is (see `sql::PURGE`).
-        let keys_cutoff = cutoff.saturating_sub(self.inner.settings.dedup_window);
-        // Deleting what is past retention twice deletes it once: sent again if the
-        // connection broke (the count then misses what the first run deleted).
-        let row = self
-            .fetch_optional_again("purge", || {
-                sqlx::query(self.sql().purge.sql())
-                    .bind(self.namespace())
-                    .bind(cutoff.as_millis())
-                    .bind(limit_param(limit))
-                    .bind(keys_cutoff.as_millis())
-            })
-            .await?
-            .ok_or_else(|| Error::corrupt("purge", "no result row"))?;
-        let jobs: i64 = column(&row, 0, &|| "purge result".to_owned())?;
-        Ok(jobs.unsigned_abs())
-    }
-
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let wake = &self.inner.shared.wake;
@@ -668,5 +578,131 @@ impl Backend for PostgresStore {
                 () = tokio::time::sleep_until(deadline) => {}
             }
         }
+    }
+
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn as_admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn as_pause(&self) -> Option<&dyn Pause> {
+        Some(self)
+    }
+
+    fn as_schedules(&self) -> Option<&dyn Schedules> {
+        Some(self)
+    }
+
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Inspect for PostgresStore {
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        reads::children(self, parent).await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        reads::attempts(self, id).await
+    }
+
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        reads::stats(self, queue, now).await
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        reads::queues(self, now).await
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        reads::list(self, query).await
+    }
+}
+
+#[async_trait]
+impl Admin for PostgresStore {
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        admin::cancel(self, id, now).await
+    }
+
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        admin::retry(self, id, now).await
+    }
+
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        // Keys this old are past their window whatever now is (see `sql::PURGE`).
+        let keys_cutoff = cutoff.saturating_sub(self.inner.settings.dedup_window);
+        // Deleting what is past retention twice deletes it once: sent again if the
+        // connection broke (the count then misses what the first run deleted).
+        let row = self
+            .fetch_optional_again("purge", || {
+                sqlx::query(self.sql().purge.sql())
+                    .bind(self.namespace())
+                    .bind(cutoff.as_millis())
+                    .bind(limit_param(limit))
+                    .bind(keys_cutoff.as_millis())
+            })
+            .await?
+            .ok_or_else(|| Error::corrupt("purge", "no result row"))?;
+        let jobs: i64 = column(&row, 0, &|| "purge result".to_owned())?;
+        Ok(jobs.unsigned_abs())
+    }
+}
+
+#[async_trait]
+impl Pause for PostgresStore {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        admin::set_paused(self, queue, paused).await
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        admin::paused_queues(self).await
+    }
+}
+
+#[async_trait]
+impl Schedules for PostgresStore {
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        schedules::put_schedule(self, name, spec, now).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        schedules::schedules(self).await
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        schedules::update_schedule(self, name, update).await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        schedules::delete_schedule(self, name).await
+    }
+}
+
+#[async_trait]
+impl WorkerRegistry for PostgresStore {
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
+        workers::put_worker(self, id, spec, in_flight, now).await
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        workers::touch_worker(self, id, in_flight, now).await
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        workers::delete_worker(self, id).await
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        workers::workers(self).await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        workers::reap_workers(self, cutoff).await
     }
 }

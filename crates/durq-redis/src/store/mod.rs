@@ -11,6 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use durq_core::batch::Batcher;
 use durq_core::{
     async_trait, Attempt, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error,
@@ -185,14 +186,6 @@ impl Backend for RedisStore {
         self.read_payload(id).await
     }
 
-    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        self.read_children(parent).await
-    }
-
-    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
-        self.read_attempts(id).await
-    }
-
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
         self.claim_jobs(request, now).await
     }
@@ -277,12 +270,40 @@ impl Backend for RedisStore {
         Ok(self.reclaim_with_report(limit, now).await?.0)
     }
 
-    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
-        self.cancel_job(id, now).await
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        self.inner.waker.wait(queues, timeout).await;
+        Ok(())
     }
 
-    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
-        self.retry_job(id, now).await
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn as_admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn as_pause(&self) -> Option<&dyn Pause> {
+        Some(self)
+    }
+
+    fn as_schedules(&self) -> Option<&dyn Schedules> {
+        Some(self)
+    }
+
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Inspect for RedisStore {
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        self.read_children(parent).await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.read_attempts(id).await
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
@@ -293,6 +314,28 @@ impl Backend for RedisStore {
         self.queue_overviews(now).await
     }
 
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        self.list_jobs(query).await
+    }
+}
+
+#[async_trait]
+impl Admin for RedisStore {
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        self.cancel_job(id, now).await
+    }
+
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        self.retry_job(id, now).await
+    }
+
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        self.purge_finished(limit, cutoff).await
+    }
+}
+
+#[async_trait]
+impl Pause for RedisStore {
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
         self.pause_queue(queue, paused).await
     }
@@ -300,7 +343,10 @@ impl Backend for RedisStore {
     async fn paused_queues(&self) -> Result<Vec<String>> {
         self.read_paused_queues().await
     }
+}
 
+#[async_trait]
+impl Schedules for RedisStore {
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
         self.write_schedule("put", name, spec, &now.as_millis().to_string())
             .await
@@ -333,7 +379,10 @@ impl Backend for RedisStore {
     async fn delete_schedule(&self, name: &str) -> Result<bool> {
         self.write_schedule("delete", name, "", "").await
     }
+}
 
+#[async_trait]
+impl WorkerRegistry for RedisStore {
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
         self.write_worker(id, spec, in_flight, now).await
     }
@@ -352,18 +401,5 @@ impl Backend for RedisStore {
 
     async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
         self.reap_silent_workers(cutoff).await
-    }
-
-    async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        self.list_jobs(query).await
-    }
-
-    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
-        self.purge_finished(limit, cutoff).await
-    }
-
-    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
-        self.inner.waker.wait(queues, timeout).await;
-        Ok(())
     }
 }

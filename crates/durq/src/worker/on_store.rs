@@ -8,6 +8,10 @@
 //! its handlers (through `JobContext::store`) reach such a store through this layer,
 //! which sends each call to the store's runtime as a task of its own and awaits it.
 //! A store that needs no runtime is used as it is.
+//!
+//! It implements [`Backend`] and each capability trait itself rather than
+//! `LayeredBackend`, which would forward whatever it forgets on the caller's runtime:
+//! here an operation added to any of those traits fails to build until it hops too.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,10 +19,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use durq_core::{
-    async_trait, Attempt, Backend, ClaimRequest, ClaimedJob, Completion, Enqueued, Error,
-    Heartbeat, HeldLease, Job, JobId, JobState, LayeredBackend, LeaseToken, ListPage, ListQuery,
-    NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Store,
-    StoredSchedule, StoredWorker, Timestamp,
+    async_trait, Admin, Attempt, Backend, Capabilities, ClaimRequest, ClaimedJob, Completion,
+    Enqueued, Error, Heartbeat, HeldLease, Inspect, Job, JobId, JobState, LeaseToken, ListPage,
+    ListQuery, NewJob, Pause, QueueOverview, QueueStats, ReclaimedJob, Result, Retry,
+    ScheduleUpdate, Schedules, Store, StoreSettings, StoredSchedule, StoredWorker, Timestamp,
+    WorkerRegistry,
 };
 use tokio::runtime::Handle;
 
@@ -66,9 +71,18 @@ impl OnStoreRuntime {
 }
 
 #[async_trait]
-impl LayeredBackend for OnStoreRuntime {
-    fn inner(&self) -> &dyn Backend {
-        &*self.inner
+impl Backend for OnStoreRuntime {
+    fn settings(&self) -> &StoreSettings {
+        self.inner.settings()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
+        // Rebuilt by the `Store` that added this layer, around the reopened backend.
+        Ok(None)
     }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
@@ -89,13 +103,19 @@ impl LayeredBackend for OnStoreRuntime {
         self.hop(move |b| async move { b.payload(id).await }).await
     }
 
-    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        self.hop(move |b| async move { b.children(parent).await })
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+        self.hop(move |b| async move { b.claim(request, now).await })
             .await
     }
 
-    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
-        self.hop(move |b| async move { b.claim(request, now).await })
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        self.hop(move |b| async move { b.heartbeat(id, token, ttl, now).await })
             .await
     }
 
@@ -106,6 +126,17 @@ impl LayeredBackend for OnStoreRuntime {
         now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
         self.hop(move |b| async move { b.heartbeat_batch(leases, ttl, now).await })
+            .await
+    }
+
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.hop(move |b| async move { b.complete(id, token, result, now).await })
             .await
     }
 
@@ -147,102 +178,142 @@ impl LayeredBackend for OnStoreRuntime {
             .await
     }
 
-    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
-        self.hop(move |b| async move { b.cancel(id, now).await })
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        let queues = queues.to_vec();
+        self.hop(move |b| async move { b.wait_for_work(&queues, timeout).await })
             .await
     }
 
-    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
-        self.hop(move |b| async move { b.retry(id, now).await })
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        self.inner.as_inspect().map(|_| self as &dyn Inspect)
+    }
+
+    fn as_admin(&self) -> Option<&dyn Admin> {
+        self.inner.as_admin().map(|_| self as &dyn Admin)
+    }
+
+    fn as_pause(&self) -> Option<&dyn Pause> {
+        self.inner.as_pause().map(|_| self as &dyn Pause)
+    }
+
+    fn as_schedules(&self) -> Option<&dyn Schedules> {
+        self.inner.as_schedules().map(|_| self as &dyn Schedules)
+    }
+
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        self.inner.as_worker_registry().map(|_| self as &dyn WorkerRegistry)
+    }
+}
+
+#[async_trait]
+impl Inspect for OnStoreRuntime {
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        self.hop(move |b| async move { b.require_inspect()?.children(parent).await })
             .await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.hop(move |b| async move { b.require_inspect()?.attempts(id).await }).await
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         let queue = queue.to_owned();
-        self.hop(move |b| async move { b.stats(&queue, now).await })
-            .await
-    }
-
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        let queue = queue.to_owned();
-        self.hop(move |b| async move { b.set_paused(&queue, paused).await })
-            .await
-    }
-
-    async fn paused_queues(&self) -> Result<Vec<String>> {
-        self.hop(move |b| async move { b.paused_queues().await })
+        self.hop(move |b| async move { b.require_inspect()?.stats(&queue, now).await })
             .await
     }
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
-        self.hop(move |b| async move { b.queues(now).await }).await
+        self.hop(move |b| async move { b.require_inspect()?.queues(now).await }).await
     }
 
-    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
-        let (id, spec) = (id.to_owned(), spec.to_owned());
-        self.hop(move |b| async move { b.put_worker(&id, &spec, in_flight, now).await })
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        self.hop(move |b| async move { b.require_inspect()?.list(query).await }).await
+    }
+}
+
+#[async_trait]
+impl Admin for OnStoreRuntime {
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        self.hop(move |b| async move { b.require_admin()?.cancel(id, now).await })
             .await
     }
 
-    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
-        let id = id.to_owned();
-        self.hop(move |b| async move { b.touch_worker(&id, in_flight, now).await })
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        self.hop(move |b| async move { b.require_admin()?.retry(id, now).await })
             .await
     }
 
-    async fn delete_worker(&self, id: &str) -> Result<bool> {
-        let id = id.to_owned();
-        self.hop(move |b| async move { b.delete_worker(&id).await })
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        self.hop(move |b| async move { b.require_admin()?.purge(limit, cutoff).await })
+            .await
+    }
+}
+
+#[async_trait]
+impl Pause for OnStoreRuntime {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        let queue = queue.to_owned();
+        self.hop(move |b| async move { b.require_pause()?.set_paused(&queue, paused).await })
             .await
     }
 
-    async fn workers(&self) -> Result<Vec<StoredWorker>> {
-        self.hop(move |b| async move { b.workers().await }).await
-    }
-
-    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
-        self.hop(move |b| async move { b.reap_workers(cutoff).await })
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        self.hop(move |b| async move { b.require_pause()?.paused_queues().await })
             .await
     }
+}
 
+#[async_trait]
+impl Schedules for OnStoreRuntime {
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
         let (name, spec) = (name.to_owned(), spec.to_owned());
-        self.hop(move |b| async move { b.put_schedule(&name, &spec, now).await })
+        self.hop(move |b| async move { b.require_schedules()?.put_schedule(&name, &spec, now).await })
             .await
     }
 
     async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
-        self.hop(move |b| async move { b.schedules().await }).await
+        self.hop(move |b| async move { b.require_schedules()?.schedules().await }).await
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
         let name = name.to_owned();
-        self.hop(move |b| async move { b.update_schedule(&name, update).await })
+        self.hop(move |b| async move { b.require_schedules()?.update_schedule(&name, update).await })
             .await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<bool> {
         let name = name.to_owned();
-        self.hop(move |b| async move { b.delete_schedule(&name).await })
+        self.hop(move |b| async move { b.require_schedules()?.delete_schedule(&name).await })
+            .await
+    }
+}
+
+#[async_trait]
+impl WorkerRegistry for OnStoreRuntime {
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
+        let (id, spec) = (id.to_owned(), spec.to_owned());
+        self.hop(move |b| async move { b.require_worker_registry()?.put_worker(&id, &spec, in_flight, now).await })
             .await
     }
 
-    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
-        self.hop(move |b| async move { b.attempts(id).await }).await
-    }
-
-    async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        self.hop(move |b| async move { b.list(query).await }).await
-    }
-
-    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
-        self.hop(move |b| async move { b.purge(limit, cutoff).await })
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        let id = id.to_owned();
+        self.hop(move |b| async move { b.require_worker_registry()?.touch_worker(&id, in_flight, now).await })
             .await
     }
 
-    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
-        let queues = queues.to_vec();
-        self.hop(move |b| async move { b.wait_for_work(&queues, timeout).await })
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        let id = id.to_owned();
+        self.hop(move |b| async move { b.require_worker_registry()?.delete_worker(&id).await })
+            .await
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        self.hop(move |b| async move { b.require_worker_registry()?.workers().await }).await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        self.hop(move |b| async move { b.require_worker_registry()?.reap_workers(cutoff).await })
             .await
     }
 }
