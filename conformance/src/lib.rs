@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 #[cfg(doc)]
 use durq_core::Layer;
-use durq_core::{async_trait, Backend, JobId, ManualClock, Result, Store, StoreSettings};
+use durq_core::{
+    async_trait, Backend, Capability, JobId, ManualClock, Result, Store, StoreSettings,
+};
 use futures::future::BoxFuture;
 
 mod scenarios;
@@ -19,11 +21,25 @@ pub mod __private {
     pub use futures::future::BoxFuture;
     pub use tokio;
 
+    pub use durq_core::Capability;
+
     /// Runs `scenario` against `harness`, then removes every namespace the scenario
-    /// opened, whether it passed or panicked, and re-raises its panic.
-    pub async fn scenario(harness: &dyn crate::Harness, scenario: crate::ScenarioFn) {
+    /// opened, whether it passed or panicked, and re-raises its panic. A scenario that
+    /// `needs` a capability the harness's backend does not declare is skipped, and
+    /// says so on stderr.
+    pub async fn scenario(
+        harness: &dyn crate::Harness,
+        name: &str,
+        needs: &[Capability],
+        scenario: crate::ScenarioFn,
+    ) {
         use futures::FutureExt as _;
         let tracked = crate::Tracked::new(harness);
+        if let Some(missing) = crate::missing_capability(&tracked, needs).await {
+            tracked.teardown_all().await;
+            crate::report_skip(name, missing);
+            return;
+        }
         let outcome = std::panic::AssertUnwindSafe(scenario(&tracked))
             .catch_unwind()
             .await;
@@ -64,6 +80,9 @@ pub struct Scenario {
     pub name: &'static str,
     /// The contract rule it checks, upper case, e.g. `"C2"` (`"M1"` for the model check).
     pub rule: &'static str,
+    /// The capabilities the scenario calls beyond the core [`Backend`]: it runs only
+    /// on a backend that declares them all (see [`Scenario::runs_on`]).
+    pub needs: &'static [Capability],
     /// Runs the scenario against a harness.
     pub run: ScenarioFn,
 }
@@ -73,8 +92,43 @@ impl std::fmt::Debug for Scenario {
         f.debug_struct("Scenario")
             .field("name", &self.name)
             .field("rule", &self.rule)
+            .field("needs", &self.needs)
             .finish_non_exhaustive()
     }
+}
+
+impl Scenario {
+    /// Whether the scenario runs on a store: whether it declares every capability
+    /// the scenario [needs](Scenario::needs).
+    pub fn runs_on(&self, store: &Store) -> bool {
+        self.needs
+            .iter()
+            .all(|&capability| store.supports(capability))
+    }
+}
+
+/// The first of `needs` a store opened through `harness` does not declare; `None`
+/// when it declares them all, or `needs` is empty (then no store is opened).
+async fn missing_capability(harness: &dyn Harness, needs: &[Capability]) -> Option<Capability> {
+    if needs.is_empty() {
+        return None;
+    }
+    let store = TestEnv::new(harness).store().await;
+    needs
+        .iter()
+        .copied()
+        .find(|&capability| !store.supports(capability))
+}
+
+/// Says on stderr that scenario `name` was skipped for want of `capability`.
+fn report_skip(name: &str, capability: Capability) {
+    // Written to the process's stderr directly, as `skip_or_fail` does: the test
+    // harness captures `eprintln!` of passing tests.
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped {name}: the backend does not declare the {capability} capability"
+    );
 }
 
 /// Every scenario of the suite, in contract order: the same list
@@ -102,8 +156,10 @@ pub fn scenarios_for(rule: &str) -> impl Iterator<Item = &'static Scenario> + '_
 /// Expands into one test per scenario of the suite, each named after its scenario
 /// (`c2_claim_once`, …), for the backend `harness` opens.
 ///
-/// `harness` is a path to an `async fn() -> Option<H>` with `H: Harness`; it returns
-/// `None` to skip (see [`skip_or_fail`]). Each test runs on a fresh multi-threaded
+/// `harness` is an `async fn() -> Option<H>` with `H: Harness`, or a closure returning
+/// such a future, called once per test; it returns `None` to skip (see
+/// [`skip_or_fail`]). A scenario that needs a [capability](durq_core::capability) the
+/// backend does not declare is skipped, and says so on stderr. Each test runs on a fresh multi-threaded
 /// tokio runtime with four workers; the calling crate needs no tokio dependency for it.
 ///
 /// ```ignore
@@ -115,16 +171,18 @@ pub fn scenarios_for(rule: &str) -> impl Iterator<Item = &'static Scenario> + '_
 ///     }
 /// }
 /// durq_conformance::conformance_tests!(harness);
+/// // or, for a harness made without waiting:
+/// // durq_conformance::conformance_tests!(|| async { Some(MyHarness::default()) });
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    ($harness:path $(,)?) => {
+    ($harness:expr $(,)?) => {
         $crate::__with_scenarios!(__conformance_tests_expand!($harness));
     };
 }
 
 /// The one list of scenarios. Calls `$crate::$callback!` with `(args)` followed by
-/// `RULE module::name,` for every scenario, so the tests, the table and the docs
+/// `RULE [NEEDS] module::name,` for every scenario, so the tests, the table and the docs
 /// cannot drift apart.
 #[doc(hidden)]
 #[macro_export]
@@ -137,12 +195,12 @@ macro_rules! __with_scenarios {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_tests_expand {
-    (($harness:path) $($rule:ident $module:ident :: $name:ident,)*) => {
+    (($harness:expr) $($rule:ident [$($need:ident)*] $module:ident :: $name:ident,)*) => {
         $(
             #[test]
             fn $name() {
                 $crate::__private::run(async {
-                    let Some(harness) = $harness().await else {
+                    let Some(harness) = ($harness)().await else {
                         return;
                     };
                     fn scenario(
@@ -150,7 +208,13 @@ macro_rules! __conformance_tests_expand {
                     ) -> $crate::__private::BoxFuture<'_, ()> {
                         ::std::boxed::Box::pin($crate::$module::$name(harness))
                     }
-                    $crate::__private::scenario(&harness, scenario).await;
+                    $crate::__private::scenario(
+                        &harness,
+                        stringify!($name),
+                        &[$($crate::__private::Capability::$need),*],
+                        scenario,
+                    )
+                    .await;
                 });
             }
         )*
@@ -160,11 +224,12 @@ macro_rules! __conformance_tests_expand {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __scenario_table {
-    (() $($rule:ident $module:ident :: $name:ident,)*) => {
+    (() $($rule:ident [$($need:ident)*] $module:ident :: $name:ident,)*) => {
         &[$(
             $crate::Scenario {
                 name: stringify!($name),
                 rule: stringify!($rule),
+                needs: &[$($crate::__private::Capability::$need),*],
                 run: {
                     fn run(harness: &dyn $crate::Harness) -> $crate::__private::BoxFuture<'_, ()> {
                         ::std::boxed::Box::pin($crate::$module::$name(harness))

@@ -145,7 +145,10 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
         name: &str,
         update: ScheduleUpdate,
     ) -> Result<()> {
-        inner.require_schedules()?.update_schedule(name, update).await
+        inner
+            .require_schedules()?
+            .update_schedule(name, update)
+            .await
     }
 }
 
@@ -967,7 +970,10 @@ impl Bug for FiringReenables {
             },
             None => update,
         };
-        inner.require_schedules()?.update_schedule(name, update).await
+        inner
+            .require_schedules()?
+            .update_schedule(name, update)
+            .await
     }
 }
 

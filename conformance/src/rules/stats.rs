@@ -221,7 +221,9 @@ pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
     store.reclaim(100).await.must("A3: reclaim");
     assert_stats_agree(&store, "q", "A3: after reclaim").await;
     store.retry(held[1].id()).await.must("A3: retry");
-    let after = assert_stats_agree(&store, "q", "A3: after retry").await;
+    let after = assert_stats_agree(&store, "q", "A3: after retry")
+        .await
+        .expect("A3 runs only where Inspect is declared");
     assert_eq!(after.total(), 12, "A3: every job counted once");
 }
 

@@ -21,7 +21,7 @@ use crate::time::Timestamp;
 use crate::workers::StoredWorker;
 
 use crate::backend::{Backend, Capabilities};
-use crate::capability::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
+use crate::capability::{Admin, Capability, Inspect, Pause, Schedules, WorkerRegistry};
 
 /// Wraps a backend in another: metrics, logging, fault injection, a tenant guard.
 /// Added to a handle with [`Store::layer`](crate::Store::layer); the last layer added
@@ -100,6 +100,15 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
 
     fn capabilities(&self) -> Capabilities {
         self.inner().capabilities()
+    }
+
+    /// Whether this layer hides `capability` of the backend it wraps, so that the
+    /// handle answers [`Error::Unsupported`](crate::Error::Unsupported) for it: a
+    /// read-only layer hides [`Capability::Admin`], say. By default a layer hides
+    /// nothing.
+    fn hides(&self, capability: Capability) -> bool {
+        let _ = capability;
+        false
     }
 
     /// A layer cannot be rebuilt around a reopened backend from here: by default it
@@ -193,7 +202,10 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        self.inner().require_pause()?.set_paused(queue, paused).await
+        self.inner()
+            .require_pause()?
+            .set_paused(queue, paused)
+            .await
     }
 
     async fn paused_queues(&self) -> Result<Vec<String>> {
@@ -205,15 +217,24 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
     }
 
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
-        self.inner().require_worker_registry()?.put_worker(id, spec, in_flight, now).await
+        self.inner()
+            .require_worker_registry()?
+            .put_worker(id, spec, in_flight, now)
+            .await
     }
 
     async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
-        self.inner().require_worker_registry()?.touch_worker(id, in_flight, now).await
+        self.inner()
+            .require_worker_registry()?
+            .touch_worker(id, in_flight, now)
+            .await
     }
 
     async fn delete_worker(&self, id: &str) -> Result<bool> {
-        self.inner().require_worker_registry()?.delete_worker(id).await
+        self.inner()
+            .require_worker_registry()?
+            .delete_worker(id)
+            .await
     }
 
     async fn workers(&self) -> Result<Vec<StoredWorker>> {
@@ -221,11 +242,17 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
     }
 
     async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
-        self.inner().require_worker_registry()?.reap_workers(cutoff).await
+        self.inner()
+            .require_worker_registry()?
+            .reap_workers(cutoff)
+            .await
     }
 
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
-        self.inner().require_schedules()?.put_schedule(name, spec, now).await
+        self.inner()
+            .require_schedules()?
+            .put_schedule(name, spec, now)
+            .await
     }
 
     async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
@@ -233,11 +260,17 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
-        self.inner().require_schedules()?.update_schedule(name, update).await
+        self.inner()
+            .require_schedules()?
+            .update_schedule(name, update)
+            .await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<bool> {
-        self.inner().require_schedules()?.delete_schedule(name).await
+        self.inner()
+            .require_schedules()?
+            .delete_schedule(name)
+            .await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
@@ -443,22 +476,37 @@ impl<L: LayeredBackend> Backend for L {
     }
 
     fn as_inspect(&self) -> Option<&dyn Inspect> {
+        if self.hides(Capability::Inspect) {
+            return None;
+        }
         self.inner().as_inspect().map(|_| self as &dyn Inspect)
     }
 
     fn as_admin(&self) -> Option<&dyn Admin> {
+        if self.hides(Capability::Admin) {
+            return None;
+        }
         self.inner().as_admin().map(|_| self as &dyn Admin)
     }
 
     fn as_pause(&self) -> Option<&dyn Pause> {
+        if self.hides(Capability::Pause) {
+            return None;
+        }
         self.inner().as_pause().map(|_| self as &dyn Pause)
     }
 
     fn as_schedules(&self) -> Option<&dyn Schedules> {
+        if self.hides(Capability::Schedules) {
+            return None;
+        }
         self.inner().as_schedules().map(|_| self as &dyn Schedules)
     }
 
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        if self.hides(Capability::WorkerRegistry) {
+            return None;
+        }
         self.inner()
             .as_worker_registry()
             .map(|_| self as &dyn WorkerRegistry)

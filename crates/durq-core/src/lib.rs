@@ -4,9 +4,9 @@
 pub mod attempts;
 mod backend;
 mod backoff;
-pub mod capability;
 #[cfg(feature = "batch")]
 pub mod batch;
+pub mod capability;
 mod error;
 pub mod fit;
 mod id;

@@ -413,8 +413,7 @@ impl Store {
     pub async fn queues(&self) -> Result<Vec<QueueOverview>> {
         let now = self.now();
         let inspect = self.backend.require_inspect()?;
-        let (queues, paused) =
-            futures_util::future::join(inspect.queues(now), self.paused()).await;
+        let (queues, paused) = futures_util::future::join(inspect.queues(now), self.paused()).await;
         let (mut queues, paused) = (queues?, paused?);
         for overview in &mut queues {
             overview.stats.paused = paused
@@ -446,7 +445,9 @@ impl Store {
             ..worker.clone()
         };
         let spec = record.to_spec()?;
-        self.backend.require_worker_registry()?.put_worker(&worker.id, &spec, worker.in_flight, now)
+        self.backend
+            .require_worker_registry()?
+            .put_worker(&worker.id, &spec, worker.in_flight, now)
             .await
     }
 
@@ -455,7 +456,12 @@ impl Store {
     /// reaped, or never registered: register again).
     pub async fn worker_heartbeat(&self, id: &str, in_flight: u32) -> Result<()> {
         validate::validate_worker(id)?;
-        if self.backend.require_worker_registry()?.touch_worker(id, in_flight, self.now()).await? {
+        if self
+            .backend
+            .require_worker_registry()?
+            .touch_worker(id, in_flight, self.now())
+            .await?
+        {
             Ok(())
         } else {
             Err(Error::WorkerNotFound { id: id.to_owned() })
@@ -466,7 +472,10 @@ impl Store {
     /// whether it was registered.
     pub async fn deregister_worker(&self, id: &str) -> Result<bool> {
         validate::validate_worker(id)?;
-        self.backend.require_worker_registry()?.delete_worker(id).await
+        self.backend
+            .require_worker_registry()?
+            .delete_worker(id)
+            .await
     }
 
     /// Rule W1: every registered worker of the namespace, sorted by id.
@@ -490,7 +499,10 @@ impl Store {
     /// are left alone: `reclaim` takes their jobs back once the leases expire.
     pub async fn reap_workers(&self, silent_for: Duration) -> Result<Vec<String>> {
         let cutoff = self.now().saturating_sub(silent_for);
-        self.backend.require_worker_registry()?.reap_workers(cutoff).await
+        self.backend
+            .require_worker_registry()?
+            .reap_workers(cutoff)
+            .await
     }
 
     /// Rule Q1: pauses `queue` for every worker of every process: no claim takes its
@@ -528,7 +540,9 @@ impl Store {
         schedule.validate()?;
         validate::validate_new_job(&schedule.job, self.settings())?;
         let spec = schedule.to_spec()?;
-        self.backend.require_schedules()?.put_schedule(&schedule.name, &spec, self.now())
+        self.backend
+            .require_schedules()?
+            .put_schedule(&schedule.name, &spec, self.now())
             .await
     }
 
@@ -571,13 +585,19 @@ impl Store {
             enabled: Some(enabled),
             last_tick: None,
         };
-        self.backend.require_schedules()?.update_schedule(name, update).await
+        self.backend
+            .require_schedules()?
+            .update_schedule(name, update)
+            .await
     }
 
     /// Rule S1: deletes schedule `name`; whether it existed.
     pub async fn delete_schedule(&self, name: &str) -> Result<bool> {
         validate::validate_name("schedule name", name, 128)?;
-        self.backend.require_schedules()?.delete_schedule(name).await
+        self.backend
+            .require_schedules()?
+            .delete_schedule(name)
+            .await
     }
 
     /// Rule S3: one pass of a scheduler. For each enabled schedule, enqueues the job of
@@ -634,7 +654,12 @@ impl Store {
             enabled: None,
             last_tick: Some(due.latest),
         };
-        match self.backend.require_schedules()?.update_schedule(&schedule.name, update).await {
+        match self
+            .backend
+            .require_schedules()?
+            .update_schedule(&schedule.name, update)
+            .await
+        {
             // Deleted while this pass ran: its ticks were enqueued as it stood.
             Err(Error::ScheduleNotFound { .. }) => Ok(()),
             other => other,

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use durq_core::validate::validate_settings;
 use durq_core::{
-    async_trait, Admin, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
-    Enqueued, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    Inspect, Pause, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StoreSettings, WorkerRegistry,
-    StoredSchedule, StoredWorker, Timestamp,
+    async_trait, Admin, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
+    Completion, Enqueued, Heartbeat, HeldLease, Inspect, Job, JobId, JobState, LeaseToken,
+    ListPage, ListQuery, NewJob, Pause, QueueOverview, QueueStats, ReclaimedJob, Result, Retry,
+    ScheduleUpdate, Schedules, StoreSettings, StoredSchedule, StoredWorker, Timestamp,
+    WorkerRegistry,
 };
 use tokio::sync::Notify;
 

@@ -12,13 +12,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use durq_core::{
     async_trait, validate, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
     Completion, Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage,
     ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate,
     StoreSettings, StoredSchedule, StoredWorker, Timestamp,
 };
+use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use tokio::sync::Notify;
 
 pub use config::{SqliteConfig, Synchronous};

@@ -689,8 +689,14 @@ async fn the_backend_decides_at_the_instant_it_is_given() {
 
     // A5: the cutoff given is the line, whatever the retention setting says.
     let before = Timestamp::from_millis(past.as_millis() - 1);
-    assert!(matches!(durq_core::Admin::purge(&backend, 10, before).await, Ok(0)));
-    assert!(matches!(durq_core::Admin::purge(&backend, 10, past).await, Ok(1)));
+    assert!(matches!(
+        durq_core::Admin::purge(&backend, 10, before).await,
+        Ok(0)
+    ));
+    assert!(matches!(
+        durq_core::Admin::purge(&backend, 10, past).await,
+        Ok(1)
+    ));
     assert!(matches!(backend.get(id).await, Err(Error::NotFound { .. })));
 }
 

@@ -166,16 +166,25 @@ impl LayeredBackend for Traced {
 
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         let span = span!("cancel", job = tracing::field::display(id));
-        within(span, async { self.inner.require_admin()?.cancel(id, now).await }).await
+        within(span, async {
+            self.inner.require_admin()?.cancel(id, now).await
+        })
+        .await
     }
 
     async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
         let span = span!("retry", job = tracing::field::display(id));
-        within(span, async { self.inner.require_admin()?.retry(id, now).await }).await
+        within(span, async {
+            self.inner.require_admin()?.retry(id, now).await
+        })
+        .await
     }
 
     async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
         let span = span!("purge", limit = limit);
-        within(span, async { self.inner.require_admin()?.purge(limit, cutoff).await }).await
+        within(span, async {
+            self.inner.require_admin()?.purge(limit, cutoff).await
+        })
+        .await
     }
 }

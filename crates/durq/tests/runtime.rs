@@ -2153,13 +2153,20 @@ impl LayeredBackend for RecordCalls {
         in_flight: u32,
         now: Timestamp,
     ) -> durq::Result<()> {
-        self.inner.require_worker_registry()?.put_worker(id, spec, in_flight, now).await?;
+        self.inner
+            .require_worker_registry()?
+            .put_worker(id, spec, in_flight, now)
+            .await?;
         let _ = self.report.send(RecordCall::Reported(in_flight));
         Ok(())
     }
 
     async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> durq::Result<bool> {
-        let known = self.inner.require_worker_registry()?.touch_worker(id, in_flight, now).await?;
+        let known = self
+            .inner
+            .require_worker_registry()?
+            .touch_worker(id, in_flight, now)
+            .await?;
         if known {
             let _ = self.report.send(RecordCall::Reported(in_flight));
         }
@@ -2167,7 +2174,11 @@ impl LayeredBackend for RecordCalls {
     }
 
     async fn reap_workers(&self, cutoff: Timestamp) -> durq::Result<Vec<String>> {
-        let reaped = self.inner.require_worker_registry()?.reap_workers(cutoff).await?;
+        let reaped = self
+            .inner
+            .require_worker_registry()?
+            .reap_workers(cutoff)
+            .await?;
         let _ = self.report.send(RecordCall::Reaped(reaped.clone()));
         Ok(reaped)
     }

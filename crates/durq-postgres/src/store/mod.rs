@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use durq_core::attempts::history;
 use durq_core::batch::Batcher;
 use durq_core::meta::encode_tags;
@@ -17,6 +16,7 @@ use durq_core::{
     NewJob, QueueOverview, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate,
     StoreSettings, StoredSchedule, StoredWorker, Timestamp, LEASE_EXPIRED,
 };
+use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use sqlx::postgres::{PgBindIterExt, PgRow};
 use sqlx::PgPool;
 use tokio::time::Instant;

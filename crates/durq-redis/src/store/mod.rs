@@ -11,7 +11,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use durq_core::batch::Batcher;
 use durq_core::{
     async_trait, Attempt, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error,
@@ -19,6 +18,7 @@ use durq_core::{
     QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
     StoredSchedule, StoredWorker, Timestamp,
 };
+use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use redis::{ScriptInvocation, Value};
 
 use crate::codec::{array, text};

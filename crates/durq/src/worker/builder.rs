@@ -12,7 +12,7 @@ use durq_core::validate::{
     validate_claim, validate_fit_keys, validate_lease_ttl, validate_new_job, validate_queue,
     validate_worker, MAX_CLAIM_LIMIT,
 };
-use durq_core::{Backoff, Budget, ClaimRequest, Error, Result, Schedule, Store};
+use durq_core::{Backoff, Budget, Capability, ClaimRequest, Error, Result, Schedule, Store};
 use tokio_util::sync::CancellationToken;
 
 use super::events::{Hooks, JobEvent};
@@ -458,6 +458,9 @@ impl WorkerBuilder {
                 "queues",
                 "a worker needs at least one handler",
             ));
+        }
+        if !self.schedules.is_empty() && !self.store.supports(Capability::Schedules) {
+            return Err(Error::unsupported(Capability::Schedules));
         }
         for schedule in &self.schedules {
             schedule.validate()?;

@@ -30,7 +30,7 @@ use std::future::Future;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-use durq_core::Store;
+use durq_core::{Capability, Store};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -501,25 +501,38 @@ async fn run_worker(
             shutdown.clone(),
         ));
     }
-    if let Some(interval) = config.purge_interval {
+    // What the backend does not declare is left undone: a core-only backend keeps no
+    // worker registry, purges nothing and stores no schedules (`build` refused any).
+    let supports = |capability| config.store.supports(capability);
+    if let Some(interval) = config
+        .purge_interval
+        .filter(|_| supports(Capability::Admin))
+    {
         background.spawn(maintenance::purge_loop(
             shared.clone(),
             interval,
             shutdown.clone(),
         ));
     }
-    background.spawn(maintenance::worker_record_loop(
-        shared.clone(),
-        shutdown.clone(),
-    ));
-    if let Some(interval) = config.queue_gauges_interval {
+    if supports(Capability::WorkerRegistry) {
+        background.spawn(maintenance::worker_record_loop(
+            shared.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if let Some(interval) = config
+        .queue_gauges_interval
+        .filter(|_| supports(Capability::Inspect))
+    {
         background.spawn(maintenance::queue_gauges_loop(
             shared.clone(),
             interval,
             shutdown.clone(),
         ));
     }
-    if config.schedule_interval.is_some() || !config.schedules.is_empty() {
+    if (config.schedule_interval.is_some() || !config.schedules.is_empty())
+        && supports(Capability::Schedules)
+    {
         background.spawn(maintenance::schedule_loop(
             shared.clone(),
             config.schedules.clone(),
@@ -550,7 +563,9 @@ async fn run_worker(
     // so nothing of this worker is still at work once `run` returns.
     background.shutdown().await;
     // Last, once nothing can register it again: this worker is gone (CONTRACT W3).
-    if let Err(err) = shared.home.deregister_worker(&config.worker_id).await {
+    if !supports(Capability::WorkerRegistry) {
+        // Nothing was registered.
+    } else if let Err(err) = shared.home.deregister_worker(&config.worker_id).await {
         tracing::warn!(error = %err, "removing the worker's record failed; it will be reaped");
     }
     drop(handlers);

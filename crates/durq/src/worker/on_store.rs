@@ -201,7 +201,9 @@ impl Backend for OnStoreRuntime {
     }
 
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
-        self.inner.as_worker_registry().map(|_| self as &dyn WorkerRegistry)
+        self.inner
+            .as_worker_registry()
+            .map(|_| self as &dyn WorkerRegistry)
     }
 }
 
@@ -213,7 +215,8 @@ impl Inspect for OnStoreRuntime {
     }
 
     async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
-        self.hop(move |b| async move { b.require_inspect()?.attempts(id).await }).await
+        self.hop(move |b| async move { b.require_inspect()?.attempts(id).await })
+            .await
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
@@ -223,11 +226,13 @@ impl Inspect for OnStoreRuntime {
     }
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
-        self.hop(move |b| async move { b.require_inspect()?.queues(now).await }).await
+        self.hop(move |b| async move { b.require_inspect()?.queues(now).await })
+            .await
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        self.hop(move |b| async move { b.require_inspect()?.list(query).await }).await
+        self.hop(move |b| async move { b.require_inspect()?.list(query).await })
+            .await
     }
 }
 
@@ -267,18 +272,23 @@ impl Pause for OnStoreRuntime {
 impl Schedules for OnStoreRuntime {
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
         let (name, spec) = (name.to_owned(), spec.to_owned());
-        self.hop(move |b| async move { b.require_schedules()?.put_schedule(&name, &spec, now).await })
-            .await
+        self.hop(
+            move |b| async move { b.require_schedules()?.put_schedule(&name, &spec, now).await },
+        )
+        .await
     }
 
     async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
-        self.hop(move |b| async move { b.require_schedules()?.schedules().await }).await
+        self.hop(move |b| async move { b.require_schedules()?.schedules().await })
+            .await
     }
 
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
         let name = name.to_owned();
-        self.hop(move |b| async move { b.require_schedules()?.update_schedule(&name, update).await })
-            .await
+        self.hop(
+            move |b| async move { b.require_schedules()?.update_schedule(&name, update).await },
+        )
+        .await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<bool> {
@@ -292,14 +302,22 @@ impl Schedules for OnStoreRuntime {
 impl WorkerRegistry for OnStoreRuntime {
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
         let (id, spec) = (id.to_owned(), spec.to_owned());
-        self.hop(move |b| async move { b.require_worker_registry()?.put_worker(&id, &spec, in_flight, now).await })
-            .await
+        self.hop(move |b| async move {
+            b.require_worker_registry()?
+                .put_worker(&id, &spec, in_flight, now)
+                .await
+        })
+        .await
     }
 
     async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
         let id = id.to_owned();
-        self.hop(move |b| async move { b.require_worker_registry()?.touch_worker(&id, in_flight, now).await })
-            .await
+        self.hop(move |b| async move {
+            b.require_worker_registry()?
+                .touch_worker(&id, in_flight, now)
+                .await
+        })
+        .await
     }
 
     async fn delete_worker(&self, id: &str) -> Result<bool> {
@@ -309,7 +327,8 @@ impl WorkerRegistry for OnStoreRuntime {
     }
 
     async fn workers(&self) -> Result<Vec<StoredWorker>> {
-        self.hop(move |b| async move { b.require_worker_registry()?.workers().await }).await
+        self.hop(move |b| async move { b.require_worker_registry()?.workers().await })
+            .await
     }
 
     async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {

@@ -1,0 +1,67 @@
+//! The worker runtime runs jobs on a backend with the core alone: it leaves undone
+//! what the backend does not declare (the worker registry, purge, queue gauges) and
+//! refuses what it cannot do (stored schedules) when it is built.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use durq::{Capability, Error, JobContext, JobError, JobState, NewJob, Schedule, Store, Worker};
+use durq_example_core_backend::CoreBackend;
+use durq_memory::MemoryStore;
+use tokio::sync::Notify;
+
+fn core_store() -> Store {
+    let storage = MemoryStore::new(durq::StoreSettings::default()).expect("open memory");
+    Store::new(CoreBackend::new(storage))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_runs_every_job_on_a_core_only_backend() {
+    let store = core_store();
+    assert!(Capability::ALL.iter().all(|&c| !store.supports(c)));
+    let mut ids = Vec::new();
+    for n in 0..20u32 {
+        let job = NewJob::new("core").payload(n.to_be_bytes().to_vec());
+        ids.push(store.enqueue(job).await.expect("enqueue").id);
+    }
+    let done = Arc::new(Notify::new());
+    let woken = Arc::clone(&done);
+    let worker = Worker::builder(store.clone())
+        .handler("core", move |_ctx: JobContext, payload| {
+            let woken = Arc::clone(&woken);
+            async move {
+                woken.notify_one();
+                match payload.len() {
+                    4 => Ok::<_, JobError>(()),
+                    _ => Err(JobError::permanent("not a u32")),
+                }
+            }
+        })
+        // Asked for explicitly: still left undone, the backend cannot purge.
+        .purge_interval(Duration::from_millis(10))
+        .build()
+        .expect("a core-only backend builds a worker")
+        .spawn();
+    for id in &ids {
+        while store.get(*id).await.expect("get").state != JobState::Succeeded {
+            let _ = tokio::time::timeout(Duration::from_millis(50), done.notified()).await;
+        }
+    }
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_with_schedules_is_refused_on_a_backend_without_them() {
+    let schedule = Schedule::every("tick", Duration::from_secs(60), NewJob::new("core"));
+    let built = Worker::builder(core_store())
+        .handler("core", |_ctx: JobContext, _payload| async {
+            Ok::<_, JobError>(())
+        })
+        .schedule(schedule)
+        .build();
+    match built {
+        Err(Error::Unsupported { capability }) => assert_eq!(capability, Capability::Schedules),
+        Err(other) => panic!("expected Unsupported, got {other}"),
+        Ok(_) => panic!("a worker storing schedules was built on a backend without them"),
+    }
+}
