@@ -124,7 +124,10 @@ impl Store {
         Ok(Some(store))
     }
 
-    /// The backend behind the handle, with its layers.
+    /// The backend behind the handle, with its layers. Its calls skip the handle's
+    /// validation and clock read, so it is for tests only (feature `testing`): a
+    /// layer is added with [`Store::layer`], not by wrapping this.
+    #[cfg(feature = "testing")]
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }

@@ -86,6 +86,7 @@ impl MemoryServer {
     /// Deletes the record of job `id` while leaving every index entry that points to
     /// it, as an eviction would. For fault-injection tests (CONTRACT C7, R5).
     /// Returns whether the record existed.
+    #[cfg(feature = "testing")]
     pub fn vanish(&self, namespace: &str, id: JobId) -> bool {
         self.namespace(namespace).lock().vanish(id)
     }
@@ -94,6 +95,7 @@ impl MemoryServer {
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For
     /// fault-injection tests (CONTRACT C10). Returns whether the record exists.
+    #[cfg(feature = "testing")]
     pub fn corrupt(&self, namespace: &str, id: JobId) -> bool {
         self.namespace(namespace).lock().corrupt(id)
     }

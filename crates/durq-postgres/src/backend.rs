@@ -8,6 +8,7 @@ use std::time::Duration;
 use durq_core::{Error, Result};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
+#[cfg(any(test, feature = "testing"))]
 use uuid::Uuid;
 
 use crate::conn::Shared;
@@ -398,6 +399,7 @@ impl PostgresBackend {
     /// Deletes the row of job `id` in `namespace` directly, leaving any dedup entry
     /// that points to it: what a lost record or a careless operator does. For tests
     /// of the store's handling of vanished jobs (CONTRACT C7, E5, R5).
+    #[cfg(feature = "testing")]
     pub async fn vanish(&self, namespace: &str, id: durq_core::JobId) -> Result<()> {
         let query = sqlx::query(self.shared.sql.vanish.sql())
             .bind(namespace)

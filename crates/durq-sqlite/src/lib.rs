@@ -139,6 +139,7 @@ impl SqliteStore {
     /// Deletes job `id`'s record, payload and attempts while leaving its idempotency
     /// record in place, as a careless operator or a damaged backup would. For tests of
     /// CONTRACT C7 and R5; never needed in production.
+    #[cfg(feature = "testing")]
     pub async fn vanish(&self, id: JobId) -> Result<()> {
         let ns = self.ns;
         self.engine

@@ -57,10 +57,12 @@ impl State {
         })
     }
 
+    #[cfg(feature = "testing")]
     pub(crate) fn vanish(&mut self, id: JobId) -> bool {
         self.jobs.remove(&id).is_some()
     }
 
+    #[cfg(feature = "testing")]
     pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
         match self.jobs.get_mut(&id) {
             Some(record) => {

@@ -25,6 +25,7 @@ RETURNING queue
 "#;
 
 /// Deletes a job row behind the store's back, as a lost record would (test harnesses).
+#[cfg(feature = "testing")]
 pub(super) const VANISH: &str = "DELETE FROM {schema}.jobs WHERE namespace = $1 AND id = $2";
 
 /// Rule Q1: `$1` namespace, `$2` queue.

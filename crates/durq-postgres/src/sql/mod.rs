@@ -189,6 +189,7 @@ pub(crate) struct Statements {
     pub(crate) list_ids: ListStatements,
     pub(crate) purge: Text,
     pub(crate) bury: Text,
+    #[cfg(feature = "testing")]
     pub(crate) vanish: Text,
     pub(crate) drop_namespace: Text,
     pub(crate) notify: Text,
@@ -269,6 +270,7 @@ impl Statements {
             list_ids: ListStatements::render("id", &r),
             purge: r(PURGE),
             bury: r(BURY),
+            #[cfg(feature = "testing")]
             vanish: r(VANISH),
             drop_namespace: r(DROP_NAMESPACE),
             notify: r(NOTIFY),

@@ -107,6 +107,7 @@ pub(crate) fn clear_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
 
 /// Deletes a job's record, payload and attempts but keeps its idempotency record: a
 /// lost record, for testing C7 and R5.
+#[cfg(feature = "testing")]
 pub(crate) fn vanish(tx: &mut WriteTx<'_>, ns: i64, id: JobId) -> Result<()> {
     let (row, _) = current_state(tx.conn(), ns, id)?;
     delete_record(tx.conn(), ns, row, &id.to_bytes())
