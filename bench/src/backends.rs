@@ -64,12 +64,12 @@ pub struct Opened {
 pub enum Transactional {
     /// The SQLite store: its transactions run on a connection of the caller's own.
     #[cfg(feature = "sqlite")]
-    Sqlite(durq_sqlite::SqliteStore),
+    Sqlite(durq_sqlite::SqliteBackend),
     /// The PostgreSQL store, and the run's schema, where the workload's own tables go.
     #[cfg(feature = "postgres")]
     Postgres {
         /// The store; its pool begins the transactions.
-        store: durq_postgres::PostgresStore,
+        store: durq_postgres::PostgresBackend,
         /// The run's schema (dropped whole with everything in it afterwards).
         schema: String,
     },
@@ -82,7 +82,7 @@ enum Cleanup {
     #[cfg(feature = "sqlite")]
     Dir(tempfile::TempDir),
     #[cfg(feature = "redis")]
-    Redis(durq_redis::RedisStore),
+    Redis(durq_redis::RedisBackend),
     #[cfg(feature = "postgres")]
     Postgres(String, String),
 }
@@ -139,7 +139,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
     match backend {
         #[cfg(feature = "memory")]
         "memory" => {
-            let store = durq_memory::MemoryStore::new(settings).map_err(|e| e.to_string())?;
+            let store = durq_memory::MemoryBackend::new(settings).map_err(|e| e.to_string())?;
             Ok(Opened {
                 store: Store::new(store),
                 namespace,
@@ -156,7 +156,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
                 .map_err(|e| format!("temp dir: {e}"))?;
             // The backend's default configuration, durability included (see
             // docs/sqlite.md): what a user who opens a file gets.
-            let store = durq_sqlite::SqliteStore::open(dir.path().join("jobs.sqlite3"), settings)
+            let store = durq_sqlite::SqliteBackend::open(dir.path().join("jobs.sqlite3"), settings)
                 .await
                 .map_err(|e| format!("open sqlite: {e}"))?;
             Ok(Opened {
@@ -169,7 +169,7 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
         }
         #[cfg(feature = "redis")]
         "redis" => {
-            let store = durq_redis::RedisStore::connect(&redis_url(), settings)
+            let store = durq_redis::RedisBackend::connect(&redis_url(), settings)
                 .await
                 .map_err(|e| format!("connect redis: {e}"))?;
             Ok(Opened {
@@ -189,7 +189,8 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
             let config = durq_postgres::PostgresConfig::new(&url)
                 .and_then(|c| c.schema(schema.clone()))
                 .map_err(|e| format!("postgres config: {e}"))?;
-            let store = durq_postgres::PostgresStore::connect_with(config, settings)
+            let store = config
+                .open(settings)
                 .await
                 .map_err(|e| format!("connect postgres: {e}"))?;
             let housekeeping = Housekeeping::postgres(&url, &schema).await?;

@@ -44,14 +44,14 @@ pub async fn produce(target: &Transactional, opts: &Options) -> Result<Vec<Insta
 mod sqlite {
     use std::time::{Duration, Instant};
 
-    use durq_sqlite::SqliteStore;
+    use durq_sqlite::SqliteBackend;
 
     use super::TABLE;
     use crate::workloads::{payload, period};
 
     /// The blocking producer, on a connection of its own to the store's file.
     pub(super) fn produce(
-        store: &SqliteStore,
+        store: &SqliteBackend,
         jobs: u64,
         rate: u64,
     ) -> Result<Vec<Instant>, String> {
@@ -119,7 +119,7 @@ mod sqlite {
 mod postgres {
     use std::time::Instant;
 
-    use durq_postgres::PostgresStore;
+    use durq_postgres::PostgresBackend;
     use sqlx::AssertSqlSafe;
 
     use super::TABLE;
@@ -128,7 +128,7 @@ mod postgres {
     /// The producer, on transactions begun from the store's own pool; the table goes
     /// in the run's schema, dropped with it.
     pub(super) async fn produce(
-        store: &PostgresStore,
+        store: &PostgresBackend,
         schema: &str,
         jobs: u64,
         rate: u64,

@@ -74,7 +74,7 @@ pub struct StoreArgs {
 pub async fn open_store(args: &StoreArgs) -> Result<Store, String> {
     let settings = StoreSettings::default().namespace(args.namespace.clone());
     if args.url.starts_with("postgres://") || args.url.starts_with("postgresql://") {
-        use durq::backends::postgres::{PostgresConfig, PostgresStore};
+        use durq::backends::postgres::PostgresConfig;
         let mut config = PostgresConfig::new(&args.url)
             .map_err(|err| format!("postgres config: {err}"))?
             .max_connections(args.pg_connections);
@@ -86,7 +86,8 @@ pub async fn open_store(args: &StoreArgs) -> Result<Store, String> {
         if let Some(name) = &args.app_name {
             config = config.application_name(name);
         }
-        let store = PostgresStore::connect_with(config, settings)
+        let store = config
+            .open(settings)
             .await
             .map_err(|err| format!("cannot open the PostgreSQL store: {err}"))?;
         return Ok(Store::new(store).layer(durq::layers::MetricsLayer));

@@ -23,7 +23,7 @@ async fn the_main_flow_on_redis() {
     let teardown = async {
         let settings = durq::StoreSettings::default().namespace(&namespace);
         let dropped = async {
-            durq::backends::redis::RedisStore::connect(&url, settings)
+            durq::backends::redis::RedisBackend::connect(&url, settings)
                 .await?
                 .drop_namespace()
                 .await
@@ -38,7 +38,7 @@ async fn the_main_flow_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_main_flow_on_postgres() {
-    use durq::backends::postgres::{PostgresBackend, PostgresConfig};
+    use durq::backends::postgres::{PostgresConfig, PostgresPool};
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let namespace = unique_namespace("cli-test");
@@ -51,7 +51,7 @@ async fn the_main_flow_on_postgres() {
             let config = PostgresConfig::new(&url)?
                 .max_connections(1)
                 .application_name("durq-cli-teardown");
-            PostgresBackend::connect(config)
+            PostgresPool::connect(config)
                 .await?
                 .drop_namespace(&namespace)
                 .await

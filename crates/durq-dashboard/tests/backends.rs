@@ -192,7 +192,7 @@ async fn pages_over_redis() {
         Err(err) => return skip_or_fail(&format!("Redis at {url}"), &err),
     };
     let teardown = async {
-        let store = durq::backends::redis::RedisStore::connect(&url, settings())
+        let store = durq::backends::redis::RedisBackend::connect(&url, settings())
             .await
             .map_err(|err| format!("could not reconnect to remove {namespace}: {err}"))?;
         store
@@ -206,7 +206,7 @@ async fn pages_over_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_over_postgres() {
-    use durq::backends::postgres::{PostgresBackend, PostgresConfig};
+    use durq::backends::postgres::{PostgresConfig, PostgresPool};
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let namespace = unique_namespace("dash");
@@ -214,12 +214,12 @@ async fn pages_over_postgres() {
         .expect("DATABASE_URL is a postgres URL")
         .max_connections(4)
         .application_name("durq-dashboard-tests");
-    let backend = match PostgresBackend::connect(config).await {
+    let backend = match PostgresPool::connect(config).await {
         Ok(backend) => backend,
         Err(err) => return skip_or_fail(&format!("PostgreSQL at {url}"), &err),
     };
     let settings = StoreSettings::default().namespace(namespace.clone());
-    let store = Store::new(backend.store(settings).expect("a postgres store"));
+    let store = Store::new(backend.backend(settings).expect("a postgres store"));
     let teardown = async {
         backend
             .drop_namespace(&namespace)

@@ -65,10 +65,10 @@ impl MemoryServer {
     }
 
     /// Opens a store on `settings.namespace`, creating the namespace if it is new.
-    pub fn open(&self, settings: StoreSettings) -> Result<MemoryStore> {
+    pub fn open(&self, settings: StoreSettings) -> Result<MemoryBackend> {
         validate_settings(&settings)?;
         let namespace = self.namespace(&settings.namespace);
-        Ok(MemoryStore {
+        Ok(MemoryBackend {
             namespace,
             settings,
         })
@@ -103,12 +103,12 @@ impl MemoryServer {
 
 /// The in-memory store.
 #[derive(Debug, Clone)]
-pub struct MemoryStore {
+pub struct MemoryBackend {
     namespace: Arc<Namespace>,
     settings: StoreSettings,
 }
 
-impl MemoryStore {
+impl MemoryBackend {
     /// A store with its own private data.
     pub fn new(settings: StoreSettings) -> Result<Self> {
         MemoryServer::new().open(settings)
@@ -116,7 +116,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl Backend for MemoryStore {
+impl Backend for MemoryBackend {
     fn settings(&self) -> &StoreSettings {
         &self.settings
     }
@@ -281,7 +281,7 @@ impl Backend for MemoryStore {
 }
 
 #[async_trait]
-impl Inspect for MemoryStore {
+impl Inspect for MemoryBackend {
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         Ok(self.namespace.lock().children(parent))
     }
@@ -304,7 +304,7 @@ impl Inspect for MemoryStore {
 }
 
 #[async_trait]
-impl Admin for MemoryStore {
+impl Admin for MemoryBackend {
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         self.namespace.lock().cancel(id, now)
     }
@@ -321,7 +321,7 @@ impl Admin for MemoryStore {
 }
 
 #[async_trait]
-impl Pause for MemoryStore {
+impl Pause for MemoryBackend {
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
         let was = self.namespace.lock().set_paused(queue, paused);
         if was && !paused {
@@ -336,7 +336,7 @@ impl Pause for MemoryStore {
 }
 
 #[async_trait]
-impl Schedules for MemoryStore {
+impl Schedules for MemoryBackend {
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
         self.namespace.lock().put_schedule(name, spec, now);
         Ok(())
@@ -356,7 +356,7 @@ impl Schedules for MemoryStore {
 }
 
 #[async_trait]
-impl WorkerRegistry for MemoryStore {
+impl WorkerRegistry for MemoryBackend {
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
         self.namespace.lock().put_worker(id, spec, in_flight, now);
         Ok(())

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use durq_core::{ClaimRequest, NewJob, Result, Store, StoreSettings};
-use durq_postgres::{PostgresBackend, PostgresConfig};
+use durq_postgres::{PostgresConfig, PostgresPool};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -23,8 +23,8 @@ async fn main() -> Result<()> {
     let namespace = format!("bench-{}", std::process::id());
     let settings = StoreSettings::default().namespace(namespace.clone());
     let config = PostgresConfig::new(&url)?.max_connections(8);
-    let backend = PostgresBackend::connect(config).await?;
-    let store = Store::new(backend.store(settings)?);
+    let backend = PostgresPool::connect(config).await?;
+    let store = Store::new(backend.backend(settings)?);
     let payload = vec![b'x'; 64];
 
     // One enqueue per statement, from `workers` tasks.

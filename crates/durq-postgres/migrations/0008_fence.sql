@@ -1,7 +1,7 @@
 -- Migration 8: fenced completion in the caller's transaction (CONTRACT §7, T3).
 --
 -- `fence` ends the statement that completes a job inside a transaction the caller
--- opened (`PostgresStore::complete_in`). When the completion did not take effect (a
+-- opened (`PostgresBackend::complete_in`). When the completion did not take effect (a
 -- stale token, a job that is no longer running, no such job) it raises, and the error
 -- aborts the caller's whole transaction: nothing written in it can commit beside a
 -- completion that did not happen. SQLSTATE JB001 is a lost lease, JB002 a job not

@@ -1,12 +1,12 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod backend;
 mod complete;
 mod conn;
 mod enqueue;
 mod error;
 mod health;
+mod pool;
 mod row;
 mod schema;
 mod sql;
@@ -15,12 +15,12 @@ mod store;
 mod transaction;
 mod wake;
 
-pub use backend::{
-    Durability, PostgresBackend, PostgresConfig, DEFAULT_APPLICATION_NAME, DEFAULT_SCHEMA,
+pub use pool::{
+    Durability, PostgresConfig, PostgresPool, DEFAULT_APPLICATION_NAME, DEFAULT_SCHEMA,
 };
-pub use store::PostgresStore;
+pub use store::PostgresBackend;
 
-/// The sqlx this crate is built with: the transactions `PostgresStore::enqueue_in`
+/// The sqlx this crate is built with: the transactions `PostgresBackend::enqueue_in`
 /// and `complete_in` take are this version's.
 pub use sqlx;
 /// Re-exported so callers can build pools and options without naming sqlx's version.

@@ -8,14 +8,14 @@ use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::enqueue;
-use crate::store::{token_param, PostgresStore};
+use crate::store::{token_param, PostgresBackend};
 
 /// SQLSTATE of `fence` (migration 8) when the lease is not the current one.
 const FENCE_LEASE_LOST: &str = "JB001";
 /// SQLSTATE of `fence` when the job does not exist.
 const FENCE_NOT_FOUND: &str = "JB002";
 
-impl PostgresStore {
+impl PostgresBackend {
     /// Enqueues `job` inside the caller's transaction `tx` (CONTRACT §7, T1): the job
     /// exists if and only if `tx` commits, and idle workers are woken at that commit,
     /// never for a rollback (T2). Checked as [`durq_core::Store::enqueue`] checks it:
@@ -28,7 +28,7 @@ impl PostgresStore {
     /// transaction again, as PostgreSQL asks.
     ///
     /// ```no_run
-    /// # async fn example(store: durq_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn example(store: durq_postgres::PostgresBackend) -> Result<(), Box<dyn std::error::Error>> {
     /// use durq_core::NewJob;
     ///
     /// let mut tx = store.pool().begin().await?;
@@ -60,7 +60,7 @@ impl PostgresStore {
 
     /// Enqueues `jobs` inside the caller's transaction `tx`, as
     /// [`durq_core::Store::enqueue_batch`] does (E9) and with the guarantees of
-    /// [`PostgresStore::enqueue_in`]. A refused batch (an invalid job, a parent that
+    /// [`PostgresBackend::enqueue_in`]. A refused batch (an invalid job, a parent that
     /// does not exist) writes none of its jobs and leaves `tx` usable.
     pub async fn enqueue_batch_in(
         &self,

@@ -8,7 +8,7 @@
 
 use durq_conformance::Harness;
 use durq_core::{async_trait, Error, JobId, Result, Store, StoreSettings};
-use durq_postgres::{PostgresBackend, PostgresConfig};
+use durq_postgres::{PostgresConfig, PostgresPool};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -17,14 +17,14 @@ const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 static POOLS: Semaphore = Semaphore::const_new(12);
 
 struct PgHarness {
-    backend: PostgresBackend,
+    backend: PostgresPool,
     _permit: SemaphorePermit<'static>,
 }
 
 #[async_trait]
 impl Harness for PgHarness {
     async fn open(&self, settings: StoreSettings) -> Result<Store> {
-        Ok(Store::new(self.backend.store(settings)?))
+        Ok(Store::new(self.backend.backend(settings)?))
     }
 
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
@@ -65,7 +65,7 @@ async fn harness() -> Option<PgHarness> {
             .application_name("durq-postgres-conformance"),
         Err(err) => panic!("DATABASE_URL is not a Postgres URL: {err}"),
     };
-    match PostgresBackend::connect(config).await {
+    match PostgresPool::connect(config).await {
         Ok(backend) => Some(PgHarness {
             backend,
             _permit: permit,

@@ -16,7 +16,7 @@ use durq_core::{
     JobState, LeaseToken, ListQuery, ManualClock, Needs, NewJob, Retry, Store, StoreSettings,
     WorkerInfo, LEASE_EXPIRED,
 };
-use durq_postgres::{PgPool, PgPoolOptions, PostgresBackend, PostgresConfig};
+use durq_postgres::{PgPool, PgPoolOptions, PostgresConfig, PostgresPool};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -28,12 +28,12 @@ fn url() -> String {
 }
 
 /// A backend of its own (its own pool) on the default schema, or `None` to skip.
-async fn backend(application_name: &str, max_connections: u32) -> Option<PostgresBackend> {
+async fn backend(application_name: &str, max_connections: u32) -> Option<PostgresPool> {
     let config = PostgresConfig::new(&url())
         .ok()?
         .max_connections(max_connections)
         .application_name(application_name);
-    match PostgresBackend::connect(config).await {
+    match PostgresPool::connect(config).await {
         Ok(backend) => Some(backend),
         Err(err) => durq_conformance::skip_or_fail("PostgreSQL", &url(), &err),
     }
@@ -56,13 +56,13 @@ fn settings(clock: &ManualClock) -> StoreSettings {
 }
 
 /// A `Store` handle on a store of `backend` for `settings`.
-fn open(backend: &PostgresBackend, settings: StoreSettings) -> Store {
-    Store::new(backend.store(settings).expect("valid settings"))
+fn open(backend: &PostgresPool, settings: StoreSettings) -> Store {
+    Store::new(backend.backend(settings).expect("valid settings"))
 }
 
 /// Deletes every row a test wrote in `namespace` of `backend`'s schema; each test
 /// that writes ends with it, so the shared server keeps nothing of a passing run.
-async fn clean_up(backend: &PostgresBackend, namespace: &str) {
+async fn clean_up(backend: &PostgresPool, namespace: &str) {
     backend
         .drop_namespace(namespace)
         .await
@@ -393,9 +393,9 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
             .schema(schema.clone())
             .expect("schema")
             .max_connections(1);
-        set.spawn(PostgresBackend::connect(config));
+        set.spawn(PostgresPool::connect(config));
     }
-    let backends: Vec<PostgresBackend> = join(set)
+    let backends: Vec<PostgresPool> = join(set)
         .await
         .into_iter()
         .map(|b| b.expect("every concurrent connect succeeds"))
@@ -455,9 +455,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
         .schema(schema.clone())
         .expect("schema")
         .max_connections(1);
-    let again = PostgresBackend::connect(config)
-        .await
-        .expect("migrate again");
+    let again = PostgresPool::connect(config).await.expect("migrate again");
     assert_eq!(again.schema_version().await.expect("version"), 10);
     assert_eq!(
         store.paused_queues().await.expect("paused"),
@@ -546,7 +544,7 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     };
     let clock = ManualClock::default();
     let settings = settings(&clock);
-    let before = PostgresBackend::connect(config()).await.expect("migrate");
+    let before = PostgresPool::connect(config()).await.expect("migrate");
     let old = open(&before, settings.clone());
     let mut old_jobs = Vec::new();
     for priority in [0, 5] {
@@ -571,7 +569,7 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     .await
     .expect("back to version 6");
 
-    let upgraded = PostgresBackend::connect(config()).await.expect("upgrade");
+    let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
     assert_eq!(upgraded.schema_version().await.expect("version"), 10);
     let store = open(&upgraded, settings);
     assert!(store.workers().await.expect("workers").is_empty());
@@ -640,7 +638,7 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     };
     let clock = ManualClock::default();
     let settings = settings(&clock);
-    let before = PostgresBackend::connect(config()).await.expect("migrate");
+    let before = PostgresPool::connect(config()).await.expect("migrate");
     let old = open(&before, settings.clone());
     let queued = old.enqueue(NewJob::new("q")).await.expect("enqueue").id;
     let running = old.enqueue(NewJob::new("r")).await.expect("enqueue").id;
@@ -674,7 +672,7 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     .await
     .expect("back to version 9");
 
-    let upgraded = PostgresBackend::connect(config()).await.expect("upgrade");
+    let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
     assert_eq!(upgraded.schema_version().await.expect("version"), 10);
     let store = open(&upgraded, settings);
     for id in [queued, running, done] {
@@ -739,7 +737,7 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
 }
 
 /// The attempt rows of `namespace` in the default schema.
-async fn attempt_rows(backend: &PostgresBackend, namespace: &str) -> i64 {
+async fn attempt_rows(backend: &PostgresPool, namespace: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM jobs.attempts WHERE namespace = $1")
         .bind(namespace)
         .fetch_one(backend.pool())
@@ -749,7 +747,7 @@ async fn attempt_rows(backend: &PostgresBackend, namespace: &str) -> i64 {
 
 /// How many transactions wrote the job's row and its attempt rows as they stand: 1
 /// when the last change of state and the attempt it ended were one statement.
-async fn writers_of(backend: &PostgresBackend, namespace: &str, id: JobId) -> i64 {
+async fn writers_of(backend: &PostgresPool, namespace: &str, id: JobId) -> i64 {
     sqlx::query_scalar(
         "SELECT count(DISTINCT x) FROM (
              SELECT xmin::text AS x FROM jobs.jobs
@@ -1318,7 +1316,7 @@ async fn unreachable_server_is_unavailable() {
     let config = PostgresConfig::new("postgres://postgres@127.0.0.1:1/test")
         .expect("url")
         .acquire_timeout(Duration::from_secs(2));
-    let err = PostgresBackend::connect(config)
+    let err = PostgresPool::connect(config)
         .await
         .expect_err("nothing listens on port 1");
     assert!(err.is_retryable(), "{err:?}");
@@ -1359,7 +1357,7 @@ async fn admin() -> Option<PgPool> {
 /// terminate round leaves that many dead connections waiting in the pool, each
 /// recently used (sqlx's own check before handing out a connection idle for long
 /// would not catch them).
-async fn fill_pool(backend: &PostgresBackend) -> usize {
+async fn fill_pool(backend: &PostgresPool) -> usize {
     let pool = backend.pool();
     let max = pool.options().get_max_connections() as usize;
     let mut held = Vec::with_capacity(max);
@@ -1659,7 +1657,7 @@ async fn heartbeat_batch_answers_each_entry_in_one_statement() {
 async fn connections_carry_the_configured_application_name() {
     let Some(admin) = admin().await else { return };
     let name_of = |config: PostgresConfig| async move {
-        let backend = PostgresBackend::connect(config.max_connections(1))
+        let backend = PostgresPool::connect(config.max_connections(1))
             .await
             .expect("connect");
         let name: String = sqlx::query_scalar("SELECT current_setting('application_name')")
@@ -1953,7 +1951,7 @@ async fn job_timeouts_round_trip_through_every_read() {
 }
 
 /// The rows of `namespace` in the default schema: (jobs, idempotency keys).
-async fn rows_of(backend: &PostgresBackend, namespace: &str) -> (i64, i64) {
+async fn rows_of(backend: &PostgresPool, namespace: &str) -> (i64, i64) {
     sqlx::query_as(
         "SELECT (SELECT count(*) FROM jobs.jobs WHERE namespace = $1),
                 (SELECT count(*) FROM jobs.dedup WHERE namespace = $1)",
@@ -2114,7 +2112,7 @@ async fn tls_required_without_the_tls_feature_is_refused() {
         let separator = if url().contains('?') { '&' } else { '?' };
         let config =
             PostgresConfig::new(&format!("{}{separator}sslmode={mode}", url())).expect("url");
-        let err = PostgresBackend::connect(config)
+        let err = PostgresPool::connect(config)
             .await
             .expect_err("no TLS in this build");
         assert_eq!(err.invalid_field(), Some("sslmode"), "{mode}: {err:?}");
@@ -2232,7 +2230,7 @@ async fn a_growing_job_table_gets_fresh_statistics() {
         .schema(schema.clone())
         .expect("schema")
         .max_connections(2);
-    let backend = PostgresBackend::connect(config).await.expect("migrate");
+    let backend = PostgresPool::connect(config).await.expect("migrate");
     let table = format!("\"{schema}\".jobs");
     let analyzed_rows = || async {
         let rows: f32 =

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use durq_conformance::unique_namespace;
 use durq_core::{ClaimRequest, JobState, ManualClock, NewJob, Store, StoreSettings};
-use durq_postgres::{PgPool, PgPoolOptions, PostgresBackend, PostgresConfig};
+use durq_postgres::{PgPool, PgPoolOptions, PostgresConfig, PostgresPool};
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -66,7 +66,7 @@ async fn a_store_connected_with_sslmode_require_works_over_tls() {
         .expect("url")
         .max_connections(2)
         .application_name(&app);
-    let backend = match PostgresBackend::connect(config).await {
+    let backend = match PostgresPool::connect(config).await {
         Ok(backend) => backend,
         Err(err) => panic!("the server has ssl = on, yet sslmode=require failed: {err:?}"),
     };
@@ -75,7 +75,7 @@ async fn a_store_connected_with_sslmode_require_works_over_tls() {
         .namespace(unique_namespace("pg-tls"))
         .clock(Arc::new(clock.clone()));
     let namespace = settings.namespace.clone();
-    let store = Store::new(backend.store(settings).expect("valid settings"));
+    let store = Store::new(backend.backend(settings).expect("valid settings"));
 
     // The listener opens a connection of its own; it must be encrypted too.
     store

@@ -19,7 +19,7 @@ use durq_core::{
     AttemptOutcome, ClaimRequest, Clock, Error, JobId, JobState, ListQuery, ManualClock, NewJob,
     Store, StoreSettings,
 };
-use durq_postgres::{PostgresBackend, PostgresConfig, PostgresStore, DEFAULT_SCHEMA};
+use durq_postgres::{PostgresBackend, PostgresConfig, PostgresPool, DEFAULT_SCHEMA};
 use sqlx::postgres::PgListener;
 use tokio::task::JoinSet;
 
@@ -33,12 +33,12 @@ fn url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
 }
 
-async fn backend(max_connections: u32) -> Option<PostgresBackend> {
+async fn backend(max_connections: u32) -> Option<PostgresPool> {
     let config = PostgresConfig::new(&url())
         .ok()?
         .max_connections(max_connections)
         .application_name("durq-postgres-transaction");
-    match PostgresBackend::connect(config).await {
+    match PostgresPool::connect(config).await {
         Ok(backend) => Some(backend),
         Err(err) => durq_conformance::skip_or_fail("PostgreSQL", &url(), &err),
     }
@@ -47,8 +47,8 @@ async fn backend(max_connections: u32) -> Option<PostgresBackend> {
 /// One test's world: a store on a namespace of its own, a handle on it, and a business
 /// table of its own, all removed by [`Fixture::clean_up`].
 struct Fixture {
-    backend: PostgresBackend,
-    pg: PostgresStore,
+    backend: PostgresPool,
+    pg: PostgresBackend,
     store: Store,
     clock: ManualClock,
     table: String,
@@ -61,7 +61,7 @@ impl Fixture {
         let settings = StoreSettings::default()
             .namespace(unique_namespace("pgtx"))
             .clock(Arc::new(clock.clone()));
-        let pg = backend.store(settings).expect("valid settings");
+        let pg = backend.backend(settings).expect("valid settings");
         let store = Store::new(pg.clone());
         let table = format!("jobs_test_orders_{}", unique_suffix());
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -759,7 +759,7 @@ async fn child_holds_an_open_transaction() {
     };
     let backend = backend(2).await.expect("the parent reached the server");
     let pg = backend
-        .store(StoreSettings::default().namespace(namespace))
+        .backend(StoreSettings::default().namespace(namespace))
         .expect("valid settings");
     let mut tx = pg.pool().begin().await.expect("begin");
     sqlx::query(sqlx::AssertSqlSafe(format!(

@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use durq_core::{ClaimRequest, Completion, NewJob, Store, StoreSettings};
-use durq_redis::RedisStore;
+use durq_redis::RedisBackend;
 use futures::future::join_all;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -71,7 +71,7 @@ async fn main() -> Res<()> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let namespace = format!("phases-{}", std::process::id());
     let redis =
-        RedisStore::connect(&url, StoreSettings::default().namespace(namespace.clone())).await?;
+        RedisBackend::connect(&url, StoreSettings::default().namespace(namespace.clone())).await?;
     let store = Store::new(redis.clone());
     let payload = |i: usize| NewJob::new("bench").payload(i.to_string().into_bytes());
 

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use durq_core::{ClaimRequest, NewJob, Store, StoreSettings};
-use durq_redis::RedisStore;
+use durq_redis::RedisBackend;
 use futures::future::join_all;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -121,7 +121,7 @@ async fn run() -> Res<()> {
     let namespace = format!("throughput-{}", std::process::id());
     // The backend for what only Redis has (wake-up probes), the handle for the rest.
     let redis =
-        RedisStore::connect(&url, StoreSettings::default().namespace(namespace.clone())).await?;
+        RedisBackend::connect(&url, StoreSettings::default().namespace(namespace.clone())).await?;
     let store = Store::new(redis.clone());
     let mut probe = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()

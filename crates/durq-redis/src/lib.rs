@@ -12,7 +12,7 @@ mod wake;
 
 #[cfg(feature = "tls")]
 pub use store::TlsConfig;
-pub use store::{ReclaimReport, RedisStore};
+pub use store::{ReclaimReport, RedisBackend, RedisConfig};
 
 /// The key of job `id`'s hash in `namespace`: for operators and test harnesses that
 /// inspect or delete a record behind the store's back (see `docs/redis.md`).

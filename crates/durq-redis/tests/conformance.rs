@@ -4,12 +4,12 @@
 //! Cluster: set `JOBS_REDIS_CLUSTER_URLS` to the comma-separated node URLs (as
 //! `cargo xtask conformance --backend redis-cluster` does) and every test runs on it.
 //!
-//! Every namespace a scenario opened is deleted after it (`RedisStore::drop_namespace`),
+//! Every namespace a scenario opened is deleted after it (`RedisBackend::drop_namespace`),
 //! so a run leaves nothing behind on the shared server.
 
 use durq_conformance::{skip_or_fail, Harness};
 use durq_core::{async_trait, Error, JobId, Result, Store, StoreSettings};
-use durq_redis::RedisStore;
+use durq_redis::{RedisBackend, RedisConfig};
 use redis::aio::ConnectionLike;
 
 enum Target {
@@ -79,10 +79,14 @@ impl Harness for RedisHarness {
 }
 
 impl RedisHarness {
-    async fn connect(&self, settings: StoreSettings) -> Result<RedisStore> {
+    async fn connect(&self, settings: StoreSettings) -> Result<RedisBackend> {
         match &self.target {
-            Target::Single(url) => RedisStore::connect(url, settings).await,
-            Target::Cluster(urls) => RedisStore::connect_cluster(urls, settings).await,
+            Target::Single(url) => RedisBackend::connect(url, settings).await,
+            Target::Cluster(urls) => {
+                RedisConfig::cluster(urls.iter().cloned())
+                    .open(settings)
+                    .await
+            }
         }
     }
 }
@@ -107,8 +111,11 @@ async fn harness() -> Option<RedisHarness> {
     // opening writes no key.
     let probe = StoreSettings::default().namespace("conformance-probe");
     let reached = match &target {
-        Target::Single(url) => RedisStore::connect(url, probe).await.map(drop),
-        Target::Cluster(urls) => RedisStore::connect_cluster(urls, probe).await.map(drop),
+        Target::Single(url) => RedisBackend::connect(url, probe).await.map(drop),
+        Target::Cluster(urls) => RedisConfig::cluster(urls.iter().cloned())
+            .open(probe)
+            .await
+            .map(drop),
     };
     match reached {
         Ok(()) => Some(RedisHarness { target }),

@@ -14,7 +14,7 @@ use durq_core::{
     Budget, Bytes, ClaimRequest, Clock, Error, JobId, JobState, ListQuery, ManualClock, Needs,
     NewJob, ReadyOrder, ReclaimedJob, Retry, Store, StoreSettings, Timestamp,
 };
-use durq_redis::{ReclaimReport, RedisStore};
+use durq_redis::{ReclaimReport, RedisBackend, RedisConfig};
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 
@@ -96,11 +96,11 @@ impl Drop for Cleanup {
 #[derive(Clone)]
 struct TestStore {
     handle: Store,
-    redis: RedisStore,
+    redis: RedisBackend,
 }
 
 impl TestStore {
-    fn new(redis: RedisStore) -> Self {
+    fn new(redis: RedisBackend) -> Self {
         TestStore {
             handle: Store::new(redis.clone()),
             redis,
@@ -171,7 +171,7 @@ impl Env {
     }
 
     async fn store(&self) -> TestStore {
-        match RedisStore::connect(&url(), self.settings.clone()).await {
+        match RedisBackend::connect(&url(), self.settings.clone()).await {
             Ok(store) => TestStore::new(store),
             Err(err) => panic!("cannot connect: {err}"),
         }
@@ -527,7 +527,7 @@ async fn killed_connection_is_unavailable_then_reconnects() {
         1,
     );
     let store = Store::new(
-        RedisStore::connect(&store_url, env.settings.clone())
+        RedisBackend::connect(&store_url, env.settings.clone())
             .await
             .expect("connect as the test user"),
     );
@@ -592,11 +592,11 @@ async fn killed_connection_is_unavailable_then_reconnects() {
 async fn unreachable_server_is_unavailable() {
     let settings = StoreSettings::default().namespace("nowhere");
     // Port 1 on loopback: nothing listens there.
-    let err = RedisStore::connect("redis://127.0.0.1:1", settings)
+    let err = RedisBackend::connect("redis://127.0.0.1:1", settings)
         .await
         .expect_err("nothing listens on port 1");
     assert!(err.is_retryable(), "{err:?}");
-    let err = RedisStore::connect("not a url", StoreSettings::default())
+    let err = RedisBackend::connect("not a url", StoreSettings::default())
         .await
         .expect_err("bad url");
     assert_eq!(err.invalid_field(), Some("url"));
@@ -1093,7 +1093,8 @@ async fn cluster_namespaces_spread_over_masters() {
             .clock(Arc::new(clock.clone()));
         let _cleanup = Cleanup::new(urls.clone(), &namespace);
         let store = TestStore::new(
-            RedisStore::connect_cluster(&urls, settings)
+            RedisConfig::cluster(urls.iter().cloned())
+                .open(settings)
                 .await
                 .expect("connect cluster"),
         );
@@ -1584,7 +1585,7 @@ async fn store_as_user(
     let _: () = cmd.query_async(&mut env.admin).await.expect("ACL SETUSER");
     env.cleanup.users.push(user.clone());
     let store_url = url().replacen("redis://", &format!("redis://{user}:acl-test-password@"), 1);
-    let store = RedisStore::connect(&store_url, env.settings.clone())
+    let store = RedisBackend::connect(&store_url, env.settings.clone())
         .await
         .expect("connect as the test user");
     (Store::new(store), user)
@@ -2002,7 +2003,7 @@ async fn acknowledged_writes_survive_a_sigkilled_server_with_fsync_always() {
         .namespace("durability")
         .clock(Arc::new(clock.clone()));
     let store = Store::new(
-        RedisStore::connect(&server.url(), settings)
+        RedisBackend::connect(&server.url(), settings)
             .await
             .expect("connect"),
     );
@@ -2130,7 +2131,8 @@ async fn cluster_runs_staged_batches_and_heartbeat_batches() {
         .namespace(namespace)
         .clock(Arc::new(clock.clone()));
     let store = Store::new(
-        RedisStore::connect_cluster(&urls, settings)
+        RedisConfig::cluster(urls.iter().cloned())
+            .open(settings)
             .await
             .expect("connect cluster"),
     );

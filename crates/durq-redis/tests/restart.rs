@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use durq_core::{Store, StoreSettings};
-use durq_redis::RedisStore;
+use durq_redis::RedisBackend;
 
 /// The reconnect back-off cap the store states (docs/redis.md): once the server answers,
 /// a waiting call's next connection attempt starts within this.
@@ -151,7 +151,7 @@ async fn a_restarted_server_is_found_again_within_the_reconnect_cap() {
         return;
     };
     let settings = StoreSettings::default().namespace("restart");
-    let redis = RedisStore::connect(&server.url(), settings)
+    let redis = RedisBackend::connect(&server.url(), settings)
         .await
         .expect("connect");
     let store = Store::new(redis.clone());

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durq_core::{ClaimRequest, JobState, ManualClock, NewJob, Store, StoreSettings};
-use durq_redis::{RedisStore, TlsConfig};
+use durq_redis::{RedisBackend, RedisConfig, TlsConfig};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -230,7 +230,7 @@ async fn rediss_connects_trusting_the_servers_ca_and_with_a_client_certificate()
 
     // The system's roots do not know the test's CA: the handshake fails, and the
     // connect says so instead of handing out a store that cannot work.
-    let err = RedisStore::connect(&server.url(), settings(&clock))
+    let err = RedisBackend::connect(&server.url(), settings(&clock))
         .await
         .expect_err("a certificate from an unknown CA must be refused");
     let cause = std::error::Error::source(&err)
@@ -242,7 +242,9 @@ async fn rediss_connects_trusting_the_servers_ca_and_with_a_client_certificate()
     );
 
     let trusted = TlsConfig::new().root_ca_pem(pki.ca.clone());
-    let redis = RedisStore::connect_tls(&server.url(), trusted.clone(), settings(&clock))
+    let redis = RedisConfig::new(server.url())
+        .tls(trusted.clone())
+        .open(settings(&clock))
         .await
         .expect("connect trusting the test CA");
     let store = Store::new(redis.clone());
@@ -283,7 +285,10 @@ async fn rediss_connects_trusting_the_servers_ca_and_with_a_client_certificate()
         .expect("CONFIG SET tls-auth-clients yes");
     let refused = async {
         let store = Store::new(
-            RedisStore::connect_tls(&server.url(), trusted.clone(), settings(&clock)).await?,
+            RedisConfig::new(server.url())
+                .tls(trusted.clone())
+                .open(settings(&clock))
+                .await?,
         );
         store.stats("q").await
     }
@@ -295,7 +300,9 @@ async fn rediss_connects_trusting_the_servers_ca_and_with_a_client_certificate()
     );
     let with_cert = trusted.client_auth_pem(pki.client_cert.clone(), pki.client_key.clone());
     let store = Store::new(
-        RedisStore::connect_tls(&server.url(), with_cert, settings(&clock))
+        RedisConfig::new(server.url())
+            .tls(with_cert)
+            .open(settings(&clock))
             .await
             .expect("connect with a client certificate"),
     );
@@ -347,20 +354,19 @@ async fn rediss_cluster_connects_with_the_callers_ca() {
     assert!(up, "the one-node cluster did not come up");
 
     let clock = ManualClock::default();
-    let err = RedisStore::connect_cluster([server.url()], settings(&clock))
+    let err = RedisConfig::cluster([server.url()])
+        .open(settings(&clock))
         .await
         .expect_err("a certificate from an unknown CA must be refused");
     assert!(
         format!("{err:?}").to_lowercase().contains("certificate"),
         "refused for another reason than the certificate: {err:?}"
     );
-    let redis = RedisStore::connect_cluster_tls(
-        [server.url()],
-        TlsConfig::new().root_ca_pem(pki.ca.clone()),
-        settings(&clock),
-    )
-    .await
-    .expect("connect to the cluster trusting the test CA");
+    let redis = RedisConfig::cluster([server.url()])
+        .tls(TlsConfig::new().root_ca_pem(pki.ca.clone()))
+        .open(settings(&clock))
+        .await
+        .expect("connect to the cluster trusting the test CA");
     assert!(
         redis.wake_ready(Duration::from_secs(10)).await,
         "the wake-up subscriber did not subscribe over TLS"

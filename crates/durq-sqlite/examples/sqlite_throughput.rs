@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use durq_core::{ClaimRequest, NewJob, Store, StoreSettings};
-use durq_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+use durq_sqlite::{SqliteConfig, Synchronous};
 
 fn arg(n: usize, default: usize) -> usize {
     std::env::args()
@@ -41,8 +41,7 @@ async fn main() -> durq_core::Result<()> {
         let dir = tempfile::tempdir().map_err(|e| durq_core::Error::backend("tempdir", e))?;
         let path = dir.path().join("bench.db");
         let config = SqliteConfig::default().synchronous(synchronous);
-        let store =
-            Store::new(SqliteStore::open_with(&path, StoreSettings::default(), config).await?);
+        let store = Store::new(config.open(&path, StoreSettings::default()).await?);
 
         let (started, cpu0) = (Instant::now(), cpu_seconds());
         let per_task = jobs / tasks;

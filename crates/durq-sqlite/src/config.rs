@@ -51,7 +51,7 @@ impl Synchronous {
     }
 }
 
-/// How a [`crate::SqliteStore`] uses its file.
+/// How a [`crate::SqliteBackend`] uses its file.
 ///
 /// ```
 /// use std::time::Duration;

@@ -25,7 +25,7 @@ pub use config::{SqliteConfig, Synchronous};
 pub use transaction::SqliteTransaction;
 
 /// The SQLite driver this crate is built on. A caller's transactions
-/// ([`SqliteStore::transaction`]) take its connections, so use this re-export (or the
+/// ([`SqliteBackend::transaction`]) take its connections, so use this re-export (or the
 /// same version) to write your own rows next to the jobs.
 pub use rusqlite;
 
@@ -47,7 +47,7 @@ pub const SCHEMA_VERSION: i64 = schema::SCHEMA_VERSION;
 ///
 /// Cloning is cheap and shares the threads.
 #[derive(Clone)]
-pub struct SqliteStore {
+pub struct SqliteBackend {
     /// Shared with the enqueue closures sent to the writer (they read the dedup
     /// window), so an enqueue clones an `Arc`, not the namespace string.
     settings: Arc<StoreSettings>,
@@ -56,9 +56,9 @@ pub struct SqliteStore {
     engine: Arc<Engine>,
 }
 
-impl std::fmt::Debug for SqliteStore {
+impl std::fmt::Debug for SqliteBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore")
+        f.debug_struct("SqliteBackend")
             .field("path", &self.engine.path)
             .field("namespace", &self.settings.namespace)
             .field("config", &self.engine.config)
@@ -66,28 +66,42 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-impl SqliteStore {
-    /// Opens (creating if needed) the queue in the file at `path` with the default
-    /// [`SqliteConfig`], applying any missing schema migrations.
-    pub async fn open(path: impl AsRef<Path>, settings: StoreSettings) -> Result<SqliteStore> {
-        Self::open_with(path, settings, SqliteConfig::default()).await
-    }
-
-    /// Opens the queue in the file at `path` with `config`.
-    pub async fn open_with(
+impl SqliteConfig {
+    /// Opens (creating if needed) the queue in the file at `path` with this
+    /// configuration, applying any missing schema migrations, and returns the backend
+    /// of namespace `settings.namespace`: the one way to open a SQLite backend with
+    /// more than the defaults ([`SqliteBackend::open`] is its shortcut).
+    pub async fn open(
+        self,
         path: impl AsRef<Path>,
         settings: StoreSettings,
+    ) -> Result<SqliteBackend> {
+        SqliteBackend::open_configured(path.as_ref(), settings, self).await
+    }
+}
+
+impl SqliteBackend {
+    /// Opens (creating if needed) the queue in the file at `path` with the default
+    /// [`SqliteConfig`], applying any missing schema migrations.
+    pub async fn open(path: impl AsRef<Path>, settings: StoreSettings) -> Result<SqliteBackend> {
+        SqliteConfig::default().open(path, settings).await
+    }
+
+    /// What [`SqliteConfig::open`] does.
+    async fn open_configured(
+        path: &Path,
+        settings: StoreSettings,
         config: SqliteConfig,
-    ) -> Result<SqliteStore> {
+    ) -> Result<SqliteBackend> {
         validate::validate_settings(&settings)?;
         config.validate()?;
-        let engine = Engine::get(path.as_ref(), &config).await?;
+        let engine = Engine::get(path, &config).await?;
         let name = settings.namespace.clone();
         let ns = engine
             .write(WriteMode::DURABLE, move |tx| store::namespace_id(tx, &name))
             .await?;
         let notify = engine.wakers.for_ns(ns);
-        Ok(SqliteStore {
+        Ok(SqliteBackend {
             settings: Arc::new(settings),
             ns,
             notify,
@@ -101,7 +115,7 @@ impl SqliteStore {
     }
 
     /// Opens a new connection on the store's file for the caller's own transactions
-    /// ([`SqliteStore::transaction`]), set up as the store's writer connection: the same
+    /// ([`SqliteBackend::transaction`]), set up as the store's writer connection: the same
     /// busy timeout ([`SqliteConfig::busy_timeout`]) and planner settings; the file is
     /// already in WAL mode. A connection the caller opened themselves works too.
     ///
@@ -163,7 +177,7 @@ impl SqliteStore {
 }
 
 #[async_trait]
-impl Backend for SqliteStore {
+impl Backend for SqliteBackend {
     fn settings(&self) -> &StoreSettings {
         &self.settings
     }
@@ -394,7 +408,7 @@ impl Backend for SqliteStore {
 }
 
 #[async_trait]
-impl Inspect for SqliteStore {
+impl Inspect for SqliteBackend {
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         let ns = self.ns;
         self.engine
@@ -432,7 +446,7 @@ impl Inspect for SqliteStore {
 }
 
 #[async_trait]
-impl Admin for SqliteStore {
+impl Admin for SqliteBackend {
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         let ns = self.ns;
         self.engine
@@ -458,7 +472,7 @@ impl Admin for SqliteStore {
 }
 
 #[async_trait]
-impl Pause for SqliteStore {
+impl Pause for SqliteBackend {
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
         let (ns, queue) = (self.ns, queue.to_owned());
         self.engine
@@ -477,7 +491,7 @@ impl Pause for SqliteStore {
 }
 
 #[async_trait]
-impl Schedules for SqliteStore {
+impl Schedules for SqliteBackend {
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
         let (ns, name, spec) = (self.ns, name.to_owned(), spec.to_owned());
         self.engine
@@ -521,7 +535,7 @@ impl Schedules for SqliteStore {
 }
 
 #[async_trait]
-impl WorkerRegistry for SqliteStore {
+impl WorkerRegistry for SqliteBackend {
     // Worker records are a worker's own calls, not enqueues: a crash may lose the last
     // registration or heartbeat, and the worker's next one writes it again.
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {

@@ -381,7 +381,7 @@ mod tests {
 
         let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
         let store = Store::new(must(
-            crate::SqliteStore::open(&path, settings).await,
+            crate::SqliteBackend::open(&path, settings).await,
             "open",
         ));
         let version: i64 = must(
@@ -444,7 +444,7 @@ mod tests {
         let settings = || StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
         let job = {
             let store = Store::new(must(
-                crate::SqliteStore::open(&path, settings()).await,
+                crate::SqliteBackend::open(&path, settings()).await,
                 "open at the current version",
             ));
             must(store.pause("stopped").await, "pause");
@@ -466,7 +466,7 @@ mod tests {
             );
         }
         let store = Store::new(must(
-            crate::SqliteStore::open(&path, settings()).await,
+            crate::SqliteBackend::open(&path, settings()).await,
             "open the version 5 file",
         ));
         let version: i64 = must(
@@ -584,7 +584,7 @@ mod tests {
 
         let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
         let store = Store::new(must(
-            crate::SqliteStore::open(&path, settings).await,
+            crate::SqliteBackend::open(&path, settings).await,
             "open",
         ));
         let version: i64 = must(

@@ -50,7 +50,7 @@ pub(crate) struct Owner<'s> {
     pub(crate) config: &'s SqliteConfig,
 }
 
-/// Begins a store transaction on `conn`; see [`crate::SqliteStore::transaction`].
+/// Begins a store transaction on `conn`; see [`crate::SqliteBackend::transaction`].
 pub(crate) fn begin<'c>(
     owner: Owner<'_>,
     conn: &'c mut Connection,
@@ -115,7 +115,7 @@ fn same_file(conn: &Connection, store_path: &Path) -> Result<()> {
 
 /// A write transaction on the caller's own connection to the store's file, in which the
 /// caller's own statements, enqueues and fenced completions commit together or not at
-/// all (CONTRACT §7). Begun by [`crate::SqliteStore::transaction`].
+/// all (CONTRACT §7). Begun by [`crate::SqliteBackend::transaction`].
 ///
 /// It dereferences to the [`rusqlite::Transaction`], so the caller runs their own SQL
 /// with `tx.execute(..)` and friends. The methods block like any rusqlite call: from

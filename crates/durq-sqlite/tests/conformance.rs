@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use durq_core::{async_trait, Error, JobId, Result, Store, StoreSettings};
-use durq_sqlite::{SqliteConfig, SqliteStore};
+use durq_sqlite::{SqliteBackend, SqliteConfig};
 
 struct SqliteHarness {
     path: PathBuf,
@@ -43,16 +43,16 @@ fn config() -> SqliteConfig {
 
 impl SqliteHarness {
     /// A backend on `namespace` with the default settings, for the harness's own work.
-    async fn backend(&self, namespace: &str) -> Result<SqliteStore> {
+    async fn backend(&self, namespace: &str) -> Result<SqliteBackend> {
         let settings = StoreSettings::default().namespace(namespace);
-        SqliteStore::open_with(&self.path, settings, config()).await
+        config().open(&self.path, settings).await
     }
 }
 
 #[async_trait]
 impl durq_conformance::Harness for SqliteHarness {
     async fn open(&self, settings: StoreSettings) -> Result<Store> {
-        let backend = SqliteStore::open_with(&self.path, settings, config()).await?;
+        let backend = config().open(&self.path, settings).await?;
         Ok(Store::new(backend))
     }
 

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use durq_core::{ClaimRequest, JobId, JobState, NewJob, Store, StoreSettings};
-use durq_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+use durq_sqlite::{SqliteConfig, Synchronous};
 
 const CHILD_DB: &str = "JOBS_SQLITE_CRASH_DB";
 const CHILD_SYNC: &str = "JOBS_SQLITE_CRASH_SYNC";
@@ -78,7 +78,7 @@ fn child_writer() {
         Err(err) => panic!("cannot start a runtime: {err}"),
     };
     rt.block_on(async move {
-        let store = match SqliteStore::open_with(&db, settings(), config(&sync)).await {
+        let store = match config(&sync).open(&db, settings()).await {
             Ok(backend) => Store::new(backend),
             Err(err) => panic!("open failed: {err}"),
         };
@@ -170,7 +170,7 @@ fn check_file(db: &Path, acknowledged: &Acknowledged, sync: &str, round: usize) 
         Err(err) => panic!("cannot start a runtime: {err}"),
     };
     rt.block_on(async {
-        let store = match SqliteStore::open_with(db, settings(), config(sync)).await {
+        let store = match config(sync).open(db, settings()).await {
             Ok(backend) => Store::new(backend),
             Err(err) => panic!("reopen failed ({sync}, round {round}): {err}"),
         };

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use durq_core::{Budget, ClaimRequest, JobId, JobState, Needs, NewJob, Store, StoreSettings};
-use durq_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+use durq_sqlite::{SqliteConfig, Synchronous};
 
 const CHILD_DB: &str = "JOBS_SQLITE_CHILD_DB";
 const CHILD_NAME: &str = "JOBS_SQLITE_CHILD_NAME";
@@ -105,7 +105,7 @@ fn child_drainer() {
         return;
     };
     runtime().block_on(async move {
-        let store = match SqliteStore::open_with(&db, settings(), config()).await {
+        let store = match config().open(&db, settings()).await {
             Ok(backend) => Store::new(backend),
             Err(err) => panic!("child {name}: open failed: {err}"),
         };
@@ -156,7 +156,7 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
     let db = dir.path().join("queue.db");
     let rt = runtime();
     let store = rt.block_on(async {
-        match SqliteStore::open_with(&db, settings(), config()).await {
+        match config().open(&db, settings()).await {
             Ok(backend) => Store::new(backend),
             Err(err) => panic!("open failed: {err}"),
         }
@@ -337,7 +337,7 @@ fn child_opener() {
         return;
     };
     runtime().block_on(async move {
-        let store = match SqliteStore::open_with(&db, settings(), config()).await {
+        let store = match config().open(&db, settings()).await {
             Ok(backend) => Store::new(backend),
             Err(err) => panic!("child {name}: open failed: {err}"),
         };
@@ -418,7 +418,7 @@ fn processes_opening_a_new_file_at_once_migrate_once_and_share_keys() {
     assert_eq!(versions, vec![durq_sqlite::SCHEMA_VERSION]);
     let rt = runtime();
     rt.block_on(async {
-        let store = match SqliteStore::open_with(&db, settings(), config()).await {
+        let store = match config().open(&db, settings()).await {
             Ok(backend) => Store::new(backend),
             Err(err) => panic!("open failed: {err}"),
         };

@@ -12,7 +12,7 @@ use durq_core::{
     Backend, Budget, ClaimRequest, Clock, Error, JobId, JobState, LeaseToken, ListQuery,
     ManualClock, Needs, NewJob, ReadyOrder, Retry, Store, StoreSettings, Timestamp, WorkerInfo,
 };
-use durq_sqlite::{SqliteConfig, SqliteStore, Synchronous, SCHEMA_VERSION};
+use durq_sqlite::{SqliteBackend, SqliteConfig, Synchronous, SCHEMA_VERSION};
 
 fn temp_db() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = match tempfile::tempdir() {
@@ -29,8 +29,8 @@ fn settings(clock: &ManualClock) -> StoreSettings {
         .clock(Arc::new(clock.clone()))
 }
 
-async fn open_backend(path: &Path, settings: StoreSettings, config: SqliteConfig) -> SqliteStore {
-    match SqliteStore::open_with(path, settings, config).await {
+async fn open_backend(path: &Path, settings: StoreSettings, config: SqliteConfig) -> SqliteBackend {
+    match config.open(path, settings).await {
         Ok(backend) => backend,
         Err(err) => panic!("open failed: {err}"),
     }
@@ -120,7 +120,7 @@ async fn a_file_from_a_newer_build_is_refused_untouched() {
         [SCHEMA_VERSION + 1],
     );
     assert!(matches!(bumped, Ok(1)));
-    let opened = SqliteStore::open(&path, settings(&clock)).await;
+    let opened = SqliteBackend::open(&path, settings(&clock)).await;
     match opened {
         Ok(_) => panic!("a newer schema was accepted"),
         Err(err) => assert!(err.to_string().contains("newer"), "{err}"),
@@ -396,18 +396,18 @@ async fn bad_configurations_are_refused() {
             "poll_interval",
         ),
     ] {
-        match SqliteStore::open_with(&path, settings(&clock), config).await {
+        match config.open(&path, settings(&clock)).await {
             Ok(_) => panic!("{field} was accepted"),
             Err(err) => assert_eq!(err.invalid_field(), Some(field)),
         }
     }
     let nowhere = path.join("no-such-dir").join("jobs.db");
-    match SqliteStore::open(&nowhere, settings(&clock)).await {
+    match SqliteBackend::open(&nowhere, settings(&clock)).await {
         Ok(_) => panic!("a file in a missing directory was opened"),
         Err(err) => assert_eq!(err.invalid_field(), Some("path"), "{err}"),
     }
     let bad_ns = settings(&clock).namespace("no spaces");
-    match SqliteStore::open(&path, bad_ns).await {
+    match SqliteBackend::open(&path, bad_ns).await {
         Ok(_) => panic!("a bad namespace was accepted"),
         Err(err) => assert_eq!(err.invalid_field(), Some("namespace")),
     }

@@ -18,7 +18,7 @@ use durq_core::{
     QueueStats, Store, StoreSettings, Timestamp,
 };
 use durq_sqlite::rusqlite::{self, Connection};
-use durq_sqlite::{SqliteConfig, SqliteStore};
+use durq_sqlite::{SqliteBackend, SqliteConfig};
 
 const QUEUE: &str = "orders";
 const CHILD_DB: &str = "JOBS_SQLITE_TX_CHILD_DB";
@@ -27,7 +27,7 @@ const MAX_PAYLOAD: usize = 1024;
 struct Fixture {
     _dir: tempfile::TempDir,
     path: PathBuf,
-    backend: SqliteStore,
+    backend: SqliteBackend,
     store: Store,
     clock: Arc<ManualClock>,
 }
@@ -39,8 +39,9 @@ fn settings(clock: &Arc<ManualClock>) -> StoreSettings {
         .clock(clock.clone())
 }
 
-async fn open_store(path: &Path, clock: &Arc<ManualClock>, config: SqliteConfig) -> SqliteStore {
-    SqliteStore::open_with(path, settings(clock), config)
+async fn open_store(path: &Path, clock: &Arc<ManualClock>, config: SqliteConfig) -> SqliteBackend {
+    config
+        .open(path, settings(clock))
         .await
         .expect("open the store")
 }

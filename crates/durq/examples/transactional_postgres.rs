@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use durq::backends::postgres::{sqlx, PostgresBackend, PostgresConfig};
+use durq::backends::postgres::{sqlx, PostgresConfig, PostgresPool};
 use durq::{JobContext, JobState, NewJob, Store, StoreSettings, Worker};
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -25,9 +25,9 @@ struct Confirmation {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let backend = PostgresBackend::connect(PostgresConfig::new(&url)?).await?;
+    let backend = PostgresPool::connect(PostgresConfig::new(&url)?).await?;
     let namespace = format!("example-tx-{}", std::process::id());
-    let pg = backend.store(StoreSettings::default().namespace(namespace.as_str()))?;
+    let pg = backend.backend(StoreSettings::default().namespace(namespace.as_str()))?;
     let store = Store::new(pg.clone());
     let (orders, receipts) = (
         format!("example_orders_{}", std::process::id()),
@@ -51,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn run(
-    pg: &durq::backends::postgres::PostgresStore,
+    pg: &durq::backends::postgres::PostgresBackend,
     store: &Store,
     orders: &str,
     receipts: &str,

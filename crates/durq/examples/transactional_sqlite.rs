@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use durq::backends::sqlite::{rusqlite, SqliteStore};
+use durq::backends::sqlite::{rusqlite, SqliteBackend};
 use durq::{Bytes, FencedCompletion, JobContext, JobState, NewJob, Store, StoreSettings, Worker};
 use tokio::sync::mpsc;
 
@@ -28,7 +28,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Saves an order and enqueues its confirmation in one transaction; commits it or not.
 /// Blocking (rusqlite), like every call on a `SqliteTransaction`.
 fn place_order(
-    backend: &SqliteStore,
+    backend: &SqliteBackend,
     conn: &mut rusqlite::Connection,
     item: &str,
     commit: bool,
@@ -51,7 +51,7 @@ fn place_order(
 
 /// The handler's work: the receipt row and the job's completion, in one transaction.
 fn send_confirmation(
-    backend: &SqliteStore,
+    backend: &SqliteBackend,
     ctx: &JobContext,
     payload: &[u8],
 ) -> Result<FencedCompletion, BoxError> {
@@ -82,7 +82,7 @@ fn count(conn: &rusqlite::Connection, table: &str) -> Result<i64, BoxError> {
 async fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("shop.db");
-    let backend = SqliteStore::open(&path, StoreSettings::default()).await?;
+    let backend = SqliteBackend::open(&path, StoreSettings::default()).await?;
     let store = Store::new(backend.clone());
     println!("queue and shop tables in {}", path.display());
 

@@ -96,7 +96,7 @@ fn feature_off(feature: &str) -> Error {
 
 #[cfg(feature = "memory")]
 fn open_memory(settings: StoreSettings) -> Result<Store> {
-    Ok(Store::new(durq_memory::MemoryStore::new(settings)?))
+    Ok(Store::new(durq_memory::MemoryBackend::new(settings)?))
 }
 
 #[cfg(not(feature = "memory"))]
@@ -107,7 +107,7 @@ fn open_memory(_settings: StoreSettings) -> Result<Store> {
 #[cfg(feature = "sqlite")]
 async fn open_sqlite(path: String, settings: StoreSettings) -> Result<Store> {
     Ok(Store::new(
-        durq_sqlite::SqliteStore::open(path, settings).await?,
+        durq_sqlite::SqliteBackend::open(path, settings).await?,
     ))
 }
 
@@ -119,7 +119,7 @@ async fn open_sqlite(_path: String, _settings: StoreSettings) -> Result<Store> {
 #[cfg(feature = "redis")]
 async fn open_redis(url: &str, settings: StoreSettings) -> Result<Store> {
     Ok(Store::new(
-        durq_redis::RedisStore::connect(url, settings).await?,
+        durq_redis::RedisBackend::connect(url, settings).await?,
     ))
 }
 
@@ -131,7 +131,7 @@ async fn open_redis(_url: &str, _settings: StoreSettings) -> Result<Store> {
 #[cfg(feature = "postgres")]
 async fn open_postgres(url: &str, settings: StoreSettings) -> Result<Store> {
     Ok(Store::new(
-        durq_postgres::PostgresStore::connect(url, settings).await?,
+        durq_postgres::PostgresBackend::connect(url, settings).await?,
     ))
 }
 

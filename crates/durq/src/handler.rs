@@ -181,7 +181,7 @@ impl JobContext {
     /// and Redis, so a handler that blocks its threads cannot starve the leases), and a
     /// connection a pool opens is driven by the runtime of the task that opened it. A
     /// handler that uses a pool the rest of the application shares, such as the
-    /// transaction of a fenced completion (`PostgresStore::complete_in`), runs that
+    /// transaction of a fenced completion (`PostgresBackend::complete_in`), runs that
     /// part here: connections opened for it then outlive the worker's runtime instead
     /// of failing once it shut down.
     ///
@@ -427,7 +427,7 @@ fn success<O: JobOutput>(output: O) -> Result<Success, JobError> {
 
 /// A handler that completed its job inside its own database transaction returns the
 /// receipt (`Ok(receipt)`) once that transaction committed: the worker then records
-/// nothing more for the job, and lets its lease go. See `PostgresStore::complete_in`
+/// nothing more for the job, and lets its lease go. See `PostgresBackend::complete_in`
 /// and `SqliteTransaction::complete`.
 impl JobOutput for FencedCompletion {
     fn into_result(self) -> Result<Option<Bytes>, JobError> {

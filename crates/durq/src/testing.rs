@@ -54,7 +54,7 @@ impl TestKit {
     pub fn new() -> TestKit {
         let clock = ManualClock::default();
         let settings = StoreSettings::default().clock(Arc::new(clock.clone()));
-        let store = match durq_memory::MemoryStore::new(settings) {
+        let store = match durq_memory::MemoryBackend::new(settings) {
             Ok(backend) => Store::new(backend),
             // The default settings are valid; a failure here is a bug of this crate.
             Err(err) => panic!("the test kit's store: {err}"),

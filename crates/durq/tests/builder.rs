@@ -6,7 +6,7 @@ use std::time::Duration;
 use durq::{Backoff, JobState, NewJob, Store, StoreSettings, Worker, WorkerBuilder};
 
 fn store() -> Store {
-    Store::new(durq_memory::MemoryStore::new(StoreSettings::default()).expect("store"))
+    Store::new(durq_memory::MemoryBackend::new(StoreSettings::default()).expect("store"))
 }
 
 fn with_handler(builder: WorkerBuilder) -> WorkerBuilder {

@@ -31,7 +31,7 @@ impl Write for Captured {
 }
 
 fn memory_store() -> Store {
-    match durq_memory::MemoryStore::new(StoreSettings::default()) {
+    match durq_memory::MemoryBackend::new(StoreSettings::default()) {
         Ok(backend) => Store::new(backend),
         Err(err) => panic!("memory store: {err}"),
     }

@@ -284,7 +284,7 @@ async fn a_fenced_success_is_not_reported_as_a_lost_lease() {
     let dir = tempfile::tempdir().expect("temp dir");
     let settings =
         StoreSettings::default().namespace(durq_conformance::unique_namespace("logs-fenced"));
-    let sqlite = durq_sqlite::SqliteStore::open(dir.path().join("jobs.db"), settings)
+    let sqlite = durq_sqlite::SqliteBackend::open(dir.path().join("jobs.db"), settings)
         .await
         .expect("open sqlite");
     let plain = Store::new(sqlite.clone());

@@ -139,7 +139,7 @@ async fn runtime_metrics_are_recorded_under_their_names() {
     // The layer counts what is enqueued through this handle and its clones, the
     // worker's included.
     let store =
-        Store::new(durq_memory::MemoryStore::new(settings).expect("store")).layer(MetricsLayer);
+        Store::new(durq_memory::MemoryBackend::new(settings).expect("store")).layer(MetricsLayer);
 
     // A paused queue the worker serves: its job stays ready, and its lag grows with the
     // clock (CONTRACT A7).

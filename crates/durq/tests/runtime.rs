@@ -2390,7 +2390,7 @@ impl Server for Sqlite {
     async fn open(&self, settings: StoreSettings) -> Store {
         let path = self.0.path().join("jobs.db");
         Store::new(
-            durq_sqlite::SqliteStore::open(path, settings)
+            durq_sqlite::SqliteBackend::open(path, settings)
                 .await
                 .expect("open an sqlite store"),
         )
@@ -2415,7 +2415,7 @@ struct Redis(String);
 impl Server for Redis {
     async fn open(&self, settings: StoreSettings) -> Store {
         Store::new(
-            durq::backends::redis::RedisStore::connect(&self.0, settings)
+            durq::backends::redis::RedisBackend::connect(&self.0, settings)
                 .await
                 .expect("connect to redis"),
         )
@@ -2432,7 +2432,7 @@ async fn redis() -> Option<Arc<dyn Server>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     // Connecting writes no key, so the probe leaves nothing to remove.
     let probe = StoreSettings::default().namespace(unique_namespace());
-    match durq::backends::redis::RedisStore::connect(&url, probe).await {
+    match durq::backends::redis::RedisBackend::connect(&url, probe).await {
         Ok(_) => Some(Arc::new(Redis(url))),
         Err(err) => skip_or_fail("Redis", &url, &err),
     }
@@ -2443,13 +2443,13 @@ runtime_tests!(redis, redis());
 
 #[cfg(feature = "postgres")]
 /// One small pool per test, shared by the test's stores.
-struct Postgres(durq::backends::postgres::PostgresBackend);
+struct Postgres(durq::backends::postgres::PostgresPool);
 
 #[cfg(feature = "postgres")]
 #[async_trait]
 impl Server for Postgres {
     async fn open(&self, settings: StoreSettings) -> Store {
-        Store::new(self.0.store(settings).expect("a postgres store"))
+        Store::new(self.0.backend(settings).expect("a postgres store"))
     }
 
     /// The namespace's rows in the shared schema; the schema stays.
@@ -2466,14 +2466,14 @@ impl Server for Postgres {
 /// `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`; skipped loudly
 /// when unreachable.
 async fn postgres() -> Option<Arc<dyn Server>> {
-    use durq::backends::postgres::{PostgresBackend, PostgresConfig};
+    use durq::backends::postgres::{PostgresConfig, PostgresPool};
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let config = PostgresConfig::new(&url)
         .expect("DATABASE_URL is a postgres URL")
         .max_connections(4)
         .application_name("jobs-runtime-tests");
-    match PostgresBackend::connect(config).await {
+    match PostgresPool::connect(config).await {
         Ok(backend) => Some(Arc::new(Postgres(backend))),
         Err(err) => skip_or_fail("PostgreSQL", &url, &err),
     }

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use durq::backends::postgres::{sqlx, PostgresBackend, PostgresConfig, PostgresStore};
-use durq::backends::sqlite::SqliteStore;
+use durq::backends::postgres::{sqlx, PostgresBackend, PostgresConfig, PostgresPool};
+use durq::backends::sqlite::SqliteBackend;
 use durq::layers::{async_trait, Backend, LayeredBackend};
 use durq::worker_calls::{ClaimRequest, Completion, HeldLease, Retry};
 use durq::{
@@ -49,8 +49,8 @@ trait Transactional: Send + Sync + 'static {
 }
 
 struct Postgres {
-    backend: PostgresBackend,
-    pg: PostgresStore,
+    backend: PostgresPool,
+    pg: PostgresBackend,
     table: String,
 }
 
@@ -59,11 +59,11 @@ impl Postgres {
         let url = std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
         let config = PostgresConfig::new(&url).ok()?.max_connections(8);
-        let backend = match PostgresBackend::connect(config).await {
+        let backend = match PostgresPool::connect(config).await {
             Ok(backend) => backend,
             Err(err) => return durq_conformance::skip_or_fail("PostgreSQL", &url, &err),
         };
-        let pg = backend.store(settings.clone()).expect("valid settings");
+        let pg = backend.backend(settings.clone()).expect("valid settings");
         let table = format!(
             "jobs_test_receipts_{}",
             settings
@@ -130,14 +130,14 @@ impl Transactional for Postgres {
 }
 
 struct Sqlite {
-    store: SqliteStore,
+    store: SqliteBackend,
     _dir: tempfile::TempDir,
 }
 
 impl Sqlite {
     async fn open(settings: StoreSettings) -> Option<Arc<dyn Transactional>> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = SqliteStore::open(dir.path().join("jobs.db"), settings)
+        let store = SqliteBackend::open(dir.path().join("jobs.db"), settings)
             .await
             .expect("open the store");
         let conn = store.connection().expect("a connection");

@@ -19,7 +19,7 @@ impl TypedJob for Resize {
 
 fn store() -> Store {
     let settings = StoreSettings::default().namespace("typed");
-    match durq_memory::MemoryStore::new(settings) {
+    match durq_memory::MemoryBackend::new(settings) {
         Ok(backend) => Store::new(backend),
         Err(err) => panic!("memory store: {err}"),
     }

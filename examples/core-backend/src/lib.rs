@@ -15,17 +15,17 @@ use durq_core::{
     async_trait, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Enqueued, Heartbeat, Job,
     JobId, JobState, LeaseToken, NewJob, ReclaimedJob, Result, Retry, StoreSettings, Timestamp,
 };
-use durq_memory::MemoryStore;
+use durq_memory::MemoryBackend;
 
 /// A job queue with the core of the contract and nothing more.
 #[derive(Debug)]
 pub struct CoreBackend {
-    storage: MemoryStore,
+    storage: MemoryBackend,
 }
 
 impl CoreBackend {
     /// A backend over `storage`.
-    pub fn new(storage: MemoryStore) -> Self {
+    pub fn new(storage: MemoryBackend) -> Self {
         CoreBackend { storage }
     }
 }

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use durq::{Capability, Error, JobContext, JobError, JobState, NewJob, Schedule, Store, Worker};
 use durq_example_core_backend::CoreBackend;
-use durq_memory::MemoryStore;
+use durq_memory::MemoryBackend;
 use tokio::sync::Notify;
 
 fn core_store() -> Store {
-    let storage = MemoryStore::new(durq::StoreSettings::default()).expect("open memory");
+    let storage = MemoryBackend::new(durq::StoreSettings::default()).expect("open memory");
     Store::new(CoreBackend::new(storage))
 }
 

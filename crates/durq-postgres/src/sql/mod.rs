@@ -185,7 +185,7 @@ pub(crate) struct Statements {
     /// The `list` statements, returning whole jobs.
     pub(crate) list: ListStatements,
     /// The same walks returning ids only: what bounds the rows a filtered page
-    /// examines (see `PostgresStore::list`).
+    /// examines (see `PostgresBackend::list`).
     pub(crate) list_ids: ListStatements,
     pub(crate) purge: Text,
     pub(crate) bury: Text,

@@ -79,7 +79,7 @@ macro_rules! list_filters {
 /// list (every state when the query names none), `$4` the exclusive cursor (the
 /// largest uuid for the first page), `$5` the page size, `$6` and `$7` the
 /// `list_filters!`, `$8` the lowest id the page may hold (NULL: none; see
-/// `PostgresStore::list` for the bound on the rows one filtered page examines). One range of `jobs_listing` (namespace, queue, state, id) per
+/// `PostgresBackend::list` for the bound on the rows one filtered page examines). One range of `jobs_listing` (namespace, queue, state, id) per
 /// state, walked newest first and cut at `$5` matches, then merged: a page costs its
 /// size (and the rows the filters leave out), not its depth.
 pub(super) const LIST_QUEUE: &str = concat!(

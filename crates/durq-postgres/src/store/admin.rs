@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) async fn cancel(store: &PostgresStore, id: JobId, now: Timestamp) -> Result<JobState> {
+pub(super) async fn cancel(store: &PostgresBackend, id: JobId, now: Timestamp) -> Result<JobState> {
     // The update acts on a queued or running job; otherwise the job is terminal
     // and stays as it is. A job that moves between the two statements (a
     // concurrent retry) is tried again.
@@ -28,7 +28,7 @@ pub(super) async fn cancel(store: &PostgresStore, id: JobId, now: Timestamp) -> 
     }
 }
 
-pub(super) async fn retry(store: &PostgresStore, id: JobId, now: Timestamp) -> Result<()> {
+pub(super) async fn retry(store: &PostgresBackend, id: JobId, now: Timestamp) -> Result<()> {
     // Sent once: a second run after a first that committed unseen would refuse
     // the job as already queued.
     let query = sqlx::query(store.sql().retry.sql())
@@ -55,7 +55,7 @@ pub(super) async fn retry(store: &PostgresStore, id: JobId, now: Timestamp) -> R
     }
 }
 
-pub(super) async fn set_paused(store: &PostgresStore, queue: &str, paused: bool) -> Result<()> {
+pub(super) async fn set_paused(store: &PostgresBackend, queue: &str, paused: bool) -> Result<()> {
     // Pausing what is paused, or resuming what runs, changes nothing: sent again
     // if the connection broke.
     let sql = if paused {
@@ -76,7 +76,7 @@ pub(super) async fn set_paused(store: &PostgresStore, queue: &str, paused: bool)
     Ok(())
 }
 
-pub(super) async fn paused_queues(store: &PostgresStore) -> Result<Vec<String>> {
+pub(super) async fn paused_queues(store: &PostgresBackend) -> Result<Vec<String>> {
     let rows = store
         .shared()
         .fetch_all_again("paused_queues", |_| {

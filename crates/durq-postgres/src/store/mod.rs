@@ -22,10 +22,10 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::backend::{PostgresBackend, PostgresConfig};
 use crate::complete::{Completion, Completions, Outcome};
 use crate::conn::{PgQuery, Shared};
 use crate::enqueue::{enqueue_all, Enqueue, Enqueues};
+use crate::pool::{PostgresConfig, PostgresPool};
 use crate::row::{self, column};
 
 mod admin;
@@ -42,7 +42,7 @@ use self::claim::{claim_order, Unreadable};
 /// Cloning is cheap and shares everything. See the crate documentation for the
 /// schema and the statements behind each operation.
 #[derive(Clone)]
-pub struct PostgresStore {
+pub struct PostgresBackend {
     inner: Arc<Inner>,
 }
 
@@ -56,24 +56,24 @@ struct Inner {
     completions: Batcher<Completions>,
 }
 
-impl fmt::Debug for PostgresStore {
+impl fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresStore")
+        f.debug_struct("PostgresBackend")
             .field("schema", &self.inner.shared.schema)
             .field("namespace", &self.inner.settings.namespace)
             .finish_non_exhaustive()
     }
 }
 
-impl PostgresStore {
+impl PostgresBackend {
     /// Connects to `url`, migrates the default schema, and opens `settings.namespace`.
     ///
     /// ```no_run
     /// use durq_core::{NewJob, Store, StoreSettings};
-    /// use durq_postgres::PostgresStore;
+    /// use durq_postgres::PostgresBackend;
     /// # async fn example() -> durq_core::Result<()> {
     /// let store = Store::new(
-    ///     PostgresStore::connect(
+    ///     PostgresBackend::connect(
     ///         "postgres://postgres@127.0.0.1:5432/app",
     ///         StoreSettings::default().namespace("billing"),
     ///     )
@@ -85,23 +85,18 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self> {
-        Self::connect_with(PostgresConfig::new(url)?, settings).await
-    }
-
-    /// Connects with a full configuration (schema, pool size, timeouts).
-    pub async fn connect_with(config: PostgresConfig, settings: StoreSettings) -> Result<Self> {
-        PostgresBackend::connect(config).await?.store(settings)
+        PostgresConfig::new(url)?.open(settings).await
     }
 
     /// Uses an existing pool with the default schema.
     pub async fn from_pool(pool: PgPool, settings: StoreSettings) -> Result<Self> {
-        PostgresBackend::from_pool(pool, crate::DEFAULT_SCHEMA)
+        PostgresPool::from_pool(pool, crate::DEFAULT_SCHEMA)
             .await?
-            .store(settings)
+            .backend(settings)
     }
 
     fn new(shared: Arc<Shared>, settings: StoreSettings) -> Self {
-        PostgresStore {
+        PostgresBackend {
             inner: Arc::new(Inner {
                 seen: Mutex::default(),
                 enqueues: Batcher::new(Enqueues {
@@ -199,12 +194,23 @@ impl PostgresStore {
     }
 }
 
-impl PostgresBackend {
-    /// A store on this backend for `settings.namespace`; wrap it in a
+impl PostgresConfig {
+    /// Connects a pool of its own, migrates the schema, and opens the backend of
+    /// namespace `settings.namespace` over it: the one way to open a PostgreSQL
+    /// backend with a full configuration (schema, pool size, timeouts). Namespaces
+    /// that share a pool open it with [`PostgresPool::connect`] and
+    /// [`PostgresPool::backend`].
+    pub async fn open(self, settings: StoreSettings) -> Result<PostgresBackend> {
+        PostgresPool::connect(self).await?.backend(settings)
+    }
+}
+
+impl PostgresPool {
+    /// The backend of namespace `settings.namespace` over this pool; wrap it in a
     /// [`durq_core::Store`] to use it. Settings the contract refuses are refused here.
-    pub fn store(&self, settings: StoreSettings) -> Result<PostgresStore> {
+    pub fn backend(&self, settings: StoreSettings) -> Result<PostgresBackend> {
         validate::validate_settings(&settings)?;
-        Ok(PostgresStore::new(Arc::clone(self.shared()), settings))
+        Ok(PostgresBackend::new(Arc::clone(self.shared()), settings))
     }
 }
 
@@ -226,7 +232,7 @@ fn limit_param(limit: usize) -> i64 {
 }
 
 #[async_trait]
-impl Backend for PostgresStore {
+impl Backend for PostgresBackend {
     fn settings(&self) -> &StoreSettings {
         &self.inner.settings
     }
@@ -238,8 +244,8 @@ impl Backend for PostgresStore {
     }
 
     async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
-        let shared = crate::backend::reopened(&self.inner.shared);
-        Ok(Some(Arc::new(PostgresStore::new(
+        let shared = crate::pool::reopened(&self.inner.shared);
+        Ok(Some(Arc::new(PostgresBackend::new(
             shared,
             self.inner.settings.clone(),
         ))))
@@ -602,7 +608,7 @@ impl Backend for PostgresStore {
 }
 
 #[async_trait]
-impl Inspect for PostgresStore {
+impl Inspect for PostgresBackend {
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         reads::children(self, parent).await
     }
@@ -625,7 +631,7 @@ impl Inspect for PostgresStore {
 }
 
 #[async_trait]
-impl Admin for PostgresStore {
+impl Admin for PostgresBackend {
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         admin::cancel(self, id, now).await
     }
@@ -655,7 +661,7 @@ impl Admin for PostgresStore {
 }
 
 #[async_trait]
-impl Pause for PostgresStore {
+impl Pause for PostgresBackend {
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
         admin::set_paused(self, queue, paused).await
     }
@@ -666,7 +672,7 @@ impl Pause for PostgresStore {
 }
 
 #[async_trait]
-impl Schedules for PostgresStore {
+impl Schedules for PostgresBackend {
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
         schedules::put_schedule(self, name, spec, now).await
     }
@@ -685,7 +691,7 @@ impl Schedules for PostgresStore {
 }
 
 #[async_trait]
-impl WorkerRegistry for PostgresStore {
+impl WorkerRegistry for PostgresBackend {
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
         workers::put_worker(self, id, spec, in_flight, now).await
     }

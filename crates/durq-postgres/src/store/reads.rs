@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) async fn get(store: &PostgresStore, id: JobId) -> Result<Job> {
+pub(super) async fn get(store: &PostgresBackend, id: JobId) -> Result<Job> {
     let row = store
         .fetch_optional_again("get", || {
             sqlx::query(store.sql().get.sql())
@@ -17,7 +17,7 @@ pub(super) async fn get(store: &PostgresStore, id: JobId) -> Result<Job> {
     }
 }
 
-pub(super) async fn payload(store: &PostgresStore, id: JobId) -> Result<Bytes> {
+pub(super) async fn payload(store: &PostgresBackend, id: JobId) -> Result<Bytes> {
     let row = store
         .fetch_optional_again("payload", || {
             sqlx::query(store.sql().payload.sql())
@@ -34,7 +34,7 @@ pub(super) async fn payload(store: &PostgresStore, id: JobId) -> Result<Bytes> {
     }
 }
 
-pub(super) async fn children(store: &PostgresStore, parent: JobId) -> Result<Vec<Job>> {
+pub(super) async fn children(store: &PostgresBackend, parent: JobId) -> Result<Vec<Job>> {
     let rows = store
         .shared()
         .fetch_all_again("children", |_| {
@@ -46,7 +46,7 @@ pub(super) async fn children(store: &PostgresStore, parent: JobId) -> Result<Vec
     rows.iter().map(row::job).collect()
 }
 
-pub(super) async fn attempts(store: &PostgresStore, id: JobId) -> Result<Vec<Attempt>> {
+pub(super) async fn attempts(store: &PostgresBackend, id: JobId) -> Result<Vec<Attempt>> {
     // A read: sent again if the connection broke.
     let rows = store
         .shared()
@@ -69,7 +69,7 @@ pub(super) async fn attempts(store: &PostgresStore, id: JobId) -> Result<Vec<Att
 }
 
 pub(super) async fn stats(
-    store: &PostgresStore,
+    store: &PostgresBackend,
     queue: &str,
     now: Timestamp,
 ) -> Result<QueueStats> {
@@ -93,7 +93,7 @@ pub(super) async fn stats(
     Ok(stats)
 }
 
-pub(super) async fn queues(store: &PostgresStore, now: Timestamp) -> Result<Vec<QueueOverview>> {
+pub(super) async fn queues(store: &PostgresBackend, now: Timestamp) -> Result<Vec<QueueOverview>> {
     let rows = store
         .shared()
         .fetch_all_again("queues", |_| {
@@ -128,7 +128,7 @@ pub(super) async fn queues(store: &PostgresStore, now: Timestamp) -> Result<Vec<
     Ok(overviews)
 }
 
-pub(super) async fn list(store: &PostgresStore, query: ListQuery) -> Result<ListPage> {
+pub(super) async fn list(store: &PostgresBackend, query: ListQuery) -> Result<ListPage> {
     let cursor = query.cursor.map_or(Uuid::max(), Uuid::from);
     // NULL binds "every tenant" and "no tag filter" (see `sql::list_filters`).
     let tenant = (!query.tenant.is_empty()).then_some(query.tenant.as_bytes());
@@ -205,7 +205,7 @@ pub(super) struct ListPageQuery<'a> {
     cursor: Uuid,
 }
 
-impl PostgresStore {
+impl PostgresBackend {
     /// One of `statements` for `page`: up to `limit` rows newest first, those of
     /// `tenant` and with `tags` (NULL: any), none below `lowest` (NULL: no bound). The
     /// statement is chosen by what the query names (see `sql::LIST_QUEUE`).

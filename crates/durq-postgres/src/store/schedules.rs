@@ -3,7 +3,7 @@
 use super::*;
 
 pub(super) async fn put_schedule(
-    store: &PostgresStore,
+    store: &PostgresBackend,
     name: &str,
     spec: &str,
     now: Timestamp,
@@ -23,7 +23,7 @@ pub(super) async fn put_schedule(
         .map(drop)
 }
 
-pub(super) async fn schedules(store: &PostgresStore) -> Result<Vec<StoredSchedule>> {
+pub(super) async fn schedules(store: &PostgresBackend) -> Result<Vec<StoredSchedule>> {
     let rows = store
         .shared()
         .fetch_all_again("schedules", |_| {
@@ -44,7 +44,7 @@ pub(super) async fn schedules(store: &PostgresStore) -> Result<Vec<StoredSchedul
 }
 
 pub(super) async fn update_schedule(
-    store: &PostgresStore,
+    store: &PostgresBackend,
     name: &str,
     update: ScheduleUpdate,
 ) -> Result<()> {
@@ -68,7 +68,7 @@ pub(super) async fn update_schedule(
     Ok(())
 }
 
-pub(super) async fn delete_schedule(store: &PostgresStore, name: &str) -> Result<bool> {
+pub(super) async fn delete_schedule(store: &PostgresBackend, name: &str) -> Result<bool> {
     // Sent once: a second run after a broken connection would answer `false`.
     let query = sqlx::query(store.sql().delete_schedule.sql())
         .bind(store.namespace())

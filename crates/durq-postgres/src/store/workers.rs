@@ -3,7 +3,7 @@
 use super::*;
 
 pub(super) async fn put_worker(
-    store: &PostgresStore,
+    store: &PostgresBackend,
     id: &str,
     spec: &str,
     in_flight: u32,
@@ -26,7 +26,7 @@ pub(super) async fn put_worker(
 }
 
 pub(super) async fn touch_worker(
-    store: &PostgresStore,
+    store: &PostgresBackend,
     id: &str,
     in_flight: u32,
     now: Timestamp,
@@ -46,7 +46,7 @@ pub(super) async fn touch_worker(
     Ok(!rows.is_empty())
 }
 
-pub(super) async fn delete_worker(store: &PostgresStore, id: &str) -> Result<bool> {
+pub(super) async fn delete_worker(store: &PostgresBackend, id: &str) -> Result<bool> {
     // Sent once, as `delete_schedule` is: a second run after a broken connection
     // would answer `false` for a worker the first run deleted.
     let query = sqlx::query(store.sql().delete_worker.sql())
@@ -58,7 +58,7 @@ pub(super) async fn delete_worker(store: &PostgresStore, id: &str) -> Result<boo
         .is_some())
 }
 
-pub(super) async fn workers(store: &PostgresStore) -> Result<Vec<StoredWorker>> {
+pub(super) async fn workers(store: &PostgresBackend) -> Result<Vec<StoredWorker>> {
     let rows = store
         .shared()
         .fetch_all_again("workers", |_| {
@@ -82,7 +82,10 @@ pub(super) async fn workers(store: &PostgresStore) -> Result<Vec<StoredWorker>> 
         .collect()
 }
 
-pub(super) async fn reap_workers(store: &PostgresStore, cutoff: Timestamp) -> Result<Vec<String>> {
+pub(super) async fn reap_workers(
+    store: &PostgresBackend,
+    cutoff: Timestamp,
+) -> Result<Vec<String>> {
     // Deleting the silent workers twice deletes them once: sent again if the
     // connection broke (the answer then misses the ids the first run deleted, as
     // `reclaim`'s and `purge`'s do).

@@ -11,7 +11,7 @@ use durq_core::{ClaimRequest, ClaimedJob, Error, JobId, Result, Timestamp};
 use redis::Value;
 
 use super::heads::Call;
-use super::{unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
+use super::{unexpected, RedisBackend, PROMOTE_BOUND, PROMOTE_ROUNDS};
 use crate::codec::{
     array, decode_claimed, id_string, int, job_id_bytes, member_id, text, LeaseWrite, Unreadable,
     CLAIMED_FIELDS,
@@ -90,7 +90,7 @@ struct Answer {
     stop: Option<String>,
 }
 
-impl RedisStore {
+impl RedisBackend {
     /// Rules C1–C9 (see [`durq_core::Backend::claim`]): leases up to `request.limit`
     /// jobs, script call after script call, until the limit is reached, the ready
     /// order runs dry, or other claimers keep taking the candidates. A fitted claim

@@ -10,7 +10,7 @@ use durq_core::{duration_millis, Error, Result, StoreSettings};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 
-use super::{Heads, Inner, RedisStore};
+use super::{Heads, Inner, RedisBackend};
 use crate::complete::Completions;
 use crate::conn::{
     map_err, Conn, CONNECT_TIMEOUT, RECONNECT_CAP, RECONNECT_FIRST_DELAY, RECONNECT_RETRIES,
@@ -44,7 +44,7 @@ fn ttl_ms(duration: Duration) -> i64 {
 /// (mutual TLS). Everything is PEM.
 ///
 /// A `rediss://` URL needs none of this when the server's certificate chains to a root
-/// the system trusts: [`RedisStore::connect`] takes it as it is.
+/// the system trusts: [`RedisBackend::connect`] takes it as it is.
 #[cfg(feature = "tls")]
 #[derive(Clone, Default)]
 pub struct TlsConfig {
@@ -187,10 +187,88 @@ fn node_client(url: &str, tls: Option<&TlsConfig>) -> Result<redis::Client> {
     }
 }
 
-impl RedisStore {
+/// Where a [`RedisBackend`] connects: one server or a cluster's nodes, and (feature
+/// `tls`) certificates of the caller's. The one way to open a Redis backend with more
+/// than a URL; [`RedisBackend::connect`] is its shortcut for one server.
+///
+/// ```no_run
+/// use durq_core::{Store, StoreSettings};
+/// use durq_redis::RedisConfig;
+/// # async fn example() -> durq_core::Result<()> {
+/// let cluster = RedisConfig::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+///     .open(StoreSettings::default())
+///     .await?;
+/// let store = Store::new(cluster);
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    nodes: Nodes,
+    #[cfg(feature = "tls")]
+    tls: Option<TlsConfig>,
+}
+
+impl RedisConfig {
+    /// One Redis server, e.g. `redis://127.0.0.1:6379`, or `rediss://host:6380` for
+    /// TLS (feature `tls`).
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisConfig {
+            nodes: Nodes::One(url.into()),
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// A Redis Cluster, reached through any of its nodes' URLs (all `redis://`, or all
+    /// `rediss://` with the `tls` feature). Every key of a namespace is in one hash
+    /// slot, so every script runs on the node owning it.
+    pub fn cluster<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisConfig {
+            nodes: Nodes::Cluster(urls.into_iter().map(Into::into).collect()),
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// Certificates of the caller's for `rediss://` URLs: a CA to trust, a client
+    /// certificate. Feature `tls`; without it the system's roots are trusted.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Connects, loads the scripts, and opens the backend of namespace
+    /// `settings.namespace`. Settings that break the contract's limits are refused.
+    pub async fn open(self, settings: StoreSettings) -> Result<RedisBackend> {
+        #[cfg(feature = "tls")]
+        let tls = self.tls.as_ref();
+        #[cfg(not(feature = "tls"))]
+        let tls: Option<&TlsConfig> = None;
+        match &self.nodes {
+            Nodes::One(url) => RedisBackend::open_single(url, tls, settings).await,
+            Nodes::Cluster(urls) => RedisBackend::open_cluster(urls, tls, settings).await,
+        }
+    }
+}
+
+/// One server's URL, or the URLs of a cluster's nodes.
+#[derive(Debug, Clone)]
+enum Nodes {
+    One(String),
+    Cluster(Vec<String>),
+}
+
+impl RedisBackend {
     /// Connects to one Redis server, e.g. `redis://127.0.0.1:6379`, or
     /// `rediss://host:6380` for TLS (feature `tls`; the server's certificate must chain
-    /// to a root the system trusts, else see [`RedisStore::connect_tls`]). The
+    /// to a root the system trusts, else see [`RedisConfig::tls`]). The
     /// connection reconnects by itself, within the reconnect back-off cap of 200 ms of
     /// the server answering again; a call made while it is down waits for up to 13
     /// connection attempts (1.2–2.3 s against a port that refuses), then fails with
@@ -199,39 +277,6 @@ impl RedisStore {
     /// Settings that break the contract's limits are refused here.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self> {
         Self::open_single(url, None, settings).await
-    }
-
-    /// Connects to one Redis server over TLS (`rediss://`) with certificates of the
-    /// caller's: a CA to trust, a client certificate. Feature `tls`.
-    #[cfg(feature = "tls")]
-    pub async fn connect_tls(url: &str, tls: TlsConfig, settings: StoreSettings) -> Result<Self> {
-        Self::open_single(url, Some(&tls), settings).await
-    }
-
-    /// Connects to a Redis Cluster through any of its nodes' URLs (all `redis://`, or all
-    /// `rediss://` with the `tls` feature). Every key of a namespace is in one hash slot,
-    /// so every script runs on the node owning it.
-    pub async fn connect_cluster<I, S>(urls: I, settings: StoreSettings) -> Result<Self>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        Self::open_cluster(urls, None, settings).await
-    }
-
-    /// Connects to a Redis Cluster over TLS with certificates of the caller's, as
-    /// [`RedisStore::connect_tls`] does for one server. Feature `tls`.
-    #[cfg(feature = "tls")]
-    pub async fn connect_cluster_tls<I, S>(
-        urls: I,
-        tls: TlsConfig,
-        settings: StoreSettings,
-    ) -> Result<Self>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        Self::open_cluster(urls, Some(&tls), settings).await
     }
 
     async fn open_single(
@@ -354,7 +399,7 @@ impl RedisStore {
         let enqueues = Batcher::new(Enqueues {
             ctx: enqueue_ctx.clone(),
         });
-        RedisStore {
+        RedisBackend {
             inner: Arc::new(Inner {
                 cluster: matches!(dial, Dial::Cluster(..)),
                 conn,

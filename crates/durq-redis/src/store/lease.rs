@@ -9,14 +9,14 @@ use durq_core::{
 };
 use redis::Value;
 
-use super::{parse_state, status, unexpected, RedisStore};
+use super::{parse_state, status, unexpected, RedisBackend};
 use crate::codec::{array, id_string, text};
 use crate::complete::{self, Entry as BatchEntry};
 use crate::enqueue::ready_hex;
 use crate::keys::Keys;
 use crate::scripts;
 
-impl RedisStore {
+impl RedisBackend {
     /// One `heartbeat.lua` call over `leases`, one answer per entry: each lease that is
     /// still held now runs to `now + ttl`.
     pub(super) async fn heartbeat_many(

@@ -1,4 +1,4 @@
-//! `RedisStore`: the `Backend` of the contract over Redis, one Lua script per state
+//! `RedisBackend`: the `Backend` of the contract over Redis, one Lua script per state
 //! change.
 //!
 //! The type and its `Backend` impl live here; the work is split by job:
@@ -37,6 +37,7 @@ mod reads;
 mod sweep;
 mod workers;
 
+pub use connect::RedisConfig;
 #[cfg(feature = "tls")]
 pub use connect::TlsConfig;
 
@@ -55,7 +56,7 @@ const PROMOTE_ROUNDS: usize = 10_000_000 / PROMOTE_BOUND;
 /// passes down. See `docs/redis.md` for the keys and scripts. Cloning is cheap and shares
 /// the connection.
 #[derive(Clone)]
-pub struct RedisStore {
+pub struct RedisBackend {
     inner: Arc<Inner>,
 }
 
@@ -75,10 +76,10 @@ struct Inner {
     cluster: bool,
 }
 
-impl fmt::Debug for RedisStore {
+impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The URL is not kept: it may hold a password.
-        f.debug_struct("RedisStore")
+        f.debug_struct("RedisBackend")
             .field("namespace", &self.inner.settings.namespace)
             .field("cluster", &self.inner.cluster)
             .finish_non_exhaustive()
@@ -111,7 +112,7 @@ fn parse_state(text: &str, what: &str) -> Result<JobState> {
         .map_err(|_| Error::corrupt(what, format!("unknown state {text:?}")))
 }
 
-impl RedisStore {
+impl RedisBackend {
     fn conn(&self) -> Conn {
         self.inner.conn.clone()
     }
@@ -146,7 +147,7 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl Backend for RedisStore {
+impl Backend for RedisBackend {
     fn settings(&self) -> &StoreSettings {
         &self.inner.settings
     }
@@ -297,7 +298,7 @@ impl Backend for RedisStore {
 }
 
 #[async_trait]
-impl Inspect for RedisStore {
+impl Inspect for RedisBackend {
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         self.read_children(parent).await
     }
@@ -320,7 +321,7 @@ impl Inspect for RedisStore {
 }
 
 #[async_trait]
-impl Admin for RedisStore {
+impl Admin for RedisBackend {
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         self.cancel_job(id, now).await
     }
@@ -335,7 +336,7 @@ impl Admin for RedisStore {
 }
 
 #[async_trait]
-impl Pause for RedisStore {
+impl Pause for RedisBackend {
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
         self.pause_queue(queue, paused).await
     }
@@ -346,7 +347,7 @@ impl Pause for RedisStore {
 }
 
 #[async_trait]
-impl Schedules for RedisStore {
+impl Schedules for RedisBackend {
     async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
         self.write_schedule("put", name, spec, &now.as_millis().to_string())
             .await
@@ -382,7 +383,7 @@ impl Schedules for RedisStore {
 }
 
 #[async_trait]
-impl WorkerRegistry for RedisStore {
+impl WorkerRegistry for RedisBackend {
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
         self.write_worker(id, spec, in_flight, now).await
     }

@@ -11,7 +11,7 @@ use durq_core::{
 };
 use redis::Value;
 
-use super::{status, unexpected, RedisStore, PROMOTE_BOUND, PROMOTE_ROUNDS};
+use super::{status, unexpected, RedisBackend, PROMOTE_BOUND, PROMOTE_ROUNDS};
 use crate::codec::{
     array, attempt_field, decode_attempt, decode_job, decode_listed, id_string, int, is_missing,
     job_id, member_id, opt_bytes, tag_pattern, text, JOB_FIELDS,
@@ -19,7 +19,7 @@ use crate::codec::{
 use crate::conn::map_err;
 use crate::scripts;
 
-impl RedisStore {
+impl RedisBackend {
     /// Rule Q1: adds `queue` to the paused set or removes it; a resume wakes the
     /// claimers waiting on the queue. One set, read by every claim script.
     pub(super) async fn pause_queue(&self, queue: &str, paused: bool) -> Result<()> {

@@ -7,7 +7,7 @@ use durq_core::{Error, ReclaimedJob, Result, Timestamp, LEASE_EXPIRED};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::Value;
 
-use super::{parse_state, ReclaimReport, RedisStore};
+use super::{parse_state, ReclaimReport, RedisBackend};
 use crate::codec::{array, int, job_id, member_id, text};
 use crate::conn::{map_err, Conn};
 use crate::enqueue::ready_hex;
@@ -16,7 +16,7 @@ use crate::scripts;
 /// Entries one reclaim or purge call handles.
 const SWEEP_CHUNK: usize = 1000;
 
-impl RedisStore {
+impl RedisBackend {
     /// Deletes the dedup keys (unique while active, no TTL) of jobs just purged, each
     /// only while it still names its job: `keys_left` as `purge.lua` returns them.
     async fn drop_unique_keys(&self, keys_left: &[Value]) -> Result<()> {

@@ -5,7 +5,7 @@
 use durq_core::{Error, Result, StoredWorker, Timestamp};
 use redis::Value;
 
-use super::RedisStore;
+use super::RedisBackend;
 use crate::codec::{array, int, text};
 use crate::scripts;
 
@@ -16,7 +16,7 @@ const REAP_CHUNK: usize = 1000;
 /// The widest millisecond count a zset score (a double) holds exactly.
 const EXACT_SCORE: f64 = 9_007_199_254_740_992.0;
 
-impl RedisStore {
+impl RedisBackend {
     /// One `workers.lua` call on the namespace's three worker keys.
     async fn workers_script(&self, args: &[&str], what: &str) -> Result<Value> {
         let keys = self.keys();

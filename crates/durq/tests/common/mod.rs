@@ -34,10 +34,10 @@ where
 /// conformance harness does.
 #[cfg(feature = "redis")]
 pub async fn drop_redis_namespace(url: &str, namespace: &str) -> Result<(), String> {
-    use durq::backends::redis::RedisStore;
+    use durq::backends::redis::RedisBackend;
     let settings = durq::StoreSettings::default().namespace(namespace);
     let dropped = async {
-        RedisStore::connect(url, settings)
+        RedisBackend::connect(url, settings)
             .await?
             .drop_namespace()
             .await
@@ -52,12 +52,12 @@ pub async fn drop_redis_namespace(url: &str, namespace: &str) -> Result<(), Stri
 /// at `url`, as the backend's conformance harness does.
 #[cfg(feature = "postgres")]
 pub async fn drop_postgres_namespace(url: &str, namespace: &str) -> Result<(), String> {
-    use durq::backends::postgres::{PostgresBackend, PostgresConfig};
+    use durq::backends::postgres::{PostgresConfig, PostgresPool};
     let dropped = async {
         let config = PostgresConfig::new(url)?
             .max_connections(1)
             .application_name("jobs-facade-teardown");
-        PostgresBackend::connect(config)
+        PostgresPool::connect(config)
             .await?
             .drop_namespace(namespace)
             .await

@@ -289,28 +289,29 @@ pub(crate) fn reopened(old: &Shared) -> Arc<Shared> {
     Arc::new(shared)
 }
 
-/// A migrated database schema and a connection pool: the factory of stores.
+/// A migrated database schema and a connection pool: the factory of backends, one per
+/// namespace.
 ///
-/// Stores of any number of namespaces can be made from one backend; they share its
-/// pool and its wake-up listener. Cloning is cheap.
+/// Backends of any number of namespaces can be made from one pool; they share its
+/// connections and its wake-up listener. Cloning is cheap.
 ///
 /// ```no_run
 /// use durq_core::{Store, StoreSettings};
-/// use durq_postgres::{PostgresBackend, PostgresConfig};
+/// use durq_postgres::{PostgresPool, PostgresConfig};
 /// # async fn example() -> durq_core::Result<()> {
-/// let backend = PostgresBackend::connect(PostgresConfig::new("postgres://localhost/app")?).await?;
-/// let billing = Store::new(backend.store(StoreSettings::default().namespace("billing"))?);
-/// let email = Store::new(backend.store(StoreSettings::default().namespace("email"))?);
+/// let pool = PostgresPool::connect(PostgresConfig::new("postgres://localhost/app")?).await?;
+/// let billing = Store::new(pool.backend(StoreSettings::default().namespace("billing"))?);
+/// let email = Store::new(pool.backend(StoreSettings::default().namespace("email"))?);
 /// # let _ = (billing, email);
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct PostgresBackend {
+pub struct PostgresPool {
     shared: Arc<Shared>,
 }
 
-impl PostgresBackend {
+impl PostgresPool {
     /// Opens a pool and brings the schema to the latest version.
     ///
     /// Fails with `Unavailable` when the server cannot be reached, naming the server
@@ -370,7 +371,7 @@ impl PostgresBackend {
             health,
             growth: TableGrowth::default(),
         };
-        Ok(PostgresBackend {
+        Ok(PostgresPool {
             shared: Arc::new(shared),
         })
     }
@@ -442,7 +443,7 @@ mod tests {
     async fn pool() -> Option<PgPool> {
         let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
         let config = PostgresConfig::new(&url).ok()?.max_connections(2);
-        match PostgresBackend::connect(config).await {
+        match PostgresPool::connect(config).await {
             Ok(backend) => Some(backend.pool().clone()),
             Err(err) => durq_conformance::skip_or_fail("PostgreSQL", &url, &err),
         }
