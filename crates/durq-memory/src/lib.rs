@@ -1,7 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod state;
+mod store;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,7 +17,7 @@ use durq_core::{
 };
 use tokio::sync::Notify;
 
-use state::State;
+use store::State;
 
 /// One namespace's data and its wake-up signal.
 #[derive(Debug, Default)]
