@@ -168,10 +168,10 @@ impl SqliteBackend {
     /// The namespace's name stays registered in the file: stores still open on it keep
     /// working on the now empty namespace, and its internal id is never handed to
     /// another namespace, whose jobs those stores would otherwise see.
-    pub async fn clear_namespace(&self) -> Result<u64> {
+    pub async fn drop_namespace(&self) -> Result<u64> {
         let ns = self.ns;
         self.engine
-            .write(WriteMode::DURABLE, move |tx| store::clear_namespace(tx, ns))
+            .write(WriteMode::DURABLE, move |tx| store::drop_namespace(tx, ns))
             .await
     }
 }

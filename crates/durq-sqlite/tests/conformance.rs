@@ -79,7 +79,7 @@ impl durq_conformance::Harness for SqliteHarness {
     }
 
     async fn teardown(&self, namespace: &str) -> Result<()> {
-        self.backend(namespace).await?.clear_namespace().await?;
+        self.backend(namespace).await?.drop_namespace().await?;
         Ok(())
     }
 }

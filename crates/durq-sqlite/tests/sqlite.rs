@@ -475,7 +475,7 @@ fn count(path: &Path, sql: &str) -> i64 {
     }
 }
 
-/// `clear_namespace` removes every job, payload, idempotency record and worker of its
+/// `drop_namespace` removes every job, payload, idempotency record and worker of its
 /// namespace and nothing of another one in the same file; a store still open on the emptied
 /// namespace keeps working on it and never sees the neighbour's jobs.
 #[tokio::test]
@@ -534,7 +534,7 @@ async fn clearing_a_namespace_empties_it_and_no_other() {
         }
     }
 
-    match backend.clear_namespace().await {
+    match backend.drop_namespace().await {
         Ok(deleted) => assert_eq!(deleted, 3),
         Err(err) => panic!("clear failed: {err}"),
     }

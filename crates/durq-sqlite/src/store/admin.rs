@@ -65,8 +65,8 @@ pub(crate) fn retry(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) ->
 /// Deletes every job of namespace `ns` with its payload and attempts, and its
 /// idempotency records, pauses, schedules and workers.
 /// The namespace's row stays, so its id is never reused (see
-/// `SqliteBackend::clear_namespace`).
-pub(crate) fn clear_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
+/// `SqliteBackend::drop_namespace`).
+pub(crate) fn drop_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
     let conn = tx.conn();
     let exec = |sql: &str, what: &str| {
         conn.prepare_cached(sql)
