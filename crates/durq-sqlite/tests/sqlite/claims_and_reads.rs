@@ -1,0 +1,367 @@
+use super::*;
+
+/// Fitted claims over several queues, long priority bands, scheduled jobs and paused
+/// queues take exactly what the durq-core reference takes: the ready jobs the budget
+/// admits, ordered by `ClaimRequest::fit_order`, cut to the limit. This is what the
+/// band-by-band scan, its early stops and its per-queue merge must add up to.
+#[tokio::test]
+async fn fitted_claims_take_what_the_reference_takes() {
+    struct Model {
+        id: JobId,
+        queue: &'static str,
+        order: ReadyOrder,
+        needs: Needs,
+        locality: Option<String>,
+        claimed: bool,
+    }
+    const QUEUES: [&str; 3] = ["fa", "fb", "fc"];
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    let now = clock.now();
+    let mut rng = Lcg(7);
+    let mut model = Vec::new();
+    let mut batch = Vec::new();
+    for seq in 0..600u64 {
+        let queue = QUEUES[rng.below(3) as usize];
+        let priority = rng.below(3) as i16;
+        let mut needs = Needs::new();
+        if rng.below(3) > 0 {
+            needs = needs.amount("gpu", rng.below(4));
+        }
+        if rng.below(8) == 0 {
+            needs = needs.capability("fpga");
+        }
+        let locality = match rng.below(4) {
+            0 => None,
+            n => Some(format!("host-{n}")),
+        };
+        let delay = Duration::from_secs(rng.below(6) * 60);
+        let run_at = now.saturating_add(delay);
+        let mut job = NewJob::new(queue)
+            .priority(priority)
+            .needs(needs.clone())
+            .run_at(run_at);
+        if let Some(locality) = &locality {
+            job = job.locality(locality.clone());
+        }
+        batch.push(job);
+        model.push((
+            queue,
+            ReadyOrder::new(priority, run_at, seq),
+            needs,
+            locality,
+        ));
+    }
+    let answers = match store.enqueue_batch(batch).await {
+        Ok(answers) => answers,
+        Err(err) => panic!("enqueue failed: {err}"),
+    };
+    // Enqueued in one batch at one instant, so their sequence follows the batch.
+    let mut model: Vec<Model> = model
+        .into_iter()
+        .zip(answers)
+        .map(|((queue, order, needs, locality), answer)| Model {
+            id: answer.id,
+            queue,
+            order,
+            needs,
+            locality,
+            claimed: false,
+        })
+        .collect();
+    if let Err(err) = store.pause("fc").await {
+        panic!("pause failed: {err}");
+    }
+    let ttl = Duration::from_secs(30);
+    for round in 0..120 {
+        if round % 10 == 9 {
+            clock.advance(Duration::from_secs(60));
+        }
+        let named: Vec<&str> = QUEUES
+            .iter()
+            .copied()
+            .filter(|_| rng.below(4) > 0)
+            .collect();
+        if named.is_empty() {
+            continue;
+        }
+        let mut request =
+            ClaimRequest::new(named.clone(), "w", ttl).limit(1 + rng.below(7) as usize);
+        if rng.below(4) > 0 {
+            let mut budget = Budget::new().amount("gpu", rng.below(4));
+            if rng.below(2) == 0 {
+                budget = budget.capability("fpga");
+            }
+            request = request.budget(budget);
+        }
+        let prefer: Vec<String> = (1..4)
+            .filter(|_| rng.below(3) == 0)
+            .map(|n| format!("host-{n}"))
+            .collect();
+        if prefer.is_empty() && request.budget.is_none() {
+            request = request.prefer(["host-1"]);
+        } else {
+            request = request.prefer(prefer);
+        }
+        let at = clock.now();
+        let mut expected: Vec<(durq_core::fit::FitOrder, JobId)> = model
+            .iter()
+            .filter(|job| {
+                !job.claimed
+                    && job.queue != "fc"
+                    && named.contains(&job.queue)
+                    && job.order.ready_at <= at
+                    && request.admits(&job.needs)
+            })
+            .map(|job| {
+                (
+                    request.fit_order(job.order, job.locality.as_deref()),
+                    job.id,
+                )
+            })
+            .collect();
+        expected.sort();
+        expected.truncate(request.limit);
+        let expected: Vec<JobId> = expected.into_iter().map(|(_, id)| id).collect();
+        let claimed: Vec<JobId> = match store.claim(request.clone()).await {
+            Ok(claimed) => claimed.iter().map(|job| job.id()).collect(),
+            Err(err) => panic!("claim failed: {err}"),
+        };
+        assert_eq!(claimed, expected, "round {round}: {request:?}");
+        for job in &mut model {
+            if claimed.contains(&job.id) {
+                job.claimed = true;
+            }
+        }
+    }
+    assert!(
+        model.iter().filter(|job| job.claimed).count() > 200,
+        "the rounds claimed too little to test much"
+    );
+}
+
+/// Tags that cannot be read back (not JSON, not a map of strings, not text) are a
+/// corrupt record for every read that meets them; a claim buries the job (CONTRACT
+/// C10) and leases nothing; an attempt record that cannot be read makes `attempts` corrupt.
+#[tokio::test]
+async fn unreadable_tags_and_attempts_are_reported_as_corrupt() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    let parent = match store.enqueue(NewJob::new("parents")).await {
+        Ok(done) => done.id,
+        Err(err) => panic!("enqueue failed: {err}"),
+    };
+    let id = match store
+        .enqueue(NewJob::new("tagged").tag("k", "v").parent(parent))
+        .await
+    {
+        Ok(done) => done.id,
+        Err(err) => panic!("enqueue failed: {err}"),
+    };
+    let conn = raw(&path);
+    for bad in [
+        rusqlite::types::Value::Text("{".to_owned()),
+        rusqlite::types::Value::Text(r#"{"k":1}"#.to_owned()),
+        rusqlite::types::Value::Text("[1]".to_owned()),
+        rusqlite::types::Value::Integer(7),
+        rusqlite::types::Value::Blob(vec![0xff, 0xfe]),
+    ] {
+        let broken = conn.execute(
+            "UPDATE jobq_jobs SET tags = ?1 WHERE id = ?2",
+            rusqlite::params![bad, id.to_bytes()],
+        );
+        assert!(matches!(broken, Ok(1)));
+        assert!(
+            matches!(store.get(id).await, Err(Error::Corrupt { .. })),
+            "get with {bad:?}"
+        );
+        assert!(
+            matches!(store.children(parent).await, Err(Error::Corrupt { .. })),
+            "children with {bad:?}"
+        );
+        for query in [
+            ListQuery::new("tagged"),
+            ListQuery::all(),
+            ListQuery::all().tag("k", "v"),
+        ] {
+            let listed = store.list(query.clone()).await;
+            assert!(
+                matches!(listed, Err(Error::Corrupt { .. })),
+                "{query:?} with {bad:?}: {listed:?}"
+            );
+        }
+    }
+    // A claim that meets the unreadable tags buries the job, leasing nothing (C10).
+    let request = ClaimRequest::new(["tagged"], "w", Duration::from_secs(30));
+    match store.claim(request).await {
+        Ok(claimed) => assert!(claimed.is_empty(), "{claimed:?}"),
+        Err(err) => panic!("claim failed: {err}"),
+    }
+    assert_eq!(
+        count(
+            &path,
+            "SELECT COUNT(*) FROM jobq_jobs WHERE state = 3 AND attempts = 0
+             AND last_error LIKE 'corrupt record: %tags%'"
+        ),
+        1,
+        "the claim buried the job, unleased, saying why"
+    );
+    assert_eq!(
+        count(&path, "SELECT COUNT(*) FROM jobq_jobs WHERE state = 1"),
+        0,
+        "the claim leased nothing"
+    );
+    let repaired = conn.execute("UPDATE jobq_jobs SET tags = NULL", []);
+    assert!(matches!(repaired, Ok(2)));
+    let unknown_outcome = conn.execute(
+        "INSERT INTO jobq_attempts (ns, job_id, slot, token, worker, started_at, ended_at,
+             outcome, error)
+         SELECT ns, id, 1, 1, 'w', 0, 1, 'lost', NULL FROM jobq_jobs WHERE id = ?1",
+        [id.to_bytes()],
+    );
+    assert!(matches!(unknown_outcome, Ok(1)));
+    assert!(matches!(
+        store.attempts(id).await,
+        Err(Error::Corrupt { .. })
+    ));
+}
+
+/// A4: a filter that matches few jobs ends a page early once the call has examined its
+/// bound of rows, `next` set, and the pages still join to every match, newest first.
+#[tokio::test]
+async fn a_sparse_list_filter_ends_pages_early_and_pages_on() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    let mut rare = Vec::new();
+    for batch in 0..2 {
+        let jobs: Vec<NewJob> = (0..10_000)
+            .map(|i| {
+                let job = NewJob::new("bulk");
+                if i % 4_000 == 0 {
+                    job.tag("rare", "yes")
+                } else {
+                    job.tag("rare", "no")
+                }
+            })
+            .collect();
+        let done = match store.enqueue_batch(jobs).await {
+            Ok(done) => done,
+            Err(err) => panic!("batch {batch} failed: {err}"),
+        };
+        rare.extend(done.iter().step_by(4_000).map(|e| e.id));
+    }
+    rare.reverse();
+    assert_eq!(rare.len(), 6);
+    for query in [
+        ListQuery::new("bulk").tag("rare", "yes"),
+        ListQuery::all().tag("rare", "yes"),
+    ] {
+        let first = match store.list(query.clone().limit(10)).await {
+            Ok(first) => first,
+            Err(err) => panic!("list failed: {err}"),
+        };
+        assert!(
+            first.jobs.len() < 10 && first.next.is_some(),
+            "{query:?}: the first page stops at the bound with a cursor ({} jobs)",
+            first.jobs.len()
+        );
+        let (ids, pages) = list_every_page(&store, query.clone(), 10).await;
+        assert_eq!(ids, rare, "{query:?}: the pages join to every match");
+        assert!(pages >= 2, "{query:?}");
+    }
+    // A queue alone never stops early: every row its index ranges give matches.
+    let page = match store.list(ListQuery::new("bulk").limit(1_000)).await {
+        Ok(page) => page,
+        Err(err) => panic!("list failed: {err}"),
+    };
+    assert_eq!(page.jobs.len(), 1_000);
+}
+
+/// A4 across many queues: whether `list` merges one stream per (queue, state) or walks
+/// the id index (more streams than it merges), every filter lists exactly what the
+/// durq-core matcher says, newest first, for pages of any size.
+#[tokio::test]
+async fn list_filters_agree_with_the_reference_across_many_queues() {
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::default();
+    let store = open(&path, settings(&clock), SqliteConfig::default()).await;
+    let mut queues: Vec<String> = (0..40).map(|i| format!("p.{i}")).collect();
+    queues.extend(["p_1".to_owned(), "P.1".to_owned(), "q.1".to_owned()]);
+    for round in 0..3 {
+        for (i, queue) in queues.iter().enumerate() {
+            let mut job = NewJob::new(queue.as_str())
+                .tenant(if i % 3 == 0 { "acme" } else { "" })
+                .tag("round", round.to_string());
+            if i % 2 == 0 {
+                job = job.tag("even", "yes");
+            }
+            if let Err(err) = store.enqueue(job).await {
+                panic!("enqueue failed: {err}");
+            }
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    // Some of each state: round 0's jobs of the first ten queues run, two die, one is
+    // cancelled.
+    let first_ten: Vec<String> = queues[..10].to_vec();
+    let claimed = match store
+        .claim(ClaimRequest::new(first_ten, "w", Duration::from_secs(30)).limit(10))
+        .await
+    {
+        Ok(claimed) => claimed,
+        Err(err) => panic!("claim failed: {err}"),
+    };
+    for held in &claimed[..2] {
+        if let Err(err) = store.fail(held.id(), held.token(), "x", Retry::Never).await {
+            panic!("fail failed: {err}");
+        }
+    }
+    if let Err(err) = store.cancel(claimed[2].id()).await {
+        panic!("cancel failed: {err}");
+    }
+    let everything = match store.list(ListQuery::all().limit(1_000)).await {
+        Ok(page) => page.jobs,
+        Err(err) => panic!("list failed: {err}"),
+    };
+    assert_eq!(everything.len(), queues.len() * 3);
+    let queries = [
+        ListQuery::all().queue_prefix("p.1"),
+        ListQuery::all().queue_prefix("p.1").state(JobState::Queued),
+        ListQuery::all().queue_prefix("p.").state(JobState::Queued),
+        ListQuery::all()
+            .queue_prefix("p.")
+            .states([JobState::Running, JobState::Dead]),
+        ListQuery::all().state(JobState::Running),
+        ListQuery::all().tenant("acme"),
+        ListQuery::all().tag("even", "yes").tag("round", "1"),
+        ListQuery::all()
+            .queue_prefix("p")
+            .tenant("acme")
+            .state(JobState::Queued),
+        ListQuery::all()
+            .queue_prefix("p.3")
+            .state(JobState::Queued)
+            .tag("even", "yes"),
+        ListQuery::all().queue_prefix("p_"),
+        ListQuery::all().queue_prefix("P").tenant("acme"),
+        ListQuery::all().queue_prefix("q"),
+        ListQuery::all().queue_prefix("zz"),
+        ListQuery::new("p.3").queue_prefix("p.3"),
+        ListQuery::new("p.3").queue_prefix("p.4"),
+        ListQuery::new("p.0").states([JobState::Running, JobState::Queued]),
+    ];
+    for query in queries {
+        let expected: Vec<JobId> = everything
+            .iter()
+            .filter(|job| query.matches(job))
+            .map(|job| job.id)
+            .collect();
+        for page in [1, 7, 1_000] {
+            let (ids, _) = list_every_page(&store, query.clone(), page).await;
+            assert_eq!(ids, expected, "{query:?} in pages of {page}");
+        }
+    }
+}
