@@ -1,0 +1,12 @@
+//! The runtime scenarios, each an `async fn(Env)` that `runtime_tests!` runs on every
+//! backend.
+
+use super::*;
+
+mod leases_and_shutdown;
+mod lifecycle_hooks;
+mod runs_retries_and_schedules;
+
+pub use leases_and_shutdown::*;
+pub use lifecycle_hooks::*;
+pub use runs_retries_and_schedules::*;
