@@ -239,9 +239,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
         None
     }
+}
 
+// Inherent, not a trait method with a default: what a backend declares is its
+// accessors, and no override can make `supports` disagree with them.
+impl dyn Backend + '_ {
     /// Whether the backend declares `capability`, read from its accessor.
-    fn supports(&self, capability: Capability) -> bool {
+    pub fn supports(&self, capability: Capability) -> bool {
         match capability {
             Capability::Inspect => self.as_inspect().is_some(),
             Capability::Admin => self.as_admin().is_some(),
@@ -250,9 +254,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
             Capability::WorkerRegistry => self.as_worker_registry().is_some(),
         }
     }
-}
 
-impl dyn Backend + '_ {
     /// [`Backend::as_inspect`], or [`Error::Unsupported`](crate::Error::Unsupported).
     pub fn require_inspect(&self) -> Result<&dyn Inspect> {
         self.as_inspect()

@@ -27,7 +27,7 @@ use crate::time::Timestamp;
 use crate::workers::StoredWorker;
 
 /// One optional capability of a backend: which trait it is, for
-/// [`Backend::supports`](crate::Backend::supports), errors and the conformance
+/// [`Store::supports`](crate::Store::supports), errors and the conformance
 /// suite's report of what it skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
