@@ -1,9 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod complete;
 mod conn;
-mod enqueue;
 mod error;
 mod health;
 mod pool;

@@ -7,7 +7,7 @@ use durq_core::{Backend, Enqueued, Error, FencedCompletion, JobId, LeaseToken, N
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::enqueue;
+use crate::store::enqueue;
 use crate::store::{token_param, PostgresBackend};
 
 /// SQLSTATE of `fence` (migration 8) when the lease is not the current one.

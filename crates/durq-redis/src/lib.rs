@@ -2,9 +2,7 @@
 #![deny(missing_docs)]
 
 mod codec;
-mod complete;
 mod conn;
-mod enqueue;
 mod keys;
 mod scripts;
 mod store;

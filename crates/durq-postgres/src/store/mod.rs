@@ -22,14 +22,16 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::complete::{Completion, Completions, Outcome};
 use crate::conn::{PgQuery, Shared};
-use crate::enqueue::{enqueue_all, Enqueue, Enqueues};
 use crate::pool::{PostgresConfig, PostgresPool};
 use crate::row::{self, column};
+use complete::{Completion, Completions, Outcome};
+use enqueue::{enqueue_all, Enqueue, Enqueues};
 
 mod admin;
 mod claim;
+pub(crate) mod complete;
+pub(crate) mod enqueue;
 mod reads;
 mod schedules;
 mod workers;

@@ -11,14 +11,14 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 
 use super::{Heads, Inner, RedisBackend};
-use crate::complete::Completions;
 use crate::conn::{
     map_err, Conn, CONNECT_TIMEOUT, RECONNECT_CAP, RECONNECT_FIRST_DELAY, RECONNECT_RETRIES,
     RESPONSE_TIMEOUT,
 };
-use crate::enqueue::{Ctx as EnqueueCtx, Enqueues};
 use crate::keys::Keys;
 use crate::scripts;
+use crate::store::complete::Completions;
+use crate::store::enqueue::{Ctx as EnqueueCtx, Enqueues};
 use crate::wake::Waker;
 
 /// Garbage-collection margin on top of the dedup window: server TTLs must

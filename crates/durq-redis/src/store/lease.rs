@@ -11,10 +11,10 @@ use redis::Value;
 
 use super::{parse_state, status, unexpected, RedisBackend};
 use crate::codec::{array, id_string, text};
-use crate::complete::{self, Entry as BatchEntry};
-use crate::enqueue::ready_hex;
 use crate::keys::Keys;
 use crate::scripts;
+use crate::store::complete::{self, Entry as BatchEntry};
+use crate::store::enqueue::ready_hex;
 
 impl RedisBackend {
     /// One `heartbeat.lua` call over `leases`, one answer per entry: each lease that is

@@ -22,15 +22,17 @@ use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use redis::{ScriptInvocation, Value};
 
 use crate::codec::{array, text};
-use crate::complete::{self, Completions};
 use crate::conn::{map_err, Conn};
-use crate::enqueue::{Ctx as EnqueueCtx, Enqueues, Prepared};
 use crate::keys::Keys;
 use crate::wake::Waker;
+use complete::Completions;
+use enqueue::{Ctx as EnqueueCtx, Enqueues, Prepared};
 use heads::Heads;
 
 mod claim;
+pub(crate) mod complete;
 mod connect;
+pub(crate) mod enqueue;
 mod heads;
 mod lease;
 mod reads;
@@ -167,7 +169,7 @@ impl Backend for RedisBackend {
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
         let ctx = &self.inner.enqueue_ctx;
-        let mut known = crate::enqueue::read_dedup_keys(ctx, &jobs).await?;
+        let mut known = crate::store::enqueue::read_dedup_keys(ctx, &jobs).await?;
         let prepared: Vec<Prepared> = jobs
             .into_iter()
             .map(|job| Prepared {
@@ -176,7 +178,7 @@ impl Backend for RedisBackend {
                 now,
             })
             .collect();
-        crate::enqueue::run_all(ctx, &prepared, &mut known).await
+        crate::store::enqueue::run_all(ctx, &prepared, &mut known).await
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {

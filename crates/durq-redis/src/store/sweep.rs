@@ -10,8 +10,8 @@ use redis::Value;
 use super::{parse_state, ReclaimReport, RedisBackend};
 use crate::codec::{array, int, job_id, member_id, text};
 use crate::conn::{map_err, Conn};
-use crate::enqueue::ready_hex;
 use crate::scripts;
+use crate::store::enqueue::ready_hex;
 
 /// Entries one reclaim or purge call handles.
 const SWEEP_CHUNK: usize = 1000;
