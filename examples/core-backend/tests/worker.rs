@@ -2,13 +2,12 @@
 //! what the backend does not declare (the worker registry, purge, queue gauges) and
 //! refuses what it cannot do (stored schedules) when it is built.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use durq::{Capability, Error, JobContext, JobError, JobState, NewJob, Schedule, Store, Worker};
 use durq_example_core_backend::CoreBackend;
 use durq_memory::MemoryBackend;
-use tokio::sync::Notify;
+use tokio::sync::mpsc;
 
 fn core_store() -> Store {
     let storage = MemoryBackend::new(durq::StoreSettings::default()).expect("open memory");
@@ -24,30 +23,36 @@ async fn a_worker_runs_every_job_on_a_core_only_backend() {
         let job = NewJob::new("core").payload(n.to_be_bytes().to_vec());
         ids.push(store.enqueue(job).await.expect("enqueue").id);
     }
-    let done = Arc::new(Notify::new());
-    let woken = Arc::clone(&done);
+    // Every stored outcome, heard from the worker: no polling, no sleeping.
+    let (heard, mut outcomes) = mpsc::unbounded_channel();
     let worker = Worker::builder(store.clone())
-        .handler("core", move |_ctx: JobContext, payload| {
-            let woken = Arc::clone(&woken);
-            async move {
-                woken.notify_one();
-                match payload.len() {
-                    4 => Ok::<_, JobError>(()),
-                    _ => Err(JobError::permanent("not a u32")),
-                }
+        .handler("core", |_ctx: JobContext, payload| async move {
+            match payload.len() {
+                4 => Ok::<_, JobError>(()),
+                _ => Err(JobError::permanent("not a u32")),
             }
+        })
+        .on_event(move |event| {
+            let _ = heard.send(event.id());
         })
         // Asked for explicitly: still left undone, the backend cannot purge.
         .purge_interval(Duration::from_millis(10))
         .build()
         .expect("a core-only backend builds a worker")
         .spawn();
-    for id in &ids {
-        while store.get(*id).await.expect("get").state != JobState::Succeeded {
-            let _ = tokio::time::timeout(Duration::from_millis(50), done.notified()).await;
-        }
+    for _ in &ids {
+        outcomes
+            .recv()
+            .await
+            .expect("the worker stopped before every outcome");
     }
     worker.shutdown().await;
+    for id in &ids {
+        assert_eq!(
+            store.get(*id).await.expect("get").state,
+            JobState::Succeeded
+        );
+    }
 }
 
 #[tokio::test]
