@@ -1,6 +1,13 @@
-//! Options of the SQLite backend that the shared [`durq_core::StoreSettings`] do not cover.
+//! [`SqliteConfig`]: the options of the SQLite backend that the shared
+//! [`durq_core::StoreSettings`] do not cover, and [`SqliteConfig::open`], the one way to
+//! open a SQLite backend.
 
+use std::path::Path;
 use std::time::Duration;
+
+use durq_core::StoreSettings;
+
+use crate::SqliteBackend;
 
 /// SQLite's `PRAGMA synchronous` in WAL mode: when a commit is flushed to stable storage.
 ///
@@ -137,5 +144,19 @@ impl SqliteConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl SqliteConfig {
+    /// Opens (creating if needed) the queue in the file at `path` with this
+    /// configuration, applying any missing schema migrations, and returns the backend
+    /// of namespace `settings.namespace`: the one way to open a SQLite backend with
+    /// more than the defaults ([`SqliteBackend::open`] is its shortcut).
+    pub async fn open(
+        self,
+        path: impl AsRef<Path>,
+        settings: StoreSettings,
+    ) -> durq_core::Result<SqliteBackend> {
+        SqliteBackend::open_configured(path.as_ref(), settings, self).await
     }
 }

@@ -5,6 +5,7 @@
 //! entry, because `MemoryServer::vanish` deletes records behind the indexes' back.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
 use std::time::Duration;
@@ -12,6 +13,8 @@ use std::time::Duration;
 use durq_core::attempts::{self, LastClaim};
 use durq_core::fit::NeedsPool;
 use durq_core::transition::{self, Attempts, Next};
+use tokio::sync::Notify;
+
 use durq_core::{
     Attempt, AttemptOutcome, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job,
     JobId, JobIdMap, JobState, Lease, LeaseToken, ListPage, ListQuery, Needs, NewJob,
@@ -232,5 +235,29 @@ impl State {
             return Err(lease_lost(id));
         }
         Ok(())
+    }
+}
+
+/// One namespace's data and its wake-up signal.
+#[derive(Debug, Default)]
+pub(crate) struct Namespace {
+    state: Mutex<State>,
+    pub(crate) work_arrived: Notify,
+}
+
+impl Namespace {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock can only come from a bug in this crate; the
+        // state is updated so that every step leaves it consistent, so keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Wakes every waiting claimer, and leaves a permit for a claimer that is between
+    /// its empty claim and its wait, so that one does not sleep through the news.
+    pub(crate) fn signal_work(&self) {
+        self.work_arrived.notify_waiters();
+        self.work_arrived.notify_one();
     }
 }

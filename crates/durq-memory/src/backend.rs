@@ -1,0 +1,301 @@
+//! [`MemoryBackend`]: the `Backend` of one namespace and its capability traits, each
+//! operation a short critical section over the namespace's state (`store/`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use durq_core::{
+    async_trait, Admin, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
+    Completion, Enqueued, Heartbeat, HeldLease, Inspect, Job, JobId, JobState, LeaseToken,
+    ListPage, ListQuery, NewJob, Pause, QueueOverview, QueueStats, ReclaimedJob, Result, Retry,
+    ScheduleUpdate, Schedules, StoreSettings, StoredSchedule, StoredWorker, Timestamp,
+    WorkerRegistry,
+};
+
+use crate::store::{Namespace, State};
+use crate::MemoryServer;
+
+/// The in-memory store.
+#[derive(Debug, Clone)]
+pub struct MemoryBackend {
+    namespace: Arc<Namespace>,
+    settings: StoreSettings,
+}
+
+impl MemoryBackend {
+    pub(crate) fn on(namespace: Arc<Namespace>, settings: StoreSettings) -> Self {
+        MemoryBackend {
+            namespace,
+            settings,
+        }
+    }
+
+    /// A store with its own private data.
+    pub fn new(settings: StoreSettings) -> Result<Self> {
+        MemoryServer::new().open(settings)
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn settings(&self) -> &StoreSettings {
+        &self.settings
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // Every call completes on any runtime: in-process state behind a lock.
+        Capabilities::default().tied_to_runtime(false)
+    }
+
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        let prepared = State::prepare(job, now);
+        let enqueued = {
+            let mut state = self.namespace.lock();
+            state.check_parents([prepared.job()])?;
+            state.enqueue(prepared, now, &self.settings)
+        };
+        if enqueued.created {
+            self.namespace.signal_work();
+        }
+        Ok(enqueued)
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
+        let prepared: Vec<_> = jobs
+            .into_iter()
+            .map(|job| State::prepare(job, now))
+            .collect();
+        let results: Vec<Enqueued> = {
+            let mut state = self.namespace.lock();
+            state.check_parents(prepared.iter().map(|p| p.job()))?;
+            prepared
+                .into_iter()
+                .map(|job| state.enqueue(job, now, &self.settings))
+                .collect()
+        };
+        if results.iter().any(|e| e.created) {
+            self.namespace.signal_work();
+        }
+        Ok(results)
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        self.namespace.lock().job(id).cloned()
+    }
+
+    async fn payload(&self, id: JobId) -> Result<Bytes> {
+        self.namespace.lock().payload(id)
+    }
+
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+        Ok(self.namespace.lock().claim(&request, now))
+    }
+
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        self.namespace.lock().heartbeat(id, token, ttl, now)
+    }
+
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        let mut state = self.namespace.lock();
+        Ok(leases
+            .into_iter()
+            .map(|lease| state.heartbeat(lease.id, lease.token, ttl, now))
+            .collect())
+    }
+
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.namespace.lock().complete(id, token, result, now)
+    }
+
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
+        let mut state = self.namespace.lock();
+        Ok(completions
+            .into_iter()
+            .map(|Completion { id, token, result }| state.complete(id, token, result, now))
+            .collect())
+    }
+
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        let state = self.namespace.lock().fail(id, token, error, retry, now)?;
+        if state == JobState::Queued {
+            self.namespace.signal_work();
+        }
+        Ok(state)
+    }
+
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
+        let state = self.namespace.lock().release(id, token, ready_at, now)?;
+        if state == JobState::Queued {
+            self.namespace.signal_work();
+        }
+        Ok(())
+    }
+
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
+        let reclaimed = self.namespace.lock().reclaim(limit, now);
+        if reclaimed.iter().any(|r| r.state == JobState::Queued) {
+            self.namespace.signal_work();
+        }
+        Ok(reclaimed)
+    }
+
+    async fn wait_for_work(&self, _queues: &[String], timeout: Duration) -> Result<()> {
+        // Any queue's news wakes every waiter: a spurious wake-up costs one empty claim,
+        // while per-queue signals would cost a map lookup on every enqueue.
+        let _ = tokio::time::timeout(timeout, self.namespace.work_arrived.notified()).await;
+        Ok(())
+    }
+
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn as_admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn as_pause(&self) -> Option<&dyn Pause> {
+        Some(self)
+    }
+
+    fn as_schedules(&self) -> Option<&dyn Schedules> {
+        Some(self)
+    }
+
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Inspect for MemoryBackend {
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        Ok(self.namespace.lock().children(parent))
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.namespace.lock().attempt_history(id)
+    }
+
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        Ok(self.namespace.lock().stats(queue, now))
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        Ok(self.namespace.lock().queues(now))
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        Ok(self.namespace.lock().list(&query))
+    }
+}
+
+#[async_trait]
+impl Admin for MemoryBackend {
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        self.namespace.lock().cancel(id, now)
+    }
+
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        self.namespace.lock().retry(id, now)?;
+        self.namespace.signal_work();
+        Ok(())
+    }
+
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        Ok(self.namespace.lock().purge(limit, cutoff))
+    }
+}
+
+#[async_trait]
+impl Pause for MemoryBackend {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        let was = self.namespace.lock().set_paused(queue, paused);
+        if was && !paused {
+            self.namespace.signal_work();
+        }
+        Ok(())
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        Ok(self.namespace.lock().paused_queues())
+    }
+}
+
+#[async_trait]
+impl Schedules for MemoryBackend {
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.namespace.lock().put_schedule(name, spec, now);
+        Ok(())
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        Ok(self.namespace.lock().schedules())
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        self.namespace.lock().update_schedule(name, update)
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        Ok(self.namespace.lock().delete_schedule(name))
+    }
+}
+
+#[async_trait]
+impl WorkerRegistry for MemoryBackend {
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
+        self.namespace.lock().put_worker(id, spec, in_flight, now);
+        Ok(())
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        Ok(self.namespace.lock().touch_worker(id, in_flight, now))
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        Ok(self.namespace.lock().delete_worker(id))
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        Ok(self.namespace.lock().workers())
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        Ok(self.namespace.lock().reap_workers(cutoff))
+    }
+}

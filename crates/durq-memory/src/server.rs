@@ -1,0 +1,69 @@
+//! [`MemoryServer`]: what a memory backend is opened on, as the other backends are
+//! opened from their `…Config`. It holds the data, as a database server would, so it
+//! is a server rather than a configuration.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use durq_core::validate::validate_settings;
+#[cfg(feature = "testing")]
+use durq_core::JobId;
+use durq_core::{Result, StoreSettings};
+
+use crate::store::Namespace;
+use crate::MemoryBackend;
+
+/// Plays the part of a database server: stores opened on it with the same namespace
+/// share their data, as reconnecting clients would, and namespaces are isolated.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryServer {
+    namespaces: Arc<Mutex<HashMap<String, Arc<Namespace>>>>,
+}
+
+impl MemoryServer {
+    /// An empty server.
+    pub fn new() -> Self {
+        MemoryServer::default()
+    }
+
+    fn namespace(&self, name: &str) -> Arc<Namespace> {
+        let mut namespaces = self
+            .namespaces
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(namespaces.entry(name.to_owned()).or_default())
+    }
+
+    /// Opens a store on `settings.namespace`, creating the namespace if it is new.
+    pub fn open(&self, settings: StoreSettings) -> Result<MemoryBackend> {
+        validate_settings(&settings)?;
+        let namespace = self.namespace(&settings.namespace);
+        Ok(MemoryBackend::on(namespace, settings))
+    }
+
+    /// Forgets namespace `name` and all its data, as dropping a database would; stores
+    /// still open on it keep the old data, but no store opened later sees it.
+    pub fn drop_namespace(&self, name: &str) {
+        self.namespaces
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(name);
+    }
+
+    /// Deletes the record of job `id` while leaving every index entry that points to
+    /// it, as an eviction would. For fault-injection tests (CONTRACT C7, R5).
+    /// Returns whether the record existed.
+    #[cfg(feature = "testing")]
+    pub fn vanish(&self, namespace: &str, id: JobId) -> bool {
+        self.namespace(namespace).lock().vanish(id)
+    }
+
+    /// Marks the record of job `id` as one the store cannot read, standing for the
+    /// damaged record a backend with a storage format can hold: a claim that meets it
+    /// buries it (`dead`, its error saying why) instead of leasing it. For
+    /// fault-injection tests (CONTRACT C10). Returns whether the record exists.
+    #[cfg(feature = "testing")]
+    pub fn corrupt(&self, namespace: &str, id: JobId) -> bool {
+        self.namespace(namespace).lock().corrupt(id)
+    }
+}
