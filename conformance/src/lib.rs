@@ -15,6 +15,12 @@ mod scenarios;
 
 pub mod model_check;
 pub mod rules;
+pub mod transactions;
+
+pub use transactions::{
+    CallerTransaction, TransactionEnv, TransactionHarness, TransactionScenario,
+    TransactionScenarioFn, TRANSACTION_SCENARIOS,
+};
 
 #[doc(hidden)]
 pub mod __private {

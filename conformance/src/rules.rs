@@ -26,6 +26,7 @@ mod reclaim;
 mod schedules;
 mod stats;
 mod support;
+pub mod transactions;
 mod validation;
 mod workers;
 
