@@ -95,7 +95,7 @@ impl RedisBackend {
     /// jobs, script call after script call, until the limit is reached, the ready
     /// order runs dry, or other claimers keep taking the candidates. A fitted claim
     /// (F2–F6) goes to [`Self::claim_fitted`]; this path never judges a placement.
-    pub(super) async fn claim_jobs(
+    pub(crate) async fn claim_jobs(
         &self,
         request: ClaimRequest,
         now: Timestamp,

@@ -20,6 +20,7 @@ use durq_core::batch::{Batch, Limits};
 use durq_core::{Enqueued, Error, JobId, NewJob, Result, Timestamp, Uniqueness};
 use redis::Value;
 
+use super::RedisBackend;
 use crate::codec::{array, encode_meta, int, job_id, job_id_bytes, text};
 use crate::conn::{map_err, Conn};
 use crate::keys::Keys;
@@ -270,6 +271,28 @@ fn note_needed(known: &mut Vec<JobId>, ids: Vec<JobId>, rounds: &mut usize) -> R
     }
     known.extend(ids);
     Ok(())
+}
+
+impl RedisBackend {
+    /// `enqueue_batch`: `jobs` in order as one batch at `now`, each with an id of its own;
+    /// the ids their dedup keys point at are read first.
+    pub(crate) async fn enqueue_many(
+        &self,
+        jobs: Vec<NewJob>,
+        now: Timestamp,
+    ) -> Result<Vec<Enqueued>> {
+        let ctx = &self.inner.enqueue_ctx;
+        let mut known = read_dedup_keys(ctx, &jobs).await?;
+        let prepared: Vec<Prepared> = jobs
+            .into_iter()
+            .map(|job| Prepared {
+                job,
+                id: JobId::mint(now),
+                now,
+            })
+            .collect();
+        run_all(ctx, &prepared, &mut known).await
+    }
 }
 
 /// The ids the batch's dedup keys point at now, so the script rarely has to ask for

@@ -41,7 +41,7 @@ const MAX_HEADS: usize = 256;
 
 /// The heads of every queue set this store claims from, by key.
 #[derive(Default)]
-pub(super) struct Heads {
+pub(crate) struct Heads {
     heads: Mutex<HashMap<String, Arc<Head>>>,
 }
 
@@ -67,7 +67,7 @@ impl Heads {
     /// when they have none and no call is in flight (after the queue ran dry, the usual
     /// case of a wake-up), so the next call holds those jobs and leases them at once;
     /// otherwise the hints of the calls know better. Text that is no id is left out.
-    pub(super) fn seed(&self, queue: &str, ids: &str) {
+    pub(crate) fn seed(&self, queue: &str, ids: &str) {
         let Some(head) = lock(&self.heads).get(queue).cloned() else {
             return;
         };

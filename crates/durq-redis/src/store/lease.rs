@@ -1,25 +1,32 @@
-//! Lease calls (heartbeat, complete, fail, release) and the admin calls that change
-//! one job's state (cancel, retry).
+//! Lease calls: heartbeat, complete, fail, release.
+//!
+//! Group completion: concurrent `complete` calls on one store are sent to Redis as one
+//! `complete.lua` call per batch (by the shared [`durq_core::batch`] batcher). Each
+//! completion still gets its own outcome and its own instant, and is applied atomically
+//! with its indexes; only the round trips and the per-call script overhead are shared.
+//! A call returns after its batch ran.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
+use durq_core::batch::{Batch, Limits};
 use durq_core::{
-    complete_each, Completion, Error, Heartbeat, HeldLease, JobId, JobState, LeaseToken, Result,
-    Retry, Timestamp,
+    complete_each, Bytes, Error, Heartbeat, HeldLease, JobId, JobState, LeaseToken, Result, Retry,
+    Timestamp,
 };
 use redis::Value;
 
 use super::{parse_state, status, unexpected, RedisBackend};
 use crate::codec::{array, id_string, text};
+use crate::conn::{map_err, Conn};
 use crate::keys::Keys;
-use crate::scripts;
-use crate::store::complete::{self, Entry as BatchEntry};
+use crate::scripts::{self, Eval};
 use crate::store::enqueue::ready_hex;
 
 impl RedisBackend {
     /// One `heartbeat.lua` call over `leases`, one answer per entry: each lease that is
     /// still held now runs to `now + ttl`.
-    pub(super) async fn heartbeat_many(
+    pub(crate) async fn heartbeat_many(
         &self,
         leases: &[HeldLease],
         ttl: Duration,
@@ -68,7 +75,7 @@ impl RedisBackend {
             .collect()
     }
 
-    fn lease_call_error(id: JobId, word: &str, rest: &[Value], what: &str) -> Error {
+    pub(super) fn lease_call_error(id: JobId, word: &str, rest: &[Value], what: &str) -> Error {
         match word {
             "notfound" => Error::NotFound { id },
             "lost" => Error::LeaseLost { id },
@@ -83,32 +90,32 @@ impl RedisBackend {
     }
 
     /// One `complete.lua` call for the whole batch when it fits one (see
-    /// [`complete::fits_one_call`]), else [`complete_each`], whose concurrent `complete`
+    /// [`fits_one_call`]), else [`complete_each`], whose concurrent `complete`
     /// calls the completion grouper sends together anyway.
-    pub(super) async fn complete_many(
+    pub(crate) async fn complete_many(
         &self,
-        completions: Vec<Completion>,
+        completions: Vec<durq_core::Completion>,
         now: Timestamp,
     ) -> Result<Vec<Result<()>>> {
-        let entries: Vec<BatchEntry<'_>> = completions
+        let entries: Vec<Entry<'_>> = completions
             .iter()
-            .map(|completion| BatchEntry {
+            .map(|completion| Entry {
                 id: completion.id,
                 token: completion.token,
                 now,
                 result: completion.result.as_deref(),
             })
             .collect();
-        if !complete::fits_one_call(&entries) {
+        if !fits_one_call(&entries) {
             drop(entries);
             return Ok(complete_each(self, completions, now).await);
         }
-        complete::run_script(self.conn(), self.keys(), &entries).await
+        run_script(self.conn(), self.keys(), &entries).await
     }
 
     /// Rules L6, L7: `fail.lua` decides the new state (as
     /// [`durq_core::transition::after_failure`]) and moves the job there.
-    pub(super) async fn fail_job(
+    pub(crate) async fn fail_job(
         &self,
         id: JobId,
         token: LeaseToken,
@@ -143,7 +150,7 @@ impl RedisBackend {
 
     /// Rule L8: `release.lua` hands the job back (as
     /// [`durq_core::transition::after_release`]).
-    pub(super) async fn release_job(
+    pub(crate) async fn release_job(
         &self,
         id: JobId,
         token: LeaseToken,
@@ -166,53 +173,6 @@ impl RedisBackend {
             (word, rest) => Err(Self::lease_call_error(id, &word, rest, "release reply")),
         }
     }
-
-    /// Rule A1: cancels a queued job, asks a running one to stop.
-    pub(super) async fn cancel_job(&self, id: JobId, now: Timestamp) -> Result<JobState> {
-        let keys = self.keys();
-        let mut invocation = scripts::CANCEL.prepare_invoke();
-        invocation
-            .key(keys.job(id))
-            .key(&keys.ready)
-            .key(&keys.sched)
-            .key(&keys.list)
-            .key(&keys.done)
-            .arg(id.to_string())
-            .arg(now.as_millis());
-        let reply = self.invoke(&invocation, "cancel").await?;
-        match status(&reply, "cancel reply")? {
-            (word, [state]) if word == "ok" => {
-                parse_state(&text(state, "cancel reply")?, "cancel reply")
-            }
-            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "cancel reply")),
-        }
-    }
-
-    /// Rule A2: queues a dead or cancelled job again.
-    pub(super) async fn retry_job(&self, id: JobId, now: Timestamp) -> Result<()> {
-        let keys = self.keys();
-        let mut invocation = scripts::RETRY.prepare_invoke();
-        invocation
-            .key(keys.job(id))
-            .key(&keys.ready)
-            .key(&keys.list)
-            .key(&keys.done)
-            .key(&keys.seq)
-            .arg(id.to_string())
-            .arg(now.as_millis())
-            .arg(ready_hex(now))
-            .arg(&keys.wake);
-        let reply = self.invoke(&invocation, "retry").await?;
-        match status(&reply, "retry reply")? {
-            (word, _) if word == "ok" => Ok(()),
-            (word, [state]) if word == "state" => Err(Error::InvalidState {
-                id,
-                state: parse_state(&text(state, "retry reply")?, "retry reply")?,
-                operation: "retry",
-            }),
-            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "retry reply")),
-        }
-    }
 }
 
 /// Adds the KEYS shared by the scripts that end a lease and send the job back to
@@ -231,4 +191,153 @@ fn lease_end_keys<'i, 'a>(
         .key(&keys.sched)
         .key(&keys.seq)
         .key(&keys.running)
+}
+
+/// Completions one script call takes at most, and the result bytes it carries at most
+/// (a single larger result still goes alone). Bounds how long one call holds the server.
+const MAX_BATCH: usize = 512;
+const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// One `complete` call, with the instant its caller read.
+pub(crate) struct Completion {
+    pub id: JobId,
+    pub token: LeaseToken,
+    pub now: Timestamp,
+    pub result: Option<Bytes>,
+}
+
+/// The completions of one store.
+pub(crate) struct Completions {
+    pub conn: Conn,
+    pub keys: Keys,
+}
+
+impl Batch for Completions {
+    type Call = Completion;
+    type Answer = Result<()>;
+    /// The script applies its completions one after the other, so a second call for
+    /// a job in the same batch finds the first one's work done, as it would alone.
+    type Key = Infallible;
+
+    const LIMITS: Limits = Limits {
+        max_calls: MAX_BATCH,
+        max_bytes: MAX_BATCH_BYTES,
+        // Enough to keep the connection busy while one batch runs.
+        in_flight: 4,
+        queued: 4 * MAX_BATCH,
+    };
+
+    fn size(call: &Completion) -> usize {
+        call.result.as_ref().map_or(0, Bytes::len)
+    }
+
+    async fn run(&self, calls: &[Completion]) -> Result<Vec<Result<()>>> {
+        let entries: Vec<Entry<'_>> = calls
+            .iter()
+            .map(|c| Entry {
+                id: c.id,
+                token: c.token,
+                now: c.now,
+                result: c.result.as_deref(),
+            })
+            .collect();
+        run_script(self.conn.clone(), &self.keys, &entries).await
+    }
+}
+
+/// One completion as `complete.lua` takes it.
+pub(crate) struct Entry<'a> {
+    pub id: JobId,
+    pub token: LeaseToken,
+    pub now: Timestamp,
+    pub result: Option<&'a [u8]>,
+}
+
+/// Whether `entries` fit one script call (see [`MAX_BATCH`]), so a caller with a batch
+/// of its own can send it whole.
+pub(crate) fn fits_one_call(entries: &[Entry<'_>]) -> bool {
+    entries.len() <= MAX_BATCH
+        && entries
+            .iter()
+            .map(|e| e.result.map_or(0, <[u8]>::len))
+            .sum::<usize>()
+            <= MAX_BATCH_BYTES
+}
+
+/// Runs one `complete.lua` call over `entries`, in order; `Err` when the call as a whole
+/// failed, else one outcome per entry.
+pub(crate) async fn run_script(
+    mut conn: Conn,
+    keys: &Keys,
+    entries: &[Entry<'_>],
+) -> Result<Vec<Result<()>>> {
+    let mut invocation = Eval::new(&scripts::COMPLETE);
+    invocation
+        .key(&keys.leases)
+        .key(&keys.list)
+        .key(&keys.done)
+        .key(&keys.running);
+    // The first entry's instant is the call's default: a batch shares one, and grouped
+    // calls mostly do, so most entries pass '' instead of their own.
+    let default_now = entries.first().map_or(0, |e| e.now.as_millis());
+    invocation.arg(default_now);
+    // Results follow the entries' values (ARGV is 1-based: the default instant, then
+    // four values per entry).
+    let mut next_result = 2 + 4 * entries.len();
+    for entry in entries {
+        invocation
+            .job_key(keys, entry.id)
+            .id_arg(entry.id)
+            .arg(entry.token.get());
+        let now = entry.now.as_millis();
+        if now == default_now {
+            invocation.arg("");
+        } else {
+            invocation.arg(now);
+        }
+        if entry.result.is_some() {
+            invocation.arg(next_result);
+            next_result += 1;
+        } else {
+            invocation.arg("");
+        }
+    }
+    for result in entries.iter().filter_map(|e| e.result) {
+        invocation.arg(result);
+    }
+    let reply: Value = invocation
+        .invoke(&mut conn)
+        .await
+        .map_err(|err| map_err("complete", err))?;
+    let items = array(&reply, "complete reply")?;
+    if items.len() != entries.len() {
+        return Err(Error::corrupt(
+            "complete reply",
+            "one status per job expected",
+        ));
+    }
+    let mut outcomes = Vec::with_capacity(entries.len());
+    for (entry, item) in entries.iter().zip(items) {
+        let outcome = match item {
+            Value::SimpleString(s) if s == "ok" => Ok(()),
+            Value::BulkString(b) if b == b"ok" => Ok(()),
+            other => match text(other, "complete reply")?.as_str() {
+                "ok" => Ok(()),
+                "notfound" => Err(Error::NotFound { id: entry.id }),
+                "lost" => Err(Error::LeaseLost { id: entry.id }),
+                "corrupt" => Err(Error::corrupt(
+                    format!("job {}", entry.id),
+                    "unreadable meta field",
+                )),
+                other => {
+                    return Err(Error::corrupt(
+                        "complete reply",
+                        format!("unexpected status {other:?}"),
+                    ))
+                }
+            },
+        };
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
 }

@@ -1,13 +1,10 @@
-//! Reads: one job, its payload, its children, a page of a queue, a queue's counts, every
-//! queue's counts and oldest ready job; and the paused queues, with the one write that
-//! changes them.
-
-use std::collections::HashMap;
+//! Reads: one job, its payload, its children, its attempts, a page of a queue, a
+//! queue's counts, every queue's counts and oldest ready job.
 
 use durq_core::attempts::{self, LastClaim};
 use durq_core::{
     Attempt, Bytes, Error, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, QueueOverview,
-    QueueStats, ReadyOrder, Result, StoredSchedule, Timestamp, ATTEMPTS_KEPT,
+    QueueStats, ReadyOrder, Result, Timestamp, ATTEMPTS_KEPT,
 };
 use redis::Value;
 
@@ -20,110 +17,8 @@ use crate::conn::map_err;
 use crate::scripts;
 
 impl RedisBackend {
-    /// Rule Q1: adds `queue` to the paused set or removes it; a resume wakes the
-    /// claimers waiting on the queue. One set, read by every claim script.
-    pub(super) async fn pause_queue(&self, queue: &str, paused: bool) -> Result<()> {
-        let keys = self.keys();
-        let mut conn = self.conn();
-        if paused {
-            let _: i64 = redis::cmd("SADD")
-                .arg(&keys.paused)
-                .arg(queue)
-                .query_async(&mut conn)
-                .await
-                .map_err(|err| map_err("pause", err))?;
-            return Ok(());
-        }
-        let removed: i64 = redis::cmd("SREM")
-            .arg(&keys.paused)
-            .arg(queue)
-            .query_async(&mut conn)
-            .await
-            .map_err(|err| map_err("resume", err))?;
-        if removed > 0 {
-            let _: i64 = redis::cmd("PUBLISH")
-                .arg(&keys.wake)
-                .arg(queue)
-                .query_async(&mut conn)
-                .await
-                .map_err(|err| map_err("resume wake-up", err))?;
-        }
-        Ok(())
-    }
-
-    /// Rules S1, S2: one `schedule.lua` call; false when the schedule was unknown.
-    pub(super) async fn write_schedule(
-        &self,
-        op: &str,
-        name: &str,
-        third: &str,
-        fourth: &str,
-    ) -> Result<bool> {
-        let keys = self.keys();
-        let mut invocation = scripts::SCHEDULE.prepare_invoke();
-        invocation
-            .key(&keys.cron_specs)
-            .key(&keys.cron_enabled)
-            .key(&keys.cron_last)
-            .arg(op)
-            .arg(name)
-            .arg(third)
-            .arg(fourth);
-        let reply = self.invoke(&invocation, "schedule").await?;
-        Ok(int(&reply, "schedule reply")? == 1)
-    }
-
-    /// Rule S1: every schedule, by name. The three hashes are read in one pipeline; a
-    /// schedule deleted or written between them reads as it was before or after.
-    pub(super) async fn read_schedules(&self) -> Result<Vec<StoredSchedule>> {
-        let keys = self.keys();
-        let (specs, enabled, last): (
-            HashMap<String, String>,
-            HashMap<String, String>,
-            HashMap<String, String>,
-        ) = redis::pipe()
-            .hgetall(&keys.cron_specs)
-            .hgetall(&keys.cron_enabled)
-            .hgetall(&keys.cron_last)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|err| map_err("schedules", err))?;
-        let mut schedules = Vec::with_capacity(specs.len());
-        for (name, spec) in specs {
-            let what = || format!("schedule {name}");
-            let on = match enabled.get(&name).map(String::as_str) {
-                Some("1") => true,
-                Some("0") => false,
-                other => return Err(Error::corrupt(what(), format!("enabled flag {other:?}"))),
-            };
-            let tick = last
-                .get(&name)
-                .and_then(|t| t.parse::<i64>().ok())
-                .ok_or_else(|| Error::corrupt(what(), "last tick missing or not a number"))?;
-            schedules.push(StoredSchedule {
-                name,
-                spec,
-                enabled: on,
-                last_tick: Timestamp::from_millis(tick),
-            });
-        }
-        schedules.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        Ok(schedules)
-    }
-
-    /// Rule Q1: the paused queues, by name.
-    pub(super) async fn read_paused_queues(&self) -> Result<Vec<String>> {
-        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(&self.keys().paused)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|err| map_err("paused queues", err))?;
-        queues.sort_unstable();
-        Ok(queues)
-    }
-
     /// Rule E1: the job as stored.
-    pub(super) async fn read_job(&self, id: JobId) -> Result<Job> {
+    pub(crate) async fn read_job(&self, id: JobId) -> Result<Job> {
         let row: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
             .arg(self.keys().job(id))
             .arg(&JOB_FIELDS[..])
@@ -137,7 +32,7 @@ impl RedisBackend {
     }
 
     /// Rule E1: the payload bytes as enqueued.
-    pub(super) async fn read_payload(&self, id: JobId) -> Result<Bytes> {
+    pub(crate) async fn read_payload(&self, id: JobId) -> Result<Bytes> {
         let payload: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(self.keys().job(id))
             .arg("payload")
@@ -148,7 +43,7 @@ impl RedisBackend {
     }
 
     /// Rule E8: the jobs enqueued with `parent`, oldest first.
-    pub(super) async fn read_children(&self, parent: JobId) -> Result<Vec<Job>> {
+    pub(crate) async fn read_children(&self, parent: JobId) -> Result<Vec<Job>> {
         let prefix = format!("{parent} ");
         let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
             .arg(&self.keys().children)
@@ -198,7 +93,7 @@ impl RedisBackend {
     /// run out, or [`LIST_EXAMINE_BOUND`] candidates were examined: the page then ends
     /// early, `next` the last id examined (CONTRACT A4 allows it; callers page on until
     /// `next` is none).
-    pub(super) async fn list_jobs(&self, query: ListQuery) -> Result<ListPage> {
+    pub(crate) async fn list_jobs(&self, query: ListQuery) -> Result<ListPage> {
         if let (Some(queue), Some(prefix)) = (&query.queue, &query.queue_prefix) {
             if !queue.starts_with(prefix.as_str()) {
                 return Ok(ListPage {
@@ -366,7 +261,7 @@ impl RedisBackend {
     /// Rules H1–H4: the job's attempts, from one HMGET of its hash: the fields of its
     /// last claim and every attempt slot (`a0`..`a31`, see `lua/lib.lua`), never the
     /// payload or result. The hash is the one snapshot of both.
-    pub(super) async fn read_attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+    pub(crate) async fn read_attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
         const LAST: [&str; 5] = ["state", "worker", "token", "started", "finished"];
         let slots = ATTEMPTS_KEPT;
         let mut cmd = redis::cmd("HMGET");
@@ -443,7 +338,7 @@ impl RedisBackend {
 
     /// Rule A3: the counts of one queue's jobs per state at `now`, promoting due
     /// scheduled jobs first so `ready` and `scheduled` are told apart at `now`.
-    pub(super) async fn queue_stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+    pub(crate) async fn queue_stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         let keys = self.keys();
         let mut invocation = scripts::STATS.prepare_invoke();
         invocation
@@ -472,7 +367,7 @@ impl RedisBackend {
     /// queue's row comes from one call; rows of different calls are read at different
     /// moments (all at `now`), so a queue that gets its first job during a listing of
     /// several calls may be missed, as if it came just after.
-    pub(super) async fn queue_overviews(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+    pub(crate) async fn queue_overviews(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
         const WHAT: &str = "queues reply";
         let keys = self.keys();
         let mut overviews = Vec::new();

@@ -7,7 +7,8 @@ use durq_core::{Error, ReclaimedJob, Result, Timestamp, LEASE_EXPIRED};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::Value;
 
-use super::{parse_state, ReclaimReport, RedisBackend};
+use super::{parse_state, RedisBackend};
+use crate::backend::ReclaimReport;
 use crate::codec::{array, int, job_id, member_id, text};
 use crate::conn::{map_err, Conn};
 use crate::scripts;
@@ -35,15 +36,9 @@ impl RedisBackend {
         self.invoke(&invocation, "purge keys").await.map(drop)
     }
 
-    /// Deletes every key of this store's namespace (its jobs, indexes, idempotency
-    /// keys and counters) and returns how many it deleted. Other namespaces are left
-    /// as they are. For tests and for retiring a namespace: stop its workers and
-    /// producers first, since a call racing the sweep can leave a key behind.
-    ///
-    /// The keys are found with `SCAN` (a page at a time, so the server is never
-    /// blocked) and removed with `UNLINK`. On a cluster every key of a namespace sits
-    /// in the slot of its hash tag, so the scan is sent to that slot's primary.
-    pub async fn drop_namespace(&self) -> Result<u64> {
+    /// What [`RedisBackend::drop_namespace`] does: `SCAN` a page at a time, `UNLINK`
+    /// what it found.
+    pub(crate) async fn unlink_namespace(&self) -> Result<u64> {
         let pattern = self.keys().all();
         let mut conn = self.conn();
         let mut cursor: u64 = 0;
@@ -105,11 +100,8 @@ impl RedisBackend {
             .map_err(|err| map_err(what, err))
     }
 
-    /// [`durq_core::Backend::reclaim`] at `now`, also reporting how many lease entries
-    /// the scripts examined. Called on the backend directly, it takes `limit` and `now`
-    /// as they are: the [`durq_core::Store`] handle is what answers a `limit` of 0
-    /// without a call and reads the clock.
-    pub async fn reclaim_with_report(
+    /// What [`RedisBackend::reclaim_with_report`] does.
+    pub(crate) async fn reclaim_expired(
         &self,
         limit: usize,
         now: Timestamp,
@@ -170,7 +162,7 @@ impl RedisBackend {
     }
 
     /// Rule A5: deletes up to `limit` terminal jobs finished at or before `cutoff`.
-    pub(super) async fn purge_finished(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+    pub(crate) async fn purge_finished(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
         let cutoff_text = cutoff.as_millis().to_string();
         let keys = self.keys();
         let mut deleted = 0u64;

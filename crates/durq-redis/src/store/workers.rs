@@ -32,7 +32,7 @@ impl RedisBackend {
     }
 
     /// Rule W1: stores worker `id` whole (spec, in flight, last seen `now`).
-    pub(super) async fn write_worker(
+    pub(crate) async fn write_worker(
         &self,
         id: &str,
         spec: &str,
@@ -47,7 +47,7 @@ impl RedisBackend {
     }
 
     /// Rule W2: sets a known worker's in flight and last seen; false when unknown.
-    pub(super) async fn touch_stored_worker(
+    pub(crate) async fn touch_stored_worker(
         &self,
         id: &str,
         in_flight: u32,
@@ -62,7 +62,7 @@ impl RedisBackend {
     }
 
     /// Rule W3: removes worker `id`'s entries; whether its record existed.
-    pub(super) async fn remove_worker(&self, id: &str) -> Result<bool> {
+    pub(crate) async fn remove_worker(&self, id: &str) -> Result<bool> {
         let reply = self
             .workers_script(&["delete", id], "delete_worker")
             .await?;
@@ -72,7 +72,7 @@ impl RedisBackend {
     /// Rule W1: every worker of the namespace, sorted by id, read in one script call (so
     /// a concurrent write is seen whole or not at all). A record whose in-flight count or
     /// last-seen score is missing or unreadable is `Error::Corrupt`.
-    pub(super) async fn read_workers(&self) -> Result<Vec<StoredWorker>> {
+    pub(crate) async fn read_workers(&self) -> Result<Vec<StoredWorker>> {
         const WHAT: &str = "workers reply";
         let reply = self.workers_script(&["read"], "workers").await?;
         let items = array(&reply, WHAT)?;
@@ -113,7 +113,7 @@ impl RedisBackend {
     /// Rule W4: removes every worker last seen strictly before `cutoff`, a bounded
     /// script call at a time, and returns their ids, sorted. Each call is atomic; a
     /// worker that reports between two calls and is no longer silent stays.
-    pub(super) async fn reap_silent_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+    pub(crate) async fn reap_silent_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
         const WHAT: &str = "reap_workers reply";
         let cutoff = cutoff.as_millis().to_string();
         let limit = REAP_CHUNK.to_string();

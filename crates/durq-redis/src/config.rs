@@ -1,5 +1,6 @@
-//! Opening a store: one server or a cluster, plain or TLS, and what every store loads
-//! and starts at open time.
+//! [`RedisConfig`] (and [`TlsConfig`] under the `tls` feature), the options of opening
+//! a store: one server or a cluster, plain or TLS; and the opening itself, with what
+//! every store loads and starts at open time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,15 +11,16 @@ use durq_core::{duration_millis, Error, Result, StoreSettings};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 
-use super::{Heads, Inner, RedisBackend};
+use crate::backend::{Inner, RedisBackend};
 use crate::conn::{
     map_err, Conn, CONNECT_TIMEOUT, RECONNECT_CAP, RECONNECT_FIRST_DELAY, RECONNECT_RETRIES,
     RESPONSE_TIMEOUT,
 };
 use crate::keys::Keys;
 use crate::scripts;
-use crate::store::complete::Completions;
 use crate::store::enqueue::{Ctx as EnqueueCtx, Enqueues};
+use crate::store::heads::Heads;
+use crate::store::lease::Completions;
 use crate::wake::Waker;
 
 /// Garbage-collection margin on top of the dedup window: server TTLs must
@@ -266,20 +268,7 @@ enum Nodes {
 }
 
 impl RedisBackend {
-    /// Connects to one Redis server, e.g. `redis://127.0.0.1:6379`, or
-    /// `rediss://host:6380` for TLS (feature `tls`; the server's certificate must chain
-    /// to a root the system trusts, else see [`RedisConfig::tls`]). The
-    /// connection reconnects by itself, within the reconnect back-off cap of 200 ms of
-    /// the server answering again; a call made while it is down waits for up to 13
-    /// connection attempts (1.2–2.3 s against a port that refuses), then fails with
-    /// [`Error::Unavailable`] (see the crate's "Reconnecting").
-    ///
-    /// Settings that break the contract's limits are refused here.
-    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self> {
-        Self::open_single(url, None, settings).await
-    }
-
-    async fn open_single(
+    pub(super) async fn open_single(
         url: &str,
         tls: Option<&TlsConfig>,
         settings: StoreSettings,

@@ -1,0 +1,355 @@
+//! [`RedisBackend`]: the `Backend` of the contract over Redis, one Lua script per state
+//! change, and its capability traits. The type, its public methods and its trait impls
+//! live here, each a short call into `store/`, where the work is split by job; opening
+//! a store is in `config.rs`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use durq_core::batch::Batcher;
+use durq_core::{
+    async_trait, Attempt, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error,
+    Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
+    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
+    StoredSchedule, StoredWorker, Timestamp,
+};
+use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
+
+use crate::config::Dial;
+use crate::conn::Conn;
+use crate::keys::Keys;
+use crate::store::enqueue::{Ctx as EnqueueCtx, Enqueues, Prepared};
+use crate::store::heads::Heads;
+use crate::store::lease::{self, Completions};
+use crate::wake::Waker;
+
+/// A job store's storage on Redis or Redis Cluster: a [`Backend`], used through a
+/// [`durq_core::Store`] handle.
+///
+/// Every state change is one Lua script (EVALSHA), all keys of a namespace share the
+/// hash tag `{namespace}`, and every decision takes "now" from the instant the handle
+/// passes down. See `docs/redis.md` for the keys and scripts. Cloning is cheap and shares
+/// the connection.
+#[derive(Clone)]
+pub struct RedisBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) conn: Conn,
+    /// How `conn` was opened, to open another for `reopen`.
+    pub(crate) dial: Dial,
+    pub(crate) settings: StoreSettings,
+    pub(crate) keys: Keys,
+    /// What this store's claims know of the head of each queue set, so each call can
+    /// pass the hashes of the jobs it will lease in KEYS without reading first.
+    pub(crate) heads: Arc<Heads>,
+    pub(crate) waker: Waker,
+    pub(crate) completions: Batcher<Completions>,
+    pub(crate) enqueues: Batcher<Enqueues>,
+    pub(crate) enqueue_ctx: EnqueueCtx,
+    pub(crate) cluster: bool,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL is not kept: it may hold a password.
+        f.debug_struct("RedisBackend")
+            .field("namespace", &self.inner.settings.namespace)
+            .field("cluster", &self.inner.cluster)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one `reclaim` did, beyond the jobs it recovered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReclaimReport {
+    /// Lease entries the scripts looked at: only entries already expired when read, so
+    /// this follows the number of expired leases, not of running jobs (CONTRACT R6).
+    pub examined: u64,
+}
+
+impl RedisBackend {
+    /// Connects to one Redis server, e.g. `redis://127.0.0.1:6379`, or
+    /// `rediss://host:6380` for TLS (feature `tls`; the server's certificate must chain
+    /// to a root the system trusts, else see [`RedisConfig::tls`]). The
+    /// connection reconnects by itself, within the reconnect back-off cap of 200 ms of
+    /// the server answering again; a call made while it is down waits for up to 13
+    /// connection attempts (1.2–2.3 s against a port that refuses), then fails with
+    /// [`Error::Unavailable`] (see the crate's "Reconnecting").
+    ///
+    /// Settings that break the contract's limits are refused here.
+    ///
+    /// [`RedisConfig::tls`]: crate::RedisConfig::tls
+    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self> {
+        Self::open_single(url, None, settings).await
+    }
+
+    /// [`durq_core::Backend::reclaim`] at `now`, also reporting how many lease entries
+    /// the scripts examined. Called on the backend directly, it takes `limit` and `now`
+    /// as they are: the [`durq_core::Store`] handle is what answers a `limit` of 0
+    /// without a call and reads the clock.
+    pub async fn reclaim_with_report(
+        &self,
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<(Vec<ReclaimedJob>, ReclaimReport)> {
+        self.reclaim_expired(limit, now).await
+    }
+
+    /// Deletes every key of this store's namespace (its jobs, indexes, idempotency
+    /// keys and counters) and returns how many it deleted. Other namespaces are left
+    /// as they are. For tests and for retiring a namespace: stop its workers and
+    /// producers first, since a call racing the sweep can leave a key behind.
+    ///
+    /// The keys are found with `SCAN` (a page at a time, so the server is never
+    /// blocked) and removed with `UNLINK`. On a cluster every key of a namespace sits
+    /// in the slot of its hash tag, so the scan is sent to that slot's primary.
+    pub async fn drop_namespace(&self) -> Result<u64> {
+        self.unlink_namespace().await
+    }
+
+    /// Resolves once the wake-up subscriber is subscribed (or after `timeout`); returns
+    /// whether it is. Waiting for work works without it, by timeout.
+    pub async fn wake_ready(&self, timeout: Duration) -> bool {
+        self.inner.waker.subscribed(timeout).await
+    }
+
+    /// How many `wait_for_work` calls on this store are waiting now.
+    pub fn waiting_for_work(&self) -> usize {
+        self.inner.waker.waiting()
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn settings(&self) -> &StoreSettings {
+        &self.inner.settings
+    }
+
+    // Redis connections are driven by tasks on the runtime the store was opened on: the
+    // default capabilities (tied to the runtime) are this backend's.
+
+    async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(Some(Arc::new(self.reopened().await?)))
+    }
+
+    async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        let id = JobId::mint(now);
+        // Concurrent enqueues of this store go to Redis together, each as called.
+        self.inner.enqueues.call(Prepared { job, id, now }).await?
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
+        self.enqueue_many(jobs, now).await
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        self.read_job(id).await
+    }
+
+    async fn payload(&self, id: JobId) -> Result<Bytes> {
+        self.read_payload(id).await
+    }
+
+    async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
+        self.claim_jobs(request, now).await
+    }
+
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Heartbeat> {
+        self.heartbeat_many(&[HeldLease::new(id, token)], ttl, now)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::corrupt("heartbeat reply", "no status")))
+    }
+
+    /// One `heartbeat.lua` call for the whole batch; the script answers each entry as
+    /// `heartbeat` would.
+    async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        self.heartbeat_many(&leases, ttl, now).await
+    }
+
+    async fn complete(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner
+            .completions
+            .call(lease::Completion {
+                id,
+                token,
+                now,
+                result,
+            })
+            .await?
+    }
+
+    /// One `complete.lua` call for the whole batch when it fits one (512 entries, 8 MiB
+    /// of results); the script handles the entries in order, so a second entry for one
+    /// job answers lease lost (L5). A larger batch goes through
+    /// [`durq_core::complete_each`], which the grouping of concurrent completes batches
+    /// anyway.
+    async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
+        self.complete_many(completions, now).await
+    }
+
+    async fn fail(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        error: &str,
+        retry: Retry,
+        now: Timestamp,
+    ) -> Result<JobState> {
+        self.fail_job(id, token, error, retry, now).await
+    }
+
+    async fn release(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        ready_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.release_job(id, token, ready_at, now).await
+    }
+
+    async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
+        Ok(self.reclaim_with_report(limit, now).await?.0)
+    }
+
+    async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        self.inner.waker.wait(queues, timeout).await;
+        Ok(())
+    }
+
+    fn as_inspect(&self) -> Option<&dyn Inspect> {
+        Some(self)
+    }
+
+    fn as_admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn as_pause(&self) -> Option<&dyn Pause> {
+        Some(self)
+    }
+
+    fn as_schedules(&self) -> Option<&dyn Schedules> {
+        Some(self)
+    }
+
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Inspect for RedisBackend {
+    async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
+        self.read_children(parent).await
+    }
+
+    async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
+        self.read_attempts(id).await
+    }
+
+    async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        self.queue_stats(queue, now).await
+    }
+
+    async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        self.queue_overviews(now).await
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        self.list_jobs(query).await
+    }
+}
+
+#[async_trait]
+impl Admin for RedisBackend {
+    async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        self.cancel_job(id, now).await
+    }
+
+    async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
+        self.retry_job(id, now).await
+    }
+
+    async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        self.purge_finished(limit, cutoff).await
+    }
+}
+
+#[async_trait]
+impl Pause for RedisBackend {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.pause_queue(queue, paused).await
+    }
+
+    async fn paused_queues(&self) -> Result<Vec<String>> {
+        self.read_paused_queues().await
+    }
+}
+
+#[async_trait]
+impl Schedules for RedisBackend {
+    async fn put_schedule(&self, name: &str, spec: &str, now: Timestamp) -> Result<()> {
+        self.save_schedule(name, spec, now).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<StoredSchedule>> {
+        self.read_schedules().await
+    }
+
+    async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
+        self.change_schedule(name, update).await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        self.remove_schedule(name).await
+    }
+}
+
+#[async_trait]
+impl WorkerRegistry for RedisBackend {
+    async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
+        self.write_worker(id, spec, in_flight, now).await
+    }
+
+    async fn touch_worker(&self, id: &str, in_flight: u32, now: Timestamp) -> Result<bool> {
+        self.touch_stored_worker(id, in_flight, now).await
+    }
+
+    async fn delete_worker(&self, id: &str) -> Result<bool> {
+        self.remove_worker(id).await
+    }
+
+    async fn workers(&self) -> Result<Vec<StoredWorker>> {
+        self.read_workers().await
+    }
+
+    async fn reap_workers(&self, cutoff: Timestamp) -> Result<Vec<String>> {
+        self.reap_silent_workers(cutoff).await
+    }
+}

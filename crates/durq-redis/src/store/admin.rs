@@ -1,0 +1,101 @@
+//! Operator actions: cancel and retry of one job (CONTRACT A1, A2), and pausing
+//! queues (Q1).
+
+use durq_core::{Error, JobId, JobState, Result, Timestamp};
+
+use super::{parse_state, status, RedisBackend};
+use crate::codec::text;
+use crate::conn::map_err;
+use crate::scripts;
+use crate::store::enqueue::ready_hex;
+
+impl RedisBackend {
+    /// Rule A1: cancels a queued job, asks a running one to stop.
+    pub(crate) async fn cancel_job(&self, id: JobId, now: Timestamp) -> Result<JobState> {
+        let keys = self.keys();
+        let mut invocation = scripts::CANCEL.prepare_invoke();
+        invocation
+            .key(keys.job(id))
+            .key(&keys.ready)
+            .key(&keys.sched)
+            .key(&keys.list)
+            .key(&keys.done)
+            .arg(id.to_string())
+            .arg(now.as_millis());
+        let reply = self.invoke(&invocation, "cancel").await?;
+        match status(&reply, "cancel reply")? {
+            (word, [state]) if word == "ok" => {
+                parse_state(&text(state, "cancel reply")?, "cancel reply")
+            }
+            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "cancel reply")),
+        }
+    }
+
+    /// Rule A2: queues a dead or cancelled job again.
+    pub(crate) async fn retry_job(&self, id: JobId, now: Timestamp) -> Result<()> {
+        let keys = self.keys();
+        let mut invocation = scripts::RETRY.prepare_invoke();
+        invocation
+            .key(keys.job(id))
+            .key(&keys.ready)
+            .key(&keys.list)
+            .key(&keys.done)
+            .key(&keys.seq)
+            .arg(id.to_string())
+            .arg(now.as_millis())
+            .arg(ready_hex(now))
+            .arg(&keys.wake);
+        let reply = self.invoke(&invocation, "retry").await?;
+        match status(&reply, "retry reply")? {
+            (word, _) if word == "ok" => Ok(()),
+            (word, [state]) if word == "state" => Err(Error::InvalidState {
+                id,
+                state: parse_state(&text(state, "retry reply")?, "retry reply")?,
+                operation: "retry",
+            }),
+            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "retry reply")),
+        }
+    }
+
+    /// Rule Q1: adds `queue` to the paused set or removes it; a resume wakes the
+    /// claimers waiting on the queue. One set, read by every claim script.
+    pub(crate) async fn pause_queue(&self, queue: &str, paused: bool) -> Result<()> {
+        let keys = self.keys();
+        let mut conn = self.conn();
+        if paused {
+            let _: i64 = redis::cmd("SADD")
+                .arg(&keys.paused)
+                .arg(queue)
+                .query_async(&mut conn)
+                .await
+                .map_err(|err| map_err("pause", err))?;
+            return Ok(());
+        }
+        let removed: i64 = redis::cmd("SREM")
+            .arg(&keys.paused)
+            .arg(queue)
+            .query_async(&mut conn)
+            .await
+            .map_err(|err| map_err("resume", err))?;
+        if removed > 0 {
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg(&keys.wake)
+                .arg(queue)
+                .query_async(&mut conn)
+                .await
+                .map_err(|err| map_err("resume wake-up", err))?;
+        }
+        Ok(())
+    }
+
+    /// Rule Q1: the paused queues, by name.
+    pub(crate) async fn read_paused_queues(&self) -> Result<Vec<String>> {
+        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(&self.keys().paused)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("paused queues", err))?;
+        queues.sort_unstable();
+        Ok(queues)
+    }
+}
