@@ -6,10 +6,14 @@
 //! stays well inside the server's `max_connections`. Every namespace a scenario
 //! opens lives in the rows of the shared default schema; `teardown` deletes them.
 
-use durq_conformance::Harness;
-use durq_core::{async_trait, Error, JobId, Result, Store, StoreSettings};
-use durq_postgres::{PostgresConfig, PostgresPool};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use durq_conformance::{CallerTransaction, Harness, TransactionHarness};
+use durq_core::{
+    async_trait, Backend as _, Bytes, Enqueued, Error, FencedCompletion, JobId, LeaseToken, NewJob,
+    Result, Store, StoreSettings,
+};
+use durq_postgres::{PostgresBackend, PostgresConfig, PostgresPool};
+use sqlx::{Postgres, Transaction};
+use tokio::sync::{OnceCell, Semaphore, SemaphorePermit};
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -49,8 +53,132 @@ impl Harness for PgHarness {
     /// A namespace is its rows in the schema's tables (jobs and idempotency keys);
     /// the schema itself is every namespace's and stays.
     async fn teardown(&self, namespace: &str) -> Result<()> {
-        self.backend.drop_namespace(namespace).await.map(drop)
+        self.backend.drop_namespace(namespace).await?;
+        let sql = format!(
+            "DELETE FROM \"{}\".conformance_rows WHERE namespace = $1",
+            self.backend.schema()
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(namespace)
+            .execute(self.backend.pool())
+            .await
+            .map(drop)
+            .map_err(|err| Error::backend("remove the caller's rows", err))
     }
+}
+
+/// The caller's side of CONTRACT §7: an `sqlx::Transaction` on the pool's database,
+/// and a table of the caller's (`conformance_rows`) beside the queue's.
+#[async_trait]
+impl TransactionHarness for PgHarness {
+    async fn begin(&self, settings: &StoreSettings) -> Result<Box<dyn CallerTransaction>> {
+        let backend = self.backend.backend(settings.clone())?;
+        let tx = self
+            .backend
+            .pool()
+            .begin()
+            .await
+            .map_err(|err| Error::backend("begin the caller's transaction", err))?;
+        Ok(Box::new(PgCallerTx {
+            backend,
+            tx,
+            insert: format!(
+                "INSERT INTO \"{}\".conformance_rows (namespace, mark) VALUES ($1, $2)",
+                self.backend.schema()
+            ),
+        }))
+    }
+
+    async fn row_committed(&self, namespace: &str, mark: &str) -> Result<bool> {
+        let sql = format!(
+            "SELECT count(*) FROM \"{}\".conformance_rows WHERE namespace = $1 AND mark = $2",
+            self.backend.schema()
+        );
+        let (count,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(mark)
+            .fetch_one(self.backend.pool())
+            .await
+            .map_err(|err| Error::backend("read the caller's row", err))?;
+        Ok(count > 0)
+    }
+}
+
+struct PgCallerTx {
+    backend: PostgresBackend,
+    tx: Transaction<'static, Postgres>,
+    insert: String,
+}
+
+#[async_trait]
+impl CallerTransaction for PgCallerTx {
+    async fn write_row(&mut self, mark: &str) -> Result<()> {
+        sqlx::query(sqlx::AssertSqlSafe(self.insert.clone()))
+            .bind(&self.backend.settings().namespace)
+            .bind(mark)
+            .execute(&mut *self.tx)
+            .await
+            .map(drop)
+            .map_err(|err| Error::backend("write the caller's row", err))
+    }
+
+    async fn enqueue(&mut self, job: NewJob) -> Result<Enqueued> {
+        self.backend.enqueue_in(&mut self.tx, job).await
+    }
+
+    async fn enqueue_batch(&mut self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        self.backend.enqueue_batch_in(&mut self.tx, jobs).await
+    }
+
+    async fn complete(
+        &mut self,
+        id: JobId,
+        token: LeaseToken,
+        result: Option<Bytes>,
+    ) -> Result<FencedCompletion> {
+        self.backend
+            .complete_in(&mut self.tx, id, token, result)
+            .await
+    }
+
+    async fn commit(self: Box<Self>) -> Result<()> {
+        self.tx
+            .commit()
+            .await
+            .map_err(|err| Error::backend("commit the caller's transaction", err))
+    }
+
+    async fn rollback(self: Box<Self>) -> Result<()> {
+        self.tx
+            .rollback()
+            .await
+            .map_err(|err| Error::backend("roll back the caller's transaction", err))
+    }
+}
+
+/// Creates the caller's table once per test process. Parallel `CREATE TABLE IF NOT
+/// EXISTS` can still collide in PostgreSQL's catalog (another process's test binary,
+/// or a run beside this one), so a duplicate answer counts as done.
+async fn caller_table(backend: &PostgresPool) {
+    static CREATED: OnceCell<()> = OnceCell::const_new();
+    CREATED
+        .get_or_init(|| async {
+            let sql = format!(
+                "CREATE TABLE IF NOT EXISTS \"{}\".conformance_rows \
+                 (namespace text NOT NULL, mark text NOT NULL)",
+                backend.schema()
+            );
+            match sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(backend.pool())
+                .await
+            {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(db))
+                    if matches!(db.code().as_deref(), Some("23505" | "42P07")) => {}
+                Err(err) => panic!("cannot create the caller's table: {err}"),
+            }
+        })
+        .await;
 }
 
 async fn harness() -> Option<PgHarness> {
@@ -66,12 +194,16 @@ async fn harness() -> Option<PgHarness> {
         Err(err) => panic!("DATABASE_URL is not a Postgres URL: {err}"),
     };
     match PostgresPool::connect(config).await {
-        Ok(backend) => Some(PgHarness {
-            backend,
-            _permit: permit,
-        }),
+        Ok(backend) => {
+            caller_table(&backend).await;
+            Some(PgHarness {
+                backend,
+                _permit: permit,
+            })
+        }
         Err(err) => durq_conformance::skip_or_fail("PostgreSQL", &url, &err),
     }
 }
 
 durq_conformance::conformance_tests!(harness);
+durq_conformance::transaction_tests!(harness);
