@@ -6,7 +6,7 @@
 //! socket wait in the kernel until the next statement reads them. sqlx pings a pooled
 //! connection on its way out only when asked to, and pinging every time costs a round
 //! trip per statement, so the pool pings only connections idle for a while (see
-//! `pool::PING_AFTER_IDLE`). Without more, every idle connection of a pool whose
+//! `config::PING_AFTER_IDLE`). Without more, every idle connection of a pool whose
 //! connections were all terminated fails one statement each, whoever gets it: a
 //! worker retrying a completion could draw a dead connection on every try.
 //!

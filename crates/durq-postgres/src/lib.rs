@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod backend;
+mod config;
 mod conn;
 mod error;
 mod health;
@@ -13,10 +15,9 @@ mod store;
 mod transaction;
 mod wake;
 
-pub use pool::{
-    Durability, PostgresConfig, PostgresPool, DEFAULT_APPLICATION_NAME, DEFAULT_SCHEMA,
-};
-pub use store::PostgresBackend;
+pub use backend::PostgresBackend;
+pub use config::{Durability, PostgresConfig, DEFAULT_APPLICATION_NAME, DEFAULT_SCHEMA};
+pub use pool::PostgresPool;
 
 /// The sqlx this crate is built with: the transactions `PostgresBackend::enqueue_in`
 /// and `complete_in` take are this version's.

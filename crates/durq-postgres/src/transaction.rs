@@ -7,8 +7,8 @@ use durq_core::{Backend, Enqueued, Error, FencedCompletion, JobId, LeaseToken, N
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::store::enqueue;
-use crate::store::{token_param, PostgresBackend};
+use crate::backend::PostgresBackend;
+use crate::store::{enqueue, token_param};
 
 /// SQLSTATE of `fence` (migration 8) when the lease is not the current one.
 const FENCE_LEASE_LOST: &str = "JB001";

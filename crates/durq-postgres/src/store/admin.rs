@@ -1,8 +1,10 @@
-//! Operator actions: cancel, retry, pause (CONTRACT A1, A2, Q1).
+//! Operator actions: cancel, retry, pause (CONTRACT A1, A2, Q1); and the hooks of tests
+//! and of retiring a namespace, behind `PostgresPool::vanish` (a job's row deleted
+//! behind the store's back) and `PostgresPool::drop_namespace`.
 
 use super::*;
 
-pub(super) async fn cancel(store: &PostgresBackend, id: JobId, now: Timestamp) -> Result<JobState> {
+pub(crate) async fn cancel(store: &PostgresBackend, id: JobId, now: Timestamp) -> Result<JobState> {
     // The update acts on a queued or running job; otherwise the job is terminal
     // and stays as it is. A job that moves between the two statements (a
     // concurrent retry) is tried again.
@@ -28,7 +30,7 @@ pub(super) async fn cancel(store: &PostgresBackend, id: JobId, now: Timestamp) -
     }
 }
 
-pub(super) async fn retry(store: &PostgresBackend, id: JobId, now: Timestamp) -> Result<()> {
+pub(crate) async fn retry(store: &PostgresBackend, id: JobId, now: Timestamp) -> Result<()> {
     // Sent once: a second run after a first that committed unseen would refuse
     // the job as already queued.
     let query = sqlx::query(store.sql().retry.sql())
@@ -55,7 +57,7 @@ pub(super) async fn retry(store: &PostgresBackend, id: JobId, now: Timestamp) ->
     }
 }
 
-pub(super) async fn set_paused(store: &PostgresBackend, queue: &str, paused: bool) -> Result<()> {
+pub(crate) async fn set_paused(store: &PostgresBackend, queue: &str, paused: bool) -> Result<()> {
     // Pausing what is paused, or resuming what runs, changes nothing: sent again
     // if the connection broke.
     let sql = if paused {
@@ -76,7 +78,7 @@ pub(super) async fn set_paused(store: &PostgresBackend, queue: &str, paused: boo
     Ok(())
 }
 
-pub(super) async fn paused_queues(store: &PostgresBackend) -> Result<Vec<String>> {
+pub(crate) async fn paused_queues(store: &PostgresBackend) -> Result<Vec<String>> {
     let rows = store
         .shared()
         .fetch_all_again("paused_queues", |_| {
@@ -85,4 +87,31 @@ pub(super) async fn paused_queues(store: &PostgresBackend) -> Result<Vec<String>
         .await?;
     let what = || "paused queue".to_owned();
     rows.iter().map(|row| column(row, 0, &what)).collect()
+}
+
+/// Deletes the row of job `id` in `namespace`, leaving any dedup entry that points to
+/// it (see `PostgresPool::vanish`).
+#[cfg(feature = "testing")]
+pub(crate) async fn vanish(shared: &Shared, namespace: &str, id: JobId) -> Result<()> {
+    let query = sqlx::query(shared.sql.vanish.sql())
+        .bind(namespace)
+        .bind(Uuid::from(id));
+    shared.fetch_all("vanish", query).await?;
+    Ok(())
+}
+
+/// Deletes every row of `namespace`, in one transaction, and returns how many jobs it
+/// deleted (see `PostgresPool::drop_namespace`).
+pub(crate) async fn drop_namespace(shared: &Shared, namespace: &str) -> Result<u64> {
+    // Deleting what is gone deletes nothing: sent again if the connection broke.
+    let rows = shared
+        .fetch_all_again("drop_namespace", |_| {
+            sqlx::query(shared.sql.drop_namespace.sql()).bind(namespace)
+        })
+        .await?;
+    let jobs: i64 = match rows.first() {
+        Some(row) => crate::row::column(row, 0, &|| "drop_namespace result".to_owned())?,
+        None => 0,
+    };
+    Ok(jobs.unsigned_abs())
 }

@@ -1,7 +1,88 @@
-//! What a claim does with the rows its statement leased: their order (CONTRACT C3,
-//! F5) and the burial of those that do not decode (C10).
+//! Claims: the statement that leases jobs (plain, budgeted, preferring localities, or
+//! of a reservation), what a claim does with the rows it leased: their order (CONTRACT
+//! C3, F5) and the burial of those that do not decode (C10); and `wait_for_work`, which
+//! watches for the wake-up notices a claim has not seen yet.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use durq_core::Budget;
+use tokio::time::Instant;
 
 use super::*;
+
+pub(crate) async fn claim(
+    store: &PostgresBackend,
+    request: ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<ClaimedJob>> {
+    let hub = &store.inner.shared.wake.hub;
+    if hub.is_active() {
+        // Notices from here on may be for jobs this claim does not see.
+        let counters = hub.observe(store.namespace(), &request.queues);
+        let mut seen = store.seen();
+        for (queue, counter) in request.queues.iter().zip(counters) {
+            seen.insert(queue.clone(), counter);
+        }
+    }
+    let expires_at = now.saturating_add(request.lease_ttl).as_millis();
+    let budget = request.budget.as_ref().map(Budget::to_json);
+    // Sent again when the connection broke: if the first run committed unseen,
+    // its jobs wait for their lease to expire and reclaim, exactly as when the
+    // caller claims again after an `Unavailable`.
+    let rows = store
+        .shared()
+        .fetch_all_again("claim", |_| {
+            if !request.is_fitted() {
+                return sqlx::query(store.sql().claim.sql())
+                    .bind(store.namespace())
+                    .bind(&request.queues[..])
+                    .bind(now.as_millis())
+                    .bind(limit_param(request.limit))
+                    .bind(request.worker.as_bytes())
+                    .bind(expires_at);
+            }
+            // A reservation needs no order; a budget alone keeps the claim order.
+            if let Some(reserved) = request.reserved {
+                sqlx::query(store.sql().claim_reserved.sql())
+                    .bind(store.namespace())
+                    .bind(&request.queues[..])
+                    .bind(now.as_millis())
+                    .bind(Uuid::from(reserved))
+                    .bind(request.worker.as_bytes())
+                    .bind(expires_at)
+                    .bind(budget.as_deref())
+            } else if request.prefer.is_empty() {
+                sqlx::query(store.sql().claim_budgeted.sql())
+                    .bind(store.namespace())
+                    .bind(&request.queues[..])
+                    .bind(now.as_millis())
+                    .bind(limit_param(request.limit))
+                    .bind(request.worker.as_bytes())
+                    .bind(expires_at)
+                    .bind(budget.as_deref())
+            } else {
+                sqlx::query(store.sql().claim_preferring.sql())
+                    .bind(store.namespace())
+                    .bind(&request.queues[..])
+                    .bind(now.as_millis())
+                    .bind(limit_param(request.limit))
+                    .bind(request.worker.as_bytes())
+                    .bind(expires_at)
+                    .bind(budget.as_deref())
+                    .bind(&request.prefer[..])
+            }
+        })
+        .await?;
+    let shared = store.shared();
+    let claimed = u64::try_from(rows.len()).unwrap_or(u64::MAX);
+    shared.growth.passed(claimed, &shared.pool, &shared.sql);
+    let (claimed, unreadable) = claim_order(rows, &request)?;
+    for job in unreadable {
+        store.bury(job, now).await?;
+    }
+    Ok(claimed)
+}
 
 /// A job a claim leased but could not decode (CONTRACT C10): its row's id and lease
 /// token, and why.
@@ -59,4 +140,72 @@ fn claimed_job(
             payload: Bytes::from(payload),
         },
     ))
+}
+
+impl PostgresBackend {
+    /// Buries a job this store's claim leased and could not decode (CONTRACT C10), so
+    /// it is neither handed out nor left leased to nobody.
+    async fn bury(&self, job: Unreadable, now: Timestamp) -> Result<()> {
+        let error = format!("corrupt record: {}", job.reason);
+        // Sent again when the connection broke: the lease token fences a second run.
+        self.shared()
+            .fetch_all_again("bury", |_| {
+                sqlx::query(self.sql().bury.sql())
+                    .bind(self.namespace())
+                    .bind(job.id)
+                    .bind(job.token)
+                    .bind(now.as_millis())
+                    .bind(error.as_bytes())
+            })
+            .await?;
+        Ok(())
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.inner
+            .seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+pub(crate) async fn wait_for_work(
+    store: &PostgresBackend,
+    queues: &[String],
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let wake = &store.inner.shared.wake;
+    let hub = &wake.hub;
+    // Read before the listener may start: once its LISTEN is in force it moves every
+    // counter (notices sent before then are lost), so a first wait returns then and
+    // the caller's next claim covers that gap.
+    let before = hub.observe(store.namespace(), queues);
+    wake.ensure_listening().await;
+    let baseline: Vec<u64> = {
+        let seen = store.seen();
+        queues
+            .iter()
+            .zip(&before)
+            .map(|(queue, was)| seen.get(queue).copied().unwrap_or(*was))
+            .collect()
+    };
+    loop {
+        let notified = hub.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let current = hub.observe(store.namespace(), queues);
+        let moved = current.iter().zip(&baseline).any(|(now, was)| now > was);
+        if moved || Instant::now() >= deadline {
+            let mut seen = store.seen();
+            for (queue, counter) in queues.iter().zip(current) {
+                seen.insert(queue.clone(), counter);
+            }
+            return Ok(());
+        }
+        tokio::select! {
+            () = &mut notified => {}
+            () = tokio::time::sleep_until(deadline) => {}
+        }
+    }
 }

@@ -444,7 +444,7 @@ impl Batch for Enqueues {
     }
 
     async fn run(&self, calls: &[Enqueue]) -> Result<Vec<Result<Enqueued>>> {
-        let now = crate::store::complete::latest(calls.iter().map(|c| c.now));
+        let now = super::latest(calls.iter().map(|c| c.now));
         let rows: Vec<Pending<'_>> = calls
             .iter()
             .map(|call| Pending {

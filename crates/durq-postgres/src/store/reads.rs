@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) async fn get(store: &PostgresBackend, id: JobId) -> Result<Job> {
+pub(crate) async fn get(store: &PostgresBackend, id: JobId) -> Result<Job> {
     let row = store
         .fetch_optional_again("get", || {
             sqlx::query(store.sql().get.sql())
@@ -17,7 +17,7 @@ pub(super) async fn get(store: &PostgresBackend, id: JobId) -> Result<Job> {
     }
 }
 
-pub(super) async fn payload(store: &PostgresBackend, id: JobId) -> Result<Bytes> {
+pub(crate) async fn payload(store: &PostgresBackend, id: JobId) -> Result<Bytes> {
     let row = store
         .fetch_optional_again("payload", || {
             sqlx::query(store.sql().payload.sql())
@@ -34,7 +34,7 @@ pub(super) async fn payload(store: &PostgresBackend, id: JobId) -> Result<Bytes>
     }
 }
 
-pub(super) async fn children(store: &PostgresBackend, parent: JobId) -> Result<Vec<Job>> {
+pub(crate) async fn children(store: &PostgresBackend, parent: JobId) -> Result<Vec<Job>> {
     let rows = store
         .shared()
         .fetch_all_again("children", |_| {
@@ -46,7 +46,7 @@ pub(super) async fn children(store: &PostgresBackend, parent: JobId) -> Result<V
     rows.iter().map(row::job).collect()
 }
 
-pub(super) async fn attempts(store: &PostgresBackend, id: JobId) -> Result<Vec<Attempt>> {
+pub(crate) async fn attempts(store: &PostgresBackend, id: JobId) -> Result<Vec<Attempt>> {
     // A read: sent again if the connection broke.
     let rows = store
         .shared()
@@ -68,7 +68,7 @@ pub(super) async fn attempts(store: &PostgresBackend, id: JobId) -> Result<Vec<A
     Ok(history(ended, last))
 }
 
-pub(super) async fn stats(
+pub(crate) async fn stats(
     store: &PostgresBackend,
     queue: &str,
     now: Timestamp,
@@ -93,7 +93,7 @@ pub(super) async fn stats(
     Ok(stats)
 }
 
-pub(super) async fn queues(store: &PostgresBackend, now: Timestamp) -> Result<Vec<QueueOverview>> {
+pub(crate) async fn queues(store: &PostgresBackend, now: Timestamp) -> Result<Vec<QueueOverview>> {
     let rows = store
         .shared()
         .fetch_all_again("queues", |_| {
@@ -128,7 +128,7 @@ pub(super) async fn queues(store: &PostgresBackend, now: Timestamp) -> Result<Ve
     Ok(overviews)
 }
 
-pub(super) async fn list(store: &PostgresBackend, query: ListQuery) -> Result<ListPage> {
+pub(crate) async fn list(store: &PostgresBackend, query: ListQuery) -> Result<ListPage> {
     let cursor = query.cursor.map_or(Uuid::max(), Uuid::from);
     // NULL binds "every tenant" and "no tag filter" (see `sql::list_filters`).
     let tenant = (!query.tenant.is_empty()).then_some(query.tenant.as_bytes());

@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) async fn put_schedule(
+pub(crate) async fn put_schedule(
     store: &PostgresBackend,
     name: &str,
     spec: &str,
@@ -23,7 +23,7 @@ pub(super) async fn put_schedule(
         .map(drop)
 }
 
-pub(super) async fn schedules(store: &PostgresBackend) -> Result<Vec<StoredSchedule>> {
+pub(crate) async fn schedules(store: &PostgresBackend) -> Result<Vec<StoredSchedule>> {
     let rows = store
         .shared()
         .fetch_all_again("schedules", |_| {
@@ -43,7 +43,7 @@ pub(super) async fn schedules(store: &PostgresBackend) -> Result<Vec<StoredSched
         .collect()
 }
 
-pub(super) async fn update_schedule(
+pub(crate) async fn update_schedule(
     store: &PostgresBackend,
     name: &str,
     update: ScheduleUpdate,
@@ -68,7 +68,7 @@ pub(super) async fn update_schedule(
     Ok(())
 }
 
-pub(super) async fn delete_schedule(store: &PostgresBackend, name: &str) -> Result<bool> {
+pub(crate) async fn delete_schedule(store: &PostgresBackend, name: &str) -> Result<bool> {
     // Sent once: a second run after a broken connection would answer `false`.
     let query = sqlx::query(store.sql().delete_schedule.sql())
         .bind(store.namespace())

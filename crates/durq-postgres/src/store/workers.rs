@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) async fn put_worker(
+pub(crate) async fn put_worker(
     store: &PostgresBackend,
     id: &str,
     spec: &str,
@@ -25,7 +25,7 @@ pub(super) async fn put_worker(
         .map(drop)
 }
 
-pub(super) async fn touch_worker(
+pub(crate) async fn touch_worker(
     store: &PostgresBackend,
     id: &str,
     in_flight: u32,
@@ -46,7 +46,7 @@ pub(super) async fn touch_worker(
     Ok(!rows.is_empty())
 }
 
-pub(super) async fn delete_worker(store: &PostgresBackend, id: &str) -> Result<bool> {
+pub(crate) async fn delete_worker(store: &PostgresBackend, id: &str) -> Result<bool> {
     // Sent once, as `delete_schedule` is: a second run after a broken connection
     // would answer `false` for a worker the first run deleted.
     let query = sqlx::query(store.sql().delete_worker.sql())
@@ -58,7 +58,7 @@ pub(super) async fn delete_worker(store: &PostgresBackend, id: &str) -> Result<b
         .is_some())
 }
 
-pub(super) async fn workers(store: &PostgresBackend) -> Result<Vec<StoredWorker>> {
+pub(crate) async fn workers(store: &PostgresBackend) -> Result<Vec<StoredWorker>> {
     let rows = store
         .shared()
         .fetch_all_again("workers", |_| {
@@ -82,7 +82,7 @@ pub(super) async fn workers(store: &PostgresBackend) -> Result<Vec<StoredWorker>
         .collect()
 }
 
-pub(super) async fn reap_workers(
+pub(crate) async fn reap_workers(
     store: &PostgresBackend,
     cutoff: Timestamp,
 ) -> Result<Vec<String>> {
