@@ -333,4 +333,76 @@ mod code_map {
             );
         }
     }
+
+    /// The files every backend crate has, in one layout (docs/ARCHITECTURE.md, "One
+    /// layout for every backend"): where one crate's operation is, every crate's is.
+    const BACKEND_FILES: &[&str] = &[
+        "lib.rs",
+        "backend.rs",
+        "store/mod.rs",
+        "store/enqueue.rs",
+        "store/claim.rs",
+        "store/lease.rs",
+        "store/sweep.rs",
+        "store/reads.rs",
+        "store/admin.rs",
+        "store/schedules.rs",
+        "store/workers.rs",
+    ];
+
+    /// The backend crates, each with the file it is opened from: a `…Config`, or for
+    /// memory the `MemoryServer` that holds the data.
+    const BACKENDS: &[(&str, &str)] = &[
+        ("crates/durq-memory", "server.rs"),
+        ("crates/durq-sqlite", "config.rs"),
+        ("crates/durq-redis", "config.rs"),
+        ("crates/durq-postgres", "config.rs"),
+    ];
+
+    #[test]
+    fn every_backend_crate_has_the_one_layout() {
+        let root = workspace_root();
+        for (krate, opened_from) in BACKENDS {
+            let src = root.join(krate).join("src");
+            for file in BACKEND_FILES.iter().chain([opened_from]) {
+                assert!(
+                    src.join(file).is_file(),
+                    "{krate} has no src/{file}, which every backend crate has"
+                );
+            }
+            // The trait impls are in backend.rs and nowhere else, so a reader finds
+            // every backend's seam in the same file.
+            for path in rust_files(&src) {
+                let text = fs::read_to_string(&path).expect("a source file");
+                let implements = [
+                    "impl Backend for",
+                    "impl Inspect for",
+                    "impl Admin for",
+                    "impl Pause for",
+                    "impl Schedules for",
+                    "impl WorkerRegistry for",
+                ]
+                .iter()
+                .any(|needle| text.contains(needle));
+                assert!(
+                    !implements || path.ends_with("backend.rs"),
+                    "{} implements a backend trait outside backend.rs",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        for entry in fs::read_dir(dir).expect("a source folder").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                files.extend(rust_files(&path));
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+        files
+    }
 }
