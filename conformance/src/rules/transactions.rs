@@ -1,7 +1,7 @@
 //! Rules T1 and T3 of CONTRACT §7: jobs enqueued and completed inside a transaction the
 //! caller opened commit with the caller's own rows or not at all. Run through
 //! [`transaction_tests!`](crate::transaction_tests) for a
-//! [`TransactionHarness`](crate::TransactionHarness).
+//! [`TransactionHarness`].
 //!
 //! T2 (wake-ups on commit only) is about waiters that are not woken, which no scenario
 //! can see without waiting out a timeout, and T4 (durability) about the machine

@@ -100,7 +100,7 @@ impl SqliteBackend {
     /// namespace commit together or not at all (CONTRACT §7).
     ///
     /// It sets the connection's `synchronous` to what an enqueue through the store gets
-    /// (`FULL` under [`Synchronous::DurableEnqueues`]), then begins with
+    /// (`FULL` under [`Synchronous::DurableEnqueues`](crate::Synchronous::DurableEnqueues)), then begins with
     /// `BEGIN IMMEDIATE`, taking the file's write lock (waiting up to the connection's
     /// busy timeout for it). A connection on another file, on an in-memory database or
     /// already inside a transaction is refused with `InvalidInput`, writing nothing.
