@@ -431,14 +431,21 @@ pub fn unique_namespace(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos:x}-{n}", std::process::id())
 }
 
+/// A manual clock at a fixed instant and default settings on a new namespace named
+/// after `prefix`, reading that clock: the world every scenario starts in.
+pub(crate) fn fresh_world(prefix: &str) -> (ManualClock, StoreSettings) {
+    let clock = ManualClock::default();
+    let settings = StoreSettings::default()
+        .namespace(unique_namespace(prefix))
+        .clock(Arc::new(clock.clone()));
+    (clock, settings)
+}
+
 impl<'a> TestEnv<'a> {
     /// A fresh environment: a new namespace, a manual clock at a fixed instant, and
     /// default limits otherwise.
     pub fn new(harness: &'a dyn Harness) -> Self {
-        let clock = ManualClock::default();
-        let settings = StoreSettings::default()
-            .namespace(unique_namespace("t"))
-            .clock(Arc::new(clock.clone()));
+        let (clock, settings) = fresh_world("t");
         TestEnv {
             harness,
             clock,

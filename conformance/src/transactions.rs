@@ -9,15 +9,13 @@
 //! [`CallerTransaction`], a boxed object that enqueues, completes and writes a row of
 //! the caller's own, then commits or rolls back.
 
-use std::sync::Arc;
-
 use durq_core::{
     async_trait, Bytes, Enqueued, FencedCompletion, JobId, LeaseToken, ManualClock, NewJob, Result,
     Store, StoreSettings,
 };
 use futures::future::BoxFuture;
 
-use crate::{unique_namespace, Harness};
+use crate::{fresh_world, Harness};
 
 /// A transaction the caller opened on the store's database, with the backend's
 /// transactional calls (CONTRACT §7) and a row of the caller's own to write beside
@@ -82,10 +80,7 @@ pub struct TransactionEnv {
 
 impl TransactionEnv {
     fn new() -> Self {
-        let clock = ManualClock::default();
-        let settings = StoreSettings::default()
-            .namespace(unique_namespace("tx"))
-            .clock(Arc::new(clock.clone()));
+        let (clock, settings) = fresh_world("tx");
         TransactionEnv { clock, settings }
     }
 
