@@ -268,6 +268,12 @@ mod tests {
                 .bind(10_i64)
                 .bind(&b"w"[..])
                 .bind(2_i64),
+            "claim_one_queue" => sqlx::query(sql.claim_one_queue(10).expect("written out").sql())
+                .bind(ns)
+                .bind("q")
+                .bind(1_i64)
+                .bind(&b"w"[..])
+                .bind(2_i64),
             "heartbeat" => sqlx::query(sql.heartbeat.sql())
                 .bind(ns)
                 .bind(id)
@@ -337,8 +343,9 @@ mod tests {
         setting
     }
 
-    const WORKERS: [&str; 13] = [
+    const WORKERS: [&str; 14] = [
         "claim",
+        "claim_one_queue",
         "heartbeat",
         "heartbeat_batch",
         "complete",

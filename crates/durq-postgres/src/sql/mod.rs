@@ -45,14 +45,22 @@ macro_rules! job_columns {
 }
 
 /// What every claim statement ends with: it leases the rows of `cand` (running, one
-/// more attempt and token, the lease) and returns them with their payloads.
+/// more attempt and token, the lease) and returns them with their payloads. `$3` is
+/// now; the worker and the lease expiry are `$5` and `$6` unless named.
 macro_rules! lease_candidates {
     () => {
+        lease_candidates!("$5", "$6")
+    };
+    ($worker:literal, $expires:literal) => {
         concat!(
             "
 UPDATE {schema}.jobs SET
     state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
-    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
+    lease_worker = ",
+            $worker,
+            ", lease_expires_at = ",
+            $expires,
+            ", started_at = $3, heartbeat_at = $3
 FROM cand
 WHERE namespace = $1 AND id = cand.cand_id AND {relax}
 RETURNING ",
@@ -147,6 +155,9 @@ impl Text {
 pub(crate) struct Statements {
     pub(crate) enqueue: EnqueueStatements,
     pub(crate) claim: Text,
+    /// [`CLAIM_ONE_QUEUE`] for each limit from 1 to [`LIMITS_WRITTEN_OUT`], at
+    /// `limit - 1`.
+    claim_one_queue: Vec<Text>,
     /// [`CLAIM`] with [`FIT`]: a claim with a budget and nothing else.
     pub(crate) claim_budgeted: Text,
     pub(crate) claim_preferring: Text,
@@ -201,6 +212,14 @@ pub(crate) struct Statements {
     pub(crate) analyze_jobs: Text,
 }
 
+impl Statements {
+    /// The plain claim of up to `limit` jobs from one queue, with the limit written
+    /// into its text ([`CLAIM_ONE_QUEUE`]); `None` above [`LIMITS_WRITTEN_OUT`].
+    pub(crate) fn claim_one_queue(&self, limit: usize) -> Option<&Text> {
+        self.claim_one_queue.get(limit.checked_sub(1)?)
+    }
+}
+
 /// The three statements of `list` (CONTRACT A4), one per shape of query, each
 /// selecting `{columns}`.
 #[derive(Debug)]
@@ -234,6 +253,9 @@ impl Statements {
         Statements {
             enqueue: EnqueueStatements::render(&r),
             claim: r(&CLAIM.replace("{fit}", "")),
+            claim_one_queue: (1..=LIMITS_WRITTEN_OUT)
+                .map(|limit| r(&CLAIM_ONE_QUEUE.replace("{limit}", &limit.to_string())))
+                .collect(),
             claim_budgeted: r(CLAIM),
             claim_preferring: r(CLAIM_PREFERRING),
             claim_reserved: r(CLAIM_RESERVED),

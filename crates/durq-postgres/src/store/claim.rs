@@ -34,6 +34,17 @@ pub(crate) async fn claim(
         .shared()
         .fetch_all_again("claim", |_| {
             if !request.is_fitted() {
+                if let ([queue], Some(statement)) = (
+                    &request.queues[..],
+                    store.sql().claim_one_queue(request.limit),
+                ) {
+                    return sqlx::query(statement.sql())
+                        .bind(store.namespace())
+                        .bind(queue.as_str())
+                        .bind(now.as_millis())
+                        .bind(request.worker.as_bytes())
+                        .bind(expires_at);
+                }
                 return sqlx::query(store.sql().claim.sql())
                     .bind(store.namespace())
                     .bind(&request.queues[..])

@@ -646,3 +646,48 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     drop(upgraded);
     drop_schema(&admin, &schema).await;
 }
+
+/// A plain claim of one queue is planned once per connection and limit, not at every
+/// run: after the server's five custom plans, it keeps the generic one. (Its limit is
+/// written into its text; with the limit a parameter, every claim was planned again,
+/// which cost about as much as running it.) The claims still take the jobs in order.
+#[tokio::test]
+async fn a_one_queue_claim_keeps_its_generic_plan() {
+    let Some(backend) = backend("generic-plan", 1).await else {
+        return;
+    };
+    let clock = ManualClock::new(durq_core::Timestamp::from_millis(1_000_000));
+    let settings = settings(&clock);
+    let namespace = settings.namespace.clone();
+    let store = open(&backend, settings);
+    let jobs: Vec<_> = (0..4 * 12).map(|_| NewJob::new("plan")).collect();
+    let ids: Vec<JobId> = store
+        .enqueue_batch(jobs)
+        .await
+        .expect("enqueue")
+        .into_iter()
+        .map(|enqueued| enqueued.id)
+        .collect();
+    let mut claimed = Vec::new();
+    for _ in 0..12 {
+        let request = ClaimRequest::new(["plan"], "w", TTL).limit(4);
+        let jobs = store.claim(request).await.expect("claim");
+        assert_eq!(jobs.len(), 4);
+        claimed.extend(jobs.into_iter().map(|job| job.job.id));
+    }
+    assert_eq!(claimed, ids, "the claims took the jobs in enqueue order");
+    // The pool has one connection: the one the claims ran on. New statistics (the
+    // table's first `ANALYZE`) make the server plan again, and may restart its counts.
+    let (generic, custom): (i64, i64) = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+         WHERE statement LIKE '%LIMIT 4%FOR UPDATE SKIP LOCKED%'",
+    )
+    .fetch_one(backend.pool())
+    .await
+    .expect("the claim is a prepared statement of the connection");
+    assert!(
+        generic >= 1 && custom <= 5,
+        "generic plans {generic}, custom plans {custom}"
+    );
+    clean_up(&backend, &namespace).await;
+}
