@@ -268,10 +268,11 @@ mod tests {
                 .bind(10_i64)
                 .bind(&b"w"[..])
                 .bind(2_i64),
-            "claim_one_queue" => sqlx::query(sql.claim_one_queue(10).expect("written out").sql())
+            "claim_one_queue" => sqlx::query(sql.plain_claim(1, 10).sql())
                 .bind(ns)
-                .bind("q")
+                .bind(vec!["q"])
                 .bind(1_i64)
+                .bind(10_i64)
                 .bind(&b"w"[..])
                 .bind(2_i64),
             "heartbeat" => sqlx::query(sql.heartbeat.sql())

@@ -17,11 +17,14 @@
 /// tests the rows it walks and locks only the first `$4` that fit, so the cut still
 /// comes after the filter and the order, and a job that does not fit is never locked
 /// or written.
+///
+/// `{queues}` is [`EVERY_QUEUE`] and `{probe_limit}` is `$4`, except in the plain
+/// claim of one queue with a small limit (see [`ONE_QUEUE`]).
 pub(super) const CLAIM: &str = concat!(
     r#"
 WITH cand AS (
     SELECT c.cand_id
-    FROM unnest($2::text[]) AS q(name)
+    FROM {queues}
 "#,
     open_queues!(),
     r#"    CROSS JOIN LATERAL (
@@ -29,7 +32,7 @@ WITH cand AS (
         WHERE o.open AND namespace = $1 AND queue = q.name AND state = 'queued'
           AND run_at <= $3{fit}
         ORDER BY priority DESC, run_at, seq
-        LIMIT $4
+        LIMIT {probe_limit}
         FOR UPDATE SKIP LOCKED
     ) c
     ORDER BY c.p DESC, c.r, c.s
@@ -39,43 +42,29 @@ WITH cand AS (
     lease_candidates!()
 );
 
-/// How many limits have a plain one-queue claim of their own ([`CLAIM_ONE_QUEUE`]):
-/// every limit a worker of up to 32 jobs at once asks for, and no more, so that with
-/// the other statements they fit in sqlx's cache of 100 prepared statements per
+/// `{queues}` in [`CLAIM`]: each queue of `$2`.
+pub(super) const EVERY_QUEUE: &str = "unnest($2::text[]) AS q(name)";
+
+/// `{queues}` in [`CLAIM`] for a claim of one queue: the one element of `$2`, as a
+/// row the planner knows to be one.
+///
+/// With it, and the limit `$4` written into the probe as `{probe_limit}`, the server
+/// plans the claim once per connection instead of at every run. A prepared statement
+/// gets the plan made once for any parameters (the generic plan) only when that plan
+/// is estimated no dearer than those made for the actual ones, and the generic plan
+/// must guess what a parameter stands for: `unnest` of an array parameter as ten
+/// queues, a `LIMIT $4` as a tenth of the table. With both guesses, every claim was
+/// planned again, which cost as much as running it (0.4 ms of a 0.85 ms claim of 8
+/// jobs, by `EXPLAIN ANALYZE`). With neither, the generic plan is the custom one and
+/// the server keeps it after five runs (`pg_prepared_statements`). The outer
+/// `LIMIT $4` stays a parameter, so every rendering binds the same parameters.
+pub(super) const ONE_QUEUE: &str = "(SELECT ($2::text[])[1] AS name) AS q";
+
+/// How many limits have a plain one-queue claim of their own ([`ONE_QUEUE`]): every
+/// limit a worker of up to 32 jobs at once asks for, and no more, so that with the
+/// other statements they fit in sqlx's cache of 100 prepared statements per
 /// connection.
 pub(super) const LIMITS_WRITTEN_OUT: usize = 32;
-
-/// [`CLAIM`] for one queue `$2` (a `text`), with the limit written into the text as
-/// `{limit}`, a literal: `$1` namespace, `$3` now, `$4` worker, `$5` lease expiry.
-///
-/// Why a statement per limit: the server plans a prepared statement anew at each run
-/// (a custom plan) unless the plan made once for any parameters (the generic plan)
-/// is estimated no dearer. With the limit a parameter, the generic plan must assume
-/// it takes a tenth of the queue, so every claim was planned again, and planning cost
-/// as much as running it (0.4 ms of a 0.7 ms claim of 8 jobs, measured with
-/// `EXPLAIN ANALYZE`). With the limit a literal and one queue, the generic plan is
-/// the custom one and the server keeps it after five runs (`pg_prepared_statements`
-/// shows `generic_plans` growing). Several queues still take [`CLAIM`]: `unnest` of
-/// a parameter is estimated at ten rows, so their generic plan never wins.
-///
-/// The paused-queue test names no column of `jobs`, so it runs once per statement
-/// (a one-time filter), not per row.
-pub(super) const CLAIM_ONE_QUEUE: &str = concat!(
-    r#"
-WITH cand AS (
-    SELECT id AS cand_id FROM {schema}.jobs
-    WHERE namespace = $1 AND queue = $2 AND state = 'queued' AND run_at <= $3
-      -- CONTRACT Q1: nothing from a paused queue.
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.paused_queues p WHERE p.namespace = $1 AND p.queue = $2
-      )
-    ORDER BY priority DESC, run_at, seq
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
-)
-"#,
-    lease_candidates!("$4", "$5")
-);
 
 /// The admission test of a fitted claim (CONTRACT F2, F3), `$7` the budget
 /// (`Budget::to_json`, NULL for none): the migration's `budget_admits` path, built by

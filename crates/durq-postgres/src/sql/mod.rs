@@ -45,22 +45,14 @@ macro_rules! job_columns {
 }
 
 /// What every claim statement ends with: it leases the rows of `cand` (running, one
-/// more attempt and token, the lease) and returns them with their payloads. `$3` is
-/// now; the worker and the lease expiry are `$5` and `$6` unless named.
+/// more attempt and token, the lease) and returns them with their payloads.
 macro_rules! lease_candidates {
     () => {
-        lease_candidates!("$5", "$6")
-    };
-    ($worker:literal, $expires:literal) => {
         concat!(
             "
 UPDATE {schema}.jobs SET
     state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
-    lease_worker = ",
-            $worker,
-            ", lease_expires_at = ",
-            $expires,
-            ", started_at = $3, heartbeat_at = $3
+    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
 FROM cand
 WHERE namespace = $1 AND id = cand.cand_id AND {relax}
 RETURNING ",
@@ -155,8 +147,8 @@ impl Text {
 pub(crate) struct Statements {
     pub(crate) enqueue: EnqueueStatements,
     pub(crate) claim: Text,
-    /// [`CLAIM_ONE_QUEUE`] for each limit from 1 to [`LIMITS_WRITTEN_OUT`], at
-    /// `limit - 1`.
+    /// [`CLAIM`] of [`ONE_QUEUE`] for each limit from 1 to [`LIMITS_WRITTEN_OUT`],
+    /// written out, at `limit - 1`.
     claim_one_queue: Vec<Text>,
     /// [`CLAIM`] with [`FIT`]: a claim with a budget and nothing else.
     pub(crate) claim_budgeted: Text,
@@ -213,10 +205,16 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    /// The plain claim of up to `limit` jobs from one queue, with the limit written
-    /// into its text ([`CLAIM_ONE_QUEUE`]); `None` above [`LIMITS_WRITTEN_OUT`].
-    pub(crate) fn claim_one_queue(&self, limit: usize) -> Option<&Text> {
-        self.claim_one_queue.get(limit.checked_sub(1)?)
+    /// The plain claim (no budget, no preference, no reservation) of up to `limit`
+    /// jobs from `queues` queues: [`CLAIM`], written out for one queue and a limit up
+    /// to [`LIMITS_WRITTEN_OUT`] (see [`ONE_QUEUE`]). Every text binds the same
+    /// parameters.
+    pub(crate) fn plain_claim(&self, queues: usize, limit: usize) -> &Text {
+        let written_out = match (queues, limit.checked_sub(1)) {
+            (1, Some(index)) => self.claim_one_queue.get(index),
+            _ => None,
+        };
+        written_out.unwrap_or(&self.claim)
     }
 }
 
@@ -252,11 +250,11 @@ impl Statements {
         let r = |template: &str| Text::render(template, quoted_schema, relax, "false");
         Statements {
             enqueue: EnqueueStatements::render(&r),
-            claim: r(&CLAIM.replace("{fit}", "")),
+            claim: r(&claim("", EVERY_QUEUE, "$4")),
             claim_one_queue: (1..=LIMITS_WRITTEN_OUT)
-                .map(|limit| r(&CLAIM_ONE_QUEUE.replace("{limit}", &limit.to_string())))
+                .map(|limit| r(&claim("", ONE_QUEUE, &limit.to_string())))
                 .collect(),
-            claim_budgeted: r(CLAIM),
+            claim_budgeted: r(&claim(FIT, EVERY_QUEUE, "$4")),
             claim_preferring: r(CLAIM_PREFERRING),
             claim_reserved: r(CLAIM_RESERVED),
             exists: r(EXISTS),
@@ -301,6 +299,15 @@ impl Statements {
             analyze_jobs: r(ANALYZE_JOBS),
         }
     }
+}
+
+/// [`CLAIM`] with its placeholders filled: `fit` the admission test or nothing,
+/// `queues` what the queues are read from, `probe_limit` the limit of each queue's probe.
+fn claim(fit: &str, queues: &str, probe_limit: &str) -> String {
+    CLAIM
+        .replace("{fit}", fit)
+        .replace("{queues}", queues)
+        .replace("{probe_limit}", probe_limit)
 }
 
 // After the macros: a `macro_rules!` is in scope only below its definition.

@@ -34,18 +34,8 @@ pub(crate) async fn claim(
         .shared()
         .fetch_all_again("claim", |_| {
             if !request.is_fitted() {
-                if let ([queue], Some(statement)) = (
-                    &request.queues[..],
-                    store.sql().claim_one_queue(request.limit),
-                ) {
-                    return sqlx::query(statement.sql())
-                        .bind(store.namespace())
-                        .bind(queue.as_str())
-                        .bind(now.as_millis())
-                        .bind(request.worker.as_bytes())
-                        .bind(expires_at);
-                }
-                return sqlx::query(store.sql().claim.sql())
+                let claim = store.sql().plain_claim(request.queues.len(), request.limit);
+                return sqlx::query(claim.sql())
                     .bind(store.namespace())
                     .bind(&request.queues[..])
                     .bind(now.as_millis())
