@@ -41,9 +41,13 @@ fn shared_file() -> PathBuf {
 }
 
 /// The configuration a new user gets, so the suite checks what they run (the per-group
-/// choice of `synchronous` included).
+/// choice of `synchronous` included), but for how long a writer waits for the file's
+/// lock: every scenario of this process shares one file and its one write lock, so on
+/// a loaded machine a writer can wait past the default 5 s (CI once saw
+/// `database is locked` in the M1 model check). How long a writer waits is not what
+/// the suite checks.
 fn config() -> SqliteConfig {
-    SqliteConfig::default()
+    SqliteConfig::default().busy_timeout(Duration::from_secs(30))
 }
 
 impl SqliteHarness {
