@@ -233,7 +233,9 @@ impl Model {
     }
 
     /// C1–C6, C9: checks that `claimed` (model ids, in the order the store returned
-    /// them) is what the contract allows, then applies the claim.
+    /// them) is what the contract allows, then applies the claim. `partition` tells
+    /// which partition holds a job (CONTRACT §8: on a partitioned store the order holds
+    /// within each partition; one partition for any other store).
     pub(crate) fn claim(
         &mut self,
         queues: &[usize],
@@ -241,6 +243,7 @@ impl Model {
         ttl: Duration,
         limit: usize,
         claimed: &[usize],
+        partition: impl Fn(usize) -> usize,
     ) -> Result<(), String> {
         let mut remaining = self.ready_in(queues);
         let expected = limit.min(remaining.len());
@@ -262,12 +265,17 @@ impl Model {
                 ));
             };
             // Jobs with an equal ReadyOrder (reclaimed by one call) may come in any order.
-            let first = self.jobs[remaining[0]].order();
+            // The first ready job of the claimed job's own partition is the one to beat.
+            let Some(&head) = remaining.iter().find(|&&r| partition(r) == partition(idx)) else {
+                return Err(format!(
+                    "claim order: #{idx} is not in the ready set {remaining:?}"
+                ));
+            };
+            let first = self.jobs[head].order();
             if self.jobs[idx].order() != first {
                 return Err(format!(
-                    "claim order: #{idx} ({:?}) returned at position {pos}, but #{} ({first:?}) comes first; ready set in order: {remaining:?}",
+                    "claim order: #{idx} ({:?}) returned at position {pos}, but #{head} ({first:?}) comes first in its partition; ready set in order: {remaining:?}",
                     self.jobs[idx].order(),
-                    remaining[0]
                 ));
             }
             remaining.remove(at);

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use durq_core::{Clock, JobId, JobState, NewJob, Retry, Timestamp};
 
-use super::support::{claim, claim_expecting, enqueue, get, ids_of, Must, TTL};
+use super::support::{
+    assert_claim_order, claim, claim_expecting, enqueue, get, ids_of, Must, Together, TTL,
+};
 use crate::{Harness, TestEnv};
 
 /// C3: claim order is priority descending, then the time the job became ready
@@ -65,9 +67,11 @@ pub async fn c3_claim_order_priority_then_ready_time_then_fifo(harness: &dyn Har
             more => panic!("C3: a claim of limit 1 returned {} jobs", more.len()),
         }
     }
-    assert_eq!(
-        one_by_one, expected,
-        "C3: jobs must be claimed by priority desc, then ready time asc, then enqueue order"
+    assert_claim_order(
+        &store,
+        &one_by_one,
+        &expected,
+        "C3: jobs must be claimed by priority desc, then ready time asc, then enqueue order",
     );
 
     // The same jobs once more, claimed in one call.
@@ -84,10 +88,11 @@ pub async fn c3_claim_order_priority_then_ready_time_then_fifo(harness: &dyn Har
     ids_again.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let expected_again: Vec<JobId> = ids_again.iter().map(|e| e.3).collect();
     let all = claim(&store, &["order-2"], 100, "C3: claim all").await;
-    assert_eq!(
-        ids_of(&all),
-        expected_again,
-        "C3: a claim of many returns them in claim order"
+    assert_claim_order(
+        &store,
+        &ids_of(&all),
+        &expected_again,
+        "C3: a claim of many returns them in claim order",
     );
 }
 
@@ -116,9 +121,11 @@ pub async fn c3_fifo_at_one_instant(harness: &dyn Harness) {
         claimed.extend(ids_of(&batch));
         limit = limit % 13 + 1;
     }
-    assert_eq!(
-        claimed, ids,
-        "C3: jobs enqueued at one instant must be claimed in enqueue order"
+    assert_claim_order(
+        &store,
+        &claimed,
+        &ids,
+        "C3: jobs enqueued at one instant must be claimed in enqueue order",
     );
 }
 
@@ -141,9 +148,11 @@ pub async fn c3_fifo_holds_across_handles(harness: &dyn Harness) {
     let reopened = env.store().await;
     ids.push(enqueue(&reopened, NewJob::new("fifo").payload("c0"), "C3").await);
     let claimed = ids_of(&claim(&first, &["fifo"], 100, "C3: claim").await);
-    assert_eq!(
-        claimed, ids,
-        "C3: jobs enqueued at one instant through several handles must be claimed in enqueue order"
+    assert_claim_order(
+        &first,
+        &claimed,
+        &ids,
+        "C3: jobs enqueued at one instant through several handles must be claimed in enqueue order",
     );
 }
 
@@ -152,13 +161,15 @@ pub async fn c3_fifo_holds_across_handles(harness: &dyn Harness) {
 pub async fn c3_order_spans_queues_and_is_applied_before_limit(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below are cut to a limit: the jobs share one partition (CONTRACT §8).
+    let together = Together::new(&store, "C3").await;
     // Many older low-priority jobs, then one urgent job last.
     let mut low = Vec::new();
     for i in 0..60 {
         let queue = if i % 2 == 0 { "a" } else { "b" };
-        low.push(enqueue(&store, NewJob::new(queue), "C3").await);
+        low.push(enqueue(&store, together.job(NewJob::new(queue)), "C3").await);
     }
-    let urgent = enqueue(&store, NewJob::new("b").priority(1), "C3").await;
+    let urgent = enqueue(&store, together.job(NewJob::new("b").priority(1)), "C3").await;
     let head = claim(&store, &["a", "b"], 1, "C3: claim one").await;
     assert_eq!(
         ids_of(&head),
@@ -175,7 +186,7 @@ pub async fn c3_order_spans_queues_and_is_applied_before_limit(harness: &dyn Har
     let five = claim(&store, &["a", "b", "c"], 5, "C3: claim five").await;
     assert_eq!(ids_of(&five), low[2..7].to_vec(), "C3: order across queues");
     // A late urgent job on one queue overtakes earlier jobs of another.
-    let late = enqueue(&store, NewJob::new("a").priority(2), "C3").await;
+    let late = enqueue(&store, together.job(NewJob::new("a").priority(2)), "C3").await;
     let next = claim(&store, &["b", "a"], 3, "C3: claim three").await;
     assert_eq!(
         ids_of(&next),
@@ -190,9 +201,10 @@ pub async fn c3_order_spans_queues_and_is_applied_before_limit(harness: &dyn Har
 pub async fn c3_requeued_job_goes_behind_ready_jobs(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let a = enqueue(&store, NewJob::new("q").max_attempts(1), "C3").await;
-    let b = enqueue(&store, NewJob::new("q"), "C3").await;
-    let c = enqueue(&store, NewJob::new("q"), "C3").await;
+    let together = Together::new(&store, "C3").await;
+    let a = enqueue(&store, together.job(NewJob::new("q").max_attempts(1)), "C3").await;
+    let b = enqueue(&store, together.job(NewJob::new("q")), "C3").await;
+    let c = enqueue(&store, together.job(NewJob::new("q")), "C3").await;
     let now = env.clock.now();
 
     let held = claim_expecting(&store, "q", a, "C3: claim a").await;
@@ -217,7 +229,7 @@ pub async fn c3_requeued_job_goes_behind_ready_jobs(harness: &dyn Harness) {
             .must("C3: fail a"),
         JobState::Dead
     );
-    let d = enqueue(&store, NewJob::new("q"), "C3").await;
+    let d = enqueue(&store, together.job(NewJob::new("q")), "C3").await;
     store.retry(a).await.must("C3: retry a");
     let order = ids_of(&claim(&store, &["q"], 4, "C3: after requeues").await);
     assert_eq!(

@@ -10,8 +10,8 @@ use durq_core::{
 };
 
 use super::support::{
-    assert_stats, binary, claim, claim_expecting, drain, enqueue, expect_invalid, expect_too_large,
-    get, ids_of, list_all, Must,
+    assert_claim_order, assert_stats, binary, claim, claim_expecting, drain, enqueue,
+    expect_invalid, expect_too_large, get, ids_of, list_all, Must,
 };
 use crate::{Harness, TestEnv};
 
@@ -503,7 +503,6 @@ pub async fn e9_batch_behaves_like_one_by_one(harness: &dyn Harness) {
         "E9: a duplicate of an older job returns it"
     );
     assert_eq!(solo[3].id, pre["solo"]);
-    let position = |answers: &[Enqueued], id: JobId| answers.iter().position(|a| a.id == id);
 
     for (s, b) in solo.iter().zip(&batch).filter(|(s, _)| s.created) {
         let mut one = get(&store, s.id, "E9: get").await;
@@ -535,22 +534,23 @@ pub async fn e9_batch_behaves_like_one_by_one(harness: &dyn Harness) {
     );
 
     env.clock.advance(Duration::from_secs(10));
-    let solo_order: Vec<Option<usize>> = ids_of(&drain(&store, &["solo"], "E9: drain").await)
-        .into_iter()
-        .map(|id| position(&solo, id))
-        .collect();
-    let batch_order: Vec<Option<usize>> = ids_of(&drain(&store, &["batch"], "E9: drain").await)
-        .into_iter()
-        .map(|id| position(&batch, id))
-        .collect();
-    assert_eq!(
-        batch_order, solo_order,
-        "E9: batch jobs must be claimed in the order one-by-one jobs are"
+    // Priority, then ready time, then position: the same for the batch as one by one.
+    let in_claim_order = |answers: &[Enqueued]| -> Vec<JobId> {
+        [1, 7, 0, 5, 6, 4].map(|at| answers[at].id).to_vec()
+    };
+    let solo_claimed = ids_of(&drain(&store, &["solo"], "E9: drain").await);
+    let batch_claimed = ids_of(&drain(&store, &["batch"], "E9: drain").await);
+    assert_claim_order(
+        &store,
+        &solo_claimed,
+        &in_claim_order(&solo),
+        "E9: claim order of the one-by-one jobs",
     );
-    assert_eq!(
-        batch_order,
-        vec![Some(1), Some(7), Some(0), Some(5), Some(6), Some(4)],
-        "E9: claim order of the batch: priority, then ready time, then position in the batch"
+    assert_claim_order(
+        &store,
+        &batch_claimed,
+        &in_claim_order(&batch),
+        "E9: batch jobs must be claimed in the order one-by-one jobs are: priority, then ready time, then position in the batch",
     );
     let children: Vec<JobId> = store
         .children(parent)

@@ -11,7 +11,8 @@ use durq_core::{
 use tokio::sync::Barrier;
 
 use super::support::{
-    assert_unchanged, enqueue, expect_invalid, get, ids_of, join_all, request, Must, TTL, WORKER,
+    assert_unchanged, enqueue, expect_invalid, get, ids_of, join_all, request, Must, Together, TTL,
+    WORKER,
 };
 use crate::{Harness, TestEnv};
 
@@ -396,40 +397,54 @@ pub async fn f3_capabilities_match_exactly(harness: &dyn Harness) {
 pub async fn f4_order_then_truncate_among_fitting_jobs(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // Claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "F").await;
     let small = Needs::new().amount("mem_bytes", GIB);
-    let oversized = enqueue(
-        &store,
-        NewJob::new("f4")
-            .priority(100)
-            .needs(Needs::new().amount("mem_bytes", 512 * GIB)),
-        "F4",
-    )
-    .await;
+    let oversized = together
+        .enqueue(
+            &store,
+            NewJob::new("f4")
+                .priority(100)
+                .needs(Needs::new().amount("mem_bytes", 512 * GIB)),
+            "F4",
+        )
+        .await;
     let oversized_before = get(&store, oversized, "F4").await;
-    let low = enqueue(&store, NewJob::new("f4").priority(1), "F4").await;
-    let mid_early = enqueue(
-        &store,
-        NewJob::new("f4").priority(5).needs(small.clone()),
-        "F4",
-    )
-    .await;
-    let high = enqueue(&store, NewJob::new("f4-other").priority(9), "F4").await;
-    let mid_late = enqueue(
-        &store,
-        NewJob::new("f4").priority(5).needs(small.clone()),
-        "F4",
-    )
-    .await;
-    let paused = enqueue(&store, NewJob::new("f4-paused").priority(50), "F4").await;
-    let future = enqueue(
-        &store,
-        NewJob::new("f4")
-            .priority(60)
-            .delay(Duration::from_secs(60)),
-        "F4",
-    )
-    .await;
-    let lowest = enqueue(&store, NewJob::new("f4").priority(0), "F4").await;
+    let low = together
+        .enqueue(&store, NewJob::new("f4").priority(1), "F4")
+        .await;
+    let mid_early = together
+        .enqueue(
+            &store,
+            NewJob::new("f4").priority(5).needs(small.clone()),
+            "F4",
+        )
+        .await;
+    let high = together
+        .enqueue(&store, NewJob::new("f4-other").priority(9), "F4")
+        .await;
+    let mid_late = together
+        .enqueue(
+            &store,
+            NewJob::new("f4").priority(5).needs(small.clone()),
+            "F4",
+        )
+        .await;
+    let paused = together
+        .enqueue(&store, NewJob::new("f4-paused").priority(50), "F4")
+        .await;
+    let future = together
+        .enqueue(
+            &store,
+            NewJob::new("f4")
+                .priority(60)
+                .delay(Duration::from_secs(60)),
+            "F4",
+        )
+        .await;
+    let lowest = together
+        .enqueue(&store, NewJob::new("f4").priority(0), "F4")
+        .await;
     store.pause("f4-paused").await.must("F4: pause");
 
     let budget = Budget::new().amount("mem_bytes", 4 * GIB);
@@ -478,12 +493,13 @@ pub async fn f4_order_then_truncate_among_fitting_jobs(harness: &dyn Harness) {
     let mut by_priority = Vec::new();
     for p in 0..6 {
         by_priority.push(
-            enqueue(
-                &store,
-                NewJob::new("f4-limit").priority(p).needs(small.clone()),
-                "F4",
-            )
-            .await,
+            together
+                .enqueue(
+                    &store,
+                    NewJob::new("f4-limit").priority(p).needs(small.clone()),
+                    "F4",
+                )
+                .await,
         );
     }
     let budget = Budget::new().amount("mem_bytes", GIB);
@@ -507,35 +523,43 @@ pub async fn f4_order_then_truncate_among_fitting_jobs(harness: &dyn Harness) {
 pub async fn f5_locality_reorders_within_a_priority_band(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let early_remote = enqueue(
-        &store,
-        NewJob::new("f5").priority(1).locality("remote"),
-        "F5",
-    )
-    .await;
-    let mid_plain = enqueue(&store, NewJob::new("f5").priority(1), "F5").await;
-    let late_local = enqueue(
-        &store,
-        NewJob::new("f5").priority(1).locality("local"),
-        "F5",
-    )
-    .await;
-    let urgent_remote = enqueue(
-        &store,
-        NewJob::new("f5").priority(5).locality("remote"),
-        "F5",
-    )
-    .await;
-    let exotic = enqueue(
-        &store,
-        NewJob::new("f5").needs(
-            Needs::new()
-                .amount("mem_bytes", 512 * GIB)
-                .capability("fpga"),
-        ),
-        "F5",
-    )
-    .await;
+    // Claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "F").await;
+    let early_remote = together
+        .enqueue(
+            &store,
+            NewJob::new("f5").priority(1).locality("remote"),
+            "F5",
+        )
+        .await;
+    let mid_plain = together
+        .enqueue(&store, NewJob::new("f5").priority(1), "F5")
+        .await;
+    let late_local = together
+        .enqueue(
+            &store,
+            NewJob::new("f5").priority(1).locality("local"),
+            "F5",
+        )
+        .await;
+    let urgent_remote = together
+        .enqueue(
+            &store,
+            NewJob::new("f5").priority(5).locality("remote"),
+            "F5",
+        )
+        .await;
+    let exotic = together
+        .enqueue(
+            &store,
+            NewJob::new("f5").needs(
+                Needs::new()
+                    .amount("mem_bytes", 512 * GIB)
+                    .capability("fpga"),
+            ),
+            "F5",
+        )
+        .await;
 
     // A tight limit within one band: the preferred job survives the cut.
     let claimed = claim_with(

@@ -8,8 +8,8 @@ use durq_core::{validate, Bytes, ClaimedJob, Clock, JobId, JobState, NewJob, Que
 
 use super::lease::assert_all_lease_lost;
 use super::support::{
-    assert_nothing_claimable, assert_stats, claim, claim_expecting, enqueue, get, ids_of, join_all,
-    request, Must, TTL,
+    assert_claim_order, assert_nothing_claimable, assert_stats, claim, claim_expecting, enqueue,
+    get, ids_of, join_all, request, Must, Together, TTL,
 };
 use crate::{Harness, TestEnv};
 
@@ -19,7 +19,11 @@ use crate::{Harness, TestEnv};
 pub async fn l6_fail_with_retry_requeues_at_the_given_time(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let id = enqueue(&store, NewJob::new("q").max_attempts(3), "L6").await;
+    // Claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "L").await;
+    let id = together
+        .enqueue(&store, NewJob::new("q").max_attempts(3), "L6")
+        .await;
     let held = claim_expecting(&store, "q", id, "L6").await;
     let at = env.clock.now().saturating_add(Duration::from_secs(60));
     assert_eq!(
@@ -77,7 +81,7 @@ pub async fn l6_fail_with_retry_requeues_at_the_given_time(harness: &dyn Harness
     );
     // A retry time in the past is stored as now: ready at once, and behind the jobs
     // that were ready before it (C3), not ahead of them.
-    let waiting = enqueue(&store, NewJob::new("q"), "L6").await;
+    let waiting = together.enqueue(&store, NewJob::new("q"), "L6").await;
     env.clock.advance(Duration::from_secs(1));
     let now = env.clock.now();
     let past = now.saturating_sub(Duration::from_secs(3_600));
@@ -122,7 +126,11 @@ pub async fn l6_long_error_is_cut_at_64_kib(harness: &dyn Harness) {
 pub async fn l7_fail_on_last_attempt_or_no_retry_is_dead(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let two = enqueue(&store, NewJob::new("q").max_attempts(2), "L7").await;
+    // Claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "L").await;
+    let two = together
+        .enqueue(&store, NewJob::new("q").max_attempts(2), "L7")
+        .await;
     let held = claim_expecting(&store, "q", two, "L7").await;
     assert_eq!(
         store
@@ -133,8 +141,10 @@ pub async fn l7_fail_on_last_attempt_or_no_retry_is_dead(harness: &dyn Harness) 
         "L7: attempts remain"
     );
     let held = claim_expecting(&store, "q", two, "L7").await;
-    let never = enqueue(&store, NewJob::new("q"), "L7").await;
-    let one = enqueue(&store, NewJob::new("q").max_attempts(1), "L7").await;
+    let never = together.enqueue(&store, NewJob::new("q"), "L7").await;
+    let one = together
+        .enqueue(&store, NewJob::new("q").max_attempts(1), "L7")
+        .await;
     env.clock.advance(Duration::from_secs(3));
     let later = env.clock.now().saturating_add(Duration::from_secs(1));
     assert_eq!(
@@ -330,10 +340,11 @@ pub async fn l10_snoozed_job_comes_due_in_order(harness: &dyn Harness) {
     env.clock.advance(Duration::from_secs(10));
     let after = enqueue(&store, NewJob::new("q"), "L10").await;
     let claimed = claim(&store, &["q"], 10, "L10: all due").await;
-    assert_eq!(
-        ids_of(&claimed),
-        vec![before[0], before[1], snoozed, after],
-        "L10: the snoozed job is ready at its time, behind the jobs ready before"
+    assert_claim_order(
+        &store,
+        &ids_of(&claimed),
+        &[before[0], before[1], snoozed, after],
+        "L10: the snoozed job is ready at its time, behind the jobs ready before",
     );
 }
 

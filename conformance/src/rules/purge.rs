@@ -6,7 +6,7 @@ use durq_core::{Clock, JobId, JobState, NewJob, QueueStats, Retry};
 
 use super::support::{
     assert_nothing_claimable, assert_stats, claim, claim_expecting, drain, enqueue,
-    expect_not_found, get, ids_of, list_all, Must,
+    expect_not_found, get, ids_of, list_all, Must, Together,
 };
 use crate::{Harness, TestEnv};
 
@@ -110,15 +110,27 @@ pub async fn a5_purge_never_deletes_non_terminal_jobs(harness: &dyn Harness) {
     const RETENTION: Duration = Duration::from_secs(60);
     let env = TestEnv::new(harness);
     let store = env.store_with(|s| s.retention(RETENTION)).await;
+    // Claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "A5").await;
     let far = env
         .clock
         .now()
         .saturating_add(Duration::from_secs(10 * 86_400));
-    let queued = enqueue(&store, NewJob::new("q").priority(-1), "A5").await;
-    let scheduled = enqueue(&store, NewJob::new("q").run_at(far), "A5").await;
-    let running = enqueue(&store, NewJob::new("q").priority(2), "A5").await;
-    let retried = enqueue(&store, NewJob::new("q").priority(1).max_attempts(1), "A5").await;
-    let cancel_retried = enqueue(&store, NewJob::new("q").priority(1), "A5").await;
+    let queued = together
+        .enqueue(&store, NewJob::new("q").priority(-1), "A5")
+        .await;
+    let scheduled = together
+        .enqueue(&store, NewJob::new("q").run_at(far), "A5")
+        .await;
+    let running = together
+        .enqueue(&store, NewJob::new("q").priority(2), "A5")
+        .await;
+    let retried = together
+        .enqueue(&store, NewJob::new("q").priority(1).max_attempts(1), "A5")
+        .await;
+    let cancel_retried = together
+        .enqueue(&store, NewJob::new("q").priority(1), "A5")
+        .await;
     let held = claim(&store, &["q"], 2, "A5").await;
     assert_eq!(ids_of(&held), vec![running, retried]);
     store

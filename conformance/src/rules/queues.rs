@@ -3,7 +3,8 @@
 use durq_core::{JobState, NewJob, QueueStats};
 
 use super::support::{
-    assert_nothing_claimable, assert_stats, claim, enqueue, expect_invalid, get, ids_of, Must,
+    assert_claim_order, assert_nothing_claimable, assert_stats, claim, enqueue, expect_invalid,
+    get, ids_of, Must,
 };
 use crate::{unique_namespace, Harness, TestEnv};
 
@@ -83,10 +84,11 @@ pub async fn q1_paused_queue_is_not_claimed_until_resumed(harness: &dyn Harness)
     assert!(operator.paused_queues().await.must("Q1").is_empty());
     assert!(!operator.stats("a").await.must("Q1").paused);
     let claimed = claim(&operator, &["a"], 10, "Q1: after resume").await;
-    assert_eq!(
-        ids_of(&claimed),
-        vec![queued[1], queued[0], late],
-        "Q1: after resume the jobs are claimed in their order"
+    assert_claim_order(
+        &operator,
+        &ids_of(&claimed),
+        &[queued[1], queued[0], late],
+        "Q1: after resume the jobs are claimed in their order",
     );
 }
 

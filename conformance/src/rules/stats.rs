@@ -10,6 +10,7 @@ use durq_core::{
 
 use super::support::{
     assert_stats, assert_stats_agree, claim, count, enqueue, expect_invalid, get, list_all, Must,
+    Together,
 };
 use crate::{Harness, TestEnv};
 
@@ -59,18 +60,25 @@ pub async fn a7_queues_list_every_queue_with_counts_pause_and_lag(harness: &dyn 
         store.queues().await.must("A7: queues").is_empty(),
         "A7: an empty namespace lists no queue"
     );
+    // The claim below expects the newer "b" job: both share one partition (CONTRACT §8).
+    let together = Together::new(&store, "A7").await;
     let start = env.clock.now();
     // "b": an old job at a low priority, a newer one at a high priority (claimed first).
-    let oldest = enqueue(&store, NewJob::new("b").priority(-5), "A7").await;
+    let oldest = together
+        .enqueue(&store, NewJob::new("b").priority(-5), "A7")
+        .await;
     env.clock.advance(Duration::from_secs(2));
-    let newer = enqueue(&store, NewJob::new("b").priority(7), "A7").await;
+    let newer = together
+        .enqueue(&store, NewJob::new("b").priority(7), "A7")
+        .await;
     enqueue(&store, NewJob::new("b.x"), "A7").await;
     let later = env.clock.now().saturating_add(Duration::from_secs(100));
     enqueue(&store, NewJob::new("a").run_at(later), "A7").await;
     store.pause("c").await.must("A7: pause");
     env.clock.advance(Duration::from_secs(3));
 
-    let queues = store.queues().await.must("A7: queues");
+    let mut queues = store.queues().await.must("A7: queues");
+    queues.retain(|q| q.queue != Together::ANCHOR_QUEUE);
     let names: Vec<&str> = queues.iter().map(|q| q.queue.as_str()).collect();
     assert_eq!(names, ["a", "b", "b.x", "c"], "A7: every queue, by name");
     for overview in &queues {
@@ -329,9 +337,11 @@ pub async fn a4_list_pages_join_to_the_whole_set_newest_first(harness: &dyn Harn
 pub async fn a4_list_filters_by_state(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // Claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "A").await;
     let mut ids = Vec::new();
     for _ in 0..30 {
-        ids.push(enqueue(&store, NewJob::new("q"), "A4").await);
+        ids.push(together.enqueue(&store, NewJob::new("q"), "A4").await);
     }
     let held = claim(&store, &["q"], 20, "A4").await;
     for (i, job) in held.iter().enumerate() {

@@ -307,3 +307,72 @@ pub(crate) fn binary(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
 }
+
+/// C3 as CONTRACT §8 scopes it: on a partitioned store the claim order holds within each
+/// partition, so `claimed` must hold exactly the jobs of `expected`, and the jobs of
+/// each partition in `expected`'s order; on any other store `claimed` is `expected`.
+#[track_caller]
+pub(crate) fn assert_claim_order(store: &Store, claimed: &[JobId], expected: &[JobId], what: &str) {
+    let Some(partitioning) = store.capabilities().partitioning else {
+        assert_eq!(claimed, expected, "{what}");
+        return;
+    };
+    let mut got = claimed.to_vec();
+    let mut want = expected.to_vec();
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(
+        got, want,
+        "{what}: the claims must hold exactly the expected jobs"
+    );
+    for partition in 0..partitioning.count() {
+        let of = |ids: &[JobId]| -> Vec<JobId> {
+            ids.iter()
+                .copied()
+                .filter(|id| partitioning.of(*id) == partition)
+                .collect()
+        };
+        assert_eq!(
+            of(claimed),
+            of(expected),
+            "{what} (within partition {partition} of {}, CONTRACT §8)",
+            partitioning.count()
+        );
+    }
+}
+
+/// The jobs of a scenario that claims them one at a time and expects a given one each
+/// time, kept in one partition of a partitioned store: each becomes a child of one
+/// anchor job (queue [`Together::ANCHOR_QUEUE`]), and CONTRACT §8 places a job without an
+/// idempotency key in its parent's partition. The whole claim order then applies (C3
+/// holds within a partition). On any other store it changes nothing.
+pub(crate) struct Together {
+    anchor: Option<JobId>,
+}
+
+impl Together {
+    /// The queue of the anchor job, which nothing claims.
+    pub(crate) const ANCHOR_QUEUE: &'static str = "together-anchor";
+
+    /// Enqueues the anchor on a partitioned store.
+    pub(crate) async fn new(store: &Store, what: &str) -> Self {
+        let anchor = match store.capabilities().partitioning {
+            Some(_) => Some(enqueue(store, NewJob::new(Self::ANCHOR_QUEUE), what).await),
+            None => None,
+        };
+        Together { anchor }
+    }
+
+    /// `job`, placed in the anchor's partition when there is one.
+    pub(crate) fn job(&self, job: NewJob) -> NewJob {
+        match self.anchor {
+            Some(anchor) => job.parent(anchor),
+            None => job,
+        }
+    }
+
+    /// [`enqueue`] of `job` placed with the others.
+    pub(crate) async fn enqueue(&self, store: &Store, job: NewJob, what: &str) -> JobId {
+        enqueue(store, self.job(job), what).await
+    }
+}

@@ -41,12 +41,20 @@ pub struct Capabilities {
     /// beside a tied backend's connections, or on a thread of its own for a backend
     /// that is not tied. Default `true`.
     pub tied_to_runtime: bool,
+
+    /// How the backend spreads one namespace over partitions, or `None` when it keeps
+    /// it whole (the default). On a partitioned store the rules CONTRACT §8 names hold
+    /// within each partition only (the claim order of C3 above all); the conformance
+    /// suite asserts those rules per partition, locating each job with
+    /// [`Partitioning::of`], and every other rule as it is.
+    pub partitioning: Option<Partitioning>,
 }
 
 impl Default for Capabilities {
     fn default() -> Self {
         Capabilities {
             tied_to_runtime: true,
+            partitioning: None,
         }
     }
 }
@@ -57,7 +65,62 @@ impl Capabilities {
         self.tied_to_runtime = tied;
         self
     }
+
+    /// Sets [`Capabilities::partitioning`].
+    pub fn partitioning(mut self, partitioning: Option<Partitioning>) -> Self {
+        self.partitioning = partitioning;
+        self
+    }
 }
+
+/// How a partitioned store places its jobs (CONTRACT §8): how many partitions it has,
+/// and which one holds a job, a pure function of the job's id.
+///
+/// ```
+/// use durq_core::{JobId, Partitioning, Timestamp};
+/// fn by_low_bits(id: JobId, count: usize) -> usize {
+///     (id.as_u128() % count as u128) as usize
+/// }
+/// let partitioning = Partitioning::new(4, by_low_bits);
+/// let id = JobId::mint(Timestamp::from_millis(1_700_000_000_000));
+/// assert!(partitioning.of(id) < 4);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Partitioning {
+    count: usize,
+    locate: fn(JobId, usize) -> usize,
+}
+
+impl Partitioning {
+    /// `count` partitions (at least 1), a job's found by `locate(id, count)`, which
+    /// must answer below `count`.
+    pub fn new(count: usize, locate: fn(JobId, usize) -> usize) -> Self {
+        Partitioning {
+            count: count.max(1),
+            locate,
+        }
+    }
+
+    /// How many partitions the store has.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The partition that holds job `id`: `0..count()`.
+    pub fn of(&self, id: JobId) -> usize {
+        (self.locate)(id, self.count)
+    }
+}
+
+impl PartialEq for Partitioning {
+    /// The same count, located by the same function (compared by address: two
+    /// copies of one function may compare unequal, never two different ones equal).
+    fn eq(&self, other: &Self) -> bool {
+        self.count == other.count && std::ptr::fn_addr_eq(self.locate, other.locate)
+    }
+}
+
+impl Eq for Partitioning {}
 
 /// The core of a durable job store's storage: one method per operation every job queue
 /// needs (enqueue, claim, the lease calls, reclaim, the reads of one job), each a rule

@@ -25,7 +25,7 @@ pub mod validate;
 mod workers;
 
 pub use attempts::{Attempt, AttemptOutcome, ATTEMPTS_KEPT};
-pub use backend::{complete_each, heartbeat_each, Backend, Capabilities};
+pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Partitioning};
 pub use backoff::Backoff;
 pub use capability::{Admin, Capability, Inspect, Pause, Schedules, WorkerRegistry};
 pub use error::{BoxError, Error, Result, SharedError};

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use durq_core::batch::Batcher;
 use durq_core::{
-    async_trait, Attempt, Backend, Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error,
-    Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob,
-    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
-    StoredSchedule, StoredWorker, Timestamp,
+    async_trait, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
+    Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery,
+    NewJob, Partitioning, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate,
+    StoreSettings, StoredSchedule, StoredWorker, Timestamp,
 };
 use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 
@@ -22,6 +22,7 @@ use crate::keys::Keys;
 use crate::store::enqueue::{Ctx as EnqueueCtx, Enqueues, Prepared};
 use crate::store::heads::Heads;
 use crate::store::lease::{self, Completions};
+use crate::store::partitioned::Partitions;
 use crate::wake::Waker;
 
 /// A job store's storage on Redis or Redis Cluster: a [`Backend`], used through a
@@ -50,6 +51,11 @@ pub(crate) struct Inner {
     pub(crate) enqueues: Batcher<Enqueues>,
     pub(crate) enqueue_ctx: EnqueueCtx,
     pub(crate) cluster: bool,
+    /// The partitions of a partitioned namespace (CONTRACT §8), each a store of its
+    /// own over this one's connection; `None` for an unpartitioned namespace, which
+    /// this store serves itself. A partitioned store serves only what is not split
+    /// itself: schedules, the worker registry and the wake-up subscriber.
+    pub(crate) partitions: Option<Partitions>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -58,6 +64,7 @@ impl fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("namespace", &self.inner.settings.namespace)
             .field("cluster", &self.inner.cluster)
+            .field("partitions", &self.partition_count())
             .finish_non_exhaustive()
     }
 }
@@ -83,7 +90,7 @@ impl RedisBackend {
     ///
     /// [`RedisConfig::tls`]: crate::RedisConfig::tls
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self> {
-        Self::open_single(url, None, settings).await
+        crate::RedisConfig::new(url).open(settings).await
     }
 
     /// [`durq_core::Backend::reclaim`] at `now`, also reporting how many lease entries
@@ -95,7 +102,19 @@ impl RedisBackend {
         limit: usize,
         now: Timestamp,
     ) -> Result<(Vec<ReclaimedJob>, ReclaimReport)> {
-        self.reclaim_expired(limit, now).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.reclaim(limit, now).await,
+            None => self.reclaim_expired(limit, now).await,
+        }
+    }
+
+    /// The store that serves calls naming job `id`: the partition holding it, or this
+    /// store when the namespace is not partitioned.
+    fn home(&self, id: JobId) -> &RedisBackend {
+        match &self.inner.partitions {
+            Some(partitions) => partitions.of(id),
+            None => self,
+        }
     }
 
     /// Deletes every key of this store's namespace (its jobs, indexes, idempotency
@@ -107,7 +126,17 @@ impl RedisBackend {
     /// blocked) and removed with `UNLINK`. On a cluster every key of a namespace sits
     /// in the slot of its hash tag, so the scan is sent to that slot's primary.
     pub async fn drop_namespace(&self) -> Result<u64> {
-        self.unlink_namespace().await
+        let partitions = match &self.inner.partitions {
+            Some(partitions) => partitions.unlink().await?,
+            None => 0,
+        };
+        Ok(partitions + self.unlink_namespace().await?)
+    }
+
+    /// How many partitions the namespace is spread over: 1 unless it was created
+    /// partitioned (see [`RedisConfig::partitions`](crate::RedisConfig::partitions)).
+    pub fn partition_count(&self) -> usize {
+        self.inner.partitions.as_ref().map_or(1, Partitions::count)
     }
 
     /// Resolves once the wake-up subscriber is subscribed (or after `timeout`); returns
@@ -129,32 +158,57 @@ impl Backend for RedisBackend {
     }
 
     // Redis connections are driven by tasks on the runtime the store was opened on: the
-    // default capabilities (tied to the runtime) are this backend's.
+    // default's `tied_to_runtime` is this backend's.
+    fn capabilities(&self) -> Capabilities {
+        let partitioning = self
+            .inner
+            .partitions
+            .as_ref()
+            .map(|partitions| Partitioning::new(partitions.count(), crate::partitions::of_id));
+        Capabilities::default().partitioning(partitioning)
+    }
 
     async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
         Ok(Some(Arc::new(self.reopened().await?)))
     }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        if let Some(partitions) = &self.inner.partitions {
+            return partitions.enqueue(job, now).await;
+        }
         let id = JobId::mint(now);
         // Concurrent enqueues of this store go to Redis together, each as called.
-        self.inner.enqueues.call(Prepared { job, id, now }).await?
+        self.inner
+            .enqueues
+            .call(Prepared {
+                job,
+                id,
+                now,
+                parent_elsewhere: false,
+            })
+            .await?
     }
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>, now: Timestamp) -> Result<Vec<Enqueued>> {
-        self.enqueue_many(jobs, now).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.enqueue_batch(jobs, now).await,
+            None => self.enqueue_many(jobs, now).await,
+        }
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
-        self.read_job(id).await
+        self.home(id).read_job(id).await
     }
 
     async fn payload(&self, id: JobId) -> Result<Bytes> {
-        self.read_payload(id).await
+        self.home(id).read_payload(id).await
     }
 
     async fn claim(&self, request: ClaimRequest, now: Timestamp) -> Result<Vec<ClaimedJob>> {
-        self.claim_jobs(request, now).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.claim(request, now).await,
+            None => self.claim_jobs(request, now).await,
+        }
     }
 
     async fn heartbeat(
@@ -164,7 +218,8 @@ impl Backend for RedisBackend {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Heartbeat> {
-        self.heartbeat_many(&[HeldLease::new(id, token)], ttl, now)
+        self.home(id)
+            .heartbeat_many(&[HeldLease::new(id, token)], ttl, now)
             .await?
             .pop()
             .unwrap_or_else(|| Err(Error::corrupt("heartbeat reply", "no status")))
@@ -178,7 +233,10 @@ impl Backend for RedisBackend {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Vec<Result<Heartbeat>>> {
-        self.heartbeat_many(&leases, ttl, now).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.heartbeat_batch(leases, ttl, now).await,
+            None => self.heartbeat_many(&leases, ttl, now).await,
+        }
     }
 
     async fn complete(
@@ -188,6 +246,9 @@ impl Backend for RedisBackend {
         result: Option<Bytes>,
         now: Timestamp,
     ) -> Result<()> {
+        if let Some(partitions) = &self.inner.partitions {
+            return partitions.complete(id, token, result, now).await;
+        }
         self.inner
             .completions
             .call(lease::Completion {
@@ -209,7 +270,10 @@ impl Backend for RedisBackend {
         completions: Vec<Completion>,
         now: Timestamp,
     ) -> Result<Vec<Result<()>>> {
-        self.complete_many(completions, now).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.complete_batch(completions, now).await,
+            None => self.complete_many(completions, now).await,
+        }
     }
 
     async fn fail(
@@ -220,7 +284,7 @@ impl Backend for RedisBackend {
         retry: Retry,
         now: Timestamp,
     ) -> Result<JobState> {
-        self.fail_job(id, token, error, retry, now).await
+        self.home(id).fail_job(id, token, error, retry, now).await
     }
 
     async fn release(
@@ -230,7 +294,7 @@ impl Backend for RedisBackend {
         ready_at: Timestamp,
         now: Timestamp,
     ) -> Result<()> {
-        self.release_job(id, token, ready_at, now).await
+        self.home(id).release_job(id, token, ready_at, now).await
     }
 
     async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
@@ -266,49 +330,70 @@ impl Backend for RedisBackend {
 #[async_trait]
 impl Inspect for RedisBackend {
     async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
-        self.read_children(parent).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.children(parent).await,
+            None => self.read_children(parent).await,
+        }
     }
 
     async fn attempts(&self, id: JobId) -> Result<Vec<Attempt>> {
-        self.read_attempts(id).await
+        self.home(id).read_attempts(id).await
     }
 
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
-        self.queue_stats(queue, now).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.stats(queue, now).await,
+            None => self.queue_stats(queue, now).await,
+        }
     }
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
-        self.queue_overviews(now).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.queues(now).await,
+            None => self.queue_overviews(now).await,
+        }
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        self.list_jobs(query).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.list(query).await,
+            None => self.list_jobs(query).await,
+        }
     }
 }
 
 #[async_trait]
 impl Admin for RedisBackend {
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
-        self.cancel_job(id, now).await
+        self.home(id).cancel_job(id, now).await
     }
 
     async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {
-        self.retry_job(id, now).await
+        self.home(id).retry_job(id, now).await
     }
 
     async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
-        self.purge_finished(limit, cutoff).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.purge(limit, cutoff).await,
+            None => self.purge_finished(limit, cutoff).await,
+        }
     }
 }
 
 #[async_trait]
 impl Pause for RedisBackend {
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        self.pause_queue(queue, paused).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.set_paused(queue, paused).await,
+            None => self.pause_queue(queue, paused).await,
+        }
     }
 
     async fn paused_queues(&self) -> Result<Vec<String>> {
-        self.read_paused_queues().await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.paused_queues().await,
+            None => self.read_paused_queues().await,
+        }
     }
 }
 

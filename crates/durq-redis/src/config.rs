@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use durq_core::batch::Batcher;
 use durq_core::validate::validate_settings;
-use durq_core::{duration_millis, Error, Result, StoreSettings};
+use durq_core::{duration_millis, Error, JobId, Result, StoreSettings};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 
@@ -17,11 +17,13 @@ use crate::conn::{
     RESPONSE_TIMEOUT,
 };
 use crate::keys::Keys;
+use crate::partitions::MAX_PARTITIONS;
 use crate::scripts;
 use crate::store::enqueue::{Ctx as EnqueueCtx, Enqueues};
 use crate::store::heads::Heads;
 use crate::store::lease::Completions;
-use crate::wake::Waker;
+use crate::store::partitioned::Partitions;
+use crate::wake::{Seed, Waker};
 
 /// Garbage-collection margin on top of the dedup window: server TTLs must
 /// never decide anything, so they fire well after the clock's decision.
@@ -208,6 +210,9 @@ fn node_client(url: &str, tls: Option<&TlsConfig>) -> Result<redis::Client> {
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
     nodes: Nodes,
+    /// The partition count set with [`RedisConfig::partitions`]; `None` takes the URLs'
+    /// `partitions` parameter, or 1.
+    partitions: Option<usize>,
     #[cfg(feature = "tls")]
     tls: Option<TlsConfig>,
 }
@@ -218,6 +223,7 @@ impl RedisConfig {
     pub fn new(url: impl Into<String>) -> Self {
         RedisConfig {
             nodes: Nodes::One(url.into()),
+            partitions: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -233,6 +239,7 @@ impl RedisConfig {
     {
         RedisConfig {
             nodes: Nodes::Cluster(urls.into_iter().map(Into::into).collect()),
+            partitions: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -246,6 +253,21 @@ impl RedisConfig {
         self
     }
 
+    /// Spreads the namespace over `count` partitions (1..=256; default 1, or the URL's
+    /// `partitions` parameter, as in `redis://host:6379/?partitions=12`). Each
+    /// partition is a hash slot of its own, so on a cluster one namespace, and one busy
+    /// queue, uses every master instead of one. The claim order (CONTRACT C3) then
+    /// holds within each partition, not across them; CONTRACT §8 lists what else
+    /// changes.
+    ///
+    /// The count is fixed when a store first opens the namespace: an open with another
+    /// count, or a partitioned open of a namespace an unpartitioned store wrote before,
+    /// is refused (`InvalidInput { field: "partitions" }`).
+    pub fn partitions(mut self, count: usize) -> Self {
+        self.partitions = Some(count);
+        self
+    }
+
     /// Connects, loads the scripts, and opens the backend of namespace
     /// `settings.namespace`. Settings that break the contract's limits are refused.
     pub async fn open(self, settings: StoreSettings) -> Result<RedisBackend> {
@@ -254,8 +276,22 @@ impl RedisConfig {
         #[cfg(not(feature = "tls"))]
         let tls: Option<&TlsConfig> = None;
         match &self.nodes {
-            Nodes::One(url) => RedisBackend::open_single(url, tls, settings).await,
-            Nodes::Cluster(urls) => RedisBackend::open_cluster(urls, tls, settings).await,
+            Nodes::One(url) => {
+                let (url, in_url) = take_partitions(url)?;
+                let partitions = partition_count(self.partitions, [in_url])?;
+                RedisBackend::open_single(&url, tls, settings, partitions).await
+            }
+            Nodes::Cluster(urls) => {
+                let mut plain = Vec::with_capacity(urls.len());
+                let mut in_urls = Vec::with_capacity(urls.len());
+                for url in urls {
+                    let (url, in_url) = take_partitions(url)?;
+                    plain.push(url);
+                    in_urls.push(in_url);
+                }
+                let partitions = partition_count(self.partitions, in_urls)?;
+                RedisBackend::open_cluster(&plain, tls, settings, partitions).await
+            }
         }
     }
 }
@@ -272,18 +308,20 @@ impl RedisBackend {
         url: &str,
         tls: Option<&TlsConfig>,
         settings: StoreSettings,
+        partitions: usize,
     ) -> Result<Self> {
         validate_settings(&settings)?;
         let client = node_client(url, tls)?;
         let dial = Dial::Single(Box::new(client.clone()));
         let conn = dial.connect().await?;
-        Self::finish_connect(conn, dial, vec![client], settings).await
+        Self::finish_connect(conn, dial, vec![client], settings, partitions).await
     }
 
     async fn open_cluster<I, S>(
         urls: I,
         tls: Option<&TlsConfig>,
         settings: StoreSettings,
+        partitions: usize,
     ) -> Result<Self>
     where
         I: IntoIterator<Item = S>,
@@ -322,7 +360,7 @@ impl RedisBackend {
             .join(", ");
         let dial = Dial::Cluster(Box::new(client), nodes_text.into());
         let conn = dial.connect().await?;
-        Self::finish_connect(conn, dial, nodes, settings).await
+        Self::finish_connect(conn, dial, nodes, settings, partitions).await
     }
 
     /// The store over `conn` (just opened by `dial`), with every script loaded.
@@ -331,8 +369,9 @@ impl RedisBackend {
         dial: Dial,
         pubsub_nodes: Vec<redis::Client>,
         settings: StoreSettings,
+        partitions: usize,
     ) -> Result<Self> {
-        let store = Self::over(conn, dial, pubsub_nodes, settings);
+        let store = Self::over(conn, dial, pubsub_nodes, settings, partitions);
         // Loading every script now finds a broken server or script at connect time, and
         // spares the first calls a NOSCRIPT round trip.
         let mut conn = store.conn();
@@ -343,7 +382,59 @@ impl RedisBackend {
                 .await
                 .map_err(|err| map_err("script load", err))?;
         }
+        store.check_layout().await?;
         Ok(store)
+    }
+
+    /// Records the namespace's layout on its first open, and refuses a namespace laid
+    /// out otherwise than this store would lay it out (`layout.lua`).
+    async fn check_layout(&self) -> Result<()> {
+        let keys = &self.inner.keys;
+        let partitions = self.partition_count();
+        let mut invocation = scripts::LAYOUT.prepare_invoke();
+        invocation
+            .key(&keys.layout)
+            .key(&keys.list)
+            .arg(partitions)
+            .arg(LAYOUT_VERSION);
+        let reply = invocation
+            .invoke_async::<redis::Value>(&mut self.conn())
+            .await
+            .map_err(|err| map_err("layout check", err))?;
+        let namespace = &self.inner.settings.namespace;
+        let words: Vec<String> =
+            redis::from_redis_value(reply).map_err(|err| map_err("layout check", err.into()))?;
+        let recorded = words.get(1).map_or("", String::as_str);
+        match words.first().map(String::as_str) {
+            Some("ok") => Ok(()),
+            Some("partitions") => Err(Error::invalid(
+                "partitions",
+                format!(
+                    "namespace {namespace:?} was created with {recorded} partition(s); this \
+                     store opens it with {partitions}: the count is fixed when a namespace \
+                     is created"
+                ),
+            )),
+            Some("version") => Err(Error::invalid(
+                "namespace",
+                format!(
+                    "namespace {namespace:?} is written in Redis key layout version \
+                     {recorded:?}; this build reads version {LAYOUT_VERSION} only (see \
+                     docs/redis.md, \"Layout versions\")"
+                ),
+            )),
+            Some("unpartitioned") => Err(Error::invalid(
+                "partitions",
+                format!(
+                    "namespace {namespace:?} holds jobs an unpartitioned store wrote; open \
+                     it with 1 partition, or create the partitioned one under a new name"
+                ),
+            )),
+            other => Err(Error::corrupt(
+                "layout check",
+                format!("unexpected reply {other:?}"),
+            )),
+        }
     }
 
     /// This store over a connection of its own, opened from the calling runtime (see
@@ -356,24 +447,87 @@ impl RedisBackend {
             inner.dial.clone(),
             inner.waker.nodes().to_vec(),
             inner.settings.clone(),
+            self.partition_count(),
         ))
     }
 
-    /// A store over `conn`; its wake-up subscriber and batchers start on first use.
+    /// The store of namespace `settings.namespace` over `conn`: one store, or for
+    /// `partitions > 1` a store of the namespace's own slot holding one store per
+    /// partition, all over the same connection and one wake-up subscriber. Subscriber
+    /// and batchers start on first use.
     fn over(
         conn: Conn,
         dial: Dial,
         pubsub_nodes: Vec<redis::Client>,
         settings: StoreSettings,
+        partitions: usize,
     ) -> Self {
-        let keys = Keys::new(&settings.namespace);
-        let heads = Arc::new(Heads::default());
-        let seeded = Arc::clone(&heads);
-        let waker = Waker::new(
+        let namespace = settings.namespace.clone();
+        let shared = Shared {
+            conn,
+            dial,
+            settings,
+        };
+        if partitions <= 1 {
+            let heads = Arc::new(Heads::default());
+            let seeded = Arc::clone(&heads);
+            let seed: Seed = Arc::new(move |queue: &str, ids: &str| seeded.seed(queue, ids));
+            return Self::part(
+                &shared,
+                pubsub_nodes,
+                Keys::new(&namespace),
+                heads,
+                seed,
+                None,
+            );
+        }
+        let parts: Vec<RedisBackend> = (0..partitions)
+            .map(|partition| {
+                // A partition never waits for work itself: its wake-ups reach the
+                // subscriber of the store that holds it, which seeds its claims.
+                let ignored: Seed = Arc::new(|_: &str, _: &str| {});
+                let keys = Keys::partition(&namespace, partition);
+                Self::part(&shared, Vec::new(), keys, Arc::default(), ignored, None)
+            })
+            .collect();
+        let heads: Vec<Arc<Heads>> = parts
+            .iter()
+            .map(|part| Arc::clone(&part.inner.heads))
+            .collect();
+        // A wake-up names the ids one enqueue script made ready, all of one partition.
+        let seed: Seed = Arc::new(move |queue: &str, ids: &str| {
+            let first = ids.split(' ').next().unwrap_or_default();
+            if let Ok(id) = JobId::parse_canonical(first.as_bytes()) {
+                heads[crate::partitions::of_id(id, heads.len())].seed(queue, ids);
+            }
+        });
+        let keys = Keys::new(&namespace);
+        let partitions = Some(Partitions::new(parts));
+        Self::part(
+            &shared,
             pubsub_nodes,
-            keys.wake.clone(),
-            Arc::new(move |queue: &str, ids: &str| seeded.seed(queue, ids)),
-        );
+            keys,
+            Arc::default(),
+            seed,
+            partitions,
+        )
+    }
+
+    /// One store over `keys`: a namespace's, or one partition's.
+    fn part(
+        shared: &Shared,
+        pubsub_nodes: Vec<redis::Client>,
+        keys: Keys,
+        heads: Arc<Heads>,
+        seed: Seed,
+        partitions: Option<Partitions>,
+    ) -> Self {
+        let Shared {
+            conn,
+            dial,
+            settings,
+        } = shared.clone();
+        let waker = Waker::new(pubsub_nodes, keys.wake.clone(), seed);
         let completions = Batcher::new(Completions {
             conn: conn.clone(),
             keys: keys.clone(),
@@ -400,9 +554,94 @@ impl RedisBackend {
                 completions,
                 enqueues,
                 enqueue_ctx,
+                partitions,
             }),
         }
     }
+}
+
+/// What every store of one open shares: the connection, how it was opened, and the
+/// settings.
+#[derive(Clone)]
+struct Shared {
+    conn: Conn,
+    dial: Dial,
+    settings: StoreSettings,
+}
+
+/// The key layout this build reads and writes, recorded per namespace (`layout.lua`).
+const LAYOUT_VERSION: u32 = 1;
+
+/// `url` without its `partitions` query parameter, and that parameter's value. The
+/// Redis driver is given the URL without it.
+fn take_partitions(url: &str) -> Result<(String, Option<usize>)> {
+    let Some((base, rest)) = url.split_once('?') else {
+        return Ok((url.to_owned(), None));
+    };
+    let (query, fragment) = match rest.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (rest, None),
+    };
+    let mut found = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        match pair.split_once('=') {
+            Some(("partitions", value)) => {
+                let count = value.parse::<usize>().map_err(|_| {
+                    Error::invalid(
+                        "url",
+                        format!("partitions={value:?} is not a whole number of partitions"),
+                    )
+                })?;
+                found = Some(count);
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let mut rebuilt = base.to_owned();
+    if !kept.is_empty() {
+        rebuilt.push('?');
+        rebuilt.push_str(&kept.join("&"));
+    }
+    if let Some(fragment) = fragment {
+        rebuilt.push('#');
+        rebuilt.push_str(fragment);
+    }
+    Ok((rebuilt, found))
+}
+
+/// The partition count of an open: the one set on the config, else the URLs' (which
+/// must agree), else 1; refused outside 1..=MAX_PARTITIONS.
+fn partition_count(
+    set: Option<usize>,
+    in_urls: impl IntoIterator<Item = Option<usize>>,
+) -> Result<usize> {
+    let mut from_urls = None;
+    for count in in_urls.into_iter().flatten() {
+        if from_urls.is_some_and(|seen| seen != count) {
+            return Err(Error::invalid(
+                "url",
+                "the node URLs name different partition counts",
+            ));
+        }
+        from_urls = Some(count);
+    }
+    if let (Some(set), Some(in_url)) = (set, from_urls) {
+        if set != in_url {
+            return Err(Error::invalid(
+                "partitions",
+                format!("set to {set}, but the URL says partitions={in_url}"),
+            ));
+        }
+    }
+    let count = set.or(from_urls).unwrap_or(1);
+    if !(1..=MAX_PARTITIONS).contains(&count) {
+        return Err(Error::invalid(
+            "partitions",
+            format!("{count} partitions: a namespace has 1 to {MAX_PARTITIONS}"),
+        ));
+    }
+    Ok(count)
 }
 
 /// How a store's connection is opened: kept, so the store can open another one.
@@ -490,5 +729,50 @@ mod tests {
         let err = node_client("rediss://127.0.0.1:6380", Some(&tls)).expect_err("bad PEM");
         assert_eq!(err.invalid_field(), Some("tls"), "{err}");
         assert!(!format!("{tls:?}").contains("not a certificate"));
+    }
+
+    #[test]
+    fn the_partitions_parameter_is_taken_out_of_the_url() {
+        let take = |url: &str| take_partitions(url).expect("parses");
+        assert_eq!(take("redis://h:6379"), ("redis://h:6379".to_owned(), None));
+        assert_eq!(
+            take("redis://h:6379/?partitions=12"),
+            ("redis://h:6379/".to_owned(), Some(12))
+        );
+        assert_eq!(
+            take("redis://h/0?protocol=resp3&partitions=3#insecure"),
+            ("redis://h/0?protocol=resp3#insecure".to_owned(), Some(3))
+        );
+        assert_eq!(
+            take("redis://h/?a=1&partitions=2&b=2"),
+            ("redis://h/?a=1&b=2".to_owned(), Some(2))
+        );
+        let err = take_partitions("redis://h/?partitions=twelve").expect_err("not a number");
+        assert_eq!(err.invalid_field(), Some("url"));
+        assert!(err.to_string().contains("twelve"), "{err}");
+    }
+
+    #[test]
+    fn the_partition_count_comes_from_the_config_or_the_urls_and_must_agree() {
+        assert_eq!(partition_count(None, [None]).expect("default"), 1);
+        assert_eq!(partition_count(Some(12), [None]).expect("set"), 12);
+        assert_eq!(
+            partition_count(None, [Some(4), None, Some(4)]).expect("urls"),
+            4
+        );
+        assert_eq!(partition_count(Some(4), [Some(4)]).expect("agree"), 4);
+        let refused = [
+            partition_count(Some(3), [Some(4)]),
+            partition_count(None, [Some(3), Some(4)]),
+            partition_count(Some(0), [None]),
+            partition_count(Some(MAX_PARTITIONS + 1), [None]),
+        ];
+        for outcome in refused {
+            let err = outcome.expect_err("refused");
+            assert!(
+                matches!(err.invalid_field(), Some("partitions" | "url")),
+                "{err}"
+            );
+        }
     }
 }

@@ -44,13 +44,31 @@ pub(crate) struct Keys {
     pub placement: String,
     /// The sequence counter of the claim order (string).
     pub seq: String,
-    /// The pub/sub channel of wake-ups (not a key).
+    /// The pub/sub channel of wake-ups (not a key): the namespace's, shared by all its
+    /// partitions, so one subscriber serves a partitioned store.
     pub wake: String,
+    /// How the namespace is laid out (hash: `partitions` -> K, `version` -> the key
+    /// layout's version), written when a store first opens it and checked by every
+    /// later open (see `config.rs`). Always in the namespace's own slot `{namespace}`.
+    pub layout: String,
 }
 
 impl Keys {
+    /// The keys of an unpartitioned namespace (and, for a partitioned one, of what is
+    /// not split: its layout record, schedules and worker registry).
     pub(crate) fn new(namespace: &str) -> Self {
-        let prefix = format!("jobs:{{{namespace}}}:");
+        Self::tagged(namespace, namespace)
+    }
+
+    /// The keys of partition `partition` of `namespace`: hash tag `{namespace#p}`.
+    /// `#` is outside the namespace alphabet, so no namespace's tag is another's
+    /// partition (with `:` namespace `a:1` would be partition 1 of `a`).
+    pub(crate) fn partition(namespace: &str, partition: usize) -> Self {
+        Self::tagged(namespace, &format!("{namespace}#{partition}"))
+    }
+
+    fn tagged(namespace: &str, tag: &str) -> Self {
+        let prefix = format!("jobs:{{{tag}}}:");
         let key = |name: &str| format!("{prefix}{name}");
         Keys {
             ready: key("ready"),
@@ -69,7 +87,8 @@ impl Keys {
             children: key("children"),
             placement: key("placement"),
             seq: key("seq"),
-            wake: key("wake"),
+            wake: format!("jobs:{{{namespace}}}:wake"),
+            layout: format!("jobs:{{{namespace}}}:layout"),
             prefix,
         }
     }

@@ -6,6 +6,7 @@ mod codec;
 mod config;
 mod conn;
 mod keys;
+mod partitions;
 mod scripts;
 mod store;
 mod wake;
@@ -16,7 +17,18 @@ pub use config::RedisConfig;
 pub use config::TlsConfig;
 
 /// The key of job `id`'s hash in `namespace`: for operators and test harnesses that
-/// inspect or delete a record behind the store's back (see `docs/redis.md`).
+/// inspect or delete a record behind the store's back (see `docs/redis.md`). For a
+/// partitioned namespace, see [`job_key_in`].
 pub fn job_key(namespace: &str, id: durq_core::JobId) -> String {
     keys::Keys::new(namespace).job(id)
+}
+
+/// The key of job `id`'s hash in `namespace` spread over `partitions` partitions (1 is
+/// an unpartitioned namespace, as [`job_key`]): the hash is in the partition the id
+/// names.
+pub fn job_key_in(namespace: &str, partitions: usize, id: durq_core::JobId) -> String {
+    if partitions <= 1 {
+        return job_key(namespace, id);
+    }
+    keys::Keys::partition(namespace, partitions::of_id(id, partitions)).job(id)
 }

@@ -46,13 +46,15 @@ script!(UNSTAGE, "unstage.lua");
 script!(UNKEY, "unkey.lua");
 script!(SCHEDULE, "schedule.lua");
 script!(WORKERS, "workers.lua");
+// Run once per open, before anything else: no helpers.
+script!(LAYOUT, "layout.lua",);
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 20] {
+pub(crate) fn all() -> [&'static Script; 21] {
     [
         &ENQUEUE, &CLAIM, &CLAIM_FIT, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL,
         &RETRY, &PURGE, &STATS, &QUEUES, &LIST, &LIST_ROWS, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
-        &WORKERS,
+        &WORKERS, &LAYOUT,
     ]
 }
 

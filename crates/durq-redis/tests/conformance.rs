@@ -4,6 +4,10 @@
 //! Cluster: set `JOBS_REDIS_CLUSTER_URLS` to the comma-separated node URLs (as
 //! `cargo xtask conformance --backend redis-cluster` does) and every test runs on it.
 //!
+//! The suite runs twice: on unpartitioned namespaces, and (module `partitioned`) on
+//! namespaces of [`PARTITIONS`] partitions (CONTRACT §8), where it asserts the claim
+//! order per partition.
+//!
 //! Every namespace a scenario opened is deleted after it (`RedisBackend::drop_namespace`),
 //! so a run leaves nothing behind on the shared server.
 
@@ -19,7 +23,13 @@ enum Target {
 
 struct RedisHarness {
     target: Target,
+    /// The partitions of every namespace the harness opens.
+    partitions: usize,
 }
+
+/// The partitions of the second run: more than a 3-master cluster has masters, and not
+/// a multiple of 2, so spreading and rotation are both exercised.
+const PARTITIONS: usize = 12;
 
 /// Runs `cmd` on the server, or through the cluster (routed by its key).
 async fn admin(target: &Target, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
@@ -46,7 +56,7 @@ impl Harness for RedisHarness {
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
         admin(
             &self.target,
-            redis::cmd("DEL").arg(durq_redis::job_key(namespace, id)),
+            redis::cmd("DEL").arg(durq_redis::job_key_in(namespace, self.partitions, id)),
         )
         .await
         .map(drop)
@@ -55,7 +65,7 @@ impl Harness for RedisHarness {
 
     /// A `meta` field that is not the record's encoding of its rarer fields.
     async fn corrupt(&self, namespace: &str, id: JobId) -> Result<bool> {
-        let key = durq_redis::job_key(namespace, id);
+        let key = durq_redis::job_key_in(namespace, self.partitions, id);
         let exists = admin(&self.target, redis::cmd("EXISTS").arg(&key))
             .await
             .map_err(|err| Error::unavailable("corrupt", err))?;
@@ -81,17 +91,24 @@ impl Harness for RedisHarness {
 impl RedisHarness {
     async fn connect(&self, settings: StoreSettings) -> Result<RedisBackend> {
         match &self.target {
-            Target::Single(url) => RedisBackend::connect(url, settings).await,
-            Target::Cluster(urls) => {
-                RedisConfig::cluster(urls.iter().cloned())
-                    .open(settings)
-                    .await
-            }
+            Target::Single(url) => RedisConfig::new(url),
+            Target::Cluster(urls) => RedisConfig::cluster(urls.iter().cloned()),
         }
+        .partitions(self.partitions)
+        .open(settings)
+        .await
     }
 }
 
 async fn harness() -> Option<RedisHarness> {
+    harness_of(1).await
+}
+
+async fn partitioned_harness() -> Option<RedisHarness> {
+    harness_of(PARTITIONS).await
+}
+
+async fn harness_of(partitions: usize) -> Option<RedisHarness> {
     let target = match std::env::var("JOBS_REDIS_CLUSTER_URLS") {
         Ok(urls) if !urls.trim().is_empty() => Target::Cluster(
             urls.split(',')
@@ -108,7 +125,7 @@ async fn harness() -> Option<RedisHarness> {
         Target::Cluster(urls) => urls.join(","),
     };
     // A store on a throwaway namespace proves the server answers and takes the scripts;
-    // opening writes no key.
+    // opening an unpartitioned one writes no key.
     let probe = StoreSettings::default().namespace("conformance-probe");
     let reached = match &target {
         Target::Single(url) => RedisBackend::connect(url, probe).await.map(drop),
@@ -118,7 +135,7 @@ async fn harness() -> Option<RedisHarness> {
             .map(drop),
     };
     match reached {
-        Ok(()) => Some(RedisHarness { target }),
+        Ok(()) => Some(RedisHarness { target, partitions }),
         Err(err) => skip_or_fail("Redis", &shown, &err),
     }
 }
@@ -147,9 +164,10 @@ async fn scan(url: &str, pattern: &str) -> redis::RedisResult<Vec<String>> {
     }
 }
 
-/// Every key of `namespace`, asking each node of a cluster for its own.
+/// Every key of `namespace` and of its partitions (`{namespace#p}`), asking each node
+/// of a cluster for its own.
 async fn namespace_keys(target: &Target, namespace: &str) -> redis::RedisResult<Vec<String>> {
-    let pattern = format!("jobs:{{{namespace}}}:*");
+    let pattern = format!("jobs:{{{namespace}[}}#]*");
     let urls = match target {
         Target::Single(url) => vec![url.clone()],
         Target::Cluster(urls) => urls.clone(),
@@ -167,9 +185,15 @@ async fn namespace_keys(target: &Target, namespace: &str) -> redis::RedisResult<
 /// The harness's teardown deletes every key of a namespace and nothing of another.
 #[tokio::test]
 async fn teardown_deletes_the_namespace_and_only_it() {
-    let Some(harness) = harness().await else {
-        return;
-    };
+    for partitions in [1, PARTITIONS] {
+        let Some(harness) = harness_of(partitions).await else {
+            return;
+        };
+        teardown_deletes(harness).await;
+    }
+}
+
+async fn teardown_deletes(harness: RedisHarness) {
     let open = |namespace: String| {
         let harness = &harness;
         async move {
@@ -216,3 +240,8 @@ async fn teardown_deletes_the_namespace_and_only_it() {
 }
 
 durq_conformance::conformance_tests!(harness);
+
+/// The whole suite again on partitioned namespaces.
+mod partitioned {
+    durq_conformance::conformance_tests!(super::partitioned_harness);
+}

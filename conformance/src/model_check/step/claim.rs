@@ -47,7 +47,14 @@ impl Run {
         }
         // The store picks which ready jobs: the model checks the pick is one the contract
         // allows (count, readiness, order), then claims the same jobs.
-        self.model.claim(&queues, worker, ttl, limit, &picked)?;
+        let partitioning = self.store.capabilities().partitioning;
+        let ids = &self.ids;
+        let partition = |idx: usize| match (partitioning, ids.get(idx)) {
+            (Some(partitioning), Some(id)) => partitioning.of(*id),
+            _ => 0,
+        };
+        self.model
+            .claim(&queues, worker, ttl, limit, &picked, partition)?;
         let mut notes = Vec::new();
         for (job, &idx) in claimed.iter().zip(&picked) {
             self.model

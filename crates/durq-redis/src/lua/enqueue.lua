@@ -7,7 +7,7 @@
 -- KEYS[5]  children index (zset)      KEYS[6] placement index (hash: id -> placement)
 -- then for job j = 1..N, in order: the new job's hash (its id minted by Rust), its dedup
 --   key if it has an idempotency key ('k' below), its parent's hash if it has a parent
---   ('p' below)
+--   in this slot ('p' below)
 -- then the hashes of jobs that dedup keys are known to point at, whose ids are the last
 --   ARGV entries in the same order.
 --
@@ -26,7 +26,9 @@
 --     'k'+ idempotency key: the dedup cutoff (the job's now - dedup_window: a key
 --       deduplicates while its job's created_at > cutoff),
 --     'a' unique while active (CONTRACT E10; only with 'k'),
---     'p'+ parent id, 't'+ timeout in ms,
+--     'p'+ parent id, or 'q'+ parent id for a parent in another partition of a
+--       partitioned namespace (no key: Rust checked it exists before the call),
+--     't'+ timeout in ms,
 --     'l'+ placement (`Job::placement()`: needs and locality as JSON, CONTRACT F1)
 -- Each job carries its own clock reading (created_at, due, cutoff): concurrent enqueues
 -- of one store are sent together, each as it was called.
@@ -78,6 +80,10 @@ local function options(opts, a, k)
     k = k + 1
     o.parent = ARGV[v]
     o.parent_key = KEYS[k]
+  elseif find(opts, 'q', 1, true) then
+    -- The parent lives in another partition: Rust checked it; only the link is written.
+    v = v + 1
+    o.parent = ARGV[v]
   end
   if find(opts, 't', 1, true) then
     v = v + 1
@@ -105,7 +111,7 @@ for j = 1, n do
     local o
     o, a, k = options(opts, a, k)
     opts_of[j] = o
-    if o.parent and call('EXISTS', o.parent_key) == 0 then
+    if o.parent_key and call('EXISTS', o.parent_key) == 0 then
       return { 'parent', j }
     end
     if o.staged then

@@ -43,6 +43,10 @@ pub(crate) struct Prepared {
     pub job: NewJob,
     pub id: JobId,
     pub now: Timestamp,
+    /// The job's parent lives in another partition of a partitioned namespace (the
+    /// job's idempotency key placed it here): checked before the call, which only
+    /// writes the link.
+    pub parent_elsewhere: bool,
 }
 
 /// What the scripts need besides the jobs.
@@ -154,9 +158,13 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
             }
             invocation.key(keys.dedup(&job.tenant, key));
         }
-        if let Some(parent) = job.parent {
-            opts.push('p');
-            invocation.job_key(keys, parent);
+        if job.parent.is_some() {
+            if prepared.parent_elsewhere {
+                opts.push('q');
+            } else if let Some(parent) = job.parent {
+                opts.push('p');
+                invocation.job_key(keys, parent);
+            }
         }
         if timeout.is_some() {
             opts.push('t');
@@ -281,25 +289,46 @@ impl RedisBackend {
         jobs: Vec<NewJob>,
         now: Timestamp,
     ) -> Result<Vec<Enqueued>> {
-        let ctx = &self.inner.enqueue_ctx;
-        let mut known = read_dedup_keys(ctx, &jobs).await?;
         let prepared: Vec<Prepared> = jobs
             .into_iter()
             .map(|job| Prepared {
                 job,
                 id: JobId::mint(now),
                 now,
+                parent_elsewhere: false,
             })
             .collect();
-        run_all(ctx, &prepared, &mut known).await
+        self.enqueue_prepared(&prepared).await
+    }
+
+    /// `enqueue_batch` of jobs whose ids are already minted (a partitioned store pins
+    /// them to this partition first): one batch, all or nothing.
+    pub(crate) async fn enqueue_prepared(&self, prepared: &[Prepared]) -> Result<Vec<Enqueued>> {
+        let ctx = &self.inner.enqueue_ctx;
+        let mut known = read_dedup_keys(ctx, prepared).await?;
+        run_all(ctx, prepared, &mut known).await
+    }
+
+    /// Whether each of `ids` has a job record in this store (a partition's, for a
+    /// partitioned one), one pipelined `EXISTS` each.
+    pub(crate) async fn jobs_exist(&self, ids: &[JobId]) -> Result<Vec<bool>> {
+        let keys = &self.inner.keys;
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hexists(keys.job(*id), "state");
+        }
+        pipe.query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("enqueue parent check", err))
     }
 }
 
 /// The ids the batch's dedup keys point at now, so the script rarely has to ask for
 /// them (a `need` answer and a second call). A batch without keys reads nothing.
-pub(crate) async fn read_dedup_keys(ctx: &Ctx, jobs: &[NewJob]) -> Result<Vec<JobId>> {
+pub(crate) async fn read_dedup_keys(ctx: &Ctx, jobs: &[Prepared]) -> Result<Vec<JobId>> {
     let keys: Vec<String> = jobs
         .iter()
+        .map(|prepared| &prepared.job)
         .filter_map(|job| {
             let key = job.idempotency_key.as_ref()?;
             Some(ctx.keys.dedup(&job.tenant, key))
@@ -381,6 +410,7 @@ async fn commit(
 async fn check_parents(ctx: &Ctx, jobs: &[&Prepared]) -> Result<()> {
     let parents: Vec<JobId> = jobs
         .iter()
+        .filter(|p| !p.parent_elsewhere)
         .filter_map(|p| p.job.parent)
         .collect::<HashSet<_>>()
         .into_iter()

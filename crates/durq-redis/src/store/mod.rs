@@ -21,6 +21,7 @@ mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod heads;
 pub(crate) mod lease;
+pub(crate) mod partitioned;
 mod reads;
 mod schedules;
 mod sweep;

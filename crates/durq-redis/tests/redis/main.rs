@@ -9,6 +9,7 @@
 mod claims_and_records;
 mod durability_and_fit;
 mod keys_scale_and_connections;
+mod partitions;
 mod reads_and_history;
 
 use durq_core::{
@@ -46,7 +47,8 @@ impl Cleanup {
     }
 
     fn run(&self) -> redis::RedisResult<()> {
-        let pattern = format!("jobs:{{{}}}:*", self.namespace);
+        // The namespace's own keys and its partitions' (`{namespace#p}`).
+        let pattern = format!("jobs:{{{}[}}#]*", self.namespace);
         for node in &self.nodes {
             let mut conn = redis::Client::open(node.as_str())?.get_connection()?;
             let mut cursor: u64 = 0;

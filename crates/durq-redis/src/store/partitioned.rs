@@ -1,0 +1,464 @@
+//! A partitioned namespace (CONTRACT §8): K partitions, each a slot group of its own
+//! (`{namespace#p}`) holding every key the unpartitioned layout has, so a cluster
+//! spreads one namespace over its masters. Each partition is served by the same code as
+//! an unpartitioned namespace (a [`RedisBackend`] of its own over the shared
+//! connection); this module only decides which partitions a call goes to and puts
+//! their answers together.
+//!
+//! - A job is placed by its idempotency key (dedup and its races stay one atomic
+//!   script), else by its parent (a family stays in one slot, and the parent check is
+//!   the enqueue script's), else spread: one partition per call, taken in turn, so a
+//!   batch of unconstrained jobs is still one script, all or nothing. Its id is pinned
+//!   to that partition, so every later call naming the id goes straight there. A keyed
+//!   child whose key lands away from its parent has its parent checked before the call.
+//! - A claim visits the partitions from a start that moves on with every claim, one
+//!   script per partition, until it holds `limit` jobs; reclaim and purge sweep them the
+//!   same way. The claim order (C3) therefore holds within a partition.
+//! - Stats, queues and list read every partition and merge; pause writes every
+//!   partition (each claim script reads its own partition's paused set).
+//! - Schedules and the worker registry are not split: they stay in the namespace's own
+//!   slot, served by the store that holds this module.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use durq_core::{
+    Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat, HeldLease, JobId,
+    ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Timestamp,
+};
+use futures::future::join_all;
+
+use super::enqueue::{invalid_parent, Prepared};
+use super::lease;
+use crate::backend::{ReclaimReport, RedisBackend};
+use crate::partitions;
+
+/// The partitions of one namespace, and where the next spread job, claim and sweep
+/// start.
+pub(crate) struct Partitions {
+    parts: Vec<RedisBackend>,
+    next_enqueue: AtomicUsize,
+    next_claim: AtomicUsize,
+    next_sweep: AtomicUsize,
+}
+
+impl Partitions {
+    /// Over `parts`, partition `p` at index `p`.
+    pub(crate) fn new(parts: Vec<RedisBackend>) -> Self {
+        Partitions {
+            parts,
+            next_enqueue: AtomicUsize::new(0),
+            next_claim: AtomicUsize::new(0),
+            next_sweep: AtomicUsize::new(0),
+        }
+    }
+
+    /// How many partitions there are.
+    pub(crate) fn count(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The partition that holds job `id`.
+    pub(crate) fn of(&self, id: JobId) -> &RedisBackend {
+        &self.parts[partitions::of_id(id, self.parts.len())]
+    }
+
+    /// The partitions in the order a sweep visits them, from a start that moves on with
+    /// every call, so concurrent claimers and sweepers spread over the partitions.
+    fn rotation<'a>(&'a self, next: &AtomicUsize) -> impl Iterator<Item = &'a RedisBackend> {
+        let start = next.fetch_add(1, Ordering::Relaxed);
+        let count = self.parts.len();
+        (0..count).map(move |i| &self.parts[(start + i) % count])
+    }
+
+    /// Where `job` must live, if anywhere: its idempotency key's partition (dedup and
+    /// its races stay one atomic script), else its parent's (a family stays in one
+    /// slot). A keyed child may so live away from its parent.
+    fn placement(&self, job: &NewJob) -> Option<usize> {
+        let count = self.parts.len();
+        if let Some(key) = job.idempotency_key.as_deref() {
+            return Some(partitions::of_key(&job.tenant, key, count));
+        }
+        job.parent.map(|parent| partitions::of_id(parent, count))
+    }
+
+    /// `job` with an id pinned to `partition`, noting a parent that lives elsewhere.
+    fn prepare(&self, job: NewJob, partition: usize, now: Timestamp) -> Prepared {
+        let count = self.parts.len();
+        let parent_elsewhere = job
+            .parent
+            .is_some_and(|parent| partitions::of_id(parent, count) != partition);
+        Prepared {
+            id: partitions::pin(JobId::mint(now), partition, count),
+            job,
+            now,
+            parent_elsewhere,
+        }
+    }
+
+    pub(crate) async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        let count = self.parts.len();
+        let partition = self
+            .placement(&job)
+            .unwrap_or_else(|| self.next_enqueue.fetch_add(1, Ordering::Relaxed) % count);
+        let prepared = self.prepare(job, partition, now);
+        if prepared.parent_elsewhere {
+            self.check_parents(std::iter::once(&prepared)).await?;
+        }
+        self.parts[partition].inner.enqueues.call(prepared).await?
+    }
+
+    /// A batch's unconstrained jobs go where its first placed job goes (or to the next
+    /// partition in turn), so a batch that needs one partition is one script call, all
+    /// or nothing as E9 says. One that needs several is checked for missing parents
+    /// first and then written one partition at a time (CONTRACT §8).
+    pub(crate) async fn enqueue_batch(
+        &self,
+        jobs: Vec<NewJob>,
+        now: Timestamp,
+    ) -> Result<Vec<Enqueued>> {
+        let count = self.parts.len();
+        let anchor = jobs
+            .iter()
+            .find_map(|job| self.placement(job))
+            .unwrap_or_else(|| self.next_enqueue.fetch_add(1, Ordering::Relaxed) % count);
+        let mut groups: BTreeMap<usize, (Vec<usize>, Vec<Prepared>)> = BTreeMap::new();
+        let total = jobs.len();
+        for (at, job) in jobs.into_iter().enumerate() {
+            let partition = self.placement(&job).unwrap_or(anchor);
+            let group = groups.entry(partition).or_default();
+            group.0.push(at);
+            group.1.push(self.prepare(job, partition, now));
+        }
+        let all = || groups.values().flat_map(|(_, prepared)| prepared);
+        if groups.len() > 1 {
+            self.check_parents(all()).await?;
+        } else if all().any(|prepared| prepared.parent_elsewhere) {
+            self.check_parents(all().filter(|prepared| prepared.parent_elsewhere))
+                .await?;
+        }
+        let written =
+            join_all(groups.iter().map(|(partition, (_, prepared))| {
+                self.parts[*partition].enqueue_prepared(prepared)
+            }))
+            .await;
+        let mut answers: Vec<Option<Enqueued>> = vec![None; total];
+        for ((indexes, _), outcome) in groups.values().zip(written) {
+            for (at, enqueued) in indexes.iter().zip(outcome?) {
+                answers[*at] = Some(enqueued);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.ok_or_else(|| Error::corrupt("enqueue reply", "a job unanswered")))
+            .collect()
+    }
+
+    /// Every parent the jobs name exists: read before writing a batch that spans
+    /// partitions (each partition's script checks the parents in its own slot again)
+    /// or a job whose parent lives in another partition.
+    async fn check_parents<'a>(&self, jobs: impl Iterator<Item = &'a Prepared>) -> Result<()> {
+        let mut by_partition: BTreeMap<usize, Vec<JobId>> = BTreeMap::new();
+        for parent in jobs.filter_map(|prepared| prepared.job.parent) {
+            let ids = by_partition
+                .entry(partitions::of_id(parent, self.parts.len()))
+                .or_default();
+            if !ids.contains(&parent) {
+                ids.push(parent);
+            }
+        }
+        for (partition, ids) in by_partition {
+            let exists = self.parts[partition].jobs_exist(&ids).await?;
+            if let Some((parent, _)) = ids.iter().zip(exists).find(|(_, exists)| !exists) {
+                return Err(invalid_parent(Some(*parent)));
+            }
+        }
+        Ok(())
+    }
+
+    /// E8: a parent's children, oldest first. A keyed child lives in its key's
+    /// partition, so every partition's children index is read.
+    pub(crate) async fn children(&self, parent: JobId) -> Result<Vec<durq_core::Job>> {
+        let found = join_all(self.parts.iter().map(|part| part.read_children(parent))).await;
+        let mut children = Vec::new();
+        for jobs in found {
+            children.extend(jobs?);
+        }
+        children.sort_unstable_by_key(|job| job.id);
+        Ok(children)
+    }
+
+    /// Visits the partitions from a moving start until `limit` jobs are leased. A
+    /// reservation goes to its job's partition alone. A partition that fails after
+    /// others leased jobs ends the visit with what is held: those leases are live and
+    /// must reach the caller; the failure shows again on the next call.
+    pub(crate) async fn claim(
+        &self,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        if let Some(reserved) = request.reserved {
+            return self.of(reserved).claim_jobs(request, now).await;
+        }
+        let limit = request.limit;
+        let mut claimed = Vec::new();
+        for part in self.rotation(&self.next_claim) {
+            let mut asked = request.clone();
+            asked.limit = limit - claimed.len();
+            match part.claim_jobs(asked, now).await {
+                Ok(jobs) => claimed.extend(jobs),
+                Err(err) if claimed.is_empty() => return Err(err),
+                Err(_) => break,
+            }
+            if claimed.len() >= limit {
+                break;
+            }
+        }
+        Ok(claimed)
+    }
+
+    pub(crate) async fn heartbeat_batch(
+        &self,
+        leases: Vec<HeldLease>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        let groups = self.group(leases.iter().map(|lease| lease.id));
+        let answers = join_all(groups.iter().map(|(partition, indexes)| {
+            let held: Vec<HeldLease> = indexes.iter().map(|at| leases[*at]).collect();
+            async move { self.parts[*partition].heartbeat_many(&held, ttl, now).await }
+        }))
+        .await;
+        Ok(spread_back(leases.len(), &groups, answers))
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        id: JobId,
+        token: durq_core::LeaseToken,
+        result: Option<Bytes>,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.of(id)
+            .inner
+            .completions
+            .call(lease::Completion {
+                id,
+                token,
+                now,
+                result,
+            })
+            .await?
+    }
+
+    pub(crate) async fn complete_batch(
+        &self,
+        completions: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<()>>> {
+        let total = completions.len();
+        let groups = self.group(completions.iter().map(|completion| completion.id));
+        let mut by_partition: Vec<Vec<Completion>> = vec![Vec::new(); self.parts.len()];
+        for (partition, indexes) in &groups {
+            by_partition[*partition] = indexes.iter().map(|at| completions[*at].clone()).collect();
+        }
+        let answers = join_all(groups.iter().map(|(partition, _)| {
+            let entries = std::mem::take(&mut by_partition[*partition]);
+            self.parts[*partition].complete_many(entries, now)
+        }))
+        .await;
+        Ok(spread_back(total, &groups, answers))
+    }
+
+    /// The indexes of `ids` per partition, in order within each.
+    fn group(&self, ids: impl Iterator<Item = JobId>) -> Vec<(usize, Vec<usize>)> {
+        let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (at, id) in ids.enumerate() {
+            groups
+                .entry(partitions::of_id(id, self.parts.len()))
+                .or_default()
+                .push(at);
+        }
+        groups.into_iter().collect()
+    }
+
+    /// Reclaims expired leases partition by partition from a moving start, up to
+    /// `limit` in all.
+    pub(crate) async fn reclaim(
+        &self,
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<(Vec<ReclaimedJob>, ReclaimReport)> {
+        let mut reclaimed = Vec::new();
+        let mut report = ReclaimReport::default();
+        for part in self.rotation(&self.next_sweep) {
+            match part.reclaim_expired(limit - reclaimed.len(), now).await {
+                Ok((jobs, seen)) => {
+                    reclaimed.extend(jobs);
+                    report.examined += seen.examined;
+                }
+                Err(err) if reclaimed.is_empty() => return Err(err),
+                Err(_) => break,
+            }
+            if reclaimed.len() >= limit {
+                break;
+            }
+        }
+        Ok((reclaimed, report))
+    }
+
+    /// Purges partition by partition from a moving start, up to `limit` in all.
+    pub(crate) async fn purge(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
+        let mut purged = 0u64;
+        for part in self.rotation(&self.next_sweep) {
+            let left = limit.saturating_sub(usize::try_from(purged).unwrap_or(usize::MAX));
+            if left == 0 {
+                break;
+            }
+            purged += part.purge_finished(left, cutoff).await?;
+        }
+        Ok(purged)
+    }
+
+    /// A queue's counts: the sum of its partitions'.
+    pub(crate) async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
+        let counts = join_all(self.parts.iter().map(|part| part.queue_stats(queue, now))).await;
+        let mut total = QueueStats::default();
+        for stats in counts {
+            add_stats(&mut total, &stats?);
+        }
+        Ok(total)
+    }
+
+    /// Every queue of every partition, counts summed, the oldest ready time the
+    /// earliest; sorted by name as each partition's list is.
+    pub(crate) async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
+        let lists = join_all(self.parts.iter().map(|part| part.queue_overviews(now))).await;
+        let mut merged: BTreeMap<String, QueueOverview> = BTreeMap::new();
+        for list in lists {
+            for row in list? {
+                match merged.get_mut(&row.queue) {
+                    Some(seen) => {
+                        add_stats(&mut seen.stats, &row.stats);
+                        seen.oldest_ready = match (seen.oldest_ready, row.oldest_ready) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                    }
+                    None => {
+                        merged.insert(row.queue.clone(), row);
+                    }
+                }
+            }
+        }
+        Ok(merged.into_values().collect())
+    }
+
+    /// One page, newest first, from every partition's page after the same cursor.
+    ///
+    /// A job in the true page is within its own partition's page (fewer than `limit`
+    /// jobs of any partition are newer than it), so the merge of the pages holds the
+    /// true page. A partition that ended its page early (its `next` set, its page not
+    /// full) has examined only down to its `next`: the merged page stops there too, and
+    /// the next page starts from it.
+    pub(crate) async fn list(&self, query: ListQuery) -> Result<ListPage> {
+        let pages = join_all(self.parts.iter().map(|part| part.list_jobs(query.clone()))).await;
+        let mut jobs = Vec::new();
+        // The lowest id every partition has examined down to, when any page has a next
+        // one (`next` is the last id a partition listed or examined): jobs below it may
+        // be missing from some page.
+        let mut frontier: Option<JobId> = None;
+        for page in pages {
+            let page = page?;
+            if let Some(next) = page.next {
+                frontier = Some(frontier.map_or(next, |seen| seen.max(next)));
+            }
+            jobs.extend(page.jobs);
+        }
+        if let Some(frontier) = frontier {
+            // Every partition has examined every job at or above the frontier.
+            jobs.retain(|job| job.id >= frontier);
+        }
+        jobs.sort_unstable_by_key(|job| std::cmp::Reverse(job.id));
+        let next = if jobs.len() >= query.limit {
+            jobs.truncate(query.limit);
+            jobs.last().map(|job| job.id)
+        } else {
+            frontier
+        };
+        Ok(ListPage { jobs, next })
+    }
+
+    /// Q1: every partition's claims read their own paused set, so each is written.
+    pub(crate) async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        for part in &self.parts {
+            part.pause_queue(queue, paused).await?;
+        }
+        Ok(())
+    }
+
+    /// Q1: the queues paused in any partition (a pause interrupted half-way shows, and
+    /// pausing again completes it).
+    pub(crate) async fn paused_queues(&self) -> Result<Vec<String>> {
+        let mut queues = Vec::new();
+        for part in &self.parts {
+            queues.extend(part.read_paused_queues().await?);
+        }
+        queues.sort_unstable();
+        queues.dedup();
+        Ok(queues)
+    }
+
+    /// Every key of every partition.
+    pub(crate) async fn unlink(&self) -> Result<u64> {
+        let mut deleted = 0;
+        for part in &self.parts {
+            deleted += part.unlink_namespace().await?;
+        }
+        Ok(deleted)
+    }
+}
+
+/// Puts per-partition answers back in the order of the call: `groups` names, for each
+/// answer, the partition and the call's indexes it answered. A partition whose call
+/// failed as a whole answers each of its entries with that error.
+fn spread_back<T>(
+    total: usize,
+    groups: &[(usize, Vec<usize>)],
+    answers: Vec<Result<Vec<Result<T>>>>,
+) -> Vec<Result<T>> {
+    let mut out: Vec<Option<Result<T>>> = (0..total).map(|_| None).collect();
+    for ((_, indexes), answer) in groups.iter().zip(answers) {
+        match answer {
+            Ok(entries) => {
+                let mut entries = entries.into_iter();
+                for at in indexes {
+                    out[*at] = Some(entries.next().unwrap_or_else(|| {
+                        Err(Error::corrupt("batch reply", "an entry unanswered"))
+                    }));
+                }
+            }
+            Err(err) => {
+                for at in indexes {
+                    out[*at] = Some(Err(err.clone()));
+                }
+            }
+        }
+    }
+    out.into_iter()
+        .map(|entry| {
+            entry.unwrap_or_else(|| Err(Error::corrupt("batch reply", "an entry unanswered")))
+        })
+        .collect()
+}
+
+fn add_stats(total: &mut QueueStats, part: &QueueStats) {
+    total.ready += part.ready;
+    total.scheduled += part.scheduled;
+    total.running += part.running;
+    total.succeeded += part.succeeded;
+    total.dead += part.dead;
+    total.cancelled += part.cancelled;
+    total.paused |= part.paused;
+}
