@@ -142,6 +142,8 @@ macro_rules! __scenario_list {
             S3 [Inspect Schedules] rules::s3_missed_ticks_follow_the_catch_up_policy,
             S3 [Inspect Schedules] rules::s3_a_schedule_that_cannot_fire_holds_up_no_other,
             M1 [Inspect Admin] model_check::m1_model_check,
+            P1 [Inspect] rules::p1_jobs_live_with_their_key_or_parent_and_others_spread,
+            P2 [] rules::p2_claims_keep_the_order_within_each_partition,
         }
     };
 }

@@ -373,3 +373,79 @@ impl Bug for CheckThenWriteLease {
         reclaimed
     }
 }
+
+/// The partitioning the partition mutants declare: four partitions by the id's low
+/// bits, which the in-memory store draws at random.
+fn by_low_bits(id: JobId, count: usize) -> usize {
+    (id.as_u128() % count as u128) as usize
+}
+
+fn four_partitions() -> Option<Partitioning> {
+    Some(Partitioning::new(4, by_low_bits))
+}
+
+/// P1: a partitioned store that places every job by its id alone, never beside its
+/// parent: a family ends up spread over partitions.
+#[derive(Debug)]
+pub(crate) struct PlacementIgnoresParents;
+
+impl Bug for PlacementIgnoresParents {
+    fn partitioning(&self) -> Option<Partitioning> {
+        four_partitions()
+    }
+}
+
+/// P2: a partitioned store whose claim answers from the first partition it finds ready
+/// jobs in and stops there, short of its limit while other partitions hold ready jobs.
+/// Written as a claim that puts back what the real one took from other partitions.
+#[derive(Debug)]
+pub(crate) struct ClaimStopsAtOnePartition;
+
+#[async_trait]
+impl Bug for ClaimStopsAtOnePartition {
+    fn partitioning(&self) -> Option<Partitioning> {
+        four_partitions()
+    }
+
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        let claimed = inner.claim(request, now).await?;
+        let Some(home) = claimed.first().map(|job| by_low_bits(job.id(), 4)) else {
+            return Ok(claimed);
+        };
+        let mut kept = Vec::new();
+        for job in claimed {
+            if by_low_bits(job.id(), 4) == home {
+                kept.push(job);
+            } else {
+                inner.release(job.id(), job.token(), now, now).await?;
+            }
+        }
+        Ok(kept)
+    }
+}
+
+/// Another bug on a store that declares four partitions: a bug of the claim order is
+/// still caught when the suite asserts the order per partition.
+#[derive(Debug)]
+pub(crate) struct Partitioned<B>(pub(crate) B);
+
+#[async_trait]
+impl<B: Bug> Bug for Partitioned<B> {
+    fn partitioning(&self) -> Option<Partitioning> {
+        four_partitions()
+    }
+
+    async fn claim(
+        &self,
+        inner: &dyn Backend,
+        request: ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimedJob>> {
+        self.0.claim(inner, request, now).await
+    }
+}

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use durq_conformance::{Harness, Scenario, SCENARIOS};
 use durq_core::{
-    async_trait, Attempt, AttemptOutcome, Backend, Bytes, ClaimRequest, ClaimedJob, Completion,
-    Enqueued, Error, Heartbeat, HeldLease, JobId, JobState, LayeredBackend, LeaseToken, ListPage,
-    ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate,
-    Store, StoreSettings, Timestamp, Uniqueness, LEASE_EXPIRED,
+    async_trait, Attempt, AttemptOutcome, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
+    Completion, Enqueued, Error, Heartbeat, HeldLease, JobId, JobState, LayeredBackend, LeaseToken,
+    ListPage, ListQuery, NewJob, Partitioning, QueueOverview, QueueStats, ReclaimedJob, Result,
+    Retry, ScheduleUpdate, Store, StoreSettings, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 use durq_memory::MemoryServer;
 
@@ -32,6 +32,11 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
     /// The job as the `handle`-th store of its namespace hands it to the backend.
     fn stamp(&self, _handle: usize, job: NewJob, _now: Timestamp) -> NewJob {
         job
+    }
+
+    /// The partitioning the mutant declares (CONTRACT §8); by default the store's.
+    fn partitioning(&self) -> Option<Partitioning> {
+        None
     }
 
     /// Makes a record unreadable, as the harness's `corrupt` asks.
@@ -165,6 +170,14 @@ struct Mutant {
 impl LayeredBackend for Mutant {
     fn inner(&self) -> &dyn Backend {
         &*self.inner
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let capabilities = self.inner.capabilities();
+        match self.bug.partitioning() {
+            Some(partitioning) => capabilities.partitioning(Some(partitioning)),
+            None => capabilities,
+        }
     }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
@@ -420,6 +433,33 @@ async fn reversed_fifo_is_caught_by_c3() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reversed_fifo_is_caught_by_m1() {
     caught_by_m1(ReversedFifo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn placement_ignoring_parents_is_caught_by_p1() {
+    caught(
+        PlacementIgnoresParents,
+        "p1_jobs_live_with_their_key_or_parent_and_others_spread",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_stopping_at_one_partition_is_caught_by_p2() {
+    caught(
+        ClaimStopsAtOnePartition,
+        "p2_claims_keep_the_order_within_each_partition",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reversed_fifo_on_partitions_is_caught_by_p2() {
+    caught(
+        Partitioned(ReversedFifo),
+        "p2_claims_keep_the_order_within_each_partition",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
