@@ -2,7 +2,7 @@
 //! developer runs.
 //!
 //! - `cargo xtask conformance [--backend memory|sqlite|redis|redis-cluster|postgres|all]`
-//! - `cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]`
+//! - `cargo xtask chaos [--backend sqlite|redis|redis-partitioned|postgres|all] [--jobs N] [--seconds S]`
 //! - `cargo xtask bench [--backend memory|sqlite|redis|postgres|all] [--jobs N] …`
 //! - `cargo xtask readme`
 //! - `cargo xtask ci`

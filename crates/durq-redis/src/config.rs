@@ -213,6 +213,8 @@ pub struct RedisConfig {
     /// The partition count set with [`RedisConfig::partitions`]; `None` takes the URLs'
     /// `partitions` parameter, or 1.
     partitions: Option<usize>,
+    /// The partitions this store's claims visit (`None`: all).
+    claim_partitions: Option<Vec<usize>>,
     #[cfg(feature = "tls")]
     tls: Option<TlsConfig>,
 }
@@ -224,6 +226,7 @@ impl RedisConfig {
         RedisConfig {
             nodes: Nodes::One(url.into()),
             partitions: None,
+            claim_partitions: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -240,6 +243,7 @@ impl RedisConfig {
         RedisConfig {
             nodes: Nodes::Cluster(urls.into_iter().map(Into::into).collect()),
             partitions: None,
+            claim_partitions: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -268,6 +272,18 @@ impl RedisConfig {
         self
     }
 
+    /// Pins this store's claims to `partitions` of a partitioned namespace (numbered
+    /// from 0): its claims, and so the workers running on it, take jobs of those
+    /// partitions only, while its enqueues, reads and sweeps still reach every
+    /// partition. Workers pinned to disjoint subsets divide a namespace between them;
+    /// make sure every partition is served by some worker. Refused at open
+    /// (`InvalidInput { field: "claim_partitions" }`) when empty, repeated, or naming a
+    /// partition the namespace does not have.
+    pub fn claim_partitions(mut self, partitions: impl IntoIterator<Item = usize>) -> Self {
+        self.claim_partitions = Some(partitions.into_iter().collect());
+        self
+    }
+
     /// Connects, loads the scripts, and opens the backend of namespace
     /// `settings.namespace`. Settings that break the contract's limits are refused.
     pub async fn open(self, settings: StoreSettings) -> Result<RedisBackend> {
@@ -275,11 +291,12 @@ impl RedisConfig {
         let tls = self.tls.as_ref();
         #[cfg(not(feature = "tls"))]
         let tls: Option<&TlsConfig> = None;
-        match &self.nodes {
+        let mut store = match &self.nodes {
             Nodes::One(url) => {
                 let (url, in_url) = take_partitions(url)?;
                 let partitions = partition_count(self.partitions, [in_url])?;
-                RedisBackend::open_single(&url, tls, settings, partitions).await
+                check_claim_partitions(self.claim_partitions.as_deref(), partitions)?;
+                RedisBackend::open_single(&url, tls, settings, partitions).await?
             }
             Nodes::Cluster(urls) => {
                 let mut plain = Vec::with_capacity(urls.len());
@@ -290,9 +307,14 @@ impl RedisConfig {
                     in_urls.push(in_url);
                 }
                 let partitions = partition_count(self.partitions, in_urls)?;
-                RedisBackend::open_cluster(&plain, tls, settings, partitions).await
+                check_claim_partitions(self.claim_partitions.as_deref(), partitions)?;
+                RedisBackend::open_cluster(&plain, tls, settings, partitions).await?
             }
+        };
+        if let Some(pinned) = self.claim_partitions {
+            store.claim_only(pinned);
         }
+        Ok(store)
     }
 }
 
@@ -442,13 +464,27 @@ impl RedisBackend {
     pub(super) async fn reopened(&self) -> Result<Self> {
         let inner = &self.inner;
         let conn = inner.dial.connect().await?;
-        Ok(Self::over(
+        let mut store = Self::over(
             conn,
             inner.dial.clone(),
             inner.waker.nodes().to_vec(),
             inner.settings.clone(),
             self.partition_count(),
-        ))
+        );
+        if let Some(partitions) = &inner.partitions {
+            store.claim_only(partitions.claimed().to_vec());
+        }
+        Ok(store)
+    }
+
+    /// Pins the claims of a store just opened (its `Inner` not shared yet) to
+    /// `partitions`, already checked.
+    fn claim_only(&mut self, partitions: Vec<usize>) {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            if let Some(all) = &mut inner.partitions {
+                all.claim_only(partitions);
+            }
+        }
     }
 
     /// The store of namespace `settings.namespace` over `conn`: one store, or for
@@ -608,6 +644,31 @@ fn take_partitions(url: &str) -> Result<(String, Option<usize>)> {
         rebuilt.push_str(fragment);
     }
     Ok((rebuilt, found))
+}
+
+/// A pin of the claims to `pinned` partitions of `count` is usable: at least one,
+/// none twice, each one the namespace has.
+fn check_claim_partitions(pinned: Option<&[usize]>, count: usize) -> Result<()> {
+    let Some(pinned) = pinned else {
+        return Ok(());
+    };
+    let field = "claim_partitions";
+    if pinned.is_empty() {
+        return Err(Error::invalid(field, "name at least one partition"));
+    }
+    if let Some(beyond) = pinned.iter().find(|p| **p >= count) {
+        return Err(Error::invalid(
+            field,
+            format!("partition {beyond} of a namespace of {count} (numbered from 0)"),
+        ));
+    }
+    let mut seen = pinned.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.len() != pinned.len() {
+        return Err(Error::invalid(field, "a partition named twice"));
+    }
+    Ok(())
 }
 
 /// The partition count of an open: the one set on the config, else the URLs' (which

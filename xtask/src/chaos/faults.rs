@@ -8,7 +8,7 @@ pub(super) fn fault_menu(backend: &str) -> Vec<(&'static str, u64)> {
     // A producer kill picked after the plan is done becomes a worker kill.
     let mut menu = vec![("kill_worker", 4), ("kill_producer", 3)];
     match backend {
-        "redis" => menu.extend([("client_kill", 3), ("redis_kill", 1)]),
+        "redis" | "redis-partitioned" => menu.extend([("client_kill", 3), ("redis_kill", 1)]),
         "postgres" => menu.push(("pg_terminate", 3)),
         // Kills are SQLite's fault: its file outlives every process.
         _ => menu.push(("kill_worker", 3)),

@@ -1,4 +1,4 @@
-//! `cargo xtask chaos [--backend sqlite|redis|postgres|all] [--jobs N] [--seconds S]`:
+//! `cargo xtask chaos [--backend sqlite|redis|redis-partitioned|postgres|all] [--jobs N] [--seconds S]`:
 //! the chaos suite of issue #11.
 //!
 //! For each backend it builds `durq-chaos` once, starts a producer and three worker
@@ -33,7 +33,11 @@ use self::faults::*;
 use self::report::*;
 use self::servers::*;
 
-pub const BACKENDS: &[&str] = &["sqlite", "redis", "postgres"];
+pub const BACKENDS: &[&str] = &["sqlite", "redis", "redis-partitioned", "postgres"];
+/// The partitions of the `redis-partitioned` run's namespace (CONTRACT §8): every
+/// partition a slot of its own on the one server, so claims, reclaims and completions
+/// cross partitions under the same faults.
+const CHAOS_PARTITIONS: usize = 12;
 /// Worker processes kept running at all times.
 const WORKERS: usize = 3;
 /// The port of the Redis this task starts for itself: away from the shared 6379 and
@@ -83,6 +87,8 @@ pub struct Args {
 enum ChaosBackend {
     Sqlite,
     Redis,
+    /// Redis with a namespace of several partitions.
+    RedisPartitioned,
     Postgres,
     // Accepted so that `--backend memory` says why it is skipped.
     Memory,
@@ -95,6 +101,7 @@ pub fn run(args: Args) -> Result<(), String> {
         ChaosBackend::All => BACKENDS.to_vec(),
         ChaosBackend::Sqlite => vec!["sqlite"],
         ChaosBackend::Redis => vec!["redis"],
+        ChaosBackend::RedisPartitioned => vec!["redis-partitioned"],
         ChaosBackend::Postgres => vec!["postgres"],
         ChaosBackend::Memory => {
             eprintln!(
@@ -565,6 +572,10 @@ fn run_backend(
         "redis" => {
             redis = Some(RedisServer::start(&dir.join("redis"))?);
             format!("redis://127.0.0.1:{REDIS_PORT}")
+        }
+        "redis-partitioned" => {
+            redis = Some(RedisServer::start(&dir.join("redis"))?);
+            format!("redis://127.0.0.1:{REDIS_PORT}/?partitions={CHAOS_PARTITIONS}")
         }
         "postgres" => {
             pg_schema = Some(format!("chaos_{id}"));

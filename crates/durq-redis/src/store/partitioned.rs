@@ -13,7 +13,8 @@
 //!   child whose key lands away from its parent has its parent checked before the call.
 //! - A claim visits the partitions from a start that moves on with every claim, one
 //!   script per partition, until it holds `limit` jobs; reclaim and purge sweep them the
-//!   same way. The claim order (C3) therefore holds within a partition.
+//!   same way. The claim order (C3) therefore holds within a partition. A store may be
+//!   pinned to a subset of partitions for its claims (its workers then serve those).
 //! - Stats, queues and list read every partition and merge; pause writes every
 //!   partition (each claim script reads its own partition's paused set).
 //! - Schedules and the worker registry are not split: they stay in the namespace's own
@@ -38,6 +39,9 @@ use crate::partitions;
 /// start.
 pub(crate) struct Partitions {
     parts: Vec<RedisBackend>,
+    /// The partitions this store's claims visit: every one, unless the store was pinned
+    /// to a subset (`RedisConfig::claim_partitions`).
+    claimed: Vec<usize>,
     next_enqueue: AtomicUsize,
     next_claim: AtomicUsize,
     next_sweep: AtomicUsize,
@@ -47,6 +51,7 @@ impl Partitions {
     /// Over `parts`, partition `p` at index `p`.
     pub(crate) fn new(parts: Vec<RedisBackend>) -> Self {
         Partitions {
+            claimed: (0..parts.len()).collect(),
             parts,
             next_enqueue: AtomicUsize::new(0),
             next_claim: AtomicUsize::new(0),
@@ -57,6 +62,17 @@ impl Partitions {
     /// How many partitions there are.
     pub(crate) fn count(&self) -> usize {
         self.parts.len()
+    }
+
+    /// The partitions this store's claims visit.
+    pub(crate) fn claimed(&self) -> &[usize] {
+        &self.claimed
+    }
+
+    /// Pins this store's claims to `partitions` (distinct, each below the count, at
+    /// least one), checked by the caller.
+    pub(crate) fn claim_only(&mut self, partitions: Vec<usize>) {
+        self.claimed = partitions;
     }
 
     /// The partition that holds job `id`.
@@ -203,7 +219,10 @@ impl Partitions {
         }
         let limit = request.limit;
         let mut claimed = Vec::new();
-        for part in self.rotation(&self.next_claim) {
+        let start = self.next_claim.fetch_add(1, Ordering::Relaxed);
+        let visits = self.claimed.len();
+        for visit in 0..visits {
+            let part = &self.parts[self.claimed[(start + visit) % visits]];
             let mut asked = request.clone();
             asked.limit = limit - claimed.len();
             match part.claim_jobs(asked, now).await {

@@ -276,3 +276,72 @@ async fn pause_stats_queues_and_list_read_every_partition() {
     all.sort_unstable_by(|a, b| b.cmp(a));
     assert_eq!(listed, all, "A4: every job once, newest first");
 }
+
+#[tokio::test]
+async fn a_store_pinned_to_some_partitions_claims_only_their_jobs() {
+    let Some(env) = Env::new().await else {
+        return;
+    };
+    let producer = partitioned(&env, 4).await.expect("open");
+    let Some(partitioning) = producer.capabilities().partitioning else {
+        panic!("a partitioned store declares its partitioning");
+    };
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        ids.push(
+            producer
+                .enqueue(NewJob::new("q"))
+                .await
+                .expect("enqueue")
+                .id,
+        );
+    }
+    let pinned = RedisConfig::new(url())
+        .partitions(4)
+        .claim_partitions([3, 1])
+        .open(env.settings.clone())
+        .await
+        .expect("pinned");
+    // A reopened store (the worker's lease keeper opens one) keeps the pin.
+    let reopened = durq_core::Backend::reopen(&pinned)
+        .await
+        .expect("reopen")
+        .expect("a Redis store reopens");
+    let pinned = Store::new(pinned);
+    let request = || ClaimRequest::new(["q"], "w", Duration::from_secs(30)).limit(100);
+    let mine: HashSet<JobId> = ids
+        .iter()
+        .copied()
+        .filter(|id| [1, 3].contains(&partitioning.of(*id)))
+        .collect();
+    let first = pinned.claim(request().limit(5)).await.expect("claim");
+    let now = pinned.now();
+    let rest = reopened.claim(request(), now).await.expect("claim");
+    let claimed: HashSet<JobId> = first.iter().chain(&rest).map(|job| job.id()).collect();
+    assert_eq!(claimed, mine, "only partitions 1 and 3, all of them");
+    assert!(pinned.claim(request()).await.expect("claim").is_empty());
+    let others = producer.claim(request()).await.expect("claim");
+    assert_eq!(
+        others.len(),
+        40 - mine.len(),
+        "the other partitions are left"
+    );
+
+    for (pin, why) in [
+        (vec![], "empty"),
+        (vec![4], "beyond"),
+        (vec![1, 1], "twice"),
+    ] {
+        let err = RedisConfig::new(url())
+            .partitions(4)
+            .claim_partitions(pin)
+            .open(env.settings.clone())
+            .await
+            .expect_err(why);
+        assert_eq!(
+            err.invalid_field(),
+            Some("claim_partitions"),
+            "{why}: {err}"
+        );
+    }
+}
