@@ -522,7 +522,7 @@ impl RedisBackend {
                 // A partition never waits for work itself: its wake-ups reach the
                 // subscriber of the store that holds it, which seeds its claims.
                 let ignored: Seed = Arc::new(|_: &str, _: &str| {});
-                let keys = Keys::partition(&namespace, partition);
+                let keys = Keys::partition(&namespace, partition, partitions);
                 Self::part(&shared, Vec::new(), keys, Arc::default(), ignored, None)
             })
             .collect();

@@ -60,11 +60,11 @@ impl Keys {
         Self::tagged(namespace, namespace)
     }
 
-    /// The keys of partition `partition` of `namespace`: hash tag `{namespace#p}`.
-    /// `#` is outside the namespace alphabet, so no namespace's tag is another's
-    /// partition (with `:` namespace `a:1` would be partition 1 of `a`).
-    pub(crate) fn partition(namespace: &str, partition: usize) -> Self {
-        Self::tagged(namespace, &format!("{namespace}#{partition}"))
+    /// The keys of partition `partition` of `count` of `namespace`: hash tag
+    /// [`partition_tag`]. `#` is outside the namespace alphabet, so no namespace's tag
+    /// is another's partition (with `:` namespace `a:1` would be partition 1 of `a`).
+    pub(crate) fn partition(namespace: &str, partition: usize, count: usize) -> Self {
+        Self::tagged(namespace, &partition_tag(namespace, partition, count))
     }
 
     fn tagged(namespace: &str, tag: &str) -> Self {
@@ -126,6 +126,31 @@ impl Keys {
     }
 }
 
+/// The hash tag of partition `partition` of `count`: `namespace#p`, or `namespace#p.s`
+/// with the smallest `s` that puts the tag's cluster slot in the `p`-th of `count`
+/// equal slices of the 16,384 slots. The partitions of a namespace so spread evenly
+/// over the slot space, and so over a cluster's masters in proportion to the slots each
+/// owns (K = 12 on three masters of equal ranges: four each), where tags of random
+/// slots would often pile up on one master. CRC16 is the cluster's own hash, so the
+/// tags are the same in every process and version.
+pub(crate) fn partition_tag(namespace: &str, partition: usize, count: usize) -> String {
+    let count = count.max(1);
+    let base = format!("{namespace}#{partition}");
+    let slice = |tag: &str| usize::from(crc16(tag.as_bytes()) % SLOTS) * count / usize::from(SLOTS);
+    if slice(&base) == partition {
+        return base;
+    }
+    // A slice holds 16,384 / count slots, so a suffix lands in it after about `count`
+    // tries; the bound only keeps a loop finite, and is never reached for count <= 256.
+    (1..=1_000_000u32)
+        .map(|suffix| format!("{base}.{suffix}"))
+        .find(|tag| slice(tag) == partition)
+        .unwrap_or(base)
+}
+
+/// The number of hash slots of a Redis Cluster.
+const SLOTS: u16 = 16_384;
+
 fn push_hex(out: &mut String, bytes: &[u8]) {
     for byte in bytes {
         // Writing to a String cannot fail.
@@ -144,10 +169,10 @@ pub(crate) fn hash_slot(key: &str) -> u16 {
             .filter(|len| *len > 0)
             .map(|len| &bytes[open + 1..open + 1 + len])
     });
-    crc16(tagged.unwrap_or(bytes)) % 16384
+    crc16(tagged.unwrap_or(bytes)) % SLOTS
 }
 
-#[cfg(test)]
+/// CRC16-CCITT (XModem), the hash of Redis Cluster's key slots.
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
     for byte in bytes {
@@ -203,6 +228,40 @@ mod tests {
         for key in all {
             assert_eq!(hash_slot(&key), slot, "{key}");
         }
+    }
+
+    #[test]
+    fn partitions_take_one_slice_of_the_slots_each_and_keep_their_tags() {
+        for count in [2, 3, 12, 100, 256] {
+            for namespace in ["jobs", "orders.eu-1", "chaos-17"] {
+                let mut slices = std::collections::HashSet::new();
+                for partition in 0..count {
+                    let keys = Keys::partition(namespace, partition, count);
+                    let slot = usize::from(hash_slot(&keys.ready));
+                    assert_eq!(slot * count / 16_384, partition, "{namespace} {partition}/{count}");
+                    assert_eq!(hash_slot(&keys.job(JobId::mint(Timestamp::from_millis(1)))), slot as u16);
+                    slices.insert(slot * count / 16_384);
+                    // The namespace's wake-up channel and layout record are its own.
+                    assert_eq!(keys.wake, Keys::new(namespace).wake);
+                    assert_eq!(keys.layout, Keys::new(namespace).layout);
+                }
+                assert_eq!(slices.len(), count);
+            }
+        }
+        // Fixed tags, computed independently: a change would move every partitioned
+        // namespace's keys where no store looks for them.
+        let tags: Vec<String> = (0..12).map(|p| partition_tag("jobs", p, 12)).collect();
+        assert_eq!(
+            tags,
+            [
+                "jobs#0.43", "jobs#1.13", "jobs#2.41", "jobs#3.3", "jobs#4.11", "jobs#5.41",
+                "jobs#6.43", "jobs#7.22", "jobs#8.23", "jobs#9.43", "jobs#10.22", "jobs#11.10",
+            ]
+        );
+        assert_eq!(
+            Keys::partition("jobs", 3, 12).ready,
+            "jobs:{jobs#3.3}:ready"
+        );
     }
 
     #[test]

@@ -30,5 +30,12 @@ pub fn job_key_in(namespace: &str, partitions: usize, id: durq_core::JobId) -> S
     if partitions <= 1 {
         return job_key(namespace, id);
     }
-    keys::Keys::partition(namespace, partitions::of_id(id, partitions)).job(id)
+    keys::Keys::partition(namespace, partitions::of_id(id, partitions), partitions).job(id)
+}
+
+/// The hash tag of partition `partition` of a namespace spread over `partitions`: every
+/// key of that partition is `jobs:{TAG}:…`. For operators and test harnesses that look
+/// at one partition's keys (see `docs/redis.md`, "Partitioned namespaces").
+pub fn partition_tag(namespace: &str, partition: usize, partitions: usize) -> String {
+    keys::partition_tag(namespace, partition, partitions)
 }

@@ -16,9 +16,10 @@ async fn open_partitioned(env: &Env, partitions: usize) -> durq_core::Result<Red
         .await
 }
 
-/// The key `name` of partition `p` of the test's namespace.
+/// The key `name` of partition `p` of 12 of the test's namespace.
 fn partition_key(env: &Env, p: usize, name: &str) -> String {
-    format!("jobs:{{{}#{p}}}:{name}", env.settings.namespace)
+    let tag = durq_redis::partition_tag(&env.settings.namespace, p, 12);
+    format!("jobs:{{{tag}}}:{name}")
 }
 
 #[tokio::test]
