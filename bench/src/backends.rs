@@ -119,10 +119,38 @@ impl Opened {
     }
 }
 
-/// The Redis server to use: `REDIS_URL`, or the local default.
+/// The Redis server to use: `REDIS_URL`, or the local default. Its query (a
+/// `partitions` parameter, say) is the store's; [`redis_nodes`] is where to read the
+/// server's counters.
 #[cfg(feature = "redis")]
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A Redis Cluster to use instead of one server: the node URLs of
+/// `JOBS_REDIS_CLUSTER_URLS` (comma-separated), as `cargo xtask bench-cluster` sets it.
+#[cfg(feature = "redis")]
+pub fn redis_cluster_urls() -> Option<Vec<String>> {
+    let urls: Vec<String> = std::env::var("JOBS_REDIS_CLUSTER_URLS")
+        .ok()?
+        .split(',')
+        .map(|url| url.trim().to_owned())
+        .filter(|url| !url.is_empty())
+        .collect();
+    (!urls.is_empty()).then_some(urls)
+}
+
+/// The servers whose counters a Redis run reads: the cluster's nodes, or the one server,
+/// each without its query.
+#[cfg(feature = "redis")]
+pub fn redis_nodes() -> Vec<String> {
+    let urls = redis_cluster_urls().unwrap_or_else(|| vec![redis_url()]);
+    urls.into_iter()
+        .map(|url| match url.split_once('?') {
+            Some((base, _)) => base.to_owned(),
+            None => url,
+        })
+        .collect()
 }
 
 /// The PostgreSQL database to use: `DATABASE_URL`, or the local default.
@@ -169,9 +197,11 @@ pub async fn open(backend: &str) -> Result<Opened, String> {
         }
         #[cfg(feature = "redis")]
         "redis" => {
-            let store = durq_redis::RedisBackend::connect(&redis_url(), settings)
-                .await
-                .map_err(|e| format!("connect redis: {e}"))?;
+            let store = match redis_cluster_urls() {
+                Some(urls) => durq_redis::RedisConfig::cluster(urls).open(settings).await,
+                None => durq_redis::RedisBackend::connect(&redis_url(), settings).await,
+            }
+            .map_err(|e| format!("connect redis: {e}"))?;
             Ok(Opened {
                 store: Store::new(store.clone()),
                 namespace,

@@ -123,6 +123,9 @@ struct Snapshot {
     server_ops: Option<f64>,
     /// WAL flushes to disk (PostgreSQL `pg_stat_wal.wal_sync`).
     wal_syncs: Option<f64>,
+    /// Each Redis node's CPU time (µs), in the order of `redis_nodes`, when there are
+    /// several: how the work spread over a cluster's masters.
+    node_cpu_us: Vec<f64>,
 }
 
 /// Counters taken at the start of a measurement.
@@ -184,6 +187,23 @@ impl Probe {
         if let Some(v) = per_job(self.start.wal_syncs, end.wal_syncs) {
             line = line.num("wal_syncs_per_job", v);
         }
+        // Each node's share of the server CPU the run cost, when there are several.
+        if self.start.node_cpu_us.len() > 1 && self.start.node_cpu_us.len() == end.node_cpu_us.len()
+        {
+            let spent: Vec<f64> = self
+                .start
+                .node_cpu_us
+                .iter()
+                .zip(&end.node_cpu_us)
+                .map(|(a, b)| (b - a).max(0.0))
+                .collect();
+            let total: f64 = spent.iter().sum();
+            if total > 0.0 {
+                for (node, cpu) in spent.iter().enumerate() {
+                    line = line.num(&format!("node{node}_cpu_share"), cpu / total);
+                }
+            }
+        }
         line
     }
 }
@@ -197,9 +217,23 @@ async fn snapshot(backend: &str) -> Snapshot {
     match backend {
         #[cfg(feature = "redis")]
         "redis" => {
-            if let Some((cpu, commands)) = redis_counters().await {
-                snap.server_cpu_us = Some(cpu);
-                snap.server_ops = Some(commands);
+            // Every node's counters; a node that does not answer leaves the figures out.
+            let mut nodes = Vec::new();
+            for node in crate::backends::redis_nodes() {
+                match redis_counters(&node).await {
+                    Some(counters) => nodes.push(counters),
+                    None => {
+                        nodes.clear();
+                        break;
+                    }
+                }
+            }
+            if !nodes.is_empty() {
+                snap.server_cpu_us = Some(nodes.iter().map(|(cpu, _)| cpu).sum());
+                snap.server_ops = Some(nodes.iter().map(|(_, scripts)| scripts).sum());
+                if nodes.len() > 1 {
+                    snap.node_cpu_us = nodes.iter().map(|(cpu, _)| *cpu).collect();
+                }
             }
         }
         #[cfg(feature = "postgres")]
@@ -214,10 +248,11 @@ async fn snapshot(backend: &str) -> Snapshot {
     snap
 }
 
-/// Redis's CPU time (`used_cpu_user + used_cpu_sys`, µs) and the scripts it ran.
+/// A Redis server's CPU time (`used_cpu_user + used_cpu_sys`, µs) and the scripts it
+/// ran.
 #[cfg(feature = "redis")]
-async fn redis_counters() -> Option<(f64, f64)> {
-    let client = redis::Client::open(crate::backends::redis_url().as_str()).ok()?;
+async fn redis_counters(url: &str) -> Option<(f64, f64)> {
+    let client = redis::Client::open(url).ok()?;
     let mut conn = client.get_multiplexed_async_connection().await.ok()?;
     let info: String = redis::cmd("INFO")
         .arg("all")

@@ -4,6 +4,7 @@
 //! - `cargo xtask conformance [--backend memory|sqlite|redis|redis-cluster|postgres|all]`
 //! - `cargo xtask chaos [--backend sqlite|redis|redis-partitioned|postgres|all] [--jobs N] [--seconds S]`
 //! - `cargo xtask bench [--backend memory|sqlite|redis|postgres|all] [--jobs N] …`
+//! - `cargo xtask bench-cluster [--partitions K] [--pairs P] [--jobs N]`
 //! - `cargo xtask readme`
 //! - `cargo xtask ci`
 //!
@@ -39,6 +40,9 @@ enum Task {
     },
     /// Benchmark the backends (and the apalis peers) and rewrite docs/benchmarks.md.
     Bench(bench::Args),
+    /// Benchmark one namespace on a 3-master Redis Cluster, unpartitioned against
+    /// partitioned: each master's share of the work, and the throughput.
+    BenchCluster(bench::cluster::Args),
     /// Run the chaos suite: kills and connection faults under a live queue.
     Chaos(chaos::Args),
     /// Build the README's example in a fresh crate, from the README's text, and run it.
@@ -83,6 +87,7 @@ fn main() -> ExitCode {
         Task::Conformance { backend } => conformance(&backend.names()),
         Task::Bench(args) => bench::run(args),
         Task::Chaos(args) => chaos::run(args),
+        Task::BenchCluster(args) => bench::cluster::run(args),
         Task::Readme => readme::run(),
         Task::Ci => ci(),
     };

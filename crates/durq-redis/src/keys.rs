@@ -238,8 +238,15 @@ mod tests {
                 for partition in 0..count {
                     let keys = Keys::partition(namespace, partition, count);
                     let slot = usize::from(hash_slot(&keys.ready));
-                    assert_eq!(slot * count / 16_384, partition, "{namespace} {partition}/{count}");
-                    assert_eq!(hash_slot(&keys.job(JobId::mint(Timestamp::from_millis(1)))), slot as u16);
+                    assert_eq!(
+                        slot * count / 16_384,
+                        partition,
+                        "{namespace} {partition}/{count}"
+                    );
+                    assert_eq!(
+                        hash_slot(&keys.job(JobId::mint(Timestamp::from_millis(1)))),
+                        slot as u16
+                    );
                     slices.insert(slot * count / 16_384);
                     // The namespace's wake-up channel and layout record are its own.
                     assert_eq!(keys.wake, Keys::new(namespace).wake);
@@ -254,8 +261,18 @@ mod tests {
         assert_eq!(
             tags,
             [
-                "jobs#0.43", "jobs#1.13", "jobs#2.41", "jobs#3.3", "jobs#4.11", "jobs#5.41",
-                "jobs#6.43", "jobs#7.22", "jobs#8.23", "jobs#9.43", "jobs#10.22", "jobs#11.10",
+                "jobs#0.43",
+                "jobs#1.13",
+                "jobs#2.41",
+                "jobs#3.3",
+                "jobs#4.11",
+                "jobs#5.41",
+                "jobs#6.43",
+                "jobs#7.22",
+                "jobs#8.23",
+                "jobs#9.43",
+                "jobs#10.22",
+                "jobs#11.10",
             ]
         );
         assert_eq!(

@@ -19,6 +19,7 @@
 
 mod args;
 mod baseline;
+pub mod cluster;
 mod measure;
 mod report;
 mod results;
