@@ -147,6 +147,37 @@ impl RedisBackend {
         Ok(claimed)
     }
 
+    /// Whether a claim of `queues` at `now` may find a job here: a ready entry of one
+    /// of the queues, or a scheduled entry of any queue due (which the claim would
+    /// promote first). Plain reads in one pipeline, no script: what a partitioned
+    /// store asks of partitions nothing points it to before it runs a claim script
+    /// there. A paused queue's entries count; the claim then finds nothing.
+    pub(crate) async fn may_hold_ready(&self, queues: &[String], now: Timestamp) -> Result<bool> {
+        let keys = self.keys();
+        let mut pipe = redis::pipe();
+        for queue in queues {
+            pipe.cmd("ZRANGEBYLEX")
+                .arg(&keys.ready)
+                .arg(format!("[{queue} "))
+                .arg(format!("({queue}!"))
+                .arg("LIMIT")
+                .arg(0)
+                .arg(1);
+        }
+        pipe.cmd("ZRANGEBYSCORE")
+            .arg(&keys.sched)
+            .arg("-inf")
+            .arg(now.as_millis())
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1);
+        let found: Vec<Vec<Value>> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| crate::conn::map_err("claim look-ahead", err))?;
+        Ok(found.iter().any(|entries| !entries.is_empty()))
+    }
+
     /// Rules F2–F6 with C1–C9: a claim with a budget, preferred localities or a
     /// reservation, over `claim_fit.lua`. Each call selects anew among the ready jobs
     /// and leases the selected jobs whose hashes it was given, in order; the ones it was

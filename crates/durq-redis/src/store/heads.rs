@@ -62,6 +62,14 @@ impl Heads {
 }
 
 impl Heads {
+    /// Whether the plain claims of `queues` (joined by `,`) hold a prediction of ready
+    /// jobs: a wake-up or the last call's hint named some. A partitioned store visits
+    /// such partitions first, so a woken claimer goes straight to the new jobs.
+    pub(crate) fn predicts(&self, queues: &str) -> bool {
+        let head = lock(&self.heads).get(queues).cloned();
+        head.is_some_and(|head| !lock(&head.plan).ahead.is_empty())
+    }
+
     /// What a wake-up says of `queue`'s head: the jobs `ids` (space-separated) were just
     /// made ready there. Taken as the prediction of the plain claims of that queue alone
     /// when they have none and no call is in flight (after the queue ran dry, the usual

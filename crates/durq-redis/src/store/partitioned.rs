@@ -205,10 +205,20 @@ impl Partitions {
         Ok(children)
     }
 
-    /// Visits the partitions from a moving start until `limit` jobs are leased. A
-    /// reservation goes to its job's partition alone. A partition that fails after
-    /// others leased jobs ends the visit with what is held: those leases are live and
-    /// must reach the caller; the failure shows again on the next call.
+    /// Leases up to `limit` jobs over the partitions (CONTRACT P2). A reservation goes
+    /// to its job's partition alone.
+    ///
+    /// Partitions known to hold ready jobs (a wake-up named jobs there, or the last
+    /// call's hint did) are visited first, one after another, each asked for all that
+    /// is still wanted, so a backlog is taken a full call at a time. A claim still short
+    /// then looks ahead in every other partition at once, with plain reads (a ready
+    /// entry of its queues, a due scheduled one), and runs its script only where one
+    /// was found: an idle poll, or the rest of a claim woken for one job, costs one
+    /// round of cheap reads, not a script per partition.
+    ///
+    /// A partition that fails after others leased jobs ends the claim with what is
+    /// held: those leases are live and must reach the caller; the failure shows again
+    /// on the next call.
     pub(crate) async fn claim(
         &self,
         request: ClaimRequest,
@@ -218,23 +228,70 @@ impl Partitions {
             return self.of(reserved).claim_jobs(request, now).await;
         }
         let limit = request.limit;
+        let (predicted, rest) = self.claim_order(&request);
         let mut claimed = Vec::new();
-        let start = self.next_claim.fetch_add(1, Ordering::Relaxed);
-        let visits = self.claimed.len();
-        for visit in 0..visits {
-            let part = &self.parts[self.claimed[(start + visit) % visits]];
-            let mut asked = request.clone();
-            asked.limit = limit - claimed.len();
-            match part.claim_jobs(asked, now).await {
-                Ok(jobs) => claimed.extend(jobs),
-                Err(err) if claimed.is_empty() => return Err(err),
-                Err(_) => break,
-            }
+        let mut failure = None;
+        for part in predicted {
             if claimed.len() >= limit {
                 break;
             }
+            match part
+                .claim_jobs(wanting(&request, limit - claimed.len()), now)
+                .await
+            {
+                Ok(jobs) => claimed.extend(jobs),
+                Err(err) => {
+                    failure = Some(err);
+                    break;
+                }
+            }
         }
-        Ok(claimed)
+        if failure.is_none() && claimed.len() < limit && !rest.is_empty() {
+            let looks = join_all(
+                rest.iter()
+                    .map(|part| part.may_hold_ready(&request.queues, now)),
+            )
+            .await;
+            // A look that failed is a partition to visit: the claim says what failed.
+            let holding = rest
+                .into_iter()
+                .zip(looks)
+                .filter(|(_, look)| !matches!(look, Ok(false)))
+                .map(|(part, _)| part);
+            for part in holding {
+                if claimed.len() >= limit {
+                    break;
+                }
+                match part
+                    .claim_jobs(wanting(&request, limit - claimed.len()), now)
+                    .await
+                {
+                    Ok(jobs) => claimed.extend(jobs),
+                    Err(err) => {
+                        failure = Some(err);
+                        break;
+                    }
+                }
+            }
+        }
+        match failure {
+            Some(err) if claimed.is_empty() => Err(err),
+            _ => Ok(claimed),
+        }
+    }
+
+    /// The partitions a claim visits: those whose claims hold a prediction of ready
+    /// jobs for the claim's queues, then the rest; each group from a start that moves
+    /// on with every claim, so claimers spread over the partitions.
+    fn claim_order(&self, request: &ClaimRequest) -> (Vec<&RedisBackend>, Vec<&RedisBackend>) {
+        let start = self.next_claim.fetch_add(1, Ordering::Relaxed);
+        let visits = self.claimed.len();
+        let rotated = (0..visits).map(|visit| &self.parts[self.claimed[(start + visit) % visits]]);
+        if request.is_fitted() {
+            return (Vec::new(), rotated.collect());
+        }
+        let queues = request.queues.join(",");
+        rotated.partition(|part| part.inner.heads.predicts(&queues))
     }
 
     pub(crate) async fn heartbeat_batch(
@@ -480,4 +537,11 @@ fn add_stats(total: &mut QueueStats, part: &QueueStats) {
     total.dead += part.dead;
     total.cancelled += part.cancelled;
     total.paused |= part.paused;
+}
+
+/// `request` asking for `wanted` jobs.
+fn wanting(request: &ClaimRequest, wanted: usize) -> ClaimRequest {
+    let mut asked = request.clone();
+    asked.limit = wanted;
+    asked
 }
