@@ -147,15 +147,23 @@ fn table(args: &Args, single: &[Run], spread: &[Run]) -> String {
         (format!("K = {}", args.partitions), spread),
     ] {
         let value = |pick: &dyn Fn(&Run) -> Option<f64>| {
-            median(runs.iter().filter_map(pick).collect())
-                .map_or_else(|| "–".to_owned(), |v| format!("{v:.2}"))
+            median(runs.iter().filter_map(pick).collect()).map_or_else(
+                || "–".to_owned(),
+                |v| {
+                    if v >= 100.0 {
+                        format!("{v:.0}")
+                    } else {
+                        format!("{v:.2}")
+                    }
+                },
+            )
         };
         let shares: Vec<String> = (0..3)
             .map(|node| value(&|run: &Run| run.shares.get(node).copied()))
             .collect();
         out.push_str(&format!(
             "| {name} | {} | {} | {} | {} | {} |\n",
-            value(&|run: &Run| Some(run.jobs_per_s.round())),
+            value(&|run: &Run| Some(run.jobs_per_s)),
             value(&|run: &Run| run.server_cpu_us_per_job),
             shares[0],
             shares[1],
