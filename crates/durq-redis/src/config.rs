@@ -410,22 +410,42 @@ impl RedisBackend {
 
     /// Records the namespace's layout on its first open, and refuses a namespace laid
     /// out otherwise than this store would lay it out (`layout.lua`).
+    ///
+    /// An unpartitioned open only reads the record, with a plain `HMGET`, so a Redis
+    /// user limited to key patterns needs no more than read access to it (a script's
+    /// declared keys need full access).
     async fn check_layout(&self) -> Result<()> {
         let keys = &self.inner.keys;
         let partitions = self.partition_count();
-        let mut invocation = scripts::LAYOUT.prepare_invoke();
-        invocation
-            .key(&keys.layout)
-            .key(&keys.list)
-            .arg(partitions)
-            .arg(LAYOUT_VERSION);
-        let reply = invocation
-            .invoke_async::<redis::Value>(&mut self.conn())
-            .await
-            .map_err(|err| map_err("layout check", err))?;
+        let words: Vec<String> = if partitions == 1 {
+            let recorded: (Option<String>, Option<String>) = redis::cmd("HMGET")
+                .arg(&keys.layout)
+                .arg("partitions")
+                .arg("version")
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|err| map_err("layout check", err))?;
+            match recorded {
+                (Some(count), _) if count != "1" => vec!["partitions".to_owned(), count],
+                (Some(_), Some(version)) if version != LAYOUT_VERSION.to_string() => {
+                    vec!["version".to_owned(), version]
+                }
+                _ => vec!["ok".to_owned()],
+            }
+        } else {
+            let mut invocation = scripts::LAYOUT.prepare_invoke();
+            invocation
+                .key(&keys.layout)
+                .key(&keys.list)
+                .arg(partitions)
+                .arg(LAYOUT_VERSION);
+            let reply = invocation
+                .invoke_async::<redis::Value>(&mut self.conn())
+                .await
+                .map_err(|err| map_err("layout check", err))?;
+            redis::from_redis_value(reply).map_err(|err| map_err("layout check", err.into()))?
+        };
         let namespace = &self.inner.settings.namespace;
-        let words: Vec<String> =
-            redis::from_redis_value(reply).map_err(|err| map_err("layout check", err.into()))?;
         let recorded = words.get(1).map_or("", String::as_str);
         match words.first().map(String::as_str) {
             Some("ok") => Ok(()),

@@ -1,6 +1,7 @@
 -- layout.lua: records how a partitioned namespace is laid out the first time a store
 -- opens it, and answers what an earlier open recorded, so no store works on a namespace
--- laid out otherwise than it expects (CONTRACT §8; docs/redis.md, "Partitioned namespaces").
+-- laid out otherwise than it expects. Partitioned opens only: an unpartitioned open
+-- reads the record with a plain HMGET (config.rs), which needs only read access (CONTRACT §8; docs/redis.md, "Partitioned namespaces").
 --
 -- KEYS[1] the layout record (hash: partitions, version)
 -- KEYS[2] the list index of the unpartitioned layout: it exists once an unpartitioned

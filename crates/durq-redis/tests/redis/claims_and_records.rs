@@ -576,7 +576,11 @@ async fn refused_batch_writes_nothing_at_any_size() {
     .iter()
     .map(|name| format!("jobs:{{{ns}}}:{name}"))
     .collect();
-    let read_only = vec![format!("jobs:{{{ns}}}:dedup:*")];
+    // Every open reads the layout record (docs/redis.md, "ACL key patterns").
+    let read_only = vec![
+        format!("jobs:{{{ns}}}:dedup:*"),
+        format!("jobs:{{{ns}}}:layout"),
+    ];
     let (store, _user) = store_as_user(&mut env, "refuse", &read_write, &read_only).await;
     for payload in [16usize, 5 * 1024] {
         let mut jobs: Vec<NewJob> = (0..2000)
