@@ -11,9 +11,9 @@ use durq_core::{
 use tokio::sync::Barrier;
 
 use super::support::{
-    assert_nothing_claimable, assert_stats, assert_unchanged, binary, claim, claim_expecting,
-    enqueue, expect_invalid_state, expect_lease_lost, expect_not_found, get, ids_of, join_all,
-    list_all, Must, TTL,
+    assert_claim_order, assert_nothing_claimable, assert_stats, assert_unchanged, binary, claim,
+    claim_expecting, enqueue, expect_invalid_state, expect_lease_lost, expect_not_found, get,
+    ids_of, join_all, list_all, Must, Together, TTL,
 };
 use crate::{Harness, TestEnv};
 
@@ -92,9 +92,11 @@ pub async fn a1_cancel_running_job_requests_cancellation(harness: &dyn Harness) 
 pub async fn a1_cancel_terminal_job_changes_nothing(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let done = enqueue(&store, NewJob::new("q"), "A1").await;
-    let dead = enqueue(&store, NewJob::new("q"), "A1").await;
-    let cancelled = enqueue(&store, NewJob::new("q"), "A1").await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "A1").await;
+    let done = together.enqueue(&store, NewJob::new("q"), "A1").await;
+    let dead = together.enqueue(&store, NewJob::new("q"), "A1").await;
+    let cancelled = together.enqueue(&store, NewJob::new("q"), "A1").await;
     let held = claim(&store, &["q"], 2, "A1").await;
     store
         .complete(done, held[0].token(), Some(Bytes::from_static(b"r")))
@@ -296,8 +298,12 @@ pub async fn a2_retry_dead_job_requeues_with_attempts_reset(harness: &dyn Harnes
 pub async fn a2_retry_cancelled_job_requeues_it(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let queued = enqueue(&store, NewJob::new("q").priority(1), "A2").await;
-    let running = enqueue(&store, NewJob::new("q"), "A2").await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "A2").await;
+    let queued = together
+        .enqueue(&store, NewJob::new("q").priority(1), "A2")
+        .await;
+    let running = together.enqueue(&store, NewJob::new("q"), "A2").await;
     let held = claim_expecting(&store, "q", queued, "A2").await;
     let held2 = claim_expecting(&store, "q", running, "A2").await;
     store.release(queued, held.token()).await.must("A2");
@@ -337,11 +343,15 @@ pub async fn a2_retry_cancelled_job_requeues_it(harness: &dyn Harness) {
 pub async fn a2_retry_of_other_states_is_invalid_state(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let done = enqueue(&store, NewJob::new("q"), "A2").await;
-    let running = enqueue(&store, NewJob::new("q"), "A2").await;
-    let queued = enqueue(&store, NewJob::new("q"), "A2").await;
+    // The claim below expects the first two jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "A2").await;
+    let done = together.enqueue(&store, NewJob::new("q"), "A2").await;
+    let running = together.enqueue(&store, NewJob::new("q"), "A2").await;
+    let queued = together.enqueue(&store, NewJob::new("q"), "A2").await;
     let later = env.clock.now().saturating_add(Duration::from_secs(60));
-    let scheduled = enqueue(&store, NewJob::new("q").run_at(later), "A2").await;
+    let scheduled = together
+        .enqueue(&store, NewJob::new("q").run_at(later), "A2")
+        .await;
     let held = claim(&store, &["q"], 2, "A2").await;
     store.complete(done, held[0].token(), None).await.must("A2");
     for (id, state) in [
@@ -439,35 +449,47 @@ pub async fn a2_concurrent_retries_one_succeeds(harness: &dyn Harness) {
 pub async fn a6_reopened_store_sees_everything(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let first = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&first, "A6").await;
     let later = env.clock.now().saturating_add(Duration::from_secs(3_600));
-    let parent = enqueue(&first, NewJob::new("parents").payload(binary(300, 1)), "A6").await;
-    let queued = enqueue(
-        &first,
-        NewJob::new("q")
-            .tenant("tenant ✓")
-            .idempotency_key("key\0one")
-            .payload(binary(70_000, 2))
-            .priority(-4)
-            .max_attempts(7)
-            .parent(parent),
-        "A6",
-    )
-    .await;
-    let scheduled = enqueue(
-        &first,
-        NewJob::new("q").run_at(later).payload(Vec::new()),
-        "A6",
-    )
-    .await;
-    let running = enqueue(&first, NewJob::new("work").priority(3), "A6").await;
-    let done = enqueue(&first, NewJob::new("work"), "A6").await;
-    let dead = enqueue(&first, NewJob::new("work").max_attempts(1), "A6").await;
-    let cancelled = enqueue(&first, NewJob::new("work"), "A6").await;
-    let retrying = enqueue(&first, NewJob::new("work").max_attempts(3), "A6").await;
+    let parent = together
+        .enqueue(&first, NewJob::new("parents").payload(binary(300, 1)), "A6")
+        .await;
+    let queued = together
+        .enqueue(
+            &first,
+            NewJob::new("q")
+                .tenant("tenant ✓")
+                .idempotency_key("key\0one")
+                .payload(binary(70_000, 2))
+                .priority(-4)
+                .max_attempts(7)
+                .parent(parent),
+            "A6",
+        )
+        .await;
+    let scheduled = together
+        .enqueue(
+            &first,
+            NewJob::new("q").run_at(later).payload(Vec::new()),
+            "A6",
+        )
+        .await;
+    let running = together
+        .enqueue(&first, NewJob::new("work").priority(3), "A6")
+        .await;
+    let done = together.enqueue(&first, NewJob::new("work"), "A6").await;
+    let dead = together
+        .enqueue(&first, NewJob::new("work").max_attempts(1), "A6")
+        .await;
+    let cancelled = together.enqueue(&first, NewJob::new("work"), "A6").await;
+    let retrying = together
+        .enqueue(&first, NewJob::new("work").max_attempts(3), "A6")
+        .await;
     let fifo: Vec<JobId> = {
         let mut ids = Vec::new();
         for _ in 0..4 {
-            ids.push(enqueue(&first, NewJob::new("fifo"), "A6").await);
+            ids.push(together.enqueue(&first, NewJob::new("fifo"), "A6").await);
         }
         ids
     };
@@ -583,10 +605,13 @@ pub async fn a6_reopened_store_sees_everything(harness: &dyn Harness) {
     );
     env.clock.advance(Duration::from_secs(3_600));
     let order = ids_of(&claim(&second, &["q", "work"], 10, "A6").await);
-    assert_eq!(
-        order,
-        vec![scheduled, retrying, queued],
-        "A6: queued and scheduled jobs run after a reopen, in claim order"
+    // `queued` has an idempotency key, so on a partitioned store it lives in its key's
+    // partition: the order is asserted per partition there.
+    assert_claim_order(
+        &second,
+        &order,
+        &[scheduled, retrying, queued],
+        "A6: queued and scheduled jobs run after a reopen, in claim order",
     );
     let retried = second.get(retrying).await.must("A6");
     assert_eq!(retried.attempts, 2, "A6: attempts carry on");

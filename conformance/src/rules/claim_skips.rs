@@ -10,7 +10,7 @@ use tokio::sync::Barrier;
 
 use super::support::{
     assert_nothing_claimable, assert_stats, assert_stats_agree, claim, claim_expecting, drain,
-    enqueue, expect_not_found, get, ids_of, join_all, list_all, request, Must, TTL,
+    enqueue, expect_not_found, get, ids_of, join_all, list_all, request, Must, Together, TTL,
 };
 use crate::{Harness, TestEnv};
 
@@ -21,12 +21,22 @@ use crate::{Harness, TestEnv};
 pub async fn c7_vanished_records_are_skipped_and_live_jobs_claimed(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let gone_first = enqueue(&store, NewJob::new("q").priority(5), "C7").await;
-    let gone_second = enqueue(&store, NewJob::new("q"), "C7").await;
-    let live_a = enqueue(&store, NewJob::new("q").payload("a"), "C7").await;
-    let gone_third = enqueue(&store, NewJob::new("q"), "C7").await;
-    let live_b = enqueue(&store, NewJob::new("q").payload("b"), "C7").await;
-    let live_c = enqueue(&store, NewJob::new("q").payload("c"), "C7").await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "C7").await;
+    let gone_first = together
+        .enqueue(&store, NewJob::new("q").priority(5), "C7")
+        .await;
+    let gone_second = together.enqueue(&store, NewJob::new("q"), "C7").await;
+    let live_a = together
+        .enqueue(&store, NewJob::new("q").payload("a"), "C7")
+        .await;
+    let gone_third = together.enqueue(&store, NewJob::new("q"), "C7").await;
+    let live_b = together
+        .enqueue(&store, NewJob::new("q").payload("b"), "C7")
+        .await;
+    let live_c = together
+        .enqueue(&store, NewJob::new("q").payload("c"), "C7")
+        .await;
     let gone = [gone_first, gone_second, gone_third];
     for id in gone {
         env.vanish(id).await;
@@ -212,12 +222,22 @@ pub async fn c8_namespaces_are_isolated(harness: &dyn Harness) {
 pub async fn c9_cancelled_jobs_are_never_claimed(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "C9").await;
     let later = env.clock.now().saturating_add(Duration::from_secs(5));
-    let ready = enqueue(&store, NewJob::new("q").priority(9), "C9").await;
-    let scheduled = enqueue(&store, NewJob::new("q").run_at(later).priority(9), "C9").await;
-    let released = enqueue(&store, NewJob::new("q").priority(8), "C9").await;
-    let reclaimed = enqueue(&store, NewJob::new("q").priority(8), "C9").await;
-    let keep = enqueue(&store, NewJob::new("q"), "C9").await;
+    let ready = together
+        .enqueue(&store, NewJob::new("q").priority(9), "C9")
+        .await;
+    let scheduled = together
+        .enqueue(&store, NewJob::new("q").run_at(later).priority(9), "C9")
+        .await;
+    let released = together
+        .enqueue(&store, NewJob::new("q").priority(8), "C9")
+        .await;
+    let reclaimed = together
+        .enqueue(&store, NewJob::new("q").priority(8), "C9")
+        .await;
+    let keep = together.enqueue(&store, NewJob::new("q"), "C9").await;
     for id in [ready, scheduled] {
         assert_eq!(
             store.cancel(id).await.must("C9: cancel"),
@@ -348,9 +368,15 @@ pub async fn c9_cancel_racing_claim_has_one_winner(harness: &dyn Harness) {
 pub async fn c10_a_corrupt_record_is_buried_and_the_claim_goes_on(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    let first = enqueue(&store, NewJob::new("q").payload("a"), "C10").await;
-    let unreadable = enqueue(&store, NewJob::new("q"), "C10").await;
-    let last = enqueue(&store, NewJob::new("q").payload("c"), "C10").await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "C10").await;
+    let first = together
+        .enqueue(&store, NewJob::new("q").payload("a"), "C10")
+        .await;
+    let unreadable = together.enqueue(&store, NewJob::new("q"), "C10").await;
+    let last = together
+        .enqueue(&store, NewJob::new("q").payload("c"), "C10")
+        .await;
     if !env.corrupt(unreadable).await {
         eprintln!("C10 skipped: this harness cannot make a stored record unreadable");
         return;

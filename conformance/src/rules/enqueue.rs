@@ -11,7 +11,7 @@ use durq_core::{
 
 use super::support::{
     assert_claim_order, assert_stats, binary, claim, claim_expecting, drain, enqueue,
-    expect_invalid, expect_too_large, get, ids_of, list_all, Must,
+    expect_invalid, expect_too_large, get, ids_of, list_all, Must, Together,
 };
 use crate::{Harness, TestEnv};
 
@@ -204,6 +204,8 @@ pub async fn e1_payload_empty(harness: &dyn Harness) {
 pub async fn e1_payload_binary_with_nul_bytes(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "E1").await;
     let mut every_byte: Vec<u8> = (0..=255u8).collect();
     every_byte.extend_from_slice(&[0xff, 0xfe, 0xc3, 0x28, 0x00, 0x00]);
     let payloads: Vec<Vec<u8>> = vec![
@@ -219,7 +221,11 @@ pub async fn e1_payload_binary_with_nul_bytes(harness: &dyn Harness) {
     ];
     let mut ids = Vec::new();
     for payload in &payloads {
-        ids.push(enqueue(&store, NewJob::new("bin").payload(payload.clone()), "E1").await);
+        ids.push(
+            together
+                .enqueue(&store, NewJob::new("bin").payload(payload.clone()), "E1")
+                .await,
+        );
     }
     for (id, payload) in ids.iter().zip(&payloads) {
         assert_eq!(
@@ -653,7 +659,13 @@ pub async fn e11_tags_round_trip_and_are_checked(harness: &dyn Harness) {
     let listed = listed.iter().find(|j| j.id == id).expect("E11: listed");
     assert_eq!(listed.tags, tags, "E11: list shows the tags");
     let claimed = claim(&store, &["q"], 2, "E11: claim").await;
-    assert_eq!(claimed[0].job.tags, tags, "E11: claim shows the tags");
+    // Found by id: on a partitioned store the two may come in either order (CONTRACT §8).
+    let tagged = claimed.iter().find(|job| job.id() == id);
+    assert_eq!(
+        tagged.map(|job| &job.job.tags),
+        Some(&tags),
+        "E11: claim shows the tags"
+    );
 
     let too_many: Tags = (0..17).map(|i| (format!("k{i}"), "v".to_owned())).collect();
     let bad_tags = [
@@ -688,14 +700,17 @@ pub async fn e11_tags_round_trip_and_are_checked(harness: &dyn Harness) {
 pub async fn e12_trace_context_round_trips_and_is_checked(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "E12").await;
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let id = enqueue(
-        &store,
-        NewJob::new("q").trace_context(traceparent),
-        "E12: enqueue with a trace context",
-    )
-    .await;
-    let plain = enqueue(&store, NewJob::new("q"), "E12").await;
+    let id = together
+        .enqueue(
+            &store,
+            NewJob::new("q").trace_context(traceparent),
+            "E12: enqueue with a trace context",
+        )
+        .await;
+    let plain = together.enqueue(&store, NewJob::new("q"), "E12").await;
     assert_eq!(
         get(&store, id, "E12").await.trace_context.as_deref(),
         Some(traceparent),

@@ -193,6 +193,8 @@ pub async fn f1_needs_and_locality_round_trip(harness: &dyn Harness) {
 pub async fn f2_budget_amounts_filter(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "F2").await;
 
     // Each dimension: the small job fits, the big one stays.
     for (i, name) in ["cpu_milli", "mem_bytes", "disk_bytes", "gpu"]
@@ -200,18 +202,20 @@ pub async fn f2_budget_amounts_filter(harness: &dyn Harness) {
         .enumerate()
     {
         let queue = format!("f2-{i}");
-        let small = enqueue(
-            &store,
-            NewJob::new(queue.clone()).needs(Needs::new().amount(name, 2 * GIB)),
-            "F2",
-        )
-        .await;
-        let big = enqueue(
-            &store,
-            NewJob::new(queue.clone()).needs(Needs::new().amount(name, 8 * GIB)),
-            "F2",
-        )
-        .await;
+        let small = together
+            .enqueue(
+                &store,
+                NewJob::new(queue.clone()).needs(Needs::new().amount(name, 2 * GIB)),
+                "F2",
+            )
+            .await;
+        let big = together
+            .enqueue(
+                &store,
+                NewJob::new(queue.clone()).needs(Needs::new().amount(name, 8 * GIB)),
+                "F2",
+            )
+            .await;
         let budget = Budget::new().amount(name, 4 * GIB);
         let claimed = claim_with(&store, fitted(&[&queue], 10).budget(budget), "F2: budget").await;
         assert_eq!(claimed, vec![small], "F2: {name} within the budget only");
@@ -219,18 +223,21 @@ pub async fn f2_budget_amounts_filter(harness: &dyn Harness) {
     }
 
     // An amount the budget does not name is unconstrained.
-    let gpus = enqueue(
-        &store,
-        NewJob::new("f2-absent").needs(Needs::new().amount("mem_bytes", GIB).amount("gpu", 8)),
-        "F2",
-    )
-    .await;
-    let too_much_memory = enqueue(
-        &store,
-        NewJob::new("f2-absent").needs(Needs::new().amount("mem_bytes", 64 * GIB).amount("gpu", 1)),
-        "F2",
-    )
-    .await;
+    let gpus = together
+        .enqueue(
+            &store,
+            NewJob::new("f2-absent").needs(Needs::new().amount("mem_bytes", GIB).amount("gpu", 8)),
+            "F2",
+        )
+        .await;
+    let too_much_memory = together
+        .enqueue(
+            &store,
+            NewJob::new("f2-absent")
+                .needs(Needs::new().amount("mem_bytes", 64 * GIB).amount("gpu", 1)),
+            "F2",
+        )
+        .await;
     let claimed = claim_with(
         &store,
         fitted(&["f2-absent"], 10).budget(Budget::new().amount("mem_bytes", 4 * GIB)),
@@ -245,19 +252,21 @@ pub async fn f2_budget_amounts_filter(harness: &dyn Harness) {
     assert_left_for_others(&store, "f2-absent", &[too_much_memory], "F2").await;
 
     // A named zero is a limit; a job needing nothing (or zero) fits it.
-    let one_byte = enqueue(
-        &store,
-        NewJob::new("f2-zero").needs(Needs::new().amount("mem_bytes", 1)),
-        "F2",
-    )
-    .await;
-    let nothing = enqueue(&store, NewJob::new("f2-zero"), "F2").await;
-    let zero = enqueue(
-        &store,
-        NewJob::new("f2-zero").needs(Needs::new().amount("gpu", 0)),
-        "F2",
-    )
-    .await;
+    let one_byte = together
+        .enqueue(
+            &store,
+            NewJob::new("f2-zero").needs(Needs::new().amount("mem_bytes", 1)),
+            "F2",
+        )
+        .await;
+    let nothing = together.enqueue(&store, NewJob::new("f2-zero"), "F2").await;
+    let zero = together
+        .enqueue(
+            &store,
+            NewJob::new("f2-zero").needs(Needs::new().amount("gpu", 0)),
+            "F2",
+        )
+        .await;
     let all_zero = ["cpu_milli", "mem_bytes", "disk_bytes", "gpu"]
         .into_iter()
         .fold(Budget::new(), |b, name| b.amount(name, 0));
@@ -275,18 +284,20 @@ pub async fn f2_budget_amounts_filter(harness: &dyn Harness) {
     assert_left_for_others(&store, "f2-zero", &[one_byte], "F2").await;
 
     // Exact fit, and one unit over.
-    let exact = enqueue(
-        &store,
-        NewJob::new("f2-exact").needs(Needs::new().amount("mem_bytes", 4 * GIB)),
-        "F2",
-    )
-    .await;
-    let over = enqueue(
-        &store,
-        NewJob::new("f2-exact").needs(Needs::new().amount("mem_bytes", 4 * GIB + 1)),
-        "F2",
-    )
-    .await;
+    let exact = together
+        .enqueue(
+            &store,
+            NewJob::new("f2-exact").needs(Needs::new().amount("mem_bytes", 4 * GIB)),
+            "F2",
+        )
+        .await;
+    let over = together
+        .enqueue(
+            &store,
+            NewJob::new("f2-exact").needs(Needs::new().amount("mem_bytes", 4 * GIB + 1)),
+            "F2",
+        )
+        .await;
     let claimed = claim_with(
         &store,
         fitted(&["f2-exact"], 10).budget(Budget::new().amount("mem_bytes", 4 * GIB)),

@@ -4,7 +4,7 @@ use durq_core::{JobState, NewJob, QueueStats};
 
 use super::support::{
     assert_claim_order, assert_nothing_claimable, assert_stats, claim, enqueue, expect_invalid,
-    get, ids_of, Must,
+    get, ids_of, Must, Together,
 };
 use crate::{unique_namespace, Harness, TestEnv};
 
@@ -97,13 +97,17 @@ pub async fn q1_paused_queue_is_not_claimed_until_resumed(harness: &dyn Harness)
 pub async fn q1_a_claim_skips_paused_queues_before_its_limit(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "Q1").await;
     for _ in 0..3 {
-        enqueue(&store, NewJob::new("urgent").priority(10), "Q1").await;
+        together
+            .enqueue(&store, NewJob::new("urgent").priority(10), "Q1")
+            .await;
     }
     let open: Vec<_> = [
-        enqueue(&store, NewJob::new("normal"), "Q1").await,
-        enqueue(&store, NewJob::new("normal"), "Q1").await,
-        enqueue(&store, NewJob::new("normal"), "Q1").await,
+        together.enqueue(&store, NewJob::new("normal"), "Q1").await,
+        together.enqueue(&store, NewJob::new("normal"), "Q1").await,
+        together.enqueue(&store, NewJob::new("normal"), "Q1").await,
     ]
     .into();
     store.pause("urgent").await.must("Q1: pause");

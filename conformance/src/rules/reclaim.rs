@@ -11,7 +11,7 @@ use tokio::sync::Barrier;
 
 use super::support::{
     assert_nothing_claimable, assert_stats, assert_stats_agree, claim, claim_expecting, enqueue,
-    expect_not_found, get, ids_of, join_all, request, Must, TTL,
+    expect_not_found, get, ids_of, join_all, request, Must, Together, TTL,
 };
 use crate::{Harness, TestEnv};
 
@@ -22,16 +22,22 @@ use crate::{Harness, TestEnv};
 pub async fn r1_expired_lease_is_requeued_behind_ready_jobs(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "R1").await;
     let t0 = env.clock.now();
-    let x = enqueue(&store, NewJob::new("q").payload("x"), "R1").await;
+    let x = together
+        .enqueue(&store, NewJob::new("q").payload("x"), "R1")
+        .await;
     let held = store
         .claim(request(&["q"], "w", Duration::from_secs(10), 1))
         .await
         .must("R1: claim");
     assert_eq!(ids_of(&held), vec![x]);
-    let y = enqueue(&store, NewJob::new("q"), "R1").await;
+    let y = together.enqueue(&store, NewJob::new("q"), "R1").await;
     let expiry_passed = t0.saturating_add(Duration::from_millis(10_001));
-    let z = enqueue(&store, NewJob::new("q").run_at(expiry_passed), "R1").await;
+    let z = together
+        .enqueue(&store, NewJob::new("q").run_at(expiry_passed), "R1")
+        .await;
     env.clock.set(expiry_passed);
     let reclaimed = store.reclaim(100).await.must("R1: reclaim");
     assert_eq!(
@@ -76,11 +82,17 @@ pub async fn r1_expired_lease_is_requeued_behind_ready_jobs(harness: &dyn Harnes
 pub async fn r1_expired_lease_is_honoured_until_reclaimed(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "R1").await;
     let ttl = Duration::from_secs(10);
     let ids: Vec<JobId> = {
         let mut ids = Vec::new();
         for _ in 0..4 {
-            ids.push(enqueue(&store, NewJob::new("q").max_attempts(5), "R1").await);
+            ids.push(
+                together
+                    .enqueue(&store, NewJob::new("q").max_attempts(5), "R1")
+                    .await,
+            );
         }
         ids
     };
@@ -122,9 +134,11 @@ pub async fn r1_expired_lease_is_honoured_until_reclaimed(harness: &dyn Harness)
 pub async fn r2_lease_expiring_now_is_not_expired(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "R2").await;
     let ttl = Duration::from_secs(10);
-    let a = enqueue(&store, NewJob::new("q"), "R2").await;
-    let b = enqueue(&store, NewJob::new("q"), "R2").await;
+    let a = together.enqueue(&store, NewJob::new("q"), "R2").await;
+    let b = together.enqueue(&store, NewJob::new("q"), "R2").await;
     let held = store
         .claim(request(&["q"], "w", ttl, 2))
         .await

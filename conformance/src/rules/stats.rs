@@ -139,6 +139,8 @@ pub async fn a7_queues_list_every_queue_with_counts_pause_and_lag(harness: &dyn 
 pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    // The claims below expect given jobs: they share one partition (CONTRACT §8).
+    let together = Together::new(&store, "A3").await;
     assert_stats(&store, "q", QueueStats::default(), "A3: an unused queue").await;
     expect_invalid(
         store.stats("bad queue").await,
@@ -153,10 +155,10 @@ pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
         } else {
             NewJob::new("q").max_attempts(if i == 11 { 1 } else { 5 })
         };
-        ids.push(enqueue(&store, job, "A3").await);
+        ids.push(together.enqueue(&store, job, "A3").await);
     }
     for _ in 0..4 {
-        enqueue(&store, NewJob::new("other"), "A3").await;
+        together.enqueue(&store, NewJob::new("other"), "A3").await;
     }
     assert_stats(
         &store,

@@ -363,11 +363,15 @@ impl Together {
         Together { anchor }
     }
 
-    /// `job`, placed in the anchor's partition when there is one.
+    /// `job`, placed in the anchor's partition when there is one. A job that names a
+    /// parent or an idempotency key keeps them: it lives with its parent (enqueue the
+    /// parent through this too) or its key.
     pub(crate) fn job(&self, job: NewJob) -> NewJob {
         match self.anchor {
-            Some(anchor) => job.parent(anchor),
-            None => job,
+            Some(anchor) if job.parent.is_none() && job.idempotency_key.is_none() => {
+                job.parent(anchor)
+            }
+            _ => job,
         }
     }
 

@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use durq_core::{
@@ -42,7 +43,8 @@ pub(crate) struct Partitions {
     /// The partitions this store's claims visit: every one, unless the store was pinned
     /// to a subset (`RedisConfig::claim_partitions`).
     claimed: Vec<usize>,
-    next_enqueue: AtomicUsize,
+    /// Where jobs with neither key nor parent go.
+    spread: Spread,
     next_claim: AtomicUsize,
     next_sweep: AtomicUsize,
 }
@@ -50,12 +52,18 @@ pub(crate) struct Partitions {
 impl Partitions {
     /// Over `parts`, partition `p` at index `p`.
     pub(crate) fn new(parts: Vec<RedisBackend>) -> Self {
+        // Each store starts its turns at a random partition, so stores opened together
+        // do not all begin with partition 0.
+        let start = random_start();
         Partitions {
             claimed: (0..parts.len()).collect(),
             parts,
-            next_enqueue: AtomicUsize::new(0),
-            next_claim: AtomicUsize::new(0),
-            next_sweep: AtomicUsize::new(0),
+            spread: Spread {
+                current: AtomicUsize::new(start),
+                ..Spread::default()
+            },
+            next_claim: AtomicUsize::new(start / 3),
+            next_sweep: AtomicUsize::new(start / 7),
         }
     }
 
@@ -115,9 +123,13 @@ impl Partitions {
 
     pub(crate) async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
         let count = self.parts.len();
-        let partition = self
-            .placement(&job)
-            .unwrap_or_else(|| self.next_enqueue.fetch_add(1, Ordering::Relaxed) % count);
+        let (partition, _spread) = match self.placement(&job) {
+            Some(partition) => (partition, None),
+            None => {
+                let (partition, in_flight) = self.spread.next(count);
+                (partition, Some(in_flight))
+            }
+        };
         let prepared = self.prepare(job, partition, now);
         if prepared.parent_elsewhere {
             self.check_parents(std::iter::once(&prepared)).await?;
@@ -138,7 +150,7 @@ impl Partitions {
         let anchor = jobs
             .iter()
             .find_map(|job| self.placement(job))
-            .unwrap_or_else(|| self.next_enqueue.fetch_add(1, Ordering::Relaxed) % count);
+            .unwrap_or_else(|| self.spread.next_run(count));
         let mut groups: BTreeMap<usize, (Vec<usize>, Vec<Prepared>)> = BTreeMap::new();
         let total = jobs.len();
         for (at, job) in jobs.into_iter().enumerate() {
@@ -496,6 +508,59 @@ impl Partitions {
     }
 }
 
+/// Where jobs with neither key nor parent go: to one partition for a run of
+/// enqueues, then to the next, so that over time every partition gets its share.
+///
+/// Concurrent single enqueues of a store are grouped into one script call per
+/// partition (`Enqueues`), so spreading them one by one would cost a call per job (16
+/// producers on 12 partitions: 0.98 script calls per job against 0.21, and 0.63 of the
+/// unpartitioned throughput). A run therefore lasts while enqueues of it are in flight,
+/// up to [`Spread::RUN`] jobs; an enqueue that finds none in flight starts a new run,
+/// so enqueues one after another still go round the partitions one by one.
+#[derive(Default)]
+struct Spread {
+    /// The partition of the current run (modulo the count).
+    current: AtomicUsize,
+    /// Jobs of the current run so far.
+    run: AtomicUsize,
+    /// Single enqueues sent and not answered yet.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts one single enqueue as in flight until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Spread {
+    /// The most jobs of one run: a full group of concurrent enqueues is 512 jobs, and
+    /// runs much shorter than that would split them; much longer, and a steady stream
+    /// of producers would keep one partition for long.
+    const RUN: usize = 64;
+
+    /// The partition of one single enqueue, counted in flight until the returned guard
+    /// is dropped.
+    fn next(&self, count: usize) -> (usize, InFlight) {
+        let idle = self.in_flight.fetch_add(1, Ordering::Relaxed) == 0;
+        let in_flight = InFlight(Arc::clone(&self.in_flight));
+        if idle || self.run.fetch_add(1, Ordering::Relaxed) >= Self::RUN {
+            return (self.next_run(count), in_flight);
+        }
+        (self.current.load(Ordering::Relaxed) % count, in_flight)
+    }
+
+    /// Starts a new run and answers its partition: a batch, or a single enqueue that
+    /// found nothing in flight or the run full.
+    fn next_run(&self, count: usize) -> usize {
+        self.run.store(1, Ordering::Relaxed);
+        (self.current.fetch_add(1, Ordering::Relaxed) + 1) % count
+    }
+}
+
 /// Puts per-partition answers back in the order of the call: `groups` names, for each
 /// answer, the partition and the call's indexes it answered. A partition whose call
 /// failed as a whole answers each of its entries with that error.
@@ -544,4 +609,13 @@ fn wanting(request: &ClaimRequest, wanted: usize) -> ClaimRequest {
     let mut asked = request.clone();
     asked.limit = wanted;
     asked
+}
+
+/// A random number, from the standard library's per-process random hasher keys.
+fn random_start() -> usize {
+    use std::hash::{BuildHasher, Hasher};
+    // Truncated on 32-bit targets: any bits do.
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish() as usize
 }
