@@ -7,14 +7,18 @@
 //!
 //! - A job is placed by its idempotency key (dedup and its races stay one atomic
 //!   script), else by its parent (a family stays in one slot, and the parent check is
-//!   the enqueue script's), else spread: one partition per call, taken in turn, so a
-//!   batch of unconstrained jobs is still one script, all or nothing. Its id is pinned
-//!   to that partition, so every later call naming the id goes straight there. A keyed
-//!   child whose key lands away from its parent has its parent checked before the call.
-//! - A claim visits the partitions from a start that moves on with every claim, one
-//!   script per partition, until it holds `limit` jobs; reclaim and purge sweep them the
-//!   same way. The claim order (C3) therefore holds within a partition. A store may be
-//!   pinned to a subset of partitions for its claims (its workers then serve those).
+//!   the enqueue script's), else spread: single enqueues go to one partition for a run
+//!   (so concurrent ones still share a script call), a batch whole to the next one, so
+//!   a batch of unconstrained jobs is still one script, all or nothing. Its id is
+//!   pinned to that partition, so every later call naming the id goes straight there.
+//!   A keyed child whose key lands away from its parent has its parent checked before
+//!   the call.
+//! - A claim visits first the partitions a wake-up or the last hint points to, then
+//!   looks ahead in the others with plain reads and runs its script only where a job
+//!   may be, until it holds `limit` jobs; reclaim and purge sweep the partitions from a
+//!   moving start. The claim order (C3) therefore holds within a partition. A store
+//!   may be pinned to a subset of partitions for its claims (its workers then serve
+//!   those).
 //! - Stats, queues and list read every partition and merge; pause writes every
 //!   partition (each claim script reads its own partition's paused set).
 //! - Schedules and the worker registry are not split: they stay in the namespace's own
