@@ -246,10 +246,8 @@ impl Backend for RedisBackend {
         result: Option<Bytes>,
         now: Timestamp,
     ) -> Result<()> {
-        if let Some(partitions) = &self.inner.partitions {
-            return partitions.complete(id, token, result, now).await;
-        }
-        self.inner
+        self.home(id)
+            .inner
             .completions
             .call(lease::Completion {
                 id,

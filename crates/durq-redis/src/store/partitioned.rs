@@ -30,13 +30,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durq_core::{
-    Bytes, ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat, HeldLease, JobId,
-    ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Timestamp,
+    ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat, HeldLease, JobId, ListPage,
+    ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Timestamp,
 };
 use futures::future::join_all;
 
 use super::enqueue::{invalid_parent, Prepared};
-use super::lease;
 use crate::backend::{ReclaimReport, RedisBackend};
 use crate::partitions;
 
@@ -246,22 +245,7 @@ impl Partitions {
         let limit = request.limit;
         let (predicted, rest) = self.claim_order(&request);
         let mut claimed = Vec::new();
-        let mut failure = None;
-        for part in predicted {
-            if claimed.len() >= limit {
-                break;
-            }
-            match part
-                .claim_jobs(wanting(&request, limit - claimed.len()), now)
-                .await
-            {
-                Ok(jobs) => claimed.extend(jobs),
-                Err(err) => {
-                    failure = Some(err);
-                    break;
-                }
-            }
-        }
+        let mut failure = claim_each(predicted, &request, now, &mut claimed).await;
         if failure.is_none() && claimed.len() < limit && !rest.is_empty() {
             let looks = join_all(
                 rest.iter()
@@ -269,26 +253,13 @@ impl Partitions {
             )
             .await;
             // A look that failed is a partition to visit: the claim says what failed.
-            let holding = rest
+            let holding: Vec<&RedisBackend> = rest
                 .into_iter()
                 .zip(looks)
                 .filter(|(_, look)| !matches!(look, Ok(false)))
-                .map(|(part, _)| part);
-            for part in holding {
-                if claimed.len() >= limit {
-                    break;
-                }
-                match part
-                    .claim_jobs(wanting(&request, limit - claimed.len()), now)
-                    .await
-                {
-                    Ok(jobs) => claimed.extend(jobs),
-                    Err(err) => {
-                        failure = Some(err);
-                        break;
-                    }
-                }
-            }
+                .map(|(part, _)| part)
+                .collect();
+            failure = claim_each(holding, &request, now, &mut claimed).await;
         }
         match failure {
             Some(err) if claimed.is_empty() => Err(err),
@@ -323,25 +294,6 @@ impl Partitions {
         }))
         .await;
         Ok(spread_back(leases.len(), &groups, answers))
-    }
-
-    pub(crate) async fn complete(
-        &self,
-        id: JobId,
-        token: durq_core::LeaseToken,
-        result: Option<Bytes>,
-        now: Timestamp,
-    ) -> Result<()> {
-        self.of(id)
-            .inner
-            .completions
-            .call(lease::Completion {
-                id,
-                token,
-                now,
-                result,
-            })
-            .await?
     }
 
     pub(crate) async fn complete_batch(
@@ -606,6 +558,27 @@ fn add_stats(total: &mut QueueStats, part: &QueueStats) {
     total.dead += part.dead;
     total.cancelled += part.cancelled;
     total.paused |= part.paused;
+}
+
+/// Claims from `parts` one after another, each asked for what `request` still wants,
+/// into `claimed`, until it holds `request.limit`; the failure that ended it, if any.
+async fn claim_each(
+    parts: Vec<&RedisBackend>,
+    request: &ClaimRequest,
+    now: Timestamp,
+    claimed: &mut Vec<ClaimedJob>,
+) -> Option<Error> {
+    for part in parts {
+        if claimed.len() >= request.limit {
+            break;
+        }
+        let wanted = wanting(request, request.limit - claimed.len());
+        match part.claim_jobs(wanted, now).await {
+            Ok(jobs) => claimed.extend(jobs),
+            Err(err) => return Some(err),
+        }
+    }
+    None
 }
 
 /// `request` asking for `wanted` jobs.
