@@ -408,42 +408,42 @@ impl RedisBackend {
         Ok(store)
     }
 
-    /// Records the namespace's layout on its first open, and refuses a namespace laid
-    /// out otherwise than this store would lay it out (`layout.lua`).
+    /// Records the namespace's layout on its first open (upgrading a namespace of
+    /// layout 1 in place), and refuses a namespace laid out otherwise than this store
+    /// would lay it out (`layout.lua`).
     ///
-    /// An unpartitioned open only reads the record, with a plain `HMGET`, so a Redis
-    /// user limited to key patterns needs no more than read access to it (a script's
+    /// The record is read first with a plain `HMGET`, and the script runs only when it
+    /// is missing or names layout 1, so once a namespace is recorded a Redis user
+    /// limited to key patterns needs no more than read access to it (a script's
     /// declared keys need full access).
     async fn check_layout(&self) -> Result<()> {
         let keys = &self.inner.keys;
-        let partitions = self.partition_count();
-        let words: Vec<String> = if partitions == 1 {
-            let recorded: (Option<String>, Option<String>) = redis::cmd("HMGET")
-                .arg(&keys.layout)
-                .arg("partitions")
-                .arg("version")
-                .query_async(&mut self.conn())
-                .await
-                .map_err(|err| map_err("layout check", err))?;
-            match recorded {
-                (Some(count), _) if count != "1" => vec!["partitions".to_owned(), count],
-                (Some(_), Some(version)) if version != LAYOUT_VERSION.to_string() => {
-                    vec!["version".to_owned(), version]
-                }
-                _ => vec!["ok".to_owned()],
+        let partitions = self.partition_count().to_string();
+        let version = LAYOUT_VERSION.to_string();
+        let recorded: (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(&keys.layout)
+            .arg("partitions")
+            .arg("version")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("layout check", err))?;
+        let words: Vec<String> = match recorded {
+            (Some(count), Some(found)) if count == partitions && found == version => {
+                vec!["ok".to_owned()]
             }
-        } else {
-            let mut invocation = scripts::LAYOUT.prepare_invoke();
-            invocation
-                .key(&keys.layout)
-                .key(&keys.list)
-                .arg(partitions)
-                .arg(LAYOUT_VERSION);
-            let reply = invocation
-                .invoke_async::<redis::Value>(&mut self.conn())
-                .await
-                .map_err(|err| map_err("layout check", err))?;
-            redis::from_redis_value(reply).map_err(|err| map_err("layout check", err.into()))?
+            _ => {
+                let mut invocation = scripts::LAYOUT.prepare_invoke();
+                invocation
+                    .key(&keys.layout)
+                    .key(&keys.list)
+                    .arg(&partitions)
+                    .arg(&version);
+                let reply = invocation
+                    .invoke_async::<redis::Value>(&mut self.conn())
+                    .await
+                    .map_err(|err| map_err("layout check", err))?;
+                redis::from_redis_value(reply).map_err(|err| map_err("layout check", err.into()))?
+            }
         };
         let namespace = &self.inner.settings.namespace;
         let recorded = words.get(1).map_or("", String::as_str);
@@ -461,8 +461,8 @@ impl RedisBackend {
                 "namespace",
                 format!(
                     "namespace {namespace:?} is written in Redis key layout version \
-                     {recorded:?}; this build reads version {LAYOUT_VERSION} only (see \
-                     docs/redis.md, \"Layout versions\")"
+                     {recorded:?}; this build reads versions 1 and {LAYOUT_VERSION} (and \
+                     upgrades 1 on open; see docs/redis.md, \"Layout versions\")"
                 ),
             )),
             Some("unpartitioned") => Err(Error::invalid(
@@ -625,8 +625,9 @@ struct Shared {
     settings: StoreSettings,
 }
 
-/// The key layout this build reads and writes, recorded per namespace (`layout.lua`).
-const LAYOUT_VERSION: u32 = 1;
+/// The key layout this build writes, recorded per namespace (`layout.lua`). It also
+/// reads layout 1, and upgrades a namespace of it on open.
+const LAYOUT_VERSION: u32 = 2;
 
 /// `url` without its `partitions` query parameter, and that parameter's value. The
 /// Redis driver is given the URL without it.

@@ -21,8 +21,14 @@ pub(crate) struct Keys {
     pub list: String,
     /// Lease entries per queue (hash, queue -> count): the running jobs of a queue.
     pub running: String,
-    /// Terminal jobs (zset, score finished_at, member `queue state-code id parent`).
-    pub done: String,
+    /// Terminal jobs in the order they finished (list, oldest first, entries
+    /// `finished_at queue state-code id parent`), what purge reads (`purge.lua`).
+    pub finished: String,
+    /// Layout 1's index of terminal jobs (zset, score finished_at, member `queue
+    /// state-code id parent`): no longer written, but read by purge and cleared by retry
+    /// while a namespace upgraded from layout 1 (or a layout-1 store still running on
+    /// it) holds entries there (docs/redis.md, "Layout versions").
+    pub done_v1: String,
     /// Paused queues (set of queue names, CONTRACT Q1).
     pub paused: String,
     /// Schedules (CONTRACT S1): definitions, enabled flags and last ticks, three hashes
@@ -83,7 +89,8 @@ impl Keys {
             workers: key("workers"),
             workers_busy: key("workers:busy"),
             workers_seen: key("workers:seen"),
-            done: key("done"),
+            finished: key("finished"),
+            done_v1: key("done"),
             children: key("children"),
             placement: key("placement"),
             seq: key("seq"),
@@ -104,6 +111,13 @@ impl Keys {
         let mut out = String::with_capacity(self.prefix.len() + 4 + 36);
         self.push_job(&mut out, id);
         out
+    }
+
+    /// The key of the hash of the job an index entry names by `id` as written there. A
+    /// damaged entry's text names a key no job has (it is still in the namespace's
+    /// slot: the hash tag comes first), so a script given it finds nothing there.
+    pub(crate) fn job_named(&self, id: &str) -> String {
+        format!("{}job:{id}", self.prefix)
     }
 
     /// Appends the key of job `id`'s hash to `out`.
@@ -216,7 +230,8 @@ mod tests {
             keys.workers.clone(),
             keys.workers_busy.clone(),
             keys.workers_seen.clone(),
-            keys.done.clone(),
+            keys.finished.clone(),
+            keys.done_v1.clone(),
             keys.children.clone(),
             keys.placement.clone(),
             keys.seq.clone(),

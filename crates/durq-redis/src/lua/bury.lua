@@ -4,7 +4,7 @@
 -- so such a job is neither handed out nor left leased to come back after every reclaim.
 --
 -- KEYS[1] the job's hash       KEYS[2] lease index (zset)
--- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished log (list)
 -- KEYS[5] running counters (hash)
 -- ARGV[1] job id               ARGV[2] token of the claim that leased it
 -- ARGV[3] now (ms)             ARGV[4] what is unreadable
@@ -15,7 +15,7 @@
 -- the queue comes from `meta` (which claim.lua found readable) and its running counter is
 -- checked before the first write.
 
-local job, leases, list, done, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job, leases, list, finished, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, now = ARGV[1], ARGV[3]
 local v = redis.call('HMGET', job, 'state', 'token', 'meta')
 if not v[1] then
@@ -30,5 +30,5 @@ if not queue then
 end
 check_counters(running, { queue })
 drop_lease(leases, running, queue, id)
-bury(job, list, done, queue, id, parent, now, ARGV[4])
+bury(job, list, finished, queue, id, parent, now, ARGV[4])
 return { 'ok', 'dead' }

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] the job's hash       KEYS[2] ready index (zset)
 -- KEYS[3] scheduled index (zset)
--- KEYS[4] list index (zset)    KEYS[5] finished index (zset)
+-- KEYS[4] list index (zset)    KEYS[5] finished log (list)
 -- ARGV[1] job id               ARGV[2] now (ms)
 --
 -- Returns {'ok', state after the call} | {'notfound'} | {'corrupt', reason}
@@ -12,7 +12,7 @@
 -- makes it cancelled, so no claim can take it afterwards. Every value used is checked
 -- before the first write.
 
-local job, ready, sched, list, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job, ready, sched, list, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, now = ARGV[1], ARGV[2]
 local v = redis.call('HMGET', job, 'state', 'meta', 'order')
 if not v[1] then
@@ -32,7 +32,7 @@ if state == 'queued' then
   local member = queue_member(queue, v[3], id)
   redis.call('ZREM', ready, member)
   redis.call('ZREM', sched, member)
-  finish(job, list, done, queue, id, parent, 'queued', 'cancelled', now)
+  finish(job, list, finished, queue, id, parent, 'queued', 'cancelled', now)
   return { 'ok', 'cancelled' }
 end
 if state == 'running' then

@@ -6,7 +6,7 @@
 -- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
 -- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
 -- KEYS[5] running counters (hash: queue -> lease entries)
--- KEYS[6] finished index (zset)  KEYS[7] paused queues (set)
+-- KEYS[6] finished log (list)  KEYS[7] paused queues (set)
 -- KEYS[7+i] the hash of candidate i, whose id is ARGV[7+Q+i]
 --
 -- ARGV[1] now (ms)             ARGV[2] worker
@@ -59,7 +59,7 @@ local limit = tonumber(ARGV[4])
 local hint_size = tonumber(ARGV[5])
 local bound = tonumber(ARGV[6])
 local nq = tonumber(ARGV[7])
-local ready, sched, leases, list, running, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local ready, sched, leases, list, running, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local paused = KEYS[7]
 local call, sub = redis.call, string.sub
 
@@ -198,7 +198,7 @@ for i = 1, nc do
     'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
 end
 for _, b in ipairs(buried) do
-  bury(b[1], list, done, b[2], b[3], b[4], now, b[5])
+  bury(b[1], list, finished, b[2], b[3], b[4], now, b[5])
   corrupt[#corrupt + 1] = b[3]
 end
 zrem_members(ready, taken)

@@ -5,7 +5,7 @@
 -- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
 -- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
 -- KEYS[5] running counters (hash: queue -> lease entries)
--- KEYS[6] finished index (zset)  KEYS[7] paused queues (set)
+-- KEYS[6] finished log (list)  KEYS[7] paused queues (set)
 -- KEYS[8] placement index (hash: id -> placement text, only jobs that declare one)
 -- KEYS[8+i] the hash of held job i, whose id is ARGV[12+Q+P+i]
 --
@@ -84,7 +84,7 @@ local budget_text, reserved, start_after = ARGV[8], ARGV[9], ARGV[10]
 local nq = tonumber(ARGV[11])
 local np = tonumber(ARGV[12 + nq])
 local held_from = 12 + nq + np
-local ready, sched, leases, list, running, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local ready, sched, leases, list, running, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local paused, placements = KEYS[7], KEYS[8]
 
 -- CONTRACT Q1: a paused queue gives no candidates.
@@ -573,7 +573,7 @@ for _, group in ipairs({ extra_first, extra }) do
 end
 
 -- Pass 2: writes.
-local leased, buried = write_claim(ready, leases, list, running, done, d, worker, expires, now)
+local leased, buried = write_claim(ready, leases, list, running, finished, d, worker, expires, now)
 for _, v in ipairs(leased) do
   claimed[#claimed + 1] = v
 end

@@ -2,7 +2,7 @@
 -- N completions in one call (concurrent completes are batched by the store).
 --
 -- KEYS[1] lease index (zset)   KEYS[2] list index (zset)
--- KEYS[3] finished index (zset)
+-- KEYS[3] finished log (list)
 -- KEYS[4] running counters (hash: queue -> lease entries)
 -- KEYS[4+j] the hash of job j, j = 1..N
 -- ARGV[1] the default now (ms)
@@ -24,14 +24,15 @@
 -- Cost: per job one HMGET and one HSET (and one HDEL of the last error for a job past
 -- its first attempt, L4); the index entries of the whole batch are written
 -- with one ZREM/ZADD per index (and one ZREM per queue of the lease index, to keep the
--- running counters exact). The per-job Lua is kept to the four index members the layout
--- needs and one pattern match of `meta`.
+-- running counters exact) and one RPUSH of the finished log. The per-job Lua is kept to
+-- the four index members and log entries the layout needs and one pattern match of
+-- `meta`.
 
-local leases, list, done, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local leases, list, finished, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local call, match = redis.call, string.match
 local default_now = ARGV[1]
 local out = {}
-local lease_old, list_old, list_new, done_new = {}, {}, {}, {}
+local lease_old, list_old, list_new, entries = {}, {}, {}, {}
 local nl, nn = 0, 0
 local finishing = {}  -- per entry to complete: its number j
 local stale_error = {}  -- per entry to complete: whether an earlier attempt's error may be set
@@ -76,9 +77,9 @@ for j = 1, #KEYS - 4 do
       nn = nn + 2
       list_new[nn - 1] = '0'
       list_new[nn] = succeeded
-      done_new[nn - 1] = now
-      -- A parent is stored as '-' when there is none; the member then ends with a space.
-      done_new[nn] = succeeded .. (parent == '-' and ' ' or ' ' .. parent)
+      -- A parent is stored as '-' when there is none; the entry then ends with a space
+      -- (finished_entry in core.lua, inlined).
+      entries[nl] = now .. ' ' .. succeeded .. (parent == '-' and ' ' or ' ' .. parent)
       out[j] = 'ok'
     end
   end
@@ -119,5 +120,11 @@ for queue, members in pairs(lease_old) do
 end
 zrem_members(list, list_old)
 zadd_pairs(list, list_new)
-zadd_pairs(done, done_new)
+local n = #entries
+local i = 1
+while i <= n do
+  local last = math.min(i + CHUNK - 1, n)
+  call('RPUSH', finished, unpack(entries, i, last))
+  i = last + 1
+end
 return out

@@ -46,10 +46,13 @@ end
 -- Most members one ZADD/ZREM call takes: Lua's unpack is limited to a few thousand values.
 local CHUNK = 1000
 
--- Member of the finished index: everything purge needs to remove a job's index entries
--- even when its hash is already gone (server TTL).
-local function done_member(queue, state, id, parent)
-  return queue .. ' ' .. STATE_CODE[state] .. ' ' .. id .. ' ' .. (parent or '')
+-- Entry of the finished log (a list, oldest first): `FINISHED QUEUE C ID PARENT`
+-- (`PARENT` empty when none), everything purge needs to delete a job and its index
+-- entries, even when its hash is already gone. A finished job costs one push onto the
+-- log's tail, where layout 1 inserted into a sorted set of every retained job, a third
+-- of the server time (docs/redis.md, "Layout versions").
+local function finished_entry(now, queue, state, id, parent)
+  return now .. ' ' .. queue .. ' ' .. STATE_CODE[state] .. ' ' .. id .. ' ' .. (parent or '')
 end
 
 -- ZADD of score/member pairs (flat list), CHUNK pairs per call.
@@ -159,12 +162,12 @@ local CORRUPT_PREFIX = 'corrupt record: '
 
 -- Moves a job whose record cannot be read to `dead`, so it neither blocks its queue nor
 -- vanishes from the indexes: state, finished_at and last_error written (the other fields
--- are left as found), its list entry moved to code 'd', a finished entry added (purge then
--- deletes it like any dead job). `queue` comes from the index entry that led here;
+-- are left as found), its list entry moved to code 'd', a finished entry appended (purge
+-- then deletes it like any dead job). `queue` comes from the index entry that led here;
 -- `parent` from `meta` when that is readable.
-local function bury(job, list, done, queue, id, parent, now, reason)
+local function bury(job, list, finished, queue, id, parent, now, reason)
   redis.call('HSET', job, 'state', 'dead', 'finished', now, 'error', CORRUPT_PREFIX .. reason)
   redis.call('ZREM', list, queue .. ' a ' .. id)
   redis.call('ZADD', list, '0', queue .. ' d ' .. id)
-  redis.call('ZADD', done, now, done_member(queue, 'dead', id, parent))
+  redis.call('RPUSH', finished, finished_entry(now, queue, 'dead', id, parent))
 end

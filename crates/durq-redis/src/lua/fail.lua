@@ -2,7 +2,7 @@
 -- (CONTRACT L2, L3, L6, L7; A1: cancel while running).
 --
 -- KEYS[1] the job's hash       KEYS[2] lease index (zset)
--- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished log (list)
 -- KEYS[5] ready index (zset)   KEYS[6] scheduled index (zset)
 -- KEYS[7] sequence counter (string)
 -- KEYS[8] running counters (hash)
@@ -26,7 +26,7 @@
 -- record is refused with nothing written (it stays running until its lease runs out and
 -- reclaim buries it).
 
-local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local job, leases, list, finished, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local running = KEYS[8]
 local id, now = ARGV[1], ARGV[3]
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel', 'worker', 'started')
@@ -74,6 +74,6 @@ if state == 'queued' then
 else
   redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
   drop_lease(leases, running, queue, id)
-  finish(job, list, done, queue, id, parent, 'running', state, now)
+  finish(job, list, finished, queue, id, parent, 'running', state, now)
 end
 return { 'ok', state }

@@ -107,10 +107,10 @@ end
 -- TTL: purge deletes it once retention has passed (a PEXPIRE per job cost about a tenth
 -- of a completion's server time). `worker` and `lease_exp` stay as a record of the last
 -- lease; they are a lease only while running.
-local function finish(job, list, done, queue, id, parent, from, to, now)
+local function finish(job, list, finished, queue, id, parent, from, to, now)
   redis.call('HSET', job, 'state', to, 'finished', now)
   move_list(list, queue, id, from, to)
-  redis.call('ZADD', done, now, done_member(queue, to, id, parent))
+  redis.call('RPUSH', finished, finished_entry(now, queue, to, id, parent))
 end
 
 -- A return to `queued`: a fresh sequence number `seq` (drawn by the caller with INCR as
@@ -196,7 +196,7 @@ end
 -- removed. Returns the leased jobs' reply rows, one flat array of 10 values per job (as
 -- claim.lua answers: a table per row costs the reply more than its values), and the
 -- buried ids.
-local function write_claim(ready, leases, list, running, done, d, worker, expires, now)
+local function write_claim(ready, leases, list, running, finished, d, worker, expires, now)
   local claimed, corrupt, lease_pairs = {}, {}, {}
   for _, l in ipairs(d.lease) do
     local job, v, queue, id = l[1], l[2], l[3], l[4]
@@ -221,7 +221,7 @@ local function write_claim(ready, leases, list, running, done, d, worker, expire
     -- The list entry stays: queued and running share the code 'a'.
   end
   for _, b in ipairs(d.bury) do
-    bury(b[1], list, done, b[2], b[3], b[4], now, b[5])
+    bury(b[1], list, finished, b[2], b[3], b[4], now, b[5])
     corrupt[#corrupt + 1] = b[3]
   end
   zrem_members(ready, d.taken)

@@ -1,7 +1,7 @@
 -- reclaim.lua: recovers running jobs whose lease expired (CONTRACT R1-R6).
 --
 -- KEYS[1] lease index (zset)   KEYS[2] ready index (zset)
--- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished log (list)
 -- KEYS[5] sequence counter (string)
 -- KEYS[6] running counters (hash)
 -- KEYS[6+i] the hash of the job of lease entry i (ARGV[4+i])
@@ -30,7 +30,7 @@
 -- every entry, then the running counters are checked, then one INCRBY draws the sequence
 -- numbers of the requeued jobs (the first write), then the second pass writes.
 
-local leases, ready, list, done, seq, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local leases, ready, list, finished, seq, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now, now_hex, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now_n = tonumber(now)
 local examined = 0
@@ -104,7 +104,7 @@ for _, p in ipairs(plan) do
   if kind == 'vanished' then
     redis.call('ZREM', list, list_member(queue, 'running', id))
   elseif kind == 'corrupt' then
-    bury(job, list, done, queue, id, parent, now, reason)
+    bury(job, list, finished, queue, id, parent, now, reason)
     out[#out + 1] = { id, 'dead' }
   elseif kind ~= 'stale' then
     redis.call('HSET', job, 'error', message, attempt_field(v[5]),
@@ -117,7 +117,7 @@ for _, p in ipairs(plan) do
         redis.call('PUBLISH', channel, queue)
       end
     else
-      finish(job, list, done, queue, id, parent, 'running', kind, now)
+      finish(job, list, finished, queue, id, parent, 'running', kind, now)
     end
     out[#out + 1] = { id, kind }
   end

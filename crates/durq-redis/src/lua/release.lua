@@ -3,7 +3,7 @@
 -- running).
 --
 -- KEYS[1] the job's hash       KEYS[2] lease index (zset)
--- KEYS[3] list index (zset)    KEYS[4] finished index (zset)
+-- KEYS[3] list index (zset)    KEYS[4] finished log (list)
 -- KEYS[5] ready index (zset)   KEYS[6] scheduled index (zset)
 -- KEYS[7] sequence counter (string)
 -- KEYS[8] running counters (hash)
@@ -19,7 +19,7 @@
 --
 -- Atomicity and check before write: as fail.lua.
 
-local job, leases, list, done, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local job, leases, list, finished, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local running = KEYS[8]
 local id, now = ARGV[1], ARGV[3]
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att', 'worker', 'started')
@@ -48,7 +48,7 @@ local attempt = attempt_record(v[2], v[7], now, 'r', v[6], nil)
 -- time, with the attempt taken back.
 if v[4] == '1' then
   drop_lease(leases, running, queue, id)
-  finish(job, list, done, queue, id, parent, 'running', 'cancelled', now)
+  finish(job, list, finished, queue, id, parent, 'running', 'cancelled', now)
   redis.call('HSET', job, attempt_field(v[2]), attempt)
   return { 'ok', 'cancelled' }
 end

@@ -19,7 +19,7 @@ impl RedisBackend {
             .key(&keys.ready)
             .key(&keys.sched)
             .key(&keys.list)
-            .key(&keys.done)
+            .key(&keys.finished)
             .arg(id.to_string())
             .arg(now.as_millis());
         let reply = self.invoke(&invocation, "cancel").await?;
@@ -39,7 +39,7 @@ impl RedisBackend {
             .key(keys.job(id))
             .key(&keys.ready)
             .key(&keys.list)
-            .key(&keys.done)
+            .key(&keys.done_v1)
             .key(&keys.seq)
             .arg(id.to_string())
             .arg(now.as_millis())

@@ -186,7 +186,7 @@ fn lease_end_keys<'i, 'a>(
         .key(keys.job(id))
         .key(&keys.leases)
         .key(&keys.list)
-        .key(&keys.done)
+        .key(&keys.finished)
         .key(&keys.ready)
         .key(&keys.sched)
         .key(&keys.seq)
@@ -275,7 +275,7 @@ pub(crate) async fn run_script(
     invocation
         .key(&keys.leases)
         .key(&keys.list)
-        .key(&keys.done)
+        .key(&keys.finished)
         .key(&keys.running);
     // The first entry's instant is the call's default: a batch shares one, and grouped
     // calls mostly do, so most entries pass '' instead of their own.

@@ -126,7 +126,7 @@ impl RedisBackend {
                 .key(&keys.leases)
                 .key(&keys.ready)
                 .key(&keys.list)
-                .key(&keys.done)
+                .key(&keys.finished)
                 .key(&keys.seq)
                 .key(&keys.running)
                 .arg(&now_text)
@@ -161,53 +161,120 @@ impl RedisBackend {
         Ok((reclaimed, report))
     }
 
-    /// Rule A5: deletes up to `limit` terminal jobs finished at or before `cutoff`.
+    /// Rule A5: deletes up to `limit` terminal jobs finished at or before `cutoff`:
+    /// first those left in layout 1's index (a namespace upgraded from that layout, or a
+    /// store of it still running), then those of the finished log.
     pub(crate) async fn purge_finished(&self, limit: usize, cutoff: Timestamp) -> Result<u64> {
-        let cutoff_text = cutoff.as_millis().to_string();
+        let cutoff_ms = cutoff.as_millis();
+        let cutoff_text = cutoff_ms.to_string();
         let keys = self.keys();
         let mut deleted = 0u64;
         while (deleted as usize) < limit {
             let batch = (limit - deleted as usize).min(SWEEP_CHUNK);
-            let members = self
-                .oldest_members(&keys.done, &cutoff_text, batch, "purge read")
-                .await?;
-            if members.is_empty() {
+            // Both heads in one round trip; layout 1's index is absent on a namespace
+            // this layout created, so reading it costs one empty reply.
+            let (v1, mut log): (Vec<String>, Vec<String>) = redis::pipe()
+                .cmd("ZRANGEBYSCORE")
+                .arg(&keys.done_v1)
+                .arg("-inf")
+                .arg(&cutoff_text)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(batch)
+                .cmd("LRANGE")
+                .arg(&keys.finished)
+                .arg(0)
+                .arg(batch - 1)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|err| map_err("purge read", err))?;
+            let (source, entries) = if v1.is_empty() {
+                // The log is in the order jobs finished: its due entries are a prefix
+                // (an entry whose time does not parse is due, so the script drops it).
+                let due = log
+                    .iter()
+                    .take_while(|entry| entry_time(entry).is_none_or(|at| at <= cutoff_ms))
+                    .count();
+                log.truncate(due);
+                (FinishedSource::Log, log)
+            } else {
+                (FinishedSource::V1, v1)
+            };
+            if entries.is_empty() {
                 break;
             }
-            let mut invocation = scripts::PURGE.prepare_invoke();
-            invocation
-                .key(&keys.done)
-                .key(&keys.list)
-                .key(&keys.children)
-                .key(&keys.placement)
-                .key(&keys.seq)
-                .key(&keys.running)
-                .arg(&cutoff_text);
-            for member in &members {
-                // member = "queue code id parent"
-                let id = member
-                    .split(' ')
-                    .nth(2)
-                    .ok_or_else(|| {
-                        Error::corrupt("finished index", format!("bad entry {member:?}"))
-                    })
-                    .and_then(|id| job_id(id, "finished index"))?;
-                invocation.key(keys.job(id)).arg(member);
-            }
-            let reply = self.invoke(&invocation, "purge").await?;
-            let (count, keys_left) = match array(&reply, "purge reply")? {
-                [count, keys_left] => (
-                    u64::try_from(int(count, "purge reply")?).unwrap_or(0),
-                    array(keys_left, "purge reply")?,
-                ),
-                _ => return Err(Error::corrupt("purge reply", "two items expected")),
-            };
-            self.drop_unique_keys(keys_left).await?;
+            let (count, consumed) = self.purge_entries(source, &entries, &cutoff_text).await?;
             deleted += count;
-            if members.len() < batch || count == 0 {
+            // Entries not consumed were taken by a concurrent purge, which made progress:
+            // read again. A short due head consumed whole: nothing more is due.
+            if source == FinishedSource::Log && entries.len() < batch && consumed == entries.len() {
                 break;
             }
         }
         Ok(deleted)
     }
+
+    /// One `purge.lua` call over `entries` of `source`: the jobs deleted, and how many
+    /// entries left their log or index.
+    async fn purge_entries(
+        &self,
+        source: FinishedSource,
+        entries: &[String],
+        cutoff_text: &str,
+    ) -> Result<(u64, usize)> {
+        let keys = self.keys();
+        let mut invocation = scripts::PURGE.prepare_invoke();
+        invocation
+            .key(&keys.finished)
+            .key(&keys.done_v1)
+            .key(&keys.list)
+            .key(&keys.children)
+            .key(&keys.placement)
+            .key(&keys.seq)
+            .key(&keys.running)
+            .arg(cutoff_text)
+            .arg(source.word());
+        // Log entries: "finished queue code id parent"; layout 1's: "queue code id parent".
+        let id_word = match source {
+            FinishedSource::Log => 3,
+            FinishedSource::V1 => 2,
+        };
+        for entry in entries {
+            let id = entry.split(' ').nth(id_word).unwrap_or_default();
+            invocation.key(keys.job_named(id)).arg(entry);
+        }
+        let reply = self.invoke(&invocation, "purge").await?;
+        let [count, consumed, keys_left] = array(&reply, "purge reply")? else {
+            return Err(Error::corrupt("purge reply", "three items expected"));
+        };
+        self.drop_unique_keys(array(keys_left, "purge reply")?)
+            .await?;
+        Ok((
+            u64::try_from(int(count, "purge reply")?).unwrap_or(0),
+            usize::try_from(int(consumed, "purge reply")?).unwrap_or(0),
+        ))
+    }
+}
+
+/// Where `purge` reads finished jobs from (`purge.lua`'s ARGV[2]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FinishedSource {
+    /// The finished log (`Keys::finished`), oldest first.
+    Log,
+    /// Layout 1's index of finished jobs (`Keys::done_v1`), by finish time.
+    V1,
+}
+
+impl FinishedSource {
+    fn word(self) -> &'static str {
+        match self {
+            FinishedSource::Log => "log",
+            FinishedSource::V1 => "v1",
+        }
+    }
+}
+
+/// The finish time (ms) a finished log entry starts with, or `None` when it does not.
+fn entry_time(entry: &str) -> Option<i64> {
+    entry.split(' ').next()?.parse().ok()
 }

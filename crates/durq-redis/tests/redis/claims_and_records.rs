@@ -322,7 +322,7 @@ async fn unreadable_job_at_the_head_does_not_block_the_queue() {
         assert!(error.starts_with("corrupt record: "), "{error}");
     }
     assert_eq!(env.zcard("ready").await, 0);
-    assert_eq!(env.zcard("done").await, 2);
+    assert_eq!(env.llen("finished").await, 2);
     let stats = store.stats("q").await.expect("stats");
     assert_eq!((stats.ready, stats.running, stats.dead), (0, 2, 2));
     let dead = store
@@ -565,7 +565,7 @@ async fn refused_batch_writes_nothing_at_any_size() {
         "leases",
         "list",
         "running",
-        "done",
+        "finished",
         "paused",
         "children",
         "placement",

@@ -142,7 +142,10 @@ async fn drop_namespace_deletes_every_key_of_its_namespace_and_no_other() {
 
     let deleted = store.redis.drop_namespace().await.expect("drop_namespace");
 
-    assert_eq!(deleted, u64::try_from(before).expect("key count"));
+    // Its jobs' keys and its layout record.
+    assert_eq!(deleted, u64::try_from(before + 1).expect("key count"));
+    let record: bool = env.admin.exists(env.key("layout")).await.expect("EXISTS");
+    assert!(!record, "the layout record went with the namespace");
     assert_eq!(env.namespace_keys().await, Vec::<String>::new());
     let mut others_after = other.namespace_keys().await;
     others_after.sort();
@@ -566,9 +569,14 @@ async fn purge_cleans_entries_of_records_already_gone() {
     env.clock
         .advance(env.settings.retention + Duration::from_millis(1));
     assert_eq!(store.purge(100).await.expect("purge"), 2);
-    for name in ["ready", "sched", "leases", "list", "done", "children"] {
+    for name in ["ready", "sched", "leases", "list", "children"] {
         assert_eq!(env.zcard(name).await, 0, "{name} still has entries");
     }
+    assert_eq!(
+        env.llen("finished").await,
+        0,
+        "finished log still has entries"
+    );
     let stats = store.stats("q").await.expect("stats");
     assert_eq!(stats.total(), 0);
     assert!(store.get(parent).await.expect_err("purged").is_not_found());

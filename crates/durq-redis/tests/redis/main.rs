@@ -11,6 +11,7 @@ mod durability_and_fit;
 mod keys_scale_and_connections;
 mod partitions;
 mod reads_and_history;
+mod upgrade;
 
 use durq_core::{
     Budget, Bytes, ClaimRequest, Clock, Error, JobId, JobState, ListQuery, ManualClock, Needs,
@@ -193,8 +194,17 @@ impl Env {
         n
     }
 
-    /// Every key of the namespace (SCAN, so the server is never blocked).
+    async fn llen(&mut self, name: &str) -> u64 {
+        let key = self.key(name);
+        let n: u64 = self.admin.llen(&key).await.expect("LLEN");
+        n
+    }
+
+    /// Every key of the namespace's jobs (SCAN, so the server is never blocked): all
+    /// but its layout record, which every store writes when it first opens the
+    /// namespace and which outlives the jobs.
     async fn namespace_keys(&mut self) -> Vec<String> {
+        let layout = self.key("layout");
         let pattern = format!("jobs:{{{}}}:*", self.settings.namespace);
         let mut cursor: u64 = 0;
         let mut out = Vec::new();
@@ -208,7 +218,7 @@ impl Env {
                 .query_async(&mut self.admin)
                 .await
                 .expect("SCAN");
-            out.extend(keys);
+            out.extend(keys.into_iter().filter(|key| *key != layout));
             if next == 0 {
                 return out;
             }
@@ -283,6 +293,12 @@ async fn store_as_user(
     }
     let _: () = cmd.query_async(&mut env.admin).await.expect("ACL SETUSER");
     env.cleanup.users.push(user.clone());
+    // The first open of a namespace writes its layout record; a user who may only read
+    // it opens one that an operator's store opened first (docs/redis.md, "ACL key
+    // patterns").
+    RedisBackend::connect(&url(), env.settings.clone())
+        .await
+        .expect("connect as the admin");
     let store_url = url().replacen("redis://", &format!("redis://{user}:acl-test-password@"), 1);
     let store = RedisBackend::connect(&store_url, env.settings.clone())
         .await

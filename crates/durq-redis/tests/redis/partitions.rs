@@ -36,7 +36,7 @@ async fn a_namespace_keeps_the_partition_count_it_was_created_with() {
         .query_async(&mut env.admin)
         .await
         .expect("HMGET");
-    assert_eq!(record, [Some("12".to_owned()), Some("1".to_owned())]);
+    assert_eq!(record, [Some("12".to_owned()), Some("2".to_owned())]);
     for other in [1, 3] {
         let err = open_partitioned(&env, other)
             .await
@@ -58,15 +58,15 @@ async fn a_namespace_keeps_the_partition_count_it_was_created_with() {
     // A later layout's record is refused by name, and nothing is written.
     let _: () = env
         .admin
-        .hset(env.key("layout"), "version", "2")
+        .hset(env.key("layout"), "version", "3")
         .await
         .expect("HSET");
     let err = open_partitioned(&env, 12)
         .await
         .expect_err("a later layout");
     assert_eq!(err.invalid_field(), Some("namespace"), "{err}");
-    assert!(err.to_string().contains("version \"2\""), "{err}");
-    assert_eq!(env.namespace_keys().await, [env.key("layout")]);
+    assert!(err.to_string().contains("version \"3\""), "{err}");
+    assert!(env.namespace_keys().await.is_empty());
 }
 
 #[tokio::test]
@@ -75,16 +75,30 @@ async fn an_unpartitioned_namespace_is_never_opened_partitioned() {
         return;
     };
     let plain = env.store().await;
-    // Opening it writes nothing: no layout record for an unpartitioned namespace.
+    // Opening it writes its layout record, and nothing else.
     assert!(env.namespace_keys().await.is_empty());
+    let record: Vec<Option<String>> = redis::cmd("HMGET")
+        .arg(env.key("layout"))
+        .arg("partitions")
+        .arg("version")
+        .query_async(&mut env.admin)
+        .await
+        .expect("HMGET");
+    assert_eq!(record, [Some("1".to_owned()), Some("2".to_owned())]);
     plain.enqueue(NewJob::new("q")).await.expect("enqueue");
+    let err = open_partitioned(&env, 4)
+        .await
+        .expect_err("holds unpartitioned jobs");
+    assert_eq!(err.invalid_field(), Some("partitions"), "{err}");
+    assert!(err.to_string().contains("1 partition"), "{err}");
+    // Layout 1 wrote no record for an unpartitioned namespace: its jobs tell.
+    let _: () = env.admin.del(env.key("layout")).await.expect("DEL");
     let err = open_partitioned(&env, 4)
         .await
         .expect_err("holds unpartitioned jobs");
     assert_eq!(err.invalid_field(), Some("partitions"), "{err}");
     assert!(err.to_string().contains("unpartitioned"), "{err}");
     let keys = env.namespace_keys().await;
-    assert!(!keys.contains(&env.key("layout")), "{keys:?}");
     assert!(keys.iter().all(|key| !key.contains('#')), "{keys:?}");
 }
 

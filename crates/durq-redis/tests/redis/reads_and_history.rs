@@ -384,7 +384,7 @@ async fn attempts_are_fields_of_the_job_hash_and_complete_writes_none() {
         .into_iter()
         .filter(|key| !keys_before.contains(key))
         .collect();
-    let indexes = [env.key("leases"), env.key("running"), env.key("done")];
+    let indexes = [env.key("leases"), env.key("running"), env.key("finished")];
     assert!(
         added.iter().all(|key| indexes.contains(key)),
         "no key beyond the indexes a claim and a completion always wrote: {added:?}"
