@@ -68,6 +68,7 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
         locality: None,
         tags: Tags::new(),
         trace_context: None,
+        concurrency_key: None,
     };
     assert_eq!(
         get(&store, answer.id, "E1: get").await,
@@ -110,6 +111,7 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
             locality: None,
             tags: Tags::new(),
             trace_context: None,
+            concurrency_key: None,
         },
         "E1: unset fields take their defaults: empty tenant, no key, priority 0, run_at = now, 25 attempts"
     );

@@ -449,3 +449,39 @@ impl<B: Bug> Bug for Partitioned<B> {
         self.0.claim(inner, request, now).await
     }
 }
+
+/// K1, K2: a claim that reads the limits' counts once, before its own writes: it counts
+/// the jobs running when it starts but not those it takes, so one claim takes several
+/// jobs of a key at its limit of one. The store's own claim with the fault injected
+/// (`MemoryServer::count_limits_once`), as the bug would sit in a backend.
+#[derive(Debug)]
+pub(crate) struct CountsLimitsBeforeItsWrites;
+
+impl Bug for CountsLimitsBeforeItsWrites {
+    fn open(&self, server: &MemoryServer, namespace: &str) {
+        server.count_limits_once(namespace, true);
+    }
+}
+
+/// K3: a backend that stores limits but never removes them: setting unlimited limits
+/// is ignored, so the old limits keep holding jobs back.
+#[derive(Debug)]
+pub(crate) struct UnlimitedLimitsAreIgnored;
+
+#[async_trait]
+impl Bug for UnlimitedLimitsAreIgnored {
+    async fn set_limits(
+        &self,
+        inner: &dyn Backend,
+        queue: &str,
+        limits: QueueLimits,
+    ) -> Result<()> {
+        if limits.is_unlimited() {
+            return Ok(());
+        }
+        inner
+            .require_flow_control()?
+            .set_limits(queue, limits)
+            .await
+    }
+}

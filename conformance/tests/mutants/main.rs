@@ -17,8 +17,9 @@ use durq_conformance::{Harness, Scenario, SCENARIOS};
 use durq_core::{
     async_trait, Attempt, AttemptOutcome, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
     Completion, Enqueued, Error, Heartbeat, HeldLease, JobId, JobState, LayeredBackend, LeaseToken,
-    ListPage, ListQuery, NewJob, Partitioning, QueueOverview, QueueStats, ReclaimedJob, Result,
-    Retry, ScheduleUpdate, Store, StoreSettings, Timestamp, Uniqueness, LEASE_EXPIRED,
+    ListPage, ListQuery, NewJob, Partitioning, QueueLimits, QueueOverview, QueueStats,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoreSettings, Timestamp, Uniqueness,
+    LEASE_EXPIRED,
 };
 use durq_memory::MemoryServer;
 
@@ -38,6 +39,10 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
     fn partitioning(&self) -> Option<Partitioning> {
         None
     }
+
+    /// Injects what the bug needs into the server's own logic, when a store of
+    /// `namespace` opens; by default nothing.
+    fn open(&self, _server: &MemoryServer, _namespace: &str) {}
 
     /// Makes a record unreadable, as the harness's `corrupt` asks.
     fn corrupt(&self, server: &MemoryServer, namespace: &str, id: JobId) -> bool {
@@ -122,6 +127,18 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
 
     async fn set_paused(&self, inner: &dyn Backend, queue: &str, paused: bool) -> Result<()> {
         inner.require_pause()?.set_paused(queue, paused).await
+    }
+
+    async fn set_limits(
+        &self,
+        inner: &dyn Backend,
+        queue: &str,
+        limits: QueueLimits,
+    ) -> Result<()> {
+        inner
+            .require_flow_control()?
+            .set_limits(queue, limits)
+            .await
     }
 
     async fn queues(&self, inner: &dyn Backend, now: Timestamp) -> Result<Vec<QueueOverview>> {
@@ -262,6 +279,10 @@ impl LayeredBackend for Mutant {
         self.bug.set_paused(&*self.inner, queue, paused).await
     }
 
+    async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
+        self.bug.set_limits(&*self.inner, queue, limits).await
+    }
+
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
         self.bug.queues(&*self.inner, now).await
     }
@@ -324,6 +345,9 @@ impl Harness for MemoryHarness {
             *count += 1;
             *count - 1
         };
+        if let Some(bug) = &self.bug {
+            bug.open(&self.server, &settings.namespace);
+        }
         let inner: Arc<dyn Backend> = Arc::new(self.server.open(settings)?);
         Ok(match &self.bug {
             Some(bug) => Store::new(Mutant {
@@ -449,6 +473,42 @@ async fn a_claim_stopping_at_one_partition_is_caught_by_p2() {
     caught(
         ClaimStopsAtOnePartition,
         "p2_claims_keep_the_order_within_each_partition",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_counted_before_the_claims_writes_are_caught_by_k1() {
+    caught(
+        CountsLimitsBeforeItsWrites,
+        "k1_a_key_at_its_limit_is_passed_over_for_the_jobs_behind_it",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_counted_before_the_claims_writes_are_caught_by_the_k1_history() {
+    caught(
+        CountsLimitsBeforeItsWrites,
+        "k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_counted_before_the_claims_writes_are_caught_by_k2() {
+    caught(
+        CountsLimitsBeforeItsWrites,
+        "k2_a_queue_at_its_running_limit_gives_no_more_jobs",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unlimited_limits_ignored_are_caught_by_k3() {
+    caught(
+        UnlimitedLimitsAreIgnored,
+        "k3_limits_are_stored_per_queue_and_applied_by_the_next_claim",
     )
     .await;
 }

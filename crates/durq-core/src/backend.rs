@@ -14,7 +14,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::capability::{Admin, Capability, Inspect, Pause, Schedules, WorkerRegistry};
+use crate::capability::{
+    Admin, Capability, FlowControl, Inspect, Pause, Schedules, WorkerRegistry,
+};
 use crate::error::{Error, Result};
 use crate::id::JobId;
 use crate::model::{
@@ -302,6 +304,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
         None
     }
+
+    /// [`FlowControl`] if the backend declares it: limits on running jobs, enforced
+    /// by its claim.
+    fn as_flow_control(&self) -> Option<&dyn FlowControl> {
+        None
+    }
 }
 
 // Inherent, not a trait method with a default: what a backend declares is its
@@ -315,6 +323,7 @@ impl dyn Backend + '_ {
             Capability::Pause => self.as_pause().is_some(),
             Capability::Schedules => self.as_schedules().is_some(),
             Capability::WorkerRegistry => self.as_worker_registry().is_some(),
+            Capability::FlowControl => self.as_flow_control().is_some(),
         }
     }
 
@@ -327,6 +336,13 @@ impl dyn Backend + '_ {
     /// [`Backend::as_admin`], or [`Error::Unsupported`](crate::Error::Unsupported).
     pub fn require_admin(&self) -> Result<&dyn Admin> {
         self.as_admin().ok_or(Error::unsupported(Capability::Admin))
+    }
+
+    /// [`Backend::as_flow_control`], or
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn require_flow_control(&self) -> Result<&dyn FlowControl> {
+        self.as_flow_control()
+            .ok_or(Error::unsupported(Capability::FlowControl))
     }
 
     /// [`Backend::as_pause`], or [`Error::Unsupported`](crate::Error::Unsupported).

@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use crate::attempts::Attempt;
 use crate::error::Result;
 use crate::id::JobId;
+use crate::limits::QueueLimits;
 use crate::model::{Job, JobState, ListPage, ListQuery, QueueOverview, QueueStats};
 use crate::schedule::{ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
@@ -42,16 +43,19 @@ pub enum Capability {
     Schedules,
     /// [`WorkerRegistry`]: the registry of running workers.
     WorkerRegistry,
+    /// [`FlowControl`]: limits on a queue's running jobs, enforced by the claim.
+    FlowControl,
 }
 
 impl Capability {
     /// Every capability, in declaration order.
-    pub const ALL: [Capability; 5] = [
+    pub const ALL: [Capability; 6] = [
         Capability::Inspect,
         Capability::Admin,
         Capability::Pause,
         Capability::Schedules,
         Capability::WorkerRegistry,
+        Capability::FlowControl,
     ];
 
     /// The capability's trait name, as the docs and error messages spell it.
@@ -62,6 +66,7 @@ impl Capability {
             Capability::Pause => "Pause",
             Capability::Schedules => "Schedules",
             Capability::WorkerRegistry => "WorkerRegistry",
+            Capability::FlowControl => "FlowControl",
         }
     }
 }
@@ -130,6 +135,20 @@ pub trait Pause: Send + Sync {
 
     /// Rule Q1: the namespace's paused queues, sorted by name.
     async fn paused_queues(&self) -> Result<Vec<String>>;
+}
+
+/// Limits on the jobs of a queue that run at once (rules K1–K3): stored per namespace
+/// and queue, and enforced by the backend's claim, atomically with the leases it writes.
+/// A backend that declares it also stores each job's concurrency key (`get` reads it
+/// back); the [`Store`](crate::Store) refuses a job with a key on one that does not.
+#[async_trait]
+pub trait FlowControl: Send + Sync {
+    /// Rule K3: stores `limits` as `queue`'s, replacing what it had; unlimited limits
+    /// ([`QueueLimits::is_unlimited`]) remove the queue's. The next claim applies them.
+    async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()>;
+
+    /// Rule K3: the limits of every queue that has some, sorted by queue name.
+    async fn limits(&self) -> Result<Vec<(String, QueueLimits)>>;
 }
 
 /// Stored cron schedules (rules S1–S3): the store keeps each schedule's definition as

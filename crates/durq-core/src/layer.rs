@@ -21,7 +21,10 @@ use crate::time::Timestamp;
 use crate::workers::StoredWorker;
 
 use crate::backend::{Backend, Capabilities};
-use crate::capability::{Admin, Capability, Inspect, Pause, Schedules, WorkerRegistry};
+use crate::capability::{
+    Admin, Capability, FlowControl, Inspect, Pause, Schedules, WorkerRegistry,
+};
+use crate::limits::QueueLimits;
 
 /// Wraps a backend in another: metrics, logging, fault injection, a tenant guard.
 /// Added to a handle with [`Store::layer`](crate::Store::layer); the last layer added
@@ -210,6 +213,17 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
 
     async fn paused_queues(&self) -> Result<Vec<String>> {
         self.inner().require_pause()?.paused_queues().await
+    }
+
+    async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
+        self.inner()
+            .require_flow_control()?
+            .set_limits(queue, limits)
+            .await
+    }
+
+    async fn limits(&self) -> Result<Vec<(String, QueueLimits)>> {
+        self.inner().require_flow_control()?.limits().await
     }
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
@@ -511,6 +525,15 @@ impl<L: LayeredBackend> Backend for L {
             .as_worker_registry()
             .map(|_| self as &dyn WorkerRegistry)
     }
+
+    fn as_flow_control(&self) -> Option<&dyn FlowControl> {
+        if self.hides(Capability::FlowControl) {
+            return None;
+        }
+        self.inner()
+            .as_flow_control()
+            .map(|_| self as &dyn FlowControl)
+    }
 }
 
 impl<L: LayeredBackend> Inspect for L {
@@ -602,6 +625,29 @@ impl<L: LayeredBackend> Pause for L {
         Self: 'b,
     {
         LayeredBackend::paused_queues(self)
+    }
+}
+
+impl<L: LayeredBackend> FlowControl for L {
+    fn set_limits<'a, 'q, 'b>(
+        &'a self,
+        queue: &'q str,
+        limits: QueueLimits,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::set_limits(self, queue, limits)
+    }
+
+    fn limits<'a, 'b>(&'a self) -> BoxFuture<'b, Result<Vec<(String, QueueLimits)>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::limits(self)
     }
 }
 

@@ -11,6 +11,7 @@ mod error;
 pub mod fit;
 mod id;
 mod layer;
+mod limits;
 mod listing;
 pub mod meta;
 mod model;
@@ -27,11 +28,12 @@ mod workers;
 pub use attempts::{Attempt, AttemptOutcome, ATTEMPTS_KEPT};
 pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Partitioning};
 pub use backoff::Backoff;
-pub use capability::{Admin, Capability, Inspect, Pause, Schedules, WorkerRegistry};
+pub use capability::{Admin, Capability, FlowControl, Inspect, Pause, Schedules, WorkerRegistry};
 pub use error::{BoxError, Error, Result, SharedError};
 pub use fit::{Budget, Needs};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
 pub use layer::{Layer, LayeredBackend};
+pub use limits::QueueLimits;
 pub use meta::Tags;
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,

@@ -51,11 +51,14 @@ pub struct QueueOverview {
     /// How long that job has waited at the instant of the call: the queue's lag.
     /// `None` when no job is ready.
     pub lag: Option<std::time::Duration>,
+    /// Its limits on running jobs (CONTRACT K3); unlimited on a backend without flow
+    /// control.
+    pub limits: crate::QueueLimits,
 }
 
 impl QueueOverview {
-    /// A queue's overview as a backend reads it: `paused` and `lag` are the handle's to
-    /// fill in.
+    /// A queue's overview as a backend reads it: `paused`, `lag` and `limits` are the
+    /// handle's to fill in.
     pub fn new(
         queue: impl Into<String>,
         stats: QueueStats,
@@ -66,6 +69,7 @@ impl QueueOverview {
             stats,
             oldest_ready,
             lag: None,
+            limits: crate::QueueLimits::default(),
         }
     }
 }

@@ -107,6 +107,10 @@ pub struct NewJob {
     /// The W3C `traceparent` of the span that enqueued the job (CONTRACT E12), so its
     /// attempts join that trace. The `durq` crate's `opentelemetry` feature fills it in.
     pub trace_context: Option<String>,
+    /// What the job's queue limits jobs by when they run at once (a customer, an
+    /// account, a document): CONTRACT K1. Any UTF-8, 1..=256 bytes. Needs a backend
+    /// with flow control ([`crate::FlowControl`]).
+    pub concurrency_key: Option<String>,
 }
 
 impl NewJob {
@@ -128,6 +132,7 @@ impl NewJob {
             locality: None,
             tags: Tags::new(),
             trace_context: None,
+            concurrency_key: None,
         }
     }
 
@@ -239,6 +244,20 @@ impl NewJob {
     /// Sets how many claims the job gets before it is dead.
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Sets the job's concurrency key: its queue's per-key limit
+    /// ([`crate::QueueLimits::max_running_per_key`]) counts the running jobs of each key
+    /// apart (CONTRACT K1).
+    ///
+    /// ```
+    /// use durq_core::NewJob;
+    /// let job = NewJob::new("invoices").concurrency_key("customer-42");
+    /// assert_eq!(job.concurrency_key.as_deref(), Some("customer-42"));
+    /// ```
+    pub fn concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.concurrency_key = Some(key.into());
         self
     }
 
@@ -394,6 +413,8 @@ pub struct Job {
     pub tags: Tags,
     /// The trace context it was enqueued with.
     pub trace_context: Option<String>,
+    /// The concurrency key it was enqueued with (CONTRACT K1).
+    pub concurrency_key: Option<String>,
 }
 
 impl Job {
@@ -425,6 +446,7 @@ impl Job {
             locality: new.locality,
             tags: new.tags,
             trace_context: new.trace_context,
+            concurrency_key: new.concurrency_key,
         };
         (job, new.payload)
     }

@@ -11,6 +11,7 @@ use crate::capability::Capability;
 use crate::error::{Error, Result};
 use crate::id::JobId;
 use crate::layer::Layer;
+use crate::limits::QueueLimits;
 use crate::model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
     LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,
@@ -156,6 +157,9 @@ impl Store {
     /// Rules E1–E7: adds a job, or returns the existing job for a live idempotency key.
     pub async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         let (job, now) = transaction::prepare_enqueue(self.settings(), job)?;
+        if self.backend.as_flow_control().is_none() {
+            validate::refuse_concurrency_keys([&job])?;
+        }
         self.backend.enqueue(job, now).await
     }
 
@@ -171,6 +175,9 @@ impl Store {
         let (jobs, now) = transaction::prepare_batch(self.settings(), jobs)?;
         if jobs.is_empty() {
             return Ok(Vec::new());
+        }
+        if self.backend.as_flow_control().is_none() {
+            validate::refuse_concurrency_keys(&jobs)?;
         }
         self.backend.enqueue_batch(jobs, now).await
     }
@@ -411,18 +418,29 @@ impl Store {
 
     /// Rule A7: every queue of the namespace that holds a job or is paused, sorted by
     /// name, without naming them first: each with its counts per state (as
-    /// [`Store::stats`]), whether it is paused, and its lag, how long its oldest ready
-    /// job has waited at the instant of the call.
+    /// [`Store::stats`]), whether it is paused, its lag, how long its oldest ready
+    /// job has waited at the instant of the call, and its limits (K3).
     pub async fn queues(&self) -> Result<Vec<QueueOverview>> {
         let now = self.now();
         let inspect = self.backend.require_inspect()?;
-        let (queues, paused) = futures_util::future::join(inspect.queues(now), self.paused()).await;
-        let (mut queues, paused) = (queues?, paused?);
+        let limits = async {
+            match self.backend.as_flow_control() {
+                Some(flow_control) => flow_control.limits().await,
+                None => Ok(Vec::new()),
+            }
+        };
+        let (queues, paused, limits) =
+            futures_util::future::join3(inspect.queues(now), self.paused(), limits).await;
+        let (mut queues, paused, limits) = (queues?, paused?, limits?);
         for overview in &mut queues {
             overview.stats.paused = paused
                 .binary_search_by(|p| p.as_str().cmp(&overview.queue))
                 .is_ok();
             overview.lag = overview.oldest_ready.map(|ready| now.duration_since(ready));
+            if let Ok(at) = limits.binary_search_by(|(name, _)| name.as_str().cmp(&overview.queue))
+            {
+                overview.limits = limits[at].1;
+            }
         }
         for name in paused {
             if queues.binary_search_by(|q| q.queue.cmp(&name)).is_err() {
@@ -534,6 +552,48 @@ impl Store {
     /// Rule Q1: the paused queues, sorted by name.
     pub async fn paused_queues(&self) -> Result<Vec<String>> {
         self.backend.require_pause()?.paused_queues().await
+    }
+
+    /// Rule K3: sets `queue`'s limits on its running jobs, for every worker of every
+    /// process, from the next claim on: at most [`QueueLimits::max_running`] of its
+    /// jobs at once (K2), and at most [`QueueLimits::max_running_per_key`] of one
+    /// concurrency key (K1). Unlimited limits remove the queue's. A queue needs no jobs
+    /// to have limits; a limit of 0 is refused (pause the queue instead).
+    ///
+    /// ```no_run
+    /// # async fn demo(store: durq_core::Store) -> durq_core::Result<()> {
+    /// use durq_core::{NewJob, QueueLimits};
+    /// store
+    ///     .set_limits("invoices", QueueLimits::new().max_running_per_key(1))
+    ///     .await?;
+    /// store
+    ///     .enqueue(NewJob::new("invoices").concurrency_key("customer-42"))
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
+        validate::validate_queue(queue)?;
+        limits.validate()?;
+        self.backend
+            .require_flow_control()?
+            .set_limits(queue, limits)
+            .await
+    }
+
+    /// Rule K3: `queue`'s limits, unlimited when it has none.
+    pub async fn limits(&self, queue: &str) -> Result<QueueLimits> {
+        validate::validate_queue(queue)?;
+        let all = self.backend.require_flow_control()?.limits().await?;
+        Ok(all
+            .into_iter()
+            .find_map(|(name, limits)| (name == queue).then_some(limits))
+            .unwrap_or_default())
+    }
+
+    /// Rule K3: the limits of every queue that has some, sorted by queue name.
+    pub async fn all_limits(&self) -> Result<Vec<(String, QueueLimits)>> {
+        self.backend.require_flow_control()?.limits().await
     }
 
     /// Rule S1: stores `schedule`, replacing the definition of one of the same name

@@ -10,6 +10,8 @@ use crate::model::{ClaimRequest, ListQuery, NewJob, StoreSettings, Uniqueness};
 pub const MAX_QUEUE_BYTES: usize = 128;
 /// Longest tenant, in bytes.
 pub const MAX_TENANT_BYTES: usize = 256;
+/// Longest concurrency key, in bytes (CONTRACT K1).
+pub const MAX_CONCURRENCY_KEY_BYTES: usize = 256;
 /// Longest idempotency key, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 512;
 /// Longest worker id, in bytes.
@@ -151,6 +153,33 @@ pub fn validate_new_job(job: &NewJob, settings: &StoreSettings) -> Result<()> {
     crate::meta::validate_tags("tags", &job.tags)?;
     if let Some(traceparent) = &job.trace_context {
         crate::meta::validate_trace_context(traceparent)?;
+    }
+    if let Some(key) = &job.concurrency_key {
+        if key.is_empty() || key.len() > MAX_CONCURRENCY_KEY_BYTES {
+            return Err(Error::invalid(
+                "concurrency_key",
+                format!(
+                    "is {} bytes, it must be 1..={MAX_CONCURRENCY_KEY_BYTES}",
+                    key.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Rule K3: jobs with a concurrency key are refused, naming `concurrency_key`, by a
+/// backend without flow control ([`crate::FlowControl`]): it would not store the key,
+/// and the queue's limits could not hold. The [`crate::Store`] calls it for backends
+/// that do not declare the capability; a backend's own enqueue paths (in a caller's
+/// transaction) call it while they do not.
+pub fn refuse_concurrency_keys<'a>(jobs: impl IntoIterator<Item = &'a NewJob>) -> Result<()> {
+    if jobs.into_iter().any(|job| job.concurrency_key.is_some()) {
+        return Err(Error::invalid(
+            "concurrency_key",
+            "needs a backend with flow control (the FlowControl capability), and this \
+             one does not declare it",
+        ));
     }
     Ok(())
 }
@@ -386,6 +415,19 @@ mod tests {
         assert_eq!(
             field(NewJob::new("q").max_attempts(0)),
             Some("max_attempts")
+        );
+        assert_eq!(
+            field(NewJob::new("q").concurrency_key("")),
+            Some("concurrency_key")
+        );
+        assert_eq!(
+            field(NewJob::new("q").concurrency_key("é".repeat(129))),
+            Some("concurrency_key"),
+            "258 bytes in 129 characters"
+        );
+        assert_eq!(
+            field(NewJob::new("q").concurrency_key("k".repeat(256))),
+            None
         );
     }
 

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use durq_core::{
     async_trait, Admin, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
-    Completion, Enqueued, Heartbeat, HeldLease, Inspect, Job, JobId, JobState, LeaseToken,
-    ListPage, ListQuery, NewJob, Pause, QueueOverview, QueueStats, ReclaimedJob, Result, Retry,
-    ScheduleUpdate, Schedules, StoreSettings, StoredSchedule, StoredWorker, Timestamp,
-    WorkerRegistry,
+    Completion, Enqueued, FlowControl, Heartbeat, HeldLease, Inspect, Job, JobId, JobState,
+    LeaseToken, ListPage, ListQuery, NewJob, Pause, QueueLimits, QueueOverview, QueueStats,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StoreSettings, StoredSchedule,
+    StoredWorker, Timestamp, WorkerRegistry,
 };
 
 use crate::store::{Namespace, State};
@@ -33,6 +33,22 @@ impl MemoryBackend {
     /// A store with its own private data.
     pub fn new(settings: StoreSettings) -> Result<Self> {
         MemoryServer::new().open(settings)
+    }
+
+    /// Runs `end` (calls that take jobs out of `running`) under the namespace's lock,
+    /// then wakes the waiting claimers if a job of a queue with limits left `running`:
+    /// jobs its limits held back may be admitted now (K1, K2), and a claimer that found
+    /// nothing it could take waits for exactly that.
+    fn ending_leases<T>(&self, end: impl FnOnce(&mut State) -> T) -> T {
+        let (answer, freed) = {
+            let mut state = self.namespace.lock();
+            let answer = end(&mut state);
+            (answer, state.take_freed_slot())
+        };
+        if freed {
+            self.namespace.signal_work();
+        }
+        answer
     }
 }
 
@@ -121,7 +137,7 @@ impl Backend for MemoryBackend {
         result: Option<Bytes>,
         now: Timestamp,
     ) -> Result<()> {
-        self.namespace.lock().complete(id, token, result, now)
+        self.ending_leases(|state| state.complete(id, token, result, now))
     }
 
     async fn complete_batch(
@@ -129,11 +145,12 @@ impl Backend for MemoryBackend {
         completions: Vec<Completion>,
         now: Timestamp,
     ) -> Result<Vec<Result<()>>> {
-        let mut state = self.namespace.lock();
-        Ok(completions
-            .into_iter()
-            .map(|Completion { id, token, result }| state.complete(id, token, result, now))
-            .collect())
+        Ok(self.ending_leases(|state| {
+            completions
+                .into_iter()
+                .map(|Completion { id, token, result }| state.complete(id, token, result, now))
+                .collect()
+        }))
     }
 
     async fn fail(
@@ -144,7 +161,7 @@ impl Backend for MemoryBackend {
         retry: Retry,
         now: Timestamp,
     ) -> Result<JobState> {
-        let state = self.namespace.lock().fail(id, token, error, retry, now)?;
+        let state = self.ending_leases(|state| state.fail(id, token, error, retry, now))?;
         if state == JobState::Queued {
             self.namespace.signal_work();
         }
@@ -158,7 +175,7 @@ impl Backend for MemoryBackend {
         ready_at: Timestamp,
         now: Timestamp,
     ) -> Result<()> {
-        let state = self.namespace.lock().release(id, token, ready_at, now)?;
+        let state = self.ending_leases(|state| state.release(id, token, ready_at, now))?;
         if state == JobState::Queued {
             self.namespace.signal_work();
         }
@@ -166,7 +183,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
-        let reclaimed = self.namespace.lock().reclaim(limit, now);
+        let reclaimed = self.ending_leases(|state| state.reclaim(limit, now));
         if reclaimed.iter().any(|r| r.state == JobState::Queued) {
             self.namespace.signal_work();
         }
@@ -198,6 +215,24 @@ impl Backend for MemoryBackend {
 
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
         Some(self)
+    }
+
+    fn as_flow_control(&self) -> Option<&dyn FlowControl> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FlowControl for MemoryBackend {
+    async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
+        self.namespace.lock().set_limits(queue, limits);
+        // Jobs held back by the old limits may be admitted now.
+        self.namespace.signal_work();
+        Ok(())
+    }
+
+    async fn limits(&self) -> Result<Vec<(String, QueueLimits)>> {
+        Ok(self.namespace.lock().limits())
     }
 }
 

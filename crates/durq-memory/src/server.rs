@@ -58,6 +58,15 @@ impl MemoryServer {
         self.namespace(namespace).lock().vanish(id)
     }
 
+    /// Injects a bug into the namespace's claims: they count the jobs running before
+    /// them against the queues' limits, but not the jobs they take themselves, as a
+    /// backend that reads a limit before its claim's writes would (CONTRACT K1, K2).
+    /// For the conformance suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn count_limits_once(&self, namespace: &str, on: bool) {
+        self.namespace(namespace).lock().count_limits_once(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

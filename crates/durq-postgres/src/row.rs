@@ -132,6 +132,8 @@ pub(crate) fn job_in(row: &PgRow, placements: Option<&mut PlacementCache>) -> Re
         locality,
         tags,
         trace_context,
+        // No FlowControl here yet: the handle refuses jobs with a key.
+        concurrency_key: None,
     })
 }
 

@@ -527,6 +527,8 @@ fn decode_claimed_fields(
         locality,
         tags: meta.tags,
         trace_context: meta.trace_context,
+        // No FlowControl here yet: the handle refuses jobs with a key.
+        concurrency_key: None,
     };
     Ok(ClaimedJob {
         job,
@@ -594,6 +596,8 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         locality,
         tags: meta.tags,
         trace_context: meta.trace_context,
+        // No FlowControl here yet: the handle refuses jobs with a key.
+        concurrency_key: None,
     })
 }
 
@@ -656,6 +660,8 @@ pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str
         locality,
         tags: meta.as_ref().map(|m| m.tags.clone()).unwrap_or_default(),
         trace_context: meta.as_ref().and_then(|m| m.trace_context.clone()),
+        // No FlowControl here yet: the handle refuses jobs with a key.
+        concurrency_key: None,
     })
 }
 

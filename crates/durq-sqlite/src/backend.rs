@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use durq_core::{
     async_trait, validate, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
-    Completion, Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage,
-    ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate,
-    StoreSettings, StoredSchedule, StoredWorker, Timestamp,
+    Completion, Enqueued, Error, FlowControl, Heartbeat, HeldLease, Job, JobId, JobState,
+    LeaseToken, ListPage, ListQuery, NewJob, QueueLimits, QueueOverview, QueueStats, ReclaimedJob,
+    Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, StoredWorker, Timestamp,
 };
 use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use tokio::sync::Notify;
@@ -375,6 +375,29 @@ impl Backend for SqliteBackend {
 
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
         Some(self)
+    }
+
+    fn as_flow_control(&self) -> Option<&dyn FlowControl> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FlowControl for SqliteBackend {
+    async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
+        let (ns, queue) = (self.ns, queue.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                store::limits::set_limits(tx, ns, &queue, limits)
+            })
+            .await
+    }
+
+    async fn limits(&self) -> Result<Vec<(String, QueueLimits)>> {
+        let ns = self.ns;
+        self.engine
+            .read(move |conn| store::limits::all_limits(conn, ns))
+            .await
     }
 }
 

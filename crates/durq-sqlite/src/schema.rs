@@ -173,6 +173,27 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (ns, job_id, slot)
     ) WITHOUT ROWID;
     "#,
+    // Version 8: flow control (CONTRACT K1-K3).
+    //
+    // `concurrency_key` is NULL for a job without one, so adding it rewrites no row.
+    // The claim counts a key's running jobs from `jobq_jobs_running_key`, which holds
+    // only running jobs that have a key: a job without one never enters it, so queues
+    // that use no keys pay no index write for it. A queue's running jobs in all are
+    // counted on `jobq_jobs_state` (ns, queue, state), which every job already has.
+    // `jobq_limits` holds a row per queue that has limits; a claim reads its queues'
+    // rows by primary key.
+    r#"
+    ALTER TABLE jobq_jobs ADD COLUMN concurrency_key TEXT;
+    CREATE INDEX jobq_jobs_running_key ON jobq_jobs (ns, queue, concurrency_key)
+        WHERE state = 1 AND concurrency_key IS NOT NULL;
+    CREATE TABLE jobq_limits (
+        ns                  INTEGER NOT NULL,
+        queue               TEXT NOT NULL,
+        max_running         INTEGER,
+        max_running_per_key INTEGER,
+        PRIMARY KEY (ns, queue)
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -393,7 +414,7 @@ mod tests {
             "read the version",
         );
         assert_eq!(version, SCHEMA_VERSION);
-        assert_eq!(SCHEMA_VERSION, 7);
+        assert_eq!(SCHEMA_VERSION, 8);
 
         let old = must(store.get(done).await, "get the finished job");
         assert_eq!(old.state, JobState::Succeeded);
@@ -450,19 +471,23 @@ mod tests {
             must(store.pause("stopped").await, "pause");
             must(store.enqueue(NewJob::new("old")).await, "enqueue").id
         };
-        // Take the file back to what a version 5 build left: no attempts, tags or trace
-        // context (version 7), no workers table (version 6).
+        // Take the file back to what a version 5 build left: no limits or concurrency
+        // keys (version 8), no attempts, tags or trace context (version 7), no workers
+        // table (version 6).
         {
             let conn = must(Connection::open(&path), "reopen");
             must(
                 conn.execute_batch(
-                    "DROP TABLE jobq_attempts;
+                    "DROP TABLE jobq_limits;
+                     DROP INDEX jobq_jobs_running_key;
+                     ALTER TABLE jobq_jobs DROP COLUMN concurrency_key;
+                     DROP TABLE jobq_attempts;
                      ALTER TABLE jobq_jobs DROP COLUMN trace_context;
                      ALTER TABLE jobq_jobs DROP COLUMN tags;
                      DROP TABLE jobq_workers;
                      UPDATE jobq_meta SET value = 5 WHERE name = 'schema_version';",
                 ),
-                "undo versions 7 and 6",
+                "undo versions 8, 7 and 6",
             );
         }
         let store = Store::new(must(
@@ -477,7 +502,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (7, 7));
+        assert_eq!((version, SCHEMA_VERSION), (8, 8));
         assert_eq!(must(store.get(job).await, "get").state, JobState::Queued);
         assert_eq!(
             must(store.paused_queues().await, "paused"),
@@ -595,7 +620,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (7, 7));
+        assert_eq!((version, SCHEMA_VERSION), (8, 8));
         for id in [queued, running, done] {
             let job = must(store.get(id).await, "get an old job");
             assert_eq!((job.tags, job.trace_context), (Tags::new(), None));
@@ -674,6 +699,136 @@ mod tests {
             dead.jobs.iter().map(|job| job.id).collect::<Vec<_>>(),
             vec![running]
         );
+    }
+
+    /// A file a version 7 build wrote (its migrations as they shipped, two jobs running
+    /// and one queued, as its claim and enqueue stored them) opens at version 8: its jobs
+    /// read back without a concurrency key, and limits set after the upgrade count the
+    /// jobs that were running before it (CONTRACT K2), so the queued job waits until one
+    /// of them ends; keyed jobs enqueue and read back.
+    #[tokio::test]
+    async fn a_version_7_file_migrates_to_8_and_its_running_jobs_count_against_limits() {
+        use durq_core::{
+            ClaimRequest, Clock, JobId, JobState, LeaseToken, ManualClock, NewJob, QueueLimits,
+            Store, StoreSettings,
+        };
+
+        let dir = must(tempfile::tempdir(), "temp dir");
+        let path = dir.path().join("v7.db");
+        let clock = ManualClock::default();
+        let now = clock.now().as_millis();
+        let ids = [
+            JobId::mint(clock.now()),
+            JobId::mint(clock.now()),
+            JobId::mint(clock.now()),
+        ];
+        {
+            let mut conn = must(Connection::open(&path), "open");
+            let tx = must(conn.transaction(), "begin");
+            must(
+                tx.execute_batch(
+                    "CREATE TABLE jobq_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)
+                         WITHOUT ROWID;
+                     INSERT INTO jobq_meta (name, value) VALUES ('schema_version', 7);",
+                ),
+                "create the meta table",
+            );
+            for migration in &MIGRATIONS[..7] {
+                must(tx.execute_batch(migration), "apply a version 7 migration");
+            }
+            must(
+                tx.execute_batch(
+                    "INSERT INTO jobq_namespaces (id, name) VALUES (1, 'default');
+                     INSERT OR REPLACE INTO jobq_meta (name, value) VALUES ('seq', 3);",
+                ),
+                "register the namespace",
+            );
+            // Rows 1 and 2 running under w-old's leases (token 1), row 3 queued.
+            for (row, id) in (1i64..).zip(ids) {
+                let running = row < 3;
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_jobs (job, ns, id, queue, state, priority, run_at,
+                             seq, attempts, max_attempts, lease_token, lease_worker,
+                             lease_expires_at, cancel_requested, created_at, started_at,
+                             heartbeat_at, tenant)
+                         VALUES (?1, 1, ?2, 'old', ?3, 0, ?4, ?1, ?5, 5, ?5, ?6, ?7, 0, ?4,
+                             ?8, ?8, '')",
+                        rusqlite::params![
+                            row,
+                            id.to_bytes(),
+                            i64::from(running),
+                            now,
+                            i64::from(running),
+                            running.then_some("w-old"),
+                            running.then_some(now + 30_000),
+                            running.then_some(now),
+                        ],
+                    ),
+                    "insert a version 7 job",
+                );
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_payloads (job, payload) VALUES (?1, x'01')",
+                        [row],
+                    ),
+                    "insert a version 7 payload",
+                );
+            }
+            must(tx.commit(), "commit");
+        }
+
+        let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
+        let store = Store::new(must(
+            crate::SqliteBackend::open(&path, settings).await,
+            "open the version 7 file",
+        ));
+        let version: i64 = must(
+            must(Connection::open(&path), "reopen").query_row(
+                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
+                [],
+                |row| row.get(0),
+            ),
+            "read the version",
+        );
+        assert_eq!((version, SCHEMA_VERSION), (8, 8));
+        for id in ids {
+            assert_eq!(
+                must(store.get(id).await, "get an old job").concurrency_key,
+                None
+            );
+        }
+        must(
+            store
+                .set_limits("old", QueueLimits::new().max_running(2))
+                .await,
+            "set limits",
+        );
+        let claim =
+            || ClaimRequest::new(["old"], "w-new", std::time::Duration::from_secs(30)).limit(10);
+        assert!(
+            must(store.claim(claim()).await, "claim").is_empty(),
+            "the two jobs running since before the upgrade fill the limit"
+        );
+        must(
+            store.complete(ids[0], LeaseToken::new(1), None).await,
+            "complete an old running job",
+        );
+        let claimed = must(store.claim(claim()).await, "claim");
+        assert_eq!(
+            claimed.iter().map(|job| job.id()).collect::<Vec<_>>(),
+            vec![ids[2]]
+        );
+        let keyed = must(
+            store
+                .enqueue(NewJob::new("old").concurrency_key("customer-7"))
+                .await,
+            "enqueue a keyed job",
+        )
+        .id;
+        let job = must(store.get(keyed).await, "get the keyed job");
+        assert_eq!(job.concurrency_key.as_deref(), Some("customer-7"));
+        assert_eq!(job.state, JobState::Queued);
     }
 
     #[test]

@@ -428,3 +428,180 @@ fn processes_opening_a_new_file_at_once_migrate_once_and_share_keys() {
         }
     });
 }
+
+/// The queue of the limits test, its keys, and how many jobs each key has.
+const LIMITED_QUEUE: &str = "mp-limited";
+const LIMITED_KEYS: usize = 4;
+const LIMITED_PER_KEY: usize = 40;
+
+/// Nanoseconds since the epoch on the machine's real-time clock, which every process
+/// of the test reads alike: how the holds of different processes are put in one order.
+fn wall_nanos() -> u128 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(since) => since.as_nanos(),
+        Err(err) => panic!("clock before the epoch: {err}"),
+    }
+}
+
+/// A child of the limits test: two tasks claim from the limited queue until it is
+/// empty, and print `HOLD <key> <id> <from> <to>` for each job: `from` read after its
+/// claim returned, `to` before its completion was sent, so the interval lies inside the
+/// store's own `running` interval of the job.
+#[test]
+fn child_limited_claimer() {
+    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
+        return;
+    };
+    runtime().block_on(async move {
+        let store = match config().open(&db, settings()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("child {name}: open failed: {err}"),
+        };
+        println!("\nREADY");
+        let tasks: Vec<_> = (0..2)
+            .map(|t| {
+                let store = store.clone();
+                let worker = format!("{name}-t{t}");
+                tokio::spawn(async move {
+                    let mut lines = Vec::new();
+                    let mut empty = 0;
+                    // Every job exists before the children start: claims that find
+                    // nothing while jobs run elsewhere are retried, a few dozen empty
+                    // claims in a row after the queue emptied end the task.
+                    while empty < 50 {
+                        let request = ClaimRequest::new(
+                            [LIMITED_QUEUE],
+                            worker.clone(),
+                            Duration::from_secs(600),
+                        )
+                        .limit(3);
+                        let claimed = match store.claim(request).await {
+                            Ok(claimed) => claimed,
+                            Err(err) if err.is_retryable() => continue,
+                            Err(err) => panic!("{worker}: claim failed: {err}"),
+                        };
+                        if claimed.is_empty() {
+                            let stats = match store.stats(LIMITED_QUEUE).await {
+                                Ok(stats) => stats,
+                                Err(err) => panic!("{worker}: stats failed: {err}"),
+                            };
+                            empty = if stats.ready + stats.running == 0 {
+                                empty + 1
+                            } else {
+                                0
+                            };
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                        let from = wall_nanos();
+                        // Hold the jobs while the other processes claim.
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        let to = wall_nanos();
+                        for job in &claimed {
+                            let key = job.job.concurrency_key.clone().unwrap_or_default();
+                            lines.push(format!("HOLD {key} {} {from} {to}", job.id()));
+                            if let Err(err) = store.complete(job.id(), job.token(), None).await {
+                                panic!("{worker}: complete failed: {err}");
+                            }
+                        }
+                    }
+                    lines
+                })
+            })
+            .collect();
+        for task in tasks {
+            match task.await {
+                Ok(lines) => {
+                    for line in lines {
+                        println!("{line}");
+                    }
+                }
+                Err(err) => panic!("child {name}: a task failed: {err}"),
+            }
+        }
+    });
+}
+
+/// CONTRACT K1 across processes: three processes (two claimers each) drain a queue of
+/// 160 jobs of 4 keys limited to one running job per key. Each process prints when it
+/// held each job, on the machine's clock; merged, no two holds of one key overlap, and
+/// every job was held exactly once.
+#[test]
+fn processes_never_run_more_of_a_key_than_its_limit() {
+    if std::env::var(CHILD_DB).is_ok() {
+        return;
+    }
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => panic!("no temp dir: {err}"),
+    };
+    let db = dir.path().join("limited.db");
+    let rt = runtime();
+    let ids: Vec<JobId> = rt.block_on(async {
+        let store = match config().open(&db, settings()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("open failed: {err}"),
+        };
+        if let Err(err) = store
+            .set_limits(
+                LIMITED_QUEUE,
+                durq_core::QueueLimits::new().max_running_per_key(1),
+            )
+            .await
+        {
+            panic!("set_limits failed: {err}");
+        }
+        let jobs: Vec<NewJob> = (0..LIMITED_KEYS * LIMITED_PER_KEY)
+            .map(|n| NewJob::new(LIMITED_QUEUE).concurrency_key(format!("k{}", n % LIMITED_KEYS)))
+            .collect();
+        match store.enqueue_batch(jobs).await {
+            Ok(enqueued) => enqueued.into_iter().map(|e| e.id).collect(),
+            Err(err) => panic!("enqueue failed: {err}"),
+        }
+    });
+    let children: Vec<_> = (0..CHILDREN)
+        .map(|c| spawn_test(&db, &format!("limited-{c}"), "child_limited_claimer"))
+        .collect();
+    let mut holds: Vec<(String, String, u128, u128)> = Vec::new();
+    for mut child in children {
+        let Some(stdout) = child.stdout.take() else {
+            panic!("a child without stdout");
+        };
+        for line in BufReader::new(stdout).lines() {
+            let line = match line {
+                Ok(line) => line,
+                Err(err) => panic!("reading a child: {err}"),
+            };
+            let words: Vec<&str> = line.split(' ').collect();
+            if let ["HOLD", key, id, from, to] = words[..] {
+                let parse = |n: &str| match n.parse::<u128>() {
+                    Ok(n) => n,
+                    Err(err) => panic!("bad time {n:?}: {err}"),
+                };
+                holds.push((key.to_owned(), id.to_owned(), parse(from), parse(to)));
+            }
+        }
+        match child.wait() {
+            Ok(status) => assert!(status.success(), "a child failed: {status}"),
+            Err(err) => panic!("waiting for a child: {err}"),
+        }
+    }
+    let held: std::collections::HashSet<&str> = holds.iter().map(|h| h.1.as_str()).collect();
+    assert_eq!(held.len(), holds.len(), "a job was held twice");
+    assert_eq!(held.len(), ids.len(), "every job was held");
+    let mut by_key: HashMap<&str, Vec<(u128, u128)>> = HashMap::new();
+    for (key, _, from, to) in &holds {
+        by_key.entry(key.as_str()).or_default().push((*from, *to));
+    }
+    for (key, mut spans) in by_key {
+        spans.sort_unstable();
+        for pair in spans.windows(2) {
+            assert!(
+                pair[0].1 < pair[1].0,
+                "K1: two jobs of key {key} were held at once across processes: {:?} and {:?}",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+}

@@ -70,3 +70,48 @@ async fn a_worker_with_schedules_is_refused_on_a_backend_without_them() {
         Ok(_) => panic!("a worker storing schedules was built on a backend without them"),
     }
 }
+
+/// CONTRACT K3: a backend without flow control would drop a job's concurrency key, so
+/// the handle refuses such a job, naming the field, and writes nothing; its limits
+/// calls answer `Unsupported`.
+#[tokio::test]
+async fn a_concurrency_key_is_refused_by_a_backend_without_flow_control() {
+    let store = core_store();
+    for refused in [
+        store
+            .enqueue(NewJob::new("core").concurrency_key("customer-1"))
+            .await
+            .map(drop),
+        store
+            .enqueue_batch(vec![
+                NewJob::new("core"),
+                NewJob::new("core").concurrency_key("customer-1"),
+            ])
+            .await
+            .map(drop),
+    ] {
+        match refused {
+            Err(err) => assert_eq!(err.invalid_field(), Some("concurrency_key"), "{err}"),
+            Ok(()) => panic!("a job with a concurrency key was accepted"),
+        }
+    }
+    let claimed = store
+        .claim(
+            durq::worker_calls::ClaimRequest::new(["core"], "w", Duration::from_secs(5)).limit(10),
+        )
+        .await
+        .expect("claim");
+    assert!(claimed.is_empty(), "nothing was written");
+    assert!(matches!(
+        store
+            .set_limits("core", durq::QueueLimits::new().max_running(1))
+            .await,
+        Err(Error::Unsupported {
+            capability: Capability::FlowControl
+        })
+    ));
+    assert!(matches!(
+        store.limits("core").await,
+        Err(Error::Unsupported { .. })
+    ));
+}

@@ -59,7 +59,23 @@ impl State {
 
     #[cfg(feature = "testing")]
     pub(crate) fn vanish(&mut self, id: JobId) -> bool {
-        self.jobs.remove(&id).is_some()
+        let Some(record) = self.jobs.remove(&id) else {
+            return false;
+        };
+        // The index entries stay, as an eviction leaves them; the count of a queue's
+        // running jobs is of records, and this one is gone.
+        let job = &record.job;
+        if job.state == JobState::Running {
+            if let Some(running) = self.idx.running.get_mut(job.queue.as_str()) {
+                running.remove(job.concurrency_key.as_deref());
+            }
+        }
+        true
+    }
+
+    #[cfg(feature = "testing")]
+    pub(crate) fn count_limits_once(&mut self, on: bool) {
+        self.faults.count_limits_once = on;
     }
 
     #[cfg(feature = "testing")]

@@ -30,7 +30,9 @@ impl State {
         self.lease_all(candidates, request, now)
     }
 
-    /// The first `limit` ready jobs of the named queues in claim order (CONTRACT C3).
+    /// The first `limit` ready jobs of the named queues in claim order (CONTRACT C3)
+    /// that the queues' limits admit (K1, K2): a job whose key is at its limit is
+    /// passed over, and a queue at its limit gives none.
     pub(super) fn ready_candidates(
         &mut self,
         request: &ClaimRequest,
@@ -42,6 +44,8 @@ impl State {
                 continue;
             }
             self.promote_due(queue, now);
+            let mut admission =
+                limits::Admission::of(&self.limits, &self.idx.running, &self.faults, queue);
             let Some(index) = self.idx.queues.get_mut(queue) else {
                 continue;
             };
@@ -53,12 +57,20 @@ impl State {
                 if taken == request.limit {
                     break;
                 }
-                if self.jobs.contains_key(&entry.1) {
-                    candidates.push(*entry);
-                    taken += 1;
-                } else {
+                let Some(record) = self.jobs.get(&entry.1) else {
                     stale.push(*entry);
+                    continue;
+                };
+                if let Some(admission) = admission.as_mut() {
+                    if admission.queue_full() {
+                        break;
+                    }
+                    if !admission.take(record.job.concurrency_key.as_deref()) {
+                        continue;
+                    }
                 }
+                candidates.push(*entry);
+                taken += 1;
             }
             for entry in stale {
                 index.ready.remove(&entry);
@@ -85,6 +97,8 @@ impl State {
                 continue;
             }
             self.promote_due(queue, now);
+            let mut admission =
+                limits::Admission::of(&self.limits, &self.idx.running, &self.faults, queue);
             let Some(index) = self.idx.queues.get_mut(queue) else {
                 continue;
             };
@@ -123,6 +137,16 @@ impl State {
                 };
                 if !admitted {
                     continue;
+                }
+                // The queue's limits (K1, K2) after the budget: a job that does not fit
+                // takes no slot of its key.
+                if let Some(admission) = admission.as_mut() {
+                    if admission.queue_full() {
+                        break;
+                    }
+                    if !admission.take(job.concurrency_key.as_deref()) {
+                        continue;
+                    }
                 }
                 candidates.push((request.fit_order(order, job.locality.as_deref()), id));
                 fitting += 1;

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 
 use durq_core::{
     Attempt, AttemptOutcome, Bytes, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job,
-    JobId, JobIdMap, JobState, Lease, LeaseToken, ListPage, ListQuery, Needs, NewJob,
+    JobId, JobIdMap, JobState, Lease, LeaseToken, ListPage, ListQuery, Needs, NewJob, QueueLimits,
     QueueOverview, QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate,
     StoreSettings, StoredSchedule, StoredWorker, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
@@ -77,6 +77,11 @@ struct Indexes {
     leases: BTreeSet<(Timestamp, JobId)>,
     /// Terminal jobs by `finished_at`, so purge touches only jobs past retention.
     finished: BTreeSet<(Timestamp, JobId)>,
+    /// The running jobs of each queue that has limits (CONTRACT K1, K2).
+    running: FxHashMap<String, limits::Running>,
+    /// Whether a job of a queue with limits left `running` since the last look
+    /// ([`State::take_freed_slot`]).
+    freed_slot: bool,
 }
 
 impl Indexes {
@@ -106,6 +111,12 @@ impl Indexes {
                 if let Some(lease) = &job.lease {
                     self.leases.insert((lease.expires_at, id));
                 }
+                // Only queues with limits are counted: with none, not even a lookup.
+                if !self.running.is_empty() {
+                    if let Some(running) = self.running.get_mut(job.queue.as_str()) {
+                        running.add(job.concurrency_key.as_deref());
+                    }
+                }
             }
             JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
                 if let Some(finished_at) = job.finished_at {
@@ -130,6 +141,11 @@ impl Indexes {
             JobState::Running => {
                 if let Some(lease) = &job.lease {
                     self.leases.remove(&(lease.expires_at, id));
+                }
+                if !self.running.is_empty() {
+                    if let Some(running) = self.running.get_mut(job.queue.as_str()) {
+                        running.remove(job.concurrency_key.as_deref());
+                    }
                 }
             }
             JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
@@ -159,6 +175,10 @@ pub(crate) struct State {
     workers: BTreeMap<String, StoredWorker>,
     /// The needs of the jobs, equal ones shared, so a fitted claim judges each kind once.
     needs: NeedsPool,
+    /// Each queue's limits on its running jobs (CONTRACT K3).
+    limits: BTreeMap<String, QueueLimits>,
+    /// Faults a test injected.
+    faults: limits::Faults,
 }
 
 /// Kinds of needs one fitted claim remembers its verdict on; past that, a job of another
@@ -173,6 +193,7 @@ mod admin;
 mod claim;
 mod enqueue;
 mod lease;
+mod limits;
 mod reads;
 mod schedules;
 mod sweep;
@@ -210,6 +231,13 @@ impl State {
         if record.job.state == JobState::Queued && was != JobState::Queued {
             self.next_seq += 1;
             record.seq = self.next_seq;
+        }
+        if was == JobState::Running
+            && record.job.state != JobState::Running
+            && !self.idx.running.is_empty()
+            && self.idx.running.contains_key(record.job.queue.as_str())
+        {
+            self.idx.freed_slot = true;
         }
         self.idx.add(record, id, now);
         Some(result)

@@ -8,9 +8,6 @@ pub(super) const NEXT_BAND_SQL: &str = "SELECT priority FROM jobq_jobs INDEXED B
      WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority < ?3
      ORDER BY priority DESC LIMIT 1";
 
-/// Whether a queue is paused (CONTRACT Q1).
-pub(super) const PAUSED_SQL: &str = "SELECT 1 FROM jobq_paused WHERE ns = ?1 AND queue = ?2";
-
 /// The priority band `priority` read from the ready index, or a corrupt record.
 pub(super) fn band_priority(queue: &str, priority: i64) -> Result<i16> {
     i16::try_from(priority).map_err(|_| {
@@ -106,26 +103,46 @@ pub(super) fn job_subject(conn: &Connection, job: i64) -> String {
 /// order). No lower band can outrank a higher one. Of each kind, preferred or not, a
 /// band keeps only as many jobs as the cut can take, so a long band costs reading, not
 /// memory.
+#[allow(clippy::too_many_arguments)] // The claim's state, threaded through its steps.
 pub(super) fn fitting_candidates(
     conn: &Connection,
     ns: i64,
     queue: &str,
+    limits: Option<QueueLimits>,
     request: &ClaimRequest,
     now: Timestamp,
     verdicts: &mut Verdicts<'_>,
     out: &mut Vec<(FitOrder, i64)>,
 ) -> Result<()> {
+    // A queue with limits (K1, K2): a job that fits takes a slot of its key, and one
+    // whose key is at its limit is passed over like one that does not fit. Its scan
+    // reads each row's key from the table; a queue without limits reads the index alone.
+    let mut admission = match limits {
+        Some(limits) => {
+            let admission = limits::Admission::start(conn, ns, queue, limits)?;
+            if admission.queue_full() {
+                return Ok(());
+            }
+            Some(admission)
+        }
+        None => None,
+    };
     let mut band = conn
         .prepare_cached(NEXT_BAND_SQL)
         .db("prepare the priority scan")?;
     // No LIMIT: how far to read depends on what the rows hold, so the scan is stepped
     // only as far as needed and dropped (which resets it) there.
     let mut ready = conn
-        .prepare_cached(
+        .prepare_cached(if admission.is_some() {
+            "SELECT job, run_at, seq, placement, concurrency_key FROM jobq_jobs
+             INDEXED BY jobq_jobs_ready
+             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority = ?3 AND run_at <= ?4
+             ORDER BY run_at, seq"
+        } else {
             "SELECT job, run_at, seq, placement FROM jobq_jobs INDEXED BY jobq_jobs_ready
              WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority = ?3 AND run_at <= ?4
-             ORDER BY run_at, seq",
-        )
+             ORDER BY run_at, seq"
+        })
         .db("prepare the fitting scan")?;
     let prefers = !request.prefer.is_empty();
     let mut below = i64::from(i16::MAX) + 1;
@@ -156,6 +173,15 @@ pub(super) fn fitting_candidates(
             };
             if !fits {
                 continue;
+            }
+            if let Some(admission) = admission.as_mut() {
+                let key: Option<String> = row.get(4).db("read a ready job")?;
+                if !admission.take(conn, ns, queue, key.as_deref())? {
+                    if admission.queue_full() {
+                        break;
+                    }
+                    continue;
+                }
             }
             let kept = if is_preferred {
                 &mut preferred
@@ -226,7 +252,8 @@ impl<'r> Verdicts<'r> {
 }
 
 /// CONTRACT F6: the row of job `id` if the claim may take it (queued and due, in one of
-/// the claim's queues that is not paused, and admitted by its budget), found by id.
+/// the claim's queues that is not paused, admitted by its budget and by its queue's
+/// limits, K1 and K2), found by id.
 pub(super) fn reserved_row(
     conn: &Connection,
     ns: i64,
@@ -236,7 +263,7 @@ pub(super) fn reserved_row(
 ) -> Result<Option<i64>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT job, queue, state, run_at, placement FROM jobq_jobs
+            "SELECT job, queue, state, run_at, placement, concurrency_key FROM jobq_jobs
              WHERE ns = ?1 AND id = ?2",
         )
         .db("prepare the reservation read")?;
@@ -254,6 +281,7 @@ pub(super) fn reserved_row(
         return Ok(None);
     }
     let placement = placement_from(row.get_ref(4).db("read the reserved job")?, None);
+    let key: Option<String> = row.get(5).db("read the reserved job")?;
     drop(rows);
     let needs = match placement {
         Ok((needs, _)) => needs,
@@ -265,39 +293,60 @@ pub(super) fn reserved_row(
     if !request.admits(&needs) {
         return Ok(None);
     }
-    let paused = conn
-        .prepare_cached(PAUSED_SQL)
-        .and_then(|mut stmt| stmt.exists(params![ns, queue]))
-        .db("check a pause")?;
-    Ok((!paused).then_some(job))
+    let queues = [queue];
+    let Some((queue, limits)) = open_queues(conn, ns, &queues)?.pop() else {
+        return Ok(None);
+    };
+    if let Some(limits) = limits {
+        let mut admission = limits::Admission::start(conn, ns, queue, limits)?;
+        if !admission.take(conn, ns, queue, key.as_deref())? {
+            return Ok(None);
+        }
+    }
+    Ok(Some(job))
 }
 
-/// The distinct queues of a claim, less the paused ones. Read in the claim's own write
-/// transaction, so a pause committed before the claim began is always seen (CONTRACT
-/// Q1).
-pub(super) fn unpaused_queues<'a>(
+/// Whether a queue is paused (CONTRACT Q1), and its limits (K1–K3) when it has any:
+/// both in one statement, so a claim of a queue without limits pays one statement per
+/// queue, as it did for the pause alone.
+const GATES_SQL: &str =
+    "SELECT EXISTS (SELECT 1 FROM jobq_paused p WHERE p.ns = ?1 AND p.queue = ?2),
+         l.queue IS NOT NULL, l.max_running, l.max_running_per_key
+     FROM (SELECT 1) LEFT JOIN jobq_limits l ON l.ns = ?1 AND l.queue = ?2";
+
+/// The distinct queues of a claim, less the paused ones, each with its limits. Read in
+/// the claim's own write transaction, so a pause or limits committed before the claim
+/// began are always seen (CONTRACT Q1, K3).
+pub(super) fn open_queues<'a>(
     conn: &Connection,
     ns: i64,
     named: &'a [String],
-) -> Result<Vec<&'a str>> {
+) -> Result<Vec<(&'a str, Option<QueueLimits>)>> {
     let mut queues: Vec<&str> = named.iter().map(String::as_str).collect();
     queues.sort_unstable();
     queues.dedup();
-    let mut paused = conn
-        .prepare_cached(PAUSED_SQL)
-        .db("prepare the pause check")?;
-    let mut open = 0;
-    for index in 0..queues.len() {
-        if !paused
-            .exists(params![ns, queues[index]])
-            .db("check a pause")?
-        {
-            queues.swap(open, index);
-            open += 1;
+    let mut gates = conn
+        .prepare_cached(GATES_SQL)
+        .db("prepare the pause and limits check")?;
+    let mut open = Vec::with_capacity(queues.len());
+    for queue in queues {
+        let mut rows = gates
+            .query(params![ns, queue])
+            .db("check a pause and limits")?;
+        let Some(row) = rows.next().db("check a pause and limits")? else {
+            continue;
+        };
+        if row.get::<_, bool>(0).db("check a pause")? {
+            continue;
         }
+        let limits = if row.get::<_, bool>(1).db("read a queue's limits")? {
+            Some(limits::limits_from(queue, row.get(2), row.get(3))?)
+        } else {
+            None
+        };
+        open.push((queue, limits));
     }
-    queues.truncate(open);
-    Ok(queues)
+    Ok(open)
 }
 
 /// The rows a fitted claim takes (CONTRACT F2–F6), in its order: every queue's
@@ -316,11 +365,12 @@ pub(super) fn fitted_rows(
     }
     let mut candidates = Vec::new();
     let mut verdicts = Verdicts::new(request);
-    for queue in unpaused_queues(conn, ns, &request.queues)? {
+    for (queue, limits) in open_queues(conn, ns, &request.queues)? {
         fitting_candidates(
             conn,
             ns,
             queue,
+            limits,
             request,
             now,
             &mut verdicts,
@@ -350,8 +400,19 @@ pub(crate) fn claim(
         return lease_rows(conn, rows.into_iter(), request, now);
     }
     let mut candidates = Vec::new();
-    for queue in unpaused_queues(conn, ns, &request.queues)? {
-        ready_candidates(conn, ns, queue, now, request.limit, &mut candidates)?;
+    for (queue, limits) in open_queues(conn, ns, &request.queues)? {
+        match limits {
+            None => ready_candidates(conn, ns, queue, now, request.limit, &mut candidates)?,
+            Some(limits) => limits::limited_candidates(
+                conn,
+                ns,
+                queue,
+                limits,
+                now,
+                request.limit,
+                &mut candidates,
+            )?,
+        }
     }
     // Each queue gave its first `limit` jobs, so the first `limit` of the merge are the
     // first `limit` of the whole ready set (C3).

@@ -42,9 +42,9 @@ impl<'c> Enqueuer<'c> {
             .prepare_cached(
                 "INSERT INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
                      max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key,
-                     parent, timeout_ms, placement, tags, trace_context)
+                     parent, timeout_ms, placement, tags, trace_context, concurrency_key)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                     ?17, ?18)",
+                     ?17, ?18, ?19)",
             )
             .db("prepare the job insert")?;
         // OR REPLACE: a payload row left behind by a job deleted outside this crate must
@@ -103,6 +103,7 @@ impl<'c> Enqueuer<'c> {
                 job.placement(),
                 encode_tags(&job.tags),
                 job.trace_context,
+                job.concurrency_key,
             ])
             .db("insert the job")?;
         let row = conn.last_insert_rowid();

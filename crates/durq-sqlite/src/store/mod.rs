@@ -12,9 +12,9 @@ use durq_core::meta::{decode_tags, encode_tags};
 use durq_core::transition::{self, Attempts, Next};
 use durq_core::{
     Attempt, AttemptOutcome, ClaimRequest, ClaimedJob, Enqueued, Error, Heartbeat, Job, JobId,
-    JobState, Lease, LeaseToken, ListPage, ListQuery, Needs, NewJob, QueueOverview, QueueStats,
-    ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
-    StoredWorker, Tags, Timestamp, Uniqueness, LEASE_EXPIRED,
+    JobState, Lease, LeaseToken, ListPage, ListQuery, Needs, NewJob, QueueLimits, QueueOverview,
+    QueueStats, ReadyOrder, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings,
+    StoredSchedule, StoredWorker, Tags, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 use rusqlite::types::ValueRef;
 use rusqlite::{params, CachedStatement, Connection, OptionalExtension, Row};
@@ -60,12 +60,12 @@ macro_rules! job_columns {
         "id, queue, tenant, idem_key, priority, run_at, max_attempts, parent, state, \
          attempts, lease_worker, lease_token, lease_expires_at, created_at, started_at, \
          heartbeat_at, finished_at, last_error, result, cancel_requested, timeout_ms, \
-         placement, tags, trace_context"
+         placement, tags, trace_context, concurrency_key"
     };
 }
 
 /// How many columns `job_columns!` names: a query that reads more puts them after.
-const JOB_COLUMNS: usize = 24;
+const JOB_COLUMNS: usize = 25;
 
 /// The job id in a 16-byte `id` blob, as `JobId::to_bytes` wrote it. The blob is read
 /// as `[u8; 16]` (no allocation; a blob of another size fails in rusqlite and is
@@ -204,6 +204,7 @@ fn job_from_row_in(row: &Row<'_>, placements: Option<&mut PlacementCache>) -> Re
         locality,
         tags,
         trace_context: row.get(23).map_err(read)?,
+        concurrency_key: row.get(24).map_err(read)?,
     })
 }
 
@@ -253,6 +254,7 @@ mod admin;
 mod claim;
 mod enqueue;
 mod lease;
+pub(crate) mod limits;
 mod reads;
 mod schedules;
 mod sweep;

@@ -1,0 +1,388 @@
+//! Rules K1–K3: flow control, limits on a queue's running jobs enforced by the claim.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use durq_core::{JobId, JobState, NewJob, QueueLimits, Store};
+
+use super::support::{assert_nothing_claimable, claim, enqueue, expect_invalid, get, ids_of, Must};
+use crate::{Harness, TestEnv};
+
+fn ids(claimed: &[durq_core::ClaimedJob]) -> HashSet<JobId> {
+    ids_of(claimed).into_iter().collect()
+}
+
+/// K1: a job whose key is at its limit stays ready and is passed over; the claim goes
+/// on with the jobs behind it (other keys, jobs without a key), and the same key on
+/// another queue is counted apart. Once the key's running job ends, its next job is
+/// claimed.
+pub async fn k1_a_key_at_its_limit_is_passed_over_for_the_jobs_behind_it(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let one_per_key = QueueLimits::new().max_running_per_key(1);
+    for queue in ["q", "other"] {
+        store
+            .set_limits(queue, one_per_key)
+            .await
+            .must("K1: set_limits");
+    }
+    let keyed = |queue: &str, key: &str| NewJob::new(queue).concurrency_key(key);
+    let a1 = enqueue(&store, keyed("q", "a"), "K1").await;
+    let a2 = enqueue(&store, keyed("q", "a"), "K1").await;
+    let b1 = enqueue(&store, keyed("q", "b"), "K1").await;
+    let plain = enqueue(&store, NewJob::new("q"), "K1").await;
+    let elsewhere = enqueue(&store, keyed("other", "a"), "K1").await;
+    assert_eq!(
+        get(&store, a1, "K1").await.concurrency_key.as_deref(),
+        Some("a"),
+        "K1: get reads the concurrency key back"
+    );
+
+    let claimed = claim(&store, &["q", "other"], 10, "K1: the first claim").await;
+    assert_eq!(
+        ids(&claimed),
+        HashSet::from([a1, b1, plain, elsewhere]),
+        "K1: the claim takes a's first job, passes over its second, and goes on with b, \
+         the job without a key and the other queue's job of key a"
+    );
+    assert_eq!(
+        get(&store, a2, "K1").await.state,
+        JobState::Queued,
+        "K1: a job passed over stays ready"
+    );
+    assert_nothing_claimable(&store, &["q"], "K1: a's second job while its first runs").await;
+
+    let first = claimed.iter().find(|job| job.id() == a1).must_some("K1");
+    store
+        .complete(a1, first.token(), None)
+        .await
+        .must("K1: complete a's first job");
+    let next = claim(&store, &["q"], 10, "K1: after a's first job ended").await;
+    assert_eq!(
+        ids_of(&next),
+        vec![a2],
+        "K1: a's next job once a slot is free"
+    );
+}
+
+/// One event of a recorded history: a job a claimer holds, from just after its claim
+/// returned to just before its completion was sent, so the interval lies inside the
+/// store's own `running` interval of the job.
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    at: u64,
+    job: JobId,
+    key: usize,
+    start: bool,
+}
+
+/// K1, K2 with real concurrency: 16 claimers, each on a store of its own, race for 96
+/// jobs of 6 keys (enqueued a key at a time, so one claim meets several jobs of a key)
+/// and 16 without a key, under at most 2 running per key and 9 in the queue. Each
+/// claimer records when it holds a job; replayed in order, the history never shows
+/// more than 2 of one key or 9 in all held at once, and every job ran exactly once.
+pub async fn k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit(harness: &dyn Harness) {
+    const KEYS: usize = 6;
+    const PER_KEY: usize = 16;
+    const UNKEYED: usize = 16;
+    const PER_KEY_LIMIT: usize = 2;
+    const QUEUE_LIMIT: usize = 9;
+    const CLAIMERS: usize = 16;
+    let env = TestEnv::new(harness);
+    let admin = env.store().await;
+    admin
+        .set_limits(
+            "q",
+            QueueLimits::new()
+                .max_running_per_key(PER_KEY_LIMIT as u32)
+                .max_running(QUEUE_LIMIT as u32),
+        )
+        .await
+        .must("K1: set_limits");
+    let mut key_of: HashMap<JobId, usize> = HashMap::new();
+    let mut jobs = Vec::new();
+    for key in 0..KEYS {
+        for _ in 0..PER_KEY {
+            jobs.push(NewJob::new("q").concurrency_key(format!("key-{key}")));
+        }
+    }
+    jobs.extend((0..UNKEYED).map(|_| NewJob::new("q")));
+    let enqueued = admin.enqueue_batch(jobs.clone()).await.must("K1: enqueue");
+    for (answer, job) in enqueued.iter().zip(&jobs) {
+        let key = match &job.concurrency_key {
+            Some(key) => key
+                .strip_prefix("key-")
+                .and_then(|n| n.parse().ok())
+                .must_some("K1: a key of this test"),
+            None => KEYS, // no key: its own bucket, never limited per key
+        };
+        key_of.insert(answer.id, key);
+    }
+    let total = key_of.len();
+    let key_of = Arc::new(key_of);
+    let history: Arc<Mutex<Vec<Event>>> = Arc::new(Mutex::new(Vec::new()));
+    let clock = Arc::new(AtomicU64::new(0));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let mut claimers = Vec::new();
+    for _ in 0..CLAIMERS {
+        let store: Store = env.store().await;
+        let (key_of, history, clock, finished) = (
+            key_of.clone(),
+            history.clone(),
+            clock.clone(),
+            finished.clone(),
+        );
+        claimers.push(tokio::spawn(async move {
+            while finished.load(Ordering::SeqCst) < total {
+                let claimed = claim(&store, &["q"], 4, "K1: a racing claim").await;
+                if claimed.is_empty() {
+                    // Every job is enqueued already, so an empty claim means the rest
+                    // are held back or running: a pause before the next, so 16 idle
+                    // claimers do not keep a single-writer store's lock for themselves.
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    continue;
+                }
+                let record = |job: JobId, start: bool| {
+                    let event = Event {
+                        at: clock.fetch_add(1, Ordering::SeqCst),
+                        job,
+                        key: key_of[&job],
+                        start,
+                    };
+                    history
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .push(event);
+                };
+                for job in &claimed {
+                    record(job.id(), true);
+                }
+                // Hold the jobs a while, so other claimers run meanwhile.
+                for _ in 0..3 {
+                    tokio::task::yield_now().await;
+                }
+                for job in &claimed {
+                    record(job.id(), false);
+                    store
+                        .complete(job.id(), job.token(), None)
+                        .await
+                        .must("K1: complete");
+                    finished.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for claimer in claimers {
+        claimer.await.must_some_join("K1: a claimer");
+    }
+    let mut events = history
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    events.sort_by_key(|event| event.at);
+    let mut held_per_key = [0usize; KEYS + 1];
+    let mut held = 0usize;
+    let mut started = HashSet::new();
+    for event in &events {
+        if event.start {
+            assert!(started.insert(event.job), "K1: job {} ran twice", event.job);
+            held_per_key[event.key] += 1;
+            held += 1;
+            if event.key < KEYS {
+                assert!(
+                    held_per_key[event.key] <= PER_KEY_LIMIT,
+                    "K1: {} jobs of key-{} ran at once (event {}), above its limit of \
+                     {PER_KEY_LIMIT}",
+                    held_per_key[event.key],
+                    event.key,
+                    event.at
+                );
+            }
+            assert!(
+                held <= QUEUE_LIMIT,
+                "K2: {held} jobs of the queue ran at once (event {}), above its limit of \
+                 {QUEUE_LIMIT}",
+                event.at
+            );
+        } else {
+            held_per_key[event.key] -= 1;
+            held -= 1;
+        }
+    }
+    assert_eq!(started.len(), total, "K1: every job ran");
+}
+
+/// K2: a queue at its running limit gives no more jobs, while the other queues the
+/// claim names still give theirs; a job that ends frees a slot for the next.
+pub async fn k2_a_queue_at_its_running_limit_gives_no_more_jobs(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    store
+        .set_limits("q", QueueLimits::new().max_running(2))
+        .await
+        .must("K2: set_limits");
+    let mut queued = Vec::new();
+    for _ in 0..4 {
+        queued.push(enqueue(&store, NewJob::new("q"), "K2").await);
+    }
+    let open = enqueue(&store, NewJob::new("r"), "K2").await;
+    let claimed = claim(&store, &["q", "r"], 10, "K2: the first claim").await;
+    assert_eq!(
+        ids(&claimed),
+        HashSet::from([queued[0], queued[1], open]),
+        "K2: two of the limited queue's jobs, in order, and the other queue's"
+    );
+    assert_nothing_claimable(&store, &["q"], "K2: the queue at its limit").await;
+    let first = &claimed[ids_of(&claimed)
+        .iter()
+        .position(|id| *id == queued[0])
+        .must_some("K2")];
+    store
+        .fail(queued[0], first.token(), "boom", durq_core::Retry::Never)
+        .await
+        .must("K2: fail");
+    let next = claim(&store, &["q"], 10, "K2: after a job ended").await;
+    assert_eq!(
+        ids_of(&next),
+        vec![queued[2]],
+        "K2: one slot freed, one job"
+    );
+}
+
+/// K3: limits are stored per queue, read back through any handle, listed by name (and
+/// shown by `queues()`), refused at 0, removed by unlimited limits, and applied by the next claim; lowering
+/// a limit below the jobs running stops none of them but holds back the next.
+pub async fn k3_limits_are_stored_per_queue_and_applied_by_the_next_claim(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let operator = env.store().await;
+    let worker = env.store().await;
+    assert_eq!(
+        worker.limits("q").await.must("K3: limits"),
+        QueueLimits::new(),
+        "K3: a queue without limits is unlimited"
+    );
+    assert!(worker.all_limits().await.must("K3").is_empty());
+    expect_invalid(
+        operator
+            .set_limits("q", QueueLimits::new().max_running(0))
+            .await,
+        "max_running",
+        "K3: a limit of 0",
+    );
+    expect_invalid(
+        operator
+            .set_limits("q", QueueLimits::new().max_running_per_key(0))
+            .await,
+        "max_running_per_key",
+        "K3: a per-key limit of 0",
+    );
+    expect_invalid(
+        operator
+            .set_limits("no queue!", QueueLimits::new().max_running(1))
+            .await,
+        "queue",
+        "K3: a bad queue name",
+    );
+    assert!(
+        worker.all_limits().await.must("K3").is_empty(),
+        "K3: a refused call writes nothing"
+    );
+    let two_per_key = QueueLimits::new().max_running_per_key(2).max_running(50);
+    operator.set_limits("q", two_per_key).await.must("K3");
+    operator
+        .set_limits("p", QueueLimits::new().max_running(3))
+        .await
+        .must("K3");
+    assert_eq!(worker.limits("q").await.must("K3"), two_per_key);
+    assert_eq!(
+        worker.all_limits().await.must("K3"),
+        vec![
+            ("p".to_owned(), QueueLimits::new().max_running(3)),
+            ("q".to_owned(), two_per_key),
+        ],
+        "K3: every handle sees the limits, listed by queue name"
+    );
+
+    let keyed = || NewJob::new("q").concurrency_key("k");
+    let mut jobs = Vec::new();
+    for _ in 0..3 {
+        jobs.push(enqueue(&worker, keyed(), "K3").await);
+    }
+    let listed = worker.queues().await.must("K3: queues");
+    let row = listed
+        .iter()
+        .find(|row| row.queue == "q")
+        .must_some("K3: the queue in queues()");
+    assert_eq!(
+        row.limits, two_per_key,
+        "K3: queues() shows a queue's limits"
+    );
+    let running = claim(&worker, &["q"], 10, "K3: two per key").await;
+    assert_eq!(
+        ids_of(&running),
+        jobs[..2].to_vec(),
+        "K3: the limit applies"
+    );
+    operator
+        .set_limits("q", QueueLimits::new().max_running_per_key(1))
+        .await
+        .must("K3: lower the limit");
+    for job in &running {
+        assert_eq!(
+            get(&worker, job.id(), "K3").await.state,
+            JobState::Running,
+            "K3: lowering a limit stops no running job"
+        );
+    }
+    worker
+        .complete(running[0].id(), running[0].token(), None)
+        .await
+        .must("K3");
+    assert_nothing_claimable(&worker, &["q"], "K3: one of k still runs, at the new limit").await;
+    operator
+        .set_limits("q", QueueLimits::new())
+        .await
+        .must("K3: remove the limits");
+    assert_eq!(
+        worker.all_limits().await.must("K3"),
+        vec![("p".to_owned(), QueueLimits::new().max_running(3))],
+        "K3: unlimited limits remove the queue's"
+    );
+    let freed = claim(&worker, &["q"], 10, "K3: without limits").await;
+    assert_eq!(
+        ids_of(&freed),
+        vec![jobs[2]],
+        "K3: the next claim applies the change"
+    );
+}
+
+/// `Option::expect` with the suite's wording, for values a scenario built itself.
+trait MustSome<T> {
+    fn must_some(self, what: &str) -> T;
+}
+
+impl<T> MustSome<T> for Option<T> {
+    fn must_some(self, what: &str) -> T {
+        match self {
+            Some(value) => value,
+            None => panic!("{what}: a value the scenario made is missing"),
+        }
+    }
+}
+
+/// A spawned claimer's end: its panic, passed on.
+trait MustJoin {
+    fn must_some_join(self, what: &str);
+}
+
+impl MustJoin for std::result::Result<(), tokio::task::JoinError> {
+    fn must_some_join(self, what: &str) {
+        if let Err(err) = self {
+            if err.is_panic() {
+                std::panic::resume_unwind(err.into_panic());
+            }
+            panic!("{what}: {err}");
+        }
+    }
+}
