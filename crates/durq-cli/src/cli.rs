@@ -126,6 +126,13 @@ pub enum Command {
         #[arg(value_parser = queue_name)]
         queue: String,
     },
+    /// Every queue's limits on its running jobs; `limits set QUEUE …` sets a queue's,
+    /// `limits clear QUEUE` removes them.
+    Limits {
+        /// What to do instead of listing them.
+        #[command(subcommand)]
+        action: Option<LimitsAction>,
+    },
     /// Every periodic job: its cadence, its queue, whether it is enabled, its last and
     /// next run; `schedules delete NAME` removes one.
     Schedules {
@@ -135,6 +142,30 @@ pub enum Command {
     },
     /// Serves the web dashboard until ctrl-c.
     Dashboard(DashboardArgs),
+}
+
+/// What `durq limits` does besides listing.
+#[derive(Debug, Subcommand)]
+pub enum LimitsAction {
+    /// Sets a queue's limits, replacing the ones it had, for every worker from its next
+    /// claim on. Name at least one.
+    Set {
+        /// The queue.
+        #[arg(value_parser = queue_name)]
+        queue: String,
+        /// Most of the queue's jobs running at once.
+        #[arg(long, value_name = "JOBS", value_parser = clap::value_parser!(u32).range(1..))]
+        max_running: Option<u32>,
+        /// Most jobs of one concurrency key (`NewJob::concurrency_key`) running at once.
+        #[arg(long, value_name = "JOBS", value_parser = clap::value_parser!(u32).range(1..))]
+        max_running_per_key: Option<u32>,
+    },
+    /// Removes a queue's limits.
+    Clear {
+        /// The queue.
+        #[arg(value_parser = queue_name)]
+        queue: String,
+    },
 }
 
 /// What `durq schedules` does besides listing.
@@ -239,6 +270,9 @@ pub struct EnqueueArgs {
     /// The tenant that scopes the idempotency key.
     #[arg(long, default_value = "")]
     pub tenant: String,
+    /// The concurrency key its queue's per-key limit counts it by (`durq limits`).
+    #[arg(long, value_name = "KEY")]
+    pub concurrency_key: Option<String>,
     /// Claims the job gets before it is dead.
     #[arg(long, value_name = "N", default_value_t = durq_core::DEFAULT_MAX_ATTEMPTS,
           value_parser = clap::value_parser!(u32).range(1..))]

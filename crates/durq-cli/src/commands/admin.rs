@@ -1,4 +1,4 @@
-//! `purge`, `pause`, `resume` and `schedules delete`.
+//! `purge`, `pause`, `resume`, `limits set`, `limits clear` and `schedules delete`.
 
 use serde::Serialize;
 
@@ -40,6 +40,36 @@ pub async fn pause(cx: &mut Context<'_>, queue: &str, allow_empty: bool) -> Resu
         )));
     }
     set_paused(cx, queue, true).await
+}
+
+/// `durq limits set QUEUE …` and, with neither limit, `durq limits clear QUEUE`.
+pub async fn set_limits(
+    cx: &mut Context<'_>,
+    queue: &str,
+    max_running: Option<u32>,
+    max_running_per_key: Option<u32>,
+) -> Result<()> {
+    let mut limits = durq_core::QueueLimits::new();
+    if let Some(jobs) = max_running {
+        limits = limits.max_running(jobs);
+    }
+    if let Some(jobs) = max_running_per_key {
+        limits = limits.max_running_per_key(jobs);
+    }
+    cx.store.set_limits(queue, limits).await?;
+    if cx.json {
+        return cx.print_json(&super::read::LimitsJson::new(queue, &limits));
+    }
+    if limits.is_unlimited() {
+        return cx.print(&format!(
+            "cleared the limits of queue {queue}
+"
+        ));
+    }
+    cx.print(&format!(
+        "queue {queue}: {}\n",
+        super::read::describe_limits(&limits)
+    ))
 }
 
 /// `durq schedules delete NAME`.

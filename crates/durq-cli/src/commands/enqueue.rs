@@ -37,6 +37,9 @@ pub fn prepare(args: &EnqueueArgs, terminal: &mut dyn Terminal) -> Result<NewJob
             job.idempotency_key(key.as_str())
         };
     }
+    if let Some(key) = &args.concurrency_key {
+        job = job.concurrency_key(key.as_str());
+    }
     if let Some(at) = args.run_at {
         job = job.run_at(at);
     }

@@ -8,7 +8,7 @@ pub mod inspect;
 pub mod list;
 pub mod read;
 
-use crate::cli::{Action, Command, ScheduleAction};
+use crate::cli::{Action, Command, LimitsAction, ScheduleAction};
 use crate::{Context, Result};
 
 /// Runs `command` against the context's store.
@@ -28,6 +28,26 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
         Command::Purge(_) => admin::purge(cx).await,
         Command::Pause { queue, allow_empty } => admin::pause(cx, queue, *allow_empty).await,
         Command::Resume { queue } => admin::set_paused(cx, queue, false).await,
+        Command::Limits { action: None } => read::limits(cx).await,
+        Command::Limits {
+            action:
+                Some(LimitsAction::Set {
+                    queue,
+                    max_running,
+                    max_running_per_key,
+                }),
+        } => {
+            if max_running.is_none() && max_running_per_key.is_none() {
+                return Err(crate::CliError::new(format!(
+                    "limits set {queue}: name --max-running or --max-running-per-key \
+                     (`limits clear {queue}` removes its limits)"
+                )));
+            }
+            admin::set_limits(cx, queue, *max_running, *max_running_per_key).await
+        }
+        Command::Limits {
+            action: Some(LimitsAction::Clear { queue }),
+        } => admin::set_limits(cx, queue, None, None).await,
         Command::Schedules { action: None } => read::schedules(cx).await,
         Command::Schedules {
             action: Some(ScheduleAction::Delete { name }),

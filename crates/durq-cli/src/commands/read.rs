@@ -189,6 +189,72 @@ pub(crate) async fn every_job(cx: &Context<'_>, queue: &str, state: JobState) ->
     }
 }
 
+/// `durq limits`: every queue's limits on its running jobs (CONTRACT K3).
+pub async fn limits(cx: &mut Context<'_>) -> Result<()> {
+    let all = cx.store.all_limits().await?;
+    if cx.json {
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            limits: Vec<LimitsJson<'a>>,
+        }
+        let limits = all
+            .iter()
+            .map(|(queue, limits)| LimitsJson::new(queue, limits))
+            .collect();
+        return cx.print_json(&Doc { limits });
+    }
+    if all.is_empty() {
+        return cx.print("(no queue has limits)\n");
+    }
+    let count = |limit: Option<u32>| limit.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    let rows = all
+        .iter()
+        .map(|(queue, limits)| {
+            vec![
+                queue.clone(),
+                count(limits.max_running),
+                count(limits.max_running_per_key),
+            ]
+        })
+        .collect();
+    cx.print(&table(
+        &["QUEUE", "MAX RUNNING", "MAX RUNNING PER KEY"],
+        &[1, 2],
+        rows,
+    ))
+}
+
+/// One queue's limits in JSON (`durq limits`, `durq limits set`): absent limits are
+/// `null`.
+#[derive(Serialize)]
+pub(crate) struct LimitsJson<'a> {
+    queue: &'a str,
+    max_running: Option<u32>,
+    max_running_per_key: Option<u32>,
+}
+
+impl<'a> LimitsJson<'a> {
+    pub(crate) fn new(queue: &'a str, limits: &durq_core::QueueLimits) -> Self {
+        LimitsJson {
+            queue,
+            max_running: limits.max_running,
+            max_running_per_key: limits.max_running_per_key,
+        }
+    }
+}
+
+/// Limits in words, for the line `durq limits set` prints.
+pub(crate) fn describe_limits(limits: &durq_core::QueueLimits) -> String {
+    let mut parts = Vec::new();
+    if let Some(jobs) = limits.max_running {
+        parts.push(format!("at most {jobs} running"));
+    }
+    if let Some(jobs) = limits.max_running_per_key {
+        parts.push(format!("at most {jobs} running per concurrency key"));
+    }
+    parts.join(", ")
+}
+
 /// `durq schedules`: every periodic job, its cadence, whether it is enabled, and its
 /// last and next run.
 pub async fn schedules(cx: &mut Context<'_>) -> Result<()> {

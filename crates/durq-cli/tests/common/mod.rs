@@ -394,6 +394,53 @@ pub async fn main_flow(t: &Target) {
     assert_eq!(t.json(&["resume", "emails"])["paused"], false);
     assert!(!t.store.stats("emails").await.expect("stats").paused);
 
+    // Limits (CONTRACT K3), on a backend with flow control; refused by name elsewhere.
+    if t.store.supports(durq::Capability::FlowControl) {
+        assert_eq!(t.run(&["limits"]).ok(), "(no queue has limits)\n");
+        let keyed = t.enqueue(&["invoices", "--concurrency-key", "customer-9"]);
+        assert_eq!(
+            t.store
+                .get(keyed)
+                .await
+                .expect("get")
+                .concurrency_key
+                .as_deref(),
+            Some("customer-9")
+        );
+        assert_eq!(
+            t.run(&["limits", "set", "emails", "--max-running-per-key", "1"])
+                .ok(),
+            "queue emails: at most 1 running per concurrency key\n"
+        );
+        let set = t.json(&["limits", "set", "reports", "--max-running", "4"]);
+        assert_eq!(set["max_running"], 4);
+        assert!(set["max_running_per_key"].is_null());
+        let listed = t.json(&["limits"]);
+        assert_eq!(listed["limits"][0]["queue"], "emails");
+        assert_eq!(listed["limits"][1]["max_running"], 4);
+        let table = t.run(&["limits"]).ok();
+        assert!(table.contains("MAX RUNNING PER KEY"), "{table}");
+        assert_eq!(
+            t.store.limits("emails").await.expect("limits"),
+            durq::QueueLimits::new().max_running_per_key(1)
+        );
+        t.run(&["limits", "set", "emails"])
+            .fails_with("name --max-running or --max-running-per-key");
+        t.run(&["limits", "set", "emails", "--max-running", "0"])
+            .usage_error();
+        for queue in ["emails", "reports"] {
+            assert_eq!(
+                t.run(&["limits", "clear", queue]).ok(),
+                format!("cleared the limits of queue {queue}\n")
+            );
+        }
+        assert!(t.store.all_limits().await.expect("limits").is_empty());
+    } else {
+        t.run(&["limits"]).fails_with("FlowControl");
+        t.run(&["enqueue", "invoices", "--concurrency-key", "customer-9"])
+            .fails_with("concurrency_key");
+    }
+
     // Schedules.
     let schedule = Schedule::every("ping", Duration::from_secs(30), NewJob::new("pings"));
     t.store.put_schedule(&schedule).await.expect("put schedule");
