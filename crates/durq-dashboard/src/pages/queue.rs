@@ -54,6 +54,12 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         p {
             "Lag: " strong { (overview.lag.map_or_else(|| "none (no job is ready)".to_owned(), format::duration)) }
         }
+        @if store.supports(durq::Capability::FlowControl) {
+            p id="queue-limits" {
+                "Limits: " strong { (limits_text(&overview.limits)) }
+                " (" span class="mono" { "durq limits set" } " changes them)"
+            }
+        }
         div class="actions" {
             (pause_button(ctx, &name, stats.paused))
             @if ctx.can_act() && stats.dead > 0 {
@@ -74,6 +80,21 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         Some(_) => view.refresh_to(queue_href(ctx, &name)),
         None => view,
     })
+}
+
+/// A queue's limits on its running jobs (CONTRACT K3), in words.
+fn limits_text(limits: &durq::QueueLimits) -> String {
+    let mut parts = Vec::new();
+    if let Some(jobs) = limits.max_running {
+        parts.push(format!("at most {jobs} running"));
+    }
+    if let Some(jobs) = limits.max_running_per_key {
+        parts.push(format!("at most {jobs} running per concurrency key"));
+    }
+    if parts.is_empty() {
+        return "none".to_owned();
+    }
+    parts.join(", ")
 }
 
 fn counts(ctx: &Ctx, queue: &str, stats: &QueueStats) -> Markup {

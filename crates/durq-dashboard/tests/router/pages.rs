@@ -693,3 +693,38 @@ async fn every_dead_job_of_a_queue_is_retried_after_a_confirmation() {
     let page = get(&router, "/queue?name=q&notice=retried-dead&n=3&skipped=0").await;
     assert!(page.body.contains("Retried 3 dead jobs."), "{}", page.body);
 }
+
+/// A queue's page shows its limits on running jobs (CONTRACT K3) on a store with flow
+/// control: none until set, then what was set.
+#[tokio::test]
+async fn a_queue_page_shows_its_limits() {
+    let store = memory().await;
+    store
+        .enqueue(durq::NewJob::new("q"))
+        .await
+        .expect("enqueue");
+    let router = router(&store);
+    let before = get(&router, "/queue?name=q").await;
+    assert!(
+        before.body.contains("Limits: <strong>none</strong>"),
+        "{}",
+        before.body
+    );
+    store
+        .set_limits(
+            "q",
+            durq::QueueLimits::new()
+                .max_running(3)
+                .max_running_per_key(1),
+        )
+        .await
+        .expect("set_limits");
+    let after = get(&router, "/queue?name=q").await;
+    assert!(
+        after.body.contains(
+            "Limits: <strong>at most 3 running, at most 1 running per concurrency key</strong>"
+        ),
+        "{}",
+        after.body
+    );
+}
