@@ -246,6 +246,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("signup", ""),
     ("scheduling", ""),
     ("resource_aware", ""),
+    ("per_customer_limit", ""),
     ("transactional_sqlite", ""),
     ("transactional_postgres", "postgres"),
 ];
