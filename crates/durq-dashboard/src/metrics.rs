@@ -4,7 +4,9 @@
 //!
 //! The names are the runtime's (`durq::telemetry`): `jobs_queue_depth{queue,state}` for
 //! every state (`ready`, `scheduled`, `running`, `succeeded`, `dead`, `cancelled`) and
-//! `jobs_queue_lag_seconds{queue}`; beside them `jobs_queue_paused{queue}` and
+//! `jobs_queue_lag_seconds{queue}`; beside them `jobs_queue_paused{queue}`,
+//! `jobs_queue_limit{queue,limit}` (the limits a queue has on its running jobs,
+//! `max_running` and `max_running_per_key`, CONTRACT K3; none for a limit not set) and
 //! `jobs_workers`, the live workers. Every series carries a `namespace` label, so the
 //! dashboards of several namespaces can be scraped into one Prometheus.
 
@@ -36,6 +38,13 @@ struct QueueState {
 struct Queue {
     namespace: String,
     queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLimit {
+    namespace: String,
+    queue: String,
+    limit: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -74,6 +83,7 @@ pub(crate) fn exposition(
     let depth = Family::<QueueState, Gauge>::default();
     let lag = Family::<Queue, Gauge<f64, AtomicU64>>::default();
     let paused = Family::<Queue, Gauge>::default();
+    let limits = Family::<QueueLimit, Gauge>::default();
     let workers = Family::<Namespace, Gauge>::default();
     for q in queues {
         let s = &q.stats;
@@ -101,6 +111,19 @@ pub(crate) fn exposition(
         lag.get_or_create(&queue)
             .set(q.lag.map_or(0.0, |lag| lag.as_secs_f64()));
         paused.get_or_create(&queue).set(i64::from(q.stats.paused));
+        for (limit, value) in [
+            ("max_running", q.limits.max_running),
+            ("max_running_per_key", q.limits.max_running_per_key),
+        ] {
+            if let Some(value) = value {
+                let labels = QueueLimit {
+                    namespace: namespace.to_owned(),
+                    queue: q.queue.clone(),
+                    limit,
+                };
+                limits.get_or_create(&labels).set(i64::from(value));
+            }
+        }
     }
     workers
         .get_or_create(&Namespace {
@@ -119,6 +142,11 @@ pub(crate) fn exposition(
         "jobs_queue_paused",
         "Whether a queue is paused (1) or not (0)",
         paused,
+    );
+    registry.register(
+        "jobs_queue_limit",
+        "A queue's limit on its running jobs, in all or per concurrency key",
+        limits,
     );
     registry.register("jobs_workers", "Workers registered in the store", workers);
     let mut out = String::with_capacity(256 + queues.len() * 600);

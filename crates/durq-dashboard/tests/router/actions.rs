@@ -345,6 +345,10 @@ async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
     store.enqueue(NewJob::new("emails")).await.expect("enqueue");
     dead_job(&store, "emails", "boom").await;
     store.pause("idle").await.expect("pause");
+    store
+        .set_limits("emails", durq::QueueLimits::new().max_running_per_key(2))
+        .await
+        .expect("set_limits");
     let router = router(&store);
     let scrape = get(&router, "/metrics").await;
     assert_eq!(scrape.status, StatusCode::OK);
@@ -365,6 +369,9 @@ async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
         format!("jobs_queue_lag_seconds{{namespace=\"{namespace}\",queue=\"idle\"}} 0.0"),
         format!("jobs_queue_paused{{namespace=\"{namespace}\",queue=\"idle\"}} 1"),
         format!("jobs_queue_paused{{namespace=\"{namespace}\",queue=\"emails\"}} 0"),
+        format!(
+            "jobs_queue_limit{{namespace=\"{namespace}\",queue=\"emails\",limit=\"max_running_per_key\"}} 2"
+        ),
         format!("jobs_workers{{namespace=\"{namespace}\"}} 0"),
         "# EOF".to_owned(),
     ] {
@@ -374,6 +381,11 @@ async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
             scrape.body
         );
     }
+    assert!(
+        !scrape.body.contains("limit=\"max_running\""),
+        "a limit that is not set has no series:\n{}",
+        scrape.body
+    );
     let lag_prefix =
         format!("jobs_queue_lag_seconds{{namespace=\"{namespace}\",queue=\"emails\"}} ");
     let lag = lines
