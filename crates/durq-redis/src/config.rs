@@ -408,14 +408,15 @@ impl RedisBackend {
         Ok(store)
     }
 
-    /// Records the namespace's layout on its first open (upgrading a namespace of
-    /// layout 1 in place), and refuses a namespace laid out otherwise than this store
-    /// would lay it out (`layout.lua`).
+    /// Records the namespace's layout (upgrading a namespace of layout 1 in place), and
+    /// refuses a namespace laid out otherwise than this store would lay it out
+    /// (`layout.lua`).
     ///
     /// The record is read first with a plain `HMGET`, and the script runs only when it
-    /// is missing or names layout 1, so once a namespace is recorded a Redis user
-    /// limited to key patterns needs no more than read access to it (a script's
-    /// declared keys need full access).
+    /// is missing or names layout 1 and, unpartitioned, only when the namespace holds
+    /// jobs: opening a new namespace writes nothing, and once a namespace is recorded a
+    /// Redis user limited to key patterns needs no more than read access to the record
+    /// (a script's declared keys need full access).
     async fn check_layout(&self) -> Result<()> {
         let keys = &self.inner.keys;
         let partitions = self.partition_count().to_string();
@@ -429,6 +430,12 @@ impl RedisBackend {
             .map_err(|err| map_err("layout check", err))?;
         let words: Vec<String> = match recorded {
             (Some(count), Some(found)) if count == partitions && found == version => {
+                vec!["ok".to_owned()]
+            }
+            // Unpartitioned and unrecorded: a new namespace, which has nothing to record
+            // yet (so opening it, to read or to probe, writes nothing), or one of layout
+            // 1, which the script records, and so upgrades.
+            (None, _) if partitions == "1" && !self.holds_jobs().await? => {
                 vec!["ok".to_owned()]
             }
             _ => {
@@ -477,6 +484,16 @@ impl RedisBackend {
                 format!("unexpected reply {other:?}"),
             )),
         }
+    }
+
+    /// Whether an unpartitioned store has written a job in this namespace (its list
+    /// index exists): one plain read.
+    async fn holds_jobs(&self) -> Result<bool> {
+        redis::cmd("EXISTS")
+            .arg(&self.inner.keys.list)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|err| map_err("layout check", err))
     }
 
     /// This store over a connection of its own, opened from the calling runtime (see

@@ -74,30 +74,38 @@ async fn an_unpartitioned_namespace_is_never_opened_partitioned() {
     let Some(mut env) = Env::new().await else {
         return;
     };
+    let record = |mut admin: redis::aio::MultiplexedConnection, key: String| async move {
+        let found: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(key)
+            .arg("partitions")
+            .arg("version")
+            .query_async(&mut admin)
+            .await
+            .expect("HMGET");
+        found
+    };
     let plain = env.store().await;
-    // Opening it writes its layout record, and nothing else.
-    assert!(env.namespace_keys().await.is_empty());
-    let record: Vec<Option<String>> = redis::cmd("HMGET")
-        .arg(env.key("layout"))
-        .arg("partitions")
-        .arg("version")
-        .query_async(&mut env.admin)
-        .await
-        .expect("HMGET");
-    assert_eq!(record, [Some("1".to_owned()), Some("2".to_owned())]);
+    // Opening a new namespace writes nothing, not even its layout record.
+    let layout: bool = env.admin.exists(env.key("layout")).await.expect("EXISTS");
+    assert!(!layout && env.namespace_keys().await.is_empty());
     plain.enqueue(NewJob::new("q")).await.expect("enqueue");
-    let err = open_partitioned(&env, 4)
-        .await
-        .expect_err("holds unpartitioned jobs");
-    assert_eq!(err.invalid_field(), Some("partitions"), "{err}");
-    assert!(err.to_string().contains("1 partition"), "{err}");
-    // Layout 1 wrote no record for an unpartitioned namespace: its jobs tell.
-    let _: () = env.admin.del(env.key("layout")).await.expect("DEL");
+    // Its jobs tell it is unpartitioned, record or not.
     let err = open_partitioned(&env, 4)
         .await
         .expect_err("holds unpartitioned jobs");
     assert_eq!(err.invalid_field(), Some("partitions"), "{err}");
     assert!(err.to_string().contains("unpartitioned"), "{err}");
+    // The next unpartitioned open finds jobs and records the namespace.
+    drop(env.store().await);
+    assert_eq!(
+        record(env.admin.clone(), env.key("layout")).await,
+        [Some("1".to_owned()), Some("2".to_owned())]
+    );
+    let err = open_partitioned(&env, 4)
+        .await
+        .expect_err("recorded with one partition");
+    assert_eq!(err.invalid_field(), Some("partitions"), "{err}");
+    assert!(err.to_string().contains("1 partition"), "{err}");
     let keys = env.namespace_keys().await;
     assert!(keys.iter().all(|key| !key.contains('#')), "{keys:?}");
 }
