@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use durq_core::{JobId, JobState, NewJob, QueueLimits, Store};
 
-use super::support::{assert_nothing_claimable, claim, enqueue, expect_invalid, get, ids_of, Must};
+use super::support::{
+    assert_nothing_claimable, claim, enqueue, expect_invalid, get, ids_of, join_all, Must,
+};
 use crate::{Harness, TestEnv};
 
 fn ids(claimed: &[durq_core::ClaimedJob]) -> HashSet<JobId> {
@@ -53,7 +55,7 @@ pub async fn k1_a_key_at_its_limit_is_passed_over_for_the_jobs_behind_it(harness
     );
     assert_nothing_claimable(&store, &["q"], "K1: a's second job while its first runs").await;
 
-    let first = claimed.iter().find(|job| job.id() == a1).must_some("K1");
+    let first = claimed.iter().find(|job| job.id() == a1).must("K1");
     store
         .complete(a1, first.token(), None)
         .await
@@ -114,7 +116,7 @@ pub async fn k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit(harne
             Some(key) => key
                 .strip_prefix("key-")
                 .and_then(|n| n.parse().ok())
-                .must_some("K1: a key of this test"),
+                .must("K1: a key of this test"),
             None => KEYS, // no key: its own bucket, never limited per key
         };
         key_of.insert(answer.id, key);
@@ -124,23 +126,29 @@ pub async fn k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit(harne
     let history: Arc<Mutex<Vec<Event>>> = Arc::new(Mutex::new(Vec::new()));
     let clock = Arc::new(AtomicU64::new(0));
     let finished = Arc::new(AtomicUsize::new(0));
+    // Told each time a claimer completed jobs: what a claimer that found nothing waits
+    // for, since every job is enqueued already and an empty claim means the rest are
+    // held back by running ones (or done).
+    let completed = Arc::new(tokio::sync::Notify::new());
     let mut claimers = Vec::new();
     for _ in 0..CLAIMERS {
         let store: Store = env.store().await;
-        let (key_of, history, clock, finished) = (
+        let (key_of, history, clock, finished, completed) = (
             key_of.clone(),
             history.clone(),
             clock.clone(),
             finished.clone(),
+            completed.clone(),
         );
         claimers.push(tokio::spawn(async move {
             while finished.load(Ordering::SeqCst) < total {
+                // Registered before the claim, so a completion during it is not missed.
+                let next_completion = completed.notified();
                 let claimed = claim(&store, &["q"], 4, "K1: a racing claim").await;
                 if claimed.is_empty() {
-                    // Every job is enqueued already, so an empty claim means the rest
-                    // are held back or running: a pause before the next, so 16 idle
-                    // claimers do not keep a single-writer store's lock for themselves.
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    if finished.load(Ordering::SeqCst) < total {
+                        next_completion.await;
+                    }
                     continue;
                 }
                 let record = |job: JobId, start: bool| {
@@ -170,12 +178,11 @@ pub async fn k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit(harne
                         .must("K1: complete");
                     finished.fetch_add(1, Ordering::SeqCst);
                 }
+                completed.notify_waiters();
             }
         }));
     }
-    for claimer in claimers {
-        claimer.await.must_some_join("K1: a claimer");
-    }
+    join_all(claimers).await;
     let mut events = history
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -237,7 +244,7 @@ pub async fn k2_a_queue_at_its_running_limit_gives_no_more_jobs(harness: &dyn Ha
     let first = &claimed[ids_of(&claimed)
         .iter()
         .position(|id| *id == queued[0])
-        .must_some("K2")];
+        .must("K2")];
     store
         .fail(queued[0], first.token(), "boom", durq_core::Retry::Never)
         .await
@@ -313,7 +320,7 @@ pub async fn k3_limits_are_stored_per_queue_and_applied_by_the_next_claim(harnes
     let row = listed
         .iter()
         .find(|row| row.queue == "q")
-        .must_some("K3: the queue in queues()");
+        .must("K3: the queue in queues()");
     assert_eq!(
         row.limits, two_per_key,
         "K3: queues() shows a queue's limits"
@@ -355,34 +362,4 @@ pub async fn k3_limits_are_stored_per_queue_and_applied_by_the_next_claim(harnes
         vec![jobs[2]],
         "K3: the next claim applies the change"
     );
-}
-
-/// `Option::expect` with the suite's wording, for values a scenario built itself.
-trait MustSome<T> {
-    fn must_some(self, what: &str) -> T;
-}
-
-impl<T> MustSome<T> for Option<T> {
-    fn must_some(self, what: &str) -> T {
-        match self {
-            Some(value) => value,
-            None => panic!("{what}: a value the scenario made is missing"),
-        }
-    }
-}
-
-/// A spawned claimer's end: its panic, passed on.
-trait MustJoin {
-    fn must_some_join(self, what: &str);
-}
-
-impl MustJoin for std::result::Result<(), tokio::task::JoinError> {
-    fn must_some_join(self, what: &str) {
-        if let Err(err) = self {
-            if err.is_panic() {
-                std::panic::resume_unwind(err.into_panic());
-            }
-            panic!("{what}: {err}");
-        }
-    }
 }

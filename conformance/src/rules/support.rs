@@ -23,6 +23,17 @@ pub(crate) trait Must<T> {
     fn must(self, what: &str) -> T;
 }
 
+impl<T> Must<T> for Option<T> {
+    /// The value a scenario built itself, or a panic naming `what`.
+    #[track_caller]
+    fn must(self, what: &str) -> T {
+        match self {
+            Some(value) => value,
+            None => panic!("{what}: a value the scenario made is missing"),
+        }
+    }
+}
+
 impl<T> Must<T> for Result<T> {
     #[track_caller]
     fn must(self, what: &str) -> T {

@@ -80,6 +80,22 @@ impl QueueLimits {
     }
 }
 
+/// The limits in words, as the CLI and the dashboard show them: `at most 20 running, at
+/// most 1 running per concurrency key`, or `none`.
+impl std::fmt::Display for QueueLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.max_running, self.max_running_per_key) {
+            (None, None) => f.write_str("none"),
+            (Some(all), None) => write!(f, "at most {all} running"),
+            (None, Some(per_key)) => write!(f, "at most {per_key} running per concurrency key"),
+            (Some(all), Some(per_key)) => write!(
+                f,
+                "at most {all} running, at most {per_key} running per concurrency key"
+            ),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,6 +109,22 @@ mod tests {
         assert!(!limits.admits_key(1));
         let none = QueueLimits::new();
         assert!(none.admits_queue(u64::MAX) && none.admits_key(u64::MAX));
+    }
+
+    #[test]
+    fn limits_read_as_words() {
+        assert_eq!(QueueLimits::new().to_string(), "none");
+        assert_eq!(
+            QueueLimits::new().max_running(3).to_string(),
+            "at most 3 running"
+        );
+        assert_eq!(
+            QueueLimits::new()
+                .max_running(3)
+                .max_running_per_key(1)
+                .to_string(),
+            "at most 3 running, at most 1 running per concurrency key"
+        );
     }
 
     #[test]

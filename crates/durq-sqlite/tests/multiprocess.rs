@@ -121,6 +121,32 @@ fn child_drainer() {
     });
 }
 
+/// Reads a child's stdout on a thread of its own: sends `()` on `ready` when the child
+/// says READY, and answers what follows `marker` on each line that holds it (libtest
+/// may print its "test … " on the same line first).
+fn read_child(
+    child: &mut std::process::Child,
+    marker: &'static str,
+    ready: std::sync::mpsc::Sender<()>,
+) -> std::thread::JoinHandle<Vec<String>> {
+    let stdout = child.stdout.take();
+    std::thread::spawn(move || {
+        let Some(stdout) = stdout else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(|line| line.ok()) {
+            if line.contains("READY") {
+                let _ = ready.send(());
+            }
+            if let Some(rest) = line.split(marker).nth(1) {
+                found.push(rest.to_owned());
+            }
+        }
+        found
+    })
+}
+
 fn spawn_child(db: &Path, name: &str) -> std::process::Child {
     spawn_test(db, name, "child_drainer")
 }
@@ -200,26 +226,7 @@ fn processes_drain_one_queue_claiming_each_job_exactly_once() {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let readers: Vec<_> = children
         .iter_mut()
-        .map(|child| {
-            let stdout = child.stdout.take();
-            let ready = ready_tx.clone();
-            std::thread::spawn(move || {
-                let Some(stdout) = stdout else {
-                    return Vec::new();
-                };
-                let mut claimed = Vec::new();
-                for line in BufReader::new(stdout).lines().map_while(|line| line.ok()) {
-                    if line.contains("READY") {
-                        let _ = ready.send(());
-                    }
-                    // libtest may print "test child_drainer ... " on the same line first.
-                    if let Some(id) = line.split("CLAIMED ").nth(1) {
-                        claimed.push(id.to_owned());
-                    }
-                }
-                claimed
-            })
-        })
+        .map(|child| read_child(child, "CLAIMED ", ready_tx.clone()))
         .collect();
     // Every child has its store open and is waiting for work before the first job
     // exists, so all processes race for the jobs from the start.
@@ -494,8 +501,11 @@ fn child_limited_claimer() {
                             continue;
                         }
                         let from = wall_nanos();
-                        // Hold the jobs while the other processes claim.
-                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        // Hold the jobs for a read of the store, as a handler's work
+                        // would, while the other processes claim.
+                        if let Err(err) = store.stats(LIMITED_QUEUE).await {
+                            panic!("{worker}: stats failed: {err}");
+                        }
                         let to = wall_nanos();
                         for job in &claimed {
                             let key = job.job.concurrency_key.clone().unwrap_or_default();
@@ -559,31 +569,36 @@ fn processes_never_run_more_of_a_key_than_its_limit() {
             Err(err) => panic!("enqueue failed: {err}"),
         }
     });
-    let children: Vec<_> = (0..CHILDREN)
+    let mut children: Vec<_> = (0..CHILDREN)
         .map(|c| spawn_test(&db, &format!("limited-{c}"), "child_limited_claimer"))
         .collect();
-    let mut holds: Vec<(String, String, u128, u128)> = Vec::new();
+    let (ready, _started) = std::sync::mpsc::channel();
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|child| read_child(child, "HOLD ", ready.clone()))
+        .collect();
     for mut child in children {
-        let Some(stdout) = child.stdout.take() else {
-            panic!("a child without stdout");
-        };
-        for line in BufReader::new(stdout).lines() {
-            let line = match line {
-                Ok(line) => line,
-                Err(err) => panic!("reading a child: {err}"),
-            };
-            let words: Vec<&str> = line.split(' ').collect();
-            if let ["HOLD", key, id, from, to] = words[..] {
-                let parse = |n: &str| match n.parse::<u128>() {
-                    Ok(n) => n,
-                    Err(err) => panic!("bad time {n:?}: {err}"),
-                };
-                holds.push((key.to_owned(), id.to_owned(), parse(from), parse(to)));
-            }
-        }
         match child.wait() {
             Ok(status) => assert!(status.success(), "a child failed: {status}"),
             Err(err) => panic!("waiting for a child: {err}"),
+        }
+    }
+    let mut holds: Vec<(String, String, u128, u128)> = Vec::new();
+    for reader in readers {
+        let lines = match reader.join() {
+            Ok(lines) => lines,
+            Err(_) => panic!("a child's reader panicked"),
+        };
+        for line in lines {
+            let words: Vec<&str> = line.split(' ').collect();
+            let [key, id, from, to] = words[..] else {
+                panic!("a hold line of four words expected: {line:?}");
+            };
+            let parse = |n: &str| match n.parse::<u128>() {
+                Ok(n) => n,
+                Err(err) => panic!("bad time {n:?}: {err}"),
+            };
+            holds.push((key.to_owned(), id.to_owned(), parse(from), parse(to)));
         }
     }
     let held: std::collections::HashSet<&str> = holds.iter().map(|h| h.1.as_str()).collect();

@@ -66,10 +66,7 @@ pub async fn set_limits(
 "
         ));
     }
-    cx.print(&format!(
-        "queue {queue}: {}\n",
-        super::read::describe_limits(&limits)
-    ))
+    cx.print(&format!("queue {queue}: {limits}\n"))
 }
 
 /// `durq schedules delete NAME`.

@@ -243,18 +243,6 @@ impl<'a> LimitsJson<'a> {
     }
 }
 
-/// Limits in words, for the line `durq limits set` prints.
-pub(crate) fn describe_limits(limits: &durq_core::QueueLimits) -> String {
-    let mut parts = Vec::new();
-    if let Some(jobs) = limits.max_running {
-        parts.push(format!("at most {jobs} running"));
-    }
-    if let Some(jobs) = limits.max_running_per_key {
-        parts.push(format!("at most {jobs} running per concurrency key"));
-    }
-    parts.join(", ")
-}
-
 /// `durq schedules`: every periodic job, its cadence, whether it is enabled, and its
 /// last and next run.
 pub async fn schedules(cx: &mut Context<'_>) -> Result<()> {

@@ -56,7 +56,7 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         }
         @if store.supports(durq::Capability::FlowControl) {
             p id="queue-limits" {
-                "Limits: " strong { (limits_text(&overview.limits)) }
+                "Limits: " strong { (overview.limits) }
                 " (" span class="mono" { "durq limits set" } " changes them)"
             }
         }
@@ -80,21 +80,6 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         Some(_) => view.refresh_to(queue_href(ctx, &name)),
         None => view,
     })
-}
-
-/// A queue's limits on its running jobs (CONTRACT K3), in words.
-fn limits_text(limits: &durq::QueueLimits) -> String {
-    let mut parts = Vec::new();
-    if let Some(jobs) = limits.max_running {
-        parts.push(format!("at most {jobs} running"));
-    }
-    if let Some(jobs) = limits.max_running_per_key {
-        parts.push(format!("at most {jobs} running per concurrency key"));
-    }
-    if parts.is_empty() {
-        return "none".to_owned();
-    }
-    parts.join(", ")
 }
 
 fn counts(ctx: &Ctx, queue: &str, stats: &QueueStats) -> Markup {

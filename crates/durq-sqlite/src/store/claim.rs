@@ -18,7 +18,8 @@ pub(super) fn band_priority(queue: &str, priority: i64) -> Result<i16> {
     })
 }
 
-/// Up to `limit` ready jobs of one queue in claim order, appended to `out`.
+/// Up to `limit` ready jobs of one queue in claim order, appended to `out`: with the
+/// queue's `limits`, those they admit (K1, K2).
 ///
 /// SQLite cannot skip from one priority band to the next inside a range scan, so a
 /// plain `ORDER BY priority DESC, run_at, seq` with `run_at <= now` would walk every
@@ -26,23 +27,43 @@ pub(super) fn band_priority(queue: &str, priority: i64) -> Result<i16> {
 /// bands itself: one index seek finds the next lower priority that has queued jobs, one
 /// range scan takes that band's ready jobs. The cost follows the jobs returned and the
 /// bands visited, not the scheduled backlog.
+///
+/// A queue with limits reads each ready row's key with it (from the table, not the
+/// index), passes over a job whose key is at its limit and ends once the queue is at
+/// its limit; its scan has no `LIMIT`, since how far to read depends on the keys, so a
+/// key at its limit with a deep ready backlog is walked past by every claim.
 pub(super) fn ready_candidates(
     conn: &Connection,
     ns: i64,
     queue: &str,
+    limits: Option<QueueLimits>,
     now: Timestamp,
     limit: usize,
     out: &mut Vec<(ReadyOrder, i64)>,
 ) -> Result<()> {
+    let mut admission = match limits {
+        Some(limits) => {
+            let admission = limits::Admission::start(conn, ns, queue, limits)?;
+            if admission.queue_full() {
+                return Ok(());
+            }
+            Some(admission)
+        }
+        None => None,
+    };
     let mut band = conn
         .prepare_cached(NEXT_BAND_SQL)
         .db("prepare the priority scan")?;
     let mut ready = conn
-        .prepare_cached(
+        .prepare_cached(if admission.is_some() {
+            "SELECT job, run_at, seq, concurrency_key FROM jobq_jobs INDEXED BY jobq_jobs_ready
+             WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority = ?3 AND run_at <= ?4
+             ORDER BY run_at, seq LIMIT ?5"
+        } else {
             "SELECT job, run_at, seq FROM jobq_jobs INDEXED BY jobq_jobs_ready
              WHERE ns = ?1 AND queue = ?2 AND state = 0 AND priority = ?3 AND run_at <= ?4
-             ORDER BY run_at, seq LIMIT ?5",
-        )
+             ORDER BY run_at, seq LIMIT ?5"
+        })
         .db("prepare the ready scan")?;
     let mut below = i64::from(i16::MAX) + 1;
     let mut found = 0usize;
@@ -53,11 +74,24 @@ pub(super) fn ready_candidates(
             .db("find the next priority")?;
         let Some(priority) = priority else { break };
         let as_i16 = band_priority(queue, priority)?;
-        let remaining = i64::try_from(limit - found).unwrap_or(i64::MAX);
+        // SQLite reads `LIMIT -1` as no limit.
+        let remaining = match admission {
+            Some(_) => -1,
+            None => i64::try_from(limit - found).unwrap_or(i64::MAX),
+        };
         let mut rows = ready
             .query(params![ns, queue, priority, now.as_millis(), remaining])
             .db("scan ready jobs")?;
         while let Some(row) = rows.next().db("scan ready jobs")? {
+            if let Some(admission) = admission.as_mut() {
+                let key: Option<String> = row.get(3).db("read a ready job")?;
+                if !admission.take(conn, ns, queue, key.as_deref())? {
+                    if admission.queue_full() {
+                        break;
+                    }
+                    continue;
+                }
+            }
             let job: i64 = row.get(0).db("read a ready job")?;
             let run_at: i64 = row.get(1).db("read a ready job")?;
             let seq: i64 = row.get(2).db("read a ready job")?;
@@ -67,6 +101,15 @@ pub(super) fn ready_candidates(
                 job,
             ));
             found += 1;
+            if found == limit {
+                break;
+            }
+        }
+        if admission
+            .as_ref()
+            .is_some_and(limits::Admission::queue_full)
+        {
+            break;
         }
         below = priority;
     }
@@ -401,18 +444,7 @@ pub(crate) fn claim(
     }
     let mut candidates = Vec::new();
     for (queue, limits) in open_queues(conn, ns, &request.queues)? {
-        match limits {
-            None => ready_candidates(conn, ns, queue, now, request.limit, &mut candidates)?,
-            Some(limits) => limits::limited_candidates(
-                conn,
-                ns,
-                queue,
-                limits,
-                now,
-                request.limit,
-                &mut candidates,
-            )?,
-        }
+        ready_candidates(conn, ns, queue, limits, now, request.limit, &mut candidates)?;
     }
     // Each queue gave its first `limit` jobs, so the first `limit` of the merge are the
     // first `limit` of the whole ready set (C3).
@@ -531,16 +563,19 @@ pub(super) fn unreadable_placement(why: &str) -> String {
     format!("placement unreadable: {why}")
 }
 
-/// Whether any of `queues` holds a ready job: what `wait_for_work` polls.
+/// Whether any of `queues`, paused ones left out, holds a ready job its limits admit:
+/// what `wait_for_work` polls.
 pub(crate) fn has_ready(
     conn: &Connection,
     ns: i64,
     queues: &[String],
     now: Timestamp,
 ) -> Result<bool> {
+    // Jobs a queue's limits hold back are not work: a claimer woken for them would find
+    // nothing it may take (K1, K2).
     let mut found = Vec::new();
-    for queue in queues {
-        ready_candidates(conn, ns, queue, now, 1, &mut found)?;
+    for (queue, limits) in open_queues(conn, ns, queues)? {
+        ready_candidates(conn, ns, queue, limits, now, 1, &mut found)?;
         if !found.is_empty() {
             return Ok(true);
         }
