@@ -247,6 +247,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("scheduling", ""),
     ("resource_aware", ""),
     ("per_customer_limit", ""),
+    ("rate_limited_api", ""),
     ("transactional_sqlite", ""),
     ("transactional_postgres", "postgres"),
 ];

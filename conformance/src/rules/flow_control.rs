@@ -1,10 +1,13 @@
-//! Rules K1–K3: flow control, limits on a queue's running jobs enforced by the claim.
+//! Rules K1–K4: flow control, limits on a queue's running jobs and on its starts,
+//! enforced by the claim.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use durq_core::{JobId, JobState, NewJob, QueueLimits, Store};
+use std::time::Duration;
+
+use durq_core::{JobId, JobState, NewJob, QueueLimits, Rate, Store};
 
 use super::support::{
     assert_nothing_claimable, claim, enqueue, expect_invalid, get, ids_of, join_all, Must,
@@ -362,4 +365,192 @@ pub async fn k3_limits_are_stored_per_queue_and_applied_by_the_next_claim(harnes
         vec![jobs[2]],
         "K3: the next claim applies the change"
     );
+}
+
+/// K4: a rate admits at most its starts in any window of its period, counted on the
+/// store's clock: a claim stops at the rate (the jobs behind stay ready), starts of
+/// jobs that finished still count, the window frees a start exactly `per` after it
+/// began (not a millisecond sooner), a key's rate holds back only that key, and other
+/// queues are untouched.
+pub async fn k4_a_rate_admits_at_most_its_starts_in_any_window(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let per = Duration::from_secs(10);
+    store
+        .set_limits("q", QueueLimits::new().max_starts(Rate::new(3, per)))
+        .await
+        .must("K4: set_limits");
+    assert_eq!(
+        store.limits("q").await.must("K4: limits"),
+        QueueLimits::new().max_starts(Rate::new(3, per)),
+        "K4: a rate reads back as set"
+    );
+    expect_invalid(
+        store
+            .set_limits("q", QueueLimits::new().max_starts(Rate::new(0, per)))
+            .await,
+        "max_starts",
+        "K4: a rate of 0 starts",
+    );
+    let mut queued = Vec::new();
+    for _ in 0..7 {
+        queued.push(enqueue(&store, NewJob::new("q"), "K4").await);
+    }
+    let open = enqueue(&store, NewJob::new("r"), "K4").await;
+    let first = claim(&store, &["q", "r"], 10, "K4: the first claim").await;
+    assert_eq!(
+        ids(&first),
+        HashSet::from([queued[0], queued[1], queued[2], open]),
+        "K4: three starts of the rated queue, in order, and the other queue's job"
+    );
+    for job in &first {
+        store
+            .complete(job.id(), job.token(), None)
+            .await
+            .must("K4: complete");
+    }
+    assert_nothing_claimable(&store, &["q"], "K4: finished jobs' starts still count").await;
+    env.clock.advance(per - Duration::from_millis(1));
+    assert_nothing_claimable(&store, &["q"], "K4: a millisecond before the window ends").await;
+    env.clock.advance(Duration::from_millis(1));
+    let second = claim(&store, &["q"], 10, "K4: the window has moved on").await;
+    assert_eq!(
+        ids_of(&second),
+        queued[3..6].to_vec(),
+        "K4: `per` after the first starts, three more"
+    );
+
+    // A key's rate: one start per key per window; jobs without a key are not held.
+    store
+        .set_limits(
+            "k",
+            QueueLimits::new().max_starts_per_key(Rate::new(1, per)),
+        )
+        .await
+        .must("K4: set_limits");
+    let keyed = |key: &str| NewJob::new("k").concurrency_key(key);
+    let a1 = enqueue(&store, keyed("a"), "K4").await;
+    let a2 = enqueue(&store, keyed("a"), "K4").await;
+    let b1 = enqueue(&store, keyed("b"), "K4").await;
+    let plain = enqueue(&store, NewJob::new("k"), "K4").await;
+    let plain2 = enqueue(&store, NewJob::new("k"), "K4").await;
+    let keyed_claim = claim(&store, &["k"], 10, "K4: the keyed queue").await;
+    assert_eq!(
+        ids(&keyed_claim),
+        HashSet::from([a1, b1, plain, plain2]),
+        "K4: one start of each key; jobs without a key are not held by a key's rate"
+    );
+    env.clock.advance(per);
+    let later = claim(&store, &["k"], 10, "K4: the key's window has moved on").await;
+    assert_eq!(ids_of(&later), vec![a2], "K4: a's next start");
+}
+
+/// K4 with real concurrency: 16 claimers, each on a store of its own, race for 60
+/// jobs of 6 keys under at most 6 starts per second and 2 per key per second; the
+/// store's clock moves on 250 ms at a time once every claimer has come back empty.
+/// Every start is recorded at the clock's instant; no window of a second holds more
+/// starts than a rate allows, and the rate is used: every job has started once the
+/// clock has moved through the windows the jobs need.
+pub async fn k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window(
+    harness: &dyn Harness,
+) {
+    const KEYS: usize = 6;
+    const PER_KEY: usize = 10;
+    const QUEUE_RATE: usize = 6;
+    const KEY_RATE: usize = 2;
+    const CLAIMERS: usize = 16;
+    const STEP_MS: i64 = 250;
+    const WINDOW_MS: i64 = 1_000;
+    let env = TestEnv::new(harness);
+    let admin = env.store().await;
+    let per = Duration::from_millis(WINDOW_MS as u64);
+    admin
+        .set_limits(
+            "q",
+            QueueLimits::new()
+                .max_starts(Rate::new(QUEUE_RATE as u32, per))
+                .max_starts_per_key(Rate::new(KEY_RATE as u32, per)),
+        )
+        .await
+        .must("K4: set_limits");
+    let jobs: Vec<NewJob> = (0..KEYS * PER_KEY)
+        .map(|n| NewJob::new("q").concurrency_key(format!("key-{}", n % KEYS)))
+        .collect();
+    let enqueued = admin.enqueue_batch(jobs).await.must("K4: enqueue");
+    let key_of: Arc<HashMap<JobId, usize>> = Arc::new(
+        enqueued
+            .iter()
+            .enumerate()
+            .map(|(n, answer)| (answer.id, n % KEYS))
+            .collect(),
+    );
+    let total = key_of.len();
+    let mut stores = Vec::new();
+    for _ in 0..CLAIMERS {
+        stores.push(Arc::new(env.store().await));
+    }
+    // (instant in ms since the scenario began, job, key)
+    let history: Arc<Mutex<Vec<(i64, JobId, usize)>>> = Arc::new(Mutex::new(Vec::new()));
+    // The windows the jobs need at the rate, and one more step of slack.
+    let steps_needed = (total / QUEUE_RATE) as i64 * (WINDOW_MS / STEP_MS) + 1;
+    let mut step = 0i64;
+    while history.lock().unwrap_or_else(|p| p.into_inner()).len() < total {
+        assert!(
+            step <= steps_needed,
+            "K4: {} of {total} jobs started after {step} steps of {STEP_MS} ms: the \
+             rate admits fewer starts than it allows",
+            history.lock().unwrap_or_else(|p| p.into_inner()).len()
+        );
+        let at = step * STEP_MS;
+        let mut claimers = Vec::new();
+        for store in &stores {
+            let (store, key_of, history) = (store.clone(), key_of.clone(), history.clone());
+            claimers.push(tokio::spawn(async move {
+                loop {
+                    let claimed = claim(&store, &["q"], 2, "K4: a racing claim").await;
+                    if claimed.is_empty() {
+                        return;
+                    }
+                    for job in &claimed {
+                        history.lock().unwrap_or_else(|p| p.into_inner()).push((
+                            at,
+                            job.id(),
+                            key_of[&job.id()],
+                        ));
+                        store
+                            .complete(job.id(), job.token(), None)
+                            .await
+                            .must("K4: complete");
+                    }
+                }
+            }));
+        }
+        join_all(claimers).await;
+        env.clock.advance(Duration::from_millis(STEP_MS as u64));
+        step += 1;
+    }
+    let mut starts = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    starts.sort_by_key(|(at, _, _)| *at);
+    let distinct: HashSet<JobId> = starts.iter().map(|(_, job, _)| *job).collect();
+    assert_eq!(distinct.len(), total, "K4: every job started exactly once");
+    for (n, (from, _, _)) in starts.iter().enumerate() {
+        let window: Vec<&(i64, JobId, usize)> = starts[n..]
+            .iter()
+            .take_while(|(at, _, _)| *at < from + WINDOW_MS)
+            .collect();
+        assert!(
+            window.len() <= QUEUE_RATE,
+            "K4: {} starts in the second from {from} ms, above the queue's rate of \
+             {QUEUE_RATE}",
+            window.len()
+        );
+        for key in 0..KEYS {
+            let of_key = window.iter().filter(|(_, _, k)| *k == key).count();
+            assert!(
+                of_key <= KEY_RATE,
+                "K4: {of_key} starts of key-{key} in the second from {from} ms, above its \
+                 rate of {KEY_RATE}"
+            );
+        }
+    }
 }

@@ -463,6 +463,19 @@ impl Bug for CountsLimitsBeforeItsWrites {
     }
 }
 
+/// K4: a claim that reads the rate windows on the machine's clock instead of the `now`
+/// it is given, so the starts the store logged fall outside every window it reads.
+/// The store's own claim with the fault injected
+/// (`MemoryServer::rate_on_system_clock`), as the bug would sit in a backend.
+#[derive(Debug)]
+pub(crate) struct RateWindowOnTheCallersClock;
+
+impl Bug for RateWindowOnTheCallersClock {
+    fn open(&self, server: &MemoryServer, namespace: &str) {
+        server.rate_on_system_clock(namespace, true);
+    }
+}
+
 /// K3: a backend that stores limits but never removes them: setting unlimited limits
 /// is ignored, so the old limits keep holding jobs back.
 #[derive(Debug)]

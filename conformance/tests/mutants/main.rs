@@ -505,6 +505,24 @@ async fn limits_counted_before_the_claims_writes_are_caught_by_k2() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_window_on_the_callers_clock_is_caught_by_k4() {
+    caught(
+        RateWindowOnTheCallersClock,
+        "k4_a_rate_admits_at_most_its_starts_in_any_window",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_window_on_the_callers_clock_is_caught_by_the_k4_history() {
+    caught(
+        RateWindowOnTheCallersClock,
+        "k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unlimited_limits_ignored_are_caught_by_k3() {
     caught(
         UnlimitedLimitsAreIgnored,

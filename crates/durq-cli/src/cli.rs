@@ -126,8 +126,8 @@ pub enum Command {
         #[arg(value_parser = queue_name)]
         queue: String,
     },
-    /// Every queue's limits on its running jobs; `limits set QUEUE …` sets a queue's,
-    /// `limits clear QUEUE` removes them.
+    /// Every queue's limits on its running jobs and its starts; `limits set QUEUE …`
+    /// sets a queue's, `limits clear QUEUE` removes them.
     Limits {
         /// What to do instead of listing them.
         #[command(subcommand)]
@@ -159,6 +159,12 @@ pub enum LimitsAction {
         /// Most jobs of one concurrency key (`NewJob::concurrency_key`) running at once.
         #[arg(long, value_name = "JOBS", value_parser = clap::value_parser!(u32).range(1..))]
         max_running_per_key: Option<u32>,
+        /// Most starts of the queue's jobs in any window: STARTS/PERIOD, such as 10/1s.
+        #[arg(long, value_name = "RATE", value_parser = rate)]
+        max_starts: Option<durq_core::Rate>,
+        /// Most starts of one concurrency key's jobs in any window: STARTS/PERIOD.
+        #[arg(long, value_name = "RATE", value_parser = rate)]
+        max_starts_per_key: Option<durq_core::Rate>,
     },
     /// Removes a queue's limits.
     Clear {
@@ -390,6 +396,12 @@ impl From<StateArg> for JobState {
             StateArg::Cancelled => JobState::Cancelled,
         }
     }
+}
+
+/// A rate as `STARTS/PERIOD` (`10/1s`), refused with the reason when out of range.
+fn rate(text: &str) -> std::result::Result<durq_core::Rate, String> {
+    text.parse()
+        .map_err(|err: durq_core::Error| err.to_string())
 }
 
 fn queue_name(text: &str) -> Result<String, String> {

@@ -1,8 +1,117 @@
-//! Flow control: the limits a queue declares on its running jobs (CONTRACT K1–K3),
-//! enforced inside the claim by backends with the [`FlowControl`](crate::FlowControl)
-//! capability.
+//! Flow control: the limits a queue declares on its running jobs and its starts
+//! (CONTRACT K1–K4), enforced inside the claim by backends with the
+//! [`FlowControl`](crate::FlowControl) capability.
+
+use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::time::Timestamp;
+
+/// The most starts a rate may allow per window, so a start log stays small.
+pub const MAX_RATE_STARTS: u32 = 10_000;
+
+/// The longest window a rate may count over: one week.
+pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// At most `starts` starts in any window of `per`, on the store's clock (CONTRACT K4).
+///
+/// The window is exact, not a token bucket: no interval `[t, t + per)` ever holds more
+/// than `starts` starts, whether they came one by one or in one claim.
+///
+/// ```
+/// use std::time::Duration;
+/// use durq_core::Rate;
+/// let rate = Rate::new(10, Duration::from_secs(1));
+/// assert_eq!(rate.to_string(), "10/1s");
+/// assert_eq!("10/1s".parse::<Rate>().ok(), Some(rate));
+/// assert_eq!("600/1m".parse::<Rate>().ok(), Some(Rate::new(600, Duration::from_secs(60))));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    /// The starts the window admits.
+    pub starts: u32,
+    /// The window's length (whole milliseconds count; the store's clock has no finer).
+    pub per: Duration,
+}
+
+impl Rate {
+    /// At most `starts` starts per `per`.
+    pub const fn new(starts: u32, per: Duration) -> Self {
+        Rate { starts, per }
+    }
+
+    /// Starts at or before this instant have left the window of a claim at `now`: the
+    /// window is `(now - per, now]`.
+    pub fn window_opens_after(&self, now: Timestamp) -> Timestamp {
+        now.saturating_sub(self.per)
+    }
+
+    /// Whether `in_window` starts inside the window leave room for one more.
+    pub fn admits(&self, in_window: u64) -> bool {
+        in_window < u64::from(self.starts)
+    }
+
+    /// When the window admits a start again, given the `starts`-th most recent start
+    /// inside it: the instant that start leaves the window.
+    pub fn frees_at(&self, blocking_start: Timestamp) -> Timestamp {
+        blocking_start.saturating_add(self.per)
+    }
+
+    fn validate(&self, field: &'static str) -> Result<()> {
+        if self.starts == 0 {
+            return Err(Error::invalid(
+                field,
+                "must allow at least 1 start; pause the queue to start none of its jobs",
+            ));
+        }
+        if self.starts > MAX_RATE_STARTS {
+            return Err(Error::invalid(
+                field,
+                format!("allows at most {MAX_RATE_STARTS} starts per window"),
+            ));
+        }
+        if self.per < Duration::from_millis(1) || self.per > MAX_RATE_PERIOD {
+            return Err(Error::invalid(
+                field,
+                "its period must be between 1 ms and 7 days",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `10/1s`: the starts, a slash, the period as `humantime` writes it.
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}",
+            self.starts,
+            humantime::format_duration(self.per)
+        )
+    }
+}
+
+/// Reads `STARTS/PERIOD` (`10/1s`, `600/1m`, `5/250ms`), as [`Rate`]'s `Display` writes
+/// it; a rate out of range is refused as [`QueueLimits::validate`] refuses it.
+impl std::str::FromStr for Rate {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        let malformed = || {
+            Error::invalid(
+                "rate",
+                format!("`{text}` is not STARTS/PERIOD, such as 10/1s"),
+            )
+        };
+        let (starts, per) = text.split_once('/').ok_or_else(malformed)?;
+        let starts: u32 = starts.trim().parse().map_err(|_| malformed())?;
+        let per = humantime::parse_duration(per.trim()).map_err(|_| malformed())?;
+        let rate = Rate::new(starts, per);
+        rate.validate("rate")?;
+        Ok(rate)
+    }
+}
 
 /// How many of a queue's jobs may run at once, across every worker and process of the
 /// namespace. Limits are data: set with [`Store::set_limits`](crate::Store::set_limits)
@@ -24,6 +133,11 @@ pub struct QueueLimits {
     /// CONTRACT K1: most jobs of one concurrency key of the queue running at once;
     /// `None` for no limit. Jobs without a key are not limited by it.
     pub max_running_per_key: Option<u32>,
+    /// CONTRACT K4: most starts of the queue's jobs in any window; `None` for no limit.
+    pub max_starts: Option<Rate>,
+    /// CONTRACT K4: most starts of one concurrency key's jobs in any window; `None` for
+    /// no limit. Jobs without a key are not limited by it.
+    pub max_starts_per_key: Option<Rate>,
 }
 
 impl QueueLimits {
@@ -42,6 +156,28 @@ impl QueueLimits {
     pub fn max_running_per_key(mut self, jobs: u32) -> Self {
         self.max_running_per_key = Some(jobs);
         self
+    }
+
+    /// Sets [`QueueLimits::max_starts`].
+    pub fn max_starts(mut self, rate: Rate) -> Self {
+        self.max_starts = Some(rate);
+        self
+    }
+
+    /// Sets [`QueueLimits::max_starts_per_key`].
+    pub fn max_starts_per_key(mut self, rate: Rate) -> Self {
+        self.max_starts_per_key = Some(rate);
+        self
+    }
+
+    /// Whether a claim must count the starts of this queue's jobs (K4).
+    pub fn limits_starts(&self) -> bool {
+        self.max_starts.is_some() || self.max_starts_per_key.is_some()
+    }
+
+    /// Whether a claim must count this queue's jobs by concurrency key (K1, K4).
+    pub fn counts_keys(&self) -> bool {
+        self.max_running_per_key.is_some() || self.max_starts_per_key.is_some()
     }
 
     /// Whether these limits limit nothing: what a queue without limits has, and what
@@ -63,8 +199,17 @@ impl QueueLimits {
     }
 
     /// CONTRACT K3: a limit of 0 is refused, naming its field: a queue that should run
-    /// nothing is paused (Q1), which says so everywhere a limit would not.
+    /// nothing is paused (Q1), which says so everywhere a limit would not. A rate must
+    /// allow 1 to [`MAX_RATE_STARTS`] starts per 1 ms to [`MAX_RATE_PERIOD`].
     pub fn validate(&self) -> Result<()> {
+        for (field, rate) in [
+            ("max_starts", self.max_starts),
+            ("max_starts_per_key", self.max_starts_per_key),
+        ] {
+            if let Some(rate) = rate {
+                rate.validate(field)?;
+            }
+        }
         for (field, limit) in [
             ("max_running", self.max_running),
             ("max_running_per_key", self.max_running_per_key),
@@ -81,18 +226,31 @@ impl QueueLimits {
 }
 
 /// The limits in words, as the CLI and the dashboard show them: `at most 20 running, at
-/// most 1 running per concurrency key`, or `none`.
+/// most 1 running per concurrency key, at most 10 starts per 1s`, or `none`.
 impl std::fmt::Display for QueueLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.max_running, self.max_running_per_key) {
-            (None, None) => f.write_str("none"),
-            (Some(all), None) => write!(f, "at most {all} running"),
-            (None, Some(per_key)) => write!(f, "at most {per_key} running per concurrency key"),
-            (Some(all), Some(per_key)) => write!(
-                f,
-                "at most {all} running, at most {per_key} running per concurrency key"
-            ),
+        let mut parts = Vec::new();
+        if let Some(all) = self.max_running {
+            parts.push(format!("at most {all} running"));
         }
+        if let Some(per_key) = self.max_running_per_key {
+            parts.push(format!("at most {per_key} running per concurrency key"));
+        }
+        let per = |rate: Rate| humantime::format_duration(rate.per);
+        if let Some(rate) = self.max_starts {
+            parts.push(format!("at most {} starts per {}", rate.starts, per(rate)));
+        }
+        if let Some(rate) = self.max_starts_per_key {
+            parts.push(format!(
+                "at most {} starts per {} per concurrency key",
+                rate.starts,
+                per(rate)
+            ));
+        }
+        if parts.is_empty() {
+            return f.write_str("none");
+        }
+        f.write_str(&parts.join(", "))
     }
 }
 
@@ -124,6 +282,41 @@ mod tests {
                 .max_running_per_key(1)
                 .to_string(),
             "at most 3 running, at most 1 running per concurrency key"
+        );
+    }
+
+    #[test]
+    fn rates_read_and_refuse_what_they_cannot_hold() {
+        let limits = QueueLimits::new()
+            .max_starts("10/1s".parse().expect("a rate"))
+            .max_starts_per_key("1/1m".parse().expect("a rate"));
+        assert_eq!(
+            limits.to_string(),
+            "at most 10 starts per 1s, at most 1 starts per 1m per concurrency key"
+        );
+        assert!(limits.limits_starts() && limits.counts_keys());
+        for bad in [
+            "10", "x/1s", "10/x", "0/1s", "10/0s", "10/8days", "10001/1s",
+        ] {
+            assert!(bad.parse::<Rate>().is_err(), "{bad} was read");
+        }
+        let field = QueueLimits::new()
+            .max_starts_per_key(Rate::new(0, Duration::from_secs(1)))
+            .validate()
+            .err()
+            .and_then(|e| e.invalid_field().map(str::to_owned));
+        assert_eq!(field.as_deref(), Some("max_starts_per_key"));
+    }
+
+    #[test]
+    fn a_rate_window_is_half_open_at_its_start() {
+        let rate = Rate::new(2, Duration::from_secs(1));
+        let now = Timestamp::from_millis(5_000);
+        assert_eq!(rate.window_opens_after(now), Timestamp::from_millis(4_000));
+        assert!(rate.admits(1) && !rate.admits(2));
+        assert_eq!(
+            rate.frees_at(Timestamp::from_millis(4_200)),
+            Timestamp::from_millis(5_200)
         );
     }
 

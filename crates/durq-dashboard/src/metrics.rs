@@ -6,8 +6,9 @@
 //! every state (`ready`, `scheduled`, `running`, `succeeded`, `dead`, `cancelled`) and
 //! `jobs_queue_lag_seconds{queue}`; beside them `jobs_queue_paused{queue}`,
 //! `jobs_queue_limit{queue,limit}` (the limits a queue has on its running jobs,
-//! `max_running` and `max_running_per_key`, CONTRACT K3; none for a limit not set) and
-//! `jobs_workers`, the live workers. Every series carries a `namespace` label, so the
+//! `max_running` and `max_running_per_key`, CONTRACT K3; none for a limit not set),
+//! `jobs_queue_rate_limit{queue,limit}` (its rates, `max_starts` and
+//! `max_starts_per_key`, CONTRACT K4, in starts per second) and `jobs_workers`, the live workers. Every series carries a `namespace` label, so the
 //! dashboards of several namespaces can be scraped into one Prometheus.
 
 use std::sync::atomic::AtomicU64;
@@ -84,6 +85,7 @@ pub(crate) fn exposition(
     let lag = Family::<Queue, Gauge<f64, AtomicU64>>::default();
     let paused = Family::<Queue, Gauge>::default();
     let limits = Family::<QueueLimit, Gauge>::default();
+    let rates = Family::<QueueLimit, Gauge<f64, AtomicU64>>::default();
     let workers = Family::<Namespace, Gauge>::default();
     for q in queues {
         let s = &q.stats;
@@ -124,6 +126,21 @@ pub(crate) fn exposition(
                 limits.get_or_create(&labels).set(i64::from(value));
             }
         }
+        for (limit, rate) in [
+            ("max_starts", q.limits.max_starts),
+            ("max_starts_per_key", q.limits.max_starts_per_key),
+        ] {
+            if let Some(rate) = rate {
+                let labels = QueueLimit {
+                    namespace: namespace.to_owned(),
+                    queue: q.queue.clone(),
+                    limit,
+                };
+                rates
+                    .get_or_create(&labels)
+                    .set(f64::from(rate.starts) / rate.per.as_secs_f64());
+            }
+        }
     }
     workers
         .get_or_create(&Namespace {
@@ -147,6 +164,11 @@ pub(crate) fn exposition(
         "jobs_queue_limit",
         "A queue's limit on its running jobs, in all or per concurrency key",
         limits,
+    );
+    registry.register(
+        "jobs_queue_rate_limit",
+        "A queue's limit on its starts, in all or per concurrency key, in starts per second",
+        rates,
     );
     registry.register("jobs_workers", "Workers registered in the store", workers);
     let mut out = String::with_capacity(256 + queues.len() * 600);

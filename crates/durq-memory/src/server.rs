@@ -67,6 +67,15 @@ impl MemoryServer {
         self.namespace(namespace).lock().count_limits_once(on);
     }
 
+    /// Injects a bug into the namespace's claims: they read the queues' rate windows on
+    /// the machine's clock instead of the `now` they are given, as a backend that
+    /// counts starts on the caller's clock would (CONTRACT K4). For the conformance
+    /// suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn rate_on_system_clock(&self, namespace: &str, on: bool) {
+        self.namespace(namespace).lock().rate_on_system_clock(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

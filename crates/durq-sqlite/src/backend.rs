@@ -339,18 +339,27 @@ impl Backend for SqliteBackend {
             // comes due during the wait); no `now` handed in could answer that. It only
             // decides when to wake, never what a job becomes.
             let (ns, watched, now) = (self.ns, queues.to_vec(), self.settings.now());
-            let ready = self
+            let readiness = self
                 .engine
-                .read(move |conn| store::has_ready(conn, ns, &watched, now))
+                .read(move |conn| store::readiness(conn, ns, &watched, now))
                 .await?;
-            if ready {
-                return Ok(());
-            }
+            // A rate that holds jobs back frees a start at a known instant (K4): the
+            // next look is then, not a poll later.
+            let rate_frees_in = match readiness {
+                store::Readiness::Ready => return Ok(()),
+                store::Readiness::FreedAt(at) => Some(Duration::from_millis(
+                    u64::try_from(at.as_millis().saturating_sub(now.as_millis())).unwrap_or(0),
+                )),
+                store::Readiness::Nothing => None,
+            };
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 return Ok(());
             }
-            let poll_at = deadline.min(now + self.engine.config.poll_interval);
+            let mut poll_at = deadline.min(now + self.engine.config.poll_interval);
+            if let Some(frees_in) = rate_frees_in {
+                poll_at = poll_at.min(now + frees_in);
+            }
             if tokio::time::timeout_at(poll_at, notified).await.is_ok() {
                 return Ok(());
             }

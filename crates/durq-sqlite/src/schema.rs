@@ -194,6 +194,28 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (ns, queue)
     ) WITHOUT ROWID;
     "#,
+    // Version 9: rate limits (CONTRACT K4).
+    //
+    // A rate is two columns, its starts and its window in milliseconds, both NULL for
+    // none. `jobq_starts` logs the claims' starts of the queues that have a rate: `key`
+    // is '' for the queue's own log (a concurrency key is never empty) and the key for
+    // a key's. Starts of one instant repeat (several claims, one job started twice), so
+    // the rows are plain rows under an index. A claim reads a log's newest rows by the
+    // index and trims the rows that left the window, so a log holds about one window
+    // of starts.
+    r#"
+    ALTER TABLE jobq_limits ADD COLUMN max_starts INTEGER;
+    ALTER TABLE jobq_limits ADD COLUMN max_starts_ms INTEGER;
+    ALTER TABLE jobq_limits ADD COLUMN max_starts_per_key INTEGER;
+    ALTER TABLE jobq_limits ADD COLUMN max_starts_per_key_ms INTEGER;
+    CREATE TABLE jobq_starts (
+        ns    INTEGER NOT NULL,
+        queue TEXT NOT NULL,
+        key   TEXT NOT NULL,
+        at    INTEGER NOT NULL
+    );
+    CREATE INDEX jobq_starts_log ON jobq_starts (ns, queue, key, at);
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -414,7 +436,7 @@ mod tests {
             "read the version",
         );
         assert_eq!(version, SCHEMA_VERSION);
-        assert_eq!(SCHEMA_VERSION, 8);
+        assert_eq!(SCHEMA_VERSION, 9);
 
         let old = must(store.get(done).await, "get the finished job");
         assert_eq!(old.state, JobState::Succeeded);
@@ -471,14 +493,15 @@ mod tests {
             must(store.pause("stopped").await, "pause");
             must(store.enqueue(NewJob::new("old")).await, "enqueue").id
         };
-        // Take the file back to what a version 5 build left: no limits or concurrency
-        // keys (version 8), no attempts, tags or trace context (version 7), no workers
+        // Take the file back to what a version 5 build left: no rates (version 9), no
+        // limits or concurrency keys (version 8), no attempts, tags or trace context (version 7), no workers
         // table (version 6).
         {
             let conn = must(Connection::open(&path), "reopen");
             must(
                 conn.execute_batch(
-                    "DROP TABLE jobq_limits;
+                    "DROP TABLE jobq_starts;
+                     DROP TABLE jobq_limits;
                      DROP INDEX jobq_jobs_running_key;
                      ALTER TABLE jobq_jobs DROP COLUMN concurrency_key;
                      DROP TABLE jobq_attempts;
@@ -487,7 +510,7 @@ mod tests {
                      DROP TABLE jobq_workers;
                      UPDATE jobq_meta SET value = 5 WHERE name = 'schema_version';",
                 ),
-                "undo versions 8, 7 and 6",
+                "undo versions 9, 8, 7 and 6",
             );
         }
         let store = Store::new(must(
@@ -502,7 +525,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (8, 8));
+        assert_eq!((version, SCHEMA_VERSION), (9, 9));
         assert_eq!(must(store.get(job).await, "get").state, JobState::Queued);
         assert_eq!(
             must(store.paused_queues().await, "paused"),
@@ -620,7 +643,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (8, 8));
+        assert_eq!((version, SCHEMA_VERSION), (9, 9));
         for id in [queued, running, done] {
             let job = must(store.get(id).await, "get an old job");
             assert_eq!((job.tags, job.trace_context), (Tags::new(), None));
@@ -791,7 +814,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (8, 8));
+        assert_eq!((version, SCHEMA_VERSION), (9, 9));
         for id in ids {
             assert_eq!(
                 must(store.get(id).await, "get an old job").concurrency_key,

@@ -1,5 +1,5 @@
 //! Flow control: one invoice at a time per customer, and at most three rendering in
-//! all, across every worker (CONTRACT K1–K3).
+//! all, across every worker (CONTRACT K1–K3). `rate_limited_api` shows a rate (K4).
 //!
 //! ```text
 //! cargo run --example per_customer_limit

@@ -20,7 +20,7 @@ pub use connect::{connect, connect_with};
 pub use durq_core::{
     contract, Attempt, AttemptOutcome, Backoff, Budget, Bytes, Cadence, Capability, CatchUp, Clock,
     Enqueued, Error, FencedCompletion, Job, JobId, JobState, Lease, LeaseToken, ListPage,
-    ListQuery, ManualClock, Needs, NewJob, QueueLimits, QueueOverview, QueueStats, Result,
+    ListQuery, ManualClock, Needs, NewJob, QueueLimits, QueueOverview, QueueStats, Rate, Result,
     Schedule, ScheduleRecord, Store, StoreSettings, SystemClock, Tags, Timestamp, TypedJob,
     Uniqueness, WorkerInfo, ATTEMPTS_KEPT,
 };

@@ -42,20 +42,12 @@ pub async fn pause(cx: &mut Context<'_>, queue: &str, allow_empty: bool) -> Resu
     set_paused(cx, queue, true).await
 }
 
-/// `durq limits set QUEUE …` and, with neither limit, `durq limits clear QUEUE`.
+/// `durq limits set QUEUE …` and, with unlimited limits, `durq limits clear QUEUE`.
 pub async fn set_limits(
     cx: &mut Context<'_>,
     queue: &str,
-    max_running: Option<u32>,
-    max_running_per_key: Option<u32>,
+    limits: durq_core::QueueLimits,
 ) -> Result<()> {
-    let mut limits = durq_core::QueueLimits::new();
-    if let Some(jobs) = max_running {
-        limits = limits.max_running(jobs);
-    }
-    if let Some(jobs) = max_running_per_key {
-        limits = limits.max_running_per_key(jobs);
-    }
     cx.store.set_limits(queue, limits).await?;
     if cx.json {
         return cx.print_json(&super::read::LimitsJson::new(queue, &limits));

@@ -35,19 +35,27 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
                     queue,
                     max_running,
                     max_running_per_key,
+                    max_starts,
+                    max_starts_per_key,
                 }),
         } => {
-            if max_running.is_none() && max_running_per_key.is_none() {
+            let mut limits = durq_core::QueueLimits::new();
+            limits.max_running = *max_running;
+            limits.max_running_per_key = *max_running_per_key;
+            limits.max_starts = *max_starts;
+            limits.max_starts_per_key = *max_starts_per_key;
+            if limits.is_unlimited() {
                 return Err(crate::CliError::new(format!(
-                    "limits set {queue}: name --max-running or --max-running-per-key \
-                     (`limits clear {queue}` removes its limits)"
+                    "limits set {queue}: name --max-running, --max-running-per-key, \
+                     --max-starts or --max-starts-per-key (`limits clear {queue}` removes \
+                     its limits)"
                 )));
             }
-            admin::set_limits(cx, queue, *max_running, *max_running_per_key).await
+            admin::set_limits(cx, queue, limits).await
         }
         Command::Limits {
             action: Some(LimitsAction::Clear { queue }),
-        } => admin::set_limits(cx, queue, None, None).await,
+        } => admin::set_limits(cx, queue, durq_core::QueueLimits::new()).await,
         Command::Schedules { action: None } => read::schedules(cx).await,
         Command::Schedules {
             action: Some(ScheduleAction::Delete { name }),

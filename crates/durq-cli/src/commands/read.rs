@@ -207,6 +207,8 @@ pub async fn limits(cx: &mut Context<'_>) -> Result<()> {
         return cx.print("(no queue has limits)\n");
     }
     let count = |limit: Option<u32>| limit.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    let rate =
+        |rate: Option<durq_core::Rate>| rate.map_or_else(|| "-".to_owned(), |r| r.to_string());
     let rows = all
         .iter()
         .map(|(queue, limits)| {
@@ -214,12 +216,20 @@ pub async fn limits(cx: &mut Context<'_>) -> Result<()> {
                 queue.clone(),
                 count(limits.max_running),
                 count(limits.max_running_per_key),
+                rate(limits.max_starts),
+                rate(limits.max_starts_per_key),
             ]
         })
         .collect();
     cx.print(&table(
-        &["QUEUE", "MAX RUNNING", "MAX RUNNING PER KEY"],
-        &[1, 2],
+        &[
+            "QUEUE",
+            "MAX RUNNING",
+            "MAX RUNNING PER KEY",
+            "MAX STARTS",
+            "MAX STARTS PER KEY",
+        ],
+        &[1, 2, 3, 4],
         rows,
     ))
 }
@@ -231,6 +241,9 @@ pub(crate) struct LimitsJson<'a> {
     queue: &'a str,
     max_running: Option<u32>,
     max_running_per_key: Option<u32>,
+    /// `STARTS/PERIOD`, as `--max-starts` reads it.
+    max_starts: Option<String>,
+    max_starts_per_key: Option<String>,
 }
 
 impl<'a> LimitsJson<'a> {
@@ -239,6 +252,8 @@ impl<'a> LimitsJson<'a> {
             queue,
             max_running: limits.max_running,
             max_running_per_key: limits.max_running_per_key,
+            max_starts: limits.max_starts.map(|rate| rate.to_string()),
+            max_starts_per_key: limits.max_starts_per_key.map(|rate| rate.to_string()),
         }
     }
 }

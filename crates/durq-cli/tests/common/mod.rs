@@ -412,20 +412,45 @@ pub async fn main_flow(t: &Target) {
                 .ok(),
             "queue emails: at most 1 running per concurrency key\n"
         );
-        let set = t.json(&["limits", "set", "reports", "--max-running", "4"]);
+        let set = t.json(&[
+            "limits",
+            "set",
+            "reports",
+            "--max-running",
+            "4",
+            "--max-starts",
+            "10/1s",
+            "--max-starts-per-key",
+            "1/1m",
+        ]);
         assert_eq!(set["max_running"], 4);
         assert!(set["max_running_per_key"].is_null());
+        assert_eq!(set["max_starts"], "10/1s");
+        assert_eq!(set["max_starts_per_key"], "1/1m");
+        assert_eq!(
+            t.store.limits("reports").await.expect("limits"),
+            durq::QueueLimits::new()
+                .max_running(4)
+                .max_starts(durq::Rate::new(10, Duration::from_secs(1)))
+                .max_starts_per_key(durq::Rate::new(1, Duration::from_secs(60)))
+        );
+        t.run(&["limits", "set", "reports", "--max-starts", "0/1s"])
+            .usage_error();
+        t.run(&["limits", "set", "reports", "--max-starts", "ten"])
+            .usage_error();
         let listed = t.json(&["limits"]);
         assert_eq!(listed["limits"][0]["queue"], "emails");
         assert_eq!(listed["limits"][1]["max_running"], 4);
         let table = t.run(&["limits"]).ok();
         assert!(table.contains("MAX RUNNING PER KEY"), "{table}");
+        assert!(table.contains("MAX STARTS PER KEY"), "{table}");
+        assert!(table.contains("10/1s"), "{table}");
         assert_eq!(
             t.store.limits("emails").await.expect("limits"),
             durq::QueueLimits::new().max_running_per_key(1)
         );
         t.run(&["limits", "set", "emails"])
-            .fails_with("name --max-running or --max-running-per-key");
+            .fails_with("name --max-running, --max-running-per-key");
         t.run(&["limits", "set", "emails", "--max-running", "0"])
             .usage_error();
         for queue in ["emails", "reports"] {

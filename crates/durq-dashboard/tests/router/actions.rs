@@ -346,7 +346,12 @@ async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
     dead_job(&store, "emails", "boom").await;
     store.pause("idle").await.expect("pause");
     store
-        .set_limits("emails", durq::QueueLimits::new().max_running_per_key(2))
+        .set_limits(
+            "emails",
+            durq::QueueLimits::new()
+                .max_running_per_key(2)
+                .max_starts(durq::Rate::new(30, std::time::Duration::from_secs(60))),
+        )
         .await
         .expect("set_limits");
     let router = router(&store);
@@ -371,6 +376,9 @@ async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
         format!("jobs_queue_paused{{namespace=\"{namespace}\",queue=\"emails\"}} 0"),
         format!(
             "jobs_queue_limit{{namespace=\"{namespace}\",queue=\"emails\",limit=\"max_running_per_key\"}} 2"
+        ),
+        format!(
+            "jobs_queue_rate_limit{{namespace=\"{namespace}\",queue=\"emails\",limit=\"max_starts\"}} 0.5"
         ),
         format!("jobs_workers{{namespace=\"{namespace}\"}} 0"),
         "# EOF".to_owned(),

@@ -79,6 +79,11 @@ impl State {
     }
 
     #[cfg(feature = "testing")]
+    pub(crate) fn rate_on_system_clock(&mut self, on: bool) {
+        self.faults.rate_on_system_clock = on;
+    }
+
+    #[cfg(feature = "testing")]
     pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
         match self.jobs.get_mut(&id) {
             Some(record) => {

@@ -27,7 +27,9 @@ impl State {
         } else {
             self.ready_candidates(request, now)
         };
-        self.lease_all(candidates, request, now)
+        let claimed = self.lease_all(candidates, request, now);
+        self.record_starts(&claimed, now);
+        claimed
     }
 
     /// The first `limit` ready jobs of the named queues in claim order (CONTRACT C3)
@@ -44,8 +46,14 @@ impl State {
                 continue;
             }
             self.promote_due(queue, now);
-            let mut admission =
-                limits::Admission::of(&self.limits, &self.idx.running, &self.faults, queue);
+            let mut admission = limits::Admission::of(
+                &self.limits,
+                &self.idx.running,
+                &self.starts,
+                &self.faults,
+                queue,
+                now,
+            );
             let Some(index) = self.idx.queues.get_mut(queue) else {
                 continue;
             };
@@ -97,8 +105,14 @@ impl State {
                 continue;
             }
             self.promote_due(queue, now);
-            let mut admission =
-                limits::Admission::of(&self.limits, &self.idx.running, &self.faults, queue);
+            let mut admission = limits::Admission::of(
+                &self.limits,
+                &self.idx.running,
+                &self.starts,
+                &self.faults,
+                queue,
+                now,
+            );
             let Some(index) = self.idx.queues.get_mut(queue) else {
                 continue;
             };

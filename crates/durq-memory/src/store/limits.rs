@@ -1,12 +1,99 @@
-//! Flow control (CONTRACT K1–K3): each queue's limits, the running jobs they count, and
-//! what one claim may still take under them.
+//! Flow control (CONTRACT K1–K4): each queue's limits, the running jobs and recent
+//! starts they count, and what one claim may still take under them.
 //!
 //! Only queues with limits are counted: the counts are built when a queue gets its
 //! limits (from the running jobs, so a limit set while jobs run counts them) and kept
 //! by the index updates of every transition in and out of `running`, so a queue
-//! without limits pays nothing on its claims and completions.
+//! without limits pays nothing on its claims and completions. Starts are logged only
+//! for queues with a rate, by the claim that leases them.
+
+use std::collections::VecDeque;
+
+use durq_core::Rate;
 
 use super::*;
+
+/// The recent starts of a queue with a rate (K4), of the queue and of each key: the
+/// claims' instants, oldest first, at most as many as the rate admits per window
+/// (older ones can no longer decide anything).
+#[derive(Debug, Default)]
+pub(super) struct Starts {
+    queue: VecDeque<Timestamp>,
+    by_key: FxHashMap<String, VecDeque<Timestamp>>,
+}
+
+/// The starts of `log` inside the window of a claim at `now` (K4): a start at or
+/// before `now - per` has left it. Counted, not cut at the first old entry: a clock
+/// set back can leave the log out of order.
+fn in_window(log: &VecDeque<Timestamp>, rate: Rate, now: Timestamp) -> u64 {
+    let opens_after = rate.window_opens_after(now);
+    log.iter().filter(|at| **at > opens_after).count() as u64
+}
+
+/// When `log`'s window admits a start again, if it is full at `now`.
+fn frees_at(log: &VecDeque<Timestamp>, rate: Rate, now: Timestamp) -> Option<Timestamp> {
+    let opens_after = rate.window_opens_after(now);
+    let mut inside: Vec<Timestamp> = log.iter().copied().filter(|at| *at > opens_after).collect();
+    if rate.admits(inside.len() as u64) {
+        return None;
+    }
+    // The start whose leaving brings the count below the rate.
+    inside.sort_unstable();
+    let blocking = inside[inside.len() - rate.starts as usize];
+    Some(rate.frees_at(blocking))
+}
+
+/// Appends a start at `now` to `log`, dropping what has left the window and what is
+/// beyond the rate's count.
+fn log_start(log: &mut VecDeque<Timestamp>, rate: Rate, now: Timestamp) {
+    let opens_after = rate.window_opens_after(now);
+    while log.front().is_some_and(|at| *at <= opens_after) {
+        log.pop_front();
+    }
+    log.push_back(now);
+    while log.len() > rate.starts as usize {
+        log.pop_front();
+    }
+}
+
+impl Starts {
+    /// Logs the start of a job of this queue, with concurrency key `key`, at `now`.
+    pub(super) fn record(&mut self, limits: &QueueLimits, key: Option<&str>, now: Timestamp) {
+        if let Some(rate) = limits.max_starts {
+            log_start(&mut self.queue, rate, now);
+        }
+        if let (Some(rate), Some(key)) = (limits.max_starts_per_key, key) {
+            match self.by_key.get_mut(key) {
+                Some(log) => log_start(log, rate, now),
+                None => {
+                    let mut log = VecDeque::new();
+                    log_start(&mut log, rate, now);
+                    self.by_key.insert(key.to_owned(), log);
+                }
+            }
+        }
+    }
+
+    /// The earliest instant after `now` at which a full window of this queue, its own
+    /// or a key's, admits a start again: when a claimer held back by a rate may look
+    /// again. Keys whose window emptied are forgotten on the way.
+    fn next_free(&mut self, limits: &QueueLimits, now: Timestamp) -> Option<Timestamp> {
+        let mut next = limits
+            .max_starts
+            .and_then(|rate| frees_at(&self.queue, rate, now));
+        if let Some(rate) = limits.max_starts_per_key {
+            let opens_after = rate.window_opens_after(now);
+            self.by_key
+                .retain(|_, log| log.iter().any(|at| *at > opens_after));
+            for log in self.by_key.values() {
+                if let Some(at) = frees_at(log, rate, now) {
+                    next = Some(next.map_or(at, |next| next.min(at)));
+                }
+            }
+        }
+        next
+    }
+}
 
 /// The running jobs of a queue with limits: in all, and per concurrency key.
 #[derive(Debug, Default)]
@@ -41,11 +128,18 @@ impl Running {
     }
 }
 
-/// What one claim may still take of one queue: its limits, the jobs running when the
-/// claim started, and those the claim took so far (K1, K2 count both).
+/// What one claim may still take of one queue: its limits, the jobs running and the
+/// starts in the window when the claim started, and those the claim took so far (K1,
+/// K2, K4 count both).
 pub(super) struct Admission<'a> {
     limits: QueueLimits,
     running: Option<&'a Running>,
+    starts: Option<&'a Starts>,
+    /// The queue's starts inside its rate window when the claim started (K4).
+    queue_starts: u64,
+    /// The instant the rate windows are read at: the claim's `now`, or the machine's
+    /// clock under [`crate::MemoryServer::rate_on_system_clock`].
+    now: Timestamp,
     taken: u64,
     taken_by_key: FxHashMap<&'a str, u64>,
     /// The fault of [`crate::MemoryServer::count_limits_once`]: jobs this claim took
@@ -54,10 +148,15 @@ pub(super) struct Admission<'a> {
 }
 
 impl<'a> Admission<'a> {
-    /// Whether the queue admits no job at all now (K2), so its candidates need no walk.
+    /// Whether the queue admits no job at all now (K2, K4), so its candidates need no
+    /// walk.
     pub(super) fn queue_full(&self) -> bool {
         let running = self.running.map_or(0, |r| r.jobs);
         !self.limits.admits_queue(running + self.taken)
+            || self
+                .limits
+                .max_starts
+                .is_some_and(|rate| !rate.admits(self.queue_starts + self.taken))
     }
 
     /// Whether a job with concurrency key `key` may be taken; if so, counts it.
@@ -65,14 +164,25 @@ impl<'a> Admission<'a> {
         if self.queue_full() {
             return false;
         }
-        if let Some(key) = key.filter(|_| self.limits.max_running_per_key.is_some()) {
-            let running = self
-                .running
-                .and_then(|r| r.by_key.get(key).copied())
-                .unwrap_or(0);
+        if let Some(key) = key.filter(|_| self.limits.counts_keys()) {
             let taken = self.taken_by_key.get(key).copied().unwrap_or(0);
-            if !self.limits.admits_key(running + taken) {
-                return false;
+            if self.limits.max_running_per_key.is_some() {
+                let running = self
+                    .running
+                    .and_then(|r| r.by_key.get(key).copied())
+                    .unwrap_or(0);
+                if !self.limits.admits_key(running + taken) {
+                    return false;
+                }
+            }
+            if let Some(rate) = self.limits.max_starts_per_key {
+                let started = self
+                    .starts
+                    .and_then(|s| s.by_key.get(key))
+                    .map_or(0, |log| in_window(log, rate, self.now));
+                if !rate.admits(started + taken) {
+                    return false;
+                }
             }
             if !self.forgets_own {
                 *self.taken_by_key.entry(key).or_insert(0) += 1;
@@ -89,6 +199,9 @@ impl State {
     /// Rule K3: stores `queue`'s limits (unlimited ones remove them), counting its
     /// running jobs when it had none before.
     pub(crate) fn set_limits(&mut self, queue: &str, limits: QueueLimits) {
+        if !limits.limits_starts() {
+            self.starts.remove(queue);
+        }
         if limits.is_unlimited() {
             self.limits.remove(queue);
             self.idx.running.remove(queue);
@@ -115,6 +228,72 @@ impl State {
         std::mem::take(&mut self.idx.freed_slot)
     }
 
+    /// Logs the starts of the jobs a claim leased, for the queues with a rate (K4).
+    pub(super) fn record_starts(&mut self, claimed: &[ClaimedJob], now: Timestamp) {
+        if self.limits.is_empty() {
+            return;
+        }
+        for ClaimedJob { job, .. } in claimed {
+            let Some(limits) = self.limits.get(job.queue.as_str()) else {
+                continue;
+            };
+            if !limits.limits_starts() {
+                continue;
+            }
+            let starts = match self.starts.get_mut(job.queue.as_str()) {
+                Some(starts) => starts,
+                None => self.starts.entry(job.queue.clone()).or_default(),
+            };
+            starts.record(limits, job.concurrency_key.as_deref(), now);
+        }
+    }
+
+    /// The earliest instant after `now` at which a rate of one of `queues` admits a
+    /// start it holds back now (K4): when a claimer that found nothing should look
+    /// again, at the latest.
+    pub(crate) fn next_rate_free(
+        &mut self,
+        queues: &[String],
+        now: Timestamp,
+    ) -> Option<Timestamp> {
+        let mut next: Option<Timestamp> = None;
+        for queue in queues {
+            let (Some(limits), Some(starts)) = (
+                self.limits.get(queue.as_str()),
+                self.starts.get_mut(queue.as_str()),
+            ) else {
+                continue;
+            };
+            if let Some(at) = starts.next_free(limits, now) {
+                next = Some(next.map_or(at, |next| next.min(at)));
+            }
+        }
+        next
+    }
+
+    /// Forgets the key logs whose starts all left their window: a claim trims only the
+    /// logs it writes to, so the log of a key that stopped starting jobs is dropped
+    /// here, with the housekeeping of reclaim.
+    pub(super) fn forget_old_starts(&mut self, now: Timestamp) {
+        if self.starts.is_empty() {
+            return;
+        }
+        let limits = &self.limits;
+        for (queue, starts) in self.starts.iter_mut() {
+            if let Some(rate) = limits.get(queue).and_then(|l| l.max_starts_per_key) {
+                let opens_after = rate.window_opens_after(now);
+                starts
+                    .by_key
+                    .retain(|_, log| log.iter().any(|at| *at > opens_after));
+            }
+        }
+    }
+
+    /// Whether any queue has a rate (K4).
+    pub(crate) fn has_rates(&self) -> bool {
+        self.limits.values().any(QueueLimits::limits_starts)
+    }
+
     /// Rule K3: every queue's limits, by name.
     pub(crate) fn limits(&self) -> Vec<(String, QueueLimits)> {
         self.limits
@@ -131,16 +310,31 @@ impl<'a> Admission<'a> {
     pub(super) fn of(
         limits: &BTreeMap<String, QueueLimits>,
         running: &'a FxHashMap<String, Running>,
+        starts: &'a FxHashMap<String, Starts>,
         faults: &Faults,
         queue: &str,
+        now: Timestamp,
     ) -> Option<Self> {
         if limits.is_empty() {
             return None;
         }
         let limits = *limits.get(queue)?;
+        let starts = starts.get(queue);
+        let now = if faults.rate_on_system_clock {
+            durq_core::Clock::now(&durq_core::SystemClock)
+        } else {
+            now
+        };
+        let queue_starts = match (limits.max_starts, starts) {
+            (Some(rate), Some(starts)) => in_window(&starts.queue, rate, now),
+            _ => 0,
+        };
         Some(Admission {
             limits,
             running: running.get(queue),
+            starts,
+            queue_starts,
+            now,
             taken: 0,
             taken_by_key: FxHashMap::default(),
             forgets_own: faults.count_limits_once,
@@ -155,4 +349,7 @@ pub(crate) struct Faults {
     /// A claim counts only the jobs running before it, not those it takes itself:
     /// the limit read before the claim's writes (CONTRACT K1, K2).
     pub(crate) count_limits_once: bool,
+    /// Claims read the rate windows on the machine's clock, not on the `now` they are
+    /// given: a rate window on the caller's clock (CONTRACT K4).
+    pub(crate) rate_on_system_clock: bool,
 }

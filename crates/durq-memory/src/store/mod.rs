@@ -177,6 +177,8 @@ pub(crate) struct State {
     needs: NeedsPool,
     /// Each queue's limits on its running jobs (CONTRACT K3).
     limits: BTreeMap<String, QueueLimits>,
+    /// The recent starts of each queue with a rate (CONTRACT K4).
+    starts: FxHashMap<String, limits::Starts>,
     /// Faults a test injected.
     faults: limits::Faults,
 }
@@ -271,6 +273,9 @@ impl State {
 pub(crate) struct Namespace {
     state: Mutex<State>,
     pub(crate) work_arrived: Notify,
+    /// Whether a queue has a rate (K4), so a wait for work looks up when a rate frees a
+    /// start only then, without the lock otherwise.
+    pub(crate) has_rates: std::sync::atomic::AtomicBool,
 }
 
 impl Namespace {

@@ -29,6 +29,7 @@ impl State {
                 reclaimed.push(ReclaimedJob { id, state });
             }
         }
+        self.forget_old_starts(now);
         reclaimed
     }
 

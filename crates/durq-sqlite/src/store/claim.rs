@@ -43,7 +43,7 @@ pub(super) fn ready_candidates(
 ) -> Result<()> {
     let mut admission = match limits {
         Some(limits) => {
-            let admission = limits::Admission::start(conn, ns, queue, limits)?;
+            let admission = limits::Admission::start(conn, ns, queue, limits, now)?;
             if admission.queue_full() {
                 return Ok(());
             }
@@ -162,7 +162,7 @@ pub(super) fn fitting_candidates(
     // reads each row's key from the table; a queue without limits reads the index alone.
     let mut admission = match limits {
         Some(limits) => {
-            let admission = limits::Admission::start(conn, ns, queue, limits)?;
+            let admission = limits::Admission::start(conn, ns, queue, limits, now)?;
             if admission.queue_full() {
                 return Ok(());
             }
@@ -300,6 +300,7 @@ impl<'r> Verdicts<'r> {
 pub(super) fn reserved_row(
     conn: &Connection,
     ns: i64,
+    open: &[(&str, Option<QueueLimits>)],
     request: &ClaimRequest,
     id: JobId,
     now: Timestamp,
@@ -336,12 +337,11 @@ pub(super) fn reserved_row(
     if !request.admits(&needs) {
         return Ok(None);
     }
-    let queues = [queue];
-    let Some((queue, limits)) = open_queues(conn, ns, &queues)?.pop() else {
+    let Some(&(queue, limits)) = open.iter().find(|(open, _)| *open == queue) else {
         return Ok(None);
     };
     if let Some(limits) = limits {
-        let mut admission = limits::Admission::start(conn, ns, queue, limits)?;
+        let mut admission = limits::Admission::start(conn, ns, queue, limits, now)?;
         if !admission.take(conn, ns, queue, key.as_deref())? {
             return Ok(None);
         }
@@ -354,7 +354,8 @@ pub(super) fn reserved_row(
 /// queue, as it did for the pause alone.
 const GATES_SQL: &str =
     "SELECT EXISTS (SELECT 1 FROM jobq_paused p WHERE p.ns = ?1 AND p.queue = ?2),
-         l.queue IS NOT NULL, l.max_running, l.max_running_per_key
+         l.queue IS NOT NULL, l.max_running, l.max_running_per_key, l.max_starts,
+         l.max_starts_ms, l.max_starts_per_key, l.max_starts_per_key_ms
      FROM (SELECT 1) LEFT JOIN jobq_limits l ON l.ns = ?1 AND l.queue = ?2";
 
 /// The distinct queues of a claim, less the paused ones, each with its limits. Read in
@@ -383,7 +384,7 @@ pub(super) fn open_queues<'a>(
             continue;
         }
         let limits = if row.get::<_, bool>(1).db("read a queue's limits")? {
-            Some(limits::limits_from(queue, row.get(2), row.get(3))?)
+            Some(limits::limits_from(queue, row, 2)?)
         } else {
             None
         };
@@ -399,16 +400,17 @@ pub(super) fn open_queues<'a>(
 pub(super) fn fitted_rows(
     conn: &Connection,
     ns: i64,
+    open: &[(&str, Option<QueueLimits>)],
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<i64>> {
     if let Some(id) = request.reserved {
-        let row = reserved_row(conn, ns, request, id, now)?;
+        let row = reserved_row(conn, ns, open, request, id, now)?;
         return Ok(row.into_iter().take(request.limit).collect());
     }
     let mut candidates = Vec::new();
     let mut verdicts = Verdicts::new(request);
-    for (queue, limits) in open_queues(conn, ns, &request.queues)? {
+    for &(queue, limits) in open {
         fitting_candidates(
             conn,
             ns,
@@ -438,24 +440,29 @@ pub(crate) fn claim(
     now: Timestamp,
 ) -> Result<Vec<ClaimedJob>> {
     let conn = tx.conn();
-    if request.is_fitted() {
-        let rows = fitted_rows(conn, ns, request, now)?;
-        return lease_rows(conn, rows.into_iter(), request, now);
-    }
-    let mut candidates = Vec::new();
-    for (queue, limits) in open_queues(conn, ns, &request.queues)? {
-        ready_candidates(conn, ns, queue, limits, now, request.limit, &mut candidates)?;
-    }
-    // Each queue gave its first `limit` jobs, so the first `limit` of the merge are the
-    // first `limit` of the whole ready set (C3).
-    candidates.sort_by_key(|(order, _)| *order);
-    candidates.truncate(request.limit);
-    lease_rows(
-        conn,
-        candidates.into_iter().map(|(_, row)| row),
-        request,
-        now,
-    )
+    let open = open_queues(conn, ns, &request.queues)?;
+    let claimed = if request.is_fitted() {
+        let rows = fitted_rows(conn, ns, &open, request, now)?;
+        lease_rows(conn, rows.into_iter(), request, now)?
+    } else {
+        let mut candidates = Vec::new();
+        for &(queue, limits) in &open {
+            ready_candidates(conn, ns, queue, limits, now, request.limit, &mut candidates)?;
+        }
+        // Each queue gave its first `limit` jobs, so the first `limit` of the merge are
+        // the first `limit` of the whole ready set (C3).
+        candidates.sort_by_key(|(order, _)| *order);
+        candidates.truncate(request.limit);
+        lease_rows(
+            conn,
+            candidates.into_iter().map(|(_, row)| row),
+            request,
+            now,
+        )?
+    };
+    // The starts a rate counts are logged in the claim's transaction (K4).
+    limits::record_starts(conn, ns, &open, &claimed, now)?;
+    Ok(claimed)
 }
 
 /// Leases the jobs in `rows` to the claimer, in that order, and returns them as the
@@ -563,22 +570,42 @@ pub(super) fn unreadable_placement(why: &str) -> String {
     format!("placement unreadable: {why}")
 }
 
+/// What a wait for work finds on its queues (paused ones left out).
+pub(crate) enum Readiness {
+    /// A ready job the queue's limits admit.
+    Ready,
+    /// None; a rate (K4) admits a start it holds back now at this instant.
+    FreedAt(Timestamp),
+    /// None, and no rate holds one back.
+    Nothing,
+}
+
 /// Whether any of `queues`, paused ones left out, holds a ready job its limits admit:
-/// what `wait_for_work` polls.
-pub(crate) fn has_ready(
+/// what `wait_for_work` polls; if none, when a rate frees a start.
+pub(crate) fn readiness(
     conn: &Connection,
     ns: i64,
     queues: &[String],
     now: Timestamp,
-) -> Result<bool> {
+) -> Result<Readiness> {
     // Jobs a queue's limits hold back are not work: a claimer woken for them would find
-    // nothing it may take (K1, K2).
+    // nothing it may take (K1, K2, K4).
     let mut found = Vec::new();
-    for (queue, limits) in open_queues(conn, ns, queues)? {
+    let open = open_queues(conn, ns, queues)?;
+    for &(queue, limits) in &open {
         ready_candidates(conn, ns, queue, limits, now, 1, &mut found)?;
         if !found.is_empty() {
-            return Ok(true);
+            return Ok(Readiness::Ready);
         }
     }
-    Ok(false)
+    let mut next: Option<Timestamp> = None;
+    for &(queue, limits) in &open {
+        let Some(limits) = limits.filter(QueueLimits::limits_starts) else {
+            continue;
+        };
+        if let Some(at) = limits::next_rate_free(conn, ns, queue, limits, now)? {
+            next = Some(next.map_or(at, |next| next.min(at)));
+        }
+    }
+    Ok(next.map_or(Readiness::Nothing, Readiness::FreedAt))
 }

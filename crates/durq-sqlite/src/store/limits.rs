@@ -1,14 +1,25 @@
-//! Flow control (CONTRACT K1–K3): each queue's limits, and the claim of a queue that
+//! Flow control (CONTRACT K1–K4): each queue's limits, and the claim of a queue that
 //! has some.
 //!
-//! A claim runs inside the one write transaction, so the running jobs it counts cannot
-//! change under it: counting and leasing are one step, across every connection and
-//! process of the file. A queue without limits is claimed as before; only its limits
-//! row is looked up.
+//! A claim runs inside the one write transaction, so the running jobs and the starts
+//! it counts cannot change under it: counting, leasing and logging the starts are one
+//! step, across every connection and process of the file. A queue without limits is
+//! claimed as before; only its limits row is looked up.
 
 use std::collections::HashMap;
+use std::time::Duration;
+
+use durq_core::{ClaimedJob, Rate};
 
 use super::*;
+
+/// The columns of a limits row, in the order [`limits_from`] reads them.
+pub(super) const LIMITS_COLUMNS: &str = "max_running, max_running_per_key, max_starts, \
+     max_starts_ms, max_starts_per_key, max_starts_per_key_ms";
+
+/// The key of a queue's own start log in `jobq_starts` (a concurrency key is never
+/// empty, CONTRACT K1).
+const QUEUE_LOG: &str = "";
 
 /// Rule K3: stores `queue`'s limits; unlimited ones delete its row. Wakes the claimers
 /// waiting here, since jobs the old limits held back may be admitted now.
@@ -24,21 +35,39 @@ pub(crate) fn set_limits(
             .and_then(|mut stmt| stmt.execute(params![ns, queue]))
             .db("remove a queue's limits")?;
     } else {
+        let starts = |rate: Option<Rate>| rate.map(|rate| rate.starts);
+        let window = |rate: Option<Rate>| {
+            rate.map(|rate| i64::try_from(rate.per.as_millis()).unwrap_or(i64::MAX))
+        };
         conn.prepare_cached(
-            "INSERT INTO jobq_limits (ns, queue, max_running, max_running_per_key)
-             VALUES (?1, ?2, ?3, ?4)
+            "INSERT INTO jobq_limits (ns, queue, max_running, max_running_per_key,
+                 max_starts, max_starts_ms, max_starts_per_key, max_starts_per_key_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
              ON CONFLICT (ns, queue) DO UPDATE SET max_running = excluded.max_running,
-                 max_running_per_key = excluded.max_running_per_key",
+                 max_running_per_key = excluded.max_running_per_key,
+                 max_starts = excluded.max_starts, max_starts_ms = excluded.max_starts_ms,
+                 max_starts_per_key = excluded.max_starts_per_key,
+                 max_starts_per_key_ms = excluded.max_starts_per_key_ms",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
                 ns,
                 queue,
                 limits.max_running,
-                limits.max_running_per_key
+                limits.max_running_per_key,
+                starts(limits.max_starts),
+                window(limits.max_starts),
+                starts(limits.max_starts_per_key),
+                window(limits.max_starts_per_key),
             ])
         })
         .db("store a queue's limits")?;
+    }
+    if !limits.limits_starts() {
+        // A log no rate reads any more.
+        conn.prepare_cached("DELETE FROM jobq_starts WHERE ns = ?1 AND queue = ?2")
+            .and_then(|mut stmt| stmt.execute(params![ns, queue]))
+            .db("drop a queue's start log")?;
     }
     tx.wake(ns);
     Ok(())
@@ -47,47 +76,221 @@ pub(crate) fn set_limits(
 /// Rule K3: every queue's limits, by name.
 pub(crate) fn all_limits(conn: &Connection, ns: i64) -> Result<Vec<(String, QueueLimits)>> {
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT queue, max_running, max_running_per_key FROM jobq_limits
-             WHERE ns = ?1 ORDER BY queue",
-        )
+        .prepare_cached(&format!(
+            "SELECT queue, {LIMITS_COLUMNS} FROM jobq_limits WHERE ns = ?1 ORDER BY queue"
+        ))
         .db("prepare the limits")?;
     let mut rows = stmt.query([ns]).db("read the limits")?;
     let mut out = Vec::new();
     while let Some(row) = rows.next().db("read the limits")? {
         let queue: String = row.get(0).db("read the limits")?;
-        let limits = limits_from(&queue, row.get(1), row.get(2))?;
+        let limits = limits_from(&queue, row, 1)?;
         out.push((queue, limits));
     }
     Ok(out)
 }
 
-/// Limits as stored, checked: a limit that is not a positive `u32` is a corrupt row.
-pub(super) fn limits_from(
-    queue: &str,
-    max_running: rusqlite::Result<Option<i64>>,
-    per_key: rusqlite::Result<Option<i64>>,
-) -> Result<QueueLimits> {
-    let read = |field: &str, value: rusqlite::Result<Option<i64>>| -> Result<Option<u32>> {
-        match value.db("read a queue's limits")? {
+/// Limits as stored in [`LIMITS_COLUMNS`] from column `first` of `row` on, checked:
+/// a limit that is not a positive `u32`, or a rate whose window is not a valid one, is
+/// a corrupt row.
+pub(super) fn limits_from(queue: &str, row: &Row<'_>, first: usize) -> Result<QueueLimits> {
+    let corrupt = |field: &str, value: i64| {
+        Error::corrupt(
+            format!("limits of queue {queue}"),
+            format!("{field} {value}"),
+        )
+    };
+    let read = |field: &str, column: usize| -> Result<Option<u32>> {
+        let value: Option<i64> = row.get(first + column).db("read a queue's limits")?;
+        match value {
             None => Ok(None),
             Some(n) => u32::try_from(n)
                 .ok()
                 .filter(|n| *n > 0)
                 .map(Some)
-                .ok_or_else(|| {
-                    Error::corrupt(format!("limits of queue {queue}"), format!("{field} {n}"))
-                }),
+                .ok_or_else(|| corrupt(field, n)),
         }
     };
+    let rate = |field: &str, column: usize| -> Result<Option<Rate>> {
+        let Some(starts) = read(field, column)? else {
+            return Ok(None);
+        };
+        let window: Option<i64> = row.get(first + column + 1).db("read a queue's limits")?;
+        let window = window.unwrap_or(0);
+        let per = u64::try_from(window)
+            .ok()
+            .filter(|ms| *ms > 0)
+            .ok_or_else(|| corrupt(field, window))?;
+        Ok(Some(Rate::new(starts, Duration::from_millis(per))))
+    };
     let mut limits = QueueLimits::new();
-    if let Some(n) = read("max_running", max_running)? {
+    if let Some(n) = read("max_running", 0)? {
         limits = limits.max_running(n);
     }
-    if let Some(n) = read("max_running_per_key", per_key)? {
+    if let Some(n) = read("max_running_per_key", 1)? {
         limits = limits.max_running_per_key(n);
     }
+    if let Some(rate) = rate("max_starts", 2)? {
+        limits = limits.max_starts(rate);
+    }
+    if let Some(rate) = rate("max_starts_per_key", 4)? {
+        limits = limits.max_starts_per_key(rate);
+    }
     Ok(limits)
+}
+
+/// The starts of one log inside the window of a claim at `now` (CONTRACT K4), at most
+/// `rate.starts` of them (more cannot change a verdict), and when the window admits a
+/// start again if it is full: the instant its `rate.starts`-th newest start leaves it.
+fn window(
+    conn: &Connection,
+    ns: i64,
+    queue: &str,
+    key: &str,
+    rate: Rate,
+    now: Timestamp,
+) -> Result<(u64, Option<Timestamp>)> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT at FROM jobq_starts WHERE ns = ?1 AND queue = ?2 AND key = ?3 AND at > ?4
+             ORDER BY at DESC LIMIT ?5",
+        )
+        .db("prepare the start log read")?;
+    let mut rows = stmt
+        .query(params![
+            ns,
+            queue,
+            key,
+            rate.window_opens_after(now).as_millis(),
+            rate.starts
+        ])
+        .db("read a start log")?;
+    let (mut count, mut oldest) = (0u64, None);
+    while let Some(row) = rows.next().db("read a start log")? {
+        count += 1;
+        oldest = Some(Timestamp::from_millis(row.get(0).db("read a start log")?));
+    }
+    let frees_at = oldest
+        .filter(|_| !rate.admits(count))
+        .map(|at| rate.frees_at(at));
+    Ok((count, frees_at))
+}
+
+/// Logs the starts of the jobs a claim leased, for the queues with a rate (K4), and
+/// trims what left their windows. `open` are the claim's queues with their limits.
+pub(super) fn record_starts(
+    conn: &Connection,
+    ns: i64,
+    open: &[(&str, Option<QueueLimits>)],
+    claimed: &[ClaimedJob],
+    now: Timestamp,
+) -> Result<()> {
+    if !open
+        .iter()
+        .any(|(_, limits)| limits.is_some_and(|l| l.limits_starts()))
+    {
+        return Ok(());
+    }
+    let mut insert = conn
+        .prepare_cached("INSERT INTO jobq_starts (ns, queue, key, at) VALUES (?1, ?2, ?3, ?4)")
+        .db("prepare the start log")?;
+    let mut trim = conn
+        .prepare_cached(
+            "DELETE FROM jobq_starts WHERE ns = ?1 AND queue = ?2 AND key = ?3 AND at <= ?4",
+        )
+        .db("prepare the start log trim")?;
+    // The logs this claim trimmed already.
+    let mut trimmed: std::collections::HashSet<(&str, &str)> = Default::default();
+    for ClaimedJob { job, .. } in claimed {
+        let Some(limits) = open
+            .iter()
+            .find(|(queue, _)| *queue == job.queue)
+            .and_then(|(_, limits)| *limits)
+        else {
+            continue;
+        };
+        let logs = [
+            limits.max_starts.map(|rate| (QUEUE_LOG, rate)),
+            limits
+                .max_starts_per_key
+                .zip(job.concurrency_key.as_deref())
+                .map(|(rate, key)| (key, rate)),
+        ];
+        for (key, rate) in logs.into_iter().flatten() {
+            if trimmed.insert((job.queue.as_str(), key)) {
+                trim.execute(params![
+                    ns,
+                    job.queue,
+                    key,
+                    rate.window_opens_after(now).as_millis()
+                ])
+                .db("trim a start log")?;
+            }
+            insert
+                .execute(params![ns, job.queue, key, now.as_millis()])
+                .db("log a start")?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the starts that left their queue's windows (and every start of a queue
+/// whose rate is gone): a claim trims only the logs it writes to, so the log of a key
+/// that stopped starting jobs is trimmed here, with the housekeeping of reclaim.
+pub(crate) fn forget_old_starts(conn: &Connection, ns: i64, now: Timestamp) -> Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM jobq_starts WHERE ns = ?1 AND at <= ?2 - COALESCE(
+             (SELECT MAX(COALESCE(l.max_starts_ms, 0), COALESCE(l.max_starts_per_key_ms, 0))
+              FROM jobq_limits l WHERE l.ns = jobq_starts.ns AND l.queue = jobq_starts.queue),
+             0)",
+    )
+    .and_then(|mut stmt| stmt.execute(params![ns, now.as_millis()]))
+    .db("forget old starts")?;
+    Ok(())
+}
+
+/// The earliest instant after `now` at which a rate of `queue` admits a start it holds
+/// back now (K4): the queue's own window, or the earliest of its keys' full windows.
+pub(super) fn next_rate_free(
+    conn: &Connection,
+    ns: i64,
+    queue: &str,
+    limits: QueueLimits,
+    now: Timestamp,
+) -> Result<Option<Timestamp>> {
+    let mut next = match limits.max_starts {
+        Some(rate) => window(conn, ns, queue, QUEUE_LOG, rate, now)?.1,
+        None => None,
+    };
+    if let Some(rate) = limits.max_starts_per_key {
+        // The keys whose window is full, and the start that frees each: the window's
+        // `starts`-th newest, i.e. the oldest of a full window's newest `starts`.
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT key, COUNT(*) FROM jobq_starts
+                 WHERE ns = ?1 AND queue = ?2 AND key <> '' AND at > ?3
+                 GROUP BY key HAVING COUNT(*) >= ?4",
+            )
+            .db("prepare the full key windows")?;
+        let full: Vec<String> = stmt
+            .query_map(
+                params![
+                    ns,
+                    queue,
+                    rate.window_opens_after(now).as_millis(),
+                    rate.starts
+                ],
+                |row| row.get(0),
+            )
+            .and_then(|rows| rows.collect())
+            .db("read the full key windows")?;
+        for key in full {
+            if let (_, Some(at)) = window(conn, ns, queue, &key, rate, now)? {
+                next = Some(next.map_or(at, |next: Timestamp| next.min(at)));
+            }
+        }
+    }
+    Ok(next)
 }
 
 /// What one claim may still take of one queue with limits: the running jobs it counted
@@ -95,7 +298,11 @@ pub(super) fn limits_from(
 pub(super) struct Admission {
     limits: QueueLimits,
     running: u64,
-    by_key: HashMap<String, u64>,
+    /// The queue's starts in its rate window, those this claim took included (K4).
+    started: u64,
+    now: Timestamp,
+    /// Per key met: its running jobs and its starts in the window, this claim's included.
+    by_key: HashMap<String, (u64, u64)>,
 }
 
 impl Admission {
@@ -106,7 +313,12 @@ impl Admission {
         ns: i64,
         queue: &str,
         limits: QueueLimits,
+        now: Timestamp,
     ) -> Result<Self> {
+        let started = match limits.max_starts {
+            Some(rate) => window(conn, ns, queue, QUEUE_LOG, rate, now)?.0,
+            None => 0,
+        };
         let running = if limits.max_running.is_some() {
             conn.prepare_cached(
                 "SELECT COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_state
@@ -120,13 +332,19 @@ impl Admission {
         Ok(Admission {
             limits,
             running: u64::try_from(running).unwrap_or(0),
+            started,
+            now,
             by_key: HashMap::new(),
         })
     }
 
-    /// Whether the queue admits no job at all now (K2).
+    /// Whether the queue admits no job at all now (K2, K4).
     pub(super) fn queue_full(&self) -> bool {
         !self.limits.admits_queue(self.running)
+            || self
+                .limits
+                .max_starts
+                .is_some_and(|rate| !rate.admits(self.started))
     }
 
     /// Whether a job with concurrency key `key` may be taken; if so, counts it.
@@ -140,12 +358,12 @@ impl Admission {
         if self.queue_full() {
             return Ok(false);
         }
-        if let Some(key) = key.filter(|_| self.limits.max_running_per_key.is_some()) {
-            let count = match self.by_key.get_mut(key) {
-                Some(count) => count,
+        if let Some(key) = key.filter(|_| self.limits.counts_keys()) {
+            let (running, started) = match self.by_key.get_mut(key) {
+                Some(counts) => counts,
                 None => {
-                    let running: i64 = conn
-                        .prepare_cached(
+                    let running: i64 = if self.limits.max_running_per_key.is_some() {
+                        conn.prepare_cached(
                             "SELECT COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_running_key
                              WHERE ns = ?1 AND queue = ?2 AND concurrency_key = ?3
                                  AND state = 1 AND concurrency_key IS NOT NULL",
@@ -153,18 +371,32 @@ impl Admission {
                         .and_then(|mut stmt| {
                             stmt.query_row(params![ns, queue, key], |row| row.get(0))
                         })
-                        .db("count a key's running jobs")?;
+                        .db("count a key's running jobs")?
+                    } else {
+                        0
+                    };
+                    let started = match self.limits.max_starts_per_key {
+                        Some(rate) => window(conn, ns, queue, key, rate, self.now)?.0,
+                        None => 0,
+                    };
                     self.by_key
                         .entry(key.to_owned())
-                        .or_insert(u64::try_from(running).unwrap_or(0))
+                        .or_insert((u64::try_from(running).unwrap_or(0), started))
                 }
             };
-            if !self.limits.admits_key(*count) {
+            if !self.limits.admits_key(*running)
+                || self
+                    .limits
+                    .max_starts_per_key
+                    .is_some_and(|rate| !rate.admits(*started))
+            {
                 return Ok(false);
             }
-            *count += 1;
+            *running += 1;
+            *started += 1;
         }
         self.running += 1;
+        self.started += 1;
         Ok(true)
     }
 }

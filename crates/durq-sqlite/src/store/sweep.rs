@@ -66,6 +66,7 @@ pub(crate) fn reclaim(
         let state = apply(tx, ns, row, next, 0, Some(LEASE_EXPIRED), now)?;
         reclaimed.push(ReclaimedJob { id, state });
     }
+    limits::forget_old_starts(tx.conn(), ns, now)?;
     Ok(reclaimed)
 }
 

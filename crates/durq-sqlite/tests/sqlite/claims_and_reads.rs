@@ -365,3 +365,65 @@ async fn list_filters_agree_with_the_reference_across_many_queues() {
         }
     }
 }
+
+/// CONTRACT K4: a claimer waiting on a queue whose rate holds its jobs back looks again
+/// when the rate frees a start, not a poll later: with a poll of a minute, the wait
+/// ends as soon as the store's clock has moved past the window (here 1 ms long). The
+/// clock moves on by 1 ms at each reading once the wait begins, so the wait's second
+/// look finds the start freed, whenever it makes it.
+#[tokio::test]
+async fn a_wait_ends_when_a_rate_frees_a_start() {
+    use durq_core::{QueueLimits, Rate};
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+    #[derive(Debug)]
+    struct TickingClock {
+        now: AtomicI64,
+        ticking: AtomicBool,
+    }
+    impl Clock for TickingClock {
+        fn now(&self) -> Timestamp {
+            let step = i64::from(self.ticking.load(Ordering::SeqCst));
+            Timestamp::from_millis(self.now.fetch_add(step, Ordering::SeqCst))
+        }
+    }
+    fn must<T>(answer: durq_core::Result<T>, what: &str) -> T {
+        match answer {
+            Ok(value) => value,
+            Err(err) => panic!("{what}: {err}"),
+        }
+    }
+
+    let (_dir, path) = temp_db();
+    let clock = Arc::new(TickingClock {
+        now: AtomicI64::new(1_700_000_000_000),
+        ticking: AtomicBool::new(false),
+    });
+    let settings = StoreSettings::default()
+        .namespace("sqlite-tests")
+        .clock(clock.clone());
+    let config = SqliteConfig::default().poll_interval(Duration::from_secs(60));
+    let store = open(&path, settings, config).await;
+    let one_per_ms = QueueLimits::new().max_starts(Rate::new(1, Duration::from_millis(1)));
+    must(store.set_limits("rated", one_per_ms).await, "set_limits");
+    for _ in 0..2 {
+        must(store.enqueue(NewJob::new("rated")).await, "enqueue");
+    }
+    let request = ClaimRequest::new(["rated"], "w", Duration::from_secs(30)).limit(10);
+    let first = must(store.claim(request.clone()).await, "claim");
+    assert_eq!(first.len(), 1, "the rate admits one start per window");
+    assert!(must(store.claim(request.clone()).await, "claim").is_empty());
+
+    clock.ticking.store(true, Ordering::SeqCst);
+    let queues = vec!["rated".to_owned()];
+    let waited = tokio::time::timeout(
+        Duration::from_secs(20),
+        store.wait_for_work(&queues, Duration::from_secs(60)),
+    )
+    .await;
+    match waited {
+        Ok(waited) => must(waited, "wait_for_work"),
+        Err(_) => panic!("the wait outlasted the rate's window by 20 s: it waited for a poll"),
+    }
+    assert_eq!(must(store.claim(request).await, "claim").len(), 1);
+}
