@@ -1,6 +1,7 @@
 //! [`MemoryBackend`]: the `Backend` of one namespace and its capability traits, each
 //! operation a short critical section over the namespace's state (`store/`).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -193,24 +194,15 @@ impl Backend for MemoryBackend {
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
         // A rate that holds jobs back frees a start at a known instant (K4): the wait
         // ends then, so the claimer neither spins nor oversleeps it.
-        let rated = self
-            .namespace
-            .has_rates
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let now = self.settings.now();
-        let next_free = if rated {
-            self.namespace.lock().next_rate_free(queues, now)
-        } else {
-            None
-        };
-        let timeout = match next_free {
-            Some(at) => {
+        let mut timeout = timeout;
+        if self.namespace.has_rates.load(Ordering::Relaxed) {
+            let now = self.settings.now();
+            if let Some(at) = self.namespace.lock().next_rate_free(queues, now) {
                 let due =
                     u64::try_from(at.as_millis().saturating_sub(now.as_millis())).unwrap_or(0);
-                timeout.min(Duration::from_millis(due))
+                timeout = timeout.min(Duration::from_millis(due));
             }
-            None => timeout,
-        };
+        }
         // Any queue's news wakes every waiter: a spurious wake-up costs one empty claim,
         // while per-queue signals would cost a map lookup on every enqueue.
         let _ = tokio::time::timeout(timeout, self.namespace.work_arrived.notified()).await;
@@ -250,9 +242,7 @@ impl FlowControl for MemoryBackend {
             state.set_limits(queue, limits);
             state.has_rates()
         };
-        self.namespace
-            .has_rates
-            .store(has_rates, std::sync::atomic::Ordering::Relaxed);
+        self.namespace.has_rates.store(has_rates, Ordering::Relaxed);
         // Jobs held back by the old limits may be admitted now.
         self.namespace.signal_work();
         Ok(())

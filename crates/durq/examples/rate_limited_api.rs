@@ -69,7 +69,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     starts.sort_unstable();
     let window = i64::try_from(RATE.per.as_millis())?;
     let busiest = (0..starts.len())
-        .map(|i| starts[i..].iter().take_while(|at| **at < starts[i] + window).count())
+        .map(|i| {
+            starts[i..]
+                .iter()
+                .take_while(|at| **at < starts[i] + window)
+                .count()
+        })
         .max()
         .unwrap_or(0);
     if starts.len() != CALLS || busiest > RATE.starts as usize {
