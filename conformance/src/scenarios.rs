@@ -133,6 +133,8 @@ macro_rules! __scenario_list {
             K3 [FlowControl Inspect] rules::k3_limits_are_stored_per_queue_and_applied_by_the_next_claim,
             K4 [FlowControl] rules::k4_a_rate_admits_at_most_its_starts_in_any_window,
             K4 [FlowControl] rules::k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window,
+            K5 [FlowControl] rules::k5_claims_take_turns_over_the_keys_of_a_fair_queue,
+            K5 [FlowControl] rules::k5_a_deep_key_does_not_starve_the_keys_behind_it,
             H1 [Inspect] rules::h1_every_claim_is_an_attempt_with_its_worker_and_token,
             H2 [Inspect Admin] rules::h2_each_ending_is_recorded_with_its_outcome_and_error,
             H2 [Inspect] rules::h2_an_attempts_error_is_cut_at_4_kib,

@@ -554,3 +554,202 @@ pub async fn k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window
         }
     }
 }
+
+/// K5: a fair queue's claims take its keys in turn within a priority, jobs without a
+/// key first, each key's jobs in claim order, round after round; the turn is the
+/// queue's, kept across claims and handles. A higher priority still goes first, a key
+/// at its running limit loses its turn, and the same jobs on a queue without fair
+/// shares come out in plain claim order.
+pub async fn k5_claims_take_turns_over_the_keys_of_a_fair_queue(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let first = env.store().await;
+    let second = env.store().await;
+    let fair = QueueLimits::new().fair_shares(true);
+    for store in [&first, &second] {
+        assert!(store.limits("q").await.must("K5").is_unlimited());
+    }
+    first.set_limits("q", fair).await.must("K5: set_limits");
+    assert_eq!(
+        second.limits("q").await.must("K5: limits"),
+        fair,
+        "K5: fair shares read back"
+    );
+    let keyed = |queue: &str, key: &str| NewJob::new(queue).concurrency_key(key);
+    let mut enqueued: HashMap<&str, Vec<JobId>> = HashMap::new();
+    // Enqueued a key at a time: claim order alone would take all of a's first.
+    for (key, count) in [("a", 5), ("b", 2), ("c", 2)] {
+        for _ in 0..count {
+            let id = enqueue(&first, keyed("q", key), "K5").await;
+            enqueued.entry(key).or_default().push(id);
+        }
+    }
+    for _ in 0..2 {
+        let id = enqueue(&first, NewJob::new("q"), "K5").await;
+        enqueued.entry("").or_default().push(id);
+    }
+    let job = |key: &str, n: usize| enqueued[key][n];
+    // One job per claim, through both handles in turn.
+    let expected = [
+        job("", 0),
+        job("a", 0),
+        job("b", 0),
+        job("c", 0),
+        job("", 1),
+        job("a", 1),
+        job("b", 1),
+    ];
+    for (n, want) in expected.iter().enumerate() {
+        let store = if n % 2 == 0 { &first } else { &second };
+        let got = claim(store, &["q"], 1, "K5: one job per claim").await;
+        assert_eq!(
+            ids_of(&got),
+            vec![*want],
+            "K5: claim {n} takes the next key's turn (jobs without a key, then a, b, c, \
+             round after round)"
+        );
+    }
+    // A batch goes on from the turn, round after round: c, then a twice (b and the
+    // jobs without a key are done).
+    let batch = claim(&second, &["q"], 3, "K5: a batch").await;
+    assert_eq!(
+        ids_of(&batch),
+        vec![job("c", 1), job("a", 2), job("a", 3)],
+        "K5: a batch takes the keys in turn from where the last claim stopped"
+    );
+    // A higher priority first; then the turns go on.
+    let urgent = enqueue(&first, keyed("q", "b").priority(5), "K5").await;
+    let got = claim(&first, &["q"], 2, "K5: with a higher priority").await;
+    assert_eq!(
+        ids_of(&got),
+        vec![urgent, job("a", 4)],
+        "K5: priority first, then the turns"
+    );
+
+    // A key at its running limit loses its turn, holding back no other key.
+    first
+        .set_limits("p", fair.max_running_per_key(1))
+        .await
+        .must("K5: set_limits");
+    let x1 = enqueue(&first, keyed("p", "x"), "K5").await;
+    let x2 = enqueue(&first, keyed("p", "x"), "K5").await;
+    let y1 = enqueue(&first, keyed("p", "y"), "K5").await;
+    let y2 = enqueue(&first, keyed("p", "y"), "K5").await;
+    let got = claim(&first, &["p"], 4, "K5: with a running limit").await;
+    assert_eq!(
+        ids_of(&got),
+        vec![x1, y1],
+        "K5: one of each key, their second jobs held back by the limit"
+    );
+    assert_eq!(get(&first, x2, "K5").await.state, JobState::Queued);
+    assert_eq!(get(&first, y2, "K5").await.state, JobState::Queued);
+
+    // The same jobs without fair shares: plain claim order.
+    let plain: Vec<JobId> = {
+        let mut ids = Vec::new();
+        for key in ["a", "a", "b"] {
+            ids.push(enqueue(&first, keyed("r", key), "K5").await);
+        }
+        ids
+    };
+    let got = claim(&first, &["r"], 3, "K5: a queue without fair shares").await;
+    assert_eq!(ids_of(&got), plain, "K5: claim order without fair shares");
+}
+
+/// K5 at scale: one key holds 100,000 ready jobs, enqueued first, and 50 keys hold 10
+/// each. 16 claimers, each on a store of its own, race for them 4 at a time and record
+/// the order of what they took; every small key's jobs have all started before the
+/// big key's 2,000th start.
+pub async fn k5_a_deep_key_does_not_starve_the_keys_behind_it(harness: &dyn Harness) {
+    const BIG: usize = 100_000;
+    const SMALL_KEYS: usize = 50;
+    const PER_SMALL_KEY: usize = 10;
+    const CLAIMERS: usize = 16;
+    const BOUND: usize = 2_000;
+    let env = TestEnv::new(harness);
+    let admin = env.store().await;
+    admin
+        .set_limits("q", QueueLimits::new().fair_shares(true))
+        .await
+        .must("K5: set_limits");
+    let big: Vec<NewJob> = (0..BIG)
+        .map(|_| NewJob::new("q").concurrency_key("a-big"))
+        .collect();
+    for chunk in big.chunks(5_000) {
+        admin
+            .enqueue_batch(chunk.to_vec())
+            .await
+            .must("K5: enqueue the big key");
+    }
+    let small: Vec<NewJob> = (0..SMALL_KEYS * PER_SMALL_KEY)
+        .map(|n| NewJob::new("q").concurrency_key(format!("k-{:02}", n % SMALL_KEYS)))
+        .collect();
+    let small_ids: HashSet<JobId> = admin
+        .enqueue_batch(small)
+        .await
+        .must("K5: enqueue the small keys")
+        .into_iter()
+        .map(|answer| answer.id)
+        .collect();
+    let small_ids = Arc::new(small_ids);
+    // (the order a claim returned in, started a small key's job)
+    let history: Arc<Mutex<Vec<(u64, bool)>>> = Arc::new(Mutex::new(Vec::new()));
+    let order = Arc::new(AtomicU64::new(0));
+    let small_left = Arc::new(AtomicUsize::new(small_ids.len()));
+    // Past the bound the outcome is known: the claimers stop there.
+    let big_started = Arc::new(AtomicUsize::new(0));
+    let mut claimers = Vec::new();
+    for _ in 0..CLAIMERS {
+        let store = env.store().await;
+        let (small_ids, history, order, small_left, big_started) = (
+            small_ids.clone(),
+            history.clone(),
+            order.clone(),
+            small_left.clone(),
+            big_started.clone(),
+        );
+        claimers.push(tokio::spawn(async move {
+            while small_left.load(Ordering::SeqCst) > 0
+                && big_started.load(Ordering::SeqCst) < BOUND
+            {
+                let claimed = claim(&store, &["q"], 4, "K5: a racing claim").await;
+                assert!(!claimed.is_empty(), "K5: jobs are left to claim");
+                let mut history = history.lock().unwrap_or_else(|p| p.into_inner());
+                for job in &claimed {
+                    let is_small = small_ids.contains(&job.id());
+                    if is_small {
+                        small_left.fetch_sub(1, Ordering::SeqCst);
+                    } else {
+                        big_started.fetch_add(1, Ordering::SeqCst);
+                    }
+                    history.push((order.fetch_add(1, Ordering::SeqCst), is_small));
+                }
+            }
+        }));
+    }
+    join_all(claimers).await;
+    let mut history = history
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    history.sort_by_key(|(at, _)| *at);
+    let small_started = history.iter().filter(|(_, is_small)| *is_small).count();
+    assert_eq!(
+        small_started,
+        SMALL_KEYS * PER_SMALL_KEY,
+        "K5: {small_started} of the small keys' jobs started (each once) before the big \
+         key's {BOUND}th start; fair shares start them all first"
+    );
+    let last_small = history
+        .iter()
+        .rposition(|(_, is_small)| *is_small)
+        .unwrap_or(0);
+    let big_before = history[..last_small]
+        .iter()
+        .filter(|(_, is_small)| !is_small)
+        .count();
+    assert!(
+        big_before < BOUND,
+        "K5: the big key started {big_before} jobs before the small keys' last; fair \
+         shares allow fewer than {BOUND}"
+    );
+}

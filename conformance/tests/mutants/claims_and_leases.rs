@@ -476,6 +476,18 @@ impl Bug for RateWindowOnTheCallersClock {
     }
 }
 
+/// K5: a fair claim that never moves the queue's turn on, so every claim starts at the
+/// same key. The store's own claim with the fault injected
+/// (`MemoryServer::turns_restart`), as the bug would sit in a backend.
+#[derive(Debug)]
+pub(crate) struct TurnsRestartAtTheSameKey;
+
+impl Bug for TurnsRestartAtTheSameKey {
+    fn open(&self, server: &MemoryServer, namespace: &str) {
+        server.turns_restart(namespace, true);
+    }
+}
+
 /// K3: a backend that stores limits but never removes them: setting unlimited limits
 /// is ignored, so the old limits keep holding jobs back.
 #[derive(Debug)]

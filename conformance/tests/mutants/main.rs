@@ -523,6 +523,15 @@ async fn a_rate_window_on_the_callers_clock_is_caught_by_the_k4_history() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn turns_that_restart_at_the_same_key_are_caught_by_k5() {
+    caught(
+        TurnsRestartAtTheSameKey,
+        "k5_claims_take_turns_over_the_keys_of_a_fair_queue",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unlimited_limits_ignored_are_caught_by_k3() {
     caught(
         UnlimitedLimitsAreIgnored,

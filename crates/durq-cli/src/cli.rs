@@ -165,6 +165,10 @@ pub enum LimitsAction {
         /// Most starts of one concurrency key's jobs in any window: STARTS/PERIOD.
         #[arg(long, value_name = "RATE", value_parser = rate)]
         max_starts_per_key: Option<durq_core::Rate>,
+        /// Claims take the queue's jobs by turns of concurrency key within a priority,
+        /// so a key with a deep backlog starves no other.
+        #[arg(long)]
+        fair_shares: bool,
     },
     /// Removes a queue's limits.
     Clear {

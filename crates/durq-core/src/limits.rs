@@ -138,6 +138,9 @@ pub struct QueueLimits {
     /// CONTRACT K4: most starts of one concurrency key's jobs in any window; `None` for
     /// no limit. Jobs without a key are not limited by it.
     pub max_starts_per_key: Option<Rate>,
+    /// CONTRACT K5: claims take the queue's ready jobs by turns of concurrency key
+    /// within each priority, so a key with a deep backlog cannot starve the others.
+    pub fair_shares: bool,
 }
 
 impl QueueLimits {
@@ -167,6 +170,12 @@ impl QueueLimits {
     /// Sets [`QueueLimits::max_starts_per_key`].
     pub fn max_starts_per_key(mut self, rate: Rate) -> Self {
         self.max_starts_per_key = Some(rate);
+        self
+    }
+
+    /// Sets [`QueueLimits::fair_shares`].
+    pub fn fair_shares(mut self, fair: bool) -> Self {
+        self.fair_shares = fair;
         self
     }
 
@@ -247,6 +256,9 @@ impl std::fmt::Display for QueueLimits {
                 per(rate)
             ));
         }
+        if self.fair_shares {
+            parts.push("fair shares by concurrency key".to_owned());
+        }
         if parts.is_empty() {
             return f.write_str("none");
         }
@@ -295,6 +307,9 @@ mod tests {
             "at most 10 starts per 1s, at most 1 starts per 1m per concurrency key"
         );
         assert!(limits.limits_starts() && limits.counts_keys());
+        let fair = QueueLimits::new().fair_shares(true);
+        assert!(!fair.is_unlimited() && !fair.limits_starts());
+        assert_eq!(fair.to_string(), "fair shares by concurrency key");
         for bad in [
             "10", "x/1s", "10/x", "0/1s", "10/0s", "10/8days", "10001/1s",
         ] {

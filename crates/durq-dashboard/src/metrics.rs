@@ -6,7 +6,8 @@
 //! every state (`ready`, `scheduled`, `running`, `succeeded`, `dead`, `cancelled`) and
 //! `jobs_queue_lag_seconds{queue}`; beside them `jobs_queue_paused{queue}`,
 //! `jobs_queue_limit{queue,limit}` (the limits a queue has on its running jobs,
-//! `max_running` and `max_running_per_key`, CONTRACT K3; none for a limit not set),
+//! `max_running` and `max_running_per_key`, CONTRACT K3, and `fair_shares` at 1 for a
+//! queue with fair shares, K5; none for a limit not set),
 //! `jobs_queue_rate_limit{queue,limit}` (its rates, `max_starts` and
 //! `max_starts_per_key`, CONTRACT K4, in starts per second) and `jobs_workers`, the live workers. Every series carries a `namespace` label, so the
 //! dashboards of several namespaces can be scraped into one Prometheus.
@@ -116,6 +117,7 @@ pub(crate) fn exposition(
         for (limit, value) in [
             ("max_running", q.limits.max_running),
             ("max_running_per_key", q.limits.max_running_per_key),
+            ("fair_shares", q.limits.fair_shares.then_some(1)),
         ] {
             if let Some(value) = value {
                 let labels = QueueLimit {

@@ -76,6 +76,14 @@ impl MemoryServer {
         self.namespace(namespace).lock().rate_on_system_clock(on);
     }
 
+    /// Injects a bug into the namespace's claims: they never move a fair queue's turn
+    /// on, so each starts its turns at the same key, as a rotation that forgets where
+    /// it stopped would (CONTRACT K5). For the conformance suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn turns_restart(&self, namespace: &str, on: bool) {
+        self.namespace(namespace).lock().turns_restart(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

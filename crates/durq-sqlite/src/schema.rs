@@ -194,7 +194,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (ns, queue)
     ) WITHOUT ROWID;
     "#,
-    // Version 9: rate limits (CONTRACT K4).
+    // Version 9: rate limits and fair shares (CONTRACT K4, K5).
     //
     // A rate is two columns, its starts and its window in milliseconds, both NULL for
     // none. `jobq_starts` logs the claims' starts of the queues that have a rate: `key`
@@ -203,7 +203,24 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     // the rows are plain rows under an index. A claim reads a log's newest rows by the
     // index and trims the rows that left the window, so a log holds about one window
     // of starts.
+    //
+    // Fair shares: `fair_shares` is 1 for a queue whose claims take its keys in turn;
+    // `jobq_turns` holds, per queue and priority, the key its claims served last (''
+    // for the jobs without a key). `jobq_jobs_ready_key` finds the next key with queued
+    // jobs, and that key's first jobs, in one seek each; it holds only queued jobs
+    // that have a key, so jobs without one never enter it.
     r#"
+    ALTER TABLE jobq_limits ADD COLUMN fair_shares INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE jobq_turns (
+        ns       INTEGER NOT NULL,
+        queue    TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        last_key TEXT NOT NULL,
+        PRIMARY KEY (ns, queue, priority)
+    ) WITHOUT ROWID;
+    CREATE INDEX jobq_jobs_ready_key ON jobq_jobs
+        (ns, queue, priority, concurrency_key, run_at, seq)
+        WHERE state = 0 AND concurrency_key IS NOT NULL;
     ALTER TABLE jobq_limits ADD COLUMN max_starts INTEGER;
     ALTER TABLE jobq_limits ADD COLUMN max_starts_ms INTEGER;
     ALTER TABLE jobq_limits ADD COLUMN max_starts_per_key INTEGER;
@@ -501,6 +518,8 @@ mod tests {
             must(
                 conn.execute_batch(
                     "DROP TABLE jobq_starts;
+                     DROP TABLE jobq_turns;
+                     DROP INDEX jobq_jobs_ready_key;
                      DROP TABLE jobq_limits;
                      DROP INDEX jobq_jobs_running_key;
                      ALTER TABLE jobq_jobs DROP COLUMN concurrency_key;

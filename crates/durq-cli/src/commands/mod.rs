@@ -37,6 +37,7 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
                     max_running_per_key,
                     max_starts,
                     max_starts_per_key,
+                    fair_shares,
                 }),
         } => {
             let mut limits = durq_core::QueueLimits::new();
@@ -44,11 +45,12 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
             limits.max_running_per_key = *max_running_per_key;
             limits.max_starts = *max_starts;
             limits.max_starts_per_key = *max_starts_per_key;
+            limits.fair_shares = *fair_shares;
             if limits.is_unlimited() {
                 return Err(crate::CliError::new(format!(
                     "limits set {queue}: name --max-running, --max-running-per-key, \
-                     --max-starts or --max-starts-per-key (`limits clear {queue}` removes \
-                     its limits)"
+                     --max-starts, --max-starts-per-key or --fair-shares (`limits clear \
+                     {queue}` removes its limits)"
                 )));
             }
             admin::set_limits(cx, queue, limits).await

@@ -218,6 +218,7 @@ pub async fn limits(cx: &mut Context<'_>) -> Result<()> {
                 count(limits.max_running_per_key),
                 rate(limits.max_starts),
                 rate(limits.max_starts_per_key),
+                if limits.fair_shares { "yes" } else { "-" }.to_owned(),
             ]
         })
         .collect();
@@ -228,6 +229,7 @@ pub async fn limits(cx: &mut Context<'_>) -> Result<()> {
             "MAX RUNNING PER KEY",
             "MAX STARTS",
             "MAX STARTS PER KEY",
+            "FAIR SHARES",
         ],
         &[1, 2, 3, 4],
         rows,
@@ -244,6 +246,7 @@ pub(crate) struct LimitsJson<'a> {
     /// `STARTS/PERIOD`, as `--max-starts` reads it.
     max_starts: Option<String>,
     max_starts_per_key: Option<String>,
+    fair_shares: bool,
 }
 
 impl<'a> LimitsJson<'a> {
@@ -254,6 +257,7 @@ impl<'a> LimitsJson<'a> {
             max_running_per_key: limits.max_running_per_key,
             max_starts: limits.max_starts.map(|rate| rate.to_string()),
             max_starts_per_key: limits.max_starts_per_key.map(|rate| rate.to_string()),
+            fair_shares: limits.fair_shares,
         }
     }
 }

@@ -451,6 +451,14 @@ pub async fn main_flow(t: &Target) {
         );
         t.run(&["limits", "set", "emails"])
             .fails_with("name --max-running, --max-running-per-key");
+        let fair = t.json(&["limits", "set", "shares", "--fair-shares"]);
+        assert_eq!(fair["fair_shares"], true);
+        assert_eq!(
+            t.store.limits("shares").await.expect("limits"),
+            durq::QueueLimits::new().fair_shares(true)
+        );
+        assert!(t.run(&["limits"]).ok().contains("FAIR SHARES"));
+        t.run(&["limits", "clear", "shares"]).ok();
         t.run(&["limits", "set", "emails", "--max-running", "0"])
             .usage_error();
         for queue in ["emails", "reports"] {

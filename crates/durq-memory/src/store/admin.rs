@@ -84,6 +84,11 @@ impl State {
     }
 
     #[cfg(feature = "testing")]
+    pub(crate) fn turns_restart(&mut self, on: bool) {
+        self.faults.turns_restart = on;
+    }
+
+    #[cfg(feature = "testing")]
     pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
         match self.jobs.get_mut(&id) {
             Some(record) => {

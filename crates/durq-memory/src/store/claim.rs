@@ -14,31 +14,39 @@ impl State {
             }
             index.scheduled.pop_first();
             if let Some(record) = self.jobs.get(&id) {
-                index
-                    .ready
-                    .insert((ReadyOrder::new(record.job.priority, run_at, seq), id));
+                let entry = (ReadyOrder::new(record.job.priority, run_at, seq), id);
+                index.ready.insert(entry);
+                if let Some(keyed) = index.keyed.as_mut() {
+                    keyed.insert(record.job.concurrency_key.as_deref(), entry);
+                }
             }
         }
     }
 
     pub(crate) fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Vec<ClaimedJob> {
+        let mut turns = Vec::new();
         let candidates = if request.is_fitted() {
             self.fitting_candidates(request, now)
         } else {
-            self.ready_candidates(request, now)
+            self.ready_candidates(request, now, &mut turns)
         };
+        if !turns.is_empty() {
+            self.advance_turns(&turns, &candidates);
+        }
         let claimed = self.lease_all(candidates, request, now);
         self.record_starts(&claimed, now);
         claimed
     }
 
     /// The first `limit` ready jobs of the named queues in claim order (CONTRACT C3)
-    /// that the queues' limits admit (K1, K2): a job whose key is at its limit is
-    /// passed over, and a queue at its limit gives none.
+    /// that the queues' limits admit (K1, K2, K4): a job whose key is at its limit is
+    /// passed over, and a queue at its limit gives none. A queue with fair shares gives
+    /// its jobs by turns of key (K5), noted in `turns`.
     pub(super) fn ready_candidates(
         &mut self,
         request: &ClaimRequest,
         now: Timestamp,
+        turns: &mut Vec<fair::Turn>,
     ) -> Vec<JobId> {
         let mut candidates: Vec<(ReadyOrder, JobId)> = Vec::new();
         for queue in &request.queues {
@@ -46,6 +54,10 @@ impl State {
                 continue;
             }
             self.promote_due(queue, now);
+            if self.is_fair(queue) {
+                self.fair_candidates(queue, request.limit, now, &mut candidates, turns);
+                continue;
+            }
             let mut admission = limits::Admission::of(
                 &self.limits,
                 &self.idx.running,

@@ -202,6 +202,7 @@ impl State {
         if !limits.limits_starts() {
             self.starts.remove(queue);
         }
+        self.set_fair(queue, limits.fair_shares);
         if limits.is_unlimited() {
             self.limits.remove(queue);
             self.idx.running.remove(queue);
@@ -352,4 +353,7 @@ pub(crate) struct Faults {
     /// Claims read the rate windows on the machine's clock, not on the `now` they are
     /// given: a rate window on the caller's clock (CONTRACT K4).
     pub(crate) rate_on_system_clock: bool,
+    /// Claims never move a fair queue's turn on, so each starts again at the same key:
+    /// a rotation that restarts at the same key (CONTRACT K5).
+    pub(crate) turns_restart: bool,
 }

@@ -66,6 +66,9 @@ struct QueueIndex {
     scheduled: BTreeSet<(Timestamp, u64, JobId)>,
     /// Every job of the queue, by id (creation order), for `list` and `stats`.
     all: BTreeSet<JobId>,
+    /// The ready jobs again, by priority and concurrency key, for a queue with fair
+    /// shares (CONTRACT K5); `None` for the others, which pay nothing for it.
+    keyed: Option<fair::KeyedReady>,
 }
 
 /// The indexes over the records, apart from the records so a transition can change a
@@ -82,6 +85,8 @@ struct Indexes {
     /// Whether a job of a queue with limits left `running` since the last look
     /// ([`State::take_freed_slot`]).
     freed_slot: bool,
+    /// The queues with fair shares (CONTRACT K5): their indexes keep `keyed`.
+    fair: BTreeSet<String>,
 }
 
 impl Indexes {
@@ -91,6 +96,9 @@ impl Indexes {
             return change(index);
         }
         let mut index = QueueIndex::default();
+        if !self.fair.is_empty() && self.fair.contains(queue) {
+            index.keyed = Some(fair::KeyedReady::default());
+        }
         let answer = change(&mut index);
         self.queues.insert(queue.to_owned(), index);
         answer
@@ -102,7 +110,11 @@ impl Indexes {
         match job.state {
             JobState::Queued => self.with_queue(&job.queue, |queue| {
                 if job.run_at <= now {
-                    queue.ready.insert((job.ready_order(record.seq), id));
+                    let entry = (job.ready_order(record.seq), id);
+                    queue.ready.insert(entry);
+                    if let Some(keyed) = queue.keyed.as_mut() {
+                        keyed.insert(job.concurrency_key.as_deref(), entry);
+                    }
                 } else {
                     queue.scheduled.insert((job.run_at, record.seq, id));
                 }
@@ -133,7 +145,12 @@ impl Indexes {
             JobState::Queued => {
                 if let Some(queue) = self.queues.get_mut(job.queue.as_str()) {
                     // A queued job is in one of the two; most often the ready one.
-                    if !queue.ready.remove(&(job.ready_order(record.seq), id)) {
+                    let entry = (job.ready_order(record.seq), id);
+                    if queue.ready.remove(&entry) {
+                        if let Some(keyed) = queue.keyed.as_mut() {
+                            keyed.remove(job.concurrency_key.as_deref(), &entry);
+                        }
+                    } else {
                         queue.scheduled.remove(&(job.run_at, record.seq, id));
                     }
                 }
@@ -179,6 +196,8 @@ pub(crate) struct State {
     limits: BTreeMap<String, QueueLimits>,
     /// The recent starts of each queue with a rate (CONTRACT K4).
     starts: FxHashMap<String, limits::Starts>,
+    /// Per queue with fair shares and priority, the key its claims served last (K5).
+    turns: FxHashMap<String, BTreeMap<i16, String>>,
     /// Faults a test injected.
     faults: limits::Faults,
 }
@@ -194,6 +213,7 @@ fn lease_lost(id: JobId) -> Error {
 mod admin;
 mod claim;
 mod enqueue;
+mod fair;
 mod lease;
 mod limits;
 mod reads;

@@ -355,7 +355,7 @@ pub(super) fn reserved_row(
 const GATES_SQL: &str =
     "SELECT EXISTS (SELECT 1 FROM jobq_paused p WHERE p.ns = ?1 AND p.queue = ?2),
          l.queue IS NOT NULL, l.max_running, l.max_running_per_key, l.max_starts,
-         l.max_starts_ms, l.max_starts_per_key, l.max_starts_per_key_ms
+         l.max_starts_ms, l.max_starts_per_key, l.max_starts_per_key_ms, l.fair_shares
      FROM (SELECT 1) LEFT JOIN jobq_limits l ON l.ns = ?1 AND l.queue = ?2";
 
 /// The distinct queues of a claim, less the paused ones, each with its limits. Read in
@@ -446,19 +446,33 @@ pub(crate) fn claim(
         lease_rows(conn, rows.into_iter(), request, now)?
     } else {
         let mut candidates = Vec::new();
+        let mut turns = Vec::new();
         for &(queue, limits) in &open {
-            ready_candidates(conn, ns, queue, limits, now, request.limit, &mut candidates)?;
+            match limits.filter(|limits| limits.fair_shares) {
+                Some(limits) => fair::fair_candidates(
+                    conn,
+                    ns,
+                    queue,
+                    limits,
+                    now,
+                    request.limit,
+                    &mut candidates,
+                    &mut turns,
+                )?,
+                None => {
+                    ready_candidates(conn, ns, queue, limits, now, request.limit, &mut candidates)?
+                }
+            }
         }
         // Each queue gave its first `limit` jobs, so the first `limit` of the merge are
         // the first `limit` of the whole ready set (C3).
         candidates.sort_by_key(|(order, _)| *order);
         candidates.truncate(request.limit);
-        lease_rows(
-            conn,
-            candidates.into_iter().map(|(_, row)| row),
-            request,
-            now,
-        )?
+        let rows: Vec<i64> = candidates.into_iter().map(|(_, row)| row).collect();
+        if !turns.is_empty() {
+            fair::advance_turns(conn, ns, &turns, &rows)?;
+        }
+        lease_rows(conn, rows.into_iter(), request, now)?
     };
     // The starts a rate counts are logged in the claim's transaction (K4).
     limits::record_starts(conn, ns, &open, &claimed, now)?;

@@ -15,7 +15,7 @@ use super::*;
 
 /// The columns of a limits row, in the order [`limits_from`] reads them.
 pub(super) const LIMITS_COLUMNS: &str = "max_running, max_running_per_key, max_starts, \
-     max_starts_ms, max_starts_per_key, max_starts_per_key_ms";
+     max_starts_ms, max_starts_per_key, max_starts_per_key_ms, fair_shares";
 
 /// The key of a queue's own start log in `jobq_starts` (a concurrency key is never
 /// empty, CONTRACT K1).
@@ -41,13 +41,15 @@ pub(crate) fn set_limits(
         };
         conn.prepare_cached(
             "INSERT INTO jobq_limits (ns, queue, max_running, max_running_per_key,
-                 max_starts, max_starts_ms, max_starts_per_key, max_starts_per_key_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 max_starts, max_starts_ms, max_starts_per_key, max_starts_per_key_ms,
+                 fair_shares)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT (ns, queue) DO UPDATE SET max_running = excluded.max_running,
                  max_running_per_key = excluded.max_running_per_key,
                  max_starts = excluded.max_starts, max_starts_ms = excluded.max_starts_ms,
                  max_starts_per_key = excluded.max_starts_per_key,
-                 max_starts_per_key_ms = excluded.max_starts_per_key_ms",
+                 max_starts_per_key_ms = excluded.max_starts_per_key_ms,
+                 fair_shares = excluded.fair_shares",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
@@ -59,9 +61,16 @@ pub(crate) fn set_limits(
                 window(limits.max_starts),
                 starts(limits.max_starts_per_key),
                 window(limits.max_starts_per_key),
+                limits.fair_shares,
             ])
         })
         .db("store a queue's limits")?;
+    }
+    if !limits.fair_shares {
+        // Turns no claim reads any more.
+        conn.prepare_cached("DELETE FROM jobq_turns WHERE ns = ?1 AND queue = ?2")
+            .and_then(|mut stmt| stmt.execute(params![ns, queue]))
+            .db("drop a queue's turns")?;
     }
     if !limits.limits_starts() {
         // A log no rate reads any more.
@@ -136,7 +145,8 @@ pub(super) fn limits_from(queue: &str, row: &Row<'_>, first: usize) -> Result<Qu
     if let Some(rate) = rate("max_starts_per_key", 4)? {
         limits = limits.max_starts_per_key(rate);
     }
-    Ok(limits)
+    let fair: bool = row.get(first + 6).db("read a queue's limits")?;
+    Ok(limits.fair_shares(fair))
 }
 
 /// The starts of one log inside the window of a claim at `now` (CONTRACT K4), at most

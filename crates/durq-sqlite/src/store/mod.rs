@@ -253,6 +253,7 @@ enum ListStream<'q> {
 mod admin;
 mod claim;
 mod enqueue;
+mod fair;
 mod lease;
 pub(crate) mod limits;
 mod reads;
