@@ -7,7 +7,8 @@
 //            [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop]
 //            [--stall-secs S] [--deadline-secs S] [--claimers N]
 // workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, latency,
-//            latency-tx, reclaim, claim, claim-budget
+//            latency-tx, reclaim, claim, claim-budget, claim-keys, claim-limited,
+//            claim-one-per-key
 // ```
 
 #![doc = include_str!("../README.md")]
@@ -33,7 +34,7 @@ use clap::Parser;
 
 use drain::Driver;
 use report::Line;
-use workloads::Options;
+use workloads::{FlowLimits, Options};
 
 const WORKLOADS: &[&str] = &[
     "info",
@@ -46,6 +47,9 @@ const WORKLOADS: &[&str] = &[
     "reclaim",
     "claim",
     "claim-budget",
+    "claim-keys",
+    "claim-limited",
+    "claim-one-per-key",
 ];
 
 /// One benchmark workload on one backend, on a fresh store, printing one JSON result
@@ -156,6 +160,9 @@ async fn run(args: Args) -> Result<(), String> {
         "reclaim" => workloads::reclaim(store, &opts).await,
         "claim" => workloads::claim(store, &opts, false).await,
         "claim-budget" => workloads::claim(store, &opts, true).await,
+        "claim-keys" => workloads::claim_limited(store, &opts, FlowLimits::None).await,
+        "claim-limited" => workloads::claim_limited(store, &opts, FlowLimits::AdmitAll).await,
+        "claim-one-per-key" => workloads::claim_limited(store, &opts, FlowLimits::OnePerKey).await,
         other => Err(format!("unknown workload {other:?}")),
     };
     let cleaned = opened.cleanup().await;

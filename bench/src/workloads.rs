@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use durq_core::{Budget, ClaimRequest, JobState, Needs, NewJob, Store};
+use durq_core::{Budget, ClaimRequest, Completion, JobState, Needs, NewJob, QueueLimits, Store};
 use tokio::task::JoinSet;
 
 use crate::backends::Transactional;
@@ -439,6 +439,124 @@ pub async fn claim(store: Store, opts: &Options, budget: bool) -> Result<(), Str
         .int("claimers", opts.claimers as u64)
         .int("claim_batch", opts.claim_batch as u64)
         .num("value", rate(claimed, span))
+        .text("unit", "jobs/s")
+        .num("seconds", span.as_secs_f64())
+        .emit();
+    Ok(())
+}
+
+/// The concurrency keys the flow-control workloads spread their jobs over.
+const FLOW_KEYS: u64 = 1_000;
+
+/// What a flow-control workload sets on its queue (CONTRACT K1–K3).
+#[derive(Debug, Clone, Copy)]
+pub enum FlowLimits {
+    /// `claim-keys`: keyed jobs, no limits: the plain claims the others are judged by.
+    None,
+    /// `claim-limited`: limits that admit everything (a running limit per key and in
+    /// all above the jobs), so each claim counts and checks them and passes over none.
+    AdmitAll,
+    /// `claim-one-per-key`: at most one running job per key.
+    OnePerKey,
+}
+
+impl FlowLimits {
+    fn workload(self) -> &'static str {
+        match self {
+            FlowLimits::None => "claim-keys",
+            FlowLimits::AdmitAll => "claim-limited",
+            FlowLimits::OnePerKey => "claim-one-per-key",
+        }
+    }
+
+    fn limits(self) -> Option<QueueLimits> {
+        match self {
+            FlowLimits::None => None,
+            FlowLimits::AdmitAll => Some(
+                QueueLimits::new()
+                    .max_running(u32::MAX)
+                    .max_running_per_key(u32::MAX),
+            ),
+            FlowLimits::OnePerKey => Some(QueueLimits::new().max_running_per_key(1)),
+        }
+    }
+}
+
+/// `claim-keys`, `claim-limited`, `claim-one-per-key` (issue #28): N jobs spread over
+/// 1,000 concurrency keys in turn, then `claimers` claimers claim `claim-batch` at a
+/// time and complete what they took in one batch, until every job is done; timed from
+/// the first claim to the last completion. Completions free the keys' slots, so a key
+/// limited to one running job gives its next one to a later claim.
+pub async fn claim_limited(store: Store, opts: &Options, mode: FlowLimits) -> Result<(), String> {
+    if let Some(limits) = mode.limits() {
+        store
+            .set_limits(QUEUE, limits)
+            .await
+            .map_err(|e| format!("set_limits: {e}"))?;
+    }
+    let mut next = 0;
+    while next < opts.jobs {
+        let end = (next + opts.enqueue_batch.max(1) as u64).min(opts.jobs);
+        let jobs: Vec<NewJob> = (next..end)
+            .map(|i| payload(i).concurrency_key(format!("key-{}", i % FLOW_KEYS)))
+            .collect();
+        store
+            .enqueue_batch(jobs)
+            .await
+            .map_err(|e| format!("enqueue_batch: {e}"))?;
+        next = end;
+    }
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let total = opts.jobs;
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for c in 0..opts.claimers {
+        let store = store.clone();
+        let done = Arc::clone(&done);
+        let request = ClaimRequest::new(
+            [QUEUE],
+            format!("bench-flow-{c}"),
+            Duration::from_secs(3_600),
+        )
+        .limit(opts.claim_batch);
+        tasks.spawn(async move {
+            while done.load(std::sync::atomic::Ordering::Relaxed) < total {
+                let got = store
+                    .claim(request.clone())
+                    .await
+                    .map_err(|e| format!("claim: {e}"))?;
+                if got.is_empty() {
+                    // The jobs left belong to keys running elsewhere, or are done.
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                let completions: Vec<Completion> = got
+                    .iter()
+                    .map(|job| Completion::new(job.id(), job.token(), None))
+                    .collect();
+                for answer in store
+                    .complete_batch(completions)
+                    .await
+                    .map_err(|e| format!("complete_batch: {e}"))?
+                {
+                    answer.map_err(|e| format!("complete: {e}"))?;
+                }
+                done.fetch_add(got.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(())
+        });
+    }
+    join_all(tasks).await?;
+    let span = started.elapsed();
+    let done = done.load(std::sync::atomic::Ordering::Relaxed);
+    if done != total {
+        return Err(format!("completed {done} of {total} jobs"));
+    }
+    opts.line(mode.workload())
+        .int("claimers", opts.claimers as u64)
+        .int("claim_batch", opts.claim_batch as u64)
+        .int("keys", FLOW_KEYS)
+        .num("value", rate(done, span))
         .text("unit", "jobs/s")
         .num("seconds", span.as_secs_f64())
         .emit();

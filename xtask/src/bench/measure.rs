@@ -10,7 +10,10 @@ use std::{env, thread};
 
 use super::args::Settings;
 use super::results::{Outcome, Results, Sample};
-use super::{BIG_DRAIN_DEADLINE, PEER_BACKENDS, SLOW_PEER_RUN, TRANSACTIONAL_BACKENDS};
+use super::{
+    BIG_DRAIN_DEADLINE, FLOW_CLAIMERS, FLOW_CONTROL_BACKENDS, PEER_BACKENDS, SLOW_PEER_RUN,
+    TRANSACTIONAL_BACKENDS,
+};
 
 /// Where apalis is measured when it cannot take the comparison size: the largest of
 /// these that it survives is compared.
@@ -246,6 +249,9 @@ impl Runner<'_> {
     }
 }
 
+/// The flow-control workloads, measured back to back in each run (issue #28).
+pub(super) const FLOW_WORKLOADS: [&str; 3] = ["claim-keys", "claim-limited", "claim-one-per-key"];
+
 pub(super) fn bench_backend(
     settings: &Settings,
     binaries: &Binaries,
@@ -353,6 +359,11 @@ pub(super) fn bench_backend(
         runner.once("jobs", ours, "reclaim", n, &[]);
         runner.once("jobs", ours, "claim", n, &[]);
         runner.once("jobs", ours, "claim-budget", n, &[]);
+        if FLOW_CONTROL_BACKENDS.contains(&backend) {
+            for workload in FLOW_WORKLOADS {
+                runner.once("jobs", ours, workload, n, &["--claimers", FLOW_CLAIMERS]);
+            }
+        }
     }
     Ok(())
 }

@@ -38,6 +38,11 @@ const PEER_BACKENDS: &[&str] = &["sqlite", "redis", "postgres"];
 /// The backends that enqueue inside the caller's own transaction (CONTRACT §7), where
 /// `latency-tx` runs.
 const TRANSACTIONAL_BACKENDS: &[&str] = &["sqlite", "postgres"];
+/// The backends with flow control (CONTRACT K1–K5), where the `claim-keys`,
+/// `claim-limited` and `claim-one-per-key` workloads run.
+const FLOW_CONTROL_BACKENDS: &[&str] = &["memory", "sqlite"];
+/// Claimers of the flow-control workloads (issue #28's target is set at 32).
+const FLOW_CLAIMERS: &str = "32";
 /// How long the 10×N drain may run; past it, its rate over the jobs drained so far is
 /// reported.
 const BIG_DRAIN_DEADLINE: Duration = Duration::from_secs(300);

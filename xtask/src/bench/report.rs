@@ -8,8 +8,12 @@ use std::time::Duration;
 use std::{fs, thread};
 
 use super::args::Settings;
+use super::measure::FLOW_WORKLOADS;
 use super::results::{Cell, Results};
-use super::{BIG_DRAIN_DEADLINE, PEER_BACKENDS, SLOW_PEER_RUN, TRANSACTIONAL_BACKENDS};
+use super::{
+    BIG_DRAIN_DEADLINE, FLOW_CLAIMERS, FLOW_CONTROL_BACKENDS, PEER_BACKENDS, SLOW_PEER_RUN,
+    TRANSACTIONAL_BACKENDS,
+};
 
 /// Where a generated section of the report begins and ends; the prose around it is
 /// kept by hand.
@@ -225,6 +229,7 @@ pub(super) fn render(
     write_costs(&mut md, settings, results);
     write_latency(&mut md, settings, results);
     write_fitted_claims(&mut md, settings, results);
+    write_flow_control(&mut md, settings, results);
     let _ = writeln!(md, "\n{}", TABLES.end);
     md
 }
@@ -641,6 +646,46 @@ fn write_fitted_claims(md: &mut String, settings: &Settings, results: &Results) 
             "| {backend} | {} | {} | {verdict} |",
             show(&plain, fmt_rate),
             show(&fitted, fmt_rate),
+        );
+    }
+}
+
+/// Claims under flow control against plain claims of the same keyed jobs (issue #28:
+/// limits that admit everything within 15%; one running job per key at least half).
+fn write_flow_control(md: &mut String, settings: &Settings, results: &Results) {
+    let n = settings.jobs;
+    let _ = writeln!(md, "\n#### Flow control\n");
+    let _ = writeln!(
+        md,
+        "| backend | plain claims of {} keyed jobs (1,000 keys), {FLOW_CLAIMERS} claimers, claim and complete (jobs/s) | limits admitting all (jobs/s) | limited / plain (target ≥ 0.85) | one running per key (jobs/s) | one per key / plain (target ≥ 0.50) |",
+        group_thousands(n)
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for backend in &settings.backends {
+        if !FLOW_CONTROL_BACKENDS.contains(backend) {
+            let _ = writeln!(
+                md,
+                "| {backend} | no `FlowControl` capability yet | – | – | – | – |"
+            );
+            continue;
+        }
+        let [plain, limited, one] =
+            FLOW_WORKLOADS.map(|workload| results.cell("jobs", backend, workload, n, "value"));
+        let verdict = |cell: &Cell, target: f64| match cell.ratio_per_run(&plain) {
+            Some(ratio) => {
+                let met = if ratio >= target { "met" } else { "**missed**" };
+                format!("{ratio:.2} ({met})")
+            }
+            None => "–".to_owned(),
+        };
+        let _ = writeln!(
+            md,
+            "| {backend} | {} | {} | {} | {} | {} |",
+            show(&plain, fmt_rate),
+            show(&limited, fmt_rate),
+            verdict(&limited, 0.85),
+            show(&one, fmt_rate),
+            verdict(&one, 0.50),
         );
     }
 }

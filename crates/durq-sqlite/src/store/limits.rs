@@ -303,21 +303,35 @@ pub(super) fn next_rate_free(
     Ok(next)
 }
 
-/// What one claim may still take of one queue with limits: the running jobs it counted
-/// (in all, and per key as it meets them) and those it took (K1, K2 count both).
+/// What one claim may still take of one queue with limits: the running jobs and starts
+/// it counted (in all, and per key as it meets them) and those it took (K1, K2, K4
+/// count both).
 pub(super) struct Admission {
     limits: QueueLimits,
-    running: u64,
+    /// The queue's running jobs, this claim's included, once counted.
+    running: Option<u64>,
     /// The queue's starts in its rate window, those this claim took included (K4).
     started: u64,
     now: Timestamp,
-    /// Per key met: its running jobs and its starts in the window, this claim's included.
-    by_key: HashMap<String, (u64, u64)>,
+    /// Per key met: what this claim knows of it.
+    by_key: HashMap<String, KeyCounts>,
+}
+
+/// One key's counts in a claim, this claim's takes included.
+#[derive(Default)]
+struct KeyCounts {
+    /// Running jobs: the stored ones once read, plus this claim's.
+    running: u64,
+    /// Whether the stored running jobs were read (K1). Not while the queue runs fewer
+    /// jobs in all than the per-key limit: no key can be at it then.
+    running_read: bool,
+    /// Starts in the key's window, once read, plus this claim's (K4).
+    started: Option<u64>,
 }
 
 impl Admission {
     /// The queue's admission at the start of a claim: its running jobs counted when it
-    /// has a limit on them.
+    /// has a limit on them, its starts when it has a rate.
     pub(super) fn start(
         conn: &Connection,
         ns: i64,
@@ -329,19 +343,18 @@ impl Admission {
             Some(rate) => window(conn, ns, queue, QUEUE_LOG, rate, now)?.0,
             None => 0,
         };
-        let running = if limits.max_running.is_some() {
-            conn.prepare_cached(
-                "SELECT COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_state
-                 WHERE ns = ?1 AND queue = ?2 AND state = 1",
-            )
-            .and_then(|mut stmt| stmt.query_row(params![ns, queue], |row| row.get::<_, i64>(0)))
-            .db("count a queue's running jobs")?
+        // A per-key limit above 1 may be met without reading each key (see `take`),
+        // when the queue runs fewer jobs in all: counted once here.
+        let running = if limits.max_running.is_some()
+            || limits.max_running_per_key.is_some_and(|limit| limit > 1)
+        {
+            Some(count_running(conn, ns, queue)?)
         } else {
-            0
+            None
         };
         Ok(Admission {
             limits,
-            running: u64::try_from(running).unwrap_or(0),
+            running,
             started,
             now,
             by_key: HashMap::new(),
@@ -350,7 +363,7 @@ impl Admission {
 
     /// Whether the queue admits no job at all now (K2, K4).
     pub(super) fn queue_full(&self) -> bool {
-        !self.limits.admits_queue(self.running)
+        !self.limits.admits_queue(self.running.unwrap_or(0))
             || self
                 .limits
                 .max_starts
@@ -369,44 +382,66 @@ impl Admission {
             return Ok(false);
         }
         if let Some(key) = key.filter(|_| self.limits.counts_keys()) {
-            let (running, started) = match self.by_key.get_mut(key) {
+            let counts = match self.by_key.get_mut(key) {
                 Some(counts) => counts,
-                None => {
-                    let running: i64 = if self.limits.max_running_per_key.is_some() {
-                        conn.prepare_cached(
-                            "SELECT COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_running_key
-                             WHERE ns = ?1 AND queue = ?2 AND concurrency_key = ?3
-                                 AND state = 1 AND concurrency_key IS NOT NULL",
-                        )
-                        .and_then(|mut stmt| {
-                            stmt.query_row(params![ns, queue, key], |row| row.get(0))
-                        })
-                        .db("count a key's running jobs")?
-                    } else {
-                        0
-                    };
-                    let started = match self.limits.max_starts_per_key {
-                        Some(rate) => window(conn, ns, queue, key, rate, self.now)?.0,
-                        None => 0,
-                    };
-                    self.by_key
-                        .entry(key.to_owned())
-                        .or_insert((u64::try_from(running).unwrap_or(0), started))
-                }
+                None => self.by_key.entry(key.to_owned()).or_default(),
             };
-            if !self.limits.admits_key(*running)
-                || self
-                    .limits
-                    .max_starts_per_key
-                    .is_some_and(|rate| !rate.admits(*started))
-            {
-                return Ok(false);
+            if let Some(limit) = self.limits.max_running_per_key {
+                // A key runs no more jobs than its queue: below the limit in all, no key
+                // is at it, and the key's own count is not read.
+                let below_in_all = self
+                    .running
+                    .is_some_and(|running| running < u64::from(limit));
+                if !below_in_all && !counts.running_read {
+                    counts.running += count_key_running(conn, ns, queue, key)?;
+                    counts.running_read = true;
+                }
+                if !self.limits.admits_key(counts.running) {
+                    return Ok(false);
+                }
             }
-            *running += 1;
-            *started += 1;
+            if let Some(rate) = self.limits.max_starts_per_key {
+                let started = match counts.started {
+                    Some(started) => started,
+                    None => window(conn, ns, queue, key, rate, self.now)?.0,
+                };
+                if !rate.admits(started) {
+                    counts.started = Some(started);
+                    return Ok(false);
+                }
+                counts.started = Some(started + 1);
+            }
+            counts.running += 1;
         }
-        self.running += 1;
+        if let Some(running) = self.running.as_mut() {
+            *running += 1;
+        }
         self.started += 1;
         Ok(true)
     }
+}
+
+/// The queue's running jobs, on `jobq_jobs_state`.
+fn count_running(conn: &Connection, ns: i64, queue: &str) -> Result<u64> {
+    let running: i64 = conn
+        .prepare_cached(
+            "SELECT COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_state
+             WHERE ns = ?1 AND queue = ?2 AND state = 1",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![ns, queue], |row| row.get(0)))
+        .db("count a queue's running jobs")?;
+    Ok(u64::try_from(running).unwrap_or(0))
+}
+
+/// One key's running jobs, on `jobq_jobs_running_key`.
+fn count_key_running(conn: &Connection, ns: i64, queue: &str, key: &str) -> Result<u64> {
+    let running: i64 = conn
+        .prepare_cached(
+            "SELECT COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_running_key
+             WHERE ns = ?1 AND queue = ?2 AND concurrency_key = ?3
+                 AND state = 1 AND concurrency_key IS NOT NULL",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![ns, queue, key], |row| row.get(0)))
+        .db("count a key's running jobs")?;
+    Ok(u64::try_from(running).unwrap_or(0))
 }
