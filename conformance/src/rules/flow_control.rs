@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
-use durq_core::{JobId, JobState, NewJob, QueueLimits, Rate, Store};
+use durq_core::{Clock, JobId, JobState, NewJob, QueueLimits, Rate, Store};
 
 use super::support::{
     assert_nothing_claimable, claim, enqueue, expect_invalid, get, ids_of, join_all, Must,
@@ -751,5 +751,107 @@ pub async fn k5_a_deep_key_does_not_starve_the_keys_behind_it(harness: &dyn Harn
         big_before < BOUND,
         "K5: the big key started {big_before} jobs before the small keys' last; fair \
          shares allow fewer than {BOUND}"
+    );
+}
+
+/// K3: `flow_status` shows what a queue's limits hold back at the store's now: its
+/// running jobs, the keys at their running limit, when its rate admits a start again
+/// and which keys' rates are used up (until when); a queue without limits shows its
+/// running jobs alone.
+pub async fn k3_flow_status_shows_what_the_limits_hold_back(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let per = Duration::from_secs(10);
+    store
+        .set_limits(
+            "q",
+            QueueLimits::new()
+                .max_running_per_key(1)
+                .max_starts(Rate::new(3, per))
+                .max_starts_per_key(Rate::new(1, per)),
+        )
+        .await
+        .must("K3: set_limits");
+    let empty = store.flow_status("q").await.must("K3: flow_status");
+    assert_eq!(
+        (
+            empty.running,
+            empty.keys_at_limit.len(),
+            empty.next_start,
+            empty.keys_rate_limited.len()
+        ),
+        (0, 0, None, 0),
+        "K3: nothing held back before any job"
+    );
+    let keyed = |key: &str| NewJob::new("q").concurrency_key(key);
+    let a1 = enqueue(&store, keyed("a"), "K3").await;
+    enqueue(&store, keyed("a"), "K3").await;
+    enqueue(&store, keyed("b"), "K3").await;
+    enqueue(&store, keyed("c"), "K3").await;
+    enqueue(&store, NewJob::new("q"), "K3").await;
+    let started_at = env.clock.now();
+    let running = claim(&store, &["q"], 10, "K3: the claim").await;
+    assert_eq!(running.len(), 3, "K3: the queue's rate admits three starts");
+    let status = store.flow_status("q").await.must("K3: flow_status");
+    let frees = started_at.saturating_add(per);
+    assert_eq!(status.running, 3, "K3: the queue's running jobs");
+    assert_eq!(
+        status.keys_at_limit,
+        vec![
+            ("a".to_owned(), 1),
+            ("b".to_owned(), 1),
+            ("c".to_owned(), 1)
+        ],
+        "K3: the keys at their running limit, by key"
+    );
+    assert_eq!(
+        status.next_start,
+        Some(frees),
+        "K3: the queue's rate admits a start again `per` after the first"
+    );
+    assert_eq!(
+        status.keys_rate_limited,
+        vec![
+            ("a".to_owned(), frees),
+            ("b".to_owned(), frees),
+            ("c".to_owned(), frees)
+        ],
+        "K3: the keys whose rate is used up, and until when"
+    );
+
+    env.clock.advance(per);
+    let first = running
+        .iter()
+        .find(|job| job.id() == a1)
+        .must("K3: a's first job runs");
+    store
+        .complete(a1, first.token(), None)
+        .await
+        .must("K3: complete");
+    let later = store.flow_status("q").await.must("K3: flow_status");
+    assert_eq!(later.running, 2);
+    assert_eq!(
+        later.keys_at_limit,
+        vec![("b".to_owned(), 1), ("c".to_owned(), 1)],
+        "K3: a key whose job ended is no longer at its limit"
+    );
+    assert_eq!(
+        (later.next_start, later.keys_rate_limited.len()),
+        (None, 0),
+        "K3: the windows have moved on"
+    );
+
+    enqueue(&store, NewJob::new("plain"), "K3").await;
+    claim(&store, &["plain"], 1, "K3: a queue without limits").await;
+    let plain = store.flow_status("plain").await.must("K3: flow_status");
+    assert_eq!(
+        (
+            plain.running,
+            plain.keys_at_limit.len(),
+            plain.next_start,
+            plain.keys_rate_limited.len()
+        ),
+        (1, 0, None, 0),
+        "K3: a queue without limits shows its running jobs alone"
     );
 }

@@ -127,7 +127,8 @@ pub enum Command {
         queue: String,
     },
     /// Every queue's limits on its running jobs and its starts; `limits set QUEUE …`
-    /// sets a queue's, `limits clear QUEUE` removes them.
+    /// sets a queue's, `limits status QUEUE` shows what they hold back, `limits clear
+    /// QUEUE` removes them.
     Limits {
         /// What to do instead of listing them.
         #[command(subcommand)]
@@ -169,6 +170,13 @@ pub enum LimitsAction {
         /// so a key with a deep backlog starves no other.
         #[arg(long)]
         fair_shares: bool,
+    },
+    /// What a queue's limits hold back now: its running jobs, the keys at their running
+    /// limit, when its rate admits the next start, and the keys whose rate is used up.
+    Status {
+        /// The queue.
+        #[arg(value_parser = queue_name)]
+        queue: String,
     },
     /// Removes a queue's limits.
     Clear {

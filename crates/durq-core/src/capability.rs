@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use crate::attempts::Attempt;
 use crate::error::Result;
 use crate::id::JobId;
-use crate::limits::QueueLimits;
+use crate::limits::{FlowStatus, QueueLimits};
 use crate::model::{Job, JobState, ListPage, ListQuery, QueueOverview, QueueStats};
 use crate::schedule::{ScheduleUpdate, StoredSchedule};
 use crate::time::Timestamp;
@@ -137,7 +137,8 @@ pub trait Pause: Send + Sync {
     async fn paused_queues(&self) -> Result<Vec<String>>;
 }
 
-/// Limits on the jobs of a queue that run at once (rules K1–K3): stored per namespace
+/// Limits on the jobs of a queue that run at once and start, and fair shares (rules
+/// K1–K5): stored per namespace
 /// and queue, and enforced by the backend's claim, atomically with the leases it writes.
 /// A backend that declares it also stores each job's concurrency key (`get` reads it
 /// back); the [`Store`](crate::Store) refuses a job with a key on one that does not.
@@ -149,6 +150,10 @@ pub trait FlowControl: Send + Sync {
 
     /// Rule K3: the limits of every queue that has some, sorted by queue name.
     async fn limits(&self) -> Result<Vec<(String, QueueLimits)>>;
+
+    /// Rule K3: what `queue`'s limits hold back at `now`: its running jobs, the keys at
+    /// their running limit, and when its rates admit a start again.
+    async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus>;
 }
 
 /// Stored cron schedules (rules S1–S3): the store keeps each schedule's definition as

@@ -24,7 +24,7 @@ use crate::backend::{Backend, Capabilities};
 use crate::capability::{
     Admin, Capability, FlowControl, Inspect, Pause, Schedules, WorkerRegistry,
 };
-use crate::limits::QueueLimits;
+use crate::limits::{FlowStatus, QueueLimits};
 
 /// Wraps a backend in another: metrics, logging, fault injection, a tenant guard.
 /// Added to a handle with [`Store::layer`](crate::Store::layer); the last layer added
@@ -224,6 +224,13 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
 
     async fn limits(&self) -> Result<Vec<(String, QueueLimits)>> {
         self.inner().require_flow_control()?.limits().await
+    }
+
+    async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus> {
+        self.inner()
+            .require_flow_control()?
+            .flow_status(queue, now)
+            .await
     }
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
@@ -648,6 +655,19 @@ impl<L: LayeredBackend> FlowControl for L {
         Self: 'b,
     {
         LayeredBackend::limits(self)
+    }
+
+    fn flow_status<'a, 'q, 'b>(
+        &'a self,
+        queue: &'q str,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<FlowStatus>>
+    where
+        'a: 'b,
+        'q: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::flow_status(self, queue, now)
     }
 }
 

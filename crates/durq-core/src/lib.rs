@@ -33,7 +33,9 @@ pub use error::{BoxError, Error, Result, SharedError};
 pub use fit::{Budget, Needs};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
 pub use layer::{Layer, LayeredBackend};
-pub use limits::{QueueLimits, Rate, MAX_RATE_PERIOD, MAX_RATE_STARTS};
+pub use limits::{
+    FlowStatus, QueueLimits, Rate, FLOW_KEYS_SHOWN, MAX_RATE_PERIOD, MAX_RATE_STARTS,
+};
 pub use meta::Tags;
 pub use model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState, Lease,

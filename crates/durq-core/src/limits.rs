@@ -234,6 +234,40 @@ impl QueueLimits {
     }
 }
 
+/// The most keys [`FlowStatus`] lists in each of its lists.
+pub const FLOW_KEYS_SHOWN: usize = 100;
+
+/// What a queue's limits hold back at one instant (CONTRACT K3): read with
+/// [`Store::flow_status`](crate::Store::flow_status), shown by `durq limits status` and
+/// the dashboard's queue page.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FlowStatus {
+    /// The queue's running jobs (K2 counts them).
+    pub running: u64,
+    /// The concurrency keys whose running jobs are at or above `max_running_per_key`,
+    /// by key, each with its running jobs: at most [`FLOW_KEYS_SHOWN`], the first by
+    /// key. Empty without that limit.
+    pub keys_at_limit: Vec<(String, u64)>,
+    /// When the queue's own rate (`max_starts`) admits a start again, if it admits none
+    /// at the instant read; `None` otherwise, or without a rate.
+    pub next_start: Option<Timestamp>,
+    /// The concurrency keys whose rate (`max_starts_per_key`) admits no start at the
+    /// instant read, by key, each with when it admits one again: at most
+    /// [`FLOW_KEYS_SHOWN`], the first by key.
+    pub keys_rate_limited: Vec<(String, Timestamp)>,
+}
+
+impl FlowStatus {
+    /// The status read from a queue's counts: `running` jobs in all.
+    pub fn new(running: u64) -> Self {
+        FlowStatus {
+            running,
+            ..FlowStatus::default()
+        }
+    }
+}
+
 /// The limits in words, as the CLI and the dashboard show them: `at most 20 running, at
 /// most 1 running per concurrency key, at most 10 starts per 1s`, or `none`.
 impl std::fmt::Display for QueueLimits {

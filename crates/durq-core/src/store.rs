@@ -11,7 +11,7 @@ use crate::capability::Capability;
 use crate::error::{Error, Result};
 use crate::id::JobId;
 use crate::layer::Layer;
-use crate::limits::QueueLimits;
+use crate::limits::{FlowStatus, QueueLimits};
 use crate::model::{
     ClaimRequest, ClaimedJob, Completion, Enqueued, Heartbeat, HeldLease, Job, JobState,
     LeaseToken, ListPage, ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Retry,
@@ -594,6 +594,16 @@ impl Store {
     /// Rule K3: the limits of every queue that has some, sorted by queue name.
     pub async fn all_limits(&self) -> Result<Vec<(String, QueueLimits)>> {
         self.backend.require_flow_control()?.limits().await
+    }
+
+    /// Rule K3: what `queue`'s limits hold back now: its running jobs, the concurrency
+    /// keys at their running limit, and when its rates admit a start again.
+    pub async fn flow_status(&self, queue: &str) -> Result<FlowStatus> {
+        validate::validate_queue(queue)?;
+        self.backend
+            .require_flow_control()?
+            .flow_status(queue, self.now())
+            .await
     }
 
     /// Rule S1: stores `schedule`, replacing the definition of one of the same name

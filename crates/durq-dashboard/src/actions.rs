@@ -1,5 +1,6 @@
 //! The actions: `POST` forms that change the store (retry, cancel, pause, resume,
-//! retry every dead job of a queue) and the login that opens them to a browser.
+//! retry every dead job of a queue, set a queue's limits) and the login that opens them
+//! to a browser.
 //!
 //! Every action passes the same gate before its input is even parsed: a read-only
 //! dashboard answers 403; a dashboard with a token answers 401 without it; a request a
@@ -154,6 +155,31 @@ async fn set_paused(
             Notice::Resumed
         };
         Ok(see_other(queue_href(&ctx, &queue), notice))
+    };
+    answer(&ctx, result.await)
+}
+
+/// The fields of the limits form (`POST /queue/limits`).
+pub(crate) const LIMITS_FIELDS: [&str; 6] = [
+    "queue",
+    "max_running",
+    "max_running_per_key",
+    "max_starts",
+    "max_starts_per_key",
+    "fair_shares",
+];
+
+/// `POST /queue/limits` with `queue` and the limits (CONTRACT K3): each field empty or
+/// absent for none, the counts at least 1, the rates `STARTS/PERIOD` (`10/1s`),
+/// `fair_shares` present for fair shares. Replaces the queue's limits; all empty
+/// removes them.
+pub(crate) async fn set_limits(ctx: Ctx, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    let result = async {
+        let form = gate(&ctx, &headers, &body, &LIMITS_FIELDS)?;
+        let queue = input::queue(form.require("queue")?)?;
+        let limits = input::limits(&form)?;
+        ctx.app.store.set_limits(&queue, limits).await?;
+        Ok(see_other(queue_href(&ctx, &queue), Notice::LimitsSet))
     };
     answer(&ctx, result.await)
 }

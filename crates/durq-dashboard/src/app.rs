@@ -198,6 +198,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/jobs/{id}/cancel", post(actions::cancel))
         .route("/queue/pause", post(actions::pause))
         .route("/queue/resume", post(actions::resume))
+        .route("/queue/limits", post(actions::set_limits))
         .route(
             "/queue/retry-dead",
             get(actions::confirm_retry_dead).post(actions::retry_dead),

@@ -102,6 +102,44 @@ pub(crate) fn queue(text: &str) -> Result<String, Problem> {
     Ok(text.to_owned())
 }
 
+/// The limits of the limits form: each field empty or absent for none, a count of at
+/// least 1, a rate as `STARTS/PERIOD`, `fair_shares` present for fair shares; checked
+/// as the store checks them (CONTRACT K3, K4).
+pub(crate) fn limits(form: &Params) -> Result<durq::QueueLimits, Problem> {
+    let given = |field: &str| {
+        form.get(field)
+            .map(str::trim)
+            .filter(|text| !text.is_empty())
+    };
+    let count = |field: &str| -> Result<Option<u32>, Problem> {
+        given(field)
+            .map(|text| {
+                text.parse::<u32>().map_err(|_| {
+                    Problem::bad_request(format!("{field} must be a whole number: {:?}", cut(text)))
+                })
+            })
+            .transpose()
+    };
+    let rate = |field: &str| -> Result<Option<durq::Rate>, Problem> {
+        given(field)
+            .map(|text| {
+                text.parse::<durq::Rate>()
+                    .map_err(|err| Problem::bad_request(format!("{field}: {err}")))
+            })
+            .transpose()
+    };
+    let mut limits = durq::QueueLimits::new();
+    limits.max_running = count("max_running")?;
+    limits.max_running_per_key = count("max_running_per_key")?;
+    limits.max_starts = rate("max_starts")?;
+    limits.max_starts_per_key = rate("max_starts_per_key")?;
+    limits.fair_shares = form.get("fair_shares").is_some();
+    limits
+        .validate()
+        .map_err(|err| Problem::bad_request(err.to_string()))?;
+    Ok(limits)
+}
+
 /// A queue-name prefix, checked as the store checks the prefix of a list (CONTRACT
 /// A4: a byte no queue name may hold is refused, not matched to nothing).
 pub(crate) fn queue_prefix(text: &str) -> Result<String, Problem> {

@@ -24,8 +24,9 @@
 //! queue prefix, states, tenant and tags), and each job with its tags, trace context,
 //! attempts (who ran each, when, for how long, how it ended, with what error),
 //! payload, result, last error, parent and children. What it does: retry,
-//! cancel, pause and resume a queue, and retry every dead job of a queue after a
-//! confirmation. `/metrics` answers the queues' depth and lag in the Prometheus text
+//! cancel, pause and resume a queue, set a queue's limits (on a store with flow
+//! control, whose queue page also shows what the limits hold back), and retry every
+//! dead job of a queue after a confirmation. `/metrics` answers the queues' depth and lag in the Prometheus text
 //! format, read from the store at each scrape.
 //!
 //! Safe by default:

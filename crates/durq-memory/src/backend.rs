@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use durq_core::{
     async_trait, Admin, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
-    Completion, Enqueued, FlowControl, Heartbeat, HeldLease, Inspect, Job, JobId, JobState,
-    LeaseToken, ListPage, ListQuery, NewJob, Pause, QueueLimits, QueueOverview, QueueStats,
-    ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StoreSettings, StoredSchedule,
-    StoredWorker, Timestamp, WorkerRegistry,
+    Completion, Enqueued, FlowControl, FlowStatus, Heartbeat, HeldLease, Inspect, Job, JobId,
+    JobState, LeaseToken, ListPage, ListQuery, NewJob, Pause, QueueLimits, QueueOverview,
+    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StoreSettings,
+    StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
 };
 
 use crate::store::{Namespace, State};
@@ -250,6 +250,10 @@ impl FlowControl for MemoryBackend {
 
     async fn limits(&self) -> Result<Vec<(String, QueueLimits)>> {
         Ok(self.namespace.lock().limits())
+    }
+
+    async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus> {
+        Ok(self.namespace.lock().flow_status(queue, now))
     }
 }
 

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use durq_core::{
     async_trait, validate, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
-    Completion, Enqueued, Error, FlowControl, Heartbeat, HeldLease, Job, JobId, JobState,
-    LeaseToken, ListPage, ListQuery, NewJob, QueueLimits, QueueOverview, QueueStats, ReclaimedJob,
-    Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, StoredWorker, Timestamp,
+    Completion, Enqueued, Error, FlowControl, FlowStatus, Heartbeat, HeldLease, Job, JobId,
+    JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueLimits, QueueOverview, QueueStats,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, StoredWorker,
+    Timestamp,
 };
 use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use tokio::sync::Notify;
@@ -406,6 +407,13 @@ impl FlowControl for SqliteBackend {
         let ns = self.ns;
         self.engine
             .read(move |conn| store::limits::all_limits(conn, ns))
+            .await
+    }
+
+    async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus> {
+        let (ns, queue) = (self.ns, queue.to_owned());
+        self.engine
+            .read(move |conn| store::limits::flow_status(conn, ns, &queue, now))
             .await
     }
 }

@@ -1,5 +1,6 @@
 //! Several OS processes drain one queue from one file: every job is claimed exactly
-//! once, across processes as well as inside each.
+//! once, across processes as well as inside each; a key's running limit (K1) and a
+//! queue's rates (K4) hold across processes.
 //!
 //! The test binary runs itself again as the child processes: `child_drainer` does its
 //! work only when `JOBS_SQLITE_CHILD_DB` is set, and is a no-op in a normal run.
@@ -616,6 +617,184 @@ fn processes_never_run_more_of_a_key_than_its_limit() {
                 "K1: two jobs of key {key} were held at once across processes: {:?} and {:?}",
                 pair[0],
                 pair[1]
+            );
+        }
+    }
+}
+
+/// The queue of the rates test, its keys, its jobs, and its rates' window.
+const RATED_QUEUE: &str = "mp-rated";
+const RATED_KEYS: usize = 4;
+const RATED_JOBS: usize = 96;
+const RATED_WINDOW_MS: u64 = 50;
+const RATED_STARTS: usize = 8;
+const RATED_STARTS_PER_KEY: usize = 3;
+
+/// A child of the rates test: two tasks claim from the rated queue until it is empty,
+/// waiting for work (which ends when a rate frees a start) whenever a claim finds
+/// nothing, and print `START <key> <id> <started_at>` for each job, `started_at` the
+/// instant on the store's clock its claim dated the start at.
+#[test]
+fn child_rated_claimer() {
+    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
+        return;
+    };
+    runtime().block_on(async move {
+        let store = match config().open(&db, settings()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("child {name}: open failed: {err}"),
+        };
+        println!("\nREADY");
+        let queues = vec![RATED_QUEUE.to_owned()];
+        let tasks: Vec<_> = (0..2)
+            .map(|t| {
+                let (store, queues) = (store.clone(), queues.clone());
+                let worker = format!("{name}-t{t}");
+                tokio::spawn(async move {
+                    let mut lines = Vec::new();
+                    loop {
+                        let request = ClaimRequest::new(
+                            [RATED_QUEUE],
+                            worker.clone(),
+                            Duration::from_secs(600),
+                        )
+                        .limit(4);
+                        let claimed = match store.claim(request).await {
+                            Ok(claimed) => claimed,
+                            Err(err) if err.is_retryable() => continue,
+                            Err(err) => panic!("{worker}: claim failed: {err}"),
+                        };
+                        if claimed.is_empty() {
+                            let stats = match store.stats(RATED_QUEUE).await {
+                                Ok(stats) => stats,
+                                Err(err) => panic!("{worker}: stats failed: {err}"),
+                            };
+                            if stats.ready == 0 {
+                                break;
+                            }
+                            if let Err(err) =
+                                store.wait_for_work(&queues, Duration::from_secs(5)).await
+                            {
+                                panic!("{worker}: wait failed: {err}");
+                            }
+                            continue;
+                        }
+                        for job in &claimed {
+                            let key = job.job.concurrency_key.clone().unwrap_or_default();
+                            let at = job.job.started_at.map_or(0, |at| at.as_millis());
+                            lines.push(format!("START {key} {} {at}", job.id()));
+                            if let Err(err) = store.complete(job.id(), job.token(), None).await {
+                                panic!("{worker}: complete failed: {err}");
+                            }
+                        }
+                    }
+                    lines
+                })
+            })
+            .collect();
+        for task in tasks {
+            match task.await {
+                Ok(lines) => {
+                    for line in lines {
+                        println!("{line}");
+                    }
+                }
+                Err(err) => panic!("child {name}: a task failed: {err}"),
+            }
+        }
+    });
+}
+
+/// CONTRACT K4 across processes: three processes (two claimers each) drain 96 jobs of
+/// 4 keys under at most 8 starts per 50 ms and 3 per key per 50 ms, on the machine's
+/// clock. Each start is printed at the instant its claim dated it; merged, no 50 ms
+/// holds more starts than a rate allows, and every job started exactly once.
+#[test]
+fn processes_never_start_more_than_a_rate_allows() {
+    if std::env::var(CHILD_DB).is_ok() {
+        return;
+    }
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => panic!("no temp dir: {err}"),
+    };
+    let db = dir.path().join("rated.db");
+    let rt = runtime();
+    let window = Duration::from_millis(RATED_WINDOW_MS);
+    let ids: Vec<JobId> = rt.block_on(async {
+        let store = match config().open(&db, settings()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("open failed: {err}"),
+        };
+        let limits = durq_core::QueueLimits::new()
+            .max_starts(durq_core::Rate::new(RATED_STARTS as u32, window))
+            .max_starts_per_key(durq_core::Rate::new(RATED_STARTS_PER_KEY as u32, window));
+        if let Err(err) = store.set_limits(RATED_QUEUE, limits).await {
+            panic!("set_limits failed: {err}");
+        }
+        let jobs: Vec<NewJob> = (0..RATED_JOBS)
+            .map(|n| NewJob::new(RATED_QUEUE).concurrency_key(format!("k{}", n % RATED_KEYS)))
+            .collect();
+        match store.enqueue_batch(jobs).await {
+            Ok(enqueued) => enqueued.into_iter().map(|e| e.id).collect(),
+            Err(err) => panic!("enqueue failed: {err}"),
+        }
+    });
+    let mut children: Vec<_> = (0..CHILDREN)
+        .map(|c| spawn_test(&db, &format!("rated-{c}"), "child_rated_claimer"))
+        .collect();
+    let (ready, _started) = std::sync::mpsc::channel();
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|child| read_child(child, "START ", ready.clone()))
+        .collect();
+    for mut child in children {
+        match child.wait() {
+            Ok(status) => assert!(status.success(), "a child failed: {status}"),
+            Err(err) => panic!("waiting for a child: {err}"),
+        }
+    }
+    let mut starts: Vec<(i64, String, String)> = Vec::new();
+    for reader in readers {
+        let lines = match reader.join() {
+            Ok(lines) => lines,
+            Err(_) => panic!("a child's reader panicked"),
+        };
+        for line in lines {
+            let words: Vec<&str> = line.split(' ').collect();
+            let [key, id, at] = words[..] else {
+                panic!("a start line of three words expected: {line:?}");
+            };
+            let at = match at.parse::<i64>() {
+                Ok(at) => at,
+                Err(err) => panic!("bad instant {at:?}: {err}"),
+            };
+            starts.push((at, key.to_owned(), id.to_owned()));
+        }
+    }
+    let started: std::collections::HashSet<&str> = starts.iter().map(|s| s.2.as_str()).collect();
+    assert_eq!(started.len(), starts.len(), "a job started twice");
+    assert_eq!(started.len(), ids.len(), "every job started");
+    starts.sort_unstable();
+    let window = RATED_WINDOW_MS as i64;
+    for (n, (from, _, _)) in starts.iter().enumerate() {
+        let inside: Vec<&(i64, String, String)> = starts[n..]
+            .iter()
+            .take_while(|(at, _, _)| *at < from + window)
+            .collect();
+        assert!(
+            inside.len() <= RATED_STARTS,
+            "K4: {} starts across processes in the {window} ms from {from}, above the \
+             rate of {RATED_STARTS}",
+            inside.len()
+        );
+        for key in 0..RATED_KEYS {
+            let key = format!("k{key}");
+            let of_key = inside.iter().filter(|(_, k, _)| *k == key).count();
+            assert!(
+                of_key <= RATED_STARTS_PER_KEY,
+                "K4: {of_key} starts of {key} across processes in the {window} ms from \
+                 {from}, above its rate of {RATED_STARTS_PER_KEY}"
             );
         }
     }

@@ -19,9 +19,9 @@ mod worker;
 pub use connect::{connect, connect_with};
 pub use durq_core::{
     contract, Attempt, AttemptOutcome, Backoff, Budget, Bytes, Cadence, Capability, CatchUp, Clock,
-    Enqueued, Error, FencedCompletion, Job, JobId, JobState, Lease, LeaseToken, ListPage,
-    ListQuery, ManualClock, Needs, NewJob, QueueLimits, QueueOverview, QueueStats, Rate, Result,
-    Schedule, ScheduleRecord, Store, StoreSettings, SystemClock, Tags, Timestamp, TypedJob,
+    Enqueued, Error, FencedCompletion, FlowStatus, Job, JobId, JobState, Lease, LeaseToken,
+    ListPage, ListQuery, ManualClock, Needs, NewJob, QueueLimits, QueueOverview, QueueStats, Rate,
+    Result, Schedule, ScheduleRecord, Store, StoreSettings, SystemClock, Tags, Timestamp, TypedJob,
     Uniqueness, WorkerInfo, ATTEMPTS_KEPT,
 };
 

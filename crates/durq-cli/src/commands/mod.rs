@@ -56,6 +56,9 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
             admin::set_limits(cx, queue, limits).await
         }
         Command::Limits {
+            action: Some(LimitsAction::Status { queue }),
+        } => read::flow_status(cx, queue).await,
+        Command::Limits {
             action: Some(LimitsAction::Clear { queue }),
         } => admin::set_limits(cx, queue, durq_core::QueueLimits::new()).await,
         Command::Schedules { action: None } => read::schedules(cx).await,

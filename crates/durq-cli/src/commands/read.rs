@@ -236,6 +236,89 @@ pub async fn limits(cx: &mut Context<'_>) -> Result<()> {
     ))
 }
 
+/// `durq limits status QUEUE`: what the queue's limits hold back now.
+pub async fn flow_status(cx: &mut Context<'_>, queue: &str) -> Result<()> {
+    let status = cx.store.flow_status(queue).await?;
+    let now = cx.store.settings().now();
+    if cx.json {
+        #[derive(Serialize)]
+        struct KeyRunning<'a> {
+            key: &'a str,
+            running: u64,
+        }
+        #[derive(Serialize)]
+        struct KeyHeld<'a> {
+            key: &'a str,
+            until: String,
+        }
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            queue: &'a str,
+            running: u64,
+            keys_at_limit: Vec<KeyRunning<'a>>,
+            next_start: Option<String>,
+            keys_rate_limited: Vec<KeyHeld<'a>>,
+        }
+        return cx.print_json(&Doc {
+            queue,
+            running: status.running,
+            keys_at_limit: status
+                .keys_at_limit
+                .iter()
+                .map(|(key, running)| KeyRunning {
+                    key,
+                    running: *running,
+                })
+                .collect(),
+            next_start: status.next_start.map(format::time_ms),
+            keys_rate_limited: status
+                .keys_rate_limited
+                .iter()
+                .map(|(key, until)| KeyHeld {
+                    key,
+                    until: format::time_ms(*until),
+                })
+                .collect(),
+        });
+    }
+    let mut out = format!("queue {queue}: {} running\n", status.running);
+    let listed = |keys: Vec<String>| {
+        if keys.is_empty() {
+            "none".to_owned()
+        } else {
+            keys.join(", ")
+        }
+    };
+    out.push_str(&format!(
+        "keys at their running limit: {}\n",
+        listed(
+            status
+                .keys_at_limit
+                .iter()
+                .map(|(key, running)| format!("{key} ({running} running)"))
+                .collect()
+        )
+    ));
+    out.push_str(&format!(
+        "next start: {}\n",
+        status.next_start.map_or_else(
+            || "now (the queue's rate admits one)".to_owned(),
+            |at| format::ago(at, now)
+        )
+    ));
+    out.push_str(&format!(
+        "keys at their rate: {}\n",
+        listed(
+            status
+                .keys_rate_limited
+                .iter()
+                .map(|(key, until)| format!("{key} (next start {})", format::ago(*until, now)))
+                .collect()
+        )
+    ));
+    cx.print(&out)
+}
+
 /// One queue's limits in JSON (`durq limits`, `durq limits set`): absent limits are
 /// `null`.
 #[derive(Serialize)]

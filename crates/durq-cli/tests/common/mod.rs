@@ -451,6 +451,31 @@ pub async fn main_flow(t: &Target) {
         );
         t.run(&["limits", "set", "emails"])
             .fails_with("name --max-running, --max-running-per-key");
+        let status = t.json(&["limits", "status", "emails"]);
+        assert_eq!(status["queue"], "emails");
+        assert_eq!(status["running"], 0);
+        assert!(status["next_start"].is_null());
+        let text = t.run(&["limits", "status", "emails"]).ok();
+        assert!(text.contains("keys at their running limit: none"), "{text}");
+        t.store
+            .enqueue(NewJob::new("emails").concurrency_key("c1"))
+            .await
+            .expect("enqueue");
+        let held = t
+            .store
+            .claim(ClaimRequest::new(
+                ["emails"],
+                "cli-test",
+                Duration::from_secs(60),
+            ))
+            .await
+            .expect("claim");
+        assert_eq!(held.len(), 1);
+        let status = t.json(&["limits", "status", "emails"]);
+        assert_eq!(status["running"], 1);
+        assert_eq!(status["keys_at_limit"][0]["key"], "c1");
+        let text = t.run(&["limits", "status", "emails"]).ok();
+        assert!(text.contains("c1 (1 running)"), "{text}");
         let fair = t.json(&["limits", "set", "shares", "--fair-shares"]);
         assert_eq!(fair["fair_shares"], true);
         assert_eq!(

@@ -36,6 +36,7 @@ pub(crate) enum Notice {
     Cancelled,
     Paused,
     Resumed,
+    LimitsSet,
     RetriedDead { retried: u64, skipped: u64 },
     LoggedIn,
     LoggedOut,
@@ -62,6 +63,7 @@ impl Notice {
             "cancelled" => Notice::Cancelled,
             "paused" => Notice::Paused,
             "resumed" => Notice::Resumed,
+            "limits-set" => Notice::LimitsSet,
             "retried-dead" => Notice::RetriedDead {
                 retried: count("n")?,
                 skipped: count("skipped")?,
@@ -81,6 +83,7 @@ impl Notice {
             Notice::Cancelled => "cancelled",
             Notice::Paused => "paused",
             Notice::Resumed => "resumed",
+            Notice::LimitsSet => "limits-set",
             Notice::RetriedDead { retried, skipped } => {
                 return vec![
                     ("notice", "retried-dead".to_owned()),
@@ -103,6 +106,7 @@ impl Notice {
             Notice::Cancelled => "Cancelled.".to_owned(),
             Notice::Paused => "Paused: no worker claims its jobs until it is resumed.".to_owned(),
             Notice::Resumed => "Resumed: workers claim its jobs again.".to_owned(),
+            Notice::LimitsSet => "Limits saved: the next claim applies them.".to_owned(),
             Notice::RetriedDead {
                 retried,
                 skipped: 0,

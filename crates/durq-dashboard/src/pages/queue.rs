@@ -3,7 +3,7 @@
 
 use axum::http::Uri;
 use axum::response::Response;
-use durq::{JobState, QueueOverview, QueueStats};
+use durq::{FlowStatus, JobState, QueueLimits, QueueOverview, QueueStats, Timestamp};
 use maud::{html, Markup};
 
 use crate::app::Ctx;
@@ -27,8 +27,15 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
     let name = input::queue(params.require("name")?)?;
     let done = Notice::from_params(&params)?;
     let store = &ctx.app.store;
-    let (queues, live, schedules) =
-        tokio::join!(store.queues(), store.workers(), store.schedules());
+    let flow_control = store.supports(durq::Capability::FlowControl);
+    let (queues, live, schedules, flow) =
+        tokio::join!(store.queues(), store.workers(), store.schedules(), async {
+            match flow_control {
+                true => store.flow_status(&name).await.map(Some),
+                false => Ok(None),
+            }
+        });
+    let flow = flow?;
     let overview = match queues?.into_iter().find(|q| q.queue == name) {
         Some(overview) => overview,
         // No job and not paused: its counts are all zero.
@@ -54,11 +61,13 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         p {
             "Lag: " strong { (overview.lag.map_or_else(|| "none (no job is ready)".to_owned(), format::duration)) }
         }
-        @if store.supports(durq::Capability::FlowControl) {
+        @if let Some(flow) = &flow {
             p id="queue-limits" {
                 "Limits: " strong { (overview.limits) }
-                " (" span class="mono" { "durq limits set" } " changes them)"
+                " (" span class="mono" { "durq limits set" } " changes them too)"
             }
+            (flow_status(flow, store.settings().now()))
+            (limits_form(ctx, &name, &overview.limits))
         }
         div class="actions" {
             (pause_button(ctx, &name, stats.paused))
@@ -80,6 +89,66 @@ async fn view(ctx: &Ctx, query: Option<&str>) -> Result<View, Problem> {
         Some(_) => view.refresh_to(queue_href(ctx, &name)),
         None => view,
     })
+}
+
+/// What the queue's limits hold back now (CONTRACT K3): the keys at their running
+/// limit, when the queue's rate admits its next start, and the keys at their rate.
+fn flow_status(flow: &FlowStatus, now: Timestamp) -> Markup {
+    let until = |at: Timestamp| format::duration(at.duration_since(now));
+    html! {
+        ul id="flow-status" {
+            li id="keys-at-limit" {
+                "Keys at their running limit: "
+                @if flow.keys_at_limit.is_empty() { "none" }
+                @for (n, (key, running)) in flow.keys_at_limit.iter().enumerate() {
+                    @if n > 0 { ", " }
+                    span class="mono" { (key) } " (" (running) " running)"
+                }
+            }
+            li id="next-start" {
+                "Next start: "
+                @match flow.next_start {
+                    Some(at) => { "in " (until(at)) " (the queue's rate is used up)" }
+                    None => { "now (the queue's rate, if any, admits one)" }
+                }
+            }
+            li id="keys-at-rate" {
+                "Keys at their rate: "
+                @if flow.keys_rate_limited.is_empty() { "none" }
+                @for (n, (key, at)) in flow.keys_rate_limited.iter().enumerate() {
+                    @if n > 0 { ", " }
+                    span class="mono" { (key) } " (next start in " (until(*at)) ")"
+                }
+            }
+        }
+    }
+}
+
+/// The form that replaces the queue's limits (`POST /queue/limits`), filled with the
+/// current ones; an empty field is no limit.
+fn limits_form(ctx: &Ctx, queue: &str, limits: &QueueLimits) -> Markup {
+    if !ctx.can_act() {
+        return html! {};
+    }
+    let count = |limit: Option<u32>| limit.map(|n| n.to_string()).unwrap_or_default();
+    let rate = |rate: Option<durq::Rate>| rate.map(|r| r.to_string()).unwrap_or_default();
+    html! {
+        form method="post" action=(ctx.href("/queue/limits")) id="limits-form" {
+            (layout::csrf_field(ctx))
+            input type="hidden" name="queue" value=(queue);
+            label { "Most running " input type="number" min="1" name="max_running" value=(count(limits.max_running)); }
+            " "
+            label { "per key " input type="number" min="1" name="max_running_per_key" value=(count(limits.max_running_per_key)); }
+            " "
+            label { "Most starts " input type="text" size="8" placeholder="10/1s" name="max_starts" value=(rate(limits.max_starts)); }
+            " "
+            label { "per key " input type="text" size="8" placeholder="1/1m" name="max_starts_per_key" value=(rate(limits.max_starts_per_key)); }
+            " "
+            label { input type="checkbox" name="fair_shares" checked[limits.fair_shares]; " fair shares by key" }
+            " "
+            button type="submit" { "Save limits" }
+        }
+    }
 }
 
 fn counts(ctx: &Ctx, queue: &str, stats: &QueueStats) -> Markup {

@@ -594,3 +594,90 @@ async fn wrong_tokens_are_throttled_and_a_logged_in_browser_is_not() {
     assert_eq!(retried.status, StatusCode::SEE_OTHER, "{}", retried.body);
     assert_eq!(store.get(dead).await.expect("job").state, JobState::Queued);
 }
+
+/// The queue page shows what the limits hold back (CONTRACT K3) and a form that sets
+/// them: saved as given, a bad count or rate refused with 400 and nothing written, all
+/// fields empty removing them; a read-only dashboard shows no form.
+#[tokio::test]
+async fn the_queue_page_shows_and_sets_a_queues_limits() {
+    let store = memory().await;
+    let router = router(&store);
+    store
+        .set_limits("q", durq::QueueLimits::new().max_running_per_key(1))
+        .await
+        .expect("set_limits");
+    store
+        .enqueue(durq::NewJob::new("q").concurrency_key("acme"))
+        .await
+        .expect("enqueue");
+    let held = store
+        .claim(ClaimRequest::new(
+            ["q"],
+            "w",
+            std::time::Duration::from_secs(60),
+        ))
+        .await
+        .expect("claim");
+    assert_eq!(held.len(), 1);
+    let page = get(&router, "/queue?name=q").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("id=\"limits-form\""), "{}", page.body);
+    assert!(
+        page.body.contains("acme</span> (1 running)"),
+        "the key at its limit is shown: {}",
+        page.body
+    );
+    let csrf = page.csrf();
+
+    let form = format!(
+        "csrf={csrf}&queue=q&max_running=20&max_running_per_key=2&max_starts=10%2F1s\
+         &max_starts_per_key=&fair_shares=on"
+    );
+    let saved = send(&router, post("/queue/limits", &form, &browser(&[]))).await;
+    assert_eq!(saved.status, StatusCode::SEE_OTHER, "{}", saved.body);
+    assert_eq!(
+        store.limits("q").await.expect("limits"),
+        durq::QueueLimits::new()
+            .max_running(20)
+            .max_running_per_key(2)
+            .max_starts(durq::Rate::new(10, std::time::Duration::from_secs(1)))
+            .fair_shares(true)
+    );
+    for bad in [
+        "max_running=0",
+        "max_running=many",
+        "max_starts=10",
+        "max_starts_per_key=0%2F1s",
+    ] {
+        let refused = send(
+            &router,
+            post(
+                "/queue/limits",
+                &format!("csrf={csrf}&queue=q&{bad}"),
+                &browser(&[]),
+            ),
+        )
+        .await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(
+            store.limits("q").await.expect("limits").max_running,
+            Some(20),
+            "{bad}: a refused form writes nothing"
+        );
+    }
+    let cleared = send(
+        &router,
+        post(
+            "/queue/limits",
+            &format!("csrf={csrf}&queue=q&max_running="),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(cleared.status, StatusCode::SEE_OTHER);
+    assert!(store.limits("q").await.expect("limits").is_unlimited());
+
+    let read_only = Dashboard::new(store.clone()).read_only(true).router();
+    let page = get(&read_only, "/queue?name=q").await;
+    assert!(!page.body.contains("limits-form"));
+}

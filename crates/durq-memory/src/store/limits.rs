@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use durq_core::Rate;
+use durq_core::{FlowStatus, Rate, FLOW_KEYS_SHOWN};
 
 use super::*;
 
@@ -288,6 +288,53 @@ impl State {
                     .retain(|_, log| log.iter().any(|at| *at > opens_after));
             }
         }
+    }
+
+    /// Rule K3: what `queue`'s limits hold back at `now`.
+    pub(crate) fn flow_status(&self, queue: &str, now: Timestamp) -> FlowStatus {
+        let running = match self.idx.running.get(queue) {
+            Some(running) => running.jobs,
+            // Not counted for a queue without limits: read off the leases.
+            None => self
+                .idx
+                .leases
+                .iter()
+                .filter(|(_, id)| self.jobs.get(id).is_some_and(|r| r.job.queue == queue))
+                .count() as u64,
+        };
+        let mut status = FlowStatus::new(running);
+        let Some(limits) = self.limits.get(queue) else {
+            return status;
+        };
+        if let (Some(limit), Some(running)) =
+            (limits.max_running_per_key, self.idx.running.get(queue))
+        {
+            let mut at_limit: Vec<(String, u64)> = running
+                .by_key
+                .iter()
+                .filter(|(_, count)| **count >= u64::from(limit))
+                .map(|(key, count)| (key.clone(), *count))
+                .collect();
+            at_limit.sort_unstable();
+            at_limit.truncate(FLOW_KEYS_SHOWN);
+            status.keys_at_limit = at_limit;
+        }
+        if let Some(starts) = self.starts.get(queue) {
+            status.next_start = limits
+                .max_starts
+                .and_then(|rate| frees_at(&starts.queue, rate, now));
+            if let Some(rate) = limits.max_starts_per_key {
+                let mut held: Vec<(String, Timestamp)> = starts
+                    .by_key
+                    .iter()
+                    .filter_map(|(key, log)| frees_at(log, rate, now).map(|at| (key.clone(), at)))
+                    .collect();
+                held.sort_unstable();
+                held.truncate(FLOW_KEYS_SHOWN);
+                status.keys_rate_limited = held;
+            }
+        }
+        status
     }
 
     /// Whether any queue has a rate (K4).

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use durq_core::{ClaimedJob, Rate};
+use durq_core::{ClaimedJob, FlowStatus, Rate, FLOW_KEYS_SHOWN};
 
 use super::*;
 
@@ -259,6 +259,89 @@ pub(crate) fn forget_old_starts(conn: &Connection, ns: i64, now: Timestamp) -> R
     Ok(())
 }
 
+/// Rule K3: what `queue`'s limits hold back at `now`: its running jobs, the keys at
+/// their running limit, and when its rates admit a start again; each list at most
+/// [`FLOW_KEYS_SHOWN`] long, the first by key.
+pub(crate) fn flow_status(
+    conn: &Connection,
+    ns: i64,
+    queue: &str,
+    now: Timestamp,
+) -> Result<FlowStatus> {
+    let mut status = FlowStatus::new(count_running(conn, ns, queue)?);
+    let limits = {
+        let mut stmt = conn
+            .prepare_cached(&format!(
+                "SELECT {LIMITS_COLUMNS} FROM jobq_limits WHERE ns = ?1 AND queue = ?2"
+            ))
+            .db("prepare a queue's limits")?;
+        let mut rows = stmt.query(params![ns, queue]).db("read a queue's limits")?;
+        match rows.next().db("read a queue's limits")? {
+            Some(row) => limits_from(queue, row, 0)?,
+            None => return Ok(status),
+        }
+    };
+    let shown = i64::try_from(FLOW_KEYS_SHOWN).unwrap_or(i64::MAX);
+    if let Some(limit) = limits.max_running_per_key {
+        status.keys_at_limit = conn
+            .prepare_cached(
+                "SELECT concurrency_key, COUNT(*) FROM jobq_jobs INDEXED BY jobq_jobs_running_key
+                 WHERE ns = ?1 AND queue = ?2 AND state = 1 AND concurrency_key IS NOT NULL
+                 GROUP BY concurrency_key HAVING COUNT(*) >= ?3
+                 ORDER BY concurrency_key LIMIT ?4",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map(params![ns, queue, limit, shown], |row| {
+                    Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                })?
+                .map(|row| row.map(|(key, n)| (key, u64::try_from(n).unwrap_or(0))))
+                .collect()
+            })
+            .db("read the keys at their limit")?;
+    }
+    if let Some(rate) = limits.max_starts {
+        status.next_start = window(conn, ns, queue, QUEUE_LOG, rate, now)?.1;
+    }
+    if let Some(rate) = limits.max_starts_per_key {
+        for key in full_key_windows(conn, ns, queue, rate, now, Some(shown))? {
+            if let (_, Some(at)) = window(conn, ns, queue, &key, rate, now)? {
+                status.keys_rate_limited.push((key, at));
+            }
+        }
+    }
+    Ok(status)
+}
+
+/// The keys of `queue` whose rate window is full at `now`, by key; at most `shown`.
+fn full_key_windows(
+    conn: &Connection,
+    ns: i64,
+    queue: &str,
+    rate: Rate,
+    now: Timestamp,
+    shown: Option<i64>,
+) -> Result<Vec<String>> {
+    conn.prepare_cached(
+        "SELECT key FROM jobq_starts
+         WHERE ns = ?1 AND queue = ?2 AND key <> '' AND at > ?3
+         GROUP BY key HAVING COUNT(*) >= ?4 ORDER BY key LIMIT ?5",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_map(
+            params![
+                ns,
+                queue,
+                rate.window_opens_after(now).as_millis(),
+                rate.starts,
+                shown.unwrap_or(-1)
+            ],
+            |row| row.get(0),
+        )?
+        .collect()
+    })
+    .db("read the full key windows")
+}
+
 /// The earliest instant after `now` at which a rate of `queue` admits a start it holds
 /// back now (K4): the queue's own window, or the earliest of its keys' full windows.
 pub(super) fn next_rate_free(
@@ -275,25 +358,7 @@ pub(super) fn next_rate_free(
     if let Some(rate) = limits.max_starts_per_key {
         // The keys whose window is full, and the start that frees each: the window's
         // `starts`-th newest, i.e. the oldest of a full window's newest `starts`.
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT key, COUNT(*) FROM jobq_starts
-                 WHERE ns = ?1 AND queue = ?2 AND key <> '' AND at > ?3
-                 GROUP BY key HAVING COUNT(*) >= ?4",
-            )
-            .db("prepare the full key windows")?;
-        let full: Vec<String> = stmt
-            .query_map(
-                params![
-                    ns,
-                    queue,
-                    rate.window_opens_after(now).as_millis(),
-                    rate.starts
-                ],
-                |row| row.get(0),
-            )
-            .and_then(|rows| rows.collect())
-            .db("read the full key windows")?;
+        let full = full_key_windows(conn, ns, queue, rate, now, None)?;
         for key in full {
             if let (_, Some(at)) = window(conn, ns, queue, &key, rate, now)? {
                 next = Some(next.map_or(at, |next: Timestamp| next.min(at)));
