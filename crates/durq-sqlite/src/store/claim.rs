@@ -468,11 +468,16 @@ pub(crate) fn claim(
         // the first `limit` of the whole ready set (C3).
         candidates.sort_by_key(|(order, _)| *order);
         candidates.truncate(request.limit);
-        let rows: Vec<i64> = candidates.into_iter().map(|(_, row)| row).collect();
         if !turns.is_empty() {
-            fair::advance_turns(conn, ns, &turns, &rows)?;
+            let kept: Vec<i64> = candidates.iter().map(|(_, row)| *row).collect();
+            fair::advance_turns(conn, ns, &turns, &kept)?;
         }
-        lease_rows(conn, rows.into_iter(), request, now)?
+        lease_rows(
+            conn,
+            candidates.into_iter().map(|(_, row)| row),
+            request,
+            now,
+        )?
     };
     // The starts a rate counts are logged in the claim's transaction (K4).
     limits::record_starts(conn, ns, &open, &claimed, now)?;
