@@ -65,6 +65,7 @@ impl State {
                 &self.faults,
                 queue,
                 now,
+                request.limit,
             );
             let Some(index) = self.idx.queues.get_mut(queue) else {
                 continue;
@@ -124,6 +125,7 @@ impl State {
                 &self.faults,
                 queue,
                 now,
+                request.limit,
             );
             let Some(index) = self.idx.queues.get_mut(queue) else {
                 continue;

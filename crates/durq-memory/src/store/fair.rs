@@ -117,6 +117,7 @@ impl State {
             &self.faults,
             queue,
             now,
+            limit,
         );
         let served = self.turns.get(queue);
         let Some(keyed) = self

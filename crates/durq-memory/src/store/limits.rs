@@ -118,11 +118,10 @@ impl Running {
     pub(super) fn remove(&mut self, key: Option<&str>) {
         self.jobs = self.jobs.saturating_sub(1);
         if let Some(key) = key {
+            // A key that runs nothing keeps its entry, at 0, so a key that comes and
+            // goes costs no allocation per job; housekeeping drops such entries.
             if let Some(count) = self.by_key.get_mut(key) {
                 *count = count.saturating_sub(1);
-                if *count == 0 {
-                    self.by_key.remove(key);
-                }
             }
         }
     }
@@ -142,6 +141,10 @@ pub(super) struct Admission<'a> {
     now: Timestamp,
     taken: u64,
     taken_by_key: FxHashMap<&'a str, u64>,
+    /// No key can reach a per-key limit in this claim: the queue runs, with all the
+    /// claim may take, fewer jobs than `max_running_per_key`, and no key has a rate.
+    /// The claim then counts nothing per key.
+    keys_free: bool,
     /// The fault of [`crate::MemoryServer::count_limits_once`]: jobs this claim took
     /// are not counted.
     forgets_own: bool,
@@ -164,7 +167,7 @@ impl<'a> Admission<'a> {
         if self.queue_full() {
             return false;
         }
-        if let Some(key) = key.filter(|_| self.limits.counts_keys()) {
+        if let Some(key) = key.filter(|_| !self.keys_free && self.limits.counts_keys()) {
             let taken = self.taken_by_key.get(key).copied().unwrap_or(0);
             if self.limits.max_running_per_key.is_some() {
                 let running = self
@@ -272,10 +275,14 @@ impl State {
         next
     }
 
-    /// Forgets the key logs whose starts all left their window: a claim trims only the
-    /// logs it writes to, so the log of a key that stopped starting jobs is dropped
-    /// here, with the housekeeping of reclaim.
+    /// Forgets the key logs whose starts all left their window, and the running counts
+    /// of keys that run nothing: a claim trims only the logs it writes to, and a job's
+    /// end leaves its key's count at 0, so both are dropped here, with the housekeeping
+    /// of reclaim.
     pub(super) fn forget_old_starts(&mut self, now: Timestamp) {
+        for running in self.idx.running.values_mut() {
+            running.by_key.retain(|_, count| *count > 0);
+        }
         if self.starts.is_empty() {
             return;
         }
@@ -352,9 +359,9 @@ impl State {
 }
 
 impl<'a> Admission<'a> {
-    /// What a claim starting now may take of `queue`, or `None` when it has no limits:
-    /// from the state's fields, so a claim can hold it while it walks the queue's
-    /// ready index.
+    /// What a claim of at most `claim_limit` jobs starting now may take of `queue`, or
+    /// `None` when it has no limits: from the state's fields, so a claim can hold it
+    /// while it walks the queue's ready index.
     pub(super) fn of(
         limits: &BTreeMap<String, QueueLimits>,
         running: &'a FxHashMap<String, Running>,
@@ -362,11 +369,18 @@ impl<'a> Admission<'a> {
         faults: &Faults,
         queue: &str,
         now: Timestamp,
+        claim_limit: usize,
     ) -> Option<Self> {
         if limits.is_empty() {
             return None;
         }
         let limits = *limits.get(queue)?;
+        let running = running.get(queue);
+        let at_most = running.map_or(0, |r| r.jobs) + claim_limit as u64;
+        let keys_free = limits.max_starts_per_key.is_none()
+            && limits
+                .max_running_per_key
+                .is_none_or(|limit| at_most < u64::from(limit));
         let starts = starts.get(queue);
         let now = if faults.rate_on_system_clock {
             durq_core::Clock::now(&durq_core::SystemClock)
@@ -379,12 +393,13 @@ impl<'a> Admission<'a> {
         };
         Some(Admission {
             limits,
-            running: running.get(queue),
+            running,
             starts,
             queue_starts,
             now,
             taken: 0,
             taken_by_key: FxHashMap::default(),
+            keys_free: keys_free && !faults.count_limits_once,
             forgets_own: faults.count_limits_once,
         })
     }
