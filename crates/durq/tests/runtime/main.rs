@@ -668,6 +668,7 @@ macro_rules! runtime_tests {
                 batched_successes_are_heard_one_by_one,
                 a_panicking_hook_stops_nothing,
                 refused_outcomes_are_not_heard,
+                workers_keep_a_queues_limits,
             );
         }
     };
