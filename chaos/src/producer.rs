@@ -39,6 +39,10 @@ pub struct ProducerArgs {
     spread_ms: u64,
 }
 
+/// The concurrency keys of a run on a backend with flow control, each limited to one
+/// running job.
+pub const CHAOS_KEYS: u64 = 32;
+
 /// One batch of the plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch {
@@ -125,6 +129,19 @@ async fn produce(
     done: &HashSet<u64>,
 ) -> Result<(), String> {
     let ns = &args.store.namespace;
+    // On a backend with flow control the run's jobs carry concurrency keys under a
+    // limit of one running job per key (CONTRACT K1), which the check verifies on the
+    // history. Setting it again after a producer restart changes nothing.
+    let keyed = store.supports(durq::Capability::FlowControl);
+    if keyed {
+        until_ok("set_limits", || {
+            store.set_limits(
+                &args.store.queue,
+                durq::QueueLimits::new().max_running_per_key(1),
+            )
+        })
+        .await?;
+    }
     for batch in plan(args.jobs) {
         if done.contains(&batch.number) {
             continue;
@@ -142,6 +159,9 @@ async fn produce(
             .map(|i| {
                 let key = batch.keyed.then(|| format!("{ns}-{}-{i}", batch.number));
                 let mut job = NewJob::new(args.store.queue.clone());
+                if keyed {
+                    job = job.concurrency_key(format!("k{}", (batch.before + i) % CHAOS_KEYS));
+                }
                 if mix(batch.number.wrapping_mul(1_000_003).wrapping_add(i)) % 50 == 0 {
                     job = job.payload(Bytes::from_static(FAIL_ONCE));
                 }

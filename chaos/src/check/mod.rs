@@ -15,7 +15,13 @@
 //!   between the earlier claim (less a second) and the later one, else it is
 //!   **unexplained**;
 //! - **other violations**: a token handed out twice for one job, one claim run twice,
-//!   a history line cut anywhere but at the end of its file.
+//!   a history line cut anywhere but at the end of its file;
+//! - **limit violations** (on a backend with flow control, whose run's jobs carry
+//!   concurrency keys limited to one running job each, CONTRACT K1): two leases of one
+//!   key whose known parts overlap. A lease is known to hold from its claim's return to
+//!   the start of the call whose outcome the store accepted under its token (or, for a
+//!   lease that ended otherwise, a killed worker's, at its claim's return alone): both
+//!   lie inside the store's own `running` interval of the job.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -149,6 +155,10 @@ pub struct Verdict {
     pub stuck: usize,
     /// Token reuse, a claim run twice, a corrupt history line.
     pub other_violations: usize,
+    /// Leases of jobs with a concurrency key, checked against the key's limit.
+    pub keyed_leases: usize,
+    /// Pairs of leases of one key known to hold at once (its limit is one).
+    pub limit_violations: usize,
     /// Handler runs in all.
     pub runs: usize,
     /// Runs after an accepted retryable failure or release (planned).
@@ -192,6 +202,7 @@ impl Verdict {
             && self.stuck == 0
             && self.other_violations == 0
             && self.extra_runs_unexplained == 0
+            && self.limit_violations == 0
     }
 }
 
@@ -239,6 +250,14 @@ pub async fn run(args: CheckArgs) -> Result<(), String> {
     ids.extend(jobs.keys().filter(|id| !acked.contains_key(id)).copied());
     let finals = final_states(&store, ids).await?;
     judge_final(&mut verdict, &acked, &jobs, &finals);
+    let keys: HashMap<JobId, &str> = finals
+        .iter()
+        .filter_map(|(id, job)| {
+            let key = job.as_ref()?.concurrency_key.as_deref()?;
+            Some((*id, key))
+        })
+        .collect();
+    judge_limits(&mut verdict, &jobs, &keys);
     throughput(
         &mut verdict,
         &acked,
@@ -519,6 +538,49 @@ fn judge_job(
 
 /// The store's state of every job, read with `get` (retrying what a restarted server
 /// may still refuse).
+/// CONTRACT K1 on the run's history: per concurrency key, no two leases known to hold
+/// at once (each key is limited to one running job; see the module docs).
+fn judge_limits(
+    verdict: &mut Verdict,
+    jobs: &HashMap<JobId, JobHistory>,
+    keys: &HashMap<JobId, &str>,
+) {
+    let mut by_key: HashMap<&str, Vec<(u64, u64, JobId)>> = HashMap::new();
+    for (id, history) in jobs {
+        let Some(&key) = keys.get(id) else {
+            continue;
+        };
+        for claim in &history.claims {
+            let held_until = history
+                .accepted(claim.token)
+                .map_or(claim.t, |outcome| outcome.t0.max(claim.t));
+            by_key
+                .entry(key)
+                .or_default()
+                .push((claim.t, held_until, *id));
+        }
+    }
+    for (key, mut leases) in by_key {
+        verdict.keyed_leases += leases.len();
+        leases.sort_unstable();
+        let mut latest: Option<(u64, JobId)> = None;
+        for (from, until, id) in leases {
+            if let Some((end, other)) = latest {
+                if from < end {
+                    verdict.limit_violations += 1;
+                    example(
+                        verdict,
+                        format!("key {key}: job {id} leased at {from} while job {other} held until {end}"),
+                    );
+                }
+            }
+            if latest.is_none_or(|(end, _)| until > end) {
+                latest = Some((until, id));
+            }
+        }
+    }
+}
+
 async fn final_states(
     store: &Store,
     ids: Vec<JobId>,

@@ -182,3 +182,53 @@ fn a_reused_token_and_a_twice_run_claim_are_violations() {
     let verdict = judge_history("t", &histories, &[]);
     assert_eq!(verdict.other_violations, 2);
 }
+
+#[test]
+fn leases_of_one_key_known_to_overlap_are_limit_violations() {
+    let (a, b, c, d, e, f) = (id(1), id(2), id(3), id(4), id(5), id(6));
+    let histories = vec![
+        worker(
+            10,
+            vec![
+                claim(100, a, 1),
+                outcome(200, Op::Complete, a, 1, true),
+                // d after a and b ended: no overlap.
+                claim(300, d, 1),
+                outcome(350, Op::Complete, d, 1, true),
+                // e's worker was killed: its lease is known only at its claim.
+                claim(400, e, 1),
+            ],
+        ),
+        worker(
+            11,
+            vec![
+                // b while a holds key k: a violation.
+                claim(150, b, 1),
+                outcome(250, Op::Complete, b, 1, true),
+                // c while a holds k, but c has another key.
+                claim(150, c, 1),
+                outcome(160, Op::Complete, c, 1, true),
+                claim(401, f, 1),
+                outcome(450, Op::Complete, f, 1, true),
+            ],
+        ),
+    ];
+    let (_, jobs) = collect(&histories);
+    let keys: HashMap<JobId, &str> = [
+        (a, "k"),
+        (b, "k"),
+        (c, "other"),
+        (d, "k"),
+        (e, "k"),
+        (f, "k"),
+    ]
+    .into_iter()
+    .collect();
+    let mut verdict = Verdict::default();
+    judge_limits(&mut verdict, &jobs, &keys);
+    assert_eq!(verdict.keyed_leases, 6);
+    assert_eq!(verdict.limit_violations, 1, "{:?}", verdict.examples);
+    assert!(verdict.examples[0].contains(&b.to_string()));
+    verdict.passed = verdict.passed();
+    assert!(!verdict.passed);
+}

@@ -17,6 +17,9 @@ pub(super) struct Row {
     pub(super) stale: u64,
     pub(super) stuck: u64,
     pub(super) other: u64,
+    /// Leases of one concurrency key known to overlap (CONTRACT K1; 0 on backends
+    /// without flow control, whose runs carry no keys).
+    pub(super) limit_violations: u64,
     pub(super) extra_kill: u64,
     pub(super) extra_store: u64,
     pub(super) extra_unexplained: u64,
@@ -41,6 +44,7 @@ impl Row {
             ("stuck", self.stuck),
             ("unexplained extra runs", self.extra_unexplained),
             ("other violations", self.other),
+            ("per-key limit violations", self.limit_violations),
         ] {
             if n > 0 {
                 parts.push(format!("{n} {name}"));
@@ -110,6 +114,9 @@ pub(super) struct Verdict {
     pub(super) stale_accepted: u64,
     pub(super) stuck: u64,
     pub(super) other_violations: u64,
+    /// Absent from the verdicts of runs before flow control.
+    #[serde(default)]
+    pub(super) limit_violations: u64,
     pub(super) extra_runs_worker_kill: u64,
     pub(super) extra_runs_store_fault: u64,
     pub(super) extra_runs_unexplained: u64,
@@ -151,6 +158,7 @@ pub(super) fn row_from(verdict: &Verdict, backend: &str) -> Row {
         stale: verdict.stale_accepted,
         stuck: verdict.stuck,
         other: verdict.other_violations,
+        limit_violations: verdict.limit_violations,
         extra_kill: verdict.extra_runs_worker_kill,
         extra_store: verdict.extra_runs_store_fault,
         extra_unexplained: verdict.extra_runs_unexplained,
@@ -167,6 +175,7 @@ pub(super) fn row_from(verdict: &Verdict, backend: &str) -> Row {
         && row.stale == 0
         && row.stuck == 0
         && row.other == 0
+        && row.limit_violations == 0
         && row.extra_unexplained == 0;
     row
 }

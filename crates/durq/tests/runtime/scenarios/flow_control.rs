@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// One event of the recorded history: a handler of job `id` (of concurrency key `key`)
+/// started or ended, at instant `at` of a counter both workers share.
+#[derive(Debug, Clone)]
+struct Held {
+    at: usize,
+    id: JobId,
+    key: String,
+    start: bool,
+}
+
 /// Two workers of eight slots each run 24 jobs of four concurrency keys, under one
 /// running job per key and three in all. Each handler records when it starts and ends
 /// (on one counter across both workers), yielding meanwhile so others run; replayed in
@@ -30,8 +40,7 @@ pub async fn workers_keep_a_queues_limits(env: Env) {
         let job = NewJob::new("keyed").concurrency_key(format!("k{}", n % KEYS));
         ids.push(enqueue(&store, job).await);
     }
-    // (instant, job, key, start)
-    let history: Arc<Mutex<Vec<(usize, JobId, String, bool)>>> = Arc::default();
+    let history: Arc<Mutex<Vec<Held>>> = Arc::default();
     let clock = Arc::new(AtomicUsize::new(0));
     let handler = {
         let (history, clock) = (history.clone(), clock.clone());
@@ -44,7 +53,12 @@ pub async fn workers_keep_a_queues_limits(env: Env) {
                     history
                         .lock()
                         .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .push((at, ctx.id(), key.clone(), start));
+                        .push(Held {
+                            at,
+                            id: ctx.id(),
+                            key: key.clone(),
+                            start,
+                        });
                 };
                 record(true);
                 for _ in 0..5 {
@@ -82,11 +96,11 @@ pub async fn workers_keep_a_queues_limits(env: Env) {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
-    events.sort_by_key(|(at, ..)| *at);
+    events.sort_by_key(|held| held.at);
     let mut running: HashMap<String, usize> = HashMap::new();
     let mut in_all = 0usize;
     let mut ran = Vec::new();
-    for (at, id, key, start) in &events {
+    for Held { at, id, key, start } in &events {
         let of_key = running.entry(key.clone()).or_default();
         if *start {
             *of_key += 1;
