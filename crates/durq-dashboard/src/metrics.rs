@@ -9,7 +9,9 @@
 //! `max_running` and `max_running_per_key`, CONTRACT K3, and `fair_shares` at 1 for a
 //! queue with fair shares, K5; none for a limit not set),
 //! `jobs_queue_rate_limit{queue,limit}` (its rates, `max_starts` and
-//! `max_starts_per_key`, CONTRACT K4, in starts per second) and `jobs_workers`, the live workers. Every series carries a `namespace` label, so the
+//! `max_starts_per_key`, CONTRACT K4, in starts per second), for the queues with limits
+//! what they hold back (`jobs_queue_keys_at_limit{queue}`, at most 100 counted, and
+//! `jobs_queue_rate_wait_seconds{queue}`, K3) and `jobs_workers`, the live workers. Every series carries a `namespace` label, so the
 //! dashboards of several namespaces can be scraped into one Prometheus.
 
 use std::sync::atomic::AtomicU64;
@@ -17,7 +19,7 @@ use std::sync::atomic::AtomicU64;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use durq::telemetry::{JOBS_QUEUE_DEPTH, JOBS_QUEUE_LAG};
-use durq::{QueueOverview, WorkerInfo};
+use durq::{FlowStatus, QueueOverview, Timestamp, WorkerInfo};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -67,12 +69,23 @@ pub(crate) async fn scrape(ctx: Ctx) -> Response {
         )
             .into_response()
     };
-    match (queues, live) {
-        (Ok(queues), Ok(live)) => match exposition(namespace, &queues, &live) {
-            Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
-            Err(err) => failed(format!("# the metrics could not be written: {err}\n")),
-        },
-        (Err(err), _) | (_, Err(err)) => failed(format!("# the store could not be read: {err}\n")),
+    let (queues, live) = match (queues, live) {
+        (Ok(queues), Ok(live)) => (queues, live),
+        (Err(err), _) | (_, Err(err)) => {
+            return failed(format!("# the store could not be read: {err}\n"))
+        }
+    };
+    // What the limits hold back, read only for the queues that have some.
+    let mut flows = Vec::new();
+    for q in queues.iter().filter(|q| !q.limits.is_unlimited()) {
+        match store.flow_status(&q.queue).await {
+            Ok(flow) => flows.push((q.queue.clone(), flow)),
+            Err(err) => return failed(format!("# the store could not be read: {err}\n")),
+        }
+    }
+    match exposition(namespace, &queues, &flows, store.settings().now(), &live) {
+        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(err) => failed(format!("# the metrics could not be written: {err}\n")),
     }
 }
 
@@ -80,6 +93,8 @@ pub(crate) async fn scrape(ctx: Ctx) -> Response {
 pub(crate) fn exposition(
     namespace: &str,
     queues: &[QueueOverview],
+    flows: &[(String, FlowStatus)],
+    now: Timestamp,
     live: &[WorkerInfo],
 ) -> Result<String, std::fmt::Error> {
     let depth = Family::<QueueState, Gauge>::default();
@@ -87,6 +102,21 @@ pub(crate) fn exposition(
     let paused = Family::<Queue, Gauge>::default();
     let limits = Family::<QueueLimit, Gauge>::default();
     let rates = Family::<QueueLimit, Gauge<f64, AtomicU64>>::default();
+    let keys_at_limit = Family::<Queue, Gauge>::default();
+    let rate_wait = Family::<Queue, Gauge<f64, AtomicU64>>::default();
+    for (queue, flow) in flows {
+        let labels = Queue {
+            namespace: namespace.to_owned(),
+            queue: queue.clone(),
+        };
+        keys_at_limit
+            .get_or_create(&labels)
+            .set(i64::try_from(flow.keys_at_limit.len()).unwrap_or(i64::MAX));
+        rate_wait.get_or_create(&labels).set(
+            flow.next_start
+                .map_or(0.0, |at| at.duration_since(now).as_secs_f64()),
+        );
+    }
     let workers = Family::<Namespace, Gauge>::default();
     for q in queues {
         let s = &q.stats;
@@ -171,6 +201,16 @@ pub(crate) fn exposition(
         "jobs_queue_rate_limit",
         "A queue's limit on its starts, in all or per concurrency key, in starts per second",
         rates,
+    );
+    registry.register(
+        "jobs_queue_keys_at_limit",
+        "Concurrency keys of a queue at their running limit (at most 100 counted)",
+        keys_at_limit,
+    );
+    registry.register(
+        "jobs_queue_rate_wait_seconds",
+        "Seconds until a queue's rate admits its next start; 0 when it admits one now",
+        rate_wait,
     );
     registry.register("jobs_workers", "Workers registered in the store", workers);
     let mut out = String::with_capacity(256 + queues.len() * 600);

@@ -354,6 +354,27 @@ async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
         )
         .await
         .expect("set_limits");
+    // A queue whose one key is at its running limit and whose rate is used up.
+    store
+        .set_limits(
+            "keyed",
+            durq::QueueLimits::new()
+                .max_running_per_key(1)
+                .max_starts(durq::Rate::new(1, std::time::Duration::from_secs(3_600))),
+        )
+        .await
+        .expect("set_limits");
+    for _ in 0..2 {
+        store
+            .enqueue(NewJob::new("keyed").concurrency_key("acme"))
+            .await
+            .expect("enqueue");
+    }
+    let held = store
+        .claim(ClaimRequest::new(["keyed"], "w", std::time::Duration::from_secs(60)).limit(2))
+        .await
+        .expect("claim");
+    assert_eq!(held.len(), 1);
     let router = router(&store);
     let scrape = get(&router, "/metrics").await;
     assert_eq!(scrape.status, StatusCode::OK);
@@ -380,6 +401,8 @@ async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
         format!(
             "jobs_queue_rate_limit{{namespace=\"{namespace}\",queue=\"emails\",limit=\"max_starts\"}} 0.5"
         ),
+        format!("jobs_queue_keys_at_limit{{namespace=\"{namespace}\",queue=\"keyed\"}} 1"),
+        format!("jobs_queue_keys_at_limit{{namespace=\"{namespace}\",queue=\"emails\"}} 0"),
         format!("jobs_workers{{namespace=\"{namespace}\"}} 0"),
         "# EOF".to_owned(),
     ] {
@@ -389,6 +412,21 @@ async fn metrics_are_the_queues_depth_and_lag_at_scrape_time() {
             scrape.body
         );
     }
+    let waits = |queue: &str| -> f64 {
+        let prefix =
+            format!("jobs_queue_rate_wait_seconds{{namespace=\"{namespace}\",queue=\"{queue}\"}} ");
+        lines
+            .iter()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(|| panic!("no rate wait for {queue}:\n{}", scrape.body))
+    };
+    let keyed = waits("keyed");
+    assert!(
+        (3_590.0..=3_600.0).contains(&keyed),
+        "the next start of a used-up rate of 1 per hour: {keyed}"
+    );
+    assert_eq!(waits("emails"), 0.0, "a rate with room admits a start now");
     assert!(
         !scrape.body.contains("limit=\"max_running\""),
         "a limit that is not set has no series:\n{}",
