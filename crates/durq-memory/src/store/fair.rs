@@ -137,7 +137,7 @@ impl State {
             }
             // The keys in turn order: those after the turn, then from the first to it.
             let after = served.and_then(|turns| turns.get(&priority));
-            let ring: KeyRing<'_> =
+            let mut ring: KeyRing<'_> =
                 match after {
                     Some(after) => Box::new(
                         keys.range::<str, _>((Bound::Excluded(after.as_str()), Bound::Unbounded))
@@ -150,7 +150,6 @@ impl State {
                 };
             // Keys that had a turn this claim and may have another, with their jobs left.
             let mut again = std::collections::VecDeque::new();
-            let mut ring = ring.peekable();
             loop {
                 let (key, mut left) = match ring.next() {
                     Some((key, jobs)) => (key.as_str(), jobs.iter()),
