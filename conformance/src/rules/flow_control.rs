@@ -656,9 +656,9 @@ pub async fn k5_claims_take_turns_over_the_keys_of_a_fair_queue(harness: &dyn Ha
 }
 
 /// K5 at scale: one key holds 100,000 ready jobs, enqueued first, and 50 keys hold 10
-/// each. 16 claimers, each on a store of its own, race for them 4 at a time and record
-/// the order of what they took; every small key's jobs have all started before the
-/// big key's 2,000th start.
+/// each. 16 claimers, each on a store of its own, race for them 32 at a time (as a
+/// worker's claim loop does) and record the order of what they took; every small
+/// key's jobs have all started before the big key's 2,000th start.
 pub async fn k5_a_deep_key_does_not_starve_the_keys_behind_it(harness: &dyn Harness) {
     const BIG: usize = 100_000;
     const SMALL_KEYS: usize = 50;
@@ -711,7 +711,7 @@ pub async fn k5_a_deep_key_does_not_starve_the_keys_behind_it(harness: &dyn Harn
             while small_left.load(Ordering::SeqCst) > 0
                 && big_started.load(Ordering::SeqCst) < BOUND
             {
-                let claimed = claim(&store, &["q"], 4, "K5: a racing claim").await;
+                let claimed = claim(&store, &["q"], 32, "K5: a racing claim").await;
                 assert!(!claimed.is_empty(), "K5: jobs are left to claim");
                 let mut history = history.lock().unwrap_or_else(|p| p.into_inner());
                 for job in &claimed {
