@@ -10,7 +10,8 @@ use std::time::Duration;
 use durq_core::{Clock, JobId, JobState, NewJob, QueueLimits, Rate, Store};
 
 use super::support::{
-    assert_nothing_claimable, claim, enqueue, expect_invalid, get, ids_of, join_all, Must,
+    assert_nothing_claimable, claim, enqueue, expect_invalid, get, ids_of, join_all, request, Must,
+    TTL, WORKER,
 };
 use crate::{Harness, TestEnv};
 
@@ -608,22 +609,36 @@ pub async fn k5_claims_take_turns_over_the_keys_of_a_fair_queue(harness: &dyn Ha
              round after round)"
         );
     }
+    // A fitted claim (a budget admitting everything) keeps its own order, claim order,
+    // and leaves the turn where it was (at b).
+    let fitted = first
+        .claim(request(&["q"], WORKER, TTL, 1).budget(durq_core::Budget::new()))
+        .await
+        .must("K5: a fitted claim");
+    assert_eq!(
+        ids_of(&fitted),
+        vec![job("a", 2)],
+        "K5: a fitted claim takes claim order (a's oldest job left), not the turn"
+    );
     // A batch goes on from the turn, round after round: c, then a twice (b and the
     // jobs without a key are done).
     let batch = claim(&second, &["q"], 3, "K5: a batch").await;
     assert_eq!(
         ids_of(&batch),
-        vec![job("c", 1), job("a", 2), job("a", 3)],
-        "K5: a batch takes the keys in turn from where the last claim stopped"
+        vec![job("c", 1), job("a", 3), job("a", 4)],
+        "K5: a batch takes the keys in turn from where the last plain claim stopped"
     );
     // A higher priority first; then the turns go on.
     let urgent = enqueue(&first, keyed("q", "b").priority(5), "K5").await;
+    let late_c = enqueue(&first, keyed("q", "c"), "K5").await;
+    let late_a = enqueue(&first, keyed("q", "a"), "K5").await;
     let got = claim(&first, &["q"], 2, "K5: with a higher priority").await;
     assert_eq!(
         ids_of(&got),
-        vec![urgent, job("a", 4)],
-        "K5: priority first, then the turns"
+        vec![urgent, late_c],
+        "K5: priority first, then the turns (after a: c before a)"
     );
+    assert_eq!(get(&first, late_a, "K5").await.state, JobState::Queued);
 
     // A key at its running limit loses its turn, holding back no other key.
     first
@@ -854,4 +869,40 @@ pub async fn k3_flow_status_shows_what_the_limits_hold_back(harness: &dyn Harnes
         (1, 0, None, 0),
         "K3: a queue without limits shows its running jobs alone"
     );
+}
+
+/// K4: a claimer waiting for work on a queue whose rate holds its jobs back is told
+/// when to look again: with the rate's window 1 ms long and the clock moved past it,
+/// `wait_for_work` with a minute's timeout returns at once (well inside 20 s), and the
+/// next claim takes the job.
+pub async fn k4_a_wait_ends_when_the_rate_frees_a_start(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    store
+        .set_limits(
+            "q",
+            QueueLimits::new().max_starts(Rate::new(1, Duration::from_millis(1))),
+        )
+        .await
+        .must("K4: set_limits");
+    enqueue(&store, NewJob::new("q"), "K4").await;
+    let held = enqueue(&store, NewJob::new("q"), "K4").await;
+    assert_eq!(
+        claim(&store, &["q"], 10, "K4: the first start").await.len(),
+        1
+    );
+    assert_nothing_claimable(&store, &["q"], "K4: the window is used up").await;
+    let queues = vec!["q".to_owned()];
+    let wait = store.wait_for_work(&queues, Duration::from_secs(60));
+    let moved = async {
+        env.clock.advance(Duration::from_millis(1));
+    };
+    let Ok((waited, ())) =
+        tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(wait, moved) }).await
+    else {
+        panic!("K4: the wait ends when the rate frees a start, not at its timeout");
+    };
+    waited.must("K4: wait_for_work");
+    let next = claim(&store, &["q"], 10, "K4: after the window").await;
+    assert_eq!(ids_of(&next), vec![held], "K4: the held-back job starts");
 }

@@ -8,6 +8,7 @@ mod backoff;
 pub mod batch;
 pub mod capability;
 mod error;
+pub mod fair;
 pub mod fit;
 mod id;
 mod layer;

@@ -437,6 +437,96 @@ fn processes_opening_a_new_file_at_once_migrate_once_and_share_keys() {
     });
 }
 
+/// The body of a child test of the flow-control tests: opens the file, says READY, runs
+/// `task` on two tokio tasks (workers `{name}-t0` and `{name}-t1`) and prints the lines
+/// they answer once both are done. A no-op outside child mode.
+fn run_child<F, Fut>(task: F)
+where
+    F: Fn(Store, String) -> Fut,
+    Fut: std::future::Future<Output = Vec<String>> + Send + 'static,
+{
+    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
+        return;
+    };
+    runtime().block_on(async move {
+        let store = match config().open(&db, settings()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("child {name}: open failed: {err}"),
+        };
+        println!("\nREADY");
+        let tasks: Vec<_> = (0..2)
+            .map(|t| tokio::spawn(task(store.clone(), format!("{name}-t{t}"))))
+            .collect();
+        for task in tasks {
+            match task.await {
+                Ok(lines) => {
+                    for line in lines {
+                        println!("{line}");
+                    }
+                }
+                Err(err) => panic!("child {name}: a task failed: {err}"),
+            }
+        }
+    });
+}
+
+/// Runs [`CHILDREN`] children of test `test` on `db` at once and answers, once every
+/// one exited successfully, what followed `marker` on their lines.
+fn run_children(db: &Path, prefix: &str, test: &str, marker: &'static str) -> Vec<String> {
+    let mut children: Vec<_> = (0..CHILDREN)
+        .map(|c| spawn_test(db, &format!("{prefix}-{c}"), test))
+        .collect();
+    let (ready, _started) = std::sync::mpsc::channel();
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|child| read_child(child, marker, ready.clone()))
+        .collect();
+    for mut child in children {
+        match child.wait() {
+            Ok(status) => assert!(status.success(), "a child failed: {status}"),
+            Err(err) => panic!("waiting for a child: {err}"),
+        }
+    }
+    readers
+        .into_iter()
+        .flat_map(|reader| match reader.join() {
+            Ok(lines) => lines,
+            Err(_) => panic!("a child's reader panicked"),
+        })
+        .collect()
+}
+
+/// Opens `db`, sets `limits` on `queue` and enqueues `jobs`, answering their ids: the
+/// parent's side of the flow-control tests, before the children start.
+fn prepare(
+    db: &Path,
+    queue: &str,
+    limits: durq_core::QueueLimits,
+    jobs: Vec<NewJob>,
+) -> Vec<JobId> {
+    runtime().block_on(async {
+        let store = match config().open(db, settings()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("open failed: {err}"),
+        };
+        if let Err(err) = store.set_limits(queue, limits).await {
+            panic!("set_limits failed: {err}");
+        }
+        match store.enqueue_batch(jobs).await {
+            Ok(enqueued) => enqueued.into_iter().map(|e| e.id).collect(),
+            Err(err) => panic!("enqueue failed: {err}"),
+        }
+    })
+}
+
+/// A number a child printed, or a failed test naming the line.
+fn parse<T: std::str::FromStr>(text: &str, line: &str) -> T {
+    match text.parse() {
+        Ok(n) => n,
+        Err(_) => panic!("bad number {text:?} in {line:?}"),
+    }
+}
+
 /// The queue of the limits test, its keys, and how many jobs each key has.
 const LIMITED_QUEUE: &str = "mp-limited";
 const LIMITED_KEYS: usize = 4;
@@ -457,79 +547,50 @@ fn wall_nanos() -> u128 {
 /// store's own `running` interval of the job.
 #[test]
 fn child_limited_claimer() {
-    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
-        return;
-    };
-    runtime().block_on(async move {
-        let store = match config().open(&db, settings()).await {
-            Ok(backend) => Store::new(backend),
-            Err(err) => panic!("child {name}: open failed: {err}"),
-        };
-        println!("\nREADY");
-        let tasks: Vec<_> = (0..2)
-            .map(|t| {
-                let store = store.clone();
-                let worker = format!("{name}-t{t}");
-                tokio::spawn(async move {
-                    let mut lines = Vec::new();
-                    let mut empty = 0;
-                    // Every job exists before the children start: claims that find
-                    // nothing while jobs run elsewhere are retried, a few dozen empty
-                    // claims in a row after the queue emptied end the task.
-                    while empty < 50 {
-                        let request = ClaimRequest::new(
-                            [LIMITED_QUEUE],
-                            worker.clone(),
-                            Duration::from_secs(600),
-                        )
-                        .limit(3);
-                        let claimed = match store.claim(request).await {
-                            Ok(claimed) => claimed,
-                            Err(err) if err.is_retryable() => continue,
-                            Err(err) => panic!("{worker}: claim failed: {err}"),
-                        };
-                        if claimed.is_empty() {
-                            let stats = match store.stats(LIMITED_QUEUE).await {
-                                Ok(stats) => stats,
-                                Err(err) => panic!("{worker}: stats failed: {err}"),
-                            };
-                            empty = if stats.ready + stats.running == 0 {
-                                empty + 1
-                            } else {
-                                0
-                            };
-                            tokio::task::yield_now().await;
-                            continue;
-                        }
-                        let from = wall_nanos();
-                        // Hold the jobs for a read of the store, as a handler's work
-                        // would, while the other processes claim.
-                        if let Err(err) = store.stats(LIMITED_QUEUE).await {
-                            panic!("{worker}: stats failed: {err}");
-                        }
-                        let to = wall_nanos();
-                        for job in &claimed {
-                            let key = job.job.concurrency_key.clone().unwrap_or_default();
-                            lines.push(format!("HOLD {key} {} {from} {to}", job.id()));
-                            if let Err(err) = store.complete(job.id(), job.token(), None).await {
-                                panic!("{worker}: complete failed: {err}");
-                            }
-                        }
-                    }
-                    lines
-                })
-            })
-            .collect();
-        for task in tasks {
-            match task.await {
-                Ok(lines) => {
-                    for line in lines {
-                        println!("{line}");
-                    }
+    run_child(|store, worker| async move {
+        let mut lines = Vec::new();
+        let mut empty = 0;
+        // Every job exists before the children start: claims that find nothing while
+        // jobs run elsewhere are retried, a few dozen empty claims in a row after the
+        // queue emptied end the task.
+        while empty < 50 {
+            let request =
+                ClaimRequest::new([LIMITED_QUEUE], worker.clone(), Duration::from_secs(600))
+                    .limit(3);
+            let claimed = match store.claim(request).await {
+                Ok(claimed) => claimed,
+                Err(err) if err.is_retryable() => continue,
+                Err(err) => panic!("{worker}: claim failed: {err}"),
+            };
+            if claimed.is_empty() {
+                let stats = match store.stats(LIMITED_QUEUE).await {
+                    Ok(stats) => stats,
+                    Err(err) => panic!("{worker}: stats failed: {err}"),
+                };
+                empty = if stats.ready + stats.running == 0 {
+                    empty + 1
+                } else {
+                    0
+                };
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let from = wall_nanos();
+            // Hold the jobs for a read of the store, as a handler's work would, while
+            // the other processes claim.
+            if let Err(err) = store.stats(LIMITED_QUEUE).await {
+                panic!("{worker}: stats failed: {err}");
+            }
+            let to = wall_nanos();
+            for job in &claimed {
+                let key = job.job.concurrency_key.clone().unwrap_or_default();
+                lines.push(format!("HOLD {key} {} {from} {to}", job.id()));
+                if let Err(err) = store.complete(job.id(), job.token(), None).await {
+                    panic!("{worker}: complete failed: {err}");
                 }
-                Err(err) => panic!("child {name}: a task failed: {err}"),
             }
         }
+        lines
     });
 }
 
@@ -547,60 +608,27 @@ fn processes_never_run_more_of_a_key_than_its_limit() {
         Err(err) => panic!("no temp dir: {err}"),
     };
     let db = dir.path().join("limited.db");
-    let rt = runtime();
-    let ids: Vec<JobId> = rt.block_on(async {
-        let store = match config().open(&db, settings()).await {
-            Ok(backend) => Store::new(backend),
-            Err(err) => panic!("open failed: {err}"),
-        };
-        if let Err(err) = store
-            .set_limits(
-                LIMITED_QUEUE,
-                durq_core::QueueLimits::new().max_running_per_key(1),
-            )
-            .await
-        {
-            panic!("set_limits failed: {err}");
-        }
-        let jobs: Vec<NewJob> = (0..LIMITED_KEYS * LIMITED_PER_KEY)
-            .map(|n| NewJob::new(LIMITED_QUEUE).concurrency_key(format!("k{}", n % LIMITED_KEYS)))
-            .collect();
-        match store.enqueue_batch(jobs).await {
-            Ok(enqueued) => enqueued.into_iter().map(|e| e.id).collect(),
-            Err(err) => panic!("enqueue failed: {err}"),
-        }
-    });
-    let mut children: Vec<_> = (0..CHILDREN)
-        .map(|c| spawn_test(&db, &format!("limited-{c}"), "child_limited_claimer"))
+    let jobs: Vec<NewJob> = (0..LIMITED_KEYS * LIMITED_PER_KEY)
+        .map(|n| NewJob::new(LIMITED_QUEUE).concurrency_key(format!("k{}", n % LIMITED_KEYS)))
         .collect();
-    let (ready, _started) = std::sync::mpsc::channel();
-    let readers: Vec<_> = children
-        .iter_mut()
-        .map(|child| read_child(child, "HOLD ", ready.clone()))
-        .collect();
-    for mut child in children {
-        match child.wait() {
-            Ok(status) => assert!(status.success(), "a child failed: {status}"),
-            Err(err) => panic!("waiting for a child: {err}"),
-        }
-    }
+    let ids = prepare(
+        &db,
+        LIMITED_QUEUE,
+        durq_core::QueueLimits::new().max_running_per_key(1),
+        jobs,
+    );
     let mut holds: Vec<(String, String, u128, u128)> = Vec::new();
-    for reader in readers {
-        let lines = match reader.join() {
-            Ok(lines) => lines,
-            Err(_) => panic!("a child's reader panicked"),
+    for line in run_children(&db, "limited", "child_limited_claimer", "HOLD ") {
+        let words: Vec<&str> = line.split(' ').collect();
+        let [key, id, from, to] = words[..] else {
+            panic!("a hold line of four words expected: {line:?}");
         };
-        for line in lines {
-            let words: Vec<&str> = line.split(' ').collect();
-            let [key, id, from, to] = words[..] else {
-                panic!("a hold line of four words expected: {line:?}");
-            };
-            let parse = |n: &str| match n.parse::<u128>() {
-                Ok(n) => n,
-                Err(err) => panic!("bad time {n:?}: {err}"),
-            };
-            holds.push((key.to_owned(), id.to_owned(), parse(from), parse(to)));
-        }
+        holds.push((
+            key.to_owned(),
+            id.to_owned(),
+            parse(from, &line),
+            parse(to, &line),
+        ));
     }
     let held: std::collections::HashSet<&str> = holds.iter().map(|h| h.1.as_str()).collect();
     assert_eq!(held.len(), holds.len(), "a job was held twice");
@@ -636,72 +664,40 @@ const RATED_STARTS_PER_KEY: usize = 3;
 /// instant on the store's clock its claim dated the start at.
 #[test]
 fn child_rated_claimer() {
-    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
-        return;
-    };
-    runtime().block_on(async move {
-        let store = match config().open(&db, settings()).await {
-            Ok(backend) => Store::new(backend),
-            Err(err) => panic!("child {name}: open failed: {err}"),
-        };
-        println!("\nREADY");
+    run_child(|store, worker| async move {
         let queues = vec![RATED_QUEUE.to_owned()];
-        let tasks: Vec<_> = (0..2)
-            .map(|t| {
-                let (store, queues) = (store.clone(), queues.clone());
-                let worker = format!("{name}-t{t}");
-                tokio::spawn(async move {
-                    let mut lines = Vec::new();
-                    loop {
-                        let request = ClaimRequest::new(
-                            [RATED_QUEUE],
-                            worker.clone(),
-                            Duration::from_secs(600),
-                        )
-                        .limit(4);
-                        let claimed = match store.claim(request).await {
-                            Ok(claimed) => claimed,
-                            Err(err) if err.is_retryable() => continue,
-                            Err(err) => panic!("{worker}: claim failed: {err}"),
-                        };
-                        if claimed.is_empty() {
-                            let stats = match store.stats(RATED_QUEUE).await {
-                                Ok(stats) => stats,
-                                Err(err) => panic!("{worker}: stats failed: {err}"),
-                            };
-                            if stats.ready == 0 {
-                                break;
-                            }
-                            if let Err(err) =
-                                store.wait_for_work(&queues, Duration::from_secs(5)).await
-                            {
-                                panic!("{worker}: wait failed: {err}");
-                            }
-                            continue;
-                        }
-                        for job in &claimed {
-                            let key = job.job.concurrency_key.clone().unwrap_or_default();
-                            let at = job.job.started_at.map_or(0, |at| at.as_millis());
-                            lines.push(format!("START {key} {} {at}", job.id()));
-                            if let Err(err) = store.complete(job.id(), job.token(), None).await {
-                                panic!("{worker}: complete failed: {err}");
-                            }
-                        }
-                    }
-                    lines
-                })
-            })
-            .collect();
-        for task in tasks {
-            match task.await {
-                Ok(lines) => {
-                    for line in lines {
-                        println!("{line}");
-                    }
+        let mut lines = Vec::new();
+        loop {
+            let request =
+                ClaimRequest::new([RATED_QUEUE], worker.clone(), Duration::from_secs(600)).limit(4);
+            let claimed = match store.claim(request).await {
+                Ok(claimed) => claimed,
+                Err(err) if err.is_retryable() => continue,
+                Err(err) => panic!("{worker}: claim failed: {err}"),
+            };
+            if claimed.is_empty() {
+                let stats = match store.stats(RATED_QUEUE).await {
+                    Ok(stats) => stats,
+                    Err(err) => panic!("{worker}: stats failed: {err}"),
+                };
+                if stats.ready == 0 {
+                    break;
                 }
-                Err(err) => panic!("child {name}: a task failed: {err}"),
+                if let Err(err) = store.wait_for_work(&queues, Duration::from_secs(5)).await {
+                    panic!("{worker}: wait failed: {err}");
+                }
+                continue;
+            }
+            for job in &claimed {
+                let key = job.job.concurrency_key.clone().unwrap_or_default();
+                let at = job.job.started_at.map_or(0, |at| at.as_millis());
+                lines.push(format!("START {key} {} {at}", job.id()));
+                if let Err(err) = store.complete(job.id(), job.token(), None).await {
+                    panic!("{worker}: complete failed: {err}");
+                }
             }
         }
+        lines
     });
 }
 
@@ -719,58 +715,25 @@ fn processes_never_start_more_than_a_rate_allows() {
         Err(err) => panic!("no temp dir: {err}"),
     };
     let db = dir.path().join("rated.db");
-    let rt = runtime();
     let window = Duration::from_millis(RATED_WINDOW_MS);
-    let ids: Vec<JobId> = rt.block_on(async {
-        let store = match config().open(&db, settings()).await {
-            Ok(backend) => Store::new(backend),
-            Err(err) => panic!("open failed: {err}"),
-        };
-        let limits = durq_core::QueueLimits::new()
+    let jobs: Vec<NewJob> = (0..RATED_JOBS)
+        .map(|n| NewJob::new(RATED_QUEUE).concurrency_key(format!("k{}", n % RATED_KEYS)))
+        .collect();
+    let ids = prepare(
+        &db,
+        RATED_QUEUE,
+        durq_core::QueueLimits::new()
             .max_starts(durq_core::Rate::new(RATED_STARTS as u32, window))
-            .max_starts_per_key(durq_core::Rate::new(RATED_STARTS_PER_KEY as u32, window));
-        if let Err(err) = store.set_limits(RATED_QUEUE, limits).await {
-            panic!("set_limits failed: {err}");
-        }
-        let jobs: Vec<NewJob> = (0..RATED_JOBS)
-            .map(|n| NewJob::new(RATED_QUEUE).concurrency_key(format!("k{}", n % RATED_KEYS)))
-            .collect();
-        match store.enqueue_batch(jobs).await {
-            Ok(enqueued) => enqueued.into_iter().map(|e| e.id).collect(),
-            Err(err) => panic!("enqueue failed: {err}"),
-        }
-    });
-    let mut children: Vec<_> = (0..CHILDREN)
-        .map(|c| spawn_test(&db, &format!("rated-{c}"), "child_rated_claimer"))
-        .collect();
-    let (ready, _started) = std::sync::mpsc::channel();
-    let readers: Vec<_> = children
-        .iter_mut()
-        .map(|child| read_child(child, "START ", ready.clone()))
-        .collect();
-    for mut child in children {
-        match child.wait() {
-            Ok(status) => assert!(status.success(), "a child failed: {status}"),
-            Err(err) => panic!("waiting for a child: {err}"),
-        }
-    }
+            .max_starts_per_key(durq_core::Rate::new(RATED_STARTS_PER_KEY as u32, window)),
+        jobs,
+    );
     let mut starts: Vec<(i64, String, String)> = Vec::new();
-    for reader in readers {
-        let lines = match reader.join() {
-            Ok(lines) => lines,
-            Err(_) => panic!("a child's reader panicked"),
+    for line in run_children(&db, "rated", "child_rated_claimer", "START ") {
+        let words: Vec<&str> = line.split(' ').collect();
+        let [key, id, at] = words[..] else {
+            panic!("a start line of three words expected: {line:?}");
         };
-        for line in lines {
-            let words: Vec<&str> = line.split(' ').collect();
-            let [key, id, at] = words[..] else {
-                panic!("a start line of three words expected: {line:?}");
-            };
-            let at = match at.parse::<i64>() {
-                Ok(at) => at,
-                Err(err) => panic!("bad instant {at:?}: {err}"),
-            };
-            starts.push((at, key.to_owned(), id.to_owned()));
-        }
+        starts.push((parse(at, &line), key.to_owned(), id.to_owned()));
     }
     let started: std::collections::HashSet<&str> = starts.iter().map(|s| s.2.as_str()).collect();
     assert_eq!(started.len(), starts.len(), "a job started twice");

@@ -46,7 +46,7 @@ impl State {
         &mut self,
         request: &ClaimRequest,
         now: Timestamp,
-        turns: &mut Vec<fair::Turn>,
+        turns: &mut Vec<durq_core::fair::Turn<JobId>>,
     ) -> Vec<JobId> {
         let mut candidates: Vec<(ReadyOrder, JobId)> = Vec::new();
         for queue in &request.queues {

@@ -8,11 +8,9 @@
 
 use std::ops::Bound;
 
-use super::*;
+use durq_core::fair::{in_turn_places, turns_left, Turn, NO_KEY};
 
-/// The key jobs without a concurrency key take their turns under: no concurrency key is
-/// empty, and `""` sorts before every other, as K5 places them.
-const NO_KEY: &str = "";
+use super::*;
 
 /// A fair queue's ready jobs: per priority, per key (`""` for none), in claim order.
 #[derive(Debug, Default)]
@@ -54,16 +52,6 @@ impl KeyedReady {
 
 /// The keys of one priority with their ready jobs, in turn order.
 type KeyRing<'a> = Box<dyn Iterator<Item = (&'a String, &'a BTreeSet<(ReadyOrder, JobId)>)> + 'a>;
-
-/// A job a fair claim took, in turn order: the queue, the priority and the key whose
-/// turn it was, so the claim can move the queue's turn on once it knows what it keeps.
-#[derive(Debug)]
-pub(crate) struct Turn {
-    id: JobId,
-    queue: String,
-    priority: i16,
-    key: String,
-}
 
 impl State {
     pub(super) fn is_fair(&self, queue: &str) -> bool {
@@ -108,7 +96,7 @@ impl State {
         limit: usize,
         now: Timestamp,
         out: &mut Vec<(ReadyOrder, JobId)>,
-        turns: &mut Vec<Turn>,
+        turns: &mut Vec<Turn<JobId>>,
     ) {
         let mut admission = limits::Admission::of(
             &self.limits,
@@ -129,7 +117,9 @@ impl State {
             return;
         };
         let jobs = &self.jobs;
-        let mut taken: Vec<(ReadyOrder, JobId, i16, &str)> = Vec::new();
+        // In turn order, with the key whose turn each was.
+        let mut taken: Vec<(ReadyOrder, JobId)> = Vec::new();
+        let mut keys_taken: Vec<&str> = Vec::new();
         let mut stale = Vec::new();
         'bands: for (&priority, keys) in keyed.bands.iter().rev() {
             if taken.len() >= limit {
@@ -184,21 +174,18 @@ impl State {
                         continue;
                     }
                 }
-                taken.push((order, id, priority, key));
+                taken.push((order, id));
+                keys_taken.push(key);
                 again.push_back((key, left));
             }
         }
-        // The queue's candidates hold the places of its first jobs in claim order, given
-        // out in turn order (C3 still orders the priorities and the queues).
-        let mut places: Vec<ReadyOrder> = taken.iter().map(|(order, ..)| *order).collect();
-        places.sort_unstable();
-        for (place, (_, id, priority, key)) in places.into_iter().zip(&taken) {
-            out.push((place, *id));
+        out.extend(in_turn_places(&taken));
+        for ((order, id), key) in taken.iter().zip(keys_taken) {
             turns.push(Turn {
                 id: *id,
                 queue: queue.to_owned(),
-                priority: *priority,
-                key: (*key).to_owned(),
+                priority: order.priority,
+                key: key.to_owned(),
             });
         }
         self.drop_stale_turns(queue, &stale);
@@ -226,22 +213,11 @@ impl State {
 
     /// Moves each fair queue's turn, per priority, to the key of the last job the claim
     /// keeps in turn order (K5): the next claim starts after it.
-    pub(super) fn advance_turns(&mut self, turns: &[Turn], kept: &[JobId]) {
+    pub(super) fn advance_turns(&mut self, turns: &[Turn<JobId>], kept: &[JobId]) {
         if self.faults.turns_restart {
             return;
         }
-        // The last kept turn of each (queue, priority): later turns overwrite earlier.
-        let mut last: Vec<&Turn> = Vec::new();
-        for turn in turns.iter().filter(|turn| kept.contains(&turn.id)) {
-            match last
-                .iter_mut()
-                .find(|seen| seen.queue == turn.queue && seen.priority == turn.priority)
-            {
-                Some(seen) => *seen = turn,
-                None => last.push(turn),
-            }
-        }
-        for turn in last {
+        for turn in turns_left(turns, kept) {
             let served = match self.turns.get_mut(turn.queue.as_str()) {
                 Some(served) => served,
                 None => self.turns.entry(turn.queue.clone()).or_default(),

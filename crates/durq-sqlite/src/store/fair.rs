@@ -10,20 +10,9 @@
 
 use std::collections::VecDeque;
 
+use durq_core::fair::{in_turn_places, turns_left, Turn, NO_KEY};
+
 use super::*;
-
-/// The turn of the jobs without a concurrency key: no key is empty, and `""` sorts
-/// before every other, where K5 places them.
-const NO_KEY: &str = "";
-
-/// A job a fair claim took, in turn order, and whose turn it was: the claim moves the
-/// queue's turn on once it knows which of them it keeps.
-pub(super) struct Turn {
-    row: i64,
-    queue: String,
-    priority: i64,
-    key: String,
-}
 
 /// One key's ready jobs read for this claim, in claim order: (row, run_at, seq).
 type KeyJobs = VecDeque<(i64, i64, i64)>;
@@ -42,13 +31,15 @@ pub(super) fn fair_candidates(
     now: Timestamp,
     limit: usize,
     out: &mut Vec<(ReadyOrder, i64)>,
-    turns: &mut Vec<Turn>,
+    turns: &mut Vec<Turn<i64>>,
 ) -> Result<()> {
     let mut admission = limits::Admission::start(conn, ns, queue, limits, now)?;
     let mut band = conn
         .prepare_cached(NEXT_BAND_SQL)
         .db("prepare the priority scan")?;
-    let mut taken: Vec<(ReadyOrder, i64, i64, String)> = Vec::new();
+    // In turn order, with the key whose turn each was.
+    let mut taken: Vec<(ReadyOrder, i64)> = Vec::new();
+    let mut keys_taken: Vec<String> = Vec::new();
     let mut below = i64::from(i16::MAX) + 1;
     'bands: while taken.len() < limit && !admission.queue_full() {
         let priority: Option<i64> = band
@@ -90,22 +81,19 @@ pub(super) fn fair_candidates(
             }
             let seq = u64::try_from(seq).unwrap_or(0);
             let order = ReadyOrder::new(as_i16, Timestamp::from_millis(run_at), seq);
-            taken.push((order, row, priority, key.clone()));
+            taken.push((order, row));
+            keys_taken.push(key.clone());
             if !jobs.is_empty() {
                 again.push_back((key, jobs));
             }
         }
     }
-    // The queue's candidates hold the places of its first jobs in claim order, given
-    // out in turn order (C3 still orders the priorities and the queues).
-    let mut places: Vec<ReadyOrder> = taken.iter().map(|(order, ..)| *order).collect();
-    places.sort_unstable();
-    for (place, (_, row, priority, key)) in places.into_iter().zip(taken) {
-        out.push((place, row));
+    out.extend(in_turn_places(&taken));
+    for ((order, row), key) in taken.iter().zip(keys_taken) {
         turns.push(Turn {
-            row,
+            id: *row,
             queue: queue.to_owned(),
-            priority,
+            priority: order.priority,
             key,
         });
     }
@@ -263,27 +251,16 @@ fn key_jobs(
 pub(super) fn advance_turns(
     conn: &Connection,
     ns: i64,
-    turns: &[Turn],
+    turns: &[Turn<i64>],
     kept: &[i64],
 ) -> Result<()> {
-    // The last kept turn of each (queue, priority): later turns overwrite earlier.
-    let mut last: Vec<&Turn> = Vec::new();
-    for turn in turns.iter().filter(|turn| kept.contains(&turn.row)) {
-        match last
-            .iter_mut()
-            .find(|seen| seen.queue == turn.queue && seen.priority == turn.priority)
-        {
-            Some(seen) => *seen = turn,
-            None => last.push(turn),
-        }
-    }
     let mut upsert = conn
         .prepare_cached(
             "INSERT INTO jobq_turns (ns, queue, priority, last_key) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (ns, queue, priority) DO UPDATE SET last_key = excluded.last_key",
         )
         .db("prepare the turn")?;
-    for turn in last {
+    for turn in turns_left(turns, kept) {
         upsert
             .execute(params![ns, turn.queue, turn.priority, turn.key])
             .db("move a queue's turn on")?;
