@@ -208,8 +208,15 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     // `jobq_turns` holds, per queue and priority, the key its claims served last (''
     // for the jobs without a key). `jobq_jobs_ready_key` finds the next key with queued
     // jobs, and that key's first jobs, in one seek each; it holds only queued jobs
-    // that have a key, so jobs without one never enter it.
+    // that have a key, so jobs without one never enter it. The ready index gains the
+    // key as its last column, as it gained the placement in version 5: a claim that
+    // reads each ready row's key (a queue with limits, the turn of a fair queue's jobs
+    // without a key) reads it from the index, and a plain job's entry grows by one
+    // NULL byte.
     r#"
+    DROP INDEX jobq_jobs_ready;
+    CREATE INDEX jobq_jobs_ready ON jobq_jobs
+        (ns, queue, priority, run_at, seq, placement, concurrency_key) WHERE state = 0;
     ALTER TABLE jobq_limits ADD COLUMN fair_shares INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE jobq_turns (
         ns       INTEGER NOT NULL,
@@ -520,6 +527,9 @@ mod tests {
                     "DROP TABLE jobq_starts;
                      DROP TABLE jobq_turns;
                      DROP INDEX jobq_jobs_ready_key;
+                     DROP INDEX jobq_jobs_ready;
+                     CREATE INDEX jobq_jobs_ready ON jobq_jobs
+                         (ns, queue, priority, run_at, seq, placement) WHERE state = 0;
                      DROP TABLE jobq_limits;
                      DROP INDEX jobq_jobs_running_key;
                      ALTER TABLE jobq_jobs DROP COLUMN concurrency_key;

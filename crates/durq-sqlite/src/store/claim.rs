@@ -28,8 +28,8 @@ pub(super) fn band_priority(queue: &str, priority: i64) -> Result<i16> {
 /// range scan takes that band's ready jobs. The cost follows the jobs returned and the
 /// bands visited, not the scheduled backlog.
 ///
-/// A queue with limits reads each ready row's key with it (from the table, not the
-/// index), passes over a job whose key is at its limit and ends once the queue is at
+/// A queue with limits reads each ready row's key with it (the ready index's last
+/// column, schema 9), passes over a job whose key is at its limit and ends once the queue is at
 /// its limit; its scan has no `LIMIT`, since how far to read depends on the keys, so a
 /// key at its limit with a deep ready backlog is walked past by every claim.
 pub(super) fn ready_candidates(
@@ -159,7 +159,7 @@ pub(super) fn fitting_candidates(
 ) -> Result<()> {
     // A queue with limits (K1, K2): a job that fits takes a slot of its key, and one
     // whose key is at its limit is passed over like one that does not fit. Its scan
-    // reads each row's key from the table; a queue without limits reads the index alone.
+    // reads each row's key from the index too.
     let mut admission = match limits {
         Some(limits) => {
             let admission = limits::Admission::start(conn, ns, queue, limits, now)?;
