@@ -17,35 +17,38 @@ use tokio::sync::oneshot;
 
 struct SqliteHarness {
     path: PathBuf,
+    config: SqliteConfig,
 }
 
 /// One file per test process, in the target directory. Files of test processes that
 /// are gone are removed first, so runs do not pile them up.
 fn shared_file() -> PathBuf {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
-    FILE.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sqlite-conformance");
-        let _ = std::fs::create_dir_all(&dir);
-        if let Ok(entries) = std::fs::read_dir(&dir) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let pid = name.split('.').next().unwrap_or_default();
-                if !pid.is_empty() && !PathBuf::from(format!("/proc/{pid}")).exists() {
-                    let _ = std::fs::remove_file(entry.path());
-                }
+    FILE.get_or_init(|| test_file("db")).clone()
+}
+
+/// A file of this test process named `{pid}.{suffix}`, in the target directory, after
+/// removing the files of test processes that are gone.
+fn test_file(suffix: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sqlite-conformance");
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name.split('.').next().unwrap_or_default();
+            if !pid.is_empty() && !PathBuf::from(format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_file(entry.path());
             }
         }
-        dir.join(format!("{}.db", std::process::id()))
-    })
-    .clone()
+    }
+    dir.join(format!("{}.{suffix}", std::process::id()))
 }
 
 /// The configuration a new user gets, so the suite checks what they run (the per-group
 /// choice of `synchronous` included), but for how long a writer waits for the file's
-/// lock: every scenario of this process shares one file and its one write lock, so on
-/// a loaded machine a writer can wait past the default 5 s (CI once saw
-/// `database is locked` in the M1 model check). How long a writer waits is not what
-/// the suite checks.
+/// lock: the scenarios of §7 hold it in the caller's transactions, on threads that a
+/// loaded machine may leave unscheduled for a while. How long a writer waits is not
+/// what the suite checks.
 fn config() -> SqliteConfig {
     SqliteConfig::default().busy_timeout(Duration::from_secs(30))
 }
@@ -54,14 +57,14 @@ impl SqliteHarness {
     /// A backend on `namespace` with the default settings, for the harness's own work.
     async fn backend(&self, namespace: &str) -> Result<SqliteBackend> {
         let settings = StoreSettings::default().namespace(namespace);
-        config().open(&self.path, settings).await
+        self.config.clone().open(&self.path, settings).await
     }
 }
 
 #[async_trait]
 impl durq_conformance::Harness for SqliteHarness {
     async fn open(&self, settings: StoreSettings) -> Result<Store> {
-        let backend = config().open(&self.path, settings).await?;
+        let backend = self.config.clone().open(&self.path, settings).await?;
         Ok(Store::new(backend))
     }
 
@@ -108,7 +111,11 @@ impl durq_conformance::Harness for SqliteHarness {
 #[async_trait]
 impl TransactionHarness for SqliteHarness {
     async fn begin(&self, settings: &StoreSettings) -> Result<Box<dyn CallerTransaction>> {
-        let backend = config().open(&self.path, settings.clone()).await?;
+        let backend = self
+            .config
+            .clone()
+            .open(&self.path, settings.clone())
+            .await?;
         let (namespace, path) = (settings.namespace.clone(), self.path.clone());
         let (commands, inbox) = std::sync::mpsc::channel::<Command>();
         let (begun, begun_rx) = oneshot::channel();
@@ -267,6 +274,7 @@ impl CallerTransaction for CallerTx {
 async fn harness() -> Option<SqliteHarness> {
     Some(SqliteHarness {
         path: shared_file(),
+        config: config(),
     })
 }
 
@@ -376,6 +384,20 @@ mod transaction_mutants {
         }
     }
 
+    /// How long a mutant's store writer waits for the file's lock. Each bug writes
+    /// through the store while the caller's transaction holds the lock, so the store's
+    /// writer waits for a commit that waits for it: the wait ends only at this timeout,
+    /// and the scenario then fails as it must.
+    const MUTANT_BUSY_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// The mutants' own file. A mutant's writer is stuck for its busy timeout, and with
+    /// it every write grouped with it: on the suite's shared file, that was any
+    /// scenario's write (CI saw the M1 model check fail with `database is locked`).
+    fn mutant_file() -> PathBuf {
+        static FILE: OnceLock<PathBuf> = OnceLock::new();
+        FILE.get_or_init(|| test_file("mutants.db")).clone()
+    }
+
     /// Runs scenario `name` against `bug`, which must make it fail.
     fn caught(bug: Bug, name: &str) {
         let Some(scenario) = durq_conformance::TRANSACTION_SCENARIOS
@@ -386,7 +408,8 @@ mod transaction_mutants {
         };
         let mutant = Mutant {
             inner: SqliteHarness {
-                path: shared_file(),
+                path: mutant_file(),
+                config: SqliteConfig::default().busy_timeout(MUTANT_BUSY_TIMEOUT),
             },
             bug,
         };
