@@ -17,7 +17,9 @@ use durq_core::{
     QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule,
     StoredWorker, Timestamp,
 };
-use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
+use durq_core::{
+    Admin, FlowControl, FlowStatus, Inspect, Pause, QueueLimits, Schedules, WorkerRegistry,
+};
 use sqlx::PgPool;
 
 use crate::config::PostgresConfig;
@@ -25,6 +27,7 @@ use crate::conn::Shared;
 use crate::pool::PostgresPool;
 use crate::store::enqueue::{enqueue_all, Enqueue, Enqueues};
 use crate::store::lease::Completions;
+use crate::store::limits::{self, LimitedQueues};
 use crate::store::{admin, claim, lease, reads, schedules, sweep, workers};
 
 /// The jobs of one namespace of a PostgreSQL schema: a [`durq_core::Backend`], used
@@ -45,6 +48,8 @@ pub(crate) struct Inner {
     pub(crate) seen: Mutex<HashMap<String, u64>>,
     pub(crate) enqueues: Batcher<Enqueues>,
     pub(crate) completions: Batcher<Completions>,
+    /// Which queues had limits when this handle last looked (CONTRACT K1–K5).
+    pub(crate) limited: LimitedQueues,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -90,6 +95,7 @@ impl PostgresBackend {
         PostgresBackend {
             inner: Arc::new(Inner {
                 seen: Mutex::default(),
+                limited: LimitedQueues::default(),
                 enqueues: Batcher::new(Enqueues {
                     shared: Arc::clone(&shared),
                     settings: settings.clone(),
@@ -226,6 +232,25 @@ impl Backend for PostgresBackend {
 
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
         Some(self)
+    }
+
+    fn as_flow_control(&self) -> Option<&dyn FlowControl> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FlowControl for PostgresBackend {
+    async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
+        limits::set_limits(self, queue, limits).await
+    }
+
+    async fn limits(&self) -> Result<Vec<(String, QueueLimits)>> {
+        limits::all_limits(self).await
+    }
+
+    async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus> {
+        limits::flow_status(self, queue, now).await
     }
 }
 

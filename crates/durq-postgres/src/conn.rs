@@ -55,6 +55,8 @@ pub(crate) struct Shared {
     /// Jobs claimed since the job table's size was last compared with its
     /// statistics.
     pub(crate) growth: TableGrowth,
+    /// The in-process turns of the claims of limited queues (CONTRACT K1–K5).
+    pub(crate) flow_gates: crate::store::limits::FlowGates,
 }
 
 impl fmt::Debug for Shared {

@@ -87,6 +87,7 @@ pub(crate) fn reopened(old: &Shared) -> Arc<Shared> {
         pool,
         health,
         growth: TableGrowth::default(),
+        flow_gates: Default::default(),
     };
     Arc::new(shared)
 }
@@ -172,6 +173,7 @@ impl PostgresPool {
             pool,
             health,
             growth: TableGrowth::default(),
+            flow_gates: Default::default(),
         };
         Ok(PostgresPool {
             shared: Arc::new(shared),

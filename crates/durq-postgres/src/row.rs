@@ -39,7 +39,7 @@ fn count(value: i64, field: &str, what: &dyn Fn() -> String) -> Result<u32> {
 }
 
 /// The column after `sql::job_columns!` in a claim's rows: the payload.
-pub(crate) const CLAIM_PAYLOAD: usize = 25;
+pub(crate) const CLAIM_PAYLOAD: usize = 26;
 
 /// A job from the columns of `sql::job_columns!`, starting at column 0.
 pub(crate) fn job(row: &PgRow) -> Result<Job> {
@@ -132,8 +132,9 @@ pub(crate) fn job_in(row: &PgRow, placements: Option<&mut PlacementCache>) -> Re
         locality,
         tags,
         trace_context,
-        // No FlowControl here yet: the handle refuses jobs with a key.
-        concurrency_key: None,
+        concurrency_key: column::<Option<Vec<u8>>>(row, 25, what)?
+            .map(|key| text(key, "concurrency_key", what))
+            .transpose()?,
     })
 }
 
@@ -143,6 +144,11 @@ fn tags(text: &str, what: &dyn Fn() -> String) -> Result<Tags> {
     let tags = decode_tags(text).map_err(|err| Error::corrupt(what(), err))?;
     validate_tags("tags", &tags).map_err(|err| Error::corrupt(what(), err.to_string()))?;
     Ok(tags)
+}
+
+/// A job's concurrency key as stored (CONTRACT K1): its bytes, NULL for none.
+pub(crate) fn concurrency_key_param(job: &NewJob) -> Option<&[u8]> {
+    job.concurrency_key.as_deref().map(str::as_bytes)
 }
 
 /// A job's tags as stored: the text of `encode_tags`, NULL for none.

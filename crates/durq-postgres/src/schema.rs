@@ -67,6 +67,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "attempts_tags",
         sql: include_str!("../migrations/0010_attempts_tags.sql"),
     },
+    Migration {
+        version: 11,
+        name: "flow_control",
+        sql: include_str!("../migrations/0011_flow_control.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
@@ -81,7 +86,7 @@ pub(crate) fn latest_version() -> i32 {
 /// between releases: every build of this crate takes the same key for a schema (the
 /// one it took before this hash came from the `fnv` crate), so processes of different
 /// versions migrating one schema at once still queue on one lock.
-fn lock_key(schema: &str) -> i64 {
+pub(crate) fn lock_key(schema: &str) -> i64 {
     let mut hasher = fnv::FnvHasher::default();
     // `write`, not `Hash::hash`: a str's `Hash` appends a terminator byte, which would
     // change the key.

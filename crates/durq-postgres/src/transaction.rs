@@ -3,7 +3,6 @@
 
 use bytes::Bytes;
 use durq_core::transaction::{prepare_batch, prepare_complete, prepare_enqueue};
-use durq_core::validate::refuse_concurrency_keys;
 use durq_core::{Backend, Enqueued, Error, FencedCompletion, JobId, LeaseToken, NewJob, Result};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
@@ -45,8 +44,6 @@ impl PostgresBackend {
         job: NewJob,
     ) -> Result<Enqueued> {
         let (job, now) = prepare_enqueue(self.settings(), job)?;
-        // This backend stores no concurrency key (it does not declare FlowControl).
-        refuse_concurrency_keys([&job])?;
         let answers = enqueue::enqueue_in(
             self.shared(),
             self.settings(),
@@ -74,7 +71,6 @@ impl PostgresBackend {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        refuse_concurrency_keys(&jobs)?;
         enqueue::enqueue_in(self.shared(), self.settings(), tx, &jobs, now).await
     }
 

@@ -207,3 +207,73 @@ async fn harness() -> Option<PgHarness> {
 
 durq_conformance::conformance_tests!(harness);
 durq_conformance::transaction_tests!(harness);
+
+/// The flow-control scenarios with every store on a pool of its own, as stores of
+/// different processes are: each has its own memory of which queues have limits and
+/// its own in-process turns (`FlowGates`), so only the advisory locks and the plain
+/// claims' refusal of limited queues keep the limits. In the suite above, every store
+/// of a scenario shares one pool, and those in-process parts could hide a gap.
+mod flow_control_across_pools {
+    use super::*;
+
+    /// Opens each store on a new pool of one connection.
+    struct PoolPerStore {
+        inner: PgHarness,
+        url: String,
+    }
+
+    #[async_trait]
+    impl Harness for PoolPerStore {
+        async fn open(&self, settings: StoreSettings) -> Result<Store> {
+            let config = PostgresConfig::new(&self.url)?
+                .max_connections(1)
+                .application_name("durq-postgres-conformance-pools");
+            let pool = PostgresPool::connect(config).await?;
+            Ok(Store::new(pool.backend(settings)?))
+        }
+
+        async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
+            self.inner.vanish(namespace, id).await
+        }
+
+        async fn teardown(&self, namespace: &str) -> Result<()> {
+            self.inner.teardown(namespace).await
+        }
+    }
+
+    fn check(name: &str) {
+        let Some(scenario) = durq_conformance::SCENARIOS
+            .iter()
+            .find(|scenario| scenario.name == name)
+        else {
+            panic!("no scenario is named {name}");
+        };
+        durq_conformance::__private::run(async {
+            let Some(inner) = harness().await else { return };
+            let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+            let harness = PoolPerStore { inner, url };
+            durq_conformance::__private::scenario(&harness, name, scenario.needs, scenario.run)
+                .await;
+        });
+    }
+
+    #[test]
+    fn k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit() {
+        check("k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit");
+    }
+
+    #[test]
+    fn k3_limits_are_stored_per_queue_and_applied_by_the_next_claim() {
+        check("k3_limits_are_stored_per_queue_and_applied_by_the_next_claim");
+    }
+
+    #[test]
+    fn k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window() {
+        check("k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window");
+    }
+
+    #[test]
+    fn k5_claims_take_turns_over_the_keys_of_a_fair_queue() {
+        check("k5_claims_take_turns_over_the_keys_of_a_fair_queue");
+    }
+}

@@ -63,6 +63,15 @@ schedules AS (
 workers AS (
     DELETE FROM {schema}.workers WHERE namespace = $1
 ),
+limits AS (
+    DELETE FROM {schema}.queue_limits WHERE namespace = $1
+),
+starts AS (
+    DELETE FROM {schema}.queue_starts WHERE namespace = $1
+),
+turns AS (
+    DELETE FROM {schema}.queue_turns WHERE namespace = $1
+),
 gone AS (
     DELETE FROM {schema}.jobs WHERE namespace = $1
     RETURNING 1

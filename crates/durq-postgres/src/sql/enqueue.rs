@@ -17,7 +17,8 @@ use super::*;
 /// and the full one takes the rarer fields as well
 /// (`$14` timeout in milliseconds, NULL for none; `$15` whether the key is unique
 /// while active, E10; `$16` the placement text, NULL for none, F1; `$17` the tags
-/// text, NULL for none, E11; `$18` the trace context, NULL for none, E12).
+/// text, NULL for none, E11; `$18` the trace context, NULL for none, E12; `$19` the
+/// concurrency key's bytes, NULL for none, K1).
 ///
 /// Dedup is decided by the unique index of `dedup`: a new key inserts its row; a
 /// known key takes the row lock and the `DO UPDATE` keeps the old job when it is
@@ -88,9 +89,9 @@ ORDER BY input.ord
 /// back per job.
 ///
 /// `$1` namespace, `$2` now, `$3..$9` the jobs as parallel arrays (id, queue, tenant,
-/// payload, priority, run_at, max_attempts); in the full shape, `$10..$13` the rarer
-/// fields (timeout in milliseconds, placement text, tags text, trace context, NULL for
-/// none). `nextval` runs in the arrays' order, as in [`ENQUEUE`], so the claim order of
+/// payload, priority, run_at, max_attempts); in the full shape, `$10..$14` the rarer
+/// fields (timeout in milliseconds, placement text, tags text, trace context,
+/// concurrency key, NULL for none). `nextval` runs in the arrays' order, as in [`ENQUEUE`], so the claim order of
 /// a batch is its order (C3).
 pub(super) const INSERT: &str = r#"
 INSERT INTO {schema}.jobs (namespace, id, queue, tenant, priority, run_at, seq,
@@ -114,7 +115,8 @@ FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::int2[], $8::in
 pub(crate) struct EnqueueStatements {
     /// [`INSERT`] for jobs with no key and no parent, and none of the rarer fields.
     pub(crate) insert_plain: Text,
-    /// [`INSERT`] with the rarer fields: timeout, placement, tags, trace context.
+    /// [`INSERT`] with the rarer fields: timeout, placement, tags, trace context,
+    /// concurrency key.
     pub(crate) insert_full: Text,
     /// [`ENQUEUE`] with thirteen parameters: keys and parents, and none of the rarer
     /// fields (nor a key unique while active).
@@ -140,22 +142,26 @@ impl EnqueueStatements {
             insert_full: shape(
                 INSERT,
                 [
-                    ", $10::int8[], $11::text[], $12::text[], $13::text[]",
-                    ", timeout_ms, placement, tags, trace_context",
+                    ", $10::int8[], $11::text[], $12::text[], $13::text[], $14::bytea[]",
+                    ", timeout_ms, placement, tags, trace_context, concurrency_key",
                     "",
-                    ", timeout_ms, placement, tags, trace_context",
-                    ", t.timeout_ms, t.placement::jsonb, t.tags, t.trace_context",
+                    ", timeout_ms, placement, tags, trace_context, concurrency_key",
+                    ", t.timeout_ms, t.placement::jsonb, t.tags, t.trace_context, \
+                     t.concurrency_key",
                 ],
             ),
             checked_plain: shape(ENQUEUE, plain),
             checked_full: shape(
                 ENQUEUE,
                 [
-                    ", $14::int8[], $15::bool[], $16::text[], $17::text[], $18::text[]",
-                    ", timeout_ms, while_active, placement, tags, trace_context",
+                    ", $14::int8[], $15::bool[], $16::text[], $17::text[], $18::text[], \
+                     $19::bytea[]",
+                    ", timeout_ms, while_active, placement, tags, trace_context, \
+                     concurrency_key",
                     "ok.while_active",
-                    ", timeout_ms, placement, tags, trace_context",
-                    ", ok.timeout_ms, ok.placement::jsonb, ok.tags, ok.trace_context",
+                    ", timeout_ms, placement, tags, trace_context, concurrency_key",
+                    ", ok.timeout_ms, ok.placement::jsonb, ok.tags, ok.trace_context, \
+                     ok.concurrency_key",
                 ],
             ),
         }

@@ -40,7 +40,7 @@ macro_rules! job_columns {
         "id, queue, tenant, idempotency_key, priority, run_at, seq, max_attempts, parent, \
          state, attempts, lease_worker, lease_token, lease_expires_at, created_at, \
          started_at, heartbeat_at, finished_at, last_error, result, cancel_requested, \
-         timeout_ms, placement::text, tags, trace_context"
+         timeout_ms, placement::text, tags, trace_context, concurrency_key"
     };
 }
 
@@ -63,14 +63,22 @@ RETURNING ",
 }
 
 /// The per-queue probe's guard in the claim statements: `o.open` is false for a paused
-/// queue `q.name` (CONTRACT Q1), one key lookup per queue.
+/// queue `q.name` (CONTRACT Q1), and a queue with limits (K1–K5) fails the statement
+/// (`refuse_limited_claim`, migration 11) so that its claim counts them
+/// (`store::limits`): two key lookups per queue.
 macro_rules! open_queues {
     () => {
         "    CROSS JOIN LATERAL (
-        SELECT NOT EXISTS (
-            SELECT 1 FROM {schema}.paused_queues
-            WHERE namespace = $1 AND queue = q.name
-        ) AS open
+        SELECT CASE
+            WHEN EXISTS (
+                SELECT 1 FROM {schema}.queue_limits
+                WHERE namespace = $1 AND queue = q.name
+            ) THEN {schema}.refuse_limited_claim(q.name)
+            ELSE NOT EXISTS (
+                SELECT 1 FROM {schema}.paused_queues
+                WHERE namespace = $1 AND queue = q.name
+            )
+        END AS open
     ) o
 "
     };
@@ -202,6 +210,8 @@ pub(crate) struct Statements {
     pub(crate) table_size: Text,
     /// [`ANALYZE_JOBS`].
     pub(crate) analyze_jobs: Text,
+    /// The statements of flow control.
+    pub(crate) limits: LimitStatements,
 }
 
 impl Statements {
@@ -297,6 +307,7 @@ impl Statements {
             notify_in: r(NOTIFY_IN),
             table_size: r(TABLE_SIZE),
             analyze_jobs: r(ANALYZE_JOBS),
+            limits: LimitStatements::render(&r),
         }
     }
 }
@@ -315,6 +326,7 @@ mod admin;
 mod claim;
 mod enqueue;
 mod lease;
+mod limits;
 mod reads;
 mod schedules;
 mod sweep;
@@ -325,6 +337,7 @@ use self::claim::*;
 pub(crate) use self::enqueue::EnqueueStatements;
 use self::enqueue::*;
 use self::lease::*;
+pub(crate) use self::limits::LimitStatements;
 use self::reads::*;
 use self::schedules::*;
 use self::sweep::*;

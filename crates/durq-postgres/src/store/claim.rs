@@ -25,6 +25,26 @@ pub(crate) async fn claim(
             seen.insert(queue.clone(), counter);
         }
     }
+    // A queue with limits is claimed apart (CONTRACT K1–K5). The plain statements
+    // refuse one this handle did not know of, and the claim goes there then.
+    if store.names_limited_queue(&request.queues).await? {
+        return limits::claim(store, &request, now).await;
+    }
+    match plain_claim(store, &request, now).await {
+        Err(err) if limits::is_limited_refusal(&err) => {
+            store.forget_limited_queues();
+            limits::claim(store, &request, now).await
+        }
+        claimed => claimed,
+    }
+}
+
+/// A claim of queues without limits: one statement.
+async fn plain_claim(
+    store: &PostgresBackend,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<ClaimedJob>> {
     let expires_at = now.saturating_add(request.lease_ttl).as_millis();
     let budget = request.budget.as_ref().map(Budget::to_json);
     // Sent again when the connection broke: if the first run committed unseen,
@@ -78,7 +98,7 @@ pub(crate) async fn claim(
     let shared = store.shared();
     let claimed = u64::try_from(rows.len()).unwrap_or(u64::MAX);
     shared.growth.passed(claimed, &shared.pool, &shared.sql);
-    let (claimed, unreadable) = claim_order(rows, &request)?;
+    let (claimed, unreadable) = claim_order(rows, request)?;
     for job in unreadable {
         store.bury(job, now).await?;
     }
@@ -146,7 +166,7 @@ fn claimed_job(
 impl PostgresBackend {
     /// Buries a job this store's claim leased and could not decode (CONTRACT C10), so
     /// it is neither handed out nor left leased to nobody.
-    async fn bury(&self, job: Unreadable, now: Timestamp) -> Result<()> {
+    pub(super) async fn bury(&self, job: Unreadable, now: Timestamp) -> Result<()> {
         let error = format!("corrupt record: {}", job.reason);
         // Sent again when the connection broke: the lease token fences a second run.
         self.shared()
@@ -175,7 +195,17 @@ pub(crate) async fn wait_for_work(
     queues: &[String],
     timeout: Duration,
 ) -> Result<()> {
-    let deadline = Instant::now() + timeout;
+    let mut deadline = Instant::now() + timeout;
+    // A rate that holds jobs back frees a start at a known instant (K4): the wait ends
+    // then, not a poll later. Read on the store's clock, which dates the starts.
+    if store.names_limited_queue(queues).await? {
+        let now = store.inner.settings.now();
+        if let Some(at) = limits::next_rate_free(store, queues, now).await? {
+            let frees_in =
+                u64::try_from(at.as_millis().saturating_sub(now.as_millis())).unwrap_or(0);
+            deadline = deadline.min(Instant::now() + Duration::from_millis(frees_in));
+        }
+    }
     let wake = &store.inner.shared.wake;
     let hub = &wake.hub;
     // Read before the listener may start: once its LISTEN is in force it moves every

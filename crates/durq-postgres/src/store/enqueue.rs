@@ -130,7 +130,7 @@ fn bind_schedule<'q>(query: PgQuery<'q>, rows: &'q [Pending<'_>], now: Timestamp
 
 /// Binds the rarer fields of the full shapes: timeout, then (for the checked
 /// statement, whose keys may be unique while active) while-active, then placement,
-/// tags and trace context.
+/// tags, trace context and concurrency key.
 fn bind_rarer<'q>(query: PgQuery<'q>, rows: &'q [Pending<'_>], while_active: bool) -> PgQuery<'q> {
     let query = query.bind(
         rows.iter()
@@ -152,6 +152,11 @@ fn bind_rarer<'q>(query: PgQuery<'q>, rows: &'q [Pending<'_>], while_active: boo
         .bind(
             rows.iter()
                 .map(|r| r.job.trace_context.as_deref())
+                .bind_iter(),
+        )
+        .bind(
+            rows.iter()
+                .map(|r| row::concurrency_key_param(r.job))
                 .bind_iter(),
         )
 }
@@ -221,6 +226,7 @@ fn is_plain(job: &NewJob) -> bool {
         && job.locality.is_none()
         && job.tags.is_empty()
         && job.trace_context.is_none()
+        && job.concurrency_key.is_none()
 }
 
 fn unknown_parent(parent: JobId) -> Error {

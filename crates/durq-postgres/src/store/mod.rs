@@ -28,6 +28,7 @@ pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod lease;
+pub(crate) mod limits;
 pub(crate) mod reads;
 pub(crate) mod schedules;
 pub(crate) mod sweep;

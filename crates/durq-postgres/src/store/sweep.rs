@@ -20,6 +20,10 @@ pub(crate) async fn reclaim(
                 .bind(LEASE_EXPIRED.as_bytes())
         })
         .await?;
+    if store.may_have_limits() {
+        // Starts a claim no longer trims: those of keys that stopped starting jobs.
+        super::limits::forget_old_starts(store, now).await?;
+    }
     let what = || "reclaim result row".to_owned();
     let mut reclaimed = Vec::with_capacity(rows.len());
     let mut requeued: Vec<String> = Vec::new();

@@ -6,6 +6,7 @@
 //! `postgres://postgres@127.0.0.1:5432/test`) and is skipped loudly without it.
 
 mod enqueue_and_claims;
+mod flow_control;
 mod leases_and_history;
 mod reads_and_connections;
 

@@ -1,0 +1,85 @@
+-- Migration 11: flow control (CONTRACT K1-K5): concurrency keys on jobs, each queue's
+-- limits, the start log of its rates and the turn of its fair shares.
+--
+-- `jobs.concurrency_key` is any UTF-8 (NUL included), stored as its bytes like the
+-- tenant; NULL for none. A nullable column without a default is added to the catalog
+-- only: no rewrite, no scan.
+--
+-- Two partial indexes, on jobs with a key only, so an enqueue without one writes
+-- neither:
+-- * `jobs_running_key` counts one key's running jobs (K1) without reading the others;
+-- * `jobs_ready_key` walks a fair queue's keys in byte order (K5): the next key after
+--   the turn is one seek, and so is that key's first job in claim order.
+--
+-- The claim of a queue with limits is serialized per queue by a transaction-level
+-- advisory lock (see `durq_postgres::store::limits`), so the tables below are written
+-- by one claimer of a queue at a time. Older builds keep working on a migrated schema
+-- only for queues without limits: they do not see limits, and would not enforce them.
+--
+-- Every statement here is safe to run twice.
+ALTER TABLE {schema}.jobs ADD COLUMN IF NOT EXISTS concurrency_key bytea;
+
+CREATE INDEX IF NOT EXISTS jobs_running_key
+    ON {schema}.jobs (namespace, queue, concurrency_key)
+    WHERE state = 'running' AND concurrency_key IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS jobs_ready_key
+    ON {schema}.jobs (namespace, queue, priority DESC, concurrency_key, run_at, seq)
+    WHERE state = 'queued' AND concurrency_key IS NOT NULL;
+
+-- Running jobs per queue (K2, and `flow_status`), without reading the queue's other
+-- states.
+CREATE INDEX IF NOT EXISTS jobs_running_queue
+    ON {schema}.jobs (namespace, queue)
+    WHERE state = 'running';
+
+-- A queue's limits (K3); a queue without any has no row. Rates are `starts` per
+-- `*_ms` milliseconds.
+CREATE TABLE IF NOT EXISTS {schema}.queue_limits (
+    namespace             text    NOT NULL,
+    queue                 text    NOT NULL,
+    max_running           bigint,
+    max_running_per_key   bigint,
+    max_starts            bigint,
+    max_starts_ms         bigint,
+    max_starts_per_key    bigint,
+    max_starts_per_key_ms bigint,
+    fair_shares           boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (namespace, queue)
+);
+
+-- The starts of a queue with a rate (K4), one row per start: `key` is the concurrency
+-- key for a per-key rate's log, the empty string for the queue's own (no key is
+-- empty). Claims trim the logs they write; reclaim's housekeeping trims the rest.
+CREATE TABLE IF NOT EXISTS {schema}.queue_starts (
+    namespace text   NOT NULL,
+    queue     text   NOT NULL,
+    key       bytea  NOT NULL,
+    at        bigint NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS queue_starts_log
+    ON {schema}.queue_starts (namespace, queue, key, at);
+
+-- The key a fair queue's claims served last at each priority (K5); the empty string
+-- for the jobs without a key.
+CREATE TABLE IF NOT EXISTS {schema}.queue_turns (
+    namespace text     NOT NULL,
+    queue     text     NOT NULL,
+    priority  smallint NOT NULL,
+    key       bytea    NOT NULL,
+    PRIMARY KEY (namespace, queue, priority)
+);
+
+-- What a plain claim statement calls for a queue that has limits, instead of taking
+-- its jobs without counting them: it fails the statement with SQLSTATE `JB010`, and
+-- the claim runs again as a limited claim (`durq_postgres::store::limits`). A handle
+-- whose memory of the limits is stale thus costs one statement, never a limit.
+CREATE OR REPLACE FUNCTION {schema}.refuse_limited_claim(queue text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RAISE EXCEPTION 'queue % has limits: its claims count them', queue
+        USING ERRCODE = 'JB010';
+END
+$$;
