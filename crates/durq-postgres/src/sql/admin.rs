@@ -63,8 +63,8 @@ schedules AS (
 workers AS (
     DELETE FROM {schema}.workers WHERE namespace = $1
 ),
-limits AS (
-    DELETE FROM {schema}.queue_limits WHERE namespace = $1
+controls AS (
+    DELETE FROM {schema}.queue_controls WHERE namespace = $1
 ),
 starts AS (
     DELETE FROM {schema}.queue_starts WHERE namespace = $1

@@ -161,11 +161,10 @@ WITH cand AS MATERIALIZED (
     FROM {schema}.jobs
     WHERE namespace = $1 AND id = $4
       AND (state = 'queued' AND run_at <= $3 AND queue = ANY($2::text[])) IS TRUE
-      -- CONTRACT Q1: nothing from a paused queue.
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.paused_queues p
-          WHERE p.namespace = $1 AND p.queue = jobs.queue
-      ){fit}
+      -- CONTRACT Q1: nothing from a paused queue; K1-K5: a limited one counts.
+      AND ("#,
+    controls!("jobs.queue"),
+    r#"){fit}
     FOR UPDATE SKIP LOCKED
 )
 "#,

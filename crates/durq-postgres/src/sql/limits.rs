@@ -19,20 +19,21 @@ macro_rules! limits_columns {
 const LIMITS: &str = concat!(
     "SELECT queue, ",
     limits_columns!(),
-    " FROM {schema}.queue_limits WHERE namespace = $1 ORDER BY queue"
+    " FROM {schema}.queue_controls WHERE namespace = $1 AND limited ORDER BY queue"
 );
 
 /// The limits of queues `$2`, by name. `$1` namespace.
 const LIMITS_OF: &str = concat!(
     "SELECT queue, ",
     limits_columns!(),
-    " FROM {schema}.queue_limits WHERE namespace = $1 AND queue = ANY($2::text[]) ORDER BY queue"
+    " FROM {schema}.queue_controls WHERE namespace = $1 AND queue = ANY($2::text[]) AND limited \
+     ORDER BY queue"
 );
 
-/// Stores queue `$2`'s limits (K3). `$1` namespace, `$3..$9` the limits as in
-/// `limits_columns!`.
+/// Stores queue `$2`'s limits (K3), leaving its pause as it is. `$1` namespace,
+/// `$3..$9` the limits as in `limits_columns!`.
 const PUT_LIMITS: &str = concat!(
-    "INSERT INTO {schema}.queue_limits (namespace, queue, ",
+    "INSERT INTO {schema}.queue_controls (namespace, queue, ",
     limits_columns!(),
     r#")
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
@@ -44,16 +45,25 @@ ON CONFLICT (namespace, queue) DO UPDATE SET
     fair_shares = excluded.fair_shares"#
 );
 
-/// Removes queue `$2`'s limits, its start log when `$3` (no rate reads it any more)
-/// and its turns when `$4` (no fair claim reads them). `$1` namespace.
+/// Removes what queue `$2`'s new limits leave unused: its start log when `$3` (no
+/// rate reads it any more), its turns when `$4` (no fair claim reads them), and when
+/// `$5` (no limits at all) the limits themselves, with the queue's row unless it is
+/// paused. `$1` namespace.
 const REMOVE_LIMITS: &str = r#"
 WITH starts AS (
     DELETE FROM {schema}.queue_starts WHERE namespace = $1 AND queue = $2 AND $3
 ),
 turns AS (
     DELETE FROM {schema}.queue_turns WHERE namespace = $1 AND queue = $2 AND $4
+),
+gone AS (
+    DELETE FROM {schema}.queue_controls WHERE namespace = $1 AND queue = $2 AND $5
+        AND NOT paused
 )
-DELETE FROM {schema}.queue_limits WHERE namespace = $1 AND queue = $2 AND $5
+UPDATE {schema}.queue_controls SET max_running = NULL, max_running_per_key = NULL,
+    max_starts = NULL, max_starts_ms = NULL, max_starts_per_key = NULL,
+    max_starts_per_key_ms = NULL, fair_shares = false
+WHERE namespace = $1 AND queue = $2 AND $5 AND paused
 "#;
 
 /// What `set_limits` waits for before it writes: every statement in flight that wrote
@@ -80,7 +90,7 @@ FROM (SELECT DISTINCT hashtext($1 || chr(31) || q) AS h FROM unnest($2::text[]) 
       ORDER BY h) locks
 "#;
 
-/// The running jobs of queue `$2` (K2). `$1` namespace.
+/// The running jobs of queue `$2` (K2): a range of `jobs_listing`. `$1` namespace.
 const COUNT_RUNNING: &str = "SELECT count(*) FROM {schema}.jobs
      WHERE namespace = $1 AND queue = $2 AND state = 'running'";
 
@@ -250,7 +260,7 @@ const FORGET_OLD_STARTS: &str = r#"
 DELETE FROM {schema}.queue_starts s
 WHERE s.namespace = $1 AND s.at <= $2 - COALESCE(
     (SELECT greatest(COALESCE(l.max_starts_ms, 0), COALESCE(l.max_starts_per_key_ms, 0))
-     FROM {schema}.queue_limits l WHERE l.namespace = s.namespace AND l.queue = s.queue),
+     FROM {schema}.queue_controls l WHERE l.namespace = s.namespace AND l.queue = s.queue),
     0)
 "#;
 

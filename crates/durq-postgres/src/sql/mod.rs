@@ -65,22 +65,46 @@ RETURNING ",
 /// The per-queue probe's guard in the claim statements: `o.open` is false for a paused
 /// queue `q.name` (CONTRACT Q1), and a queue with limits (K1–K5) fails the statement
 /// (`refuse_limited_claim`, migration 11) so that its claim counts them
-/// (`store::limits`): two key lookups per queue.
+/// (`store::limits`). One key lookup per queue, in `queue_controls`, which holds both
+/// (`controls!`).
 macro_rules! open_queues {
     () => {
-        "    CROSS JOIN LATERAL (
-        SELECT CASE
-            WHEN EXISTS (
-                SELECT 1 FROM {schema}.queue_limits
-                WHERE namespace = $1 AND queue = q.name
-            ) THEN {schema}.refuse_limited_claim(q.name)
-            ELSE NOT EXISTS (
-                SELECT 1 FROM {schema}.paused_queues
-                WHERE namespace = $1 AND queue = q.name
-            )
-        END AS open
-    ) o
+        concat!(
+            "    CROSS JOIN LATERAL (",
+            controls!("q.name"),
+            ") o
 "
+        )
+    };
+}
+
+/// Whether queue `$queue` of namespace `$1` is open to a claim statement: false when
+/// it is paused, the statement failed when it has limits, true otherwise (no row).
+///
+/// Two primary-key lookups of the one row, the second made only when the first finds
+/// no limits: the server knows each returns at most one row, so the plan it makes for
+/// any namespace costs what the one for a given namespace does, and a prepared claim
+/// keeps its generic plan (an aggregate over the row costed differently and was
+/// planned anew at every run).
+macro_rules! controls {
+    ($queue:literal) => {
+        concat!(
+            "
+        SELECT CASE
+            WHEN (SELECT limited FROM {schema}.queue_controls
+                  WHERE namespace = $1 AND queue = ",
+            $queue,
+            ")
+            THEN {schema}.refuse_limited_claim(",
+            $queue,
+            ")
+            ELSE (SELECT paused FROM {schema}.queue_controls
+                  WHERE namespace = $1 AND queue = ",
+            $queue,
+            ") IS NOT TRUE
+        END AS open
+    "
+        )
     };
 }
 

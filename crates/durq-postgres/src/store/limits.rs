@@ -7,9 +7,10 @@
 //! queue's jobs without counting. Each handle remembers which queues had limits when
 //! it last looked, and sends the claims that name one here directly.
 //!
-//! Here a claim is one transaction: it takes the advisory lock of each limited queue
-//! it names (claims of one limited queue run one at a time, so each counts what the
-//! one before it leased), reads their limits, and walks each queue's ready jobs in
+//! Here a claim is one transaction: it takes the advisory lock of each queue it names
+//! (claims of one limited queue run one at a time, so each counts what the one before
+//! it leased; which of its queues have limits is read only under the locks), reads
+//! their limits, and walks each queue's ready jobs in
 //! claim order (or by turns of key, K5), locking them (skipping rows other claimers
 //! hold) and passing over those the limits do not admit. The chosen jobs are leased,
 //! their starts logged and the turns moved, and it all commits together.
@@ -137,33 +138,33 @@ impl PostgresBackend {
     /// Whether `queues` name a queue with limits, as far as this handle knows; read
     /// from the store the first time.
     pub(crate) async fn names_limited_queue(&self, queues: &[String]) -> Result<bool> {
-        let known = match self.inner.limited.get() {
-            Some(known) => known,
-            None => {
-                let rows = self
-                    .shared()
-                    .fetch_all_again("read the limited queues", |_| {
-                        sqlx::query(self.sql().limits.limits.sql()).bind(self.namespace())
-                    })
-                    .await?;
-                let mut known = HashSet::with_capacity(rows.len());
-                for row in &rows {
-                    known.insert(column::<String>(row, 0, &|| "limits row".to_owned())?);
-                }
-                let known = Arc::new(known);
-                self.inner.limited.set(Some(Arc::clone(&known)));
-                known
-            }
-        };
+        let known = self.limited_queues().await?;
         Ok(queues.iter().any(|queue| known.contains(queue)))
     }
 
-    /// Whether a queue of the namespace may have limits, as far as this handle knows.
-    pub(crate) fn may_have_limits(&self) -> bool {
-        self.inner
-            .limited
-            .get()
-            .is_none_or(|queues| !queues.is_empty())
+    /// Whether any queue of the namespace has limits, as far as this handle knows.
+    pub(crate) async fn has_limited_queues(&self) -> Result<bool> {
+        Ok(!self.limited_queues().await?.is_empty())
+    }
+
+    /// The queues with limits as this handle last read them, read now if it has not.
+    async fn limited_queues(&self) -> Result<Arc<HashSet<String>>> {
+        if let Some(known) = self.inner.limited.get() {
+            return Ok(known);
+        }
+        let rows = self
+            .shared()
+            .fetch_all_again("read the limited queues", |_| {
+                sqlx::query(self.sql().limits.limits.sql()).bind(self.namespace())
+            })
+            .await?;
+        let mut known = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            known.insert(column::<String>(row, 0, &|| "limits row".to_owned())?);
+        }
+        let known = Arc::new(known);
+        self.inner.limited.set(Some(Arc::clone(&known)));
+        Ok(known)
     }
 
     /// Forgets which queues have limits: a plain claim met one it did not know of.
@@ -501,7 +502,7 @@ impl Admission {
     }
 }
 
-/// The queue's running jobs, on `jobs_running_queue`.
+/// The queue's running jobs, on `jobs_listing`.
 async fn count_running(
     tx: &mut Transaction<'static, Postgres>,
     store: &PostgresBackend,

@@ -20,7 +20,7 @@ pub(crate) async fn reclaim(
                 .bind(LEASE_EXPIRED.as_bytes())
         })
         .await?;
-    if store.may_have_limits() {
+    if store.has_limited_queues().await? {
         // Starts a claim no longer trims: those of keys that stopped starting jobs.
         super::limits::forget_old_starts(store, now).await?;
     }

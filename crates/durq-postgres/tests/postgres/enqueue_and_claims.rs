@@ -319,16 +319,17 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 10);
+        assert_eq!(backend.schema_version().await.expect("version"), 11);
     }
 
-    // Migrations 2 to 10 are safe to run again on a migrated schema with jobs (with
-    // tags and a recorded attempt, a paused queue, and a worker) in it: forget that
-    // they ran, connect, and they run once more.
+    // Migrations 2 to 11 are safe to run again on a migrated schema with jobs (with
+    // tags and a recorded attempt, a concurrency key, a paused queue, a queue with
+    // limits, and a worker) in it: forget that they ran, connect, and they run once
+    // more.
     let clock = ManualClock::default();
     let store = open(&backends[0], settings(&clock));
     let needs = Needs::new().amount("gpu", 2).capability("fpga");
@@ -353,6 +354,15 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
         .await
         .expect("release");
     store.pause("held").await.expect("pause");
+    let limits = durq_core::QueueLimits::new()
+        .max_running_per_key(2)
+        .fair_shares(true);
+    store.set_limits("keyed", limits).await.expect("set limits");
+    let keyed = store
+        .enqueue(NewJob::new("keyed").concurrency_key("customer-7"))
+        .await
+        .expect("enqueue")
+        .id;
     let worker = WorkerInfo::new("w-1", "host", 7, vec!["q".to_owned()], 3);
     store.register_worker(&worker).await.expect("register");
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -360,14 +370,14 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     )))
     .execute(&admin)
     .await
-    .expect("forget migrations 2 to 10");
+    .expect("forget migrations 2 to 11");
     let config = PostgresConfig::new(&url())
         .expect("url")
         .schema(schema.clone())
         .expect("schema")
         .max_connections(1);
     let again = PostgresPool::connect(config).await.expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 10);
+    assert_eq!(again.schema_version().await.expect("version"), 11);
     assert_eq!(
         store.paused_queues().await.expect("paused"),
         vec!["held".to_owned()],
@@ -377,6 +387,17 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     assert_eq!(
         workers.iter().map(|w| w.id.as_str()).collect::<Vec<_>>(),
         ["w-1"],
+        "kept"
+    );
+    assert_eq!(store.limits("keyed").await.expect("limits"), limits, "kept");
+    assert_eq!(
+        store
+            .get(keyed)
+            .await
+            .expect("get")
+            .concurrency_key
+            .as_deref(),
+        Some("customer-7"),
         "kept"
     );
     let job = store.get(queued).await.expect("get");
@@ -481,7 +502,7 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     .expect("back to version 6");
 
     let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 10);
+    assert_eq!(upgraded.schema_version().await.expect("version"), 11);
     let store = open(&upgraded, settings);
     assert!(store.workers().await.expect("workers").is_empty());
     let worker = WorkerInfo::new("w", "host", 1, vec!["q".to_owned()], 1);
@@ -584,7 +605,7 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     .expect("back to version 9");
 
     let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 10);
+    assert_eq!(upgraded.schema_version().await.expect("version"), 11);
     let store = open(&upgraded, settings);
     for id in [queued, running, done] {
         let job = store.get(id).await.expect("get");

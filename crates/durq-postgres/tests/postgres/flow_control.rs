@@ -79,3 +79,63 @@ async fn a_handle_that_saw_no_limits_counts_limits_set_elsewhere() {
     }
     clean_up(&first, &namespace).await;
 }
+
+/// A queue's pause and its limits share its row of `queue_controls`: setting or
+/// removing either keeps the other, and a paused queue with limits gives nothing to
+/// the limited claim either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pauses_and_limits_of_one_queue_keep_each_other() {
+    let Some(pool) = backend(&unique_name("jobs_flow_pause"), 2).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let namespace = settings.namespace.clone();
+    let store = open(&pool, settings);
+    let limits = QueueLimits::new().max_running(5);
+    let job = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+
+    store.set_limits("q", limits).await.expect("set limits");
+    store.pause("q").await.expect("pause");
+    assert!(store
+        .claim(ClaimRequest::new(["q"], "w", TTL))
+        .await
+        .expect("claim a paused limited queue")
+        .is_empty());
+    store
+        .set_limits("q", QueueLimits::new())
+        .await
+        .expect("remove");
+    assert_eq!(
+        store.paused_queues().await.expect("paused"),
+        ["q"],
+        "still paused"
+    );
+    store.set_limits("q", limits).await.expect("set again");
+    store.resume("q").await.expect("resume");
+    assert_eq!(
+        store.limits("q").await.expect("limits"),
+        limits,
+        "still limited"
+    );
+    assert!(store.paused_queues().await.expect("paused").is_empty());
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", TTL))
+        .await
+        .expect("claim once resumed");
+    assert_eq!(claimed.iter().map(|c| c.id()).collect::<Vec<_>>(), [job]);
+
+    // Both gone: the queue has no row left.
+    store
+        .set_limits("q", QueueLimits::new())
+        .await
+        .expect("remove");
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobs.queue_controls WHERE namespace = $1")
+            .bind(&namespace)
+            .fetch_one(pool.pool())
+            .await
+            .expect("count the rows");
+    assert_eq!(rows, 0, "a queue neither paused nor limited has no row");
+    clean_up(&pool, &namespace).await;
+}
