@@ -173,6 +173,29 @@ impl PostgresBackend {
     }
 }
 
+/// Runs `work`, a transaction of several statements, on a task of its own, and waits
+/// for it.
+///
+/// Callers stop waiting: a worker's claim loop drops its `wait_for_work` as soon as a
+/// job finishes, and a dashboard request ends with its client. Dropped halfway, a
+/// transaction's future may leave its pooled connection inside the transaction (sqlx's
+/// `begin` dropped after its `BEGIN` reached the server hands the connection back
+/// without one to roll back), and whatever runs next on that connection, another
+/// worker's completion say, runs inside it and is lost with it: the chaos run showed
+/// acknowledged completions undone so. On a task of its own the transaction always
+/// ends, committed or rolled back; a caller that stopped waiting for a claim leaves its
+/// jobs leased until their leases expire, as a claim whose answer was lost does.
+async fn detached<T, F, Fut>(store: &PostgresBackend, work: F) -> Result<T>
+where
+    F: FnOnce(PostgresBackend) -> Fut,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::spawn(work(store.clone()))
+        .await
+        .map_err(|err| Error::backend("a flow-control transaction", err))?
+}
+
 /// Whether `err` is a plain claim's refusal of a queue with limits.
 pub(crate) fn is_limited_refusal(err: &Error) -> bool {
     let Error::Backend {
@@ -196,6 +219,14 @@ pub(crate) async fn set_limits(
     queue: &str,
     limits: QueueLimits,
 ) -> Result<()> {
+    let queue = queue.to_owned();
+    detached(store, move |store| async move {
+        set_limits_now(&store, &queue, limits).await
+    })
+    .await
+}
+
+async fn set_limits_now(store: &PostgresBackend, queue: &str, limits: QueueLimits) -> Result<()> {
     let shared = store.shared();
     let sql = &store.sql().limits;
     let error = |err| shared.error("set a queue's limits", err);
@@ -529,6 +560,17 @@ struct Chosen {
 /// The claim of `request`, which names at least one queue this handle believes has
 /// limits (see the module documentation).
 pub(crate) async fn claim(
+    store: &PostgresBackend,
+    request: ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<ClaimedJob>> {
+    detached(store, move |store| async move {
+        claim_now(&store, &request, now).await
+    })
+    .await
+}
+
+async fn claim_now(
     store: &PostgresBackend,
     request: &ClaimRequest,
     now: Timestamp,
@@ -1230,6 +1272,18 @@ pub(crate) async fn flow_status(
     queue: &str,
     now: Timestamp,
 ) -> Result<FlowStatus> {
+    let queue = queue.to_owned();
+    detached(store, move |store| async move {
+        flow_status_now(&store, &queue, now).await
+    })
+    .await
+}
+
+async fn flow_status_now(
+    store: &PostgresBackend,
+    queue: &str,
+    now: Timestamp,
+) -> Result<FlowStatus> {
     let shared = store.shared();
     let error = |err| shared.error("read the flow status", err);
     // One snapshot for every count.
@@ -1314,6 +1368,18 @@ async fn full_key_windows(
 /// The earliest instant after `now` at which a rate of one of `queues` admits a start
 /// it holds back now (K4), if any holds one back.
 pub(crate) async fn next_rate_free(
+    store: &PostgresBackend,
+    queues: &[String],
+    now: Timestamp,
+) -> Result<Option<Timestamp>> {
+    let queues = queues.to_vec();
+    detached(store, move |store| async move {
+        next_rate_free_now(&store, &queues, now).await
+    })
+    .await
+}
+
+async fn next_rate_free_now(
     store: &PostgresBackend,
     queues: &[String],
     now: Timestamp,

@@ -139,3 +139,73 @@ async fn pauses_and_limits_of_one_queue_keep_each_other() {
     assert_eq!(rows, 0, "a queue neither paused nor limited has no row");
     clean_up(&pool, &namespace).await;
 }
+
+/// A caller that stops waiting halfway through a claim or a wait on a limited queue
+/// (a worker's claim loop drops its wait whenever a job finishes) leaves no transaction
+/// open on the pool's connection: what runs next on it commits. Each call is cut within
+/// its first 30 µs, where sqlx's `begin` has sent `BEGIN` and waits for the answer
+/// (dropped there, it hands the connection back inside the transaction), 200 times on a
+/// pool of one connection, and each cut is followed by an enqueue, a claim and a
+/// completion that another pool must then see. Run on the claim's own task instead of
+/// one of its own, the enqueue after the first cut is invisible to the other pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropped_flow_control_calls_leave_no_transaction_open() {
+    let Some(pool) = backend(&unique_name("jobs_flow_cut"), 1).await else {
+        return;
+    };
+    let Some(observer) = backend(&unique_name("jobs_flow_seen"), 1).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let namespace = settings.namespace.clone();
+    let (store, watcher) = (open(&pool, settings.clone()), open(&observer, settings));
+    // A rate whose one start is used up: every claim of `q` finds nothing it may
+    // take, and every wait on `q` reads when the rate frees a start.
+    let rate = durq_core::Rate::new(1, Duration::from_secs(3600));
+    store
+        .set_limits("q", QueueLimits::new().max_starts(rate))
+        .await
+        .expect("set limits");
+    for _ in 0..2 {
+        store.enqueue(NewJob::new("q")).await.expect("enqueue");
+    }
+    assert_eq!(
+        store
+            .claim(ClaimRequest::new(["q"], "w", TTL))
+            .await
+            .expect("claim")
+            .len(),
+        1
+    );
+    let queues = ["q".to_owned()];
+    for step in 0..200u64 {
+        let cut = Duration::from_micros(step % 4 * 10);
+        let wait = store.wait_for_work(&queues, Duration::from_secs(5));
+        let _ = tokio::time::timeout(cut, wait).await;
+        let claim = store.claim(ClaimRequest::new(["q"], "w", TTL));
+        let _ = tokio::time::timeout(cut, claim).await;
+
+        let id = store
+            .enqueue(NewJob::new("other"))
+            .await
+            .expect("enqueue")
+            .id;
+        let held = store
+            .claim(ClaimRequest::new(["other"], "w", TTL))
+            .await
+            .expect("claim");
+        assert_eq!(held.len(), 1, "step {step}: the job is claimed");
+        store
+            .complete(id, held[0].token(), None)
+            .await
+            .expect("complete");
+        let seen = watcher.get(id).await.expect("another pool sees the job");
+        assert_eq!(
+            seen.state,
+            JobState::Succeeded,
+            "step {step}: the completion committed"
+        );
+    }
+    clean_up(&pool, &namespace).await;
+}
