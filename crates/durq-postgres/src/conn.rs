@@ -32,7 +32,7 @@ use std::sync::Arc;
 use durq_core::Result;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
-use sqlx::{Connection, PgPool, Postgres};
+use sqlx::{Connection, PgPool, Postgres, Transaction};
 
 use crate::error::{is_connection_lost, map};
 use crate::health::Health;
@@ -91,6 +91,30 @@ impl Shared {
             self.health.mark_lost();
         }
         map(what, err)
+    }
+
+    /// Begins a transaction on a connection of the pool, in a way that may be dropped
+    /// at any point.
+    ///
+    /// Callers stop waiting: a worker's claim loop drops its `wait_for_work` whenever a
+    /// job finishes, and a dashboard request ends with its client. sqlx's `begin`
+    /// dropped after its `BEGIN` reached the server hands the connection back to the
+    /// pool inside the transaction (its rollback guard acts only once it has counted
+    /// the transaction), and whatever runs next on that connection, another worker's
+    /// completion say, runs inside it and is lost with it: a chaos run showed
+    /// acknowledged completions undone so. Begun on a task of its own, the `BEGIN` is
+    /// always answered and counted; a caller that stopped waiting drops the transaction
+    /// once it is begun, which rolls it back. Once begun, a transaction dropped halfway
+    /// rolls back (sqlx queues the `ROLLBACK` before the connection's next use).
+    pub(crate) async fn begin(&self, what: &str) -> Result<Transaction<'static, Postgres>> {
+        let pool = self.pool.clone();
+        match tokio::spawn(async move { pool.begin().await }).await {
+            Ok(begun) => begun.map_err(|err| self.error(what, err)),
+            Err(err) => Err(durq_core::Error::unavailable(
+                format!("{what}: the task beginning the transaction ended"),
+                err,
+            )),
+        }
     }
 
     async fn acquire(&self, what: &str) -> Result<PoolConnection<Postgres>> {

@@ -344,11 +344,7 @@ pub(crate) async fn enqueue_all(
     let answers = if let [only] = plan.chunks()[..] {
         statement(shared, settings, &shared.pool, now, only, true).await?
     } else {
-        let mut tx = shared
-            .pool
-            .begin()
-            .await
-            .map_err(|err| shared.error("enqueue: begin", err))?;
+        let mut tx = shared.begin("enqueue: begin").await?;
         let mut answers = Vec::with_capacity(plan.sent.len());
         for chunk in plan.chunks() {
             answers.extend(statement(shared, settings, &mut *tx, now, chunk, true).await?);

@@ -173,29 +173,6 @@ impl PostgresBackend {
     }
 }
 
-/// Runs `work`, a transaction of several statements, on a task of its own, and waits
-/// for it.
-///
-/// Callers stop waiting: a worker's claim loop drops its `wait_for_work` as soon as a
-/// job finishes, and a dashboard request ends with its client. Dropped halfway, a
-/// transaction's future may leave its pooled connection inside the transaction (sqlx's
-/// `begin` dropped after its `BEGIN` reached the server hands the connection back
-/// without one to roll back), and whatever runs next on that connection, another
-/// worker's completion say, runs inside it and is lost with it: the chaos run showed
-/// acknowledged completions undone so. On a task of its own the transaction always
-/// ends, committed or rolled back; a caller that stopped waiting for a claim leaves its
-/// jobs leased until their leases expire, as a claim whose answer was lost does.
-async fn detached<T, F, Fut>(store: &PostgresBackend, work: F) -> Result<T>
-where
-    F: FnOnce(PostgresBackend) -> Fut,
-    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::spawn(work(store.clone()))
-        .await
-        .map_err(|err| Error::backend("a flow-control transaction", err))?
-}
-
 /// Whether `err` is a plain claim's refusal of a queue with limits.
 pub(crate) fn is_limited_refusal(err: &Error) -> bool {
     let Error::Backend {
@@ -219,18 +196,10 @@ pub(crate) async fn set_limits(
     queue: &str,
     limits: QueueLimits,
 ) -> Result<()> {
-    let queue = queue.to_owned();
-    detached(store, move |store| async move {
-        set_limits_now(&store, &queue, limits).await
-    })
-    .await
-}
-
-async fn set_limits_now(store: &PostgresBackend, queue: &str, limits: QueueLimits) -> Result<()> {
     let shared = store.shared();
     let sql = &store.sql().limits;
     let error = |err| shared.error("set a queue's limits", err);
-    let mut tx = shared.pool.begin().await.map_err(error)?;
+    let mut tx = shared.begin("set a queue's limits").await?;
     sqlx::query(sql.lock_jobs.sql())
         .execute(&mut *tx)
         .await
@@ -561,17 +530,6 @@ struct Chosen {
 /// limits (see the module documentation).
 pub(crate) async fn claim(
     store: &PostgresBackend,
-    request: ClaimRequest,
-    now: Timestamp,
-) -> Result<Vec<ClaimedJob>> {
-    detached(store, move |store| async move {
-        claim_now(&store, &request, now).await
-    })
-    .await
-}
-
-async fn claim_now(
-    store: &PostgresBackend,
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<ClaimedJob>> {
@@ -581,7 +539,7 @@ async fn claim_now(
         .flow_gates
         .enter(store.namespace(), &store.known_limited(&request.queues))
         .await;
-    let mut tx = shared.pool.begin().await.map_err(error)?;
+    let mut tx = shared.begin("claim").await?;
     sqlx::query(store.sql().limits.lock_queues.sql())
         .bind(store.namespace())
         .bind(&request.queues[..])
@@ -1272,22 +1230,10 @@ pub(crate) async fn flow_status(
     queue: &str,
     now: Timestamp,
 ) -> Result<FlowStatus> {
-    let queue = queue.to_owned();
-    detached(store, move |store| async move {
-        flow_status_now(&store, &queue, now).await
-    })
-    .await
-}
-
-async fn flow_status_now(
-    store: &PostgresBackend,
-    queue: &str,
-    now: Timestamp,
-) -> Result<FlowStatus> {
     let shared = store.shared();
     let error = |err| shared.error("read the flow status", err);
     // One snapshot for every count.
-    let mut tx = shared.pool.begin().await.map_err(error)?;
+    let mut tx = shared.begin("read the flow status").await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await
@@ -1372,21 +1318,9 @@ pub(crate) async fn next_rate_free(
     queues: &[String],
     now: Timestamp,
 ) -> Result<Option<Timestamp>> {
-    let queues = queues.to_vec();
-    detached(store, move |store| async move {
-        next_rate_free_now(&store, &queues, now).await
-    })
-    .await
-}
-
-async fn next_rate_free_now(
-    store: &PostgresBackend,
-    queues: &[String],
-    now: Timestamp,
-) -> Result<Option<Timestamp>> {
     let shared = store.shared();
     let error = |err| shared.error("read the rate windows", err);
-    let mut tx = shared.pool.begin().await.map_err(error)?;
+    let mut tx = shared.begin("read the rate windows").await?;
     let rows = sqlx::query(store.sql().limits.limits_of.sql())
         .bind(store.namespace())
         .bind(queues)

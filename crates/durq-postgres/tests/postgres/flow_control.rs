@@ -146,8 +146,8 @@ async fn pauses_and_limits_of_one_queue_keep_each_other() {
 /// its first 30 µs, where sqlx's `begin` has sent `BEGIN` and waits for the answer
 /// (dropped there, it hands the connection back inside the transaction), 200 times on a
 /// pool of one connection, and each cut is followed by an enqueue, a claim and a
-/// completion that another pool must then see. Run on the claim's own task instead of
-/// one of its own, the enqueue after the first cut is invisible to the other pool.
+/// completion that another pool must then see. With sqlx's `begin` awaited on the
+/// caller's task, the enqueue after the first cut is invisible to the other pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dropped_flow_control_calls_leave_no_transaction_open() {
     let Some(pool) = backend(&unique_name("jobs_flow_cut"), 1).await else {
