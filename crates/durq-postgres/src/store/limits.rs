@@ -1,19 +1,20 @@
 //! Flow control (CONTRACT K1–K5): each queue's limits, and the claim of queues that
 //! have some.
 //!
-//! A plain claim stays one statement and pays one key lookup per queue for limits: its
-//! statements refuse a queue with limits (`open_queues!`, SQLSTATE `JB010`), so a
-//! handle that has not seen limits set by another process still never takes a limited
-//! queue's jobs without counting. Each handle remembers which queues had limits when
-//! it last looked, and sends the claims that name one here directly.
+//! A plain claim stays one statement, whose per-queue lookup of the queue's pause also
+//! reads whether it has limits (`open_queues!`, `queue_controls`): it refuses a queue
+//! with limits (SQLSTATE `JB010`), so a handle that has not seen limits set by another
+//! process still never takes a limited queue's jobs without counting. Each handle
+//! remembers which queues had limits when it last looked, and sends the claims that
+//! name one here directly.
 //!
 //! Here a claim is one transaction: it takes the advisory lock of each queue it names
 //! (claims of one limited queue run one at a time, so each counts what the one before
 //! it leased; which of its queues have limits is read only under the locks), reads
-//! their limits, and walks each queue's ready jobs in
-//! claim order (or by turns of key, K5), locking them (skipping rows other claimers
-//! hold) and passing over those the limits do not admit. The chosen jobs are leased,
-//! their starts logged and the turns moved, and it all commits together.
+//! their limits, and walks each queue's ready jobs in claim order (or by turns of key,
+//! K5), locking them (skipping rows other claimers hold) and passing over those the
+//! limits do not admit. The chosen jobs are leased, their starts logged and the turns
+//! moved, and it all commits together.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Weak};
