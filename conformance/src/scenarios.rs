@@ -132,6 +132,7 @@ macro_rules! __scenario_list {
             K2 [FlowControl] rules::k2_a_queue_at_its_running_limit_gives_no_more_jobs,
             K3 [FlowControl Inspect] rules::k3_limits_are_stored_per_queue_and_applied_by_the_next_claim,
             K3 [FlowControl] rules::k3_flow_status_shows_what_the_limits_hold_back,
+            K3 [FlowControl] rules::k3_flow_status_shows_the_first_keys_by_key,
             K4 [FlowControl] rules::k4_a_rate_admits_at_most_its_starts_in_any_window,
             K4 [FlowControl] rules::k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window,
             K4 [FlowControl] rules::k4_a_wait_ends_when_the_rate_frees_a_start,

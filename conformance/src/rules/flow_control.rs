@@ -906,3 +906,56 @@ pub async fn k4_a_wait_ends_when_the_rate_frees_a_start(harness: &dyn Harness) {
     let next = claim(&store, &["q"], 10, "K4: after the window").await;
     assert_eq!(ids_of(&next), vec![held], "K4: the held-back job starts");
 }
+
+/// K3: each list of `flow_status` holds at most `FLOW_KEYS_SHOWN` (100) keys, the first
+/// by key (byte order), however many keys are held back: 120 keys at their running
+/// limit and their rate, enqueued in reverse key order so that neither the order of
+/// the jobs nor that of the starts gives the answer.
+pub async fn k3_flow_status_shows_the_first_keys_by_key(harness: &dyn Harness) {
+    const KEYS: usize = 120;
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    store
+        .set_limits(
+            "q",
+            QueueLimits::new()
+                .max_running_per_key(1)
+                .max_starts_per_key(Rate::new(1, Duration::from_secs(60))),
+        )
+        .await
+        .must("K3: set_limits");
+    let key = |n: usize| format!("key-{n:03}");
+    let jobs: Vec<NewJob> = (0..KEYS)
+        .rev()
+        .map(|n| NewJob::new("q").concurrency_key(key(n)))
+        .collect();
+    store
+        .enqueue_batch(jobs)
+        .await
+        .must("K3: enqueue one job per key");
+    let running = claim(&store, &["q"], KEYS, "K3: start every key").await;
+    assert_eq!(running.len(), KEYS, "K3: every key starts its one job");
+    let status = store.flow_status("q").await.must("K3: flow_status");
+    let shown: Vec<String> = (0..durq_core::FLOW_KEYS_SHOWN).map(key).collect();
+    assert_eq!(
+        status
+            .keys_at_limit
+            .iter()
+            .map(|(key, _)| key.clone())
+            .collect::<Vec<_>>(),
+        shown,
+        "K3: the first {} keys at their running limit, by key",
+        durq_core::FLOW_KEYS_SHOWN
+    );
+    assert_eq!(
+        status
+            .keys_rate_limited
+            .iter()
+            .map(|(key, _)| key.clone())
+            .collect::<Vec<_>>(),
+        shown,
+        "K3: the first {} keys whose rate is used up, by key",
+        durq_core::FLOW_KEYS_SHOWN
+    );
+    assert_eq!(status.running, KEYS as u64, "K3: every running job counts");
+}
