@@ -35,7 +35,7 @@ pub use fit::{Budget, Needs};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
 pub use layer::{Layer, LayeredBackend};
 pub use limits::{
-    FlowStatus, QueueLimits, Rate, FLOW_KEYS_SHOWN, MAX_RATE_PERIOD, MAX_RATE_STARTS,
+    FlowStatus, QueueLimits, Rate, StoredLimits, FLOW_KEYS_SHOWN, MAX_RATE_PERIOD, MAX_RATE_STARTS,
 };
 pub use meta::Tags;
 pub use model::{

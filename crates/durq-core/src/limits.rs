@@ -300,6 +300,91 @@ impl std::fmt::Display for QueueLimits {
     }
 }
 
+/// A queue's limits as a SQL backend stores them (CONTRACT K3): each count and each
+/// window (in milliseconds) a number, `None` for none. Written from [`QueueLimits`] and
+/// read back, checked, into them, so every backend stores and checks a row alike.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoredLimits {
+    /// [`QueueLimits::max_running`].
+    pub max_running: Option<i64>,
+    /// [`QueueLimits::max_running_per_key`].
+    pub max_running_per_key: Option<i64>,
+    /// The starts of [`QueueLimits::max_starts`].
+    pub max_starts: Option<i64>,
+    /// The window of [`QueueLimits::max_starts`], in milliseconds.
+    pub max_starts_ms: Option<i64>,
+    /// The starts of [`QueueLimits::max_starts_per_key`].
+    pub max_starts_per_key: Option<i64>,
+    /// The window of [`QueueLimits::max_starts_per_key`], in milliseconds.
+    pub max_starts_per_key_ms: Option<i64>,
+    /// [`QueueLimits::fair_shares`].
+    pub fair_shares: bool,
+}
+
+impl From<QueueLimits> for StoredLimits {
+    fn from(limits: QueueLimits) -> Self {
+        let starts = |rate: Option<Rate>| rate.map(|rate| i64::from(rate.starts));
+        let window = |rate: Option<Rate>| {
+            rate.map(|rate| i64::try_from(rate.per.as_millis()).unwrap_or(i64::MAX))
+        };
+        StoredLimits {
+            max_running: limits.max_running.map(i64::from),
+            max_running_per_key: limits.max_running_per_key.map(i64::from),
+            max_starts: starts(limits.max_starts),
+            max_starts_ms: window(limits.max_starts),
+            max_starts_per_key: starts(limits.max_starts_per_key),
+            max_starts_per_key_ms: window(limits.max_starts_per_key),
+            fair_shares: limits.fair_shares,
+        }
+    }
+}
+
+impl StoredLimits {
+    /// The limits of `queue` this row holds. A count that is not a positive `u32`, or a
+    /// rate without a positive window, is [`Error::Corrupt`], naming the queue and the
+    /// field.
+    pub fn into_limits(self, queue: &str) -> Result<QueueLimits> {
+        let corrupt = |field: &str, value: i64| {
+            Error::corrupt(
+                format!("limits of queue {queue}"),
+                format!("{field} {value}"),
+            )
+        };
+        let count = |field: &str, value: Option<i64>| -> Result<Option<u32>> {
+            value
+                .map(|n| {
+                    u32::try_from(n)
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| corrupt(field, n))
+                })
+                .transpose()
+        };
+        let rate = |field: &str, starts: Option<i64>, ms: Option<i64>| -> Result<Option<Rate>> {
+            let Some(starts) = count(field, starts)? else {
+                return Ok(None);
+            };
+            let ms = ms.unwrap_or(0);
+            let per = u64::try_from(ms)
+                .ok()
+                .filter(|ms| *ms > 0)
+                .ok_or_else(|| corrupt(field, ms))?;
+            Ok(Some(Rate::new(starts, Duration::from_millis(per))))
+        };
+        Ok(QueueLimits {
+            max_running: count("max_running", self.max_running)?,
+            max_running_per_key: count("max_running_per_key", self.max_running_per_key)?,
+            max_starts: rate("max_starts", self.max_starts, self.max_starts_ms)?,
+            max_starts_per_key: rate(
+                "max_starts_per_key",
+                self.max_starts_per_key,
+                self.max_starts_per_key_ms,
+            )?,
+            fair_shares: self.fair_shares,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,5 +474,41 @@ mod tests {
             field(QueueLimits::new().max_running(1).max_running_per_key(1)),
             None
         );
+    }
+
+    #[test]
+    fn stored_limits_read_back_as_written_and_bad_rows_are_corrupt() {
+        let limits = QueueLimits::new()
+            .max_running(4)
+            .max_running_per_key(1)
+            .max_starts(Rate::new(10, Duration::from_secs(1)))
+            .max_starts_per_key(Rate::new(2, Duration::from_millis(250)))
+            .fair_shares(true);
+        let stored = StoredLimits::from(limits);
+        assert_eq!(stored.max_starts_ms, Some(1_000));
+        assert_eq!(stored.into_limits("q").expect("a good row"), limits);
+        for bad in [
+            StoredLimits {
+                max_running: Some(0),
+                ..stored
+            },
+            StoredLimits {
+                max_running_per_key: Some(-1),
+                ..stored
+            },
+            StoredLimits {
+                max_starts_ms: None,
+                ..stored
+            },
+            StoredLimits {
+                max_starts_per_key: Some(i64::from(u32::MAX) + 1),
+                ..stored
+            },
+        ] {
+            assert!(
+                matches!(bad.into_limits("q"), Err(Error::Corrupt { .. })),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -18,11 +18,10 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use durq_core::fair::{in_turn_places, turns_left, Turn, NO_KEY};
 use durq_core::fit::FitOrder;
-use durq_core::{Budget, FlowStatus, QueueLimits, Rate, FLOW_KEYS_SHOWN};
+use durq_core::{Budget, FlowStatus, QueueLimits, Rate, StoredLimits, FLOW_KEYS_SHOWN};
 use sqlx::{Postgres, Transaction};
 
 use super::claim;
@@ -206,21 +205,17 @@ pub(crate) async fn set_limits(
         .await
         .map_err(error)?;
     if !limits.is_unlimited() {
-        let count = |n: Option<u32>| n.map(i64::from);
-        let starts = |rate: Option<Rate>| rate.map(|rate| i64::from(rate.starts));
-        let window = |rate: Option<Rate>| {
-            rate.map(|rate| i64::try_from(rate.per.as_millis()).unwrap_or(i64::MAX))
-        };
+        let stored = StoredLimits::from(limits);
         sqlx::query(sql.put_limits.sql())
             .bind(store.namespace())
             .bind(queue)
-            .bind(count(limits.max_running))
-            .bind(count(limits.max_running_per_key))
-            .bind(starts(limits.max_starts))
-            .bind(window(limits.max_starts))
-            .bind(starts(limits.max_starts_per_key))
-            .bind(window(limits.max_starts_per_key))
-            .bind(limits.fair_shares)
+            .bind(stored.max_running)
+            .bind(stored.max_running_per_key)
+            .bind(stored.max_starts)
+            .bind(stored.max_starts_ms)
+            .bind(stored.max_starts_per_key)
+            .bind(stored.max_starts_per_key_ms)
+            .bind(stored.fair_shares)
             .execute(&mut *tx)
             .await
             .map_err(error)?;
@@ -258,48 +253,21 @@ pub(crate) async fn all_limits(store: &PostgresBackend) -> Result<Vec<(String, Q
     Ok(out)
 }
 
-/// Limits as stored (`sql::limits_columns!`) from column `first` of `row` on, checked:
-/// a limit that is not a positive `u32`, or a rate whose window is not a valid one, is
-/// a corrupt row.
+/// Limits as stored (`sql::limits_columns!`) from column `first` of `row` on, checked
+/// ([`StoredLimits::into_limits`]).
 fn limits_from(queue: &str, row: &PgRow, first: usize) -> Result<QueueLimits> {
     let what = || format!("limits of queue {queue}");
-    let corrupt = |field: &str, value: i64| Error::corrupt(what(), format!("{field} {value}"));
-    let read = |field: &str, index: usize| -> Result<Option<u32>> {
-        match column::<Option<i64>>(row, first + index, &what)? {
-            None => Ok(None),
-            Some(n) => u32::try_from(n)
-                .ok()
-                .filter(|n| *n > 0)
-                .map(Some)
-                .ok_or_else(|| corrupt(field, n)),
-        }
-    };
-    let rate = |field: &str, index: usize| -> Result<Option<Rate>> {
-        let Some(starts) = read(field, index)? else {
-            return Ok(None);
-        };
-        let window = column::<Option<i64>>(row, first + index + 1, &what)?.unwrap_or(0);
-        let per = u64::try_from(window)
-            .ok()
-            .filter(|ms| *ms > 0)
-            .ok_or_else(|| corrupt(field, window))?;
-        Ok(Some(Rate::new(starts, Duration::from_millis(per))))
-    };
-    let mut limits = QueueLimits::new();
-    if let Some(n) = read("max_running", 0)? {
-        limits = limits.max_running(n);
+    let read = |index: usize| column::<Option<i64>>(row, first + index, &what);
+    StoredLimits {
+        max_running: read(0)?,
+        max_running_per_key: read(1)?,
+        max_starts: read(2)?,
+        max_starts_ms: read(3)?,
+        max_starts_per_key: read(4)?,
+        max_starts_per_key_ms: read(5)?,
+        fair_shares: column(row, first + 6, &what)?,
     }
-    if let Some(n) = read("max_running_per_key", 1)? {
-        limits = limits.max_running_per_key(n);
-    }
-    if let Some(rate) = rate("max_starts", 2)? {
-        limits = limits.max_starts(rate);
-    }
-    if let Some(rate) = rate("max_starts_per_key", 4)? {
-        limits = limits.max_starts_per_key(rate);
-    }
-    let fair: bool = column(row, first + 6, &what)?;
-    Ok(limits.fair_shares(fair))
+    .into_limits(queue)
 }
 
 /// A concurrency key read from a `bytea` column: UTF-8, or the row is corrupt.

@@ -7,9 +7,8 @@
 //! claimed as before; only its limits row is looked up.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use durq_core::{ClaimedJob, FlowStatus, Rate, FLOW_KEYS_SHOWN};
+use durq_core::{ClaimedJob, FlowStatus, Rate, StoredLimits, FLOW_KEYS_SHOWN};
 
 use super::*;
 
@@ -35,10 +34,7 @@ pub(crate) fn set_limits(
             .and_then(|mut stmt| stmt.execute(params![ns, queue]))
             .db("remove a queue's limits")?;
     } else {
-        let starts = |rate: Option<Rate>| rate.map(|rate| rate.starts);
-        let window = |rate: Option<Rate>| {
-            rate.map(|rate| i64::try_from(rate.per.as_millis()).unwrap_or(i64::MAX))
-        };
+        let stored = StoredLimits::from(limits);
         conn.prepare_cached(
             "INSERT INTO jobq_limits (ns, queue, max_running, max_running_per_key,
                  max_starts, max_starts_ms, max_starts_per_key, max_starts_per_key_ms,
@@ -55,13 +51,13 @@ pub(crate) fn set_limits(
             stmt.execute(params![
                 ns,
                 queue,
-                limits.max_running,
-                limits.max_running_per_key,
-                starts(limits.max_starts),
-                window(limits.max_starts),
-                starts(limits.max_starts_per_key),
-                window(limits.max_starts_per_key),
-                limits.fair_shares,
+                stored.max_running,
+                stored.max_running_per_key,
+                stored.max_starts,
+                stored.max_starts_ms,
+                stored.max_starts_per_key,
+                stored.max_starts_per_key_ms,
+                stored.fair_shares,
             ])
         })
         .db("store a queue's limits")?;
@@ -99,54 +95,22 @@ pub(crate) fn all_limits(conn: &Connection, ns: i64) -> Result<Vec<(String, Queu
     Ok(out)
 }
 
-/// Limits as stored in [`LIMITS_COLUMNS`] from column `first` of `row` on, checked:
-/// a limit that is not a positive `u32`, or a rate whose window is not a valid one, is
-/// a corrupt row.
+/// Limits as stored in [`LIMITS_COLUMNS`] from column `first` of `row` on, checked
+/// ([`StoredLimits::into_limits`]).
 pub(super) fn limits_from(queue: &str, row: &Row<'_>, first: usize) -> Result<QueueLimits> {
-    let corrupt = |field: &str, value: i64| {
-        Error::corrupt(
-            format!("limits of queue {queue}"),
-            format!("{field} {value}"),
-        )
+    let read = |column: usize| -> Result<Option<i64>> {
+        row.get(first + column).db("read a queue's limits")
     };
-    let read = |field: &str, column: usize| -> Result<Option<u32>> {
-        let value: Option<i64> = row.get(first + column).db("read a queue's limits")?;
-        match value {
-            None => Ok(None),
-            Some(n) => u32::try_from(n)
-                .ok()
-                .filter(|n| *n > 0)
-                .map(Some)
-                .ok_or_else(|| corrupt(field, n)),
-        }
-    };
-    let rate = |field: &str, column: usize| -> Result<Option<Rate>> {
-        let Some(starts) = read(field, column)? else {
-            return Ok(None);
-        };
-        let window: Option<i64> = row.get(first + column + 1).db("read a queue's limits")?;
-        let window = window.unwrap_or(0);
-        let per = u64::try_from(window)
-            .ok()
-            .filter(|ms| *ms > 0)
-            .ok_or_else(|| corrupt(field, window))?;
-        Ok(Some(Rate::new(starts, Duration::from_millis(per))))
-    };
-    let mut limits = QueueLimits::new();
-    if let Some(n) = read("max_running", 0)? {
-        limits = limits.max_running(n);
+    StoredLimits {
+        max_running: read(0)?,
+        max_running_per_key: read(1)?,
+        max_starts: read(2)?,
+        max_starts_ms: read(3)?,
+        max_starts_per_key: read(4)?,
+        max_starts_per_key_ms: read(5)?,
+        fair_shares: row.get(first + 6).db("read a queue's limits")?,
     }
-    if let Some(n) = read("max_running_per_key", 1)? {
-        limits = limits.max_running_per_key(n);
-    }
-    if let Some(rate) = rate("max_starts", 2)? {
-        limits = limits.max_starts(rate);
-    }
-    if let Some(rate) = rate("max_starts_per_key", 4)? {
-        limits = limits.max_starts_per_key(rate);
-    }
-    let fair: bool = row.get(first + 6).db("read a queue's limits")?;
-    Ok(limits.fair_shares(fair))
+    .into_limits(queue)
 }
 
 /// The starts of one log inside the window of a claim at `now` (CONTRACT K4), at most
