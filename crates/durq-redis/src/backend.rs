@@ -14,7 +14,9 @@ use durq_core::{
     NewJob, Partitioning, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate,
     StoreSettings, StoredSchedule, StoredWorker, Timestamp,
 };
-use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
+use durq_core::{
+    Admin, FlowControl, FlowStatus, Inspect, Pause, QueueLimits, Schedules, WorkerRegistry,
+};
 
 use crate::config::Dial;
 use crate::conn::Conn;
@@ -51,6 +53,9 @@ pub(crate) struct Inner {
     pub(crate) enqueues: Batcher<Enqueues>,
     pub(crate) enqueue_ctx: EnqueueCtx,
     pub(crate) cluster: bool,
+    /// The queues this handle found limits on (CONTRACT K1–K5), claimed with
+    /// `claim_limited.lua` (see `store/flow.rs`).
+    pub(crate) limited: crate::store::flow::LimitedQueues,
     /// The partitions of a partitioned namespace (CONTRACT §8), each a store of its
     /// own over this one's connection; `None` for an unpartitioned namespace, which
     /// this store serves itself. A partitioned store serves only what is not split
@@ -300,6 +305,16 @@ impl Backend for RedisBackend {
     }
 
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
+        let mut timeout = timeout;
+        // A rate that holds jobs back frees a start at a known instant (K4): the wait
+        // ends then, not a poll later. Read on the store's clock, which dates the starts.
+        if self.inner.partitions.is_none() && self.names_limited_queue(queues) {
+            let now = self.inner.settings.now();
+            if let Some(at) = self.next_rate_free(queues, now).await? {
+                let frees_in = at.as_millis().saturating_sub(now.as_millis());
+                timeout = timeout.min(Duration::from_millis(u64::try_from(frees_in).unwrap_or(0)));
+            }
+        }
         self.inner.waker.wait(queues, timeout).await;
         Ok(())
     }
@@ -322,6 +337,31 @@ impl Backend for RedisBackend {
 
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
         Some(self)
+    }
+
+    /// Flow control needs every job of a queue in one slot, so that one script counts
+    /// and leases atomically: a partitioned namespace spreads a queue over many, and
+    /// has none (docs/redis.md, "Flow control").
+    fn as_flow_control(&self) -> Option<&dyn FlowControl> {
+        match self.inner.partitions {
+            Some(_) => None,
+            None => Some(self),
+        }
+    }
+}
+
+#[async_trait]
+impl FlowControl for RedisBackend {
+    async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
+        self.put_limits(queue, limits).await
+    }
+
+    async fn limits(&self) -> Result<Vec<(String, QueueLimits)>> {
+        self.all_limits().await
+    }
+
+    async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus> {
+        self.read_flow_status(queue, now).await
     }
 }
 

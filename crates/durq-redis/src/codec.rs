@@ -14,7 +14,7 @@ use durq_core::{
 use redis::Value;
 
 /// The job hash fields `get` reads, in this order.
-pub(crate) const JOB_FIELDS: [&str; 15] = [
+pub(crate) const JOB_FIELDS: [&str; 16] = [
     "meta",
     "run_at",
     "state",
@@ -30,6 +30,7 @@ pub(crate) const JOB_FIELDS: [&str; 15] = [
     "cancel",
     "timeout",
     "placement",
+    "ckey",
 ];
 
 /// The prefix of `last_error` on a job a claim or reclaim buried because its record could
@@ -52,6 +53,31 @@ fn timeout_of(text: Option<&str>) -> std::result::Result<Option<Duration>, &'sta
 /// job's needs and locality, or why they cannot be read.
 fn placement_of(text: Option<&str>) -> std::result::Result<(Needs, Option<String>), String> {
     text.map_or_else(|| Ok((Needs::new(), None)), decode_placement)
+}
+
+/// A stored concurrency key (`ckey`: the key's bytes hex-encoded, lower case, as
+/// [`crate::keys::hex_key`] writes it; `None` when the field is absent), or why it cannot
+/// be read.
+pub(crate) fn concurrency_key_of(
+    hex: Option<&[u8]>,
+) -> std::result::Result<Option<String>, &'static str> {
+    let Some(hex) = hex else {
+        return Ok(None);
+    };
+    if hex.is_empty() || hex.len() % 2 != 0 {
+        return Err("not hex");
+    }
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    };
+    let bytes = hex
+        .chunks_exact(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect::<Option<Vec<u8>>>()
+        .ok_or("not hex")?;
+    String::from_utf8(bytes).map(Some).map_err(|_| "not UTF-8")
 }
 
 /// [`placement_of`] through `cache`, for the many jobs of one claim reply, which share a
@@ -394,18 +420,18 @@ pub(crate) struct Unreadable {
 }
 
 /// The values of one leased job in a claim reply (see [`decode_claimed`]).
-pub(crate) const CLAIMED_FIELDS: usize = 10;
+pub(crate) const CLAIMED_FIELDS: usize = 11;
 
 /// A job leased by `claim.lua` or `claim_fit.lua`, from its reply entry `[id, meta, run_at,
-/// att, token, error, cancel, payload, timeout, placement]` (see the scripts' headers) and
-/// what the claim wrote.
+/// att, token, error, cancel, payload, timeout, placement, ckey]` (see the scripts'
+/// headers) and what the claim wrote.
 /// `Err(None)` when the entry itself is malformed (no id to name).
 pub(crate) fn decode_claimed(
     row: [Value; CLAIMED_FIELDS],
     lease: &LeaseWrite<'_>,
     placements: &mut PlacementCache,
 ) -> std::result::Result<ClaimedJob, std::result::Result<Unreadable, Error>> {
-    let [id, meta, run_at, att, token, error, cancel, payload, timeout, placement] = row;
+    let [id, meta, run_at, att, token, error, cancel, payload, timeout, placement, ckey] = row;
     let id = match &id {
         Value::BulkString(bytes) => job_id_bytes(bytes, "claim reply"),
         other => text(other, "claim reply").and_then(|t| job_id(&t, "claim reply")),
@@ -427,6 +453,7 @@ pub(crate) fn decode_claimed(
             into_opt_bytes(error),
             into_opt_bytes(timeout),
             into_opt_bytes(placement),
+            into_opt_bytes(ckey),
         ],
         &cancel,
         payload,
@@ -444,14 +471,14 @@ pub(crate) fn decode_claimed(
 
 fn decode_claimed_fields(
     id: JobId,
-    values: [Option<Vec<u8>>; 7],
+    values: [Option<Vec<u8>>; 8],
     cancel: &Value,
     payload: Value,
     lease: &LeaseWrite<'_>,
     placements: &mut PlacementCache,
 ) -> Result<ClaimedJob> {
     // Field names for error messages, in the order of `values`.
-    const NAMES: [&str; 7] = [
+    const NAMES: [&str; 8] = [
         "meta",
         "run_at",
         "att",
@@ -459,6 +486,7 @@ fn decode_claimed_fields(
         "error",
         "timeout",
         "placement",
+        "ckey",
     ];
     let corrupt = |i: usize, reason: &str| {
         Error::corrupt(format!("job {id}"), format!("field {}: {reason}", NAMES[i]))
@@ -498,6 +526,8 @@ fn decode_claimed_fields(
         placements,
     )
     .map_err(|reason| corrupt(6, &reason))?;
+    let concurrency_key =
+        concurrency_key_of(values[7].as_deref()).map_err(|reason| corrupt(7, reason))?;
     let job = Job {
         id,
         queue: meta.queue,
@@ -527,8 +557,7 @@ fn decode_claimed_fields(
         locality,
         tags: meta.tags,
         trace_context: meta.trace_context,
-        // No FlowControl here yet: the handle refuses jobs with a key.
-        concurrency_key: None,
+        concurrency_key,
     };
     Ok(ClaimedJob {
         job,
@@ -562,6 +591,8 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         .map_err(|_| f.corrupt("state", format!("unknown state {state_text:?}")))?;
     let (needs, locality) = placement_of(f.opt_text(14)?.as_deref())
         .map_err(|reason| f.corrupt("placement", reason))?;
+    let concurrency_key =
+        concurrency_key_of(f.raw(15)).map_err(|reason| f.corrupt("ckey", reason))?;
     let lease = if state == JobState::Running {
         Some(Lease {
             worker: f.text(5)?,
@@ -596,8 +627,7 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         locality,
         tags: meta.tags,
         trace_context: meta.trace_context,
-        // No FlowControl here yet: the handle refuses jobs with a key.
-        concurrency_key: None,
+        concurrency_key,
     })
 }
 
@@ -660,8 +690,9 @@ pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str
         locality,
         tags: meta.as_ref().map(|m| m.tags.clone()).unwrap_or_default(),
         trace_context: meta.as_ref().and_then(|m| m.trace_context.clone()),
-        // No FlowControl here yet: the handle refuses jobs with a key.
-        concurrency_key: None,
+        concurrency_key: concurrency_key_of(values.get(15).and_then(Option::as_deref))
+            .ok()
+            .flatten(),
     })
 }
 
@@ -741,6 +772,33 @@ mod tests {
             encode_meta(&NewJob::new("q").tenant("t"), Timestamp::from_millis(5)),
             "q - 0 25 5 1 - t"
         );
+    }
+
+    #[test]
+    fn concurrency_keys_decode_as_hex_key_writes_them() {
+        for key in [
+            "k",
+            "customer-42",
+            "a b {x} }{",
+            "ünï€😀\u{0}",
+            &"é".repeat(128),
+        ] {
+            let hex = crate::keys::hex_key(key);
+            assert!(hex
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+            assert_eq!(
+                concurrency_key_of(Some(hex.as_bytes())),
+                Ok(Some(key.to_owned()))
+            );
+        }
+        // Hex keeps byte order, and a key sorts before its extensions.
+        assert!(crate::keys::hex_key("a") < crate::keys::hex_key("a b"));
+        assert!(crate::keys::hex_key("a b") < crate::keys::hex_key("ab"));
+        assert_eq!(concurrency_key_of(None), Ok(None));
+        for bad in ["", "6", "6g", "6A", "zz", "ff", "c3"] {
+            assert!(concurrency_key_of(Some(bad.as_bytes())).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -627,6 +627,7 @@ impl RedisBackend {
                 completions,
                 enqueues,
                 enqueue_ctx,
+                limited: Default::default(),
                 partitions,
             }),
         }

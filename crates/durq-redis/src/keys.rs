@@ -50,6 +50,25 @@ pub(crate) struct Keys {
     pub placement: String,
     /// The sequence counter of the claim order (string).
     pub seq: String,
+    /// Flow control (CONTRACT K1-K5; see `lua/flow.lua`). Each queue's limits (hash,
+    /// queue -> `lua/flow.lua`'s limits text); absent while no queue has any.
+    pub limits: String,
+    /// The state limits keep (hash): start logs (`s queue` for the queue's, `k queue
+    /// hexkey` for a key's: fixed-width start times, oldest first) and fair turns (`t
+    /// queue prio` -> the hex key served last at that priority).
+    pub flow: String,
+    /// The concurrency key of every job that has one (hash, id -> hex key), so a
+    /// script given only an index entry finds its key. Jobs without one have no entry.
+    pub ckeys: String,
+    /// Ready jobs that have a concurrency key, by queue, priority and key (zset, score
+    /// 0, member `queue prio hexkey order id`): a key's first ready jobs, and the next
+    /// key with ready jobs, each one `ZRANGEBYLEX` (K1, K5). Kept with the ready index.
+    pub kready: String,
+    /// Leases of jobs with a concurrency key (zset, score 0, member `queue hexkey id`),
+    /// written by every claim that leases one; an entry counts while the lease index
+    /// holds `queue id`, and is dropped once read without it (K1 counts a key's running
+    /// jobs from it).
+    pub kleases: String,
     /// The pub/sub channel of wake-ups (not a key): the namespace's, shared by all its
     /// partitions, so one subscriber serves a partitioned store.
     pub wake: String,
@@ -94,6 +113,11 @@ impl Keys {
             children: key("children"),
             placement: key("placement"),
             seq: key("seq"),
+            limits: key("limits"),
+            flow: key("flow"),
+            ckeys: key("ckeys"),
+            kready: key("kready"),
+            kleases: key("kleases"),
             wake: format!("jobs:{{{namespace}}}:wake"),
             layout: format!("jobs:{{{namespace}}}:layout"),
             prefix,
@@ -165,6 +189,16 @@ pub(crate) fn partition_tag(namespace: &str, partition: usize, count: usize) -> 
 /// The number of hash slots of a Redis Cluster.
 const SLOTS: u16 = 16_384;
 
+/// The text a concurrency key (CONTRACT K1-K5) is stored and indexed under: its bytes
+/// hex-encoded, lower case. Hex keeps the keys' byte order, holds no space (the separator
+/// of `kready` and `kleases` members, which sorts below every hex digit, so a key sorts
+/// before its extensions) and no brace, whatever the key holds.
+pub(crate) fn hex_key(key: &str) -> String {
+    let mut out = String::with_capacity(2 * key.len());
+    push_hex(&mut out, key.as_bytes());
+    out
+}
+
 fn push_hex(out: &mut String, bytes: &[u8]) {
     for byte in bytes {
         // Writing to a String cannot fail.
@@ -235,6 +269,11 @@ mod tests {
             keys.children.clone(),
             keys.placement.clone(),
             keys.seq.clone(),
+            keys.limits.clone(),
+            keys.flow.clone(),
+            keys.ckeys.clone(),
+            keys.kready.clone(),
+            keys.kleases.clone(),
             keys.job(id),
             keys.dedup("}{", "{x}"),
             keys.dedup("tenant{other}", "}"),

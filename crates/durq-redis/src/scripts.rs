@@ -28,7 +28,19 @@ macro_rules! script {
 // definitions the server runs again on every call; see core.lua.
 script!(ENQUEUE, "enqueue.lua", "lua/core.lua", "lua/lib.lua");
 script!(CLAIM, "claim.lua", "lua/core.lua");
-script!(CLAIM_FIT, "claim_fit.lua");
+script!(
+    CLAIM_FIT,
+    "claim_fit.lua",
+    "lua/core.lua",
+    "lua/lib.lua",
+    "lua/flow.lua"
+);
+script!(
+    CLAIM_LIMITED,
+    "claim_limited.lua",
+    "lua/core.lua",
+    "lua/flow.lua"
+);
 script!(HEARTBEAT, "heartbeat.lua");
 script!(COMPLETE, "complete.lua", "lua/core.lua");
 script!(FAIL, "fail.lua");
@@ -50,11 +62,30 @@ script!(WORKERS, "workers.lua");
 script!(LAYOUT, "layout.lua",);
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 21] {
+pub(crate) fn all() -> [&'static Script; 22] {
     [
-        &ENQUEUE, &CLAIM, &CLAIM_FIT, &HEARTBEAT, &COMPLETE, &FAIL, &RELEASE, &RECLAIM, &CANCEL,
-        &RETRY, &PURGE, &STATS, &QUEUES, &LIST, &LIST_ROWS, &BURY, &UNSTAGE, &UNKEY, &SCHEDULE,
-        &WORKERS, &LAYOUT,
+        &ENQUEUE,
+        &CLAIM,
+        &CLAIM_FIT,
+        &CLAIM_LIMITED,
+        &HEARTBEAT,
+        &COMPLETE,
+        &FAIL,
+        &RELEASE,
+        &RECLAIM,
+        &CANCEL,
+        &RETRY,
+        &PURGE,
+        &STATS,
+        &QUEUES,
+        &LIST,
+        &LIST_ROWS,
+        &BURY,
+        &UNSTAGE,
+        &UNKEY,
+        &SCHEDULE,
+        &WORKERS,
+        &LAYOUT,
     ]
 }
 

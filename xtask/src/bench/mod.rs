@@ -40,7 +40,7 @@ const PEER_BACKENDS: &[&str] = &["sqlite", "redis", "postgres"];
 const TRANSACTIONAL_BACKENDS: &[&str] = &["sqlite", "postgres"];
 /// The backends with flow control (CONTRACT K1–K5), where the `claim-keys`,
 /// `claim-limited` and `claim-one-per-key` workloads run.
-const FLOW_CONTROL_BACKENDS: &[&str] = &["memory", "sqlite", "postgres"];
+const FLOW_CONTROL_BACKENDS: &[&str] = &["memory", "sqlite", "redis", "postgres"];
 /// Claimers of the flow-control workloads (issue #28's target is set at 32).
 const FLOW_CLAIMERS: &str = "32";
 /// How long the 10×N drain may run; past it, its rate over the jobs drained so far is

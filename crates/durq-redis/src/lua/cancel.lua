@@ -4,17 +4,19 @@
 -- KEYS[1] the job's hash       KEYS[2] ready index (zset)
 -- KEYS[3] scheduled index (zset)
 -- KEYS[4] list index (zset)    KEYS[5] finished log (list)
+-- KEYS[6] kready (zset: ready jobs with a concurrency key, see core.lua)
 -- ARGV[1] job id               ARGV[2] now (ms)
 --
 -- Returns {'ok', state after the call} | {'notfound'} | {'corrupt', reason}
 --
 -- Atomicity: a queued job leaves the ready and scheduled indexes in the same step that
--- makes it cancelled, so no claim can take it afterwards. Every value used is checked
--- before the first write.
+-- makes it cancelled, so no claim can take it afterwards (a job with a concurrency key
+-- leaves `kready` with it; its `ckeys` entry stays until purge deletes the job). Every
+-- value used is checked before the first write.
 
-local job, ready, sched, list, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job, ready, sched, list, finished, kready = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, now = ARGV[1], ARGV[2]
-local v = redis.call('HMGET', job, 'state', 'meta', 'order')
+local v = redis.call('HMGET', job, 'state', 'meta', 'order', 'ckey')
 if not v[1] then
   return { 'notfound' }
 end
@@ -32,6 +34,9 @@ if state == 'queued' then
   local member = queue_member(queue, v[3], id)
   redis.call('ZREM', ready, member)
   redis.call('ZREM', sched, member)
+  if v[4] then
+    redis.call('ZREM', kready, kready_member(queue, member, v[4]))
+  end
   finish(job, list, finished, queue, id, parent, 'queued', 'cancelled', now)
   return { 'ok', 'cancelled' }
 end

@@ -7,7 +7,13 @@
 -- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
 -- KEYS[5] running counters (hash: queue -> lease entries)
 -- KEYS[6] finished log (list)  KEYS[7] paused queues (set)
--- KEYS[7+i] the hash of candidate i, whose id is ARGV[7+Q+i]
+-- KEYS[8] concurrency keys (hash: id -> hex key, jobs that have one)
+-- KEYS[9] kready (zset: ready jobs with a concurrency key, see core.lua)
+-- KEYS[10] kleases (zset: leases of jobs with a concurrency key, see core.lua)
+-- KEYS[11] queue limits (hash: queue -> limits text, lua/flow.lua)
+-- KEYS[1..11] are the same for claim_fit.lua and claim_limited.lua (store/claim.rs,
+-- claim_invocation)
+-- KEYS[11+i] the hash of candidate i, whose id is ARGV[7+Q+i]
 --
 -- ARGV[1] now (ms)             ARGV[2] worker
 -- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
@@ -16,13 +22,17 @@
 -- ARGV[8+Q..] candidate ids (see KEYS)
 --
 -- Returns one of:
+--   {'limited'}               a named, unpaused queue has limits (CONTRACT K1-K5): this
+--                             script does not enforce them, claim_limited.lua does;
+--                             nothing was promoted or written (checked right after
+--                             the paused set: one EXISTS while no queue has limits)
 --   {'promote'}               more due scheduled jobs than the bound: some were moved to
 --                             the ready index, nothing was claimed; call again
 --   {'ok', claimed, hint, corrupt}
---                             claimed: 10 values per leased job, one flat array: id,
+--                             claimed: 11 values per leased job, one flat array: id,
 --                             meta, run_at, att, token (both as now stored), error, cancel,
 --                             payload, timeout, placement (needs and locality, decoded by
---                             Rust);
+--                             Rust), ckey (the concurrency key as hex, or nil for none);
 --                             the rest of the record is what this call wrote from its ARGV
 --                             (state running, worker, lease_exp, started = hb = now) or
 --                             absent on a queued job (finished, result), so Rust fills it in
@@ -40,6 +50,10 @@
 -- leases each entry whose hash it holds; at the first entry it does not hold it stops,
 -- because leasing anything behind it would break the order. Rust then calls again with
 -- the hint. Entries whose hash is gone are removed on the way (C7) and never written.
+-- The kready entries of the jobs it takes off the ready index go with them, and a
+-- leased job with a concurrency key gets its kleases entry (core.lua): found from the
+-- `ckey` field read with the others, or, for a vanished job, from `ckeys` (whose entry
+-- goes too).
 -- The head is read once, `limit + hint size` entries deep: what the walk leaves of it is
 -- the hint, since nothing but this call changes the ready index while it runs.
 --
@@ -61,6 +75,7 @@ local bound = tonumber(ARGV[6])
 local nq = tonumber(ARGV[7])
 local ready, sched, leases, list, running, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local paused = KEYS[7]
+local ckeys, kready, kleases, limits = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local call, sub = redis.call, string.sub
 
 -- CONTRACT Q1: a paused queue gives no candidates.
@@ -71,15 +86,23 @@ for i = 1, nq do
     named[#named + 1] = q
   end
 end
+-- Queues with limits are claimed by claim_limited.lua; a store without any pays one EXISTS.
+if call('EXISTS', limits) == 1 then
+  for i = 1, #named do
+    if call('HEXISTS', limits, named[i]) == 1 then
+      return { 'limited' }
+    end
+  end
+end
 check_counters(running, named)
 
-if not promote(ready, sched, now, bound) then
+if not promote(ready, sched, now, bound, ckeys, kready) then
   return { 'promote' }
 end
 
 local held = {}
-for i = 1, #KEYS - 7 do
-  held[ARGV[7 + nq + i]] = KEYS[7 + i]
+for i = 1, #KEYS - 11 do
+  held[ARGV[7 + nq + i]] = KEYS[11 + i]
 end
 
 -- The first `n` entries of the ready order over all named queues: each queue's range is
@@ -123,6 +146,8 @@ local only = #named == 1 and named[1] or nil
 local claimed, corrupt, taken, list_old, lease_pairs, per_queue = {}, {}, {}, {}, {}, {}
 local lease_keys = {}
 local buried = {}
+-- Concurrency keys: kready members to remove, kleases pairs to add, vanished jobs' ids.
+local ktaken, klease_pairs, kgone = {}, {}, {}
 local nc, nt, np = 0, 0, 0
 local walked = 0
 for i = 1, #members do
@@ -138,10 +163,21 @@ for i = 1, #members do
   walked = i
   local queue = only or sub(member, 1, #member - 73)
   local v = call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error', 'cancel',
-    'payload', 'timeout', 'placement')
+    'payload', 'timeout', 'placement', 'ckey')
   local state = v[1]
   nt = nt + 1
   taken[nt] = member
+  local ckey = v[11]
+  if not state then
+    -- A vanished job's key is only in `ckeys`.
+    ckey = call('HGET', ckeys, id)
+    if ckey then
+      kgone[#kgone + 1] = id
+    end
+  end
+  if ckey then
+    ktaken[#ktaken + 1] = kready_member(queue, member, ckey)
+  end
   local reason = nil
   if state == 'queued' then
     -- A job never claimed before, the common case, without a function call.
@@ -160,7 +196,7 @@ for i = 1, #members do
     else
       -- The reply row, flat: the id in place of the state, the counters as this call
       -- writes them (a table per row would cost the reply more than its values).
-      local r = 10 * nc
+      local r = 11 * nc
       claimed[r + 1] = id
       claimed[r + 2] = v[2]
       claimed[r + 3] = v[3]
@@ -171,12 +207,17 @@ for i = 1, #members do
       claimed[r + 8] = v[8]
       claimed[r + 9] = v[9]
       claimed[r + 10] = v[10]
+      claimed[r + 11] = ckey
       nc = nc + 1
       lease_keys[nc] = job
       np = np + 2
       lease_pairs[np - 1] = expires
       lease_pairs[np] = queue .. ' ' .. id
       per_queue[queue] = (per_queue[queue] or 0) + 1
+      if ckey then
+        klease_pairs[#klease_pairs + 1] = '0'
+        klease_pairs[#klease_pairs + 1] = queue .. ' ' .. ckey .. ' ' .. id
+      end
     end
   elseif state and not STATE_CODE[state] then
     reason = 'unknown state'
@@ -193,7 +234,7 @@ end
 
 -- Pass 2: writes. Each leased job in one HSET; the index entries of the call together.
 for i = 1, nc do
-  local r = 10 * (i - 1)
+  local r = 11 * (i - 1)
   call('HSET', lease_keys[i], 'state', 'running', 'att', claimed[r + 4], 'token', claimed[r + 5],
     'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
 end
@@ -202,13 +243,18 @@ for _, b in ipairs(buried) do
   corrupt[#corrupt + 1] = b[3]
 end
 zrem_members(ready, taken)
+zrem_members(kready, ktaken)
 if np > 0 then
   zadd_pairs(leases, lease_pairs)
   for queue, n in pairs(per_queue) do
     call('HINCRBY', running, queue, n)
   end
 end
+zadd_pairs(kleases, klease_pairs)
 zrem_members(list, list_old)
+for _, id in ipairs(kgone) do
+  call('HDEL', ckeys, id)
+end
 
 -- What the walk left of the head is the head now.
 local hint = {}

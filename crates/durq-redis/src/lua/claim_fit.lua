@@ -6,8 +6,11 @@
 -- KEYS[3] lease index (zset)   KEYS[4] list index (zset)
 -- KEYS[5] running counters (hash: queue -> lease entries)
 -- KEYS[6] finished log (list)  KEYS[7] paused queues (set)
--- KEYS[8] placement index (hash: id -> placement text, only jobs that declare one)
--- KEYS[8+i] the hash of held job i, whose id is ARGV[12+Q+P+i]
+-- KEYS[8] concurrency keys (hash)  KEYS[9] kready (zset)  KEYS[10] kleases (zset)
+-- KEYS[11] queue limits (hash)     (KEYS[1..11] as claim.lua's)
+-- KEYS[12] placement index (hash: id -> placement text, only jobs that declare one)
+-- KEYS[13] flow control state (hash, see flow.lua)
+-- KEYS[13+i] the hash of held job i, whose id is ARGV[12+Q+P+i]
 --
 -- ARGV[1] now (ms)             ARGV[2] worker
 -- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
@@ -25,8 +28,8 @@
 -- Returns one of:
 --   {'promote'}    as claim.lua: nothing claimed, call again
 --   {'ok', claimed, hint, corrupt, more, stop}
---       claimed, corrupt: as claim.lua (a job whose placement is unreadable is buried
---         too, 'corrupt record: field placement unreadable')
+--       claimed, corrupt: as claim.lua, 11 values per job (a job whose placement is
+--         unreadable is buried too, 'corrupt record: field placement unreadable')
 --       hint: the ids whose hashes the next call needs: the selected jobs this call did
 --         not lease and unreadable jobs it could not bury, then fitting jobs behind the
 --         selection, for the next claim
@@ -73,7 +76,8 @@
 -- at once (ready-order walk).
 --
 -- Atomicity and check before write: as claim.lua. The walk and every record it acts on
--- are read in a first pass, the writes come after.
+-- are read in a first pass, the writes come after. The concurrency-key indexes are kept
+-- as claim.lua keeps them (write_claim in lib.lua).
 
 local now, worker, expires = ARGV[1], ARGV[2], ARGV[3]
 local limit = tonumber(ARGV[4])
@@ -85,7 +89,8 @@ local nq = tonumber(ARGV[11])
 local np = tonumber(ARGV[12 + nq])
 local held_from = 12 + nq + np
 local ready, sched, leases, list, running, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local paused, placements = KEYS[7], KEYS[8]
+local paused, placements, flow = KEYS[7], KEYS[12], KEYS[13]
+local ckeys, kready, kleases, limits = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 
 -- CONTRACT Q1: a paused queue gives no candidates.
 local named, is_named = {}, {}
@@ -98,13 +103,41 @@ for i = 1, nq do
 end
 check_counters(running, named)
 
-if not promote(ready, sched, now, bound) then
+-- Flow control (CONTRACT K1, K2, K4): a fitted claim keeps its own order (K5's fair
+-- shares do not reorder it), but a queue's limits on running jobs and starts admit
+-- each job it selects, in the order it meets them (flow.lua's admission, as
+-- claim_limited.lua's). A job its limits hold back is passed over like one that does
+-- not fit. Read and checked before any write.
+local admissions, stale_leases = {}, {}
+if #named > 0 and redis.call('EXISTS', limits) == 1 then
+  local texts = redis.call('HMGET', limits, unpack(named))
+  for i, q in ipairs(named) do
+    local l = parse_limits(q, texts[i])
+    if l and (l.mr or l.ms or l.keyed) then
+      admissions[q] = admission(flow, running, kleases, leases, q, l, tonumber(now), stale_leases)
+    end
+  end
+end
+-- Whether queue `q`'s limits admit job `id` (`key`: its hex concurrency key, nil to
+-- look it up); if so, counted.
+local function admit(q, id, key)
+  local a = admissions[q]
+  if not a then
+    return true
+  end
+  if key == nil then
+    key = redis.call('HGET', ckeys, id)
+  end
+  return admission_take(a, key or false)
+end
+
+if not promote(ready, sched, now, bound, ckeys, kready) then
   return { 'promote' }
 end
 
 local held = {}
-for i = 1, #KEYS - 8 do
-  held[ARGV[held_from + i]] = KEYS[8 + i]
+for i = 1, #KEYS - 13 do
+  held[ARGV[held_from + i]] = KEYS[13 + i]
 end
 local preferred = {}
 for i = 1, np do
@@ -245,7 +278,7 @@ if reserved ~= '' then
     if redis.call('ZSCORE', ready, member) then
       local place = redis.call('HGET', placements, reserved)
       local verdict = judge(place)
-      if verdict == 'fit' then
+      if verdict == 'fit' and admit(queue, reserved) then
         selected[1] = { member, place, queue }
       elseif verdict == 'bad' then
         bad[1] = { member, place, queue }
@@ -371,6 +404,10 @@ else
       if job and not (indexed and judge(s.places[pos]) == 'no') then
         local v = read_for_claim(job)
         local verdict = v[1] == 'queued' and judge(v[10])
+        if verdict == 'fit' and not admit(s.q, id, v[11]) then
+          -- Held back by its queue's limits: passed over, as a job that does not fit.
+          verdict = 'held'
+        end
         if verdict == 'no' and not indexed then
           read_places(s, pos, s.n)
           indexed = true
@@ -379,8 +416,8 @@ else
           repaired[#repaired + 1] = { id, v[10] }
         end
         if verdict == 'bad' then
-          decide_bury(d, job, v[2], member, s.q, id, 'field placement unreadable')
-        elseif verdict ~= 'no' and decide(job, v, member, s.q, id) == 'leased' then
+          decide_bury(d, job, v[2], member, s.q, id, 'field placement unreadable', v[11])
+        elseif verdict ~= 'no' and verdict ~= 'held' and decide(job, v, member, s.q, id) == 'leased' then
           leased = leased + 1
         end
       elseif not job then
@@ -388,7 +425,7 @@ else
           read_places(s, pos, s.n)
         end
         local verdict = judge(s.places[pos])
-        if verdict == 'fit' then
+        if verdict == 'fit' and admit(s.q, id) then
           stopped = id
           break
         elseif verdict == 'bad' and #unheld_bad < hint_size then
@@ -465,6 +502,9 @@ else
         end
       end
       local verdict, pref = judge(place)
+      if verdict == 'fit' and not admit(s.q, string.sub(member, -36)) then
+        verdict = 'held'
+      end
       if verdict == 'fit' then
         if pref then
           first[#first + 1] = { member, place, s.q }
@@ -550,14 +590,15 @@ for _, e in ipairs(bad) do
     hint[#hint + 1] = id
     more = 1
   else
-    -- State and meta first, as decide_claim reads them for a job that is not queued.
-    local v = redis.call('HMGET', job, 'state', 'meta', 'placement')
-    if v[1] == 'queued' and v[3] ~= place then
-      repaired[#repaired + 1] = { id, v[3] }
+    -- The fields decide_claim reads (the concurrency key among them): this is the rare
+    -- path of an unreadable placement.
+    local v = read_for_claim(job)
+    if v[1] == 'queued' and v[10] ~= place then
+      repaired[#repaired + 1] = { id, v[10] }
       hint[#hint + 1] = id
       more = 1
     elseif v[1] == 'queued' then
-      decide_bury(d, job, v[2], member, queue, id, 'field placement unreadable')
+      decide_bury(d, job, v[2], member, queue, id, 'field placement unreadable', v[11])
     else
       decide(job, v, member, queue, id)
     end
@@ -572,8 +613,34 @@ for _, group in ipairs({ extra_first, extra }) do
   end
 end
 
+-- The start logs the leases add to (K4), read before the first write.
+local starts, logs = {}, {}
+for _, e in ipairs(d.lease) do
+  local a = admissions[e[3]]
+  if a then
+    local queue, key = e[3], e[2][11]
+    if a.l.ms then
+      local field = 's ' .. queue
+      starts[field] = { (starts[field] or { 0 })[1] + 1, a.l.ms_per }
+    end
+    if a.l.msk and key then
+      local field = 'k ' .. queue .. ' ' .. key
+      starts[field] = { (starts[field] or { 0 })[1] + 1, a.l.msk_per }
+    end
+  end
+end
+for field, _ in pairs(starts) do
+  logs[field] = redis.call('HGET', flow, field) or ''
+end
+
 -- Pass 2: writes.
-local leased, buried = write_claim(ready, leases, list, running, finished, d, worker, expires, now)
+local now_n = tonumber(now)
+for field, s in pairs(starts) do
+  redis.call('HSET', flow, field, log_add(logs[field], now_n - s[2], now_n, s[1]))
+end
+zrem_members(kleases, stale_leases)
+local leased, buried = write_claim(ready, leases, list, running, finished, d, worker, expires, now,
+  ckeys, kready, kleases)
 for _, v in ipairs(leased) do
   claimed[#claimed + 1] = v
 end

@@ -77,9 +77,26 @@ local function zrem_members(key, members)
   end
 end
 
--- Moves at most `bound` scheduled entries that are due at `now` into the ready index.
--- Returns true when no due entry is left, so the ready index is the whole ready set.
-local function promote(ready, sched, now, bound)
+-- Concurrency keys (CONTRACT K1-K5). A job with a key has its hex text (keys.rs,
+-- `hex_key`) in its hash's `ckey` field and in the `ckeys` hash (id -> hex key); while it
+-- is in the ready index it also has exactly one member in `kready`, which every script
+-- that adds to or removes from the ready index keeps in step:
+-- `QUEUE PRIO HEXKEY ORDERKEY ID` (PRIO the first 4 digits of the order key), so the
+-- ready member it stands for is `QUEUE ` .. its last 72 characters. Each lease of such a
+-- job adds `QUEUE HEXKEY ID` to `kleases` (dropped by whoever reads it once the lease
+-- index no longer holds `QUEUE ID`). Jobs without a key pay nothing but their claim's
+-- read of a missing `ckey` field.
+
+-- The kready member of ready index member `member` of `queue`, whose job has key `ckey`.
+local function kready_member(queue, member, ckey)
+  return queue .. ' ' .. string.sub(member, -72, -69) .. ' ' .. ckey .. ' ' .. string.sub(member, -72)
+end
+
+-- Moves at most `bound` scheduled entries that are due at `now` into the ready index,
+-- and those of jobs with a concurrency key (found in `ckeys`, read only when it exists)
+-- into `kready`. Returns true when no due entry is left, so the ready index is the whole
+-- ready set.
+local function promote(ready, sched, now, bound, ckeys, kready)
   local due = redis.call('ZRANGEBYSCORE', sched, '-inf', now, 'LIMIT', 0, bound)
   if #due == 0 then
     return true
@@ -90,6 +107,27 @@ local function promote(ready, sched, now, bound)
     flat[2 * i] = member
   end
   zadd_pairs(ready, flat)
+  if redis.call('EXISTS', ckeys) == 1 then
+    local ids, found = {}, {}
+    for i, member in ipairs(due) do
+      ids[i] = string.sub(member, -36)
+    end
+    for i = 1, #ids, CHUNK do
+      local got = redis.call('HMGET', ckeys, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+      for j = 1, #got do
+        found[i + j - 1] = got[j]
+      end
+    end
+    local kflat = {}
+    for i, member in ipairs(due) do
+      local ckey = found[i]
+      if ckey then
+        kflat[#kflat + 1] = '0'
+        kflat[#kflat + 1] = kready_member(string.sub(member, 1, #member - 73), member, ckey)
+      end
+    end
+    zadd_pairs(kready, kflat)
+  end
   zrem_members(sched, due)
   if #due < bound then
     return true

@@ -5,6 +5,8 @@
 -- KEYS[1]  ready index (zset)        KEYS[2] scheduled index (zset)
 -- KEYS[3]  list index (zset)         KEYS[4] sequence counter (string, INCRBY N once)
 -- KEYS[5]  children index (zset)      KEYS[6] placement index (hash: id -> placement)
+-- KEYS[7]  concurrency keys (hash: id -> hex key)
+-- KEYS[8]  kready (zset: ready jobs with a concurrency key, see core.lua)
 -- then for job j = 1..N, in order: the new job's hash (its id minted by Rust), its dedup
 --   key if it has an idempotency key ('k' below), its parent's hash if it has a parent
 --   in this slot ('p' below)
@@ -29,7 +31,9 @@
 --     'p'+ parent id, or 'q'+ parent id for a parent in another partition of a
 --       partitioned namespace (no key: Rust checked it exists before the call),
 --     't'+ timeout in ms,
---     'l'+ placement (`Job::placement()`: needs and locality as JSON, CONTRACT F1)
+--     'l'+ placement (`Job::placement()`: needs and locality as JSON, CONTRACT F1),
+--     'c'+ concurrency key, hex-encoded (keys.rs, `hex_key`; CONTRACT K1-K5): stored in
+--       the job's `ckey` field and in `ckeys`, and in `kready` when the job is ready now
 -- Each job carries its own clock reading (created_at, due, cutoff): concurrent enqueues
 -- of one store are sent together, each as it was called.
 -- then the ids of the extra KEYS.
@@ -93,12 +97,16 @@ local function options(opts, a, k)
     v = v + 1
     o.placement = ARGV[v]
   end
+  if find(opts, 'c', 1, true) then
+    v = v + 1
+    o.ckey = ARGV[v]
+  end
   return o, v, k
 end
 
 -- Phase 1: checks, no writes; the entries' positions and options for phase 2.
 local at, job_keys, opts_of = {}, {}, {}
-local a, k = 4, 6
+local a, k = 4, 8
 local with_keys = {}
 for j = 1, n do
   at[j] = a
@@ -172,6 +180,7 @@ local function wake(queue, id)
   end
 end
 local ready_pairs, sched_pairs, list_pairs, child_pairs, placement_pairs = {}, {}, {}, {}, {}
+local ckey_pairs, kready_pairs = {}, {}
 local nr, nl = 0, 0
 
 for j = 1, n do
@@ -243,6 +252,13 @@ for j = 1, n do
         placement_pairs[#placement_pairs + 1] = id
         placement_pairs[#placement_pairs + 1] = o.placement
       end
+      if o.ckey then
+        -- Likewise a concurrency key: its field, its `ckeys` entry and, while the job is
+        -- ready, its `kready` member (a scheduled one gets it when promoted).
+        call('HSET', job, 'ckey', o.ckey)
+        ckey_pairs[#ckey_pairs + 1] = id
+        ckey_pairs[#ckey_pairs + 1] = o.ckey
+      end
       local member = queue .. ' ' .. order .. id
       if o.sched then
         sched_pairs[#sched_pairs + 1] = run_at
@@ -252,6 +268,10 @@ for j = 1, n do
         ready_pairs[nr - 1] = '0'
         ready_pairs[nr] = member
         wake(queue, id)
+        if o.ckey then
+          kready_pairs[#kready_pairs + 1] = '0'
+          kready_pairs[#kready_pairs + 1] = kready_member(queue, member, o.ckey)
+        end
       end
       nl = nl + 2
       list_pairs[nl - 1] = '0'
@@ -289,6 +309,8 @@ add_all(KEYS[2], 'ZADD', sched_pairs)
 add_all(KEYS[3], 'ZADD', list_pairs)
 add_all(KEYS[5], 'ZADD', child_pairs)
 add_all(KEYS[6], 'HSET', placement_pairs)
+add_all(KEYS[7], 'HSET', ckey_pairs)
+add_all(KEYS[8], 'ZADD', kready_pairs)
 for queue, ids in pairs(woken) do
   call('PUBLISH', channel, queue .. ' ' .. table.concat(ids, ' '))
 end

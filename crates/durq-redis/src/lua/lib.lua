@@ -116,13 +116,20 @@ end
 -- A return to `queued`: a fresh sequence number `seq` (drawn by the caller with INCR as
 -- its first write, so a corrupt counter fails the script before anything changed; the job
 -- goes behind the jobs already ready), run_at and order key stored, indexes moved. `due`
--- says whether run_at has come (decided by Rust from the same clock reading).
-local function requeue(job, ready, sched, list, seq, queue, id, prio, run_at, ready_hex, due, from)
+-- says whether run_at has come (decided by Rust from the same clock reading). `ckey` is
+-- the job's `ckey` field as the caller read it (false or nil when it has no concurrency
+-- key): a job with one made ready now also enters `kready` (core.lua), which the caller
+-- then passes.
+local function requeue(job, ready, sched, list, seq, queue, id, prio, run_at, ready_hex, due, from,
+    ckey, kready)
   local order = order_key(prio, ready_hex, seq)
   redis.call('HSET', job, 'state', 'queued', 'run_at', run_at, 'order', order)
   local member = queue_member(queue, order, id)
   if due then
     redis.call('ZADD', ready, '0', member)
+    if ckey then
+      redis.call('ZADD', kready, '0', kready_member(queue, member, ckey))
+    end
   else
     redis.call('ZADD', sched, run_at, member)
   end
@@ -132,22 +139,35 @@ end
 -- What one claim call (claim.lua, claim_fit.lua) decided in its first pass, for
 -- write_claim: `lease` ({job key, reply values, queue, id, attempts, token as the claim
 -- writes them}), `bury` ({job key, queue, id, parent, reason}), `taken` (ready members to
--- remove) and `list_old` (list members of vanished jobs).
+-- remove), `ktaken` (their kready members, for the jobs with a concurrency key), `list_old`
+-- (list members of vanished jobs) and `gone` ({queue, ready member, id} of vanished jobs,
+-- whose key write_claim looks up in `ckeys`).
 local function claim_decisions()
-  return { lease = {}, bury = {}, taken = {}, list_old = {} }
+  return { lease = {}, bury = {}, taken = {}, ktaken = {}, list_old = {}, gone = {} }
 end
 
 -- The fields of a job's record a claim reads, in the order of its reply row (claim.lua's
--- header; v[1], the state, is overwritten there by the id), the placement last.
+-- header; v[1], the state, is overwritten there by the id): the placement, then the
+-- concurrency key (hex, or false for none).
 local function read_for_claim(job)
   return redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
-    'cancel', 'payload', 'timeout', 'placement')
+    'cancel', 'payload', 'timeout', 'placement', 'ckey')
+end
+
+-- Takes ready entry `member` off the ready index, and off `kready` when its job has a
+-- concurrency key (`ckey`, its record's `ckey` field, false or nil for none).
+local function decide_take(d, member, queue, ckey)
+  d.taken[#d.taken + 1] = member
+  if ckey then
+    d.ktaken[#d.ktaken + 1] = kready_member(queue, member, ckey)
+  end
 end
 
 -- Decides that the claim takes the job of ready entry `member` off the ready index and
--- buries it, for `reason`; `meta` is its record's meta field (for its parent).
-local function decide_bury(d, job, meta, member, queue, id, reason)
-  d.taken[#d.taken + 1] = member
+-- buries it, for `reason`; `meta` is its record's meta field (for its parent), `ckey` its
+-- `ckey` field.
+local function decide_bury(d, job, meta, member, queue, id, reason, ckey)
+  decide_take(d, member, queue, ckey)
   local _, parent = meta_queue_parent(meta)
   d.bury[#d.bury + 1] = { job, queue, id, parent, reason }
 end
@@ -170,7 +190,7 @@ local function decide_claim(d, job, v, member, queue, id)
     elseif not token then
       reason = 'field token not a number'
     else
-      d.taken[#d.taken + 1] = member
+      decide_take(d, member, queue, v[11])
       d.lease[#d.lease + 1] = { job, v, queue, id, attempts, token }
       return 'leased'
     end
@@ -178,12 +198,13 @@ local function decide_claim(d, job, v, member, queue, id)
     reason = 'unknown state'
   end
   if reason then
-    decide_bury(d, job, v[2], member, queue, id, reason)
+    decide_bury(d, job, v[2], member, queue, id, reason, v[11])
     return 'buried'
   end
-  d.taken[#d.taken + 1] = member
+  decide_take(d, member, queue, v[11])
   if not state then
     d.list_old[#d.list_old + 1] = list_member(queue, 'queued', id)
+    d.gone[#d.gone + 1] = { queue, member, id }
     return 'vanished'
   end
   return 'stale'
@@ -193,11 +214,21 @@ end
 -- (claim_decisions): each job to lease becomes running under this lease, leaving `ready`
 -- and entering `leases` and its queue's running counter in this step; each job to bury
 -- goes to dead; the taken ready members and the list members of vanished jobs are
--- removed. Returns the leased jobs' reply rows, one flat array of 10 values per job (as
--- claim.lua answers: a table per row costs the reply more than its values), and the
--- buried ids.
-local function write_claim(ready, leases, list, running, finished, d, worker, expires, now)
-  local claimed, corrupt, lease_pairs = {}, {}, {}
+-- removed. A leased job with a concurrency key enters `kleases`; the taken entries of jobs
+-- with one leave `kready`, and a vanished job's key (looked up in `ckeys`) leaves both
+-- `kready` and `ckeys`. Returns the leased jobs' reply rows, one flat array of 11 values
+-- per job (as claim.lua answers: a table per row costs the reply more than its values),
+-- and the buried ids.
+local function write_claim(ready, leases, list, running, finished, d, worker, expires, now,
+    ckeys, kready, kleases)
+  local claimed, corrupt, lease_pairs, klease_pairs = {}, {}, {}, {}
+  for _, g in ipairs(d.gone) do
+    local ckey = redis.call('HGET', ckeys, g[3])
+    if ckey then
+      d.ktaken[#d.ktaken + 1] = kready_member(g[1], g[2], ckey)
+      redis.call('HDEL', ckeys, g[3])
+    end
+  end
   for _, l in ipairs(d.lease) do
     local job, v, queue, id = l[1], l[2], l[3], l[4]
     -- The counters as decide_claim found them next (succ), in one write.
@@ -206,8 +237,12 @@ local function write_claim(ready, leases, list, running, finished, d, worker, ex
       'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
     local r = #claimed
     claimed[r + 1] = id
-    for i = 2, 10 do
+    for i = 2, 11 do
       claimed[r + i] = v[i]
+    end
+    if v[11] then
+      klease_pairs[#klease_pairs + 1] = '0'
+      klease_pairs[#klease_pairs + 1] = queue .. ' ' .. v[11] .. ' ' .. id
     end
     claimed[r + 4] = attempts
     claimed[r + 5] = token
@@ -225,10 +260,12 @@ local function write_claim(ready, leases, list, running, finished, d, worker, ex
     corrupt[#corrupt + 1] = b[3]
   end
   zrem_members(ready, d.taken)
+  zrem_members(kready, d.ktaken)
   for queue, flat in pairs(lease_pairs) do
     zadd_pairs(leases, flat)
     redis.call('HINCRBY', running, queue, string.format('%d', #flat / 2))
   end
+  zadd_pairs(kleases, klease_pairs)
   zrem_members(list, d.list_old)
   return claimed, corrupt
 end

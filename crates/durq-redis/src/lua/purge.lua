@@ -6,7 +6,9 @@
 -- KEYS[3] list index (zset)       KEYS[4] children index (zset)
 -- KEYS[5] placement index (hash)  KEYS[6] sequence counter (string)
 -- KEYS[7] running counters (hash)
--- KEYS[7+i] the hash of the job of entry i (ARGV[2+i])
+-- KEYS[8] concurrency keys (hash: id -> hex key)
+-- KEYS[9] kready (zset)           KEYS[10] kleases (zset) (see core.lua)
+-- KEYS[10+i] the hash of the job of entry i (ARGV[2+i])
 -- ARGV[1] cutoff (ms): entries finished at or before it are due
 -- ARGV[2] where the entries come from: 'log' (the head of the finished log, read by Rust
 --         with LRANGE and cut where the first entry not due is: the log is in finish
@@ -30,14 +32,16 @@
 -- `retry` (it removes the entry), so its entries are checked only against the index
 -- itself: still there, at or before the cutoff.
 --
--- Both kinds of entry name the queue, state, id and parent, so the list, children and
--- placement entries go even when the hash is already gone (deleted by hand, or expired
--- by the TTL an earlier version set). A job is counted once: by the entry that deleted
+-- Both kinds of entry name the queue, state, id and parent, so the list, children,
+-- placement and concurrency key (`ckeys`) entries go even when the hash is already gone
+-- (deleted by hand, or expired by the TTL an earlier version set). A terminal job has no
+-- ready or lease entry, so it has none in `kready`; its `kleases` entries are dropped by
+-- the limited claim that reads them. A job is counted once: by the entry that deleted
 -- its record or, when that was already gone, by the one that removed its list entry.
 --
 -- A namespace left with no job at all (its list index empty) also loses its sequence
--- counter, running counters and finished log, which only order, count and remember
--- jobs: an emptied namespace leaves no key of its jobs behind. An enqueue after it
+-- counter, running counters, finished log and concurrency key indexes (`ckeys`,
+-- `kready`, `kleases`), which only order, count, remember or index jobs: an emptied namespace leaves no key of its jobs behind. An enqueue after it
 -- starts them again from nothing, which orders its jobs as well, since there is no
 -- older job to order them against.
 --
@@ -49,7 +53,8 @@
 
 local finished, done_v1, list, children, placements = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local seq, running = KEYS[6], KEYS[7]
-local FIRST_JOB = 7
+local ckeys, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
+local FIRST_JOB = 10
 local cutoff = tonumber(ARGV[1])
 local from_log = ARGV[2] == 'log'
 local n = #KEYS - FIRST_JOB
@@ -57,7 +62,7 @@ local deleted, consumed = 0, 0
 local keys = {}
 -- Every purged id leaves the placement index, whether or not it declared a placement:
 -- one HDEL of a missing field costs less than reading the hash to find out, and a hash
--- already gone could not tell.
+-- already gone could not tell. Likewise `ckeys`, while it exists.
 local placed = {}
 
 -- Deletes the record (when `record` holds its state) and the entries of job `id`.
@@ -129,7 +134,10 @@ else
   end
 end
 hdel_fields(placements, placed)
+if #placed > 0 and redis.call('EXISTS', ckeys) == 1 then
+  hdel_fields(ckeys, placed)
+end
 if consumed > 0 and redis.call('ZCARD', list) == 0 then
-  redis.call('DEL', seq, running, finished)
+  redis.call('DEL', seq, running, finished, ckeys, kready, kleases)
 end
 return { deleted, consumed, keys }

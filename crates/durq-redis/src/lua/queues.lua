@@ -3,6 +3,7 @@
 --
 -- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
 -- KEYS[3] list index (zset)   KEYS[4] running counters (hash)
+-- KEYS[5] concurrency keys (hash)   KEYS[6] kready (zset): kept by the promotion (core.lua)
 -- ARGV[1] now (ms)             ARGV[2] promotion bound
 -- ARGV[3] the last queue the previous call listed, or '' for the first call
 -- ARGV[4] read budget: once the call has made this many range reads it starts no
@@ -34,7 +35,7 @@
 
 local ready, sched, list, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local after, budget = ARGV[3], tonumber(ARGV[4])
-if not promote(ready, sched, ARGV[1], tonumber(ARGV[2])) then
+if not promote(ready, sched, ARGV[1], tonumber(ARGV[2]), KEYS[5], KEYS[6]) then
   return { 'promote' }
 end
 

@@ -4,7 +4,9 @@
 -- KEYS[3] list index (zset)    KEYS[4] finished log (list)
 -- KEYS[5] sequence counter (string)
 -- KEYS[6] running counters (hash)
--- KEYS[6+i] the hash of the job of lease entry i (ARGV[4+i])
+-- KEYS[7] kready (zset: ready jobs with a concurrency key, see core.lua)
+-- KEYS[8] concurrency keys (hash: id -> hex key)
+-- KEYS[8+i] the hash of the job of lease entry i (ARGV[4+i])
 -- ARGV[1] now (ms)             ARGV[2] now as 16 hex digits
 -- ARGV[3] the last_error text of an expired lease
 -- ARGV[4] wake-up channel
@@ -17,9 +19,10 @@
 --
 -- Each entry is checked again here: it must still be in the lease index with an expiry
 -- strictly before now (R1, R2), so concurrent reclaimers take each job once (R4). An entry
--- whose hash is gone is removed and never requeued or recreated (R5). A record that cannot
--- be read (unreadable meta or attempts, unknown state) is moved to `dead` with last_error
--- 'corrupt record: ...' (CONTRACT §5, corrupt records) and reported as dead.
+-- whose hash is gone is removed, with its `ckeys` entry, and never requeued or recreated
+-- (R5). A record that cannot be read (unreadable meta or attempts, unknown state) is
+-- moved to `dead` with last_error 'corrupt record: ...' (CONTRACT §5, corrupt records)
+-- and reported as dead.
 --
 -- The attempt of each job taken back ends expired with the eviction text (CONTRACT H2):
 -- its record goes into the job's hash in the HSET that stores that text. A record whose
@@ -31,6 +34,7 @@
 -- numbers of the requeued jobs (the first write), then the second pass writes.
 
 local leases, ready, list, finished, seq, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local kready, ckeys = KEYS[7], KEYS[8]
 local now, now_hex, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now_n = tonumber(now)
 local examined = 0
@@ -38,9 +42,9 @@ local plan = {}     -- per entry taken: {kind, job, member, queue, id, parent, p
 local queues, seen_queue, seen_member = {}, {}, {}
 local requeued = 0
 -- Pass 1: read and decide, no writes.
-for i = 1, #KEYS - 6 do
+for i = 1, #KEYS - 8 do
   local member = ARGV[4 + i]
-  local job = KEYS[6 + i]
+  local job = KEYS[8 + i]
   examined = examined + 1
   local score = redis.call('ZSCORE', leases, member)
   if score and tonumber(score) < now_n and not seen_member[member] then
@@ -51,7 +55,8 @@ for i = 1, #KEYS - 6 do
       seen_queue[queue] = true
       queues[#queues + 1] = queue
     end
-    local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel', 'token', 'worker', 'started')
+    local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel', 'token', 'worker', 'started',
+      'ckey')
     local state = v[1]
     local _, parent, prio, max_att = meta_head(v[3])
     local kind, reason
@@ -103,6 +108,7 @@ for _, p in ipairs(plan) do
   redis.call('HINCRBY', running, queue, -1)
   if kind == 'vanished' then
     redis.call('ZREM', list, list_member(queue, 'running', id))
+    redis.call('HDEL', ckeys, id)
   elseif kind == 'corrupt' then
     bury(job, list, finished, queue, id, parent, now, reason)
     out[#out + 1] = { id, 'dead' }
@@ -111,7 +117,8 @@ for _, p in ipairs(plan) do
       attempt_record(v[5], v[7], now, 'e', v[6], message))
     if kind == 'queued' then
       seq_next = seq_next + 1
-      requeue(job, ready, nil, list, seq_next, queue, id, prio, now, now_hex, true, 'running')
+      requeue(job, ready, nil, list, seq_next, queue, id, prio, now, now_hex, true, 'running',
+        v[8], kready)
       if not woken[queue] then
         woken[queue] = true
         redis.call('PUBLISH', channel, queue)

@@ -7,6 +7,7 @@
 -- KEYS[5] ready index (zset)   KEYS[6] scheduled index (zset)
 -- KEYS[7] sequence counter (string)
 -- KEYS[8] running counters (hash)
+-- KEYS[9] kready (zset: ready jobs with a concurrency key, see core.lua)
 -- ARGV[1] job id               ARGV[2] token
 -- ARGV[3] now (ms)             ARGV[4] ready time as 16 hex digits
 -- ARGV[5] wake-up channel      ARGV[6] ready time (ms)
@@ -20,9 +21,10 @@
 -- Atomicity and check before write: as fail.lua.
 
 local job, leases, list, finished, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local running = KEYS[8]
+local running, kready = KEYS[8], KEYS[9]
 local id, now = ARGV[1], ARGV[3]
-local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att', 'worker', 'started')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att', 'worker', 'started',
+  'ckey')
 if not v[1] then
   return { 'notfound' }
 end
@@ -55,7 +57,8 @@ end
 -- The first write: INCR fails on a corrupt counter before anything else changed.
 local next_seq = redis.call('INCR', seq)
 local due = ARGV[7] == '1'
-requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[6], ARGV[4], due, 'running')
+requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[6], ARGV[4], due, 'running',
+  v[8], kready)
 redis.call('HSET', job, 'att', string.format('%d', tonumber(v[5]) - 1), attempt_field(v[2]), attempt)
 drop_lease(leases, running, queue, id)
 if due then

@@ -4,6 +4,7 @@
 -- KEYS[1] the job's hash       KEYS[2] ready index (zset)
 -- KEYS[3] list index (zset)    KEYS[4] finished index of layout 1 (zset; see below)
 -- KEYS[5] sequence counter (string)
+-- KEYS[6] kready (zset: ready jobs with a concurrency key, see core.lua)
 -- ARGV[1] job id               ARGV[2] now (ms)
 -- ARGV[3] now as 16 hex digits ARGV[4] wake-up channel
 --
@@ -13,9 +14,9 @@
 -- Atomicity: the check and the move are one step, so of concurrent retries exactly one
 -- finds the job dead or cancelled. Every value used is checked before the first write.
 
-local job, ready, list, done_v1, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job, ready, list, done_v1, seq, kready = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, now = ARGV[1], ARGV[2]
-local v = redis.call('HMGET', job, 'state', 'meta')
+local v = redis.call('HMGET', job, 'state', 'meta', 'ckey')
 if not v[1] then
   return { 'notfound' }
 end
@@ -38,6 +39,6 @@ redis.call('HSET', job, 'att', '0', 'cancel', '0')
 -- The job starts over (A2): no error, start or heartbeat of a past run stays on it;
 -- they are in its attempt history.
 redis.call('HDEL', job, 'finished', 'result', 'error', 'started', 'hb')
-requeue(job, ready, nil, list, next_seq, queue, id, prio, now, ARGV[3], true, state)
+requeue(job, ready, nil, list, next_seq, queue, id, prio, now, ARGV[3], true, state, v[3], kready)
 redis.call('PUBLISH', ARGV[4], queue)
 return { 'ok' }

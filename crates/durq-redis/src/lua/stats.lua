@@ -2,6 +2,7 @@
 --
 -- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
 -- KEYS[3] list index (zset)   KEYS[4] running counters (hash)
+-- KEYS[5] concurrency keys (hash)   KEYS[6] kready (zset): kept by the promotion (core.lua)
 -- ARGV[1] now (ms)             ARGV[2] promotion bound
 -- ARGV[3] queue
 --
@@ -14,7 +15,7 @@
 
 local ready, sched, list, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue = ARGV[3]
-if not promote(ready, sched, ARGV[1], tonumber(ARGV[2])) then
+if not promote(ready, sched, ARGV[1], tonumber(ARGV[2]), KEYS[5], KEYS[6]) then
   return { 'promote' }
 end
 local counts = queue_counts(ready, list, running, queue)

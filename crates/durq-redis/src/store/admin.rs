@@ -20,6 +20,7 @@ impl RedisBackend {
             .key(&keys.sched)
             .key(&keys.list)
             .key(&keys.finished)
+            .key(&keys.kready)
             .arg(id.to_string())
             .arg(now.as_millis());
         let reply = self.invoke(&invocation, "cancel").await?;
@@ -41,6 +42,7 @@ impl RedisBackend {
             .key(&keys.list)
             .key(&keys.done_v1)
             .key(&keys.seq)
+            .key(&keys.kready)
             .arg(id.to_string())
             .arg(now.as_millis())
             .arg(ready_hex(now))

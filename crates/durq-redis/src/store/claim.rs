@@ -21,7 +21,7 @@ use crate::scripts::{self, Eval};
 
 /// Claim calls that may find their candidates taken by other claimers before a claim
 /// gives up and returns what it has (an empty claim is allowed; the caller claims again).
-const CLAIM_CONTENDED_ROUNDS: usize = 64;
+pub(super) const CLAIM_CONTENDED_ROUNDS: usize = 64;
 /// The most ready entries one `claim_fit.lua` call examines. Without a bound, a fitted
 /// claim over queues whose head holds jobs its budget does not admit (or, with preferred
 /// localities, a long priority band holding none of them) would read the whole queue in
@@ -36,10 +36,11 @@ const FIT_SCAN_BOUND: usize = 2_000;
 /// and one claim never examines more than that.
 const FIT_SCAN_CALLS: usize = 4;
 
-/// A call of `claim.lua` or `claim_fit.lua` with what both begin with: KEYS 1–7 (the
-/// indexes and the paused set) and ARGV 1–6 (now, worker, lease expiry, limit, hint
-/// size, promotion bound). Each script's own keys and arguments follow.
-fn claim_invocation(
+/// A call of `claim.lua`, `claim_fit.lua` or `claim_limited.lua` with what they begin
+/// with: KEYS 1–11 (the indexes, the paused set, the concurrency key indexes `ckeys`,
+/// `kready`, `kleases`, and the queue limits) and ARGV 1–6 (now, worker, lease expiry,
+/// limit, hint size, promotion bound). Each script's own keys and arguments follow.
+pub(super) fn claim_invocation(
     script: &'static redis::Script,
     keys: &Keys,
     [now, worker, expires]: [&String; 3],
@@ -55,6 +56,10 @@ fn claim_invocation(
         .key(&keys.running)
         .key(&keys.finished)
         .key(&keys.paused)
+        .key(&keys.ckeys)
+        .key(&keys.kready)
+        .key(&keys.kleases)
+        .key(&keys.limits)
         .arg(now)
         .arg(worker)
         .arg(expires)
@@ -65,15 +70,20 @@ fn claim_invocation(
 }
 
 /// What one claim call did, once its jobs were handed to the claim.
-struct Round {
+pub(super) struct Round {
     /// Jobs it leased.
-    got: usize,
+    pub(super) got: usize,
     /// The ids whose hashes the next call needs (see the scripts' headers).
-    hint: Vec<JobId>,
+    pub(super) hint: Vec<JobId>,
     /// `claim_fit.lua` only: the selection was not wholly leased; call again.
     more: bool,
     /// `claim_fit.lua` only: where its walk stopped at the scan bound, if it did.
     stop: Option<String>,
+    /// The script refused the claim, writing nothing: one of its queues has limits
+    /// (`claim_limited.lua` claims them, see [`super::flow`]).
+    refused: bool,
+    /// `claim_limited.lua` only: how many of the named queues have limits.
+    pub(super) limited: Option<u64>,
 }
 
 /// What a claim script answered, read as far as the next call needs: the leased jobs
@@ -88,6 +98,10 @@ struct Answer {
     more: bool,
     /// `claim_fit.lua` only: where its walk stopped at the scan bound, if it did.
     stop: Option<String>,
+    /// The script answered `limited`: see [`Round::refused`].
+    refused: bool,
+    /// `claim_limited.lua` only: see [`Round::limited`].
+    limited: Option<u64>,
 }
 
 impl RedisBackend {
@@ -105,6 +119,9 @@ impl RedisBackend {
         }
         // The handle refused a queue named twice, so the names go to the script as they are.
         let queues = &request.queues;
+        if self.names_limited_queue(queues) {
+            return self.claim_limited(&request, now).await;
+        }
         let claimer = self.inner.heads.claimer(queues.join(","));
         let (lease, [now_text, expires]) = lease_of(&request, now);
         let keys = self.keys();
@@ -129,11 +146,21 @@ impl RedisBackend {
             let round = self
                 .round(&invocation, Some(call), false, &lease, &mut claimed, now)
                 .await;
-            let Round { got, hint, .. } = match next_step(round, &claimed, &mut promotions)? {
+            let Round {
+                got, hint, refused, ..
+            } = match next_step(round, &claimed, &mut promotions)? {
                 Step::Go(round) => round,
                 Step::Again => continue,
                 Step::Stop => break,
             };
+            if refused {
+                // One of the queues has limits (set since this handle last looked).
+                self.found_limits(queues);
+                if claimed.is_empty() {
+                    return self.claim_limited(&request, now).await;
+                }
+                break;
+            }
             if got == 0 {
                 contended += 1;
             }
@@ -228,6 +255,7 @@ impl RedisBackend {
             );
             invocation
                 .key(&keys.placement)
+                .key(&keys.flow)
                 .arg(FIT_SCAN_BOUND)
                 .arg(&budget)
                 .arg(&reserved)
@@ -278,7 +306,7 @@ impl RedisBackend {
     /// it goes on at once), its jobs appended to `claimed`. With no `call` (a
     /// reservation) it is sent as prepared. `None` when the script only promoted due
     /// jobs.
-    async fn round(
+    pub(super) async fn round(
         &self,
         invocation: &Eval,
         call: Option<Call>,
@@ -309,6 +337,8 @@ impl RedisBackend {
             hint: answer.hint?,
             more: answer.more,
             stop: answer.stop,
+            refused: answer.refused,
+            limited: answer.limited,
         }))
     }
 
@@ -409,7 +439,7 @@ impl RedisBackend {
 
 /// What the lease of each job a claim leases is (Rust fills it in; the script does
 /// not return it), and the clock reading and lease expiry its calls pass, as text.
-fn lease_of(request: &ClaimRequest, now: Timestamp) -> (LeaseWrite<'_>, [String; 2]) {
+pub(super) fn lease_of(request: &ClaimRequest, now: Timestamp) -> (LeaseWrite<'_>, [String; 2]) {
     let expires_at = now.saturating_add(request.lease_ttl);
     let texts = [
         now.as_millis().to_string(),
@@ -424,7 +454,7 @@ fn lease_of(request: &ClaimRequest, now: Timestamp) -> (LeaseWrite<'_>, [String;
 }
 
 /// What a claim loop does after a call.
-enum Step {
+pub(super) enum Step {
     /// Goes on with what the call did.
     Go(Round),
     /// Calls again: the script only promoted due jobs.
@@ -436,7 +466,7 @@ enum Step {
 /// The step after a call, shared by both claim loops. Jobs leased by earlier calls are
 /// handed out rather than stranded until their leases expire; the failure shows again
 /// on the next claim. A promotion that does not end is a corrupt scheduled index.
-fn next_step(
+pub(super) fn next_step(
     round: Result<Option<Round>>,
     claimed: &[ClaimedJob],
     promotions: &mut usize,
@@ -458,9 +488,9 @@ fn next_step(
     }
 }
 
-/// The rows of a claim reply's jobs: `claim.lua` answers one flat array of 10 values
-/// per job (a table per row costs the server more than its values), `claim_fit.lua` an
-/// array per job.
+/// The rows of a claim reply's jobs: `claim.lua` answers one flat array of
+/// [`CLAIMED_FIELDS`] (11) values per job (a table per row costs the server more than
+/// its values), `claim_fit.lua` an array per job.
 fn claimed_rows(jobs: Vec<Value>) -> Result<Vec<[Value; CLAIMED_FIELDS]>> {
     let malformed = || Error::corrupt("claim reply", "wrong number of fields");
     if matches!(jobs.first(), Some(Value::Array(_))) {
@@ -488,7 +518,7 @@ fn claimed_rows(jobs: Vec<Value>) -> Result<Vec<[Value; CLAIMED_FIELDS]>> {
 }
 
 /// Passes the hashes of `ids` (KEYS) with their ids (ARGV), after every other argument.
-fn hold(invocation: &mut Eval, keys: &Keys, ids: &[JobId]) {
+pub(super) fn hold(invocation: &mut Eval, keys: &Keys, ids: &[JobId]) {
     for id in ids {
         invocation.job_key(keys, *id).id_arg(*id);
     }
@@ -508,6 +538,17 @@ fn read_answer(reply: Value, fitted: bool) -> Result<Option<Answer>> {
     if word == "promote" {
         return Ok(None);
     }
+    if word == "limited" {
+        return Ok(Some(Answer {
+            jobs: Value::Array(Vec::new()),
+            corrupt: Value::Array(Vec::new()),
+            hint: Ok(Vec::new()),
+            more: false,
+            stop: None,
+            refused: true,
+            limited: None,
+        }));
+    }
     if word != "ok" {
         return Err(unexpected("claim reply", &word));
     }
@@ -526,6 +567,12 @@ fn read_answer(reply: Value, fitted: bool) -> Result<Option<Answer>> {
         )
     } else {
         (false, None)
+    };
+    // `claim_limited.lua` adds how many of the named queues have limits.
+    let limited = match items.next() {
+        Some(count) if !fitted => Some(u64::try_from(int(&count, "claim reply")?).unwrap_or(0)),
+        Some(_) => return Err(unexpected("claim reply", &word)),
+        None => None,
     };
     if items.next().is_some() {
         return Err(unexpected("claim reply", &word));
@@ -549,5 +596,7 @@ fn read_answer(reply: Value, fitted: bool) -> Result<Option<Answer>> {
         hint,
         more,
         stop,
+        refused: false,
+        limited,
     }))
 }

@@ -23,7 +23,7 @@ use redis::Value;
 use super::RedisBackend;
 use crate::codec::{array, encode_meta, int, job_id, job_id_bytes, text};
 use crate::conn::{map_err, Conn};
-use crate::keys::Keys;
+use crate::keys::{hex_key, Keys};
 use crate::scripts::{self, Eval};
 
 /// Grouped single enqueues per script call, and the payload bytes one call carries at
@@ -130,6 +130,8 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
         .key(&keys.seq)
         .key(&keys.children)
         .key(&keys.placement)
+        .key(&keys.ckeys)
+        .key(&keys.kready)
         .arg(ctx.dedup_ttl)
         .arg(jobs.len())
         .arg(&keys.wake)
@@ -142,6 +144,7 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
             .timeout
             .map(|t| durq_core::duration_millis(t).to_string());
         let placement = durq_core::fit::encode_placement(&job.needs, job.locality.as_deref());
+        let ckey = job.concurrency_key.as_deref().map(hex_key);
         // The options of the entry (see the script's header), in the script's order.
         opts.clear();
         if run_at > now {
@@ -172,6 +175,9 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
         if placement.is_some() {
             opts.push('l');
         }
+        if ckey.is_some() {
+            opts.push('c');
+        }
         invocation
             .id_arg(id)
             .arg(&job.queue)
@@ -195,6 +201,9 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
         }
         if let Some(placement) = placement {
             invocation.arg(placement);
+        }
+        if let Some(ckey) = ckey {
+            invocation.arg(ckey);
         }
     }
     for id in known {

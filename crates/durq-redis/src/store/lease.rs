@@ -191,6 +191,7 @@ fn lease_end_keys<'i, 'a>(
         .key(&keys.sched)
         .key(&keys.seq)
         .key(&keys.running)
+        .key(&keys.kready)
 }
 
 /// Completions one script call takes at most, and the result bytes it carries at most

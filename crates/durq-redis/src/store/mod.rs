@@ -19,6 +19,7 @@ use crate::keys::Keys;
 mod admin;
 mod claim;
 pub(crate) mod enqueue;
+pub(crate) mod flow;
 pub(crate) mod heads;
 pub(crate) mod lease;
 pub(crate) mod partitioned;

@@ -346,6 +346,8 @@ impl RedisBackend {
             .key(&keys.sched)
             .key(&keys.list)
             .key(&keys.running)
+            .key(&keys.ckeys)
+            .key(&keys.kready)
             .arg(now.as_millis())
             .arg(PROMOTE_BOUND)
             .arg(queue);
@@ -380,6 +382,8 @@ impl RedisBackend {
                 .key(&keys.sched)
                 .key(&keys.list)
                 .key(&keys.running)
+                .key(&keys.ckeys)
+                .key(&keys.kready)
                 .arg(now.as_millis())
                 .arg(PROMOTE_BOUND)
                 .arg(&after)

@@ -129,6 +129,8 @@ impl RedisBackend {
                 .key(&keys.finished)
                 .key(&keys.seq)
                 .key(&keys.running)
+                .key(&keys.kready)
+                .key(&keys.ckeys)
                 .arg(&now_text)
                 .arg(&now_hex)
                 .arg(LEASE_EXPIRED)
@@ -232,6 +234,9 @@ impl RedisBackend {
             .key(&keys.placement)
             .key(&keys.seq)
             .key(&keys.running)
+            .key(&keys.ckeys)
+            .key(&keys.kready)
+            .key(&keys.kleases)
             .arg(cutoff_text)
             .arg(source.word());
         // Log entries: "finished queue code id parent"; layout 1's: "queue code id parent".

@@ -570,6 +570,10 @@ async fn refused_batch_writes_nothing_at_any_size() {
         "children",
         "placement",
         "seq",
+        "ckeys",
+        "kready",
+        "kleases",
+        "limits",
         "none",
         "job:*",
     ]
