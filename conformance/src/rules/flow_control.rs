@@ -959,3 +959,81 @@ pub async fn k3_flow_status_shows_the_first_keys_by_key(harness: &dyn Harness) {
     );
     assert_eq!(status.running, KEYS as u64, "K3: every running job counts");
 }
+
+/// K1, K2, K4 hold for fitted claims too (F2–F6): a claim with a budget, one with a
+/// preferred locality and a reservation each pass over a job whose key is at its
+/// running limit, take none of a queue at its running limit, and start no more than
+/// its rate admits, as a plain claim does.
+pub async fn k1_fitted_claims_keep_the_limits(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    store
+        .set_limits(
+            "q",
+            QueueLimits::new().max_running_per_key(1).max_running(3),
+        )
+        .await
+        .must("K1: set_limits");
+    let keyed = |key: &str| NewJob::new("q").concurrency_key(key);
+    let a1 = enqueue(&store, keyed("a"), "K1").await;
+    let a2 = enqueue(&store, keyed("a"), "K1").await;
+    let b1 = enqueue(&store, keyed("b"), "K1").await;
+    let plain = enqueue(&store, NewJob::new("q"), "K1").await;
+    let extra = enqueue(&store, NewJob::new("q"), "K1").await;
+    let budget = durq_core::Budget::new();
+    let fitted = store
+        .claim(request(&["q"], WORKER, TTL, 10).budget(budget.clone()))
+        .await
+        .must("K1: a fitted claim");
+    assert_eq!(
+        ids_of(&fitted),
+        vec![a1, b1, plain],
+        "K1, K2: a fitted claim passes over a's second job and stops at the queue's limit of 3"
+    );
+    let reserved = store
+        .claim(request(&["q"], WORKER, TTL, 1).reserved(a2))
+        .await
+        .must("K1: a reserved claim");
+    assert!(
+        reserved.is_empty(),
+        "K1: a reservation of a job whose key is at its limit takes nothing"
+    );
+    let preferring = store
+        .claim(request(&["q"], WORKER, TTL, 10).prefer(["here"]))
+        .await
+        .must("K2: a claim preferring a locality");
+    assert!(
+        preferring.is_empty(),
+        "K2: a claim with a preference takes nothing of a queue at its running limit"
+    );
+    assert_eq!(get(&store, a2, "K1").await.state, JobState::Queued);
+    assert_eq!(get(&store, extra, "K1").await.state, JobState::Queued);
+
+    store
+        .set_limits(
+            "r",
+            QueueLimits::new().max_starts(Rate::new(2, Duration::from_secs(60))),
+        )
+        .await
+        .must("K4: set_limits");
+    for _ in 0..4 {
+        enqueue(&store, NewJob::new("r"), "K4").await;
+    }
+    let first = store
+        .claim(request(&["r"], WORKER, TTL, 10).budget(budget.clone()))
+        .await
+        .must("K4: a fitted claim");
+    assert_eq!(
+        first.len(),
+        2,
+        "K4: a fitted claim starts what the rate admits"
+    );
+    let second = store
+        .claim(request(&["r"], WORKER, TTL, 10).budget(budget))
+        .await
+        .must("K4: a fitted claim");
+    assert!(
+        second.is_empty(),
+        "K4: the window is used up for fitted claims too"
+    );
+}
