@@ -279,8 +279,11 @@ async fn keyed_jobs_keep_their_indexes_through_every_move() {
             .await
             .expect("snooze d");
         env.check(&keyed, &[a, b], "after release").await;
-        // Leases are not removed eagerly: the limited claim drops stale ones.
-        assert_eq!(env.kleases().await.len(), 2);
+        // A lease's end takes its kleases entry with it.
+        assert!(
+            env.kleases().await.is_empty(),
+            "released leases leave kleases"
+        );
 
         // Claim everything ready: a, b, c, e.
         let claimed = env.claim(plain_claim(10, secs(30)), t1).await;
@@ -294,8 +297,11 @@ async fn keyed_jobs_keep_their_indexes_through_every_move() {
             ])
         );
         env.check(&keyed, &[], "after claiming all").await;
-        assert!(env.kleases().await.contains(&lease_member(b, "cust-2")));
-        assert_eq!(env.kleases().await.len(), 3, "one member per (key, job)");
+        assert_eq!(
+            env.kleases().await,
+            BTreeSet::from([lease_member(a, "cust-1"), lease_member(b, "cust-2")]),
+            "one member per leased keyed job"
+        );
 
         // Fail: b retried now (ready), a retried later (scheduled), c dead, e done.
         env.backend
@@ -317,6 +323,10 @@ async fn keyed_jobs_keep_their_indexes_through_every_move() {
             .await
             .expect("complete e");
         env.check(&keyed, &[b], "after fail").await;
+        assert!(
+            env.kleases().await.is_empty(),
+            "failed leases leave kleases"
+        );
 
         // Promotion by the queue overview: a and d are due.
         let t2 = at(secs(90));
@@ -339,6 +349,7 @@ async fn keyed_jobs_keep_their_indexes_through_every_move() {
         let claimed = env.claim(plain_claim(10, secs(1)), t2).await;
         assert_eq!(claimed.len(), 4);
         env.check(&keyed, &[], "after the short claim").await;
+        assert_eq!(env.kleases().await.len(), 3);
         let reclaimed = env
             .backend
             .reclaim(10, at(secs(95)))
@@ -347,6 +358,10 @@ async fn keyed_jobs_keep_their_indexes_through_every_move() {
         assert_eq!(reclaimed.len(), 4);
         assert!(reclaimed.iter().all(|r| r.state == JobState::Queued));
         env.check(&keyed, &[a, b, d], "after reclaim").await;
+        assert!(
+            env.kleases().await.is_empty(),
+            "reclaimed leases leave kleases"
+        );
 
         // A fitted claim (claim_fit.lua) keeps them too, and reads the keys back.
         let t3 = at(secs(100));
@@ -362,12 +377,17 @@ async fn keyed_jobs_keep_their_indexes_through_every_move() {
             ])
         );
         env.check(&keyed, &[], "after the fitted claim").await;
+        assert_eq!(env.kleases().await.len(), 3);
         for c in &claimed {
             env.backend
                 .complete(c.id(), c.token(), None, t3)
                 .await
                 .expect("complete");
         }
+        assert!(
+            env.kleases().await.is_empty(),
+            "completed leases leave kleases"
+        );
 
         // Purge of finished jobs: their keys go; a live keyed job keeps its entries.
         let f = env
@@ -376,7 +396,6 @@ async fn keyed_jobs_keep_their_indexes_through_every_move() {
         let purged = env.backend.purge(100, t3).await.expect("purge");
         assert_eq!(purged, 5);
         env.check(&[(f, "cust-3")], &[f], "after purge").await;
-        assert!(env.exists("kleases").await, "kept while jobs remain");
 
         // The last job purged: a namespace without jobs keeps none of these keys.
         env.backend.cancel(f, t3).await.expect("cancel f");

@@ -6,6 +6,7 @@
 -- KEYS[1] the job's hash       KEYS[2] lease index (zset)
 -- KEYS[3] list index (zset)    KEYS[4] finished log (list)
 -- KEYS[5] running counters (hash)
+-- KEYS[6] kleases (zset: leases of jobs with a concurrency key, see core.lua)
 -- ARGV[1] job id               ARGV[2] token of the claim that leased it
 -- ARGV[3] now (ms)             ARGV[4] what is unreadable
 --
@@ -15,9 +16,9 @@
 -- the queue comes from `meta` (which claim.lua found readable) and its running counter is
 -- checked before the first write.
 
-local job, leases, list, finished, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job, leases, list, finished, running, kleases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, now = ARGV[1], ARGV[3]
-local v = redis.call('HMGET', job, 'state', 'token', 'meta')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'ckey')
 if not v[1] then
   return { 'notfound' }
 end
@@ -29,6 +30,6 @@ if not queue then
   return { 'corrupt', 'field meta unreadable' }
 end
 check_counters(running, { queue })
-drop_lease(leases, running, queue, id)
+drop_lease(leases, running, queue, id, kleases, v[4])
 bury(job, list, finished, queue, id, parent, now, ARGV[4])
 return { 'ok', 'dead' }

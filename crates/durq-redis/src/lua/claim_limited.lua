@@ -339,7 +339,7 @@ end
 -- The lease: the selection in order, while the call holds each job's hash (claim.lua's
 -- pass 1, reading each job's key for the key indexes).
 local claimed, corrupt, taken, list_old, lease_pairs, per_queue = {}, {}, {}, {}, {}, {}
-local lease_keys, buried, kready_old, kleases_new = {}, {}, {}, {}
+local lease_keys, buried, kready_old, kleases_new, kgone = {}, {}, {}, {}, {}
 local starts = {}
 local turns = {}
 local nc, np, walked = 0, 0, 0
@@ -359,6 +359,13 @@ for i = 1, math.min(#picks, want) do
   local state = v[1]
   taken[#taken + 1] = member
   local key = v[11]
+  if not state then
+    -- A vanished job's key is only in `ckeys`, whose entry goes with its others.
+    key = call('HGET', ckeys, id)
+    if key then
+      kgone[#kgone + 1] = id
+    end
+  end
   if key then
     kready_old[#kready_old + 1] = queue .. ' ' .. sub(member, -72, -69) .. ' ' .. key .. ' ' .. sub(member, -72)
   end
@@ -449,6 +456,9 @@ if np > 0 then
   zadd_pairs(kleases, flat)
 end
 zrem_members(list, list_old)
+for _, id in ipairs(kgone) do
+  call('HDEL', ckeys, id)
+end
 for field, s in pairs(starts) do
   call('HSET', flow, field, log_add(logs[field], now_n - s[2], now_n, s[1]))
 end

@@ -4,7 +4,8 @@
 -- KEYS[1] lease index (zset)   KEYS[2] list index (zset)
 -- KEYS[3] finished log (list)
 -- KEYS[4] running counters (hash: queue -> lease entries)
--- KEYS[4+j] the hash of job j, j = 1..N
+-- KEYS[5] kleases (zset: leases of jobs with a concurrency key, see core.lua)
+-- KEYS[5+j] the hash of job j, j = 1..N
 -- ARGV[1] the default now (ms)
 -- for job j, 4 values from ARGV[4(j-1) + 2]:
 --   id, token, now (ms) or '' for the default, and where its result is: '' for none,
@@ -28,21 +29,21 @@
 -- the four index members and log entries the layout needs and one pattern match of
 -- `meta`.
 
-local leases, list, finished, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local leases, list, finished, running, kleases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local call, match = redis.call, string.match
 local default_now = ARGV[1]
 local out = {}
-local lease_old, list_old, list_new, entries = {}, {}, {}, {}
+local lease_old, list_old, list_new, entries, klease_old = {}, {}, {}, {}, {}
 local nl, nn = 0, 0
 local finishing = {}  -- per entry to complete: its number j
 local stale_error = {}  -- per entry to complete: whether an earlier attempt's error may be set
 local completed = {}  -- job keys completed by an earlier entry of this call
 local queues = {}
 -- Pass 1: read and decide, no writes.
-for j = 1, #KEYS - 4 do
+for j = 1, #KEYS - 5 do
   local a = 4 * j - 2
-  local job = KEYS[4 + j]
-  local v = call('HMGET', job, 'state', 'token', 'meta', 'att')
+  local job = KEYS[5 + j]
+  local v = call('HMGET', job, 'state', 'token', 'meta', 'att', 'ckey')
   if not v[1] then
     out[j] = 'notfound'
   elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 1] or completed[job] then
@@ -71,6 +72,9 @@ for j = 1, #KEYS - 4 do
       end
       local tail = ' ' .. id
       of_queue[#of_queue + 1] = queue .. tail
+      if v[5] then
+        klease_old[#klease_old + 1] = queue .. ' ' .. v[5] .. tail
+      end
       nl = nl + 1
       list_old[nl] = queue .. ' a' .. tail
       local succeeded = queue .. ' s' .. tail
@@ -94,14 +98,14 @@ for _, j in ipairs(finishing) do
   end
   local result = ARGV[a + 3]
   if result == '' then
-    call('HSET', KEYS[4 + j], 'state', 'succeeded', 'finished', now)
+    call('HSET', KEYS[5 + j], 'state', 'succeeded', 'finished', now)
   else
-    call('HSET', KEYS[4 + j], 'state', 'succeeded', 'finished', now, 'result',
+    call('HSET', KEYS[5 + j], 'state', 'succeeded', 'finished', now, 'result',
       ARGV[tonumber(result)])
   end
   -- L4: a succeeded job shows no error of an earlier attempt (it is in the history).
   if stale_error[j] then
-    call('HDEL', KEYS[4 + j], 'error')
+    call('HDEL', KEYS[5 + j], 'error')
   end
 end
 -- Per queue, so each running counter drops by exactly the entries removed.
@@ -118,6 +122,7 @@ for queue, members in pairs(lease_old) do
     call('HINCRBY', running, queue, string.format('%d', -removed))
   end
 end
+zrem_members(kleases, klease_old)
 zrem_members(list, list_old)
 zadd_pairs(list, list_new)
 local n = #entries

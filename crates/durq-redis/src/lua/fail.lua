@@ -7,6 +7,7 @@
 -- KEYS[7] sequence counter (string)
 -- KEYS[8] running counters (hash)
 -- KEYS[9] kready (zset: ready jobs with a concurrency key, see core.lua)
+-- KEYS[10] kleases (zset: leases of jobs with a concurrency key, see core.lua)
 -- ARGV[1] job id               ARGV[2] token
 -- ARGV[3] now (ms)             ARGV[4] error text (already cut to 64 KiB)
 -- ARGV[5] retry time (ms), or '' for "never"
@@ -28,7 +29,7 @@
 -- reclaim buries it).
 
 local job, leases, list, finished, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local running, kready = KEYS[8], KEYS[9]
+local running, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
 local id, now = ARGV[1], ARGV[3]
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel', 'worker', 'started',
   'ckey')
@@ -70,13 +71,13 @@ if state == 'queued' then
   requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[5], ARGV[6], due, 'running',
     v[8], kready)
   redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
-  drop_lease(leases, running, queue, id)
+  drop_lease(leases, running, queue, id, kleases, v[8])
   if due then
     redis.call('PUBLISH', ARGV[8], queue)
   end
 else
   redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
-  drop_lease(leases, running, queue, id)
+  drop_lease(leases, running, queue, id, kleases, v[8])
   finish(job, list, finished, queue, id, parent, 'running', state, now)
 end
 return { 'ok', state }

@@ -96,10 +96,14 @@ local function queue_counts(ready, list, running, queue)
 end
 
 -- Removes a job's lease entry, keeping the per-queue running counter equal to the number
--- of lease entries of the queue.
-local function drop_lease(leases, running, queue, id)
+-- of lease entries of the queue, and its kleases entry when it has a concurrency key
+-- (`ckey`, its record's field; false or nil for none).
+local function drop_lease(leases, running, queue, id, kleases, ckey)
   if redis.call('ZREM', leases, lease_member(queue, id)) == 1 then
     redis.call('HINCRBY', running, queue, -1)
+  end
+  if ckey then
+    redis.call('ZREM', kleases, queue .. ' ' .. ckey .. ' ' .. id)
   end
 end
 

@@ -6,7 +6,8 @@
 -- KEYS[6] running counters (hash)
 -- KEYS[7] kready (zset: ready jobs with a concurrency key, see core.lua)
 -- KEYS[8] concurrency keys (hash: id -> hex key)
--- KEYS[8+i] the hash of the job of lease entry i (ARGV[4+i])
+-- KEYS[9] kleases (zset: leases of jobs with a concurrency key, see core.lua)
+-- KEYS[9+i] the hash of the job of lease entry i (ARGV[4+i])
 -- ARGV[1] now (ms)             ARGV[2] now as 16 hex digits
 -- ARGV[3] the last_error text of an expired lease
 -- ARGV[4] wake-up channel
@@ -34,7 +35,7 @@
 -- numbers of the requeued jobs (the first write), then the second pass writes.
 
 local leases, ready, list, finished, seq, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local kready, ckeys = KEYS[7], KEYS[8]
+local kready, ckeys, kleases = KEYS[7], KEYS[8], KEYS[9]
 local now, now_hex, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now_n = tonumber(now)
 local examined = 0
@@ -42,9 +43,9 @@ local plan = {}     -- per entry taken: {kind, job, member, queue, id, parent, p
 local queues, seen_queue, seen_member = {}, {}, {}
 local requeued = 0
 -- Pass 1: read and decide, no writes.
-for i = 1, #KEYS - 8 do
+for i = 1, #KEYS - 9 do
   local member = ARGV[4 + i]
-  local job = KEYS[8 + i]
+  local job = KEYS[9 + i]
   examined = examined + 1
   local score = redis.call('ZSCORE', leases, member)
   if score and tonumber(score) < now_n and not seen_member[member] then
@@ -106,6 +107,11 @@ for _, p in ipairs(plan) do
   local v = p[9]
   redis.call('ZREM', leases, member)
   redis.call('HINCRBY', running, queue, -1)
+  -- A vanished job's key is only in `ckeys`.
+  local ckey = v[8] or (kind == 'vanished' and redis.call('HGET', ckeys, id))
+  if ckey then
+    redis.call('ZREM', kleases, queue .. ' ' .. ckey .. ' ' .. id)
+  end
   if kind == 'vanished' then
     redis.call('ZREM', list, list_member(queue, 'running', id))
     redis.call('HDEL', ckeys, id)

@@ -8,6 +8,7 @@
 -- KEYS[7] sequence counter (string)
 -- KEYS[8] running counters (hash)
 -- KEYS[9] kready (zset: ready jobs with a concurrency key, see core.lua)
+-- KEYS[10] kleases (zset: leases of jobs with a concurrency key, see core.lua)
 -- ARGV[1] job id               ARGV[2] token
 -- ARGV[3] now (ms)             ARGV[4] ready time as 16 hex digits
 -- ARGV[5] wake-up channel      ARGV[6] ready time (ms)
@@ -21,7 +22,7 @@
 -- Atomicity and check before write: as fail.lua.
 
 local job, leases, list, finished, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local running, kready = KEYS[8], KEYS[9]
+local running, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
 local id, now = ARGV[1], ARGV[3]
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att', 'worker', 'started',
   'ckey')
@@ -49,7 +50,7 @@ local attempt = attempt_record(v[2], v[7], now, 'r', v[6], nil)
 -- ends cancelled, its attempt counted; any other goes back to queued, ready at the given
 -- time, with the attempt taken back.
 if v[4] == '1' then
-  drop_lease(leases, running, queue, id)
+  drop_lease(leases, running, queue, id, kleases, v[8])
   finish(job, list, finished, queue, id, parent, 'running', 'cancelled', now)
   redis.call('HSET', job, attempt_field(v[2]), attempt)
   return { 'ok', 'cancelled' }
@@ -60,7 +61,7 @@ local due = ARGV[7] == '1'
 requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[6], ARGV[4], due, 'running',
   v[8], kready)
 redis.call('HSET', job, 'att', string.format('%d', tonumber(v[5]) - 1), attempt_field(v[2]), attempt)
-drop_lease(leases, running, queue, id)
+drop_lease(leases, running, queue, id, kleases, v[8])
 if due then
   redis.call('PUBLISH', ARGV[5], queue)
 end

@@ -426,6 +426,7 @@ impl RedisBackend {
                 .key(&keys.list)
                 .key(&keys.finished)
                 .key(&keys.running)
+                .key(&keys.kleases)
                 .arg(id_string(bad.id))
                 .arg(token.get())
                 .arg(now.as_millis())

@@ -311,10 +311,10 @@ impl RedisBackend {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let mut lookup = redis::cmd("ZMSCORE");
-        lookup.arg(&keys.leases);
+        // One ZSCORE each, pipelined (ZMSCORE needs Redis 6.2).
+        let mut lookup = redis::pipe();
         for entry in &entries {
-            lookup.arg(format!(
+            lookup.cmd("ZSCORE").arg(&keys.leases).arg(format!(
                 "{queue} {}",
                 &entry[entry.len().saturating_sub(36)..]
             ));

@@ -192,6 +192,7 @@ fn lease_end_keys<'i, 'a>(
         .key(&keys.seq)
         .key(&keys.running)
         .key(&keys.kready)
+        .key(&keys.kleases)
 }
 
 /// Completions one script call takes at most, and the result bytes it carries at most
@@ -277,7 +278,8 @@ pub(crate) async fn run_script(
         .key(&keys.leases)
         .key(&keys.list)
         .key(&keys.finished)
-        .key(&keys.running);
+        .key(&keys.running)
+        .key(&keys.kleases);
     // The first entry's instant is the call's default: a batch shares one, and grouped
     // calls mostly do, so most entries pass '' instead of their own.
     let default_now = entries.first().map_or(0, |e| e.now.as_millis());

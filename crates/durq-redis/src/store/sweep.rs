@@ -131,6 +131,7 @@ impl RedisBackend {
                 .key(&keys.running)
                 .key(&keys.kready)
                 .key(&keys.ckeys)
+                .key(&keys.kleases)
                 .arg(&now_text)
                 .arg(&now_hex)
                 .arg(LEASE_EXPIRED)
