@@ -488,6 +488,18 @@ impl Bug for TurnsRestartAtTheSameKey {
     }
 }
 
+/// K1, K2, K4: a backend that enforces the limits in its plain claim only, so a claim
+/// with a budget, a preference or a reservation takes what they hold back. The store's
+/// own fitted claim with the fault injected (`MemoryServer::fitted_claims_ignore_limits`).
+#[derive(Debug)]
+pub(crate) struct FittedClaimsIgnoreLimits;
+
+impl Bug for FittedClaimsIgnoreLimits {
+    fn open(&self, server: &MemoryServer, namespace: &str) {
+        server.fitted_claims_ignore_limits(namespace, true);
+    }
+}
+
 /// K3: a backend that stores limits but never removes them: setting unlimited limits
 /// is ignored, so the old limits keep holding jobs back.
 #[derive(Debug)]

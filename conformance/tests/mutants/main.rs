@@ -532,6 +532,11 @@ async fn turns_that_restart_at_the_same_key_are_caught_by_k5() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fitted_claims_ignoring_limits_are_caught_by_k1() {
+    caught(FittedClaimsIgnoreLimits, "k1_fitted_claims_keep_the_limits").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unlimited_limits_ignored_are_caught_by_k3() {
     caught(
         UnlimitedLimitsAreIgnored,

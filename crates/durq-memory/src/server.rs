@@ -84,6 +84,15 @@ impl MemoryServer {
         self.namespace(namespace).lock().turns_restart(on);
     }
 
+    /// Injects a bug into the namespace's fitted claims (a budget, a preference, a
+    /// reservation): they apply no limits, as a backend that enforces them only in its
+    /// plain claim would (CONTRACT K1, K2, K4). For the conformance suite's mutant
+    /// tests only.
+    #[cfg(feature = "testing")]
+    pub fn fitted_claims_ignore_limits(&self, namespace: &str, on: bool) {
+        self.namespace(namespace).lock().fitted_ignore_limits(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

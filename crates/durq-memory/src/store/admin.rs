@@ -89,6 +89,11 @@ impl State {
     }
 
     #[cfg(feature = "testing")]
+    pub(crate) fn fitted_ignore_limits(&mut self, on: bool) {
+        self.faults.fitted_ignore_limits = on;
+    }
+
+    #[cfg(feature = "testing")]
     pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
         match self.jobs.get_mut(&id) {
             Some(record) => {

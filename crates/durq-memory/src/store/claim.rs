@@ -126,7 +126,8 @@ impl State {
                 queue,
                 now,
                 request.limit,
-            );
+            )
+            .filter(|_| !self.faults.fitted_ignore_limits);
             let Some(index) = self.idx.queues.get_mut(queue) else {
                 continue;
             };

@@ -418,4 +418,7 @@ pub(crate) struct Faults {
     /// Claims never move a fair queue's turn on, so each starts again at the same key:
     /// a rotation that restarts at the same key (CONTRACT K5).
     pub(crate) turns_restart: bool,
+    /// Fitted claims (a budget, a preference, a reservation) apply no limits: a
+    /// backend that enforces them only in its plain claim (CONTRACT K1, K2, K4).
+    pub(crate) fitted_ignore_limits: bool,
 }
