@@ -1,5 +1,6 @@
 -- claim_limited.lua: the claim of queues with limits (CONTRACT K1-K5 with C1-C9), what
--- store/flow.rs runs once claim.lua answered {'limited'} for one of the named queues.
+-- the claim loop (store/claim.rs) runs instead of claim.lua once claim.lua answered
+-- {'limited'} for one of the named queues (store/flow.rs).
 -- Helpers: core.lua, flow.lua (which describes the keys of flow control).
 --
 -- KEYS[1] ready index (zset)   KEYS[2] scheduled index (zset)
@@ -22,7 +23,8 @@
 --   {'ok', claimed, hint, corrupt, limited}
 --                claimed, corrupt: as claim.lua; hint: the ready index members of the
 --                jobs this call selected but could not lease (it was not given their
---                hashes), in claim order, at most `limit + hint size`; limited: how many
+--                hashes), in claim order, at most `hint size`: the head of the
+--                selection now, sliced between claimers as claim.lua's; limited: how many
 --                of the named queues have limits (0: the caller may forget them)
 --
 -- The selection. Each named queue without limits gives its first ready jobs, as
@@ -38,7 +40,7 @@
 --
 -- Then the lease, as claim.lua: the selection in order, each job whose hash the call
 -- holds, up to `limit`, stopping at the first it does not hold (leasing anything behind
--- it would break the order); store/flow.rs calls again holding the hint. Every limit is
+-- it would break the order); the claim loop calls again holding the hint. Every limit is
 -- counted and every job leased in this one script, so no other claim runs between the
 -- count and the lease (the atomicity K1-K4 ask for). The leases write each start into
 -- the start logs of the queue's rates, and each fair queue's turn moves to the key of
@@ -103,7 +105,11 @@ end
 -- Up to `want` ready jobs of `queue` in claim order, those its admission `a` lets
 -- through (all of them when it has no limits), appended to `out`.
 local function ready_selection(queue, a, out)
-  local keyed = a and a.l.keyed
+  -- The jobs' keys matter to a per-key rate, and to a per-key running limit that this
+  -- claim's takes could reach: a key runs no more jobs than its queue, so while the
+  -- queue's running jobs and all the claim may take stay below the limit, none can.
+  local l = a and a.l
+  local keyed = l and (l.msk ~= nil or (l.mrk ~= nil and a.running + want >= l.mrk))
   local from, to = '[' .. queue .. ' ', '(' .. queue .. '!'
   local got = 0
   while got < want and not (a and admission_full(a)) do
@@ -111,11 +117,17 @@ local function ready_selection(queue, a, out)
     if #page == 0 then
       break
     end
-    for _, member in ipairs(page) do
-      local key = false
-      if keyed then
-        key = call('HGET', ckeys, sub(member, -36))
+    -- The page's keys in one read.
+    local keys_of = nil
+    if keyed then
+      local ids = {}
+      for i, member in ipairs(page) do
+        ids[i] = sub(member, -36)
       end
+      keys_of = call('HMGET', ckeys, unpack(ids))
+    end
+    for i, member in ipairs(page) do
+      local key = keys_of and keys_of[i] or false
       if not a or admission_take(a, key) then
         out[#out + 1] = selected(sub(member, -72, -37), member, queue)
         got = got + 1
@@ -466,8 +478,9 @@ for field, key in pairs(turns) do
   call('HSET', flow, field, key)
 end
 
+-- What the lease left of the selection is the head now (as claim.lua's hint).
 local hint = {}
-for i = walked + 1, math.min(#picks, walked + limit + hint_size) do
+for i = walked + 1, math.min(#picks, walked + hint_size) do
   hint[#hint + 1] = picks[i].member
 end
 return { 'ok', claimed, hint, corrupt, limited }

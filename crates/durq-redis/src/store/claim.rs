@@ -21,7 +21,7 @@ use crate::scripts::{self, Eval};
 
 /// Claim calls that may find their candidates taken by other claimers before a claim
 /// gives up and returns what it has (an empty claim is allowed; the caller claims again).
-pub(super) const CLAIM_CONTENDED_ROUNDS: usize = 64;
+const CLAIM_CONTENDED_ROUNDS: usize = 64;
 /// The most ready entries one `claim_fit.lua` call examines. Without a bound, a fitted
 /// claim over queues whose head holds jobs its budget does not admit (or, with preferred
 /// localities, a long priority band holding none of them) would read the whole queue in
@@ -40,7 +40,7 @@ const FIT_SCAN_CALLS: usize = 4;
 /// with: KEYS 1–11 (the indexes, the paused set, the concurrency key indexes `ckeys`,
 /// `kready`, `kleases`, and the queue limits) and ARGV 1–6 (now, worker, lease expiry,
 /// limit, hint size, promotion bound). Each script's own keys and arguments follow.
-pub(super) fn claim_invocation(
+fn claim_invocation(
     script: &'static redis::Script,
     keys: &Keys,
     [now, worker, expires]: [&String; 3],
@@ -70,11 +70,11 @@ pub(super) fn claim_invocation(
 }
 
 /// What one claim call did, once its jobs were handed to the claim.
-pub(super) struct Round {
+struct Round {
     /// Jobs it leased.
-    pub(super) got: usize,
+    got: usize,
     /// The ids whose hashes the next call needs (see the scripts' headers).
-    pub(super) hint: Vec<JobId>,
+    hint: Vec<JobId>,
     /// `claim_fit.lua` only: the selection was not wholly leased; call again.
     more: bool,
     /// `claim_fit.lua` only: where its walk stopped at the scan bound, if it did.
@@ -83,7 +83,7 @@ pub(super) struct Round {
     /// (`claim_limited.lua` claims them, see [`super::flow`]).
     refused: bool,
     /// `claim_limited.lua` only: how many of the named queues have limits.
-    pub(super) limited: Option<u64>,
+    limited: Option<u64>,
 }
 
 /// What a claim script answered, read as far as the next call needs: the leased jobs
@@ -119,9 +119,10 @@ impl RedisBackend {
         }
         // The handle refused a queue named twice, so the names go to the script as they are.
         let queues = &request.queues;
-        if self.names_limited_queue(queues) {
-            return self.claim_limited(&request, now).await;
-        }
+        // A queue with limits is claimed by `claim_limited.lua` (super::flow), in the same
+        // loop: its selection is the ready order less what the limits hold back (a fair
+        // queue's, turn order), so the head's slices serve it as they serve claim.lua.
+        let mut limited = self.names_limited_queue(queues);
         let claimer = self.inner.heads.claimer(queues.join(","));
         let (lease, [now_text, expires]) = lease_of(&request, now);
         let keys = self.keys();
@@ -131,13 +132,21 @@ impl RedisBackend {
         loop {
             let remaining = request.limit - claimed.len();
             let call = claimer.next_call(remaining).await;
+            let script = if limited {
+                &scripts::CLAIM_LIMITED
+            } else {
+                &scripts::CLAIM
+            };
             let mut invocation = claim_invocation(
-                &scripts::CLAIM,
+                script,
                 keys,
                 [&now_text, &request.worker, &expires],
                 remaining,
                 claimer.hint_size(remaining),
             );
+            if limited {
+                invocation.key(&keys.flow);
+            }
             invocation.arg(queues.len());
             for queue in queues {
                 invocation.arg(queue);
@@ -147,7 +156,11 @@ impl RedisBackend {
                 .round(&invocation, Some(call), false, &lease, &mut claimed, now)
                 .await;
             let Round {
-                got, hint, refused, ..
+                got,
+                hint,
+                refused,
+                limited: with_limits,
+                ..
             } = match next_step(round, &claimed, &mut promotions)? {
                 Step::Go(round) => round,
                 Step::Again => continue,
@@ -156,10 +169,12 @@ impl RedisBackend {
             if refused {
                 // One of the queues has limits (set since this handle last looked).
                 self.found_limits(queues);
-                if claimed.is_empty() {
-                    return self.claim_limited(&request, now).await;
-                }
-                break;
+                limited = true;
+                continue;
+            }
+            if with_limits == Some(0) {
+                // Their limits are gone: the next claim is a plain one again.
+                self.forget_limits(queues);
             }
             if got == 0 {
                 contended += 1;
@@ -306,7 +321,7 @@ impl RedisBackend {
     /// it goes on at once), its jobs appended to `claimed`. With no `call` (a
     /// reservation) it is sent as prepared. `None` when the script only promoted due
     /// jobs.
-    pub(super) async fn round(
+    async fn round(
         &self,
         invocation: &Eval,
         call: Option<Call>,
@@ -440,7 +455,7 @@ impl RedisBackend {
 
 /// What the lease of each job a claim leases is (Rust fills it in; the script does
 /// not return it), and the clock reading and lease expiry its calls pass, as text.
-pub(super) fn lease_of(request: &ClaimRequest, now: Timestamp) -> (LeaseWrite<'_>, [String; 2]) {
+fn lease_of(request: &ClaimRequest, now: Timestamp) -> (LeaseWrite<'_>, [String; 2]) {
     let expires_at = now.saturating_add(request.lease_ttl);
     let texts = [
         now.as_millis().to_string(),
@@ -455,7 +470,7 @@ pub(super) fn lease_of(request: &ClaimRequest, now: Timestamp) -> (LeaseWrite<'_
 }
 
 /// What a claim loop does after a call.
-pub(super) enum Step {
+enum Step {
     /// Goes on with what the call did.
     Go(Round),
     /// Calls again: the script only promoted due jobs.
@@ -467,7 +482,7 @@ pub(super) enum Step {
 /// The step after a call, shared by both claim loops. Jobs leased by earlier calls are
 /// handed out rather than stranded until their leases expire; the failure shows again
 /// on the next claim. A promotion that does not end is a corrupt scheduled index.
-pub(super) fn next_step(
+fn next_step(
     round: Result<Option<Round>>,
     claimed: &[ClaimedJob],
     promotions: &mut usize,
@@ -519,7 +534,7 @@ fn claimed_rows(jobs: Vec<Value>) -> Result<Vec<[Value; CLAIMED_FIELDS]>> {
 }
 
 /// Passes the hashes of `ids` (KEYS) with their ids (ARGV), after every other argument.
-pub(super) fn hold(invocation: &mut Eval, keys: &Keys, ids: &[JobId]) {
+fn hold(invocation: &mut Eval, keys: &Keys, ids: &[JobId]) {
     for id in ids {
         invocation.job_key(keys, *id).id_arg(*id);
     }

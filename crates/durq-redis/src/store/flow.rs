@@ -4,23 +4,21 @@
 //!
 //! A plain claim (`claim.lua`) answers `limited`, before it writes anything, when one
 //! of its queues has limits; the store then remembers those queues (per handle, in
-//! [`LimitedQueues`]) and claims them with `claim_limited.lua` from then on. A queue
-//! that loses its limits is forgotten once a limited claim reports none of its queues
-//! has any. So a store whose queues have no limits pays one `EXISTS` per claim call.
+//! [`LimitedQueues`]) and its claim loop (`store/claim.rs`) calls `claim_limited.lua`
+//! for them from then on, with the same slices of the predicted head. A queue that
+//! loses its limits is forgotten once a limited claim reports none of its queues has
+//! any. So a store whose queues have no limits pays one `EXISTS` per claim call.
 
 use std::collections::HashSet;
 use std::sync::RwLock;
 
 use durq_core::{
-    ClaimRequest, ClaimedJob, Error, FlowStatus, QueueLimits, Rate, Result, StoredLimits,
-    Timestamp, FLOW_KEYS_SHOWN,
+    Error, FlowStatus, QueueLimits, Rate, Result, StoredLimits, Timestamp, FLOW_KEYS_SHOWN,
 };
 
-use super::claim::{claim_invocation, hold, lease_of, next_step, Step, CLAIM_CONTENDED_ROUNDS};
 use super::RedisBackend;
 use crate::codec::concurrency_key_of;
 use crate::conn::map_err;
-use crate::scripts;
 
 /// A concurrency key as an index entry or a field name holds it (hex), read back.
 fn unhex_key(hex: &str, what: &str) -> Result<String> {
@@ -150,59 +148,9 @@ impl RedisBackend {
         self.inner.limited.remember(queues);
     }
 
-    /// Rules K1–K5 with C1–C9: a claim of queues one of which has limits, over
-    /// `claim_limited.lua`. Each call selects anew and leases the selected jobs whose
-    /// hashes it holds; the first call holds none and names the ones it selected, the
-    /// next holds those. A call whose selection others took first names the new one.
-    pub(crate) async fn claim_limited(
-        &self,
-        request: &ClaimRequest,
-        now: Timestamp,
-    ) -> Result<Vec<ClaimedJob>> {
-        let queues = &request.queues;
-        let (lease, [now_text, expires]) = lease_of(request, now);
-        let keys = self.keys();
-        let mut claimed: Vec<ClaimedJob> = Vec::new();
-        let mut held = Vec::new();
-        let mut contended = 0;
-        let mut promotions = 0usize;
-        loop {
-            let remaining = request.limit - claimed.len();
-            let mut invocation = claim_invocation(
-                &scripts::CLAIM_LIMITED,
-                keys,
-                [&now_text, &request.worker, &expires],
-                remaining,
-                remaining,
-            );
-            invocation.key(&keys.flow).arg(queues.len());
-            for queue in queues {
-                invocation.arg(queue);
-            }
-            hold(&mut invocation, keys, &held);
-            let round = self
-                .round(&invocation, None, false, &lease, &mut claimed, now)
-                .await;
-            let round = match next_step(round, &claimed, &mut promotions)? {
-                Step::Go(round) => round,
-                Step::Again => continue,
-                Step::Stop => break,
-            };
-            if round.limited == Some(0) {
-                self.inner.limited.forget(queues);
-            }
-            if round.got == 0 && !held.is_empty() {
-                contended += 1;
-            }
-            if claimed.len() >= request.limit
-                || round.hint.is_empty()
-                || contended > CLAIM_CONTENDED_ROUNDS
-            {
-                break;
-            }
-            held = round.hint;
-        }
-        Ok(claimed)
+    /// Notes that a claim found no limits on any of `queues` any more.
+    pub(crate) fn forget_limits(&self, queues: &[String]) {
+        self.inner.limited.forget(queues);
     }
 
     /// Rule K3: stores `limits` as `queue`'s; unlimited limits remove the queue's.
