@@ -19,7 +19,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Weak};
 
-use durq_core::fair::{in_turn_places, turns_left, Turn, NO_KEY};
+use durq_core::fair::{in_turn_places, turns_left, Found, Look, Turn, NO_KEY};
 use durq_core::fit::FitOrder;
 use durq_core::{Budget, FlowStatus, QueueLimits, Rate, StoredLimits, FLOW_KEYS_SHOWN};
 use sqlx::{Postgres, Transaction};
@@ -1047,31 +1047,22 @@ impl Walk<'_> {
     }
 }
 
-/// The keys of one priority in turn order: from the one after `served` to the last,
-/// then from the first (the jobs without a key) up to `served` itself; read a few keys
+/// The keys of one priority in turn order ([`durq_core::fair::Ring`]), read a few keys
 /// at a time, each with its first ready job.
 struct Ring {
-    served: Option<String>,
-    /// The last key handed out; `None` before the first.
-    at: Option<String>,
-    /// Keys read ahead, in order after `at`.
+    turns: durq_core::fair::Ring,
+    /// Keys read ahead, in order after the last one handed out.
     ahead: VecDeque<KeyTurn>,
-    /// Whether the keys after `at` were all read ahead.
+    /// Whether the keys after the last one handed out were all read ahead.
     ahead_ends: bool,
-    /// Whether the walk went past the last key and started again from the first.
-    wrapped: bool,
-    done: bool,
 }
 
 impl Ring {
     fn new(served: Option<String>) -> Self {
         Ring {
-            served,
-            at: None,
+            turns: durq_core::fair::Ring::new(served),
             ahead: VecDeque::new(),
             ahead_ends: false,
-            wrapped: false,
-            done: false,
         }
     }
 
@@ -1084,26 +1075,17 @@ impl Ring {
         priority: i16,
         room: usize,
     ) -> Result<Option<KeyTurn>> {
-        if self.done {
-            return Ok(None);
-        }
         loop {
-            // The walk starts after the turn; without one, or once around, at the very
-            // first key (the no-key turn).
-            let after = match (&self.at, &self.served) {
-                (Some(at), _) => Some(at.clone()),
-                (None, Some(served)) if !self.wrapped => Some(served.clone()),
-                (None, _) => None,
-            };
-            let next = match after.as_deref() {
-                None => {
+            let next = match self.turns.look() {
+                Look::Done => return Ok(None),
+                Look::NoKey => {
                     let job = walk
                         .key_jobs(tx, priority, NO_KEY, (i64::MIN, i64::MIN), 1)
                         .await?
                         .pop_front();
                     Some((NO_KEY.to_owned(), job))
                 }
-                Some(after) => {
+                Look::After(after) => {
                     if self.ahead.is_empty() && !self.ahead_ends {
                         let wanted = room.clamp(1, 64);
                         self.ahead = walk.next_keys(tx, priority, after, wanted).await?;
@@ -1112,28 +1094,12 @@ impl Ring {
                     self.ahead.pop_front()
                 }
             };
-            let Some((key, job)) = next else {
-                if !self.wrapped && self.served.is_some() {
-                    // Past the last key: around to the first.
-                    self.wrapped = true;
-                    self.at = None;
-                    self.ahead_ends = false;
-                    continue;
-                }
-                self.done = true;
-                return Ok(None);
-            };
-            if self.wrapped
-                && self
-                    .served
-                    .as_deref()
-                    .is_some_and(|served| key.as_str() > served)
-            {
-                self.done = true;
-                return Ok(None);
+            match self.turns.found(next.as_ref().map(|(key, _)| key.as_str())) {
+                Found::Take => return Ok(next),
+                // Round to the first key: the keys read ahead ended at the last.
+                Found::Again => self.ahead_ends = false,
+                Found::Done => return Ok(None),
             }
-            self.at = Some(key.clone());
-            return Ok(Some((key, job)));
         }
     }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use durq_core::fair::{in_turn_places, turns_left, Turn, NO_KEY};
+use durq_core::fair::{in_turn_places, turns_left, Found, Look, Turn, NO_KEY};
 
 use super::*;
 
@@ -112,25 +112,13 @@ fn turn_of(conn: &Connection, ns: i64, queue: &str, priority: i64) -> Result<Opt
     .db("read a queue's turn")
 }
 
-/// The keys of one priority in turn order: from the one after `served` to the last,
-/// then from the first (the jobs without a key) up to `served` itself.
-struct Ring {
-    served: Option<String>,
-    /// The last key handed out; `None` before the first.
-    at: Option<String>,
-    /// Whether the walk went past the last key and started again from the first.
-    wrapped: bool,
-    done: bool,
-}
+/// The keys of one priority in turn order ([`durq_core::fair::Ring`]), each found with
+/// one seek of `jobq_jobs_ready_key`.
+struct Ring(durq_core::fair::Ring);
 
 impl Ring {
     fn new(served: Option<String>) -> Self {
-        Ring {
-            served,
-            at: None,
-            wrapped: false,
-            done: false,
-        }
+        Ring(durq_core::fair::Ring::new(served))
     }
 
     /// The next key in turn order, or `None` once every key had its turn.
@@ -141,46 +129,18 @@ impl Ring {
         queue: &str,
         priority: i64,
     ) -> Result<Option<String>> {
-        if self.done {
-            return Ok(None);
-        }
         loop {
-            // The walk starts after the turn; without one, or once around, at the very
-            // first key (the no-key turn).
-            let after = match (&self.at, &self.served) {
-                (Some(at), _) => Some(at.clone()),
-                (None, Some(served)) if !self.wrapped => Some(served.clone()),
-                (None, _) => None,
+            let key = match self.0.look() {
+                Look::Done => return Ok(None),
+                Look::NoKey => Some(NO_KEY.to_owned()),
+                Look::After(after) => next_key_after(conn, ns, queue, priority, after)?,
             };
-            let next = match after.as_deref() {
-                None => Some(NO_KEY.to_owned()),
-                Some(after) => next_key_after(conn, ns, queue, priority, after)?,
-            };
-            let next = match next {
-                Some(key) => key,
-                None if !self.wrapped && self.served.is_some() => {
-                    // Past the last key: around to the first.
-                    self.wrapped = true;
-                    self.at = None;
-                    continue;
-                }
-                None => {
-                    self.done = true;
-                    return Ok(None);
-                }
-            };
-            if self.wrapped && self.passes_served(&next) {
-                self.done = true;
-                return Ok(None);
+            match self.0.found(key.as_deref()) {
+                Found::Take => return Ok(key),
+                Found::Again => continue,
+                Found::Done => return Ok(None),
             }
-            self.at = Some(next.clone());
-            return Ok(Some(next));
         }
-    }
-
-    /// Whether `key`, met after wrapping, lies past the turn (every key had its turn).
-    fn passes_served(&self, key: &str) -> bool {
-        self.served.as_deref().is_some_and(|served| key > served)
     }
 }
 
