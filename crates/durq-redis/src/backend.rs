@@ -56,6 +56,8 @@ pub(crate) struct Inner {
     /// The queues this handle found limits on (CONTRACT K1–K5), claimed with
     /// `claim_limited.lua` (see `store/flow.rs`).
     pub(crate) limited: crate::store::flow::LimitedQueues,
+    /// Where this handle's sweep of the start logs stands (`store/flow.rs`).
+    pub(crate) start_sweep: crate::store::flow::StartSweep,
     /// The partitions of a partitioned namespace (CONTRACT §8), each a store of its
     /// own over this one's connection; `None` for an unpartitioned namespace, which
     /// this store serves itself. A partitioned store serves only what is not split
@@ -109,7 +111,14 @@ impl RedisBackend {
     ) -> Result<(Vec<ReclaimedJob>, ReclaimReport)> {
         match &self.inner.partitions {
             Some(partitions) => partitions.reclaim(limit, now).await,
-            None => self.reclaim_expired(limit, now).await,
+            None => {
+                let reclaimed = self.reclaim_expired(limit, now).await?;
+                // Housekeeping of flow control: its failure fails no reclaim.
+                if let Err(err) = self.sweep_start_logs(now).await {
+                    tracing::warn!(error = %err, "could not sweep the start logs");
+                }
+                Ok(reclaimed)
+            }
         }
     }
 

@@ -628,6 +628,7 @@ impl RedisBackend {
                 enqueues,
                 enqueue_ctx,
                 limited: Default::default(),
+                start_sweep: Default::default(),
                 partitions,
             }),
         }

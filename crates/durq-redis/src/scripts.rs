@@ -56,13 +56,19 @@ script!(LIST_ROWS, "list_rows.lua");
 script!(BURY, "bury.lua");
 script!(UNSTAGE, "unstage.lua");
 script!(UNKEY, "unkey.lua");
+script!(
+    FORGET_STARTS,
+    "forget_starts.lua",
+    "lua/core.lua",
+    "lua/flow.lua"
+);
 script!(SCHEDULE, "schedule.lua");
 script!(WORKERS, "workers.lua");
 // Run once per open, before anything else: no helpers.
 script!(LAYOUT, "layout.lua",);
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 22] {
+pub(crate) fn all() -> [&'static Script; 23] {
     [
         &ENQUEUE,
         &CLAIM,
@@ -83,6 +89,7 @@ pub(crate) fn all() -> [&'static Script; 22] {
         &BURY,
         &UNSTAGE,
         &UNKEY,
+        &FORGET_STARTS,
         &SCHEDULE,
         &WORKERS,
         &LAYOUT,

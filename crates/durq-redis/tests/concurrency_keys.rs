@@ -701,3 +701,88 @@ async fn the_claim_scripts_leave_limited_queues_alone() {
     })
     .await;
 }
+
+/// The start logs (CONTRACT K4) of keys that stopped starting jobs leave `flow` with
+/// reclaim's housekeeping once their window has passed; a log still inside its window
+/// stays, and so does a fair queue's turn. A queue whose limits lost their rate loses
+/// its logs too. Each sweep runs on a fresh handle: a handle sweeps at most every 10 s.
+#[tokio::test]
+async fn reclaim_sweeps_start_logs_no_window_counts() {
+    use durq_core::{FlowControl, QueueLimits, Rate};
+    run(|mut env| async move {
+        let limits = QueueLimits::new()
+            .max_starts(Rate::new(100, secs(1)))
+            .max_starts_per_key(Rate::new(10, secs(1)))
+            .fair_shares(true);
+        env.backend
+            .set_limits("q", limits)
+            .await
+            .expect("set_limits");
+        let t0 = at(secs(0));
+        env.enqueue(
+            vec![
+                NewJob::new("q").concurrency_key("a"),
+                NewJob::new("q").concurrency_key("b"),
+            ],
+            t0,
+        )
+        .await;
+        assert_eq!(env.claim(plain_claim(10, secs(60)), t0).await.len(), 2);
+        let t1 = at(Duration::from_millis(900));
+        env.enqueue(vec![NewJob::new("q").concurrency_key("c")], t1)
+            .await;
+        assert_eq!(env.claim(plain_claim(10, secs(60)), t1).await.len(), 1);
+        let fields = |flow: &BTreeMap<String, String>| -> BTreeSet<String> {
+            flow.keys().cloned().collect()
+        };
+        let (a, b, c) = (hex("a"), hex("b"), hex("c"));
+        let before = fields(&env.hash("flow").await);
+        for field in [
+            "s q".to_owned(),
+            format!("k q {a}"),
+            format!("k q {b}"),
+            format!("k q {c}"),
+        ] {
+            assert!(before.contains(&field), "{field} in {before:?}");
+        }
+        let turns = before.iter().filter(|f| f.starts_with("t q ")).count();
+        assert!(turns > 0, "a fair turn is kept: {before:?}");
+
+        // At t0 + 1.5 s: a's and b's starts (t0) have left their windows, c's and the
+        // queue's newest (t0 + 0.9 s) have not.
+        let sweeper = |namespace: String| async move {
+            let settings = StoreSettings::default().namespace(namespace);
+            RedisBackend::connect(&url(), settings)
+                .await
+                .expect("connect")
+        };
+        let first = sweeper(env.namespace.clone()).await;
+        first
+            .reclaim(10, at(Duration::from_millis(1_500)))
+            .await
+            .expect("reclaim");
+        let after = fields(&env.hash("flow").await);
+        assert!(!after.contains(&format!("k q {a}")), "{after:?}");
+        assert!(!after.contains(&format!("k q {b}")), "{after:?}");
+        assert!(after.contains(&format!("k q {c}")), "{after:?}");
+        assert!(after.contains("s q"), "{after:?}");
+        assert_eq!(
+            after.iter().filter(|f| f.starts_with("t q ")).count(),
+            turns
+        );
+
+        // The rates removed: the queue's logs go whatever their age.
+        env.backend
+            .set_limits("q", QueueLimits::new().fair_shares(true))
+            .await
+            .expect("set_limits");
+        let second = sweeper(env.namespace.clone()).await;
+        second
+            .reclaim(10, at(Duration::from_millis(1_600)))
+            .await
+            .expect("reclaim");
+        let last = fields(&env.hash("flow").await);
+        assert!(last.iter().all(|f| f.starts_with("t q ")), "{last:?}");
+    })
+    .await;
+}

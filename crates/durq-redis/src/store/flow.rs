@@ -10,7 +10,8 @@
 //! any. So a store whose queues have no limits pays one `EXISTS` per claim call.
 
 use std::collections::HashSet;
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use durq_core::{
     Error, FlowStatus, QueueLimits, Rate, Result, StoredLimits, Timestamp, FLOW_KEYS_SHOWN,
@@ -18,7 +19,9 @@ use durq_core::{
 
 use super::RedisBackend;
 use crate::codec::concurrency_key_of;
+use crate::codec::text;
 use crate::conn::map_err;
+use crate::scripts::{self, Eval};
 
 /// A concurrency key as an index entry or a field name holds it (hex), read back.
 fn unhex_key(hex: &str, what: &str) -> Result<String> {
@@ -59,6 +62,21 @@ impl LimitedQueues {
             known.remove(queue);
         }
     }
+}
+
+/// How often, in real time, one handle's reclaim sweeps the start logs (one pass of
+/// [`SWEEP_PAGES`] pages at most): logs of idle keys are small, so this only bounds
+/// their number, not a window's correctness.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// `HSCAN` pages of `flow` one sweep reads at most, and fields per page.
+const SWEEP_PAGES: usize = 16;
+const SWEEP_PAGE: usize = 256;
+
+/// Where this handle's sweep of the start logs stands: when it last ran, and the
+/// `HSCAN` cursor it goes on from.
+#[derive(Debug, Default)]
+pub(crate) struct StartSweep {
+    state: Mutex<(Option<Instant>, String)>,
 }
 
 /// A queue's limits as the `limits` hash holds them: `MR MRK MS MS_MS MSK MSK_MS FAIR`,
@@ -151,6 +169,56 @@ impl RedisBackend {
     /// Notes that a claim found no limits on any of `queues` any more.
     pub(crate) fn forget_limits(&self, queues: &[String]) {
         self.inner.limited.forget(queues);
+    }
+
+    /// Deletes the start logs that no window counts any more (`forget_starts.lua`): a
+    /// claim trims only the logs it adds to, so a key that stopped starting jobs would
+    /// keep its log. Run with reclaim's housekeeping, at most every [`SWEEP_EVERY`] per
+    /// handle, a few pages of `flow` at a time; a namespace without `flow` costs one
+    /// `EXISTS`.
+    pub(crate) async fn sweep_start_logs(&self, now: Timestamp) -> Result<()> {
+        let mut cursor = {
+            let mut state = self
+                .inner
+                .start_sweep
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if state.0.is_some_and(|at| at.elapsed() < SWEEP_EVERY) {
+                return Ok(());
+            }
+            state.0 = Some(Instant::now());
+            std::mem::take(&mut state.1)
+        };
+        let keys = self.keys();
+        for _ in 0..SWEEP_PAGES {
+            let mut step = Eval::new(&scripts::FORGET_STARTS);
+            step.key(&keys.flow)
+                .key(&keys.limits)
+                .arg(now.as_millis())
+                .arg(if cursor.is_empty() {
+                    "0"
+                } else {
+                    cursor.as_str()
+                })
+                .arg(SWEEP_PAGE);
+            cursor = text(
+                &self.eval(&step, "forget_starts").await?,
+                "forget_starts reply",
+            )?;
+            if cursor == "0" {
+                cursor.clear();
+                break;
+            }
+        }
+        let mut state = self
+            .inner
+            .start_sweep
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        state.1 = cursor;
+        Ok(())
     }
 
     /// Rule K3: stores `limits` as `queue`'s; unlimited limits remove the queue's.

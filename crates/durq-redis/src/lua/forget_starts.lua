@@ -1,0 +1,44 @@
+-- forget_starts.lua: one step of the sweep of the start logs (CONTRACT K4), run with
+-- reclaim's housekeeping (store/flow.rs): a claim trims only the logs it adds to, so
+-- the log of a key that stopped starting jobs would stay in `flow` for ever. This step
+-- reads one HSCAN page of `flow` and deletes each start log whose newest start has
+-- left its window (so none of its starts counts any more), and each start log of a
+-- queue whose limits no longer have that rate. Fair turns (`t` fields) are kept: one
+-- per queue and priority. Helpers: core.lua, flow.lua.
+--
+-- KEYS[1] flow (hash)   KEYS[2] limits (hash)
+-- ARGV[1] now (ms)      ARGV[2] the HSCAN cursor ('0' to start)   ARGV[3] the page size
+--
+-- Returns the next cursor ('0' when the sweep went round, or `flow` does not exist).
+-- An unreadable limits field stops the step before any write, as a claim would.
+
+local flow, limits = KEYS[1], KEYS[2]
+local now = tonumber(ARGV[1])
+if redis.call('EXISTS', flow) == 0 then
+  return '0'
+end
+local page = redis.call('HSCAN', flow, ARGV[2], 'COUNT', ARGV[3])
+local fields = page[2]
+local limits_of = {}
+local gone = {}
+for i = 1, #fields, 2 do
+  local field, log = fields[i], fields[i + 1]
+  local kind, queue = string.match(field, '^([sk]) (%S+)')
+  if kind then
+    local l = limits_of[queue]
+    if l == nil then
+      l = parse_limits(queue, redis.call('HGET', limits, queue)) or false
+      limits_of[queue] = l
+    end
+    local per = l and (kind == 's' and l.ms_per or l.msk_per) or nil
+    -- An unreadable log counts for nothing: it goes too.
+    local newest = tonumber(string.sub(log, -LOG_WIDTH))
+    if not per or not newest or newest <= now - per then
+      gone[#gone + 1] = field
+    end
+  end
+end
+if #gone > 0 then
+  redis.call('HDEL', flow, unpack(gone))
+end
+return page[1]
