@@ -30,6 +30,22 @@ const LIMITS_OF: &str = concat!(
      ORDER BY queue"
 );
 
+/// What a limited claim reads once it holds its queues' locks, in one statement: each
+/// named queue `$2` that is paused (Q1) or has limits, with its limits and, when they
+/// limit running jobs, its running jobs (K1, K2: a range of `jobs_listing`). `$1`
+/// namespace. Columns: queue, paused, limited, the limits as in `limits_columns!`,
+/// running (NULL when not counted).
+const CONTROLS_OF: &str = concat!(
+    "SELECT c.queue, c.paused, c.limited, ",
+    limits_columns!(),
+    ", CASE WHEN c.limited AND (c.max_running IS NOT NULL OR c.max_running_per_key IS NOT NULL) \
+     THEN (SELECT count(*) FROM {schema}.jobs j \
+           WHERE j.namespace = $1 AND j.queue = c.queue AND j.state = 'running') END \
+     FROM {schema}.queue_controls c \
+     WHERE c.namespace = $1 AND c.queue = ANY($2::text[]) AND (c.limited OR c.paused) \
+     ORDER BY c.queue"
+);
+
 /// Stores queue `$2`'s limits (K3), leaving its pause as it is. `$1` namespace,
 /// `$3..$9` the limits as in `limits_columns!`.
 const PUT_LIMITS: &str = concat!(
@@ -269,6 +285,7 @@ WHERE s.namespace = $1 AND s.at <= $2 - COALESCE(
 pub(crate) struct LimitStatements {
     pub(crate) limits: Text,
     pub(crate) limits_of: Text,
+    pub(crate) controls_of: Text,
     pub(crate) put_limits: Text,
     pub(crate) remove_limits: Text,
     pub(crate) lock_jobs: Text,
@@ -296,6 +313,7 @@ impl LimitStatements {
         LimitStatements {
             limits: r(LIMITS),
             limits_of: r(LIMITS_OF),
+            controls_of: r(CONTROLS_OF),
             put_limits: r(PUT_LIMITS),
             remove_limits: r(REMOVE_LIMITS),
             lock_jobs: r(LOCK_JOBS),

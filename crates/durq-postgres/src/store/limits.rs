@@ -343,12 +343,14 @@ struct KeyCounts {
 
 impl Admission {
     /// The queue's admission at the start of a claim: its running jobs counted when it
-    /// has a limit on them, its starts when it has a rate.
+    /// has a limit on them (`running`, when the claim read them already), its starts
+    /// when it has a rate.
     async fn start(
         tx: &mut Transaction<'static, Postgres>,
         store: &PostgresBackend,
         queue: &str,
         limits: QueueLimits,
+        running: Option<u64>,
         now: Timestamp,
     ) -> Result<Self> {
         let started = match limits.max_starts {
@@ -360,10 +362,12 @@ impl Admission {
         };
         // A per-key limit may be met without reading each key (see `prepare`) while
         // the queue runs fewer jobs in all: counted once here.
-        let running = if limits.max_running.is_some() || limits.max_running_per_key.is_some() {
-            Some(count_running(tx, store, queue).await?)
-        } else {
-            None
+        let running = match running {
+            Some(running) => Some(running),
+            None if limits.max_running.is_some() || limits.max_running_per_key.is_some() => {
+                Some(count_running(tx, store, queue).await?)
+            }
+            None => None,
         };
         Ok(Admission {
             limits,
@@ -516,31 +520,33 @@ pub(crate) async fn claim(
         .execute(&mut *tx)
         .await
         .map_err(error)?;
-    // Read under the locks: what the claims before this one committed.
-    let limit_rows = sqlx::query(store.sql().limits.limits_of.sql())
+    // Read under the locks, in one statement: what the claims before this one
+    // committed (pauses, limits, the running jobs the limits count).
+    let control_rows = sqlx::query(store.sql().limits.controls_of.sql())
         .bind(store.namespace())
         .bind(&request.queues[..])
         .fetch_all(&mut *tx)
         .await
         .map_err(error)?;
-    let mut limits: HashMap<String, QueueLimits> = HashMap::with_capacity(limit_rows.len());
-    for row in &limit_rows {
-        let queue: String = column(row, 0, &|| "limits row".to_owned())?;
-        let queue_limits = limits_from(&queue, row, 1)?;
-        limits.insert(queue, queue_limits);
+    let what = || "queue controls row".to_owned();
+    let mut limits: HashMap<String, QueueLimits> = HashMap::with_capacity(control_rows.len());
+    let mut running: HashMap<String, u64> = HashMap::with_capacity(control_rows.len());
+    let mut paused = HashSet::new();
+    for row in &control_rows {
+        let queue: String = column(row, 0, &what)?;
+        if column::<bool>(row, 1, &what)? {
+            paused.insert(queue.clone());
+        }
+        if column::<bool>(row, 2, &what)? {
+            limits.insert(queue.clone(), limits_from(&queue, row, 3)?);
+        }
+        if let Some(count) = column::<Option<i64>>(row, 10, &what)? {
+            running.insert(queue, u64::try_from(count).unwrap_or(0));
+        }
     }
     if limits.is_empty() {
         // This handle's memory of the limits is stale: read it again next time.
         store.forget_limited_queues();
-    }
-    let paused_rows = sqlx::query(store.sql().paused_queues.sql())
-        .bind(store.namespace())
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(error)?;
-    let mut paused = HashSet::with_capacity(paused_rows.len());
-    for row in &paused_rows {
-        paused.insert(column::<String>(row, 0, &|| "paused queue".to_owned())?);
     }
     let open: Vec<&String> = request
         .queues
@@ -556,6 +562,7 @@ pub(crate) async fn claim(
             request,
             open: &open,
             limits: &limits,
+            running: &running,
             budget: budget.as_deref(),
             now,
         };
@@ -569,6 +576,7 @@ pub(crate) async fn claim(
                 queue,
                 budget: budget.as_deref(),
                 now,
+                running: running.get(queue.as_str()).copied(),
             };
             match queue_limits {
                 Some(queue_limits) if queue_limits.fair_shares && !request.is_fitted() => {
@@ -643,6 +651,8 @@ struct Reservation<'a> {
     request: &'a ClaimRequest,
     open: &'a [&'a String],
     limits: &'a HashMap<String, QueueLimits>,
+    /// The running jobs of the queues whose limits count them, read with the controls.
+    running: &'a HashMap<String, u64>,
     budget: Option<&'a str>,
     now: Timestamp,
 }
@@ -674,7 +684,9 @@ impl Reservation<'_> {
             .map(|key| key_text(key, &what))
             .transpose()?;
         if let Some(limits) = self.limits.get(&queue).copied() {
-            let mut admission = Admission::start(tx, store, &queue, limits, self.now).await?;
+            let running = self.running.get(&queue).copied();
+            let mut admission =
+                Admission::start(tx, store, &queue, limits, running, self.now).await?;
             let keys: Vec<&str> = key.as_deref().into_iter().collect();
             admission.prepare(tx, store, &queue, &keys).await?;
             if !admission.take(key.as_deref()) {
@@ -704,6 +716,8 @@ struct Walk<'a> {
     queue: &'a str,
     budget: Option<&'a str>,
     now: Timestamp,
+    /// The queue's running jobs, when the claim read them with its controls.
+    running: Option<u64>,
 }
 
 /// A job in a fair walk: id, run_at, seq.
@@ -751,7 +765,8 @@ impl Walk<'_> {
         let mut admission = match limits {
             Some(limits) => {
                 let admission =
-                    Admission::start(tx, self.store, self.queue, limits, self.now).await?;
+                    Admission::start(tx, self.store, self.queue, limits, self.running, self.now)
+                        .await?;
                 if admission.queue_full() {
                     return Ok(());
                 }
@@ -875,7 +890,8 @@ impl Walk<'_> {
         chosen: &mut Vec<Chosen>,
         turns: &mut Vec<Turn<Uuid>>,
     ) -> Result<()> {
-        let mut admission = Admission::start(tx, self.store, self.queue, limits, self.now).await?;
+        let mut admission =
+            Admission::start(tx, self.store, self.queue, limits, self.running, self.now).await?;
         let limit = self.request.limit;
         // In turn order, with the key whose turn each was.
         let mut taken: Vec<(ReadyOrder, Uuid)> = Vec::new();
