@@ -349,7 +349,12 @@ if #named > 1 then
 end
 
 -- The lease: the selection in order, while the call holds each job's hash (claim.lua's
--- pass 1, reading each job's key for the key indexes).
+-- pass 1, reading each job's key for the key indexes). Written out as claim.lua writes
+-- it, not with lib.lua's decide_claim and write_claim (claim_fit.lua's): those build a
+-- table per job and bring lib.lua's definitions into every call, and with them this
+-- script's claims of limits that admit everything ran at 0.90 of this version's rate
+-- (claim-limited, 6 alternating pairs, 0.78-1.09), which is the margin of issue #28's
+-- target over plain claims.
 local claimed, corrupt, taken, list_old, lease_pairs, per_queue = {}, {}, {}, {}, {}, {}
 local lease_keys, buried, kready_old, kleases_new, kgone = {}, {}, {}, {}, {}
 local starts = {}
