@@ -18,8 +18,7 @@ use durq_core::{
 };
 
 use super::RedisBackend;
-use crate::codec::concurrency_key_of;
-use crate::codec::text;
+use crate::codec::{concurrency_key_of, text};
 use crate::conn::map_err;
 use crate::scripts::{self, Eval};
 
