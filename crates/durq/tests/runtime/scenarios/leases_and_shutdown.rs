@@ -10,7 +10,10 @@ pub async fn shutdown_releases_unfinished_jobs(env: Env) {
     let finish = finish_quick.clone();
     let worker = test_worker(env.store().await, "leaving")
         .concurrency(2)
-        .shutdown_grace(Duration::from_millis(300))
+        // Long enough for the quick job's completion to reach the store on a loaded
+        // machine (300 ms let a PostgreSQL completion miss it once under `.ci/run`); the
+        // stuck job holds the worker for all of it.
+        .shutdown_grace(Duration::from_secs(2))
         .handler("work", move |ctx: JobContext, payload: Bytes| {
             let tx = tx.clone();
             let finish = finish.clone();
