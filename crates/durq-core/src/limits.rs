@@ -340,6 +340,25 @@ impl From<QueueLimits> for StoredLimits {
 }
 
 impl StoredLimits {
+    /// The stored limits of one row whose six counts and windows come in field order
+    /// (`max_running`, `max_running_per_key`, `max_starts`, `max_starts_ms`,
+    /// `max_starts_per_key`, `max_starts_per_key_ms`): `count(i)` reads the `i`-th, so
+    /// each backend writes only how it reads a column.
+    pub fn from_columns(
+        mut count: impl FnMut(usize) -> Result<Option<i64>>,
+        fair_shares: bool,
+    ) -> Result<Self> {
+        Ok(StoredLimits {
+            max_running: count(0)?,
+            max_running_per_key: count(1)?,
+            max_starts: count(2)?,
+            max_starts_ms: count(3)?,
+            max_starts_per_key: count(4)?,
+            max_starts_per_key_ms: count(5)?,
+            fair_shares,
+        })
+    }
+
     /// The limits of `queue` this row holds. A count that is not a positive `u32`, or a
     /// rate without a positive window, is [`Error::Corrupt`], naming the queue and the
     /// field.
@@ -487,6 +506,15 @@ mod tests {
         let stored = StoredLimits::from(limits);
         assert_eq!(stored.max_starts_ms, Some(1_000));
         assert_eq!(stored.into_limits("q").expect("a good row"), limits);
+        // Read back column by column, in field order, as a backend reads its row.
+        let columns = [Some(4), Some(1), Some(10), Some(1_000), Some(2), Some(250)];
+        let read = StoredLimits::from_columns(|i| Ok(columns[i]), true).expect("columns");
+        assert_eq!(read, stored);
+        let failing = StoredLimits::from_columns(|_| Err(Error::corrupt("row", "x")), false);
+        assert!(
+            failing.is_err(),
+            "a column that cannot be read fails the row"
+        );
         for bad in [
             StoredLimits {
                 max_running: Some(0),

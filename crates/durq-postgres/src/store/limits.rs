@@ -257,16 +257,10 @@ pub(crate) async fn all_limits(store: &PostgresBackend) -> Result<Vec<(String, Q
 /// ([`StoredLimits::into_limits`]).
 fn limits_from(queue: &str, row: &PgRow, first: usize) -> Result<QueueLimits> {
     let what = || format!("limits of queue {queue}");
-    let read = |index: usize| column::<Option<i64>>(row, first + index, &what);
-    StoredLimits {
-        max_running: read(0)?,
-        max_running_per_key: read(1)?,
-        max_starts: read(2)?,
-        max_starts_ms: read(3)?,
-        max_starts_per_key: read(4)?,
-        max_starts_per_key_ms: read(5)?,
-        fair_shares: column(row, first + 6, &what)?,
-    }
+    StoredLimits::from_columns(
+        |index| column::<Option<i64>>(row, first + index, &what),
+        column(row, first + 6, &what)?,
+    )?
     .into_limits(queue)
 }
 

@@ -99,29 +99,24 @@ fn limits_text(limits: QueueLimits) -> String {
 fn parse_limits(queue: &str, text: &str) -> Result<QueueLimits> {
     let corrupt = || Error::corrupt(format!("limits of queue {queue}"), text.to_owned());
     let words: Vec<&str> = text.split(' ').collect();
-    let [mr, mrk, ms, ms_ms, msk, msk_ms, fair] = words[..] else {
+    let [ref counts @ .., fair] = words[..] else {
         return Err(corrupt());
     };
-    let number = |word: &str| -> Result<Option<i64>> {
-        match word {
-            "-" => Ok(None),
-            word => word.parse().map(Some).map_err(|_| corrupt()),
-        }
-    };
+    if counts.len() != 6 {
+        return Err(corrupt());
+    }
     let fair_shares = match fair {
         "1" => true,
         "0" => false,
         _ => return Err(corrupt()),
     };
-    StoredLimits {
-        max_running: number(mr)?,
-        max_running_per_key: number(mrk)?,
-        max_starts: number(ms)?,
-        max_starts_ms: number(ms_ms)?,
-        max_starts_per_key: number(msk)?,
-        max_starts_per_key_ms: number(msk_ms)?,
+    StoredLimits::from_columns(
+        |index| match counts[index] {
+            "-" => Ok(None),
+            word => word.parse().map(Some).map_err(|_| corrupt()),
+        },
         fair_shares,
-    }
+    )?
     .into_limits(queue)
 }
 

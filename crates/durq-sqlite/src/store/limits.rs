@@ -98,18 +98,10 @@ pub(crate) fn all_limits(conn: &Connection, ns: i64) -> Result<Vec<(String, Queu
 /// Limits as stored in [`LIMITS_COLUMNS`] from column `first` of `row` on, checked
 /// ([`StoredLimits::into_limits`]).
 pub(super) fn limits_from(queue: &str, row: &Row<'_>, first: usize) -> Result<QueueLimits> {
-    let read = |column: usize| -> Result<Option<i64>> {
-        row.get(first + column).db("read a queue's limits")
-    };
-    StoredLimits {
-        max_running: read(0)?,
-        max_running_per_key: read(1)?,
-        max_starts: read(2)?,
-        max_starts_ms: read(3)?,
-        max_starts_per_key: read(4)?,
-        max_starts_per_key_ms: read(5)?,
-        fair_shares: row.get(first + 6).db("read a queue's limits")?,
-    }
+    StoredLimits::from_columns(
+        |column| row.get(first + column).db("read a queue's limits"),
+        row.get(first + 6).db("read a queue's limits")?,
+    )?
     .into_limits(queue)
 }
 
