@@ -150,10 +150,13 @@ const NEXT_BAND: &str = "SELECT priority FROM {schema}.jobs
      ORDER BY priority DESC LIMIT 1";
 
 /// The next ready jobs of queue `$2` at priority `$3`, after (`$5`, `$6`) in claim
-/// order, up to `$7`, locked (skipping rows other claimers hold); `$4` now and `$8`
-/// the budget of a fitted claim (`{fit}`, NULL for none). `$1` namespace. One range of
-/// `jobs_ready`.
-const BAND_PAGE: &str = r#"
+/// order, up to `$7`; `$4` now and `$8` the budget of a fitted claim (`{fit}`, NULL
+/// for none). `$1` namespace. One range of `jobs_ready`. Not locked: the queue's lock
+/// keeps other claims out, and the lease takes the chosen jobs only if they are still
+/// queued (`LEASE_CHOSEN`). Locking them would cost a write per row, under the lock.
+macro_rules! band_page {
+    () => {
+        r#"
 SELECT id, run_at, seq, concurrency_key, placement ->> 'l'
 FROM {schema}.jobs
 WHERE namespace = $1 AND queue = $2 AND state = 'queued' AND priority = $3
@@ -161,8 +164,15 @@ WHERE namespace = $1 AND queue = $2 AND state = 'queued' AND priority = $3
   AND (placement IS NULL OR placement @@ (SELECT {schema}.budget_admits($8::jsonb)))
 ORDER BY run_at, seq
 LIMIT $7
-FOR UPDATE SKIP LOCKED
-"#;
+"#
+    };
+}
+
+const BAND_PAGE: &str = band_page!();
+
+/// `BAND_PAGE` locked, skipping rows others hold: for a queue without limits that a
+/// limited claim names too, whose jobs plain claims take meanwhile.
+const BAND_PAGE_LOCKED: &str = concat!(band_page!(), "FOR UPDATE SKIP LOCKED\n");
 
 /// A reserved job (CONTRACT F6): job `$3` if it is ready in one of queues `$2` and
 /// passes the budget `$5`, locked. `$4` now, `$1` namespace.
@@ -239,21 +249,29 @@ SELECT $1, t.q, t.p, t.k FROM unnest($2::text[], $3::int2[], $4::bytea[]) AS t(q
 ON CONFLICT (namespace, queue, priority) DO UPDATE SET key = excluded.key
 "#;
 
-/// Leases the `$4` jobs `$2` that a limited claim chose, as every claim does (`$1`
-/// namespace, `$3` now, `$5` worker, `$6` lease expiry), and returns them with their
-/// payloads: those still queued once locked (a job some other call, a cancel say,
-/// changed after the claim read it is left out, never leased in its new state). The
-/// tests sit inside `( … ) IS TRUE` so that only the primary key serves the lookup.
+/// Leases the `$4` jobs `$2` that limited claims chose, as every claim does (`$1`
+/// namespace, `$3` now), each to its claim's worker (`$5`, in step with `$2`) until
+/// its claim's lease expiry (`$6`), and returns them with their payloads: those still
+/// queued when written. The walk that chose them did not lock them (the queue's lock
+/// keeps other claims out), so a job some other call changed since (a cancel, say) is
+/// left out by the update's own test, which the server makes again on the row as it
+/// is once that call commits; it is never leased in its new state. Locking the rows
+/// first would cost a write per row. The tests sit inside `( … ) IS TRUE` so that only
+/// the primary key serves each lookup.
 const LEASE_CHOSEN: &str = concat!(
     r#"WITH cand AS (
-    SELECT id AS cand_id FROM {schema}.jobs
-    WHERE namespace = $1 AND id = ANY($2::uuid[])
-      AND (state = 'queued' AND run_at <= $3) IS TRUE
+    SELECT j.id AS cand_id, c.worker AS cand_worker, c.expires AS cand_expires
+    FROM unnest($2::uuid[], $5::bytea[], $6::int8[]) AS c(id, worker, expires)
+    JOIN {schema}.jobs j ON j.namespace = $1 AND j.id = c.id
+    WHERE (j.state = 'queued' AND j.run_at <= $3) IS TRUE
     LIMIT $4
-    FOR UPDATE
 )
 "#,
-    lease_candidates!()
+    lease_candidates!(
+        "cand.cand_worker",
+        "cand.cand_expires",
+        "AND (state = 'queued' AND run_at <= $3) IS TRUE "
+    )
 );
 
 /// Logs starts (K4) at `$5`: per (`$2` queue, `$3` log key), and trims each log to the
@@ -297,6 +315,7 @@ pub(crate) struct LimitStatements {
     pub(crate) full_key_windows: Text,
     pub(crate) next_band: Text,
     pub(crate) band_page: Text,
+    pub(crate) band_page_locked: Text,
     pub(crate) reserved: Text,
     pub(crate) next_keys: Text,
     pub(crate) key_jobs: Text,
@@ -325,6 +344,7 @@ impl LimitStatements {
             full_key_windows: r(FULL_KEY_WINDOWS),
             next_band: r(NEXT_BAND),
             band_page: r(BAND_PAGE),
+            band_page_locked: r(BAND_PAGE_LOCKED),
             reserved: r(RESERVED),
             next_keys: r(NEXT_KEYS),
             key_jobs: r(KEY_JOBS),

@@ -45,16 +45,29 @@ macro_rules! job_columns {
 }
 
 /// What every claim statement ends with: it leases the rows of `cand` (running, one
-/// more attempt and token, the lease) and returns them with their payloads.
+/// more attempt and token, the lease) and returns them with their payloads. The lease
+/// goes to worker `$5` until `$6`, or, given, to the worker and until the expiry that
+/// `cand`'s own columns hold for each row (a limited claim leases for several claims
+/// at once, `store::limits`), on the rows that still pass `$recheck` (`AND …`, for a
+/// `cand` that did not lock its rows) when written.
 macro_rules! lease_candidates {
     () => {
+        lease_candidates!("$5", "$6", "")
+    };
+    ($worker:literal, $expires:literal, $recheck:literal) => {
         concat!(
             "
 UPDATE {schema}.jobs SET
     state = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
-    lease_worker = $5, lease_expires_at = $6, started_at = $3, heartbeat_at = $3
+    lease_worker = ",
+            $worker,
+            ", lease_expires_at = ",
+            $expires,
+            ", started_at = $3, heartbeat_at = $3
 FROM cand
-WHERE namespace = $1 AND id = cand.cand_id AND {relax}
+WHERE namespace = $1 AND id = cand.cand_id ",
+            $recheck,
+            "AND {relax}
 RETURNING ",
             job_columns!(),
             ", payload"

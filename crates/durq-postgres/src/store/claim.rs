@@ -28,12 +28,12 @@ pub(crate) async fn claim(
     // A queue with limits is claimed apart (CONTRACT K1–K5). The plain statements
     // refuse one this handle did not know of, and the claim goes there then.
     if store.names_limited_queue(&request.queues).await? {
-        return limits::claim(store, &request, now).await;
+        return limits::claim(store, request, now).await;
     }
     match plain_claim(store, &request, now).await {
         Err(err) if limits::is_limited_refusal(&err) => {
             store.forget_limited_queues();
-            limits::claim(store, &request, now).await
+            limits::claim(store, request, now).await
         }
         claimed => claimed,
     }

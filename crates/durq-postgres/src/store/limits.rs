@@ -12,9 +12,11 @@
 //! (claims of one limited queue run one at a time, so each counts what the one before
 //! it leased; which of its queues have limits is read only under the locks), reads
 //! their limits, and walks each queue's ready jobs in claim order (or by turns of key,
-//! K5), locking them (skipping rows other claimers hold) and passing over those the
-//! limits do not admit. The chosen jobs are leased, their starts logged and the turns
-//! moved, and it all commits together.
+//! K5), passing over those the limits do not admit. The chosen jobs are leased, their
+//! starts logged and the turns moved, and it all commits together. The claims of one
+//! handle that wait for the same queues at the same time share that transaction
+//! ([`ClaimGroups`]): claims that run one at a time are paid per transaction, not per
+//! claim.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Weak};
@@ -23,6 +25,7 @@ use durq_core::fair::{in_turn_places, turns_left, Found, Look, Turn, NO_KEY};
 use durq_core::fit::FitOrder;
 use durq_core::{Budget, FlowStatus, QueueLimits, Rate, StoredLimits, FLOW_KEYS_SHOWN};
 use sqlx::{Postgres, Transaction};
+use tokio::sync::oneshot;
 
 use super::claim;
 use super::*;
@@ -36,6 +39,10 @@ const QUEUE_LOG: &str = "";
 /// How many ready rows of a limited queue one statement reads: enough that a claim
 /// passing over a few keys at their limit reads them in one round trip.
 const PAGE: i64 = 256;
+
+/// The most ready rows one statement reads for claims that ask for more than [`PAGE`]
+/// jobs together ([`ClaimGroups`]).
+const MAX_PAGE: i64 = GROUP_JOBS as i64;
 
 /// The queues of the namespace that had limits when this handle last read them; `None`
 /// before the first read, or after a claim found the memory stale.
@@ -85,14 +92,13 @@ pub(crate) struct FlowGates(std::sync::Mutex<HashMap<(String, String), Weak<Gate
 /// One queue's gate in [`FlowGates`].
 type Gate = tokio::sync::Mutex<()>;
 
+/// The gates of a claim's queues, held ([`FlowGates::enter`]).
+type QueueTurn = Vec<tokio::sync::OwnedMutexGuard<()>>;
+
 impl FlowGates {
     /// Waits for the turn of each of `queues` of `namespace`, in name order (so two
     /// claims of overlapping queues never wait for each other in a cycle).
-    async fn enter(
-        &self,
-        namespace: &str,
-        queues: &[&String],
-    ) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+    async fn enter(&self, namespace: &str, queues: &[&String]) -> QueueTurn {
         let gates: Vec<Arc<Gate>> = {
             let mut map = self
                 .0
@@ -493,19 +499,199 @@ struct Chosen {
     key: Option<String>,
 }
 
+/// The most claims one transaction answers together ([`ClaimGroups`]).
+const GROUP_CLAIMS: usize = 64;
+
+/// The most jobs the claims one transaction answers together may ask for; a first
+/// claim asking for more still goes, alone.
+const GROUP_JOBS: usize = 4_096;
+
+/// A limited claim waiting for its group's transaction.
+struct Waiter {
+    request: ClaimRequest,
+    now: Timestamp,
+    reply: oneshot::Sender<Result<Vec<ClaimedJob>>>,
+}
+
+/// The limited claims of one handle waiting for their turn, by the queues they name.
+///
+/// Claims of one limited queue run one at a time (its advisory lock), and each costs
+/// about nine round trips under that lock, so one at a time they would cap a queue at
+/// one claim per few milliseconds however many workers claim. The claims of a handle
+/// that wait together are answered by one transaction instead: whoever gets the
+/// queues' turn takes every claim waiting for the same queues, walks the queue once
+/// for all they ask, and hands each claim its share in claim order. That is what the
+/// claims would have got one after another, the first waiting the first jobs, because
+/// they name the same queues and nothing else that shapes a claim's choice (budget,
+/// preferences and reservations claim alone, [`groups_with_others`]).
+#[derive(Default)]
+pub(crate) struct ClaimGroups(std::sync::Mutex<HashMap<Vec<String>, Vec<Waiter>>>);
+
+impl std::fmt::Debug for ClaimGroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimGroups").finish_non_exhaustive()
+    }
+}
+
+impl ClaimGroups {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<String>, Vec<Waiter>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn wait(&self, waiter: Waiter) {
+        self.lock()
+            .entry(waiter.request.queues.clone())
+            .or_default()
+            .push(waiter);
+    }
+
+    /// The claims waiting for `queues` whose callers still wait, first come first,
+    /// as many as one transaction answers ([`GROUP_CLAIMS`], [`GROUP_JOBS`]).
+    fn take(&self, queues: &[String]) -> Vec<Waiter> {
+        let mut groups = self.lock();
+        let Some(waiting) = groups.get_mut(queues) else {
+            return Vec::new();
+        };
+        waiting.retain(|waiter| !waiter.reply.is_closed());
+        let mut jobs = 0usize;
+        let mut count = 0usize;
+        for waiter in waiting.iter() {
+            jobs = jobs.saturating_add(waiter.request.limit);
+            if count > 0 && (count == GROUP_CLAIMS || jobs > GROUP_JOBS) {
+                break;
+            }
+            count += 1;
+        }
+        let taken: Vec<Waiter> = waiting.drain(..count).collect();
+        if waiting.is_empty() {
+            groups.remove(queues);
+        }
+        taken
+    }
+}
+
+/// Whether a claim may share its transaction with other claims of the same queues:
+/// only what it names (queues, how many jobs) shapes what it may get, so a share of a
+/// walk for all of them is what it would have got alone.
+fn groups_with_others(request: &ClaimRequest) -> bool {
+    request.budget.is_none() && request.prefer.is_empty() && request.reserved.is_none()
+}
+
+fn group_stopped() -> Error {
+    Error::Unavailable {
+        message: "the limited claim's group stopped before it answered (its runtime shut down)"
+            .to_owned(),
+        source: None,
+    }
+}
+
 /// The claim of `request`, which names at least one queue this handle believes has
-/// limits (see the module documentation).
+/// limits (see the module documentation), answered together with the handle's other
+/// claims of the same queues waiting at the same time ([`ClaimGroups`]).
 pub(crate) async fn claim(
     store: &PostgresBackend,
-    request: &ClaimRequest,
+    request: ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<ClaimedJob>> {
     let shared = store.shared();
+    let limited: Vec<String> = store
+        .known_limited(&request.queues)
+        .into_iter()
+        .cloned()
+        .collect();
+    let limited: Vec<&String> = limited.iter().collect();
+    if !groups_with_others(&request) {
+        let turn = shared.flow_gates.enter(store.namespace(), &limited).await;
+        let mut answers = claim_together(store, &[(&request, now)], turn).await?;
+        return answers.pop().unwrap_or_else(|| Ok(Vec::new()));
+    }
+    let queues = request.queues.clone();
+    let (reply, mut answer) = oneshot::channel();
+    store.inner.claim_groups.wait(Waiter {
+        request,
+        now,
+        reply,
+    });
+    tokio::select! {
+        biased;
+        answered = &mut answer => return answered.unwrap_or_else(|_| Err(group_stopped())),
+        turn = shared.flow_gates.enter(store.namespace(), &limited) => {
+            // The claims taken are run by a task of their own: a caller that stops
+            // waiting (a shutdown's `select!`, say) stops no other claim's answer.
+            let waiters = store.inner.claim_groups.take(&queues);
+            if !waiters.is_empty() {
+                let store = store.clone();
+                tokio::spawn(async move { answer_group(&store, waiters, turn).await });
+            }
+        }
+    }
+    // Taken by the transaction just started, or by one before it.
+    answer.await.unwrap_or_else(|_| Err(group_stopped()))
+}
+
+/// Runs the claims of `waiters` in one transaction and answers each. The jobs of a
+/// claim whose caller stopped waiting go back to their queue at once (L8), instead of
+/// waiting for their lease to expire.
+async fn answer_group(store: &PostgresBackend, waiters: Vec<Waiter>, turn: QueueTurn) {
+    let calls: Vec<(&ClaimRequest, Timestamp)> = waiters
+        .iter()
+        .map(|waiter| (&waiter.request, waiter.now))
+        .collect();
+    let answers = claim_together(store, &calls, turn).await;
+    let now = waiters
+        .iter()
+        .map(|waiter| waiter.now)
+        .max()
+        .unwrap_or(Timestamp::from_millis(0));
+    match answers {
+        Ok(answers) => {
+            for (waiter, jobs) in waiters.into_iter().zip(answers) {
+                if let Err(Ok(jobs)) = waiter.reply.send(jobs) {
+                    for job in jobs {
+                        // Best effort: a job not given back runs again after its
+                        // lease expires, as after any lost answer.
+                        let _ = super::lease::release(store, job.id(), job.token(), now, now).await;
+                    }
+                }
+            }
+        }
+        Err(err) => {
+            for waiter in waiters {
+                let _ = waiter.reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
+/// The claims `calls` of the same queues (one claim of any kind, or several that
+/// [`groups_with_others`]), in one transaction: it takes the advisory lock of each
+/// queue, reads their pauses and limits, walks their ready jobs for the jobs all the
+/// claims ask for, and leases each claim its share, in claim order and in the order
+/// of `calls`. Answers in the order of `calls`: each claim's jobs, or what failed
+/// after the commit for that claim alone (a job that does not decode and could not be
+/// buried, C10). Holds the queues' `turn` in this process until the commit.
+async fn claim_together(
+    store: &PostgresBackend,
+    calls: &[(&ClaimRequest, Timestamp)],
+    turn: QueueTurn,
+) -> Result<Vec<Result<Vec<ClaimedJob>>>> {
+    let Some(((first, _), rest)) = calls.split_first() else {
+        return Ok(Vec::new());
+    };
+    // One walk for all: the first claim's shape, every claim's jobs, the latest clock.
+    let mut whole: ClaimRequest = (*first).clone();
+    whole.limit = calls.iter().map(|(request, _)| request.limit).sum();
+    let request = &whole;
+    let now = calls
+        .iter()
+        .map(|(_, now)| *now)
+        .max()
+        .unwrap_or(calls[0].1);
+    debug_assert!(rest.iter().all(|(other, _)| other.queues == first.queues));
+    let shared = store.shared();
     let error = |err| shared.error("claim", err);
-    let _turn = shared
-        .flow_gates
-        .enter(store.namespace(), &store.known_limited(&request.queues))
-        .await;
     let mut tx = shared.begin("claim").await?;
     sqlx::query(store.sql().limits.lock_queues.sql())
         .bind(store.namespace())
@@ -586,8 +772,21 @@ pub(crate) async fn claim(
     }
     chosen.sort_by_key(|c| c.order);
     chosen.truncate(request.limit);
-    let expires_at = now.saturating_add(request.lease_ttl).as_millis();
+    // Each claim's share, in claim order: the first claim the first jobs.
+    let mut shares: Vec<usize> = Vec::with_capacity(chosen.len());
+    for (call, (claim, _)) in calls.iter().enumerate() {
+        shares.extend(std::iter::repeat_n(call, claim.limit));
+    }
+    shares.truncate(chosen.len());
     let ids: Vec<Uuid> = chosen.iter().map(|c| c.id).collect();
+    let workers: Vec<&[u8]> = shares
+        .iter()
+        .map(|call| calls[*call].0.worker.as_bytes())
+        .collect();
+    let expiries: Vec<i64> = shares
+        .iter()
+        .map(|call| now.saturating_add(calls[*call].0.lease_ttl).as_millis())
+        .collect();
     let rows = if ids.is_empty() {
         Vec::new()
     } else {
@@ -596,19 +795,23 @@ pub(crate) async fn claim(
             .bind(&ids[..])
             .bind(now.as_millis())
             .bind(i64::try_from(ids.len()).unwrap_or(i64::MAX))
-            .bind(request.worker.as_bytes())
-            .bind(expires_at)
+            .bind(&workers[..])
+            .bind(&expiries[..])
             .fetch_all(&mut *tx)
             .await
             .map_err(error)?
     };
     // The jobs leased: those still queued when the lease locked them.
-    let mut kept: Vec<Uuid> = Vec::with_capacity(rows.len());
+    let mut kept: HashSet<Uuid> = HashSet::with_capacity(rows.len());
     for row in &rows {
-        kept.push(column(row, 0, &|| "claimed row".to_owned())?);
+        kept.insert(column(row, 0, &|| "claimed row".to_owned())?);
     }
-    chosen.retain(|job| kept.contains(&job.id));
-    log_starts(&mut tx, store, &limits, &chosen, now).await?;
+    let leased: Vec<Chosen> = chosen
+        .into_iter()
+        .filter(|job| kept.contains(&job.id))
+        .collect();
+    log_starts(&mut tx, store, &limits, &leased, now).await?;
+    let kept: Vec<Uuid> = leased.iter().map(|job| job.id).collect();
     let left = turns_left(&turns, &kept);
     if !left.is_empty() {
         sqlx::query(store.sql().limits.put_turns.sql())
@@ -621,17 +824,45 @@ pub(crate) async fn claim(
             .map_err(error)?;
     }
     tx.commit().await.map_err(error)?;
-    let leased = u64::try_from(rows.len()).unwrap_or(u64::MAX);
-    shared.growth.passed(leased, &shared.pool, &shared.sql);
-    let (claimed, unreadable) = claim::claim_order(rows, request)?;
-    // The claim's own order (turns of fair queues included), not each job's.
-    let place: HashMap<Uuid, usize> = ids.iter().enumerate().map(|(n, id)| (*id, n)).collect();
-    let mut claimed: Vec<ClaimedJob> = claimed;
+    drop(turn);
+    let count = u64::try_from(rows.len()).unwrap_or(u64::MAX);
+    shared.growth.passed(count, &shared.pool, &shared.sql);
+    // Each leased row to its claim, at its place in the walk's order (turns of fair
+    // queues included, not each job's own order).
+    let place: HashMap<Uuid, (usize, usize)> = ids
+        .iter()
+        .zip(&shares)
+        .enumerate()
+        .map(|(n, (id, call))| (*id, (*call, n)))
+        .collect();
+    let mut rows_of: Vec<Vec<PgRow>> = calls.iter().map(|_| Vec::new()).collect();
+    for row in rows {
+        let id: Uuid = column(&row, 0, &|| "claimed row".to_owned())?;
+        if let Some((call, _)) = place.get(&id) {
+            rows_of[*call].push(row);
+        }
+    }
+    let mut answers = Vec::with_capacity(calls.len());
+    for ((claim, _), rows) in calls.iter().zip(rows_of) {
+        answers.push(deliver(store, claim, rows, &place, now).await);
+    }
+    Ok(answers)
+}
+
+/// One claim's leased `rows` as its answer: in the walk's order (`place`), those that
+/// do not decode buried (C10).
+async fn deliver(
+    store: &PostgresBackend,
+    request: &ClaimRequest,
+    rows: Vec<PgRow>,
+    place: &HashMap<Uuid, (usize, usize)>,
+    now: Timestamp,
+) -> Result<Vec<ClaimedJob>> {
+    let (mut claimed, unreadable) = claim::claim_order(rows, request)?;
     claimed.sort_by_key(|job| {
         place
             .get(&Uuid::from(job.job.id))
-            .copied()
-            .unwrap_or(usize::MAX)
+            .map_or(usize::MAX, |(_, n)| *n)
     });
     for job in unreadable {
         store.bury(job, now).await?;
@@ -770,10 +1001,13 @@ impl Walk<'_> {
         };
         let limit = self.request.limit;
         let prefers = !self.request.prefer.is_empty();
+        // A page holds the jobs asked for, and room to pass over a few when limits or
+        // a preference may pass some over.
+        let wanted = i64::try_from(limit).unwrap_or(i64::MAX);
         let page = if admission.is_some() || prefers {
-            PAGE
+            wanted.clamp(PAGE, MAX_PAGE)
         } else {
-            i64::try_from(limit).unwrap_or(PAGE)
+            wanted
         };
         let mut below = i32::from(i16::MAX) + 1;
         let mut taken = 0usize;
@@ -787,7 +1021,9 @@ impl Walk<'_> {
             let mut preferred_in_band = 0usize;
             let mut after = (i64::MIN, i64::MIN);
             loop {
-                let rows = self.band_page(tx, priority, after, page).await?;
+                let rows = self
+                    .band_page(tx, priority, after, page, admission.is_none())
+                    .await?;
                 if let Some(admission) = admission.as_mut() {
                     let keys: Vec<&str> = rows.iter().filter_map(|r| r.3.as_deref()).collect();
                     admission.prepare(tx, self.store, self.queue, &keys).await?;
@@ -837,14 +1073,23 @@ impl Walk<'_> {
         Ok(())
     }
 
+    /// A page of a band's ready jobs, locked (skipping rows others hold) when
+    /// `locked`: the queue has no limits, and plain claims take its jobs meanwhile.
     async fn band_page(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         priority: i16,
         after: (i64, i64),
         page: i64,
+        locked: bool,
     ) -> Result<Vec<BandRow>> {
-        let rows = sqlx::query(self.store.sql().limits.band_page.sql())
+        let statements = &self.store.sql().limits;
+        let statement = if locked {
+            &statements.band_page_locked
+        } else {
+            &statements.band_page
+        };
+        let rows = sqlx::query(statement.sql())
             .bind(self.store.namespace())
             .bind(self.queue)
             .bind(priority)

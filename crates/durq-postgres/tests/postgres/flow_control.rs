@@ -1,6 +1,10 @@
 //! Flow control across processes' memories: each handle remembers which queues had
 //! limits when it last looked, and claims a queue it believes unlimited with the plain
 //! statement. These pin what keeps that memory from ever costing a limit.
+//!
+//! And the limited claims' transactions: a handle's claims that wait together share
+//! one, each getting its own share and lease; a claim dropped inside its group gives
+//! its jobs back; a job changed while a claim waits to lease it is left out.
 
 use durq_core::QueueLimits;
 
@@ -207,5 +211,246 @@ async fn dropped_flow_control_calls_leave_no_transaction_open() {
             "step {step}: the completion committed"
         );
     }
+    clean_up(&pool, &namespace).await;
+}
+
+/// Holds a row lock on every job of `namespace` in a transaction of `admin`'s, so that
+/// a claim's lease waits at the first of them.
+async fn hold_jobs(admin: &PgPool, namespace: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut held = admin.begin().await.expect("begin the blocker");
+    sqlx::query("SELECT id FROM jobs.jobs WHERE namespace = $1 FOR UPDATE")
+        .bind(namespace)
+        .execute(&mut *held)
+        .await
+        .expect("lock the jobs");
+    held
+}
+
+/// Waits (on the server's own view, without a timer) until a session of `app`'s pool
+/// waits for a row lock.
+async fn until_a_lease_waits(observer: &PgPool, app: &str) {
+    let waiting = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            )
+            .bind(app)
+            .fetch_one(observer)
+            .await
+            .expect("read the sessions");
+            if waiting > 0 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the claim's lease waits for the held rows");
+}
+
+/// Limited claims of one handle that wait together are answered by one transaction,
+/// and each gets what it would have got alone, one after another: its share of the
+/// admitted jobs in claim order (K1 counted across all of them), leased to its own
+/// worker for its own lease time.
+///
+/// The first claim's lease is held at a row lock while seven more queue up behind it
+/// (one thread: each is polled once, in spawn order, before the lock is let go), so
+/// the seven are one group, in that order. 32 jobs over 8 keys, two running per key:
+/// the first claim takes jobs 0–3, the group the next 12, none more.
+#[tokio::test]
+async fn claims_waiting_together_get_their_own_share_and_lease() {
+    let app = unique_name("jobs_flow_group");
+    let Some(pool) = backend(&app, 4).await else {
+        return;
+    };
+    let (Some(blocker), Some(observer)) = (admin().await, admin().await) else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let namespace = settings.namespace.clone();
+    let store = open(&pool, settings);
+    store
+        .set_limits("q", QueueLimits::new().max_running_per_key(2))
+        .await
+        .expect("set limits");
+    let mut ids = Vec::new();
+    for n in 0..32 {
+        let job = NewJob::new("q").concurrency_key(format!("key-{}", n % 8));
+        ids.push(store.enqueue(job).await.expect("enqueue").id);
+    }
+    let now = clock.now();
+    let held = hold_jobs(&blocker, &namespace).await;
+    let claim = |n: u64| {
+        let store = store.clone();
+        let request =
+            ClaimRequest::new(["q"], format!("worker-{n}"), TTL + Duration::from_secs(n)).limit(4);
+        tokio::spawn(async move { store.claim(request).await.expect("claim") })
+    };
+    let first = claim(0);
+    until_a_lease_waits(&observer, &app).await;
+    let rest: Vec<_> = (1..8).map(claim).collect();
+    tokio::task::yield_now().await;
+    held.rollback().await.expect("let the rows go");
+
+    let mut answers = vec![first.await.expect("first claim")];
+    for handle in rest {
+        answers.push(handle.await.expect("claim"));
+    }
+    for (n, answer) in answers.iter().enumerate() {
+        let expected: &[JobId] = match n {
+            0..=3 => &ids[n * 4..n * 4 + 4],
+            _ => &[],
+        };
+        let got: Vec<JobId> = answer.iter().map(|job| job.id()).collect();
+        assert_eq!(got, expected, "claim {n}: its share, in claim order");
+        for job in answer {
+            let lease = job.job.lease.as_ref().expect("a claimed job has a lease");
+            assert_eq!(lease.worker, format!("worker-{n}"), "claim {n}: its worker");
+            assert_eq!(
+                lease.expires_at,
+                now.saturating_add(TTL + Duration::from_secs(n as u64)),
+                "claim {n}: its lease time"
+            );
+            let stored = store.get(job.id()).await.expect("get");
+            assert_eq!(stored.lease, job.job.lease, "claim {n}: as stored");
+        }
+    }
+    clean_up(&pool, &namespace).await;
+}
+
+/// A limited claim whose caller stops waiting after its group took it gives its jobs
+/// back as soon as the group's transaction ends (L8: ready now, the attempt not
+/// counted), instead of leaving them leased to nobody until the lease expires.
+#[tokio::test]
+async fn a_claim_dropped_inside_its_group_gives_its_jobs_back() {
+    let app = unique_name("jobs_flow_drop");
+    let Some(pool) = backend(&app, 2).await else {
+        return;
+    };
+    let (Some(blocker), Some(observer)) = (admin().await, admin().await) else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let namespace = settings.namespace.clone();
+    let store = open(&pool, settings);
+    store
+        .set_limits("q", QueueLimits::new().max_running_per_key(1))
+        .await
+        .expect("set limits");
+    for key in ["a", "b"] {
+        store
+            .enqueue(NewJob::new("q").concurrency_key(key))
+            .await
+            .expect("enqueue");
+    }
+    let held = hold_jobs(&blocker, &namespace).await;
+    let dropped = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .claim(ClaimRequest::new(["q"], "gone", TTL).limit(2))
+                .await
+        })
+    };
+    until_a_lease_waits(&observer, &app).await;
+    dropped.abort();
+    assert!(dropped.await.is_err_and(|err| err.is_cancelled()));
+    held.rollback().await.expect("let the rows go");
+
+    // Leased by the group once the rows are free, then released: queued again, with
+    // a lease token spent.
+    let released = async {
+        loop {
+            let released: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM jobs.jobs
+                 WHERE namespace = $1 AND state = 'queued' AND lease_token > 0",
+            )
+            .bind(&namespace)
+            .fetch_one(&observer)
+            .await
+            .expect("read the jobs");
+            if released == 2 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), released)
+        .await
+        .expect("the dropped claim's jobs go back to the queue");
+    let again = store
+        .claim(ClaimRequest::new(["q"], "next", TTL).limit(2))
+        .await
+        .expect("claim again");
+    assert_eq!(again.len(), 2, "both jobs are ready again");
+    for job in &again {
+        assert_eq!(job.job.attempts, 1, "the released attempt is not counted");
+    }
+    clean_up(&pool, &namespace).await;
+}
+
+/// A limited claim reads the ready jobs without locking them (the queue's lock keeps
+/// other claims out), so a job another call changes between that read and the lease
+/// must be left out by the lease itself: here a job is cancelled by a transaction the
+/// lease waits for, and the claim returns the others; the cancelled job stays
+/// cancelled, never running.
+#[tokio::test]
+async fn a_job_changed_while_a_limited_claim_waits_is_not_leased() {
+    let app = unique_name("jobs_flow_changed");
+    let Some(pool) = backend(&app, 2).await else {
+        return;
+    };
+    let (Some(blocker), Some(observer)) = (admin().await, admin().await) else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let namespace = settings.namespace.clone();
+    let store = open(&pool, settings);
+    store
+        .set_limits("q", QueueLimits::new().max_running_per_key(1))
+        .await
+        .expect("set limits");
+    let mut ids = Vec::new();
+    for key in ["a", "b", "c"] {
+        let job = NewJob::new("q").concurrency_key(key);
+        ids.push(store.enqueue(job).await.expect("enqueue").id);
+    }
+    let mut held = hold_jobs(&blocker, &namespace).await;
+    let claim = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .claim(ClaimRequest::new(["q"], "w", TTL).limit(3))
+                .await
+                .expect("claim")
+        })
+    };
+    until_a_lease_waits(&observer, &app).await;
+    sqlx::query(
+        "UPDATE jobs.jobs SET state = 'cancelled', finished_at = created_at
+         WHERE namespace = $1 AND id = $2::text::uuid",
+    )
+    .bind(&namespace)
+    .bind(ids[1].to_string())
+    .execute(&mut *held)
+    .await
+    .expect("cancel a job under the claim");
+    held.commit().await.expect("commit the cancel");
+
+    let claimed: Vec<JobId> = claim
+        .await
+        .expect("claim")
+        .iter()
+        .map(|job| job.id())
+        .collect();
+    assert_eq!(claimed, [ids[0], ids[2]], "the cancelled job is left out");
+    let cancelled = store.get(ids[1]).await.expect("get");
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    assert_eq!(cancelled.lease, None, "never leased");
     clean_up(&pool, &namespace).await;
 }
