@@ -214,40 +214,89 @@ async fn dropped_flow_control_calls_leave_no_transaction_open() {
     clean_up(&pool, &namespace).await;
 }
 
-/// Holds a row lock on every job of `namespace` in a transaction of `admin`'s, so that
-/// a claim's lease waits at the first of them.
-async fn hold_jobs(admin: &PgPool, namespace: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut held = admin.begin().await.expect("begin the blocker");
-    sqlx::query("SELECT id FROM jobs.jobs WHERE namespace = $1 FOR UPDATE")
-        .bind(namespace)
-        .execute(&mut *held)
-        .await
-        .expect("lock the jobs");
-    held
+/// A store with `limits` on queue `q`, on a pool of its own (`connections`, named
+/// `app`), and two connections outside it: one to hold the jobs' rows, one to watch
+/// the server.
+struct HeldRows {
+    app: String,
+    pool: PostgresPool,
+    blocker: PgPool,
+    observer: PgPool,
+    clock: ManualClock,
+    namespace: String,
+    store: Store,
 }
 
-/// Waits (on the server's own view, without a timer) until a session of `app`'s pool
-/// waits for a row lock.
-async fn until_a_lease_waits(observer: &PgPool, app: &str) {
-    let waiting = async {
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
-            )
-            .bind(app)
-            .fetch_one(observer)
+impl HeldRows {
+    /// `None` to skip (no server).
+    async fn open(prefix: &str, connections: u32, limits: QueueLimits) -> Option<Self> {
+        let app = unique_name(prefix);
+        let pool = backend(&app, connections).await?;
+        let (blocker, observer) = (admin().await?, admin().await?);
+        let clock = ManualClock::default();
+        let settings = settings(&clock);
+        let namespace = settings.namespace.clone();
+        let store = open(&pool, settings);
+        store.set_limits("q", limits).await.expect("set limits");
+        Some(HeldRows {
+            app,
+            pool,
+            blocker,
+            observer,
+            clock,
+            namespace,
+            store,
+        })
+    }
+
+    /// Holds a row lock on every job of the namespace, so that a claim's lease waits
+    /// at the first of them; let go by committing or rolling back.
+    async fn hold(&self) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut held = self.blocker.begin().await.expect("begin the blocker");
+        sqlx::query("SELECT id FROM jobs.jobs WHERE namespace = $1 FOR UPDATE")
+            .bind(&self.namespace)
+            .execute(&mut *held)
             .await
-            .expect("read the sessions");
-            if waiting > 0 {
-                return;
+            .expect("lock the jobs");
+        held
+    }
+
+    /// Waits, on the server's own view and without a timer, until `count` (a query of
+    /// one count, `$1` bound to `bind`) reaches `want`.
+    async fn until(&self, count: &'static str, bind: &str, want: i64, what: &str) {
+        let reached = async {
+            loop {
+                let now: i64 = sqlx::query_scalar(count)
+                    .bind(bind)
+                    .fetch_one(&self.observer)
+                    .await
+                    .expect("count");
+                if now == want {
+                    return;
+                }
+                tokio::task::yield_now().await;
             }
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), waiting)
-        .await
-        .expect("the claim's lease waits for the held rows");
+        };
+        tokio::time::timeout(Duration::from_secs(30), reached)
+            .await
+            .unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    /// Waits until a session of the store's pool waits for a row lock.
+    async fn until_a_lease_waits(&self) {
+        self.until(
+            "SELECT least(count(*), 1) FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            &self.app,
+            1,
+            "the claim's lease waits for the held rows",
+        )
+        .await;
+    }
+
+    async fn clean_up(self) {
+        clean_up(&self.pool, &self.namespace).await;
+    }
 }
 
 /// Limited claims of one handle that wait together are answered by one transaction,
@@ -261,28 +310,18 @@ async fn until_a_lease_waits(observer: &PgPool, app: &str) {
 /// the first claim takes jobs 0–3, the group the next 12, none more.
 #[tokio::test]
 async fn claims_waiting_together_get_their_own_share_and_lease() {
-    let app = unique_name("jobs_flow_group");
-    let Some(pool) = backend(&app, 4).await else {
+    let limits = QueueLimits::new().max_running_per_key(2);
+    let Some(rows) = HeldRows::open("jobs_flow_group", 4, limits).await else {
         return;
     };
-    let (Some(blocker), Some(observer)) = (admin().await, admin().await) else {
-        return;
-    };
-    let clock = ManualClock::default();
-    let settings = settings(&clock);
-    let namespace = settings.namespace.clone();
-    let store = open(&pool, settings);
-    store
-        .set_limits("q", QueueLimits::new().max_running_per_key(2))
-        .await
-        .expect("set limits");
+    let store = &rows.store;
     let mut ids = Vec::new();
     for n in 0..32 {
         let job = NewJob::new("q").concurrency_key(format!("key-{}", n % 8));
         ids.push(store.enqueue(job).await.expect("enqueue").id);
     }
-    let now = clock.now();
-    let held = hold_jobs(&blocker, &namespace).await;
+    let now = rows.clock.now();
+    let held = rows.hold().await;
     let claim = |n: u64| {
         let store = store.clone();
         let request =
@@ -290,7 +329,7 @@ async fn claims_waiting_together_get_their_own_share_and_lease() {
         tokio::spawn(async move { store.claim(request).await.expect("claim") })
     };
     let first = claim(0);
-    until_a_lease_waits(&observer, &app).await;
+    rows.until_a_lease_waits().await;
     let rest: Vec<_> = (1..8).map(claim).collect();
     tokio::task::yield_now().await;
     held.rollback().await.expect("let the rows go");
@@ -318,7 +357,7 @@ async fn claims_waiting_together_get_their_own_share_and_lease() {
             assert_eq!(stored.lease, job.job.lease, "claim {n}: as stored");
         }
     }
-    clean_up(&pool, &namespace).await;
+    rows.clean_up().await;
 }
 
 /// A limited claim whose caller stops waiting after its group took it gives its jobs
@@ -326,28 +365,18 @@ async fn claims_waiting_together_get_their_own_share_and_lease() {
 /// counted), instead of leaving them leased to nobody until the lease expires.
 #[tokio::test]
 async fn a_claim_dropped_inside_its_group_gives_its_jobs_back() {
-    let app = unique_name("jobs_flow_drop");
-    let Some(pool) = backend(&app, 2).await else {
+    let limits = QueueLimits::new().max_running_per_key(1);
+    let Some(rows) = HeldRows::open("jobs_flow_drop", 2, limits).await else {
         return;
     };
-    let (Some(blocker), Some(observer)) = (admin().await, admin().await) else {
-        return;
-    };
-    let clock = ManualClock::default();
-    let settings = settings(&clock);
-    let namespace = settings.namespace.clone();
-    let store = open(&pool, settings);
-    store
-        .set_limits("q", QueueLimits::new().max_running_per_key(1))
-        .await
-        .expect("set limits");
+    let store = &rows.store;
     for key in ["a", "b"] {
         store
             .enqueue(NewJob::new("q").concurrency_key(key))
             .await
             .expect("enqueue");
     }
-    let held = hold_jobs(&blocker, &namespace).await;
+    let held = rows.hold().await;
     let dropped = {
         let store = store.clone();
         tokio::spawn(async move {
@@ -356,32 +385,21 @@ async fn a_claim_dropped_inside_its_group_gives_its_jobs_back() {
                 .await
         })
     };
-    until_a_lease_waits(&observer, &app).await;
+    rows.until_a_lease_waits().await;
     dropped.abort();
     assert!(dropped.await.is_err_and(|err| err.is_cancelled()));
     held.rollback().await.expect("let the rows go");
 
     // Leased by the group once the rows are free, then released: queued again, with
     // a lease token spent.
-    let released = async {
-        loop {
-            let released: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM jobs.jobs
-                 WHERE namespace = $1 AND state = 'queued' AND lease_token > 0",
-            )
-            .bind(&namespace)
-            .fetch_one(&observer)
-            .await
-            .expect("read the jobs");
-            if released == 2 {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), released)
-        .await
-        .expect("the dropped claim's jobs go back to the queue");
+    rows.until(
+        "SELECT count(*) FROM jobs.jobs
+         WHERE namespace = $1 AND state = 'queued' AND lease_token > 0",
+        &rows.namespace,
+        2,
+        "the dropped claim's jobs go back to the queue",
+    )
+    .await;
     let again = store
         .claim(ClaimRequest::new(["q"], "next", TTL).limit(2))
         .await
@@ -390,7 +408,7 @@ async fn a_claim_dropped_inside_its_group_gives_its_jobs_back() {
     for job in &again {
         assert_eq!(job.job.attempts, 1, "the released attempt is not counted");
     }
-    clean_up(&pool, &namespace).await;
+    rows.clean_up().await;
 }
 
 /// A limited claim reads the ready jobs without locking them (the queue's lock keeps
@@ -400,27 +418,17 @@ async fn a_claim_dropped_inside_its_group_gives_its_jobs_back() {
 /// cancelled, never running.
 #[tokio::test]
 async fn a_job_changed_while_a_limited_claim_waits_is_not_leased() {
-    let app = unique_name("jobs_flow_changed");
-    let Some(pool) = backend(&app, 2).await else {
+    let limits = QueueLimits::new().max_running_per_key(1);
+    let Some(rows) = HeldRows::open("jobs_flow_changed", 2, limits).await else {
         return;
     };
-    let (Some(blocker), Some(observer)) = (admin().await, admin().await) else {
-        return;
-    };
-    let clock = ManualClock::default();
-    let settings = settings(&clock);
-    let namespace = settings.namespace.clone();
-    let store = open(&pool, settings);
-    store
-        .set_limits("q", QueueLimits::new().max_running_per_key(1))
-        .await
-        .expect("set limits");
+    let store = &rows.store;
     let mut ids = Vec::new();
     for key in ["a", "b", "c"] {
         let job = NewJob::new("q").concurrency_key(key);
         ids.push(store.enqueue(job).await.expect("enqueue").id);
     }
-    let mut held = hold_jobs(&blocker, &namespace).await;
+    let mut held = rows.hold().await;
     let claim = {
         let store = store.clone();
         tokio::spawn(async move {
@@ -430,12 +438,12 @@ async fn a_job_changed_while_a_limited_claim_waits_is_not_leased() {
                 .expect("claim")
         })
     };
-    until_a_lease_waits(&observer, &app).await;
+    rows.until_a_lease_waits().await;
     sqlx::query(
         "UPDATE jobs.jobs SET state = 'cancelled', finished_at = created_at
          WHERE namespace = $1 AND id = $2::text::uuid",
     )
-    .bind(&namespace)
+    .bind(&rows.namespace)
     .bind(ids[1].to_string())
     .execute(&mut *held)
     .await
@@ -452,5 +460,5 @@ async fn a_job_changed_while_a_limited_claim_waits_is_not_leased() {
     let cancelled = store.get(ids[1]).await.expect("get");
     assert_eq!(cancelled.state, JobState::Cancelled);
     assert_eq!(cancelled.lease, None, "never leased");
-    clean_up(&pool, &namespace).await;
+    rows.clean_up().await;
 }
