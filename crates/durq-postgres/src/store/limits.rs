@@ -775,9 +775,9 @@ async fn claim_together(
     // Each claim's share, in claim order: the first claim the first jobs.
     let mut shares: Vec<usize> = Vec::with_capacity(chosen.len());
     for (call, (claim, _)) in calls.iter().enumerate() {
-        shares.extend(std::iter::repeat_n(call, claim.limit));
+        let room = chosen.len() - shares.len();
+        shares.extend(std::iter::repeat_n(call, claim.limit.min(room)));
     }
-    shares.truncate(chosen.len());
     let ids: Vec<Uuid> = chosen.iter().map(|c| c.id).collect();
     let workers: Vec<&[u8]> = shares
         .iter()
