@@ -137,6 +137,7 @@ macro_rules! __scenario_list {
             K4 [FlowControl] rules::k4_a_rate_admits_at_most_its_starts_in_any_window,
             K4 [FlowControl] rules::k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window,
             K4 [FlowControl] rules::k4_a_wait_ends_when_the_rate_frees_a_start,
+            K4 [FlowControl] rules::k4_limits_without_a_rate_forget_the_starts,
             K5 [FlowControl] rules::k5_claims_take_turns_over_the_keys_of_a_fair_queue,
             K5 [FlowControl] rules::k5_a_deep_key_does_not_starve_the_keys_behind_it,
             H1 [Inspect] rules::h1_every_claim_is_an_attempt_with_its_worker_and_token,

@@ -446,6 +446,65 @@ pub async fn k4_a_rate_admits_at_most_its_starts_in_any_window(harness: &dyn Har
     assert_eq!(ids_of(&later), vec![a2], "K4: a's next start");
 }
 
+/// K4 (decided): limits without a rate forget the queue's starts before `set_limits`
+/// returns, so a rate set again counts only the starts after it. The queue's rate and
+/// a key's rate are each used up, taken away and set again within their window, with
+/// the clock standing still: the next claim starts one job of each again.
+pub async fn k4_limits_without_a_rate_forget_the_starts(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let per = Duration::from_secs(3_600);
+    let rates = [
+        QueueLimits::new().max_starts(Rate::new(1, per)),
+        QueueLimits::new().max_starts_per_key(Rate::new(1, per)),
+    ];
+    for (round, rated) in rates.into_iter().enumerate() {
+        let queue = format!("q{round}");
+        store.set_limits(&queue, rated).await.must("K4: set a rate");
+        let mut queued = Vec::new();
+        for _ in 0..3 {
+            let job = NewJob::new(queue.as_str()).concurrency_key("a");
+            queued.push(enqueue(&store, job, "K4").await);
+        }
+        let first = claim(&store, &[&queue], 10, "K4: under the rate").await;
+        assert_eq!(ids_of(&first), vec![queued[0]], "K4 {queue}: one start");
+        assert_nothing_claimable(&store, &[&queue], "K4: the rate is used up").await;
+
+        // Taken away and set again, the clock where it was: the start is forgotten.
+        store
+            .set_limits(&queue, QueueLimits::new())
+            .await
+            .must("K4: take the rate away");
+        store
+            .set_limits(&queue, rated)
+            .await
+            .must("K4: set the rate again");
+        let again = claim(&store, &[&queue], 10, "K4: the rate set again").await;
+        assert_eq!(
+            ids_of(&again),
+            vec![queued[1]],
+            "K4 {queue}: the start taken under the old rate no longer counts"
+        );
+        assert_nothing_claimable(&store, &[&queue], "K4: the new rate is used up").await;
+
+        // Limits that keep no rate but keep others forget the starts too.
+        store
+            .set_limits(&queue, QueueLimits::new().max_running(100))
+            .await
+            .must("K4: limits without a rate");
+        store
+            .set_limits(&queue, rated)
+            .await
+            .must("K4: set the rate again");
+        let third = claim(&store, &[&queue], 10, "K4: the rate set once more").await;
+        assert_eq!(
+            ids_of(&third),
+            vec![queued[2]],
+            "K4 {queue}: limits without a rate forgot the starts as well"
+        );
+    }
+}
+
 /// K4 with real concurrency: 16 claimers, each on a store of its own, race for 60
 /// jobs of 6 keys under at most 6 starts per second and 2 per key per second; the
 /// store's clock moves on 250 ms at a time once every claimer has come back empty.

@@ -500,6 +500,19 @@ impl Bug for FittedClaimsIgnoreLimits {
     }
 }
 
+/// K4: a backend whose limits without a rate leave the queue's start logs to
+/// housekeeping, so a rate taken away and set again within its window still counts the
+/// old starts. The store's own `set_limits` with the fault injected
+/// (`MemoryServer::rates_keep_starts`).
+#[derive(Debug)]
+pub(crate) struct RemovedRatesKeepTheirStarts;
+
+impl Bug for RemovedRatesKeepTheirStarts {
+    fn open(&self, server: &MemoryServer, namespace: &str) {
+        server.rates_keep_starts(namespace, true);
+    }
+}
+
 /// K3: a backend that stores limits but never removes them: setting unlimited limits
 /// is ignored, so the old limits keep holding jobs back.
 #[derive(Debug)]

@@ -537,6 +537,15 @@ async fn fitted_claims_ignoring_limits_are_caught_by_k1() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn removed_rates_keeping_their_starts_are_caught_by_k4() {
+    caught(
+        RemovedRatesKeepTheirStarts,
+        "k4_limits_without_a_rate_forget_the_starts",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unlimited_limits_ignored_are_caught_by_k3() {
     caught(
         UnlimitedLimitsAreIgnored,

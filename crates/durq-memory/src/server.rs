@@ -93,6 +93,15 @@ impl MemoryServer {
         self.namespace(namespace).lock().fitted_ignore_limits(on);
     }
 
+    /// Injects a bug into the namespace's `set_limits`: limits without a rate keep the
+    /// queue's starts, so a rate set again counts the starts taken under the old one,
+    /// as a backend that leaves the logs to housekeeping would (CONTRACT K4). For the
+    /// conformance suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn rates_keep_starts(&self, namespace: &str, on: bool) {
+        self.namespace(namespace).lock().rates_keep_starts(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

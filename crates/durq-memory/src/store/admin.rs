@@ -94,6 +94,11 @@ impl State {
     }
 
     #[cfg(feature = "testing")]
+    pub(crate) fn rates_keep_starts(&mut self, on: bool) {
+        self.faults.rates_keep_starts = on;
+    }
+
+    #[cfg(feature = "testing")]
     pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
         match self.jobs.get_mut(&id) {
             Some(record) => {

@@ -202,7 +202,7 @@ impl State {
     /// Rule K3: stores `queue`'s limits (unlimited ones remove them), counting its
     /// running jobs when it had none before.
     pub(crate) fn set_limits(&mut self, queue: &str, limits: QueueLimits) {
-        if !limits.limits_starts() {
+        if !limits.limits_starts() && !self.faults.rates_keep_starts {
             self.starts.remove(queue);
         }
         self.set_fair(queue, limits.fair_shares);
@@ -421,4 +421,7 @@ pub(crate) struct Faults {
     /// Fitted claims (a budget, a preference, a reservation) apply no limits: a
     /// backend that enforces them only in its plain claim (CONTRACT K1, K2, K4).
     pub(crate) fitted_ignore_limits: bool,
+    /// Limits without a rate keep the queue's starts, so a rate set again counts the
+    /// starts taken under the old one until housekeeping forgets them (CONTRACT K4).
+    pub(crate) rates_keep_starts: bool,
 }

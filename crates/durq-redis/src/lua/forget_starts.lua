@@ -4,7 +4,9 @@
 -- reads one HSCAN page of `flow` and deletes each start log whose newest start has
 -- left its window (so none of its starts counts any more), and each start log of a
 -- queue whose limits no longer have that rate. Fair turns (`t` fields) are kept: one
--- per queue and priority. Helpers: core.lua, flow.lua.
+-- per queue and priority. `set_limits` without a rate runs a whole round of it at
+-- `now` 0, which deletes only the logs of rates taken away (CONTRACT K4). Helpers:
+-- core.lua, flow.lua.
 --
 -- KEYS[1] flow (hash)   KEYS[2] limits (hash)
 -- ARGV[1] now (ms)      ARGV[2] the HSCAN cursor ('0' to start)   ARGV[3] the page size

@@ -236,7 +236,36 @@ impl RedisBackend {
         } else {
             self.inner.limited.remember(&[queue.to_owned()]);
         }
+        if !limits.limits_starts() {
+            self.forget_unrated_start_logs().await?;
+        }
         Ok(())
+    }
+
+    /// Deletes every start log whose queue's limits no longer have its rate, before
+    /// `set_limits` returns (CONTRACT K4: limits without a rate forget the queue's
+    /// starts, so a rate set again counts only the starts after it). One whole round of
+    /// `forget_starts.lua` over `flow`, at the dawn of time: no log whose rate stands
+    /// has left its window then, so only the unrated ones go. After the limits' own
+    /// write, so no claim logs a start of the queue meanwhile.
+    async fn forget_unrated_start_logs(&self) -> Result<()> {
+        let keys = self.keys();
+        let mut cursor = "0".to_owned();
+        loop {
+            let mut step = Eval::new(&scripts::FORGET_STARTS);
+            step.key(&keys.flow)
+                .key(&keys.limits)
+                .arg(0)
+                .arg(&cursor)
+                .arg(SWEEP_PAGE);
+            cursor = text(
+                &self.eval(&step, "set_limits").await?,
+                "forget_starts reply",
+            )?;
+            if cursor == "0" {
+                return Ok(());
+            }
+        }
     }
 
     /// Rule K3: every queue's limits, by queue name.
