@@ -140,6 +140,7 @@ macro_rules! __scenario_list {
             K4 [FlowControl] rules::k4_limits_without_a_rate_forget_the_starts,
             K5 [FlowControl] rules::k5_claims_take_turns_over_the_keys_of_a_fair_queue,
             K5 [FlowControl] rules::k5_a_deep_key_does_not_starve_the_keys_behind_it,
+            K5 [FlowControl] rules::k5_limits_without_fair_shares_forget_the_turns,
             H1 [Inspect] rules::h1_every_claim_is_an_attempt_with_its_worker_and_token,
             H2 [Inspect Admin] rules::h2_each_ending_is_recorded_with_its_outcome_and_error,
             H2 [Inspect] rules::h2_an_attempts_error_is_cut_at_4_kib,

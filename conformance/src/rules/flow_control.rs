@@ -615,6 +615,54 @@ pub async fn k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window
     }
 }
 
+/// K5 (decided): limits without fair shares forget the queue's turns before
+/// `set_limits` returns, so fair shares set again start with the first key. Key `a`
+/// holds three jobs and `b`, `c` one each; after each claim of one job (which leaves
+/// the turn at `a`) fair shares are taken away (by unlimited limits, then by limits
+/// that keep only a running limit) and set again: the next claim starts at `a` again,
+/// not at `b`.
+pub async fn k5_limits_without_fair_shares_forget_the_turns(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    let fair = QueueLimits::new().fair_shares(true);
+    store
+        .set_limits("q", fair)
+        .await
+        .must("K5: set fair shares");
+    let keyed = |key: &str| NewJob::new("q").concurrency_key(key);
+    let mut a = Vec::new();
+    for _ in 0..3 {
+        a.push(enqueue(&store, keyed("a"), "K5").await);
+    }
+    let b = enqueue(&store, keyed("b"), "K5").await;
+    enqueue(&store, keyed("c"), "K5").await;
+    let first = claim(&store, &["q"], 1, "K5: the first turn").await;
+    assert_eq!(ids_of(&first), vec![a[0]], "K5: the first key's first job");
+
+    let without = [QueueLimits::new(), QueueLimits::new().max_running(100)];
+    for (round, limits) in without.into_iter().enumerate() {
+        store
+            .set_limits("q", limits)
+            .await
+            .must("K5: take fair shares away");
+        store
+            .set_limits("q", fair)
+            .await
+            .must("K5: set fair shares again");
+        let next = claim(&store, &["q"], 1, "K5: fair shares set again").await;
+        assert_ne!(
+            ids_of(&next),
+            vec![b],
+            "K5 round {round}: the turn left at `a` was kept through limits without fair shares"
+        );
+        assert_eq!(
+            ids_of(&next),
+            vec![a[round + 1]],
+            "K5 round {round}: fair shares set again start with the first key"
+        );
+    }
+}
+
 /// K5: a fair queue's claims take its keys in turn within a priority, jobs without a
 /// key first, each key's jobs in claim order, round after round; the turn is the
 /// queue's, kept across claims and handles. A higher priority still goes first, a key

@@ -513,6 +513,18 @@ impl Bug for RemovedRatesKeepTheirStarts {
     }
 }
 
+/// K5: a backend that never deletes a fair queue's turns, so fair shares taken away
+/// and set again go on from the old turn. The store's own `set_limits` with the fault
+/// injected (`MemoryServer::unfair_keeps_turns`).
+#[derive(Debug)]
+pub(crate) struct UnfairLimitsKeepTheTurns;
+
+impl Bug for UnfairLimitsKeepTheTurns {
+    fn open(&self, server: &MemoryServer, namespace: &str) {
+        server.unfair_keeps_turns(namespace, true);
+    }
+}
+
 /// K3: a backend that stores limits but never removes them: setting unlimited limits
 /// is ignored, so the old limits keep holding jobs back.
 #[derive(Debug)]

@@ -546,6 +546,15 @@ async fn removed_rates_keeping_their_starts_are_caught_by_k4() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unfair_limits_keeping_the_turns_are_caught_by_k5() {
+    caught(
+        UnfairLimitsKeepTheTurns,
+        "k5_limits_without_fair_shares_forget_the_turns",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unlimited_limits_ignored_are_caught_by_k3() {
     caught(
         UnlimitedLimitsAreIgnored,

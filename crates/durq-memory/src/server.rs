@@ -102,6 +102,15 @@ impl MemoryServer {
         self.namespace(namespace).lock().rates_keep_starts(on);
     }
 
+    /// Injects a bug into the namespace's `set_limits`: limits without fair shares
+    /// keep the queue's turns, so fair shares set again go on from the old turn, as a
+    /// backend that never deletes a turn would (CONTRACT K5). For the conformance
+    /// suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn unfair_keeps_turns(&self, namespace: &str, on: bool) {
+        self.namespace(namespace).lock().unfair_keeps_turns(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

@@ -99,6 +99,11 @@ impl State {
     }
 
     #[cfg(feature = "testing")]
+    pub(crate) fn unfair_keeps_turns(&mut self, on: bool) {
+        self.faults.unfair_keeps_turns = on;
+    }
+
+    #[cfg(feature = "testing")]
     pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
         match self.jobs.get_mut(&id) {
             Some(record) => {

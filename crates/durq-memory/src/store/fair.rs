@@ -66,7 +66,9 @@ impl State {
                 if let Some(index) = self.idx.queues.get_mut(queue) {
                     index.keyed = None;
                 }
-                self.turns.remove(queue);
+                if !self.faults.unfair_keeps_turns {
+                    self.turns.remove(queue);
+                }
             }
             return;
         }

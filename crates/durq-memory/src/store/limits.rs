@@ -424,4 +424,7 @@ pub(crate) struct Faults {
     /// Limits without a rate keep the queue's starts, so a rate set again counts the
     /// starts taken under the old one until housekeeping forgets them (CONTRACT K4).
     pub(crate) rates_keep_starts: bool,
+    /// Limits without fair shares keep the queue's turns, so fair shares set again go
+    /// on from the old turn instead of the first key (CONTRACT K5).
+    pub(crate) unfair_keeps_turns: bool,
 }

@@ -3,13 +3,15 @@
 -- the log of a key that stopped starting jobs would stay in `flow` for ever. This step
 -- reads one HSCAN page of `flow` and deletes each start log whose newest start has
 -- left its window (so none of its starts counts any more), and each start log of a
--- queue whose limits no longer have that rate. Fair turns (`t` fields) are kept: one
--- per queue and priority. `set_limits` without a rate runs a whole round of it at
--- `now` 0, which deletes only the logs of rates taken away (CONTRACT K4). Helpers:
--- core.lua, flow.lua.
+-- queue whose limits no longer have that rate. Fair turns (`t` fields) are kept (one
+-- per queue and priority), but those of queue ARGV[4] when given. `set_limits` runs a
+-- whole round of it at `now` 0, which deletes only the logs of rates taken away
+-- (CONTRACT K4), and, for limits without fair shares, the queue's turns (K5).
+-- Helpers: core.lua, flow.lua.
 --
 -- KEYS[1] flow (hash)   KEYS[2] limits (hash)
 -- ARGV[1] now (ms)      ARGV[2] the HSCAN cursor ('0' to start)   ARGV[3] the page size
+-- ARGV[4] the queue whose fair turns go ('' for none)
 --
 -- Returns the next cursor ('0' when the sweep went round, or `flow` does not exist).
 -- An unreadable limits field stops the step before any write, as a claim would.
@@ -23,10 +25,15 @@ local page = redis.call('HSCAN', flow, ARGV[2], 'COUNT', ARGV[3])
 local fields = page[2]
 local limits_of = {}
 local gone = {}
+local unfair = ARGV[4] or ''
 for i = 1, #fields, 2 do
   local field, log = fields[i], fields[i + 1]
-  local kind, queue = string.match(field, '^([sk]) (%S+)')
-  if kind then
+  local kind, queue = string.match(field, '^([skt]) (%S+)')
+  if kind == 't' then
+    if queue == unfair then
+      gone[#gone + 1] = field
+    end
+  elseif kind then
     local l = limits_of[queue]
     if l == nil then
       l = parse_limits(queue, redis.call('HGET', limits, queue)) or false

@@ -236,19 +236,21 @@ impl RedisBackend {
         } else {
             self.inner.limited.remember(&[queue.to_owned()]);
         }
-        if !limits.limits_starts() {
-            self.forget_unrated_start_logs().await?;
+        if !limits.limits_starts() || !limits.fair_shares {
+            let unfair = if limits.fair_shares { "" } else { queue };
+            self.forget_what_limits_dropped(unfair).await?;
         }
         Ok(())
     }
 
-    /// Deletes every start log whose queue's limits no longer have its rate, before
-    /// `set_limits` returns (CONTRACT K4: limits without a rate forget the queue's
-    /// starts, so a rate set again counts only the starts after it). One whole round of
-    /// `forget_starts.lua` over `flow`, at the dawn of time: no log whose rate stands
-    /// has left its window then, so only the unrated ones go. After the limits' own
-    /// write, so no claim logs a start of the queue meanwhile.
-    async fn forget_unrated_start_logs(&self) -> Result<()> {
+    /// Deletes, before `set_limits` returns, every start log whose queue's limits no
+    /// longer have its rate (CONTRACT K4: a rate set again counts only the starts
+    /// after it), and the fair turns of queue `unfair` ('' for none; K5: fair shares
+    /// set again start with the first key). One whole round of `forget_starts.lua` over
+    /// `flow`, at the dawn of time: no log whose rate stands has left its window then,
+    /// so only the unrated ones go. After the limits' own write, so no claim logs a
+    /// start or moves a turn of the queue meanwhile.
+    async fn forget_what_limits_dropped(&self, unfair: &str) -> Result<()> {
         let keys = self.keys();
         let mut cursor = "0".to_owned();
         loop {
@@ -257,7 +259,8 @@ impl RedisBackend {
                 .key(&keys.limits)
                 .arg(0)
                 .arg(&cursor)
-                .arg(SWEEP_PAGE);
+                .arg(SWEEP_PAGE)
+                .arg(unfair);
             cursor = text(
                 &self.eval(&step, "set_limits").await?,
                 "forget_starts reply",
