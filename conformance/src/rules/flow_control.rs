@@ -446,10 +446,12 @@ pub async fn k4_a_rate_admits_at_most_its_starts_in_any_window(harness: &dyn Har
     assert_eq!(ids_of(&later), vec![a2], "K4: a's next start");
 }
 
-/// K4 (decided): limits without a rate forget the queue's starts before `set_limits`
-/// returns, so a rate set again counts only the starts after it. The queue's rate and
-/// a key's rate are each used up, taken away and set again within their window, with
-/// the clock standing still: the next claim starts one job of each again.
+/// K4 (decided): `set_limits` forgets the starts of each rate its limits no longer
+/// have before it returns, so a rate set again counts only the starts after it. The
+/// queue's rate and a key's rate are each used up, taken away and set again within
+/// their window, with the clock standing still: the next claim starts one job of each
+/// again. With both rates, taking the key's away alone forgets the key's starts and
+/// keeps the queue's.
 pub async fn k4_limits_without_a_rate_forget_the_starts(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
@@ -503,6 +505,46 @@ pub async fn k4_limits_without_a_rate_forget_the_starts(harness: &dyn Harness) {
             "K4 {queue}: limits without a rate forgot the starts as well"
         );
     }
+
+    // Both rates, and the key's taken away alone: its starts go, the queue's stay.
+    let both = QueueLimits::new()
+        .max_starts(Rate::new(3, per))
+        .max_starts_per_key(Rate::new(1, per));
+    store
+        .set_limits("both", both)
+        .await
+        .must("K4: set both rates");
+    let keyed = |key: &str| NewJob::new("both").concurrency_key(key);
+    let a1 = enqueue(&store, keyed("a"), "K4").await;
+    let a2 = enqueue(&store, keyed("a"), "K4").await;
+    let b1 = enqueue(&store, keyed("b"), "K4").await;
+    let first = claim(&store, &["both"], 10, "K4: under both rates").await;
+    assert_eq!(
+        ids(&first),
+        HashSet::from([a1, b1]),
+        "K4: one start of each key"
+    );
+    store
+        .set_limits("both", QueueLimits::new().max_starts(Rate::new(3, per)))
+        .await
+        .must("K4: take the key's rate away");
+    store
+        .set_limits("both", both)
+        .await
+        .must("K4: set both rates again");
+    let again = claim(&store, &["both"], 10, "K4: the key's rate set again").await;
+    assert_eq!(
+        ids_of(&again),
+        vec![a2],
+        "K4: the key's start under its old rate no longer counts"
+    );
+    enqueue(&store, keyed("c"), "K4").await;
+    assert_nothing_claimable(
+        &store,
+        &["both"],
+        "K4: the queue's rate stayed, and its three starts still count",
+    )
+    .await;
 }
 
 /// K4 with real concurrency: 16 claimers, each on a store of its own, race for 60

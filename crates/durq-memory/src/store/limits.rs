@@ -202,8 +202,18 @@ impl State {
     /// Rule K3: stores `queue`'s limits (unlimited ones remove them), counting its
     /// running jobs when it had none before.
     pub(crate) fn set_limits(&mut self, queue: &str, limits: QueueLimits) {
-        if !limits.limits_starts() && !self.faults.rates_keep_starts {
-            self.starts.remove(queue);
+        if !self.faults.rates_keep_starts {
+            // Each rate taken away forgets its starts (K4).
+            if !limits.limits_starts() {
+                self.starts.remove(queue);
+            } else if let Some(starts) = self.starts.get_mut(queue) {
+                if limits.max_starts.is_none() {
+                    starts.queue.clear();
+                }
+                if limits.max_starts_per_key.is_none() {
+                    starts.by_key.clear();
+                }
+            }
         }
         self.set_fair(queue, limits.fair_shares);
         if limits.is_unlimited() {

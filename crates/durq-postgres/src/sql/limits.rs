@@ -61,13 +61,15 @@ ON CONFLICT (namespace, queue) DO UPDATE SET
     fair_shares = excluded.fair_shares"#
 );
 
-/// Removes what queue `$2`'s new limits leave unused: its start log when `$3` (no
-/// rate reads it any more), its turns when `$4` (no fair claim reads them), and when
-/// `$5` (no limits at all) the limits themselves, with the queue's row unless it is
-/// paused. `$1` namespace.
+/// Removes what queue `$2`'s new limits leave unused: its own start log when `$3` (no
+/// queue rate reads it any more), its keys' start logs when `$6` (no key rate), its
+/// turns when `$4` (no fair claim reads them), and when `$5` (no limits at all) the
+/// limits themselves, with the queue's row unless it is paused. `$1` namespace. Each
+/// rate taken away forgets its starts (CONTRACT K4).
 const REMOVE_LIMITS: &str = r#"
 WITH starts AS (
-    DELETE FROM {schema}.queue_starts WHERE namespace = $1 AND queue = $2 AND $3
+    DELETE FROM {schema}.queue_starts WHERE namespace = $1 AND queue = $2
+        AND ((key = ''::bytea AND $3) OR (key <> ''::bytea AND $6))
 ),
 turns AS (
     DELETE FROM {schema}.queue_turns WHERE namespace = $1 AND queue = $2 AND $4

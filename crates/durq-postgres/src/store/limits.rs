@@ -229,9 +229,10 @@ pub(crate) async fn set_limits(
     sqlx::query(sql.remove_limits.sql())
         .bind(store.namespace())
         .bind(queue)
-        .bind(!limits.limits_starts())
+        .bind(limits.max_starts.is_none())
         .bind(!limits.fair_shares)
         .bind(limits.is_unlimited())
+        .bind(limits.max_starts_per_key.is_none())
         .execute(&mut *tx)
         .await
         .map_err(error)?;

@@ -236,7 +236,8 @@ impl RedisBackend {
         } else {
             self.inner.limited.remember(&[queue.to_owned()]);
         }
-        if !limits.limits_starts() || !limits.fair_shares {
+        if limits.max_starts.is_none() || limits.max_starts_per_key.is_none() || !limits.fair_shares
+        {
             let unfair = if limits.fair_shares { "" } else { queue };
             self.forget_what_limits_dropped(unfair).await?;
         }
@@ -244,8 +245,8 @@ impl RedisBackend {
     }
 
     /// Deletes, before `set_limits` returns, every start log whose queue's limits no
-    /// longer have its rate (CONTRACT K4: a rate set again counts only the starts
-    /// after it), and the fair turns of queue `unfair` ('' for none; K5: fair shares
+    /// longer have its rate (CONTRACT K4: each rate taken away forgets its starts, so
+    /// a rate set again counts only the starts after it), and the fair turns of queue `unfair` ('' for none; K5: fair shares
     /// set again start with the first key). One whole round of `forget_starts.lua` over
     /// `flow`, at the dawn of time: no log whose rate stands has left its window then,
     /// so only the unrated ones go. After the limits' own write, so no claim logs a

@@ -68,11 +68,26 @@ pub(crate) fn set_limits(
             .and_then(|mut stmt| stmt.execute(params![ns, queue]))
             .db("drop a queue's turns")?;
     }
-    if !limits.limits_starts() {
-        // A log no rate reads any more.
-        conn.prepare_cached("DELETE FROM jobq_starts WHERE ns = ?1 AND queue = ?2")
-            .and_then(|mut stmt| stmt.execute(params![ns, queue]))
-            .db("drop a queue's start log")?;
+    let (queue_rate_gone, key_rate_gone) = (
+        limits.max_starts.is_none(),
+        limits.max_starts_per_key.is_none(),
+    );
+    if queue_rate_gone || key_rate_gone {
+        // Logs no rate reads any more: each rate taken away forgets its starts (K4).
+        conn.prepare_cached(
+            "DELETE FROM jobq_starts WHERE ns = ?1 AND queue = ?2
+                 AND ((key = ?3 AND ?4) OR (key <> ?3 AND ?5))",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                ns,
+                queue,
+                QUEUE_LOG,
+                queue_rate_gone,
+                key_rate_gone
+            ])
+        })
+        .db("drop a queue's start logs")?;
     }
     tx.wake(ns);
     Ok(())
