@@ -203,17 +203,7 @@ impl State {
     /// running jobs when it had none before.
     pub(crate) fn set_limits(&mut self, queue: &str, limits: QueueLimits) {
         if !self.faults.rates_keep_starts {
-            // Each rate taken away forgets its starts (K4).
-            if !limits.limits_starts() {
-                self.starts.remove(queue);
-            } else if let Some(starts) = self.starts.get_mut(queue) {
-                if limits.max_starts.is_none() {
-                    starts.queue.clear();
-                }
-                if limits.max_starts_per_key.is_none() {
-                    starts.by_key.clear();
-                }
-            }
+            self.forget_dropped_rates(queue, &limits);
         }
         self.set_fair(queue, limits.fair_shares);
         if limits.is_unlimited() {
@@ -235,6 +225,24 @@ impl State {
             }
         }
         self.idx.running.insert(queue.to_owned(), running);
+    }
+
+    /// Forgets the starts of each rate `limits` no longer have (K4): the queue's own
+    /// without `max_starts`, every key's without `max_starts_per_key`.
+    fn forget_dropped_rates(&mut self, queue: &str, limits: &QueueLimits) {
+        if !limits.limits_starts() {
+            self.starts.remove(queue);
+            return;
+        }
+        let Some(starts) = self.starts.get_mut(queue) else {
+            return;
+        };
+        if limits.max_starts.is_none() {
+            starts.queue.clear();
+        }
+        if limits.max_starts_per_key.is_none() {
+            starts.by_key.clear();
+        }
     }
 
     /// Whether a job of a queue with limits left `running` since the last call.

@@ -98,7 +98,7 @@ type QueueTurn = Vec<tokio::sync::OwnedMutexGuard<()>>;
 impl FlowGates {
     /// Waits for the turn of each of `queues` of `namespace`, in name order (so two
     /// claims of overlapping queues never wait for each other in a cycle).
-    async fn enter(&self, namespace: &str, queues: &[&String]) -> QueueTurn {
+    async fn enter(&self, namespace: &str, queues: &[String]) -> QueueTurn {
         let gates: Vec<Arc<Gate>> = {
             let mut map = self
                 .0
@@ -108,7 +108,7 @@ impl FlowGates {
             queues
                 .iter()
                 .map(|queue| {
-                    let key = (namespace.to_owned(), (*queue).clone());
+                    let key = (namespace.to_owned(), queue.clone());
                     match map.get(&key).and_then(Weak::upgrade) {
                         Some(gate) => gate,
                         None => {
@@ -130,11 +130,12 @@ impl FlowGates {
 
 impl PostgresBackend {
     /// The queues of `queues` this handle knows to have limits, by name.
-    fn known_limited<'q>(&self, queues: &'q [String]) -> Vec<&'q String> {
+    fn known_limited(&self, queues: &[String]) -> Vec<String> {
         let known = self.inner.limited.get();
-        let mut limited: Vec<&String> = queues
+        let mut limited: Vec<String> = queues
             .iter()
             .filter(|queue| known.as_ref().is_some_and(|known| known.contains(*queue)))
+            .cloned()
             .collect();
         limited.sort_unstable();
         limited.dedup();
@@ -597,12 +598,7 @@ pub(crate) async fn claim(
     now: Timestamp,
 ) -> Result<Vec<ClaimedJob>> {
     let shared = store.shared();
-    let limited: Vec<String> = store
-        .known_limited(&request.queues)
-        .into_iter()
-        .cloned()
-        .collect();
-    let limited: Vec<&String> = limited.iter().collect();
+    let limited = store.known_limited(&request.queues);
     if !groups_with_others(&request) {
         let turn = shared.flow_gates.enter(store.namespace(), &limited).await;
         let mut answers = claim_together(store, &[(&request, now)], turn).await?;
@@ -802,17 +798,29 @@ async fn claim_together(
             .await
             .map_err(error)?
     };
-    // The jobs leased: those still queued when the lease locked them.
-    let mut kept: HashSet<Uuid> = HashSet::with_capacity(rows.len());
-    for row in &rows {
-        kept.insert(column(row, 0, &|| "claimed row".to_owned())?);
-    }
-    let leased: Vec<Chosen> = chosen
-        .into_iter()
-        .filter(|job| kept.contains(&job.id))
+    // Each chosen job's claim and place in the walk's order (turns of fair queues
+    // included, not each job's own order).
+    let place: HashMap<Uuid, (usize, usize)> = ids
+        .iter()
+        .zip(&shares)
+        .enumerate()
+        .map(|(n, (id, call))| (*id, (*call, n)))
         .collect();
-    log_starts(&mut tx, store, &limits, &leased, now).await?;
-    let kept: Vec<Uuid> = leased.iter().map(|job| job.id).collect();
+    // The jobs leased (those still queued when the lease wrote them), each row read
+    // once, to its claim.
+    let count = u64::try_from(rows.len()).unwrap_or(u64::MAX);
+    let mut leased: HashSet<Uuid> = HashSet::with_capacity(rows.len());
+    let mut rows_of: Vec<Vec<PgRow>> = calls.iter().map(|_| Vec::new()).collect();
+    for row in rows {
+        let id: Uuid = column(&row, 0, &|| "claimed row".to_owned())?;
+        if let Some((call, _)) = place.get(&id) {
+            rows_of[*call].push(row);
+        }
+        leased.insert(id);
+    }
+    chosen.retain(|job| leased.contains(&job.id));
+    log_starts(&mut tx, store, &limits, &chosen, now).await?;
+    let kept: Vec<Uuid> = chosen.iter().map(|job| job.id).collect();
     let left = turns_left(&turns, &kept);
     if !left.is_empty() {
         sqlx::query(store.sql().limits.put_turns.sql())
@@ -826,23 +834,7 @@ async fn claim_together(
     }
     tx.commit().await.map_err(error)?;
     drop(turn);
-    let count = u64::try_from(rows.len()).unwrap_or(u64::MAX);
     shared.growth.passed(count, &shared.pool, &shared.sql);
-    // Each leased row to its claim, at its place in the walk's order (turns of fair
-    // queues included, not each job's own order).
-    let place: HashMap<Uuid, (usize, usize)> = ids
-        .iter()
-        .zip(&shares)
-        .enumerate()
-        .map(|(n, (id, call))| (*id, (*call, n)))
-        .collect();
-    let mut rows_of: Vec<Vec<PgRow>> = calls.iter().map(|_| Vec::new()).collect();
-    for row in rows {
-        let id: Uuid = column(&row, 0, &|| "claimed row".to_owned())?;
-        if let Some((call, _)) = place.get(&id) {
-            rows_of[*call].push(row);
-        }
-    }
     let mut answers = Vec::with_capacity(calls.len());
     for ((claim, _), rows) in calls.iter().zip(rows_of) {
         answers.push(deliver(store, claim, rows, &place, now).await);

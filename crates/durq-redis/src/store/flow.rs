@@ -184,22 +184,9 @@ impl RedisBackend {
             state.0 = Some(Instant::now());
             std::mem::take(&mut state.1)
         };
-        let keys = self.keys();
         for _ in 0..SWEEP_PAGES {
-            let mut step = Eval::new(&scripts::FORGET_STARTS);
-            step.key(&keys.flow)
-                .key(&keys.limits)
-                .arg(now.as_millis())
-                .arg(if cursor.is_empty() {
-                    "0"
-                } else {
-                    cursor.as_str()
-                })
-                .arg(SWEEP_PAGE);
-            cursor = text(
-                &self.eval(&step, "forget_starts").await?,
-                "forget_starts reply",
-            )?;
+            let from = if cursor.is_empty() { "0" } else { &cursor };
+            cursor = self.forget_starts_step(now.as_millis(), from, "").await?;
             if cursor == "0" {
                 cursor.clear();
                 break;
@@ -245,31 +232,38 @@ impl RedisBackend {
     }
 
     /// Deletes, before `set_limits` returns, every start log whose queue's limits no
-    /// longer have its rate (CONTRACT K4: each rate taken away forgets its starts, so
-    /// a rate set again counts only the starts after it), and the fair turns of queue `unfair` ('' for none; K5: fair shares
-    /// set again start with the first key). One whole round of `forget_starts.lua` over
-    /// `flow`, at the dawn of time: no log whose rate stands has left its window then,
-    /// so only the unrated ones go. After the limits' own write, so no claim logs a
-    /// start or moves a turn of the queue meanwhile.
+    /// longer have its rate (CONTRACT K4: each rate taken away forgets its starts, so a
+    /// rate set again counts only the starts after it), and the fair turns of queue
+    /// `unfair` ('' for none; K5: fair shares set again start with the first key). One
+    /// whole round of `forget_starts.lua` over `flow`, at the dawn of time: no log whose
+    /// rate stands has left its window then, so only the unrated ones go. After the
+    /// limits' own write, so no claim logs a start or moves a turn of the queue
+    /// meanwhile.
     async fn forget_what_limits_dropped(&self, unfair: &str) -> Result<()> {
-        let keys = self.keys();
         let mut cursor = "0".to_owned();
         loop {
-            let mut step = Eval::new(&scripts::FORGET_STARTS);
-            step.key(&keys.flow)
-                .key(&keys.limits)
-                .arg(0)
-                .arg(&cursor)
-                .arg(SWEEP_PAGE)
-                .arg(unfair);
-            cursor = text(
-                &self.eval(&step, "set_limits").await?,
-                "forget_starts reply",
-            )?;
+            cursor = self.forget_starts_step(0, &cursor, unfair).await?;
             if cursor == "0" {
                 return Ok(());
             }
         }
+    }
+
+    /// One step of `forget_starts.lua` at `now` (ms) from HSCAN cursor `from`, the fair
+    /// turns of queue `unfair` going too ('' for none); the next cursor.
+    async fn forget_starts_step(&self, now: i64, from: &str, unfair: &str) -> Result<String> {
+        let keys = self.keys();
+        let mut step = Eval::new(&scripts::FORGET_STARTS);
+        step.key(&keys.flow)
+            .key(&keys.limits)
+            .arg(now)
+            .arg(from)
+            .arg(SWEEP_PAGE)
+            .arg(unfair);
+        text(
+            &self.eval(&step, "forget_starts").await?,
+            "forget_starts reply",
+        )
     }
 
     /// Rule K3: every queue's limits, by queue name.
