@@ -12,6 +12,10 @@
 //! for room (backpressure), so a producer faster than the server slows down instead of
 //! growing the process's memory.
 //!
+//! An answer whose caller stopped waiting goes to [`Batch::undelivered`], where a kind
+//! whose answers hand something over (PostgreSQL's limited claims hand over leased
+//! jobs) gives it back.
+//!
 //! Enabled by the `batch` feature; the PostgreSQL and Redis backends use it.
 
 use std::collections::{HashSet, VecDeque};
@@ -62,6 +66,14 @@ pub trait Batch: Send + Sync + 'static {
 
     /// Answers every call of a batch, in order; an error fails them all.
     fn run(&self, calls: &[Self::Call]) -> impl Future<Output = Result<Vec<Self::Answer>>> + Send;
+
+    /// Takes back an answer whose caller stopped waiting before it came. By default it
+    /// is dropped; a kind whose answers hand something over that the caller would have
+    /// had to give back (jobs leased to it) gives it back here.
+    fn undelivered(&self, answer: Self::Answer) -> impl Future<Output = ()> + Send {
+        drop(answer);
+        async {}
+    }
 }
 
 struct Queued<B: Batch> {
@@ -95,7 +107,8 @@ impl<B: Batch> Batcher<B> {
 
     /// Queues `call` (waiting while the queue is full) and waits for its batch's
     /// answer. Dropping the future before it is queued leaves nothing behind;
-    /// dropping it later leaves the call to run without anyone waiting.
+    /// dropping it later leaves the call to run without anyone waiting, its answer to
+    /// [`Batch::undelivered`].
     pub async fn call(&self, call: B::Call) -> Result<B::Answer> {
         let (reply, answer) = oneshot::channel();
         let mut queued = Queued { call, reply };
@@ -180,7 +193,9 @@ async fn gather<B: Batch>(mut calls: mpsc::Receiver<Queued<B>>, batch: Arc<B>) {
             match batch.run(&calls).await {
                 Ok(answers) if answers.len() == calls.len() => {
                     for (reply, answer) in replies.into_iter().zip(answers) {
-                        let _ = reply.send(Ok(answer));
+                        if let Err(Ok(answer)) = reply.send(Ok(answer)) {
+                            batch.undelivered(answer).await;
+                        }
                     }
                 }
                 Ok(answers) => {

@@ -30,6 +30,8 @@ struct Seen {
     batches: Mutex<Vec<Vec<Call>>>,
     running: AtomicUsize,
     most_running: AtomicUsize,
+    /// The answers handed back because their callers had stopped waiting.
+    undelivered: Mutex<Vec<usize>>,
 }
 
 /// Answers each call with its number doubled, once the gate is open.
@@ -88,6 +90,14 @@ impl<const CALLS: usize, const BYTES: usize, const IN_FLIGHT: usize, const QUEUE
             calls.len()
         };
         Ok(calls.iter().take(take).map(|c| c.n * 2).collect())
+    }
+
+    async fn undelivered(&self, answer: usize) {
+        self.seen
+            .undelivered
+            .lock()
+            .expect("undelivered lock")
+            .push(answer);
     }
 }
 
@@ -347,6 +357,44 @@ async fn a_failed_batch_fails_each_of_its_callers_and_no_other() {
             other => panic!("call {n} (poisoned batch {poisoned:?}) got {other:?}"),
         }
     }
+}
+
+/// A caller that stops waiting after its call was queued leaves its answer to
+/// `Batch::undelivered` (where a batch of claims gives the jobs back); an answer its
+/// caller took never goes there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_answer_whose_caller_left_is_handed_back() {
+    let (batcher, seen, gate) = doubler::<8, 100, 1, 16>(false);
+    let batcher = Arc::new(batcher);
+    let gone = {
+        let batcher = Arc::clone(&batcher);
+        tokio::spawn(async move { batcher.call(call(3)).await })
+    };
+    while seen.running.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    gone.abort();
+    assert!(gone.await.is_err_and(|err| err.is_cancelled()));
+    gate.send_replace(true);
+    let handed_back = async {
+        while seen
+            .undelivered
+            .lock()
+            .expect("undelivered lock")
+            .is_empty()
+        {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), handed_back)
+        .await
+        .expect("the answer is handed back");
+    assert_eq!(batcher.call(call(4)).await.expect("answer"), 8);
+    assert_eq!(
+        *seen.undelivered.lock().expect("undelivered lock"),
+        vec![6],
+        "only the abandoned call's answer is handed back"
+    );
 }
 
 #[tokio::test]

@@ -27,7 +27,7 @@ use crate::conn::Shared;
 use crate::pool::PostgresPool;
 use crate::store::enqueue::{enqueue_all, Enqueue, Enqueues};
 use crate::store::lease::Completions;
-use crate::store::limits::{self, ClaimGroups, LimitedQueues};
+use crate::store::limits::{self, LimitedClaims, LimitedQueues};
 use crate::store::{admin, claim, lease, reads, schedules, sweep, workers};
 
 /// The jobs of one namespace of a PostgreSQL schema: a [`durq_core::Backend`], used
@@ -50,8 +50,8 @@ pub(crate) struct Inner {
     pub(crate) completions: Batcher<Completions>,
     /// Which queues had limits when this handle last looked (CONTRACT K1–K5).
     pub(crate) limited: LimitedQueues,
-    /// This handle's limited claims waiting to be answered together.
-    pub(crate) claim_groups: ClaimGroups,
+    /// This handle's limited claims, answered together ([`LimitedClaims`]).
+    pub(crate) limited_claims: Batcher<LimitedClaims>,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -95,10 +95,10 @@ impl PostgresBackend {
 
     pub(crate) fn new(shared: Arc<Shared>, settings: StoreSettings) -> Self {
         PostgresBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|inner| Inner {
                 seen: Mutex::default(),
                 limited: LimitedQueues::default(),
-                claim_groups: ClaimGroups::default(),
+                limited_claims: Batcher::new(LimitedClaims::new(inner.clone())),
                 enqueues: Batcher::new(Enqueues {
                     shared: Arc::clone(&shared),
                     settings: settings.clone(),

@@ -15,8 +15,8 @@
 //! K5), passing over those the limits do not admit. The chosen jobs are leased, their
 //! starts logged and the turns moved, and it all commits together. The claims of one
 //! handle that wait for the same queues at the same time share that transaction
-//! ([`ClaimGroups`]): claims that run one at a time are paid per transaction, not per
-//! claim.
+//! ([`LimitedClaims`]): claims that run one at a time are paid per transaction, not
+//! per claim.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Weak};
@@ -25,7 +25,11 @@ use durq_core::fair::{in_turn_places, turns_left, Found, Look, Turn, NO_KEY};
 use durq_core::fit::FitOrder;
 use durq_core::{Budget, FlowStatus, QueueLimits, Rate, StoredLimits, FLOW_KEYS_SHOWN};
 use sqlx::{Postgres, Transaction};
-use tokio::sync::oneshot;
+use std::future::Future;
+
+use durq_core::batch::{Batch, Limits};
+
+use crate::backend::Inner;
 
 use super::claim;
 use super::*;
@@ -41,8 +45,8 @@ const QUEUE_LOG: &str = "";
 const PAGE: i64 = 256;
 
 /// The most ready rows one statement reads for claims that ask for more than [`PAGE`]
-/// jobs together ([`ClaimGroups`]).
-const MAX_PAGE: i64 = GROUP_JOBS as i64;
+/// jobs together ([`LimitedClaims`]).
+const MAX_PAGE: i64 = LimitedClaims::LIMITS.max_bytes as i64;
 
 /// The queues of the namespace that had limits when this handle last read them; `None`
 /// before the first read, or after a claim found the memory stale.
@@ -501,76 +505,122 @@ struct Chosen {
     key: Option<String>,
 }
 
-/// The most claims one transaction answers together ([`ClaimGroups`]).
-const GROUP_CLAIMS: usize = 64;
-
-/// The most jobs the claims one transaction answers together may ask for; a first
-/// claim asking for more still goes, alone.
-const GROUP_JOBS: usize = 4_096;
-
-/// A limited claim waiting for its group's transaction.
-struct Waiter {
-    request: ClaimRequest,
-    now: Timestamp,
-    reply: oneshot::Sender<Result<Vec<ClaimedJob>>>,
-}
-
-/// The limited claims of one handle waiting for their turn, by the queues they name.
+/// The limited claims of one handle, answered by one transaction per set of queues
+/// (the handle's [`Batcher`] of them, `Inner::limited_claims`).
 ///
 /// Claims of one limited queue run one at a time (its advisory lock), and each costs
 /// about nine round trips under that lock, so one at a time they would cap a queue at
 /// one claim per few milliseconds however many workers claim. The claims of a handle
-/// that wait together are answered by one transaction instead: whoever gets the
-/// queues' turn takes every claim waiting for the same queues, walks the queue once
-/// for all they ask, and hands each claim its share in claim order. That is what the
-/// claims would have got one after another, the first waiting the first jobs, because
-/// they name the same queues and nothing else that shapes a claim's choice (budget,
-/// preferences and reservations claim alone, [`groups_with_others`]).
-#[derive(Default)]
-pub(crate) struct ClaimGroups(std::sync::Mutex<HashMap<Vec<String>, Vec<Waiter>>>);
+/// that wait together go in one batch instead: the claims of each set of queues in it
+/// are answered by one transaction, which walks the queues once for all they ask and
+/// hands each claim its share in claim order. That is what the claims would have got
+/// one after another, the first waiting the first jobs, because they name the same
+/// queues and nothing else that shapes a claim's choice (budget, preferences and
+/// reservations claim alone, [`groups_with_others`]).
+pub(crate) struct LimitedClaims {
+    /// The handle whose claims these are; weak, as the handle holds the batcher.
+    backend: Weak<Inner>,
+}
 
-impl std::fmt::Debug for ClaimGroups {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClaimGroups").finish_non_exhaustive()
+impl LimitedClaims {
+    pub(crate) fn new(backend: Weak<Inner>) -> Self {
+        LimitedClaims { backend }
+    }
+
+    fn backend(&self) -> Result<PostgresBackend> {
+        let inner = self.backend.upgrade().ok_or_else(|| Error::Unavailable {
+            message: "the store handle of a limited claim was dropped".to_owned(),
+            source: None,
+        })?;
+        Ok(PostgresBackend { inner })
     }
 }
 
-impl ClaimGroups {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<String>, Vec<Waiter>>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+impl Batch for LimitedClaims {
+    type Call = (ClaimRequest, Timestamp);
+    /// A claim's own outcome: what failed after its transaction committed (a job that
+    /// does not decode and could not be buried) fails that claim alone.
+    type Answer = Result<Vec<ClaimedJob>>;
+    type Key = ();
+
+    /// One batch at a time, up to 64 claims asking for 4,096 jobs in all (a first
+    /// claim asking for more goes alone): a claim's size is the jobs it asks for.
+    const LIMITS: Limits = Limits {
+        max_calls: 64,
+        max_bytes: 4_096,
+        in_flight: 1,
+        queued: 1_024,
+    };
+
+    fn size(call: &Self::Call) -> usize {
+        call.0.limit
     }
 
-    fn wait(&self, waiter: Waiter) {
-        self.lock()
-            .entry(waiter.request.queues.clone())
-            .or_default()
-            .push(waiter);
-    }
-
-    /// The claims waiting for `queues` whose callers still wait, first come first,
-    /// as many as one transaction answers ([`GROUP_CLAIMS`], [`GROUP_JOBS`]).
-    fn take(&self, queues: &[String]) -> Vec<Waiter> {
-        let mut groups = self.lock();
-        let Some(waiting) = groups.get_mut(queues) else {
-            return Vec::new();
-        };
-        waiting.retain(|waiter| !waiter.reply.is_closed());
-        let mut jobs = 0usize;
-        let mut count = 0usize;
-        for waiter in waiting.iter() {
-            jobs = jobs.saturating_add(waiter.request.limit);
-            if count > 0 && (count == GROUP_CLAIMS || jobs > GROUP_JOBS) {
-                break;
+    async fn run(&self, calls: &[Self::Call]) -> Result<Vec<Self::Answer>> {
+        let store = self.backend()?;
+        // The claims of each set of queues, in arrival order; each set's transaction
+        // runs beside the others'.
+        let mut sets: Vec<(&[String], Vec<usize>)> = Vec::new();
+        for (n, (request, _)) in calls.iter().enumerate() {
+            match sets
+                .iter_mut()
+                .find(|(queues, _)| *queues == &request.queues[..])
+            {
+                Some((_, members)) => members.push(n),
+                None => sets.push((&request.queues, vec![n])),
             }
-            count += 1;
         }
-        let taken: Vec<Waiter> = waiting.drain(..count).collect();
-        if waiting.is_empty() {
-            groups.remove(queues);
+        let runs = sets.iter().map(|(queues, members)| {
+            let store = &store;
+            async move {
+                let turn = store
+                    .shared()
+                    .flow_gates
+                    .enter(store.namespace(), &store.known_limited(queues))
+                    .await;
+                let set: Vec<(&ClaimRequest, Timestamp)> = members
+                    .iter()
+                    .map(|n| (&calls[*n].0, calls[*n].1))
+                    .collect();
+                claim_together(store, &set, turn).await
+            }
+        });
+        let outcomes = futures::future::join_all(runs).await;
+        let mut answers: Vec<Option<Self::Answer>> = calls.iter().map(|_| None).collect();
+        for ((_, members), outcome) in sets.iter().zip(outcomes) {
+            match outcome {
+                Ok(set_answers) => {
+                    for (n, answer) in members.iter().zip(set_answers) {
+                        answers[*n] = Some(answer);
+                    }
+                }
+                Err(err) => {
+                    for n in members {
+                        answers[*n] = Some(Err(err.clone()));
+                    }
+                }
+            }
         }
-        taken
+        Ok(answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Ok(Vec::new())))
+            .collect())
+    }
+
+    /// The jobs of a claim whose caller stopped waiting go back to their queue at once
+    /// (L8), instead of waiting for their lease to expire. Best effort: a job not given
+    /// back runs again after its lease expires, as after any lost answer.
+    fn undelivered(&self, answer: Self::Answer) -> impl Future<Output = ()> + Send {
+        let store = self.backend().ok();
+        async move {
+            let (Some(store), Ok(jobs)) = (store, answer) else {
+                return;
+            };
+            for job in jobs {
+                let at = job.job.started_at.unwrap_or(Timestamp::from_millis(0));
+                let _ = super::lease::release(&store, job.id(), job.token(), at, at).await;
+            }
+        }
     }
 }
 
@@ -581,85 +631,25 @@ fn groups_with_others(request: &ClaimRequest) -> bool {
     request.budget.is_none() && request.prefer.is_empty() && request.reserved.is_none()
 }
 
-fn group_stopped() -> Error {
-    Error::Unavailable {
-        message: "the limited claim's group stopped before it answered (its runtime shut down)"
-            .to_owned(),
-        source: None,
-    }
-}
-
 /// The claim of `request`, which names at least one queue this handle believes has
 /// limits (see the module documentation), answered together with the handle's other
-/// claims of the same queues waiting at the same time ([`ClaimGroups`]).
+/// claims waiting at the same time ([`LimitedClaims`]).
 pub(crate) async fn claim(
     store: &PostgresBackend,
     request: ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<ClaimedJob>> {
-    let shared = store.shared();
+    if groups_with_others(&request) {
+        return store.inner.limited_claims.call((request, now)).await?;
+    }
     let limited = store.known_limited(&request.queues);
-    if !groups_with_others(&request) {
-        let turn = shared.flow_gates.enter(store.namespace(), &limited).await;
-        let mut answers = claim_together(store, &[(&request, now)], turn).await?;
-        return answers.pop().unwrap_or_else(|| Ok(Vec::new()));
-    }
-    let queues = request.queues.clone();
-    let (reply, mut answer) = oneshot::channel();
-    store.inner.claim_groups.wait(Waiter {
-        request,
-        now,
-        reply,
-    });
-    tokio::select! {
-        biased;
-        answered = &mut answer => return answered.unwrap_or_else(|_| Err(group_stopped())),
-        turn = shared.flow_gates.enter(store.namespace(), &limited) => {
-            // The claims taken are run by a task of their own: a caller that stops
-            // waiting (a shutdown's `select!`, say) stops no other claim's answer.
-            let waiters = store.inner.claim_groups.take(&queues);
-            if !waiters.is_empty() {
-                let store = store.clone();
-                tokio::spawn(async move { answer_group(&store, waiters, turn).await });
-            }
-        }
-    }
-    // Taken by the transaction just started, or by one before it.
-    answer.await.unwrap_or_else(|_| Err(group_stopped()))
-}
-
-/// Runs the claims of `waiters` in one transaction and answers each. The jobs of a
-/// claim whose caller stopped waiting go back to their queue at once (L8), instead of
-/// waiting for their lease to expire.
-async fn answer_group(store: &PostgresBackend, waiters: Vec<Waiter>, turn: QueueTurn) {
-    let calls: Vec<(&ClaimRequest, Timestamp)> = waiters
-        .iter()
-        .map(|waiter| (&waiter.request, waiter.now))
-        .collect();
-    let answers = claim_together(store, &calls, turn).await;
-    let now = waiters
-        .iter()
-        .map(|waiter| waiter.now)
-        .max()
-        .unwrap_or(Timestamp::from_millis(0));
-    match answers {
-        Ok(answers) => {
-            for (waiter, jobs) in waiters.into_iter().zip(answers) {
-                if let Err(Ok(jobs)) = waiter.reply.send(jobs) {
-                    for job in jobs {
-                        // Best effort: a job not given back runs again after its
-                        // lease expires, as after any lost answer.
-                        let _ = super::lease::release(store, job.id(), job.token(), now, now).await;
-                    }
-                }
-            }
-        }
-        Err(err) => {
-            for waiter in waiters {
-                let _ = waiter.reply.send(Err(err.clone()));
-            }
-        }
-    }
+    let turn = store
+        .shared()
+        .flow_gates
+        .enter(store.namespace(), &limited)
+        .await;
+    let mut answers = claim_together(store, &[(&request, now)], turn).await?;
+    answers.pop().unwrap_or_else(|| Ok(Vec::new()))
 }
 
 /// The claims `calls` of the same queues (one claim of any kind, or several that
