@@ -130,6 +130,7 @@ macro_rules! __scenario_list {
             K1 [FlowControl] rules::k1_a_key_at_its_limit_is_passed_over_for_the_jobs_behind_it,
             K1 [FlowControl] rules::k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit,
             K1 [FlowControl] rules::k1_fitted_claims_keep_the_limits,
+            K1 [FlowControl] rules::k1_a_preferring_claim_admits_in_its_own_order,
             K2 [FlowControl] rules::k2_a_queue_at_its_running_limit_gives_no_more_jobs,
             K3 [FlowControl Inspect] rules::k3_limits_are_stored_per_queue_and_applied_by_the_next_claim,
             K3 [FlowControl] rules::k3_flow_status_shows_what_the_limits_hold_back,

@@ -1109,6 +1109,64 @@ pub async fn k3_flow_status_shows_the_first_keys_by_key(harness: &dyn Harness) {
     assert_eq!(status.running, KEYS as u64, "K3: every running job counts");
 }
 
+/// K1, K2 with F5: a claim that prefers a locality spends its keys' and its queue's
+/// slots in its own order, the preferred jobs of a priority first. A preferred job
+/// behind a job of the same key at its limit of one is the one taken, and so is a
+/// preferred job behind another of a queue limited to one running job; what the claim
+/// passes over stays queued for the next.
+pub async fn k1_a_preferring_claim_admits_in_its_own_order(harness: &dyn Harness) {
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    store
+        .set_limits("q", QueueLimits::new().max_running_per_key(1))
+        .await
+        .must("K1: set_limits");
+    let near = enqueue(&store, NewJob::new("q").concurrency_key("a"), "K1").await;
+    let here = enqueue(
+        &store,
+        NewJob::new("q").concurrency_key("a").locality("here"),
+        "K1",
+    )
+    .await;
+    let other = enqueue(&store, NewJob::new("q").concurrency_key("b"), "K1").await;
+    let first = store
+        .claim(request(&["q"], WORKER, TTL, 1).prefer(["here"]))
+        .await
+        .must("K1: a claim preferring a locality");
+    assert_eq!(
+        ids_of(&first),
+        vec![here],
+        "K1, F5: key a's one slot goes to the job the claim prefers, not to the older one"
+    );
+    let second = store
+        .claim(request(&["q"], WORKER, TTL, 10).prefer(["here"]))
+        .await
+        .must("K1: a second claim preferring a locality");
+    assert_eq!(
+        ids_of(&second),
+        vec![other],
+        "K1: key a is at its limit, so the next claim passes over its older job"
+    );
+    assert_eq!(get(&store, near, "K1").await.state, JobState::Queued);
+
+    store
+        .set_limits("r", QueueLimits::new().max_running(1))
+        .await
+        .must("K2: set_limits");
+    let older = enqueue(&store, NewJob::new("r"), "K2").await;
+    let local = enqueue(&store, NewJob::new("r").locality("here"), "K2").await;
+    let claimed = store
+        .claim(request(&["r"], WORKER, TTL, 10).prefer(["here"]))
+        .await
+        .must("K2: a claim preferring a locality");
+    assert_eq!(
+        ids_of(&claimed),
+        vec![local],
+        "K2, F5: the queue's one slot goes to the job the claim prefers"
+    );
+    assert_eq!(get(&store, older, "K2").await.state, JobState::Queued);
+}
+
 /// K1, K2, K4 hold for fitted claims too (F2–F6): a claim with a budget, one with a
 /// preferred locality and a reservation each pass over a job whose key is at its
 /// running limit, take none of a queue at its running limit, and start no more than

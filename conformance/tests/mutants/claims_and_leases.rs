@@ -525,6 +525,19 @@ impl Bug for UnfairLimitsKeepTheTurns {
     }
 }
 
+/// K1, F5: a preferring claim that admits a limited queue's jobs in ready order and
+/// only then puts the preferred ones first, so a key's slot goes to a job the
+/// preference ranks lower. The store's own fitted claim with the fault injected
+/// (`MemoryServer::limits_before_preference`).
+#[derive(Debug)]
+pub(crate) struct LimitsBeforePreference;
+
+impl Bug for LimitsBeforePreference {
+    fn open(&self, server: &MemoryServer, namespace: &str) {
+        server.limits_before_preference(namespace, true);
+    }
+}
+
 /// K3: a backend that stores limits but never removes them: setting unlimited limits
 /// is ignored, so the old limits keep holding jobs back.
 #[derive(Debug)]

@@ -555,6 +555,15 @@ async fn unfair_limits_keeping_the_turns_are_caught_by_k5() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_before_the_preference_are_caught_by_k1() {
+    caught(
+        LimitsBeforePreference,
+        "k1_a_preferring_claim_admits_in_its_own_order",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unlimited_limits_ignored_are_caught_by_k3() {
     caught(
         UnlimitedLimitsAreIgnored,

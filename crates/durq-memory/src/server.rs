@@ -111,6 +111,17 @@ impl MemoryServer {
         self.namespace(namespace).lock().unfair_keeps_turns(on);
     }
 
+    /// Injects a bug into the namespace's preferring claims: they admit a limited
+    /// queue's jobs in ready order and only then put the preferred ones first, so a
+    /// key's slot goes to a job the preference ranks lower (CONTRACT K1, F5). For the
+    /// conformance suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn limits_before_preference(&self, namespace: &str, on: bool) {
+        self.namespace(namespace)
+            .lock()
+            .limits_before_preference(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

@@ -104,6 +104,11 @@ impl State {
     }
 
     #[cfg(feature = "testing")]
+    pub(crate) fn limits_before_preference(&mut self, on: bool) {
+        self.faults.limits_before_preference = on;
+    }
+
+    #[cfg(feature = "testing")]
     pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
         match self.jobs.get_mut(&id) {
             Some(record) => {

@@ -1,5 +1,7 @@
 //! Claim (CONTRACT C1–C10, F1–F6, Q1): ready and fitting candidates, then the leases.
 
+use durq_core::fit::FitOrder;
+
 use super::*;
 
 impl State {
@@ -138,13 +140,32 @@ impl State {
             // Jobs of one kind share their needs (`NeedsPool`): each kind is judged once.
             let mut verdicts: Vec<(&Needs, bool)> = Vec::new();
             let mut last_band = None;
-            for entry in index.ready.iter() {
-                let (order, id) = *entry;
+            // A preferring claim on a queue with limits admits a band's jobs in its own
+            // order (F5: the preferred ones first), not in ready order (K1, K2): the
+            // band's fitting jobs wait here, each with its key, until the band ends.
+            let in_fit_order = !request.prefer.is_empty()
+                && admission.is_some()
+                && !self.faults.limits_before_preference;
+            let mut band: Vec<(FitOrder, JobId, Option<&str>)> = Vec::new();
+            let mut band_priority = None;
+            for &(order, id) in index.ready.iter() {
                 if last_band.is_some_and(|band| band != order.priority) {
                     break;
                 }
+                if in_fit_order && band_priority.is_some_and(|band| band != order.priority) {
+                    admit_in_fit_order(
+                        &mut band,
+                        &mut admission,
+                        &mut candidates,
+                        &mut fitting,
+                        request.limit,
+                    );
+                    if fitting >= request.limit {
+                        break;
+                    }
+                }
                 let Some(record) = self.jobs.get(&id) else {
-                    stale.push(*entry);
+                    stale.push((order, id));
                     continue;
                 };
                 let job = &record.job;
@@ -167,17 +188,24 @@ impl State {
                 if !admitted {
                     continue;
                 }
+                let fit_order = request.fit_order(order, job.locality.as_deref());
+                let key = job.concurrency_key.as_deref();
+                if in_fit_order {
+                    band.push((fit_order, id, key));
+                    band_priority = Some(order.priority);
+                    continue;
+                }
                 // The queue's limits (K1, K2) after the budget: a job that does not fit
                 // takes no slot of its key.
                 if let Some(admission) = admission.as_mut() {
                     if admission.queue_full() {
                         break;
                     }
-                    if !admission.take(job.concurrency_key.as_deref()) {
+                    if !admission.take(key) {
                         continue;
                     }
                 }
-                candidates.push((request.fit_order(order, job.locality.as_deref()), id));
+                candidates.push((fit_order, id));
                 fitting += 1;
                 if fitting >= request.limit {
                     if request.prefer.is_empty() {
@@ -185,6 +213,15 @@ impl State {
                     }
                     last_band = Some(order.priority);
                 }
+            }
+            if fitting < request.limit {
+                admit_in_fit_order(
+                    &mut band,
+                    &mut admission,
+                    &mut candidates,
+                    &mut fitting,
+                    request.limit,
+                );
             }
             for entry in stale {
                 index.ready.remove(&entry);
@@ -231,5 +268,30 @@ impl State {
                 .flatten()
             })
             .collect()
+    }
+}
+
+/// Admits a band's fitting jobs of a preferring claim in the claim's own order (F5:
+/// preferred jobs first, each kind in ready order) under the queue's limits (K1, K2,
+/// K4), until the claim has `limit` jobs of the queue; empties `band`.
+fn admit_in_fit_order<'a>(
+    band: &mut Vec<(FitOrder, JobId, Option<&'a str>)>,
+    admission: &mut Option<limits::Admission<'a>>,
+    candidates: &mut Vec<(FitOrder, JobId)>,
+    fitting: &mut usize,
+    limit: usize,
+) {
+    band.sort_by_key(|(fit_order, _, _)| *fit_order);
+    for (fit_order, id, key) in band.drain(..) {
+        let Some(admission) = admission.as_mut() else {
+            return;
+        };
+        if *fitting >= limit || admission.queue_full() {
+            return;
+        }
+        if admission.take(key) {
+            candidates.push((fit_order, id));
+            *fitting += 1;
+        }
     }
 }

@@ -445,4 +445,8 @@ pub(crate) struct Faults {
     /// Limits without fair shares keep the queue's turns, so fair shares set again go
     /// on from the old turn instead of the first key (CONTRACT K5).
     pub(crate) unfair_keeps_turns: bool,
+    /// A preferring claim admits a limited queue's jobs in ready order and only then
+    /// puts the preferred ones first, so a key's slot goes to a job the preference
+    /// ranks lower (CONTRACT K1, F5).
+    pub(crate) limits_before_preference: bool,
 }

@@ -963,7 +963,9 @@ impl Walk<'_> {
     ///
     /// A band is read in pages from where the last one ended. Without a preference the
     /// walk ends at the `limit`-th job taken; with one, the band where that happens is
-    /// read to its end, where a preferred job may still outrank the ones in hand.
+    /// read to its end, where a preferred job may still outrank the ones in hand. With
+    /// a preference and limits, a band is read twice, its preferred jobs first, so the
+    /// limits' slots go in the claim's order (K1 with F5).
     async fn in_claim_order(
         &self,
         tx: &mut Transaction<'static, Postgres>,
@@ -994,6 +996,14 @@ impl Walk<'_> {
         };
         let mut below = i32::from(i16::MAX) + 1;
         let mut taken = 0usize;
+        // A preferring claim spends the limits' slots in its own order (K1 with F5):
+        // each band is read twice, its preferred jobs first. Otherwise once, each job
+        // admitted as met.
+        let scans: &[Option<bool>] = if prefers && admission.is_some() {
+            &[Some(true), Some(false)]
+        } else {
+            &[None]
+        };
         // No lower band can outrank a job of a higher one: once a band filled the cut,
         // the walk ends with it.
         'bands: while taken < limit {
@@ -1002,54 +1012,65 @@ impl Walk<'_> {
             };
             below = i32::from(priority);
             let mut preferred_in_band = 0usize;
-            let mut after = (i64::MIN, i64::MIN);
-            loop {
-                let rows = self
-                    .band_page(tx, priority, after, page, admission.is_none())
-                    .await?;
-                if let Some(admission) = admission.as_mut() {
-                    let keys: Vec<&str> = rows.iter().filter_map(|r| r.3.as_deref()).collect();
-                    admission.prepare(tx, self.store, self.queue, &keys).await?;
-                }
-                let read = rows.len();
-                for (id, run_at, seq, key, locality) in rows {
-                    after = (run_at, seq);
-                    let preferred =
-                        durq_core::fit::is_preferred(&self.request.prefer, locality.as_deref());
-                    // Past the cut, only a preferred job can still outrank one in hand,
-                    // and no more of them than the cut holds.
-                    if taken >= limit && !(preferred && preferred_in_band < limit) {
-                        continue;
-                    }
+            for only in scans {
+                let mut after = (i64::MIN, i64::MIN);
+                loop {
+                    let rows = self
+                        .band_page(tx, priority, after, page, admission.is_none())
+                        .await?;
                     if let Some(admission) = admission.as_mut() {
-                        if !admission.take(key.as_deref()) {
-                            if admission.queue_full() {
-                                break 'bands;
-                            }
+                        let keys: Vec<&str> = rows.iter().filter_map(|r| r.3.as_deref()).collect();
+                        admission.prepare(tx, self.store, self.queue, &keys).await?;
+                    }
+                    let read = rows.len();
+                    for (id, run_at, seq, key, locality) in rows {
+                        after = (run_at, seq);
+                        let preferred =
+                            durq_core::fit::is_preferred(&self.request.prefer, locality.as_deref());
+                        if only.is_some_and(|only| only != preferred) {
                             continue;
                         }
+                        // Past the cut of one scan of both kinds, only a preferred job
+                        // can still outrank one in hand, and no more of them than the
+                        // cut holds.
+                        if taken >= limit && !(preferred && preferred_in_band < limit) {
+                            continue;
+                        }
+                        if let Some(admission) = admission.as_mut() {
+                            if !admission.take(key.as_deref()) {
+                                if admission.queue_full() {
+                                    break 'bands;
+                                }
+                                continue;
+                            }
+                        }
+                        let ready = ReadyOrder::new(
+                            priority,
+                            Timestamp::from_millis(run_at),
+                            u64::try_from(seq).unwrap_or(0),
+                        );
+                        chosen.push(Chosen {
+                            order: self.request.fit_order(ready, locality.as_deref()),
+                            id,
+                            queue: self.queue.to_owned(),
+                            key,
+                        });
+                        taken += 1;
+                        if preferred {
+                            preferred_in_band += 1;
+                        }
+                        // A scan in the claim's order ends at the cut.
+                        let done = match only {
+                            Some(_) => taken >= limit,
+                            None => taken >= limit && (!prefers || preferred_in_band >= limit),
+                        };
+                        if done {
+                            break 'bands;
+                        }
                     }
-                    let ready = ReadyOrder::new(
-                        priority,
-                        Timestamp::from_millis(run_at),
-                        u64::try_from(seq).unwrap_or(0),
-                    );
-                    chosen.push(Chosen {
-                        order: self.request.fit_order(ready, locality.as_deref()),
-                        id,
-                        queue: self.queue.to_owned(),
-                        key,
-                    });
-                    taken += 1;
-                    if preferred {
-                        preferred_in_band += 1;
+                    if i64::try_from(read).unwrap_or(0) < page {
+                        break;
                     }
-                    if taken >= limit && (!prefers || preferred_in_band >= limit) {
-                        break 'bands;
-                    }
-                }
-                if i64::try_from(read).unwrap_or(0) < page {
-                    break;
                 }
             }
         }

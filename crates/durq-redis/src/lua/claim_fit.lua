@@ -105,9 +105,10 @@ check_counters(running, named)
 
 -- Flow control (CONTRACT K1, K2, K4): a fitted claim keeps its own order (K5's fair
 -- shares do not reorder it), but a queue's limits on running jobs and starts admit
--- each job it selects, in the order it meets them (flow.lua's admission, as
--- claim_limited.lua's). A job its limits hold back is passed over like one that does
--- not fit. Read and checked before any write.
+-- each job it selects, in the claim's order (flow.lua's admission, as
+-- claim_limited.lua's; a preferring walk admits a band's preferred jobs before the
+-- others). A job its limits hold back is passed over like one that does not fit. Read
+-- and checked before any write.
 local admissions, stale_leases = {}, {}
 if #named > 0 and redis.call('EXISTS', limits) == 1 then
   local texts = redis.call('HMGET', limits, unpack(named))
@@ -453,6 +454,8 @@ else
 
   -- The jobs that fit in the priority band being read: preferred ones, then the others,
   -- each in ready order. A band is closed into the selection when the walk leaves it.
+  -- The limits' slots go in that order too (K1 with F5): a preferred job is admitted as
+  -- the walk meets it, the others only when the band closes, after every preferred one.
   local band, first, rest = nil, {}, {}
   local function close_band()
     for _, e in ipairs(first) do
@@ -464,7 +467,9 @@ else
     end
     for _, e in ipairs(rest) do
       if #selected < limit then
-        selected[#selected + 1] = e
+        if admit(e[3], string.sub(e[1], -36)) then
+          selected[#selected + 1] = e
+        end
       else
         extra[#extra + 1] = e
       end
@@ -502,7 +507,7 @@ else
         end
       end
       local verdict, pref = judge(place)
-      if verdict == 'fit' and not admit(s.q, string.sub(member, -36)) then
+      if verdict == 'fit' and pref and not admit(s.q, string.sub(member, -36)) then
         verdict = 'held'
       end
       if verdict == 'fit' then

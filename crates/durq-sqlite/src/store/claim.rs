@@ -145,7 +145,8 @@ pub(super) fn job_subject(conn: &Connection, job: i64) -> String {
 /// take, or at once when the claim prefers no locality (its order is then the index
 /// order). No lower band can outrank a higher one. Of each kind, preferred or not, a
 /// band keeps only as many jobs as the cut can take, so a long band costs reading, not
-/// memory.
+/// memory. On a queue with limits a preferring claim reads a band twice, its preferred
+/// jobs first, so the limits' slots go in the claim's order (K1 with F5).
 #[allow(clippy::too_many_arguments)] // The claim's state, threaded through its steps.
 pub(super) fn fitting_candidates(
     conn: &Connection,
@@ -200,48 +201,69 @@ pub(super) fn fitting_candidates(
         // The most jobs this band can still put under the cut.
         let room = request.limit - found;
         let (mut preferred, mut elsewhere) = (0usize, 0usize);
-        let mut rows = ready
-            .query(params![ns, queue, priority, now.as_millis()])
-            .db("scan ready jobs")?;
-        while let Some(row) = rows.next().db("scan ready jobs")? {
-            let job: i64 = row.get(0).db("read a ready job")?;
-            let (fits, is_preferred) = match verdicts.judge(row.get_ref(3).db("read a ready job")?)
-            {
-                Ok(verdict) => verdict,
-                Err(why) => {
-                    // Buried once the scan is done (CONTRACT C10).
-                    verdicts.unreadable.push((job, why));
+        // A preferring claim on a queue with limits spends their slots in its own
+        // order (K1 with F5): the band's preferred jobs in a first scan, the others in
+        // a second. Otherwise one scan, in which every fitting job is admitted as met.
+        let scans: &[Option<bool>] = if prefers && admission.is_some() {
+            &[Some(true), Some(false)]
+        } else {
+            &[None]
+        };
+        for (scan, only) in scans.iter().enumerate() {
+            let mut rows = ready
+                .query(params![ns, queue, priority, now.as_millis()])
+                .db("scan ready jobs")?;
+            while let Some(row) = rows.next().db("scan ready jobs")? {
+                let job: i64 = row.get(0).db("read a ready job")?;
+                let (fits, is_preferred) =
+                    match verdicts.judge(row.get_ref(3).db("read a ready job")?) {
+                        Ok(verdict) => verdict,
+                        Err(why) => {
+                            // Buried once the scan is done (CONTRACT C10), noted once.
+                            if scan == 0 {
+                                verdicts.unreadable.push((job, why));
+                            }
+                            continue;
+                        }
+                    };
+                if !fits || only.is_some_and(|only| only != is_preferred) {
                     continue;
                 }
-            };
-            if !fits {
-                continue;
-            }
-            if let Some(admission) = admission.as_mut() {
-                let key: Option<String> = row.get(4).db("read a ready job")?;
-                if !admission.take(conn, ns, queue, key.as_deref())? {
-                    if admission.queue_full() {
-                        break;
+                if let Some(admission) = admission.as_mut() {
+                    let key: Option<String> = row.get(4).db("read a ready job")?;
+                    if !admission.take(conn, ns, queue, key.as_deref())? {
+                        if admission.queue_full() {
+                            break;
+                        }
+                        continue;
                     }
+                }
+                let kept = if is_preferred {
+                    &mut preferred
+                } else {
+                    &mut elsewhere
+                };
+                if *kept == room {
+                    // `room` jobs of its kind that come before it are in hand already.
                     continue;
                 }
+                *kept += 1;
+                let run_at: i64 = row.get(1).db("read a ready job")?;
+                let seq: i64 = row.get(2).db("read a ready job")?;
+                let seq = u64::try_from(seq).unwrap_or(0);
+                let order = ReadyOrder::new(as_i16, Timestamp::from_millis(run_at), seq);
+                out.push((FitOrder::new(order, is_preferred), job));
+                // Ordered scans stop at the cut; one scan of both kinds stops once the
+                // preferred jobs fill it, or at once when nothing is preferred.
+                let full = match only {
+                    Some(_) => preferred + elsewhere == room,
+                    None => preferred == room || (!prefers && elsewhere == room),
+                };
+                if full {
+                    break;
+                }
             }
-            let kept = if is_preferred {
-                &mut preferred
-            } else {
-                &mut elsewhere
-            };
-            if *kept == room {
-                // `room` jobs of its kind that come before it are in hand already.
-                continue;
-            }
-            *kept += 1;
-            let run_at: i64 = row.get(1).db("read a ready job")?;
-            let seq: i64 = row.get(2).db("read a ready job")?;
-            let seq = u64::try_from(seq).unwrap_or(0);
-            let order = ReadyOrder::new(as_i16, Timestamp::from_millis(run_at), seq);
-            out.push((FitOrder::new(order, is_preferred), job));
-            if preferred == room || (!prefers && elsewhere == room) {
+            if preferred + elsewhere >= room {
                 break;
             }
         }
