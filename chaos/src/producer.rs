@@ -133,6 +133,9 @@ async fn produce(
     // limit of one running job per key (CONTRACT K1), which the check verifies on the
     // history. Setting it again after a producer restart changes nothing.
     let keyed = store.supports(durq::Capability::FlowControl);
+    // A partitioned store places a job by one key, not by two (CONTRACT P3): there the
+    // jobs with an idempotency key carry no concurrency key.
+    let one_key_each = store.capabilities().partitioning.is_some();
     if keyed {
         until_ok("set_limits", || {
             store.set_limits(
@@ -159,7 +162,7 @@ async fn produce(
             .map(|i| {
                 let key = batch.keyed.then(|| format!("{ns}-{}-{i}", batch.number));
                 let mut job = NewJob::new(args.store.queue.clone());
-                if keyed {
+                if keyed && !(one_key_each && key.is_some()) {
                     job = job.concurrency_key(format!("k{}", (batch.before + i) % CHAOS_KEYS));
                 }
                 if mix(batch.number.wrapping_mul(1_000_003).wrapping_add(i)) % 50 == 0 {

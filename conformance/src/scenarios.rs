@@ -159,6 +159,7 @@ macro_rules! __scenario_list {
             M1 [Inspect Admin] model_check::m1_model_check,
             P1 [Inspect] rules::p1_jobs_live_with_their_key_or_parent_and_others_spread,
             P2 [] rules::p2_claims_keep_the_order_within_each_partition,
+            P3 [FlowControl] rules::p3_a_keys_jobs_share_a_partition_and_keep_its_limits,
         }
     };
 }

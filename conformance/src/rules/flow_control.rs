@@ -10,8 +10,8 @@ use std::time::Duration;
 use durq_core::{Clock, JobId, JobState, NewJob, QueueLimits, Rate, Store};
 
 use super::support::{
-    assert_nothing_claimable, claim, enqueue, expect_invalid, get, ids_of, join_all, request, Must,
-    TTL, WORKER,
+    assert_nothing_claimable, claim, enqueue, expect_invalid, get, ids_of, join_all,
+    keeps_queue_wide_limits, request, Must, TTL, WORKER,
 };
 use crate::{Harness, TestEnv};
 
@@ -97,15 +97,14 @@ pub async fn k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit(harne
     const CLAIMERS: usize = 16;
     let env = TestEnv::new(harness);
     let admin = env.store().await;
-    admin
-        .set_limits(
-            "q",
-            QueueLimits::new()
-                .max_running_per_key(PER_KEY_LIMIT as u32)
-                .max_running(QUEUE_LIMIT as u32),
-        )
-        .await
-        .must("K1: set_limits");
+    // A store that keeps per-key limits only (CONTRACT P3) is checked per key alone.
+    let queue_limit =
+        keeps_queue_wide_limits(&admin, "K1's queue-wide part (K2)").then_some(QUEUE_LIMIT);
+    let mut limits = QueueLimits::new().max_running_per_key(PER_KEY_LIMIT as u32);
+    if let Some(queue_limit) = queue_limit {
+        limits = limits.max_running(queue_limit as u32);
+    }
+    admin.set_limits("q", limits).await.must("K1: set_limits");
     let mut key_of: HashMap<JobId, usize> = HashMap::new();
     let mut jobs = Vec::new();
     for key in 0..KEYS {
@@ -210,12 +209,14 @@ pub async fn k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit(harne
                     event.at
                 );
             }
-            assert!(
-                held <= QUEUE_LIMIT,
-                "K2: {held} jobs of the queue ran at once (event {}), above its limit of \
-                 {QUEUE_LIMIT}",
-                event.at
-            );
+            if let Some(queue_limit) = queue_limit {
+                assert!(
+                    held <= queue_limit,
+                    "K2: {held} jobs of the queue ran at once (event {}), above its limit of \
+                     {queue_limit}",
+                    event.at
+                );
+            }
         } else {
             held_per_key[event.key] -= 1;
             held -= 1;
@@ -229,6 +230,9 @@ pub async fn k1_concurrent_claimers_never_run_more_of_a_key_than_its_limit(harne
 pub async fn k2_a_queue_at_its_running_limit_gives_no_more_jobs(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    if !keeps_queue_wide_limits(&store, "K2") {
+        return;
+    }
     store
         .set_limits("q", QueueLimits::new().max_running(2))
         .await
@@ -267,6 +271,9 @@ pub async fn k2_a_queue_at_its_running_limit_gives_no_more_jobs(harness: &dyn Ha
 pub async fn k3_limits_are_stored_per_queue_and_applied_by_the_next_claim(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let operator = env.store().await;
+    if !keeps_queue_wide_limits(&operator, "K3") {
+        return;
+    }
     let worker = env.store().await;
     assert_eq!(
         worker.limits("q").await.must("K3: limits"),
@@ -376,6 +383,9 @@ pub async fn k3_limits_are_stored_per_queue_and_applied_by_the_next_claim(harnes
 pub async fn k4_a_rate_admits_at_most_its_starts_in_any_window(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    if !keeps_queue_wide_limits(&store, "K4") {
+        return;
+    }
     let per = Duration::from_secs(10);
     store
         .set_limits("q", QueueLimits::new().max_starts(Rate::new(3, per)))
@@ -455,6 +465,9 @@ pub async fn k4_a_rate_admits_at_most_its_starts_in_any_window(harness: &dyn Har
 pub async fn k4_limits_without_a_rate_forget_the_starts(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    if !keeps_queue_wide_limits(&store, "K4") {
+        return;
+    }
     let per = Duration::from_secs(3_600);
     let rates = [
         QueueLimits::new().max_starts(Rate::new(1, per)),
@@ -565,6 +578,9 @@ pub async fn k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window
     const WINDOW_MS: i64 = 1_000;
     let env = TestEnv::new(harness);
     let admin = env.store().await;
+    if !keeps_queue_wide_limits(&admin, "K4") {
+        return;
+    }
     let per = Duration::from_millis(WINDOW_MS as u64);
     admin
         .set_limits(
@@ -666,6 +682,9 @@ pub async fn k4_concurrent_claimers_never_start_more_than_the_rate_in_any_window
 pub async fn k5_limits_without_fair_shares_forget_the_turns(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    if !keeps_queue_wide_limits(&store, "K5") {
+        return;
+    }
     let fair = QueueLimits::new().fair_shares(true);
     store
         .set_limits("q", fair)
@@ -713,6 +732,9 @@ pub async fn k5_limits_without_fair_shares_forget_the_turns(harness: &dyn Harnes
 pub async fn k5_claims_take_turns_over_the_keys_of_a_fair_queue(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let first = env.store().await;
+    if !keeps_queue_wide_limits(&first, "K5") {
+        return;
+    }
     let second = env.store().await;
     let fair = QueueLimits::new().fair_shares(true);
     for store in [&first, &second] {
@@ -831,6 +853,9 @@ pub async fn k5_a_deep_key_does_not_starve_the_keys_behind_it(harness: &dyn Harn
     const BOUND: usize = 2_000;
     let env = TestEnv::new(harness);
     let admin = env.store().await;
+    if !keeps_queue_wide_limits(&admin, "K5") {
+        return;
+    }
     admin
         .set_limits("q", QueueLimits::new().fair_shares(true))
         .await
@@ -925,6 +950,9 @@ pub async fn k5_a_deep_key_does_not_starve_the_keys_behind_it(harness: &dyn Harn
 pub async fn k3_flow_status_shows_what_the_limits_hold_back(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    if !keeps_queue_wide_limits(&store, "K3") {
+        return;
+    }
     let per = Duration::from_secs(10);
     store
         .set_limits(
@@ -1027,6 +1055,9 @@ pub async fn k3_flow_status_shows_what_the_limits_hold_back(harness: &dyn Harnes
 pub async fn k4_a_wait_ends_when_the_rate_frees_a_start(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    if !keeps_queue_wide_limits(&store, "K4") {
+        return;
+    }
     store
         .set_limits(
             "q",
@@ -1128,9 +1159,8 @@ pub async fn k1_a_preferring_claim_admits_in_its_own_order(harness: &dyn Harness
         "K1",
     )
     .await;
-    let other = enqueue(&store, NewJob::new("q").concurrency_key("b"), "K1").await;
     let first = store
-        .claim(request(&["q"], WORKER, TTL, 1).prefer(["here"]))
+        .claim(request(&["q"], WORKER, TTL, 10).prefer(["here"]))
         .await
         .must("K1: a claim preferring a locality");
     assert_eq!(
@@ -1138,17 +1168,12 @@ pub async fn k1_a_preferring_claim_admits_in_its_own_order(harness: &dyn Harness
         vec![here],
         "K1, F5: key a's one slot goes to the job the claim prefers, not to the older one"
     );
-    let second = store
-        .claim(request(&["q"], WORKER, TTL, 10).prefer(["here"]))
-        .await
-        .must("K1: a second claim preferring a locality");
-    assert_eq!(
-        ids_of(&second),
-        vec![other],
-        "K1: key a is at its limit, so the next claim passes over its older job"
-    );
+    assert_nothing_claimable(&store, &["q"], "K1: key a is at its limit").await;
     assert_eq!(get(&store, near, "K1").await.state, JobState::Queued);
 
+    if !keeps_queue_wide_limits(&store, "K1's queue-wide part (K2)") {
+        return;
+    }
     store
         .set_limits("r", QueueLimits::new().max_running(1))
         .await
@@ -1174,6 +1199,9 @@ pub async fn k1_a_preferring_claim_admits_in_its_own_order(harness: &dyn Harness
 pub async fn k1_fitted_claims_keep_the_limits(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
+    if !keeps_queue_wide_limits(&store, "K1") {
+        return;
+    }
     store
         .set_limits(
             "q",

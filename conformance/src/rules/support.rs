@@ -45,6 +45,17 @@ impl<T> Must<T> for Result<T> {
 }
 
 /// Waits for spawned tasks, re-raising a task's panic as the scenario's own.
+/// Whether the store keeps the limits that count a whole queue (`max_running`,
+/// `max_starts`, fair shares); if not (a partitioned store, CONTRACT P3), says that
+/// `what` does not apply.
+pub(crate) fn keeps_queue_wide_limits(store: &Store, what: &str) -> bool {
+    let kept = store.capabilities().queue_wide_limits;
+    if !kept {
+        eprintln!("{what} skipped: the store keeps per-key limits only (CONTRACT P3)");
+    }
+    kept
+}
+
 pub(crate) async fn join_all<T>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
     let mut out = Vec::with_capacity(handles.len());
     for handle in handles {

@@ -395,6 +395,18 @@ impl Bug for PlacementIgnoresParents {
     }
 }
 
+/// P3: a partitioned store with flow control that places a job with a concurrency key
+/// by its id alone, so one key's jobs end up in several partitions, where no one script
+/// can count them.
+#[derive(Debug)]
+pub(crate) struct PlacementIgnoresConcurrencyKeys;
+
+impl Bug for PlacementIgnoresConcurrencyKeys {
+    fn partitioning(&self) -> Option<Partitioning> {
+        four_partitions()
+    }
+}
+
 /// P2: a partitioned store whose claim answers from the first partition it finds ready
 /// jobs in and stops there, short of its limit while other partitions hold ready jobs.
 /// Written as a claim that puts back what the real one took from other partitions.

@@ -469,6 +469,15 @@ async fn placement_ignoring_parents_is_caught_by_p1() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn placement_ignoring_concurrency_keys_is_caught_by_p3() {
+    caught(
+        PlacementIgnoresConcurrencyKeys,
+        "p3_a_keys_jobs_share_a_partition_and_keep_its_limits",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_stopping_at_one_partition_is_caught_by_p2() {
     caught(
         ClaimStopsAtOnePartition,

@@ -50,6 +50,14 @@ pub struct Capabilities {
     /// suite asserts those rules per partition, locating each job with
     /// [`Partitioning::of`], and every other rule as it is.
     pub partitioning: Option<Partitioning>,
+
+    /// Whether a backend that declares [`FlowControl`](crate::FlowControl) keeps the
+    /// limits that count a whole queue: `max_running` (K2), `max_starts` (K4's queue
+    /// rate) and fair shares (K5). A partitioned store that keeps a queue's jobs in
+    /// several partitions and counts each concurrency key in its one partition says
+    /// `false` (CONTRACT P3): the handle then refuses those limits, naming the field,
+    /// and the suite skips their rules, saying so. Default `true`.
+    pub queue_wide_limits: bool,
 }
 
 impl Default for Capabilities {
@@ -57,6 +65,7 @@ impl Default for Capabilities {
         Capabilities {
             tied_to_runtime: true,
             partitioning: None,
+            queue_wide_limits: true,
         }
     }
 }
@@ -71,6 +80,12 @@ impl Capabilities {
     /// Sets [`Capabilities::partitioning`].
     pub fn partitioning(mut self, partitioning: Option<Partitioning>) -> Self {
         self.partitioning = partitioning;
+        self
+    }
+
+    /// Sets [`Capabilities::queue_wide_limits`].
+    pub fn queue_wide_limits(mut self, kept: bool) -> Self {
+        self.queue_wide_limits = kept;
         self
     }
 }

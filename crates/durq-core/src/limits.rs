@@ -184,6 +184,33 @@ impl QueueLimits {
         self.max_starts.is_some() || self.max_starts_per_key.is_some()
     }
 
+    /// The first of these limits that counts a whole queue (`max_running`,
+    /// `max_starts`, `fair_shares`), if any (CONTRACT P3).
+    pub fn queue_wide_field(&self) -> Option<&'static str> {
+        [
+            ("max_running", self.max_running.is_some()),
+            ("max_starts", self.max_starts.is_some()),
+            ("fair_shares", self.fair_shares),
+        ]
+        .into_iter()
+        .find_map(|(field, set)| set.then_some(field))
+    }
+
+    /// CONTRACT P3: `InvalidInput` naming the first limit of `self` that counts a whole
+    /// queue, for a store that keeps only per-key limits
+    /// ([`Capabilities::queue_wide_limits`](crate::Capabilities::queue_wide_limits)).
+    pub fn refuse_queue_wide(&self) -> Result<()> {
+        match self.queue_wide_field() {
+            Some(field) => Err(Error::invalid(
+                field,
+                "this store keeps a queue's jobs in several partitions and counts only \
+                 what one partition holds: a concurrency key's jobs (max_running_per_key, \
+                 max_starts_per_key); CONTRACT P3",
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Whether a claim must count this queue's jobs by concurrency key (K1, K4).
     pub fn counts_keys(&self) -> bool {
         self.max_running_per_key.is_some() || self.max_starts_per_key.is_some()

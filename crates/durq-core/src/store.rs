@@ -575,10 +575,11 @@ impl Store {
     pub async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
         validate::validate_queue(queue)?;
         limits.validate()?;
-        self.backend
-            .require_flow_control()?
-            .set_limits(queue, limits)
-            .await
+        let flow = self.backend.require_flow_control()?;
+        if !self.backend.capabilities().queue_wide_limits {
+            limits.refuse_queue_wide()?;
+        }
+        flow.set_limits(queue, limits).await
     }
 
     /// Rule K3: `queue`'s limits, unlimited when it has none.

@@ -179,7 +179,11 @@ impl Backend for RedisBackend {
             .partitions
             .as_ref()
             .map(|partitions| Partitioning::new(partitions.count(), crate::partitions::of_id));
-        Capabilities::default().partitioning(partitioning)
+        // A partitioned namespace counts a concurrency key in its one partition, and
+        // no whole queue (CONTRACT P3).
+        Capabilities::default()
+            .queue_wide_limits(partitioning.is_none())
+            .partitioning(partitioning)
     }
 
     async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
@@ -317,9 +321,17 @@ impl Backend for RedisBackend {
         let mut timeout = timeout;
         // A rate that holds jobs back frees a start at a known instant (K4): the wait
         // ends then, not a poll later. Read on the store's clock, which dates the starts.
-        if self.inner.partitions.is_none() && self.names_limited_queue(queues) {
+        let limited = match &self.inner.partitions {
+            Some(partitions) => partitions.names_limited_queue(queues),
+            None => self.names_limited_queue(queues),
+        };
+        if limited {
             let now = self.inner.settings.now();
-            if let Some(at) = self.next_rate_free(queues, now).await? {
+            let rate_free = match &self.inner.partitions {
+                Some(partitions) => partitions.next_rate_free(queues, now).await?,
+                None => self.next_rate_free(queues, now).await?,
+            };
+            if let Some(at) = rate_free {
                 let frees_in = at.as_millis().saturating_sub(now.as_millis());
                 timeout = timeout.min(Duration::from_millis(u64::try_from(frees_in).unwrap_or(0)));
             }
@@ -348,29 +360,34 @@ impl Backend for RedisBackend {
         Some(self)
     }
 
-    /// Flow control needs every job of a queue in one slot, so that one script counts
-    /// and leases atomically: a partitioned namespace spreads a queue over many, and
-    /// has none (docs/redis.md, "Flow control").
+    /// On a partitioned namespace, the limits a key's jobs in one slot can keep
+    /// (CONTRACT P3; docs/redis.md, "Flow control").
     fn as_flow_control(&self) -> Option<&dyn FlowControl> {
-        match self.inner.partitions {
-            Some(_) => None,
-            None => Some(self),
-        }
+        Some(self)
     }
 }
 
 #[async_trait]
 impl FlowControl for RedisBackend {
     async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
-        self.put_limits(queue, limits).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.set_limits(queue, limits).await,
+            None => self.put_limits(queue, limits).await,
+        }
     }
 
     async fn limits(&self) -> Result<Vec<(String, QueueLimits)>> {
-        self.all_limits().await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.all_limits().await,
+            None => self.all_limits().await,
+        }
     }
 
     async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus> {
-        self.read_flow_status(queue, now).await
+        match &self.inner.partitions {
+            Some(partitions) => partitions.flow_status(queue, now).await,
+            None => self.read_flow_status(queue, now).await,
+        }
     }
 }
 

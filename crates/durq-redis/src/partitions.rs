@@ -40,6 +40,13 @@ pub(crate) fn of_key(tenant: &str, key: &str, count: usize) -> usize {
     (hash % count.max(1) as u64) as usize
 }
 
+/// The partition a concurrency key of `queue` places its jobs in (CONTRACT P3): the
+/// same hash as [`of_key`]'s, over the queue and the key, as limits count a key per
+/// queue.
+pub(crate) fn of_concurrency_key(queue: &str, key: &str, count: usize) -> usize {
+    of_key(queue, key, count)
+}
+
 /// `id` moved into partition `partition` of `count`: only its low 32 (random) bits
 /// change, by less than `count`, so it keeps its place among other ids.
 pub(crate) fn pin(id: JobId, partition: usize, count: usize) -> JobId {

@@ -30,8 +30,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durq_core::{
-    ClaimRequest, ClaimedJob, Completion, Enqueued, Error, Heartbeat, HeldLease, JobId, ListPage,
-    ListQuery, NewJob, QueueOverview, QueueStats, ReclaimedJob, Result, Timestamp,
+    ClaimRequest, ClaimedJob, Completion, Enqueued, Error, FlowStatus, Heartbeat, HeldLease, JobId,
+    ListPage, ListQuery, NewJob, QueueLimits, QueueOverview, QueueStats, ReclaimedJob, Result,
+    Timestamp, FLOW_KEYS_SHOWN,
 };
 use futures::future::join_all;
 
@@ -100,14 +101,33 @@ impl Partitions {
     }
 
     /// Where `job` must live, if anywhere: its idempotency key's partition (dedup and
-    /// its races stay one atomic script), else its parent's (a family stays in one
-    /// slot). A keyed child may so live away from its parent.
+    /// its races stay one atomic script), else its concurrency key's (every job of one
+    /// key of a queue in one slot, so one script counts and leases them, CONTRACT P3),
+    /// else its parent's (a family stays in one slot). A keyed child may so live away
+    /// from its parent. The handle refuses a job with both keys first
+    /// ([`Partitions::check_keys`]).
     fn placement(&self, job: &NewJob) -> Option<usize> {
         let count = self.parts.len();
         if let Some(key) = job.idempotency_key.as_deref() {
             return Some(partitions::of_key(&job.tenant, key, count));
         }
+        if let Some(key) = job.concurrency_key.as_deref() {
+            return Some(partitions::of_concurrency_key(&job.queue, key, count));
+        }
         job.parent.map(|parent| partitions::of_id(parent, count))
+    }
+
+    /// CONTRACT P3: a job with both an idempotency key and a concurrency key would need
+    /// the partitions of both; it is refused, naming `concurrency_key`.
+    pub(crate) fn check_keys<'a>(&self, mut jobs: impl Iterator<Item = &'a NewJob>) -> Result<()> {
+        if jobs.any(|job| job.idempotency_key.is_some() && job.concurrency_key.is_some()) {
+            return Err(Error::invalid(
+                "concurrency_key",
+                "a partitioned namespace places a job by its idempotency key or by its \
+                 concurrency key, not by both: enqueue it with one of them",
+            ));
+        }
+        Ok(())
     }
 
     /// `job` with an id pinned to `partition`, noting a parent that lives elsewhere.
@@ -125,6 +145,7 @@ impl Partitions {
     }
 
     pub(crate) async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        self.check_keys(std::iter::once(&job))?;
         let count = self.parts.len();
         let (partition, _spread) = match self.placement(&job) {
             Some(partition) => (partition, None),
@@ -149,6 +170,7 @@ impl Partitions {
         jobs: Vec<NewJob>,
         now: Timestamp,
     ) -> Result<Vec<Enqueued>> {
+        self.check_keys(jobs.iter())?;
         let count = self.parts.len();
         let anchor = jobs
             .iter()
@@ -452,6 +474,84 @@ impl Partitions {
         queues.sort_unstable();
         queues.dedup();
         Ok(queues)
+    }
+
+    /// K3, P3: each partition's claims read their own limits, so each is written (a
+    /// change interrupted half-way reads back (`limits`) as the first partition's, and
+    /// setting them again completes it). Limits that count a whole queue (`max_running`,
+    /// `max_starts`, fair shares) would need every partition in one atomic step: they
+    /// are refused, naming the field, and nothing is written.
+    pub(crate) async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
+        limits.refuse_queue_wide()?;
+        for part in &self.parts {
+            part.put_limits(queue, limits).await?;
+        }
+        Ok(())
+    }
+
+    /// K3: every queue's limits, as the first partition holds them.
+    pub(crate) async fn all_limits(&self) -> Result<Vec<(String, QueueLimits)>> {
+        self.parts[0].all_limits().await
+    }
+
+    /// K3: what `queue`'s limits hold back, over every partition: its running jobs
+    /// summed, and the keys (each in one partition) merged by key.
+    pub(crate) async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus> {
+        let found = join_all(
+            self.parts
+                .iter()
+                .map(|part| part.read_flow_status(queue, now)),
+        )
+        .await;
+        let mut status = FlowStatus::default();
+        for part in found {
+            let part = part?;
+            status.running += part.running;
+            status.keys_at_limit.extend(part.keys_at_limit);
+            status.keys_rate_limited.extend(part.keys_rate_limited);
+            status.next_start = match (status.next_start, part.next_start) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        status
+            .keys_at_limit
+            .sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        status.keys_at_limit.truncate(FLOW_KEYS_SHOWN);
+        status
+            .keys_rate_limited
+            .sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        status.keys_rate_limited.truncate(FLOW_KEYS_SHOWN);
+        Ok(status)
+    }
+
+    /// Whether a claim of any partition found limits on one of `queues`.
+    pub(crate) fn names_limited_queue(&self, queues: &[String]) -> bool {
+        self.parts
+            .iter()
+            .any(|part| part.names_limited_queue(queues))
+    }
+
+    /// K4: the earliest instant a rate of `queues` frees a start it holds back, over
+    /// the partitions whose claims found limits on them.
+    pub(crate) async fn next_rate_free(
+        &self,
+        queues: &[String],
+        now: Timestamp,
+    ) -> Result<Option<Timestamp>> {
+        let limited: Vec<&RedisBackend> = self
+            .parts
+            .iter()
+            .filter(|part| part.names_limited_queue(queues))
+            .collect();
+        let found = join_all(limited.iter().map(|part| part.next_rate_free(queues, now))).await;
+        let mut next: Option<Timestamp> = None;
+        for at in found {
+            if let Some(at) = at? {
+                next = Some(next.map_or(at, |next| next.min(at)));
+            }
+        }
+        Ok(next)
     }
 
     /// Every key of every partition.
