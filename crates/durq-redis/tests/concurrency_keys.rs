@@ -786,3 +786,54 @@ async fn reclaim_sweeps_start_logs_no_window_counts() {
     })
     .await;
 }
+
+/// `set_limits` of one queue goes past another queue's unreadable limits: the rate it
+/// takes away forgets its own starts (CONTRACT K4), the other queue's log stays, as
+/// nothing can be judged by limits that cannot be read, and the call answers `Ok`. It
+/// used to answer `Corrupt` after its own write.
+#[tokio::test]
+async fn set_limits_goes_past_another_queues_unreadable_limits() {
+    use durq_core::{FlowControl, QueueLimits, Rate};
+    run(|mut env| async move {
+        let rated = QueueLimits::new().max_starts(Rate::new(100, secs(60)));
+        for queue in ["q", "other"] {
+            env.backend
+                .set_limits(queue, rated)
+                .await
+                .expect("set_limits");
+        }
+        let t0 = at(secs(0));
+        env.enqueue(vec![NewJob::new("q"), NewJob::new("other")], t0)
+            .await;
+        let both = ClaimRequest::new(["q", "other"], "w", secs(60)).limit(10);
+        assert_eq!(env.claim(both, t0).await.len(), 2);
+        let flow = env.hash("flow").await;
+        assert!(
+            flow.contains_key("s q") && flow.contains_key("s other"),
+            "{flow:?}"
+        );
+        let limits = env.key("limits");
+        let _: () = env
+            .conn
+            .hset(&limits, "other", "unreadable")
+            .await
+            .expect("HSET");
+        env.backend
+            .set_limits("q", QueueLimits::new().max_running(5))
+            .await
+            .expect("set_limits past another queue's unreadable limits");
+        let flow = env.hash("flow").await;
+        assert!(!flow.contains_key("s q"), "q's rate went, and its starts: {flow:?}");
+        assert!(
+            flow.contains_key("s other"),
+            "the unreadable queue's log stays: {flow:?}"
+        );
+        assert_eq!(
+            env.hash("limits").await.get("q").map(String::as_str),
+            Some("5 - - - - - 0"),
+            "q's new limits are written"
+        );
+        let _: () = env.conn.hdel(&limits, "other").await.expect("HDEL");
+    })
+    .await;
+}

@@ -14,7 +14,10 @@
 -- ARGV[4] the queue whose fair turns go ('' for none)
 --
 -- Returns the next cursor ('0' when the sweep went round, or `flow` does not exist).
--- An unreadable limits field stops the step before any write, as a claim would.
+-- An unreadable limits field judges nothing: that queue's logs stay, and the
+-- step goes on with the others. (It used to stop the step, so `set_limits` of one queue
+-- answered Corrupt for another's field after its own write; a claim of the queue whose
+-- field it is still stops on it.)
 
 local flow, limits = KEYS[1], KEYS[2]
 local now = tonumber(ARGV[1])
@@ -36,14 +39,22 @@ for i = 1, #fields, 2 do
   elseif kind then
     local l = limits_of[queue]
     if l == nil then
-      l = parse_limits(queue, redis.call('HGET', limits, queue)) or false
+      local text = redis.call('HGET', limits, queue)
+      local readable, parsed = pcall(parse_limits, queue, text)
+      if readable then
+        l = parsed or false
+      else
+        l = 'unreadable'
+      end
       limits_of[queue] = l
     end
-    local per = l and (kind == 's' and l.ms_per or l.msk_per) or nil
-    -- An unreadable log counts for nothing: it goes too.
-    local newest = tonumber(string.sub(log, -LOG_WIDTH))
-    if not per or not newest or newest <= now - per then
-      gone[#gone + 1] = field
+    if l ~= 'unreadable' then
+      local per = l and (kind == 's' and l.ms_per or l.msk_per) or nil
+      -- An unreadable log counts for nothing: it goes too.
+      local newest = tonumber(string.sub(log, -LOG_WIDTH))
+      if not per or not newest or newest <= now - per then
+        gone[#gone + 1] = field
+      end
     end
   end
 end
