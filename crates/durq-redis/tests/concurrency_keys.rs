@@ -823,7 +823,10 @@ async fn set_limits_goes_past_another_queues_unreadable_limits() {
             .await
             .expect("set_limits past another queue's unreadable limits");
         let flow = env.hash("flow").await;
-        assert!(!flow.contains_key("s q"), "q's rate went, and its starts: {flow:?}");
+        assert!(
+            !flow.contains_key("s q"),
+            "q's rate went, and its starts: {flow:?}"
+        );
         assert!(
             flow.contains_key("s other"),
             "the unreadable queue's log stays: {flow:?}"
