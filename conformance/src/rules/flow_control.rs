@@ -465,16 +465,20 @@ pub async fn k4_a_rate_admits_at_most_its_starts_in_any_window(harness: &dyn Har
 pub async fn k4_limits_without_a_rate_forget_the_starts(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    if !keeps_queue_wide_limits(&store, "K4") {
-        return;
-    }
+    // A store with per-key limits only (CONTRACT P3) is checked on the key's rate.
+    let queue_wide = keeps_queue_wide_limits(&store, "K4's queue-rate parts");
     let per = Duration::from_secs(3_600);
-    let rates = [
-        QueueLimits::new().max_starts(Rate::new(1, per)),
-        QueueLimits::new().max_starts_per_key(Rate::new(1, per)),
-    ];
-    for (round, rated) in rates.into_iter().enumerate() {
-        let queue = format!("q{round}");
+    let mut rates = vec![QueueLimits::new().max_starts_per_key(Rate::new(1, per))];
+    if queue_wide {
+        rates.insert(0, QueueLimits::new().max_starts(Rate::new(1, per)));
+    }
+    for rated in rates {
+        let queue = if rated.max_starts.is_some() {
+            "q0"
+        } else {
+            "q1"
+        }
+        .to_owned();
         store.set_limits(&queue, rated).await.must("K4: set a rate");
         let mut queued = Vec::new();
         for _ in 0..3 {
@@ -504,7 +508,7 @@ pub async fn k4_limits_without_a_rate_forget_the_starts(harness: &dyn Harness) {
 
         // Limits that keep no rate but keep others forget the starts too.
         store
-            .set_limits(&queue, QueueLimits::new().max_running(100))
+            .set_limits(&queue, QueueLimits::new().max_running_per_key(100))
             .await
             .must("K4: limits without a rate");
         store
@@ -519,6 +523,9 @@ pub async fn k4_limits_without_a_rate_forget_the_starts(harness: &dyn Harness) {
         );
     }
 
+    if !queue_wide {
+        return;
+    }
     // Both rates, and the key's taken away alone: its starts go, the queue's stay.
     let both = QueueLimits::new()
         .max_starts(Rate::new(3, per))
@@ -1048,25 +1055,27 @@ pub async fn k3_flow_status_shows_what_the_limits_hold_back(harness: &dyn Harnes
     );
 }
 
-/// K4: a claimer waiting for work on a queue whose rate holds its jobs back is told
-/// when to look again: with the rate's window 1 ms long and the clock moved past it,
+/// K4: a claimer waiting for work on a queue whose rate (or, on a store with per-key
+/// limits only, whose key's rate) holds its jobs back is told when to look again: with
+/// the rate's window 1 ms long and the clock moved past it,
 /// `wait_for_work` with a minute's timeout returns at once (well inside 20 s), and the
 /// next claim takes the job.
 pub async fn k4_a_wait_ends_when_the_rate_frees_a_start(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
-    if !keeps_queue_wide_limits(&store, "K4") {
-        return;
-    }
-    store
-        .set_limits(
-            "q",
-            QueueLimits::new().max_starts(Rate::new(1, Duration::from_millis(1))),
+    // The queue's rate; on a store with per-key limits only (CONTRACT P3), a key's.
+    let rate = Rate::new(1, Duration::from_millis(1));
+    let (limits, job) = if keeps_queue_wide_limits(&store, "K4's queue rate") {
+        (QueueLimits::new().max_starts(rate), NewJob::new("q"))
+    } else {
+        (
+            QueueLimits::new().max_starts_per_key(rate),
+            NewJob::new("q").concurrency_key("a"),
         )
-        .await
-        .must("K4: set_limits");
-    enqueue(&store, NewJob::new("q"), "K4").await;
-    let held = enqueue(&store, NewJob::new("q"), "K4").await;
+    };
+    store.set_limits("q", limits).await.must("K4: set_limits");
+    enqueue(&store, job.clone(), "K4").await;
+    let held = enqueue(&store, job, "K4").await;
     assert_eq!(
         claim(&store, &["q"], 10, "K4: the first start").await.len(),
         1

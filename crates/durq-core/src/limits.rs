@@ -186,7 +186,7 @@ impl QueueLimits {
 
     /// The first of these limits that counts a whole queue (`max_running`,
     /// `max_starts`, `fair_shares`), if any (CONTRACT P3).
-    pub fn queue_wide_field(&self) -> Option<&'static str> {
+    fn queue_wide_field(&self) -> Option<&'static str> {
         [
             ("max_running", self.max_running.is_some()),
             ("max_starts", self.max_starts.is_some()),

@@ -495,7 +495,8 @@ impl Partitions {
     }
 
     /// K3: what `queue`'s limits hold back, over every partition: its running jobs
-    /// summed, and the keys (each in one partition) merged by key.
+    /// summed, and the keys (each in one partition) merged by key. No partition has a
+    /// queue rate (P3), so `next_start` stays `None`.
     pub(crate) async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus> {
         let found = join_all(
             self.parts
@@ -509,18 +510,11 @@ impl Partitions {
             status.running += part.running;
             status.keys_at_limit.extend(part.keys_at_limit);
             status.keys_rate_limited.extend(part.keys_rate_limited);
-            status.next_start = match (status.next_start, part.next_start) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
         }
-        status
-            .keys_at_limit
-            .sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        // `String`'s order is byte order, the order K3 lists keys in.
+        status.keys_at_limit.sort_by(|a, b| a.0.cmp(&b.0));
         status.keys_at_limit.truncate(FLOW_KEYS_SHOWN);
-        status
-            .keys_rate_limited
-            .sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        status.keys_rate_limited.sort_by(|a, b| a.0.cmp(&b.0));
         status.keys_rate_limited.truncate(FLOW_KEYS_SHOWN);
         Ok(status)
     }
