@@ -536,6 +536,7 @@ impl Model {
         let mut stats = QueueStats::default();
         for job in self.jobs.iter().filter(|j| j.present && j.queue == queue) {
             let count = match job.state {
+                JobState::Waiting => &mut stats.waiting,
                 JobState::Queued if job.run_at <= self.now => &mut stats.ready,
                 JobState::Queued => &mut stats.scheduled,
                 JobState::Running => &mut stats.running,

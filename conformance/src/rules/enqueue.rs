@@ -69,6 +69,8 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
         tags: Tags::new(),
         trace_context: None,
         concurrency_key: None,
+        depends_on: Vec::new(),
+        on_dependency_failure: Default::default(),
     };
     assert_eq!(
         get(&store, answer.id, "E1: get").await,
@@ -112,6 +114,8 @@ pub async fn e1_enqueue_then_get_shows_every_field(harness: &dyn Harness) {
             tags: Tags::new(),
             trace_context: None,
             concurrency_key: None,
+            depends_on: Vec::new(),
+            on_dependency_failure: Default::default(),
         },
         "E1: unset fields take their defaults: empty tenant, no key, priority 0, run_at = now, 25 attempts"
     );

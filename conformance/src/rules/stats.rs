@@ -195,6 +195,7 @@ pub async fn a3_stats_count_every_state(harness: &dyn Harness) {
         .must("A3");
     store.cancel(ids[10]).await.must("A3");
     let expected = QueueStats {
+        waiting: 0,
         ready: 9 - 6 + 1 - 1,
         scheduled: 3 + 1,
         running: 1,

@@ -189,6 +189,7 @@ pub(crate) fn count(jobs: &[Job], now: Timestamp) -> QueueStats {
     let mut stats = QueueStats::default();
     for job in jobs {
         match job.state {
+            JobState::Waiting => stats.waiting += 1,
             JobState::Queued if job.run_at <= now => stats.ready += 1,
             JobState::Queued => stats.scheduled += 1,
             JobState::Running => stats.running += 1,

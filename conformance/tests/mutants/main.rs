@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use durq_conformance::{Harness, Scenario, SCENARIOS};
+use durq_core::graph::Dependency;
 use durq_core::{
     async_trait, Attempt, AttemptOutcome, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
     Completion, Enqueued, Error, Heartbeat, HeldLease, JobId, JobState, LayeredBackend, LeaseToken,
@@ -387,9 +388,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 // The bugs, one struct each, by the part of the contract they break.
 
 mod claims_and_leases;
+mod dependencies;
 mod reads_admin_and_fit;
 
 use claims_and_leases::*;
+use dependencies::*;
 use reads_admin_and_fit::*;
 
 // ---------------------------------------------------------------------------------
@@ -570,6 +573,29 @@ async fn limits_before_the_preference_are_caught_by_k1() {
         "k1_a_preferring_claim_admits_in_its_own_order",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fan_in_released_by_its_first_dependency_is_caught_by_g1() {
+    caught(
+        ReleaseOnFirstDependency,
+        "g1_a_job_waits_until_every_dependency_succeeded",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_dependencies_counted_as_met_are_caught_by_g3() {
+    caught(
+        DependencyFailuresIgnored,
+        "g3_a_failed_dependency_cancels_its_dependents_in_turn",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_indexes_dropped_are_caught_by_g2() {
+    caught(BatchIndexesDropped, "g2_a_batch_enqueues_a_graph_at_once").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

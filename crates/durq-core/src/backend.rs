@@ -58,6 +58,12 @@ pub struct Capabilities {
     /// `false` (CONTRACT P3): the handle then refuses those limits, naming the field,
     /// and the suite skips their rules, saying so. Default `true`.
     pub queue_wide_limits: bool,
+
+    /// Whether the backend keeps jobs that wait for jobs (CONTRACT G1–G5): a job
+    /// enqueued with `depends_on` is `waiting` until they have succeeded. Where it is
+    /// `false` the handle refuses such a job, naming `depends_on`, and the suite skips
+    /// the rules, saying so. Default `false`.
+    pub dependencies: bool,
 }
 
 impl Default for Capabilities {
@@ -66,6 +72,7 @@ impl Default for Capabilities {
             tied_to_runtime: true,
             partitioning: None,
             queue_wide_limits: true,
+            dependencies: false,
         }
     }
 }
@@ -86,6 +93,12 @@ impl Capabilities {
     /// Sets [`Capabilities::queue_wide_limits`].
     pub fn queue_wide_limits(mut self, kept: bool) -> Self {
         self.queue_wide_limits = kept;
+        self
+    }
+
+    /// Sets [`Capabilities::dependencies`].
+    pub fn dependencies(mut self, kept: bool) -> Self {
+        self.dependencies = kept;
         self
     }
 }

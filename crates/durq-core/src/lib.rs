@@ -10,6 +10,7 @@ pub mod capability;
 mod error;
 pub mod fair;
 pub mod fit;
+pub mod graph;
 mod id;
 mod layer;
 mod limits;

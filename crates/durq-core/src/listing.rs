@@ -11,6 +11,8 @@ use crate::model::{Job, JobState};
 /// Counts of one queue's jobs per state (CONTRACT A3).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueStats {
+    /// Waiting for the jobs they depend on (CONTRACT G1).
+    pub waiting: u64,
     /// Queued and due.
     pub ready: u64,
     /// Queued with `run_at` in the future.
@@ -31,7 +33,13 @@ pub struct QueueStats {
 impl QueueStats {
     /// All jobs counted.
     pub fn total(&self) -> u64 {
-        self.ready + self.scheduled + self.running + self.succeeded + self.dead + self.cancelled
+        self.waiting
+            + self.ready
+            + self.scheduled
+            + self.running
+            + self.succeeded
+            + self.dead
+            + self.cancelled
     }
 }
 

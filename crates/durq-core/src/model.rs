@@ -8,6 +8,7 @@ use bytes::Bytes;
 
 use crate::error::Error;
 use crate::fit::{Budget, FitOrder, Needs};
+use crate::graph::{Dependency, DependencyFailure};
 use crate::id::JobId;
 use crate::meta::Tags;
 use crate::order::ReadyOrder;
@@ -111,6 +112,14 @@ pub struct NewJob {
     /// account, a document): CONTRACT K1. Any UTF-8, 1..=256 bytes. Needs a backend
     /// with flow control ([`crate::FlowControl`]).
     pub concurrency_key: Option<String>,
+    /// The jobs this one waits for (CONTRACT G1): it is `waiting` until every one of
+    /// them has succeeded, then `queued`. At most
+    /// [`MAX_DEPENDENCIES`](crate::graph::MAX_DEPENDENCIES); needs a backend whose
+    /// [`Capabilities::dependencies`](crate::Capabilities::dependencies) is true.
+    pub depends_on: Vec<Dependency>,
+    /// What the job does when one it waits for ends `dead` or `cancelled` (CONTRACT
+    /// G3): cancel (the default) or run anyway.
+    pub on_dependency_failure: DependencyFailure,
 }
 
 impl NewJob {
@@ -133,7 +142,39 @@ impl NewJob {
             tags: Tags::new(),
             trace_context: None,
             concurrency_key: None,
+            depends_on: Vec::new(),
+            on_dependency_failure: DependencyFailure::Cancel,
         }
+    }
+
+    /// Makes the job wait for `dependency` (CONTRACT G1): a stored job's id, or
+    /// [`Dependency::Earlier`] for a job before it in the same batch (G2). A job waits
+    /// for all it names (fan-in).
+    ///
+    /// ```
+    /// use durq_core::graph::Dependency;
+    /// use durq_core::NewJob;
+    /// // A batch: charge, then an e-mail and an invoice, then a report reading both.
+    /// let batch = vec![
+    ///     NewJob::new("charge"),
+    ///     NewJob::new("email").after(Dependency::Earlier(0)),
+    ///     NewJob::new("invoice").after(Dependency::Earlier(0)),
+    ///     NewJob::new("report")
+    ///         .after(Dependency::Earlier(1))
+    ///         .after(Dependency::Earlier(2)),
+    /// ];
+    /// assert_eq!(batch[3].depends_on.len(), 2);
+    /// ```
+    pub fn after(mut self, dependency: impl Into<Dependency>) -> Self {
+        self.depends_on.push(dependency.into());
+        self
+    }
+
+    /// Sets what the job does when a job it waits for ends `dead` or `cancelled`
+    /// (CONTRACT G3).
+    pub fn on_dependency_failure(mut self, policy: DependencyFailure) -> Self {
+        self.on_dependency_failure = policy;
+        self
     }
 
     /// Sets the payload.
@@ -415,13 +456,23 @@ pub struct Job {
     pub trace_context: Option<String>,
     /// The concurrency key it was enqueued with (CONTRACT K1).
     pub concurrency_key: Option<String>,
+    /// The jobs it waits (or waited) for, as enqueued, each once (CONTRACT G1, G4).
+    pub depends_on: Vec<JobId>,
+    /// What it does when one of them ends other than by success (CONTRACT G3).
+    pub on_dependency_failure: DependencyFailure,
 }
 
 impl Job {
     /// The job `new` becomes when it is stored with id `id` at `now`: queued, no
     /// attempts, ready at its `run_at` or at once (CONTRACT E1, E2). Returns the job
     /// and its payload, which backends keep apart from the record.
+    ///
+    /// Its dependencies are the [`Dependency::Job`]s of `new`, each once: a backend
+    /// turns a batch's [`Dependency::Earlier`]s into ids first
+    /// ([`crate::graph::resolve`]), and decides the job's state from them
+    /// ([`crate::graph::at_enqueue`]); this leaves it `queued`.
     pub fn enqueued(new: NewJob, id: JobId, now: Timestamp) -> (Job, Bytes) {
+        let depends_on = crate::graph::resolve(&new.depends_on, &[]);
         let job = Job {
             id,
             queue: new.queue,
@@ -447,6 +498,8 @@ impl Job {
             tags: new.tags,
             trace_context: new.trace_context,
             concurrency_key: new.concurrency_key,
+            depends_on,
+            on_dependency_failure: new.on_dependency_failure,
         };
         (job, new.payload)
     }

@@ -8,6 +8,9 @@ use std::str::FromStr;
 /// *scheduled*, but still `Queued`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum JobState {
+    /// Waiting for the jobs it depends on to succeed (CONTRACT G1): no claim takes it
+    /// until they have, when it becomes `Queued`.
+    Waiting,
     /// Waiting to be claimed (ready, or scheduled for later).
     Queued,
     /// Claimed by a worker that holds its lease.
@@ -22,7 +25,8 @@ pub enum JobState {
 
 impl JobState {
     /// Every state, in declaration order.
-    pub const ALL: [JobState; 5] = [
+    pub const ALL: [JobState; 6] = [
+        JobState::Waiting,
         JobState::Queued,
         JobState::Running,
         JobState::Succeeded,
@@ -38,8 +42,8 @@ impl JobState {
         )
     }
 
-    /// Queued (ready or scheduled) or running: what a job unique while active must be
-    /// to hold its key (CONTRACT E10).
+    /// Waiting, queued (ready or scheduled) or running: what a job unique while active
+    /// must be to hold its key (CONTRACT E10).
     pub fn is_active(self) -> bool {
         !self.is_terminal()
     }
@@ -47,6 +51,7 @@ impl JobState {
     /// The lower-case name stored by backends.
     pub fn as_str(self) -> &'static str {
         match self {
+            JobState::Waiting => "waiting",
             JobState::Queued => "queued",
             JobState::Running => "running",
             JobState::Succeeded => "succeeded",

@@ -160,6 +160,10 @@ impl Store {
         if self.backend.as_flow_control().is_none() {
             validate::refuse_concurrency_keys([&job])?;
         }
+        // Read the capability only for a job that needs it: plain enqueues pay nothing.
+        if !job.depends_on.is_empty() && !self.backend.capabilities().dependencies {
+            validate::refuse_dependencies([&job])?;
+        }
         self.backend.enqueue(job, now).await
     }
 
@@ -178,6 +182,11 @@ impl Store {
         }
         if self.backend.as_flow_control().is_none() {
             validate::refuse_concurrency_keys(&jobs)?;
+        }
+        if jobs.iter().any(|job| !job.depends_on.is_empty())
+            && !self.backend.capabilities().dependencies
+        {
+            validate::refuse_dependencies(&jobs)?;
         }
         self.backend.enqueue_batch(jobs, now).await
     }

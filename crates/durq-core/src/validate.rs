@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::graph::{Dependency, MAX_DEPENDENCIES};
 use crate::model::{ClaimRequest, ListQuery, NewJob, StoreSettings, Uniqueness};
 
 /// Longest queue name, in bytes.
@@ -111,8 +112,15 @@ pub fn validate_size(field: &'static str, size: usize, settings: &StoreSettings)
 }
 
 /// Every field of a new job (CONTRACT E7). Whether `parent` exists is for the backend
-/// to check, inside the same transaction as the insert.
+/// to check, inside the same transaction as the insert; so is whether each job of
+/// `depends_on` does (G1).
 pub fn validate_new_job(job: &NewJob, settings: &StoreSettings) -> Result<()> {
+    validate_job_at(job, None, settings)
+}
+
+/// [`validate_new_job`] for the job at `position` of a batch (`None`: enqueued alone),
+/// which decides which [`Dependency::Earlier`]s it may name (G2).
+fn validate_job_at(job: &NewJob, position: Option<usize>, settings: &StoreSettings) -> Result<()> {
     validate_queue(&job.queue)?;
     if job.tenant.len() > MAX_TENANT_BYTES {
         return Err(Error::invalid(
@@ -164,6 +172,55 @@ pub fn validate_new_job(job: &NewJob, settings: &StoreSettings) -> Result<()> {
                 ),
             ));
         }
+    }
+    validate_dependencies(&job.depends_on, position)
+}
+
+/// Rules G1, G2: at most [`MAX_DEPENDENCIES`] jobs to wait for, and each
+/// [`Dependency::Earlier`] names a job before this one in its batch, so no batch can
+/// build a cycle (a job enqueued alone has nothing earlier).
+fn validate_dependencies(dependencies: &[Dependency], position: Option<usize>) -> Result<()> {
+    if dependencies.len() > MAX_DEPENDENCIES {
+        return Err(Error::invalid(
+            "depends_on",
+            format!("a job waits for at most {MAX_DEPENDENCIES} jobs"),
+        ));
+    }
+    for dependency in dependencies {
+        if let Dependency::Earlier(index) = *dependency {
+            match position {
+                Some(position) if index < position => {}
+                Some(position) => {
+                    return Err(Error::invalid(
+                        "depends_on",
+                        format!(
+                            "job {position} of the batch names job {index}: a job may wait \
+                             only for jobs before it in its batch"
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(Error::invalid(
+                        "depends_on",
+                        "names a job of a batch, and this job is enqueued alone",
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rule G1: jobs that wait for jobs are refused, naming `depends_on`, by a backend
+/// that does not keep dependencies ([`crate::Capabilities::dependencies`]): it would
+/// run them at once. The [`crate::Store`] calls it for such backends.
+pub fn refuse_dependencies<'a>(jobs: impl IntoIterator<Item = &'a NewJob>) -> Result<()> {
+    if jobs.into_iter().any(|job| !job.depends_on.is_empty()) {
+        return Err(Error::invalid(
+            "depends_on",
+            "needs a backend that keeps dependencies (Capabilities::dependencies), and \
+             this one does not",
+        ));
     }
     Ok(())
 }
@@ -251,7 +308,8 @@ pub fn validate_batch(jobs: &[NewJob], settings: &StoreSettings) -> Result<()> {
         ));
     }
     jobs.iter()
-        .try_for_each(|job| validate_new_job(job, settings))
+        .enumerate()
+        .try_for_each(|(position, job)| validate_job_at(job, Some(position), settings))
 }
 
 /// A claim's arguments (CONTRACT C1): at least one valid queue, a worker, a lease.

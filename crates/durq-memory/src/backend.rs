@@ -61,7 +61,9 @@ impl Backend for MemoryBackend {
 
     fn capabilities(&self) -> Capabilities {
         // Every call completes on any runtime: in-process state behind a lock.
-        Capabilities::default().tied_to_runtime(false)
+        Capabilities::default()
+            .tied_to_runtime(false)
+            .dependencies(true)
     }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
@@ -69,7 +71,8 @@ impl Backend for MemoryBackend {
         let enqueued = {
             let mut state = self.namespace.lock();
             state.check_parents([prepared.job()])?;
-            state.enqueue(prepared, now, &self.settings)
+            state.check_dependencies([&prepared])?;
+            state.enqueue(prepared, now, &self.settings, &[])
         };
         if enqueued.created {
             self.namespace.signal_work();
@@ -85,10 +88,15 @@ impl Backend for MemoryBackend {
         let results: Vec<Enqueued> = {
             let mut state = self.namespace.lock();
             state.check_parents(prepared.iter().map(|p| p.job()))?;
-            prepared
-                .into_iter()
-                .map(|job| state.enqueue(job, now, &self.settings))
-                .collect()
+            state.check_dependencies(&prepared)?;
+            let mut answers: Vec<Enqueued> = Vec::with_capacity(prepared.len());
+            let mut ids: Vec<JobId> = Vec::with_capacity(prepared.len());
+            for job in prepared {
+                let answer = state.enqueue(job, now, &self.settings, &ids);
+                ids.push(answer.id);
+                answers.push(answer);
+            }
+            answers
         };
         if results.iter().any(|e| e.created) {
             self.namespace.signal_work();
@@ -283,7 +291,8 @@ impl Inspect for MemoryBackend {
 #[async_trait]
 impl Admin for MemoryBackend {
     async fn cancel(&self, id: JobId, now: Timestamp) -> Result<JobState> {
-        self.namespace.lock().cancel(id, now)
+        // Cancelling a job settles the jobs waiting for it, which may queue them (G3).
+        self.ending_leases(|state| state.cancel(id, now))
     }
 
     async fn retry(&self, id: JobId, now: Timestamp) -> Result<()> {

@@ -122,6 +122,25 @@ impl MemoryServer {
             .limits_before_preference(on);
     }
 
+    /// Releases a waiting job when the first job it waits for succeeds, not the last:
+    /// the fan-in mutant (CONTRACT G1). For the conformance suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn release_on_first_dependency(&self, namespace: &str, on: bool) {
+        self.namespace(namespace)
+            .lock()
+            .release_on_first_dependency(on);
+    }
+
+    /// Counts a dependency that ended dead or cancelled as met for every policy: the
+    /// failure-policy mutant (CONTRACT G3). For the conformance suite's mutant tests
+    /// only.
+    #[cfg(feature = "testing")]
+    pub fn ignore_dependency_failures(&self, namespace: &str, on: bool) {
+        self.namespace(namespace)
+            .lock()
+            .ignore_dependency_failures(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

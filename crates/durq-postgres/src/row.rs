@@ -135,6 +135,9 @@ pub(crate) fn job_in(row: &PgRow, placements: Option<&mut PlacementCache>) -> Re
         concurrency_key: column::<Option<Vec<u8>>>(row, 25, what)?
             .map(|key| text(key, "concurrency_key", what))
             .transpose()?,
+        // PostgreSQL does not keep dependencies yet (`Capabilities::dependencies`).
+        depends_on: Vec::new(),
+        on_dependency_failure: Default::default(),
     })
 }
 

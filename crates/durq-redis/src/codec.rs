@@ -558,6 +558,8 @@ fn decode_claimed_fields(
         tags: meta.tags,
         trace_context: meta.trace_context,
         concurrency_key,
+        depends_on: Vec::new(),
+        on_dependency_failure: Default::default(),
     };
     Ok(ClaimedJob {
         job,
@@ -628,6 +630,8 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         tags: meta.tags,
         trace_context: meta.trace_context,
         concurrency_key,
+        depends_on: Vec::new(),
+        on_dependency_failure: Default::default(),
     })
 }
 
@@ -693,6 +697,8 @@ pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str
         concurrency_key: concurrency_key_of(values.get(15).and_then(Option::as_deref))
             .ok()
             .flatten(),
+        depends_on: Vec::new(),
+        on_dependency_failure: Default::default(),
     })
 }
 

@@ -157,7 +157,9 @@ impl Backend for SqliteBackend {
     fn capabilities(&self) -> Capabilities {
         // Every call completes on any runtime, or none: writes go to the writer thread,
         // reads to reader threads, and the answers come back on oneshot channels.
-        Capabilities::default().tied_to_runtime(false)
+        Capabilities::default()
+            .tied_to_runtime(false)
+            .dependencies(true)
     }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
@@ -268,7 +270,7 @@ impl Backend for SqliteBackend {
         self.engine
             .write(WriteMode::WORKER, move |tx| {
                 let mut answers = Vec::with_capacity(completions.len());
-                let mut completer = store::Completer::new(tx.conn())?;
+                let mut completer = store::Completer::new(tx)?;
                 for Completion { id, token, result } in completions {
                     match completer.complete(ns, id, token, result.as_deref(), now) {
                         Err(err @ (Error::Unavailable { .. } | Error::Backend { .. })) => {

@@ -6,6 +6,7 @@
 //! process: two writers in one process would only queue on SQLite's file lock, and
 //! sharing the writer lets an enqueue through one store wake claimers of another.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -21,10 +22,14 @@ use crate::schema;
 
 /// The writer's view of one group transaction, handed to each operation; also built on
 /// a caller's own transaction (`crate::SqliteTransaction`), so both run the same `store` functions.
+///
+/// The sequence and the wake-ups sit in cells so that code holding only a shared view
+/// (a claim burying a record it cannot read, which settles the jobs waiting for it)
+/// can still draw a sequence value and ask for a wake-up.
 pub(crate) struct WriteTx<'a> {
     conn: &'a Connection,
-    seq: &'a mut SeqCounter,
-    wakes: &'a mut HashSet<i64>,
+    seq: RefCell<&'a mut SeqCounter>,
+    wakes: RefCell<&'a mut HashSet<i64>>,
 }
 
 impl<'a> WriteTx<'a> {
@@ -36,7 +41,11 @@ impl<'a> WriteTx<'a> {
         seq: &'a mut SeqCounter,
         wakes: &'a mut HashSet<i64>,
     ) -> WriteTx<'a> {
-        WriteTx { conn, seq, wakes }
+        WriteTx {
+            conn,
+            seq: RefCell::new(seq),
+            wakes: RefCell::new(wakes),
+        }
     }
 
     /// The connection, inside the group's `BEGIN IMMEDIATE` transaction.
@@ -50,8 +59,9 @@ impl<'a> WriteTx<'a> {
     /// The next value of the store-wide sequence that orders jobs entering `queued`
     /// (CONTRACT C3). Read from the file once per group and written back before the
     /// commit, so a group of a thousand enqueues touches the counter row once.
-    pub(crate) fn next_seq(&mut self) -> Result<i64> {
-        let next = match self.seq.next {
+    pub(crate) fn next_seq(&self) -> Result<i64> {
+        let mut seq = self.seq.borrow_mut();
+        let next = match seq.next {
             Some(next) => next,
             None => {
                 let stored: i64 = self
@@ -59,17 +69,17 @@ impl<'a> WriteTx<'a> {
                     .prepare_cached("SELECT value FROM jobq_meta WHERE name = 'seq'")
                     .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
                     .db("read the sequence")?;
-                self.seq.loaded = Some(stored);
+                seq.loaded = Some(stored);
                 stored + 1
             }
         };
-        self.seq.next = Some(next + 1);
+        seq.next = Some(next + 1);
         Ok(next)
     }
 
     /// Asks for the waiters of namespace `ns` to be woken once the group commits.
-    pub(crate) fn wake(&mut self, ns: i64) {
-        self.wakes.insert(ns);
+    pub(crate) fn wake(&self, ns: i64) {
+        self.wakes.borrow_mut().insert(ns);
     }
 }
 
@@ -539,11 +549,7 @@ fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &
     let mut finished: Vec<Box<dyn Finish>> = Vec::with_capacity(group.len());
     let mut spoiled: Option<Error> = None;
     {
-        let mut tx = WriteTx {
-            conn,
-            seq: &mut seq,
-            wakes: &mut wakes,
-        };
+        let mut tx = WriteTx::new(conn, &mut seq, &mut wakes);
         for op in group.drain(..) {
             if let Some(err) = &spoiled {
                 op.abort(err.clone());

@@ -240,6 +240,28 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX jobq_starts_log ON jobq_starts (ns, queue, key, at);
     "#,
+    // Version 10: jobs that wait for jobs (CONTRACT G1-G5).
+    //
+    // A waiting job (state 5) keeps the jobs it waits for in `depends_on` (their
+    // 16-byte ids, concatenated, as enqueued) and in `waiting_for` how many have not
+    // settled it yet; `dependency_policy` is 1 for `run` (NULL: cancel). A job some job
+    // waits for has `has_dependents = 1`, and `jobq_dependencies` holds one row per
+    // (dependency, dependent) until the dependency ends and settles it. The flag lets a
+    // completion tell from its own UPDATE that it has nothing to settle, so a plain
+    // job's completion reads nothing more. Edges name jobs by id, never by row: a row
+    // number is reused after a purge, an id never is.
+    r#"
+    ALTER TABLE jobq_jobs ADD COLUMN depends_on BLOB;
+    ALTER TABLE jobq_jobs ADD COLUMN dependency_policy INTEGER;
+    ALTER TABLE jobq_jobs ADD COLUMN waiting_for INTEGER;
+    ALTER TABLE jobq_jobs ADD COLUMN has_dependents INTEGER;
+    CREATE TABLE jobq_dependencies (
+        ns         INTEGER NOT NULL,
+        dependency BLOB NOT NULL,
+        dependent  BLOB NOT NULL,
+        PRIMARY KEY (ns, dependency, dependent)
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -460,7 +482,7 @@ mod tests {
             "read the version",
         );
         assert_eq!(version, SCHEMA_VERSION);
-        assert_eq!(SCHEMA_VERSION, 9);
+        assert_eq!(SCHEMA_VERSION, 10);
 
         let old = must(store.get(done).await, "get the finished job");
         assert_eq!(old.state, JobState::Succeeded);
@@ -517,14 +539,20 @@ mod tests {
             must(store.pause("stopped").await, "pause");
             must(store.enqueue(NewJob::new("old")).await, "enqueue").id
         };
-        // Take the file back to what a version 5 build left: no rates (version 9), no
+        // Take the file back to what a version 5 build left: no dependencies (version
+        // 10), no rates (version 9), no
         // limits or concurrency keys (version 8), no attempts, tags or trace context (version 7), no workers
         // table (version 6).
         {
             let conn = must(Connection::open(&path), "reopen");
             must(
                 conn.execute_batch(
-                    "DROP TABLE jobq_starts;
+                    "DROP TABLE jobq_dependencies;
+                     ALTER TABLE jobq_jobs DROP COLUMN has_dependents;
+                     ALTER TABLE jobq_jobs DROP COLUMN waiting_for;
+                     ALTER TABLE jobq_jobs DROP COLUMN dependency_policy;
+                     ALTER TABLE jobq_jobs DROP COLUMN depends_on;
+                     DROP TABLE jobq_starts;
                      DROP TABLE jobq_turns;
                      DROP INDEX jobq_jobs_ready_key;
                      DROP INDEX jobq_jobs_ready;
@@ -539,7 +567,7 @@ mod tests {
                      DROP TABLE jobq_workers;
                      UPDATE jobq_meta SET value = 5 WHERE name = 'schema_version';",
                 ),
-                "undo versions 9, 8, 7 and 6",
+                "undo versions 10, 9, 8, 7 and 6",
             );
         }
         let store = Store::new(must(
@@ -554,7 +582,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (9, 9));
+        assert_eq!((version, SCHEMA_VERSION), (10, 10));
         assert_eq!(must(store.get(job).await, "get").state, JobState::Queued);
         assert_eq!(
             must(store.paused_queues().await, "paused"),
@@ -672,7 +700,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (9, 9));
+        assert_eq!((version, SCHEMA_VERSION), (10, 10));
         for id in [queued, running, done] {
             let job = must(store.get(id).await, "get an old job");
             assert_eq!((job.tags, job.trace_context), (Tags::new(), None));
@@ -843,7 +871,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (9, 9));
+        assert_eq!((version, SCHEMA_VERSION), (10, 10));
         for id in ids {
             assert_eq!(
                 must(store.get(id).await, "get an old job").concurrency_key,

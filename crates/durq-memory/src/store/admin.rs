@@ -21,7 +21,7 @@ impl State {
     pub(crate) fn cancel(&mut self, id: JobId, now: Timestamp) -> Result<JobState> {
         let state = self.job(id)?.state;
         Ok(match state {
-            JobState::Queued => self.transition_checked(id, now, |job| {
+            JobState::Queued | JobState::Waiting => self.transition_checked(id, now, |job| {
                 Self::finish(job, JobState::Cancelled, now);
                 job.state
             })?,
@@ -106,6 +106,16 @@ impl State {
     #[cfg(feature = "testing")]
     pub(crate) fn limits_before_preference(&mut self, on: bool) {
         self.faults.limits_before_preference = on;
+    }
+
+    #[cfg(feature = "testing")]
+    pub(crate) fn release_on_first_dependency(&mut self, on: bool) {
+        self.faults.release_on_first_dependency = on;
+    }
+
+    #[cfg(feature = "testing")]
+    pub(crate) fn ignore_dependency_failures(&mut self, on: bool) {
+        self.faults.ignore_dependency_failures = on;
     }
 
     #[cfg(feature = "testing")]

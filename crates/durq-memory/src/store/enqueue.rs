@@ -17,10 +17,32 @@ impl State {
         Ok(())
     }
 
+    /// Rule G1: every stored job a new job names in `depends_on` exists. A batch's
+    /// earlier jobs exist by the time a later one is stored.
+    pub(crate) fn check_dependencies<'a>(
+        &self,
+        jobs: impl IntoIterator<Item = &'a Prepared>,
+    ) -> Result<()> {
+        for prepared in jobs {
+            for dependency in &prepared.dependencies {
+                if let Dependency::Job(id) = dependency {
+                    if !self.jobs.contains_key(id) {
+                        return Err(Error::invalid(
+                            "depends_on",
+                            format!("job {id} does not exist"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The stored form of `new`, made before the namespace is locked: what can be done
     /// outside the lock is, so that concurrent producers wait on each other less.
-    pub(crate) fn prepare(new: NewJob, now: Timestamp) -> Prepared {
+    pub(crate) fn prepare(mut new: NewJob, now: Timestamp) -> Prepared {
         let uniqueness = new.uniqueness;
+        let dependencies = std::mem::take(&mut new.depends_on);
         let (job, payload) = Job::enqueued(new, JobId::mint(now), now);
         Prepared {
             record: Box::new(Record {
@@ -31,22 +53,27 @@ impl State {
                 last_worker: None,
                 ended: Vec::new(),
                 unreadable: false,
+                waiting_for: 0,
             }),
             uniqueness,
+            dependencies,
         }
     }
 
     /// Rules E1–E7: stores a prepared job, or answers the existing job of a live
-    /// idempotency key (the prepared one, and its id, then go unused).
+    /// idempotency key (the prepared one, and its id, then go unused). `earlier` are
+    /// the ids answered for the batch's jobs before this one (G2).
     pub(crate) fn enqueue(
         &mut self,
         prepared: Prepared,
         now: Timestamp,
         settings: &StoreSettings,
+        earlier: &[JobId],
     ) -> Enqueued {
         let Prepared {
             mut record,
             uniqueness,
+            dependencies,
         } = prepared;
         let job = &mut record.job;
         let dedup_key = job
@@ -70,6 +97,10 @@ impl State {
         if let Some(parent) = job.parent {
             self.children.entry(parent).or_default().insert(id);
         }
+        if !dependencies.is_empty() {
+            self.wait_for(&mut record, &dependencies, earlier, now);
+        }
+        let job = &record.job;
         self.idx
             .with_queue(&job.queue, |queue| queue.all.insert(id));
         record.seq = self.draw_seq();

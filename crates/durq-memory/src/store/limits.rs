@@ -449,4 +449,10 @@ pub(crate) struct Faults {
     /// puts the preferred ones first, so a key's slot goes to a job the preference
     /// ranks lower (CONTRACT K1, F5).
     pub(crate) limits_before_preference: bool,
+    /// A waiting job is released when the first job it waits for succeeds, not the
+    /// last: a fan-in that does not wait for all (CONTRACT G1).
+    pub(crate) release_on_first_dependency: bool,
+    /// A dependency that ends dead or cancelled counts as met for every policy: a
+    /// dependent that runs on a failed input (CONTRACT G3).
+    pub(crate) ignore_dependency_failures: bool,
 }

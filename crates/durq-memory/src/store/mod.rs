@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use durq_core::attempts::{self, LastClaim};
 use durq_core::fit::NeedsPool;
+use durq_core::graph::Dependency;
 use durq_core::transition::{self, Attempts, Next};
 use tokio::sync::Notify;
 
@@ -27,6 +28,9 @@ pub(crate) struct Prepared {
     /// The record as it will be stored; its `seq` is drawn under the lock.
     record: Box<Record>,
     uniqueness: Uniqueness,
+    /// The jobs it waits for as the caller named them: a batch's earlier jobs are
+    /// known by index until they are stored (CONTRACT G2).
+    dependencies: Vec<Dependency>,
 }
 
 impl Prepared {
@@ -55,6 +59,9 @@ struct Record {
     /// Set by [`crate::MemoryServer::corrupt`]: the record stands for one a backend
     /// could not read, which a claim buries instead of leasing (CONTRACT C10).
     unreadable: bool,
+    /// While `waiting`: how many of the jobs it waits for have not settled it yet
+    /// (CONTRACT G1).
+    waiting_for: u32,
 }
 
 /// The per-queue indexes.
@@ -82,8 +89,9 @@ struct Indexes {
     finished: BTreeSet<(Timestamp, JobId)>,
     /// The running jobs of each queue that has limits (CONTRACT K1, K2).
     running: FxHashMap<String, limits::Running>,
-    /// Whether a job of a queue with limits left `running` since the last look
-    /// ([`State::take_freed_slot`]).
+    /// Whether a job of a queue with limits left `running`, or a waiting job became
+    /// `queued`, since the last look ([`State::take_freed_slot`]): either may let a
+    /// claimer that found nothing take a job now.
     freed_slot: bool,
     /// The queues with fair shares (CONTRACT K5): their indexes keep `keyed`.
     fair: BTreeSet<String>,
@@ -135,6 +143,8 @@ impl Indexes {
                     self.finished.insert((finished_at, id));
                 }
             }
+            // A waiting job is in no index but its queue's `all`: nothing takes it.
+            JobState::Waiting => {}
         }
     }
 
@@ -170,6 +180,7 @@ impl Indexes {
                     self.finished.remove(&(finished_at, id));
                 }
             }
+            JobState::Waiting => {}
         }
     }
 }
@@ -183,6 +194,10 @@ pub(crate) struct State {
     /// (tenant, key) -> (job, when the key was taken).
     dedup: HashMap<(String, String), (JobId, Timestamp)>,
     children: BTreeMap<JobId, BTreeSet<JobId>>,
+    /// The waiting jobs of each job that has not ended yet (CONTRACT G1): a job's entry
+    /// goes when it ends and settles them. Empty unless dependencies are used, and
+    /// then the only cost a job that ends pays is one lookup.
+    dependents: JobIdMap<Vec<JobId>>,
     next_seq: u64,
     /// Queues no claim takes from (CONTRACT Q1).
     paused: BTreeSet<String>,
@@ -214,6 +229,7 @@ mod admin;
 mod claim;
 mod enqueue;
 mod fair;
+mod graph;
 mod lease;
 mod limits;
 mod reads;
@@ -239,13 +255,31 @@ impl State {
         self.transition_record(id, now, |record| change(&mut record.job))
     }
 
-    /// [`State::transition`], with the whole record to change.
+    /// [`State::transition`], with the whole record to change. A change that ends the
+    /// job settles the jobs waiting for it (CONTRACT G1, G3), whatever made it end.
     fn transition_record<T>(
         &mut self,
         id: JobId,
         now: Timestamp,
         change: impl FnOnce(&mut Record) -> T,
     ) -> Option<T> {
+        let (answer, ended) = self.transition_unsettled(id, now, change)?;
+        if let Some(state) = ended {
+            if !self.dependents.is_empty() {
+                self.settle_dependents(id, state, now);
+            }
+        }
+        Some(answer)
+    }
+
+    /// [`State::transition_record`] without settling the waiting jobs: answers also the
+    /// state the job ended in, if the change ended it.
+    fn transition_unsettled<T>(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        change: impl FnOnce(&mut Record) -> T,
+    ) -> Option<(T, Option<JobState>)> {
         let record = self.jobs.get_mut(&id)?;
         self.idx.remove(record, id);
         let was = record.job.state;
@@ -261,8 +295,10 @@ impl State {
         {
             self.idx.freed_slot = true;
         }
+        let ended =
+            (!was.is_terminal() && record.job.state.is_terminal()).then_some(record.job.state);
         self.idx.add(record, id, now);
-        Some(result)
+        Some((result, ended))
     }
 
     /// Like [`State::transition`], for a job whose existence the caller just checked.

@@ -58,6 +58,7 @@ impl State {
             .map(|r| &r.job)
         {
             match job.state {
+                JobState::Waiting => stats.waiting += 1,
                 JobState::Queued if job.run_at <= now => stats.ready += 1,
                 JobState::Queued => stats.scheduled += 1,
                 JobState::Running => stats.running += 1,

@@ -183,6 +183,7 @@ pub(crate) async fn list(store: &PostgresBackend, query: ListQuery) -> Result<Li
 fn count_state(stats: &mut QueueStats, state: JobState, due: i64, total: i64) {
     let (due, total) = (due.unsigned_abs(), total.unsigned_abs());
     match state {
+        JobState::Waiting => stats.waiting = total,
         JobState::Queued => {
             stats.ready = due;
             stats.scheduled = total.saturating_sub(due);

@@ -511,6 +511,8 @@ fn decode_counts(values: &[Value], what: &str) -> Result<QueueStats> {
     // Queued and running jobs share the list code 'a'; the lease entries tell them apart.
     let queued = active.saturating_sub(running);
     Ok(QueueStats {
+        // No job waits on Redis yet: it does not keep dependencies.
+        waiting: 0,
         ready,
         scheduled: queued.saturating_sub(ready),
         running,

@@ -22,8 +22,8 @@ pub(super) fn current_state(conn: &Connection, ns: i64, id: JobId) -> Result<(i6
 pub(crate) fn cancel(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) -> Result<JobState> {
     let (row, state) = current_state(tx.conn(), ns, id)?;
     match state {
-        JobState::Queued => {
-            finish(tx.conn(), row, CANCELLED, None, now)?;
+        JobState::Queued | JobState::Waiting => {
+            finish(tx, row, CANCELLED, None, now)?;
             Ok(JobState::Cancelled)
         }
         JobState::Running => {

@@ -320,13 +320,14 @@ impl<'r> Verdicts<'r> {
 /// the claim's queues that is not paused, admitted by its budget and by its queue's
 /// limits, K1 and K2), found by id.
 pub(super) fn reserved_row(
-    conn: &Connection,
+    tx: &WriteTx<'_>,
     ns: i64,
     open: &[(&str, Option<QueueLimits>)],
     request: &ClaimRequest,
     id: JobId,
     now: Timestamp,
 ) -> Result<Option<i64>> {
+    let conn = tx.conn();
     let mut stmt = conn
         .prepare_cached(
             "SELECT job, queue, state, run_at, placement, concurrency_key FROM jobq_jobs
@@ -352,7 +353,7 @@ pub(super) fn reserved_row(
     let needs = match placement {
         Ok((needs, _)) => needs,
         Err(why) => {
-            bury(conn, job, &unreadable_placement(&why), now)?;
+            bury(tx, job, &unreadable_placement(&why), now)?;
             return Ok(None);
         }
     };
@@ -420,14 +421,15 @@ pub(super) fn open_queues<'a>(
 /// queue gave every job of its own that can make the cut, so the cut of the merge is
 /// the cut of all the fitting jobs.
 pub(super) fn fitted_rows(
-    conn: &Connection,
+    tx: &WriteTx<'_>,
     ns: i64,
     open: &[(&str, Option<QueueLimits>)],
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<i64>> {
+    let conn = tx.conn();
     if let Some(id) = request.reserved {
-        let row = reserved_row(conn, ns, open, request, id, now)?;
+        let row = reserved_row(tx, ns, open, request, id, now)?;
         return Ok(row.into_iter().take(request.limit).collect());
     }
     let mut candidates = Vec::new();
@@ -445,7 +447,7 @@ pub(super) fn fitted_rows(
         )?;
     }
     for (row, why) in verdicts.unreadable {
-        bury(conn, row, &unreadable_placement(&why), now)?;
+        bury(tx, row, &unreadable_placement(&why), now)?;
     }
     candidates.sort_unstable_by_key(|(order, _)| *order);
     candidates.truncate(request.limit);
@@ -464,8 +466,8 @@ pub(crate) fn claim(
     let conn = tx.conn();
     let open = open_queues(conn, ns, &request.queues)?;
     let claimed = if request.is_fitted() {
-        let rows = fitted_rows(conn, ns, &open, request, now)?;
-        lease_rows(conn, rows.into_iter(), request, now)?
+        let rows = fitted_rows(tx, ns, &open, request, now)?;
+        lease_rows(tx, rows.into_iter(), request, now)?
     } else {
         let mut candidates = Vec::new();
         let mut turns = Vec::new();
@@ -494,12 +496,7 @@ pub(crate) fn claim(
             let kept: Vec<i64> = candidates.iter().map(|(_, row)| *row).collect();
             fair::advance_turns(conn, ns, &turns, &kept)?;
         }
-        lease_rows(
-            conn,
-            candidates.into_iter().map(|(_, row)| row),
-            request,
-            now,
-        )?
+        lease_rows(tx, candidates.into_iter().map(|(_, row)| row), request, now)?
     };
     // The starts a rate counts are logged in the claim's transaction (K4).
     limits::record_starts(conn, ns, &open, &claimed, now)?;
@@ -509,11 +506,12 @@ pub(crate) fn claim(
 /// Leases the jobs in `rows` to the claimer, in that order, and returns them as the
 /// lease left them.
 pub(super) fn lease_rows(
-    conn: &Connection,
+    tx: &WriteTx<'_>,
     rows: impl ExactSizeIterator<Item = i64>,
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<ClaimedJob>> {
+    let conn = tx.conn();
     // Everything is read and checked before the first lease is written. A row that
     // cannot be read (a corrupt record, a missing payload) is buried, never leased and
     // never in the way of the jobs behind it (CONTRACT C10); the claim needs no
@@ -536,7 +534,7 @@ pub(super) fn lease_rows(
         };
         match claimable(found, &mut placements) {
             Ok((job, token, payload)) => picked.push((row, job, token, payload)),
-            Err(Error::Corrupt { reason, .. }) => bury(conn, row, &reason, now)?,
+            Err(Error::Corrupt { reason, .. }) => bury(tx, row, &reason, now)?,
             Err(other) => return Err(other),
         }
     }
@@ -596,9 +594,9 @@ pub(super) fn claimable(
 /// Moves the job of row `row`, which a claim could not read, to `dead` with the reason
 /// (CONTRACT C10): it leaves the ready index, so no claim meets it again, and keeps
 /// its row for an operator to look at or purge.
-pub(super) fn bury(conn: &Connection, row: i64, reason: &str, now: Timestamp) -> Result<()> {
+pub(super) fn bury(tx: &WriteTx<'_>, row: i64, reason: &str, now: Timestamp) -> Result<()> {
     finish(
-        conn,
+        tx,
         row,
         DEAD,
         Some(&format!("corrupt record: {reason}")),

@@ -1,4 +1,6 @@
-//! Enqueue (CONTRACT E1–E12): one job or a batch, in the writer's transaction.
+//! Enqueue (CONTRACT E1–E12, G1–G3): one job or a batch, in the writer's transaction.
+
+use durq_core::graph::Start;
 
 use super::*;
 
@@ -10,7 +12,7 @@ pub(crate) fn enqueue(
     job: NewJob,
     now: Timestamp,
 ) -> Result<Enqueued> {
-    Enqueuer::new(tx.conn())?.enqueue(tx, ns, settings, job, now)
+    Enqueuer::new(tx.conn())?.enqueue(tx, ns, settings, job, now, &[])
 }
 
 /// Rules E1–E7 for each job of a batch, in order, all in the caller's transaction.
@@ -22,9 +24,19 @@ pub(crate) fn enqueue_batch(
     now: Timestamp,
 ) -> Result<Vec<Enqueued>> {
     let mut enqueuer = Enqueuer::new(tx.conn())?;
-    jobs.into_iter()
-        .map(|job| enqueuer.enqueue(tx, ns, settings, job, now))
-        .collect()
+    let mut answers: Vec<Enqueued> = Vec::with_capacity(jobs.len());
+    // The ids answered so far, which a later job may wait for by index (G2); kept
+    // only for a batch that has dependencies.
+    let mut earlier: Vec<JobId> = Vec::new();
+    let graph = jobs.iter().any(|job| !job.depends_on.is_empty());
+    for job in jobs {
+        let answer = enqueuer.enqueue(tx, ns, settings, job, now, &earlier)?;
+        if graph {
+            earlier.push(answer.id);
+        }
+        answers.push(answer);
+    }
+    Ok(answers)
 }
 
 /// The two statements every enqueue runs, prepared once per call rather than once per
@@ -64,8 +76,9 @@ impl<'c> Enqueuer<'c> {
         tx: &mut WriteTx<'_>,
         ns: i64,
         settings: &StoreSettings,
-        job: NewJob,
+        mut job: NewJob,
         now: Timestamp,
+        earlier: &[JobId],
     ) -> Result<Enqueued> {
         let conn = self.conn;
         if let Some(parent) = job.parent {
@@ -79,10 +92,31 @@ impl<'c> Enqueuer<'c> {
             }
         }
 
+        // Read before anything is written: a dependency that does not exist refuses
+        // the enqueue (G1).
+        let dependencies = std::mem::take(&mut job.depends_on);
+        let waits = match dependencies.is_empty() {
+            true => None,
+            false => Some(graph::plan(
+                conn,
+                ns,
+                &dependencies,
+                earlier,
+                job.on_dependency_failure,
+            )?),
+        };
+
         let id = JobId::mint(now);
         let seq = tx.next_seq()?;
         // The record is what durq-core says a new job is; the row stores it as it stands.
-        let (job, payload) = Job::enqueued(job, id, now);
+        let (mut job, payload) = Job::enqueued(job, id, now);
+        if let Some(waits) = &waits {
+            match &waits.start {
+                Start::Queued => {}
+                Start::Waiting(_) => job.state = JobState::Waiting,
+                Start::Cancelled(_) => job.state = JobState::Cancelled,
+            }
+        }
         self.insert_job
             .execute(params![
                 ns,
@@ -110,6 +144,36 @@ impl<'c> Enqueuer<'c> {
         self.insert_payload
             .execute(params![row, &payload[..]])
             .db("insert the payload")?;
+        if let Some(waits) = waits {
+            // Only a job with dependencies writes these, so a plain enqueue binds
+            // nothing more than it did before they existed.
+            let (waiting_for, finished_at, error) = match &waits.start {
+                Start::Queued => (None, None, None),
+                Start::Waiting(count) => (Some(*count), None, None),
+                Start::Cancelled(error) => (None, Some(now.as_millis()), Some(error.as_str())),
+            };
+            let policy = match job.on_dependency_failure {
+                DependencyFailure::Cancel => None,
+                DependencyFailure::Run => Some(1),
+            };
+            conn.prepare_cached(
+                "UPDATE jobq_jobs SET depends_on = ?2, dependency_policy = ?3, waiting_for = ?4,
+                     finished_at = ?5, last_error = ?6
+                 WHERE job = ?1",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    row,
+                    graph::ids_to_blob(&waits.ids),
+                    policy,
+                    waiting_for,
+                    finished_at,
+                    error
+                ])
+            })
+            .db("record the job's dependencies")?;
+            graph::record_edges(conn, ns, id, &waits)?;
+        }
         if let Some(key) = &job.idempotency_key {
             conn.prepare_cached(
                 "INSERT OR REPLACE INTO jobq_dedup (ns, tenant, key, job_id, created_at)

@@ -106,29 +106,32 @@ pub(crate) fn complete(
     result: Option<&[u8]>,
     now: Timestamp,
 ) -> Result<()> {
-    Completer::new(tx.conn())?.complete(ns, id, token, result, now)
+    Completer::new(tx)?.complete(ns, id, token, result, now)
 }
 
 /// The completion statement, prepared once for a batch of completions.
-pub(crate) struct Completer<'c> {
-    conn: &'c Connection,
+pub(crate) struct Completer<'t, 'c> {
+    tx: &'t WriteTx<'c>,
     update: CachedStatement<'c>,
 }
 
-impl<'c> Completer<'c> {
+impl<'t, 'c> Completer<'t, 'c> {
     /// Prepares the statement on the write transaction's connection.
-    pub(crate) fn new(conn: &'c Connection) -> Result<Self> {
+    pub(crate) fn new(tx: &'t WriteTx<'c>) -> Result<Self> {
         // The lease check is the UPDATE's own condition: one index seek and one write
         // per job. Only a completion that changes nothing reads the row again, to say
-        // whether the job is gone or its lease is.
-        let update = conn
+        // whether the job is gone or its lease is, or, when its lease is current, to
+        // complete a job others wait for (G1), which has jobs to settle.
+        let update = tx
+            .conn()
             .prepare_cached(
                 "UPDATE jobq_jobs SET state = 2, result = ?4, lease_expires_at = NULL,
                      finished_at = ?5, last_error = NULL
-                 WHERE ns = ?1 AND id = ?2 AND state = 1 AND lease_token = ?3",
+                 WHERE ns = ?1 AND id = ?2 AND state = 1 AND lease_token = ?3
+                     AND has_dependents IS NULL",
             )
             .db("prepare the completion")?;
-        Ok(Completer { conn, update })
+        Ok(Completer { tx, update })
     }
 
     /// Completes job `id` if `token` is its current lease (L2, L3, L4).
@@ -140,9 +143,10 @@ impl<'c> Completer<'c> {
         result: Option<&[u8]>,
         now: Timestamp,
     ) -> Result<()> {
+        let conn = self.tx.conn();
         let Some(token_value) = token_value(token) else {
             // Never issued: no row can carry it.
-            check_lease(self.conn, ns, id, token)?;
+            check_lease(conn, ns, id, token)?;
             return Err(Error::LeaseLost { id });
         };
         let changed = self
@@ -156,30 +160,53 @@ impl<'c> Completer<'c> {
             ])
             .db("complete the job")?;
         if changed == 0 {
-            // The row is not running under this token: the check says which refusal.
-            check_lease(self.conn, ns, id, token)?;
-            return Err(Error::LeaseLost { id });
+            // The row is not running under this token (the check says which refusal),
+            // or it is, and jobs wait for it.
+            let lease = check_lease(conn, ns, id, token)?;
+            conn.prepare_cached(
+                "UPDATE jobq_jobs SET state = 2, result = ?2, lease_expires_at = NULL,
+                     finished_at = ?3, last_error = NULL
+                 WHERE job = ?1",
+            )
+            .and_then(|mut stmt| stmt.execute(params![lease.row, result, now.as_millis()]))
+            .db("complete the job")?;
+            graph::settle(self.tx, ns, id, JobState::Succeeded, now)?;
         }
         Ok(())
     }
 }
 
 /// Ends a job for good: `succeeded` is set by [`complete`]; this is `dead` or
-/// `cancelled`, with the lease cleared and `last_error` set when given.
+/// `cancelled`, with the lease cleared and `last_error` set when given, and the jobs
+/// waiting for it settled (G3) in the same transaction.
 pub(super) fn finish(
-    conn: &Connection,
+    tx: &WriteTx<'_>,
     row: i64,
     state: i64,
     error: Option<&str>,
     now: Timestamp,
 ) -> Result<()> {
-    conn.prepare_cached(
-        "UPDATE jobq_jobs SET state = ?2, lease_worker = NULL, lease_expires_at = NULL,
-             finished_at = ?3, last_error = COALESCE(?4, last_error)
-         WHERE job = ?1",
-    )
-    .and_then(|mut stmt| stmt.execute(params![row, state, now.as_millis(), error]))
-    .db("finish the job")?;
+    let ended: Option<(i64, [u8; 16], Option<i64>)> = tx
+        .conn()
+        .prepare_cached(
+            "UPDATE jobq_jobs SET state = ?2, lease_worker = NULL, lease_expires_at = NULL,
+                 finished_at = ?3, last_error = COALESCE(?4, last_error), waiting_for = NULL
+             WHERE job = ?1
+             RETURNING ns, id, has_dependents",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![row, state, now.as_millis(), error], |found| {
+                Ok((found.get(0)?, found.get(1)?, found.get(2)?))
+            })
+            .optional()
+        })
+        .db("finish the job")?;
+    if let Some((ns, id, Some(_))) = ended {
+        let id = id_from_blob("job id", id)?;
+        let state = state_from_code(state)
+            .ok_or_else(|| Error::corrupt(format!("job {id}"), format!("state {state}")))?;
+        graph::settle(tx, ns, id, state, now)?;
+    }
     Ok(())
 }
 
@@ -222,7 +249,7 @@ pub(super) fn apply(
 ) -> Result<JobState> {
     match next {
         Next::Queued { ready_at } => requeue(tx, ns, row, ready_at, attempts_delta, error)?,
-        Next::Finished(state) => finish(tx.conn(), row, state_code(state), error, now)?,
+        Next::Finished(state) => finish(tx, row, state_code(state), error, now)?,
     }
     Ok(next.state())
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use durq_core::attempts::{self, LastClaim};
 use durq_core::fit::{decode_placement, is_preferred, FitOrder, PlacementCache};
+use durq_core::graph::DependencyFailure;
 use durq_core::meta::{decode_tags, encode_tags};
 use durq_core::transition::{self, Attempts, Next};
 use durq_core::{
@@ -32,8 +33,11 @@ const DEAD: i64 = 3;
 
 const CANCELLED: i64 = 4;
 
+const WAITING: i64 = 5;
+
 fn state_code(state: JobState) -> i64 {
     match state {
+        JobState::Waiting => WAITING,
         JobState::Queued => QUEUED,
         JobState::Running => RUNNING,
         JobState::Succeeded => SUCCEEDED,
@@ -49,6 +53,7 @@ fn state_from_code(code: i64) -> Option<JobState> {
         SUCCEEDED => JobState::Succeeded,
         DEAD => JobState::Dead,
         CANCELLED => JobState::Cancelled,
+        WAITING => JobState::Waiting,
         _ => return None,
     })
 }
@@ -60,12 +65,12 @@ macro_rules! job_columns {
         "id, queue, tenant, idem_key, priority, run_at, max_attempts, parent, state, \
          attempts, lease_worker, lease_token, lease_expires_at, created_at, started_at, \
          heartbeat_at, finished_at, last_error, result, cancel_requested, timeout_ms, \
-         placement, tags, trace_context, concurrency_key"
+         placement, tags, trace_context, concurrency_key, depends_on, dependency_policy"
     };
 }
 
 /// How many columns `job_columns!` names: a query that reads more puts them after.
-const JOB_COLUMNS: usize = 25;
+const JOB_COLUMNS: usize = 27;
 
 /// The job id in a 16-byte `id` blob, as `JobId::to_bytes` wrote it. The blob is read
 /// as `[u8; 16]` (no allocation; a blob of another size fails in rusqlite and is
@@ -180,6 +185,23 @@ fn job_from_row_in(row: &Row<'_>, placements: Option<&mut PlacementCache>) -> Re
         .map_err(|why| Error::corrupt(what(), why))?;
     let tags =
         tags_from(row.get_ref(22).map_err(read)?).map_err(|why| Error::corrupt(what(), why))?;
+    let depends_on = match row.get_ref(25).map_err(read)? {
+        ValueRef::Null => Vec::new(),
+        ValueRef::Blob(bytes) => {
+            graph::ids_from_blob(bytes).map_err(|why| Error::corrupt(what(), why))?
+        }
+        other => {
+            return Err(Error::corrupt(
+                what(),
+                format!("depends_on holds a {} value", other.data_type()),
+            ))
+        }
+    };
+    let on_dependency_failure = match get_opt_i64(26)? {
+        None => DependencyFailure::Cancel,
+        Some(1) => DependencyFailure::Run,
+        Some(other) => return Err(corrupt("dependency_policy", other)),
+    };
     Ok(Job {
         id,
         queue: row.get(1).map_err(read)?,
@@ -205,6 +227,8 @@ fn job_from_row_in(row: &Row<'_>, placements: Option<&mut PlacementCache>) -> Re
         tags,
         trace_context: row.get(23).map_err(read)?,
         concurrency_key: row.get(24).map_err(read)?,
+        depends_on,
+        on_dependency_failure,
     })
 }
 
@@ -254,6 +278,7 @@ mod admin;
 mod claim;
 mod enqueue;
 mod fair;
+mod graph;
 mod lease;
 pub(crate) mod limits;
 mod reads;

@@ -153,6 +153,7 @@ pub(super) fn count_state(
 ) -> Result<()> {
     let count = u64::try_from(count).unwrap_or(0);
     match state_from_code(code) {
+        Some(JobState::Waiting) => stats.waiting = count,
         Some(JobState::Queued) => *queued = count,
         Some(JobState::Running) => stats.running = count,
         Some(JobState::Succeeded) => stats.succeeded = count,
