@@ -291,6 +291,14 @@ pub struct EnqueueArgs {
     /// The concurrency key its queue's per-key limit counts it by (`durq limits`).
     #[arg(long, value_name = "KEY")]
     pub concurrency_key: Option<String>,
+    /// A job this one waits for (CONTRACT G1): it runs once every job named with
+    /// `--after` has succeeded. Repeat it for each.
+    #[arg(long, value_name = "ID")]
+    pub after: Vec<durq::JobId>,
+    /// Runs the job even when a job it waits for ends dead or cancelled, instead of
+    /// cancelling it (CONTRACT G3).
+    #[arg(long, requires = "after")]
+    pub run_after_failures: bool,
     /// Claims the job gets before it is dead.
     #[arg(long, value_name = "N", default_value_t = durq_core::DEFAULT_MAX_ATTEMPTS,
           value_parser = clap::value_parser!(u32).range(1..))]

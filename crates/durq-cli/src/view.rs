@@ -131,6 +131,8 @@ impl<'a> LeaseJson<'a> {
 pub struct StatsJson<'a> {
     /// The queue.
     pub queue: &'a str,
+    /// Waiting for the jobs they depend on.
+    pub waiting: u64,
     /// Queued and due.
     pub ready: u64,
     /// Queued for later.
@@ -154,6 +156,7 @@ impl<'a> StatsJson<'a> {
     pub fn new(queue: &'a str, stats: &QueueStats) -> Self {
         StatsJson {
             queue,
+            waiting: stats.waiting,
             ready: stats.ready,
             scheduled: stats.scheduled,
             running: stats.running,

@@ -33,6 +33,7 @@ pub use backoff::Backoff;
 pub use capability::{Admin, Capability, FlowControl, Inspect, Pause, Schedules, WorkerRegistry};
 pub use error::{BoxError, Error, Result, SharedError};
 pub use fit::{Budget, Needs};
+pub use graph::{Dependency, DependencyFailure};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};
 pub use layer::{Layer, LayeredBackend};
 pub use limits::{

@@ -121,6 +121,7 @@ pub(crate) fn exposition(
     for q in queues {
         let s = &q.stats;
         for (state, count) in [
+            ("waiting", s.waiting),
             ("ready", s.ready),
             ("scheduled", s.scheduled),
             ("running", s.running),

@@ -128,7 +128,7 @@ impl Backend for PostgresBackend {
     fn capabilities(&self) -> Capabilities {
         // Tied to its runtime (the default): the pool's sockets, the batching tasks
         // and the wake-up listener are driven by the runtime the store is used on.
-        Capabilities::default()
+        Capabilities::default().dependencies(true)
     }
 
     async fn reopen(&self) -> Result<Option<Arc<dyn Backend>>> {
@@ -140,6 +140,15 @@ impl Backend for PostgresBackend {
     }
 
     async fn enqueue(&self, job: NewJob, now: Timestamp) -> Result<Enqueued> {
+        if !job.depends_on.is_empty() {
+            // A job that waits for jobs locks them and writes its edges in a
+            // transaction of its own, which a gathered statement has no room for.
+            let mut answers =
+                enqueue_all(&self.inner.shared, &self.inner.settings, &[job], now).await?;
+            return answers
+                .pop()
+                .ok_or_else(|| durq_core::Error::corrupt("enqueue", "missing answer"));
+        }
         self.inner.enqueues.call(Enqueue { job, now }).await?
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use durq_core::attempts::LastClaim;
 use durq_core::fit::{decode_placement, encode_placement, PlacementCache};
+use durq_core::graph::DependencyFailure;
 use durq_core::meta::{decode_tags, encode_tags, validate_tags, validate_trace_context};
 use durq_core::{
     Attempt, AttemptOutcome, Error, Job, JobId, JobState, Lease, LeaseToken, Needs, NewJob, Result,
@@ -39,7 +40,7 @@ fn count(value: i64, field: &str, what: &dyn Fn() -> String) -> Result<u32> {
 }
 
 /// The column after `sql::job_columns!` in a claim's rows: the payload.
-pub(crate) const CLAIM_PAYLOAD: usize = 26;
+pub(crate) const CLAIM_PAYLOAD: usize = 28;
 
 /// A job from the columns of `sql::job_columns!`, starting at column 0.
 pub(crate) fn job(row: &PgRow) -> Result<Job> {
@@ -135,9 +136,21 @@ pub(crate) fn job_in(row: &PgRow, placements: Option<&mut PlacementCache>) -> Re
         concurrency_key: column::<Option<Vec<u8>>>(row, 25, what)?
             .map(|key| text(key, "concurrency_key", what))
             .transpose()?,
-        // PostgreSQL does not keep dependencies yet (`Capabilities::dependencies`).
-        depends_on: Vec::new(),
-        on_dependency_failure: Default::default(),
+        depends_on: column::<Option<Vec<Uuid>>>(row, 26, what)?
+            .unwrap_or_default()
+            .into_iter()
+            .map(job_id)
+            .collect::<Result<Vec<JobId>>>()?,
+        on_dependency_failure: match column::<Option<i16>>(row, 27, what)? {
+            None => DependencyFailure::Cancel,
+            Some(1) => DependencyFailure::Run,
+            Some(other) => {
+                return Err(Error::corrupt(
+                    what(),
+                    format!("dependency_policy holds {other}"),
+                ))
+            }
+        },
     })
 }
 

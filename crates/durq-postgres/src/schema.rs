@@ -72,6 +72,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "flow_control",
         sql: include_str!("../migrations/0011_flow_control.sql"),
     },
+    Migration {
+        version: 12,
+        name: "dependencies",
+        sql: include_str!("../migrations/0012_dependencies.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

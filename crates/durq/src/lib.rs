@@ -19,10 +19,10 @@ mod worker;
 pub use connect::{connect, connect_with};
 pub use durq_core::{
     contract, Attempt, AttemptOutcome, Backoff, Budget, Bytes, Cadence, Capability, CatchUp, Clock,
-    Enqueued, Error, FencedCompletion, FlowStatus, Job, JobId, JobState, Lease, LeaseToken,
-    ListPage, ListQuery, ManualClock, Needs, NewJob, QueueLimits, QueueOverview, QueueStats, Rate,
-    Result, Schedule, ScheduleRecord, Store, StoreSettings, SystemClock, Tags, Timestamp, TypedJob,
-    Uniqueness, WorkerInfo, ATTEMPTS_KEPT,
+    Dependency, DependencyFailure, Enqueued, Error, FencedCompletion, FlowStatus, Job, JobId,
+    JobState, Lease, LeaseToken, ListPage, ListQuery, ManualClock, Needs, NewJob, QueueLimits,
+    QueueOverview, QueueStats, Rate, Result, Schedule, ScheduleRecord, Store, StoreSettings,
+    SystemClock, Tags, Timestamp, TypedJob, Uniqueness, WorkerInfo, ATTEMPTS_KEPT,
 };
 
 /// The requests and answers of the calls a worker makes on the store: `claim`,

@@ -40,6 +40,12 @@ pub fn prepare(args: &EnqueueArgs, terminal: &mut dyn Terminal) -> Result<NewJob
     if let Some(key) = &args.concurrency_key {
         job = job.concurrency_key(key.as_str());
     }
+    for dependency in &args.after {
+        job = job.after(*dependency);
+    }
+    if args.run_after_failures {
+        job = job.on_dependency_failure(durq::DependencyFailure::Run);
+    }
     if let Some(at) = args.run_at {
         job = job.run_at(at);
     }

@@ -1,5 +1,6 @@
 //! `durq inspect ID`: one job, in sections (its fields, payload, lease, attempts, last
-//! error, result, children), each written by a function of its own.
+//! error, result, the jobs it waits for, children), each written by a function of its
+//! own.
 
 use std::time::Duration;
 
@@ -17,6 +18,17 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
     let payload = cx.store.payload(id).await?;
     let children = cx.store.children(id).await?;
     let attempts = cx.store.attempts(id).await?;
+    // The jobs it waits for, as they stand now: what an operator reads to see why a
+    // job waits (CONTRACT G4). One purged since is shown gone.
+    let mut dependencies: Vec<(JobId, Option<Job>)> = Vec::with_capacity(job.depends_on.len());
+    for dependency in &job.depends_on {
+        let found = match cx.store.get(*dependency).await {
+            Ok(found) => Some(found),
+            Err(durq::Error::NotFound { .. }) => None,
+            Err(err) => return Err(err.into()),
+        };
+        dependencies.push((*dependency, found));
+    }
     let now = cx.store.now();
     if cx.json {
         #[derive(Serialize)]
@@ -25,7 +37,14 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
             payload: Shown<'a>,
             result: Option<Shown<'a>>,
             attempts: Vec<AttemptJson<'a>>,
+            depends_on: Vec<DependencyJson>,
             children: Vec<JobJson<'a>>,
+        }
+        #[derive(Serialize)]
+        struct DependencyJson {
+            id: JobId,
+            /// Its state now, or `gone` once purged.
+            state: &'static str,
         }
         #[derive(Serialize)]
         struct AttemptJson<'a> {
@@ -63,6 +82,13 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
                     error: a.error.as_deref(),
                 })
                 .collect(),
+            depends_on: dependencies
+                .iter()
+                .map(|(id, found)| DependencyJson {
+                    id: *id,
+                    state: found.as_ref().map_or("gone", |job| job.state.as_str()),
+                })
+                .collect(),
             children: children.iter().map(|c| JobJson::new(c, now)).collect(),
         });
     }
@@ -76,6 +102,7 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
             .as_deref()
             .map(|result| bytes_section("result", result))
             .unwrap_or_default(),
+        dependencies_section(&job, &dependencies, now),
         children_section(&children, now),
     ];
     let text: Vec<String> = sections.into_iter().filter(|s| !s.is_empty()).collect();
@@ -216,6 +243,39 @@ fn error_section(job: &Job) -> String {
         Some(error) => format!("last error:\n{}\n", indent(error).trim_end()),
         None => String::new(),
     }
+}
+
+/// The jobs `job` waits (or waited) for, each with its state now, and what `job`
+/// does when one fails (CONTRACT G1, G3).
+fn dependencies_section(
+    job: &Job,
+    dependencies: &[(JobId, Option<Job>)],
+    now: Timestamp,
+) -> String {
+    if dependencies.is_empty() {
+        return String::new();
+    }
+    let rows = dependencies
+        .iter()
+        .map(|(id, found)| match found {
+            Some(found) => vec![id.to_string(), found.queue.clone(), state_text(found, now)],
+            None => vec![id.to_string(), "-".to_owned(), "gone (purged)".to_owned()],
+        })
+        .collect();
+    let met = dependencies
+        .iter()
+        .filter(|(_, found)| {
+            found
+                .as_ref()
+                .is_some_and(|j| j.state == JobState::Succeeded)
+        })
+        .count();
+    format!(
+        "waits for ({met} of {} succeeded; if one fails: {}):\n{}",
+        dependencies.len(),
+        job.on_dependency_failure,
+        format::table(&["ID", "QUEUE", "STATE"], &[], rows)
+    )
 }
 
 fn children_section(children: &[Job], now: Timestamp) -> String {

@@ -33,6 +33,7 @@ pub async fn queues(cx: &mut Context<'_>) -> Result<()> {
             let s = &q.stats;
             vec![
                 q.queue.clone(),
+                s.waiting.to_string(),
                 s.ready.to_string(),
                 s.scheduled.to_string(),
                 s.running.to_string(),
@@ -46,6 +47,7 @@ pub async fn queues(cx: &mut Context<'_>) -> Result<()> {
         .collect();
     let headers = [
         "QUEUE",
+        "WAITING",
         "READY",
         "SCHEDULED",
         "RUNNING",
@@ -55,7 +57,7 @@ pub async fn queues(cx: &mut Context<'_>) -> Result<()> {
         "PAUSED",
         "LAG",
     ];
-    cx.print(&table(&headers, &[1, 2, 3, 4, 5, 6, 8], rows))
+    cx.print(&table(&headers, &[1, 2, 3, 4, 5, 6, 7, 9], rows))
 }
 
 /// `durq stats --queue QUEUE`: one queue's counts per state, and whether it is paused.
@@ -66,6 +68,7 @@ pub async fn stats(cx: &mut Context<'_>, queue: &str) -> Result<()> {
     }
     cx.print(&fields(&[
         ("queue", queue.to_owned()),
+        ("waiting", stats.waiting.to_string()),
         ("ready", stats.ready.to_string()),
         ("scheduled", stats.scheduled.to_string()),
         ("running", stats.running.to_string()),

@@ -68,7 +68,7 @@ fn queue_table(ctx: &Ctx, queues: &[QueueOverview], samples: &[Sample]) -> Marku
         table id="queues" {
             thead { tr {
                 th { "Queue" } th { "" }
-                th class="num" { "Ready" } th class="num" { "Scheduled" } th class="num" { "Running" }
+                th class="num" { "Waiting" } th class="num" { "Ready" } th class="num" { "Scheduled" } th class="num" { "Running" }
                 th class="num" { "Succeeded" } th class="num" { "Dead" } th class="num" { "Cancelled" }
                 th class="num" { "Lag" } th class="num" { "Done/s, 1 min" }
                 @if ctx.can_act() { th { "" } }
@@ -79,6 +79,7 @@ fn queue_table(ctx: &Ctx, queues: &[QueueOverview], samples: &[Sample]) -> Marku
                     tr data-queue=(q.queue) {
                         td { a href=(queue_href(ctx, &q.queue)) { (q.queue) } }
                         td { @if s.paused { span class="badge paused" { "paused" } } }
+                        (count_cell(ctx, &q.queue, s.waiting, JobState::Waiting))
                         (count_cell(ctx, &q.queue, s.ready, JobState::Queued))
                         (count_cell(ctx, &q.queue, s.scheduled, JobState::Queued))
                         (count_cell(ctx, &q.queue, s.running, JobState::Running))

@@ -153,6 +153,7 @@ fn limits_form(ctx: &Ctx, queue: &str, limits: &QueueLimits) -> Markup {
 
 fn counts(ctx: &Ctx, queue: &str, stats: &QueueStats) -> Markup {
     let rows = [
+        ("Waiting", stats.waiting, JobState::Waiting),
         ("Ready", stats.ready, JobState::Queued),
         ("Scheduled", stats.scheduled, JobState::Queued),
         ("Running", stats.running, JobState::Running),

@@ -1,14 +1,16 @@
 //! Operator actions (CONTRACT A1, A2, Q1) and the statements of tests and retirement.
 
-/// Rule A1 on a queued or running job. `$3` now.
+/// Rule A1 on a waiting, queued or running job. `$3` now.
 pub(super) const CANCEL: &str = r#"
 UPDATE {schema}.jobs SET
-    -- A1: a queued job is cancelled at once; a running one only gets
+    -- A1, G4: a waiting or queued job is cancelled at once (the jobs waiting for it
+    -- are settled by the `settle_dependents` trigger); a running one only gets
     -- cancel_requested (its holder, or reclaim, ends it).
-    state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
-    finished_at = CASE WHEN state = 'queued' THEN $3 ELSE finished_at END,
+    state = CASE WHEN state IN ('waiting', 'queued') THEN 'cancelled' ELSE state END,
+    finished_at = CASE WHEN state IN ('waiting', 'queued') THEN $3 ELSE finished_at END,
+    waiting_for = NULL,
     cancel_requested = cancel_requested OR state = 'running'
-WHERE namespace = $1 AND id = $2 AND (state IN ('queued', 'running')) IS TRUE
+WHERE namespace = $1 AND id = $2 AND (state IN ('waiting', 'queued', 'running')) IS TRUE
 RETURNING state
 "#;
 

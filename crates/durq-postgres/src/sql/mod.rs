@@ -40,7 +40,8 @@ macro_rules! job_columns {
         "id, queue, tenant, idempotency_key, priority, run_at, seq, max_attempts, parent, \
          state, attempts, lease_worker, lease_token, lease_expires_at, created_at, \
          started_at, heartbeat_at, finished_at, last_error, result, cancel_requested, \
-         timeout_ms, placement::text, tags, trace_context, concurrency_key"
+         timeout_ms, placement::text, tags, trace_context, concurrency_key, depends_on, \
+         dependency_policy"
     };
 }
 
@@ -249,6 +250,12 @@ pub(crate) struct Statements {
     pub(crate) analyze_jobs: Text,
     /// The statements of flow control.
     pub(crate) limits: LimitStatements,
+    /// [`LOCK_DEPENDENCIES`].
+    pub(crate) lock_dependencies: Text,
+    /// [`START_DEPENDENT`].
+    pub(crate) start_dependent: Text,
+    /// [`RECORD_EDGES`].
+    pub(crate) record_edges: Text,
 }
 
 impl Statements {
@@ -345,6 +352,9 @@ impl Statements {
             table_size: r(TABLE_SIZE),
             analyze_jobs: r(ANALYZE_JOBS),
             limits: LimitStatements::render(&r),
+            lock_dependencies: r(LOCK_DEPENDENCIES),
+            start_dependent: r(START_DEPENDENT),
+            record_edges: r(RECORD_EDGES),
         }
     }
 }
@@ -362,6 +372,7 @@ fn claim(fit: &str, queues: &str, probe_limit: &str) -> String {
 mod admin;
 mod claim;
 mod enqueue;
+mod graph;
 mod lease;
 mod limits;
 mod reads;
@@ -373,6 +384,7 @@ use self::admin::*;
 use self::claim::*;
 pub(crate) use self::enqueue::EnqueueStatements;
 use self::enqueue::*;
+use self::graph::*;
 use self::lease::*;
 pub(crate) use self::limits::LimitStatements;
 use self::reads::*;

@@ -14,6 +14,8 @@ use crate::conn::{PgQuery, Shared};
 use crate::row::{self, column};
 use crate::wake;
 
+use super::graph;
+
 /// Most payload bytes sent in one enqueue statement. A larger batch is split into
 /// several statements inside one transaction, so it stays all-or-nothing.
 const MAX_STATEMENT_PAYLOAD: usize = 64 * 1024 * 1024;
@@ -332,14 +334,44 @@ impl<'a> Plan<'a> {
     }
 }
 
+/// Writes the batch `jobs` on `conn`, inside a transaction or savepoint the caller
+/// holds: the statements of an explicit batch, without their wake-ups. Answers each
+/// job as [`enqueue_all`] does.
+pub(super) async fn write_batch(
+    shared: &Shared,
+    settings: &StoreSettings,
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    now: Timestamp,
+) -> Result<Vec<Enqueued>> {
+    let plan = Plan::new(jobs, now);
+    let mut answers = Vec::with_capacity(plan.sent.len());
+    for chunk in plan.chunks() {
+        answers.extend(statement(shared, settings, &mut *conn, now, chunk, true).await?);
+    }
+    plan.answer(answers)
+}
+
 /// An explicit batch (E9): the same as enqueueing each job in order at `now`, all or
-/// nothing.
+/// nothing. A batch that waits for jobs (G1, G2) takes
+/// [`enqueue_graph`](super::graph::enqueue_graph) in a transaction of its own.
 pub(crate) async fn enqueue_all(
     shared: &Shared,
     settings: &StoreSettings,
     jobs: &[NewJob],
     now: Timestamp,
 ) -> Result<Vec<Enqueued>> {
+    if graph::names_dependencies(jobs) {
+        let mut tx = shared.begin("enqueue: begin").await?;
+        let (answers, ready) = graph::enqueue_graph(shared, settings, &mut tx, jobs, now).await?;
+        tx.commit()
+            .await
+            .map_err(|err| shared.error("enqueue: commit", err))?;
+        shared
+            .wake
+            .announce(&settings.namespace, ready.iter().map(String::as_str));
+        return Ok(answers);
+    }
     let plan = Plan::new(jobs, now);
     let answers = if let [only] = plan.chunks()[..] {
         statement(shared, settings, &shared.pool, now, only, true).await?
@@ -372,6 +404,21 @@ pub(crate) async fn enqueue_in(
     jobs: &[NewJob],
     now: Timestamp,
 ) -> Result<Vec<Enqueued>> {
+    if graph::names_dependencies(jobs) {
+        let mut savepoint = conn
+            .begin()
+            .await
+            .map_err(|err| shared.error("enqueue: savepoint", err))?;
+        // On an error the savepoint is dropped, which rolls back to it.
+        let (answers, ready) =
+            graph::enqueue_graph(shared, settings, &mut savepoint, jobs, now).await?;
+        savepoint
+            .commit()
+            .await
+            .map_err(|err| shared.error("enqueue: release savepoint", err))?;
+        notify_in(shared, settings, conn, ready.iter().map(String::as_str)).await?;
+        return Ok(answers);
+    }
     let plan = Plan::new(jobs, now);
     let answers = if let [only] = plan.chunks()[..] {
         statement(shared, settings, &mut *conn, now, only, true).await?
@@ -391,7 +438,24 @@ pub(crate) async fn enqueue_in(
             .map_err(|err| shared.error("enqueue: release savepoint", err))?;
         answers
     };
-    let mut payloads: Vec<String> = ready_queues(now, &plan.sent, &answers)
+    notify_in(
+        shared,
+        settings,
+        conn,
+        ready_queues(now, &plan.sent, &answers),
+    )
+    .await?;
+    plan.answer(answers)
+}
+
+/// Sends the wake-ups of `queues` inside the caller's transaction (T2).
+async fn notify_in<'q>(
+    shared: &Shared,
+    settings: &StoreSettings,
+    conn: &mut PgConnection,
+    queues: impl Iterator<Item = &'q str>,
+) -> Result<()> {
+    let mut payloads: Vec<String> = queues
         .map(|queue| wake::key(&settings.namespace, queue))
         .collect();
     payloads.sort_unstable();
@@ -404,7 +468,7 @@ pub(crate) async fn enqueue_in(
             .await
             .map_err(|err| shared.error("enqueue: notify", err))?;
     }
-    plan.answer(answers)
+    Ok(())
 }
 
 /// One `enqueue` call: the job and the instant its caller read.

@@ -27,6 +27,7 @@ use crate::row::{self, column};
 pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
+pub(crate) mod graph;
 pub(crate) mod lease;
 pub(crate) mod limits;
 pub(crate) mod reads;
