@@ -248,6 +248,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("resource_aware", ""),
     ("per_customer_limit", ""),
     ("rate_limited_api", ""),
+    ("workflow", ""),
     ("transactional_sqlite", ""),
     ("transactional_postgres", "postgres"),
 ];

@@ -97,7 +97,7 @@ pub enum Command {
     },
     /// One page of a queue's jobs, newest first; prints the cursor of the next page.
     List(ListArgs),
-    /// One job: its fields, payload, lease, attempts, last error and children.
+    /// One job: its fields, payload, lease, attempts, last error, the jobs it waits for and its children.
     Inspect {
         /// The job's id.
         id: JobId,

@@ -329,3 +329,41 @@ async fn list_filters_across_queues_by_tag_and_inspect_shows_attempts() {
     assert_eq!(doc["attempts"][0]["error"], "smtp refused");
     assert_eq!(doc["attempts"][0]["token"], 1);
 }
+
+/// `enqueue --after` makes a job that waits (CONTRACT G1); `inspect` shows what it
+/// waits for and where each stands, `queues` counts it waiting, and a failed
+/// dependency's cancellation is what `inspect` then explains (G3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_after_waits_and_inspect_shows_what_for() {
+    let (_dir, t) = sqlite().await;
+    let charge = t.enqueue(&["charge"]);
+    let email = t.enqueue(&["email", "--after", &charge.to_string()]);
+    assert_eq!(t.state(email).await, JobState::Waiting);
+    let shown = t.run(&["inspect", &email.to_string()]).ok();
+    assert!(
+        shown.contains("waits for (0 of 1 succeeded; if one fails: cancel):\nID "),
+        "{shown}"
+    );
+    assert!(shown.contains(&charge.to_string()), "{shown}");
+    let doc = t.json(&["inspect", &email.to_string()]);
+    assert_eq!(doc["job"]["state"], "waiting");
+    assert_eq!(doc["depends_on"][0]["id"], charge.to_string());
+    assert_eq!(doc["depends_on"][0]["state"], "queued");
+    let queues = t.json(&["queues"]);
+    let email_queue = queues["queues"]
+        .as_array()
+        .and_then(|all| all.iter().find(|q| q["queue"] == "email"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(email_queue["waiting"], 1, "{queues}");
+
+    t.kill(charge, "charge", "card declined").await;
+    let shown = t.run(&["inspect", &email.to_string()]).ok();
+    assert!(
+        shown.contains(&format!("cancelled: dependency {charge} ended dead")),
+        "{shown}"
+    );
+    // A bad id is refused before anything is opened or written.
+    t.run(&["enqueue", "email", "--after", "not-an-id"])
+        .usage_error();
+}

@@ -13,7 +13,7 @@ use durq_core::{
     StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
 };
 
-use crate::store::{Namespace, State};
+use crate::store::{Namespace, Prepared, State};
 use crate::MemoryServer;
 
 /// The in-memory store.
@@ -89,11 +89,16 @@ impl Backend for MemoryBackend {
             let mut state = self.namespace.lock();
             state.check_parents(prepared.iter().map(|p| p.job()))?;
             state.check_dependencies(&prepared)?;
+            // The ids answered so far, which a later job may wait for by index (G2);
+            // kept only for a batch that has dependencies.
+            let graph = prepared.iter().any(Prepared::has_dependencies);
             let mut answers: Vec<Enqueued> = Vec::with_capacity(prepared.len());
-            let mut ids: Vec<JobId> = Vec::with_capacity(prepared.len());
+            let mut ids: Vec<JobId> = Vec::new();
             for job in prepared {
                 let answer = state.enqueue(job, now, &self.settings, &ids);
-                ids.push(answer.id);
+                if graph {
+                    ids.push(answer.id);
+                }
                 answers.push(answer);
             }
             answers

@@ -201,6 +201,35 @@ impl JobContext {
         }
     }
 
+    /// The jobs this one waited for (CONTRACT G1), in the order it named them, as
+    /// stored now: each one's `result` is what its handler returned. A job runs only
+    /// once they have all succeeded, unless it runs despite failures
+    /// (`DependencyFailure::Run`), when a dead or cancelled one has no result. A job
+    /// purged since is left out.
+    ///
+    /// ```no_run
+    /// # use durq::{JobContext, JobError};
+    /// # async fn report(ctx: JobContext) -> Result<String, JobError> {
+    /// let mut lines = Vec::new();
+    /// for dependency in ctx.dependencies().await? {
+    ///     let result = dependency.result.unwrap_or_default();
+    ///     lines.push(format!("{}: {}", dependency.queue, String::from_utf8_lossy(&result)));
+    /// }
+    /// Ok(lines.join("\n"))
+    /// # }
+    /// ```
+    pub async fn dependencies(&self) -> durq_core::Result<Vec<Job>> {
+        let mut jobs = Vec::with_capacity(self.held.job.depends_on.len());
+        for id in &self.held.job.depends_on {
+            match self.worker.store.get(*id).await {
+                Ok(job) => jobs.push(job),
+                Err(durq_core::Error::NotFound { .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(jobs)
+    }
+
     /// Enqueues `job` with this job as its parent (fan-out, CONTRACT E8).
     pub async fn enqueue_child(&self, job: NewJob) -> durq_core::Result<Enqueued> {
         let enqueued = self.worker.store.enqueue(job.parent(self.id())).await?;

@@ -37,6 +37,11 @@ impl Prepared {
     pub(crate) fn job(&self) -> &Job {
         &self.record.job
     }
+
+    /// Whether the job waits for any job (CONTRACT G1).
+    pub(crate) fn has_dependencies(&self) -> bool {
+        !self.dependencies.is_empty()
+    }
 }
 
 /// The error a buried unreadable record carries (CONTRACT C10).

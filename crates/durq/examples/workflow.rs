@@ -1,0 +1,195 @@
+//! Jobs that wait for jobs (CONTRACT G1–G3): an order is charged, then an e-mail and
+//! an invoice go out, then a report reads what both returned.
+//!
+//! ```text
+//! cargo run --example workflow
+//! ```
+//!
+//! It needs nothing installed: the queue is an SQLite file in a fresh temporary
+//! directory. Each order is one batch, a graph of four jobs whose later jobs name the
+//! earlier ones by their place in the batch, so the whole graph is stored at once or
+//! not at all. A second order's card is declined: its e-mail, invoice and report are
+//! cancelled, each saying why, and never run. The example fails if a job ran before
+//! the jobs it waits for had succeeded, or if the declined order ran anything after
+//! its charge.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use durq::{Dependency, JobContext, JobError, JobState, Json, NewJob, Worker};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Order {
+    id: u32,
+    cents: u64,
+    card_ok: bool,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
+    let store = durq::connect(&url).await?;
+
+    // One graph per order: charge, then e-mail and invoice, then the report.
+    let mut reports = Vec::new();
+    let mut charges = Vec::new();
+    for order in [
+        Order {
+            id: 1001,
+            cents: 4_200,
+            card_ok: true,
+        },
+        Order {
+            id: 1002,
+            cents: 990,
+            card_ok: false,
+        },
+    ] {
+        let graph = store
+            .enqueue_batch(vec![
+                NewJob::new("charge").json(&order)?,
+                NewJob::new("email")
+                    .json(&order)?
+                    .after(Dependency::Earlier(0)),
+                NewJob::new("invoice")
+                    .json(&order)?
+                    .after(Dependency::Earlier(0)),
+                NewJob::new("report")
+                    .json(&order)?
+                    .after(Dependency::Earlier(1))
+                    .after(Dependency::Earlier(2)),
+            ])
+            .await?;
+        charges.push(graph[0].id);
+        reports.push((order.id, graph[3].id));
+    }
+
+    // What ran, in order, for the checks at the end.
+    let ran: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
+    let (report_done, mut reports_done) = mpsc::unbounded_channel();
+    // The jobs whose outcome the store holds: the example ends once the declined
+    // charge's is in too (its dependents are cancelled in that same step).
+    let (finished, mut finals) = mpsc::unbounded_channel();
+    let note = |ran: &Arc<Mutex<Vec<(String, u32)>>>, step: &str, order: u32| {
+        ran.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((step.to_owned(), order));
+    };
+    let worker = Worker::builder(store.clone())
+        .concurrency(8)
+        .poll_interval(Duration::from_millis(10))
+        .on_event(move |event| {
+            if event.is_final() {
+                let _ = finished.send(event.id());
+            }
+        })
+        .json_handler("charge", {
+            let ran = Arc::clone(&ran);
+            move |_ctx: JobContext, order: Order| {
+                note(&ran, "charge", order.id);
+                async move {
+                    if !order.card_ok {
+                        return Err(JobError::permanent(format!(
+                            "card declined for order {}",
+                            order.id
+                        )));
+                    }
+                    Ok(Json(format!("charged {} cents", order.cents)))
+                }
+            }
+        })
+        .json_handler("email", {
+            let ran = Arc::clone(&ran);
+            move |_ctx: JobContext, order: Order| {
+                note(&ran, "email", order.id);
+                async move { Ok(Json(format!("mailed the receipt of order {}", order.id))) }
+            }
+        })
+        .json_handler("invoice", {
+            let ran = Arc::clone(&ran);
+            move |_ctx: JobContext, order: Order| {
+                note(&ran, "invoice", order.id);
+                async move { Ok(Json(format!("invoice INV-{}", order.id))) }
+            }
+        })
+        .json_handler("report", {
+            let ran = Arc::clone(&ran);
+            let report_done = report_done.clone();
+            move |ctx: JobContext, order: Order| {
+                note(&ran, "report", order.id);
+                let report_done = report_done.clone();
+                async move {
+                    // The fan-in reads what the jobs it waited for returned.
+                    let mut lines = Vec::new();
+                    for dependency in ctx.dependencies().await? {
+                        let said: String = dependency
+                            .result
+                            .as_deref()
+                            .map(serde_json::from_slice)
+                            .transpose()
+                            .map_err(|err| JobError::permanent(err.to_string()))?
+                            .unwrap_or_default();
+                        lines.push(format!("{}: {said}", dependency.queue));
+                    }
+                    let report = format!("order {}: {}", order.id, lines.join("; "));
+                    let _ = report_done.send(report.clone());
+                    Ok(Json(report))
+                }
+            }
+        })
+        .build()?;
+    let running = worker.spawn();
+
+    // The first order's report is the last job that runs; the second order's never does.
+    let Some(report) = reports_done.recv().await else {
+        return Err("the worker stopped before the report ran".into());
+    };
+    println!("{report}");
+    let declined_charge = charges[1];
+    while let Some(id) = finals.recv().await {
+        if id == declined_charge {
+            break;
+        }
+    }
+    running.shutdown().await;
+
+    let mut declined_report = None;
+    for (order, report) in reports {
+        let job = store.get(report).await?;
+        println!(
+            "order {order}'s report: {}{}",
+            job.state,
+            job.last_error
+                .as_deref()
+                .map(|error| format!(" ({error})"))
+                .unwrap_or_default()
+        );
+        if order == 1002 {
+            declined_report = Some(job.state);
+        }
+    }
+
+    // Every step ran after the steps it waits for, and the declined order stopped at
+    // its charge, its report cancelled.
+    let ran = ran.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let position = |step: &str| ran.iter().position(|r| *r == (step.to_owned(), 1001));
+    let before =
+        |a: &str, b: &str| matches!((position(a), position(b)), (Some(a), Some(b)) if a < b);
+    let ordered = before("charge", "email")
+        && before("charge", "invoice")
+        && before("email", "report")
+        && before("invoice", "report");
+    let declined_stopped = ran
+        .iter()
+        .all(|(step, order)| *order != 1002 || step == "charge");
+    if !ordered || !declined_stopped || declined_report != Some(JobState::Cancelled) {
+        return Err(format!("the graph ran out of order: {ran:?}").into());
+    }
+    println!(
+        "every step ran after the ones it waits for; the declined order stopped at its charge"
+    );
+    Ok(())
+}
