@@ -47,8 +47,9 @@ pub(super) const PAUSED_QUEUES: &str = r#"
 SELECT queue FROM {schema}.paused_queues WHERE namespace = $1 ORDER BY queue
 "#;
 
-/// Deletes every row of namespace `$1`, jobs, attempts, keys, pauses, schedules and
-/// workers, in one transaction; returns how many jobs it deleted.
+/// Deletes every row of namespace `$1`, jobs, attempts, keys, dependencies, pauses,
+/// schedules, workers and flow control, in one transaction; returns how many jobs it
+/// deleted.
 pub(super) const DROP_NAMESPACE: &str = r#"
 WITH keys AS (
     DELETE FROM {schema}.dedup WHERE namespace = $1
@@ -73,6 +74,9 @@ starts AS (
 ),
 turns AS (
     DELETE FROM {schema}.queue_turns WHERE namespace = $1
+),
+edges AS (
+    DELETE FROM {schema}.dependencies WHERE namespace = $1
 ),
 gone AS (
     DELETE FROM {schema}.jobs WHERE namespace = $1

@@ -103,6 +103,15 @@ async fn attempt_rows(backend: &PostgresPool, namespace: &str) -> i64 {
         .expect("count attempt rows")
 }
 
+/// The dependency edges of `namespace` in the default schema (CONTRACT G1).
+async fn edge_rows(backend: &PostgresPool, namespace: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM jobs.dependencies WHERE namespace = $1")
+        .bind(namespace)
+        .fetch_one(backend.pool())
+        .await
+        .expect("count dependency rows")
+}
+
 /// How many transactions wrote the job's row and its attempt rows as they stand: 1
 /// when the last change of state and the attempt it ended were one statement.
 async fn writers_of(backend: &PostgresPool, namespace: &str, id: JobId) -> i64 {

@@ -369,8 +369,9 @@ async fn job_timeouts_round_trip_through_every_read() {
     clean_up(&backend, &store.settings().namespace).await;
 }
 
-/// `drop_namespace`, the conformance harness's teardown, deletes every job (queued
-/// or running), every key and every attempt of one namespace, and nothing of another.
+/// `drop_namespace`, the conformance harness's teardown, deletes every job (queued,
+/// waiting or running), every key, attempt and dependency edge of one namespace, and
+/// nothing of another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_namespace_deletes_one_namespace_and_nothing_else() {
     let Some(backend) = backend("durq-postgres-drop", 2).await else {
@@ -398,18 +399,26 @@ async fn drop_namespace_deletes_one_namespace_and_nothing_else() {
             .release(released[0].id(), released[0].token())
             .await
             .expect("release");
+        // A job waiting for the released one: one edge.
+        store
+            .enqueue(NewJob::new("s").after(released[0].id()))
+            .await
+            .expect("enqueue a dependent");
     }
-    assert_eq!(rows_of(&backend, &gone.namespace).await, (3, 1));
+    assert_eq!(rows_of(&backend, &gone.namespace).await, (4, 1));
     assert_eq!(attempt_rows(&backend, &gone.namespace).await, 1);
+    assert_eq!(edge_rows(&backend, &gone.namespace).await, 1);
 
     let deleted = backend.drop_namespace(&gone.namespace).await.expect("drop");
-    assert_eq!(deleted, 3);
+    assert_eq!(deleted, 4);
     assert_eq!(rows_of(&backend, &gone.namespace).await, (0, 0));
+    assert_eq!(edge_rows(&backend, &gone.namespace).await, 0);
     assert_eq!(
         rows_of(&backend, &kept.namespace).await,
-        (3, 1),
+        (4, 1),
         "untouched"
     );
+    assert_eq!(edge_rows(&backend, &kept.namespace).await, 1, "untouched");
     assert_eq!(attempt_rows(&backend, &gone.namespace).await, 0);
     assert_eq!(
         attempt_rows(&backend, &kept.namespace).await,
@@ -424,6 +433,7 @@ async fn drop_namespace_deletes_one_namespace_and_nothing_else() {
     clean_up(&backend, &kept.namespace).await;
     assert_eq!(rows_of(&backend, &kept.namespace).await, (0, 0));
     assert_eq!(attempt_rows(&backend, &kept.namespace).await, 0);
+    assert_eq!(edge_rows(&backend, &kept.namespace).await, 0);
 }
 
 /// Purge gets only the retention cutoff, not now: it deletes a purged job's key with

@@ -63,7 +63,7 @@ pub(crate) fn retry(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) ->
 }
 
 /// Deletes every job of namespace `ns` with its payload and attempts, and its
-/// idempotency records, pauses, schedules and workers.
+/// idempotency records, dependencies, pauses, schedules and workers.
 /// The namespace's row stays, so its id is never reused (see
 /// `SqliteBackend::drop_namespace`).
 pub(crate) fn drop_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
@@ -89,6 +89,10 @@ pub(crate) fn drop_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
     exec(
         "DELETE FROM jobq_dedup WHERE ns = ?1",
         "delete the namespace's idempotency records",
+    )?;
+    exec(
+        "DELETE FROM jobq_dependencies WHERE ns = ?1",
+        "delete the namespace's dependencies",
     )?;
     exec(
         "DELETE FROM jobq_paused WHERE ns = ?1",

@@ -408,8 +408,8 @@ async fn a_late_database_error_rolls_back_its_whole_group() {
     }
 }
 
-/// `drop_namespace` removes every job, payload, idempotency record and worker of its
-/// namespace and nothing of another one in the same file; a store still open on the emptied
+/// `drop_namespace` removes every job, payload, idempotency record, dependency edge
+/// and worker of its namespace and nothing of another one in the same file; a store still open on the emptied
 /// namespace keeps working on it and never sees the neighbour's jobs.
 #[tokio::test]
 async fn clearing_a_namespace_empties_it_and_no_other() {
@@ -458,8 +458,13 @@ async fn clearing_a_namespace_empties_it_and_no_other() {
     {
         panic!("complete failed: {err}");
     }
+    // A job waiting for the one still running: one edge (CONTRACT G1).
+    enqueue(&store, NewJob::new("after").after(claimed[1].id())).await;
     let theirs = enqueue(&neighbour, keyed(b"theirs")).await.id;
     let their_other = enqueue(&neighbour, NewJob::new("clear")).await.id;
+    let their_waiting = enqueue(&neighbour, NewJob::new("after").after(their_other))
+        .await
+        .id;
     for (who, id) in [(&store, "mine"), (&neighbour, "theirs")] {
         let worker = WorkerInfo::new(id, "host", 1, vec!["clear".to_owned()], 1);
         if let Err(err) = who.register_worker(&worker).await {
@@ -468,7 +473,7 @@ async fn clearing_a_namespace_empties_it_and_no_other() {
     }
 
     match backend.drop_namespace().await {
-        Ok(deleted) => assert_eq!(deleted, 3),
+        Ok(deleted) => assert_eq!(deleted, 4),
         Err(err) => panic!("clear failed: {err}"),
     }
     let mine = "(SELECT id FROM jobq_namespaces WHERE name = 'sqlite-tests')";
@@ -488,8 +493,21 @@ async fn clearing_a_namespace_empties_it_and_no_other() {
     );
     assert_eq!(
         count(&path, "SELECT COUNT(*) FROM jobq_payloads"),
-        2,
+        3,
         "orphan payloads"
+    );
+    assert_eq!(
+        count(
+            &path,
+            &format!("SELECT COUNT(*) FROM jobq_dependencies WHERE ns = {mine}")
+        ),
+        0,
+        "the cleared namespace's dependency edges"
+    );
+    assert_eq!(
+        count(&path, "SELECT COUNT(*) FROM jobq_dependencies"),
+        1,
+        "the neighbour's edge"
     );
     assert_eq!(count(&path, "SELECT COUNT(*) FROM jobq_dedup"), 1);
     match (store.workers().await, neighbour.workers().await) {
@@ -508,7 +526,7 @@ async fn clearing_a_namespace_empties_it_and_no_other() {
     }
 
     // The neighbour keeps its jobs and its key.
-    for id in [theirs, their_other] {
+    for id in [theirs, their_other, their_waiting] {
         assert!(
             neighbour.get(id).await.is_ok(),
             "job {id} of the neighbour lost"
