@@ -287,7 +287,10 @@ async fn batched_completes_answer_each_caller() {
                         "exactly one of two completes with one token wins: {a:?} {b:?}"
                     );
                     let loser = if a.is_ok() { b } else { a };
-                    assert!(loser.is_err_and(|e| e.is_lease_lost()));
+                    assert!(
+                        matches!(&loser, Err(e) if e.is_lease_lost()),
+                        "the loser is lease lost: {loser:?}"
+                    );
                     Ok(())
                 }
             };
