@@ -164,6 +164,7 @@ macro_rules! __transaction_scenario_list {
             T1 transactions::t1_bad_input_writes_nothing_and_leaves_the_transaction_usable,
             T3 transactions::t3_a_fenced_completion_commits_with_the_callers_row,
             T3 transactions::t3_a_stale_lease_refuses_the_whole_transaction,
+            T3 transactions::t3_a_fenced_completion_settles_the_jobs_waiting_for_it,
         }
     };
 }

@@ -171,6 +171,13 @@ pub async fn g1_an_unknown_dependency_is_refused_and_writes_nothing(harness: &dy
         "depends_on",
         what,
     );
+    // One more than a job may wait for.
+    let stored = enqueue(&store, NewJob::new("g-many"), what).await;
+    let mut too_many = NewJob::new("g-unknown");
+    for _ in 0..=durq_core::graph::MAX_DEPENDENCIES {
+        too_many = too_many.after(stored);
+    }
+    expect_invalid(store.enqueue(too_many).await, "depends_on", what);
     assert!(
         list_all(&store, "g-unknown", None, what).await.is_empty(),
         "{what}: a refused enqueue or batch writes nothing"

@@ -17,6 +17,56 @@ use super::support::{
 };
 use crate::{TransactionEnv, TransactionHarness};
 
+/// T1, T3 with G1 (decided under T3): a job enqueued in a transaction may wait for a
+/// job, and a fenced completion of that job settles it inside the transaction: still
+/// waiting after a rollback, released at the commit. Skips on a store without
+/// dependencies.
+pub async fn t3_a_fenced_completion_settles_the_jobs_waiting_for_it(
+    harness: &dyn TransactionHarness,
+    env: &TransactionEnv,
+) {
+    let store = env.store(harness).await;
+    if !store.capabilities().dependencies {
+        eprintln!("T3 with dependencies skipped: the store does not keep dependencies");
+        return;
+    }
+    let dependency = enqueue(&store, NewJob::new("q"), "T3: enqueue").await;
+    let mut tx = env.begin(harness).await;
+    let dependent = tx
+        .enqueue(NewJob::new("after").after(dependency))
+        .await
+        .must("T3: enqueue a dependent in the transaction")
+        .id;
+    tx.commit().await.must("T3: commit");
+    assert_eq!(
+        get(&store, dependent, "T3: the dependent").await.state,
+        JobState::Waiting,
+        "T3: a job enqueued in a transaction waits for its dependency"
+    );
+    let held = claim_expecting(&store, "q", dependency, "T3: claim").await;
+
+    let mut tx = env.begin(harness).await;
+    let _receipt = tx
+        .complete(dependency, held.token(), None)
+        .await
+        .must("T3: complete in the transaction");
+    tx.rollback().await.must("T3: roll back");
+    assert_eq!(
+        get(&store, dependent, "T3: after the rollback").await.state,
+        JobState::Waiting,
+        "T3: a rolled-back completion releases nothing"
+    );
+    assert_nothing_claimable(&store, &["after"], "T3: still waiting").await;
+
+    let mut tx = env.begin(harness).await;
+    let _receipt = tx
+        .complete(dependency, held.token(), None)
+        .await
+        .must("T3: complete in the transaction");
+    tx.commit().await.must("T3: commit");
+    claim_expecting(&store, "after", dependent, "T3: released at the commit").await;
+}
+
 /// T1: a job enqueued in a transaction exists if and only if the transaction commits,
 /// and no other connection sees it before; the caller's row goes with it.
 pub async fn t1_a_job_exists_only_if_its_transaction_commits(

@@ -2,9 +2,11 @@
 //! does when one ends other than by success, and the decisions every backend makes
 //! when a job is enqueued with dependencies and when a dependency ends, written once.
 //!
-//! The Rust backends (`durq-memory`, `durq-sqlite`) call [`at_enqueue`] and
-//! [`settle`]; they keep a job's edges themselves, because where an edge lives is a
-//! storage choice and what it means is not.
+//! Every backend that keeps dependencies calls [`resolve`] and [`at_enqueue`] when it
+//! enqueues; `durq-memory` and `durq-sqlite` call [`settle`] when a job ends, and
+//! `durq-postgres`'s `settle_dependents` trigger mirrors it in SQL (it says so). Each
+//! keeps a job's edges itself, because where an edge lives is a storage choice and
+//! what it means is not.
 
 use std::fmt;
 

@@ -467,12 +467,11 @@ impl Job {
     /// attempts, ready at its `run_at` or at once (CONTRACT E1, E2). Returns the job
     /// and its payload, which backends keep apart from the record.
     ///
-    /// Its dependencies are the [`Dependency::Job`]s of `new`, each once: a backend
-    /// turns a batch's [`Dependency::Earlier`]s into ids first
-    /// ([`crate::graph::resolve`]), and decides the job's state from them
-    /// ([`crate::graph::at_enqueue`]); this leaves it `queued`.
+    /// It depends on nothing yet: a backend that keeps dependencies takes them out of
+    /// `new` first, resolves a batch's [`Dependency::Earlier`]s into ids
+    /// ([`crate::graph::resolve`]), and sets the job's `depends_on` and state from what
+    /// they are ([`crate::graph::at_enqueue`]).
     pub fn enqueued(new: NewJob, id: JobId, now: Timestamp) -> (Job, Bytes) {
-        let depends_on = crate::graph::resolve(&new.depends_on, &[]);
         let job = Job {
             id,
             queue: new.queue,
@@ -498,7 +497,7 @@ impl Job {
             tags: new.tags,
             trace_context: new.trace_context,
             concurrency_key: new.concurrency_key,
-            depends_on,
+            depends_on: Vec::new(),
             on_dependency_failure: new.on_dependency_failure,
         };
         (job, new.payload)

@@ -52,7 +52,10 @@ BEGIN
 END
 $$;
 
--- G1, G3: settles the jobs waiting for the job that just ended. `finished_at` is the
+-- G1, G3: settles the jobs waiting for the job that just ended. Mirrors
+-- durq_core::graph::settle (cancel or met, by the policy) and its failed_dependency
+-- (the error text); the conformance scenarios of G1-G5 hold both copies to the same
+-- answers. `finished_at` is the
 -- store's `now` of the call that ended it (every terminal state sets it, CONTRACT §2),
 -- so the trigger reads no server clock.
 CREATE OR REPLACE FUNCTION {schema}.settle_dependents() RETURNS trigger

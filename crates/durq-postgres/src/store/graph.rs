@@ -25,7 +25,7 @@ pub(crate) fn names_dependencies(jobs: &[NewJob]) -> bool {
 /// enqueue and the queues that got a job ready now, to announce after the commit.
 ///
 /// The stored jobs the batch waits for are locked first (G5); then the
-/// batch is written as any batch is, every job queued, and each new job that waits is
+/// batch is written as any batch is, every job queued, and each new job that names any is
 /// set to how its dependencies start it, in order, so a later job of the batch sees
 /// what an earlier one became.
 pub(crate) async fn enqueue_graph(
@@ -56,15 +56,9 @@ pub(crate) async fn enqueue_graph(
         ));
     }
 
-    let plain: Vec<NewJob> = jobs
-        .iter()
-        .map(|job| {
-            let mut job = job.clone();
-            job.depends_on.clear();
-            job
-        })
-        .collect();
-    let answers = write_batch(shared, settings, conn, &plain, now).await?;
+    // The enqueue statements bind no dependencies: they write every job queued, and
+    // each one that waits is set to how it starts below.
+    let answers = write_batch(shared, settings, conn, jobs, now).await?;
 
     let mut earlier: Vec<JobId> = Vec::with_capacity(jobs.len());
     let mut ready: Vec<String> = Vec::new();
