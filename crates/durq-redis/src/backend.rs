@@ -180,9 +180,13 @@ impl Backend for RedisBackend {
             .as_ref()
             .map(|partitions| Partitioning::new(partitions.count(), crate::partitions::of_id));
         // A partitioned namespace counts a concurrency key in its one partition, and
-        // no whole queue (CONTRACT P3).
+        // no whole queue (CONTRACT P3). Dependencies are settled by the script that
+        // ends a job, inside its one slot, so only an unpartitioned namespace keeps them
+        // (a job and the jobs it waits for may live in different partitions).
+        let whole = partitioning.is_none();
         Capabilities::default()
-            .queue_wide_limits(partitioning.is_none())
+            .queue_wide_limits(whole)
+            .dependencies(whole)
             .partitioning(partitioning)
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use durq_core::attempts::{Attempt, AttemptOutcome};
 use durq_core::fit::{decode_placement, PlacementCache};
+use durq_core::graph::DependencyFailure;
 use durq_core::meta::{decode_tags, encode_tags};
 use durq_core::{
     Bytes, ClaimedJob, Error, Job, JobId, JobState, Lease, LeaseToken, Needs, Result, Tags,
@@ -102,6 +103,12 @@ fn cached_placement_of(
 /// hot path nothing: a claim already reads and returns `meta`, a job without either
 /// stores the same `meta` as before, and records written before tags existed read as
 /// having none.
+///
+/// `DEPS` ends the field of a job enqueued with dependencies (CONTRACT G1-G3):
+/// ` ~POLICY:ID,ID,...`, POLICY `c` (cancel) or `r` (run), the ids in the order first
+/// named. `enqueue.lua` appends it, because only it knows the id a batch index resolves
+/// to (G2). It cannot be mistaken for the end of `EXT`: encoded tags end with `}`, and a
+/// traceparent holds no space.
 pub(crate) struct Meta {
     pub queue: String,
     pub parent: Option<JobId>,
@@ -112,6 +119,8 @@ pub(crate) struct Meta {
     pub idempotency_key: Option<String>,
     pub tags: Tags,
     pub trace_context: Option<String>,
+    pub depends_on: Vec<JobId>,
+    pub on_dependency_failure: DependencyFailure,
 }
 
 /// Packs a new job's immutable fields (see [`Meta`]).
@@ -169,6 +178,7 @@ pub(crate) fn decode_meta(text: &str) -> std::result::Result<Meta, String> {
     }
     let (tenant, after) = rest.split_at(tenant_len);
     let (key, ext) = after.split_at(end - tenant_len);
+    let (ext, depends_on, on_dependency_failure) = split_dependencies(ext)?;
     let (tags, trace_context) = decode_ext(ext)?;
     Ok(Meta {
         queue,
@@ -180,7 +190,41 @@ pub(crate) fn decode_meta(text: &str) -> std::result::Result<Meta, String> {
         idempotency_key: key_len.map(|_| key.to_owned()),
         tags,
         trace_context,
+        depends_on,
+        on_dependency_failure,
     })
+}
+
+/// `EXT` and the dependencies of the part of `meta` after tenant and key (`DEPS` of
+/// [`Meta`]; none when it does not end with one).
+fn split_dependencies(
+    ext: &str,
+) -> std::result::Result<(&str, Vec<JobId>, DependencyFailure), String> {
+    let none = Ok((ext, Vec::new(), DependencyFailure::Cancel));
+    let Some(at) = ext.rfind(" ~") else {
+        return none;
+    };
+    let (rest, deps) = ext.split_at(at);
+    let Some((policy, ids)) = deps[2..].split_once(':') else {
+        return none;
+    };
+    let policy = match policy {
+        "c" => DependencyFailure::Cancel,
+        "r" => DependencyFailure::Run,
+        _ => return none,
+    };
+    if ids.is_empty()
+        || !ids
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b',')
+    {
+        return none;
+    }
+    let ids = ids
+        .split(',')
+        .map(|id| JobId::from_str(id).map_err(|_| format!("bad dependency id {id:?}")))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok((rest, ids, policy))
 }
 
 /// The tags and trace context after tenant and key (`EXT` of [`Meta`]).
@@ -558,8 +602,8 @@ fn decode_claimed_fields(
         tags: meta.tags,
         trace_context: meta.trace_context,
         concurrency_key,
-        depends_on: Vec::new(),
-        on_dependency_failure: Default::default(),
+        depends_on: meta.depends_on,
+        on_dependency_failure: meta.on_dependency_failure,
     };
     Ok(ClaimedJob {
         job,
@@ -630,8 +674,8 @@ pub(crate) fn decode_job(id: JobId, mut values: Vec<Option<Vec<u8>>>) -> Result<
         tags: meta.tags,
         trace_context: meta.trace_context,
         concurrency_key,
-        depends_on: Vec::new(),
-        on_dependency_failure: Default::default(),
+        depends_on: meta.depends_on,
+        on_dependency_failure: meta.on_dependency_failure,
     })
 }
 
@@ -697,8 +741,13 @@ pub(crate) fn decode_listed(id: JobId, values: Vec<Option<Vec<u8>>>, queue: &str
         concurrency_key: concurrency_key_of(values.get(15).and_then(Option::as_deref))
             .ok()
             .flatten(),
-        depends_on: Vec::new(),
-        on_dependency_failure: Default::default(),
+        depends_on: meta
+            .as_ref()
+            .map(|m| m.depends_on.clone())
+            .unwrap_or_default(),
+        on_dependency_failure: meta
+            .as_ref()
+            .map_or_else(Default::default, |m| m.on_dependency_failure),
     })
 }
 
@@ -778,6 +827,41 @@ mod tests {
             encode_meta(&NewJob::new("q").tenant("t"), Timestamp::from_millis(5)),
             "q - 0 25 5 1 - t"
         );
+    }
+
+    /// `DEPS` as enqueue.lua appends it reads back after any `meta`, and text inside
+    /// tags that looks like it is never taken for it.
+    #[test]
+    fn dependencies_read_back_after_any_meta() {
+        let a = JobId::mint(Timestamp::from_millis(1));
+        let b = JobId::mint(Timestamp::from_millis(2));
+        let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let cases = [
+            NewJob::new("q"),
+            NewJob::new("q").tenant("t ~c:").idempotency_key(" ~r:"),
+            NewJob::new("q").tag("k", format!("x ~c:{a}")),
+            NewJob::new("q").trace_context(trace),
+            NewJob::new("q").tag("k", "v").trace_context(trace),
+        ];
+        for job in cases {
+            let plain = encode_meta(&job, Timestamp::from_millis(7));
+            let meta = decode_meta(&plain).expect("decodes");
+            assert!(meta.depends_on.is_empty(), "{plain:?} has no dependencies");
+            for (letter, policy) in [
+                ("c", DependencyFailure::Cancel),
+                ("r", DependencyFailure::Run),
+            ] {
+                let text = format!("{plain} ~{letter}:{a},{b}");
+                let meta = decode_meta(&text).expect("decodes");
+                assert_eq!(meta.depends_on, vec![a, b], "{text:?}");
+                assert_eq!(meta.on_dependency_failure, policy, "{text:?}");
+                assert_eq!(meta.tags, job.tags, "{text:?}");
+                assert_eq!(meta.trace_context, job.trace_context, "{text:?}");
+                assert_eq!(meta.tenant, job.tenant, "{text:?}");
+                assert_eq!(meta.idempotency_key, job.idempotency_key, "{text:?}");
+            }
+        }
+        assert!(decode_meta(&format!("q - 0 1 5 1 - a ~c:{a},nope")).is_err());
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub(crate) struct Keys {
     pub workers_seen: String,
     /// Parent-to-child links (zset, score 0, member `parent child`).
     pub children: String,
+    /// Jobs that wait for jobs (CONTRACT G1-G5): one member `DEPENDENCY DEPENDENT` per
+    /// dependency not ended yet (zset, score 0), so the jobs waiting for one job are one
+    /// `ZRANGEBYLEX`; see `lua/graph.lua`.
+    pub dependents: String,
     /// The placement (needs and locality, CONTRACT F1) of every job that declares one
     /// (hash, id -> `Job::placement()` text), so a fitted claim can judge ready jobs
     /// whose hashes it was not given. Jobs that declare none have no entry.
@@ -111,6 +115,7 @@ impl Keys {
             finished: key("finished"),
             done_v1: key("done"),
             children: key("children"),
+            dependents: key("dependents"),
             placement: key("placement"),
             seq: key("seq"),
             limits: key("limits"),

@@ -9,8 +9,10 @@
 -- KEYS[6] kleases (zset: leases of jobs with a concurrency key, see core.lua)
 -- ARGV[1] job id               ARGV[2] token of the claim that leased it
 -- ARGV[3] now (ms)             ARGV[4] what is unreadable
+-- then a graph tail (graph.lua): the buried job settles the jobs waiting for it (G3).
 --
--- Returns {'ok', 'dead'} | {'notfound'} | {'lost'} | {'corrupt', reason}
+-- Returns {'ok', 'dead'} | {'notfound'} | {'lost'} | {'corrupt', reason} |
+-- {'need', {id, ...}} (graph.lua; nothing written)
 --
 -- Fenced like a lease call: only the claim's own lease is buried. Check before write:
 -- the queue comes from `meta` (which claim.lua found readable) and its running counter is
@@ -18,6 +20,7 @@
 
 local job, leases, list, finished, running, kleases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, now = ARGV[1], ARGV[3]
+local g = graph_tail()
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'ckey')
 if not v[1] then
   return { 'notfound' }
@@ -30,6 +33,11 @@ if not queue then
   return { 'corrupt', 'field meta unreadable' }
 end
 check_counters(running, { queue })
+local plan, need = settle_plan(g, { { id, 'dead' } })
+if not plan then
+  return { 'need', need }
+end
 drop_lease(leases, running, queue, id, kleases, v[4])
 bury(job, list, finished, queue, id, parent, now, ARGV[4])
+settle_write(g, plan)
 return { 'ok', 'dead' }

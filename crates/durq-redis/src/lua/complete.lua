@@ -12,6 +12,10 @@
 --   else the index in ARGV of the result bytes (after the jobs' values)
 --
 -- Returns one status per job, in order: 'ok' | 'notfound' | 'lost' | 'corrupt' (unreadable meta).
+-- Or, with nothing written: {'graph'} when a job to complete has jobs waiting for it
+-- (`hasd`, CONTRACT G1) and this is the plain script, so Rust sends the batch again as
+-- complete_graph, which is this file after graph.lua and a graph tail (GRAPH below is
+-- then that tail, see graph.lua), and which may answer {'need', {id, ...}}.
 --
 -- Atomicity: each job's state, result, lease, list and finished entries change in the
 -- same call, and the whole batch is one script. Jobs are handled in order, so a second
@@ -30,6 +34,8 @@
 -- `meta`.
 
 local leases, list, finished, running, kleases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local njobs = GRAPH and GRAPH.own_keys - 5 or #KEYS - 5
+local endings = {}  -- {id, 'succeeded'} per completed job that has jobs waiting for it
 local call, match = redis.call, string.match
 local default_now = ARGV[1]
 local out = {}
@@ -40,10 +46,10 @@ local stale_error = {}  -- per entry to complete: whether an earlier attempt's e
 local completed = {}  -- job keys completed by an earlier entry of this call
 local queues = {}
 -- Pass 1: read and decide, no writes.
-for j = 1, #KEYS - 5 do
+for j = 1, njobs do
   local a = 4 * j - 2
   local job = KEYS[5 + j]
-  local v = call('HMGET', job, 'state', 'token', 'meta', 'att', 'ckey')
+  local v = call('HMGET', job, 'state', 'token', 'meta', 'att', 'ckey', 'hasd')
   if not v[1] then
     out[j] = 'notfound'
   elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 1] or completed[job] then
@@ -55,6 +61,12 @@ for j = 1, #KEYS - 5 do
     else
       completed[job] = true
       finishing[#finishing + 1] = j
+      if v[6] then
+        if not GRAPH then
+          return { 'graph' }
+        end
+        endings[#endings + 1] = { ARGV[a], 'succeeded' }
+      end
       -- Only a job past its first attempt can carry an earlier attempt's error: fail
       -- and reclaim, which write it, count the attempt they end, and release, which
       -- takes one back, only follows a claim. So a first attempt has no error to clear.
@@ -89,6 +101,14 @@ for j = 1, #KEYS - 5 do
   end
 end
 check_counters(running, queues)
+local plan = nil
+if #endings > 0 then
+  local need
+  plan, need = settle_plan(GRAPH, endings)
+  if not plan then
+    return { 'need', need }
+  end
+end
 -- Pass 2: writes.
 for _, j in ipairs(finishing) do
   local a = 4 * j - 2
@@ -131,5 +151,8 @@ while i <= n do
   local last = math.min(i + CHUNK - 1, n)
   call('RPUSH', finished, unpack(entries, i, last))
   i = last + 1
+end
+if plan then
+  settle_write(GRAPH, plan)
 end
 return out

@@ -18,8 +18,9 @@
 
 -- The one-letter state codes used inside list index members. Queued and running share
 -- 'a' (active), so a claim does not touch the list index; the lease index and the
--- per-queue running counter tell the two apart.
-local STATE_CODE = { queued = 'a', running = 'a', succeeded = 's', dead = 'd', cancelled = 'c' }
+-- per-queue running counter tell the two apart. Waiting jobs (CONTRACT G1) are 'w'.
+local STATE_CODE = { waiting = 'w', queued = 'a', running = 'a', succeeded = 's', dead = 'd',
+  cancelled = 'c' }
 
 -- The queue and parent (nil if none) of a `meta` field, or nil when it is missing or
 -- malformed: the same check as meta_head with two captures instead of five, for the hot

@@ -7,9 +7,11 @@
 -- KEYS[5]  children index (zset)      KEYS[6] placement index (hash: id -> placement)
 -- KEYS[7]  concurrency keys (hash: id -> hex key)
 -- KEYS[8]  kready (zset: ready jobs with a concurrency key, see core.lua)
+-- KEYS[9]  dependents index (zset: `DEPENDENCY DEPENDENT`, see graph.lua)
+-- KEYS[10] finished log (list): jobs cancelled at enqueue by a failed dependency (G3)
 -- then for job j = 1..N, in order: the new job's hash (its id minted by Rust), its dedup
 --   key if it has an idempotency key ('k' below), its parent's hash if it has a parent
---   in this slot ('p' below)
+--   in this slot ('p' below), the hashes of the stored jobs it waits for ('w' below)
 -- then the hashes of jobs that dedup keys are known to point at, whose ids are the last
 --   ARGV entries in the same order.
 --
@@ -33,7 +35,12 @@
 --     't'+ timeout in ms,
 --     'l'+ placement (`Job::placement()`: needs and locality as JSON, CONTRACT F1),
 --     'c'+ concurrency key, hex-encoded (keys.rs, `hex_key`; CONTRACT K1-K5): stored in
---       the job's `ckey` field and in `ckeys`, and in `kready` when the job is ready now
+--       the job's `ckey` field and in `ckeys`, and in `kready` when the job is ready now,
+--     'w'+ dependencies (CONTRACT G1-G3): `POLICY NOW REF...`, POLICY 'c' (cancel) or
+--       'r' (run), NOW the job's clock reading (ms), each REF a stored job's id (its hash
+--       among the job's KEYS, in order) or `#i`, job i of this run (G2). The job's
+--       `meta` gets ` ~POLICY:ID,...` appended, the ids resolved here (codec.rs, DEPS),
+--       and it starts queued, waiting (`wfor`, edges) or cancelled (graph.lua).
 -- Each job carries its own clock reading (created_at, due, cutoff): concurrent enqueues
 -- of one store are sent together, each as it was called.
 -- then the ids of the extra KEYS.
@@ -46,6 +53,7 @@
 --   {'ok', {r1, ..., rN}}   every job handled: rj is 1 when job j was created under its
 --                           own id, else the id of the job its key points at
 --   {'parent', j}           job j's parent does not exist; nothing written
+--   {'depends_on', j, id}   job j waits for job id, which does not exist; nothing written
 --   {'need', {id, ...}}     dedup keys point at these ids, whose hashes are not among
 --                           KEYS; nothing written: Rust calls again with them added
 --   {'staged', j}           job j's staged payload is gone (expired, deleted); nothing
@@ -55,9 +63,10 @@
 -- writes. Every value phase 2 reads is either one phase 1 read (unchanged: the script runs
 -- alone) or one this script wrote, so phase 2 cannot stop half-way on a check.
 --
--- Cost: the hot path of every producer. It includes none of the helper files (their
--- definitions cost every call), reads each job's plain entry without decoding options,
--- and per created job writes one HSET and adds its members to one ZADD per index.
+-- Cost: the hot path of every producer. It includes core.lua alone (every helper
+-- file's definitions cost every call; it uses kready_member, finished_entry and
+-- STATE_CODE), reads each job's plain entry without decoding options, and per created
+-- job writes one HSET and adds its members to one ZADD per index.
 
 local call, find, format = redis.call, string.find, string.format
 local dedup_ttl = ARGV[1]
@@ -101,12 +110,30 @@ local function options(opts, a, k)
     v = v + 1
     o.ckey = ARGV[v]
   end
+  if find(opts, 'w', 1, true) then
+    v = v + 1
+    o.deps = {}
+    local first = true
+    for word in string.gmatch(ARGV[v], '%S+') do
+      if first then
+        o.policy = word
+        first = false
+      elseif not o.now then
+        o.now = word
+      elseif string.sub(word, 1, 1) == '#' then
+        o.deps[#o.deps + 1] = { index = tonumber(string.sub(word, 2)) }
+      else
+        k = k + 1
+        o.deps[#o.deps + 1] = { id = word, key = KEYS[k] }
+      end
+    end
+  end
   return o, v, k
 end
 
 -- Phase 1: checks, no writes; the entries' positions and options for phase 2.
 local at, job_keys, opts_of = {}, {}, {}
-local a, k = 4, 8
+local a, k = 4, 10
 local with_keys = {}
 for j = 1, n do
   at[j] = a
@@ -126,6 +153,14 @@ for j = 1, n do
       local job = job_keys[j]
       if call('HEXISTS', job, 'payload') == 0 or call('HEXISTS', job, 'state') == 1 then
         return { 'staged', j }
+      end
+    end
+    if o.deps then
+      for _, dep in ipairs(o.deps) do
+        -- A staged payload is no job: only a hash with a state is one (G1).
+        if dep.key and call('HEXISTS', dep.key, 'state') == 0 then
+          return { 'depends_on', j, dep.id }
+        end
       end
     end
     if o.dedup then
@@ -181,6 +216,61 @@ local function wake(queue, id)
 end
 local ready_pairs, sched_pairs, list_pairs, child_pairs, placement_pairs = {}, {}, {}, {}, {}
 local ckey_pairs, kready_pairs = {}, {}
+-- Jobs that wait: edges (`DEPENDENCY DEPENDENT`) and the finished entries of jobs
+-- cancelled at once because a job they wait for already failed (G3).
+local edge_pairs, finished_pairs = {}, {}
+
+-- How job `id` (entry options `o`, packed `meta`) with dependencies starts (CONTRACT
+-- G1-G3, as durq_core::graph::at_enqueue): returns 'queued' with nil, 'waiting' with
+-- the number of dependencies not ended yet, or 'cancelled' with its last_error; and its
+-- meta with the resolved dependencies appended. A `#i` reference is job i of this run,
+-- or the job its key answered with (G2); each job is waited for once, in the order
+-- first named. Edges and `hasd` flags are written for the dependencies it waits for.
+local function dependency_start(o, meta, id)
+  local ids, keys, named = {}, {}, {}
+  for _, dep in ipairs(o.deps) do
+    local did, dkey = dep.id, dep.key
+    if dep.index then
+      local r = results[dep.index]
+      if r == 1 then
+        did, dkey = ARGV[at[dep.index] + 1], job_keys[dep.index]
+      else
+        did, dkey = r, known[r]
+      end
+    end
+    if not named[did] then
+      named[did] = true
+      ids[#ids + 1] = did
+      keys[#keys + 1] = dkey
+    end
+  end
+  meta = meta .. ' ~' .. o.policy .. ':' .. table.concat(ids, ',')
+  local open, failed = {}, nil
+  for i, did in ipairs(ids) do
+    local state = call('HGET', keys[i], 'state')
+    if state == 'dead' or state == 'cancelled' then
+      if o.policy ~= 'r' and not failed then
+        -- Byte for byte durq_core::graph::failed_dependency (graph.lua's, which this
+        -- script does not include).
+        failed = 'cancelled: dependency ' .. did .. ' ended ' .. state
+      end
+    elseif state ~= 'succeeded' then
+      open[#open + 1] = i
+    end
+  end
+  if failed then
+    return 'cancelled', failed, meta
+  end
+  if #open == 0 then
+    return 'queued', nil, meta
+  end
+  for _, i in ipairs(open) do
+    edge_pairs[#edge_pairs + 1] = '0'
+    edge_pairs[#edge_pairs + 1] = ids[i] .. ' ' .. id
+    call('HSET', keys[i], 'hasd', '1')
+  end
+  return 'waiting', #open, meta
+end
 local nr, nl = 0, 0
 
 for j = 1, n do
@@ -212,9 +302,9 @@ for j = 1, n do
       -- jobs of this run.
       local current_job = current and known[current]
       if current_job and o.while_active then
-        -- Unique while active (E10): the key holds while its job is queued or running.
+        -- Unique while active (E10): the key holds while its job has not ended.
         local state = call('HGET', current_job, 'state')
-        if state == 'queued' or state == 'running' then
+        if state == 'queued' or state == 'running' or state == 'waiting' then
           existing = current
         end
       elseif current_job then
@@ -233,14 +323,23 @@ for j = 1, n do
         call('DEL', job)
       end
     else
+      local start, failed = 'queued', nil
+      if o.deps then
+        start, failed, meta = dependency_start(o, meta, id)
+      end
       -- A staged payload is in the hash already, and an absent timeout is no field.
       if o.staged then
-        call('HSET', job, 'state', 'queued', 'meta', meta, 'run_at', run_at, 'att', '0',
+        call('HSET', job, 'state', start, 'meta', meta, 'run_at', run_at, 'att', '0',
           'token', '0', 'order', order)
         call('PERSIST', job)
       else
-        call('HSET', job, 'state', 'queued', 'meta', meta, 'run_at', run_at, 'att', '0',
+        call('HSET', job, 'state', start, 'meta', meta, 'run_at', run_at, 'att', '0',
           'token', '0', 'order', order, 'payload', payload)
+      end
+      if start == 'waiting' then
+        call('HSET', job, 'wfor', string.format('%d', failed))
+      elseif start == 'cancelled' then
+        call('HSET', job, 'finished', o.now, 'error', failed)
       end
       if o.timeout then
         call('HSET', job, 'timeout', o.timeout)
@@ -260,7 +359,14 @@ for j = 1, n do
         ckey_pairs[#ckey_pairs + 1] = o.ckey
       end
       local member = queue .. ' ' .. order .. id
-      if o.sched then
+      if start ~= 'queued' then
+        -- Neither ready nor scheduled: a waiting job is queued when released
+        -- (graph.lua), a cancelled one never.
+        if start == 'cancelled' then
+          finished_pairs[#finished_pairs + 1] =
+            finished_entry(o.now, queue, 'cancelled', id, o.parent)
+        end
+      elseif o.sched then
         sched_pairs[#sched_pairs + 1] = run_at
         sched_pairs[#sched_pairs + 1] = member
       else
@@ -275,7 +381,7 @@ for j = 1, n do
       end
       nl = nl + 2
       list_pairs[nl - 1] = '0'
-      list_pairs[nl] = queue .. ' a ' .. id
+      list_pairs[nl] = queue .. ' ' .. STATE_CODE[start] .. ' ' .. id
       if o.parent then
         child_pairs[#child_pairs + 1] = '0'
         child_pairs[#child_pairs + 1] = o.parent .. ' ' .. id
@@ -311,6 +417,8 @@ add_all(KEYS[5], 'ZADD', child_pairs)
 add_all(KEYS[6], 'HSET', placement_pairs)
 add_all(KEYS[7], 'HSET', ckey_pairs)
 add_all(KEYS[8], 'ZADD', kready_pairs)
+add_all(KEYS[9], 'ZADD', edge_pairs)
+add_all(KEYS[10], 'RPUSH', finished_pairs)
 for queue, ids in pairs(woken) do
   call('PUBLISH', channel, queue .. ' ' .. table.concat(ids, ' '))
 end

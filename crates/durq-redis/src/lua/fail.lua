@@ -15,8 +15,11 @@
 -- ARGV[8] wake-up channel
 -- ARGV[9] how many bytes of the error the attempt's record keeps (CONTRACT H2: 4 KiB,
 --         cut on a character boundary by the caller; string.sub counts bytes)
+-- then a graph tail (graph.lua): a job that ends dead or cancelled settles the jobs
+-- waiting for it (G3).
 --
--- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason}
+-- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason} |
+-- {'need', {id, ...}} (graph.lua; nothing written)
 --
 -- The attempt ends failed with the error (CONTRACT H2): its record goes into the job's
 -- hash (attempt_record in lib.lua) in the HSET that stores the error, whatever the new
@@ -31,6 +34,7 @@
 local job, leases, list, finished, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local running, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
 local id, now = ARGV[1], ARGV[3]
+local g = graph_tail()
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel', 'worker', 'started',
   'ckey')
 if not v[1] then
@@ -76,8 +80,13 @@ if state == 'queued' then
     redis.call('PUBLISH', ARGV[8], queue)
   end
 else
+  local plan, need = settle_plan(g, { { id, state } })
+  if not plan then
+    return { 'need', need }
+  end
   redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
   drop_lease(leases, running, queue, id, kleases, v[8])
   finish(job, list, finished, queue, id, parent, 'running', state, now)
+  settle_write(g, plan)
 end
 return { 'ok', state }

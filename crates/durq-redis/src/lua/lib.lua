@@ -80,8 +80,8 @@ end
 
 -- The counts of one queue's jobs per state (CONTRACT A3), from index sizes: ready (the
 -- queue's range of the ready index), active (queued and running, list code 'a'),
--- running (the queue's running counter), succeeded, dead, cancelled (list codes 's', 'd',
--- 'c'), in that order. O(log n) per count (ZLEXCOUNT), whatever the backlog. A running
+-- running (the queue's running counter), succeeded, dead, cancelled, waiting (list codes
+-- 's', 'd', 'c', 'w'), in that order. O(log n) per count (ZLEXCOUNT), whatever the backlog. A running
 -- counter that is not a number gives nil, which ends the reply array there (Rust then
 -- reports the short reply as corrupt). Used by stats.lua and queues.lua.
 local function queue_counts(ready, list, running, queue)
@@ -92,7 +92,7 @@ local function queue_counts(ready, list, running, queue)
   return {
     redis.call('ZLEXCOUNT', ready, '[' .. queue .. ' ', '(' .. queue .. '!'),
     count_state('a'), tonumber(redis.call('HGET', running, queue) or '0'),
-    count_state('s'), count_state('d'), count_state('c') }
+    count_state('s'), count_state('d'), count_state('c'), count_state('w') }
 end
 
 -- Removes a job's lease entry, keeping the per-queue running counter equal to the number

@@ -30,7 +30,7 @@
 -- below '~'), one ZRANGEBYLEX per band, and keeps the smallest ready time. The 16-digit
 -- times are compared as two exact 8-digit numbers, not with Lua's locale-dependent `<`.
 --
--- Cost per queue: one range read to find it, six counts (O(log n) each) and bands + 1
+-- Cost per queue: one range read to find it, seven counts (O(log n) each) and bands + 1
 -- range reads; the backlog behind each band head is never read.
 
 local ready, sched, list, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -92,7 +92,7 @@ while true do
   end
   local queue = string.sub(member, 1, space - 1)
   local counts = queue_counts(ready, list, running, queue)
-  reads = reads + 6
+  reads = reads + 7
   rows[#rows + 1] = { queue, counts, oldest_ready(queue) }
   low = '(' .. queue .. '!'
 end

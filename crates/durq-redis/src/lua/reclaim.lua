@@ -13,6 +13,8 @@
 -- ARGV[4] wake-up channel
 -- ARGV[4+i] lease index member i ("queue id"), read by Rust with
 --           ZRANGEBYSCORE leases -inf (now LIMIT 0 limit
+-- then a graph tail (graph.lua): each job that ends dead or cancelled settles the jobs
+-- waiting for it (G3). A {'need', {id, ...}} answer wrote nothing.
 --
 -- Returns {examined, {{id, new state}, ...}}: examined is the number of lease entries
 -- this call looked at, which is never more than the entries it was given, so its work
@@ -37,13 +39,14 @@
 local leases, ready, list, finished, seq, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local kready, ckeys, kleases = KEYS[7], KEYS[8], KEYS[9]
 local now, now_hex, message, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local g = graph_tail()
 local now_n = tonumber(now)
 local examined = 0
 local plan = {}     -- per entry taken: {kind, job, member, queue, id, parent, prio, reason, v}
 local queues, seen_queue, seen_member = {}, {}, {}
 local requeued = 0
 -- Pass 1: read and decide, no writes.
-for i = 1, #KEYS - 9 do
+for i = 1, g.own_keys - 9 do
   local member = ARGV[4 + i]
   local job = KEYS[9 + i]
   examined = examined + 1
@@ -94,6 +97,17 @@ for i = 1, #KEYS - 9 do
   end
 end
 check_counters(running, queues)
+local endings = {}
+for _, p in ipairs(plan) do
+  local kind = p[1]
+  if kind == 'dead' or kind == 'cancelled' or kind == 'corrupt' then
+    endings[#endings + 1] = { p[5], kind == 'cancelled' and 'cancelled' or 'dead' }
+  end
+end
+local settled, need = settle_plan(g, endings)
+if not settled then
+  return { 'need', need }
+end
 
 -- Pass 2: writes.
 local seq_next = 0
@@ -135,4 +149,5 @@ for _, p in ipairs(plan) do
     out[#out + 1] = { id, kind }
   end
 end
+settle_write(g, settled)
 return { examined, out }

@@ -7,7 +7,7 @@
 -- ARGV[3] queue
 --
 -- Returns {'promote'} when more scheduled jobs are due than the bound (some were moved;
--- call again), else {'ok', ready, active, running, succeeded, dead, cancelled}.
+-- call again), else {'ok', ready, active, running, succeeded, dead, cancelled, waiting}.
 -- Active counts queued and running jobs (one list code); queued = active - running, and
 -- scheduled = queued - ready, once every due job is in the ready index.
 --
@@ -19,4 +19,4 @@ if not promote(ready, sched, ARGV[1], tonumber(ARGV[2]), KEYS[5], KEYS[6]) then
   return { 'promote' }
 end
 local counts = queue_counts(ready, list, running, queue)
-return { 'ok', counts[1], counts[2], counts[3], counts[4], counts[5], counts[6] }
+return { 'ok', counts[1], counts[2], counts[3], counts[4], counts[5], counts[6], counts[7] }

@@ -8,22 +8,34 @@ use crate::codec::text;
 use crate::conn::map_err;
 use crate::scripts;
 use crate::store::enqueue::ready_hex;
+use crate::store::graph::Dependents;
 
 impl RedisBackend {
-    /// Rule A1: cancels a queued job, asks a running one to stop.
+    /// Rules A1, G4: cancels a queued or waiting job (settling the jobs waiting for
+    /// it), asks a running one to stop.
     pub(crate) async fn cancel_job(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         let keys = self.keys();
-        let mut invocation = scripts::CANCEL.prepare_invoke();
-        invocation
-            .key(keys.job(id))
-            .key(&keys.ready)
-            .key(&keys.sched)
-            .key(&keys.list)
-            .key(&keys.finished)
-            .key(&keys.kready)
-            .arg(id.to_string())
-            .arg(now.as_millis());
-        let reply = self.invoke(&invocation, "cancel").await?;
+        let mut dependents = Dependents::default();
+        let reply = loop {
+            let mut invocation = scripts::CANCEL.prepare_invoke();
+            invocation
+                .key(keys.job(id))
+                .key(&keys.ready)
+                .key(&keys.sched)
+                .key(&keys.list)
+                .key(&keys.finished)
+                .key(&keys.kready)
+                .arg(id.to_string())
+                .arg(now.as_millis());
+            dependents.add_tail(&mut invocation, keys, now);
+            let reply = self.invoke(&invocation, "cancel").await?;
+            if let Some(reply) = dependents
+                .answer(reply, &self.conn(), keys, "cancel")
+                .await?
+            {
+                break reply;
+            }
+        };
         match status(&reply, "cancel reply")? {
             (word, [state]) if word == "ok" => {
                 parse_state(&text(state, "cancel reply")?, "cancel reply")

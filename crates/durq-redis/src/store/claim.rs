@@ -13,11 +13,12 @@ use redis::Value;
 use super::heads::Call;
 use super::{unexpected, RedisBackend, PROMOTE_BOUND, PROMOTE_ROUNDS};
 use crate::codec::{
-    array, decode_claimed, id_string, int, job_id_bytes, member_id, text, LeaseWrite, Unreadable,
-    CLAIMED_FIELDS,
+    array, decode_claimed, id_string, int, job_id, job_id_bytes, member_id, text, LeaseWrite,
+    Unreadable, CLAIMED_FIELDS,
 };
 use crate::keys::Keys;
 use crate::scripts::{self, Eval};
+use crate::store::graph::Dependents;
 
 /// Claim calls that may find their candidates taken by other claimers before a claim
 /// gives up and returns what it has (an empty claim is allowed; the caller claims again).
@@ -407,12 +408,18 @@ impl RedisBackend {
         if let Some(err) = failed {
             return Err(err);
         }
+        let mut buried = Vec::new();
         for id in array(corrupt, "claim reply")? {
+            let id = text(id, "claim reply")?;
             tracing::warn!(
                 namespace = %self.inner.settings.namespace,
-                id = %text(id, "claim reply")?,
+                id = %id,
                 "a ready job's record is unreadable; the claim moved it to dead"
             );
+            buried.push(job_id(&id, "claim reply")?);
+        }
+        if !buried.is_empty() {
+            self.settle_buried(&buried, now).await;
         }
         Ok(got)
     }
@@ -421,7 +428,6 @@ impl RedisBackend {
     /// so they are neither handed out nor come back after each reclaim. Best effort: a
     /// job this misses stays leased, and reclaim or the next claim buries it.
     async fn bury(&self, unreadable: Vec<Unreadable>, now: Timestamp) {
-        let keys = self.keys();
         for bad in unreadable {
             tracing::warn!(
                 namespace = %self.inner.settings.namespace,
@@ -434,6 +440,54 @@ impl RedisBackend {
                 // lease ran out (its token field is what it cannot read).
                 continue;
             };
+            if let Err(err) = self.bury_one(&bad, token, now).await {
+                tracing::warn!(id = %bad.id, error = %err, "could not bury an unreadable job");
+            }
+        }
+    }
+
+    /// Settles the jobs waiting for jobs a claim script buried (CONTRACT G3): the hot
+    /// claim scripts take no graph tail, so `settle.lua` follows them. Best effort, as
+    /// [`Self::bury`]: a waiting job this misses stays waiting, its dependency shown
+    /// dead, until an operator cancels it (docs/redis.md).
+    async fn settle_buried(&self, ids: &[JobId], now: Timestamp) {
+        let keys = self.keys();
+        let mut dependents = Dependents::default();
+        let settled = loop {
+            let mut invocation = scripts::SETTLE.prepare_invoke();
+            for id in ids {
+                invocation.key(keys.job(*id));
+            }
+            for id in ids {
+                invocation.arg(id_string(*id));
+            }
+            dependents.add_tail(&mut invocation, keys, now);
+            let answer = match self.invoke(&invocation, "settle").await {
+                Ok(reply) => dependents.answer(reply, &self.conn(), keys, "settle").await,
+                Err(err) => Err(err),
+            };
+            match answer {
+                Ok(None) => {}
+                Ok(Some(_)) => break Ok(()),
+                Err(err) => break Err(err),
+            }
+        };
+        if let Err(err) = settled {
+            tracing::warn!(error = %err, "could not settle the jobs waiting for buried jobs");
+        }
+    }
+
+    /// One `bury.lua` call (and its `need` rounds) for a job this store's claim leased
+    /// under `token` but could not read.
+    async fn bury_one(
+        &self,
+        bad: &Unreadable,
+        token: durq_core::LeaseToken,
+        now: Timestamp,
+    ) -> Result<()> {
+        let keys = self.keys();
+        let mut dependents = Dependents::default();
+        loop {
             let mut invocation = scripts::BURY.prepare_invoke();
             invocation
                 .key(keys.job(bad.id))
@@ -446,8 +500,16 @@ impl RedisBackend {
                 .arg(token.get())
                 .arg(now.as_millis())
                 .arg(bad.error.to_string());
-            if let Err(err) = self.invoke(&invocation, "bury").await {
-                tracing::warn!(id = %bad.id, error = %err, "could not bury an unreadable job");
+            dependents.add_tail(&mut invocation, keys, now);
+            let reply = self.invoke(&invocation, "bury").await?;
+            // A reply other than `need` is the bury's own: a lease lost meanwhile means
+            // another call took the job, and nothing is left to do either way.
+            if dependents
+                .answer(reply, &self.conn(), keys, "bury")
+                .await?
+                .is_some()
+            {
+                return Ok(());
             }
         }
     }

@@ -17,6 +17,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use durq_core::batch::{Batch, Limits};
+use durq_core::graph::{Dependency, DependencyFailure};
 use durq_core::{Enqueued, Error, JobId, NewJob, Result, Timestamp, Uniqueness};
 use redis::Value;
 
@@ -66,6 +67,8 @@ pub(crate) enum Chunk {
     Need(Vec<JobId>),
     /// Job `at`'s parent does not exist.
     Parent(usize),
+    /// Job `at` waits for this job, which does not exist (CONTRACT G1).
+    DependsOn(usize, JobId),
     /// Job `at`'s staged payload is gone.
     Staged(usize),
 }
@@ -74,6 +77,10 @@ pub(crate) enum Chunk {
 pub(crate) fn ready_hex(at: Timestamp) -> String {
     let key = durq_core::ReadyOrder::new(0, at, 0).sort_key();
     key[4..20].to_owned()
+}
+
+pub(crate) fn unknown_dependency(id: JobId) -> Error {
+    Error::invalid("depends_on", format!("job {id} does not exist"))
 }
 
 pub(crate) fn invalid_parent(parent: Option<JobId>) -> Error {
@@ -117,6 +124,28 @@ pub(crate) fn order_prefix(priority: i16, at: Timestamp) -> [u8; 20] {
     out
 }
 
+/// The value of option `w` of a job with dependencies (see the script's header):
+/// `POLICY NOW REF...`, a batch index as `#i` counted from 1 within the call (a batch is
+/// always one call, see [`run_all`]).
+fn dependency_refs(job: &NewJob, now: Timestamp) -> String {
+    let policy = match job.on_dependency_failure {
+        DependencyFailure::Cancel => 'c',
+        DependencyFailure::Run => 'r',
+    };
+    let mut out = format!("{policy} {}", now.as_millis());
+    for dependency in &job.depends_on {
+        out.push(' ');
+        match dependency {
+            Dependency::Job(id) => id.push_canonical(&mut out),
+            Dependency::Earlier(index) => {
+                out.push('#');
+                out.push_str(&(index + 1).to_string());
+            }
+        }
+    }
+    out
+}
+
 /// Runs one script call over `jobs`, passing the hashes of the `known` jobs that dedup
 /// keys point at. With `staged`, the payloads are already in the jobs' hashes.
 async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool) -> Result<Chunk> {
@@ -132,6 +161,8 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
         .key(&keys.placement)
         .key(&keys.ckeys)
         .key(&keys.kready)
+        .key(&keys.dependents)
+        .key(&keys.finished)
         .arg(ctx.dedup_ttl)
         .arg(jobs.len())
         .arg(&keys.wake)
@@ -178,6 +209,15 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
         if ckey.is_some() {
             opts.push('c');
         }
+        let dependencies = (!job.depends_on.is_empty()).then(|| dependency_refs(job, now));
+        if !job.depends_on.is_empty() {
+            opts.push('w');
+            for dependency in &job.depends_on {
+                if let Dependency::Job(id) = dependency {
+                    invocation.job_key(keys, *id);
+                }
+            }
+        }
         invocation
             .id_arg(id)
             .arg(&job.queue)
@@ -204,6 +244,9 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
         }
         if let Some(ckey) = ckey {
             invocation.arg(ckey);
+        }
+        if let Some(dependencies) = dependencies {
+            invocation.arg(dependencies);
         }
     }
     for id in known {
@@ -261,6 +304,7 @@ fn parse_reply(reply: &Value, jobs: &[&Prepared]) -> Result<Chunk> {
             Ok(Chunk::Done(results(done)?))
         }
         ("parent", [j]) => Ok(Chunk::Parent(index(j)?)),
+        ("depends_on", [j, id]) => Ok(Chunk::DependsOn(index(j)?, job_id(&text(id, WHAT)?, WHAT)?)),
         ("staged", [j]) => Ok(Chunk::Staged(index(j)?)),
         ("need", [ids]) => Ok(Chunk::Need(
             array(ids, WHAT)?
@@ -402,6 +446,7 @@ async fn commit(
             Chunk::Done(done) => return Ok(done),
             Chunk::Need(ids) => note_needed(known, ids, &mut rounds)?,
             Chunk::Parent(at) => return Err(invalid_parent(jobs[at].job.parent)),
+            Chunk::DependsOn(_, id) => return Err(unknown_dependency(id)),
             Chunk::Staged(at) => {
                 return Err(Error::Unavailable {
                     message: format!(
@@ -540,6 +585,10 @@ impl Batch for Enqueues {
                 Ok(Chunk::Parent(at)) => {
                     let at = pending.remove(at);
                     answers[at] = Some(Err(invalid_parent(calls[at].job.parent)));
+                }
+                Ok(Chunk::DependsOn(at, id)) => {
+                    let at = pending.remove(at);
+                    answers[at] = Some(Err(unknown_dependency(id)));
                 }
                 Ok(Chunk::Staged(_)) => {
                     // Grouped enqueues carry their payloads inline; a script that says

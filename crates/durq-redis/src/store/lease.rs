@@ -22,6 +22,7 @@ use crate::conn::{map_err, Conn};
 use crate::keys::Keys;
 use crate::scripts::{self, Eval};
 use crate::store::enqueue::ready_hex;
+use crate::store::graph::Dependents;
 
 impl RedisBackend {
     /// One `heartbeat.lua` call over `leases`, one answer per entry: each lease that is
@@ -128,18 +129,25 @@ impl RedisBackend {
             Retry::At(at) => (at.as_millis().to_string(), ready_hex(at), at <= now),
             Retry::Never => (String::new(), String::new(), false),
         };
-        let mut invocation = scripts::FAIL.prepare_invoke();
-        lease_end_keys(&mut invocation, keys, id)
-            .arg(id.to_string())
-            .arg(token.get())
-            .arg(now.as_millis())
-            .arg(error)
-            .arg(at)
-            .arg(at_hex)
-            .arg(if due { "1" } else { "0" })
-            .arg(&keys.wake)
-            .arg(durq_core::validate::truncate_attempt_error(error).len());
-        let reply = self.invoke(&invocation, "fail").await?;
+        let mut dependents = Dependents::default();
+        let reply = loop {
+            let mut invocation = scripts::FAIL.prepare_invoke();
+            lease_end_keys(&mut invocation, keys, id)
+                .arg(id.to_string())
+                .arg(token.get())
+                .arg(now.as_millis())
+                .arg(error)
+                .arg(&at)
+                .arg(&at_hex)
+                .arg(if due { "1" } else { "0" })
+                .arg(&keys.wake)
+                .arg(durq_core::validate::truncate_attempt_error(error).len());
+            dependents.add_tail(&mut invocation, keys, now);
+            let reply = self.invoke(&invocation, "fail").await?;
+            if let Some(reply) = dependents.answer(reply, &self.conn(), keys, "fail").await? {
+                break reply;
+            }
+        };
         match status(&reply, "fail reply")? {
             (word, [state]) if word == "ok" => {
                 parse_state(&text(state, "fail reply")?, "fail reply")
@@ -267,51 +275,46 @@ pub(crate) fn fits_one_call(entries: &[Entry<'_>]) -> bool {
 }
 
 /// Runs one `complete.lua` call over `entries`, in order; `Err` when the call as a whole
-/// failed, else one outcome per entry.
+/// failed, else one outcome per entry. A batch in which some job has jobs waiting for it
+/// is sent again as `complete_graph` (nothing was written), which settles them too.
 pub(crate) async fn run_script(
     mut conn: Conn,
     keys: &Keys,
     entries: &[Entry<'_>],
 ) -> Result<Vec<Result<()>>> {
-    let mut invocation = Eval::new(&scripts::COMPLETE);
-    invocation
-        .key(&keys.leases)
-        .key(&keys.list)
-        .key(&keys.finished)
-        .key(&keys.running)
-        .key(&keys.kleases);
     // The first entry's instant is the call's default: a batch shares one, and grouped
     // calls mostly do, so most entries pass '' instead of their own.
-    let default_now = entries.first().map_or(0, |e| e.now.as_millis());
-    invocation.arg(default_now);
-    // Results follow the entries' values (ARGV is 1-based: the default instant, then
-    // four values per entry).
-    let mut next_result = 2 + 4 * entries.len();
-    for entry in entries {
-        invocation
-            .job_key(keys, entry.id)
-            .id_arg(entry.id)
-            .arg(entry.token.get());
-        let now = entry.now.as_millis();
-        if now == default_now {
-            invocation.arg("");
-        } else {
-            invocation.arg(now);
-        }
-        if entry.result.is_some() {
-            invocation.arg(next_result);
-            next_result += 1;
-        } else {
-            invocation.arg("");
-        }
-    }
-    for result in entries.iter().filter_map(|e| e.result) {
-        invocation.arg(result);
-    }
-    let reply: Value = invocation
+    let default_now = entries.first().map_or(Timestamp::from_millis(0), |e| e.now);
+    let mut reply: Value = complete_call(&scripts::COMPLETE, keys, entries, default_now)
         .invoke(&mut conn)
         .await
         .map_err(|err| map_err("complete", err))?;
+    if matches!(&reply, Value::Array(items) if items.len() == 1
+        && text(&items[0], "complete reply").ok().as_deref() == Some("graph"))
+    {
+        // Settling happens at the call's instant: a batch's completions share it.
+        let mut dependents = Dependents::default();
+        dependents
+            .prefetch(
+                entries.iter().map(|entry| entry.id).collect(),
+                &conn,
+                keys,
+                "complete reply",
+            )
+            .await?;
+        reply = loop {
+            let mut invocation =
+                complete_call(&scripts::COMPLETE_GRAPH, keys, entries, default_now);
+            dependents.add_tail(&mut invocation, keys, default_now);
+            let reply = invocation
+                .invoke(&mut conn)
+                .await
+                .map_err(|err| map_err("complete", err))?;
+            if let Some(reply) = dependents.answer(reply, &conn, keys, "complete").await? {
+                break reply;
+            }
+        };
+    }
     let items = array(&reply, "complete reply")?;
     if items.len() != entries.len() {
         return Err(Error::corrupt(
@@ -343,4 +346,47 @@ pub(crate) async fn run_script(
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// The KEYS and ARGV of a `complete.lua` call over `entries` (see its header).
+fn complete_call(
+    script: &'static redis::Script,
+    keys: &Keys,
+    entries: &[Entry<'_>],
+    default_now: Timestamp,
+) -> Eval {
+    let mut invocation = Eval::new(script);
+    invocation
+        .key(&keys.leases)
+        .key(&keys.list)
+        .key(&keys.finished)
+        .key(&keys.running)
+        .key(&keys.kleases);
+    let default_now = default_now.as_millis();
+    invocation.arg(default_now);
+    // Results follow the entries' values (ARGV is 1-based: the default instant, then
+    // four values per entry).
+    let mut next_result = 2 + 4 * entries.len();
+    for entry in entries {
+        invocation
+            .job_key(keys, entry.id)
+            .id_arg(entry.id)
+            .arg(entry.token.get());
+        let now = entry.now.as_millis();
+        if now == default_now {
+            invocation.arg("");
+        } else {
+            invocation.arg(now);
+        }
+        if entry.result.is_some() {
+            invocation.arg(next_result);
+            next_result += 1;
+        } else {
+            invocation.arg("");
+        }
+    }
+    for result in entries.iter().filter_map(|e| e.result) {
+        invocation.arg(result);
+    }
+    invocation
 }

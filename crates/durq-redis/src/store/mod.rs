@@ -20,6 +20,7 @@ mod admin;
 mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod flow;
+pub(crate) mod graph;
 pub(crate) mod heads;
 pub(crate) mod lease;
 pub(crate) mod partitioned;

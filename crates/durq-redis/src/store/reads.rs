@@ -435,7 +435,8 @@ const LIST_EXAMINE_BOUND: usize = 4096;
 /// codes, and how queued and running jobs (which share code `a`) are told apart.
 #[derive(Debug, Clone)]
 struct Streams {
-    /// Codes of the list index read (`a` queued and running, `s`, `d`, `c`).
+    /// Codes of the list index read (`w` waiting, `a` queued and running, `s`, `d`,
+    /// `c`).
     codes: String,
     /// Only the queued jobs of code `a`: the running ones (the lease index) skipped.
     queued_only: bool,
@@ -450,6 +451,7 @@ impl Streams {
         let (queued, running) = (has(JobState::Queued), has(JobState::Running));
         let mut codes = String::new();
         for (wanted, code) in [
+            (has(JobState::Waiting), 'w'),
             (queued, 'a'),
             (has(JobState::Succeeded), 's'),
             (has(JobState::Dead), 'd'),
@@ -489,30 +491,29 @@ impl Candidates {
     }
 }
 
-/// Range reads after which one `queues.lua` call starts no further queue: about 450
-/// queues of one priority band each (nine reads a queue: one to find it, six counts, two
+/// Range reads after which one `queues.lua` call starts no further queue: about 400
+/// queues of one priority band each (ten reads a queue: one to find it, seven counts, two
 /// band reads), some 3 ms of server time; a queue is always read whole, so a call
 /// exceeds this by at most one queue's bands.
 const QUEUES_READ_BUDGET: usize = 4096;
 
 /// The counts `queue_counts` (lib.lua) answers, in its order: ready, active, running,
-/// succeeded, dead, cancelled, as [`QueueStats`] (`paused` left `false`).
+/// succeeded, dead, cancelled, waiting, as [`QueueStats`] (`paused` left `false`).
 fn decode_counts(values: &[Value], what: &str) -> Result<QueueStats> {
     let counts = values
         .iter()
         .map(|v| int(v, what).map(|n| u64::try_from(n).unwrap_or(0)))
         .collect::<Result<Vec<_>>>()?;
-    let [ready, active, running, succeeded, dead, cancelled] = counts[..] else {
+    let [ready, active, running, succeeded, dead, cancelled, waiting] = counts[..] else {
         return Err(Error::corrupt(
             what,
-            format!("{} counts instead of 6", counts.len()),
+            format!("{} counts instead of 7", counts.len()),
         ));
     };
     // Queued and running jobs share the list code 'a'; the lease entries tell them apart.
     let queued = active.saturating_sub(running);
     Ok(QueueStats {
-        // No job waits on Redis yet: it does not keep dependencies.
-        waiting: 0,
+        waiting,
         ready,
         scheduled: queued.saturating_sub(ready),
         running,

@@ -13,6 +13,7 @@ use crate::codec::{array, int, job_id, member_id, text};
 use crate::conn::{map_err, Conn};
 use crate::scripts;
 use crate::store::enqueue::ready_hex;
+use crate::store::graph::Dependents;
 
 /// Entries one reclaim or purge call handles.
 const SWEEP_CHUNK: usize = 1000;
@@ -121,26 +122,39 @@ impl RedisBackend {
             if members.is_empty() {
                 break;
             }
-            let mut invocation = scripts::RECLAIM.prepare_invoke();
-            invocation
-                .key(&keys.leases)
-                .key(&keys.ready)
-                .key(&keys.list)
-                .key(&keys.finished)
-                .key(&keys.seq)
-                .key(&keys.running)
-                .key(&keys.kready)
-                .key(&keys.ckeys)
-                .key(&keys.kleases)
-                .arg(&now_text)
-                .arg(&now_hex)
-                .arg(LEASE_EXPIRED)
-                .arg(&keys.wake);
-            for member in &members {
-                let id = member_id(member, "lease index")?;
-                invocation.key(keys.job(id)).arg(member);
-            }
-            let reply = self.invoke(&invocation, "reclaim").await?;
+            let ids = members
+                .iter()
+                .map(|member| member_id(member, "lease index"))
+                .collect::<Result<Vec<_>>>()?;
+            let mut dependents = Dependents::default();
+            let reply = loop {
+                let mut invocation = scripts::RECLAIM.prepare_invoke();
+                invocation
+                    .key(&keys.leases)
+                    .key(&keys.ready)
+                    .key(&keys.list)
+                    .key(&keys.finished)
+                    .key(&keys.seq)
+                    .key(&keys.running)
+                    .key(&keys.kready)
+                    .key(&keys.ckeys)
+                    .key(&keys.kleases)
+                    .arg(&now_text)
+                    .arg(&now_hex)
+                    .arg(LEASE_EXPIRED)
+                    .arg(&keys.wake);
+                for (member, id) in members.iter().zip(&ids) {
+                    invocation.key(keys.job(*id)).arg(member);
+                }
+                dependents.add_tail(&mut invocation, keys, now);
+                let reply = self.invoke(&invocation, "reclaim").await?;
+                if let Some(reply) = dependents
+                    .answer(reply, &self.conn(), keys, "reclaim")
+                    .await?
+                {
+                    break reply;
+                }
+            };
             let items = array(&reply, "reclaim reply")?;
             let [examined, jobs] = items else {
                 return Err(Error::corrupt("reclaim reply", "expected two items"));

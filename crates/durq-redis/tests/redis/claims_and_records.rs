@@ -568,6 +568,7 @@ async fn refused_batch_writes_nothing_at_any_size() {
         "finished",
         "paused",
         "children",
+        "dependents",
         "placement",
         "seq",
         "ckeys",

@@ -7,6 +7,7 @@
 //! the keys (and ACL users) it wrote when it ends, passed or failed (see [`Cleanup`]).
 
 mod claims_and_records;
+mod dependencies;
 mod durability_and_fit;
 mod keys_scale_and_connections;
 mod partitions;

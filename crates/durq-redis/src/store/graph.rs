@@ -1,0 +1,205 @@
+//! The graph tail of the scripts that can end a job (CONTRACT G1-G5, `lua/graph.lua`).
+//!
+//! Ending a job settles the jobs waiting for it in the same script, which writes their
+//! hashes; only the dependents index names them, and a script declares every key it
+//! touches, so the caller passes the hashes it knows of. A script that meets one it was
+//! not given answers `need` with nothing written, and [`Dependents::learn`] reads the
+//! jobs waiting for those, and for the jobs waiting for them in turn, before the call is
+//! sent again: one extra round trip for a graph found late, none for a job no one
+//! waits for (the script then reads one empty range).
+
+use std::collections::HashSet;
+
+use durq_core::{Error, JobId, Result, Timestamp};
+use redis::{ToRedisArgs, Value};
+
+use crate::codec::{array, job_id, text};
+use crate::conn::{map_err, Conn};
+use crate::keys::Keys;
+use crate::scripts::Eval;
+use crate::store::enqueue::ready_hex;
+
+/// The most dependents one call declares: a cancellation that reaches more jobs than
+/// this (a graph of graphs, all waiting) is refused instead of sending one huge call.
+const MAX_KNOWN: usize = 100_000;
+
+/// A script call a graph tail is added to: [`Eval`] or a `redis::ScriptInvocation`.
+pub(crate) trait ScriptCall {
+    /// Adds a key (`KEYS[n]`).
+    fn push_key(&mut self, key: impl ToRedisArgs);
+    /// Adds an argument (`ARGV[n]`).
+    fn push_arg(&mut self, arg: impl ToRedisArgs);
+}
+
+impl ScriptCall for Eval {
+    fn push_key(&mut self, key: impl ToRedisArgs) {
+        self.key(key);
+    }
+    fn push_arg(&mut self, arg: impl ToRedisArgs) {
+        self.arg(arg);
+    }
+}
+
+impl ScriptCall for redis::ScriptInvocation<'_> {
+    fn push_key(&mut self, key: impl ToRedisArgs) {
+        self.key(key);
+    }
+    fn push_arg(&mut self, arg: impl ToRedisArgs) {
+        self.arg(arg);
+    }
+}
+
+/// The dependents a call that ends jobs knows of, grown each time a script asks.
+#[derive(Default)]
+pub(crate) struct Dependents {
+    known: Vec<JobId>,
+    seen: HashSet<JobId>,
+}
+
+impl Dependents {
+    /// The answer of a call built with [`Self::add_tail`]: `Some(reply)` when it is the
+    /// script's own, `None` when it was `need` (nothing written), after learning what
+    /// the next call must carry. Callers loop:
+    /// `let reply = loop { build, add_tail, send; if let Some(r) = dependents.answer(..)? { break r } }`.
+    pub(crate) async fn answer(
+        &mut self,
+        reply: Value,
+        conn: &Conn,
+        keys: &Keys,
+        what: &str,
+    ) -> Result<Option<Value>> {
+        if self.learn(&reply, conn, keys, what).await? {
+            self.check_size()?;
+            return Ok(None);
+        }
+        Ok(Some(reply))
+    }
+
+    /// Adds the graph tail to `call`, after its own keys and arguments: the keys the
+    /// settling writes, the instant it settles at, and the dependents known so far.
+    pub(crate) fn add_tail(&self, call: &mut impl ScriptCall, keys: &Keys, now: Timestamp) {
+        call.push_key(&keys.dependents);
+        call.push_key(&keys.ready);
+        call.push_key(&keys.sched);
+        call.push_key(&keys.list);
+        call.push_key(&keys.finished);
+        call.push_key(&keys.seq);
+        call.push_key(&keys.kready);
+        for id in &self.known {
+            call.push_key(keys.job(*id));
+        }
+        call.push_arg(now.as_millis());
+        call.push_arg(ready_hex(now));
+        call.push_arg(&keys.wake);
+        for id in &self.known {
+            call.push_arg(id.to_string());
+        }
+        call.push_arg(self.known.len());
+    }
+
+    /// Whether `reply` is a script's `need` answer (nothing written); if so, learns the
+    /// jobs it names and every job waiting for them, transitively, so the call can be
+    /// sent again.
+    async fn learn(&mut self, reply: &Value, conn: &Conn, keys: &Keys, what: &str) -> Result<bool> {
+        let Some(ids) = needed(reply, what)? else {
+            return Ok(false);
+        };
+        let frontier: Vec<JobId> = ids.into_iter().filter(|id| self.add(*id)).collect();
+        if frontier.is_empty() {
+            // The script names only jobs it was given: not the script this crate sent.
+            return Err(Error::corrupt(
+                what,
+                "asked again for dependents it was given",
+            ));
+        }
+        self.expand(frontier, conn, keys, what).await?;
+        Ok(true)
+    }
+
+    /// Learns the jobs waiting for `ended` (which end in the call about to be sent), and
+    /// the jobs waiting for those, so a call that knows its endings have dependents
+    /// (complete_graph) settles them in one call instead of two.
+    pub(crate) async fn prefetch(
+        &mut self,
+        ended: Vec<JobId>,
+        conn: &Conn,
+        keys: &Keys,
+        what: &str,
+    ) -> Result<()> {
+        self.expand(ended, conn, keys, what).await
+    }
+
+    /// Reads the jobs waiting for each of `frontier`, level by level (one pipelined
+    /// `ZRANGEBYLEX` each), adding every one not known yet.
+    async fn expand(
+        &mut self,
+        mut frontier: Vec<JobId>,
+        conn: &Conn,
+        keys: &Keys,
+        what: &str,
+    ) -> Result<()> {
+        while !frontier.is_empty() {
+            let mut pipe = redis::pipe();
+            for id in &frontier {
+                pipe.zrangebylex(&keys.dependents, format!("[{id} "), format!("({id}!"));
+            }
+            let ranges: Vec<Vec<String>> = pipe
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(|err| map_err(what, err))?;
+            let mut next = Vec::new();
+            for member in ranges.iter().flatten() {
+                let dependent = member
+                    .split_once(' ')
+                    .map(|(_, dependent)| dependent)
+                    .ok_or_else(|| Error::corrupt("dependents index", member.clone()))?;
+                let id = job_id(dependent, "dependents index")?;
+                if self.add(id) {
+                    next.push(id);
+                }
+            }
+            frontier = next;
+            self.check_size()?;
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, id: JobId) -> bool {
+        if !self.seen.insert(id) {
+            return false;
+        }
+        self.known.push(id);
+        true
+    }
+
+    /// Refuses a graph too large for one call (see [`MAX_KNOWN`]).
+    fn check_size(&self) -> Result<()> {
+        if self.known.len() > MAX_KNOWN {
+            return Err(Error::Backend {
+                message: format!(
+                    "settling would touch more than {MAX_KNOWN} waiting jobs in one call"
+                ),
+                source: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The ids of a `{'need', {id, ...}}` reply, `None` for any other reply.
+fn needed(reply: &Value, what: &str) -> Result<Option<Vec<JobId>>> {
+    let Value::Array(items) = reply else {
+        return Ok(None);
+    };
+    let [first, ids] = items.as_slice() else {
+        return Ok(None);
+    };
+    if !matches!(ids, Value::Array(_)) || text(first, what).ok().as_deref() != Some("need") {
+        return Ok(None);
+    }
+    array(ids, what)?
+        .iter()
+        .map(|id| job_id(&text(id, what)?, what))
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
