@@ -6,9 +6,9 @@
 // durq-bench <workload> --backend NAME [--jobs N] [--concurrency C] [--claim-batch B]
 //            [--enqueue-batch B] [--producers P] [--rate R] [--driver runtime|loop]
 //            [--stall-secs S] [--deadline-secs S] [--claimers N]
-// workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, latency,
-//            latency-tx, reclaim, claim, claim-budget, claim-keys, claim-limited,
-//            claim-one-per-key
+// workloads: info, enqueue-one, enqueue-batch, e2e-backlog, e2e-producer, e2e-graphs,
+//            latency, latency-tx, reclaim, claim, claim-budget, claim-keys,
+//            claim-limited, claim-one-per-key
 // ```
 
 #![doc = include_str!("../README.md")]
@@ -42,6 +42,7 @@ const WORKLOADS: &[&str] = &[
     "enqueue-batch",
     "e2e-backlog",
     "e2e-producer",
+    "e2e-graphs",
     "latency",
     "latency-tx",
     "reclaim",
@@ -155,6 +156,7 @@ async fn run(args: Args) -> Result<(), String> {
         "enqueue-batch" => workloads::enqueue_batch(store, &opts).await,
         "e2e-backlog" => workloads::e2e_backlog(store, &opened.housekeeping, &opts).await,
         "e2e-producer" => workloads::e2e_producer(store, &opened.housekeeping, &opts).await,
+        "e2e-graphs" => workloads::e2e_graphs(store, &opened.housekeeping, &opts).await,
         "latency" => workloads::latency(store, &opts).await,
         "latency-tx" => workloads::latency_tx(store, opened.transactional.as_ref(), &opts).await,
         "reclaim" => workloads::reclaim(store, &opts).await,

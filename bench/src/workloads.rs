@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use durq_core::graph::Dependency;
 use durq_core::{Budget, ClaimRequest, Completion, JobState, Needs, NewJob, QueueLimits, Store};
 use tokio::task::JoinSet;
 
@@ -132,6 +133,42 @@ pub async fn enqueue_batch(store: Store, opts: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// Jobs of one graph of `e2e-graphs`: a root, [`FAN_OUT`] jobs after it, and one job
+/// after all of those (issue #29: fan-out to 10, fan-in to 1).
+pub const GRAPH_JOBS: u64 = 2 + FAN_OUT;
+const FAN_OUT: u64 = 10;
+
+/// Enqueues `graphs` graphs (see [`GRAPH_JOBS`]), each whole in one batch with the
+/// graphs beside it, as many to a batch as fit `batch` jobs; job numbers (payloads) run
+/// from 0 in enqueue order.
+async fn fill_graphs(store: &Store, graphs: u64, batch: usize) -> Result<(), String> {
+    let per_batch = (batch as u64 / GRAPH_JOBS).max(1);
+    let mut next = 0;
+    while next < graphs {
+        let end = (next + per_batch).min(graphs);
+        let mut jobs = Vec::with_capacity(((end - next) * GRAPH_JOBS) as usize);
+        for graph in next..end {
+            let first = graph * GRAPH_JOBS;
+            let root = jobs.len();
+            jobs.push(payload(first));
+            for i in 1..=FAN_OUT {
+                jobs.push(payload(first + i).after(Dependency::Earlier(root)));
+            }
+            let mut fan_in = payload(first + FAN_OUT + 1);
+            for i in 1..=FAN_OUT as usize {
+                fan_in = fan_in.after(Dependency::Earlier(root + i));
+            }
+            jobs.push(fan_in);
+        }
+        store
+            .enqueue_batch(jobs)
+            .await
+            .map_err(|e| format!("enqueue_batch: {e}"))?;
+        next = end;
+    }
+    Ok(())
+}
+
 /// `e2e-backlog`: enqueue every job, then start the workers and time them from the
 /// first job started to the last completion stored.
 pub async fn e2e_backlog(
@@ -139,8 +176,44 @@ pub async fn e2e_backlog(
     housekeeping: &Housekeeping,
     opts: &Options,
 ) -> Result<(), String> {
+    drain_backlog(store, housekeeping, opts, false).await
+}
+
+/// `e2e-graphs`: as `e2e-backlog`, with the jobs enqueued as graphs of [`GRAPH_JOBS`]
+/// (`--jobs` rounded down to whole graphs): only the roots are ready at first, and
+/// each completion of a root releases ten jobs, the tenth of those its fan-in. What a
+/// workflow costs against plain jobs, which `e2e-backlog` at the same size measures.
+pub async fn e2e_graphs(
+    store: Store,
+    housekeeping: &Housekeeping,
+    opts: &Options,
+) -> Result<(), String> {
+    if !store.capabilities().dependencies {
+        return Err("the store does not keep dependencies".to_owned());
+    }
+    let graphs = opts.jobs / GRAPH_JOBS;
+    if graphs == 0 {
+        return Err(format!("--jobs below one graph ({GRAPH_JOBS} jobs)"));
+    }
+    let opts = Options {
+        jobs: graphs * GRAPH_JOBS,
+        ..opts.clone()
+    };
+    drain_backlog(store, housekeeping, &opts, true).await
+}
+
+async fn drain_backlog(
+    store: Store,
+    housekeeping: &Housekeeping,
+    opts: &Options,
+    graphs: bool,
+) -> Result<(), String> {
     let fill_started = Instant::now();
-    fill(&store, 0..opts.jobs, opts.enqueue_batch.max(1)).await?;
+    if graphs {
+        fill_graphs(&store, opts.jobs / GRAPH_JOBS, opts.enqueue_batch.max(1)).await?;
+    } else {
+        fill(&store, 0..opts.jobs, opts.enqueue_batch.max(1)).await?;
+    }
     let fill_time = fill_started.elapsed();
     housekeeping.after_fill().await?;
     let _vacuum = housekeeping.while_draining();
@@ -171,7 +244,7 @@ pub async fn e2e_backlog(
     if finished {
         check_drained(&store).await?;
     }
-    opts.line("e2e-backlog")
+    opts.line(if graphs { "e2e-graphs" } else { "e2e-backlog" })
         .merge(probed)
         .int("fail_first", u64::from(opts.fail_first))
         .int("concurrency", opts.concurrency as u64)
@@ -651,7 +724,9 @@ async fn check_drained(store: &Store) -> Result<(), String> {
         .stats(QUEUE)
         .await
         .map_err(|e| format!("stats: {e}"))?;
-    if stats.ready + stats.scheduled + stats.running + stats.dead + stats.cancelled != 0 {
+    if stats.waiting + stats.ready + stats.scheduled + stats.running + stats.dead + stats.cancelled
+        != 0
+    {
         return Err(format!("queue not drained cleanly: {stats:?}"));
     }
     Ok(())

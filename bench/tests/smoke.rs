@@ -15,6 +15,7 @@ const WORKLOADS: &[(&str, &[&str])] = &[
     ("e2e-backlog", &["--jobs", "300"]),
     ("e2e-backlog", &["--jobs", "300", "--driver", "loop"]),
     ("e2e-producer", &["--jobs", "300", "--enqueue-batch", "50"]),
+    ("e2e-graphs", &["--jobs", "300", "--enqueue-batch", "50"]),
     ("latency", &["--jobs", "50", "--rate", "1000"]),
     ("reclaim", &["--jobs", "300"]),
 ];
@@ -54,6 +55,12 @@ fn check_backend(backend: &str) {
             }
             "reclaim" => assert!(value >= 0.0, "{result}"),
             _ => assert!(value > 0.0, "a throughput above zero: {result}"),
+        }
+        if *workload == "e2e-graphs" {
+            // 300 jobs are 25 graphs of 12, all drained: the root, the ten after it,
+            // and the one after those.
+            assert_eq!(result["jobs"], 300, "{result}");
+            assert_eq!(result["drained"], 300, "{result}");
         }
         if workload.starts_with("e2e") {
             assert!(

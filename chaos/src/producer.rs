@@ -56,6 +56,29 @@ pub struct Batch {
     pub singles: bool,
     /// Jobs of the plan before it.
     pub before: u64,
+    /// Whether its jobs are graphs (on a store that keeps dependencies; see
+    /// [`graph_dependencies`]).
+    pub graphs: bool,
+}
+
+/// Jobs of one graph of a graph batch: a root, ten jobs after it, one after those
+/// (issue #29: fan-out to 10, fan-in to 1).
+pub const GRAPH_JOBS: u64 = 12;
+
+/// What job `i` of a graph batch of `size` jobs waits for, as indexes in the batch:
+/// the batch is cut into graphs of [`GRAPH_JOBS`] (a root, ten after it, a fan-in
+/// after those), and what is left over after the last whole graph waits for nothing.
+pub fn graph_dependencies(i: u64, size: u64) -> Vec<u64> {
+    let whole = size / GRAPH_JOBS * GRAPH_JOBS;
+    if i >= whole {
+        return Vec::new();
+    }
+    let root = i / GRAPH_JOBS * GRAPH_JOBS;
+    match i - root {
+        0 => Vec::new(),
+        n if n < GRAPH_JOBS - 1 => vec![root],
+        _ => (root + 1..root + GRAPH_JOBS - 1).collect(),
+    }
 }
 
 /// SplitMix64: a fixed, well-mixed function of its input, so the plan is the same in
@@ -68,7 +91,10 @@ fn mix(mut x: u64) -> u64 {
 }
 
 /// The plan for `jobs` jobs: batches of 50–500 through `enqueue_batch`, every sixth
-/// batch 10–30 single `enqueue` calls, every other batch with idempotency keys.
+/// batch 10–30 single `enqueue` calls, every other batch with idempotency keys, and
+/// every third batch of `enqueue_batch` enqueued as graphs where the store keeps
+/// dependencies (keyed or not: a graph sent again after a kill waits for the jobs its
+/// keys answer with, or for its own copies).
 pub fn plan(jobs: u64) -> Vec<Batch> {
     let mut batches = Vec::new();
     let mut before = 0;
@@ -87,6 +113,7 @@ pub fn plan(jobs: u64) -> Vec<Batch> {
             keyed: number % 2 == 0,
             singles,
             before,
+            graphs: !singles && number % 3 == 1,
         });
         before += size;
         number += 1;
@@ -136,6 +163,7 @@ async fn produce(
     // A partitioned store places a job by one key, not by two (CONTRACT P3): there the
     // jobs with an idempotency key carry no concurrency key.
     let one_key_each = store.capabilities().partitioning.is_some();
+    let graphs = store.capabilities().dependencies;
     if keyed {
         until_ok("set_limits", || {
             store.set_limits(
@@ -170,6 +198,11 @@ async fn produce(
                 }
                 if let Some(key) = &key {
                     job = job.idempotency_key(key.clone());
+                }
+                if graphs && batch.graphs {
+                    for earlier in graph_dependencies(i, batch.size) {
+                        job = job.after(durq::Dependency::Earlier(earlier as usize));
+                    }
                 }
                 (job, key)
             })
@@ -259,6 +292,28 @@ mod tests {
             before += batch.size;
         }
         assert!(a.iter().any(|b| b.singles) && a.iter().any(|b| b.keyed));
+        assert!(a.iter().any(|b| b.graphs && b.keyed) && a.iter().any(|b| b.graphs && !b.keyed));
+        assert!(a.iter().all(|b| !(b.graphs && b.singles)));
         assert_eq!(plan(0), Vec::new());
+    }
+
+    #[test]
+    fn graphs_are_a_root_ten_after_it_and_a_fan_in() {
+        let size = 2 * GRAPH_JOBS + 5;
+        assert!(graph_dependencies(0, size).is_empty());
+        for i in 1..=10 {
+            assert_eq!(graph_dependencies(i, size), vec![0]);
+        }
+        assert_eq!(graph_dependencies(11, size), (1..=10).collect::<Vec<_>>());
+        assert!(graph_dependencies(12, size).is_empty());
+        assert_eq!(graph_dependencies(13, size), vec![12]);
+        assert_eq!(graph_dependencies(23, size), (13..=22).collect::<Vec<_>>());
+        for i in 2 * GRAPH_JOBS..size {
+            assert!(graph_dependencies(i, size).is_empty(), "{i}: left over");
+        }
+        // Every reference is to an earlier job of the batch.
+        for i in 0..size {
+            assert!(graph_dependencies(i, size).iter().all(|d| *d < i));
+        }
     }
 }

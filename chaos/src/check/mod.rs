@@ -16,6 +16,11 @@
 //!   **unexplained**;
 //! - **other violations**: a token handed out twice for one job, one claim run twice,
 //!   a history line cut anywhere but at the end of its file;
+//! - **dependency violations** (on a backend that keeps dependencies, whose run
+//!   enqueues every third batch as graphs, CONTRACT G1): a job claimed before a job it
+//!   waits for had succeeded: its first claim returned before the call that completed
+//!   the dependency began (or, when no answer of that call came back, before the
+//!   dependency's last run began); and a job still `waiting` once the queue drained;
 //! - **limit violations** (on a backend with flow control, whose run's jobs carry
 //!   concurrency keys limited to one running job each, CONTRACT K1): two leases of one
 //!   key whose known parts overlap. A lease is known to hold from its claim's return to
@@ -45,17 +50,18 @@ pub struct DrainArgs {
     timeout_s: u64,
 }
 
-/// Waits until the queue has nothing ready, scheduled or running; prints the last
-/// counts. Fails if that does not happen in time.
+/// Waits until the queue has nothing waiting, ready, scheduled or running; prints the
+/// last counts. Fails if that does not happen in time.
 pub async fn drain(args: DrainArgs) -> Result<(), String> {
     let store = crate::patiently("opening the store", || crate::open_store(&args.store)).await;
     let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
     loop {
         match store.stats(&args.store.queue).await {
             Ok(stats) => {
-                let left = stats.ready + stats.scheduled + stats.running;
+                let left = stats.waiting + stats.ready + stats.scheduled + stats.running;
                 if left == 0 || Instant::now() >= deadline {
                     let counts = serde_json::json!({
+                        "waiting": stats.waiting,
                         "ready": stats.ready,
                         "scheduled": stats.scheduled,
                         "running": stats.running,
@@ -159,6 +165,10 @@ pub struct Verdict {
     pub keyed_leases: usize,
     /// Pairs of leases of one key known to hold at once (its limit is one).
     pub limit_violations: usize,
+    /// Jobs that waited for other jobs (CONTRACT G1), checked against them.
+    pub dependent_jobs: usize,
+    /// Jobs claimed before a job they wait for had succeeded, or left waiting.
+    pub dependency_violations: usize,
     /// Handler runs in all.
     pub runs: usize,
     /// Runs after an accepted retryable failure or release (planned).
@@ -203,6 +213,7 @@ impl Verdict {
             && self.other_violations == 0
             && self.extra_runs_unexplained == 0
             && self.limit_violations == 0
+            && self.dependency_violations == 0
     }
 }
 
@@ -258,6 +269,7 @@ pub async fn run(args: CheckArgs) -> Result<(), String> {
         })
         .collect();
     judge_limits(&mut verdict, &jobs, &keys);
+    judge_dependencies(&mut verdict, &jobs, &finals);
     throughput(
         &mut verdict,
         &acked,
@@ -576,6 +588,69 @@ fn judge_limits(
             }
             if latest.is_none_or(|(end, _)| until > end) {
                 latest = Some((until, id));
+            }
+        }
+    }
+}
+
+/// CONTRACT G1 on the run's history: no job was claimed before every job it waits for
+/// had succeeded, and none is left waiting (see the module docs). What a job waits
+/// for is read from its final state.
+fn judge_dependencies(
+    verdict: &mut Verdict,
+    jobs: &HashMap<JobId, JobHistory>,
+    finals: &HashMap<JobId, Option<Job>>,
+) {
+    // The earliest instant each job's success can have been stored at: the start of
+    // the completion call whose answer came back, else the start of its last run.
+    let succeeded_after = |id: &JobId| -> Option<u64> {
+        let history = jobs.get(id)?;
+        let accepted = history
+            .outcomes
+            .iter()
+            .filter(|o| o.ok && o.op == Op::Complete)
+            .map(|o| o.t0)
+            .min();
+        accepted.or_else(|| history.runs.iter().map(|run| run.t).max())
+    };
+    let mut ids: Vec<&JobId> = finals.keys().collect();
+    ids.sort();
+    for id in ids {
+        let Some(job) = finals.get(id).and_then(Option::as_ref) else {
+            continue;
+        };
+        if job.depends_on.is_empty() {
+            continue;
+        }
+        verdict.dependent_jobs += 1;
+        if job.state == JobState::Waiting {
+            verdict.dependency_violations += 1;
+            example(
+                verdict,
+                format!(
+                    "{id}: still waiting for {:?} after the drain",
+                    job.depends_on
+                ),
+            );
+            continue;
+        }
+        let Some(first_claim) = jobs
+            .get(id)
+            .and_then(|h| h.claims.iter().map(|c| c.t).min())
+        else {
+            continue;
+        };
+        for dependency in &job.depends_on {
+            if let Some(done) = succeeded_after(dependency) {
+                if first_claim < done {
+                    verdict.dependency_violations += 1;
+                    example(
+                        verdict,
+                        format!(
+                            "{id}: claimed at {first_claim} µs, before its dependency {dependency} succeeded (not before {done} µs)"
+                        ),
+                    );
+                }
             }
         }
     }

@@ -232,3 +232,86 @@ fn leases_of_one_key_known_to_overlap_are_limit_violations() {
     verdict.passed = verdict.passed();
     assert!(!verdict.passed);
 }
+
+/// A job in `state` that waited for `depends_on`, as the final read shows it.
+fn waited(id: JobId, state: JobState, depends_on: Vec<JobId>) -> Option<Job> {
+    let (mut job, _) = Job::enqueued(
+        durq::NewJob::new("chaos"),
+        id,
+        durq::Timestamp::from_millis(1),
+    );
+    job.state = state;
+    job.depends_on = depends_on;
+    Some(job)
+}
+
+#[test]
+fn a_job_claimed_before_its_dependency_succeeded_is_a_violation() {
+    let (root, early, late) = (id(20), id(21), id(22));
+    let histories = vec![worker(
+        10,
+        vec![
+            claim(100, root, 1),
+            start(110, root, 1),
+            // Claimed at 150, before the root's completion call began (200): its
+            // release cannot have happened yet.
+            claim(150, early, 1),
+            outcome(200, Op::Complete, root, 1, true),
+            claim(300, late, 1),
+            outcome(400, Op::Complete, early, 1, true),
+            outcome(500, Op::Complete, late, 1, true),
+        ],
+    )];
+    let (_, jobs) = collect(&histories);
+    let finals: HashMap<JobId, Option<Job>> = [
+        (root, waited(root, JobState::Succeeded, vec![])),
+        (early, waited(early, JobState::Succeeded, vec![root])),
+        (late, waited(late, JobState::Succeeded, vec![root])),
+    ]
+    .into_iter()
+    .collect();
+    let mut verdict = Verdict::default();
+    judge_dependencies(&mut verdict, &jobs, &finals);
+    assert_eq!(
+        (verdict.dependent_jobs, verdict.dependency_violations),
+        (2, 1)
+    );
+    assert!(
+        verdict.examples[0].contains(&early.to_string()),
+        "{verdict:?}"
+    );
+    assert!(!verdict.passed());
+}
+
+#[test]
+fn a_job_left_waiting_is_a_violation_and_a_dependency_without_an_answer_bounds_by_its_run() {
+    let (root, after, stuck) = (id(30), id(31), id(32));
+    let histories = vec![worker(
+        10,
+        vec![
+            claim(100, root, 1),
+            start(110, root, 1),
+            // The root's completion answer was lost: its last run began at 110, so a
+            // claim at 120 is no violation, and one before 110 would be.
+            outcome(115, Op::Complete, root, 1, false),
+            claim(120, after, 1),
+            outcome(130, Op::Complete, after, 1, true),
+        ],
+    )];
+    let (_, jobs) = collect(&histories);
+    let finals: HashMap<JobId, Option<Job>> = [
+        (root, waited(root, JobState::Succeeded, vec![])),
+        (after, waited(after, JobState::Succeeded, vec![root])),
+        (stuck, waited(stuck, JobState::Waiting, vec![root])),
+    ]
+    .into_iter()
+    .collect();
+    let mut verdict = Verdict::default();
+    judge_dependencies(&mut verdict, &jobs, &finals);
+    assert_eq!(
+        (verdict.dependent_jobs, verdict.dependency_violations),
+        (2, 1),
+        "{verdict:?}"
+    );
+    assert!(verdict.examples[0].contains("still waiting"), "{verdict:?}");
+}

@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     pub(crate) heads: Arc<Heads>,
     pub(crate) waker: Waker,
     pub(crate) completions: Batcher<Completions>,
+    /// Shared with `completions`: whether this store's last batch of completions had a
+    /// job others wait for (see `store/lease.rs`, [`crate::store::lease::GraphHint`]).
+    pub(crate) completion_graphs: crate::store::lease::GraphHint,
     pub(crate) enqueues: Batcher<Enqueues>,
     pub(crate) enqueue_ctx: EnqueueCtx,
     pub(crate) cluster: bool,

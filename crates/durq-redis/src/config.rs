@@ -601,9 +601,11 @@ impl RedisBackend {
             settings,
         } = shared.clone();
         let waker = Waker::new(pubsub_nodes, keys.wake.clone(), seed);
+        let completion_graphs = crate::store::lease::GraphHint::default();
         let completions = Batcher::new(Completions {
             conn: conn.clone(),
             keys: keys.clone(),
+            graphs: completion_graphs.clone(),
         });
         let window = settings.dedup_window;
         let enqueue_ctx = EnqueueCtx {
@@ -625,6 +627,7 @@ impl RedisBackend {
                 heads,
                 waker,
                 completions,
+                completion_graphs,
                 enqueues,
                 enqueue_ctx,
                 limited: Default::default(),

@@ -364,6 +364,9 @@ pub(super) fn bench_backend(
                 runner.once("jobs", ours, workload, n, &["--claimers", FLOW_CLAIMERS]);
             }
         }
+        // Issue #29: the backlog as graphs (a root, ten after it, one after those),
+        // against the plain backlog of the same size measured above.
+        runner.once("jobs", ours, "e2e-graphs", n, &[]);
     }
     Ok(())
 }

@@ -230,6 +230,7 @@ pub(super) fn render(
     write_latency(&mut md, settings, results);
     write_fitted_claims(&mut md, settings, results);
     write_flow_control(&mut md, settings, results);
+    write_graphs(&mut md, settings, results);
     let _ = writeln!(md, "\n{}", TABLES.end);
     md
 }
@@ -646,6 +647,33 @@ fn write_fitted_claims(md: &mut String, settings: &Settings, results: &Results) 
             "| {backend} | {} | {} | {verdict} |",
             show(&plain, fmt_rate),
             show(&fitted, fmt_rate),
+        );
+    }
+}
+
+/// The backlog enqueued as graphs against the plain backlog of the same size (issue
+/// #29). `e2e-graphs` rounds N down to whole graphs of 12 jobs, a difference of at most
+/// 11 jobs in the rate's denominator.
+fn write_graphs(md: &mut String, settings: &Settings, results: &Results) {
+    let n = settings.jobs;
+    let _ = writeln!(md, "\n#### Graphs\n");
+    let _ = writeln!(
+        md,
+        "| backend | {} plain jobs, end to end (jobs/s) | the same as graphs of 12: root, fan-out to 10, fan-in to 1 (jobs/s) | graphs / plain |",
+        group_thousands(n)
+    );
+    let _ = writeln!(md, "|---|---|---|---|");
+    for backend in &settings.backends {
+        let plain = results.cell("jobs", backend, "e2e-backlog", n, "value");
+        let graphs = results.cell("jobs", backend, "e2e-graphs", n, "value");
+        let ratio = graphs
+            .ratio_per_run(&plain)
+            .map_or_else(|| "–".to_owned(), |ratio| format!("{ratio:.2}"));
+        let _ = writeln!(
+            md,
+            "| {backend} | {} | {} | {ratio} |",
+            show(&plain, fmt_rate),
+            show(&graphs, fmt_rate),
         );
     }
 }

@@ -20,6 +20,10 @@ pub(super) struct Row {
     /// Leases of one concurrency key known to overlap (CONTRACT K1; 0 on backends
     /// without flow control, whose runs carry no keys).
     pub(super) limit_violations: u64,
+    /// Jobs that waited for jobs (CONTRACT G1), and those claimed before a job they
+    /// wait for had succeeded or left waiting (0 and 0 where no job waits).
+    pub(super) dependent_jobs: u64,
+    pub(super) dependency_violations: u64,
     pub(super) extra_kill: u64,
     pub(super) extra_store: u64,
     pub(super) extra_unexplained: u64,
@@ -45,6 +49,7 @@ impl Row {
             ("unexplained extra runs", self.extra_unexplained),
             ("other violations", self.other),
             ("per-key limit violations", self.limit_violations),
+            ("dependency violations", self.dependency_violations),
         ] {
             if n > 0 {
                 parts.push(format!("{n} {name}"));
@@ -62,12 +67,12 @@ impl Row {
 
 pub(super) fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | extra runs: worker kill / store fault / unexplained | worker kills: claims / runs in flight | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
-         |---|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|\n",
+        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | jobs that waited: violations | extra runs: worker kill / store fault / unexplained | worker kills: claims / runs in flight | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
+         |---|---:|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {} / {} / {} | {} kills: {} / {} | {} | {:.0} | {:.0} | {} |\n",
+            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {}: {} | {} / {} / {} | {} kills: {} / {} | {} | {:.0} | {:.0} | {} |\n",
             r.backend,
             r.jobs,
             r.faults,
@@ -84,6 +89,8 @@ pub(super) fn table(rows: &[Row]) -> String {
             r.double,
             r.stale,
             r.stuck,
+            r.dependent_jobs,
+            r.dependency_violations,
             r.extra_kill,
             r.extra_store,
             r.extra_unexplained,
@@ -117,6 +124,11 @@ pub(super) struct Verdict {
     /// Absent from the verdicts of runs before flow control.
     #[serde(default)]
     pub(super) limit_violations: u64,
+    /// Absent from the verdicts of runs before dependencies.
+    #[serde(default)]
+    pub(super) dependent_jobs: u64,
+    #[serde(default)]
+    pub(super) dependency_violations: u64,
     pub(super) extra_runs_worker_kill: u64,
     pub(super) extra_runs_store_fault: u64,
     pub(super) extra_runs_unexplained: u64,
@@ -159,6 +171,8 @@ pub(super) fn row_from(verdict: &Verdict, backend: &str) -> Row {
         stuck: verdict.stuck,
         other: verdict.other_violations,
         limit_violations: verdict.limit_violations,
+        dependent_jobs: verdict.dependent_jobs,
+        dependency_violations: verdict.dependency_violations,
         extra_kill: verdict.extra_runs_worker_kill,
         extra_store: verdict.extra_runs_store_fault,
         extra_unexplained: verdict.extra_runs_unexplained,
@@ -176,6 +190,7 @@ pub(super) fn row_from(verdict: &Verdict, backend: &str) -> Row {
         && row.stuck == 0
         && row.other == 0
         && row.limit_violations == 0
+        && row.dependency_violations == 0
         && row.extra_unexplained == 0;
     row
 }

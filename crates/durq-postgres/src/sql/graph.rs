@@ -19,25 +19,31 @@ ORDER BY id
 FOR NO KEY UPDATE
 "#;
 
-/// A job as its dependencies start it (G1, G3): `$1` namespace, `$2` id, `$3` state,
-/// `$4` the ids it waits for, `$5` the policy (1 for `run`, NULL for cancel), `$6`
-/// how many it waits for (NULL unless waiting), `$7` finished_at and `$8` last_error
-/// (NULL unless cancelled at once).
-pub(super) const START_DEPENDENT: &str = r#"
-UPDATE {schema}.jobs SET
-    state = $3, depends_on = $4::uuid[], dependency_policy = $5, waiting_for = $6,
-    finished_at = $7, last_error = $8
-WHERE namespace = $1 AND id = $2
+/// The jobs of a batch as their dependencies start them (G1, G3), all in one
+/// statement: per job, `$2` its id, `$3` its state, `$4` the ids it waits for, joined
+/// by commas (a ragged array cannot be unnested), `$5` the policy (1 for `run`, NULL
+/// for cancel), `$6` how many it waits for (NULL unless waiting), `$7` finished_at and
+/// `$8` last_error (NULL unless cancelled at once). `$1` namespace.
+pub(super) const START_DEPENDENTS: &str = r#"
+UPDATE {schema}.jobs AS j SET
+    state = s.state, depends_on = string_to_array(s.depends_on, ',')::uuid[],
+    dependency_policy = s.policy, waiting_for = s.waiting_for,
+    finished_at = s.finished_at, last_error = s.last_error
+FROM unnest($2::uuid[], $3::text[], $4::text[], $5::smallint[], $6::integer[],
+            $7::bigint[], $8::bytea[])
+    AS s(id, state, depends_on, policy, waiting_for, finished_at, last_error)
+WHERE j.namespace = $1 AND j.id = s.id
 "#;
 
-/// Records that job `$2` waits for each job of `$3` and flags them, so the trigger of
-/// their ending settles it. `$1` namespace.
+/// Records each edge `$2[i]` → `$3[i]` (job `$3[i]` waits for job `$2[i]`) and flags
+/// the jobs waited for, so the trigger of their ending settles the jobs waiting. `$1`
+/// namespace. One statement for a whole batch.
 pub(super) const RECORD_EDGES: &str = r#"
 WITH edges AS (
     INSERT INTO {schema}.dependencies (namespace, dependency, dependent)
-    SELECT $1, dependency, $2 FROM unnest($3::uuid[]) AS d(dependency)
+    SELECT $1, dependency, dependent FROM unnest($2::uuid[], $3::uuid[]) AS d(dependency, dependent)
     ON CONFLICT DO NOTHING
 )
 UPDATE {schema}.jobs SET has_dependents = true
-WHERE namespace = $1 AND id = ANY($3::uuid[]) AND has_dependents IS NOT TRUE
+WHERE namespace = $1 AND id = ANY($2::uuid[]) AND has_dependents IS NOT TRUE
 "#;

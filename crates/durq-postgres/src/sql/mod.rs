@@ -252,8 +252,8 @@ pub(crate) struct Statements {
     pub(crate) limits: LimitStatements,
     /// [`LOCK_DEPENDENCIES`].
     pub(crate) lock_dependencies: Text,
-    /// [`START_DEPENDENT`].
-    pub(crate) start_dependent: Text,
+    /// [`START_DEPENDENTS`].
+    pub(crate) start_dependents: Text,
     /// [`RECORD_EDGES`].
     pub(crate) record_edges: Text,
 }
@@ -353,7 +353,7 @@ impl Statements {
             analyze_jobs: r(ANALYZE_JOBS),
             limits: LimitStatements::render(&r),
             lock_dependencies: r(LOCK_DEPENDENCIES),
-            start_dependent: r(START_DEPENDENT),
+            start_dependents: r(START_DEPENDENTS),
             record_edges: r(RECORD_EDGES),
         }
     }

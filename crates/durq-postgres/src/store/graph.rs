@@ -24,10 +24,12 @@ pub(crate) fn names_dependencies(jobs: &[NewJob]) -> bool {
 /// transaction (or savepoint) its caller holds and commits. Answers each job's
 /// enqueue and the queues that got a job ready now, to announce after the commit.
 ///
-/// The stored jobs the batch waits for are locked first (G5); then the
-/// batch is written as any batch is, every job queued, and each new job that names any is
-/// set to how its dependencies start it, in order, so a later job of the batch sees
-/// what an earlier one became.
+/// The stored jobs the batch waits for are locked first (G5); then the batch is
+/// written as any batch is, every job queued; then how each new job that names
+/// dependencies starts is decided here, in order, so a later job of the batch sees
+/// what an earlier one became, and written for the whole batch in two statements
+/// (their states, their edges): a batch costs four statements however many of its
+/// jobs wait.
 pub(crate) async fn enqueue_graph(
     shared: &Shared,
     settings: &StoreSettings,
@@ -59,57 +61,167 @@ pub(crate) async fn enqueue_graph(
     // The enqueue statements bind no dependencies: they write every job queued, and
     // each one that waits is set to how it starts below.
     let answers = write_batch(shared, settings, conn, jobs, now).await?;
+    let answered: Vec<JobId> = answers.iter().map(|answer| answer.id).collect();
+    // What each new job waits for, a batch index resolved to the job it answered with.
+    let resolved: Vec<Option<Vec<JobId>>> = jobs
+        .iter()
+        .zip(&answers)
+        .enumerate()
+        .map(|(at, (job, answer))| {
+            (answer.created && !job.depends_on.is_empty())
+                .then(|| graph::resolve(&job.depends_on, &answered[..at]))
+        })
+        .collect();
+    // A batch index answered by a key names a job stored before the batch: locked too,
+    // all at once, in id order.
+    let created: std::collections::HashSet<JobId> = answers
+        .iter()
+        .filter(|answer| answer.created)
+        .map(|answer| answer.id)
+        .collect();
+    let mut earlier_stored: Vec<JobId> = resolved
+        .iter()
+        .flatten()
+        .flatten()
+        .filter(|id| !states.contains_key(id) && !created.contains(id))
+        .copied()
+        .collect();
+    earlier_stored.sort_unstable();
+    earlier_stored.dedup();
+    states.extend(lock_states(shared, settings, conn, &earlier_stored).await?);
 
-    let mut earlier: Vec<JobId> = Vec::with_capacity(jobs.len());
+    let mut starts = Starts::default();
     let mut ready: Vec<String> = Vec::new();
-    for (job, answer) in jobs.iter().zip(&answers) {
-        earlier.push(answer.id);
+    for ((job, answer), ids) in jobs.iter().zip(&answers).zip(&resolved) {
         if !answer.created {
             continue;
         }
-        if job.depends_on.is_empty() {
+        let Some(ids) = ids else {
             states.insert(answer.id, JobState::Queued);
             if job.run_at.is_none_or(|at| at <= now) {
                 ready.push(job.queue.clone());
             }
             continue;
-        }
-        let ids = graph::resolve(&job.depends_on, &earlier[..earlier.len() - 1]);
-        // A batch index answered by a key names a job stored before the batch.
-        let unknown: Vec<JobId> = ids
-            .iter()
-            .filter(|id| !states.contains_key(id))
-            .copied()
-            .collect();
-        states.extend(lock_states(shared, settings, conn, &unknown).await?);
+        };
         let known: Vec<(JobId, JobState)> = ids
             .iter()
             .filter_map(|id| states.get(id).map(|state| (*id, *state)))
             .collect();
         let start = graph::at_enqueue(known.iter().copied(), job.on_dependency_failure);
-        let state = start_job(shared, settings, conn, answer.id, job, &ids, &start, now).await?;
         if let Start::Waiting(_) = start {
-            let pending: Vec<Uuid> = known
-                .iter()
-                .filter(|(_, state)| !state.is_terminal())
-                .map(|(id, _)| Uuid::from(*id))
-                .collect();
-            sqlx::query(shared.sql.record_edges.sql())
-                .bind(&settings.namespace)
-                .bind(Uuid::from(answer.id))
-                .bind(&pending)
-                .execute(&mut *conn)
-                .await
-                .map_err(|err| shared.error("enqueue: record dependencies", err))?;
+            for (dependency, _) in known.iter().filter(|(_, state)| !state.is_terminal()) {
+                starts.edge(*dependency, answer.id);
+            }
         }
+        let state = starts.push(answer.id, job, ids, &start, now);
         if state == JobState::Queued && job.run_at.is_none_or(|at| at <= now) {
             ready.push(job.queue.clone());
         }
         states.insert(answer.id, state);
     }
+    starts.write(shared, settings, conn).await?;
     ready.sort_unstable();
     ready.dedup();
     Ok((answers, ready))
+}
+
+/// How the new jobs of a batch that wait start, and their edges, gathered for the
+/// `START_DEPENDENTS` and `RECORD_EDGES` statements (`sql/graph.rs`): one column per
+/// field.
+#[derive(Default)]
+struct Starts {
+    ids: Vec<Uuid>,
+    states: Vec<&'static str>,
+    depends_on: Vec<String>,
+    policies: Vec<Option<i16>>,
+    waiting_for: Vec<Option<i32>>,
+    finished_at: Vec<Option<i64>>,
+    errors: Vec<Option<Vec<u8>>>,
+    dependencies: Vec<Uuid>,
+    dependents: Vec<Uuid>,
+}
+
+impl Starts {
+    /// Job `dependent` waits for job `dependency`.
+    fn edge(&mut self, dependency: JobId, dependent: JobId) {
+        self.dependencies.push(Uuid::from(dependency));
+        self.dependents.push(Uuid::from(dependent));
+    }
+
+    /// The new job `id` (`job`, waiting for `ids`) starts as `start`; answers its state.
+    fn push(
+        &mut self,
+        id: JobId,
+        job: &NewJob,
+        ids: &[JobId],
+        start: &Start,
+        now: Timestamp,
+    ) -> JobState {
+        let (state, waiting_for, finished_at, error) = match start {
+            Start::Queued => (JobState::Queued, None, None, None),
+            Start::Waiting(count) => (
+                JobState::Waiting,
+                Some(i32::try_from(*count).unwrap_or(i32::MAX)),
+                None,
+                None,
+            ),
+            Start::Cancelled(error) => (
+                JobState::Cancelled,
+                None,
+                Some(now.as_millis()),
+                Some(error.as_bytes().to_vec()),
+            ),
+        };
+        self.ids.push(Uuid::from(id));
+        self.states.push(state.as_str());
+        self.depends_on.push(
+            ids.iter()
+                .map(JobId::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        self.policies.push(match job.on_dependency_failure {
+            DependencyFailure::Cancel => None,
+            DependencyFailure::Run => Some(1),
+        });
+        self.waiting_for.push(waiting_for);
+        self.finished_at.push(finished_at);
+        self.errors.push(error);
+        state
+    }
+
+    /// The two statements: every start, then every edge.
+    async fn write(
+        &self,
+        shared: &Shared,
+        settings: &StoreSettings,
+        conn: &mut PgConnection,
+    ) -> Result<()> {
+        if !self.ids.is_empty() {
+            sqlx::query(shared.sql.start_dependents.sql())
+                .bind(&settings.namespace)
+                .bind(&self.ids)
+                .bind(&self.states)
+                .bind(&self.depends_on)
+                .bind(&self.policies)
+                .bind(&self.waiting_for)
+                .bind(&self.finished_at)
+                .bind(&self.errors)
+                .execute(&mut *conn)
+                .await
+                .map_err(|err| shared.error("enqueue: start the dependents", err))?;
+        }
+        if !self.dependencies.is_empty() {
+            sqlx::query(shared.sql.record_edges.sql())
+                .bind(&settings.namespace)
+                .bind(&self.dependencies)
+                .bind(&self.dependents)
+                .execute(&mut *conn)
+                .await
+                .map_err(|err| shared.error("enqueue: record dependencies", err))?;
+        }
+        Ok(())
+    }
 }
 
 /// The states of the stored jobs `ids`, their rows locked until the transaction ends
@@ -141,51 +253,4 @@ async fn lock_states(
             Ok((id, state))
         })
         .collect()
-}
-
-/// Sets the new job `id` to how its dependencies start it; answers its state.
-#[allow(clippy::too_many_arguments)]
-async fn start_job(
-    shared: &Shared,
-    settings: &StoreSettings,
-    conn: &mut PgConnection,
-    id: JobId,
-    job: &NewJob,
-    ids: &[JobId],
-    start: &Start,
-    now: Timestamp,
-) -> Result<JobState> {
-    let (state, waiting_for, finished_at, error) = match start {
-        Start::Queued => (JobState::Queued, None, None, None),
-        Start::Waiting(count) => (
-            JobState::Waiting,
-            Some(i32::try_from(*count).unwrap_or(i32::MAX)),
-            None,
-            None,
-        ),
-        Start::Cancelled(error) => (
-            JobState::Cancelled,
-            None,
-            Some(now.as_millis()),
-            Some(error.as_bytes()),
-        ),
-    };
-    let policy: Option<i16> = match job.on_dependency_failure {
-        DependencyFailure::Cancel => None,
-        DependencyFailure::Run => Some(1),
-    };
-    let uuids: Vec<Uuid> = ids.iter().map(|id| Uuid::from(*id)).collect();
-    sqlx::query(shared.sql.start_dependent.sql())
-        .bind(&settings.namespace)
-        .bind(Uuid::from(id))
-        .bind(state.as_str())
-        .bind(&uuids)
-        .bind(policy)
-        .bind(waiting_for)
-        .bind(finished_at)
-        .bind(error)
-        .execute(&mut *conn)
-        .await
-        .map_err(|err| shared.error("enqueue: start a dependent", err))?;
-    Ok(state)
 }

@@ -219,6 +219,7 @@ local ckey_pairs, kready_pairs = {}, {}
 -- Jobs that wait: edges (`DEPENDENCY DEPENDENT`) and the finished entries of jobs
 -- cancelled at once because a job they wait for already failed (G3).
 local edge_pairs, finished_pairs = {}, {}
+local flagged = {}  -- hashes given `hasd` by this call
 
 -- How job `id` (entry options `o`, packed `meta`) with dependencies starts (CONTRACT
 -- G1-G3, as durq_core::graph::at_enqueue): returns 'queued' with nil, 'waiting' with
@@ -267,7 +268,11 @@ local function dependency_start(o, meta, id)
   for _, i in ipairs(open) do
     edge_pairs[#edge_pairs + 1] = '0'
     edge_pairs[#edge_pairs + 1] = ids[i] .. ' ' .. id
-    call('HSET', keys[i], 'hasd', '1')
+    -- Flagged once per call: a graph's root is waited for by its whole fan-out.
+    if not flagged[keys[i]] then
+      flagged[keys[i]] = true
+      call('HSET', keys[i], 'hasd', '1')
+    end
   end
   return 'waiting', #open, meta
 end

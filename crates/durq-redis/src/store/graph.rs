@@ -118,15 +118,17 @@ impl Dependents {
 
     /// Learns the jobs waiting for `ended` (which end in the call about to be sent), and
     /// the jobs waiting for those, so a call that knows its endings have dependents
-    /// (complete_graph) settles them in one call instead of two.
+    /// (complete_graph) settles them in one call instead of two. Answers whether any
+    /// job waits for one of them.
     pub(crate) async fn prefetch(
         &mut self,
         ended: Vec<JobId>,
         conn: &Conn,
         keys: &Keys,
         what: &str,
-    ) -> Result<()> {
-        self.expand(ended, conn, keys, what).await
+    ) -> Result<bool> {
+        self.expand(ended, conn, keys, what).await?;
+        Ok(!self.known.is_empty())
     }
 
     /// Reads the jobs waiting for each of `frontier`, level by level (one pipelined

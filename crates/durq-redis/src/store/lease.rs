@@ -111,7 +111,13 @@ impl RedisBackend {
             drop(entries);
             return Ok(complete_each(self, completions, now).await);
         }
-        run_script(self.conn(), self.keys(), &entries).await
+        run_script(
+            self.conn(),
+            self.keys(),
+            &entries,
+            &self.inner.completion_graphs,
+        )
+        .await
     }
 
     /// Rules L6, L7: `fail.lua` decides the new state (as
@@ -220,7 +226,16 @@ pub(crate) struct Completion {
 pub(crate) struct Completions {
     pub conn: Conn,
     pub keys: Keys,
+    pub graphs: GraphHint,
 }
+
+/// Whether a store's last batch of completions had a job others wait for (CONTRACT
+/// G1). While it does, the next batch skips the plain `complete.lua`, which would only
+/// answer `graph` having read every job, and goes to `complete_graph` with the jobs
+/// waiting for its jobs read first: a workload of graphs pays two round trips a batch
+/// instead of three. The first batch that finds no such job clears it, so plain jobs
+/// take the plain call again. A hint only: either script is correct for any batch.
+pub(crate) type GraphHint = std::sync::Arc<std::sync::atomic::AtomicBool>;
 
 impl Batch for Completions {
     type Call = Completion;
@@ -251,7 +266,7 @@ impl Batch for Completions {
                 result: c.result.as_deref(),
             })
             .collect();
-        run_script(self.conn.clone(), &self.keys, &entries).await
+        run_script(self.conn.clone(), &self.keys, &entries, &self.graphs).await
     }
 }
 
@@ -281,20 +296,30 @@ pub(crate) async fn run_script(
     mut conn: Conn,
     keys: &Keys,
     entries: &[Entry<'_>],
+    graphs: &GraphHint,
 ) -> Result<Vec<Result<()>>> {
+    use std::sync::atomic::Ordering::Relaxed;
     // The first entry's instant is the call's default: a batch shares one, and grouped
     // calls mostly do, so most entries pass '' instead of their own.
     let default_now = entries.first().map_or(Timestamp::from_millis(0), |e| e.now);
-    let mut reply: Value = complete_call(&scripts::COMPLETE, keys, entries, default_now)
-        .invoke(&mut conn)
-        .await
-        .map_err(|err| map_err("complete", err))?;
-    if matches!(&reply, Value::Array(items) if items.len() == 1
-        && text(&items[0], "complete reply").ok().as_deref() == Some("graph"))
-    {
+    let mut reply = Value::Nil;
+    let mut plain = !graphs.load(Relaxed);
+    if plain {
+        reply = complete_call(&scripts::COMPLETE, keys, entries, default_now)
+            .invoke(&mut conn)
+            .await
+            .map_err(|err| map_err("complete", err))?;
+        if matches!(&reply, Value::Array(items) if items.len() == 1
+            && text(&items[0], "complete reply").ok().as_deref() == Some("graph"))
+        {
+            graphs.store(true, Relaxed);
+            plain = false;
+        }
+    }
+    if !plain {
         // Settling happens at the call's instant: a batch's completions share it.
         let mut dependents = Dependents::default();
-        dependents
+        let waited_for = dependents
             .prefetch(
                 entries.iter().map(|entry| entry.id).collect(),
                 &conn,
@@ -302,6 +327,9 @@ pub(crate) async fn run_script(
                 "complete reply",
             )
             .await?;
+        if !waited_for {
+            graphs.store(false, Relaxed);
+        }
         reply = loop {
             let mut invocation =
                 complete_call(&scripts::COMPLETE_GRAPH, keys, entries, default_now);
