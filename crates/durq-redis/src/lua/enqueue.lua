@@ -222,7 +222,7 @@ local edge_pairs, finished_pairs = {}, {}
 local flagged = {}  -- hashes given `hasd` by this call
 
 -- How job `id` (entry options `o`, packed `meta`) with dependencies starts (CONTRACT
--- G1-G3, as durq_core::graph::at_enqueue): returns 'queued' with nil, 'waiting' with
+-- G1-G3). Mirrors durq_core::graph::at_enqueue: returns 'queued' with nil, 'waiting' with
 -- the number of dependencies not ended yet, or 'cancelled' with its last_error; and its
 -- meta with the resolved dependencies appended. A `#i` reference is job i of this run,
 -- or the job its key answered with (G2); each job is waited for once, in the order

@@ -44,8 +44,8 @@ local function dependency_policy(meta)
   return string.match(meta, ' ~(%a):[%x%-,]+$') or 'c'
 end
 
--- Whether a dependency ending in `state` cancels a job with `policy` (durq_core::graph::
--- settle: success is always met, a failure is met only with `run`).
+-- Whether a dependency ending in `state` cancels a job with `policy`. Mirrors
+-- durq_core::graph::settle: success is always met, a failure is met only with `run`.
 local function cancels(state, policy)
   return state ~= 'succeeded' and policy ~= 'r'
 end
