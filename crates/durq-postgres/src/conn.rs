@@ -34,11 +34,15 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Connection, PgPool, Postgres, Transaction};
 
-use crate::error::{is_connection_lost, map};
+use crate::error::{is_connection_lost, is_deadlock, map};
 use crate::health::Health;
 use crate::sql::Statements;
 use crate::statistics::TableGrowth;
 use crate::wake::Wake;
+
+/// Times [`Shared::fetch_all_again`] sends a statement again after the server aborted
+/// it to break a deadlock: each time, the statement it deadlocked with went on.
+const DEADLOCK_RETRIES: u32 = 3;
 
 /// A statement with its parameters bound, ready to run on a connection.
 pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
@@ -137,15 +141,29 @@ impl Shared {
     /// gone, runs `build(true)` once more on a connection that has just answered a
     /// ping. Only for statements whose second run is right whether or not the first
     /// one committed before the connection broke.
+    ///
+    /// A statement the server aborted to break a deadlock wrote nothing, so it is
+    /// sent again as it was, up to [`DEADLOCK_RETRIES`] times. Two batches of
+    /// completions in flight deadlock when they share two jobs (a second `complete` of
+    /// a job goes in the next batch) and the plan locks them in different orders
+    /// (the server log showed it: `deadlock detected` between two completion batches);
+    /// the batch that lost then answers as if it had run after the other.
     pub(crate) async fn fetch_all_again<'q>(
         &self,
         what: &str,
         build: impl Fn(bool) -> PgQuery<'q>,
     ) -> Result<Vec<PgRow>> {
         let mut conn = self.acquire(what).await?;
-        let err = match build(false).fetch_all(&mut *conn).await {
-            Ok(rows) => return Ok(rows),
-            Err(err) => err,
+        let mut deadlocks = 0;
+        let err = loop {
+            match build(false).fetch_all(&mut *conn).await {
+                Ok(rows) => return Ok(rows),
+                Err(err) if is_deadlock(&err) && deadlocks < DEADLOCK_RETRIES => {
+                    deadlocks += 1;
+                    tracing::debug!(what, error = %err, "deadlock; running the statement again");
+                }
+                Err(err) => break err,
+            }
         };
         if !is_connection_lost(&err) {
             return Err(map(what, err));

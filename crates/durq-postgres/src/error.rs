@@ -45,6 +45,12 @@ pub(crate) fn is_connection_lost(err: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether the server aborted the statement to break a deadlock (SQLSTATE 40P01): it
+/// wrote nothing, and the statement it deadlocked with goes on.
+pub(crate) fn is_deadlock(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("40P01"))
+}
+
 /// Maps a sqlx error: connection trouble is `Unavailable` (retryable), an undecodable
 /// value is `Corrupt`, anything else is `Backend` with the driver's error as source.
 pub(crate) fn map(what: &str, err: sqlx::Error) -> Error {

@@ -739,3 +739,101 @@ async fn no_dead_connection_is_handed_out_after_a_terminate_round() {
     assert_eq!(alive, open as i64);
     clean_up(&backend, &store.settings().namespace).await;
 }
+
+/// A batch of completions the server aborts to break a deadlock is sent again, and
+/// answers as if it had run after the statement it deadlocked with. A transaction
+/// holds one of two running jobs' rows while the batch completing both waits on it,
+/// then asks for the other: if the batch had locked that one, the two deadlock and
+/// the server aborts the batch (it waited first). Tried with each row first, since
+/// which one the batch locks first is the plan's choice; at least one order must
+/// have deadlocked (the database's deadlock counter says so), or the test proved
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_completion_batch_aborted_by_a_deadlock_is_sent_again() {
+    let Some(backend) = backend("durq-postgres-deadlock", 2).await else {
+        return;
+    };
+    let Some(admin) = admin().await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let namespace = settings.namespace.clone();
+    let store = open(&backend, settings);
+    let deadlocks = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&admin)
+        .await
+        .expect("read the deadlock counter");
+        n
+    };
+    let mut deadlocked = false;
+    for first in 0..2 {
+        store
+            .enqueue_batch(vec![NewJob::new("deadlock"), NewJob::new("deadlock")])
+            .await
+            .expect("enqueue");
+        let claimed = store
+            .claim(ClaimRequest::new(["deadlock"], "w", TTL).limit(2))
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 2);
+        let ids = [claimed[0].id(), claimed[1].id()];
+        let before = deadlocks().await;
+        // A transaction of its own, on a connection of its own, holds one row.
+        let mut holder = backend.pool().begin().await.expect("begin");
+        let lock = "SELECT id FROM jobs.jobs WHERE namespace = $1 AND id = $2::uuid FOR UPDATE";
+        sqlx::query(lock)
+            .bind(&namespace)
+            .bind(ids[first].to_string())
+            .execute(&mut *holder)
+            .await
+            .expect("lock the first row");
+        let completions: Vec<Completion> = claimed
+            .iter()
+            .map(|job| Completion::new(job.id(), job.token(), None))
+            .collect();
+        let batch = {
+            let store = store.clone();
+            tokio::spawn(async move { store.complete_batch(completions).await })
+        };
+        // Until the batch waits on the held row.
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = 'durq-postgres-deadlock' AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&admin)
+            .await
+            .expect("read the sessions");
+            if waiting > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        // Now the other row: a deadlock if the batch holds it.
+        sqlx::query(lock)
+            .bind(&namespace)
+            .bind(ids[1 - first].to_string())
+            .execute(&mut *holder)
+            .await
+            .expect("the holder is never the one aborted: the batch waited first");
+        holder.commit().await.expect("commit");
+        let answers = batch.await.expect("the batch task").expect("the batch");
+        assert!(
+            answers.iter().all(Result::is_ok),
+            "both completions succeed, deadlock or not: {answers:?}"
+        );
+        for id in ids {
+            assert_eq!(store.get(id).await.expect("get").state, JobState::Succeeded);
+        }
+        deadlocked |= deadlocks().await > before;
+    }
+    assert!(
+        deadlocked,
+        "in neither order did the batch deadlock: the test exercised nothing"
+    );
+    clean_up(&backend, &namespace).await;
+}
