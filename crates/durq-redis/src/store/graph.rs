@@ -112,35 +112,39 @@ impl Dependents {
                 "asked again for dependents it was given",
             ));
         }
-        self.expand(frontier, conn, keys, what).await?;
+        // A cancellation goes on down the graph: learn all of it at once.
+        self.expand(frontier, None, conn, keys, what).await?;
         Ok(true)
     }
 
-    /// Learns the jobs waiting for `ended` (which end in the call about to be sent), and
-    /// the jobs waiting for those, so a call that knows its endings have dependents
-    /// (complete_graph) settles them in one call instead of two. Answers whether any
-    /// job waits for one of them.
+    /// Learns the jobs waiting for `succeeded` (which succeed in the call about to be
+    /// sent), so complete_graph settles them in one call instead of two. Only those: a
+    /// success releases or counts down the jobs waiting for it and goes no further, so
+    /// one pipelined read is all it needs. Answers whether any job waits for one of
+    /// them.
     pub(crate) async fn prefetch(
         &mut self,
-        ended: Vec<JobId>,
+        succeeded: Vec<JobId>,
         conn: &Conn,
         keys: &Keys,
         what: &str,
     ) -> Result<bool> {
-        self.expand(ended, conn, keys, what).await?;
+        self.expand(succeeded, Some(1), conn, keys, what).await?;
         Ok(!self.known.is_empty())
     }
 
     /// Reads the jobs waiting for each of `frontier`, level by level (one pipelined
-    /// `ZRANGEBYLEX` each), adding every one not known yet.
+    /// `ZRANGEBYLEX` each), at most `levels` deep, adding every one not known yet.
     async fn expand(
         &mut self,
         mut frontier: Vec<JobId>,
+        mut levels: Option<usize>,
         conn: &Conn,
         keys: &Keys,
         what: &str,
     ) -> Result<()> {
-        while !frontier.is_empty() {
+        while !frontier.is_empty() && levels != Some(0) {
+            levels = levels.map(|n| n - 1);
             let mut pipe = redis::pipe();
             for id in &frontier {
                 pipe.zrangebylex(&keys.dependents, format!("[{id} "), format!("({id}!"));
