@@ -105,7 +105,8 @@ fn cached_placement_of(
 /// having none.
 ///
 /// `DEPS` ends the field of a job enqueued with dependencies (CONTRACT G1-G3):
-/// ` ~POLICY:ID,ID,...`, POLICY `c` (cancel) or `r` (run), the ids in the order first
+/// ` ~POLICY:ID,ID,...`, POLICY as [`DependencyFailure::as_str`] names it (`cancel` or
+/// `run`), the ids in the order first
 /// named. `enqueue.lua` appends it, because only it knows the id a batch index resolves
 /// to (G2). It cannot be mistaken for the end of `EXT`: encoded tags end with `}`, and a
 /// traceparent holds no space.
@@ -208,10 +209,8 @@ fn split_dependencies(
     let Some((policy, ids)) = deps[2..].split_once(':') else {
         return none;
     };
-    let policy = match policy {
-        "c" => DependencyFailure::Cancel,
-        "r" => DependencyFailure::Run,
-        _ => return none,
+    let Some(policy) = DependencyFailure::from_name(policy) else {
+        return none;
     };
     if ids.is_empty()
         || !ids
@@ -838,8 +837,10 @@ mod tests {
         let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let cases = [
             NewJob::new("q"),
-            NewJob::new("q").tenant("t ~c:").idempotency_key(" ~r:"),
-            NewJob::new("q").tag("k", format!("x ~c:{a}")),
+            NewJob::new("q")
+                .tenant("t ~cancel:")
+                .idempotency_key(" ~run:"),
+            NewJob::new("q").tag("k", format!("x ~cancel:{a}")),
             NewJob::new("q").trace_context(trace),
             NewJob::new("q").tag("k", "v").trace_context(trace),
         ];
@@ -847,11 +848,8 @@ mod tests {
             let plain = encode_meta(&job, Timestamp::from_millis(7));
             let meta = decode_meta(&plain).expect("decodes");
             assert!(meta.depends_on.is_empty(), "{plain:?} has no dependencies");
-            for (letter, policy) in [
-                ("c", DependencyFailure::Cancel),
-                ("r", DependencyFailure::Run),
-            ] {
-                let text = format!("{plain} ~{letter}:{a},{b}");
+            for policy in [DependencyFailure::Cancel, DependencyFailure::Run] {
+                let text = format!("{plain} ~{policy}:{a},{b}");
                 let meta = decode_meta(&text).expect("decodes");
                 assert_eq!(meta.depends_on, vec![a, b], "{text:?}");
                 assert_eq!(meta.on_dependency_failure, policy, "{text:?}");
@@ -861,7 +859,7 @@ mod tests {
                 assert_eq!(meta.idempotency_key, job.idempotency_key, "{text:?}");
             }
         }
-        assert!(decode_meta(&format!("q - 0 1 5 1 - a ~c:{a},nope")).is_err());
+        assert!(decode_meta(&format!("q - 0 1 5 1 - a ~cancel:{a},nope")).is_err());
     }
 
     #[test]

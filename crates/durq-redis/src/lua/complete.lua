@@ -35,7 +35,9 @@
 
 local leases, list, finished, running, kleases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local njobs = GRAPH and GRAPH.own_keys - 5 or #KEYS - 5
-local endings = {}  -- {id, 'succeeded'} per completed job that has jobs waiting for it
+-- {id, 'succeeded'} per completed job that has jobs waiting for it; only built by
+-- complete_graph (the plain script answers `graph` at the first such job).
+local endings = nil
 local call, match = redis.call, string.match
 local default_now = ARGV[1]
 local out = {}
@@ -65,6 +67,7 @@ for j = 1, njobs do
         if not GRAPH then
           return { 'graph' }
         end
+        endings = endings or {}
         endings[#endings + 1] = { ARGV[a], 'succeeded' }
       end
       -- Only a job past its first attempt can carry an earlier attempt's error: fail
@@ -102,7 +105,7 @@ for j = 1, njobs do
 end
 check_counters(running, queues)
 local plan = nil
-if #endings > 0 then
+if endings then
   local need
   plan, need = settle_plan(GRAPH, endings)
   if not plan then

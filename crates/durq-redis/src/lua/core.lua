@@ -201,12 +201,13 @@ local CORRUPT_PREFIX = 'corrupt record: '
 
 -- Moves a job whose record cannot be read to `dead`, so it neither blocks its queue nor
 -- vanishes from the indexes: state, finished_at and last_error written (the other fields
--- are left as found), its list entry moved to code 'd', a finished entry appended (purge
--- then deletes it like any dead job). `queue` comes from the index entry that led here;
--- `parent` from `meta` when that is readable.
-local function bury(job, list, finished, queue, id, parent, now, reason)
+-- are left as found), its list entry moved from `code` ('a' when nil: a queued or
+-- running job; graph.lua buries waiting ones, 'w') to 'd', a finished entry appended
+-- (purge then deletes it like any dead job). `queue` comes from the index entry that
+-- led here; `parent` from `meta` when that is readable.
+local function bury(job, list, finished, queue, id, parent, now, reason, code)
   redis.call('HSET', job, 'state', 'dead', 'finished', now, 'error', CORRUPT_PREFIX .. reason)
-  redis.call('ZREM', list, queue .. ' a ' .. id)
+  redis.call('ZREM', list, queue .. ' ' .. (code or 'a') .. ' ' .. id)
   redis.call('ZADD', list, '0', queue .. ' d ' .. id)
   redis.call('RPUSH', finished, finished_entry(now, queue, 'dead', id, parent))
 end

@@ -36,8 +36,8 @@
 --     'l'+ placement (`Job::placement()`: needs and locality as JSON, CONTRACT F1),
 --     'c'+ concurrency key, hex-encoded (keys.rs, `hex_key`; CONTRACT K1-K5): stored in
 --       the job's `ckey` field and in `ckeys`, and in `kready` when the job is ready now,
---     'w'+ dependencies (CONTRACT G1-G3): `POLICY NOW REF...`, POLICY 'c' (cancel) or
---       'r' (run), NOW the job's clock reading (ms), each REF a stored job's id (its hash
+--     'w'+ dependencies (CONTRACT G1-G3): `POLICY NOW REF...`, POLICY 'cancel' or
+--       'run' (DependencyFailure::as_str), NOW the job's clock reading (ms), each REF a stored job's id (its hash
 --       among the job's KEYS, in order) or `#i`, job i of this run (G2). The job's
 --       `meta` gets ` ~POLICY:ID,...` appended, the ids resolved here (codec.rs, DEPS),
 --       and it starts queued, waiting (`wfor`, edges) or cancelled (graph.lua).
@@ -216,10 +216,11 @@ local function wake(queue, id)
 end
 local ready_pairs, sched_pairs, list_pairs, child_pairs, placement_pairs = {}, {}, {}, {}, {}
 local ckey_pairs, kready_pairs = {}, {}
--- Jobs that wait: edges (`DEPENDENCY DEPENDENT`) and the finished entries of jobs
--- cancelled at once because a job they wait for already failed (G3).
-local edge_pairs, finished_pairs = {}, {}
-local flagged = {}  -- hashes given `hasd` by this call
+-- Jobs that wait: `edges` (`DEPENDENCY DEPENDENT`), the `finished` entries of jobs
+-- cancelled at once because a job they wait for already failed (G3), and the hashes
+-- `flagged` with `hasd` by this call. Made by the first job with dependencies, so a
+-- call without any builds nothing for them.
+local waits = nil
 
 -- How job `id` (entry options `o`, packed `meta`) with dependencies starts (CONTRACT
 -- G1-G3). Mirrors durq_core::graph::at_enqueue: returns 'queued' with nil, 'waiting' with
@@ -228,6 +229,9 @@ local flagged = {}  -- hashes given `hasd` by this call
 -- or the job its key answered with (G2); each job is waited for once, in the order
 -- first named. Edges and `hasd` flags are written for the dependencies it waits for.
 local function dependency_start(o, meta, id)
+  if not waits then
+    waits = { edges = {}, finished = {}, flagged = {} }
+  end
   local ids, keys, named = {}, {}, {}
   for _, dep in ipairs(o.deps) do
     local did, dkey = dep.id, dep.key
@@ -250,7 +254,7 @@ local function dependency_start(o, meta, id)
   for i, did in ipairs(ids) do
     local state = call('HGET', keys[i], 'state')
     if state == 'dead' or state == 'cancelled' then
-      if o.policy ~= 'r' and not failed then
+      if o.policy ~= 'run' and not failed then
         -- Byte for byte durq_core::graph::failed_dependency (graph.lua's, which this
         -- script does not include).
         failed = 'cancelled: dependency ' .. did .. ' ended ' .. state
@@ -266,11 +270,12 @@ local function dependency_start(o, meta, id)
     return 'queued', nil, meta
   end
   for _, i in ipairs(open) do
-    edge_pairs[#edge_pairs + 1] = '0'
-    edge_pairs[#edge_pairs + 1] = ids[i] .. ' ' .. id
+    local edges = waits.edges
+    edges[#edges + 1] = '0'
+    edges[#edges + 1] = ids[i] .. ' ' .. id
     -- Flagged once per call: a graph's root is waited for by its whole fan-out.
-    if not flagged[keys[i]] then
-      flagged[keys[i]] = true
+    if not waits.flagged[keys[i]] then
+      waits.flagged[keys[i]] = true
       call('HSET', keys[i], 'hasd', '1')
     end
   end
@@ -368,7 +373,7 @@ for j = 1, n do
         -- Neither ready nor scheduled: a waiting job is queued when released
         -- (graph.lua), a cancelled one never.
         if start == 'cancelled' then
-          finished_pairs[#finished_pairs + 1] =
+          waits.finished[#waits.finished + 1] =
             finished_entry(o.now, queue, 'cancelled', id, o.parent)
         end
       elseif o.sched then
@@ -422,8 +427,10 @@ add_all(KEYS[5], 'ZADD', child_pairs)
 add_all(KEYS[6], 'HSET', placement_pairs)
 add_all(KEYS[7], 'HSET', ckey_pairs)
 add_all(KEYS[8], 'ZADD', kready_pairs)
-add_all(KEYS[9], 'ZADD', edge_pairs)
-add_all(KEYS[10], 'RPUSH', finished_pairs)
+if waits then
+  add_all(KEYS[9], 'ZADD', waits.edges)
+  add_all(KEYS[10], 'RPUSH', waits.finished)
+end
 for queue, ids in pairs(woken) do
   call('PUBLISH', channel, queue .. ' ' .. table.concat(ids, ' '))
 end

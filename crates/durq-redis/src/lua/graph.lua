@@ -38,16 +38,17 @@ local function graph_tail()
   return g
 end
 
--- The policy in a `meta` field's DEPS part (codec.rs): 'r' when the job runs despite a
--- failed dependency, 'c' (cancel, the default) otherwise.
+-- The policy in a `meta` field's DEPS part (codec.rs), as DependencyFailure::as_str
+-- names it: 'run' when the job runs despite a failed dependency, 'cancel' (the
+-- default) otherwise.
 local function dependency_policy(meta)
-  return string.match(meta, ' ~(%a):[%x%-,]+$') or 'c'
+  return string.match(meta, ' ~(%a+):[%x%-,]+$') or 'cancel'
 end
 
 -- Whether a dependency ending in `state` cancels a job with `policy`. Mirrors
 -- durq_core::graph::settle: success is always met, a failure is met only with `run`.
 local function cancels(state, policy)
-  return state ~= 'succeeded' and policy ~= 'r'
+  return state ~= 'succeeded' and policy ~= 'run'
 end
 
 -- The last_error of a job cancelled because `dependency` ended in `state`, byte for byte
@@ -171,11 +172,12 @@ local function settle_write(g, plan)
     finish(r.key, g.list, g.finished, r.queue, r.id, r.parent, 'waiting', 'cancelled', g.now)
   end
   for _, r in ipairs(plan.buried) do
-    redis.call('HSET', r.key, 'state', 'dead', 'finished', g.now, 'error', CORRUPT_PREFIX .. r.reason)
     if r.queue then
-      redis.call('ZREM', g.list, list_member(r.queue, 'waiting', r.id))
-      redis.call('ZADD', g.list, '0', list_member(r.queue, 'dead', r.id))
-      redis.call('RPUSH', g.finished, finished_entry(g.now, r.queue, 'dead', r.id, r.parent))
+      bury(r.key, g.list, g.finished, r.queue, r.id, r.parent, g.now, r.reason, 'w')
+    else
+      -- No queue to find its index entries by: the record alone says dead.
+      redis.call('HSET', r.key, 'state', 'dead', 'finished', g.now, 'error',
+        CORRUPT_PREFIX .. r.reason)
     end
   end
 end

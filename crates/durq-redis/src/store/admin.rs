@@ -15,27 +15,21 @@ impl RedisBackend {
     /// it), asks a running one to stop.
     pub(crate) async fn cancel_job(&self, id: JobId, now: Timestamp) -> Result<JobState> {
         let keys = self.keys();
-        let mut dependents = Dependents::default();
-        let reply = loop {
-            let mut invocation = scripts::CANCEL.prepare_invoke();
-            invocation
-                .key(keys.job(id))
-                .key(&keys.ready)
-                .key(&keys.sched)
-                .key(&keys.list)
-                .key(&keys.finished)
-                .key(&keys.kready)
-                .arg(id.to_string())
-                .arg(now.as_millis());
-            dependents.add_tail(&mut invocation, keys, now);
-            let reply = self.invoke(&invocation, "cancel").await?;
-            if let Some(reply) = dependents
-                .answer(reply, &self.conn(), keys, "cancel")
-                .await?
-            {
-                break reply;
-            }
-        };
+        let reply = Dependents::default()
+            .send_settling(&self.conn(), keys, now, "cancel", || {
+                let mut invocation = scripts::CANCEL.prepare_invoke();
+                invocation
+                    .key(keys.job(id))
+                    .key(&keys.ready)
+                    .key(&keys.sched)
+                    .key(&keys.list)
+                    .key(&keys.finished)
+                    .key(&keys.kready)
+                    .arg(id.to_string())
+                    .arg(now.as_millis());
+                invocation
+            })
+            .await?;
         match status(&reply, "cancel reply")? {
             (word, [state]) if word == "ok" => {
                 parse_state(&text(state, "cancel reply")?, "cancel reply")

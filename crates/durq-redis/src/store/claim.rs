@@ -428,6 +428,7 @@ impl RedisBackend {
     /// so they are neither handed out nor come back after each reclaim. Best effort: a
     /// job this misses stays leased, and reclaim or the next claim buries it.
     async fn bury(&self, unreadable: Vec<Unreadable>, now: Timestamp) {
+        let keys = self.keys();
         for bad in unreadable {
             tracing::warn!(
                 namespace = %self.inner.settings.namespace,
@@ -440,7 +441,26 @@ impl RedisBackend {
                 // lease ran out (its token field is what it cannot read).
                 continue;
             };
-            if let Err(err) = self.bury_one(&bad, token, now).await {
+            // A reply other than `need` is the bury's own: a lease lost meanwhile means
+            // another call took the job, and nothing is left to do either way.
+            let buried = Dependents::default()
+                .send_settling(&self.conn(), keys, now, "bury", || {
+                    let mut invocation = scripts::BURY.prepare_invoke();
+                    invocation
+                        .key(keys.job(bad.id))
+                        .key(&keys.leases)
+                        .key(&keys.list)
+                        .key(&keys.finished)
+                        .key(&keys.running)
+                        .key(&keys.kleases)
+                        .arg(id_string(bad.id))
+                        .arg(token.get())
+                        .arg(now.as_millis())
+                        .arg(bad.error.to_string());
+                    invocation
+                })
+                .await;
+            if let Err(err) = buried {
                 tracing::warn!(id = %bad.id, error = %err, "could not bury an unreadable job");
             }
         }
@@ -452,65 +472,20 @@ impl RedisBackend {
     /// dead, until an operator cancels it (docs/redis.md).
     async fn settle_buried(&self, ids: &[JobId], now: Timestamp) {
         let keys = self.keys();
-        let mut dependents = Dependents::default();
-        let settled = loop {
-            let mut invocation = scripts::SETTLE.prepare_invoke();
-            for id in ids {
-                invocation.key(keys.job(*id));
-            }
-            for id in ids {
-                invocation.arg(id_string(*id));
-            }
-            dependents.add_tail(&mut invocation, keys, now);
-            let answer = match self.invoke(&invocation, "settle").await {
-                Ok(reply) => dependents.answer(reply, &self.conn(), keys, "settle").await,
-                Err(err) => Err(err),
-            };
-            match answer {
-                Ok(None) => {}
-                Ok(Some(_)) => break Ok(()),
-                Err(err) => break Err(err),
-            }
-        };
+        let settled = Dependents::default()
+            .send_settling(&self.conn(), keys, now, "settle", || {
+                let mut invocation = scripts::SETTLE.prepare_invoke();
+                for id in ids {
+                    invocation.key(keys.job(*id));
+                }
+                for id in ids {
+                    invocation.arg(id_string(*id));
+                }
+                invocation
+            })
+            .await;
         if let Err(err) = settled {
             tracing::warn!(error = %err, "could not settle the jobs waiting for buried jobs");
-        }
-    }
-
-    /// One `bury.lua` call (and its `need` rounds) for a job this store's claim leased
-    /// under `token` but could not read.
-    async fn bury_one(
-        &self,
-        bad: &Unreadable,
-        token: durq_core::LeaseToken,
-        now: Timestamp,
-    ) -> Result<()> {
-        let keys = self.keys();
-        let mut dependents = Dependents::default();
-        loop {
-            let mut invocation = scripts::BURY.prepare_invoke();
-            invocation
-                .key(keys.job(bad.id))
-                .key(&keys.leases)
-                .key(&keys.list)
-                .key(&keys.finished)
-                .key(&keys.running)
-                .key(&keys.kleases)
-                .arg(id_string(bad.id))
-                .arg(token.get())
-                .arg(now.as_millis())
-                .arg(bad.error.to_string());
-            dependents.add_tail(&mut invocation, keys, now);
-            let reply = self.invoke(&invocation, "bury").await?;
-            // A reply other than `need` is the bury's own: a lease lost meanwhile means
-            // another call took the job, and nothing is left to do either way.
-            if dependents
-                .answer(reply, &self.conn(), keys, "bury")
-                .await?
-                .is_some()
-            {
-                return Ok(());
-            }
         }
     }
 }

@@ -17,7 +17,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use durq_core::batch::{Batch, Limits};
-use durq_core::graph::{Dependency, DependencyFailure};
+use durq_core::graph::Dependency;
 use durq_core::{Enqueued, Error, JobId, NewJob, Result, Timestamp, Uniqueness};
 use redis::Value;
 
@@ -128,11 +128,7 @@ pub(crate) fn order_prefix(priority: i16, at: Timestamp) -> [u8; 20] {
 /// `POLICY NOW REF...`, a batch index as `#i` counted from 1 within the call (a batch is
 /// always one call, see [`run_all`]).
 fn dependency_refs(job: &NewJob, now: Timestamp) -> String {
-    let policy = match job.on_dependency_failure {
-        DependencyFailure::Cancel => 'c',
-        DependencyFailure::Run => 'r',
-    };
-    let mut out = format!("{policy} {}", now.as_millis());
+    let mut out = format!("{} {}", job.on_dependency_failure, now.as_millis());
     for dependency in &job.depends_on {
         out.push(' ');
         match dependency {

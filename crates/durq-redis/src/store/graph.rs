@@ -3,15 +3,17 @@
 //! Ending a job settles the jobs waiting for it in the same script, which writes their
 //! hashes; only the dependents index names them, and a script declares every key it
 //! touches, so the caller passes the hashes it knows of. A script that meets one it was
-//! not given answers `need` with nothing written, and [`Dependents::learn`] reads the
-//! jobs waiting for those, and for the jobs waiting for them in turn, before the call is
-//! sent again: one extra round trip for a graph found late, none for a job no one
-//! waits for (the script then reads one empty range).
+//! not given answers `need` with nothing written, and [`Dependents::send_settling`]
+//! reads the jobs waiting for those, and for the jobs waiting for them in turn, before
+//! it sends the call again: one more call for a graph found late, none for a job no
+//! one waits for (the script then reads one empty range). Every caller that ends jobs
+//! goes through `send_settling`, so the `need` rounds are written once.
 
 use std::collections::HashSet;
+use std::future::Future;
 
 use durq_core::{Error, JobId, Result, Timestamp};
-use redis::{ToRedisArgs, Value};
+use redis::{RedisResult, ToRedisArgs, Value};
 
 use crate::codec::{array, job_id, text};
 use crate::conn::{map_err, Conn};
@@ -23,12 +25,18 @@ use crate::store::enqueue::ready_hex;
 /// this (a graph of graphs, all waiting) is refused instead of sending one huge call.
 const MAX_KNOWN: usize = 100_000;
 
-/// A script call a graph tail is added to: [`Eval`] or a `redis::ScriptInvocation`.
+/// A script call a graph tail is added to and that is then sent: [`Eval`] or a
+/// `redis::ScriptInvocation`.
 pub(crate) trait ScriptCall {
     /// Adds a key (`KEYS[n]`).
     fn push_key(&mut self, key: impl ToRedisArgs);
     /// Adds an argument (`ARGV[n]`).
     fn push_arg(&mut self, arg: impl ToRedisArgs);
+    /// Runs the call.
+    fn send<'a>(
+        &'a self,
+        conn: &'a mut Conn,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a;
 }
 
 impl ScriptCall for Eval {
@@ -38,6 +46,12 @@ impl ScriptCall for Eval {
     fn push_arg(&mut self, arg: impl ToRedisArgs) {
         self.arg(arg);
     }
+    fn send<'a>(
+        &'a self,
+        conn: &'a mut Conn,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        self.invoke(conn)
+    }
 }
 
 impl ScriptCall for redis::ScriptInvocation<'_> {
@@ -46,6 +60,12 @@ impl ScriptCall for redis::ScriptInvocation<'_> {
     }
     fn push_arg(&mut self, arg: impl ToRedisArgs) {
         self.arg(arg);
+    }
+    fn send<'a>(
+        &'a self,
+        conn: &'a mut Conn,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        self.invoke_async(conn)
     }
 }
 
@@ -57,27 +77,35 @@ pub(crate) struct Dependents {
 }
 
 impl Dependents {
-    /// The answer of a call built with [`Self::add_tail`]: `Some(reply)` when it is the
-    /// script's own, `None` when it was `need` (nothing written), after learning what
-    /// the next call must carry. Callers loop:
-    /// `let reply = loop { build, add_tail, send; if let Some(r) = dependents.answer(..)? { break r } }`.
-    pub(crate) async fn answer(
-        &mut self,
-        reply: Value,
+    /// Sends the call `build` makes, with the graph tail of these dependents and the
+    /// instant `now`, until the script answers other than `need`; answers that reply.
+    /// Each `need` answer wrote nothing, and teaches these dependents what the next
+    /// call must carry.
+    pub(crate) async fn send_settling<C: ScriptCall>(
+        mut self,
         conn: &Conn,
         keys: &Keys,
+        now: Timestamp,
         what: &str,
-    ) -> Result<Option<Value>> {
-        if self.learn(&reply, conn, keys, what).await? {
+        build: impl Fn() -> C,
+    ) -> Result<Value> {
+        loop {
+            let mut call = build();
+            self.add_tail(&mut call, keys, now);
+            let reply = call
+                .send(&mut conn.clone())
+                .await
+                .map_err(|err| map_err(what, err))?;
+            if !self.learn(&reply, conn, keys, what).await? {
+                return Ok(reply);
+            }
             self.check_size()?;
-            return Ok(None);
         }
-        Ok(Some(reply))
     }
 
     /// Adds the graph tail to `call`, after its own keys and arguments: the keys the
     /// settling writes, the instant it settles at, and the dependents known so far.
-    pub(crate) fn add_tail(&self, call: &mut impl ScriptCall, keys: &Keys, now: Timestamp) {
+    fn add_tail(&self, call: &mut impl ScriptCall, keys: &Keys, now: Timestamp) {
         call.push_key(&keys.dependents);
         call.push_key(&keys.ready);
         call.push_key(&keys.sched);

@@ -135,25 +135,22 @@ impl RedisBackend {
             Retry::At(at) => (at.as_millis().to_string(), ready_hex(at), at <= now),
             Retry::Never => (String::new(), String::new(), false),
         };
-        let mut dependents = Dependents::default();
-        let reply = loop {
-            let mut invocation = scripts::FAIL.prepare_invoke();
-            lease_end_keys(&mut invocation, keys, id)
-                .arg(id.to_string())
-                .arg(token.get())
-                .arg(now.as_millis())
-                .arg(error)
-                .arg(&at)
-                .arg(&at_hex)
-                .arg(if due { "1" } else { "0" })
-                .arg(&keys.wake)
-                .arg(durq_core::validate::truncate_attempt_error(error).len());
-            dependents.add_tail(&mut invocation, keys, now);
-            let reply = self.invoke(&invocation, "fail").await?;
-            if let Some(reply) = dependents.answer(reply, &self.conn(), keys, "fail").await? {
-                break reply;
-            }
-        };
+        let reply = Dependents::default()
+            .send_settling(&self.conn(), keys, now, "fail", || {
+                let mut invocation = scripts::FAIL.prepare_invoke();
+                lease_end_keys(&mut invocation, keys, id)
+                    .arg(id.to_string())
+                    .arg(token.get())
+                    .arg(now.as_millis())
+                    .arg(error)
+                    .arg(&at)
+                    .arg(&at_hex)
+                    .arg(if due { "1" } else { "0" })
+                    .arg(&keys.wake)
+                    .arg(durq_core::validate::truncate_attempt_error(error).len());
+                invocation
+            })
+            .await?;
         match status(&reply, "fail reply")? {
             (word, [state]) if word == "ok" => {
                 parse_state(&text(state, "fail reply")?, "fail reply")
@@ -302,48 +299,54 @@ pub(crate) async fn run_script(
     // The first entry's instant is the call's default: a batch shares one, and grouped
     // calls mostly do, so most entries pass '' instead of their own.
     let default_now = entries.first().map_or(Timestamp::from_millis(0), |e| e.now);
-    let mut reply = Value::Nil;
-    let mut plain = !graphs.load(Relaxed);
-    if plain {
-        reply = complete_call(&scripts::COMPLETE, keys, entries, default_now)
+    if !graphs.load(Relaxed) {
+        let reply = complete_call(&scripts::COMPLETE, keys, entries, default_now)
             .invoke(&mut conn)
             .await
             .map_err(|err| map_err("complete", err))?;
-        if matches!(&reply, Value::Array(items) if items.len() == 1
-            && text(&items[0], "complete reply").ok().as_deref() == Some("graph"))
-        {
-            graphs.store(true, Relaxed);
-            plain = false;
+        if !is_graph_answer(&reply) {
+            return outcomes(&reply, entries);
         }
+        graphs.store(true, Relaxed);
     }
-    if !plain {
-        // Settling happens at the call's instant: a batch's completions share it.
-        let mut dependents = Dependents::default();
-        let waited_for = dependents
-            .prefetch(
-                entries.iter().map(|entry| entry.id).collect(),
-                &conn,
-                keys,
-                "complete reply",
-            )
-            .await?;
-        if !waited_for {
-            graphs.store(false, Relaxed);
-        }
-        reply = loop {
-            let mut invocation =
-                complete_call(&scripts::COMPLETE_GRAPH, keys, entries, default_now);
-            dependents.add_tail(&mut invocation, keys, default_now);
-            let reply = invocation
-                .invoke(&mut conn)
-                .await
-                .map_err(|err| map_err("complete", err))?;
-            if let Some(reply) = dependents.answer(reply, &conn, keys, "complete").await? {
-                break reply;
-            }
-        };
+    // Settling happens at the call's instant: a batch's completions share it.
+    let mut dependents = Dependents::default();
+    let waited_for = dependents
+        .prefetch(
+            entries.iter().map(|entry| entry.id).collect(),
+            &conn,
+            keys,
+            "complete reply",
+        )
+        .await?;
+    if !waited_for {
+        graphs.store(false, Relaxed);
     }
-    let items = array(&reply, "complete reply")?;
+    let reply = dependents
+        .send_settling(&conn, keys, default_now, "complete", || {
+            complete_call(&scripts::COMPLETE_GRAPH, keys, entries, default_now)
+        })
+        .await?;
+    outcomes(&reply, entries)
+}
+
+/// Whether a `complete.lua` reply is `{'graph'}` (nothing written), read without
+/// copying it: the plain path asks this of every reply.
+fn is_graph_answer(reply: &Value) -> bool {
+    match reply {
+        Value::Array(items) => match items.as_slice() {
+            [Value::BulkString(word)] => word == b"graph",
+            [Value::SimpleString(word)] => word == "graph",
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// One outcome per entry from a `complete.lua` reply; `Err` when the reply is not one
+/// status per entry.
+fn outcomes(reply: &Value, entries: &[Entry<'_>]) -> Result<Vec<Result<()>>> {
+    let items = array(reply, "complete reply")?;
     if items.len() != entries.len() {
         return Err(Error::corrupt(
             "complete reply",

@@ -126,35 +126,29 @@ impl RedisBackend {
                 .iter()
                 .map(|member| member_id(member, "lease index"))
                 .collect::<Result<Vec<_>>>()?;
-            let mut dependents = Dependents::default();
-            let reply = loop {
-                let mut invocation = scripts::RECLAIM.prepare_invoke();
-                invocation
-                    .key(&keys.leases)
-                    .key(&keys.ready)
-                    .key(&keys.list)
-                    .key(&keys.finished)
-                    .key(&keys.seq)
-                    .key(&keys.running)
-                    .key(&keys.kready)
-                    .key(&keys.ckeys)
-                    .key(&keys.kleases)
-                    .arg(&now_text)
-                    .arg(&now_hex)
-                    .arg(LEASE_EXPIRED)
-                    .arg(&keys.wake);
-                for (member, id) in members.iter().zip(&ids) {
-                    invocation.key(keys.job(*id)).arg(member);
-                }
-                dependents.add_tail(&mut invocation, keys, now);
-                let reply = self.invoke(&invocation, "reclaim").await?;
-                if let Some(reply) = dependents
-                    .answer(reply, &self.conn(), keys, "reclaim")
-                    .await?
-                {
-                    break reply;
-                }
-            };
+            let reply = Dependents::default()
+                .send_settling(&self.conn(), keys, now, "reclaim", || {
+                    let mut invocation = scripts::RECLAIM.prepare_invoke();
+                    invocation
+                        .key(&keys.leases)
+                        .key(&keys.ready)
+                        .key(&keys.list)
+                        .key(&keys.finished)
+                        .key(&keys.seq)
+                        .key(&keys.running)
+                        .key(&keys.kready)
+                        .key(&keys.ckeys)
+                        .key(&keys.kleases)
+                        .arg(&now_text)
+                        .arg(&now_hex)
+                        .arg(LEASE_EXPIRED)
+                        .arg(&keys.wake);
+                    for (member, id) in members.iter().zip(&ids) {
+                        invocation.key(keys.job(*id)).arg(member);
+                    }
+                    invocation
+                })
+                .await?;
             let items = array(&reply, "reclaim reply")?;
             let [examined, jobs] = items else {
                 return Err(Error::corrupt("reclaim reply", "expected two items"));
