@@ -562,3 +562,49 @@ pub async fn g5_concurrent_endings_never_lose_a_release(harness: &dyn Harness) {
         "{what}: every raced job is claimable once"
     );
 }
+
+/// E10 with G1 (decided under E10): a waiting job is active, so it holds a key unique
+/// while active until it ends; once a failed dependency cancels it (G3) the key is
+/// free and the next enqueue makes a new job.
+pub async fn e10_a_waiting_job_holds_its_unique_key(harness: &dyn Harness) {
+    let what = "E10 with G1";
+    let env = TestEnv::new(harness);
+    // A window of zero: the key holds by the job's state alone.
+    let store = env
+        .store_with(|settings| settings.dedup_window(Duration::ZERO))
+        .await;
+    if !keeps_dependencies(&store, what).await {
+        return;
+    }
+    let dependency = enqueue(&store, NewJob::new("e10-deps"), what).await;
+    let unique = || NewJob::new("e10-waits").unique_while_active("report");
+    let waiting = store.enqueue(unique().after(dependency)).await.must(what);
+    assert!(waiting.created, "{what}: the first enqueue makes the job");
+    assert_eq!(
+        get(&store, waiting.id, what).await.state,
+        JobState::Waiting,
+        "{what}: it waits"
+    );
+    let again = store.enqueue(unique()).await.must(what);
+    assert_eq!(
+        (again.id, again.created),
+        (waiting.id, false),
+        "{what}: a waiting job holds its key"
+    );
+
+    let held = claim_expecting(&store, "e10-deps", dependency, what).await;
+    store
+        .fail(dependency, held.token(), "boom", Retry::Never)
+        .await
+        .must(what);
+    assert_eq!(
+        get(&store, waiting.id, what).await.state,
+        JobState::Cancelled,
+        "{what}: its dependency died, so it is cancelled"
+    );
+    let after = store.enqueue(unique()).await.must(what);
+    assert!(
+        after.created && after.id != waiting.id,
+        "{what}: a cancelled job frees its key"
+    );
+}

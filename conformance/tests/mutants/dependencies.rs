@@ -26,6 +26,18 @@ impl Bug for DependencyFailuresIgnored {
     }
 }
 
+/// E10 (decided with G1): a waiting job does not hold its key unique while active, so
+/// the next enqueue of the key makes a second job. The store's own dedup with the
+/// fault injected (`MemoryServer::waiting_frees_unique_keys`).
+#[derive(Debug)]
+pub(crate) struct WaitingFreesUniqueKeys;
+
+impl Bug for WaitingFreesUniqueKeys {
+    fn open(&self, server: &MemoryServer, namespace: &str) {
+        server.waiting_frees_unique_keys(namespace, true);
+    }
+}
+
 /// G2: a batch whose jobs' batch indexes are dropped on the way to the store, as a
 /// backend that resolves only stored ids would: the graph's jobs run at once.
 #[derive(Debug)]

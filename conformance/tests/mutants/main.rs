@@ -594,6 +594,15 @@ async fn failed_dependencies_counted_as_met_are_caught_by_g3() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_job_freeing_its_unique_key_is_caught_by_e10() {
+    caught(
+        WaitingFreesUniqueKeys,
+        "e10_a_waiting_job_holds_its_unique_key",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batch_indexes_dropped_are_caught_by_g2() {
     caught(BatchIndexesDropped, "g2_a_batch_enqueues_a_graph_at_once").await;
 }

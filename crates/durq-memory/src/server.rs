@@ -141,6 +141,16 @@ impl MemoryServer {
             .ignore_dependency_failures(on);
     }
 
+    /// Counts only queued and running jobs as holding a key unique while active, so a
+    /// waiting job's key is taken by the next enqueue: the mutant of CONTRACT E10's
+    /// decided bullet on waiting jobs. For the conformance suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn waiting_frees_unique_keys(&self, namespace: &str, on: bool) {
+        self.namespace(namespace)
+            .lock()
+            .waiting_frees_unique_keys(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

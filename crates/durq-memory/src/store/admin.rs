@@ -119,6 +119,11 @@ impl State {
     }
 
     #[cfg(feature = "testing")]
+    pub(crate) fn waiting_frees_unique_keys(&mut self, on: bool) {
+        self.faults.waiting_frees_unique_keys = on;
+    }
+
+    #[cfg(feature = "testing")]
     pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
         match self.jobs.get_mut(&id) {
             Some(record) => {

@@ -85,7 +85,11 @@ impl State {
                 let holds = match (self.jobs.get(&id), uniqueness) {
                     (None, _) => false,
                     (Some(_), Uniqueness::Window) => settings.dedup_active(taken_at, now),
-                    (Some(record), Uniqueness::WhileActive) => record.job.state.is_active(),
+                    (Some(record), Uniqueness::WhileActive) => {
+                        record.job.state.is_active()
+                            && !(self.faults.waiting_frees_unique_keys
+                                && record.job.state == JobState::Waiting)
+                    }
                 };
                 if holds {
                     return Enqueued { id, created: false };

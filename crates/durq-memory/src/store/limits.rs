@@ -455,4 +455,7 @@ pub(crate) struct Faults {
     /// A dependency that ends dead or cancelled counts as met for every policy: a
     /// dependent that runs on a failed input (CONTRACT G3).
     pub(crate) ignore_dependency_failures: bool,
+    /// A waiting job does not hold a key unique while active: only queued and running
+    /// jobs do (CONTRACT E10, decided with G1).
+    pub(crate) waiting_frees_unique_keys: bool,
 }
