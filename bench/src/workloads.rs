@@ -71,10 +71,25 @@ pub fn payload(index: u64) -> NewJob {
 
 /// Enqueues jobs `range` in batches of `batch`, as fast as the store takes them.
 async fn fill(store: &Store, range: std::ops::Range<u64>, batch: usize) -> Result<(), String> {
+    fill_by(store, range, batch as u64, |i, jobs| jobs.push(payload(i))).await
+}
+
+/// Enqueues the units of `range` (a job, a graph), `per_batch` of them to an
+/// `enqueue_batch`, each unit's jobs made by `push`, as fast as the store takes them.
+async fn fill_by(
+    store: &Store,
+    range: std::ops::Range<u64>,
+    per_batch: u64,
+    push: impl Fn(u64, &mut Vec<NewJob>),
+) -> Result<(), String> {
     let mut next = range.start;
     while next < range.end {
-        let end = (next + batch as u64).min(range.end);
-        let jobs: Vec<NewJob> = (next..end).map(payload).collect();
+        let end = (next + per_batch.max(1)).min(range.end);
+        // Exact for one job a unit (what `enqueue-batch` times); a graph's grow.
+        let mut jobs = Vec::with_capacity((end - next) as usize);
+        for unit in next..end {
+            push(unit, &mut jobs);
+        }
         store
             .enqueue_batch(jobs)
             .await
@@ -142,12 +157,11 @@ const FAN_OUT: u64 = 10;
 /// graphs beside it, as many to a batch as fit `batch` jobs; job numbers (payloads) run
 /// from 0 in enqueue order.
 async fn fill_graphs(store: &Store, graphs: u64, batch: usize) -> Result<(), String> {
-    let per_batch = (batch as u64 / GRAPH_JOBS).max(1);
-    let mut next = 0;
-    while next < graphs {
-        let end = (next + per_batch).min(graphs);
-        let mut jobs = Vec::with_capacity(((end - next) * GRAPH_JOBS) as usize);
-        for graph in next..end {
+    fill_by(
+        store,
+        0..graphs,
+        batch as u64 / GRAPH_JOBS,
+        |graph, jobs| {
             let first = graph * GRAPH_JOBS;
             let root = jobs.len();
             jobs.push(payload(first));
@@ -159,14 +173,9 @@ async fn fill_graphs(store: &Store, graphs: u64, batch: usize) -> Result<(), Str
                 fan_in = fan_in.after(Dependency::Earlier(root + i));
             }
             jobs.push(fan_in);
-        }
-        store
-            .enqueue_batch(jobs)
-            .await
-            .map_err(|e| format!("enqueue_batch: {e}"))?;
-        next = end;
-    }
-    Ok(())
+        },
+    )
+    .await
 }
 
 /// `e2e-backlog`: enqueue every job, then start the workers and time them from the

@@ -234,7 +234,7 @@ fn leases_of_one_key_known_to_overlap_are_limit_violations() {
 }
 
 /// A job in `state` that waited for `depends_on`, as the final read shows it.
-fn waited(id: JobId, state: JobState, depends_on: Vec<JobId>) -> Option<Job> {
+fn waited(id: JobId, state: JobState, depends_on: Vec<JobId>) -> (JobId, Option<Job>) {
     let (mut job, _) = Job::enqueued(
         durq::NewJob::new("chaos"),
         id,
@@ -242,14 +242,26 @@ fn waited(id: JobId, state: JobState, depends_on: Vec<JobId>) -> Option<Job> {
     );
     job.state = state;
     job.depends_on = depends_on;
-    Some(job)
+    (id, Some(job))
+}
+
+/// The dependency check's verdict on one worker's `events` and the final reads
+/// `finals` (see [`waited`]).
+fn judge_waits(
+    events: Vec<Event>,
+    finals: impl IntoIterator<Item = (JobId, Option<Job>)>,
+) -> Verdict {
+    let (_, jobs) = collect(&[worker(10, events)]);
+    let finals: HashMap<JobId, Option<Job>> = finals.into_iter().collect();
+    let mut verdict = Verdict::default();
+    judge_dependencies(&mut verdict, &jobs, &finals);
+    verdict
 }
 
 #[test]
 fn a_job_claimed_before_its_dependency_succeeded_is_a_violation() {
     let (root, early, late) = (id(20), id(21), id(22));
-    let histories = vec![worker(
-        10,
+    let verdict = judge_waits(
         vec![
             claim(100, root, 1),
             start(110, root, 1),
@@ -261,17 +273,12 @@ fn a_job_claimed_before_its_dependency_succeeded_is_a_violation() {
             outcome(400, Op::Complete, early, 1, true),
             outcome(500, Op::Complete, late, 1, true),
         ],
-    )];
-    let (_, jobs) = collect(&histories);
-    let finals: HashMap<JobId, Option<Job>> = [
-        (root, waited(root, JobState::Succeeded, vec![])),
-        (early, waited(early, JobState::Succeeded, vec![root])),
-        (late, waited(late, JobState::Succeeded, vec![root])),
-    ]
-    .into_iter()
-    .collect();
-    let mut verdict = Verdict::default();
-    judge_dependencies(&mut verdict, &jobs, &finals);
+        [
+            waited(root, JobState::Succeeded, vec![]),
+            waited(early, JobState::Succeeded, vec![root]),
+            waited(late, JobState::Succeeded, vec![root]),
+        ],
+    );
     assert_eq!(
         (verdict.dependent_jobs, verdict.dependency_violations),
         (2, 1)
@@ -286,8 +293,7 @@ fn a_job_claimed_before_its_dependency_succeeded_is_a_violation() {
 #[test]
 fn a_job_left_waiting_is_a_violation_and_a_dependency_without_an_answer_bounds_by_its_run() {
     let (root, after, stuck) = (id(30), id(31), id(32));
-    let histories = vec![worker(
-        10,
+    let verdict = judge_waits(
         vec![
             claim(100, root, 1),
             start(110, root, 1),
@@ -297,17 +303,12 @@ fn a_job_left_waiting_is_a_violation_and_a_dependency_without_an_answer_bounds_b
             claim(120, after, 1),
             outcome(130, Op::Complete, after, 1, true),
         ],
-    )];
-    let (_, jobs) = collect(&histories);
-    let finals: HashMap<JobId, Option<Job>> = [
-        (root, waited(root, JobState::Succeeded, vec![])),
-        (after, waited(after, JobState::Succeeded, vec![root])),
-        (stuck, waited(stuck, JobState::Waiting, vec![root])),
-    ]
-    .into_iter()
-    .collect();
-    let mut verdict = Verdict::default();
-    judge_dependencies(&mut verdict, &jobs, &finals);
+        [
+            waited(root, JobState::Succeeded, vec![]),
+            waited(after, JobState::Succeeded, vec![root]),
+            waited(stuck, JobState::Waiting, vec![root]),
+        ],
+    );
     assert_eq!(
         (verdict.dependent_jobs, verdict.dependency_violations),
         (2, 1),
