@@ -25,40 +25,31 @@ if not v[1] then
 end
 local state = v[1]
 local queue, parent = meta_head(v[2])
-if state == 'waiting' then
-  -- In no ready or scheduled index; its `wfor` goes with the wait (G4).
+if state == 'queued' or state == 'waiting' then
+  -- Check before write: without a readable queue (and, for a queued job, order key)
+  -- its index entries cannot be found, and cancelling would leave them behind.
   if not queue then
     return { 'corrupt', 'field meta unreadable' }
   end
-  local plan, need = settle_plan(g, { { id, 'cancelled' } })
-  if not plan then
-    return { 'need', need }
-  end
-  redis.call('HDEL', job, 'wfor')
-  finish(job, list, finished, queue, id, parent, 'waiting', 'cancelled', now)
-  settle_write(g, plan)
-  return { 'ok', 'cancelled' }
-end
-if state == 'queued' then
-  -- Check before write: without a readable queue and order key the ready or scheduled
-  -- entry cannot be found, and cancelling would leave it behind.
-  if not queue then
-    return { 'corrupt', 'field meta unreadable' }
-  end
-  if not v[3] or string.find(v[3], '^%x+$') == nil or #v[3] ~= 36 then
+  if state == 'queued' and (not v[3] or string.find(v[3], '^%x+$') == nil or #v[3] ~= 36) then
     return { 'corrupt', 'field order unreadable' }
   end
   local plan, need = settle_plan(g, { { id, 'cancelled' } })
   if not plan then
     return { 'need', need }
   end
-  local member = queue_member(queue, v[3], id)
-  redis.call('ZREM', ready, member)
-  redis.call('ZREM', sched, member)
-  if v[4] then
-    redis.call('ZREM', kready, kready_member(queue, member, v[4]))
+  if state == 'queued' then
+    local member = queue_member(queue, v[3], id)
+    redis.call('ZREM', ready, member)
+    redis.call('ZREM', sched, member)
+    if v[4] then
+      redis.call('ZREM', kready, kready_member(queue, member, v[4]))
+    end
+  else
+    -- In no ready or scheduled index; its `wfor` goes with the wait (G4).
+    redis.call('HDEL', job, 'wfor')
   end
-  finish(job, list, finished, queue, id, parent, 'queued', 'cancelled', now)
+  finish(job, list, finished, queue, id, parent, state, 'cancelled', now)
   settle_write(g, plan)
   return { 'ok', 'cancelled' }
 end

@@ -37,8 +37,9 @@
 --     'c'+ concurrency key, hex-encoded (keys.rs, `hex_key`; CONTRACT K1-K5): stored in
 --       the job's `ckey` field and in `ckeys`, and in `kready` when the job is ready now,
 --     'w'+ dependencies (CONTRACT G1-G3): `POLICY NOW REF...`, POLICY 'cancel' or
---       'run' (DependencyFailure::as_str), NOW the job's clock reading (ms), each REF a stored job's id (its hash
---       among the job's KEYS, in order) or `#i`, job i of this run (G2). The job's
+--       'run' (DependencyFailure::as_str), NOW the job's clock reading (ms), each REF
+--       a stored job's id (its hash among the job's KEYS, in order) or `#i`, job i of
+--       this run (G2). The job's
 --       `meta` gets ` ~POLICY:ID,...` appended, the ids resolved here (codec.rs, DEPS),
 --       and it starts queued, waiting (`wfor`, edges) or cancelled (graph.lua).
 -- Each job carries its own clock reading (created_at, due, cutoff): concurrent enqueues
@@ -333,9 +334,11 @@ for j = 1, n do
         call('DEL', job)
       end
     else
-      local start, failed = 'queued', nil
+      -- How it starts, and what goes with that: how many it waits for, or why it
+      -- was cancelled (dependency_start).
+      local start, detail = 'queued', nil
       if o.deps then
-        start, failed, meta = dependency_start(o, meta, id)
+        start, detail, meta = dependency_start(o, meta, id)
       end
       -- A staged payload is in the hash already, and an absent timeout is no field.
       if o.staged then
@@ -347,9 +350,9 @@ for j = 1, n do
           'token', '0', 'order', order, 'payload', payload)
       end
       if start == 'waiting' then
-        call('HSET', job, 'wfor', string.format('%d', failed))
+        call('HSET', job, 'wfor', string.format('%d', detail))
       elseif start == 'cancelled' then
-        call('HSET', job, 'finished', o.now, 'error', failed)
+        call('HSET', job, 'finished', o.now, 'error', detail)
       end
       if o.timeout then
         call('HSET', job, 'timeout', o.timeout)
