@@ -784,6 +784,13 @@ async fn a_completion_batch_aborted_by_a_deadlock_is_sent_again() {
         let before = deadlocks().await;
         // A transaction of its own, on a connection of its own, holds one row.
         let mut holder = backend.pool().begin().await.expect("begin");
+        // The server aborts the process whose deadlock check runs first, and each
+        // checks once it has waited its own `deadlock_timeout`: the batch (1 s, the
+        // default) is then always the one aborted, whatever the machine's load.
+        sqlx::query("SET LOCAL deadlock_timeout = '60s'")
+            .execute(&mut *holder)
+            .await
+            .expect("a long deadlock_timeout for the holder (the test connects as a superuser)");
         let lock = "SELECT id FROM jobs.jobs WHERE namespace = $1 AND id = $2::uuid FOR UPDATE";
         sqlx::query(lock)
             .bind(&namespace)
@@ -819,7 +826,7 @@ async fn a_completion_batch_aborted_by_a_deadlock_is_sent_again() {
             .bind(ids[1 - first].to_string())
             .execute(&mut *holder)
             .await
-            .expect("the holder is never the one aborted: the batch waited first");
+            .expect("the holder is never the one aborted: its deadlock check comes last");
         holder.commit().await.expect("commit");
         let answers = batch.await.expect("the batch task").expect("the batch");
         assert!(
