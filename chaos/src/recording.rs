@@ -9,7 +9,7 @@ use durq::layers::{async_trait, Backend, Layer, LayeredBackend};
 use durq::worker_calls::{
     ClaimRequest, ClaimedJob, Completion, Heartbeat, HeldLease, ReclaimedJob, Retry,
 };
-use durq::{Error, JobId, JobState, LeaseToken, Result, Timestamp};
+use durq::{Error, Job, JobId, JobState, LeaseToken, Result, Timestamp};
 
 use crate::history::{now_us, Event, Log, Op};
 
@@ -208,5 +208,12 @@ impl LayeredBackend for Recording {
             .wait_for_work(queues, timeout)
             .await
             .inspect_err(|err| self.failed("wait_for_work", err))
+    }
+
+    async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        self.inner
+            .wait_for_ending(id, timeout)
+            .await
+            .inspect_err(|err| self.failed("wait_for_ending", err))
     }
 }

@@ -164,6 +164,8 @@ macro_rules! __scenario_list {
             G4 [Inspect Admin] rules::g4_cancelling_a_waiting_job_settles_its_dependents,
             G5 [Inspect Admin] rules::g5_concurrent_endings_never_lose_a_release,
             E10 [Inspect Admin] rules::e10_a_waiting_job_holds_its_unique_key,
+            O1 [Admin] rules::o1_wait_answers_an_ended_job_as_stored,
+            O2 [Admin] rules::o2_waiters_are_woken_by_endings_from_other_handles,
             M1 [Inspect Admin] model_check::m1_model_check,
             P1 [Inspect] rules::p1_jobs_live_with_their_key_or_parent_and_others_spread,
             P2 [] rules::p2_claims_keep_the_order_within_each_partition,

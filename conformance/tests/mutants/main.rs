@@ -17,8 +17,8 @@ use durq_conformance::{Harness, Scenario, SCENARIOS};
 use durq_core::graph::Dependency;
 use durq_core::{
     async_trait, Attempt, AttemptOutcome, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
-    Completion, Enqueued, Error, Heartbeat, HeldLease, JobId, JobState, LayeredBackend, LeaseToken,
-    ListPage, ListQuery, NewJob, Partitioning, QueueLimits, QueueOverview, QueueStats,
+    Completion, Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LayeredBackend,
+    LeaseToken, ListPage, ListQuery, NewJob, Partitioning, QueueLimits, QueueOverview, QueueStats,
     ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoreSettings, Timestamp, Uniqueness,
     LEASE_EXPIRED,
 };
@@ -120,6 +120,15 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
         now: Timestamp,
     ) -> Result<Vec<ReclaimedJob>> {
         inner.reclaim(limit, now).await
+    }
+
+    async fn wait_for_ending(
+        &self,
+        inner: &dyn Backend,
+        id: JobId,
+        timeout: Duration,
+    ) -> Result<Option<Job>> {
+        inner.wait_for_ending(id, timeout).await
     }
 
     async fn stats(&self, inner: &dyn Backend, queue: &str, now: Timestamp) -> Result<QueueStats> {
@@ -272,6 +281,10 @@ impl LayeredBackend for Mutant {
         self.bug.reclaim(&*self.inner, limit, now).await
     }
 
+    async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        self.bug.wait_for_ending(&*self.inner, id, timeout).await
+    }
+
     async fn stats(&self, queue: &str, now: Timestamp) -> Result<QueueStats> {
         self.bug.stats(&*self.inner, queue, now).await
     }
@@ -390,10 +403,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 mod claims_and_leases;
 mod dependencies;
 mod reads_admin_and_fit;
+mod results;
 
 use claims_and_leases::*;
 use dependencies::*;
 use reads_admin_and_fit::*;
+use results::*;
 
 // ---------------------------------------------------------------------------------
 // Running scenarios.
@@ -598,6 +613,20 @@ async fn a_waiting_job_freeing_its_unique_key_is_caught_by_e10() {
     caught(
         WaitingFreesUniqueKeys,
         "e10_a_waiting_job_holds_its_unique_key",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_that_answers_before_the_ending_is_caught_by_o1() {
+    caught(WaitAnswersAtOnce, "o1_wait_answers_an_ended_job_as_stored").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_no_ending_wakes_is_caught_by_o2() {
+    caught(
+        WaitHearsNoEndings,
+        "o2_waiters_are_woken_by_endings_from_other_handles",
     )
     .await;
 }

@@ -308,6 +308,24 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// calls `claim` after it either way.
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()>;
 
+    /// Rules O1, O2: the job once it has ended (`succeeded`, `dead` or `cancelled`),
+    /// as stored then, or `None` when `timeout` (real time) passes first; an unknown
+    /// job is [`Error::NotFound`].
+    ///
+    /// A backend wakes the waiter when the job ends, whichever handle or process ended
+    /// it, and polls only as a fallback for notices it can lose: it hands
+    /// [`ending::wait_until_ended`](crate::ending::wait_until_ended) an arming step that
+    /// registers for the news before it reads the job. This default has no news to
+    /// register for and reads the job every
+    /// [`DEFAULT_ENDING_POLL`](crate::ending::DEFAULT_ENDING_POLL): correct on any
+    /// backend, but not O2's prompt wake-up at no cost.
+    async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        crate::ending::wait_until_ended(timeout, Some(crate::ending::DEFAULT_ENDING_POLL), || {
+            Box::pin(async move { Ok(crate::ending::Armed::unwatched(self.get(id).await?)) })
+        })
+        .await
+    }
+
     /// [`Inspect`] if the backend declares it: listing, counts, children, attempts.
     fn as_inspect(&self) -> Option<&dyn Inspect> {
         None

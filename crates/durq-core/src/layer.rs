@@ -305,6 +305,10 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
         self.inner().wait_for_work(queues, timeout).await
     }
+
+    async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        self.inner().wait_for_ending(id, timeout).await
+    }
 }
 
 /// The boxed future every [`Backend`] method returns (what `async_trait` expands to).
@@ -494,6 +498,18 @@ impl<L: LayeredBackend> Backend for L {
         Self: 'b,
     {
         LayeredBackend::wait_for_work(self, queues, timeout)
+    }
+
+    fn wait_for_ending<'a, 'b>(
+        &'a self,
+        id: JobId,
+        timeout: Duration,
+    ) -> BoxFuture<'b, Result<Option<Job>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::wait_for_ending(self, id, timeout)
     }
 
     fn as_inspect(&self) -> Option<&dyn Inspect> {

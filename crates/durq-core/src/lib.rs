@@ -7,6 +7,7 @@ mod backoff;
 #[cfg(feature = "batch")]
 pub mod batch;
 pub mod capability;
+pub mod ending;
 mod error;
 pub mod fair;
 pub mod fit;

@@ -220,6 +220,30 @@ impl Store {
             .map_err(|err| Error::invalid("payload", format!("not the expected JSON: {err}")))
     }
 
+    /// Rules O1, O2: waits until job `id` has ended and returns it as stored then
+    /// (`succeeded` with its `result`, `dead` or `cancelled` with its `last_error`),
+    /// or `None` when `timeout` (real time) passes first. A job that has already ended
+    /// is returned at once; an unknown job is [`Error::NotFound`]. The backend wakes
+    /// the wait when the job ends, from any handle or process, instead of polling.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use durq_core::{Store, NewJob, Result, JobState};
+    /// # async fn example(store: Store) -> Result<()> {
+    /// let id = store.enqueue(NewJob::new("reports")).await?.id;
+    /// // ... a worker runs it ...
+    /// match store.wait(id, Duration::from_secs(30)).await? {
+    ///     Some(job) if job.state == JobState::Succeeded => println!("{:?}", job.result),
+    ///     Some(job) => println!("ended {}: {:?}", job.state, job.last_error),
+    ///     None => println!("still running after 30 s"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn wait(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        self.backend.wait_for_ending(id, timeout).await
+    }
+
     /// Rule E8: the jobs enqueued with `parent`, oldest first.
     pub async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         self.backend.require_inspect()?.children(parent).await

@@ -13,8 +13,19 @@ use durq_core::{
     StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
 };
 
+use durq_core::ending::Armed;
+
 use crate::store::{Namespace, Prepared, State};
 use crate::MemoryServer;
+
+/// Takes a waiter off the namespace's count of waiters for endings when its wait ends.
+struct WaiterCount<'a>(&'a Namespace);
+
+impl Drop for WaiterCount<'_> {
+    fn drop(&mut self) {
+        self.0.ending_waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// The in-memory store.
 #[derive(Debug, Clone)]
@@ -202,6 +213,25 @@ impl Backend for MemoryBackend {
             self.namespace.signal_work();
         }
         Ok(reclaimed)
+    }
+
+    async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        let namespace = &self.namespace;
+        // Counted for the whole wait, before the first read (see `StateGuard`'s drop).
+        namespace.ending_waiters.fetch_add(1, Ordering::SeqCst);
+        let _counted = WaiterCount(namespace);
+        // Every ending in the namespace signals, so the poll is not needed: nothing
+        // here can lose a signal.
+        durq_core::ending::wait_until_ended(timeout, None, || {
+            Box::pin(async move {
+                let woken = namespace.job_ended.notified();
+                let mut woken = Box::pin(woken);
+                woken.as_mut().enable();
+                let job = namespace.lock().job(id).cloned()?;
+                Ok(Armed::new(job, woken))
+            })
+        })
+        .await
     }
 
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {

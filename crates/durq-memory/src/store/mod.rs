@@ -5,6 +5,7 @@
 //! entry, because `MemoryServer::vanish` deletes records behind the indexes' back.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
@@ -220,6 +221,9 @@ pub(crate) struct State {
     turns: FxHashMap<String, BTreeMap<i16, String>>,
     /// Faults a test injected.
     faults: limits::Faults,
+    /// Whether a job ended since the lock was taken: the guard then wakes the waiters
+    /// for endings as it lets go (CONTRACT O2).
+    ended_any: bool,
 }
 
 /// Kinds of needs one fitted claim remembers its verdict on; past that, a job of another
@@ -302,6 +306,7 @@ impl State {
         }
         let ended =
             (!was.is_terminal() && record.job.state.is_terminal()).then_some(record.job.state);
+        self.ended_any |= ended.is_some();
         self.idx.add(record, id, now);
         Some((result, ended))
     }
@@ -329,23 +334,31 @@ impl State {
     }
 }
 
-/// One namespace's data and its wake-up signal.
+/// One namespace's data and its wake-up signals.
 #[derive(Debug, Default)]
 pub(crate) struct Namespace {
     state: Mutex<State>,
     pub(crate) work_arrived: Notify,
+    /// Signalled when jobs ended, for `wait_for_ending` (CONTRACT O2), and only while
+    /// someone waits: `ending_waiters` counts them.
+    pub(crate) job_ended: Notify,
+    pub(crate) ending_waiters: AtomicUsize,
     /// Whether a queue has a rate (K4), so a wait for work looks up when a rate frees a
     /// start only then, without the lock otherwise.
     pub(crate) has_rates: std::sync::atomic::AtomicBool,
 }
 
 impl Namespace {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> StateGuard<'_> {
         // A panic while holding the lock can only come from a bug in this crate; the
         // state is updated so that every step leaves it consistent, so keep serving.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        StateGuard {
+            state: self
+                .state
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            namespace: self,
+        }
     }
 
     /// Wakes every waiting claimer, and leaves a permit for a claimer that is between
@@ -353,5 +366,39 @@ impl Namespace {
     pub(crate) fn signal_work(&self) {
         self.work_arrived.notify_waiters();
         self.work_arrived.notify_one();
+    }
+}
+
+/// The namespace's state, locked. Whatever call ended a job (a completion, a cancel, a
+/// cascade of G3, a bury), the waiters for endings are woken as the lock is let go, so
+/// no call site has to remember it.
+pub(crate) struct StateGuard<'a> {
+    state: MutexGuard<'a, State>,
+    namespace: &'a Namespace,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        // Read while the lock is still held: a waiter counts itself before it reads
+        // under the lock, so either this sees it or its read sees the ending.
+        if std::mem::take(&mut self.state.ended_any)
+            && self.namespace.ending_waiters.load(Ordering::SeqCst) > 0
+        {
+            self.namespace.job_ended.notify_waiters();
+        }
     }
 }

@@ -184,6 +184,11 @@ impl Backend for OnStoreRuntime {
             .await
     }
 
+    async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        self.hop(move |b| async move { b.wait_for_ending(id, timeout).await })
+            .await
+    }
+
     fn as_inspect(&self) -> Option<&dyn Inspect> {
         self.inner.as_inspect().map(|_| self as &dyn Inspect)
     }
