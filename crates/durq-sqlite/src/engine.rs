@@ -29,7 +29,7 @@ use crate::schema;
 pub(crate) struct WriteTx<'a> {
     conn: &'a Connection,
     seq: RefCell<&'a mut SeqCounter>,
-    wakes: RefCell<&'a mut HashSet<i64>>,
+    wakes: RefCell<&'a mut Wakes>,
 }
 
 impl<'a> WriteTx<'a> {
@@ -39,7 +39,7 @@ impl<'a> WriteTx<'a> {
     pub(crate) fn new(
         conn: &'a Connection,
         seq: &'a mut SeqCounter,
-        wakes: &'a mut HashSet<i64>,
+        wakes: &'a mut Wakes,
     ) -> WriteTx<'a> {
         WriteTx {
             conn,
@@ -79,8 +79,23 @@ impl<'a> WriteTx<'a> {
 
     /// Asks for the waiters of namespace `ns` to be woken once the group commits.
     pub(crate) fn wake(&self, ns: i64) {
-        self.wakes.borrow_mut().insert(ns);
+        self.wakes.borrow_mut().ready.insert(ns);
     }
+
+    /// Tells the waiters for endings (CONTRACT O2) to look again once the group
+    /// commits: a job ended in it.
+    pub(crate) fn ended(&self) {
+        self.wakes.borrow_mut().ended = true;
+    }
+}
+
+/// Whom a transaction wakes once it commits.
+#[derive(Debug, Default)]
+pub(crate) struct Wakes {
+    /// The namespaces where jobs became ready.
+    ready: HashSet<i64>,
+    /// Whether a job ended.
+    ended: bool,
 }
 
 /// The store-wide sequence as one write transaction hands it out.
@@ -267,10 +282,15 @@ pub(crate) fn in_savepoint<T>(
 
 type ReadFn = Box<dyn FnOnce(Result<&Connection>) + Send>;
 
-/// The wake-up signal of each namespace, shared by the writer and the stores.
+/// The wake-up signal of each namespace, shared by the writer and the stores, and the
+/// signal of endings with its count of waiters.
 #[derive(Default)]
 pub(crate) struct Wakers {
     by_ns: Mutex<HashMap<i64, Arc<Notify>>>,
+    /// Signalled after a commit that ended jobs while someone waits for an ending.
+    pub(crate) job_ended: Notify,
+    /// The waits for endings under way, so that a commit signals only while one is.
+    pub(crate) ending_waiters: std::sync::atomic::AtomicUsize,
 }
 
 impl Wakers {
@@ -279,11 +299,25 @@ impl Wakers {
         map.entry(ns).or_default().clone()
     }
 
-    /// Wakes this process's waiters of each namespace in `namespaces`; called only after
-    /// the transaction that made their jobs ready has committed.
-    pub(crate) fn wake(&self, namespaces: &HashSet<i64>) {
+    /// Wakes this process's waiters of each namespace where jobs became ready, and its
+    /// waiters for endings if a job ended; called only after the transaction that did
+    /// it has committed.
+    pub(crate) fn wake(&self, wakes: &Wakes) {
+        // A waiter counts itself before its first read, so either it is counted here or
+        // its read comes after this commit.
+        if wakes.ended
+            && self
+                .ending_waiters
+                .load(std::sync::atomic::Ordering::SeqCst)
+                > 0
+        {
+            self.job_ended.notify_waiters();
+        }
+        if wakes.ready.is_empty() {
+            return;
+        }
         let map = self.by_ns.lock().unwrap_or_else(|p| p.into_inner());
-        for ns in namespaces {
+        for ns in &wakes.ready {
             if let Some(notify) = map.get(ns) {
                 notify.notify_waiters();
             }
@@ -545,7 +579,7 @@ fn run_group(conn: &mut Connection, group: &mut Vec<Box<dyn WriteOp>>, wakers: &
         return;
     }
     let mut seq = SeqCounter::default();
-    let mut wakes = HashSet::new();
+    let mut wakes = Wakes::default();
     let mut finished: Vec<Box<dyn Finish>> = Vec::with_capacity(group.len());
     let mut spoiled: Option<Error> = None;
     {

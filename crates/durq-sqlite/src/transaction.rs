@@ -5,7 +5,6 @@
 //! the caller's transaction instead of a group's, so an enqueue or a completion here
 //! keeps every rule it keeps through the writer.
 
-use std::collections::HashSet;
 use std::ops::Deref;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,7 +17,9 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use crate::config::SqliteConfig;
-use crate::engine::{in_savepoint, lost_transaction, write_seq, SeqCounter, Wakers, WriteTx};
+use crate::engine::{
+    in_savepoint, lost_transaction, write_seq, SeqCounter, Wakers, Wakes, WriteTx,
+};
 use crate::error::DbResultExt;
 use crate::store;
 
@@ -83,7 +84,7 @@ pub(crate) fn begin<'c>(
         settings: owner.settings.clone(),
         wakers: owner.wakers.clone(),
         seq: SeqCounter::default(),
-        wakes: HashSet::new(),
+        wakes: Wakes::default(),
         spoiled: None,
     })
 }
@@ -140,7 +141,7 @@ pub struct SqliteTransaction<'c> {
     /// The sequence values drawn, written back once, just before the commit.
     seq: SeqCounter,
     /// The namespaces to wake once (and only if) the transaction commits.
-    wakes: HashSet<i64>,
+    wakes: Wakes,
     /// Why the transaction must not commit, once it must not.
     spoiled: Option<Error>,
 }

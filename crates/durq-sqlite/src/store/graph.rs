@@ -184,6 +184,7 @@ pub(super) fn settle(
                     let has_dependents: Option<i64> = cancel
                         .query_row(params![row, now.as_millis(), error], |found| found.get(0))
                         .db("cancel a waiting job")?;
+                    tx.ended();
                     if has_dependents.is_some() {
                         let dependent = id_from_blob("dependent job", dependent)?;
                         ended.push((dependent, JobState::Cancelled));

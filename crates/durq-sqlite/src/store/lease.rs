@@ -172,6 +172,7 @@ impl<'t, 'c> Completer<'t, 'c> {
             .db("complete the job")?;
             graph::settle(self.tx, ns, id, JobState::Succeeded, now)?;
         }
+        self.tx.ended();
         Ok(())
     }
 }
@@ -201,6 +202,9 @@ pub(super) fn finish(
             .optional()
         })
         .db("finish the job")?;
+    if ended.is_some() {
+        tx.ended();
+    }
     if let Some((ns, id, Some(_))) = ended {
         let id = id_from_blob("job id", id)?;
         let state = state_from_code(state)

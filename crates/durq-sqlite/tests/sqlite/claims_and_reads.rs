@@ -427,3 +427,103 @@ async fn a_wait_ends_when_a_rate_frees_a_start() {
     }
     assert_eq!(must(store.claim(request).await, "claim").len(), 1);
 }
+
+/// CONTRACT O2 on SQLite: a wait is woken by the commit that ended its job in this
+/// process, not by its poll: with an hour's poll interval, waits armed before their
+/// jobs end (a completion, a failure, a cascade of G3, an operator's cancel, a caller's
+/// fenced completion) all answer within seconds of an hour's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waits_are_woken_by_commits_in_the_process_not_by_the_poll() {
+    use durq_core::Bytes;
+    use futures::FutureExt;
+
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+    let config = SqliteConfig::default().poll_interval(Duration::from_secs(3600));
+    let store = open(&path, settings(&clock), config.clone()).await;
+    let waiter = open(&path, settings(&clock), config.clone()).await;
+    fn must<T>(what: &str, r: durq_core::Result<T>) -> T {
+        r.unwrap_or_else(|e| panic!("{what}: {e}"))
+    }
+
+    let completed = must("enqueue", store.enqueue(NewJob::new("w")).await).id;
+    let failed = must("enqueue", store.enqueue(NewJob::new("w")).await).id;
+    let fenced = must("enqueue", store.enqueue(NewJob::new("w")).await).id;
+    let dependent = must(
+        "enqueue",
+        store.enqueue(NewJob::new("w-after").after(failed)).await,
+    )
+    .id;
+    let cancelled = must("enqueue", store.enqueue(NewJob::new("w-idle")).await).id;
+    let claimed = must(
+        "claim",
+        store
+            .claim(ClaimRequest::new(["w"], "worker", Duration::from_secs(60)).limit(3))
+            .await,
+    );
+    assert_eq!(claimed.len(), 3);
+    let token = |id: JobId| match claimed.iter().find(|c| c.id() == id) {
+        Some(c) => c.token(),
+        None => panic!("job {id} was claimed"),
+    };
+
+    let mut waits = Vec::new();
+    for id in [completed, failed, fenced, dependent, cancelled] {
+        let waiter = waiter.clone();
+        let mut wait =
+            Box::pin(async move { (id, waiter.wait(id, Duration::from_secs(3600)).await) });
+        assert!((&mut wait).now_or_never().is_none(), "no job has ended yet");
+        waits.push(tokio::spawn(wait));
+    }
+
+    must(
+        "complete",
+        store
+            .complete(
+                completed,
+                token(completed),
+                Some(Bytes::from_static(b"done")),
+            )
+            .await,
+    );
+    must(
+        "fail",
+        store
+            .fail(failed, token(failed), "broke", Retry::Never)
+            .await,
+    );
+    must("cancel", store.cancel(cancelled).await);
+    let backend = open_backend(&path, settings(&clock), config).await;
+    let mut conn = raw(&path);
+    let mut tx = must("begin", backend.transaction(&mut conn));
+    must(
+        "fenced completion",
+        tx.complete(fenced, token(fenced), None),
+    );
+    must("commit", tx.commit());
+
+    let answers =
+        match tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(waits)).await
+        {
+            Ok(answers) => answers,
+            Err(_) => panic!("the waits were not woken by the commits that ended their jobs"),
+        };
+    for answer in answers {
+        let (id, answer) = must(
+            "join",
+            answer.map_err(|e| Error::invalid("join", e.to_string())),
+        );
+        let job = match must("wait", answer) {
+            Some(job) => job,
+            None => panic!("job {id} ended, so its wait answers it"),
+        };
+        let expected = if id == completed || id == fenced {
+            JobState::Succeeded
+        } else if id == failed {
+            JobState::Dead
+        } else {
+            JobState::Cancelled
+        };
+        assert_eq!(job.state, expected, "job {id}");
+    }
+}
