@@ -496,7 +496,7 @@ async fn waits_are_woken_by_commits_in_the_process_not_by_the_poll() {
     let backend = open_backend(&path, settings(&clock), config).await;
     let mut conn = raw(&path);
     let mut tx = must("begin", backend.transaction(&mut conn));
-    must(
+    let _receipt = must(
         "fenced completion",
         tx.complete(fenced, token(fenced), None),
     );
