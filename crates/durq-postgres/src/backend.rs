@@ -222,6 +222,10 @@ impl Backend for PostgresBackend {
         sweep::reclaim(self, limit, now).await
     }
 
+    async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        reads::wait_for_ending(self, id, timeout).await
+    }
+
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {
         claim::wait_for_work(self, queues, timeout).await
     }

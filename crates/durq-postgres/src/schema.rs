@@ -77,6 +77,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "dependencies",
         sql: include_str!("../migrations/0012_dependencies.sql"),
     },
+    Migration {
+        version: 13,
+        name: "awaited",
+        sql: include_str!("../migrations/0013_awaited.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

@@ -20,6 +20,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use durq_core::JobId;
+
 use crate::error::is_connection_lost;
 use crate::health::Health;
 use crate::sql::Text;
@@ -35,6 +37,9 @@ pub(crate) struct Hub {
 #[derive(Debug, Default)]
 struct HubState {
     counters: HashMap<String, u64>,
+    /// How many waits for an ending (CONTRACT O2) hold each ending's key in
+    /// `counters`: the key goes when the last of them ends.
+    ending_waits: HashMap<String, usize>,
     /// Bumped when notices may have been lost (listener reconnects): it moves every
     /// key's observed value, so every waiter wakes and claims.
     epoch: u64,
@@ -77,6 +82,20 @@ impl Hub {
         self.notify.notified()
     }
 
+    /// Registers a wait for the ending of job `id` of `namespace`: its notice (sent by
+    /// the `announce_ending` trigger of migration 13) moves the watch's counter.
+    pub(crate) fn watch_ending(self: &Arc<Self>, namespace: &str, id: JobId) -> EndingWatch {
+        let key = key(namespace, &format!("~{id}"));
+        let mut state = self.lock();
+        state.counters.entry(key.clone()).or_insert(0);
+        *state.ending_waits.entry(key.clone()).or_insert(0) += 1;
+        drop(state);
+        EndingWatch {
+            hub: Arc::clone(self),
+            key,
+        }
+    }
+
     fn on_notice(&self, payload: &str) {
         let moved = match self.lock().counters.get_mut(payload) {
             Some(counter) => {
@@ -93,6 +112,52 @@ impl Hub {
     fn on_reset(&self) {
         self.lock().epoch += 1;
         self.notify.notify_waiters();
+    }
+}
+
+/// One wait's registration for the notice of a job's ending, dropped when it ends.
+#[derive(Debug)]
+pub(crate) struct EndingWatch {
+    hub: Arc<Hub>,
+    key: String,
+}
+
+impl EndingWatch {
+    /// The counter of the job's ending notices, moved also when notices may have been
+    /// lost (the listener reconnected, or its LISTEN came into force).
+    pub(crate) fn seen(&self) -> u64 {
+        let state = self.hub.lock();
+        state.counters.get(&self.key).copied().unwrap_or(0) + state.epoch
+    }
+
+    /// Resolves once [`seen`](Self::seen) is past `before`.
+    pub(crate) async fn moved_past(&self, before: u64) {
+        loop {
+            let notified = self.hub.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.seen() > before {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for EndingWatch {
+    fn drop(&mut self) {
+        let mut state = self.hub.lock();
+        let last = match state.ending_waits.get_mut(&self.key) {
+            Some(waits) => {
+                *waits = waits.saturating_sub(1);
+                *waits == 0
+            }
+            None => true,
+        };
+        if last {
+            state.ending_waits.remove(&self.key);
+            state.counters.remove(&self.key);
+        }
     }
 }
 

@@ -202,6 +202,8 @@ pub(crate) struct Statements {
     pub(crate) claim_reserved: Text,
     pub(crate) exists: Text,
     pub(crate) get: Text,
+    /// [`MARK_AWAITED`].
+    pub(crate) mark_awaited: Text,
     pub(crate) payload: Text,
     pub(crate) children: Text,
     pub(crate) attempts: Text,
@@ -313,6 +315,7 @@ impl Statements {
             claim_reserved: r(CLAIM_RESERVED),
             exists: r(EXISTS),
             get: r(GET),
+            mark_awaited: r(MARK_AWAITED),
             payload: r(PAYLOAD),
             children: r(CHILDREN),
             attempts: r(ATTEMPTS),

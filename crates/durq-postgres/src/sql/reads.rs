@@ -9,6 +9,12 @@ pub(super) const GET: &str = concat!(
     " FROM {schema}.jobs WHERE namespace = $1 AND id = $2"
 );
 
+/// Marks a job that has not ended as awaited, so its ending is announced (migration 13,
+/// CONTRACT O2). Writes only a row not marked yet.
+pub(super) const MARK_AWAITED: &str = "UPDATE {schema}.jobs SET awaited = true \
+     WHERE namespace = $1 AND id = $2 AND awaited IS NOT TRUE \
+     AND state IN ('waiting', 'queued', 'running')";
+
 pub(super) const PAYLOAD: &str =
     "SELECT payload FROM {schema}.jobs WHERE namespace = $1 AND id = $2";
 

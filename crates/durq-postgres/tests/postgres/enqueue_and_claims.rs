@@ -319,14 +319,14 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+        (1..=13).collect::<Vec<i32>>(),
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 12);
+        assert_eq!(backend.schema_version().await.expect("version"), 13);
     }
 
-    // Migrations 2 to 11 are safe to run again on a migrated schema with jobs (with
+    // Migrations 2 onwards are safe to run again on a migrated schema with jobs (with
     // tags and a recorded attempt, a concurrency key, a paused queue, a queue with
     // limits, and a worker) in it: forget that they ran, connect, and they run once
     // more.
@@ -370,14 +370,14 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     )))
     .execute(&admin)
     .await
-    .expect("forget migrations 2 to 11");
+    .expect("forget migrations 2 onwards");
     let config = PostgresConfig::new(&url())
         .expect("url")
         .schema(schema.clone())
         .expect("schema")
         .max_connections(1);
     let again = PostgresPool::connect(config).await.expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 12);
+    assert_eq!(again.schema_version().await.expect("version"), 13);
     assert_eq!(
         store.paused_queues().await.expect("paused"),
         vec!["held".to_owned()],
@@ -502,7 +502,7 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     .expect("back to version 6");
 
     let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 12);
+    assert_eq!(upgraded.schema_version().await.expect("version"), 13);
     let store = open(&upgraded, settings);
     assert!(store.workers().await.expect("workers").is_empty());
     let worker = WorkerInfo::new("w", "host", 1, vec!["q".to_owned()], 1);
@@ -605,7 +605,7 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     .expect("back to version 9");
 
     let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 12);
+    assert_eq!(upgraded.schema_version().await.expect("version"), 13);
     let store = open(&upgraded, settings);
     for id in [queued, running, done] {
         let job = store.get(id).await.expect("get");

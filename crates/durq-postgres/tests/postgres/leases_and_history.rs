@@ -124,6 +124,84 @@ async fn attempt_rows_are_written_only_when_a_lease_ends_off_the_hot_path() {
     clean_up(&backend, &ns).await;
 }
 
+/// CONTRACT O2 on PostgreSQL: only the ending of a job someone waits for is announced
+/// (the trigger's WHEN clause reads the row's `awaited` mark), with the payload the
+/// wake hub expects; and a wait is answered by that notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_awaited_endings_are_announced() {
+    let Some(backend) = backend("durq-postgres-awaited", 4).await else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let ns = settings.namespace.clone();
+    let store = open(&backend, settings);
+    let mut listener = sqlx::postgres::PgListener::connect_with(backend.pool())
+        .await
+        .expect("listener");
+    listener
+        .listen(&format!("{}.jobs_wake", backend.schema()))
+        .await
+        .expect("listen");
+
+    let unawaited = store.enqueue(NewJob::new("aw")).await.expect("enqueue").id;
+    let awaited = store.enqueue(NewJob::new("aw")).await.expect("enqueue").id;
+    // A wait that times out at once still marks its job.
+    assert!(store
+        .wait(awaited, Duration::ZERO)
+        .await
+        .expect("wait")
+        .is_none());
+    let claimed = store
+        .claim(ClaimRequest::new(["aw"], "w", TTL).limit(2))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let token = |id: JobId| {
+        claimed
+            .iter()
+            .find(|c| c.id() == id)
+            .map(|c| c.token())
+            .expect("claimed")
+    };
+    store
+        .complete(unawaited, token(unawaited), None)
+        .await
+        .expect("complete");
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move { store.wait(awaited, Duration::from_secs(3600)).await })
+    };
+    store
+        .complete(awaited, token(awaited), None)
+        .await
+        .expect("complete");
+    // Notices arrive in commit order: a notice for the unawaited job would come first.
+    let expected = format!("{ns}\n~{awaited}");
+    loop {
+        let notice = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+            .await
+            .expect("a notice within 30 s")
+            .expect("receive");
+        assert_ne!(
+            notice.payload(),
+            format!("{ns}\n~{unawaited}"),
+            "the ending of a job nobody waits for is not announced"
+        );
+        if notice.payload() == expected {
+            break;
+        }
+    }
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the wait is woken by the notice")
+        .expect("join")
+        .expect("wait")
+        .expect("ended");
+    assert_eq!(answer.state, JobState::Succeeded);
+    clean_up(&backend, &ns).await;
+}
+
 /// `wait_for_work` wakes on an enqueue made through another pool (the notice crosses
 /// connections), and not only at its timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
