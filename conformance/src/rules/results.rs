@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use durq_core::graph::failed_dependency;
 use durq_core::{Bytes, Clock, JobId, JobState, NewJob, Retry};
 use futures::FutureExt;
 
@@ -98,7 +99,8 @@ pub async fn o1_wait_answers_an_ended_job_as_stored(harness: &dyn Harness) {
 /// O2: waiters are woken by the endings themselves: 16 waits, each on its own handle,
 /// armed before their jobs end, are answered within [`WOKEN_WITHIN`] of an hour's
 /// timeout once other handles end those jobs in parallel (completions with results,
-/// permanent failures, an operator's cancels), each with its own job as it ended.
+/// permanent failures, an operator's cancels, and where the store keeps dependencies a
+/// cascade of G3), each with its own job as it ended.
 pub async fn o2_waiters_are_woken_by_endings_from_other_handles(harness: &dyn Harness) {
     let what = "O2";
     const JOBS: usize = 16;
@@ -119,6 +121,19 @@ pub async fn o2_waiters_are_woken_by_endings_from_other_handles(harness: &dyn Ha
     let runs = JOBS - cancels.len();
     let claimed = claim(&store, &["o-woken"], runs, what).await;
     assert_eq!(claimed.len(), runs, "{what}: every job to run is claimed");
+    // On a store that keeps dependencies, one more job waits for a job that will fail:
+    // the cascade of G3 that cancels it is an ending too.
+    let failing = claimed
+        .iter()
+        .enumerate()
+        .find(|(n, _)| n % 3 == 2)
+        .map(|(_, job)| job.id());
+    let mut dependent = None;
+    if let (true, Some(failing)) = (store.capabilities().dependencies, failing) {
+        let id = enqueue(&store, NewJob::new("o-dependent").after(failing), what).await;
+        ids.push(id);
+        dependent = Some((id, failing));
+    }
 
     // Each wait on a handle of its own, polled once here so that it has begun (a
     // backend that arms without I/O is armed now) before any job ends.
@@ -182,10 +197,17 @@ pub async fn o2_waiters_are_woken_by_endings_from_other_handles(harness: &dyn Ha
                 Some("gave up"),
                 "{what}: a dead job is answered with its error"
             ),
-            JobState::Cancelled => assert_eq!(
-                job.last_error, None,
-                "{what}: an operator's cancel of a queued job leaves no error"
-            ),
+            JobState::Cancelled => match dependent {
+                Some((waiting, failing)) if waiting == id => assert_eq!(
+                    job.last_error,
+                    Some(failed_dependency(failing, JobState::Dead)),
+                    "{what}: the job cancelled by the cascade says why"
+                ),
+                _ => assert_eq!(
+                    job.last_error, None,
+                    "{what}: an operator's cancel of a queued job leaves no error"
+                ),
+            },
             other => panic!("{what}: job {id} answered while {other}, not ended"),
         }
     }

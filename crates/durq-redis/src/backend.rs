@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durq_core::batch::Batcher;
+use durq_core::ending::Armed;
 use durq_core::{
     async_trait, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob, Completion,
     Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LeaseToken, ListPage, ListQuery,
@@ -25,7 +26,16 @@ use crate::store::enqueue::{Ctx as EnqueueCtx, Enqueues, Prepared};
 use crate::store::heads::Heads;
 use crate::store::lease::{self, Completions};
 use crate::store::partitioned::Partitions;
-use crate::wake::Waker;
+use crate::wake::{self, Waker};
+
+/// How often a wait for an ending reads its job when no announcement came (CONTRACT
+/// O2): the fallback for announcements the subscriber missed while it reconnected, and
+/// for a job a claim buries as corrupt (the claim scripts announce no endings).
+const ENDING_POLL: Duration = Duration::from_secs(15);
+
+/// How long a wait for an ending waits for the subscriber to stand before its first
+/// read, at most.
+const SUBSCRIBE_WAIT: Duration = Duration::from_secs(5);
 
 /// A job store's storage on Redis or Redis Cluster: a [`Backend`], used through a
 /// [`durq_core::Store`] handle.
@@ -322,6 +332,22 @@ impl Backend for RedisBackend {
 
     async fn reclaim(&self, limit: usize, now: Timestamp) -> Result<Vec<ReclaimedJob>> {
         Ok(self.reclaim_with_report(limit, now).await?.0)
+    }
+
+    async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        let home = self.home(id);
+        let waker = &self.inner.waker;
+        // An announcement published before the subscription stands is lost: wait for
+        // it (a server that is down fails the first read anyway).
+        waker.subscribed(timeout.min(SUBSCRIBE_WAIT)).await;
+        durq_core::ending::wait_until_ended(timeout, Some(ENDING_POLL), || {
+            Box::pin(async move {
+                let announced = waker.listen_for_endings();
+                let job = home.await_job(id).await?;
+                Ok(Armed::new(job, wake::ending_announced(announced, id)))
+            })
+        })
+        .await
     }
 
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> Result<()> {

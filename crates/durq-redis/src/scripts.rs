@@ -84,6 +84,8 @@ script!(
     "lua/graph.lua"
 );
 script!(RETRY, "retry.lua");
+// No helpers: it marks and reads one hash.
+script!(AWAIT, "await.lua",);
 script!(PURGE, "purge.lua");
 script!(STATS, "stats.lua");
 script!(QUEUES, "queues.lua");
@@ -117,7 +119,7 @@ script!(WORKERS, "workers.lua");
 script!(LAYOUT, "layout.lua",);
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 25] {
+pub(crate) fn all() -> [&'static Script; 26] {
     [
         &ENQUEUE,
         &CLAIM,
@@ -131,6 +133,7 @@ pub(crate) fn all() -> [&'static Script; 25] {
         &RECLAIM,
         &CANCEL,
         &RETRY,
+        &AWAIT,
         &PURGE,
         &STATS,
         &QUEUES,

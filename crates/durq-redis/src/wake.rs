@@ -1,7 +1,8 @@
 //! Wake-ups for claimers waiting for work: every script that makes a job ready publishes
 //! its queue on the namespace's channel; one subscriber task per store fans the messages
 //! out to the waiting calls. A missed message only costs the waiter its timeout: polling
-//! is the fallback.
+//! is the fallback. The scripts that end an awaited job announce it on the same channel
+//! as `~ID` (CONTRACT O2), which the subscriber hands to the waits for endings alone.
 //!
 //! `enqueue.lua` names the jobs it made ready after the queue (`QUEUE ID ID...`; the other
 //! scripts send the bare queue). The subscriber hands those ids to the store's claims
@@ -12,6 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use durq_core::JobId;
 use futures::StreamExt;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
@@ -29,6 +31,9 @@ pub(crate) struct Waker {
     nodes: Vec<redis::Client>,
     channel: String,
     sender: broadcast::Sender<String>,
+    /// The announcements of awaited jobs' endings (`~ID`, CONTRACT O2), apart from the
+    /// wake-ups for work so that neither kind of waiter reads the other's.
+    endings: broadcast::Sender<String>,
     subscribed: watch::Sender<bool>,
     seed: Seed,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -45,11 +50,13 @@ impl std::fmt::Debug for Waker {
 impl Waker {
     pub(crate) fn new(nodes: Vec<redis::Client>, channel: String, seed: Seed) -> Self {
         let (sender, _) = broadcast::channel(1024);
+        let (endings, _) = broadcast::channel(1024);
         let (subscribed, _) = watch::channel(false);
         Waker {
             nodes,
             channel,
             sender,
+            endings,
             subscribed,
             seed,
             task: Mutex::new(None),
@@ -69,11 +76,14 @@ impl Waker {
         }
         let nodes = self.nodes.clone();
         let channel = self.channel.clone();
-        let sender = self.sender.clone();
+        let senders = Senders {
+            work: self.sender.clone(),
+            endings: self.endings.clone(),
+        };
         let subscribed = self.subscribed.clone();
         let seed = Arc::clone(&self.seed);
         *task = Some(tokio::spawn(listen(
-            nodes, channel, sender, subscribed, seed,
+            nodes, channel, senders, subscribed, seed,
         )));
     }
 
@@ -99,6 +109,14 @@ impl Waker {
             }
         };
         let _ = tokio::time::timeout_at(deadline, wait).await;
+    }
+
+    /// A receiver of the endings announced from now on, for a wait for an ending
+    /// (CONTRACT O2): made before the job is read, so an announcement after the read
+    /// is not missed.
+    pub(crate) fn listen_for_endings(&self) -> broadcast::Receiver<String> {
+        self.ensure_started();
+        self.endings.subscribe()
     }
 
     /// How many calls are waiting now.
@@ -135,7 +153,7 @@ impl Drop for Waker {
 async fn listen(
     nodes: Vec<redis::Client>,
     channel: String,
-    sender: broadcast::Sender<String>,
+    senders: Senders,
     subscribed: watch::Sender<bool>,
     seed: Seed,
 ) {
@@ -152,19 +170,46 @@ async fn listen(
             let mut messages = pubsub.into_on_message();
             while let Some(message) = messages.next().await {
                 if let Ok(mut queue) = message.get_payload::<String>() {
+                    if queue.starts_with('~') {
+                        let _ = senders.endings.send(queue);
+                        continue;
+                    }
                     if let Some(space) = queue.find(' ') {
                         seed(&queue[..space], &queue[space + 1..]);
                         queue.truncate(space);
                     }
-                    let _ = sender.send(queue);
+                    let _ = senders.work.send(queue);
                 }
             }
             subscribed.send_replace(false);
             // The connection is gone: wake every waiter, whose claim then finds out
-            // whether the server is back.
-            let _ = sender.send(String::new());
+            // whether the server is back, and every wait for an ending, which reads its
+            // job again (an announcement may have been missed).
+            let _ = senders.work.send(String::new());
+            let _ = senders.endings.send(String::new());
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(RECONNECT_CAP);
+    }
+}
+
+/// Where the subscriber forwards what it hears.
+struct Senders {
+    work: broadcast::Sender<String>,
+    endings: broadcast::Sender<String>,
+}
+
+/// Resolves when `receiver` brings the announcement of job `id`'s ending, or news that
+/// an announcement may have been missed: the subscription broke, or the receiver fell
+/// behind.
+pub(crate) async fn ending_announced(mut receiver: broadcast::Receiver<String>, id: JobId) {
+    let announcement = format!("~{id}");
+    loop {
+        match receiver.recv().await {
+            Ok(heard) if heard.is_empty() || heard == announcement => return,
+            Ok(_) => continue,
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+        }
     }
 }

@@ -21,7 +21,7 @@
 local job, leases, list, finished, running, kleases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, now = ARGV[1], ARGV[3]
 local g = graph_tail()
-local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'ckey')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'ckey', 'awt')
 if not v[1] then
   return { 'notfound' }
 end
@@ -40,4 +40,7 @@ end
 drop_lease(leases, running, queue, id, kleases, v[4])
 bury(job, list, finished, queue, id, parent, now, ARGV[4])
 settle_write(g, plan)
+if v[5] then
+  announce_ending(g.channel, id)
+end
 return { 'ok', 'dead' }

@@ -19,7 +19,7 @@
 local job, ready, sched, list, finished, kready = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, now = ARGV[1], ARGV[2]
 local g = graph_tail()
-local v = redis.call('HMGET', job, 'state', 'meta', 'order', 'ckey')
+local v = redis.call('HMGET', job, 'state', 'meta', 'order', 'ckey', 'awt')
 if not v[1] then
   return { 'notfound' }
 end
@@ -51,6 +51,9 @@ if state == 'queued' or state == 'waiting' then
   end
   finish(job, list, finished, queue, id, parent, state, 'cancelled', now)
   settle_write(g, plan)
+  if v[5] then
+    announce_ending(g.channel, id)
+  end
   return { 'ok', 'cancelled' }
 end
 if state == 'running' then

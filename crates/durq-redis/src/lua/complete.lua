@@ -13,9 +13,11 @@
 --
 -- Returns one status per job, in order: 'ok' | 'notfound' | 'lost' | 'corrupt' (unreadable meta).
 -- Or, with nothing written: {'graph'} when a job to complete has jobs waiting for it
--- (`hasd`, CONTRACT G1) and this is the plain script, so Rust sends the batch again as
--- complete_graph, which is this file after graph.lua and a graph tail (GRAPH below is
--- then that tail, see graph.lua), and which may answer {'need', {id, ...}}.
+-- (`hasd`, CONTRACT G1) or a wait for its ending (`awt`, O2) and this is the plain
+-- script, so Rust sends the batch again as complete_graph, which is this file after
+-- graph.lua and a graph tail (GRAPH below is then that tail, see graph.lua), and which
+-- may answer {'need', {id, ...}}. The tail brings the wake channel an awaited job's
+-- ending is announced on, so the plain script carries none.
 --
 -- Atomicity: each job's state, result, lease, list and finished entries change in the
 -- same call, and the whole batch is one script. Jobs are handled in order, so a second
@@ -46,12 +48,13 @@ local nl, nn = 0, 0
 local finishing = {}  -- per entry to complete: its number j
 local stale_error = {}  -- per entry to complete: whether an earlier attempt's error may be set
 local completed = {}  -- job keys completed by an earlier entry of this call
+local announced = {}  -- ids of completed jobs someone waits for (complete_graph only)
 local queues = {}
 -- Pass 1: read and decide, no writes.
 for j = 1, njobs do
   local a = 4 * j - 2
   local job = KEYS[5 + j]
-  local v = call('HMGET', job, 'state', 'token', 'meta', 'att', 'ckey', 'hasd')
+  local v = call('HMGET', job, 'state', 'token', 'meta', 'att', 'ckey', 'hasd', 'awt')
   if not v[1] then
     out[j] = 'notfound'
   elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 1] or completed[job] then
@@ -63,12 +66,17 @@ for j = 1, njobs do
     else
       completed[job] = true
       finishing[#finishing + 1] = j
-      if v[6] then
+      if v[6] or v[7] then
         if not GRAPH then
           return { 'graph' }
         end
-        endings = endings or {}
-        endings[#endings + 1] = { ARGV[a], 'succeeded' }
+        if v[6] then
+          endings = endings or {}
+          endings[#endings + 1] = { ARGV[a], 'succeeded' }
+        end
+        if v[7] then
+          announced[#announced + 1] = ARGV[a]
+        end
       end
       -- Only a job past its first attempt can carry an earlier attempt's error: fail
       -- and reclaim, which write it, count the attempt they end, and release, which
@@ -157,5 +165,10 @@ while i <= n do
 end
 if plan then
   settle_write(GRAPH, plan)
+end
+if GRAPH then
+  for _, id in ipairs(announced) do
+    announce_ending(GRAPH.channel, id)
+  end
 end
 return out

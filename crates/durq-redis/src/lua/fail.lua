@@ -36,7 +36,7 @@ local running, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
 local id, now = ARGV[1], ARGV[3]
 local g = graph_tail()
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel', 'worker', 'started',
-  'ckey')
+  'ckey', 'awt')
 if not v[1] then
   return { 'notfound' }
 end
@@ -88,5 +88,8 @@ else
   drop_lease(leases, running, queue, id, kleases, v[8])
   finish(job, list, finished, queue, id, parent, 'running', state, now)
   settle_write(g, plan)
+  if v[9] then
+    announce_ending(ARGV[8], id)
+  end
 end
 return { 'ok', state }

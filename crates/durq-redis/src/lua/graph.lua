@@ -87,7 +87,8 @@ local function settle_plan(g, endings)
       else
         local r = seen[d]
         if not r then
-          local v = redis.call('HMGET', key, 'state', 'wfor', 'meta', 'run_at', 'order', 'ckey')
+          local v = redis.call('HMGET', key, 'state', 'wfor', 'meta', 'run_at', 'order', 'ckey',
+            'awt')
           r = { key = key, id = d, state = v[1], wfor = tonumber(v[2]), v = v }
           seen[d] = r
           if r.state == 'waiting' then
@@ -170,6 +171,9 @@ local function settle_write(g, plan)
     redis.call('HSET', r.key, 'error', r.error)
     redis.call('HDEL', r.key, 'wfor')
     finish(r.key, g.list, g.finished, r.queue, r.id, r.parent, 'waiting', 'cancelled', g.now)
+    if r.v[7] then
+      announce_ending(g.channel, r.id)
+    end
   end
   for _, r in ipairs(plan.buried) do
     if r.queue then
@@ -178,6 +182,9 @@ local function settle_write(g, plan)
       -- No queue to find its index entries by: the record alone says dead.
       redis.call('HSET', r.key, 'state', 'dead', 'finished', g.now, 'error',
         CORRUPT_PREFIX .. r.reason)
+    end
+    if r.v[7] then
+      announce_ending(g.channel, r.id)
     end
   end
 end

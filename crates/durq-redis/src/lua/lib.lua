@@ -308,3 +308,11 @@ local function lease_unreadable(worker, started)
   end
   return nil
 end
+
+-- CONTRACT O2: a job someone waits for carries `awt` (set by await.lua); the script that
+-- ends it publishes `~ID` on the wake channel, which the store's subscriber hands to the
+-- waits (no queue name starts with `~`, so no claimer mistakes it for work). A job
+-- nobody waits for costs one more field in a read the script makes anyway.
+local function announce_ending(channel, id)
+  redis.call('PUBLISH', channel, '~' .. id)
+end

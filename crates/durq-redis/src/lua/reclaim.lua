@@ -60,7 +60,7 @@ for i = 1, g.own_keys - 9 do
       queues[#queues + 1] = queue
     end
     local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel', 'token', 'worker', 'started',
-      'ckey')
+      'ckey', 'awt')
     local state = v[1]
     local _, parent, prio, max_att = meta_head(v[3])
     local kind, reason
@@ -131,6 +131,9 @@ for _, p in ipairs(plan) do
     redis.call('HDEL', ckeys, id)
   elseif kind == 'corrupt' then
     bury(job, list, finished, queue, id, parent, now, reason)
+    if v[9] then
+      announce_ending(channel, id)
+    end
     out[#out + 1] = { id, 'dead' }
   elseif kind ~= 'stale' then
     redis.call('HSET', job, 'error', message, attempt_field(v[5]),
@@ -145,6 +148,9 @@ for _, p in ipairs(plan) do
       end
     else
       finish(job, list, finished, queue, id, parent, 'running', kind, now)
+      if v[9] then
+        announce_ending(channel, id)
+      end
     end
     out[#out + 1] = { id, kind }
   end

@@ -25,7 +25,7 @@ local job, leases, list, finished, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3]
 local running, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
 local id, now = ARGV[1], ARGV[3]
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att', 'worker', 'started',
-  'ckey')
+  'ckey', 'awt')
 if not v[1] then
   return { 'notfound' }
 end
@@ -53,6 +53,9 @@ if v[4] == '1' then
   drop_lease(leases, running, queue, id, kleases, v[8])
   finish(job, list, finished, queue, id, parent, 'running', 'cancelled', now)
   redis.call('HSET', job, attempt_field(v[2]), attempt)
+  if v[9] then
+    announce_ending(ARGV[5], id)
+  end
   return { 'ok', 'cancelled' }
 end
 -- The first write: INCR fails on a corrupt counter before anything else changed.

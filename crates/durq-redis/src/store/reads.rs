@@ -31,6 +31,24 @@ impl RedisBackend {
         decode_job(id, row)
     }
 
+    /// Rules O1, O2: the job as [`read_job`](Self::read_job) reads it, marked awaited
+    /// (`awt`) in the same script if it has not ended, so the script that ends it
+    /// announces the ending (await.lua).
+    pub(crate) async fn await_job(&self, id: JobId) -> Result<Job> {
+        let mut invocation = scripts::AWAIT.prepare_invoke();
+        invocation.key(self.keys().job(id));
+        for field in &JOB_FIELDS[..] {
+            invocation.arg(*field);
+        }
+        let reply = self.invoke(&invocation, "wait").await?;
+        let row: Vec<Option<Vec<u8>>> =
+            redis::from_redis_value(reply).map_err(|err| map_err("wait", err.into()))?;
+        if is_missing(&row) {
+            return Err(Error::NotFound { id });
+        }
+        decode_job(id, row)
+    }
+
     /// Rule E1: the payload bytes as enqueued.
     pub(crate) async fn read_payload(&self, id: JobId) -> Result<Bytes> {
         let payload: Option<Vec<u8>> = redis::cmd("HGET")
