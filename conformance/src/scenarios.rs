@@ -161,6 +161,7 @@ macro_rules! __scenario_list {
             G1 [Inspect Admin] rules::g1_a_released_job_queues_behind_the_ready_jobs,
             G2 [Inspect Admin] rules::g2_a_batch_enqueues_a_graph_at_once,
             G3 [Inspect Admin] rules::g3_a_failed_dependency_cancels_its_dependents_in_turn,
+            G3 [Inspect Admin] rules::g3_a_dependency_cancelled_while_running_settles_at_its_release,
             G4 [Inspect Admin] rules::g4_cancelling_a_waiting_job_settles_its_dependents,
             G5 [Inspect Admin] rules::g5_concurrent_endings_never_lose_a_release,
             E10 [Inspect Admin] rules::e10_a_waiting_job_holds_its_unique_key,

@@ -400,6 +400,41 @@ pub async fn g3_a_failed_dependency_cancels_its_dependents_in_turn(harness: &dyn
     );
 }
 
+/// G3: a dependency an operator cancels while it runs ends `cancelled` when its holder
+/// gives it back, whichever call that is: released, it settles the jobs waiting for
+/// it exactly as a failure does (the release ends it, so the release settles).
+pub async fn g3_a_dependency_cancelled_while_running_settles_at_its_release(harness: &dyn Harness) {
+    let what = "G3";
+    let env = TestEnv::new(harness);
+    let store = env.store().await;
+    if !keeps_dependencies(&store, what).await {
+        return;
+    }
+    let root = enqueue(&store, NewJob::new("g-held"), what).await;
+    let child = enqueue(&store, NewJob::new("g-held-child").after(root), what).await;
+    let claimed = claim_expecting(&store, "g-held", root, what).await;
+    assert_eq!(
+        store.cancel(root).await.must(what),
+        JobState::Running,
+        "{what}: a running job is asked to stop"
+    );
+    store.release(root, claimed.token()).await.must(what);
+    assert_eq!(
+        get(&store, root, what).await.state,
+        JobState::Cancelled,
+        "{what}: a released cancel-requested job ends cancelled (A1)"
+    );
+    let child_job = get(&store, child, what).await;
+    assert_eq!(
+        (child_job.state, child_job.last_error),
+        (
+            JobState::Cancelled,
+            Some(failed_dependency(root, JobState::Cancelled))
+        ),
+        "{what}: the release that ended it settled the job waiting for it"
+    );
+}
+
 /// G4: an operator's cancel of a waiting job cancels it and settles the jobs waiting
 /// for it; the success of what it waited for does not bring it back, and a retry
 /// queues it waiting for nothing.

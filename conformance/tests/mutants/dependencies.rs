@@ -38,6 +38,19 @@ impl Bug for WaitingFreesUniqueKeys {
     }
 }
 
+/// G3: a release that ends a cancel-requested job cancelled but leaves the jobs waiting
+/// for it waiting, as Redis's release script did before it took a graph tail. The
+/// store's own release with the fault injected
+/// (`MemoryServer::release_leaves_dependents`).
+#[derive(Debug)]
+pub(crate) struct ReleaseLeavesDependents;
+
+impl Bug for ReleaseLeavesDependents {
+    fn open(&self, server: &MemoryServer, namespace: &str) {
+        server.release_leaves_dependents(namespace, true);
+    }
+}
+
 /// G2: a batch whose jobs' batch indexes are dropped on the way to the store, as a
 /// backend that resolves only stored ids would: the graph's jobs run at once.
 #[derive(Debug)]

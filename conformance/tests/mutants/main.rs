@@ -632,6 +632,15 @@ async fn a_wait_no_ending_wakes_is_caught_by_o2() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_leaving_dependents_is_caught_by_g3() {
+    caught(
+        ReleaseLeavesDependents,
+        "g3_a_dependency_cancelled_while_running_settles_at_its_release",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batch_indexes_dropped_are_caught_by_g2() {
     caught(BatchIndexesDropped, "g2_a_batch_enqueues_a_graph_at_once").await;
 }

@@ -151,6 +151,16 @@ impl MemoryServer {
             .waiting_frees_unique_keys(on);
     }
 
+    /// Ends a released cancel-requested job without settling the jobs waiting for it:
+    /// the mutant of a release with no graph (CONTRACT G3). For the conformance suite's
+    /// mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn release_leaves_dependents(&self, namespace: &str, on: bool) {
+        self.namespace(namespace)
+            .lock()
+            .release_leaves_dependents(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

@@ -68,7 +68,13 @@ script!(
     "lua/lib.lua",
     "lua/graph.lua"
 );
-script!(RELEASE, "release.lua");
+script!(
+    RELEASE,
+    "release.lua",
+    "lua/core.lua",
+    "lua/lib.lua",
+    "lua/graph.lua"
+);
 script!(
     RECLAIM,
     "reclaim.lua",

@@ -124,6 +124,11 @@ impl State {
     }
 
     #[cfg(feature = "testing")]
+    pub(crate) fn release_leaves_dependents(&mut self, on: bool) {
+        self.faults.release_leaves_dependents = on;
+    }
+
+    #[cfg(feature = "testing")]
     pub(crate) fn corrupt(&mut self, id: JobId) -> bool {
         match self.jobs.get_mut(&id) {
             Some(record) => {

@@ -100,7 +100,8 @@ impl State {
     ) -> Result<JobState> {
         self.check_lease(id, token)?;
         self.end_attempt(id, AttemptOutcome::Released, None, now);
-        self.transition_checked(id, now, |job| {
+        let release = |record: &mut Record| {
+            let job = &mut record.job;
             let next = transition::after_release(job.cancel_requested, ready_at);
             if next.state() == JobState::Queued {
                 // A released attempt does not count; a cancelled one stays counted (A1).
@@ -108,7 +109,15 @@ impl State {
             }
             Self::apply(job, next, now);
             job.state
-        })
+        };
+        if self.faults.release_leaves_dependents {
+            return self
+                .transition_unsettled(id, now, release)
+                .map(|(state, _)| state)
+                .ok_or(Error::NotFound { id });
+        }
+        self.transition_record(id, now, release)
+            .ok_or(Error::NotFound { id })
     }
 
     /// Records how the running attempt of `id` ended, before its lease is dropped.

@@ -458,4 +458,7 @@ pub(crate) struct Faults {
     /// A waiting job does not hold a key unique while active: only queued and running
     /// jobs do (CONTRACT E10, decided with G1).
     pub(crate) waiting_frees_unique_keys: bool,
+    /// A release that ends a cancel-requested job cancelled leaves the jobs waiting for
+    /// it waiting, as a release script without a graph tail did (CONTRACT G3).
+    pub(crate) release_leaves_dependents: bool,
 }

@@ -13,8 +13,11 @@
 -- ARGV[3] now (ms)             ARGV[4] ready time as 16 hex digits
 -- ARGV[5] wake-up channel      ARGV[6] ready time (ms)
 -- ARGV[7] '1' if the ready time is <= now
+-- then a graph tail (graph.lua): a cancel-requested job the release ends cancelled
+-- settles the jobs waiting for it (G3), as fail.lua does.
 --
--- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason}
+-- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason} |
+-- {'need', {id, ...}} (graph.lua; nothing written)
 --
 -- The attempt ends released (CONTRACT H2): its record goes into the job's hash in the
 -- same call, on either branch.
@@ -24,6 +27,7 @@
 local job, leases, list, finished, ready, sched, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local running, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
 local id, now = ARGV[1], ARGV[3]
+local g = graph_tail()
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att', 'worker', 'started',
   'ckey', 'awt')
 if not v[1] then
@@ -50,9 +54,14 @@ local attempt = attempt_record(v[2], v[7], now, 'r', v[6], nil)
 -- ends cancelled, its attempt counted; any other goes back to queued, ready at the given
 -- time, with the attempt taken back.
 if v[4] == '1' then
+  local plan, need = settle_plan(g, { { id, 'cancelled' } })
+  if not plan then
+    return { 'need', need }
+  end
   drop_lease(leases, running, queue, id, kleases, v[8])
   finish(job, list, finished, queue, id, parent, 'running', 'cancelled', now)
   redis.call('HSET', job, attempt_field(v[2]), attempt)
+  settle_write(g, plan)
   if v[9] then
     announce_ending(ARGV[5], id)
   end

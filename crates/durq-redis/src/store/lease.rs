@@ -159,8 +159,9 @@ impl RedisBackend {
         }
     }
 
-    /// Rule L8: `release.lua` hands the job back (as
-    /// [`durq_core::transition::after_release`]).
+    /// Rules L8, G3: `release.lua` hands the job back (as
+    /// [`durq_core::transition::after_release`]), and a cancel-requested one it ends
+    /// settles the jobs waiting for it.
     pub(crate) async fn release_job(
         &self,
         id: JobId,
@@ -169,16 +170,22 @@ impl RedisBackend {
         now: Timestamp,
     ) -> Result<()> {
         let keys = self.keys();
-        let mut invocation = scripts::RELEASE.prepare_invoke();
-        lease_end_keys(&mut invocation, keys, id)
-            .arg(id.to_string())
-            .arg(token.get())
-            .arg(now.as_millis())
-            .arg(ready_hex(ready_at))
-            .arg(&keys.wake)
-            .arg(ready_at.as_millis())
-            .arg(if ready_at <= now { "1" } else { "0" });
-        let reply = self.invoke(&invocation, "release").await?;
+        // A cancel-requested job ends cancelled here (A1), settling the jobs waiting
+        // for it (G3): the call carries a graph tail, as `fail` does.
+        let reply = Dependents::default()
+            .send_settling(&self.conn(), keys, now, "release", || {
+                let mut invocation = scripts::RELEASE.prepare_invoke();
+                lease_end_keys(&mut invocation, keys, id)
+                    .arg(id.to_string())
+                    .arg(token.get())
+                    .arg(now.as_millis())
+                    .arg(ready_hex(ready_at))
+                    .arg(&keys.wake)
+                    .arg(ready_at.as_millis())
+                    .arg(if ready_at <= now { "1" } else { "0" });
+                invocation
+            })
+            .await?;
         match status(&reply, "release reply")? {
             (word, _) if word == "ok" => Ok(()),
             (word, rest) => Err(Self::lease_call_error(id, &word, rest, "release reply")),
