@@ -109,9 +109,9 @@ pub async fn a4_list_spans_queues_and_several_states_newest_first(harness: &dyn 
     assert_eq!(listed.len(), 5, "A4: a queue and a state filter combine");
 }
 
-/// A4: the tenant filter is exact and an empty one means every tenant; tag filters
-/// match key and value exactly, all of them; a value or name that is a prefix of
-/// another does not match it.
+/// A4: the tenant filter is exact: none given lists every tenant, the empty tenant
+/// given lists the default tenant's jobs only; tag filters match key and value exactly,
+/// all of them; a value or name that is a prefix of another does not match it.
 pub async fn a4_list_filters_by_tenant_and_tags_exactly(harness: &dyn Harness) {
     let env = TestEnv::new(harness);
     let store = env.store().await;
@@ -142,7 +142,17 @@ pub async fn a4_list_filters_by_tenant_and_tags_exactly(harness: &dyn Harness) {
         (
             ListQuery::all(),
             vec![prefixed, untagged, acmes_pro, acme_free, acme_pro],
-            "an empty tenant lists every tenant",
+            "no tenant given lists every tenant",
+        ),
+        (
+            ListQuery::all().tenant(""),
+            vec![prefixed, untagged],
+            "the empty tenant lists the default tenant's jobs only",
+        ),
+        (
+            ListQuery::all().tenant("").tag("plan", "professional"),
+            vec![prefixed],
+            "the default tenant and tags combine",
         ),
         (
             ListQuery::all().tenant("acme"),

@@ -788,6 +788,15 @@ async fn ignored_tags_are_caught_by_a4() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_default_tenant_listing_all_is_caught_by_a4() {
+    caught(
+        DefaultTenantListsAll,
+        "a4_list_filters_by_tenant_and_tags_exactly",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_release_leaving_no_attempt_is_caught_by_h2() {
     caught(
         ReleaseLeavesNoAttempt,

@@ -122,6 +122,21 @@ impl Bug for TagsIgnored {
     }
 }
 
+/// A4 broken: the default tenant given (the empty tenant) lists every tenant's jobs,
+/// as the filter read before "none given" and "the empty tenant" were told apart.
+#[derive(Debug)]
+pub(crate) struct DefaultTenantListsAll;
+
+#[async_trait]
+impl Bug for DefaultTenantListsAll {
+    async fn list(&self, inner: &dyn Backend, mut query: ListQuery) -> Result<ListPage> {
+        if query.tenant.as_deref() == Some("") {
+            query.tenant = None;
+        }
+        inner.require_inspect()?.list(query).await
+    }
+}
+
 /// H2 broken: a release (or snooze) leaves no attempt record, as a backend that wrote
 /// records only from `fail` and `reclaim` would.
 #[derive(Debug)]

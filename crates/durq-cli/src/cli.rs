@@ -233,7 +233,8 @@ pub struct ListArgs {
     /// Only jobs in this state; repeat for several.
     #[arg(long)]
     pub state: Vec<StateArg>,
-    /// Only jobs of this tenant.
+    /// Only jobs of this tenant; `--tenant ""` lists the default tenant's jobs (those
+    /// enqueued without one). Without it, every tenant's.
     #[arg(long)]
     pub tenant: Option<String>,
     /// Only jobs tagged KEY=VALUE; repeat to require several.

@@ -100,8 +100,9 @@ pub struct ListQuery {
     pub queue_prefix: Option<String>,
     /// Only jobs in one of these states; empty means every state.
     pub states: Vec<JobState>,
-    /// Only this tenant (whole value); empty means every tenant.
-    pub tenant: String,
+    /// Only this tenant (whole value): `None` lists every tenant's jobs,
+    /// `Some("")` the default tenant's only (jobs enqueued without one).
+    pub tenant: Option<String>,
     /// Only jobs carrying every one of these tags with exactly these values.
     pub tags: Tags,
     /// The most jobs per page: 1..=1000.
@@ -117,7 +118,7 @@ impl ListQuery {
             queue: None,
             queue_prefix: None,
             states: Vec::new(),
-            tenant: String::new(),
+            tenant: None,
             tags: Tags::new(),
             limit: 100,
             cursor: None,
@@ -158,9 +159,10 @@ impl ListQuery {
         self
     }
 
-    /// Only jobs of `tenant` (empty: every tenant).
+    /// Only jobs of `tenant`, whole value; `""` is the default tenant (jobs enqueued
+    /// without one). Without this call every tenant's jobs are listed.
     pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
-        self.tenant = tenant.into();
+        self.tenant = Some(tenant.into());
         self
     }
 
@@ -210,7 +212,7 @@ impl ListQuery {
 
     /// Whether a job of `tenant` with `tags` passes the tenant and tag filters.
     pub fn matches_scope(&self, tenant: &str, tags: &Tags) -> bool {
-        (self.tenant.is_empty() || self.tenant == tenant)
+        self.tenant.as_deref().is_none_or(|wanted| wanted == tenant)
             && self
                 .tags
                 .iter()

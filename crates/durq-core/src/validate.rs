@@ -367,13 +367,14 @@ pub fn validate_list(query: &ListQuery) -> Result<()> {
     if let Some(prefix) = &query.queue_prefix {
         validate_name("queue_prefix", prefix, MAX_QUEUE_BYTES)?;
     }
-    if query.tenant.len() > MAX_TENANT_BYTES {
+    if let Some(tenant) = query
+        .tenant
+        .as_deref()
+        .filter(|t| t.len() > MAX_TENANT_BYTES)
+    {
         return Err(Error::invalid(
             "tenant",
-            format!(
-                "is {} bytes, the limit is {MAX_TENANT_BYTES}",
-                query.tenant.len()
-            ),
+            format!("is {} bytes, the limit is {MAX_TENANT_BYTES}", tenant.len()),
         ));
     }
     crate::meta::validate_tags("tags", &query.tags)?;

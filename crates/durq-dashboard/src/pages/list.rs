@@ -103,7 +103,7 @@ impl Filter {
             .limit(self.limit);
         query.queue = self.queue.clone();
         query.queue_prefix = self.prefix.clone();
-        query.tenant = self.tenant.clone().unwrap_or_default();
+        query.tenant = self.tenant.clone();
         query.tags = self.tags.clone();
         query.cursor = self.after;
         query
@@ -387,7 +387,7 @@ mod tests {
         assert_eq!(query.queue.as_deref(), Some("emails"));
         assert_eq!(query.queue_prefix.as_deref(), Some("em"));
         assert_eq!(query.states, [JobState::Queued, JobState::Dead]);
-        assert_eq!(query.tenant, "acme");
+        assert_eq!(query.tenant.as_deref(), Some("acme"));
         assert_eq!(query.tags, filter.tags);
         assert_eq!((query.limit, query.cursor), (20, Some(id)));
         let empty = Filter::parse(Some("queue=&state=&prefix=&tenant=&tag="))

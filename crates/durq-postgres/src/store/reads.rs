@@ -168,8 +168,9 @@ pub(crate) async fn queues(store: &PostgresBackend, now: Timestamp) -> Result<Ve
 
 pub(crate) async fn list(store: &PostgresBackend, query: ListQuery) -> Result<ListPage> {
     let cursor = query.cursor.map_or(Uuid::max(), Uuid::from);
-    // NULL binds "every tenant" and "no tag filter" (see `sql::list_filters`).
-    let tenant = (!query.tenant.is_empty()).then_some(query.tenant.as_bytes());
+    // NULL binds "every tenant" and "no tag filter" (see `sql::list_filters`); the
+    // default tenant is stored as the empty value, so `Some("")` binds that.
+    let tenant = query.tenant.as_deref().map(str::as_bytes);
     let tags = encode_tags(&query.tags);
     let states: Vec<&str> = JobState::ALL
         .iter()

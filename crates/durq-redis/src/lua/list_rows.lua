@@ -4,7 +4,8 @@
 --
 -- KEYS[i] the hash of candidate i, i = 1..N, newest first
 -- ARGV[1] the most rows to return (>= 1)
--- ARGV[2] the tenant (exact), or '' for every tenant
+-- ARGV[2] '=' and the tenant (exact; '=' alone: the default tenant), or '' for every
+--         tenant
 -- ARGV[3] T, the number of tags; ARGV[3+t], t = 1..T: tag t as codec::tag_pattern
 --         writes it, `"key":"value"` as it stands in the stored tags
 -- ARGV[4+T] F, the number of fields; ARGV[4+T+f], f = 1..F: the fields of a row
@@ -24,7 +25,8 @@
 -- again, so this can only leave out, never wrongly keep, a record spelt another way.
 -- Writes nothing.
 
-local most, tenant, ntags = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local most, ntags = tonumber(ARGV[1]), tonumber(ARGV[3])
+local by_tenant, tenant = ARGV[2] ~= '', string.sub(ARGV[2], 2)
 local patterns = {}
 for t = 1, ntags do
   patterns[t] = ARGV[3 + t]
@@ -34,7 +36,7 @@ local fields = {}
 for f = 1, nfields do
   fields[f] = ARGV[4 + ntags + f]
 end
-local scoped = tenant ~= '' or ntags > 0
+local scoped = by_tenant or ntags > 0
 
 -- Whether `text` holds `pattern` as a whole member of the JSON object.
 local function has_tag(text, pattern)
@@ -69,7 +71,7 @@ local function in_scope(meta)
       return false
     end
   end
-  if tenant ~= '' and string.sub(meta, at, at + tlen - 1) ~= tenant then
+  if by_tenant and (tlen ~= #tenant or string.sub(meta, at, at + tlen - 1) ~= tenant) then
     return false
   end
   if ntags == 0 then

@@ -121,7 +121,7 @@ impl RedisBackend {
             }
         }
         let streams = Streams::of(&query.states);
-        let scoped = !query.tenant.is_empty() || !query.tags.is_empty();
+        let scoped = query.tenant.is_some() || !query.tags.is_empty();
         let patterns: Vec<String> = query
             .tags
             .iter()
@@ -147,7 +147,7 @@ impl RedisBackend {
                 return Ok(ListPage { jobs, next: None });
             };
             let (looked, rows) = self
-                .list_rows(&found.ids, missing, &query.tenant, &patterns)
+                .list_rows(&found.ids, missing, query.tenant.as_deref(), &patterns)
                 .await?;
             examined += looked;
             for (at, row) in rows {
@@ -235,12 +235,15 @@ impl RedisBackend {
         &self,
         ids: &[JobId],
         most: usize,
-        tenant: &str,
+        tenant: Option<&str>,
         patterns: &[String],
     ) -> Result<(usize, Vec<(usize, Vec<Option<Vec<u8>>>)>)> {
         const WHAT: &str = "list rows reply";
         let keys = self.keys();
         let mut invocation = scripts::LIST_ROWS.prepare_invoke();
+        // '' for every tenant, '=' and the tenant for one (so the default tenant, the
+        // empty one, can be asked for too).
+        let tenant = tenant.map_or(String::new(), |tenant| format!("={tenant}"));
         invocation.arg(most).arg(tenant).arg(patterns.len());
         for pattern in patterns {
             invocation.arg(pattern);

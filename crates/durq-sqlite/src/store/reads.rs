@@ -313,7 +313,7 @@ impl ListSource<'_> {
     /// with the durq-core matchers, so a queue prefix is compared byte for byte and a
     /// tag exactly, as the reference does (no SQL pattern, no JSON path).
     fn refill(&mut self, conn: &Connection, ns: i64, query: &ListQuery) -> Result<()> {
-        let scoped = !query.tenant.is_empty() || !query.tags.is_empty();
+        let scoped = query.tenant.is_some() || !query.tags.is_empty();
         let limit = i64::try_from(self.chunk).unwrap_or(i64::MAX);
         let mut stmt;
         let mut rows = match self.stream {
