@@ -1,5 +1,6 @@
 //! Jobs that wait for jobs (CONTRACT G1–G3): an order is charged, then an e-mail and
-//! an invoice go out, then a report reads what both returned.
+//! an invoice go out, then a report reads what both returned; the caller waits for each
+//! report's outcome with `store.wait` (CONTRACT O1, O2).
 //!
 //! ```text
 //! cargo run --example workflow
@@ -18,7 +19,6 @@ use std::time::Duration;
 
 use durq::{Dependency, JobContext, JobError, JobState, Json, NewJob, Worker};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Order {
@@ -35,7 +35,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // One graph per order: charge, then e-mail and invoice, then the report.
     let mut reports = Vec::new();
-    let mut charges = Vec::new();
     for order in [
         Order {
             id: 1001,
@@ -63,16 +62,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .after(Dependency::Earlier(2)),
             ])
             .await?;
-        charges.push(graph[0].id);
         reports.push((order.id, graph[3].id));
     }
 
     // What ran, in order, for the checks at the end.
     let ran: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
-    let (report_done, mut reports_done) = mpsc::unbounded_channel();
-    // The jobs whose outcome the store holds: the example ends once the declined
-    // charge's is in too (its dependents are cancelled in that same step).
-    let (finished, mut finals) = mpsc::unbounded_channel();
     let note = |ran: &Arc<Mutex<Vec<(String, u32)>>>, step: &str, order: u32| {
         ran.lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -81,11 +75,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let worker = Worker::builder(store.clone())
         .concurrency(8)
         .poll_interval(Duration::from_millis(10))
-        .on_event(move |event| {
-            if event.is_final() {
-                let _ = finished.send(event.id());
-            }
-        })
         .json_handler("charge", {
             let ran = Arc::clone(&ran);
             move |_ctx: JobContext, order: Order| {
@@ -117,10 +106,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .json_handler("report", {
             let ran = Arc::clone(&ran);
-            let report_done = report_done.clone();
             move |ctx: JobContext, order: Order| {
                 note(&ran, "report", order.id);
-                let report_done = report_done.clone();
                 async move {
                     // The fan-in reads what the jobs it waited for returned.
                     let mut lines = Vec::new();
@@ -134,43 +121,40 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             .unwrap_or_default();
                         lines.push(format!("{}: {said}", dependency.queue));
                     }
-                    let report = format!("order {}: {}", order.id, lines.join("; "));
-                    let _ = report_done.send(report.clone());
-                    Ok(Json(report))
+                    Ok(Json(format!("order {}: {}", order.id, lines.join("; "))))
                 }
             }
         })
         .build()?;
     let running = worker.spawn();
 
-    // The first order's report is the last job that runs; the second order's never does.
-    let Some(report) = reports_done.recv().await else {
-        return Err("the worker stopped before the report ran".into());
-    };
-    println!("{report}");
-    let declined_charge = charges[1];
-    while let Some(id) = finals.recv().await {
-        if id == declined_charge {
-            break;
-        }
-    }
-    running.shutdown().await;
-
+    // The caller waits for each report's outcome, woken by its ending: the first
+    // order's report succeeds with what it returned; the second order's is cancelled in
+    // the same step that its declined charge ends dead.
     let mut declined_report = None;
     for (order, report) in reports {
-        let job = store.get(report).await?;
-        println!(
-            "order {order}'s report: {}{}",
-            job.state,
-            job.last_error
-                .as_deref()
-                .map(|error| format!(" ({error})"))
-                .unwrap_or_default()
-        );
+        let Some(job) = store.wait(report, Duration::from_secs(30)).await? else {
+            return Err(format!("order {order}'s report did not end within 30 s").into());
+        };
+        match job.state {
+            JobState::Succeeded => {
+                let said: String =
+                    serde_json::from_slice(job.result.as_deref().unwrap_or(b"\"\""))?;
+                println!("order {order}'s report: {said}");
+            }
+            state => println!(
+                "order {order}'s report: {state}{}",
+                job.last_error
+                    .as_deref()
+                    .map(|error| format!(" ({error})"))
+                    .unwrap_or_default()
+            ),
+        }
         if order == 1002 {
             declined_report = Some(job.state);
         }
     }
+    running.shutdown().await;
 
     // Every step ran after the steps it waits for, and the declined order stopped at
     // its charge, its report cancelled.
