@@ -102,6 +102,15 @@ pub enum Command {
         /// The job's id.
         id: JobId,
     },
+    /// Waits until a job has ended, woken by its ending, and prints its outcome; fails
+    /// (exit status 1) unless it succeeded, or when the timeout passes first.
+    Wait {
+        /// The job's id.
+        id: JobId,
+        /// How long to wait at most (`30s`, `5m`, `1h`).
+        #[arg(long, default_value = "30s", value_parser = duration)]
+        timeout: Duration,
+    },
     /// Adds a job, and prints its id and whether it was created or deduplicated.
     Enqueue(EnqueueArgs),
     /// Queues dead or cancelled jobs again, with their attempts reset.

@@ -367,3 +367,52 @@ async fn enqueue_after_waits_and_inspect_shows_what_for() {
     t.run(&["enqueue", "email", "--after", "not-an-id"])
         .usage_error();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_prints_an_outcome_and_fails_unless_it_succeeded() {
+    let (_dir, t) = sqlite().await;
+    // A job that ends while `durq wait` waits, in another process.
+    let report = t.enqueue(&["reports"]);
+    let waiting = {
+        let args: Vec<String> = ["wait", &report.to_string(), "--timeout", "60s"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (url, namespace) = (t.url.clone(), t.namespace.clone());
+        std::thread::spawn(move || {
+            let mut all = vec!["--url", url.as_str(), "-n", namespace.as_str()];
+            all.extend(args.iter().map(String::as_str));
+            common::durq(&all)
+        })
+    };
+    let claimed = t.claim(report, "reports", "w").await;
+    t.store
+        .complete(
+            report,
+            claimed.token(),
+            Some(b"\"42 rows\"".to_vec().into()),
+        )
+        .await
+        .expect("complete");
+    let shown = waiting.join().expect("the waiting thread").ok();
+    assert!(
+        shown.starts_with(&format!("{report}: succeeded\n")),
+        "{shown}"
+    );
+    assert!(shown.contains("42 rows"), "{shown}");
+    let doc = t.json(&["wait", &report.to_string()]);
+    assert_eq!(doc["job"]["state"], "succeeded");
+    assert_eq!(doc["result"]["json"], "42 rows", "{doc}");
+
+    // A dead job fails the command with its error; so does a timeout.
+    let charge = t.enqueue(&["charge"]);
+    t.kill(charge, "charge", "card declined").await;
+    t.run(&["wait", &charge.to_string()])
+        .fails_with(&format!("job {charge} ended dead: card declined"));
+    let queued = t.enqueue(&["later"]);
+    t.run(&["wait", &queued.to_string(), "--timeout", "0s"])
+        .fails_with(&format!(
+            "job {queued} has not ended after 0s (it is queued)"
+        ));
+    t.run(&["wait", "not-an-id"]).usage_error();
+}

@@ -169,7 +169,7 @@ fn job_section(job: &Job, now: Timestamp) -> String {
     fields(&pairs)
 }
 
-fn bytes_section(title: &str, bytes: &[u8]) -> String {
+pub(crate) fn bytes_section(title: &str, bytes: &[u8]) -> String {
     let shown = Payload::of(bytes);
     let kind = match shown {
         Payload::Empty => return format!("{title}: (empty)\n"),

@@ -7,6 +7,7 @@ pub mod enqueue;
 pub mod inspect;
 pub mod list;
 pub mod read;
+pub mod wait;
 
 use crate::cli::{Action, Command, LimitsAction, ScheduleAction};
 use crate::{Context, Result};
@@ -19,6 +20,7 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
         Command::Stats { queue } => read::stats(cx, queue).await,
         Command::List(args) => list::list(cx, args).await,
         Command::Inspect { id } => inspect::inspect(cx, *id).await,
+        Command::Wait { id, timeout } => wait::wait(cx, *id, *timeout).await,
         Command::Enqueue(args) => {
             let job = enqueue::prepare(args, cx.terminal)?;
             enqueue::run(cx, job).await
