@@ -97,7 +97,7 @@ pub async fn o1_wait_answers_an_ended_job_as_stored(harness: &dyn Harness) {
 }
 
 /// O2: waiters are woken by the endings themselves: 16 waits, each on its own handle,
-/// armed before their jobs end, are answered within [`WOKEN_WITHIN`] of an hour's
+/// armed before their jobs end, are answered within 10 s of an hour's
 /// timeout once other handles end those jobs in parallel (completions with results,
 /// permanent failures, an operator's cancels, and where the store keeps dependencies a
 /// cascade of G3), each with its own job as it ended.
