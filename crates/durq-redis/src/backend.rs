@@ -29,8 +29,8 @@ use crate::store::partitioned::Partitions;
 use crate::wake::{self, Waker};
 
 /// How often a wait for an ending reads its job when no announcement came (CONTRACT
-/// O2): the fallback for announcements the subscriber missed while it reconnected, and
-/// for a job a claim buries as corrupt (the claim scripts announce no endings).
+/// O2): the fallback for announcements the subscriber missed while it reconnected, or
+/// that a claimer which died between its claim and `settle.lua` never sent.
 const ENDING_POLL: Duration = Duration::from_secs(15);
 
 /// How long a wait for an ending waits for the subscriber to stand before its first

@@ -8,13 +8,21 @@
 --
 -- Returns {'ok', settled}: how many of the jobs had ended (a job not ended yet, or gone,
 -- is left alone), or {'need', {id, ...}} (graph.lua; nothing written).
+--
+-- An ended job someone waits for (`awt`, CONTRACT O2) is announced here too, since the
+-- claim script that buried it announces nothing.
 
 local g = graph_tail()
 local endings = {}
+local announced = {}
 for i = 1, g.own_keys do
-  local state = redis.call('HGET', KEYS[i], 'state')
+  local v = redis.call('HMGET', KEYS[i], 'state', 'awt')
+  local state = v[1]
   if state == 'succeeded' or state == 'dead' or state == 'cancelled' then
     endings[#endings + 1] = { ARGV[i], state }
+    if v[2] then
+      announced[#announced + 1] = ARGV[i]
+    end
   end
 end
 local plan, need = settle_plan(g, endings)
@@ -22,4 +30,7 @@ if not plan then
   return { 'need', need }
 end
 settle_write(g, plan)
+for _, id in ipairs(announced) do
+  announce_ending(g.channel, id)
+end
 return { 'ok', #endings }

@@ -13,6 +13,7 @@ mod keys_scale_and_connections;
 mod partitions;
 mod reads_and_history;
 mod upgrade;
+mod waits;
 
 use durq_core::{
     Budget, Bytes, ClaimRequest, Clock, Error, JobId, JobState, ListQuery, ManualClock, Needs,
