@@ -14,7 +14,11 @@ async fn a_job_a_claim_buries_wakes_its_waits() {
         return;
     };
     let store = env.store().await;
-    let id = store.enqueue(NewJob::new("bury-me")).await.expect("enqueue").id;
+    let id = store
+        .enqueue(NewJob::new("bury-me"))
+        .await
+        .expect("enqueue")
+        .id;
     let key = durq_redis::job_key(&env.settings.namespace, id);
     let waiting = {
         let store = store.clone();
@@ -36,7 +40,10 @@ async fn a_job_a_claim_buries_wakes_its_waits() {
         .claim(ClaimRequest::new(["bury-me"], "w", Duration::from_secs(30)))
         .await
         .expect("claim");
-    assert!(claimed.is_empty(), "the unreadable job is buried, not handed out");
+    assert!(
+        claimed.is_empty(),
+        "the unreadable job is buried, not handed out"
+    );
     let answer = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the wait is woken by settle.lua's announcement, not its poll")
