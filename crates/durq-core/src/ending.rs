@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures_util::future::{self, Either};
+use futures_util::future;
 use tokio::time::Instant;
 
 use crate::error::Result;
@@ -85,9 +85,8 @@ where
         let nap = poll.map_or(left, |poll| poll.min(left));
         let sleep = tokio::time::sleep(nap);
         futures_util::pin_mut!(sleep);
-        match future::select(woken, sleep).await {
-            Either::Left(_) | Either::Right(_) => {}
-        }
+        // Whichever comes first, the next round reads the job again.
+        future::select(woken, sleep).await;
     }
 }
 
