@@ -202,6 +202,79 @@ async fn only_awaited_endings_are_announced() {
     clean_up(&backend, &ns).await;
 }
 
+/// CONTRACT O2 under a fault: a wait whose pool and listener the server kills answers
+/// once the job ends. Whether the ending's notice reaches the new listener or is lost
+/// while it reconnects is a race (the reconnection moves every watch for the second
+/// case, so the wait reads its job again); either way the wait, which has no poll,
+/// must answer well before its hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_outlives_its_listener_being_killed() {
+    let app = "durq-postgres-wait-killed";
+    let (Some(waiting), Some(sending), Some(admin)) = (
+        backend(app, 2).await,
+        backend("durq-postgres-wait-ender", 2).await,
+        admin().await,
+    ) else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let ns = settings.namespace.clone();
+    let waiter = open(&waiting, settings.clone());
+    let ender = open(&sending, settings);
+    let id = ender
+        .enqueue(NewJob::new("killed"))
+        .await
+        .expect("enqueue")
+        .id;
+    let claimed = ender
+        .claim(ClaimRequest::new(["killed"], "w", TTL))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1);
+    let wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.wait(id, Duration::from_secs(3600)).await })
+    };
+    // Armed once the row carries the mark, which the wait writes after its listener
+    // was started.
+    let marked = format!(
+        "SELECT coalesce(awaited, false) FROM \"{}\".jobs WHERE namespace = $1 AND id = $2",
+        waiting.schema()
+    );
+    let mut armed = false;
+    for _ in 0..10_000 {
+        let awaited: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(marked.clone()))
+            .bind(&ns)
+            .bind(uuid::Uuid::from(id))
+            .fetch_one(&admin)
+            .await
+            .expect("read the mark");
+        if awaited {
+            armed = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(armed, "the wait marks its job");
+    assert!(
+        terminate(&admin, app).await > 0,
+        "the waiting pool's sessions"
+    );
+    ender
+        .complete(id, claimed[0].token(), None)
+        .await
+        .expect("complete");
+    let answer = tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("the wait answers after its listener came back")
+        .expect("join")
+        .expect("wait")
+        .expect("ended");
+    assert_eq!(answer.state, JobState::Succeeded);
+    clean_up(&sending, &ns).await;
+}
+
 /// `wait_for_work` wakes on an enqueue made through another pool (the notice crosses
 /// connections), and not only at its timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
