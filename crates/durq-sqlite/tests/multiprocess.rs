@@ -1,9 +1,10 @@
 //! Several OS processes drain one queue from one file: every job is claimed exactly
 //! once, across processes as well as inside each; a key's running limit (K1) and a
-//! queue's rates (K4) hold across processes.
+//! queue's rates (K4) hold across processes; a wait (O2) is answered when another
+//! process ends its job.
 //!
-//! The test binary runs itself again as the child processes: `child_drainer` does its
-//! work only when `JOBS_SQLITE_CHILD_DB` is set, and is a no-op in a normal run.
+//! The test binary runs itself again as the child processes: the `child_*` tests do
+//! their work only when `JOBS_SQLITE_CHILD_DB` is set, and are no-ops in a normal run.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -761,4 +762,75 @@ fn processes_never_start_more_than_a_rate_allows() {
             );
         }
     }
+}
+
+/// The queue of the wait test's job, which only the child claims.
+const WAIT_QUEUE: &str = "mp-wait";
+
+/// The child of `a_wait_is_answered_when_another_process_ends_its_job`: claims the one
+/// job of [`WAIT_QUEUE`] and completes it with a result. A no-op outside child mode.
+#[test]
+fn child_completer() {
+    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
+        return;
+    };
+    runtime().block_on(async move {
+        let store = match config().open(&db, settings()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("child {name}: open failed: {err}"),
+        };
+        let request = ClaimRequest::new([WAIT_QUEUE], name.clone(), Duration::from_secs(60));
+        let claimed = match store.claim(request).await {
+            Ok(claimed) => claimed,
+            Err(err) => panic!("child {name}: claim failed: {err}"),
+        };
+        assert_eq!(claimed.len(), 1, "child {name}: the one job is claimed");
+        let job = &claimed[0];
+        if let Err(err) = store
+            .complete(job.id(), job.token(), Some("done elsewhere".into()))
+            .await
+        {
+            panic!("child {name}: complete failed: {err}");
+        }
+    });
+}
+
+/// CONTRACT O2 across processes: a wait in this process is answered when a child
+/// process completes its job. SQLite has no notifications between processes, so the
+/// wait sees the other process's commit at its next read, every `poll_interval`.
+#[test]
+fn a_wait_is_answered_when_another_process_ends_its_job() {
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => panic!("no temp dir: {err}"),
+    };
+    let db = dir.path().join("wait.db");
+    runtime().block_on(async {
+        let store = match config().open(&db, settings()).await {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("open failed: {err}"),
+        };
+        let id = match store.enqueue(NewJob::new(WAIT_QUEUE)).await {
+            Ok(enqueued) => enqueued.id,
+            Err(err) => panic!("enqueue failed: {err}"),
+        };
+        let waiting = {
+            let store = store.clone();
+            tokio::spawn(async move { store.wait(id, Duration::from_secs(3600)).await })
+        };
+        let mut child = spawn_test(&db, "completer", "child_completer");
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .unwrap_or_else(|err| panic!("waiting for the child: {err}"));
+        match status {
+            Ok(status) => assert!(status.success(), "the child failed: {status}"),
+            Err(err) => panic!("waiting for the child: {err}"),
+        }
+        let answer = match tokio::time::timeout(Duration::from_secs(30), waiting).await {
+            Ok(Ok(Ok(Some(job)))) => job,
+            other => panic!("the wait did not answer the ended job: {other:?}"),
+        };
+        assert_eq!(answer.state, JobState::Succeeded);
+        assert_eq!(answer.result.as_deref(), Some(&b"done elsewhere"[..]));
+    });
 }
