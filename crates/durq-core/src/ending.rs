@@ -9,9 +9,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::Result;
@@ -82,11 +84,54 @@ where
         if left.is_zero() {
             return Ok(None);
         }
-        let nap = poll.map_or(left, |poll| poll.min(left));
-        let sleep = tokio::time::sleep(nap);
-        futures_util::pin_mut!(sleep);
-        // Whichever comes first, the next round reads the job again.
-        future::select(woken, sleep).await;
+        // The signal, bounded by the fallback poll and the deadline; however the wait
+        // ends, the next round reads the job again.
+        let bound = poll.map_or(left, |poll| poll.min(left));
+        let _ = tokio::time::timeout(bound, woken).await;
+    }
+}
+
+/// The signal of endings of a backend whose jobs end in its own process (the memory
+/// store, SQLite's writer): whatever ends jobs calls [`ended`](Self::ended) once it is
+/// done (the lock let go, the commit made), which wakes the waits only while one is
+/// counted, so endings cost one load while nobody waits.
+#[derive(Debug, Default)]
+pub struct EndingSignal {
+    notify: Notify,
+    waits: AtomicUsize,
+}
+
+impl EndingSignal {
+    /// Counts a wait for as long as the guard lives. Take it before the wait's first
+    /// read: an ending then either sees the count or happened before that read.
+    pub fn count_wait(&self) -> CountedWait<'_> {
+        self.waits.fetch_add(1, Ordering::SeqCst);
+        CountedWait(&self.waits)
+    }
+
+    /// Resolves at the next [`ended`](Self::ended) after this call (registered now, so
+    /// an ending between this call and the read that follows it is not missed).
+    pub fn next_ending(&self) -> Woken<'_> {
+        let mut notified = Box::pin(self.notify.notified());
+        notified.as_mut().enable();
+        notified
+    }
+
+    /// Jobs ended: wakes the counted waits, if any.
+    pub fn ended(&self) {
+        if self.waits.load(Ordering::SeqCst) > 0 {
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+/// A wait counted by an [`EndingSignal`]; uncounted when dropped.
+#[derive(Debug)]
+pub struct CountedWait<'a>(&'a AtomicUsize);
+
+impl Drop for CountedWait<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

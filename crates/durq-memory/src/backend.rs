@@ -18,15 +18,6 @@ use durq_core::ending::Armed;
 use crate::store::{Namespace, Prepared, State};
 use crate::MemoryServer;
 
-/// Takes a waiter off the namespace's count of waiters for endings when its wait ends.
-struct WaiterCount<'a>(&'a Namespace);
-
-impl Drop for WaiterCount<'_> {
-    fn drop(&mut self) {
-        self.0.ending_waiters.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// The in-memory store.
 #[derive(Debug, Clone)]
 pub struct MemoryBackend {
@@ -216,19 +207,16 @@ impl Backend for MemoryBackend {
     }
 
     async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
+        let endings = &self.namespace.endings;
         let namespace = &self.namespace;
-        // Counted for the whole wait, before the first read (see `StateGuard`'s drop).
-        namespace.ending_waiters.fetch_add(1, Ordering::SeqCst);
-        let _counted = WaiterCount(namespace);
-        // Every ending in the namespace signals, so the poll is not needed: nothing
-        // here can lose a signal.
+        let _counted = endings.count_wait();
+        // Every ending in the namespace signals, so no poll: nothing here can lose a
+        // signal.
         durq_core::ending::wait_until_ended(timeout, None, || {
             Box::pin(async move {
-                let woken = namespace.job_ended.notified();
-                let mut woken = Box::pin(woken);
-                woken.as_mut().enable();
+                let woken = endings.next_ending();
                 let job = namespace.lock().job(id).cloned()?;
-                Ok(Armed::new(job, woken))
+                Ok(Armed { job, woken })
             })
         })
         .await

@@ -3,7 +3,6 @@
 //! what each operation does to the file is in `store/`.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
 use tokio::sync::Notify;
 
 use crate::config::SqliteConfig;
-use crate::engine::{Engine, Wakers, WriteMode};
+use crate::engine::{Engine, WriteMode};
 use crate::{store, transaction, SqliteTransaction};
 
 /// A job store [`Backend`] in one SQLite file. Wrap it in a [`durq_core::Store`]
@@ -332,18 +331,15 @@ impl Backend for SqliteBackend {
     /// process; jobs enqueued by other processes are found by polling every
     /// [`SqliteConfig::poll_interval`].
     async fn wait_for_ending(&self, id: JobId, timeout: Duration) -> Result<Option<Job>> {
-        let wakers = &self.engine.wakers;
-        // Counted for the whole wait, before the first read (see `Wakers::wake`).
-        wakers.ending_waiters.fetch_add(1, Ordering::SeqCst);
-        let _counted = EndingWaiter(wakers);
+        let endings = &self.engine.wakers.endings;
+        let _counted = endings.count_wait();
         // This process's commits signal; another process's are seen at the next poll.
         let poll = Some(self.engine.config.poll_interval);
         durq_core::ending::wait_until_ended(timeout, poll, || {
             Box::pin(async move {
-                let mut woken = Box::pin(wakers.job_ended.notified());
-                woken.as_mut().enable();
+                let woken = endings.next_ending();
                 let job = self.get(id).await?;
-                Ok(Armed::new(job, woken))
+                Ok(Armed { job, woken })
             })
         })
         .await
@@ -610,14 +606,5 @@ impl WorkerRegistry for SqliteBackend {
                 store::reap_workers(tx, ns, cutoff)
             })
             .await
-    }
-}
-
-/// Takes a wait off the count of waits for endings when it ends.
-struct EndingWaiter<'a>(&'a Wakers);
-
-impl Drop for EndingWaiter<'_> {
-    fn drop(&mut self) {
-        self.0.ending_waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }

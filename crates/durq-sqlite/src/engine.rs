@@ -287,10 +287,8 @@ type ReadFn = Box<dyn FnOnce(Result<&Connection>) + Send>;
 #[derive(Default)]
 pub(crate) struct Wakers {
     by_ns: Mutex<HashMap<i64, Arc<Notify>>>,
-    /// Signalled after a commit that ended jobs while someone waits for an ending.
-    pub(crate) job_ended: Notify,
-    /// The waits for endings under way, so that a commit signals only while one is.
-    pub(crate) ending_waiters: std::sync::atomic::AtomicUsize,
+    /// Signalled after a commit that ended jobs (CONTRACT O2).
+    pub(crate) endings: durq_core::ending::EndingSignal,
 }
 
 impl Wakers {
@@ -303,15 +301,10 @@ impl Wakers {
     /// waiters for endings if a job ended; called only after the transaction that did
     /// it has committed.
     pub(crate) fn wake(&self, wakes: &Wakes) {
-        // A waiter counts itself before its first read, so either it is counted here or
+        // A wait counts itself before its first read, so either it is counted here or
         // its read comes after this commit.
-        if wakes.ended
-            && self
-                .ending_waiters
-                .load(std::sync::atomic::Ordering::SeqCst)
-                > 0
-        {
-            self.job_ended.notify_waiters();
+        if wakes.ended {
+            self.endings.ended();
         }
         if wakes.ready.is_empty() {
             return;

@@ -5,7 +5,6 @@
 //! entry, because `MemoryServer::vanish` deletes records behind the indexes' back.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
@@ -339,10 +338,8 @@ impl State {
 pub(crate) struct Namespace {
     state: Mutex<State>,
     pub(crate) work_arrived: Notify,
-    /// Signalled when jobs ended, for `wait_for_ending` (CONTRACT O2), and only while
-    /// someone waits: `ending_waiters` counts them.
-    pub(crate) job_ended: Notify,
-    pub(crate) ending_waiters: AtomicUsize,
+    /// The signal of endings, for `wait_for_ending` (CONTRACT O2).
+    pub(crate) endings: durq_core::ending::EndingSignal,
     /// Whether a queue has a rate (K4), so a wait for work looks up when a rate frees a
     /// start only then, without the lock otherwise.
     pub(crate) has_rates: std::sync::atomic::AtomicBool,
@@ -393,12 +390,10 @@ impl std::ops::DerefMut for StateGuard<'_> {
 
 impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
-        // Read while the lock is still held: a waiter counts itself before it reads
-        // under the lock, so either this sees it or its read sees the ending.
-        if std::mem::take(&mut self.state.ended_any)
-            && self.namespace.ending_waiters.load(Ordering::SeqCst) > 0
-        {
-            self.namespace.job_ended.notify_waiters();
+        // Signalled while the lock is still held: a wait counts itself before it reads
+        // under the lock, so either the signal sees it or its read sees the ending.
+        if std::mem::take(&mut self.state.ended_any) {
+            self.namespace.endings.ended();
         }
     }
 }

@@ -21,11 +21,12 @@ pub(crate) async fn get(store: &PostgresBackend, id: JobId) -> Result<Job> {
     }
 }
 
-/// Rules O1, O2: waits for job `id` to end. The first arming marks the row awaited
-/// (after the watch is registered and the listener started), so the ending's trigger
-/// announces it; every arming then reads the job afresh, in a statement of its own, so
-/// an ending that committed before the mark is seen. No poll: a notice is lost only
-/// when the listener reconnects, and its reconnection moves every watch.
+/// Rules O1, O2: waits for job `id` to end. It registers the watch, starts the
+/// listener and marks the row awaited (so the ending's trigger announces it) once; each
+/// arming then notes the watch's counter and reads the job afresh, in a statement of
+/// its own: an ending before that note is seen by the read, one after it moves the
+/// counter. No poll: a notice is lost only when the listener reconnects, and its
+/// reconnection moves every watch.
 pub(crate) async fn wait_for_ending(
     store: &PostgresBackend,
     id: JobId,
@@ -34,20 +35,17 @@ pub(crate) async fn wait_for_ending(
     let wake = &store.inner.shared.wake;
     let watch = wake.hub.watch_ending(store.namespace(), id);
     wake.ensure_listening().await;
-    let marked = std::sync::atomic::AtomicBool::new(false);
-    let (watch, marked) = (&watch, &marked);
+    store
+        .fetch_optional_again("mark a job awaited", || {
+            sqlx::query(store.sql().mark_awaited.sql())
+                .bind(store.namespace())
+                .bind(Uuid::from(id))
+        })
+        .await?;
+    let watch = &watch;
     durq_core::ending::wait_until_ended(timeout, None, || {
         Box::pin(async move {
             let before = watch.seen();
-            if !marked.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                store
-                    .fetch_optional_again("mark a job awaited", || {
-                        sqlx::query(store.sql().mark_awaited.sql())
-                            .bind(store.namespace())
-                            .bind(Uuid::from(id))
-                    })
-                    .await?;
-            }
             let job = get(store, id).await?;
             Ok(Armed::new(job, watch.moved_past(before)))
         })
