@@ -19,8 +19,8 @@ use durq_core::{
     async_trait, Attempt, AttemptOutcome, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
     Completion, Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LayeredBackend,
     LeaseToken, ListPage, ListQuery, NewJob, Partitioning, QueueLimits, QueueOverview, QueueStats,
-    ReclaimedJob, Result, Retry, ScheduleUpdate, Store, StoreSettings, Timestamp, Uniqueness,
-    LEASE_EXPIRED,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, StepLog, Store, StoreSettings, Timestamp,
+    Uniqueness, LEASE_EXPIRED,
 };
 use durq_memory::MemoryServer;
 
@@ -182,6 +182,38 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
             .update_schedule(name, update)
             .await
     }
+
+    async fn steps(&self, inner: &dyn Backend, id: JobId) -> Result<StepLog> {
+        inner.require_steps()?.steps(id).await
+    }
+
+    async fn save_step(
+        &self,
+        inner: &dyn Backend,
+        lease: HeldLease,
+        name: &str,
+        output: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        inner
+            .require_steps()?
+            .save_step(lease.id, lease.token, name, output, now)
+            .await
+    }
+
+    async fn retry_from(
+        &self,
+        inner: &dyn Backend,
+        id: JobId,
+        step: &str,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<()> {
+        inner
+            .require_steps()?
+            .retry_from(id, step, generation, now)
+            .await
+    }
 }
 
 /// The real backend behind one bug, opened as the `handle`-th store of its namespace
@@ -320,6 +352,36 @@ impl LayeredBackend for Mutant {
     async fn update_schedule(&self, name: &str, update: ScheduleUpdate) -> Result<()> {
         self.bug.update_schedule(&*self.inner, name, update).await
     }
+
+    async fn steps(&self, id: JobId) -> Result<StepLog> {
+        self.bug.steps(&*self.inner, id).await
+    }
+
+    async fn save_step(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        output: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        let lease = HeldLease::new(id, token);
+        self.bug
+            .save_step(&*self.inner, lease, name, output, now)
+            .await
+    }
+
+    async fn retry_from(
+        &self,
+        id: JobId,
+        step: &str,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.bug
+            .retry_from(&*self.inner, id, step, generation, now)
+            .await
+    }
 }
 
 /// Opens real in-memory stores, each wrapped in the harness's bug when it has one.
@@ -404,11 +466,13 @@ mod claims_and_leases;
 mod dependencies;
 mod reads_admin_and_fit;
 mod results;
+mod steps;
 
 use claims_and_leases::*;
 use dependencies::*;
 use reads_admin_and_fit::*;
 use results::*;
+use steps::*;
 
 // ---------------------------------------------------------------------------------
 // Running scenarios.
@@ -627,6 +691,42 @@ async fn a_wait_no_ending_wakes_is_caught_by_o2() {
     caught(
         WaitHearsNoEndings,
         "o2_waiters_are_woken_by_endings_from_other_handles",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_step_saved_without_the_lease_is_caught_by_d1() {
+    caught(
+        StepSavedWithoutTheLease,
+        "d1_a_step_is_saved_under_the_lease_and_the_first_save_stands",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn steps_read_by_name_are_caught_by_d2() {
+    caught(
+        StepsReadByName,
+        "d2_steps_are_read_in_save_order_and_outlive_the_run",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reopen_cutting_only_the_last_step_is_caught_by_d3() {
+    caught(
+        ReopenCutsOnlyTheLastStep,
+        "d3_retry_from_reopens_an_ended_job_from_a_step",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reopen_checked_apart_from_its_change_is_caught_by_d4() {
+    caught(
+        ReopenChecksApart,
+        "d4_concurrent_reopens_have_exactly_one_winner",
     )
     .await;
 }

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::capability::{
-    Admin, Capability, FlowControl, Inspect, Pause, Schedules, WorkerRegistry,
+    Admin, Capability, FlowControl, Inspect, Pause, Schedules, Steps, WorkerRegistry,
 };
 use crate::error::{Error, Result};
 use crate::id::JobId;
@@ -356,6 +356,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn as_flow_control(&self) -> Option<&dyn FlowControl> {
         None
     }
+
+    /// [`Steps`] if the backend declares it: durable steps and reopening from one.
+    fn as_steps(&self) -> Option<&dyn Steps> {
+        None
+    }
 }
 
 // Inherent, not a trait method with a default: what a backend declares is its
@@ -370,6 +375,7 @@ impl dyn Backend + '_ {
             Capability::Schedules => self.as_schedules().is_some(),
             Capability::WorkerRegistry => self.as_worker_registry().is_some(),
             Capability::FlowControl => self.as_flow_control().is_some(),
+            Capability::Steps => self.as_steps().is_some(),
         }
     }
 
@@ -389,6 +395,11 @@ impl dyn Backend + '_ {
     pub fn require_flow_control(&self) -> Result<&dyn FlowControl> {
         self.as_flow_control()
             .ok_or(Error::unsupported(Capability::FlowControl))
+    }
+
+    /// [`Backend::as_steps`], or [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn require_steps(&self) -> Result<&dyn Steps> {
+        self.as_steps().ok_or(Error::unsupported(Capability::Steps))
     }
 
     /// [`Backend::as_pause`], or [`Error::Unsupported`](crate::Error::Unsupported).

@@ -22,8 +22,10 @@ use crate::attempts::Attempt;
 use crate::error::Result;
 use crate::id::JobId;
 use crate::limits::{FlowStatus, QueueLimits};
+use crate::model::LeaseToken;
 use crate::model::{Job, JobState, ListPage, ListQuery, QueueOverview, QueueStats};
 use crate::schedule::{ScheduleUpdate, StoredSchedule};
+use crate::steps::StepLog;
 use crate::time::Timestamp;
 use crate::workers::StoredWorker;
 
@@ -45,17 +47,20 @@ pub enum Capability {
     WorkerRegistry,
     /// [`FlowControl`]: limits on a queue's running jobs, enforced by the claim.
     FlowControl,
+    /// [`Steps`]: durable steps, saved by a running job and kept across its runs.
+    Steps,
 }
 
 impl Capability {
     /// Every capability, in declaration order.
-    pub const ALL: [Capability; 6] = [
+    pub const ALL: [Capability; 7] = [
         Capability::Inspect,
         Capability::Admin,
         Capability::Pause,
         Capability::Schedules,
         Capability::WorkerRegistry,
         Capability::FlowControl,
+        Capability::Steps,
     ];
 
     /// The capability's trait name, as the docs and error messages spell it.
@@ -67,6 +72,7 @@ impl Capability {
             Capability::Schedules => "Schedules",
             Capability::WorkerRegistry => "WorkerRegistry",
             Capability::FlowControl => "FlowControl",
+            Capability::Steps => "Steps",
         }
     }
 }
@@ -154,6 +160,50 @@ pub trait FlowControl: Send + Sync {
     /// Rule K3: what `queue`'s limits hold back at `now`: its running jobs, the keys at
     /// their running limit, and when its rates admit a start again.
     async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus>;
+}
+
+/// Durable steps (rules D1–D4): outputs a running job saves under names, fenced by its
+/// lease token and kept across its runs, and an operator's reopen of an ended job from
+/// one of them, guarded by the job's generation.
+///
+/// A backend keeps the steps beside the job's record, so that whatever deletes the
+/// record (retention, A5) deletes them, and reopens in one atomic step: the generation
+/// compared and moved, the steps from the named one on deleted, the job queued.
+#[async_trait]
+pub trait Steps: Send + Sync {
+    /// Rule D2: the job's generation and the steps saved in it, oldest first;
+    /// [`crate::Error::NotFound`] for an unknown job.
+    async fn steps(&self, id: JobId) -> Result<StepLog>;
+
+    /// Rule D1: saves `output` as step `name` of the job running under `token`, at
+    /// `now`. The first save of a name in a generation stands: a later one changes
+    /// nothing and succeeds. [`crate::Error::LeaseLost`] when `token` does not hold the
+    /// job's lease, and `InvalidInput { field: "step" }` for a save past
+    /// [`MAX_STEPS`](crate::steps::MAX_STEPS); either writes nothing.
+    async fn save_step(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        output: bytes::Bytes,
+        now: Timestamp,
+    ) -> Result<()>;
+
+    /// Rule D3: reopens the ended job `id` from step `step`, if its generation is
+    /// still `generation`: deletes `step` and every step saved after it, moves the
+    /// generation up by one and queues the job as [`Admin::retry`] does, in one atomic
+    /// step. Refused, writing nothing: [`crate::Error::StaleGeneration`],
+    /// [`crate::Error::InvalidState`] for a job that has not ended, and
+    /// `InvalidInput { field: "step" }` for a step not saved in the generation
+    /// ([`crate::steps::StepLog::reopened_from`] decides the first and last from a
+    /// log read in the same step).
+    async fn retry_from(
+        &self,
+        id: JobId,
+        step: &str,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<()>;
 }
 
 /// Stored cron schedules (rules S1–S3): the store keeps each schedule's definition as

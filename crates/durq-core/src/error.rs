@@ -65,6 +65,18 @@ pub enum Error {
         operation: &'static str,
     },
 
+    /// A reopen named a generation the job has left: another reopen won (CONTRACT D3,
+    /// D4). Nothing was changed; read the job's steps again to see what it holds now.
+    #[error("cannot reopen job {id} at generation {expected}: it is at generation {current}")]
+    StaleGeneration {
+        /// The job the call was about.
+        id: JobId,
+        /// The generation the call named.
+        expected: u64,
+        /// The job's generation.
+        current: u64,
+    },
+
     /// No schedule of this name exists in the namespace (CONTRACT S1).
     #[error("schedule {name:?} not found")]
     ScheduleNotFound {

@@ -22,9 +22,10 @@ use crate::workers::StoredWorker;
 
 use crate::backend::{Backend, Capabilities};
 use crate::capability::{
-    Admin, Capability, FlowControl, Inspect, Pause, Schedules, WorkerRegistry,
+    Admin, Capability, FlowControl, Inspect, Pause, Schedules, Steps, WorkerRegistry,
 };
 use crate::limits::{FlowStatus, QueueLimits};
+use crate::steps::StepLog;
 
 /// Wraps a backend in another: metrics, logging, fault injection, a tenant guard.
 /// Added to a handle with [`Store::layer`](crate::Store::layer); the last layer added
@@ -235,6 +236,37 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
 
     async fn queues(&self, now: Timestamp) -> Result<Vec<QueueOverview>> {
         self.inner().require_inspect()?.queues(now).await
+    }
+
+    async fn steps(&self, id: JobId) -> Result<StepLog> {
+        self.inner().require_steps()?.steps(id).await
+    }
+
+    async fn save_step(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        output: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner()
+            .require_steps()?
+            .save_step(id, token, name, output, now)
+            .await
+    }
+
+    async fn retry_from(
+        &self,
+        id: JobId,
+        step: &str,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner()
+            .require_steps()?
+            .retry_from(id, step, generation, now)
+            .await
     }
 
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
@@ -557,6 +589,13 @@ impl<L: LayeredBackend> Backend for L {
             .as_flow_control()
             .map(|_| self as &dyn FlowControl)
     }
+
+    fn as_steps(&self) -> Option<&dyn Steps> {
+        if self.hides(Capability::Steps) {
+            return None;
+        }
+        self.inner().as_steps().map(|_| self as &dyn Steps)
+    }
 }
 
 impl<L: LayeredBackend> Inspect for L {
@@ -684,6 +723,47 @@ impl<L: LayeredBackend> FlowControl for L {
         Self: 'b,
     {
         LayeredBackend::flow_status(self, queue, now)
+    }
+}
+
+impl<L: LayeredBackend> Steps for L {
+    fn steps<'a, 'b>(&'a self, id: JobId) -> BoxFuture<'b, Result<StepLog>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::steps(self, id)
+    }
+
+    fn save_step<'a, 'n, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        name: &'n str,
+        output: Bytes,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::save_step(self, id, token, name, output, now)
+    }
+
+    fn retry_from<'a, 's, 'b>(
+        &'a self,
+        id: JobId,
+        step: &'s str,
+        generation: u64,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        's: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::retry_from(self, id, step, generation, now)
     }
 }
 

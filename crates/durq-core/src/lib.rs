@@ -21,6 +21,7 @@ mod model;
 mod order;
 mod schedule;
 mod state;
+pub mod steps;
 mod store;
 mod time;
 pub mod transaction;
@@ -31,7 +32,9 @@ mod workers;
 pub use attempts::{Attempt, AttemptOutcome, ATTEMPTS_KEPT};
 pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Partitioning};
 pub use backoff::Backoff;
-pub use capability::{Admin, Capability, FlowControl, Inspect, Pause, Schedules, WorkerRegistry};
+pub use capability::{
+    Admin, Capability, FlowControl, Inspect, Pause, Schedules, Steps, WorkerRegistry,
+};
 pub use error::{BoxError, Error, Result, SharedError};
 pub use fit::{Budget, Needs};
 pub use graph::{Dependency, DependencyFailure};
@@ -51,6 +54,7 @@ pub use schedule::{
     Cadence, CatchUp, Due, Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule,
 };
 pub use state::ParseJobStateError;
+pub use steps::{SavedStep, StepLog};
 pub use store::Store;
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
 pub use transaction::FencedCompletion;

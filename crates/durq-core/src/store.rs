@@ -18,6 +18,7 @@ use crate::model::{
     StoreSettings, TypedJob,
 };
 use crate::schedule::{Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule};
+use crate::steps::StepLog;
 use crate::time::Timestamp;
 use crate::transaction;
 use crate::validate;
@@ -434,6 +435,47 @@ impl Store {
     /// Any other state is refused with [`Error::InvalidState`].
     pub async fn retry(&self, id: JobId) -> Result<()> {
         self.backend.require_admin()?.retry(id, self.now()).await
+    }
+
+    /// Rule D2: the job's generation and the steps it saved in it, oldest first.
+    /// A job that saved none answers its generation and no steps; an unknown job is
+    /// [`Error::NotFound`].
+    pub async fn steps(&self, id: JobId) -> Result<StepLog> {
+        self.backend.require_steps()?.steps(id).await
+    }
+
+    /// Rule D1: saves `output` as step `name` of the job running under `token`, so a
+    /// later run of the job finds it (the worker's `ctx.step` calls this). The first
+    /// save of a name stands; saving it again changes nothing. A token that no longer
+    /// holds the lease is [`Error::LeaseLost`] and writes nothing. A name outside
+    /// `[A-Za-z0-9._:-]{1,128}`, or an output over `max_payload_bytes`, is refused
+    /// before the backend is called.
+    pub async fn save_step(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        output: Bytes,
+    ) -> Result<()> {
+        validate::validate_step(name)?;
+        validate::validate_size("output", output.len(), self.backend.settings())?;
+        self.backend
+            .require_steps()?
+            .save_step(id, token, name, output, self.now())
+            .await
+    }
+
+    /// Rule D3: reopens an ended job (succeeded, dead or cancelled) from step `step`:
+    /// the steps saved before it are kept, `step` and every step after it run again.
+    /// `generation` is the one the caller read ([`Store::steps`]): of two reopens that
+    /// read the same generation exactly one wins (D4), the other is
+    /// [`Error::StaleGeneration`]. The job is queued as [`Store::retry`] queues it.
+    pub async fn retry_from(&self, id: JobId, step: &str, generation: u64) -> Result<()> {
+        validate::validate_step(step)?;
+        self.backend
+            .require_steps()?
+            .retry_from(id, step, generation, self.now())
+            .await
     }
 
     /// Rule A3: counts of one queue's jobs per state, and whether it is paused (Q1).

@@ -77,6 +77,11 @@ pub fn validate_namespace(namespace: &str) -> Result<()> {
     validate_name("namespace", namespace, MAX_NAMESPACE_BYTES)
 }
 
+/// A step name (CONTRACT D1): `[A-Za-z0-9._:-]`, 1..=128 bytes.
+pub fn validate_step(step: &str) -> Result<()> {
+    validate_name("step", step, crate::steps::MAX_STEP_BYTES)
+}
+
 /// A worker id: any UTF-8, 1..=256 bytes.
 pub fn validate_worker(worker: &str) -> Result<()> {
     if worker.is_empty() || worker.len() > MAX_WORKER_BYTES {

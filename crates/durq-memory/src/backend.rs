@@ -9,8 +9,8 @@ use durq_core::{
     async_trait, Admin, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
     Completion, Enqueued, FlowControl, FlowStatus, Heartbeat, HeldLease, Inspect, Job, JobId,
     JobState, LeaseToken, ListPage, ListQuery, NewJob, Pause, QueueLimits, QueueOverview,
-    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StoreSettings,
-    StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
+    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StepLog, Steps,
+    StoreSettings, StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
 };
 
 use durq_core::ending::Armed;
@@ -262,6 +262,54 @@ impl Backend for MemoryBackend {
 
     fn as_flow_control(&self) -> Option<&dyn FlowControl> {
         Some(self)
+    }
+
+    fn as_steps(&self) -> Option<&dyn Steps> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Steps for MemoryBackend {
+    async fn steps(&self, id: JobId) -> Result<StepLog> {
+        self.namespace.lock().steps(id)
+    }
+
+    async fn save_step(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        output: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.namespace
+            .lock()
+            .save_step(id, token, name, output, now)
+    }
+
+    async fn retry_from(
+        &self,
+        id: JobId,
+        step: &str,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<()> {
+        #[cfg(feature = "testing")]
+        if self.namespace.lock().reopens_checks_apart() {
+            // The mutant of D4: checked under one hold of the lock, changed under
+            // another, so reopens that checked in between all win.
+            let reopened = self.namespace.lock().check_reopen(id, step, generation)?;
+            tokio::task::yield_now().await;
+            self.namespace.lock().reopen(id, reopened, now)?;
+            self.namespace.signal_work();
+            return Ok(());
+        }
+        self.namespace
+            .lock()
+            .retry_from(id, step, generation, now)?;
+        self.namespace.signal_work();
+        Ok(())
     }
 }
 

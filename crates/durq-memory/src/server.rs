@@ -161,6 +161,14 @@ impl MemoryServer {
             .release_leaves_dependents(on);
     }
 
+    /// Makes `retry_from` check the job under one hold of the namespace's lock and
+    /// reopen it under another, so concurrent reopens of one generation can all win:
+    /// the mutant of CONTRACT D4. For the conformance suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn reopen_checks_apart(&self, namespace: &str, on: bool) {
+        self.namespace(namespace).lock().reopen_checks_apart(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

@@ -42,6 +42,12 @@ impl State {
                 operation: "retry",
             });
         }
+        self.requeue(id, now)
+    }
+
+    /// Queues an ended job again as rule A2 does: attempts reset, its outcome cleared,
+    /// ready now. Its steps stay (D2); a reopen (D3) cuts them first.
+    pub(crate) fn requeue(&mut self, id: JobId, now: Timestamp) -> Result<()> {
         self.transition_checked(id, now, |job| {
             job.state = JobState::Queued;
             job.run_at = now;
@@ -126,6 +132,16 @@ impl State {
     #[cfg(feature = "testing")]
     pub(crate) fn release_leaves_dependents(&mut self, on: bool) {
         self.faults.release_leaves_dependents = on;
+    }
+
+    #[cfg(feature = "testing")]
+    pub(crate) fn reopen_checks_apart(&mut self, on: bool) {
+        self.faults.reopen_checks_apart = on;
+    }
+
+    #[cfg(feature = "testing")]
+    pub(crate) fn reopens_checks_apart(&self) -> bool {
+        self.faults.reopen_checks_apart
     }
 
     #[cfg(feature = "testing")]

@@ -54,6 +54,7 @@ impl State {
                 ended: Vec::new(),
                 unreadable: false,
                 waiting_for: 0,
+                steps: None,
             }),
             uniqueness,
             dependencies,

@@ -461,4 +461,8 @@ pub(crate) struct Faults {
     /// A release that ends a cancel-requested job cancelled leaves the jobs waiting for
     /// it waiting, as a release script without a graph tail did (CONTRACT G3).
     pub(crate) release_leaves_dependents: bool,
+    /// A reopen checks the job and its generation under one hold of the lock and
+    /// changes it under another, so concurrent reopens that all checked first all win
+    /// (CONTRACT D4).
+    pub(crate) reopen_checks_apart: bool,
 }

@@ -67,6 +67,9 @@ struct Record {
     /// While `waiting`: how many of the jobs it waits for have not settled it yet
     /// (CONTRACT G1).
     waiting_for: u32,
+    /// Its durable steps (CONTRACT D1–D4); boxed and absent until the first save or
+    /// reopen, so a job that saves none costs one word.
+    steps: Option<Box<durq_core::StepLog>>,
 }
 
 /// The per-queue indexes.
@@ -242,6 +245,7 @@ mod lease;
 mod limits;
 mod reads;
 mod schedules;
+mod steps;
 mod sweep;
 mod workers;
 
