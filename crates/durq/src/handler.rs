@@ -230,11 +230,123 @@ impl JobContext {
         Ok(jobs)
     }
 
+    /// Runs `work` as the durable step `name` of this job (CONTRACT D1, D2), or, if a
+    /// run of this job already finished that step, answers the output it saved without
+    /// running `work` again.
+    ///
+    /// The output is stored as JSON, fenced by this run's lease token, before `step`
+    /// answers: once `step` returned, a crash, a failure with a retry, a reclaim or an
+    /// operator's retry of the job never runs that step again, and its next run reads
+    /// the same value back. A step cut short by a crash before its save runs again, so
+    /// a step's side effects should be safe to repeat or keyed (an idempotency key
+    /// per job and step name, say). An operator reruns finished steps with
+    /// [`Store::retry_from`](durq_core::Store::retry_from) (CONTRACT D3).
+    ///
+    /// Step names are `[A-Za-z0-9._:-]`, up to 128 bytes, and unique within the job:
+    /// a second `step` of a name answers the first one's output. The job's steps are
+    /// read once, at its first step. A failed step (`work` returns an error) saves
+    /// nothing, and the error is the handler's to return.
+    ///
+    /// Errors: the store does not keep steps (`Unsupported`), a bad name or an output
+    /// over `max_payload_bytes`, or a saved output that no longer reads as `T` are
+    /// permanent; a lost lease or an unreachable store is retryable.
+    ///
+    /// ```no_run
+    /// # use durq::{JobContext, JobError};
+    /// # async fn charge(_: u64) -> Result<String, JobError> { Ok("ch_1".into()) }
+    /// # async fn send_receipt(_: &str) -> Result<(), JobError> { Ok(()) }
+    /// # async fn checkout(ctx: JobContext, cents: u64) -> Result<(), JobError> {
+    /// // Charged once, however often the job runs after this step finished.
+    /// let charge_id: String = ctx.step("charge", || charge(cents)).await?;
+    /// ctx.step("receipt", || send_receipt(&charge_id)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn step<T, F, Fut>(&self, name: &str, work: F) -> Result<T, JobError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, JobError>>,
+    {
+        durq_core::validate::validate_step(name).map_err(step_error)?;
+        let log = self.step_log().await?;
+        let saved = lock_steps(log).get(name).map(|step| step.output.clone());
+        if let Some(output) = saved {
+            return serde_json::from_slice(&output).map_err(|err| {
+                JobError::permanent(format!(
+                    "step {name:?}: its saved output does not read as {}: {err}",
+                    std::any::type_name::<T>()
+                ))
+            });
+        }
+        let value = work().await?;
+        let output = serde_json::to_vec(&value).map_err(|err| {
+            JobError::permanent(format!("step {name:?}: its output does not encode: {err}"))
+        })?;
+        let output = Bytes::from(output);
+        let store = &self.worker.store;
+        store
+            .save_step(self.id(), self.held.token, name, output.clone())
+            .await
+            .map_err(step_error)?;
+        let mut log = lock_steps(log);
+        if log.get(name).is_none() {
+            log.steps.push(durq_core::SavedStep {
+                name: name.to_owned(),
+                output,
+                saved_at: store.now(),
+            });
+        }
+        Ok(value)
+    }
+
+    /// The job's steps as this run knows them: read from the store at the first step.
+    async fn step_log(&self) -> Result<&std::sync::Mutex<durq_core::StepLog>, JobError> {
+        if let Some(log) = self.held.steps.get() {
+            return Ok(log);
+        }
+        let read = self
+            .worker
+            .store
+            .steps(self.id())
+            .await
+            .map_err(step_error)?;
+        // Two first steps at once both read; the first read kept is as good as the other.
+        Ok(self
+            .held
+            .steps
+            .get_or_init(|| Box::new(std::sync::Mutex::new(read))))
+    }
+
     /// Enqueues `job` with this job as its parent (fan-out, CONTRACT E8).
     pub async fn enqueue_child(&self, job: NewJob) -> durq_core::Result<Enqueued> {
         let enqueued = self.worker.store.enqueue(job.parent(self.id())).await?;
         Ok(enqueued)
     }
+}
+
+/// A store error met by [`JobContext::step`]: permanent where asking again cannot
+/// help (no `Steps` capability, a bad name, an output too large), retryable otherwise.
+fn step_error(err: durq_core::Error) -> JobError {
+    let permanent = matches!(
+        err,
+        durq_core::Error::Unsupported { .. }
+            | durq_core::Error::InvalidInput { .. }
+            | durq_core::Error::PayloadTooLarge { .. }
+    );
+    let error = JobError::from_error(err);
+    if permanent {
+        error.into_permanent()
+    } else {
+        error
+    }
+}
+
+fn lock_steps(
+    log: &std::sync::Mutex<durq_core::StepLog>,
+) -> std::sync::MutexGuard<'_, durq_core::StepLog> {
+    // The log is only read and appended to; a panic elsewhere leaves it whole.
+    log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// When a failed attempt should run again.

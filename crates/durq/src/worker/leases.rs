@@ -51,6 +51,9 @@ pub(crate) struct HeldJob {
     /// The job's queue as the worker names it, kept only for a worker with lifecycle
     /// hooks (its events name it).
     pub(crate) queue: Option<Arc<str>>,
+    /// The job's durable steps as this run knows them, read at its first `ctx.step`
+    /// (CONTRACT D2); boxed, so a job that takes no step pays a word for it.
+    pub(crate) steps: std::sync::OnceLock<Box<Mutex<durq_core::StepLog>>>,
     lease: Mutex<LeaseState>,
 }
 
@@ -92,6 +95,7 @@ impl HeldJob {
             cancel: CancelState::default(),
             metrics,
             queue,
+            steps: std::sync::OnceLock::new(),
             lease: Mutex::new(LeaseState {
                 expires_at,
                 lost: false,

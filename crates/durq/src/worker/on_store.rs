@@ -22,8 +22,8 @@ use durq_core::{
     async_trait, Admin, Attempt, Backend, Capabilities, ClaimRequest, ClaimedJob, Completion,
     Enqueued, Error, Heartbeat, HeldLease, Inspect, Job, JobId, JobState, LeaseToken, ListPage,
     ListQuery, NewJob, Pause, QueueOverview, QueueStats, ReclaimedJob, Result, Retry,
-    ScheduleUpdate, Schedules, Store, StoreSettings, StoredSchedule, StoredWorker, Timestamp,
-    WorkerRegistry,
+    ScheduleUpdate, Schedules, StepLog, Steps, Store, StoreSettings, StoredSchedule, StoredWorker,
+    Timestamp, WorkerRegistry,
 };
 use tokio::runtime::Handle;
 
@@ -209,6 +209,51 @@ impl Backend for OnStoreRuntime {
         self.inner
             .as_worker_registry()
             .map(|_| self as &dyn WorkerRegistry)
+    }
+
+    fn as_steps(&self) -> Option<&dyn Steps> {
+        self.inner.as_steps().map(|_| self as &dyn Steps)
+    }
+}
+
+#[async_trait]
+impl Steps for OnStoreRuntime {
+    async fn steps(&self, id: JobId) -> Result<StepLog> {
+        self.hop(move |b| async move { b.require_steps()?.steps(id).await })
+            .await
+    }
+
+    async fn save_step(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        output: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        let name = name.to_owned();
+        self.hop(move |b| async move {
+            b.require_steps()?
+                .save_step(id, token, &name, output, now)
+                .await
+        })
+        .await
+    }
+
+    async fn retry_from(
+        &self,
+        id: JobId,
+        step: &str,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<()> {
+        let step = step.to_owned();
+        self.hop(move |b| async move {
+            b.require_steps()?
+                .retry_from(id, &step, generation, now)
+                .await
+        })
+        .await
     }
 }
 

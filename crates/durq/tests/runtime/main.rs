@@ -669,6 +669,7 @@ macro_rules! runtime_tests {
                 a_panicking_hook_stops_nothing,
                 refused_outcomes_are_not_heard,
                 workers_keep_a_queues_limits,
+                finished_steps_do_not_run_again,
             );
         }
     };

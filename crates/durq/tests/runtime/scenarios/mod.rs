@@ -7,8 +7,10 @@ mod flow_control;
 mod leases_and_shutdown;
 mod lifecycle_hooks;
 mod runs_retries_and_schedules;
+mod steps;
 
 pub use flow_control::*;
 pub use leases_and_shutdown::*;
 pub use lifecycle_hooks::*;
 pub use runs_retries_and_schedules::*;
+pub use steps::*;
