@@ -328,9 +328,21 @@ pub async fn d3_retry_from_reopens_an_ended_job_from_a_step(harness: &dyn Harnes
         "{what}: refused reopens leave the steps as they were"
     );
 
+    let history = if store.supports(durq_core::Capability::Inspect) {
+        store.attempts(id).await.must(what)
+    } else {
+        Vec::new()
+    };
     env.clock.advance(Duration::from_secs(1));
     let reopened_at = env.clock.now();
     store.retry_from(id, "email", 0).await.must(what);
+    if store.supports(durq_core::Capability::Inspect) {
+        assert_eq!(
+            store.attempts(id).await.must(what),
+            history,
+            "{what}: a reopen keeps the attempt history, the attempt that succeeded included"
+        );
+    }
     let job = get(&store, id, what).await;
     assert_eq!(job.state, JobState::Queued, "{what}: the job is queued");
     assert_eq!(job.attempts, 0, "{what}: its attempts start over");

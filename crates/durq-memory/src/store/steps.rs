@@ -68,9 +68,13 @@ impl State {
         }
     }
 
-    /// Rule D3's change: the steps cut, the job queued as A2 queues it.
+    /// Rule D3's change: the steps cut, the job queued as A2 queues it, its history
+    /// kept (H3). The attempt that succeeded lives in the record's own fields, which
+    /// the requeue clears, so it is kept among the ended ones first.
     pub(crate) fn reopen(&mut self, id: JobId, reopened: StepLog, now: Timestamp) -> Result<()> {
+        let history = self.attempt_history(id)?;
         let record = self.jobs.get_mut(&id).ok_or(Error::NotFound { id })?;
+        record.ended = history;
         record.steps = Some(Box::new(reopened));
         self.requeue(id, now)
     }
