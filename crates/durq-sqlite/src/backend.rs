@@ -11,10 +11,10 @@ use durq_core::{
     async_trait, validate, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
     Completion, Enqueued, Error, FlowControl, FlowStatus, Heartbeat, HeldLease, Job, JobId,
     JobState, LeaseToken, ListPage, ListQuery, NewJob, QueueLimits, QueueOverview, QueueStats,
-    ReclaimedJob, Result, Retry, ScheduleUpdate, StoreSettings, StoredSchedule, StoredWorker,
-    Timestamp,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, StepLog, StoreSettings, StoredSchedule,
+    StoredWorker, Timestamp,
 };
-use durq_core::{Admin, Inspect, Pause, Schedules, WorkerRegistry};
+use durq_core::{Admin, Inspect, Pause, Schedules, Steps, WorkerRegistry};
 use tokio::sync::Notify;
 
 use crate::config::SqliteConfig;
@@ -123,9 +123,9 @@ impl SqliteBackend {
         )
     }
 
-    /// Deletes job `id`'s record, payload and attempts while leaving its idempotency
-    /// record in place, as a careless operator or a damaged backup would. For tests of
-    /// CONTRACT C7 and R5; never needed in production.
+    /// Deletes job `id`'s record, payload, attempts and steps while leaving its
+    /// idempotency record in place, as a careless operator or a damaged backup would.
+    /// For tests of CONTRACT C7 and R5; never needed in production.
     #[cfg(feature = "testing")]
     pub async fn vanish(&self, id: JobId) -> Result<()> {
         let ns = self.ns;
@@ -134,9 +134,10 @@ impl SqliteBackend {
             .await
     }
 
-    /// Deletes every job of this store's namespace, with its payloads and idempotency
-    /// records, and its pauses, schedules and workers, in one transaction; other namespaces of the file are untouched. Returns
-    /// how many jobs were deleted. For tests and for retiring a namespace.
+    /// Deletes every job of this store's namespace, with its payloads, attempts, steps and
+    /// idempotency records, and its pauses, schedules and workers, in one transaction;
+    /// other namespaces of the file are untouched. Returns how many jobs were deleted.
+    /// For tests and for retiring a namespace.
     ///
     /// The namespace's name stays registered in the file: stores still open on it keep
     /// working on the now empty namespace, and its internal id is never handed to
@@ -407,6 +408,54 @@ impl Backend for SqliteBackend {
 
     fn as_flow_control(&self) -> Option<&dyn FlowControl> {
         Some(self)
+    }
+
+    fn as_steps(&self) -> Option<&dyn Steps> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Steps for SqliteBackend {
+    async fn steps(&self, id: JobId) -> Result<StepLog> {
+        let ns = self.ns;
+        self.engine
+            .read(move |conn| store::step_log(conn, ns, id))
+            .await
+    }
+
+    // Synced like an enqueue (`WriteMode::DURABLE`), not like the worker's other calls:
+    // a step is saved so that its work, often an effect outside the store, never runs
+    // again (D2), and a save that a power loss undid would run it again.
+    async fn save_step(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        output: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        let (ns, name) = (self.ns, name.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                store::save_step(tx, ns, id, token, &name, &output, now)
+            })
+            .await
+    }
+
+    async fn retry_from(
+        &self,
+        id: JobId,
+        step: &str,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<()> {
+        let (ns, step) = (self.ns, step.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                store::retry_from(tx, ns, id, &step, generation, now)
+            })
+            .await
     }
 }
 

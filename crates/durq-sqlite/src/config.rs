@@ -18,9 +18,10 @@ use crate::SqliteBackend;
 /// from outside). See `docs/sqlite.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Synchronous {
-    /// `FULL` for every commit that holds an enqueue or an operator's `cancel` or
-    /// `retry`; `NORMAL` for commits of workers' calls only (claim, heartbeat, complete,
-    /// fail, release, reclaim, purge). The default.
+    /// `FULL` for every commit that holds an enqueue, an operator's `cancel`, `retry` or
+    /// `retry_from`, or a saved step (`save_step`); `NORMAL` for commits of workers'
+    /// other calls only (claim, heartbeat, complete, fail, release, reclaim, purge). The
+    /// default.
     ///
     /// An acknowledged job is never lost, power loss included. What a power loss may
     /// undo is the workers' most recent progress, never more than the commits after the

@@ -262,6 +262,34 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (ns, dependency, dependent)
     ) WITHOUT ROWID;
     "#,
+    // Version 11: durable steps (CONTRACT D1-D4).
+    //
+    // `generation` counts a job's reopens (D3). Its default is a constant, so adding
+    // it rewrites no row: an old row reads 0, and a new one stores 0 in its record
+    // header alone (one byte, no body). No query of enqueue, claim or complete names
+    // it, and none reads `SELECT *`.
+    //
+    // `jobq_steps` holds one row per saved step. Rows are keyed by the job's id, not
+    // its rowid, as `jobq_attempts` is (version 7): a job rowid is reused after a
+    // purge, an id never. `step` is the save order: SQLite gives a new row the rowid
+    // one past the largest in the table, so a later save has a larger one, deletes
+    // included (only a table that reached rowid 2^63 - 1 would draw at random, which
+    // no file reaches). It is a rowid table, not WITHOUT ROWID, because an output may
+    // be as large as a payload. The unique index finds a step by name (the first save
+    // stands), counts a job's steps for the bound, and reaches a job's steps for
+    // `steps`, `retry_from`, purge and `drop_namespace`.
+    r#"
+    ALTER TABLE jobq_jobs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE jobq_steps (
+        step     INTEGER PRIMARY KEY,
+        ns       INTEGER NOT NULL,
+        job_id   BLOB NOT NULL,
+        name     TEXT NOT NULL,
+        output   BLOB NOT NULL,
+        saved_at INTEGER NOT NULL,
+        UNIQUE (ns, job_id, name)
+    );
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -482,7 +510,7 @@ mod tests {
             "read the version",
         );
         assert_eq!(version, SCHEMA_VERSION);
-        assert_eq!(SCHEMA_VERSION, 10);
+        assert_eq!(SCHEMA_VERSION, 11);
 
         let old = must(store.get(done).await, "get the finished job");
         assert_eq!(old.state, JobState::Succeeded);
@@ -539,15 +567,17 @@ mod tests {
             must(store.pause("stopped").await, "pause");
             must(store.enqueue(NewJob::new("old")).await, "enqueue").id
         };
-        // Take the file back to what a version 5 build left: no dependencies (version
-        // 10), no rates (version 9), no
-        // limits or concurrency keys (version 8), no attempts, tags or trace context (version 7), no workers
-        // table (version 6).
+        // Take the file back to what a version 5 build left: no steps (version 11), no
+        // dependencies (version 10), no rates (version 9), no limits or concurrency keys
+        // (version 8), no attempts, tags or trace context (version 7), no workers table
+        // (version 6).
         {
             let conn = must(Connection::open(&path), "reopen");
             must(
                 conn.execute_batch(
-                    "DROP TABLE jobq_dependencies;
+                    "DROP TABLE jobq_steps;
+                     ALTER TABLE jobq_jobs DROP COLUMN generation;
+                     DROP TABLE jobq_dependencies;
                      ALTER TABLE jobq_jobs DROP COLUMN has_dependents;
                      ALTER TABLE jobq_jobs DROP COLUMN waiting_for;
                      ALTER TABLE jobq_jobs DROP COLUMN dependency_policy;
@@ -567,7 +597,7 @@ mod tests {
                      DROP TABLE jobq_workers;
                      UPDATE jobq_meta SET value = 5 WHERE name = 'schema_version';",
                 ),
-                "undo versions 10, 9, 8, 7 and 6",
+                "undo versions 11, 10, 9, 8, 7 and 6",
             );
         }
         let store = Store::new(must(
@@ -582,7 +612,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (10, 10));
+        assert_eq!((version, SCHEMA_VERSION), (11, 11));
         assert_eq!(must(store.get(job).await, "get").state, JobState::Queued);
         assert_eq!(
             must(store.paused_queues().await, "paused"),
@@ -700,7 +730,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (10, 10));
+        assert_eq!((version, SCHEMA_VERSION), (11, 11));
         for id in [queued, running, done] {
             let job = must(store.get(id).await, "get an old job");
             assert_eq!((job.tags, job.trace_context), (Tags::new(), None));
@@ -871,7 +901,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (10, 10));
+        assert_eq!((version, SCHEMA_VERSION), (11, 11));
         for id in ids {
             assert_eq!(
                 must(store.get(id).await, "get an old job").concurrency_key,
@@ -909,6 +939,151 @@ mod tests {
         let job = must(store.get(keyed).await, "get the keyed job");
         assert_eq!(job.concurrency_key.as_deref(), Some("customer-7"));
         assert_eq!(job.state, JobState::Queued);
+    }
+
+    /// A file a version 10 build wrote (its migrations as they shipped, one job running
+    /// and one succeeded, as its claim and complete left them) opens at version 11: its
+    /// jobs are at generation 0 with no steps, the running one saves steps under the
+    /// lease it took before the upgrade, and once it succeeded it reopens from one of
+    /// them, its succeeded attempt kept in its history (H3).
+    #[tokio::test]
+    async fn a_version_10_file_migrates_to_11_and_its_jobs_save_and_reopen_steps() {
+        use durq_core::{
+            AttemptOutcome, Bytes, Clock, Error, JobId, JobState, LeaseToken, ManualClock, StepLog,
+            Store, StoreSettings,
+        };
+
+        let dir = must(tempfile::tempdir(), "temp dir");
+        let path = dir.path().join("v10.db");
+        let clock = ManualClock::default();
+        let now = clock.now().as_millis();
+        let (running, done) = (JobId::mint(clock.now()), JobId::mint(clock.now()));
+        {
+            let mut conn = must(Connection::open(&path), "open");
+            let tx = must(conn.transaction(), "begin");
+            must(
+                tx.execute_batch(
+                    "CREATE TABLE jobq_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)
+                         WITHOUT ROWID;
+                     INSERT INTO jobq_meta (name, value) VALUES ('schema_version', 10);",
+                ),
+                "create the meta table",
+            );
+            for migration in &MIGRATIONS[..10] {
+                must(tx.execute_batch(migration), "apply a version 10 migration");
+            }
+            must(
+                tx.execute_batch(
+                    "INSERT INTO jobq_namespaces (id, name) VALUES (1, 'default');
+                     INSERT OR REPLACE INTO jobq_meta (name, value) VALUES ('seq', 2);",
+                ),
+                "register the namespace",
+            );
+            // Row 1 runs under w-old's lease (token 1); row 2 succeeded under its own
+            // token 1, its worker kept on the row as a version 10 completion left it.
+            let rows = [
+                (1, running, 1, Some(now + 30_000), None),
+                (2, done, 2, None, Some(now)),
+            ];
+            for (row, id, state, expires, finished) in rows {
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_jobs (job, ns, id, queue, state, priority, run_at,
+                             seq, attempts, max_attempts, lease_token, lease_worker,
+                             lease_expires_at, cancel_requested, created_at, started_at,
+                             heartbeat_at, finished_at, tenant)
+                         VALUES (?1, 1, ?2, 'old', ?3, 0, ?4, ?1, 1, 5, 1, 'w-old', ?5, 0,
+                             ?4, ?4, ?4, ?6, '')",
+                        rusqlite::params![row, id.to_bytes(), state, now, expires, finished],
+                    ),
+                    "insert a version 10 job",
+                );
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_payloads (job, payload) VALUES (?1, x'01')",
+                        [row],
+                    ),
+                    "insert a version 10 payload",
+                );
+            }
+            must(tx.commit(), "commit");
+        }
+
+        let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
+        let store = Store::new(must(
+            crate::SqliteBackend::open(&path, settings).await,
+            "open the version 10 file",
+        ));
+        let version: i64 = must(
+            must(Connection::open(&path), "reopen").query_row(
+                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
+                [],
+                |row| row.get(0),
+            ),
+            "read the version",
+        );
+        assert_eq!((version, SCHEMA_VERSION), (11, 11));
+        for id in [running, done] {
+            assert_eq!(
+                must(store.steps(id).await, "steps of an old job"),
+                StepLog::default()
+            );
+        }
+
+        let token = LeaseToken::new(1);
+        for name in ["fetch", "charge", "email"] {
+            must(
+                store
+                    .save_step(running, token, name, Bytes::from_static(b"out"))
+                    .await,
+                "save under a lease taken before the upgrade",
+            );
+        }
+        clock.advance(std::time::Duration::from_millis(5));
+        must(store.complete(running, token, None).await, "complete");
+        let finished = clock.now();
+        clock.advance(std::time::Duration::from_millis(5));
+        must(
+            store.retry_from(running, "charge", 0).await,
+            "reopen the job that ran across the upgrade",
+        );
+        let log = must(store.steps(running).await, "steps after the reopen");
+        assert_eq!(log.generation, 1);
+        assert_eq!(
+            log.steps
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>(),
+            ["fetch"]
+        );
+        let job = must(store.get(running).await, "get the reopened job");
+        assert_eq!(
+            (job.state, job.attempts, job.run_at),
+            (JobState::Queued, 0, clock.now())
+        );
+        let history = must(store.attempts(running).await, "attempts");
+        assert_eq!(
+            history
+                .iter()
+                .map(|a| (a.token.get(), a.worker.as_str(), a.outcome, a.ended_at))
+                .collect::<Vec<_>>(),
+            vec![(1, "w-old", AttemptOutcome::Succeeded, Some(finished))],
+            "the reopen keeps the succeeded attempt"
+        );
+
+        // The job that succeeded under version 10 saved no step to reopen from.
+        match store.retry_from(done, "charge", 0).await {
+            Err(err) => assert_eq!(err.invalid_field(), Some("step"), "{err}"),
+            Ok(()) => panic!("a job with no steps was reopened"),
+        }
+        assert!(matches!(
+            store.retry_from(done, "charge", 1).await,
+            Err(Error::StaleGeneration {
+                expected: 1,
+                current: 0,
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -47,22 +47,51 @@ pub(crate) fn retry(tx: &mut WriteTx<'_>, ns: i64, id: JobId, now: Timestamp) ->
             operation: "retry",
         });
     }
+    queue_again(tx, ns, row, Reopen::No, now)
+}
+
+/// Whether [`queue_again`] reopens the job from a step (CONTRACT D3), moving its
+/// generation up by one, or retries it (A2), leaving the generation as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reopen {
+    /// An operator's retry (A2).
+    No,
+    /// A reopen from a step (D3).
+    Yes,
+}
+
+/// Queues ended job row `row` of namespace `ns` again as an operator's retry does
+/// (A2), ready at `now` behind the jobs already queued: attempts 0, its result, error,
+/// finish and lease cleared, its cancellation request dropped. A reopen (D3) also
+/// moves its generation up by one, in the same statement. Wakes the namespace's
+/// claimers once the transaction commits.
+///
+/// The one statement both `retry` and `retry_from` run, so a reopened job is queued
+/// exactly as a retried one, and a change to how A2 queues a job changes both.
+pub(super) fn queue_again(
+    tx: &mut WriteTx<'_>,
+    ns: i64,
+    row: i64,
+    reopen: Reopen,
+    now: Timestamp,
+) -> Result<()> {
     let seq = tx.next_seq()?;
+    let generations = i64::from(reopen == Reopen::Yes);
     tx.conn()
         .prepare_cached(
             "UPDATE jobq_jobs SET state = 0, run_at = ?2, seq = ?3, attempts = 0,
                  cancel_requested = 0, finished_at = NULL, result = NULL,
                  lease_worker = NULL, lease_expires_at = NULL, started_at = NULL,
-                 heartbeat_at = NULL, last_error = NULL
+                 heartbeat_at = NULL, last_error = NULL, generation = generation + ?4
              WHERE job = ?1",
         )
-        .and_then(|mut stmt| stmt.execute(params![row, now.as_millis(), seq]))
-        .db("retry the job")?;
+        .and_then(|mut stmt| stmt.execute(params![row, now.as_millis(), seq, generations]))
+        .db("queue the job again")?;
     tx.wake(ns);
     Ok(())
 }
 
-/// Deletes every job of namespace `ns` with its payload and attempts, and its
+/// Deletes every job of namespace `ns` with its payload, attempts and steps, and its
 /// idempotency records, dependencies, pauses, schedules and workers.
 /// The namespace's row stays, so its id is never reused (see
 /// `SqliteBackend::drop_namespace`).
@@ -106,15 +135,21 @@ pub(crate) fn drop_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
         "DELETE FROM jobq_workers WHERE ns = ?1",
         "delete the namespace's workers",
     )?;
+    exec(
+        "DELETE FROM jobq_steps WHERE ns = ?1",
+        "delete the namespace's steps",
+    )?;
     Ok(u64::try_from(jobs).unwrap_or(u64::MAX))
 }
 
-/// Deletes a job's record, payload and attempts but keeps its idempotency record: a
-/// lost record, for testing C7 and R5.
+/// Deletes a job's record, payload, attempts and steps but keeps its idempotency
+/// record: a lost record, for testing C7 and R5.
 #[cfg(feature = "testing")]
 pub(crate) fn vanish(tx: &mut WriteTx<'_>, ns: i64, id: JobId) -> Result<()> {
     let (row, _) = current_state(tx.conn(), ns, id)?;
-    delete_record(tx.conn(), ns, row, &id.to_bytes())
+    let id = id.to_bytes();
+    delete_record(tx.conn(), ns, row, &id)?;
+    steps::delete_steps_of(tx.conn(), ns, &id)
 }
 
 /// Rule Q1: pauses or resumes `queue`; a resume wakes the claimers waiting here.

@@ -283,6 +283,7 @@ mod lease;
 pub(crate) mod limits;
 mod reads;
 mod schedules;
+mod steps;
 mod sweep;
 mod workers;
 
@@ -292,6 +293,7 @@ pub(crate) use self::enqueue::*;
 pub(crate) use self::lease::*;
 pub(crate) use self::reads::*;
 pub(crate) use self::schedules::*;
+pub(crate) use self::steps::*;
 pub(crate) use self::sweep::*;
 pub(crate) use self::workers::*;
 

@@ -1,11 +1,12 @@
 //! Behaviour specific to the SQLite backend, beyond the shared conformance suite:
 //! migrations, group commit with savepoints, in-process wake-ups, the priority-band
 //! claim scan, corrupt rows, emptying a namespace, a backend that takes its instant
-//! and its input from the `Store` handle, and fitted claims (CONTRACT F1–F6) against
-//! the durq-core reference.
+//! and its input from the `Store` handle, fitted claims (CONTRACT F1–F6) against
+//! the durq-core reference, and durable steps in the file (D1–D4).
 
 mod claims_and_reads;
 mod files_and_writers;
+mod steps;
 
 use durq_core::{
     Backend, Budget, ClaimRequest, Clock, Error, JobId, JobState, LeaseToken, ListQuery,
