@@ -115,6 +115,19 @@ pub enum Command {
     Enqueue(EnqueueArgs),
     /// Queues dead or cancelled jobs again, with their attempts reset.
     Retry(Selection),
+    /// Reopens an ended job from one of its durable steps: that step and the ones
+    /// after it run again, the ones before it are kept (`inspect` lists them).
+    RetryFrom {
+        /// The job's id.
+        id: JobId,
+        /// The step to run again, with every step saved after it.
+        #[arg(value_parser = step_name)]
+        step: String,
+        /// The generation read with `inspect`: the reopen is refused if the job was
+        /// reopened since. Without it, the job's generation now.
+        #[arg(long)]
+        generation: Option<u64>,
+    },
     /// Cancels queued jobs, and asks running ones to stop.
     Cancel(Selection),
     /// Deletes the finished jobs (succeeded, dead, cancelled) past their retention.
@@ -436,6 +449,12 @@ fn rate(text: &str) -> std::result::Result<durq_core::Rate, String> {
 
 fn queue_name(text: &str) -> Result<String, String> {
     durq_core::validate::validate_queue(text)
+        .map(|()| text.to_owned())
+        .map_err(|err| err.to_string())
+}
+
+fn step_name(text: &str) -> Result<String, String> {
+    durq_core::validate::validate_step(text)
         .map(|()| text.to_owned())
         .map_err(|err| err.to_string())
 }

@@ -416,3 +416,70 @@ async fn wait_prints_an_outcome_and_fails_unless_it_succeeded() {
         ));
     t.run(&["wait", "not-an-id"]).usage_error();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_steps_and_retry_from_reopens_from_one() {
+    let (_dir, t) = sqlite().await;
+    let order = t.enqueue(&["checkout"]);
+    let claimed = t.claim(order, "checkout", "w").await;
+    for (step, output) in [("charge", "\"ch_42\""), ("email", "\"sent\"")] {
+        t.store
+            .save_step(
+                order,
+                claimed.token(),
+                step,
+                output.as_bytes().to_vec().into(),
+            )
+            .await
+            .expect("save a step");
+    }
+    t.store
+        .complete(order, claimed.token(), None)
+        .await
+        .expect("complete");
+    let shown = t.run(&["inspect", &order.to_string()]).ok();
+    assert!(
+        shown.contains("steps (generation 0, 2 saved):\nSTEP "),
+        "{shown}"
+    );
+    assert!(shown.contains("ch_42"), "{shown}");
+    let doc = t.json(&["inspect", &order.to_string()]);
+    assert_eq!(doc["steps"]["generation"], 0, "{doc}");
+    assert_eq!(doc["steps"]["steps"][1]["name"], "email", "{doc}");
+    assert_eq!(doc["steps"]["steps"][0]["output"]["json"], "ch_42", "{doc}");
+
+    // A stale generation is refused and writes nothing; the right one reopens.
+    t.run(&[
+        "retry-from",
+        &order.to_string(),
+        "email",
+        "--generation",
+        "3",
+    ])
+    .fails_with(&format!(
+        "cannot reopen job {order} at generation 3: it is at generation 0"
+    ));
+    assert_eq!(t.state(order).await, JobState::Succeeded);
+    let shown = t
+        .run(&[
+            "retry-from",
+            &order.to_string(),
+            "email",
+            "--generation",
+            "0",
+        ])
+        .ok();
+    assert_eq!(
+        shown,
+        format!("reopened job {order} from step email (generation 1): queued\n")
+    );
+    assert_eq!(t.state(order).await, JobState::Queued);
+    let log = t.store.steps(order).await.expect("steps");
+    let names: Vec<_> = log.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!((log.generation, names), (1, vec!["charge"]));
+    // Without --generation, the job's own; a queued job has not ended.
+    t.run(&["retry-from", &order.to_string(), "charge"])
+        .fails_with(&format!("cannot retry_from job {order}: it is queued"));
+    t.run(&["retry-from", &order.to_string(), "bad name"])
+        .usage_error();
+}

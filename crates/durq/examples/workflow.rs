@@ -1,6 +1,8 @@
 //! Jobs that wait for jobs (CONTRACT G1–G3): an order is charged, then an e-mail and
 //! an invoice go out, then a report reads what both returned; the caller waits for each
-//! report's outcome with `store.wait` (CONTRACT O1, O2).
+//! report's outcome with `store.wait` (CONTRACT O1, O2). The charge takes durable
+//! steps (CONTRACT D1–D3), so a charge job that runs again after a crash or a retry
+//! never authorizes or captures twice.
 //!
 //! ```text
 //! cargo run --example workflow
@@ -35,6 +37,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // One graph per order: charge, then e-mail and invoice, then the report.
     let mut reports = Vec::new();
+    let mut charges = Vec::new();
     for order in [
         Order {
             id: 1001,
@@ -62,6 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .after(Dependency::Earlier(2)),
             ])
             .await?;
+        charges.push(graph[0].id);
         reports.push((order.id, graph[3].id));
     }
 
@@ -77,7 +81,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .poll_interval(Duration::from_millis(10))
         .json_handler("charge", {
             let ran = Arc::clone(&ran);
-            move |_ctx: JobContext, order: Order| {
+            move |ctx: JobContext, order: Order| {
                 note(&ran, "charge", order.id);
                 async move {
                     if !order.card_ok {
@@ -86,7 +90,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             order.id
                         )));
                     }
-                    Ok(Json(format!("charged {} cents", order.cents)))
+                    // Each step's output is stored under the job's lease before the
+                    // next begins: a run after a crash answers these from the store.
+                    let authorization: String = ctx
+                        .step("authorize", || async { Ok(format!("auth-{}", order.id)) })
+                        .await?;
+                    let captured: String = ctx
+                        .step("capture", || async {
+                            Ok(format!("captured {} cents ({authorization})", order.cents))
+                        })
+                        .await?;
+                    Ok(Json(captured))
                 }
             }
         })
@@ -169,6 +183,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let declined_stopped = ran
         .iter()
         .all(|(step, order)| *order != 1002 || step == "charge");
+    // The paid order's charge kept its two steps, in the order it took them; the
+    // declined one took none.
+    let steps: Vec<String> = store
+        .steps(charges[0])
+        .await?
+        .steps
+        .into_iter()
+        .map(|step| step.name)
+        .collect();
+    if steps != ["authorize", "capture"] || !store.steps(charges[1]).await?.steps.is_empty() {
+        return Err(format!("the charge's steps were not kept: {steps:?}").into());
+    }
+    println!("order 1001's charge took its steps: {}", steps.join(", "));
     if !ordered || !declined_stopped || declined_report != Some(JobState::Cancelled) {
         return Err(format!("the graph ran out of order: {ran:?}").into());
     }

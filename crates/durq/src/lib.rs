@@ -21,8 +21,8 @@ pub use durq_core::{
     contract, Attempt, AttemptOutcome, Backoff, Budget, Bytes, Cadence, Capability, CatchUp, Clock,
     Dependency, DependencyFailure, Enqueued, Error, FencedCompletion, FlowStatus, Job, JobId,
     JobState, Lease, LeaseToken, ListPage, ListQuery, ManualClock, Needs, NewJob, QueueLimits,
-    QueueOverview, QueueStats, Rate, Result, Schedule, ScheduleRecord, Store, StoreSettings,
-    SystemClock, Tags, Timestamp, TypedJob, Uniqueness, WorkerInfo, ATTEMPTS_KEPT,
+    QueueOverview, QueueStats, Rate, Result, SavedStep, Schedule, ScheduleRecord, StepLog, Store,
+    StoreSettings, SystemClock, Tags, Timestamp, TypedJob, Uniqueness, WorkerInfo, ATTEMPTS_KEPT,
 };
 
 /// The requests and answers of the calls a worker makes on the store: `claim`,

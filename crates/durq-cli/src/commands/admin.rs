@@ -1,4 +1,5 @@
-//! `purge`, `pause`, `resume`, `limits set`, `limits clear` and `schedules delete`.
+//! `purge`, `retry-from`, `pause`, `resume`, `limits set`, `limits clear` and
+//! `schedules delete`.
 
 use serde::Serialize;
 
@@ -27,6 +28,39 @@ pub async fn purge(cx: &mut Context<'_>) -> Result<()> {
     }
     let jobs = if purged == 1 { "job" } else { "jobs" };
     cx.print(&format!("purged {purged} finished {jobs}\n"))
+}
+
+/// `durq retry-from ID STEP [--generation N]`: reopens an ended job from a durable
+/// step (CONTRACT D3). Without `--generation` the job's generation is read first, so
+/// the reopen is still refused if another reopens the job in between (D4).
+pub async fn retry_from(
+    cx: &mut Context<'_>,
+    id: durq::JobId,
+    step: &str,
+    generation: Option<u64>,
+) -> Result<()> {
+    let generation = match generation {
+        Some(generation) => generation,
+        None => cx.store.steps(id).await?.generation,
+    };
+    cx.store.retry_from(id, step, generation).await?;
+    let next = generation + 1;
+    if cx.json {
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            id: durq::JobId,
+            step: &'a str,
+            generation: u64,
+        }
+        return cx.print_json(&Doc {
+            id,
+            step,
+            generation: next,
+        });
+    }
+    cx.print(&format!(
+        "reopened job {id} from step {step} (generation {next}): queued\n"
+    ))
 }
 
 /// `durq pause QUEUE`: refused for a queue the namespace does not know (most often a

@@ -1,10 +1,10 @@
 //! `durq inspect ID`: one job, in sections (its fields, payload, lease, attempts, last
-//! error, result, the jobs it waits for, children), each written by a function of its
-//! own.
+//! error, result, durable steps, the jobs it waits for, children), each written by a
+//! function of its own.
 
 use std::time::Duration;
 
-use durq::{Attempt, Job, JobId, JobState, Timestamp};
+use durq::{Attempt, Capability, Job, JobId, JobState, StepLog, Timestamp};
 use serde::Serialize;
 
 use crate::commands::list::{jobs_table, state_text};
@@ -18,6 +18,12 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
     let payload = cx.store.payload(id).await?;
     let children = cx.store.children(id).await?;
     let attempts = cx.store.attempts(id).await?;
+    // Its durable steps (CONTRACT D2), on a store that keeps them.
+    let steps = if cx.store.supports(Capability::Steps) {
+        Some(cx.store.steps(id).await?)
+    } else {
+        None
+    };
     // The jobs it waits for, as they stand now: what an operator reads to see why a
     // job waits (CONTRACT G4). One purged since is shown gone.
     let mut dependencies: Vec<(JobId, Option<Job>)> = Vec::with_capacity(job.depends_on.len());
@@ -37,8 +43,20 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
             payload: Shown<'a>,
             result: Option<Shown<'a>>,
             attempts: Vec<AttemptJson<'a>>,
+            steps: Option<StepsJson<'a>>,
             depends_on: Vec<DependencyJson>,
             children: Vec<JobJson<'a>>,
+        }
+        #[derive(Serialize)]
+        struct StepsJson<'a> {
+            generation: u64,
+            steps: Vec<StepJson<'a>>,
+        }
+        #[derive(Serialize)]
+        struct StepJson<'a> {
+            name: &'a str,
+            saved_at: String,
+            output: Shown<'a>,
         }
         #[derive(Serialize)]
         struct DependencyJson {
@@ -82,6 +100,18 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
                     error: a.error.as_deref(),
                 })
                 .collect(),
+            steps: steps.as_ref().map(|log| StepsJson {
+                generation: log.generation,
+                steps: log
+                    .steps
+                    .iter()
+                    .map(|step| StepJson {
+                        name: &step.name,
+                        saved_at: format::time(step.saved_at),
+                        output: shown(&step.output),
+                    })
+                    .collect(),
+            }),
             depends_on: dependencies
                 .iter()
                 .map(|(id, found)| DependencyJson {
@@ -101,6 +131,10 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
         job.result
             .as_deref()
             .map(|result| bytes_section("result", result))
+            .unwrap_or_default(),
+        steps
+            .as_ref()
+            .map(|log| steps_section(log, now))
             .unwrap_or_default(),
         dependencies_section(&job, &dependencies, now),
         children_section(&children, now),
@@ -243,6 +277,39 @@ fn error_section(job: &Job) -> String {
         Some(error) => format!("last error:\n{}\n", indent(error).trim_end()),
         None => String::new(),
     }
+}
+
+/// The durable steps the job saved in its generation, in save order, each with when
+/// and the start of its output (CONTRACT D2): what `retry-from` can reopen it from.
+fn steps_section(log: &StepLog, now: Timestamp) -> String {
+    if log.steps.is_empty() && log.generation == 0 {
+        return String::new();
+    }
+    let rows = log
+        .steps
+        .iter()
+        .map(|step| {
+            vec![
+                step.name.clone(),
+                when(step.saved_at, now),
+                step.output.len().to_string(),
+                format::clip(
+                    Payload::of(&step.output)
+                        .human()
+                        .lines()
+                        .next()
+                        .unwrap_or(""),
+                    40,
+                ),
+            ]
+        })
+        .collect();
+    format!(
+        "steps (generation {}, {} saved):\n{}",
+        log.generation,
+        log.steps.len(),
+        format::table(&["STEP", "SAVED", "BYTES", "OUTPUT"], &[2], rows)
+    )
 }
 
 /// The jobs `job` waits (or waited) for, each with its state now, and what `job`

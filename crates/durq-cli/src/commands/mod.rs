@@ -27,6 +27,11 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
         }
         Command::Retry(selection) => bulk::act(cx, Action::Retry, selection).await,
         Command::Cancel(selection) => bulk::act(cx, Action::Cancel, selection).await,
+        Command::RetryFrom {
+            id,
+            step,
+            generation,
+        } => admin::retry_from(cx, *id, step, *generation).await,
         Command::Purge(_) => admin::purge(cx).await,
         Command::Pause { queue, allow_empty } => admin::pause(cx, queue, *allow_empty).await,
         Command::Resume { queue } => admin::set_paused(cx, queue, false).await,
