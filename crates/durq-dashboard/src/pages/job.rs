@@ -1,12 +1,16 @@
 //! `GET /jobs/{id}`: one job. The page is a list of sections, each a function of what
 //! the store answered: the summary (tags and trace context included), its actions,
-//! the last error, its attempts (CONTRACT H1–H4), the payload, the result, and its
-//! family (parent and children).
+//! the last error, its attempts (CONTRACT H1–H4), the jobs it waits for (G1, G4: why a
+//! waiting job waits), its durable steps (D2), the payload, the result, and its family
+//! (parent and children).
 
 use axum::extract::Path;
 use axum::http::Uri;
 use axum::response::Response;
-use durq::{Attempt, AttemptOutcome, Bytes, Job, JobState, Timestamp, ATTEMPTS_KEPT};
+use durq::{
+    Attempt, AttemptOutcome, Bytes, Capability, Job, JobId, JobState, StepLog, Timestamp,
+    ATTEMPTS_KEPT,
+};
 use maud::{html, Markup};
 
 use crate::app::Ctx;
@@ -43,6 +47,26 @@ async fn view(ctx: &Ctx, id: &str, query: Option<&str>) -> Result<View, Problem>
         store.attempts(id)
     );
     let job = job?;
+    // What it waits for, as each stands now, and its steps where the store keeps them.
+    let mut dependencies = Ok(Vec::with_capacity(job.depends_on.len()));
+    for dependency in &job.depends_on {
+        let found = match store.get(*dependency).await {
+            Ok(found) => Some(found),
+            Err(durq::Error::NotFound { .. }) => None,
+            Err(err) => {
+                dependencies = Err(err.to_string());
+                break;
+            }
+        };
+        if let Ok(read) = dependencies.as_mut() {
+            read.push((*dependency, found));
+        }
+    }
+    let steps = if store.supports(Capability::Steps) {
+        Some(store.steps(id).await.map_err(|e| e.to_string()))
+    } else {
+        None
+    };
     let now = store.now();
     let body = html! {
         h1 { "Job " span class="mono" { (job.id) } " " (state_badge(&job, now)) }
@@ -51,6 +75,8 @@ async fn view(ctx: &Ctx, id: &str, query: Option<&str>) -> Result<View, Problem>
         (summary(ctx, &job, now))
         (last_error(&job))
         (attempts_section(attempts.map_err(|e| e.to_string()), now))
+        (waits_for(ctx, &job, dependencies, now))
+        @if let Some(steps) = steps { (steps_section(steps, now)) }
         (section("Payload", "payload", bytes_view(payload.as_ref().map_err(|e| e.to_string()))))
         (result(&job))
         (family(ctx, &job, children.map_err(|e| e.to_string())))
@@ -183,6 +209,92 @@ fn attempts_section(attempts: Result<Vec<Attempt>, String>, now: Timestamp) -> M
         },
     };
     section("Attempts", "attempt-history", body)
+}
+
+/// The jobs this one waits (or waited) for, each with its state now (one purged since
+/// is shown gone), and what it does if one fails: why a waiting job waits (CONTRACT
+/// G4).
+fn waits_for(
+    ctx: &Ctx,
+    job: &Job,
+    dependencies: Result<Vec<(JobId, Option<Job>)>, String>,
+    now: Timestamp,
+) -> Markup {
+    if job.depends_on.is_empty() {
+        return html! {};
+    }
+    let body = match dependencies {
+        Err(err) => html! { p class="problem" { "Could not read the jobs it waits for: " (err) } },
+        Ok(dependencies) => {
+            let met = dependencies
+                .iter()
+                .filter(|(_, found)| {
+                    found
+                        .as_ref()
+                        .is_some_and(|j| j.state == JobState::Succeeded)
+                })
+                .count();
+            html! {
+                p { (met) " of " (dependencies.len()) " succeeded; if one fails: " (job.on_dependency_failure) }
+                table id="dependencies" {
+                    thead { tr { th { "Job" } th { "Queue" } th { "State" } } }
+                    tbody {
+                        @for (id, found) in &dependencies {
+                            tr data-dependency=(id) {
+                                td class="mono" { a href=(job_href(ctx, *id)) { (id) } }
+                                @match found {
+                                    Some(found) => {
+                                        td { (found.queue) }
+                                        td { (state_badge(found, now)) }
+                                    }
+                                    None => {
+                                        td class="muted" { "-" }
+                                        td class="muted" { "gone (purged)" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    section("Waits for", "waits-for", body)
+}
+
+/// The durable steps the job saved in its generation, in save order, each output
+/// folded under its name (CONTRACT D2): what a reopen from a step (`durq retry-from`)
+/// would keep or run again.
+fn steps_section(steps: Result<StepLog, String>, now: Timestamp) -> Markup {
+    let log = match steps {
+        Err(err) => {
+            return section(
+                "Steps",
+                "steps",
+                html! { p class="problem" { "Could not read its steps: " (err) } },
+            )
+        }
+        Ok(log) if log.steps.is_empty() && log.generation == 0 => return html! {},
+        Ok(log) => log,
+    };
+    let body = html! {
+        p class="muted" id="step-generation" data-generation=(log.generation) {
+            "Generation " (log.generation) "; " (log.steps.len()) " saved, oldest first"
+        }
+        table id="step-list" {
+            thead { tr { th { "Step" } th { "Saved" } th { "Output" } } }
+            tbody {
+                @for step in &log.steps {
+                    tr data-step=(step.name) {
+                        td class="mono" { (step.name) }
+                        td title=(format::timestamp(step.saved_at)) { (format::relative(now, step.saved_at)) }
+                        td { details { summary { (step.output.len()) " bytes" } (bytes_view(Ok(&step.output))) } }
+                    }
+                }
+            }
+        }
+    };
+    section("Steps", "steps", body)
 }
 
 fn outcome_badge(outcome: AttemptOutcome) -> Markup {

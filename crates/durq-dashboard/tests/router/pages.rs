@@ -728,3 +728,81 @@ async fn a_queue_page_shows_its_limits() {
         after.body
     );
 }
+
+#[tokio::test]
+async fn the_job_page_shows_what_it_waits_for_and_its_steps() {
+    let store = memory().await;
+    let charge = store
+        .enqueue(NewJob::new("charge"))
+        .await
+        .expect("enqueue")
+        .id;
+    let invoice = store
+        .enqueue(NewJob::new("invoice"))
+        .await
+        .expect("enqueue")
+        .id;
+    let report = store
+        .enqueue(NewJob::new("report").after(charge).after(invoice))
+        .await
+        .expect("enqueue")
+        .id;
+    // The charge runs, saves two steps and succeeds; the invoice is still queued.
+    let claimed = store
+        .claim(ClaimRequest::new(["charge"], "w", Duration::from_secs(30)))
+        .await
+        .expect("claim");
+    let token = claimed.first().expect("the charge is claimed").token();
+    for (step, output) in [("authorize", "\"auth-<1>\""), ("capture", "\"done\"")] {
+        store
+            .save_step(charge, token, step, output.as_bytes().to_vec().into())
+            .await
+            .expect("save a step");
+    }
+    store.complete(charge, token, None).await.expect("complete");
+    let router = router(&store);
+
+    let page = get(&router, &format!("/jobs/{report}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let section = page
+        .body
+        .split("id=\"waits-for\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .unwrap_or_else(|| panic!("no waits-for section: {}", page.body));
+    assert!(
+        section.contains("1 of 2 succeeded; if one fails: cancel"),
+        "{section}"
+    );
+    for (id, state) in [(charge, "succeeded"), (invoice, "queued")] {
+        let row = section
+            .split(&format!("data-dependency=\"{id}\""))
+            .nth(1)
+            .and_then(|rest| rest.split("</tr>").next())
+            .unwrap_or_else(|| panic!("no row for {id}: {section}"));
+        assert!(row.contains(state), "{id} is {state}: {row}");
+    }
+    assert!(!page.body.contains("id=\"steps\""), "the report saved no step");
+
+    let page = get(&router, &format!("/jobs/{charge}")).await;
+    let section = page
+        .body
+        .split("id=\"steps\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .unwrap_or_else(|| panic!("no steps section: {}", page.body));
+    assert!(section.contains("data-generation=\"0\""), "{section}");
+    let (authorize, capture) = (
+        section.find("data-step=\"authorize\""),
+        section.find("data-step=\"capture\""),
+    );
+    assert!(
+        authorize.is_some() && authorize < capture,
+        "in save order: {section}"
+    );
+    assert!(section.contains("auth-&lt;1&gt;"), "escaped: {section}");
+    assert!(
+        !page.body.contains("id=\"waits-for\""),
+        "the charge waits for nothing"
+    );
+}
