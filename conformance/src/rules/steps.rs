@@ -188,7 +188,8 @@ pub async fn d1_a_step_is_saved_under_the_lease_and_the_first_save_stands(harnes
 /// D2: `steps` answers the generation (0) and the steps in save order, each with its
 /// output and `saved_at`; saving changes nothing else a reader sees; the steps outlive
 /// the run that saved them: a failure, a reclaim, a release, a snooze and an
-/// operator's retry keep them, and a later run reads them.
+/// operator's retry keep them, and a later run reads them; a purge takes them with the
+/// job.
 pub async fn d2_steps_are_read_in_save_order_and_outlive_the_run(harness: &dyn Harness) {
     let what = "D2";
     let env = TestEnv::new(harness);
@@ -273,6 +274,16 @@ pub async fn d2_steps_are_read_in_save_order_and_outlive_the_run(harness: &dyn H
             ["zeta", "alpha", "mid", "last"],
             "{what}: a later run adds to the steps of the runs before it"
         );
+        // Retention takes the steps with the record (A5): the job is purged whole.
+        store.complete(id, run.token(), None).await.must(what);
+        env.clock
+            .advance(store.settings().retention + Duration::from_secs(1));
+        assert_eq!(
+            store.purge(100).await.must(what),
+            1,
+            "{what}: the job is purged"
+        );
+        expect_not_found(store.steps(id).await, id, what);
     } else {
         expected(&store.steps(id).await.must(what), "once dead");
     }
