@@ -18,7 +18,8 @@ use durq_core::{
     StoredWorker, Timestamp,
 };
 use durq_core::{
-    Admin, FlowControl, FlowStatus, Inspect, Pause, QueueLimits, Schedules, WorkerRegistry,
+    Admin, FlowControl, FlowStatus, Inspect, Pause, QueueLimits, Schedules, StepLog, Steps,
+    WorkerRegistry,
 };
 use sqlx::PgPool;
 
@@ -28,7 +29,7 @@ use crate::pool::PostgresPool;
 use crate::store::enqueue::{enqueue_all, Enqueue, Enqueues};
 use crate::store::lease::Completions;
 use crate::store::limits::{self, LimitedClaims, LimitedQueues};
-use crate::store::{admin, claim, lease, reads, schedules, sweep, workers};
+use crate::store::{admin, claim, lease, reads, schedules, steps, sweep, workers};
 
 /// The jobs of one namespace of a PostgreSQL schema: a [`durq_core::Backend`], used
 /// through a [`durq_core::Store`] handle (`Store::new(store)`).
@@ -252,6 +253,38 @@ impl Backend for PostgresBackend {
 
     fn as_flow_control(&self) -> Option<&dyn FlowControl> {
         Some(self)
+    }
+
+    fn as_steps(&self) -> Option<&dyn Steps> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Steps for PostgresBackend {
+    async fn steps(&self, id: JobId) -> Result<StepLog> {
+        steps::steps(self, id).await
+    }
+
+    async fn save_step(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        output: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        steps::save_step(self, id, token, name, output, now).await
+    }
+
+    async fn retry_from(
+        &self,
+        id: JobId,
+        step: &str,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<()> {
+        steps::retry_from(self, id, step, generation, now).await
     }
 }
 

@@ -336,6 +336,19 @@ mod tests {
             "reap_workers" => sqlx::query(sql.reap_workers.sql()).bind(ns).bind(1_i64),
             "cancel" => sqlx::query(sql.cancel.sql()).bind(ns).bind(id).bind(1_i64),
             "retry" => sqlx::query(sql.retry.sql()).bind(ns).bind(id).bind(1_i64),
+            "save_step" => sqlx::query(sql.steps.save.sql())
+                .bind(ns)
+                .bind(id)
+                .bind(1_i64)
+                .bind("s")
+                .bind(&b"o"[..])
+                .bind(1_i64)
+                .bind(1_000_i64),
+            "reopen" => sqlx::query(sql.steps.reopen.sql())
+                .bind(ns)
+                .bind(id)
+                .bind(1_i64)
+                .bind("s"),
             other => panic!("no statement {other}"),
         };
         query.fetch_all(&mut *tx).await.expect(name);
@@ -360,11 +373,14 @@ mod tests {
         "delete_worker",
         "reap_workers",
     ];
-    const OPERATORS: [&str; 2] = ["cancel", "retry"];
+    /// The statements that commit as the server is configured whatever the durability:
+    /// the operator's, and a step's save (a worker's call, but a saved step must not
+    /// run again after a server crash, CONTRACT D2).
+    const KEPT: [&str; 4] = ["cancel", "retry", "save_step", "reopen"];
 
     /// Under `DurableEnqueues` every worker statement turns `synchronous_commit` off for
-    /// its transaction, even when it matches no row, and the operator's statements
-    /// leave the server's setting; under `Full` none changes it.
+    /// its transaction, even when it matches no row, and the operator's statements and
+    /// a step's save leave the server's setting; under `Full` none changes it.
     #[tokio::test]
     async fn worker_statements_commit_without_waiting_for_the_flush_by_default() {
         let Some(pool) = pool().await else { return };
@@ -379,7 +395,7 @@ mod tests {
             assert_eq!(setting_after(&pool, &relaxed, name).await, "off", "{name}");
             assert_eq!(setting_after(&pool, &full, name).await, server, "{name}");
         }
-        for name in OPERATORS {
+        for name in KEPT {
             assert_eq!(setting_after(&pool, &relaxed, name).await, server, "{name}");
         }
         // The setting is the transaction's: the connection keeps the server's.

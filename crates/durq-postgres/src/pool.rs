@@ -209,9 +209,10 @@ impl PostgresPool {
         crate::store::admin::vanish(&self.shared, namespace, id).await
     }
 
-    /// Deletes every job, idempotency key, paused queue, schedule and worker record of
-    /// `namespace` in this backend's schema, in one transaction, and returns how many
-    /// jobs it deleted. The schema and the other namespaces are left as they are.
+    /// Deletes every job (with its attempts and steps), idempotency key, paused queue,
+    /// schedule and worker record of `namespace` in this backend's schema, in one
+    /// transaction, and returns how many jobs it deleted. The schema and the other
+    /// namespaces are left as they are.
     ///
     /// For tests and for retiring a namespace: jobs still running in it are gone
     /// too, and their holders' next calls answer `NotFound`.

@@ -82,6 +82,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "awaited",
         sql: include_str!("../migrations/0013_awaited.sql"),
     },
+    Migration {
+        version: 14,
+        name: "steps",
+        sql: include_str!("../migrations/0014_steps.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

@@ -14,17 +14,18 @@ WHERE namespace = $1 AND id = $2 AND (state IN ('waiting', 'queued', 'running'))
 RETURNING state
 "#;
 
-/// Rule A2. `$3` now. The job starts over: no error, start or heartbeat of a past
-/// run is left on it (they are in its attempt history).
-pub(super) const RETRY: &str = r#"
+/// Rule A2. `$3` now. The job starts over (`start_over!`): no error, start or
+/// heartbeat of a past run is left on it (they are in its attempt history).
+pub(super) const RETRY: &str = concat!(
+    "
 UPDATE {schema}.jobs SET
-    state = 'queued', run_at = $3, seq = nextval('{schema}.seq'), attempts = 0,
-    cancel_requested = false, finished_at = NULL, result = NULL,
-    lease_worker = NULL, lease_expires_at = NULL, started_at = NULL,
-    heartbeat_at = NULL, last_error = NULL
+    ",
+    start_over!("$3"),
+    "
 WHERE namespace = $1 AND id = $2 AND (state IN ('dead', 'cancelled')) IS TRUE
 RETURNING queue
-"#;
+"
+);
 
 /// Deletes a job row behind the store's back, as a lost record would (test harnesses).
 #[cfg(feature = "testing")]
@@ -47,15 +48,18 @@ pub(super) const PAUSED_QUEUES: &str = r#"
 SELECT queue FROM {schema}.paused_queues WHERE namespace = $1 ORDER BY queue
 "#;
 
-/// Deletes every row of namespace `$1`, jobs, attempts, keys, dependencies, pauses,
-/// schedules, workers and flow control, in one transaction; returns how many jobs it
-/// deleted.
+/// Deletes every row of namespace `$1`, jobs, attempts, steps, keys, dependencies,
+/// pauses, schedules, workers and flow control, in one transaction; returns how many
+/// jobs it deleted.
 pub(super) const DROP_NAMESPACE: &str = r#"
 WITH keys AS (
     DELETE FROM {schema}.dedup WHERE namespace = $1
 ),
 attempts AS (
     DELETE FROM {schema}.attempts WHERE namespace = $1
+),
+steps AS (
+    DELETE FROM {schema}.steps WHERE namespace = $1
 ),
 paused AS (
     DELETE FROM {schema}.paused_queues WHERE namespace = $1

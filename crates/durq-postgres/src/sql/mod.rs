@@ -25,8 +25,8 @@
 //! is an uncorrelated scalar subquery, so Postgres runs it once per statement, as a
 //! one-time filter evaluated before any row is read, whether or not a row matches;
 //! the commit that ends the statement's implicit transaction then does not wait for
-//! the WAL flush. Enqueue, cancel and retry do not hold it and commit as the server
-//! is configured.
+//! the WAL flush. Enqueue, cancel, retry and the durable steps' statements (a save, a
+//! reopen) do not hold it and commit as the server is configured.
 
 use std::sync::Arc;
 
@@ -158,6 +158,24 @@ recorded AS (
     };
 }
 
+/// What queues an ended job again as an operator's retry does (CONTRACT A2), the
+/// `SET` list of an `UPDATE` of its row, ready at `$now`: attempts 0, a new `seq`, and
+/// nothing of a past run left on it (its error, result, lease, start and heartbeat are
+/// in its attempt history). `retry` (A2) and `retry_from` (D3) both queue a job with
+/// it, so the two cannot drift apart.
+macro_rules! start_over {
+    ($now:literal) => {
+        concat!(
+            "state = 'queued', run_at = ",
+            $now,
+            ", seq = nextval('{schema}.seq'), attempts = 0,
+    cancel_requested = false, finished_at = NULL, result = NULL,
+    lease_worker = NULL, lease_expires_at = NULL, started_at = NULL,
+    heartbeat_at = NULL, last_error = NULL"
+        )
+    };
+}
+
 /// A statement's text, rendered for one schema.
 #[derive(Debug, Clone)]
 pub(crate) struct Text(Arc<str>);
@@ -258,6 +276,8 @@ pub(crate) struct Statements {
     pub(crate) start_dependents: Text,
     /// [`RECORD_EDGES`].
     pub(crate) record_edges: Text,
+    /// The statements of durable steps.
+    pub(crate) steps: StepStatements,
 }
 
 impl Statements {
@@ -358,6 +378,7 @@ impl Statements {
             lock_dependencies: r(LOCK_DEPENDENCIES),
             start_dependents: r(START_DEPENDENTS),
             record_edges: r(RECORD_EDGES),
+            steps: StepStatements::render(&r),
         }
     }
 }
@@ -380,6 +401,7 @@ mod lease;
 mod limits;
 mod reads;
 mod schedules;
+mod steps;
 mod sweep;
 mod workers;
 
@@ -392,6 +414,7 @@ use self::lease::*;
 pub(crate) use self::limits::LimitStatements;
 use self::reads::*;
 use self::schedules::*;
+pub(crate) use self::steps::StepStatements;
 use self::sweep::*;
 use self::workers::*;
 

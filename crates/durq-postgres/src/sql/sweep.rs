@@ -60,8 +60,8 @@ RETURNING id, state, queue, lease_token, lease_worker, started_at
 );
 
 /// Rule A5: deletes up to `$3` terminal jobs finished at or before `$2` (the retention
-/// cutoff) with their idempotency keys and their attempts (H4), and up to `$3` other
-/// keys created at or before `$4`.
+/// cutoff) with their idempotency keys, their attempts (H4) and their steps (D1–D4),
+/// and up to `$3` other keys created at or before `$4`.
 ///
 /// Only inert keys go: a key stops deduplicating once its job is gone or its window
 /// has passed (see [`ENQUEUE`]). `$4` is the retention cutoff less the dedup window;
@@ -93,6 +93,11 @@ gone AS (
 gone_attempts AS (
     DELETE FROM {schema}.attempts a USING gone
     WHERE a.namespace = $1 AND a.job = gone.gone_id
+),
+-- CONTRACT D1-D4: so do its steps (a range of the steps' primary key).
+gone_steps AS (
+    DELETE FROM {schema}.steps s USING gone
+    WHERE s.namespace = $1 AND s.job = gone.gone_id
 ),
 own_keys AS MATERIALIZED (
     SELECT d.tenant AS t, d.key AS k FROM {schema}.dedup d

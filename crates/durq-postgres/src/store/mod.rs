@@ -3,7 +3,8 @@
 //! [`enqueue`] (single calls gathered, and batches), [`claim`] (and waiting for work),
 //! [`lease`] (heartbeat, complete and its gathering, fail, release), [`sweep`] (reclaim,
 //! purge), [`reads`] (get, payload, children, attempts, stats, queues, list), [`admin`]
-//! (cancel, retry, pause, and the hooks of tests), [`schedules`] and [`workers`].
+//! (cancel, retry, pause, and the hooks of tests), [`schedules`], [`workers`] and
+//! [`steps`] (durable steps: save, read, reopen).
 //!
 //! This module holds what they share: the backend's statements, namespace and
 //! connections, the runs of a statement that answer one row, the reading of a job's
@@ -32,6 +33,7 @@ pub(crate) mod lease;
 pub(crate) mod limits;
 pub(crate) mod reads;
 pub(crate) mod schedules;
+pub(crate) mod steps;
 pub(crate) mod sweep;
 pub(crate) mod workers;
 

@@ -319,17 +319,17 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        (1..=13).collect::<Vec<i32>>(),
+        (1..=14).collect::<Vec<i32>>(),
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 13);
+        assert_eq!(backend.schema_version().await.expect("version"), 14);
     }
 
     // Migrations 2 onwards are safe to run again on a migrated schema with jobs (with
-    // tags and a recorded attempt, a concurrency key, a paused queue, a queue with
-    // limits, and a worker) in it: forget that they ran, connect, and they run once
-    // more.
+    // tags and a recorded attempt, a concurrency key, a saved step, a paused queue, a
+    // queue with limits, and a worker) in it: forget that they ran, connect, and they
+    // run once more.
     let clock = ManualClock::default();
     let store = open(&backends[0], settings(&clock));
     let needs = Needs::new().amount("gpu", 2).capability("fpga");
@@ -365,6 +365,20 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
         .id;
     let worker = WorkerInfo::new("w-1", "host", 7, vec!["q".to_owned()], 3);
     store.register_worker(&worker).await.expect("register");
+    let stepped = store.enqueue(NewJob::new("s")).await.expect("enqueue").id;
+    let running = store
+        .claim(ClaimRequest::new(["s"], "w", TTL))
+        .await
+        .expect("claim");
+    store
+        .save_step(
+            stepped,
+            running[0].token(),
+            "a",
+            durq_core::Bytes::from_static(b"1"),
+        )
+        .await
+        .expect("save a step");
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DELETE FROM \"{schema}\".migrations WHERE version >= 2"
     )))
@@ -377,7 +391,7 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
         .expect("schema")
         .max_connections(1);
     let again = PostgresPool::connect(config).await.expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 13);
+    assert_eq!(again.schema_version().await.expect("version"), 14);
     assert_eq!(
         store.paused_queues().await.expect("paused"),
         vec!["held".to_owned()],
@@ -398,6 +412,18 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
             .concurrency_key
             .as_deref(),
         Some("customer-7"),
+        "kept"
+    );
+    let log = store.steps(stepped).await.expect("steps");
+    assert_eq!(
+        (
+            log.generation,
+            log.steps
+                .iter()
+                .map(|step| step.name.as_str())
+                .collect::<Vec<_>>()
+        ),
+        (0, vec!["a"]),
         "kept"
     );
     let job = store.get(queued).await.expect("get");
@@ -502,7 +528,7 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     .expect("back to version 6");
 
     let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 13);
+    assert_eq!(upgraded.schema_version().await.expect("version"), 14);
     let store = open(&upgraded, settings);
     assert!(store.workers().await.expect("workers").is_empty());
     let worker = WorkerInfo::new("w", "host", 1, vec!["q".to_owned()], 1);
@@ -605,7 +631,7 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     .expect("back to version 9");
 
     let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 13);
+    assert_eq!(upgraded.schema_version().await.expect("version"), 14);
     let store = open(&upgraded, settings);
     for id in [queued, running, done] {
         let job = store.get(id).await.expect("get");

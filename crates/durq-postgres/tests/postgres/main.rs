@@ -9,6 +9,7 @@ mod enqueue_and_claims;
 mod flow_control;
 mod leases_and_history;
 mod reads_and_connections;
+mod steps;
 
 use durq_conformance::unique_namespace;
 use durq_core::{
