@@ -147,6 +147,58 @@ pub enum Event {
         /// Its state afterwards.
         state: String,
     },
+    /// A durable step's work began: written inside the closure `ctx.step` runs, so
+    /// only when no saved output answered the step (CONTRACT D2).
+    StepRun {
+        /// Wall time.
+        t: u64,
+        /// The job.
+        id: JobId,
+        /// The token of the claim being run.
+        token: u64,
+        /// The step's name.
+        step: String,
+    },
+    /// `ctx.step` returned `Ok` after running the step's work: its output is saved
+    /// under this run's token (CONTRACT D1).
+    StepSaved {
+        /// Wall time.
+        t: u64,
+        /// The job.
+        id: JobId,
+        /// The token of the claim being run.
+        token: u64,
+        /// The step's name.
+        step: String,
+    },
+    /// `ctx.step` answered from a saved output without running the work.
+    StepReplayed {
+        /// Wall time.
+        t: u64,
+        /// The job.
+        id: JobId,
+        /// The token of the claim being run.
+        token: u64,
+        /// The step's name.
+        step: String,
+        /// The token of the run that saved the output, as the output itself says.
+        saved_by: u64,
+    },
+    /// `ctx.step` returned `Err`: the steps could not be read, or the save was
+    /// refused (a lost lease) or its answer lost (an unreachable store), so the step
+    /// may run again.
+    StepFailed {
+        /// Wall time.
+        t: u64,
+        /// The job.
+        id: JobId,
+        /// The token of the claim being run.
+        token: u64,
+        /// The step's name.
+        step: String,
+        /// The error.
+        err: String,
+    },
 }
 
 /// An append-only history file of one process.

@@ -26,7 +26,17 @@
 //!   key whose known parts overlap. A lease is known to hold from its claim's return to
 //!   the start of the call whose outcome the store accepted under its token (or, for a
 //!   lease that ended otherwise, a killed worker's, at its claim's return alone): both
-//!   lie inside the store's own `running` interval of the job.
+//!   lie inside the store's own `running` interval of the job;
+//! - **step violations** (on a backend with durable steps, whose worker runs every
+//!   third job as three steps, CONTRACT D1, D2): a step run under a token above one
+//!   whose save of it is known (a `step_saved` line, or a replay naming it): that run
+//!   read the job's steps after the save, so a finished step ran again; a rerun of a
+//!   step whose earlier run (the next lower token) was neither SIGKILLed after it began,
+//!   nor overlapped by a store fault between that run (less a second) and the rerun,
+//!   nor answered `Err` by `ctx.step` (its save refused or its answer lost); a step run
+//!   twice under one token; a replay naming a run that never ran the step; and, read
+//!   back from the store at the end, a succeeded step job whose saved steps are not all
+//!   three in order, or whose saved output names a run the history contradicts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -195,6 +205,28 @@ pub struct Verdict {
     /// Acknowledged jobs per second from the first acknowledged enqueue to the last
     /// accepted completion.
     pub throughput_overall: f64,
+    /// Jobs that ran durable steps (every third job, on a backend with `Steps`).
+    pub step_jobs: usize,
+    /// Step works begun (`step_run` lines).
+    pub step_runs: usize,
+    /// Steps saved by the run that ran them (`step_saved` lines).
+    pub steps_saved: usize,
+    /// Steps answered from a saved output, their work not run (`step_replayed`).
+    pub steps_replayed: usize,
+    /// Steps whose `ctx.step` answered `Err` (`step_failed`): a read or a save that
+    /// failed, or a save refused by the fence.
+    pub step_save_failures: usize,
+    /// Steps run again after their earlier run's process was SIGKILLed.
+    pub step_reruns_after_kill: usize,
+    /// Steps run again after a store fault overlapped their earlier run.
+    pub step_reruns_after_store_fault: usize,
+    /// Steps run again after their earlier run's `ctx.step` answered `Err`.
+    pub step_reruns_after_failed_save: usize,
+    /// Saved steps read back from the store at the end and checked.
+    pub steps_checked_in_store: usize,
+    /// A finished step run again, a rerun nothing explains, a replay of a save no run
+    /// made, or saved steps at the end that disagree with the history.
+    pub step_violations: usize,
     /// History lines cut by a kill (the last line of a killed process's file).
     pub cut_lines: usize,
     /// Whether every check passed.
@@ -214,6 +246,7 @@ impl Verdict {
             && self.extra_runs_unexplained == 0
             && self.limit_violations == 0
             && self.dependency_violations == 0
+            && self.step_violations == 0
     }
 }
 
@@ -270,6 +303,11 @@ pub async fn run(args: CheckArgs) -> Result<(), String> {
         .collect();
     judge_limits(&mut verdict, &jobs, &keys);
     judge_dependencies(&mut verdict, &jobs, &finals);
+    if store.supports(durq::Capability::Steps) {
+        let steps = collect_steps(&histories);
+        let saved = saved_steps(&store, &finals).await?;
+        judge_saved_steps(&mut verdict, &steps, &saved);
+    }
     throughput(
         &mut verdict,
         &acked,
@@ -427,6 +465,12 @@ fn judge_history(backend: &str, histories: &[ProcessHistory], faults: &[Fault]) 
         let Some(job) = jobs.get(id) else { continue };
         judge_job(&mut verdict, *id, job, &kills, &store_faults);
     }
+    judge_steps(
+        &mut verdict,
+        &collect_steps(histories),
+        &kills,
+        &store_faults,
+    );
     verdict
 }
 
@@ -765,6 +809,304 @@ fn throughput(
     let last_done = firsts.iter().max().copied().unwrap_or(first_ack);
     let span = last_done.saturating_sub(first_ack).max(1) as f64 / 1e6;
     verdict.throughput_overall = (acked.len() as f64 / span * 10.0).round() / 10.0;
+}
+
+/// What the history tells of one step of one job.
+#[derive(Debug, Default)]
+struct StepHistory {
+    /// Its works begun (`step_run`): token, pid, time.
+    runs: Vec<Claim>,
+    /// Its saves by the run that ran it (`step_saved`).
+    saved: Vec<Claim>,
+    /// The tokens whose `ctx.step` of it answered `Err` (`step_failed`).
+    failed: HashSet<u64>,
+    /// Its replays (`step_replayed`), each with the token its saved output names.
+    replays: Vec<(Claim, u64)>,
+}
+
+impl StepHistory {
+    /// The lowest token whose save of the step the history proves stored: one that
+    /// logged `step_saved`, or an earlier run a replay read the output of.
+    fn known_save(&self) -> Option<u64> {
+        let replayed = self
+            .replays
+            .iter()
+            .filter(|(replay, saved_by)| {
+                *saved_by < replay.token && self.runs.iter().any(|run| run.token == *saved_by)
+            })
+            .map(|(_, saved_by)| *saved_by);
+        self.saved
+            .iter()
+            .map(|saved| saved.token)
+            .chain(replayed)
+            .min()
+    }
+}
+
+/// Every step line of the run, per job and step name.
+fn collect_steps(histories: &[ProcessHistory]) -> BTreeMap<(JobId, String), StepHistory> {
+    let mut steps: BTreeMap<(JobId, String), StepHistory> = BTreeMap::new();
+    for history in histories {
+        let pid = history.pid;
+        for event in &history.events {
+            let (id, step) = match event {
+                Event::StepRun { id, step, .. }
+                | Event::StepSaved { id, step, .. }
+                | Event::StepReplayed { id, step, .. }
+                | Event::StepFailed { id, step, .. } => (*id, step.clone()),
+                _ => continue,
+            };
+            let entry = steps.entry((id, step)).or_default();
+            match event {
+                Event::StepRun { t, token, .. } => entry.runs.push(Claim {
+                    token: *token,
+                    pid,
+                    t: *t,
+                }),
+                Event::StepSaved { t, token, .. } => entry.saved.push(Claim {
+                    token: *token,
+                    pid,
+                    t: *t,
+                }),
+                Event::StepReplayed {
+                    t, token, saved_by, ..
+                } => entry.replays.push((
+                    Claim {
+                        token: *token,
+                        pid,
+                        t: *t,
+                    },
+                    *saved_by,
+                )),
+                Event::StepFailed { token, .. } => {
+                    entry.failed.insert(*token);
+                }
+                _ => {}
+            }
+        }
+    }
+    steps
+}
+
+/// CONTRACT D1 and D2 on the run's history: a finished step never runs again, and
+/// every extra run of a step is explained (see the module docs).
+///
+/// Why a save by a lower token forbids any run under a higher one: a save is fenced
+/// by its run's token, so it was stored while that run held the lease, before the
+/// next claim minted a higher token (C6); the higher run read the job's steps after
+/// its claim, so it saw the save and was answered from it. A run under a lower token
+/// than the save's can still run the step (a run whose lease was taken back goes on
+/// until it learns so), but the fence refuses its save; that is a rerun like any
+/// other, to be explained.
+fn judge_steps(
+    verdict: &mut Verdict,
+    steps: &BTreeMap<(JobId, String), StepHistory>,
+    kills: &HashMap<u32, u64>,
+    store_faults: &[(u64, u64)],
+) {
+    let mut jobs: HashSet<JobId> = HashSet::new();
+    for ((id, name), step) in steps {
+        jobs.insert(*id);
+        verdict.step_runs += step.runs.len();
+        verdict.steps_saved += step.saved.len();
+        verdict.steps_replayed += step.replays.len();
+        verdict.step_save_failures += step.failed.len();
+
+        let ran = |token: u64| step.runs.iter().any(|run| run.token == token);
+        for (replay, saved_by) in &step.replays {
+            if !ran(*saved_by) || *saved_by >= replay.token {
+                verdict.step_violations += 1;
+                example(
+                    verdict,
+                    format!(
+                        "{id}: step {name:?} replayed under token {} (pid {}) from a save by token {saved_by}, which {}",
+                        replay.token,
+                        replay.pid,
+                        if ran(*saved_by) { "is not an earlier run" } else { "never ran the step" }
+                    ),
+                );
+            }
+        }
+        let stored = step.known_save();
+
+        let mut runs: BTreeMap<u64, Claim> = BTreeMap::new();
+        for run in &step.runs {
+            if runs.insert(run.token, *run).is_some() {
+                verdict.step_violations += 1;
+                example(
+                    verdict,
+                    format!("{id}: step {name:?} ran twice under token {}", run.token),
+                );
+            }
+        }
+        let runs: Vec<Claim> = runs.into_values().collect();
+        for (i, run) in runs.iter().enumerate() {
+            if let Some(saved_by) = stored.filter(|s| *s < run.token) {
+                verdict.step_violations += 1;
+                example(
+                    verdict,
+                    format!(
+                        "{id}: step {name:?} ran again under token {} (pid {}, at {} µs) although token {saved_by} had saved it",
+                        run.token, run.pid, run.t
+                    ),
+                );
+                continue;
+            }
+            let Some(earlier) = i.checked_sub(1).and_then(|j| runs.get(j)) else {
+                continue;
+            };
+            let killed = kills
+                .get(&earlier.pid)
+                .is_some_and(|kill| *kill >= earlier.t);
+            let from = earlier.t.saturating_sub(1_000_000);
+            let store_fault = store_faults.iter().any(|(s, e)| *s <= run.t && *e >= from);
+            if killed {
+                verdict.step_reruns_after_kill += 1;
+            } else if store_fault {
+                verdict.step_reruns_after_store_fault += 1;
+            } else if step.failed.contains(&earlier.token) {
+                verdict.step_reruns_after_failed_save += 1;
+            } else {
+                verdict.step_violations += 1;
+                example(
+                    verdict,
+                    format!(
+                        "{id}: unexplained rerun of step {name:?}: token {} (pid {}, at {} µs) then token {} (pid {}, at {} µs), with no kill, store fault or failed save between",
+                        earlier.token, earlier.pid, earlier.t, run.token, run.pid, run.t
+                    ),
+                );
+            }
+        }
+    }
+    verdict.step_jobs = jobs.len();
+}
+
+/// The steps the store holds at the end for every succeeded job that ran steps
+/// (chosen by [`crate::worker::runs_steps`], as the workers chose them).
+async fn saved_steps(
+    store: &Store,
+    finals: &HashMap<JobId, Option<Job>>,
+) -> Result<HashMap<JobId, durq::StepLog>, String> {
+    let ids: Vec<JobId> = finals
+        .iter()
+        .filter(|(id, job)| {
+            crate::worker::runs_steps(**id)
+                && job
+                    .as_ref()
+                    .is_some_and(|job| job.state == JobState::Succeeded)
+        })
+        .map(|(id, _)| *id)
+        .collect();
+    let answers: Vec<(JobId, Result<durq::StepLog, Error>)> = futures::stream::iter(ids)
+        .map(|id| async move {
+            let mut tries = 0;
+            loop {
+                match store.steps(id).await {
+                    Ok(log) => return (id, Ok(log)),
+                    // A restarted server may still refuse for a moment.
+                    Err(err) if tries < 20 && !err.is_not_found() => {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(err) => return (id, Err(err)),
+                }
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let mut out = HashMap::with_capacity(answers.len());
+    for (id, answer) in answers {
+        let log = answer.map_err(|err| format!("cannot read the steps of job {id}: {err}"))?;
+        out.insert(id, log);
+    }
+    Ok(out)
+}
+
+/// CONTRACT D1 and D2 on the store's final state: a succeeded step job holds every
+/// step of [`crate::worker::STEPS`], in order, in generation 0 (nothing reopens it);
+/// each saved output names a run that ran the step, the run that logged `step_saved`
+/// if one did (the first save stands and no other can be stored), and the run every
+/// replay read.
+fn judge_saved_steps(
+    verdict: &mut Verdict,
+    steps: &BTreeMap<(JobId, String), StepHistory>,
+    saved: &HashMap<JobId, durq::StepLog>,
+) {
+    let mut ids: Vec<&JobId> = saved.keys().collect();
+    ids.sort();
+    for id in ids {
+        let Some(log) = saved.get(id) else { continue };
+        let names: Vec<&str> = log.steps.iter().map(|step| step.name.as_str()).collect();
+        if names != crate::worker::STEPS || log.generation != 0 {
+            verdict.step_violations += 1;
+            example(
+                verdict,
+                format!(
+                    "{id}: succeeded with steps {names:?} in generation {}, not {:?} in generation 0",
+                    log.generation,
+                    crate::worker::STEPS
+                ),
+            );
+            continue;
+        }
+        for saved_step in &log.steps {
+            verdict.steps_checked_in_store += 1;
+            let name = &saved_step.name;
+            let by = match serde_json::from_slice::<crate::worker::StepOutput>(&saved_step.output) {
+                Ok(output) => output.token,
+                Err(err) => {
+                    verdict.step_violations += 1;
+                    example(
+                        verdict,
+                        format!("{id}: step {name:?} saved an output that does not read: {err}"),
+                    );
+                    continue;
+                }
+            };
+            let history = steps.get(&(*id, name.clone()));
+            let ran = history.is_some_and(|h| h.runs.iter().any(|run| run.token == by));
+            let logged_saves: Vec<u64> = history
+                .map(|h| h.saved.iter().map(|saved| saved.token).collect())
+                .unwrap_or_default();
+            let replayed_other = history.and_then(|h| {
+                h.replays
+                    .iter()
+                    .map(|(_, saved_by)| *saved_by)
+                    .find(|saved_by| *saved_by != by)
+            });
+            // The save stood from before any higher token's claim (see judge_steps),
+            // even when the run that made it was killed before logging it. A rerun
+            // the history alone convicts is counted there, not again here.
+            let ran_after = history.and_then(|h| {
+                let convicted = h.known_save().is_some_and(|known| known <= by);
+                h.runs
+                    .iter()
+                    .map(|run| run.token)
+                    .filter(|token| *token > by && !convicted)
+                    .min()
+            });
+            let problem = if !ran {
+                Some(format!("names token {by}, which never ran it"))
+            } else if let Some(later) = ran_after {
+                Some(format!(
+                    "names token {by}, yet token {later} ran it again after that save"
+                ))
+            } else if !logged_saves.is_empty() && !logged_saves.contains(&by) {
+                Some(format!(
+                    "names token {by}, but tokens {logged_saves:?} logged saving it"
+                ))
+            } else {
+                replayed_other.map(|other| {
+                    format!("names token {by}, but a replay read token {other}'s output")
+                })
+            };
+            if let Some(problem) = problem {
+                verdict.step_violations += 1;
+                example(verdict, format!("{id}: saved step {name:?} {problem}"));
+            }
+        }
+    }
 }
 
 /// Keeps up to 20 examples, enough to start an investigation.

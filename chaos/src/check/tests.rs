@@ -316,3 +316,309 @@ fn a_job_left_waiting_is_a_violation_and_a_dependency_without_an_answer_bounds_b
     );
     assert!(verdict.examples[0].contains("still waiting"), "{verdict:?}");
 }
+
+fn step_run(t: u64, id: JobId, token: u64, step: &str) -> Event {
+    Event::StepRun {
+        t,
+        id,
+        token,
+        step: step.into(),
+    }
+}
+
+fn step_saved(t: u64, id: JobId, token: u64, step: &str) -> Event {
+    Event::StepSaved {
+        t,
+        id,
+        token,
+        step: step.into(),
+    }
+}
+
+fn step_replayed(t: u64, id: JobId, token: u64, step: &str, saved_by: u64) -> Event {
+    Event::StepReplayed {
+        t,
+        id,
+        token,
+        step: step.into(),
+        saved_by,
+    }
+}
+
+fn step_failed(t: u64, id: JobId, token: u64, step: &str) -> Event {
+    Event::StepFailed {
+        t,
+        id,
+        token,
+        step: step.into(),
+        err: "lease lost".into(),
+    }
+}
+
+/// A first run (pid 10, token 1) that saved `load` and began `work`, and whatever
+/// `rest` a second run (pid 11, token 2) logged after it.
+fn two_step_runs(a: JobId, rest: Vec<Event>) -> Vec<ProcessHistory> {
+    let mut second = vec![claim(5_000_000, a, 2), start(5_000_010, a, 2)];
+    second.extend(rest);
+    vec![
+        worker(
+            10,
+            vec![
+                claim(100, a, 1),
+                start(110, a, 1),
+                step_run(120, a, 1, "load"),
+                step_saved(130, a, 1, "load"),
+                step_run(140, a, 1, "work"),
+            ],
+        ),
+        worker(11, second),
+    ]
+}
+
+#[test]
+fn a_step_rerun_after_a_kill_is_explained() {
+    let a = id(40);
+    let histories = two_step_runs(
+        a,
+        vec![
+            step_replayed(5_000_020, a, 2, "load", 1),
+            step_run(5_000_030, a, 2, "work"),
+            step_saved(5_000_040, a, 2, "work"),
+            outcome(5_000_100, Op::Complete, a, 2, true),
+        ],
+    );
+    let verdict = judge_history("t", &histories, &[kill(200, 10)]);
+    assert_eq!(
+        (
+            verdict.step_jobs,
+            verdict.step_runs,
+            verdict.steps_saved,
+            verdict.steps_replayed
+        ),
+        (1, 3, 2, 1)
+    );
+    assert_eq!(
+        (verdict.step_reruns_after_kill, verdict.step_violations),
+        (1, 0),
+        "{verdict:?}"
+    );
+    assert!(verdict.passed(), "{verdict:?}");
+}
+
+#[test]
+fn a_saved_step_run_again_is_a_violation_even_after_a_kill() {
+    let a = id(41);
+    // The second run ran `load`, which the first had saved: its read of the job's
+    // steps came after its claim, which came after that save.
+    let histories = two_step_runs(
+        a,
+        vec![
+            step_run(5_000_020, a, 2, "load"),
+            step_saved(5_000_025, a, 2, "load"),
+            step_run(5_000_030, a, 2, "work"),
+            step_saved(5_000_040, a, 2, "work"),
+            outcome(5_000_100, Op::Complete, a, 2, true),
+        ],
+    );
+    let verdict = judge_history("t", &histories, &[kill(200, 10)]);
+    assert_eq!(
+        (verdict.step_violations, verdict.step_reruns_after_kill),
+        (1, 1),
+        "{verdict:?}"
+    );
+    assert!(
+        verdict
+            .examples
+            .iter()
+            .any(|e| e.contains("\"load\" ran again")),
+        "{verdict:?}"
+    );
+    assert!(!verdict.passed());
+}
+
+#[test]
+fn a_replay_proves_a_save_the_history_did_not_log() {
+    let a = id(42);
+    // Token 1 saved `work` but died before logging it; token 2 was answered from
+    // that save; token 3 then ran `work` again: a violation, known from the replay.
+    let mut histories = two_step_runs(
+        a,
+        vec![
+            step_replayed(5_000_020, a, 2, "load", 1),
+            step_replayed(5_000_030, a, 2, "work", 1),
+        ],
+    );
+    histories.push(worker(
+        12,
+        vec![
+            claim(9_000_000, a, 3),
+            start(9_000_010, a, 3),
+            step_replayed(9_000_020, a, 3, "load", 1),
+            step_run(9_000_030, a, 3, "work"),
+            step_saved(9_000_040, a, 3, "work"),
+            outcome(9_000_100, Op::Complete, a, 3, true),
+        ],
+    ));
+    let verdict = judge_history("t", &histories, &[kill(200, 10), kill(5_000_050, 11)]);
+    assert_eq!(verdict.step_violations, 1, "{verdict:?}");
+    // A replay of a save no run of the step made is one too.
+    let forged = two_step_runs(a, vec![step_replayed(5_000_020, a, 2, "work", 7)]);
+    let verdict = judge_history("t", &forged, &[kill(200, 10)]);
+    assert_eq!(verdict.step_violations, 1, "{verdict:?}");
+    assert!(
+        verdict.examples[0].contains("never ran the step"),
+        "{verdict:?}"
+    );
+}
+
+#[test]
+fn a_step_rerun_needs_a_kill_a_store_fault_or_a_failed_save() {
+    let a = id(43);
+    let rest = vec![
+        step_replayed(5_000_020, a, 2, "load", 1),
+        step_run(5_000_030, a, 2, "work"),
+        step_saved(5_000_040, a, 2, "work"),
+    ];
+    // No kill, no fault, no failed save: the first run's `work` simply vanished.
+    let histories = two_step_runs(a, rest.clone());
+    let verdict = judge_history("t", &histories, &[]);
+    assert_eq!(verdict.step_violations, 1, "{verdict:?}");
+    assert!(verdict
+        .examples
+        .iter()
+        .any(|e| e.contains("unexplained rerun of step")));
+    assert!(!verdict.passed());
+
+    // The first run's save was refused or its answer lost.
+    let mut failed = two_step_runs(a, rest.clone());
+    failed[0].events.push(step_failed(150, a, 1, "work"));
+    let verdict = judge_history("t", &failed, &[]);
+    assert_eq!(
+        (
+            verdict.step_reruns_after_failed_save,
+            verdict.step_save_failures,
+            verdict.step_violations
+        ),
+        (1, 1, 0),
+        "{verdict:?}"
+    );
+
+    // A store fault between the first run of `work` (less a second) and the rerun.
+    let verdict = judge_history(
+        "t",
+        &histories,
+        &[Fault {
+            t: 2_000_000,
+            kind: "client_kill".into(),
+            pid: None,
+            end: Some(2_000_100),
+            hits: Some(3),
+        }],
+    );
+    assert_eq!(
+        (
+            verdict.step_reruns_after_store_fault,
+            verdict.step_violations
+        ),
+        (1, 0),
+        "{verdict:?}"
+    );
+}
+
+#[test]
+fn a_stale_run_may_run_a_step_a_newer_run_saved_if_its_save_is_refused() {
+    let a = id(44);
+    // Token 1 lost its lease while in `work` and, still running, began `finish` after
+    // token 2 had saved it: the fence refused token 1's save.
+    let histories = vec![
+        worker(
+            10,
+            vec![
+                claim(100, a, 1),
+                start(110, a, 1),
+                step_run(120, a, 1, "finish"),
+                step_failed(8_000_000, a, 1, "finish"),
+            ],
+        ),
+        worker(
+            11,
+            vec![
+                claim(5_000_000, a, 2),
+                start(5_000_010, a, 2),
+                step_run(5_000_030, a, 2, "finish"),
+                step_saved(5_000_040, a, 2, "finish"),
+            ],
+        ),
+    ];
+    let verdict = judge_history("t", &histories, &[]);
+    assert_eq!(
+        (
+            verdict.step_reruns_after_failed_save,
+            verdict.step_violations
+        ),
+        (1, 0),
+        "{verdict:?}"
+    );
+    // Had its save been accepted (no fence), nothing would explain the rerun.
+    let mut unfenced = histories;
+    unfenced[0].events[3] = step_saved(8_000_000, a, 1, "finish");
+    let verdict = judge_history("t", &unfenced, &[]);
+    assert_eq!(verdict.step_violations, 1, "{verdict:?}");
+}
+
+/// A step log as the store answers it: `steps` saved by the tokens given.
+fn step_log(steps: &[(&str, u64)]) -> durq::StepLog {
+    durq::StepLog {
+        generation: 0,
+        steps: steps
+            .iter()
+            .map(|(name, token)| durq::SavedStep {
+                name: (*name).to_owned(),
+                output: serde_json::to_vec(&crate::worker::StepOutput { token: *token })
+                    .expect("encode")
+                    .into(),
+                saved_at: durq::Timestamp::from_millis(1),
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn saved_steps_at_the_end_must_agree_with_the_history() {
+    let a = id(45);
+    let events = vec![
+        claim(100, a, 1),
+        start(110, a, 1),
+        step_run(120, a, 1, "load"),
+        step_saved(130, a, 1, "load"),
+        step_run(140, a, 1, "work"),
+        // Killed after the store took `work`, before the line: token 2 should have
+        // been answered from it, yet ran it.
+        claim(5_000_000, a, 2),
+        step_replayed(5_000_020, a, 2, "load", 1),
+        step_run(5_000_030, a, 2, "work"),
+        step_saved(5_000_040, a, 2, "work"),
+        step_run(5_000_050, a, 2, "finish"),
+        step_saved(5_000_060, a, 2, "finish"),
+    ];
+    let steps = collect_steps(&[worker(10, events)]);
+    let judge = |log: durq::StepLog| {
+        let mut verdict = Verdict::default();
+        judge_saved_steps(&mut verdict, &steps, &[(a, log)].into_iter().collect());
+        verdict
+    };
+    let honest = judge(step_log(&[("load", 1), ("work", 2), ("finish", 2)]));
+    assert_eq!(
+        (honest.steps_checked_in_store, honest.step_violations),
+        (3, 0),
+        "{honest:?}"
+    );
+    let rerun = judge(step_log(&[("load", 1), ("work", 1), ("finish", 2)]));
+    assert_eq!(rerun.step_violations, 1, "{rerun:?}");
+    assert!(rerun.examples[0].contains("ran it again"), "{rerun:?}");
+    let missing = judge(step_log(&[("load", 1), ("work", 2)]));
+    assert_eq!(missing.step_violations, 1, "{missing:?}");
+    let forged = judge(step_log(&[("load", 1), ("work", 2), ("finish", 9)]));
+    assert_eq!(forged.step_violations, 1, "{forged:?}");
+    assert!(forged.examples[0].contains("never ran it"), "{forged:?}");
+}

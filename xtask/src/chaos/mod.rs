@@ -757,6 +757,31 @@ mod tests {
         assert_eq!(row.throughput_faults, 812.5);
         // One unexplained extra run fails the row.
         assert!(!row.passed);
+        // Verdicts from before durable steps read as none; one step violation fails
+        // a row that passes otherwise.
+        assert_eq!((row.step_jobs, row.step_violations), (0, 0));
+        let steps = r#"{"jobs":10,"connections_killed":0,"store_errors_seen":0,"lost":0,
+            "double_completions":0,"stale_accepted":0,"stuck":0,"other_violations":0,
+            "extra_runs_worker_kill":0,"extra_runs_store_fault":0,"extra_runs_unexplained":0,
+            "planned_reruns":0,"worker_kills":1,"claims_in_flight_at_kills":1,
+            "runs_in_flight_at_kills":1,"throughput_under_faults":1.0,
+            "throughput_overall":1.0,"step_jobs":4,"step_runs":13,"steps_replayed":2,
+            "step_reruns_after_kill":1,"step_reruns_after_store_fault":0,
+            "step_reruns_after_failed_save":0,"step_violations":1}"#;
+        let mut row = row_from(&Verdict::parse(steps).expect("a verdict"), "sqlite");
+        (row.drained, row.graceful) = (true, true);
+        assert_eq!(
+            (
+                row.step_jobs,
+                row.step_runs,
+                row.steps_replayed,
+                row.step_reruns_kill
+            ),
+            (4, 13, 2, 1)
+        );
+        assert!(!row.passed);
+        assert_eq!(row.failures(), "1 durable step violations");
+        assert!(table(&[row]).contains("| 4: 13 / 2; 1 / 0 / 0; 1 |"));
         let missing = Verdict::parse(r#"{"jobs":1}"#).expect_err("fields are missing");
         assert!(missing.contains("missing field"), "{missing}");
         assert!(Verdict::parse("not json").is_err());

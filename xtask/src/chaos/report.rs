@@ -24,6 +24,18 @@ pub(super) struct Row {
     /// wait for had succeeded or left waiting (0 and 0 where no job waits).
     pub(super) dependent_jobs: u64,
     pub(super) dependency_violations: u64,
+    /// Jobs that ran durable steps (CONTRACT D1, D2; 0 on a backend without them),
+    /// the step works begun and the steps answered from a saved output.
+    pub(super) step_jobs: u64,
+    pub(super) step_runs: u64,
+    pub(super) steps_replayed: u64,
+    /// Steps run again, explained by a worker kill, a store fault, or a save that
+    /// failed; and the step violations (a finished step run again, a rerun nothing
+    /// explains, saved steps that disagree with the history).
+    pub(super) step_reruns_kill: u64,
+    pub(super) step_reruns_store: u64,
+    pub(super) step_reruns_failed_save: u64,
+    pub(super) step_violations: u64,
     pub(super) extra_kill: u64,
     pub(super) extra_store: u64,
     pub(super) extra_unexplained: u64,
@@ -50,6 +62,7 @@ impl Row {
             ("other violations", self.other),
             ("per-key limit violations", self.limit_violations),
             ("dependency violations", self.dependency_violations),
+            ("durable step violations", self.step_violations),
         ] {
             if n > 0 {
                 parts.push(format!("{n} {name}"));
@@ -67,12 +80,12 @@ impl Row {
 
 pub(super) fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | jobs that waited: violations | extra runs: worker kill / store fault / unexplained | worker kills: claims / runs in flight | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
-         |---|---:|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---|\n",
+        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | jobs that waited: violations | step jobs: step runs / replayed; reruns after kill / store fault / failed save; violations | extra runs: worker kill / store fault / unexplained | worker kills: claims / runs in flight | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
+         |---|---:|---|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {}: {} | {} / {} / {} | {} kills: {} / {} | {} | {:.0} | {:.0} | {} |\n",
+            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {}: {} | {}: {} / {}; {} / {} / {}; {} | {} / {} / {} | {} kills: {} / {} | {} | {:.0} | {:.0} | {} |\n",
             r.backend,
             r.jobs,
             r.faults,
@@ -91,6 +104,13 @@ pub(super) fn table(rows: &[Row]) -> String {
             r.stuck,
             r.dependent_jobs,
             r.dependency_violations,
+            r.step_jobs,
+            r.step_runs,
+            r.steps_replayed,
+            r.step_reruns_kill,
+            r.step_reruns_store,
+            r.step_reruns_failed_save,
+            r.step_violations,
             r.extra_kill,
             r.extra_store,
             r.extra_unexplained,
@@ -129,6 +149,21 @@ pub(super) struct Verdict {
     pub(super) dependent_jobs: u64,
     #[serde(default)]
     pub(super) dependency_violations: u64,
+    /// Absent from the verdicts of runs before durable steps.
+    #[serde(default)]
+    pub(super) step_jobs: u64,
+    #[serde(default)]
+    pub(super) step_runs: u64,
+    #[serde(default)]
+    pub(super) steps_replayed: u64,
+    #[serde(default)]
+    pub(super) step_reruns_after_kill: u64,
+    #[serde(default)]
+    pub(super) step_reruns_after_store_fault: u64,
+    #[serde(default)]
+    pub(super) step_reruns_after_failed_save: u64,
+    #[serde(default)]
+    pub(super) step_violations: u64,
     pub(super) extra_runs_worker_kill: u64,
     pub(super) extra_runs_store_fault: u64,
     pub(super) extra_runs_unexplained: u64,
@@ -173,6 +208,13 @@ pub(super) fn row_from(verdict: &Verdict, backend: &str) -> Row {
         limit_violations: verdict.limit_violations,
         dependent_jobs: verdict.dependent_jobs,
         dependency_violations: verdict.dependency_violations,
+        step_jobs: verdict.step_jobs,
+        step_runs: verdict.step_runs,
+        steps_replayed: verdict.steps_replayed,
+        step_reruns_kill: verdict.step_reruns_after_kill,
+        step_reruns_store: verdict.step_reruns_after_store_fault,
+        step_reruns_failed_save: verdict.step_reruns_after_failed_save,
+        step_violations: verdict.step_violations,
         extra_kill: verdict.extra_runs_worker_kill,
         extra_store: verdict.extra_runs_store_fault,
         extra_unexplained: verdict.extra_runs_unexplained,
@@ -191,6 +233,7 @@ pub(super) fn row_from(verdict: &Verdict, backend: &str) -> Row {
         && row.other == 0
         && row.limit_violations == 0
         && row.dependency_violations == 0
+        && row.step_violations == 0
         && row.extra_unexplained == 0;
     row
 }
