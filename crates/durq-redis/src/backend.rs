@@ -16,7 +16,8 @@ use durq_core::{
     StoreSettings, StoredSchedule, StoredWorker, Timestamp,
 };
 use durq_core::{
-    Admin, FlowControl, FlowStatus, Inspect, Pause, QueueLimits, Schedules, WorkerRegistry,
+    Admin, FlowControl, FlowStatus, Inspect, Pause, QueueLimits, Schedules, StepLog, Steps,
+    WorkerRegistry,
 };
 
 use crate::config::Dial;
@@ -397,6 +398,43 @@ impl Backend for RedisBackend {
     /// (CONTRACT P3; docs/redis.md, "Flow control").
     fn as_flow_control(&self) -> Option<&dyn FlowControl> {
         Some(self)
+    }
+
+    /// On plain and partitioned namespaces alike: a job's steps live in its own slot,
+    /// so every call is one script in the job's partition (docs/redis.md, "Durable
+    /// steps").
+    fn as_steps(&self) -> Option<&dyn Steps> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Steps for RedisBackend {
+    async fn steps(&self, id: JobId) -> Result<StepLog> {
+        self.home(id).read_steps(id).await
+    }
+
+    async fn save_step(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        output: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.home(id)
+            .save_job_step(id, token, name, output, now)
+            .await
+    }
+
+    async fn retry_from(
+        &self,
+        id: JobId,
+        step: &str,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.home(id).reopen_job(id, step, generation, now).await
     }
 }
 

@@ -271,10 +271,13 @@ pub(crate) fn attempt_field(slot: u64) -> String {
 }
 
 /// Reads an ended attempt as `fail.lua`, `release.lua` and `reclaim.lua` store it
-/// (`attempt_record` in `lua/lib.lua`):
+/// (`attempt_record` in `lua/lib.lua`), and `reopen.lua` the attempt that succeeded
+/// before a reopen (CONTRACT D3: kept in the history once the job's lease fields, which
+/// held it, start over):
 /// `TOKEN STARTED ENDED OUTCOME WORKER_LEN WORKERERROR`, `OUTCOME` one letter (`f`
-/// failed, `r` released, `e` expired), the worker cut by its byte length, the error the
-/// rest (none for a release, possibly empty for a failure).
+/// failed, `r` released, `e` expired, `s` succeeded), the worker cut by its byte
+/// length, the error the rest (none for a release or a success, possibly empty for a
+/// failure).
 pub(crate) fn decode_attempt(text: &str) -> std::result::Result<Attempt, String> {
     let malformed = || format!("unreadable attempt {text:?}");
     let mut parts = text.splitn(6, ' ');
@@ -286,6 +289,7 @@ pub(crate) fn decode_attempt(text: &str) -> std::result::Result<Attempt, String>
         "f" => AttemptOutcome::Failed,
         "r" => AttemptOutcome::Released,
         "e" => AttemptOutcome::Expired,
+        "s" => AttemptOutcome::Succeeded,
         _ => return Err(malformed()),
     };
     let worker_len: usize = next()?.parse().map_err(|_| malformed())?;
@@ -295,8 +299,8 @@ pub(crate) fn decode_attempt(text: &str) -> std::result::Result<Attempt, String>
     }
     let (worker, error) = rest.split_at(worker_len);
     let error = match outcome {
-        AttemptOutcome::Released if error.is_empty() => None,
-        AttemptOutcome::Released => return Err(malformed()),
+        AttemptOutcome::Released | AttemptOutcome::Succeeded if error.is_empty() => None,
+        AttemptOutcome::Released | AttemptOutcome::Succeeded => return Err(malformed()),
         _ => Some(error.to_owned()),
     };
     Ok(Attempt::ended(
@@ -919,11 +923,21 @@ mod tests {
         );
         let expired = decode_attempt("4 1 2 e 1 wlease expired").expect("expired");
         assert_eq!(expired.error.as_deref(), Some("lease expired"));
+        let succeeded = decode_attempt("5 1 2 s 2 w5").expect("succeeded");
+        assert_eq!(
+            (
+                succeeded.outcome,
+                succeeded.error,
+                succeeded.worker.as_str()
+            ),
+            (AttemptOutcome::Succeeded, None, "w5")
+        );
         for bad in [
             "",
             "1 2 3 f",
             "x 1 2 f 1 w",
-            "1 2 3 s 1 w",
+            "1 2 3 x 1 w",
+            "1 2 3 s 1 wx",
             "1 2 3 f 9 w",
             "1 2 3 r 1 wx",
             "1 2 3 f 1 ü",

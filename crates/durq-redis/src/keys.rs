@@ -156,6 +156,23 @@ impl Keys {
         id.push_canonical(out);
     }
 
+    /// The hash of job `id`'s durable steps (CONTRACT D1–D4; see `lua/save_step.lua`).
+    /// It shares the job's hash tag, so the scripts that read or delete the job reach
+    /// it in the same slot, and the namespace's `SCAN` pattern finds it.
+    pub(crate) fn steps(&self, id: JobId) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 6 + 36);
+        out.push_str(&self.prefix);
+        out.push_str("steps:");
+        id.push_canonical(&mut out);
+        out
+    }
+
+    /// [`Keys::steps`] of the job an index entry names by `id` as written there, as
+    /// [`Keys::job_named`] does for its hash.
+    pub(crate) fn steps_named(&self, id: &str) -> String {
+        format!("{}steps:{id}", self.prefix)
+    }
+
     /// The dedup key of (tenant, idempotency key): both hex-encoded, so `:` `{` `}` or
     /// any other byte in them is just data, and ("a:b", "c") differs from ("a", "b:c").
     pub(crate) fn dedup(&self, tenant: &str, key: &str) -> String {
@@ -280,6 +297,8 @@ mod tests {
             keys.kready.clone(),
             keys.kleases.clone(),
             keys.job(id),
+            keys.steps(id),
+            keys.steps_named("x"),
             keys.dedup("}{", "{x}"),
             keys.dedup("tenant{other}", "}"),
             keys.dedup("", "k"),
@@ -302,10 +321,10 @@ mod tests {
                         partition,
                         "{namespace} {partition}/{count}"
                     );
-                    assert_eq!(
-                        hash_slot(&keys.job(JobId::mint(Timestamp::from_millis(1)))),
-                        slot as u16
-                    );
+                    let id = JobId::mint(Timestamp::from_millis(1));
+                    assert_eq!(hash_slot(&keys.job(id)), slot as u16);
+                    // A job's steps live in its slot (CONTRACT D1–D4).
+                    assert_eq!(hash_slot(&keys.steps(id)), slot as u16);
                     slices.insert(slot * count / 16_384);
                     // The namespace's wake-up channel and layout record are its own.
                     assert_eq!(keys.wake, Keys::new(namespace).wake);

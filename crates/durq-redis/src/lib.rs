@@ -33,6 +33,17 @@ pub fn job_key_in(namespace: &str, partitions: usize, id: durq_core::JobId) -> S
     keys::Keys::partition(namespace, partitions::of_id(id, partitions), partitions).job(id)
 }
 
+/// The key of job `id`'s steps hash (CONTRACT D1–D4) in `namespace` spread over
+/// `partitions` partitions (1 is an unpartitioned namespace): in the job's slot, beside
+/// [`job_key_in`]. For operators and test harnesses that delete a record behind the
+/// store's back: its steps go with it (see `docs/redis.md`, "Durable steps").
+pub fn steps_key_in(namespace: &str, partitions: usize, id: durq_core::JobId) -> String {
+    if partitions <= 1 {
+        return keys::Keys::new(namespace).steps(id);
+    }
+    keys::Keys::partition(namespace, partitions::of_id(id, partitions), partitions).steps(id)
+}
+
 /// The hash tag of partition `partition` of a namespace spread over `partitions`: every
 /// key of that partition is `jobs:{TAG}:…`. For operators and test harnesses that look
 /// at one partition's keys (see `docs/redis.md`, "Partitioned namespaces").

@@ -89,7 +89,27 @@ script!(
     "lua/lib.lua",
     "lua/graph.lua"
 );
-script!(RETRY, "retry.lua");
+// A2's return of an ended job to `queued`, shared by retry and reopen (D3), is
+// requeue_ended.lua: only these two scripts carry it.
+script!(
+    RETRY,
+    "retry.lua",
+    "lua/core.lua",
+    "lua/lib.lua",
+    "lua/requeue_ended.lua"
+);
+script!(
+    REOPEN,
+    "reopen.lua",
+    "lua/core.lua",
+    "lua/lib.lua",
+    "lua/requeue_ended.lua"
+);
+// A save of a durable step (D1) checks a lease and writes one hash: core.lua's
+// `is_int` and `abort_corrupt` are all it uses.
+script!(SAVE_STEP, "save_step.lua", "lua/core.lua");
+// No helpers: it reads two hashes.
+script!(STEPS, "steps.lua",);
 // No helpers: it marks and reads one hash.
 script!(AWAIT, "await.lua",);
 script!(PURGE, "purge.lua");
@@ -125,7 +145,7 @@ script!(WORKERS, "workers.lua");
 script!(LAYOUT, "layout.lua",);
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 26] {
+pub(crate) fn all() -> [&'static Script; 29] {
     [
         &ENQUEUE,
         &CLAIM,
@@ -139,6 +159,9 @@ pub(crate) fn all() -> [&'static Script; 26] {
         &RECLAIM,
         &CANCEL,
         &RETRY,
+        &REOPEN,
+        &SAVE_STEP,
+        &STEPS,
         &AWAIT,
         &PURGE,
         &STATS,

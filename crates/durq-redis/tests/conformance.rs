@@ -53,10 +53,14 @@ impl Harness for RedisHarness {
         Ok(Store::new(self.connect(settings).await?))
     }
 
+    /// The record and its steps, as purge deletes them (CONTRACT C7: a lost record is
+    /// lost whole). One `DEL` of two keys of one slot, so a cluster takes it too.
     async fn vanish(&self, namespace: &str, id: JobId) -> Result<()> {
         admin(
             &self.target,
-            redis::cmd("DEL").arg(durq_redis::job_key_in(namespace, self.partitions, id)),
+            redis::cmd("DEL")
+                .arg(durq_redis::job_key_in(namespace, self.partitions, id))
+                .arg(durq_redis::steps_key_in(namespace, self.partitions, id)),
         )
         .await
         .map(drop)

@@ -277,7 +277,9 @@ end
 -- Attempts (CONTRACT H1-H4). Only an attempt that ends other than by success is written
 -- (fail.lua, release.lua, reclaim.lua, in the same call that ends its lease): the running
 -- attempt is the job's lease, and the succeeded one its last lease (`worker`, `token`,
--- `started`, which complete.lua leaves in place) and `finished`. Each record goes into the
+-- `started`, which complete.lua leaves in place) and `finished`, until a reopen (CONTRACT
+-- D3) queues the job again: reopen.lua then writes it as a record, since the return to
+-- queued clears `started` and `finished`. Each record goes into the
 -- job's own hash, field 'a' .. (token mod ATTEMPTS_KEPT) (durq_core::attempts::slot), so it
 -- is deleted with the job, a newer attempt overwrites the one 32 claims older, and no
 -- key or trim pass is added.
@@ -290,8 +292,9 @@ end
 
 -- An ended attempt, read by codec::decode_attempt:
 -- "TOKEN STARTED ENDED OUTCOME WORKER_LEN WORKERERROR", outcome 'f' (failed), 'r'
--- (released: no error) or 'e' (expired); the worker is cut by its byte length, so it may
--- hold spaces, and the error is the rest. Every part is a string as stored or given.
+-- (released: no error), 'e' (expired) or 's' (succeeded: no error; written only by
+-- reopen.lua, see there); the worker is cut by its byte length, so it may hold spaces,
+-- and the error is the rest. Every part is a string as stored or given.
 local function attempt_record(token, started, ended, outcome, worker, err)
   return token .. ' ' .. started .. ' ' .. ended .. ' ' .. outcome .. ' '
     .. string.format('%d', #worker) .. ' ' .. worker .. (err or '')

@@ -8,7 +8,8 @@
 -- KEYS[7] running counters (hash)
 -- KEYS[8] concurrency keys (hash: id -> hex key)
 -- KEYS[9] kready (zset)           KEYS[10] kleases (zset) (see core.lua)
--- KEYS[10+i] the hash of the job of entry i (ARGV[2+i])
+-- KEYS[10+2i-1] the hash of the job of entry i (ARGV[2+i])
+-- KEYS[10+2i]   that job's steps (hash; see save_step.lua)
 -- ARGV[1] cutoff (ms): entries finished at or before it are due
 -- ARGV[2] where the entries come from: 'log' (the head of the finished log, read by Rust
 --         with LRANGE and cut where the first entry not due is: the log is in finish
@@ -33,11 +34,13 @@
 -- itself: still there, at or before the cutoff.
 --
 -- Both kinds of entry name the queue, state, id and parent, so the list, children,
--- placement and concurrency key (`ckeys`) entries go even when the hash is already gone
--- (deleted by hand, or expired by the TTL an earlier version set). A terminal job has no
--- ready or lease entry, so it has none in `kready`; its `kleases` entries are dropped by
--- the limited claim that reads them. A job is counted once: by the entry that deleted
--- its record or, when that was already gone, by the one that removed its list entry.
+-- placement and concurrency key (`ckeys`) entries go, and the job's steps with them
+-- (CONTRACT D1-D4: a job's steps live and go with its record), even when the hash is
+-- already gone (deleted by hand, or expired by the TTL an earlier version set). A
+-- terminal job has no ready or lease entry, so it has none in `kready`; its `kleases`
+-- entries are dropped by the limited claim that reads them. A job is counted once: by
+-- the entry that deleted its record or, when that was already gone, by the one that
+-- removed its list entry.
 --
 -- A namespace left with no job at all (its list index empty) also loses its sequence
 -- counter, running counters, finished log and concurrency key indexes (`ckeys`,
@@ -57,7 +60,7 @@ local ckeys, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
 local FIRST_JOB = 10
 local cutoff = tonumber(ARGV[1])
 local from_log = ARGV[2] == 'log'
-local n = #KEYS - FIRST_JOB
+local n = math.floor((#KEYS - FIRST_JOB) / 2)
 local deleted, consumed = 0, 0
 local keys = {}
 -- Every purged id leaves the placement index, whether or not it declared a placement:
@@ -65,10 +68,11 @@ local keys = {}
 -- already gone could not tell. Likewise `ckeys`, while it exists.
 local placed = {}
 
--- Deletes the record (when `record` holds its state) and the entries of job `id`.
--- `code` is the list code the job is indexed under.
-local function delete(job, record, queue, code, id, parent)
+-- Deletes the record (when `record` holds its state), the steps (`steps`, its key) and
+-- the entries of job `id`. `code` is the list code the job is indexed under.
+local function delete(job, steps, record, queue, code, id, parent)
   local counted
+  redis.call('DEL', steps)
   if record then
     if record[3] then
       keys[#keys + 1] = record[3]
@@ -100,17 +104,17 @@ if from_log then
     local at, queue, code, id, parent = string.match(entry, '^(%d+) (%S+) (%a) (%S+) (%S*)$')
     consumed = i
     if at then
-      local job = KEYS[FIRST_JOB + i]
+      local job, steps = KEYS[FIRST_JOB + 2 * i - 1], KEYS[FIRST_JOB + 2 * i]
       local record = redis.call('HMGET', job, 'state', 'finished', 'dkey')
       local state = record[1]
       if not state then
-        delete(job, nil, queue, code, id, parent)
+        delete(job, steps, nil, queue, code, id, parent)
       elseif state ~= 'queued' and state ~= 'running' and
           (record[2] == at or not is_int(record[2])) then
         -- Terminal, and this entry is its last finish (a record whose finished time is
         -- unreadable is taken at its word: its entry is the only one there is). Indexed
         -- under its state now, which a same-millisecond retry may have changed.
-        delete(job, record, queue, STATE_CODE[state] or code, id, parent)
+        delete(job, steps, record, queue, STATE_CODE[state] or code, id, parent)
       end
     end
   end
@@ -124,9 +128,9 @@ else
     if score and tonumber(score) <= cutoff then
       local queue, code, id, parent = string.match(member, '^(%S+) (%a) (%S+) (%S*)$')
       if queue then
-        local job = KEYS[FIRST_JOB + i]
+        local job, steps = KEYS[FIRST_JOB + 2 * i - 1], KEYS[FIRST_JOB + 2 * i]
         local record = redis.call('HMGET', job, 'state', 'finished', 'dkey')
-        delete(job, record[1] and record or nil, queue, code, id, parent)
+        delete(job, steps, record[1] and record or nil, queue, code, id, parent)
       end
       redis.call('ZREM', done_v1, member)
       consumed = consumed + 1

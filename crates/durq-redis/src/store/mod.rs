@@ -3,7 +3,8 @@
 //! know of each queue set's head), [`lease`] (heartbeat, complete and its grouping,
 //! fail, release), [`sweep`] (reclaim, purge, and the sweep of a whole namespace),
 //! [`reads`] (get, payload, children, attempts, stats, queues, list), [`admin`] (cancel,
-//! retry, pause), [`schedules`] and [`workers`] (the live workers of CONTRACT W1–W4).
+//! retry, pause), [`schedules`], [`workers`] (the live workers of CONTRACT W1–W4) and
+//! [`steps`] (a job's durable steps and its reopen from one, D1–D4).
 //!
 //! This module holds what they share: the reading of a script's status reply, and the
 //! backend's connection, keys and script calls.
@@ -26,6 +27,7 @@ pub(crate) mod lease;
 pub(crate) mod partitioned;
 mod reads;
 mod schedules;
+mod steps;
 mod sweep;
 mod workers;
 

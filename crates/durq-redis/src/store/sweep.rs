@@ -253,9 +253,13 @@ impl RedisBackend {
             FinishedSource::Log => 3,
             FinishedSource::V1 => 2,
         };
+        // Each entry's job hash and its steps (CONTRACT D1–D4), which go with it.
         for entry in entries {
             let id = entry.split(' ').nth(id_word).unwrap_or_default();
-            invocation.key(keys.job_named(id)).arg(entry);
+            invocation
+                .key(keys.job_named(id))
+                .key(keys.steps_named(id))
+                .arg(entry);
         }
         let reply = self.invoke(&invocation, "purge").await?;
         let [count, consumed, keys_left] = array(&reply, "purge reply")? else {

@@ -12,6 +12,7 @@ mod durability_and_fit;
 mod keys_scale_and_connections;
 mod partitions;
 mod reads_and_history;
+mod steps;
 mod upgrade;
 mod waits;
 
