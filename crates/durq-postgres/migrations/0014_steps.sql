@@ -8,10 +8,12 @@
 -- holds at most 1,000 steps (durq_core::steps::MAX_STEPS), so the sort is of a few
 -- rows and needs no index of its own: every save writes one index entry, no more.
 --
--- `jobs.generation` counts the job's reopens (D3), 0 until the first. A column with a
--- constant default is added to the catalog only (PostgreSQL 11 and later): no
--- rewrite, no scan, and the rows already there read 0. Every statement names its
--- columns, so enqueues, claims and completions neither write nor read it.
+-- `jobs.generation` counts the job's reopens (D3): NULL until the first, read as 0.
+-- NULL rather than a default of 0, because a default is stored in every row inserted
+-- (eight bytes more in each enqueue's heap tuple and WAL record), while a NULL is a
+-- bit of the null bitmap the row already carries. Added to the catalog only: no
+-- rewrite, no scan. Every statement names its columns, so enqueues, claims and
+-- completions neither write nor read it.
 --
 -- No foreign key to `jobs`, as for `attempts` (migration 10): its check would cost
 -- every save, its cascade every job deleted. Purge and `drop_namespace` delete a job's
@@ -19,7 +21,7 @@
 -- jobs.
 --
 -- Every statement here is safe to run twice.
-ALTER TABLE {schema}.jobs ADD COLUMN IF NOT EXISTS generation bigint NOT NULL DEFAULT 0;
+ALTER TABLE {schema}.jobs ADD COLUMN IF NOT EXISTS generation bigint;
 
 CREATE TABLE IF NOT EXISTS {schema}.steps (
     namespace text   NOT NULL,

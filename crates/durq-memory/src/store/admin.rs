@@ -68,6 +68,7 @@ impl State {
         let Some(record) = self.jobs.remove(&id) else {
             return false;
         };
+        self.steps.remove(&id);
         // The index entries stay, as an eviction leaves them; the count of a queue's
         // running jobs is of records, and this one is gone.
         let job = &record.job;

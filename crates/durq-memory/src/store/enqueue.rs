@@ -54,7 +54,6 @@ impl State {
                 ended: Vec::new(),
                 unreadable: false,
                 waiting_for: 0,
-                steps: None,
             }),
             uniqueness,
             dependencies,

@@ -67,9 +67,6 @@ struct Record {
     /// While `waiting`: how many of the jobs it waits for have not settled it yet
     /// (CONTRACT G1).
     waiting_for: u32,
-    /// Its durable steps (CONTRACT D1–D4); boxed and absent until the first save or
-    /// reopen, so a job that saves none costs one word.
-    steps: Option<Box<durq_core::StepLog>>,
 }
 
 /// The per-queue indexes.
@@ -206,6 +203,10 @@ pub(crate) struct State {
     /// goes when it ends and settles them. Empty unless dependencies are used, and
     /// then the only cost a job that ends pays is one lookup.
     dependents: JobIdMap<Vec<JobId>>,
+    /// The durable steps of each job that saved one or was reopened (CONTRACT D1–D4),
+    /// beside the records rather than in them, so a job that takes no step costs
+    /// nothing, and a purge one lookup while any job has steps.
+    steps: JobIdMap<durq_core::StepLog>,
     next_seq: u64,
     /// Queues no claim takes from (CONTRACT Q1).
     paused: BTreeSet<String>,

@@ -1,5 +1,5 @@
-//! Durable steps (CONTRACT D1–D4), kept in the job's record so whatever deletes the
-//! record deletes them.
+//! Durable steps (CONTRACT D1–D4), kept in `State::steps` beside the job's record;
+//! whatever deletes the record (purge, `vanish`) deletes them.
 
 use durq_core::steps::{self, SavedStep, StepLog, MAX_STEPS};
 
@@ -8,8 +8,10 @@ use super::*;
 impl State {
     /// Rule D2.
     pub(crate) fn steps(&self, id: JobId) -> Result<StepLog> {
-        let record = self.jobs.get(&id).ok_or(Error::NotFound { id })?;
-        Ok(record.steps.as_deref().cloned().unwrap_or_default())
+        if !self.jobs.contains_key(&id) {
+            return Err(Error::NotFound { id });
+        }
+        Ok(self.steps.get(&id).cloned().unwrap_or_default())
     }
 
     /// Rule D1.
@@ -22,8 +24,7 @@ impl State {
         now: Timestamp,
     ) -> Result<()> {
         self.check_lease(id, token)?;
-        let record = self.jobs.get_mut(&id).ok_or(Error::NotFound { id })?;
-        let log = record.steps.get_or_insert_with(Box::default);
+        let log = self.steps.entry(id).or_default();
         if log.get(name).is_some() {
             return Ok(());
         }
@@ -62,7 +63,7 @@ impl State {
                 operation: "retry_from",
             });
         }
-        match record.steps.as_deref() {
+        match self.steps.get(&id) {
             Some(log) => log.reopened_from(id, step, generation),
             None => StepLog::default().reopened_from(id, step, generation),
         }
@@ -75,7 +76,7 @@ impl State {
         let history = self.attempt_history(id)?;
         let record = self.jobs.get_mut(&id).ok_or(Error::NotFound { id })?;
         record.ended = history;
-        record.steps = Some(Box::new(reopened));
+        self.steps.insert(id, reopened);
         self.requeue(id, now)
     }
 }

@@ -46,6 +46,9 @@ impl State {
             let Some(record) = self.jobs.remove(&id) else {
                 continue;
             };
+            if !self.steps.is_empty() {
+                self.steps.remove(&id);
+            }
             let job = record.job;
             if let Some(index) = self.idx.queues.get_mut(&job.queue) {
                 index.all.remove(&id);

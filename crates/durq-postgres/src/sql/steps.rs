@@ -9,7 +9,7 @@ use super::*;
 /// lookups are primary-key ranges; a job holds at most `MAX_STEPS` steps, so the sort
 /// is of that many rows at most.
 const STEPS: &str = r#"
-SELECT j.generation, s.name, s.output, s.saved_at
+SELECT COALESCE(j.generation, 0), s.name, s.output, s.saved_at
 FROM {schema}.jobs j
 LEFT JOIN {schema}.steps s ON s.namespace = $1 AND s.job = $2
 WHERE j.namespace = $1 AND j.id = $2
@@ -62,7 +62,7 @@ SELECT EXISTS (SELECT 1 FROM room) AS held,
 /// latest version, so of concurrent reopens the ones that waited for the winner see
 /// its change (queued, the next generation) and are refused (D4).
 const LOCK_FOR_REOPEN: &str = r#"
-SELECT state, generation FROM {schema}.jobs
+SELECT state, COALESCE(generation, 0) FROM {schema}.jobs
 WHERE namespace = $1 AND id = $2
 FOR UPDATE
 "#;
@@ -107,7 +107,7 @@ UPDATE {schema}.jobs SET
     "#,
     start_over!("$3"),
     r#",
-    generation = generation + 1
+    generation = COALESCE(generation, 0) + 1
 WHERE namespace = $1 AND id = $2 AND EXISTS (SELECT 1 FROM cut)
 RETURNING queue
 "#
