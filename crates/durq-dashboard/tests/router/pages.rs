@@ -782,7 +782,10 @@ async fn the_job_page_shows_what_it_waits_for_and_its_steps() {
             .unwrap_or_else(|| panic!("no row for {id}: {section}"));
         assert!(row.contains(state), "{id} is {state}: {row}");
     }
-    assert!(!page.body.contains("id=\"steps\""), "the report saved no step");
+    assert!(
+        !page.body.contains("id=\"steps\""),
+        "the report saved no step"
+    );
 
     let page = get(&router, &format!("/jobs/{charge}")).await;
     let section = page
