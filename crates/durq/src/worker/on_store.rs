@@ -20,10 +20,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use durq_core::{
     async_trait, Admin, Attempt, Backend, Capabilities, ClaimRequest, ClaimedJob, Completion,
-    Enqueued, Error, Heartbeat, HeldLease, Inspect, Job, JobId, JobState, LeaseToken, ListPage,
-    ListQuery, NewJob, Pause, QueueOverview, QueueStats, ReclaimedJob, Result, Retry,
-    ScheduleUpdate, Schedules, StepLog, Steps, Store, StoreSettings, StoredSchedule, StoredWorker,
-    Timestamp, WorkerRegistry,
+    Enqueued, Error, FlowControl, FlowStatus, Heartbeat, HeldLease, Inspect, Job, JobId, JobState,
+    LeaseToken, ListPage, ListQuery, NewJob, Pause, QueueLimits, QueueOverview, QueueStats,
+    ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StepLog, Steps, Store, StoreSettings,
+    StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
 };
 use tokio::runtime::Handle;
 
@@ -213,6 +213,32 @@ impl Backend for OnStoreRuntime {
 
     fn as_steps(&self) -> Option<&dyn Steps> {
         self.inner.as_steps().map(|_| self as &dyn Steps)
+    }
+
+    fn as_flow_control(&self) -> Option<&dyn FlowControl> {
+        self.inner
+            .as_flow_control()
+            .map(|_| self as &dyn FlowControl)
+    }
+}
+
+#[async_trait]
+impl FlowControl for OnStoreRuntime {
+    async fn set_limits(&self, queue: &str, limits: QueueLimits) -> Result<()> {
+        let queue = queue.to_owned();
+        self.hop(move |b| async move { b.require_flow_control()?.set_limits(&queue, limits).await })
+            .await
+    }
+
+    async fn limits(&self) -> Result<Vec<(String, QueueLimits)>> {
+        self.hop(move |b| async move { b.require_flow_control()?.limits().await })
+            .await
+    }
+
+    async fn flow_status(&self, queue: &str, now: Timestamp) -> Result<FlowStatus> {
+        let queue = queue.to_owned();
+        self.hop(move |b| async move { b.require_flow_control()?.flow_status(&queue, now).await })
+            .await
     }
 }
 

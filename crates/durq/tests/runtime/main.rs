@@ -670,6 +670,7 @@ macro_rules! runtime_tests {
                 refused_outcomes_are_not_heard,
                 workers_keep_a_queues_limits,
                 finished_steps_do_not_run_again,
+                handlers_reach_every_capability_through_their_context,
             );
         }
     };

@@ -326,6 +326,94 @@ pub async fn handlers_enqueue_follow_ups_through_their_context(env: Env) {
     assert_eq!(children[0].state, JobState::Succeeded);
 }
 
+/// A store that says it is tied to its runtime and cannot be reopened: the worker then
+/// gives its handlers the store through the layer that hops each call to the store's
+/// runtime (`worker/on_store.rs`), whatever the backend beneath.
+#[derive(Debug)]
+struct TiedWithoutReopen(Arc<dyn Backend>);
+
+#[durq::layers::async_trait]
+impl LayeredBackend for TiedWithoutReopen {
+    fn inner(&self) -> &dyn Backend {
+        &*self.0
+    }
+
+    fn capabilities(&self) -> durq::layers::Capabilities {
+        self.0.capabilities().tied_to_runtime(true)
+    }
+}
+
+/// A handler's store declares every capability the worker's store declares, and each
+/// works from the handler, when the handler reaches it through the layer that hops
+/// each call to the store's runtime (a store tied to its runtime that cannot open
+/// connections for the handlers' own). That layer must forward every capability:
+/// flow control once was not, so a child with a concurrency key was refused and
+/// `limits` answered `Unsupported`.
+pub async fn handlers_reach_every_capability_through_their_context(env: Env) {
+    let store = env.store().await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tied, _) = env.layered(TiedWithoutReopen).await;
+    let worker =
+        test_worker(tied, "w").handler("parent", move |ctx: JobContext, _payload: Bytes| {
+            let tx = tx.clone();
+            async move {
+                let supported: Vec<(durq::Capability, bool)> = durq::Capability::ALL
+                    .iter()
+                    .map(|&capability| (capability, ctx.store().supports(capability)))
+                    .collect();
+                let keyed = if ctx.store().supports(durq::Capability::FlowControl) {
+                    let limits = durq::QueueLimits::new().max_running_per_key(1);
+                    ctx.store()
+                        .set_limits("keyed-child", limits)
+                        .await
+                        .map_err(JobError::from_error)?;
+                    let child = NewJob::new("keyed-child").concurrency_key("k");
+                    ctx.enqueue_child(child)
+                        .await
+                        .map_err(JobError::from_error)?;
+                    let read = ctx
+                        .store()
+                        .limits("keyed-child")
+                        .await
+                        .map_err(JobError::from_error)?;
+                    let status = ctx
+                        .store()
+                        .flow_status("keyed-child")
+                        .await
+                        .map_err(JobError::from_error)?;
+                    Some((read, status.running))
+                } else {
+                    None
+                };
+                let _ = tx.send((supported, keyed));
+                Ok(())
+            }
+        });
+    let handle = build(worker).spawn();
+    let parent = enqueue(&store, NewJob::new("parent")).await;
+    let (supported, keyed) = recv(&mut rx, "the handler's report").await;
+    let expected: Vec<(durq::Capability, bool)> = durq::Capability::ALL
+        .iter()
+        .map(|&capability| (capability, store.supports(capability)))
+        .collect();
+    assert_eq!(
+        supported, expected,
+        "the handler's store declares what the worker's does"
+    );
+    if let Some((limits, running)) = keyed {
+        assert_eq!(
+            limits,
+            durq::QueueLimits::new().max_running_per_key(1),
+            "the handler read back the limits it set"
+        );
+        assert_eq!(running, 0, "no child runs: no worker serves its queue");
+        let children = store.children(parent).await.expect("children");
+        assert_eq!(children.len(), 1, "the keyed child was enqueued");
+        assert_eq!(children[0].concurrency_key.as_deref(), Some("k"));
+    }
+    handle.shutdown().await;
+}
+
 /// A worker with a capacity runs only what fits what is free: two one-GPU jobs at
 /// a time on two GPUs (the slots would allow eight), a third once one ends, never
 /// a job that needs more than it has or a capability it lacks; those stay queued
