@@ -104,6 +104,33 @@ pub(crate) async fn retry(
     answer(&ctx, result.await)
 }
 
+/// The form fields of a reopen.
+const REOPEN_FIELDS: [&str; 3] = ["csrf", "step", "generation"];
+
+/// `POST /jobs/{id}/retry-from` with `step` and `generation`: reopens an ended job
+/// from one of its durable steps (CONTRACT D3). The generation is the one the page
+/// showed, so a reopen made from a page read before another reopen is refused (D4)
+/// and writes nothing.
+pub(crate) async fn retry_from(
+    ctx: Ctx,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let result = async {
+        let form = gate(&ctx, &headers, &body, &REOPEN_FIELDS)?;
+        let id = input::job_id(&id)?;
+        let step = form.require("step")?;
+        let generation: u64 = form
+            .require("generation")?
+            .parse()
+            .map_err(|_| Problem::bad_request("generation must be a count"))?;
+        ctx.app.store.retry_from(id, step, generation).await?;
+        Ok(see_other(job_href(&ctx, id), Notice::Reopened))
+    };
+    answer(&ctx, result.await)
+}
+
 /// `POST /jobs/{id}/cancel`: cancels a queued job, asks a running one to stop
 /// (CONTRACT A1).
 pub(crate) async fn cancel(

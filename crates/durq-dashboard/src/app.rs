@@ -195,6 +195,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/login", get(actions::login_page).post(actions::login))
         .route("/logout", post(actions::logout))
         .route("/jobs/{id}/retry", post(actions::retry))
+        .route("/jobs/{id}/retry-from", post(actions::retry_from))
         .route("/jobs/{id}/cancel", post(actions::cancel))
         .route("/queue/pause", post(actions::pause))
         .route("/queue/resume", post(actions::resume))

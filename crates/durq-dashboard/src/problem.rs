@@ -75,7 +75,9 @@ impl From<durq::Error> for Problem {
             durq::Error::InvalidInput { .. } | durq::Error::PayloadTooLarge { .. } => {
                 StatusCode::BAD_REQUEST
             }
-            durq::Error::InvalidState { .. } => StatusCode::CONFLICT,
+            durq::Error::InvalidState { .. } | durq::Error::StaleGeneration { .. } => {
+                StatusCode::CONFLICT
+            }
             durq::Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -104,6 +106,14 @@ mod tests {
                     id,
                     state: durq::JobState::Running,
                     operation: "retry",
+                },
+                StatusCode::CONFLICT,
+            ),
+            (
+                durq::Error::StaleGeneration {
+                    id,
+                    expected: 0,
+                    current: 1,
                 },
                 StatusCode::CONFLICT,
             ),

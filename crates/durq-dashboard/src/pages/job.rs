@@ -76,7 +76,7 @@ async fn view(ctx: &Ctx, id: &str, query: Option<&str>) -> Result<View, Problem>
         (last_error(&job))
         (attempts_section(attempts.map_err(|e| e.to_string()), now))
         (waits_for(ctx, &job, dependencies, now))
-        @if let Some(steps) = steps { (steps_section(steps, now)) }
+        @if let Some(steps) = steps { (steps_section(ctx, &job, steps, now)) }
         (section("Payload", "payload", bytes_view(payload.as_ref().map_err(|e| e.to_string()))))
         (result(&job))
         (family(ctx, &job, children.map_err(|e| e.to_string())))
@@ -265,7 +265,7 @@ fn waits_for(
 /// The durable steps the job saved in its generation, in save order, each output
 /// folded under its name (CONTRACT D2): what a reopen from a step (`durq retry-from`)
 /// would keep or run again.
-fn steps_section(steps: Result<StepLog, String>, now: Timestamp) -> Markup {
+fn steps_section(ctx: &Ctx, job: &Job, steps: Result<StepLog, String>, now: Timestamp) -> Markup {
     let log = match steps {
         Err(err) => {
             return section(
@@ -277,18 +277,34 @@ fn steps_section(steps: Result<StepLog, String>, now: Timestamp) -> Markup {
         Ok(log) if log.steps.is_empty() && log.generation == 0 => return html! {},
         Ok(log) => log,
     };
+    // An ended job can be reopened from any of its steps (D3); the form carries the
+    // generation shown here, so a page read before another reopen is refused (D4).
+    let ended = job.state.is_terminal();
+    let generation = log.generation.to_string();
+    let path = format!("/jobs/{}/retry-from", job.id);
     let body = html! {
         p class="muted" id="step-generation" data-generation=(log.generation) {
             "Generation " (log.generation) "; " (log.steps.len()) " saved, oldest first"
         }
         table id="step-list" {
-            thead { tr { th { "Step" } th { "Saved" } th { "Output" } } }
+            thead { tr { th { "Step" } th { "Saved" } th { "Output" } @if ended { th {} } } }
             tbody {
                 @for step in &log.steps {
                     tr data-step=(step.name) {
                         td class="mono" { (step.name) }
                         td title=(format::timestamp(step.saved_at)) { (format::relative(now, step.saved_at)) }
                         td { details { summary { (step.output.len()) " bytes" } (bytes_view(Ok(&step.output))) } }
+                        @if ended {
+                            td {
+                                (action_button(
+                                    ctx,
+                                    &path,
+                                    &[("step", step.name.as_str()), ("generation", generation.as_str())],
+                                    "Run again from here",
+                                    "step-rerun",
+                                ))
+                            }
+                        }
                     }
                 }
             }

@@ -32,6 +32,7 @@ pub(crate) async fn not_found(ctx: Ctx, uri: Uri) -> Response {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Notice {
     Retried,
+    Reopened,
     CancelRequested,
     Cancelled,
     Paused,
@@ -59,6 +60,7 @@ impl Notice {
         };
         let notice = match name {
             "retried" => Notice::Retried,
+            "reopened" => Notice::Reopened,
             "cancel-requested" => Notice::CancelRequested,
             "cancelled" => Notice::Cancelled,
             "paused" => Notice::Paused,
@@ -79,6 +81,7 @@ impl Notice {
     pub fn query(self) -> Vec<(&'static str, String)> {
         let name = match self {
             Notice::Retried => "retried",
+            Notice::Reopened => "reopened",
             Notice::CancelRequested => "cancel-requested",
             Notice::Cancelled => "cancelled",
             Notice::Paused => "paused",
@@ -100,6 +103,10 @@ impl Notice {
     fn text(self) -> String {
         match self {
             Notice::Retried => "Queued again, with its attempts reset.".to_owned(),
+            Notice::Reopened => {
+                "Reopened: queued again; the step and those after it run again, the ones before it are kept."
+                    .to_owned()
+            }
             Notice::CancelRequested => {
                 "Cancel requested: the worker running it is told at its next heartbeat.".to_owned()
             }

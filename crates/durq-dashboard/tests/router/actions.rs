@@ -174,6 +174,10 @@ async fn a_read_only_dashboard_shows_no_action_and_refuses_every_one() {
     for (path, form) in [
         (format!("/jobs/{dead}/retry"), format!("csrf={csrf}")),
         (format!("/jobs/{dead}/cancel"), format!("csrf={csrf}")),
+        (
+            format!("/jobs/{dead}/retry-from"),
+            format!("csrf={csrf}&step=s&generation=0"),
+        ),
         ("/queue/pause".to_owned(), format!("csrf={csrf}&queue=q")),
         ("/queue/resume".to_owned(), format!("csrf={csrf}&queue=q")),
         (
@@ -718,4 +722,74 @@ async fn the_queue_page_shows_and_sets_a_queues_limits() {
     let read_only = Dashboard::new(store.clone()).read_only(true).router();
     let page = get(&read_only, "/queue?name=q").await;
     assert!(!page.body.contains("limits-form"));
+}
+
+/// A finished job's page offers to run it again from each of its durable steps; the
+/// form carries the generation the page showed, so a second reopen from the same
+/// page is refused (CONTRACT D4) and writes nothing.
+#[tokio::test]
+async fn a_job_is_reopened_from_a_step_with_the_generation_its_page_showed() {
+    let store = memory().await;
+    let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(30)))
+        .await
+        .expect("claim");
+    let token = claimed.first().expect("the job is claimed").token();
+    for step in ["charge", "email"] {
+        store
+            .save_step(id, token, step, b"\"done\"".to_vec().into())
+            .await
+            .expect("save a step");
+    }
+    let router = router(&store);
+    let running = get(&router, &format!("/jobs/{id}")).await;
+    assert!(
+        !running.body.contains("retry-from"),
+        "a running job is not offered a reopen: {}",
+        running.body
+    );
+    store.complete(id, token, None).await.expect("complete");
+    let page = get(&router, &format!("/jobs/{id}")).await;
+    assert!(
+        page.body
+            .contains(&format!("action=\"/jobs/{id}/retry-from\"")),
+        "{}",
+        page.body
+    );
+    let form = format!("csrf={}&step=email&generation=0", page.csrf());
+    let reopen = format!("/jobs/{id}/retry-from");
+
+    let done = send(&router, post(&reopen, &form, &browser(&[]))).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert!(done.header(header::LOCATION).contains("notice=reopened"));
+    assert_eq!(store.get(id).await.expect("get").state, JobState::Queued);
+    let log = store.steps(id).await.expect("steps");
+    let names: Vec<_> = log.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!((log.generation, names), (1, vec!["charge"]));
+
+    // The same form again: the job is queued now (not ended); once it has ended again,
+    // the generation the old page showed is stale. Neither writes.
+    let again = send(&router, post(&reopen, &form, &browser(&[]))).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
+    let claimed = store
+        .claim(ClaimRequest::new(["q"], "w", Duration::from_secs(30)))
+        .await
+        .expect("claim");
+    let token = claimed.first().expect("the job is claimed again").token();
+    store.complete(id, token, None).await.expect("complete");
+    let stale = send(&router, post(&reopen, &form, &browser(&[]))).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    assert!(stale.body.contains("generation 1"), "{}", stale.body);
+    assert_eq!(store.get(id).await.expect("get").state, JobState::Succeeded);
+    let bad = send(
+        &router,
+        post(
+            &reopen,
+            &format!("csrf={}&step=email&generation=x", page.csrf()),
+            &browser(&[]),
+        ),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
 }
