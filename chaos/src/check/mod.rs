@@ -700,21 +700,40 @@ fn judge_dependencies(
     }
 }
 
+/// The final state of every job of `ids`: `None` for a job the store does not hold.
 async fn final_states(
     store: &Store,
     ids: Vec<JobId>,
 ) -> Result<HashMap<JobId, Option<Job>>, String> {
-    let answers: Vec<(JobId, Result<Option<Job>, Error>)> = futures::stream::iter(ids)
+    read_each(ids, "record", |id| store.get(id)).await
+}
+
+/// `read(id)` for every id of `ids`, 32 at a time: `None` where the store answers
+/// `NotFound`. A read the store refuses otherwise is tried again after a deliberate
+/// back-off (100 ms, at most 20 times), since the checker runs right after the fault
+/// window and a server a fault restarted may still refuse for a moment.
+async fn read_each<T, F, Fut>(
+    ids: Vec<JobId>,
+    what: &str,
+    read: F,
+) -> Result<HashMap<JobId, Option<T>>, String>
+where
+    F: Fn(JobId) -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    const TRIES: u32 = 20;
+    const BACK_OFF: Duration = Duration::from_millis(100);
+    let read = &read;
+    let answers: Vec<(JobId, Result<Option<T>, Error>)> = futures::stream::iter(ids)
         .map(|id| async move {
             let mut tries = 0;
             loop {
-                match store.get(id).await {
-                    Ok(job) => return (id, Ok(Some(job))),
+                match read(id).await {
+                    Ok(value) => return (id, Ok(Some(value))),
                     Err(err) if err.is_not_found() => return (id, Ok(None)),
-                    Err(err) if tries < 20 => {
+                    Err(_) if tries < TRIES => {
                         tries += 1;
-                        let _ = err;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        tokio::time::sleep(BACK_OFF).await;
                     }
                     Err(err) => return (id, Err(err)),
                 }
@@ -725,8 +744,8 @@ async fn final_states(
         .await;
     let mut out = HashMap::with_capacity(answers.len());
     for (id, answer) in answers {
-        let job = answer.map_err(|err| format!("cannot read job {id}: {err}"))?;
-        out.insert(id, job);
+        let value = answer.map_err(|err| format!("cannot read the {what} of job {id}: {err}"))?;
+        out.insert(id, value);
     }
     Ok(out)
 }
@@ -997,30 +1016,15 @@ async fn saved_steps(
         })
         .map(|(id, _)| *id)
         .collect();
-    let answers: Vec<(JobId, Result<durq::StepLog, Error>)> = futures::stream::iter(ids)
-        .map(|id| async move {
-            let mut tries = 0;
-            loop {
-                match store.steps(id).await {
-                    Ok(log) => return (id, Ok(log)),
-                    // A restarted server may still refuse for a moment.
-                    Err(err) if tries < 20 && !err.is_not_found() => {
-                        tries += 1;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    Err(err) => return (id, Err(err)),
-                }
-            }
+    read_each(ids, "steps", |id| store.steps(id))
+        .await?
+        .into_iter()
+        .map(|(id, log)| {
+            // It succeeded in the final state read just before: gone now, it was lost.
+            log.map(|log| (id, log))
+                .ok_or_else(|| format!("job {id} succeeded, then its steps were not found"))
         })
-        .buffer_unordered(32)
         .collect()
-        .await;
-    let mut out = HashMap::with_capacity(answers.len());
-    for (id, answer) in answers {
-        let log = answer.map_err(|err| format!("cannot read the steps of job {id}: {err}"))?;
-        out.insert(id, log);
-    }
-    Ok(out)
 }
 
 /// CONTRACT D1 and D2 on the store's final state: a succeeded step job holds every
