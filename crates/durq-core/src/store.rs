@@ -245,6 +245,21 @@ impl Store {
         self.backend.wait_for_ending(id, timeout).await
     }
 
+    /// Rules G1, G4: the jobs `job` waits (or waited) for, in the order it named them,
+    /// each as stored now, or `None` for one purged since: what an operator reads to see
+    /// why a job waits, and a handler to read what its dependencies returned.
+    pub async fn dependencies(&self, job: &Job) -> Result<Vec<(JobId, Option<Job>)>> {
+        let mut found = Vec::with_capacity(job.depends_on.len());
+        for &id in &job.depends_on {
+            match self.backend.get(id).await {
+                Ok(dependency) => found.push((id, Some(dependency))),
+                Err(Error::NotFound { .. }) => found.push((id, None)),
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(found)
+    }
+
     /// Rule E8: the jobs enqueued with `parent`, oldest first.
     pub async fn children(&self, parent: JobId) -> Result<Vec<Job>> {
         self.backend.require_inspect()?.children(parent).await

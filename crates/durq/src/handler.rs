@@ -219,15 +219,8 @@ impl JobContext {
     /// # }
     /// ```
     pub async fn dependencies(&self) -> durq_core::Result<Vec<Job>> {
-        let mut jobs = Vec::with_capacity(self.held.job.depends_on.len());
-        for id in &self.held.job.depends_on {
-            match self.worker.store.get(*id).await {
-                Ok(job) => jobs.push(job),
-                Err(durq_core::Error::NotFound { .. }) => {}
-                Err(err) => return Err(err),
-            }
-        }
-        Ok(jobs)
+        let found = self.worker.store.dependencies(&self.held.job).await?;
+        Ok(found.into_iter().filter_map(|(_, job)| job).collect())
     }
 
     /// Runs `work` as the durable step `name` of this job (CONTRACT D1, D2), or, if a

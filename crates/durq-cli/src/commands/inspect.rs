@@ -26,15 +26,7 @@ pub async fn inspect(cx: &mut Context<'_>, id: JobId) -> Result<()> {
     };
     // The jobs it waits for, as they stand now: what an operator reads to see why a
     // job waits (CONTRACT G4). One purged since is shown gone.
-    let mut dependencies: Vec<(JobId, Option<Job>)> = Vec::with_capacity(job.depends_on.len());
-    for dependency in &job.depends_on {
-        let found = match cx.store.get(*dependency).await {
-            Ok(found) => Some(found),
-            Err(durq::Error::NotFound { .. }) => None,
-            Err(err) => return Err(err.into()),
-        };
-        dependencies.push((*dependency, found));
-    }
+    let dependencies = cx.store.dependencies(&job).await?;
     let now = cx.store.now();
     if cx.json {
         #[derive(Serialize)]

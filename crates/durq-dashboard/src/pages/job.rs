@@ -48,20 +48,7 @@ async fn view(ctx: &Ctx, id: &str, query: Option<&str>) -> Result<View, Problem>
     );
     let job = job?;
     // What it waits for, as each stands now, and its steps where the store keeps them.
-    let mut dependencies = Ok(Vec::with_capacity(job.depends_on.len()));
-    for dependency in &job.depends_on {
-        let found = match store.get(*dependency).await {
-            Ok(found) => Some(found),
-            Err(durq::Error::NotFound { .. }) => None,
-            Err(err) => {
-                dependencies = Err(err.to_string());
-                break;
-            }
-        };
-        if let Ok(read) = dependencies.as_mut() {
-            read.push((*dependency, found));
-        }
-    }
+    let dependencies = store.dependencies(&job).await.map_err(|e| e.to_string());
     let steps = if store.supports(Capability::Steps) {
         Some(store.steps(id).await.map_err(|e| e.to_string()))
     } else {
