@@ -40,8 +40,31 @@ impl RedisBackend {
 
     /// Rule A2: queues a dead or cancelled job again.
     pub(crate) async fn retry_job(&self, id: JobId, now: Timestamp) -> Result<()> {
+        let invocation = self.requeue_ended_call(&scripts::RETRY, id, now);
+        let reply = self.invoke(&invocation, "retry").await?;
+        match status(&reply, "retry reply")? {
+            (word, _) if word == "ok" => Ok(()),
+            (word, [state]) if word == "state" => Err(Error::InvalidState {
+                id,
+                state: parse_state(&text(state, "retry reply")?, "retry reply")?,
+                operation: "retry",
+            }),
+            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "retry reply")),
+        }
+    }
+
+    /// A call of `script`, one that queues the ended job `id` again through
+    /// `requeue_ended.lua` (`retry.lua`, `reopen.lua`), with the keys and arguments
+    /// that file reads first (KEYS[1..6], ARGV[1..4]); a script of its own takes more
+    /// after them.
+    pub(crate) fn requeue_ended_call<'a>(
+        &self,
+        script: &'a redis::Script,
+        id: JobId,
+        now: Timestamp,
+    ) -> redis::ScriptInvocation<'a> {
         let keys = self.keys();
-        let mut invocation = scripts::RETRY.prepare_invoke();
+        let mut invocation = script.prepare_invoke();
         invocation
             .key(keys.job(id))
             .key(&keys.ready)
@@ -53,16 +76,7 @@ impl RedisBackend {
             .arg(now.as_millis())
             .arg(ready_hex(now))
             .arg(&keys.wake);
-        let reply = self.invoke(&invocation, "retry").await?;
-        match status(&reply, "retry reply")? {
-            (word, _) if word == "ok" => Ok(()),
-            (word, [state]) if word == "state" => Err(Error::InvalidState {
-                id,
-                state: parse_state(&text(state, "retry reply")?, "retry reply")?,
-                operation: "retry",
-            }),
-            (word, rest) => Err(Self::lease_call_error(id, &word, rest, "retry reply")),
-        }
+        invocation
     }
 
     /// Rule Q1: adds `queue` to the paused set or removes it; a resume wakes the

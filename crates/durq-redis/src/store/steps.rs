@@ -18,7 +18,6 @@ use redis::Value;
 use super::{parse_state, status, RedisBackend};
 use crate::codec::{into_opt_bytes, text};
 use crate::scripts::{self, Eval};
-use crate::store::enqueue::ready_hex;
 
 impl RedisBackend {
     /// Rule D2: the job's generation and its steps in save order, read in one script
@@ -70,20 +69,9 @@ impl RedisBackend {
         generation: u64,
         now: Timestamp,
     ) -> Result<()> {
-        let keys = self.keys();
-        let mut invocation = scripts::REOPEN.prepare_invoke();
+        let mut invocation = self.requeue_ended_call(&scripts::REOPEN, id, now);
         invocation
-            .key(keys.job(id))
-            .key(&keys.ready)
-            .key(&keys.list)
-            .key(&keys.done_v1)
-            .key(&keys.seq)
-            .key(&keys.kready)
-            .key(keys.steps(id))
-            .arg(id.to_string())
-            .arg(now.as_millis())
-            .arg(ready_hex(now))
-            .arg(&keys.wake)
+            .key(self.keys().steps(id))
             .arg(step)
             .arg(generation.to_string());
         let reply = self.invoke(&invocation, "retry_from").await?;
