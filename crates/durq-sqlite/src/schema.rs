@@ -437,14 +437,34 @@ mod tests {
         }
     }
 
+    /// Opens the file at `path`, written by an older build, and checks that the open
+    /// migrated it to this build's version (11: a new migration changes it here once).
+    async fn open_upgraded(
+        path: &std::path::Path,
+        settings: durq_core::StoreSettings,
+        what: &str,
+    ) -> durq_core::Store {
+        let store =
+            durq_core::Store::new(must(crate::SqliteBackend::open(path, settings).await, what));
+        let version: i64 = must(
+            must(Connection::open(path), "reopen").query_row(
+                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
+                [],
+                |row| row.get(0),
+            ),
+            "read the version",
+        );
+        assert_eq!((version, SCHEMA_VERSION), (11, 11), "{what}");
+        store
+    }
+
     /// A file a version 4 build wrote (its migrations as they shipped, and its jobs as
     /// its enqueue stored them) opens at version 5 (and on to the current one): its jobs keep everything and need
     /// nothing, and new jobs store their placement next to them.
     #[tokio::test]
     async fn a_version_4_file_migrates_to_5_and_keeps_its_jobs() {
         use durq_core::{
-            Budget, ClaimRequest, Clock, JobId, JobState, ManualClock, Needs, NewJob, Store,
-            StoreSettings,
+            Budget, ClaimRequest, Clock, JobId, JobState, ManualClock, Needs, NewJob, StoreSettings,
         };
 
         let dir = must(tempfile::tempdir(), "temp dir");
@@ -497,19 +517,7 @@ mod tests {
         }
 
         let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
-        let store = Store::new(must(
-            crate::SqliteBackend::open(&path, settings).await,
-            "open",
-        ));
-        let version: i64 = must(
-            must(Connection::open(&path), "reopen").query_row(
-                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
-                [],
-                |row| row.get(0),
-            ),
-            "read the version",
-        );
-        assert_eq!(version, SCHEMA_VERSION);
+        let store = open_upgraded(&path, settings, "open").await;
         assert_eq!(SCHEMA_VERSION, 11);
 
         let old = must(store.get(done).await, "get the finished job");
@@ -600,19 +608,7 @@ mod tests {
                 "undo versions 11, 10, 9, 8, 7 and 6",
             );
         }
-        let store = Store::new(must(
-            crate::SqliteBackend::open(&path, settings()).await,
-            "open the version 5 file",
-        ));
-        let version: i64 = must(
-            must(Connection::open(&path), "reopen").query_row(
-                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
-                [],
-                |row| row.get(0),
-            ),
-            "read the version",
-        );
-        assert_eq!((version, SCHEMA_VERSION), (11, 11));
+        let store = open_upgraded(&path, settings(), "open the version 5 file").await;
         assert_eq!(must(store.get(job).await, "get").state, JobState::Queued);
         assert_eq!(
             must(store.paused_queues().await, "paused"),
@@ -643,7 +639,7 @@ mod tests {
     async fn a_version_6_file_migrates_to_7_and_keeps_its_jobs() {
         use durq_core::{
             AttemptOutcome, Clock, JobId, JobState, LeaseToken, ListQuery, ManualClock, NewJob,
-            Retry, Store, StoreSettings, Tags,
+            Retry, StoreSettings, Tags,
         };
 
         let dir = must(tempfile::tempdir(), "temp dir");
@@ -718,19 +714,7 @@ mod tests {
         }
 
         let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
-        let store = Store::new(must(
-            crate::SqliteBackend::open(&path, settings).await,
-            "open",
-        ));
-        let version: i64 = must(
-            must(Connection::open(&path), "reopen").query_row(
-                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
-                [],
-                |row| row.get(0),
-            ),
-            "read the version",
-        );
-        assert_eq!((version, SCHEMA_VERSION), (11, 11));
+        let store = open_upgraded(&path, settings, "open").await;
         for id in [queued, running, done] {
             let job = must(store.get(id).await, "get an old job");
             assert_eq!((job.tags, job.trace_context), (Tags::new(), None));
@@ -820,7 +804,7 @@ mod tests {
     async fn a_version_7_file_migrates_to_8_and_its_running_jobs_count_against_limits() {
         use durq_core::{
             ClaimRequest, Clock, JobId, JobState, LeaseToken, ManualClock, NewJob, QueueLimits,
-            Store, StoreSettings,
+            StoreSettings,
         };
 
         let dir = must(tempfile::tempdir(), "temp dir");
@@ -889,19 +873,7 @@ mod tests {
         }
 
         let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
-        let store = Store::new(must(
-            crate::SqliteBackend::open(&path, settings).await,
-            "open the version 7 file",
-        ));
-        let version: i64 = must(
-            must(Connection::open(&path), "reopen").query_row(
-                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
-                [],
-                |row| row.get(0),
-            ),
-            "read the version",
-        );
-        assert_eq!((version, SCHEMA_VERSION), (11, 11));
+        let store = open_upgraded(&path, settings, "open the version 7 file").await;
         for id in ids {
             assert_eq!(
                 must(store.get(id).await, "get an old job").concurrency_key,
@@ -950,7 +922,7 @@ mod tests {
     async fn a_version_10_file_migrates_to_11_and_its_jobs_save_and_reopen_steps() {
         use durq_core::{
             AttemptOutcome, Bytes, Clock, Error, JobId, JobState, LeaseToken, ManualClock, StepLog,
-            Store, StoreSettings,
+            StoreSettings,
         };
 
         let dir = must(tempfile::tempdir(), "temp dir");
@@ -1010,19 +982,7 @@ mod tests {
         }
 
         let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
-        let store = Store::new(must(
-            crate::SqliteBackend::open(&path, settings).await,
-            "open the version 10 file",
-        ));
-        let version: i64 = must(
-            must(Connection::open(&path), "reopen").query_row(
-                "SELECT value FROM jobq_meta WHERE name = 'schema_version'",
-                [],
-                |row| row.get(0),
-            ),
-            "read the version",
-        );
-        assert_eq!((version, SCHEMA_VERSION), (11, 11));
+        let store = open_upgraded(&path, settings, "open the version 10 file").await;
         for id in [running, done] {
             assert_eq!(
                 must(store.steps(id).await, "steps of an old job"),

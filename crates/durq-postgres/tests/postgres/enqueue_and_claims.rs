@@ -493,13 +493,7 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     let Some(admin) = admin().await else {
         return;
     };
-    let config = || {
-        PostgresConfig::new(&url())
-            .expect("url")
-            .schema(schema.clone())
-            .expect("schema")
-            .max_connections(2)
-    };
+    let config = || schema_config(&schema);
     let clock = ManualClock::default();
     let settings = settings(&clock);
     let before = PostgresPool::connect(config()).await.expect("migrate");
@@ -583,40 +577,20 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
 /// attempt rather than a wrong one, and new jobs carry tags the list filters by.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
-    let schema = unique_name("jobs_upgrade10");
     let Some(admin) = admin().await else {
         return;
     };
-    let config = || {
-        PostgresConfig::new(&url())
-            .expect("url")
-            .schema(schema.clone())
-            .expect("schema")
-            .max_connections(2)
-    };
-    let clock = ManualClock::default();
-    let settings = settings(&clock);
-    let before = PostgresPool::connect(config()).await.expect("migrate");
-    let old = open(&before, settings.clone());
-    let queued = old.enqueue(NewJob::new("q")).await.expect("enqueue").id;
-    let running = old.enqueue(NewJob::new("r")).await.expect("enqueue").id;
-    let done = old.enqueue(NewJob::new("d")).await.expect("enqueue").id;
-    let started = clock.now();
-    let held = old
-        .claim(ClaimRequest::new(["r", "d"], "w-old", TTL).limit(2))
-        .await
-        .expect("claim");
-    let token_of = |id: JobId| {
-        held.iter()
-            .find(|c| c.id() == id)
-            .map(|c| c.token())
-            .expect("claimed")
-    };
-    old.complete(done, token_of(done), None)
-        .await
-        .expect("complete");
-    drop(old);
-    drop(before);
+    let JobsInFlight {
+        schema,
+        clock,
+        settings,
+        queued,
+        running,
+        done,
+        started,
+        running_token,
+        ..
+    } = JobsInFlight::new("jobs_upgrade10").await;
     // The schema as a build of version 9 left it: without migration 10, and with the
     // worker of the completed job cleared, as that build's completions did.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -630,7 +604,9 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     .await
     .expect("back to version 9");
 
-    let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
+    let upgraded = PostgresPool::connect(schema_config(&schema))
+        .await
+        .expect("upgrade");
     assert_eq!(upgraded.schema_version().await.expect("version"), 14);
     let store = open(&upgraded, settings);
     for id in [queued, running, done] {
@@ -655,12 +631,7 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     );
     clock.advance(Duration::from_millis(3));
     store
-        .fail(
-            running,
-            token_of(running),
-            "after the upgrade",
-            Retry::Never,
-        )
+        .fail(running, running_token, "after the upgrade", Retry::Never)
         .await
         .expect("the lease of before the upgrade still holds");
     let attempts = store.attempts(running).await.expect("attempts");

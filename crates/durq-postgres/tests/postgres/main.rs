@@ -66,6 +66,70 @@ fn open(backend: &PostgresPool, settings: StoreSettings) -> Store {
     Store::new(backend.backend(settings).expect("valid settings"))
 }
 
+/// What an upgrade test starts from: a schema of its own at this build's version with
+/// three jobs in it (`queued`; `running`, whose lease was taken at `started` with
+/// `running_token`; `done`, completed), its pools closed, ready to be taken back to an
+/// older version by the test and opened again with [`schema_config`].
+struct JobsInFlight {
+    schema: String,
+    clock: ManualClock,
+    settings: StoreSettings,
+    queued: JobId,
+    running: JobId,
+    done: JobId,
+    started: durq_core::Timestamp,
+    running_token: LeaseToken,
+}
+
+impl JobsInFlight {
+    async fn new(prefix: &str) -> JobsInFlight {
+        let schema = unique_name(prefix);
+        let clock = ManualClock::default();
+        let settings = settings(&clock);
+        let pool = PostgresPool::connect(schema_config(&schema))
+            .await
+            .expect("migrate");
+        let old = open(&pool, settings.clone());
+        let queued = old.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+        let running = old.enqueue(NewJob::new("r")).await.expect("enqueue").id;
+        let done = old.enqueue(NewJob::new("d")).await.expect("enqueue").id;
+        let started = clock.now();
+        let held = old
+            .claim(ClaimRequest::new(["r", "d"], "w-old", TTL).limit(2))
+            .await
+            .expect("claim");
+        let token_of = |id: JobId| {
+            held.iter()
+                .find(|c| c.id() == id)
+                .map(|c| c.token())
+                .expect("claimed")
+        };
+        old.complete(done, token_of(done), None)
+            .await
+            .expect("complete");
+        JobsInFlight {
+            running_token: token_of(running),
+            schema,
+            clock,
+            settings,
+            queued,
+            running,
+            done,
+            started,
+        }
+    }
+}
+
+/// The configuration of schema `schema` of the test server, for a pool of two
+/// connections.
+fn schema_config(schema: &str) -> PostgresConfig {
+    PostgresConfig::new(&url())
+        .expect("url")
+        .schema(schema.to_owned())
+        .expect("schema")
+        .max_connections(2)
+}
+
 /// Deletes every row a test wrote in `namespace` of `backend`'s schema; each test
 /// that writes ends with it, so the shared server keeps nothing of a passing run.
 async fn clean_up(backend: &PostgresPool, namespace: &str) {

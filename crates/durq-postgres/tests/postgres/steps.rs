@@ -382,39 +382,18 @@ async fn a_reopen_that_waited_for_the_row_cuts_the_steps_committed_meanwhile() {
 /// from one, its succeeded attempt recorded (the outcome check now admits it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_14_upgrades_a_schema_with_jobs_in_flight() {
-    let schema = unique_name("jobs_upgrade14");
     let Some(admin) = admin().await else {
         return;
     };
-    let config = || {
-        PostgresConfig::new(&url())
-            .expect("url")
-            .schema(schema.clone())
-            .expect("schema")
-            .max_connections(2)
-    };
-    let clock = ManualClock::default();
-    let settings = settings(&clock);
-    let before = PostgresPool::connect(config()).await.expect("migrate");
-    let old = open(&before, settings.clone());
-    let queued = old.enqueue(NewJob::new("q")).await.expect("enqueue").id;
-    let running = old.enqueue(NewJob::new("r")).await.expect("enqueue").id;
-    let done = old.enqueue(NewJob::new("d")).await.expect("enqueue").id;
-    let held = old
-        .claim(ClaimRequest::new(["r", "d"], "w-old", TTL).limit(2))
-        .await
-        .expect("claim");
-    let token_of = |id: JobId| {
-        held.iter()
-            .find(|c| c.id() == id)
-            .map(|c| c.token())
-            .expect("claimed")
-    };
-    old.complete(done, token_of(done), None)
-        .await
-        .expect("complete");
-    drop(old);
-    drop(before);
+    let JobsInFlight {
+        schema,
+        settings,
+        queued,
+        running,
+        done,
+        running_token,
+        ..
+    } = JobsInFlight::new("jobs_upgrade14").await;
     // The schema as a build of version 13 left it.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP FUNCTION \"{schema}\".step_fits(text, uuid, text, bigint);
@@ -429,7 +408,9 @@ async fn migration_14_upgrades_a_schema_with_jobs_in_flight() {
     .await
     .expect("back to version 13");
 
-    let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
+    let upgraded = PostgresPool::connect(schema_config(&schema))
+        .await
+        .expect("upgrade");
     assert_eq!(upgraded.schema_version().await.expect("version"), 14);
     let store = open(&upgraded, settings);
     for id in [queued, running, done] {
@@ -446,7 +427,7 @@ async fn migration_14_upgrades_a_schema_with_jobs_in_flight() {
             .is_err_and(|e| e.invalid_field() == Some("step")),
         "no step was saved before the upgrade"
     );
-    let token = token_of(running);
+    let token = running_token;
     store
         .save_step(running, token, "a", Bytes::from_static(b"1"))
         .await

@@ -10,12 +10,17 @@ use durq_core::{LeaseToken, StepLog};
 /// A job of queue `q` claimed by `store` (the only job of the queue that is ready).
 async fn running(store: &Store) -> durq_core::ClaimedJob {
     let id = store.enqueue(NewJob::new("q")).await.expect("enqueue").id;
+    claim(store, id).await
+}
+
+/// The one ready job of queue `q`, which must be `id`, claimed by worker `w`.
+async fn claim(store: &Store, id: JobId) -> durq_core::ClaimedJob {
     let claimed = store
         .claim_one(&["q"], "w", Duration::from_secs(30))
         .await
         .expect("claim")
         .expect("the job is ready");
-    assert_eq!(claimed.id(), id);
+    assert_eq!(claimed.id(), id, "the ready job of q");
     claimed
 }
 
@@ -140,11 +145,7 @@ async fn steps_are_one_hash_beside_the_job_fenced_by_its_lease() {
     assert_eq!((log.generation, names(&log)), (1, vec!["a"]));
     // The next run saves under its own token; places go on from the counter, so they
     // never repeat across generations.
-    let again = store
-        .claim_one(&["q"], "w", Duration::from_secs(30))
-        .await
-        .expect("claim")
-        .expect("the reopened job");
+    let again = claim(&store, id).await;
     let err = store
         .save_step(id, claimed.token(), "b", Bytes::new())
         .await
@@ -343,11 +344,7 @@ async fn purge_deletes_the_steps_with_the_job() {
     assert_eq!((log.generation, names(&log)), (1, vec!["a"]));
 
     // The reopened job ends again and goes, steps and all: nothing of the jobs is left.
-    let again = store
-        .claim_one(&["q"], "w", Duration::from_secs(30))
-        .await
-        .expect("claim")
-        .expect("the reopened job");
+    let again = claim(&store, reopened).await;
     store
         .complete(reopened, again.token(), None)
         .await
@@ -542,12 +539,7 @@ async fn a_jobs_steps_live_in_its_partition() {
     // A reopen in the job's partition queues it there.
     let first = claimed[0].id();
     store.retry_from(first, "b", 0).await.expect("retry_from");
-    let again = store
-        .claim_one(&["q"], "w", Duration::from_secs(30))
-        .await
-        .expect("claim")
-        .expect("the reopened job");
-    assert_eq!(again.id(), first);
+    let again = claim(&store, first).await;
     store
         .complete(first, again.token(), None)
         .await

@@ -408,8 +408,8 @@ async fn a_late_database_error_rolls_back_its_whole_group() {
     }
 }
 
-/// `drop_namespace` removes every job, payload, idempotency record, dependency edge
-/// and worker of its namespace and nothing of another one in the same file; a store still open on the emptied
+/// `drop_namespace` removes every job, payload, idempotency record, dependency edge,
+/// durable step and worker of its namespace and nothing of another one in the same file; a store still open on the emptied
 /// namespace keeps working on it and never sees the neighbour's jobs.
 #[tokio::test]
 async fn clearing_a_namespace_empties_it_and_no_other() {
@@ -465,6 +465,23 @@ async fn clearing_a_namespace_empties_it_and_no_other() {
     let their_waiting = enqueue(&neighbour, NewJob::new("after").after(their_other))
         .await
         .id;
+    // A durable step of each namespace's running job (CONTRACT D1).
+    let request = ClaimRequest::new(["clear"], "w", Duration::from_secs(30));
+    let their_running = match neighbour.claim(request).await {
+        Ok(mut claimed) => claimed.remove(0),
+        Err(err) => panic!("claim failed: {err}"),
+    };
+    for (who, job, step) in [
+        (&store, &claimed[1], "mine"),
+        (&neighbour, &their_running, "theirs"),
+    ] {
+        if let Err(err) = who
+            .save_step(job.id(), job.token(), step, b"1".to_vec().into())
+            .await
+        {
+            panic!("save_step failed: {err}");
+        }
+    }
     for (who, id) in [(&store, "mine"), (&neighbour, "theirs")] {
         let worker = WorkerInfo::new(id, "host", 1, vec!["clear".to_owned()], 1);
         if let Err(err) = who.register_worker(&worker).await {
@@ -510,6 +527,18 @@ async fn clearing_a_namespace_empties_it_and_no_other() {
         "the neighbour's edge"
     );
     assert_eq!(count(&path, "SELECT COUNT(*) FROM jobq_dedup"), 1);
+    assert_eq!(
+        count(
+            &path,
+            &format!("SELECT COUNT(*) FROM jobq_steps WHERE ns = {mine}")
+        ),
+        0,
+        "the cleared namespace's steps"
+    );
+    match neighbour.steps(their_running.id()).await {
+        Ok(log) => assert_eq!(log.steps.len(), 1, "the neighbour's step"),
+        Err(err) => panic!("steps failed: {err}"),
+    }
     match (store.workers().await, neighbour.workers().await) {
         (Ok(mine), Ok(theirs)) => {
             assert!(mine.is_empty(), "the cleared namespace's workers: {mine:?}");

@@ -204,27 +204,3 @@ async fn purge_and_vanish_delete_the_steps_of_the_jobs_they_delete() {
     must(backend.vanish(jobs[3].0).await, "vanish");
     assert_eq!(count(&path, "SELECT COUNT(*) FROM jobq_steps"), 0);
 }
-
-/// `drop_namespace` deletes its namespace's steps and no other's.
-#[tokio::test]
-async fn dropping_a_namespace_deletes_its_steps_and_no_other() {
-    let (_dir, path) = temp_db();
-    let clock = ManualClock::default();
-    let backend = open_backend(&path, settings(&clock), SqliteConfig::default()).await;
-    let store = Store::new(backend.clone());
-    let neighbour = open(
-        &path,
-        settings(&clock).namespace("neighbour"),
-        SqliteConfig::default(),
-    )
-    .await;
-    let (mine, token) = running(&store, "drop").await;
-    save(&store, mine, token, "mine").await;
-    let (theirs, token) = running(&neighbour, "drop").await;
-    save(&neighbour, theirs, token, "theirs").await;
-
-    assert!(matches!(backend.drop_namespace().await, Ok(1)));
-    assert_eq!(steps_stored(&path, mine), 0);
-    let log = must(neighbour.steps(theirs).await, "the neighbour's steps");
-    assert_eq!(names(&log), ["theirs"]);
-}
