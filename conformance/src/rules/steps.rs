@@ -291,7 +291,8 @@ pub async fn d2_steps_are_read_in_save_order_and_outlive_the_run(harness: &dyn H
 
 /// D3: `retry_from` reopens an ended job from a step: the steps before it stay, it and
 /// the later ones go, the generation moves up by one, the job is queued as A2 queues
-/// it, and the old run's token is refused. A stale generation, a job that has not
+/// it (waiting for nothing, where dependencies are kept), and the old run's token is
+/// refused. A stale generation, a job that has not
 /// ended, an unsaved step and an unknown job are refused and write nothing.
 pub async fn d3_retry_from_reopens_an_ended_job_from_a_step(harness: &dyn Harness) {
     let what = "D3";
@@ -427,6 +428,43 @@ pub async fn d3_retry_from_reopens_an_ended_job_from_a_step(harness: &dyn Harnes
             what,
         );
     }
+    d3_a_reopened_dependent_waits_for_nothing(&env, &store, what).await;
+}
+
+/// D3, with dependencies: a job that waited for another and ran (its dependency died,
+/// and it runs despite failures) is reopened queued, waiting for nothing again.
+async fn d3_a_reopened_dependent_waits_for_nothing(env: &TestEnv<'_>, store: &Store, what: &str) {
+    if !store.capabilities().dependencies {
+        return;
+    }
+    let root = enqueue(store, NewJob::new("d-root"), what).await;
+    let dependent = enqueue(
+        store,
+        NewJob::new("d-after")
+            .after(root)
+            .on_dependency_failure(durq_core::DependencyFailure::Run),
+        what,
+    )
+    .await;
+    let run = claim_expecting(store, "d-root", root, what).await;
+    store
+        .fail(root, run.token(), "root died", Retry::Never)
+        .await
+        .must(what);
+    let run = claim_expecting(store, "d-after", dependent, what).await;
+    save(store, dependent, run.token(), "cleanup", "x", what).await;
+    store
+        .complete(dependent, run.token(), None)
+        .await
+        .must(what);
+    env.clock.advance(Duration::from_secs(1));
+    store.retry_from(dependent, "cleanup", 0).await.must(what);
+    let job = get(store, dependent, what).await;
+    assert_eq!(
+        (job.state, job.run_at),
+        (JobState::Queued, env.clock.now()),
+        "{what}: a reopened job waits for nothing, its dependency dead or not"
+    );
 }
 
 /// D4: 16 reopens naming the same generation, each on a handle of its own, at once:
