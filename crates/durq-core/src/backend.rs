@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::capability::{
-    Admin, Capability, FlowControl, Inspect, Pause, Schedules, Steps, WorkerRegistry,
+    Admin, Capability, Events, FlowControl, Inspect, Pause, Schedules, Steps, WorkerRegistry,
 };
 use crate::error::{Error, Result};
 use crate::id::JobId;
@@ -361,6 +361,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn as_steps(&self) -> Option<&dyn Steps> {
         None
     }
+
+    /// [`Events`] if the backend declares it: the namespace's event stream.
+    fn as_events(&self) -> Option<&dyn Events> {
+        None
+    }
 }
 
 // Inherent, not a trait method with a default: what a backend declares is its
@@ -376,6 +381,7 @@ impl dyn Backend + '_ {
             Capability::WorkerRegistry => self.as_worker_registry().is_some(),
             Capability::FlowControl => self.as_flow_control().is_some(),
             Capability::Steps => self.as_steps().is_some(),
+            Capability::Events => self.as_events().is_some(),
         }
     }
 
@@ -400,6 +406,11 @@ impl dyn Backend + '_ {
     /// [`Backend::as_steps`], or [`Error::Unsupported`](crate::Error::Unsupported).
     pub fn require_steps(&self) -> Result<&dyn Steps> {
         self.as_steps().ok_or(Error::unsupported(Capability::Steps))
+    }
+
+    /// [`Backend::as_events`], or [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn require_events(&self) -> Result<&dyn Events> {
+        self.as_events().ok_or(Error::unsupported(Capability::Events))
     }
 
     /// [`Backend::as_pause`], or [`Error::Unsupported`](crate::Error::Unsupported).

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 
 use crate::attempts::Attempt;
 use crate::error::Result;
+use crate::events::{EventCursor, EventPage};
 use crate::id::JobId;
 use crate::limits::{FlowStatus, QueueLimits};
 use crate::model::LeaseToken;
@@ -49,11 +50,13 @@ pub enum Capability {
     FlowControl,
     /// [`Steps`]: durable steps, saved by a running job and kept across its runs.
     Steps,
+    /// [`Events`]: the namespace's event stream, read from a cursor.
+    Events,
 }
 
 impl Capability {
     /// Every capability, in declaration order.
-    pub const ALL: [Capability; 7] = [
+    pub const ALL: [Capability; 8] = [
         Capability::Inspect,
         Capability::Admin,
         Capability::Pause,
@@ -61,6 +64,7 @@ impl Capability {
         Capability::WorkerRegistry,
         Capability::FlowControl,
         Capability::Steps,
+        Capability::Events,
     ];
 
     /// The capability's trait name, as the docs and error messages spell it.
@@ -73,6 +77,7 @@ impl Capability {
             Capability::WorkerRegistry => "WorkerRegistry",
             Capability::FlowControl => "FlowControl",
             Capability::Steps => "Steps",
+            Capability::Events => "Events",
         }
     }
 }
@@ -204,6 +209,42 @@ pub trait Steps: Send + Sync {
         generation: u64,
         now: Timestamp,
     ) -> Result<()>;
+}
+
+/// The event stream (rules V1–V4): every state change of a job enqueued through a store
+/// that records events ([`StoreSettings::record_events`](crate::StoreSettings::record_events)),
+/// and the events handlers emit, in one ordered stream per namespace.
+///
+/// A backend records a change in the same atomic step as the change itself, whichever
+/// store makes it, so the stream never shows a change that did not happen or misses
+/// one that did. Its enqueue stores the mark on the job; every later write reads it
+/// from the job.
+#[async_trait]
+pub trait Events: Send + Sync {
+    /// Rule V2: up to `limit` events with cursors after `after`, oldest first
+    /// ([`crate::events::page`] builds the answer). `limit` is 1..=
+    /// [`MAX_EVENTS_PAGE`](crate::events::MAX_EVENTS_PAGE), checked by the handle.
+    /// An event is answered only once no event with a smaller cursor can still
+    /// appear, so a consumer that resumes from `next` never skips one.
+    async fn events(&self, after: EventCursor, limit: usize) -> Result<EventPage>;
+
+    /// Rule V1: records an `emitted` event `name` with `data` for the job running
+    /// under `token`, at `now`. [`crate::Error::LeaseLost`] when `token` does not hold
+    /// the job's lease, [`crate::Error::NotFound`] for an unknown job; either writes
+    /// nothing.
+    async fn emit(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        data: bytes::Bytes,
+        now: Timestamp,
+    ) -> Result<()>;
+
+    /// Rule V3: deletes the oldest events so that at least the newest `keep` stay, and
+    /// remembers the newest cursor it deleted (a later read from before it is
+    /// `trimmed`). Answers how many it deleted.
+    async fn trim_events(&self, keep: u64) -> Result<u64>;
 }
 
 /// Stored cron schedules (rules S1–S3): the store keeps each schedule's definition as

@@ -22,8 +22,9 @@ use crate::workers::StoredWorker;
 
 use crate::backend::{Backend, Capabilities};
 use crate::capability::{
-    Admin, Capability, FlowControl, Inspect, Pause, Schedules, Steps, WorkerRegistry,
+    Admin, Capability, Events, FlowControl, Inspect, Pause, Schedules, Steps, WorkerRegistry,
 };
+use crate::events::{EventCursor, EventPage};
 use crate::limits::{FlowStatus, QueueLimits};
 use crate::steps::StepLog;
 
@@ -267,6 +268,28 @@ pub trait LayeredBackend: Send + Sync + fmt::Debug {
             .require_steps()?
             .retry_from(id, step, generation, now)
             .await
+    }
+
+    async fn events(&self, after: EventCursor, limit: usize) -> Result<EventPage> {
+        self.inner().require_events()?.events(after, limit).await
+    }
+
+    async fn emit(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        data: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.inner()
+            .require_events()?
+            .emit(id, token, name, data, now)
+            .await
+    }
+
+    async fn trim_events(&self, keep: u64) -> Result<u64> {
+        self.inner().require_events()?.trim_events(keep).await
     }
 
     async fn put_worker(&self, id: &str, spec: &str, in_flight: u32, now: Timestamp) -> Result<()> {
@@ -596,6 +619,13 @@ impl<L: LayeredBackend> Backend for L {
         }
         self.inner().as_steps().map(|_| self as &dyn Steps)
     }
+
+    fn as_events(&self) -> Option<&dyn Events> {
+        if self.hides(Capability::Events) {
+            return None;
+        }
+        self.inner().as_events().map(|_| self as &dyn Events)
+    }
 }
 
 impl<L: LayeredBackend> Inspect for L {
@@ -764,6 +794,40 @@ impl<L: LayeredBackend> Steps for L {
         Self: 'b,
     {
         LayeredBackend::retry_from(self, id, step, generation, now)
+    }
+}
+
+impl<L: LayeredBackend> Events for L {
+    fn events<'a, 'b>(&'a self, after: EventCursor, limit: usize) -> BoxFuture<'b, Result<EventPage>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::events(self, after, limit)
+    }
+
+    fn emit<'a, 'n, 'b>(
+        &'a self,
+        id: JobId,
+        token: LeaseToken,
+        name: &'n str,
+        data: Bytes,
+        now: Timestamp,
+    ) -> BoxFuture<'b, Result<()>>
+    where
+        'a: 'b,
+        'n: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::emit(self, id, token, name, data, now)
+    }
+
+    fn trim_events<'a, 'b>(&'a self, keep: u64) -> BoxFuture<'b, Result<u64>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        LayeredBackend::trim_events(self, keep)
     }
 }
 

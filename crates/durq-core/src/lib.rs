@@ -9,6 +9,7 @@ pub mod batch;
 pub mod capability;
 pub mod ending;
 mod error;
+pub mod events;
 pub mod fair;
 pub mod fit;
 pub mod graph;
@@ -33,9 +34,10 @@ pub use attempts::{Attempt, AttemptOutcome, ATTEMPTS_KEPT};
 pub use backend::{complete_each, heartbeat_each, Backend, Capabilities, Partitioning};
 pub use backoff::Backoff;
 pub use capability::{
-    Admin, Capability, FlowControl, Inspect, Pause, Schedules, Steps, WorkerRegistry,
+    Admin, Capability, Events, FlowControl, Inspect, Pause, Schedules, Steps, WorkerRegistry,
 };
 pub use error::{BoxError, Error, Result, SharedError};
+pub use events::{Event, EventCursor, EventKind, EventPage};
 pub use fit::{Budget, Needs};
 pub use graph::{Dependency, DependencyFailure};
 pub use id::{JobId, JobIdHasher, JobIdMap, ParseJobIdError};

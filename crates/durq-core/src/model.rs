@@ -736,6 +736,11 @@ pub struct StoreSettings {
     pub retention: Duration,
     /// The source of "now" for every decision (CONTRACT §3).
     pub clock: Arc<dyn Clock>,
+    /// `Some(keep)` when the jobs this store enqueues record their state changes in
+    /// the namespace's event stream (CONTRACT V1), and the worker's purge loop trims
+    /// the stream to at least its newest `keep` events (V3). Default `None`: no job
+    /// records events, and no write pays for them.
+    pub events_kept: Option<u64>,
 }
 
 /// The default `max_payload_bytes`: 16 MiB.
@@ -749,6 +754,7 @@ impl Default for StoreSettings {
             dedup_window: Duration::from_secs(24 * 60 * 60),
             retention: Duration::from_secs(7 * 24 * 60 * 60),
             clock: Arc::new(SystemClock),
+            events_kept: None,
         }
     }
 }
@@ -776,6 +782,20 @@ impl StoreSettings {
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
+    }
+
+    /// Makes the jobs this store enqueues record their state changes in the
+    /// namespace's event stream (CONTRACT V1), and its worker's purge loop keep at least
+    /// the newest `keep` events (V3). Set it on every store that enqueues jobs whose
+    /// events a consumer reads.
+    pub fn record_events(mut self, keep: u64) -> Self {
+        self.events_kept = Some(keep);
+        self
+    }
+
+    /// Whether the jobs this store enqueues record their events (CONTRACT V1).
+    pub fn records_events(&self) -> bool {
+        self.events_kept.is_some()
     }
 
     /// Sets the clock.

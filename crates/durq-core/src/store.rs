@@ -18,6 +18,7 @@ use crate::model::{
     StoreSettings, TypedJob,
 };
 use crate::schedule::{Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule};
+use crate::events::{EventCursor, EventPage};
 use crate::steps::StepLog;
 use crate::time::Timestamp;
 use crate::transaction;
@@ -491,6 +492,38 @@ impl Store {
             .require_steps()?
             .retry_from(id, step, generation, self.now())
             .await
+    }
+
+    /// Rule V2: up to `limit` (1..=1,000) events of the namespace's stream after
+    /// `after` ([`EventCursor::START`](crate::EventCursor::START) for the oldest kept),
+    /// oldest first, and the cursor to read on from. A consumer that saves `next` and
+    /// reads from it after a restart sees each later event once, in order; `trimmed`
+    /// says events it had not read were trimmed away first (V3).
+    pub async fn events(&self, after: EventCursor, limit: usize) -> Result<EventPage> {
+        validate::validate_events_limit(limit)?;
+        self.backend.require_events()?.events(after, limit).await
+    }
+
+    /// Rule V1: records an `emitted` event `name` with `data` for the job running under
+    /// `token` (the worker's `ctx.emit` calls this). A token that no longer holds the
+    /// lease is [`Error::LeaseLost`] and writes nothing. A name outside
+    /// `[A-Za-z0-9._:-]{1,128}`, or data over 64 KiB, is refused before the backend is
+    /// called.
+    pub async fn emit(&self, id: JobId, token: LeaseToken, name: &str, data: Bytes) -> Result<()> {
+        validate::validate_event(name, data.len())?;
+        self.backend
+            .require_events()?
+            .emit(id, token, name, data, self.now())
+            .await
+    }
+
+    /// Rule V3: deletes the namespace's oldest events so that at least the newest
+    /// `keep` stay (`keep` at least 1); answers how many it deleted. The worker's purge
+    /// loop calls it with its store's
+    /// [`StoreSettings::record_events`](crate::StoreSettings::record_events) bound.
+    pub async fn trim_events(&self, keep: u64) -> Result<u64> {
+        validate::validate_events_kept(keep)?;
+        self.backend.require_events()?.trim_events(keep).await
     }
 
     /// Rule A3: counts of one queue's jobs per state, and whether it is paused (Q1).

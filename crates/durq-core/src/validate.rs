@@ -82,6 +82,39 @@ pub fn validate_step(step: &str) -> Result<()> {
     validate_name("step", step, crate::steps::MAX_STEP_BYTES)
 }
 
+/// An emitted event: its name as a step's, `[A-Za-z0-9._:-]{1,128}` (`event`), and its
+/// data at most [`MAX_EVENT_DATA_BYTES`](crate::events::MAX_EVENT_DATA_BYTES) (`data`).
+pub fn validate_event(name: &str, data_len: usize) -> Result<()> {
+    validate_name("event", name, crate::steps::MAX_STEP_BYTES)?;
+    let max = crate::events::MAX_EVENT_DATA_BYTES;
+    if data_len > max {
+        return Err(Error::PayloadTooLarge {
+            field: "data",
+            size: data_len,
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// The length of one read of the event stream: 1..=
+/// [`MAX_EVENTS_PAGE`](crate::events::MAX_EVENTS_PAGE) (`limit`).
+pub fn validate_events_limit(limit: usize) -> Result<()> {
+    let max = crate::events::MAX_EVENTS_PAGE;
+    if limit == 0 || limit > max {
+        return Err(Error::invalid("limit", format!("must be 1..={max}")));
+    }
+    Ok(())
+}
+
+/// How many events a trim keeps: at least 1 (`keep`).
+pub fn validate_events_kept(keep: u64) -> Result<()> {
+    if keep == 0 {
+        return Err(Error::invalid("keep", "must be at least 1"));
+    }
+    Ok(())
+}
+
 /// A worker id: any UTF-8, 1..=256 bytes.
 pub fn validate_worker(worker: &str) -> Result<()> {
     if worker.is_empty() || worker.len() > MAX_WORKER_BYTES {
@@ -397,6 +430,9 @@ pub fn validate_settings(settings: &StoreSettings) -> Result<()> {
     validate_namespace(&settings.namespace)?;
     if settings.max_payload_bytes == 0 {
         return Err(Error::invalid("max_payload_bytes", "must be at least 1"));
+    }
+    if let Some(keep) = settings.events_kept {
+        validate_events_kept(keep)?;
     }
     Ok(())
 }
