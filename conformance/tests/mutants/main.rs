@@ -17,10 +17,10 @@ use durq_conformance::{Harness, Scenario, SCENARIOS};
 use durq_core::graph::Dependency;
 use durq_core::{
     async_trait, Attempt, AttemptOutcome, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
-    Completion, Enqueued, Error, Heartbeat, HeldLease, Job, JobId, JobState, LayeredBackend,
-    LeaseToken, ListPage, ListQuery, NewJob, Partitioning, QueueLimits, QueueOverview, QueueStats,
-    ReclaimedJob, Result, Retry, ScheduleUpdate, StepLog, Store, StoreSettings, Timestamp,
-    Uniqueness, LEASE_EXPIRED,
+    Completion, Enqueued, Error, EventCursor, EventPage, Heartbeat, HeldLease, Job, JobId,
+    JobState, LayeredBackend, LeaseToken, ListPage, ListQuery, NewJob, Partitioning, QueueLimits,
+    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, StepLog, Store,
+    StoreSettings, Timestamp, Uniqueness, LEASE_EXPIRED,
 };
 use durq_memory::MemoryServer;
 
@@ -214,6 +214,29 @@ trait Bug: Send + Sync + fmt::Debug + 'static {
             .retry_from(id, step, generation, now)
             .await
     }
+
+    async fn events(
+        &self,
+        inner: &dyn Backend,
+        after: EventCursor,
+        limit: usize,
+    ) -> Result<EventPage> {
+        inner.require_events()?.events(after, limit).await
+    }
+
+    async fn emit(
+        &self,
+        inner: &dyn Backend,
+        lease: HeldLease,
+        name: &str,
+        data: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        inner
+            .require_events()?
+            .emit(lease.id, lease.token, name, data, now)
+            .await
+    }
 }
 
 /// The real backend behind one bug, opened as the `handle`-th store of its namespace
@@ -382,6 +405,22 @@ impl LayeredBackend for Mutant {
             .retry_from(&*self.inner, id, step, generation, now)
             .await
     }
+
+    async fn events(&self, after: EventCursor, limit: usize) -> Result<EventPage> {
+        self.bug.events(&*self.inner, after, limit).await
+    }
+
+    async fn emit(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        data: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        let lease = HeldLease::new(id, token);
+        self.bug.emit(&*self.inner, lease, name, data, now).await
+    }
 }
 
 /// Opens real in-memory stores, each wrapped in the harness's bug when it has one.
@@ -464,12 +503,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 mod claims_and_leases;
 mod dependencies;
+mod events;
 mod reads_admin_and_fit;
 mod results;
 mod steps;
 
 use claims_and_leases::*;
 use dependencies::*;
+use events::*;
 use reads_admin_and_fit::*;
 use results::*;
 use steps::*;
@@ -727,6 +768,42 @@ async fn a_reopen_checked_apart_from_its_change_is_caught_by_d4() {
     caught(
         ReopenChecksApart,
         "d4_concurrent_reopens_have_exactly_one_winner",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_emit_without_the_lease_is_caught_by_v1() {
+    caught(
+        EmitWithoutTheLease,
+        "v1_each_change_of_a_recording_job_is_recorded_in_order",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_next_at_the_first_event_is_caught_by_v2() {
+    caught(
+        NextAtTheFirstEvent,
+        "v2_events_are_read_in_order_and_resumed_from_next",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_trim_that_is_never_told_is_caught_by_v3() {
+    caught(
+        TrimNeverTold,
+        "v3_a_trim_keeps_the_newest_and_says_what_was_lost",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_visible_out_of_order_are_caught_by_v4() {
+    caught(
+        EventsVisibleOutOfOrder,
+        "v4_writers_and_a_reader_see_each_event_once_in_order",
     )
     .await;
 }

@@ -111,6 +111,18 @@ pub enum Command {
         #[arg(long, default_value = "30s", value_parser = duration)]
         timeout: Duration,
     },
+    /// One page of the namespace's event stream after a cursor, oldest first; prints
+    /// the cursor to read on from (`--after`), and says when events were trimmed away
+    /// before they were read.
+    Events {
+        /// Read the events after this cursor (`N-N`, as a page prints it); without it,
+        /// from the oldest kept.
+        #[arg(long, value_parser = event_cursor)]
+        after: Option<durq_core::EventCursor>,
+        /// The most events to print (1..=1000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        limit: u16,
+    },
     /// Adds a job, and prints its id and whether it was created or deduplicated.
     Enqueue(EnqueueArgs),
     /// Queues dead or cancelled jobs again, with their attempts reset.
@@ -451,6 +463,11 @@ fn queue_name(text: &str) -> Result<String, String> {
     durq_core::validate::validate_queue(text)
         .map(|()| text.to_owned())
         .map_err(|err| err.to_string())
+}
+
+fn event_cursor(text: &str) -> Result<durq_core::EventCursor, String> {
+    text.parse()
+        .map_err(|err: durq_core::Error| err.to_string())
 }
 
 fn step_name(text: &str) -> Result<String, String> {

@@ -483,3 +483,55 @@ async fn inspect_shows_steps_and_retry_from_reopens_from_one() {
     t.run(&["retry-from", &order.to_string(), "bad name"])
         .usage_error();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_prints_a_page_and_the_cursor_to_read_on_from() {
+    let (_dir, t) = sqlite().await;
+    let job = t.enqueue(&["import"]);
+    let claimed = t.claim(job, "import", "w").await;
+    for done in ["10", "20", "30"] {
+        t.store
+            .emit(
+                job,
+                claimed.token(),
+                "progress",
+                format!("{{\"done\":{done}}}").into_bytes().into(),
+            )
+            .await
+            .expect("emit");
+    }
+
+    let shown = t.run(&["events", "--limit", "2"]).ok();
+    assert!(
+        shown.starts_with("CURSOR ") && shown.contains("emitted"),
+        "{shown}"
+    );
+    assert!(shown.contains("progress {"), "{shown}");
+    let next = shown
+        .lines()
+        .last()
+        .and_then(|line| line.strip_prefix("next: "))
+        .expect("the page ends with its next cursor")
+        .to_owned();
+    let doc = t.json(&["events", "--after", &next]);
+    let events = doc["events"].as_array().expect("an array of events");
+    assert_eq!(events.len(), 1, "{doc}");
+    assert_eq!(events[0]["kind"], "emitted", "{doc}");
+    assert_eq!(events[0]["job"], job.to_string(), "{doc}");
+    assert_eq!(events[0]["data"]["json"]["done"], 30, "{doc}");
+    assert_eq!(doc["trimmed"], false, "{doc}");
+    let last = doc["next"].as_str().expect("next").to_owned();
+    assert_eq!(
+        t.run(&["events", "--after", &last]).ok(),
+        format!("no events after this cursor\nnext: {last}\n")
+    );
+
+    t.store.trim_events(1).await.expect("trim");
+    let shown = t.run(&["events"]).ok();
+    assert!(
+        shown.starts_with("events after this cursor were trimmed away"),
+        "{shown}"
+    );
+    t.run(&["events", "--after", "7"]).usage_error();
+    t.run(&["events", "--limit", "0"]).usage_error();
+}

@@ -410,7 +410,8 @@ impl dyn Backend + '_ {
 
     /// [`Backend::as_events`], or [`Error::Unsupported`](crate::Error::Unsupported).
     pub fn require_events(&self) -> Result<&dyn Events> {
-        self.as_events().ok_or(Error::unsupported(Capability::Events))
+        self.as_events()
+            .ok_or(Error::unsupported(Capability::Events))
     }
 
     /// [`Backend::as_pause`], or [`Error::Unsupported`](crate::Error::Unsupported).

@@ -241,7 +241,7 @@ pub trait Events: Send + Sync {
         now: Timestamp,
     ) -> Result<()>;
 
-    /// Rule V3: deletes the oldest events so that at least the newest `keep` stay, and
+    /// Rule V3: deletes every event but the newest `keep`, in one atomic step, and
     /// remembers the newest cursor it deleted (a later read from before it is
     /// `trimmed`). Answers how many it deleted.
     async fn trim_events(&self, keep: u64) -> Result<u64>;

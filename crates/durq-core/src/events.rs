@@ -254,7 +254,16 @@ mod tests {
         assert!(EventCursor::new(7, u64::MAX) < EventCursor::new(8, 0));
         assert_eq!(a.to_string(), "7-3");
         assert_eq!("7-3".parse::<EventCursor>().ok(), Some(a));
-        for bad in ["", "7", "7-", "-3", "a-3", "7-3-1", "+7-3", "99999999999999999999-0"] {
+        for bad in [
+            "",
+            "7",
+            "7-",
+            "-3",
+            "a-3",
+            "7-3-1",
+            "+7-3",
+            "99999999999999999999-0",
+        ] {
             assert!(bad.parse::<EventCursor>().is_err(), "{bad:?} parsed");
         }
     }

@@ -798,7 +798,11 @@ impl<L: LayeredBackend> Steps for L {
 }
 
 impl<L: LayeredBackend> Events for L {
-    fn events<'a, 'b>(&'a self, after: EventCursor, limit: usize) -> BoxFuture<'b, Result<EventPage>>
+    fn events<'a, 'b>(
+        &'a self,
+        after: EventCursor,
+        limit: usize,
+    ) -> BoxFuture<'b, Result<EventPage>>
     where
         'a: 'b,
         Self: 'b,

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use crate::backend::{Backend, Capabilities};
 use crate::capability::Capability;
 use crate::error::{Error, Result};
+use crate::events::{EventCursor, EventPage};
 use crate::id::JobId;
 use crate::layer::Layer;
 use crate::limits::{FlowStatus, QueueLimits};
@@ -18,7 +19,6 @@ use crate::model::{
     StoreSettings, TypedJob,
 };
 use crate::schedule::{Schedule, ScheduleRecord, ScheduleUpdate, StoredSchedule};
-use crate::events::{EventCursor, EventPage};
 use crate::steps::StepLog;
 use crate::time::Timestamp;
 use crate::transaction;
@@ -517,8 +517,8 @@ impl Store {
             .await
     }
 
-    /// Rule V3: deletes the namespace's oldest events so that at least the newest
-    /// `keep` stay (`keep` at least 1); answers how many it deleted. The worker's purge
+    /// Rule V3: deletes every event of the namespace but the newest `keep` (at least
+    /// 1); answers how many it deleted. The worker's purge
     /// loop calls it with its store's
     /// [`StoreSettings::record_events`](crate::StoreSettings::record_events) bound.
     pub async fn trim_events(&self, keep: u64) -> Result<u64> {

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use durq_core::{
     async_trait, Admin, Attempt, Backend, Bytes, Capabilities, ClaimRequest, ClaimedJob,
-    Completion, Enqueued, FlowControl, FlowStatus, Heartbeat, HeldLease, Inspect, Job, JobId,
-    JobState, LeaseToken, ListPage, ListQuery, NewJob, Pause, QueueLimits, QueueOverview,
-    QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StepLog, Steps,
-    StoreSettings, StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
+    Completion, Enqueued, EventCursor, EventPage, Events, FlowControl, FlowStatus, Heartbeat,
+    HeldLease, Inspect, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, Pause,
+    QueueLimits, QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules,
+    StepLog, Steps, StoreSettings, StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
 };
 
 use durq_core::ending::Armed;
@@ -266,6 +266,32 @@ impl Backend for MemoryBackend {
 
     fn as_steps(&self) -> Option<&dyn Steps> {
         Some(self)
+    }
+
+    fn as_events(&self) -> Option<&dyn Events> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Events for MemoryBackend {
+    async fn events(&self, after: EventCursor, limit: usize) -> Result<EventPage> {
+        Ok(self.namespace.lock().events(after, limit))
+    }
+
+    async fn emit(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        data: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.namespace.lock().emit(id, token, name, data, now)
+    }
+
+    async fn trim_events(&self, keep: u64) -> Result<u64> {
+        Ok(self.namespace.lock().trim_events(keep))
     }
 }
 

@@ -169,6 +169,14 @@ impl MemoryServer {
         self.namespace(namespace).lock().reopen_checks_apart(on);
     }
 
+    /// Makes every other event of the namespace's stream visible only after the one
+    /// recorded after it, as rows numbered by a sequence become visible in commit
+    /// order: the mutant of CONTRACT V4. For the conformance suite's mutant tests only.
+    #[cfg(feature = "testing")]
+    pub fn events_out_of_order(&self, namespace: &str, on: bool) {
+        self.namespace(namespace).lock().events_out_of_order(on);
+    }
+
     /// Marks the record of job `id` as one the store cannot read, standing for the
     /// damaged record a backend with a storage format can hold: a claim that meets it
     /// buries it (`dead`, its error saying why) instead of leasing it. For

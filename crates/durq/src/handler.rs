@@ -311,6 +311,39 @@ impl JobContext {
             .get_or_init(|| Box::new(std::sync::Mutex::new(read))))
     }
 
+    /// Records `data`, as JSON, as the event `name` of this job in the namespace's
+    /// event stream (CONTRACT V1), where a consumer following
+    /// [`Store::events`](durq_core::Store::events) reads it between the job's
+    /// `started` and its ending: progress, a milestone, a partial result.
+    ///
+    /// Fenced by this run's lease: a run that lost its lease records nothing
+    /// (`LeaseLost`). The event is recorded whether or not the job records its state
+    /// changes (`StoreSettings::record_events`). Names are `[A-Za-z0-9._:-]`, up to
+    /// 128 bytes; the JSON at most 64 KiB.
+    ///
+    /// ```no_run
+    /// # use durq::{JobContext, JobError};
+    /// # async fn import(ctx: JobContext, rows: u64) -> Result<(), JobError> {
+    /// for done in (0..=rows).step_by(1_000) {
+    ///     ctx.emit("progress", &serde_json::json!({ "done": done, "of": rows }))
+    ///         .await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn emit<T>(&self, name: &str, data: &T) -> durq_core::Result<()>
+    where
+        T: serde::Serialize + ?Sized,
+    {
+        let data = serde_json::to_vec(data).map_err(|err| {
+            durq_core::Error::invalid("data", format!("does not encode as JSON: {err}"))
+        })?;
+        self.worker
+            .store
+            .emit(self.id(), self.held.token, name, Bytes::from(data))
+            .await
+    }
+
     /// Enqueues `job` with this job as its parent (fan-out, CONTRACT E8).
     pub async fn enqueue_child(&self, job: NewJob) -> durq_core::Result<Enqueued> {
         let enqueued = self.worker.store.enqueue(job.parent(self.id())).await?;

@@ -25,6 +25,14 @@ pub use durq_core::{
     StoreSettings, SystemClock, Tags, Timestamp, TypedJob, Uniqueness, WorkerInfo, ATTEMPTS_KEPT,
 };
 
+/// The namespace's event stream (CONTRACT V1–V4): what
+/// [`Store::events`](durq_core::Store::events) reads. Not to be confused with
+/// [`JobEvent`], the lifecycle hooks of one worker process: the stream is durable,
+/// ordered across every process, and resumable from a cursor.
+pub mod stream {
+    pub use durq_core::{Event, EventCursor, EventKind, EventPage};
+}
+
 /// The requests and answers of the calls a worker makes on the store: `claim`,
 /// `heartbeat`, `complete`, `fail`, `release`, `reclaim` (CONTRACT C, L, R).
 /// [`Worker`] makes these calls for you, keeping each lease from claim to stored outcome;

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod bulk;
 pub mod dashboard;
 pub mod enqueue;
+pub mod events;
 pub mod inspect;
 pub mod list;
 pub mod read;
@@ -21,6 +22,9 @@ pub async fn run(cx: &mut Context<'_>, command: &Command) -> Result<()> {
         Command::List(args) => list::list(cx, args).await,
         Command::Inspect { id } => inspect::inspect(cx, *id).await,
         Command::Wait { id, timeout } => wait::wait(cx, *id, *timeout).await,
+        Command::Events { after, limit } => {
+            events::events(cx, after.unwrap_or_default(), usize::from(*limit)).await
+        }
         Command::Enqueue(args) => {
             let job = enqueue::prepare(args, cx.terminal)?;
             enqueue::run(cx, job).await

@@ -54,6 +54,7 @@ impl State {
                 ended: Vec::new(),
                 unreadable: false,
                 waiting_for: 0,
+                records_events: false,
             }),
             uniqueness,
             dependencies,
@@ -109,7 +110,12 @@ impl State {
             .with_queue(&job.queue, |queue| queue.all.insert(id));
         record.seq = self.draw_seq();
         self.idx.add(&record, id, now);
+        let records_events = settings.records_events();
+        record.records_events = records_events;
         self.jobs.insert(id, record);
+        if records_events {
+            self.record_enqueue(id, now);
+        }
         if let Some(key) = dedup_key {
             self.dedup.insert(key, (id, now));
         }

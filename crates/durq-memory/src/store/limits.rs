@@ -466,4 +466,8 @@ pub(crate) struct Faults {
     /// (CONTRACT D4). Read only by the backend's reopen in test builds.
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) reopen_checks_apart: bool,
+    /// Every other event becomes visible only after the one recorded after it, as rows
+    /// numbered by a sequence become visible in commit order: a reader that moved past
+    /// the later one never sees the earlier (CONTRACT V4).
+    pub(crate) events_out_of_order: bool,
 }

@@ -67,6 +67,9 @@ struct Record {
     /// While `waiting`: how many of the jobs it waits for have not settled it yet
     /// (CONTRACT G1).
     waiting_for: u32,
+    /// Whether the job records its state changes in the event stream (CONTRACT V1):
+    /// set at its enqueue by a store that records events.
+    records_events: bool,
 }
 
 /// The per-queue indexes.
@@ -207,6 +210,8 @@ pub(crate) struct State {
     /// beside the records rather than in them, so a job that takes no step costs
     /// nothing, and a purge one lookup while any job has steps.
     steps: JobIdMap<durq_core::StepLog>,
+    /// The event stream (CONTRACT V1–V4).
+    events: events::EventLog,
     next_seq: u64,
     /// Queues no claim takes from (CONTRACT Q1).
     paused: BTreeSet<String>,
@@ -240,6 +245,7 @@ fn lease_lost(id: JobId) -> Error {
 mod admin;
 mod claim;
 mod enqueue;
+mod events;
 mod fair;
 mod graph;
 mod lease;
@@ -296,6 +302,7 @@ impl State {
         let record = self.jobs.get_mut(&id)?;
         self.idx.remove(record, id);
         let was = record.job.state;
+        let attempts_before = record.job.attempts;
         let result = change(record);
         if record.job.state == JobState::Queued && was != JobState::Queued {
             self.next_seq += 1;
@@ -312,6 +319,9 @@ impl State {
             (!was.is_terminal() && record.job.state.is_terminal()).then_some(record.job.state);
         self.ended_any |= ended.is_some();
         self.idx.add(record, id, now);
+        if record.records_events && record.job.state != was {
+            self.record_change(id, was, attempts_before, now);
+        }
         Some((result, ended))
     }
 

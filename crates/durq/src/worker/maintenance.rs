@@ -157,6 +157,7 @@ pub(crate) async fn purge_loop(shared: Arc<Shared>, interval: Duration, stop: Ca
                         tracing::debug!(deleted, "purged jobs past retention");
                     }
                     if deleted < config.purge_batch as u64 {
+                        trim_events(&shared).await;
                         return;
                     }
                 }
@@ -169,6 +170,26 @@ pub(crate) async fn purge_loop(shared: Arc<Shared>, interval: Duration, stop: Ca
         }
     })
     .await;
+}
+
+/// Trims the namespace's event stream to the newest events the worker's store keeps
+/// (CONTRACT V3), when it records events; a backend without the stream is left alone.
+async fn trim_events(shared: &Shared) {
+    let store = &shared.home;
+    let Some(keep) = store.settings().events_kept else {
+        return;
+    };
+    if !store.supports(durq_core::Capability::Events) {
+        return;
+    }
+    match store.trim_events(keep).await {
+        Ok(deleted) if deleted > 0 => tracing::debug!(deleted, "trimmed the event stream"),
+        Ok(_) => {}
+        Err(err) => {
+            shared.metrics.store_errors.increment(1);
+            tracing::warn!(error = %err, "trimming the event stream failed");
+        }
+    }
 }
 
 /// Stores the schedules the worker declares, then fires the namespace's due schedules

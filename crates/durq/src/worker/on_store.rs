@@ -20,10 +20,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use durq_core::{
     async_trait, Admin, Attempt, Backend, Capabilities, ClaimRequest, ClaimedJob, Completion,
-    Enqueued, Error, FlowControl, FlowStatus, Heartbeat, HeldLease, Inspect, Job, JobId, JobState,
-    LeaseToken, ListPage, ListQuery, NewJob, Pause, QueueLimits, QueueOverview, QueueStats,
-    ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StepLog, Steps, Store, StoreSettings,
-    StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
+    Enqueued, Error, EventCursor, EventPage, Events, FlowControl, FlowStatus, Heartbeat, HeldLease,
+    Inspect, Job, JobId, JobState, LeaseToken, ListPage, ListQuery, NewJob, Pause, QueueLimits,
+    QueueOverview, QueueStats, ReclaimedJob, Result, Retry, ScheduleUpdate, Schedules, StepLog,
+    Steps, Store, StoreSettings, StoredSchedule, StoredWorker, Timestamp, WorkerRegistry,
 };
 use tokio::runtime::Handle;
 
@@ -215,6 +215,10 @@ impl Backend for OnStoreRuntime {
         self.inner.as_steps().map(|_| self as &dyn Steps)
     }
 
+    fn as_events(&self) -> Option<&dyn Events> {
+        self.inner.as_events().map(|_| self as &dyn Events)
+    }
+
     fn as_flow_control(&self) -> Option<&dyn FlowControl> {
         self.inner
             .as_flow_control()
@@ -280,6 +284,34 @@ impl Steps for OnStoreRuntime {
                 .await
         })
         .await
+    }
+}
+
+#[async_trait]
+impl Events for OnStoreRuntime {
+    async fn events(&self, after: EventCursor, limit: usize) -> Result<EventPage> {
+        self.hop(move |b| async move { b.require_events()?.events(after, limit).await })
+            .await
+    }
+
+    async fn emit(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        data: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        let name = name.to_owned();
+        self.hop(
+            move |b| async move { b.require_events()?.emit(id, token, &name, data, now).await },
+        )
+        .await
+    }
+
+    async fn trim_events(&self, keep: u64) -> Result<u64> {
+        self.hop(move |b| async move { b.require_events()?.trim_events(keep).await })
+            .await
     }
 }
 

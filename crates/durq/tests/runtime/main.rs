@@ -671,6 +671,7 @@ macro_rules! runtime_tests {
                 workers_keep_a_queues_limits,
                 finished_steps_do_not_run_again,
                 handlers_reach_every_capability_through_their_context,
+                handlers_emit_into_the_stream_and_the_worker_trims_it,
             );
         }
     };
