@@ -2,7 +2,9 @@
 //! an invoice go out, then a report reads what both returned; the caller waits for each
 //! report's outcome with `store.wait` (CONTRACT O1, O2). The charge takes durable
 //! steps (CONTRACT D1–D3), so a charge job that runs again after a crash or a retry
-//! never authorizes or captures twice.
+//! never authorizes or captures twice. The store records its jobs' events (CONTRACT
+//! V1–V4): at the end the example reads the paid order's graph back from the event
+//! stream, the charge's own `charged` event between its start and its success.
 //!
 //! ```text
 //! cargo run --example workflow
@@ -19,7 +21,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durq::{Dependency, JobContext, JobError, JobState, Json, NewJob, Worker};
+use durq::stream::{EventCursor, EventKind};
+use durq::{Dependency, JobContext, JobError, JobState, Json, NewJob, StoreSettings, Worker};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -33,11 +36,13 @@ struct Order {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
-    let store = durq::connect(&url).await?;
+    // Every change of these jobs' states is recorded in the namespace's event stream.
+    let store = durq::connect_with(&url, StoreSettings::default().record_events(10_000)).await?;
 
     // One graph per order: charge, then e-mail and invoice, then the report.
     let mut reports = Vec::new();
     let mut charges = Vec::new();
+    let mut graphs = Vec::new();
     for order in [
         Order {
             id: 1001,
@@ -66,6 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ])
             .await?;
         charges.push(graph[0].id);
+        graphs.push(graph.iter().map(|job| job.id).collect::<Vec<_>>());
         reports.push((order.id, graph[3].id));
     }
 
@@ -100,6 +106,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             Ok(format!("captured {} cents ({authorization})", order.cents))
                         })
                         .await?;
+                    // For whoever follows the stream: a dashboard, an audit log.
+                    ctx.emit("charged", &order.cents).await?;
                     Ok(Json(captured))
                 }
             }
@@ -196,6 +204,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("the charge's steps were not kept: {steps:?}").into());
     }
     println!("order 1001's charge took its steps: {}", steps.join(", "));
+    // The paid order's graph as the event stream tells it, in the order it happened.
+    let stream = store.events(EventCursor::START, 1_000).await?;
+    let mut told = Vec::new();
+    println!("order 1001 as the event stream tells it:");
+    for event in stream.events.iter().filter(|e| graphs[0].contains(&e.job)) {
+        told.push(format!("{} {}", event.queue, event.kind));
+        println!(
+            "  {:>6}  {:<8} {}",
+            event.cursor.to_string(),
+            event.queue,
+            event.kind
+        );
+    }
+    let kinds_of = |queue: &str| {
+        stream
+            .events
+            .iter()
+            .filter(|e| graphs[0].contains(&e.job) && e.queue == queue)
+            .map(|e| e.kind)
+            .collect::<Vec<_>>()
+    };
+    use EventKind::{Emitted, Enqueued, Ready, Started, Succeeded};
+    if kinds_of("charge") != [Enqueued, Started, Emitted, Succeeded]
+        || kinds_of("report") != [Enqueued, Ready, Started, Succeeded]
+    {
+        return Err(format!("the stream does not tell the graph: {told:?}").into());
+    }
     if !ordered || !declined_stopped || declined_report != Some(JobState::Cancelled) {
         return Err(format!("the graph ran out of order: {ran:?}").into());
     }
