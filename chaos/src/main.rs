@@ -72,7 +72,11 @@ pub struct StoreArgs {
 /// Opens the store `args` names, in the run's namespace (and schema), carrying the
 /// layers `durq::connect` adds, so every backend runs under the same ones.
 pub async fn open_store(args: &StoreArgs) -> Result<Store, String> {
-    let settings = StoreSettings::default().namespace(args.namespace.clone());
+    // Every store of the run records its jobs' events, so the checker can read the
+    // stream back against the history (CONTRACT V1, V2); it keeps them all.
+    let settings = StoreSettings::default()
+        .namespace(args.namespace.clone())
+        .record_events(1 << 40);
     if args.url.starts_with("postgres://") || args.url.starts_with("postgresql://") {
         use durq::backends::postgres::PostgresConfig;
         let mut config = PostgresConfig::new(&args.url)

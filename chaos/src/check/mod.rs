@@ -36,7 +36,15 @@
 //!   nor answered `Err` by `ctx.step` (its save refused or its answer lost); a step run
 //!   twice under one token; a replay naming a run that never ran the step; and, read
 //!   back from the store at the end, a succeeded step job whose saved steps are not all
-//!   three in order, or whose saved output names a run the history contradicts.
+//!   three in order, or whose saved output names a run the history contradicts;
+//! - **stream violations** (on a backend with the event stream, where every store of
+//!   the run records events, CONTRACT V1, V2): read whole at the end, each job's
+//!   events replayed through the state machine of CONTRACT §2 from its `enqueued`
+//!   (recorded once, first): a change from a state it cannot come from (a `started`
+//!   of a job not queued, a `succeeded` of one not running, …), a job whose replayed
+//!   state is not the state its record ends in, a job with a record and no events,
+//!   fewer `started` events than the distinct claims the history saw, or a cursor not
+//!   after the one before it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -227,6 +235,12 @@ pub struct Verdict {
     /// A finished step run again, a rerun nothing explains, a replay of a save no run
     /// made, or saved steps at the end that disagree with the history.
     pub step_violations: usize,
+    /// Events read back from the stream at the end (on a backend with `Events`).
+    pub stream_events: usize,
+    /// Events out of cursor order, changes from a state a job cannot be in, a
+    /// replayed state other than the job's final one, a job without events, or fewer
+    /// starts than claims.
+    pub stream_violations: usize,
     /// History lines cut by a kill (the last line of a killed process's file).
     pub cut_lines: usize,
     /// Whether every check passed.
@@ -247,6 +261,7 @@ impl Verdict {
             && self.limit_violations == 0
             && self.dependency_violations == 0
             && self.step_violations == 0
+            && self.stream_violations == 0
     }
 }
 
@@ -307,6 +322,10 @@ pub async fn run(args: CheckArgs) -> Result<(), String> {
         let steps = collect_steps(&histories);
         let saved = saved_steps(&store, &finals).await?;
         judge_saved_steps(&mut verdict, &steps, &saved);
+    }
+    if store.supports(durq::Capability::Events) {
+        let stream = read_stream(&store).await?;
+        judge_stream(&mut verdict, &stream, &jobs, &finals);
     }
     throughput(
         &mut verdict,
@@ -1111,6 +1130,143 @@ fn judge_saved_steps(
             }
         }
     }
+}
+
+/// The whole event stream, page by page, each page read again after a deliberate
+/// back-off (100 ms, at most 20 times) while the store refuses, as `read_each` does.
+async fn read_stream(store: &Store) -> Result<Vec<durq::stream::Event>, String> {
+    const TRIES: u32 = 20;
+    const BACK_OFF: Duration = Duration::from_millis(100);
+    let mut events = Vec::new();
+    let mut after = durq::stream::EventCursor::START;
+    let mut tries = 0;
+    loop {
+        match store.events(after, 1_000).await {
+            Ok(page) if page.events.is_empty() => return Ok(events),
+            Ok(page) => {
+                after = page.next;
+                events.extend(page.events);
+            }
+            Err(_) if tries < TRIES => {
+                tries += 1;
+                tokio::time::sleep(BACK_OFF).await;
+            }
+            Err(err) => return Err(format!("cannot read the event stream: {err}")),
+        }
+    }
+}
+
+/// Where a job's replayed events leave it: CONTRACT §2's states, with `Fresh` for a
+/// job just enqueued (queued, or waiting for other jobs: `enqueued` does not say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replayed {
+    Fresh,
+    Is(JobState),
+}
+
+/// The state `kind` moves a job in `was` to, or `None` when no change of CONTRACT §2
+/// goes from `was` by it.
+fn replay(was: Replayed, kind: durq::stream::EventKind) -> Option<Replayed> {
+    use durq::stream::EventKind as K;
+    use JobState as S;
+    use Replayed::{Fresh, Is};
+    let queued = matches!(was, Fresh | Is(S::Queued));
+    let next = match (kind, was) {
+        (K::Started, _) if queued => S::Running,
+        (K::Succeeded, Is(S::Running)) => S::Succeeded,
+        (K::Failed | K::Released, Is(S::Running)) => S::Queued,
+        (K::Ready, Fresh) => S::Queued,
+        // A claim buries a record it cannot read without starting it.
+        (K::Dead, Is(S::Running)) => S::Dead,
+        (K::Dead, _) if queued => S::Dead,
+        (K::Cancelled, Fresh | Is(S::Queued | S::Running | S::Waiting)) => S::Cancelled,
+        (K::Retried, Is(S::Succeeded | S::Dead | S::Cancelled)) => S::Queued,
+        (K::Emitted, Is(S::Running)) => return Some(was),
+        _ => return None,
+    };
+    Some(Is(next))
+}
+
+/// CONTRACT V1, V2 under faults: every job's events, read back whole, replay into the
+/// state its record ends in, from one `enqueued`, by changes the state machine allows,
+/// in cursor order; and the store started each job at least as often as the history
+/// saw it claimed.
+fn judge_stream(
+    verdict: &mut Verdict,
+    stream: &[durq::stream::Event],
+    jobs: &HashMap<JobId, JobHistory>,
+    finals: &HashMap<JobId, Option<Job>>,
+) {
+    verdict.stream_events = stream.len();
+    for pair in stream.windows(2) {
+        if pair[0].cursor >= pair[1].cursor {
+            verdict.stream_violations += 1;
+            example(
+                verdict,
+                format!("stream: {} came before {}", pair[0].cursor, pair[1].cursor),
+            );
+        }
+    }
+    let mut per_job: HashMap<JobId, Vec<&durq::stream::Event>> = HashMap::new();
+    for event in stream {
+        per_job.entry(event.job).or_default().push(event);
+    }
+    let mut ids: Vec<&JobId> = finals.keys().collect();
+    ids.sort();
+    for id in ids {
+        let Some(Some(job)) = finals.get(id) else {
+            continue;
+        };
+        let events = per_job.get(id).map(Vec::as_slice).unwrap_or_default();
+        let problem = replay_job(events, job.state).or_else(|| {
+            let claims: HashSet<u64> = jobs
+                .get(id)
+                .map(|h| h.claims.iter().map(|claim| claim.token).collect())
+                .unwrap_or_default();
+            let started = events
+                .iter()
+                .filter(|e| e.kind == durq::stream::EventKind::Started)
+                .count();
+            (started < claims.len()).then(|| {
+                format!(
+                    "{started} started events, but the history saw {} claims",
+                    claims.len()
+                )
+            })
+        });
+        if let Some(problem) = problem {
+            verdict.stream_violations += 1;
+            example(verdict, format!("{id}: stream: {problem}"));
+        }
+    }
+}
+
+/// What is wrong with one job's events, replayed, against the state it ends in.
+fn replay_job(events: &[&durq::stream::Event], ends: JobState) -> Option<String> {
+    use durq::stream::EventKind;
+    let Some((first, rest)) = events.split_first() else {
+        return Some("the job has a record and no events".to_owned());
+    };
+    if first.kind != EventKind::Enqueued {
+        return Some(format!("its first event is {}, not enqueued", first.kind));
+    }
+    let mut state = Replayed::Fresh;
+    for event in rest {
+        match replay(state, event.kind) {
+            Some(next) => state = next,
+            None => {
+                return Some(format!(
+                    "{} at {} from {state:?}, which no change allows",
+                    event.kind, event.cursor
+                ))
+            }
+        }
+    }
+    let ended_as = match state {
+        Replayed::Is(state) => state == ends,
+        Replayed::Fresh => matches!(ends, JobState::Queued | JobState::Waiting),
+    };
+    (!ended_as).then(|| format!("its events leave it {state:?}, its record is {ends}"))
 }
 
 /// Keeps up to 20 examples, enough to start an investigation.

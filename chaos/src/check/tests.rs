@@ -622,3 +622,104 @@ fn saved_steps_at_the_end_must_agree_with_the_history() {
     assert_eq!(forged.step_violations, 1, "{forged:?}");
     assert!(forged.examples[0].contains("never ran it"), "{forged:?}");
 }
+
+/// A stream event of `job`, the `n`-th of the stream.
+fn recorded(n: u64, job: JobId, kind: durq::stream::EventKind) -> durq::stream::Event {
+    durq::stream::Event {
+        cursor: durq::stream::EventCursor::new(n, 0),
+        job,
+        queue: "chaos".into(),
+        kind,
+        attempt: 1,
+        name: None,
+        data: None,
+        recorded_at: durq::Timestamp::from_millis(1),
+    }
+}
+
+/// The stream check's verdict on `stream`, the history's `claims` (job, token) and the
+/// final reads `finals`.
+fn judge_recorded(
+    stream: &[durq::stream::Event],
+    claims: &[(JobId, u64)],
+    finals: impl IntoIterator<Item = (JobId, Option<Job>)>,
+) -> Verdict {
+    let events = claims
+        .iter()
+        .enumerate()
+        .map(|(t, (id, token))| claim(t as u64, *id, *token))
+        .collect();
+    let (_, jobs) = collect(&[worker(1, events)]);
+    let finals: HashMap<JobId, Option<Job>> = finals.into_iter().collect();
+    let mut verdict = Verdict::default();
+    judge_stream(&mut verdict, stream, &jobs, &finals);
+    verdict
+}
+
+#[test]
+fn a_stream_that_replays_into_each_final_state_passes() {
+    use durq::stream::EventKind::*;
+    let (a, b, c) = (id(1), id(2), id(3));
+    let stream = [
+        recorded(1, a, Enqueued),
+        recorded(2, b, Enqueued),
+        recorded(3, c, Enqueued),
+        recorded(4, a, Started),
+        recorded(5, a, Failed),
+        recorded(6, a, Started),
+        recorded(7, a, Emitted),
+        recorded(8, a, Succeeded),
+        recorded(9, b, Cancelled),
+        recorded(10, c, Ready),
+        recorded(11, c, Started),
+        recorded(12, c, Released),
+    ];
+    let verdict = judge_recorded(
+        &stream,
+        &[(a, 1), (a, 2), (c, 1)],
+        [
+            waited(a, JobState::Succeeded, vec![]),
+            waited(b, JobState::Cancelled, vec![]),
+            waited(c, JobState::Queued, vec![]),
+        ],
+    );
+    assert_eq!(verdict.stream_violations, 0, "{:?}", verdict.examples);
+    assert_eq!(verdict.stream_events, 12);
+}
+
+#[test]
+fn impossible_changes_missing_starts_and_wrong_ends_are_stream_violations() {
+    use durq::stream::EventKind::*;
+    let (a, b, c, d, e) = (id(1), id(2), id(3), id(4), id(5));
+    let stream = [
+        recorded(1, a, Enqueued),
+        // Succeeded without a start.
+        recorded(2, a, Succeeded),
+        recorded(3, b, Enqueued),
+        recorded(4, b, Started),
+        recorded(5, c, Enqueued),
+        recorded(6, c, Started),
+        recorded(7, c, Succeeded),
+        // Out of cursor order.
+        recorded(6, e, Enqueued),
+    ];
+    let verdict = judge_recorded(
+        &stream,
+        // c was claimed twice, the stream started it once.
+        &[(b, 1), (c, 1), (c, 2)],
+        [
+            waited(a, JobState::Succeeded, vec![]),
+            // b's events leave it running; its record says succeeded.
+            waited(b, JobState::Succeeded, vec![]),
+            waited(c, JobState::Succeeded, vec![]),
+            // d has a record and no events.
+            waited(d, JobState::Queued, vec![]),
+            waited(e, JobState::Queued, vec![]),
+        ],
+    );
+    assert_eq!(
+        verdict.stream_violations, 5,
+        "a, b, c, d and the cursor: {:?}",
+        verdict.examples
+    );
+}

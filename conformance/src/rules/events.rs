@@ -436,6 +436,11 @@ pub async fn v3_a_trim_keeps_the_newest_and_says_what_was_lost(harness: &dyn Har
         0,
         "{what}: a trim with nothing to delete deletes nothing"
     );
+    assert_eq!(
+        store.trim_events(u64::MAX).await.must(what),
+        0,
+        "{what}: a trim keeping more than there are deletes nothing"
+    );
     assert_eq!(store.trim_events(1).await.must(what), 3, "{what}");
     let (kept, _) = read_from(&store, all[5].cursor, what).await;
     assert_eq!(kept, all[9..], "{what}: the newest event stays");

@@ -36,6 +36,10 @@ pub(super) struct Row {
     pub(super) step_reruns_store: u64,
     pub(super) step_reruns_failed_save: u64,
     pub(super) step_violations: u64,
+    /// Events read back from the stream, and the stream violations (CONTRACT V1, V2;
+    /// 0 and 0 on a backend without the stream).
+    pub(super) stream_events: u64,
+    pub(super) stream_violations: u64,
     pub(super) extra_kill: u64,
     pub(super) extra_store: u64,
     pub(super) extra_unexplained: u64,
@@ -63,6 +67,7 @@ impl Row {
             ("per-key limit violations", self.limit_violations),
             ("dependency violations", self.dependency_violations),
             ("durable step violations", self.step_violations),
+            ("event stream violations", self.stream_violations),
         ] {
             if n > 0 {
                 parts.push(format!("{n} {name}"));
@@ -80,12 +85,12 @@ impl Row {
 
 pub(super) fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | jobs that waited: violations | step jobs: step runs / replayed; reruns after kill / store fault / failed save; violations | extra runs: worker kill / store fault / unexplained | worker kills: claims / runs in flight | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
-         |---|---:|---|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---|\n",
+        "| backend | jobs | faults | lost | double completions | stale accepted | stuck | jobs that waited: violations | step jobs: step runs / replayed; reruns after kill / store fault / failed save; violations | events: violations | extra runs: worker kill / store fault / unexplained | worker kills: claims / runs in flight | planned reruns | jobs/s under faults | jobs/s overall | verdict |\n\
+         |---|---:|---|---:|---:|---:|---:|---|---|---|---|---|---:|---:|---:|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {}: {} | {}: {} / {}; {} / {} / {}; {} | {} / {} / {} | {} kills: {} / {} | {} | {:.0} | {:.0} | {} |\n",
+            "| {} | {} | {} ({}{}) | {} | {} | {} | {} | {}: {} | {}: {} / {}; {} / {} / {}; {} | {}: {} | {} / {} / {} | {} kills: {} / {} | {} | {:.0} | {:.0} | {} |\n",
             r.backend,
             r.jobs,
             r.faults,
@@ -111,6 +116,8 @@ pub(super) fn table(rows: &[Row]) -> String {
             r.step_reruns_store,
             r.step_reruns_failed_save,
             r.step_violations,
+            r.stream_events,
+            r.stream_violations,
             r.extra_kill,
             r.extra_store,
             r.extra_unexplained,
@@ -164,6 +171,11 @@ pub(super) struct Verdict {
     pub(super) step_reruns_after_failed_save: u64,
     #[serde(default)]
     pub(super) step_violations: u64,
+    /// Absent from the verdicts of runs before the event stream.
+    #[serde(default)]
+    pub(super) stream_events: u64,
+    #[serde(default)]
+    pub(super) stream_violations: u64,
     pub(super) extra_runs_worker_kill: u64,
     pub(super) extra_runs_store_fault: u64,
     pub(super) extra_runs_unexplained: u64,
@@ -215,6 +227,8 @@ pub(super) fn row_from(verdict: &Verdict, backend: &str) -> Row {
         step_reruns_store: verdict.step_reruns_after_store_fault,
         step_reruns_failed_save: verdict.step_reruns_after_failed_save,
         step_violations: verdict.step_violations,
+        stream_events: verdict.stream_events,
+        stream_violations: verdict.stream_violations,
         extra_kill: verdict.extra_runs_worker_kill,
         extra_store: verdict.extra_runs_store_fault,
         extra_unexplained: verdict.extra_runs_unexplained,
@@ -234,6 +248,7 @@ pub(super) fn row_from(verdict: &Verdict, backend: &str) -> Row {
         && row.limit_violations == 0
         && row.dependency_violations == 0
         && row.step_violations == 0
+        && row.stream_violations == 0
         && row.extra_unexplained == 0;
     row
 }
