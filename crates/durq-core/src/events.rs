@@ -270,20 +270,20 @@ mod tests {
 
     #[test]
     fn each_change_records_its_kind() {
-        use EventKind::*;
-        use JobState::*;
+        use EventKind as K;
+        use JobState as S;
         let of = EventKind::of_change;
-        assert_eq!(of(None, Waiting, 0, 0), Some(Enqueued));
-        assert_eq!(of(Some(Queued), Running, 0, 1), Some(Started));
-        assert_eq!(of(Some(Running), Succeeded, 1, 1), Some(Succeeded));
-        assert_eq!(of(Some(Running), Queued, 1, 1), Some(Failed));
-        assert_eq!(of(Some(Running), Queued, 1, 0), Some(Released));
-        assert_eq!(of(Some(Waiting), Queued, 0, 0), Some(Ready));
-        assert_eq!(of(Some(Dead), Queued, 3, 0), Some(Retried));
-        assert_eq!(of(Some(Succeeded), Queued, 1, 0), Some(Retried));
-        assert_eq!(of(Some(Waiting), Cancelled, 0, 0), Some(Cancelled));
-        assert_eq!(of(Some(Running), Dead, 3, 3), Some(Dead));
-        assert_eq!(of(Some(Running), Running, 1, 1), None);
+        assert_eq!(of(None, S::Waiting, 0, 0), Some(K::Enqueued));
+        assert_eq!(of(Some(S::Queued), S::Running, 0, 1), Some(K::Started));
+        assert_eq!(of(Some(S::Running), S::Succeeded, 1, 1), Some(K::Succeeded));
+        assert_eq!(of(Some(S::Running), S::Queued, 1, 1), Some(K::Failed));
+        assert_eq!(of(Some(S::Running), S::Queued, 1, 0), Some(K::Released));
+        assert_eq!(of(Some(S::Waiting), S::Queued, 0, 0), Some(K::Ready));
+        assert_eq!(of(Some(S::Dead), S::Queued, 3, 0), Some(K::Retried));
+        assert_eq!(of(Some(S::Succeeded), S::Queued, 1, 0), Some(K::Retried));
+        assert_eq!(of(Some(S::Waiting), S::Cancelled, 0, 0), Some(K::Cancelled));
+        assert_eq!(of(Some(S::Running), S::Dead, 3, 3), Some(K::Dead));
+        assert_eq!(of(Some(S::Running), S::Running, 1, 1), None);
         for kind in EventKind::ALL {
             assert_eq!(kind.as_str().parse::<EventKind>().ok(), Some(kind));
         }
