@@ -16,8 +16,8 @@ use durq_core::{
     StoreSettings, StoredSchedule, StoredWorker, Timestamp,
 };
 use durq_core::{
-    Admin, FlowControl, FlowStatus, Inspect, Pause, QueueLimits, Schedules, StepLog, Steps,
-    WorkerRegistry,
+    Admin, EventCursor, EventPage, Events, FlowControl, FlowStatus, Inspect, Pause, QueueLimits,
+    Schedules, StepLog, Steps, WorkerRegistry,
 };
 
 use crate::config::Dial;
@@ -159,6 +159,16 @@ impl RedisBackend {
             None => 0,
         };
         Ok(partitions + self.unlink_namespace().await?)
+    }
+
+    /// The event stream's calls on a store that does not declare `Events` (called on
+    /// the backend directly, past [`Backend::as_events`]): `Unsupported`, as the
+    /// handle answers.
+    fn require_unpartitioned(&self) -> Result<()> {
+        match self.inner.partitions {
+            Some(_) => Err(Error::unsupported(durq_core::Capability::Events)),
+            None => Ok(()),
+        }
     }
 
     /// How many partitions the namespace is spread over: 1 unless it was created
@@ -405,6 +415,42 @@ impl Backend for RedisBackend {
     /// steps").
     fn as_steps(&self) -> Option<&dyn Steps> {
         Some(self)
+    }
+
+    /// On an unpartitioned namespace only (CONTRACT §8): one stream in the namespace's
+    /// slot, written by the script that makes each change. A partitioned namespace's
+    /// partitions live on several servers, and one ordered stream would need a shared
+    /// write per event; its stores mark no job (docs/redis.md, "Event stream").
+    fn as_events(&self) -> Option<&dyn Events> {
+        match self.inner.partitions {
+            Some(_) => None,
+            None => Some(self),
+        }
+    }
+}
+
+#[async_trait]
+impl Events for RedisBackend {
+    async fn events(&self, after: EventCursor, limit: usize) -> Result<EventPage> {
+        self.require_unpartitioned()?;
+        self.read_events(after, limit).await
+    }
+
+    async fn emit(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        data: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.require_unpartitioned()?;
+        self.emit_event(id, token, name, data, now).await
+    }
+
+    async fn trim_events(&self, keep: u64) -> Result<u64> {
+        self.require_unpartitioned()?;
+        self.trim_stream(keep).await
     }
 }
 

@@ -540,6 +540,7 @@ impl RedisBackend {
             conn,
             dial,
             settings,
+            partitioned: partitions > 1,
         };
         if partitions <= 1 {
             let heads = Arc::new(Heads::default());
@@ -599,6 +600,7 @@ impl RedisBackend {
             conn,
             dial,
             settings,
+            partitioned,
         } = shared.clone();
         let waker = Waker::new(pubsub_nodes, keys.wake.clone(), seed);
         let completion_graphs = crate::store::lease::GraphHint::default();
@@ -613,6 +615,10 @@ impl RedisBackend {
             keys: keys.clone(),
             window,
             dedup_ttl: if window.is_zero() { 0 } else { ttl_ms(window) },
+            // A partition is a store of its own inside a partitioned one (its keys
+            // tagged `{NS#p}`); neither declares `Events` (CONTRACT §8), so neither
+            // marks its jobs.
+            record_events: settings.records_events() && !partitioned,
         };
         let enqueues = Batcher::new(Enqueues {
             ctx: enqueue_ctx.clone(),
@@ -638,13 +644,14 @@ impl RedisBackend {
     }
 }
 
-/// What every store of one open shares: the connection, how it was opened, and the
-/// settings.
+/// What every store of one open shares: the connection, how it was opened, the
+/// settings, and whether the namespace is partitioned.
 #[derive(Clone)]
 struct Shared {
     conn: Conn,
     dial: Dial,
     settings: StoreSettings,
+    partitioned: bool,
 }
 
 /// The key layout this build writes, recorded per namespace (`layout.lua`). It also

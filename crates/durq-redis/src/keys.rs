@@ -73,6 +73,13 @@ pub(crate) struct Keys {
     /// holds `queue id`, and is dropped once read without it (K1 counts a key's running
     /// jobs from it).
     pub kleases: String,
+    /// The event stream (CONTRACT V1-V4; see `lua/core.lua`, `record_change`): a
+    /// stream of the namespace's recorded changes and emitted events, ids by the
+    /// server (`*`), written by every script that changes the state of a marked job.
+    pub events: String,
+    /// The newest id `trim_events` deleted from [`Keys::events`] (string `MS-SEQ`),
+    /// absent until the first trim that deleted one (see `lua/trim_events.lua`).
+    pub events_trimmed: String,
     /// The pub/sub channel of wake-ups (not a key): the namespace's, shared by all its
     /// partitions, so one subscriber serves a partitioned store.
     pub wake: String,
@@ -123,6 +130,8 @@ impl Keys {
             ckeys: key("ckeys"),
             kready: key("kready"),
             kleases: key("kleases"),
+            events: key("events"),
+            events_trimmed: key("events:trimmed"),
             wake: format!("jobs:{{{namespace}}}:wake"),
             layout: format!("jobs:{{{namespace}}}:layout"),
             prefix,
@@ -296,6 +305,8 @@ mod tests {
             keys.ckeys.clone(),
             keys.kready.clone(),
             keys.kleases.clone(),
+            keys.events.clone(),
+            keys.events_trimmed.clone(),
             keys.job(id),
             keys.steps(id),
             keys.steps_named("x"),
@@ -325,6 +336,8 @@ mod tests {
                     assert_eq!(hash_slot(&keys.job(id)), slot as u16);
                     // A job's steps live in its slot (CONTRACT D1–D4).
                     assert_eq!(hash_slot(&keys.steps(id)), slot as u16);
+                    // So does the stream its changes would be recorded in.
+                    assert_eq!(hash_slot(&keys.events), slot as u16);
                     slices.insert(slot * count / 16_384);
                     // The namespace's wake-up channel and layout record are its own.
                     assert_eq!(keys.wake, Keys::new(namespace).wake);

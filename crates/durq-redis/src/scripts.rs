@@ -110,6 +110,12 @@ script!(
 script!(SAVE_STEP, "save_step.lua", "lua/core.lua");
 // No helpers: it reads two hashes.
 script!(STEPS, "steps.lua",);
+// The event stream (CONTRACT V1-V4). An emit checks a lease and appends one entry:
+// core.lua's `meta_queue_parent` is all it uses; a trim checks its marker with
+// `abort_corrupt`; a read uses nothing.
+script!(EMIT, "emit.lua", "lua/core.lua");
+script!(EVENTS, "events.lua",);
+script!(TRIM_EVENTS, "trim_events.lua", "lua/core.lua");
 // No helpers: it marks and reads one hash.
 script!(AWAIT, "await.lua",);
 script!(PURGE, "purge.lua");
@@ -145,7 +151,7 @@ script!(WORKERS, "workers.lua");
 script!(LAYOUT, "layout.lua",);
 
 /// Every script, so a new connection can load them all up front.
-pub(crate) fn all() -> [&'static Script; 29] {
+pub(crate) fn all() -> [&'static Script; 32] {
     [
         &ENQUEUE,
         &CLAIM,
@@ -162,6 +168,9 @@ pub(crate) fn all() -> [&'static Script; 29] {
         &REOPEN,
         &SAVE_STEP,
         &STEPS,
+        &EMIT,
+        &EVENTS,
+        &TRIM_EVENTS,
         &AWAIT,
         &PURGE,
         &STATS,

@@ -9,7 +9,8 @@
 -- KEYS[6] kleases (zset: leases of jobs with a concurrency key, see core.lua)
 -- ARGV[1] job id               ARGV[2] token of the claim that leased it
 -- ARGV[3] now (ms)             ARGV[4] what is unreadable
--- then a graph tail (graph.lua): the buried job settles the jobs waiting for it (G3).
+-- then a graph tail (graph.lua): the buried job settles the jobs waiting for it (G3);
+-- its event stream is where a job that records its events records `dead` (CONTRACT V1).
 --
 -- Returns {'ok', 'dead'} | {'notfound'} | {'lost'} | {'corrupt', reason} |
 -- {'need', {id, ...}} (graph.lua; nothing written)
@@ -21,7 +22,7 @@
 local job, leases, list, finished, running, kleases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, now = ARGV[1], ARGV[3]
 local g = graph_tail()
-local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'ckey', 'awt')
+local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'ckey', 'awt', 'ev', 'att')
 if not v[1] then
   return { 'notfound' }
 end
@@ -39,6 +40,9 @@ if not plan then
 end
 drop_lease(leases, running, queue, id, kleases, v[4])
 bury(job, list, finished, queue, id, parent, now, ARGV[4])
+if v[6] then
+  record_change(g.events, id, queue, 'running', 'dead', v[7], v[7], now)
+end
 settle_write(g, plan)
 if v[5] then
   announce_ending(g.channel, id)

@@ -6,7 +6,9 @@
 -- KEYS[4] list index (zset)    KEYS[5] finished log (list)
 -- KEYS[6] kready (zset: ready jobs with a concurrency key, see core.lua)
 -- ARGV[1] job id               ARGV[2] now (ms)
--- then a graph tail (graph.lua): a cancelled job settles the jobs waiting for it (G3).
+-- then a graph tail (graph.lua): a cancelled job settles the jobs waiting for it (G3);
+-- its event stream is where a job that records its events records `cancelled`
+-- (CONTRACT V1). A cancel request to a running job changes no state and records nothing.
 --
 -- Returns {'ok', state after the call} | {'notfound'} | {'corrupt', reason} |
 -- {'need', {id, ...}} (graph.lua; nothing written)
@@ -19,7 +21,7 @@
 local job, ready, sched, list, finished, kready = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, now = ARGV[1], ARGV[2]
 local g = graph_tail()
-local v = redis.call('HMGET', job, 'state', 'meta', 'order', 'ckey', 'awt')
+local v = redis.call('HMGET', job, 'state', 'meta', 'order', 'ckey', 'awt', 'ev', 'att')
 if not v[1] then
   return { 'notfound' }
 end
@@ -50,6 +52,9 @@ if state == 'queued' or state == 'waiting' then
     redis.call('HDEL', job, 'wfor')
   end
   finish(job, list, finished, queue, id, parent, state, 'cancelled', now)
+  if v[6] then
+    record_change(g.events, id, queue, state, 'cancelled', v[7], v[7], now)
+  end
   settle_write(g, plan)
   if v[5] then
     announce_ending(g.channel, id)

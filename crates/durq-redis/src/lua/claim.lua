@@ -11,9 +11,10 @@
 -- KEYS[9] kready (zset: ready jobs with a concurrency key, see core.lua)
 -- KEYS[10] kleases (zset: leases of jobs with a concurrency key, see core.lua)
 -- KEYS[11] queue limits (hash: queue -> limits text, lua/flow.lua)
--- KEYS[1..11] are the same for claim_fit.lua and claim_limited.lua (store/claim.rs,
+-- KEYS[12] event stream (CONTRACT V1; core.lua, record_change)
+-- KEYS[1..12] are the same for claim_fit.lua and claim_limited.lua (store/claim.rs,
 -- claim_invocation)
--- KEYS[11+i] the hash of candidate i, whose id is ARGV[7+Q+i]
+-- KEYS[12+i] the hash of candidate i, whose id is ARGV[7+Q+i]
 --
 -- ARGV[1] now (ms)             ARGV[2] worker
 -- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
@@ -59,8 +60,10 @@
 --
 -- Atomicity: each job leaves the ready index and enters the lease index (and its queue's
 -- running counter) in the same script that marks it running, so a crash never strands a
--- job in neither. Every value read is checked before the first write (the running
--- counters before the promotion, the records in a first pass, see lib.lua).
+-- job in neither. A job that records its events (`ev`, read with the other fields) gets
+-- its `started` event, a buried one its `dead` event, in the same script. Every value
+-- read is checked before the first write (the running counters before the promotion,
+-- the records in a first pass, see lib.lua).
 --
 -- Cost: this is the hot path, so it is written for the server's time per job: one
 -- HMGET and one HSET per job, the index writes of the whole call batched, no table or
@@ -76,6 +79,7 @@ local nq = tonumber(ARGV[7])
 local ready, sched, leases, list, running, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local paused = KEYS[7]
 local ckeys, kready, kleases, limits = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local events = KEYS[12]
 local call, sub = redis.call, string.sub
 
 -- CONTRACT Q1: a paused queue gives no candidates.
@@ -101,8 +105,8 @@ if not promote(ready, sched, now, bound, ckeys, kready) then
 end
 
 local held = {}
-for i = 1, #KEYS - 11 do
-  held[ARGV[7 + nq + i]] = KEYS[11 + i]
+for i = 1, #KEYS - 12 do
+  held[ARGV[7 + nq + i]] = KEYS[12 + i]
 end
 
 -- The first `n` entries of the ready order over all named queues: each queue's range is
@@ -150,6 +154,9 @@ local buried = {}
 local ktaken, klease_pairs, kgone = {}, {}, {}
 local nc, nt, np = 0, 0, 0
 local walked = 0
+-- The leased jobs that record their events (CONTRACT V1): each one's row number and
+-- queue; made by the first such job, so a claim of jobs without the mark builds nothing.
+local marked, marked_queue = nil, nil
 for i = 1, #members do
   if nc >= limit then
     break
@@ -163,7 +170,7 @@ for i = 1, #members do
   walked = i
   local queue = only or sub(member, 1, #member - 73)
   local v = call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error', 'cancel',
-    'payload', 'timeout', 'placement', 'ckey')
+    'payload', 'timeout', 'placement', 'ckey', 'ev')
   local state = v[1]
   nt = nt + 1
   taken[nt] = member
@@ -218,6 +225,13 @@ for i = 1, #members do
         klease_pairs[#klease_pairs + 1] = '0'
         klease_pairs[#klease_pairs + 1] = queue .. ' ' .. ckey .. ' ' .. id
       end
+      if v[12] then
+        if not marked then
+          marked, marked_queue = {}, {}
+        end
+        marked[#marked + 1] = nc
+        marked_queue[#marked_queue + 1] = queue
+      end
     end
   elseif state and not STATE_CODE[state] then
     reason = 'unknown state'
@@ -228,7 +242,7 @@ for i = 1, #members do
   -- Any other state means the entry is stale: it is only dropped.
   if reason then
     local _, parent = meta_queue_parent(v[2])
-    buried[#buried + 1] = { job, queue, id, parent, reason }
+    buried[#buried + 1] = { job, queue, id, parent, reason, v[12], state, v[4] }
   end
 end
 
@@ -238,8 +252,18 @@ for i = 1, nc do
   call('HSET', lease_keys[i], 'state', 'running', 'att', claimed[r + 4], 'token', claimed[r + 5],
     'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
 end
+if marked then
+  for i, n in ipairs(marked) do
+    local r = 11 * (n - 1)
+    record_change(events, claimed[r + 1], marked_queue[i], 'queued', 'running', nil,
+      claimed[r + 4], now)
+  end
+end
 for _, b in ipairs(buried) do
   bury(b[1], list, finished, b[2], b[3], b[4], now, b[5])
+  if b[6] then
+    record_change(events, b[3], b[2], b[7], 'dead', b[8], b[8], now)
+  end
   corrupt[#corrupt + 1] = b[3]
 end
 zrem_members(ready, taken)

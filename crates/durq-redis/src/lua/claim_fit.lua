@@ -7,10 +7,10 @@
 -- KEYS[5] running counters (hash: queue -> lease entries)
 -- KEYS[6] finished log (list)  KEYS[7] paused queues (set)
 -- KEYS[8] concurrency keys (hash)  KEYS[9] kready (zset)  KEYS[10] kleases (zset)
--- KEYS[11] queue limits (hash)     (KEYS[1..11] as claim.lua's)
--- KEYS[12] placement index (hash: id -> placement text, only jobs that declare one)
--- KEYS[13] flow control state (hash, see flow.lua)
--- KEYS[13+i] the hash of held job i, whose id is ARGV[12+Q+P+i]
+-- KEYS[11] queue limits (hash)     KEYS[12] event stream (KEYS[1..12] as claim.lua's)
+-- KEYS[13] placement index (hash: id -> placement text, only jobs that declare one)
+-- KEYS[14] flow control state (hash, see flow.lua)
+-- KEYS[14+i] the hash of held job i, whose id is ARGV[12+Q+P+i]
 --
 -- ARGV[1] now (ms)             ARGV[2] worker
 -- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
@@ -76,8 +76,8 @@
 -- at once (ready-order walk).
 --
 -- Atomicity and check before write: as claim.lua. The walk and every record it acts on
--- are read in a first pass, the writes come after. The concurrency-key indexes are kept
--- as claim.lua keeps them (write_claim in lib.lua).
+-- are read in a first pass, the writes come after. The concurrency-key indexes and the
+-- events of marked jobs are kept as claim.lua keeps them (write_claim in lib.lua).
 
 local now, worker, expires = ARGV[1], ARGV[2], ARGV[3]
 local limit = tonumber(ARGV[4])
@@ -89,8 +89,8 @@ local nq = tonumber(ARGV[11])
 local np = tonumber(ARGV[12 + nq])
 local held_from = 12 + nq + np
 local ready, sched, leases, list, running, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local paused, placements, flow = KEYS[7], KEYS[12], KEYS[13]
-local ckeys, kready, kleases, limits = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local paused, placements, flow = KEYS[7], KEYS[13], KEYS[14]
+local ckeys, kready, kleases, limits, events = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 
 -- CONTRACT Q1: a paused queue gives no candidates.
 local named, is_named = {}, {}
@@ -137,8 +137,8 @@ if not promote(ready, sched, now, bound, ckeys, kready) then
 end
 
 local held = {}
-for i = 1, #KEYS - 13 do
-  held[ARGV[held_from + i]] = KEYS[13 + i]
+for i = 1, #KEYS - 14 do
+  held[ARGV[held_from + i]] = KEYS[14 + i]
 end
 local preferred = {}
 for i = 1, np do
@@ -417,7 +417,7 @@ else
           repaired[#repaired + 1] = { id, v[10] }
         end
         if verdict == 'bad' then
-          decide_bury(d, job, v[2], member, s.q, id, 'field placement unreadable', v[11])
+          decide_bury(d, job, v, member, s.q, id, 'field placement unreadable')
         elseif verdict ~= 'no' and verdict ~= 'held' and decide(job, v, member, s.q, id) == 'leased' then
           leased = leased + 1
         end
@@ -603,7 +603,7 @@ for _, e in ipairs(bad) do
       hint[#hint + 1] = id
       more = 1
     elseif v[1] == 'queued' then
-      decide_bury(d, job, v[2], member, queue, id, 'field placement unreadable', v[11])
+      decide_bury(d, job, v, member, queue, id, 'field placement unreadable')
     else
       decide(job, v, member, queue, id)
     end
@@ -645,7 +645,7 @@ for field, s in pairs(starts) do
 end
 zrem_members(kleases, stale_leases)
 local leased, buried = write_claim(ready, leases, list, running, finished, d, worker, expires, now,
-  ckeys, kready, kleases)
+  ckeys, kready, kleases, events)
 for _, v in ipairs(leased) do
   claimed[#claimed + 1] = v
 end

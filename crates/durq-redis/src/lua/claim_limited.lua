@@ -9,8 +9,9 @@
 -- KEYS[6] finished log (list)  KEYS[7] paused queues (set)
 -- KEYS[8] ckeys (hash)         KEYS[9] kready (zset)
 -- KEYS[10] kleases (zset)      KEYS[11] limits (hash)
--- KEYS[12] flow (hash)
--- KEYS[12+i] the hash of candidate i, whose id is ARGV[7+Q+i]
+-- KEYS[12] event stream (CONTRACT V1; core.lua, record_change)
+-- KEYS[13] flow (hash)
+-- KEYS[13+i] the hash of candidate i, whose id is ARGV[7+Q+i]
 --
 -- ARGV[1] now (ms)             ARGV[2] worker
 -- ARGV[3] lease expiry (ms)    ARGV[4] limit (>= 1)
@@ -52,8 +53,9 @@ local hint_size = tonumber(ARGV[5])
 local bound = tonumber(ARGV[6])
 local nq = tonumber(ARGV[7])
 local ready, sched, leases, list, running, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local paused, ckeys, kready, kleases, limits_key, flow = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local FIRST_HELD = 12
+local paused, ckeys, kready, kleases, limits_key, flow = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[13]
+local events = KEYS[12]
+local FIRST_HELD = 13
 -- Values per leased job in the reply, as claim.lua's (codec.rs, CLAIMED_FIELDS).
 local CLAIMED_WIDTH = 11
 local call, sub = redis.call, string.sub
@@ -360,6 +362,9 @@ local lease_keys, buried, kready_old, kleases_new, kgone = {}, {}, {}, {}, {}
 local starts = {}
 local turns = {}
 local nc, np, walked = 0, 0, 0
+-- The leased jobs that record their events (CONTRACT V1): each one's row number and
+-- queue; made by the first such job, so a claim of jobs without the mark builds nothing.
+local marked, marked_queue = nil, nil
 for i = 1, math.min(#picks, want) do
   if nc >= limit then
     break
@@ -372,7 +377,7 @@ for i = 1, math.min(#picks, want) do
   walked = i
   local queue, id, member = pick.queue, pick.id, pick.member
   local v = call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error', 'cancel',
-    'payload', 'timeout', 'placement', 'ckey')
+    'payload', 'timeout', 'placement', 'ckey', 'ev')
   local state = v[1]
   taken[#taken + 1] = member
   local key = v[11]
@@ -428,6 +433,13 @@ for i = 1, math.min(#picks, want) do
       if pick.prio then
         turns['t ' .. queue .. ' ' .. pick.prio] = pick.key
       end
+      if v[12] then
+        if not marked then
+          marked, marked_queue = {}, {}
+        end
+        marked[#marked + 1] = nc
+        marked_queue[#marked_queue + 1] = queue
+      end
     end
   elseif state and not STATE_CODE[state] then
     reason = 'unknown state'
@@ -436,7 +448,7 @@ for i = 1, math.min(#picks, want) do
   end
   if reason then
     local _, parent = meta_queue_parent(v[2])
-    buried[#buried + 1] = { job, queue, id, parent, reason }
+    buried[#buried + 1] = { job, queue, id, parent, reason, v[12], state, v[4] }
   end
 end
 
@@ -452,8 +464,18 @@ for i = 1, nc do
   call('HSET', lease_keys[i], 'state', 'running', 'att', claimed[r + 4], 'token', claimed[r + 5],
     'worker', worker, 'lease_exp', expires, 'started', now, 'hb', now)
 end
+if marked then
+  for i, n in ipairs(marked) do
+    local r = CLAIMED_WIDTH * (n - 1)
+    record_change(events, claimed[r + 1], marked_queue[i], 'queued', 'running', nil,
+      claimed[r + 4], now)
+  end
+end
 for _, b in ipairs(buried) do
   bury(b[1], list, finished, b[2], b[3], b[4], now, b[5])
+  if b[6] then
+    record_change(events, b[3], b[2], b[7], 'dead', b[8], b[8], now)
+  end
   corrupt[#corrupt + 1] = b[3]
 end
 zrem_members(ready, taken)

@@ -5,7 +5,8 @@
 -- KEYS[3] finished log (list)
 -- KEYS[4] running counters (hash: queue -> lease entries)
 -- KEYS[5] kleases (zset: leases of jobs with a concurrency key, see core.lua)
--- KEYS[5+j] the hash of job j, j = 1..N
+-- KEYS[6] event stream (CONTRACT V1; core.lua, record_change)
+-- KEYS[6+j] the hash of job j, j = 1..N
 -- ARGV[1] the default now (ms)
 -- for job j, 4 values from ARGV[4(j-1) + 2]:
 --   id, token, now (ms) or '' for the default, and where its result is: '' for none,
@@ -20,7 +21,8 @@
 -- ending is announced on, so the plain script carries none.
 --
 -- Atomicity: each job's state, result, lease, list and finished entries change in the
--- same call, and the whole batch is one script. Jobs are handled in order, so a second
+-- same call (and, for a job that records its events, its `succeeded` event), and the
+-- whole batch is one script. Jobs are handled in order, so a second
 -- completion of one job in the same batch finds it no longer running (L5), exactly as a
 -- second call would.
 --
@@ -28,15 +30,17 @@
 -- earlier entry counts as no longer running), then the running counters of the queues
 -- concerned are checked, then a second pass writes.
 --
--- Cost: per job one HMGET and one HSET (and one HDEL of the last error for a job past
--- its first attempt, L4); the index entries of the whole batch are written
+-- Cost: per job one HMGET (its `ev` field read with the others) and one HSET (and one
+-- HDEL of the last error for a job past its first attempt, L4); the index entries of
+-- the whole batch are written
 -- with one ZREM/ZADD per index (and one ZREM per queue of the lease index, to keep the
 -- running counters exact) and one RPUSH of the finished log. The per-job Lua is kept to
 -- the four index members and log entries the layout needs and one pattern match of
 -- `meta`.
 
 local leases, list, finished, running, kleases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local njobs = GRAPH and GRAPH.own_keys - 5 or #KEYS - 5
+local events = KEYS[6]
+local njobs = GRAPH and GRAPH.own_keys - 6 or #KEYS - 6
 -- {id, 'succeeded'} per completed job that has jobs waiting for it; only built by
 -- complete_graph (the plain script answers `graph` at the first such job).
 local endings = nil
@@ -50,11 +54,14 @@ local stale_error = {}  -- per entry to complete: whether an earlier attempt's e
 local completed = {}  -- job keys completed by an earlier entry of this call
 local announced = {}  -- ids of completed jobs someone waits for (complete_graph only)
 local queues = {}
+-- Per entry to complete whose job records its events (CONTRACT V1): its queue and
+-- attempts, for its `succeeded` event; made by the first such entry.
+local marked = nil
 -- Pass 1: read and decide, no writes.
 for j = 1, njobs do
   local a = 4 * j - 2
-  local job = KEYS[5 + j]
-  local v = call('HMGET', job, 'state', 'token', 'meta', 'att', 'ckey', 'hasd', 'awt')
+  local job = KEYS[6 + j]
+  local v = call('HMGET', job, 'state', 'token', 'meta', 'att', 'ckey', 'hasd', 'awt', 'ev')
   if not v[1] then
     out[j] = 'notfound'
   elseif v[1] ~= 'running' or v[2] ~= ARGV[a + 1] or completed[job] then
@@ -107,6 +114,10 @@ for j = 1, njobs do
       -- A parent is stored as '-' when there is none; the entry then ends with a space
       -- (finished_entry in core.lua, inlined).
       entries[nl] = now .. ' ' .. succeeded .. (parent == '-' and ' ' or ' ' .. parent)
+      if v[8] then
+        marked = marked or {}
+        marked[j] = { queue, v[4] }
+      end
       out[j] = 'ok'
     end
   end
@@ -129,14 +140,18 @@ for _, j in ipairs(finishing) do
   end
   local result = ARGV[a + 3]
   if result == '' then
-    call('HSET', KEYS[5 + j], 'state', 'succeeded', 'finished', now)
+    call('HSET', KEYS[6 + j], 'state', 'succeeded', 'finished', now)
   else
-    call('HSET', KEYS[5 + j], 'state', 'succeeded', 'finished', now, 'result',
+    call('HSET', KEYS[6 + j], 'state', 'succeeded', 'finished', now, 'result',
       ARGV[tonumber(result)])
   end
   -- L4: a succeeded job shows no error of an earlier attempt (it is in the history).
   if stale_error[j] then
-    call('HDEL', KEYS[5 + j], 'error')
+    call('HDEL', KEYS[6 + j], 'error')
+  end
+  local m = marked and marked[j]
+  if m then
+    record_change(events, ARGV[a], m[1], 'running', 'succeeded', m[2], m[2], now)
   end
 end
 -- Per queue, so each running counter drops by exactly the entries removed.

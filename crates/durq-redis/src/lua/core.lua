@@ -211,3 +211,47 @@ local function bury(job, list, finished, queue, id, parent, now, reason, code)
   redis.call('ZADD', list, '0', queue .. ' d ' .. id)
   redis.call('RPUSH', finished, finished_entry(now, queue, 'dead', id, parent))
 end
+
+-- The event stream (CONTRACT V1-V4; docs/redis.md, "Event stream"). A job enqueued
+-- through a store that records events carries `ev` = '1', written by enqueue.lua with
+-- the job and never changed. Every script that changes a job's state reads `ev` in the
+-- HMGET it makes anyway and, when it is set, appends the change to the namespace's
+-- stream (`jobs:{NS}:events`, in the script's KEYS) with one XADD in the same script:
+-- fields `j ID q QUEUE k KIND a ATTEMPTS t AT` (plus `n NAME d DATA` for `emitted`,
+-- emit.lua). The ids are the server's own (`*`): scripts run one at a time, so the
+-- order of the ids is the order of the changes. A job without the mark pays one
+-- absent field in that read, and nothing else.
+
+-- Records the change of job `id` of `queue` from state `was` (nil for its enqueue) to
+-- `to`, its attempts going from `before` to `after` (integer strings as stored), at
+-- `at` (ms, the caller's clock reading). The kind is decided here and only here, and
+-- mirrors durq_core::events::EventKind::of_change kind for kind: a change that leaves
+-- the state as it was, or one into `waiting` (none but an enqueue), records nothing.
+-- The attempts are written as Rust reads them (a u32): a counter that cannot be read
+-- (a record buried for it) is written 0, so one bad record never makes the stream
+-- unreadable.
+local function record_change(events, id, queue, was, to, before, after, at)
+  local kind
+  if not was then
+    kind = 'enqueued'
+  elseif was == to or to == 'waiting' then
+    return
+  elseif to == 'running' then
+    kind = 'started'
+  elseif to == 'queued' then
+    if was == 'running' then
+      kind = tonumber(after) < tonumber(before) and 'released' or 'failed'
+    elseif was == 'waiting' then
+      kind = 'ready'
+    else
+      kind = 'retried'
+    end
+  else
+    -- succeeded, dead, cancelled: the kind is named as the state.
+    kind = to
+  end
+  if not after or not string.find(after, '^%d+$') or tonumber(after) > 4294967295 then
+    after = '0'
+  end
+  redis.call('XADD', events, '*', 'j', id, 'q', queue, 'k', kind, 'a', after, 't', at)
+end

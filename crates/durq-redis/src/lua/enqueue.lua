@@ -9,6 +9,7 @@
 -- KEYS[8]  kready (zset: ready jobs with a concurrency key, see core.lua)
 -- KEYS[9]  dependents index (zset: `DEPENDENCY DEPENDENT`, see graph.lua)
 -- KEYS[10] finished log (list): jobs cancelled at enqueue by a failed dependency (G3)
+-- KEYS[11] event stream (CONTRACT V1; core.lua, record_change): written only with ARGV[5]
 -- then for job j = 1..N, in order: the new job's hash (its id minted by Rust), its dedup
 --   key if it has an idempotency key ('k' below), its parent's hash if it has a parent
 --   in this slot ('p' below), the hashes of the stored jobs it waits for ('w' below)
@@ -19,6 +20,9 @@
 -- ARGV[2] N                     ARGV[3] wake-up channel: per queue with a job made ready,
 --                               one message 'QUEUE ID ID...' naming its first 32 such jobs
 -- ARGV[4] '1' when some job of the run has an idempotency key, else '0'
+-- ARGV[5] '1' when the store records events (StoreSettings::record_events): each job
+--         created gets the mark `ev` and its `enqueued` event, dated by its created_at
+--         in `meta` (CONTRACT V1); '0' otherwise, and nothing more is written
 -- then for job j an entry of 7 values, then one value per option that takes one:
 --   id, queue, meta (the packed immutable fields, see lib.lua, created_at included),
 --   payload ('' when staged), run_at (ms),
@@ -67,13 +71,17 @@
 -- Cost: the hot path of every producer. It includes core.lua alone (every helper
 -- file's definitions cost every call; it uses kready_member, finished_entry and
 -- STATE_CODE), reads each job's plain entry without decoding options, and per created
--- job writes one HSET and adds its members to one ZADD per index.
+-- job writes one HSET and adds its members to one ZADD per index. A store that records
+-- events adds the field `ev` to that HSET and one XADD per created job; one that does
+-- not pays the test of ARGV[5] per job.
 
 local call, find, format = redis.call, string.find, string.format
 local dedup_ttl = ARGV[1]
 local n = tonumber(ARGV[2])
 local channel = ARGV[3]
 local has_keys = ARGV[4] == '1'
+local mark = ARGV[5] == '1'
+local events = KEYS[11]
 
 -- One job's options, decoded only for a job that has any: the flags and the values they
 -- take, and where its entry, its extra values and its keys end.
@@ -134,7 +142,7 @@ end
 
 -- Phase 1: checks, no writes; the entries' positions and options for phase 2.
 local at, job_keys, opts_of = {}, {}, {}
-local a, k = 4, 10
+local a, k = 5, 11
 local with_keys = {}
 for j = 1, n do
   at[j] = a
@@ -283,6 +291,9 @@ local function dependency_start(o, meta, id)
   return 'waiting', #open, meta
 end
 local nr, nl = 0, 0
+-- A job's `enqueued` event (CONTRACT V1), whatever its first state, is dated by the
+-- created_at its `meta` carries (the job's own clock reading).
+local CREATED = '^%S+ %S+ %S+ %S+ (%S+) '
 
 for j = 1, n do
   local a = at[j]
@@ -295,8 +306,14 @@ for j = 1, n do
     -- (building a table per job and unpacking it costs the server more than the write);
     -- `state` first, then the fields claims and completions read, so their lookups in
     -- the hash stop early.
-    call('HSET', job, 'state', 'queued', 'meta', meta, 'run_at', run_at, 'att', '0', 'token', '0',
-      'order', order, 'payload', payload)
+    if mark then
+      call('HSET', job, 'state', 'queued', 'meta', meta, 'run_at', run_at, 'att', '0',
+        'token', '0', 'order', order, 'payload', payload, 'ev', '1')
+      record_change(events, id, queue, nil, 'queued', '0', '0', string.match(meta, CREATED))
+    else
+      call('HSET', job, 'state', 'queued', 'meta', meta, 'run_at', run_at, 'att', '0',
+        'token', '0', 'order', order, 'payload', payload)
+    end
     nr = nr + 2
     ready_pairs[nr - 1] = '0'
     ready_pairs[nr] = queue .. ' ' .. order .. id
@@ -348,6 +365,10 @@ for j = 1, n do
       else
         call('HSET', job, 'state', start, 'meta', meta, 'run_at', run_at, 'att', '0',
           'token', '0', 'order', order, 'payload', payload)
+      end
+      if mark then
+        call('HSET', job, 'ev', '1')
+        record_change(events, id, queue, nil, start, '0', '0', string.match(meta, CREATED))
       end
       if start == 'waiting' then
         call('HSET', job, 'wfor', string.format('%d', detail))

@@ -16,7 +16,8 @@
 -- ARGV[9] how many bytes of the error the attempt's record keeps (CONTRACT H2: 4 KiB,
 --         cut on a character boundary by the caller; string.sub counts bytes)
 -- then a graph tail (graph.lua): a job that ends dead or cancelled settles the jobs
--- waiting for it (G3).
+-- waiting for it (G3); its event stream is where a job that records its events
+-- records `failed`, `dead` or `cancelled` (CONTRACT V1).
 --
 -- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason} |
 -- {'need', {id, ...}} (graph.lua; nothing written)
@@ -36,7 +37,7 @@ local running, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
 local id, now = ARGV[1], ARGV[3]
 local g = graph_tail()
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'att', 'cancel', 'worker', 'started',
-  'ckey', 'awt')
+  'ckey', 'awt', 'ev')
 if not v[1] then
   return { 'notfound' }
 end
@@ -76,6 +77,9 @@ if state == 'queued' then
     v[8], kready)
   redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
   drop_lease(leases, running, queue, id, kleases, v[8])
+  if v[10] then
+    record_change(g.events, id, queue, 'running', 'queued', v[4], v[4], now)
+  end
   if due then
     redis.call('PUBLISH', ARGV[8], queue)
   end
@@ -87,6 +91,9 @@ else
   redis.call('HSET', job, 'error', ARGV[4], attempt_field(v[2]), attempt)
   drop_lease(leases, running, queue, id, kleases, v[8])
   finish(job, list, finished, queue, id, parent, 'running', state, now)
+  if v[10] then
+    record_change(g.events, id, queue, 'running', state, v[4], v[4], now)
+  end
   settle_write(g, plan)
   if v[9] then
     announce_ending(ARGV[8], id)

@@ -14,26 +14,31 @@
 -- The graph tail. Settling writes the hashes of the jobs that wait, which only the
 -- dependents index names, and a script must declare every key it touches (cluster
 -- safety), so a script that can end jobs takes, after its own KEYS and ARGV:
---   KEYS: dependents index, ready, sched, list, finished, seq, kready, then the hashes
---         of the D dependents its caller knows of
+--   KEYS: dependents index, ready, sched, list, finished, seq, kready, event stream,
+--         then the hashes of the D dependents its caller knows of
 --   ARGV: now (ms), now as 16 hex digits, the wake-up channel, the D ids, then D
 -- and, when settling meets a dependent whose hash it was not given, answers
 -- {'need', {id, ...}} before its first write; Rust then calls again with them
 -- (store/graph.rs), as enqueue.lua does for dedup keys.
+--
+-- The event stream (CONTRACT V1) is in the tail because every script that takes one
+-- changes a job's state: the script records its own changes there (`g.events`), and
+-- settling records those of the jobs it releases (`ready`), cancels and buries (`dead`)
+-- that carry the mark, read with the fields settling reads anyway.
 
 -- The graph tail of this call, and where the script's own KEYS and ARGV end.
 local function graph_tail()
   local d = tonumber(ARGV[#ARGV])
-  local nk = #KEYS - 7 - d
+  local nk = #KEYS - 8 - d
   local na = #ARGV - 4 - d
   local g = {
     edges = KEYS[nk + 1], ready = KEYS[nk + 2], sched = KEYS[nk + 3], list = KEYS[nk + 4],
-    finished = KEYS[nk + 5], seq = KEYS[nk + 6], kready = KEYS[nk + 7],
+    finished = KEYS[nk + 5], seq = KEYS[nk + 6], kready = KEYS[nk + 7], events = KEYS[nk + 8],
     now = ARGV[na + 1], now_hex = ARGV[na + 2], channel = ARGV[na + 3],
     known = {}, own_keys = nk, own_args = na,
   }
   for i = 1, d do
-    g.known[ARGV[na + 3 + i]] = KEYS[nk + 7 + i]
+    g.known[ARGV[na + 3 + i]] = KEYS[nk + 8 + i]
   end
   return g
 end
@@ -88,7 +93,7 @@ local function settle_plan(g, endings)
         local r = seen[d]
         if not r then
           local v = redis.call('HMGET', key, 'state', 'wfor', 'meta', 'run_at', 'order', 'ckey',
-            'awt')
+            'awt', 'ev', 'att')
           r = { key = key, id = d, state = v[1], wfor = tonumber(v[2]), v = v }
           seen[d] = r
           if r.state == 'waiting' then
@@ -157,6 +162,9 @@ local function settle_write(g, plan)
     requeue(r.key, g.ready, g.sched, g.list, seq, r.queue, r.id, r.prio, run_at, ready_hex, due,
       'waiting', r.v[6], g.kready)
     redis.call('HDEL', r.key, 'wfor')
+    if r.v[8] then
+      record_change(g.events, r.id, r.queue, 'waiting', 'queued', r.v[9], r.v[9], g.now)
+    end
     if due and not woken[r.queue] then
       woken[r.queue] = true
       redis.call('PUBLISH', g.channel, r.queue)
@@ -171,6 +179,9 @@ local function settle_write(g, plan)
     redis.call('HSET', r.key, 'error', r.error)
     redis.call('HDEL', r.key, 'wfor')
     finish(r.key, g.list, g.finished, r.queue, r.id, r.parent, 'waiting', 'cancelled', g.now)
+    if r.v[8] then
+      record_change(g.events, r.id, r.queue, 'waiting', 'cancelled', r.v[9], r.v[9], g.now)
+    end
     if r.v[7] then
       announce_ending(g.channel, r.id)
     end
@@ -182,6 +193,10 @@ local function settle_write(g, plan)
       -- No queue to find its index entries by: the record alone says dead.
       redis.call('HSET', r.key, 'state', 'dead', 'finished', g.now, 'error',
         CORRUPT_PREFIX .. r.reason)
+    end
+    if r.v[8] then
+      -- A record whose `meta` cannot be read names no queue: its event names none ('').
+      record_change(g.events, r.id, r.queue or '', 'waiting', 'dead', r.v[9], r.v[9], g.now)
     end
     if r.v[7] then
       announce_ending(g.channel, r.id)

@@ -142,20 +142,21 @@ end
 
 -- What one claim call (claim.lua, claim_fit.lua) decided in its first pass, for
 -- write_claim: `lease` ({job key, reply values, queue, id, attempts, token as the claim
--- writes them}), `bury` ({job key, queue, id, parent, reason}), `taken` (ready members to
--- remove), `ktaken` (their kready members, for the jobs with a concurrency key), `list_old`
--- (list members of vanished jobs) and `gone` ({queue, ready member, id} of vanished jobs,
--- whose key write_claim looks up in `ckeys`).
+-- writes them}), `bury` ({job key, queue, id, parent, reason, the record as read}),
+-- `taken` (ready members to remove), `ktaken` (their kready members, for the jobs with a
+-- concurrency key), `list_old` (list members of vanished jobs) and `gone` ({queue, ready
+-- member, id} of vanished jobs, whose key write_claim looks up in `ckeys`).
 local function claim_decisions()
   return { lease = {}, bury = {}, taken = {}, ktaken = {}, list_old = {}, gone = {} }
 end
 
 -- The fields of a job's record a claim reads, in the order of its reply row (claim.lua's
 -- header; v[1], the state, is overwritten there by the id): the placement, then the
--- concurrency key (hex, or false for none).
+-- concurrency key (hex, or false for none); then, past the row, the event mark `ev`
+-- (CONTRACT V1; core.lua, record_change).
 local function read_for_claim(job)
   return redis.call('HMGET', job, 'state', 'meta', 'run_at', 'att', 'token', 'error',
-    'cancel', 'payload', 'timeout', 'placement', 'ckey')
+    'cancel', 'payload', 'timeout', 'placement', 'ckey', 'ev')
 end
 
 -- Takes ready entry `member` off the ready index, and off `kready` when its job has a
@@ -168,12 +169,12 @@ local function decide_take(d, member, queue, ckey)
 end
 
 -- Decides that the claim takes the job of ready entry `member` off the ready index and
--- buries it, for `reason`; `meta` is its record's meta field (for its parent), `ckey` its
--- `ckey` field.
-local function decide_bury(d, job, meta, member, queue, id, reason, ckey)
-  decide_take(d, member, queue, ckey)
-  local _, parent = meta_queue_parent(meta)
-  d.bury[#d.bury + 1] = { job, queue, id, parent, reason }
+-- buries it, for `reason`; `v` is its record as read_for_claim read it (its parent from
+-- `meta`, its `ckey`, and for its `dead` event its state, attempts and mark).
+local function decide_bury(d, job, v, member, queue, id, reason)
+  decide_take(d, member, queue, v[11])
+  local _, parent = meta_queue_parent(v[2])
+  d.bury[#d.bury + 1] = { job, queue, id, parent, reason, v }
 end
 
 -- Decides what the claim does with the job of ready entry `member`, whose record `v`
@@ -202,7 +203,7 @@ local function decide_claim(d, job, v, member, queue, id)
     reason = 'unknown state'
   end
   if reason then
-    decide_bury(d, job, v[2], member, queue, id, reason, v[11])
+    decide_bury(d, job, v, member, queue, id, reason)
     return 'buried'
   end
   decide_take(d, member, queue, v[11])
@@ -220,11 +221,12 @@ end
 -- goes to dead; the taken ready members and the list members of vanished jobs are
 -- removed. A leased job with a concurrency key enters `kleases`; the taken entries of jobs
 -- with one leave `kready`, and a vanished job's key (looked up in `ckeys`) leaves both
--- `kready` and `ckeys`. Returns the leased jobs' reply rows, one flat array of 11 values
--- per job (as claim.lua answers: a table per row costs the reply more than its values),
--- and the buried ids.
+-- `kready` and `ckeys`. A leased or buried job that records its events gets its
+-- `started` or `dead` event in `events` (CONTRACT V1). Returns the leased jobs' reply
+-- rows, one flat array of 11 values per job (as claim.lua answers: a table per row costs
+-- the reply more than its values), and the buried ids.
 local function write_claim(ready, leases, list, running, finished, d, worker, expires, now,
-    ckeys, kready, kleases)
+    ckeys, kready, kleases, events)
   local claimed, corrupt, lease_pairs, klease_pairs = {}, {}, {}, {}
   for _, g in ipairs(d.gone) do
     local ckey = redis.call('HGET', ckeys, g[3])
@@ -258,9 +260,16 @@ local function write_claim(ready, leases, list, running, finished, d, worker, ex
     pairs_of_queue[#pairs_of_queue + 1] = expires
     pairs_of_queue[#pairs_of_queue + 1] = lease_member(queue, id)
     -- The list entry stays: queued and running share the code 'a'.
+    if v[12] then
+      record_change(events, id, queue, 'queued', 'running', nil, attempts, now)
+    end
   end
   for _, b in ipairs(d.bury) do
     bury(b[1], list, finished, b[2], b[3], b[4], now, b[5])
+    local v = b[6]
+    if v[12] then
+      record_change(events, b[3], b[2], v[1], 'dead', v[4], v[4], now)
+    end
     corrupt[#corrupt + 1] = b[3]
   end
   zrem_members(ready, d.taken)

@@ -14,7 +14,9 @@
 -- ARGV[4+i] lease index member i ("queue id"), read by Rust with
 --           ZRANGEBYSCORE leases -inf (now LIMIT 0 limit
 -- then a graph tail (graph.lua): each job that ends dead or cancelled settles the jobs
--- waiting for it (G3). A {'need', {id, ...}} answer wrote nothing.
+-- waiting for it (G3). A {'need', {id, ...}} answer wrote nothing. A job that records
+-- its events records `failed` (queued again, the attempt counted), `dead` (its last
+-- attempt, or a record buried) or `cancelled` in the tail's event stream (CONTRACT V1).
 --
 -- Returns {examined, {{id, new state}, ...}}: examined is the number of lease entries
 -- this call looked at, which is never more than the entries it was given, so its work
@@ -60,7 +62,7 @@ for i = 1, g.own_keys - 9 do
       queues[#queues + 1] = queue
     end
     local v = redis.call('HMGET', job, 'state', 'att', 'meta', 'cancel', 'token', 'worker', 'started',
-      'ckey', 'awt')
+      'ckey', 'awt', 'ev')
     local state = v[1]
     local _, parent, prio, max_att = meta_head(v[3])
     local kind, reason
@@ -131,6 +133,9 @@ for _, p in ipairs(plan) do
     redis.call('HDEL', ckeys, id)
   elseif kind == 'corrupt' then
     bury(job, list, finished, queue, id, parent, now, reason)
+    if v[10] then
+      record_change(g.events, id, queue, v[1], 'dead', v[2], v[2], now)
+    end
     if v[9] then
       announce_ending(channel, id)
     end
@@ -142,12 +147,18 @@ for _, p in ipairs(plan) do
       seq_next = seq_next + 1
       requeue(job, ready, nil, list, seq_next, queue, id, prio, now, now_hex, true, 'running',
         v[8], kready)
+      if v[10] then
+        record_change(g.events, id, queue, 'running', 'queued', v[2], v[2], now)
+      end
       if not woken[queue] then
         woken[queue] = true
         redis.call('PUBLISH', channel, queue)
       end
     else
       finish(job, list, finished, queue, id, parent, 'running', kind, now)
+      if v[10] then
+        record_change(g.events, id, queue, 'running', kind, v[2], v[2], now)
+      end
       if v[9] then
         announce_ending(channel, id)
       end

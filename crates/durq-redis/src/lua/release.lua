@@ -14,7 +14,8 @@
 -- ARGV[5] wake-up channel      ARGV[6] ready time (ms)
 -- ARGV[7] '1' if the ready time is <= now
 -- then a graph tail (graph.lua): a cancel-requested job the release ends cancelled
--- settles the jobs waiting for it (G3), as fail.lua does.
+-- settles the jobs waiting for it (G3), as fail.lua does; its event stream is where a
+-- job that records its events records `released` or `cancelled` (CONTRACT V1).
 --
 -- Returns {'ok', new state} | {'notfound'} | {'lost'} | {'corrupt', reason} |
 -- {'need', {id, ...}} (graph.lua; nothing written)
@@ -29,7 +30,7 @@ local running, kready, kleases = KEYS[8], KEYS[9], KEYS[10]
 local id, now = ARGV[1], ARGV[3]
 local g = graph_tail()
 local v = redis.call('HMGET', job, 'state', 'token', 'meta', 'cancel', 'att', 'worker', 'started',
-  'ckey', 'awt')
+  'ckey', 'awt', 'ev')
 if not v[1] then
   return { 'notfound' }
 end
@@ -61,6 +62,9 @@ if v[4] == '1' then
   drop_lease(leases, running, queue, id, kleases, v[8])
   finish(job, list, finished, queue, id, parent, 'running', 'cancelled', now)
   redis.call('HSET', job, attempt_field(v[2]), attempt)
+  if v[10] then
+    record_change(g.events, id, queue, 'running', 'cancelled', v[5], v[5], now)
+  end
   settle_write(g, plan)
   if v[9] then
     announce_ending(ARGV[5], id)
@@ -72,8 +76,12 @@ local next_seq = redis.call('INCR', seq)
 local due = ARGV[7] == '1'
 requeue(job, ready, sched, list, next_seq, queue, id, prio, ARGV[6], ARGV[4], due, 'running',
   v[8], kready)
-redis.call('HSET', job, 'att', string.format('%d', tonumber(v[5]) - 1), attempt_field(v[2]), attempt)
+local attempts = string.format('%d', tonumber(v[5]) - 1)
+redis.call('HSET', job, 'att', attempts, attempt_field(v[2]), attempt)
 drop_lease(leases, running, queue, id, kleases, v[8])
+if v[10] then
+  record_change(g.events, id, queue, 'running', 'queued', v[5], attempts, now)
+end
 if due then
   redis.call('PUBLISH', ARGV[5], queue)
 end

@@ -6,7 +6,8 @@
 -- KEYS[3] list index (zset)    KEYS[4] finished index of layout 1 (zset)
 -- KEYS[5] sequence counter (string)
 -- KEYS[6] kready (zset: ready jobs with a concurrency key, see core.lua)
--- KEYS[7] the job's steps (hash; see save_step.lua)
+-- KEYS[7] event stream (CONTRACT V1: `retried`, for a job that records its events)
+-- KEYS[8] the job's steps (hash; see save_step.lua)
 -- ARGV[1] job id               ARGV[2] now (ms)
 -- ARGV[3] now as 16 hex digits ARGV[4] wake-up channel
 -- ARGV[5] the step to reopen from
@@ -27,10 +28,10 @@
 -- sequence counter); the attempt record, the steps and the generation are written last,
 -- after the moves that could fail, so any answer but `ok` wrote nothing.
 
-local job, steps = KEYS[1], KEYS[7]
+local job, steps = KEYS[1], KEYS[8]
 local step, generation = ARGV[5], ARGV[6]
 local v = redis.call('HMGET', job, 'state', 'meta', 'ckey', 'gen', 'token', 'worker', 'started',
-  'finished')
+  'finished', 'ev')
 if not v[1] then
   return { 'notfound' }
 end
@@ -95,8 +96,8 @@ if state == 'succeeded' and token and token ~= '0' and worker and started and fi
   end
   succeeded = { attempt_field(token), attempt_record(token, started, finished, 's', worker, nil) }
 end
-local refused = requeue_ended(job, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[1],
-  ARGV[2], ARGV[3], ARGV[4], state, v[2], v[3])
+local refused = requeue_ended(job, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], state, v[2], v[3], v[9])
 if refused then
   return refused
 end

@@ -7,18 +7,20 @@
 -- KEYS: none of its own.  ARGV: none of its own.  Returns: nothing; it only defines
 -- local functions that the script after it uses.
 
--- Queues the ended job `id` (hash `job`, in `state`, with its `meta` and `ckey` fields as
--- the caller read them) again, ready now: attempts 0, no cancel request, no `finished`,
--- `result`, `error`, `started` or `hb` of a past run (they are in its attempt history), a
--- fresh place behind the jobs already ready, and a wake-up on `channel` for its queue.
--- `now` is the instant in ms and `now_hex` its 16 hex digits (formatted by Rust).
+-- Queues the ended job `id` (hash `job`, in `state`, with its `meta`, `ckey` and `ev`
+-- fields as the caller read them) again, ready now: attempts 0, no cancel request, no
+-- `finished`, `result`, `error`, `started` or `hb` of a past run (they are in its attempt
+-- history), a fresh place behind the jobs already ready, and a wake-up on `channel` for
+-- its queue.
+-- `now` is the instant in ms and `now_hex` its 16 hex digits (formatted by Rust). A job
+-- that records its events (`ev`) records `retried` in `events` (CONTRACT V1).
 --
 -- Check before write: returns {'corrupt', reason} having written nothing when `meta` is
 -- unreadable; else makes every write and returns nil. Its first write is the INCR of the
 -- sequence counter, which fails the script on a corrupt counter before anything changed,
 -- so a caller whose own writes come after this call leaves nothing half done either way.
-local function requeue_ended(job, ready, list, done_v1, seq, kready, id, now, now_hex, channel,
-    state, meta, ckey)
+local function requeue_ended(job, ready, list, done_v1, seq, kready, events, id, now, now_hex,
+    channel, state, meta, ckey, ev)
   local queue, parent, prio = meta_head(meta)
   if not queue or not is_int(prio) then
     return { 'corrupt', 'field meta unreadable' }
@@ -32,6 +34,9 @@ local function requeue_ended(job, ready, list, done_v1, seq, kready, id, now, no
   redis.call('HSET', job, 'att', '0', 'cancel', '0')
   redis.call('HDEL', job, 'finished', 'result', 'error', 'started', 'hb')
   requeue(job, ready, nil, list, next_seq, queue, id, prio, now, now_hex, true, state, ckey, kready)
+  if ev then
+    record_change(events, id, queue, state, 'queued', '0', '0', now)
+  end
   redis.call('PUBLISH', channel, queue)
   return nil
 end

@@ -6,6 +6,7 @@
 --                              requeue_ended.lua)
 -- KEYS[5] sequence counter (string)
 -- KEYS[6] kready (zset: ready jobs with a concurrency key, see core.lua)
+-- KEYS[7] event stream (CONTRACT V1: `retried`, for a job that records its events)
 -- ARGV[1] job id               ARGV[2] now (ms)
 -- ARGV[3] now as 16 hex digits ARGV[4] wake-up channel
 --
@@ -18,7 +19,7 @@
 -- are kept: the next run reads them.
 
 local job = KEYS[1]
-local v = redis.call('HMGET', job, 'state', 'meta', 'ckey')
+local v = redis.call('HMGET', job, 'state', 'meta', 'ckey', 'ev')
 if not v[1] then
   return { 'notfound' }
 end
@@ -26,5 +27,5 @@ local state = v[1]
 if state ~= 'dead' and state ~= 'cancelled' then
   return { 'state', state }
 end
-return requeue_ended(job, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[1], ARGV[2],
-  ARGV[3], ARGV[4], state, v[2], v[3]) or { 'ok' }
+return requeue_ended(job, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], ARGV[1],
+  ARGV[2], ARGV[3], ARGV[4], state, v[2], v[3], v[4]) or { 'ok' }

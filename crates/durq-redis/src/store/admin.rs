@@ -55,8 +55,8 @@ impl RedisBackend {
 
     /// A call of `script`, one that queues the ended job `id` again through
     /// `requeue_ended.lua` (`retry.lua`, `reopen.lua`), with the keys and arguments
-    /// that file reads first (KEYS[1..6], ARGV[1..4]); a script of its own takes more
-    /// after them.
+    /// that file reads first (KEYS[1..7], the event stream last, ARGV[1..4]); a script
+    /// of its own takes more after them.
     pub(crate) fn requeue_ended_call<'a>(
         &self,
         script: &'a redis::Script,
@@ -72,6 +72,7 @@ impl RedisBackend {
             .key(&keys.done_v1)
             .key(&keys.seq)
             .key(&keys.kready)
+            .key(&keys.events)
             .arg(id.to_string())
             .arg(now.as_millis())
             .arg(ready_hex(now))

@@ -38,8 +38,8 @@ const FIT_SCAN_BOUND: usize = 2_000;
 const FIT_SCAN_CALLS: usize = 4;
 
 /// A call of `claim.lua`, `claim_fit.lua` or `claim_limited.lua` with what they begin
-/// with: KEYS 1–11 (the indexes, the paused set, the concurrency key indexes `ckeys`,
-/// `kready`, `kleases`, and the queue limits) and ARGV 1–6 (now, worker, lease expiry,
+/// with: KEYS 1–12 (the indexes, the paused set, the concurrency key indexes `ckeys`,
+/// `kready`, `kleases`, the queue limits, and the event stream, CONTRACT V1) and ARGV 1–6 (now, worker, lease expiry,
 /// limit, hint size, promotion bound). Each script's own keys and arguments follow.
 fn claim_invocation(
     script: &'static redis::Script,
@@ -61,6 +61,7 @@ fn claim_invocation(
         .key(&keys.kready)
         .key(&keys.kleases)
         .key(&keys.limits)
+        .key(&keys.events)
         .arg(now)
         .arg(worker)
         .arg(expires)

@@ -58,6 +58,10 @@ pub(crate) struct Ctx {
     pub window: Duration,
     /// The dedup keys' garbage-collection TTL in ms; 0 when the window is empty.
     pub dedup_ttl: i64,
+    /// Whether the jobs this store enqueues record their events (CONTRACT V1): the
+    /// store's `StoreSettings::record_events`, on an unpartitioned namespace only (a
+    /// partitioned one declares no `Events`, so nothing would read or trim a stream).
+    pub record_events: bool,
 }
 
 /// One script call's answer. Every answer but `Done` means nothing was written.
@@ -159,10 +163,12 @@ async fn run_chunk(ctx: &Ctx, jobs: &[&Prepared], known: &[JobId], staged: bool)
         .key(&keys.kready)
         .key(&keys.dependents)
         .key(&keys.finished)
+        .key(&keys.events)
         .arg(ctx.dedup_ttl)
         .arg(jobs.len())
         .arg(&keys.wake)
-        .arg(if has_keys { "1" } else { "0" });
+        .arg(if has_keys { "1" } else { "0" })
+        .arg(if ctx.record_events { "1" } else { "0" });
     let mut opts = String::with_capacity(8);
     for prepared in jobs {
         let (job, id, now) = (&prepared.job, prepared.id, prepared.now);

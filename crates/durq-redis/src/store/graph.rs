@@ -104,7 +104,9 @@ impl Dependents {
     }
 
     /// Adds the graph tail to `call`, after its own keys and arguments: the keys the
-    /// settling writes, the instant it settles at, and the dependents known so far.
+    /// settling writes (the event stream among them: the tail's script records its own
+    /// changes and the settled jobs' there, CONTRACT V1), the instant it settles at, and
+    /// the dependents known so far.
     fn add_tail(&self, call: &mut impl ScriptCall, keys: &Keys, now: Timestamp) {
         call.push_key(&keys.dependents);
         call.push_key(&keys.ready);
@@ -113,6 +115,7 @@ impl Dependents {
         call.push_key(&keys.finished);
         call.push_key(&keys.seq);
         call.push_key(&keys.kready);
+        call.push_key(&keys.events);
         for id in &self.known {
             call.push_key(keys.job(*id));
         }

@@ -399,7 +399,8 @@ fn complete_call(
         .key(&keys.list)
         .key(&keys.finished)
         .key(&keys.running)
-        .key(&keys.kleases);
+        .key(&keys.kleases)
+        .key(&keys.events);
     let default_now = default_now.as_millis();
     invocation.arg(default_now);
     // Results follow the entries' values (ARGV is 1-based: the default instant, then

@@ -3,8 +3,9 @@
 //! know of each queue set's head), [`lease`] (heartbeat, complete and its grouping,
 //! fail, release), [`sweep`] (reclaim, purge, and the sweep of a whole namespace),
 //! [`reads`] (get, payload, children, attempts, stats, queues, list), [`admin`] (cancel,
-//! retry, pause), [`schedules`], [`workers`] (the live workers of CONTRACT W1–W4) and
-//! [`steps`] (a job's durable steps and its reopen from one, D1–D4).
+//! retry, pause), [`schedules`], [`workers`] (the live workers of CONTRACT W1–W4),
+//! [`steps`] (a job's durable steps and its reopen from one, D1–D4) and [`events`] (the
+//! event stream's read, emit and trim, V1–V4; the scripts record the changes).
 //!
 //! This module holds what they share: the reading of a script's status reply, and the
 //! backend's connection, keys and script calls.
@@ -20,6 +21,7 @@ use crate::keys::Keys;
 mod admin;
 mod claim;
 pub(crate) mod enqueue;
+mod events;
 pub(crate) mod flow;
 pub(crate) mod graph;
 pub(crate) mod heads;

@@ -575,6 +575,7 @@ async fn refused_batch_writes_nothing_at_any_size() {
         "kready",
         "kleases",
         "limits",
+        "events",
         "none",
         "job:*",
     ]

@@ -9,6 +9,7 @@
 mod claims_and_records;
 mod dependencies;
 mod durability_and_fit;
+mod events;
 mod keys_scale_and_connections;
 mod partitions;
 mod reads_and_history;
