@@ -61,6 +61,37 @@ async fn read_all(store: &Store, what: &str) -> Vec<Event> {
     read_from(store, EventCursor::START, what).await.0
 }
 
+/// How long [`read_until`] waits for events to become readable.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// The pause between two reads of [`read_until`]: a deliberate back-off, not a wait
+/// for an expiry.
+const POLL: Duration = Duration::from_millis(5);
+
+/// The whole stream once `settled` holds of it, or as it stands after [`PATIENCE`].
+///
+/// V2 lets a backend answer an event only once no event with a smaller cursor can
+/// still appear: PostgreSQL holds back what any older transaction of the cluster
+/// might still precede, so an event may become readable a moment after the write that
+/// made it returned. Once the last event a scenario waits for is readable, every
+/// earlier one is (V2), so the assertions that follow see the whole stream.
+async fn read_until(store: &Store, what: &str, settled: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let events = read_all(store, what).await;
+        if settled(&events) || tokio::time::Instant::now() >= deadline {
+            return events;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Whether `events` hold an event of `kind` for `job`.
+fn has(events: &[Event], job: JobId, kind: EventKind) -> bool {
+    events
+        .iter()
+        .any(|event| event.job == job && event.kind == kind)
+}
+
 /// The kinds recorded for `job`, in stream order.
 fn kinds_of(events: &[Event], job: JobId) -> Vec<EventKind> {
     events
@@ -161,7 +192,7 @@ pub async fn v1_each_change_of_a_recording_job_is_recorded_in_order(harness: &dy
         .must(what);
 
     // Emitting is fenced by the lease and checked; a refusal writes nothing.
-    let before = read_all(&recording, what).await;
+    let before = read_until(&recording, what, |events| has(events, c, Released)).await;
     let stale = run.token();
     expect_lease_lost(
         recording
@@ -209,7 +240,7 @@ pub async fn v1_each_change_of_a_recording_job_is_recorded_in_order(harness: &dy
         .await
         .must(what);
 
-    let events = read_all(&recording, what).await;
+    let events = read_until(&recording, what, |events| has(events, e, Emitted)).await;
     assert_in_cursor_order(&events, what);
     assert_eq!(
         history_of(&events, a),
@@ -294,7 +325,10 @@ pub async fn v1_each_change_of_a_recording_job_is_recorded_in_order(harness: &dy
                     .must(what);
             }
         }
-        let events = read_all(&recording, what).await;
+        let events = read_until(&recording, what, |events| {
+            has(events, ids[1], Ready) && has(events, ids[3], Cancelled)
+        })
+        .await;
         assert_eq!(
             kinds_of(&events, ids[1]),
             [Enqueued, Ready],
@@ -322,6 +356,7 @@ pub async fn v2_events_are_read_in_order_and_resumed_from_next(harness: &dyn Har
     for _ in 0..25 {
         ids.push(enqueue(&store, NewJob::new(QUEUE), what).await);
     }
+    read_until(&store, what, |events| events.len() >= 25).await;
     let first = store.events(EventCursor::START, 10).await.must(what);
     assert_eq!(
         first.events.len(),
@@ -375,6 +410,10 @@ pub async fn v2_events_are_read_in_order_and_resumed_from_next(harness: &dyn Har
     // A job's later changes come after its earlier ones, and after the cursor read.
     let run = claim_expecting(&store, QUEUE, ids[0], what).await;
     store.complete(ids[0], run.token(), None).await.must(what);
+    read_until(&store, what, |events| {
+        has(events, ids[0], EventKind::Succeeded)
+    })
+    .await;
     let later = store.events(third.next, 10).await.must(what);
     assert_eq!(
         later
@@ -402,7 +441,7 @@ pub async fn v3_a_trim_keeps_the_newest_and_says_what_was_lost(harness: &dyn Har
     for _ in 0..10 {
         enqueue(&store, NewJob::new(QUEUE), what).await;
     }
-    let all = read_all(&store, what).await;
+    let all = read_until(&store, what, |events| events.len() >= 10).await;
     assert_eq!(all.len(), 10, "{what}: ten enqueues");
     expect_invalid(store.trim_events(0).await, "keep", what);
     assert_eq!(
@@ -454,6 +493,8 @@ pub async fn v3_a_trim_keeps_the_newest_and_says_what_was_lost(harness: &dyn Har
 const WRITERS: usize = 16;
 /// The jobs each writer runs to success.
 const JOBS_PER_WRITER: usize = 6;
+/// The events the writers record: three per job.
+const EVENTS: usize = WRITERS * JOBS_PER_WRITER * 3;
 
 /// V4: 16 writers enqueue, claim and complete jobs at once, each on a handle of its
 /// own, while a reader follows the stream from `next`. The reader's recorded history
@@ -471,6 +512,7 @@ pub async fn v4_writers_and_a_reader_see_each_event_once_in_order(harness: &dyn 
         tokio::spawn(async move {
             let mut history: Vec<Event> = Vec::new();
             let mut after = EventCursor::START;
+            let give_up = std::sync::OnceLock::new();
             loop {
                 // Read once more after the writers finished, so the history ends with
                 // the stream's end.
@@ -481,7 +523,14 @@ pub async fn v4_writers_and_a_reader_see_each_event_once_in_order(harness: &dyn 
                 after = page.next;
                 history.extend(page.events);
                 if empty && last_round {
-                    return history;
+                    // Events may still become readable (see `read_until`): the reader
+                    // stops once it has seen them all, or once patience runs out.
+                    let deadline = *give_up.get_or_init(|| tokio::time::Instant::now() + PATIENCE);
+                    if history.len() >= EVENTS || tokio::time::Instant::now() >= deadline {
+                        return history;
+                    }
+                    tokio::time::sleep(POLL).await;
+                    continue;
                 }
                 // Not a sleep: the next turn of the scheduler, so the writers run.
                 tokio::task::yield_now().await;
@@ -518,7 +567,7 @@ pub async fn v4_writers_and_a_reader_see_each_event_once_in_order(harness: &dyn 
         "{what}: the reader saw an event twice"
     );
     assert_in_cursor_order(&history, what);
-    let whole = read_all(&reader_store, what).await;
+    let whole = read_until(&reader_store, what, |events| events.len() >= EVENTS).await;
     assert_eq!(
         history.len(),
         whole.len(),
@@ -526,11 +575,7 @@ pub async fn v4_writers_and_a_reader_see_each_event_once_in_order(harness: &dyn 
         whole.len().saturating_sub(history.len())
     );
     assert_eq!(history, whole, "{what}: the reader's history is the stream");
-    assert_eq!(
-        whole.len(),
-        WRITERS * JOBS_PER_WRITER * 3,
-        "{what}: three events per job"
-    );
+    assert_eq!(whole.len(), EVENTS, "{what}: three events per job");
     let mut per_job: BTreeMap<JobId, Vec<EventKind>> = BTreeMap::new();
     for event in &history {
         per_job.entry(event.job).or_default().push(event.kind);

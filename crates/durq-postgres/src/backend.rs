@@ -18,8 +18,8 @@ use durq_core::{
     StoredWorker, Timestamp,
 };
 use durq_core::{
-    Admin, FlowControl, FlowStatus, Inspect, Pause, QueueLimits, Schedules, StepLog, Steps,
-    WorkerRegistry,
+    Admin, EventCursor, EventPage, Events, FlowControl, FlowStatus, Inspect, Pause, QueueLimits,
+    Schedules, StepLog, Steps, WorkerRegistry,
 };
 use sqlx::PgPool;
 
@@ -29,7 +29,7 @@ use crate::pool::PostgresPool;
 use crate::store::enqueue::{enqueue_all, Enqueue, Enqueues};
 use crate::store::lease::Completions;
 use crate::store::limits::{self, LimitedClaims, LimitedQueues};
-use crate::store::{admin, claim, lease, reads, schedules, steps, sweep, workers};
+use crate::store::{admin, claim, events, lease, reads, schedules, steps, sweep, workers};
 
 /// The jobs of one namespace of a PostgreSQL schema: a [`durq_core::Backend`], used
 /// through a [`durq_core::Store`] handle (`Store::new(store)`).
@@ -257,6 +257,32 @@ impl Backend for PostgresBackend {
 
     fn as_steps(&self) -> Option<&dyn Steps> {
         Some(self)
+    }
+
+    fn as_events(&self) -> Option<&dyn Events> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Events for PostgresBackend {
+    async fn events(&self, after: EventCursor, limit: usize) -> Result<EventPage> {
+        events::events(self, after, limit).await
+    }
+
+    async fn emit(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        data: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        events::emit(self, id, token, name, data, now).await
+    }
+
+    async fn trim_events(&self, keep: u64) -> Result<u64> {
+        events::trim_events(self, keep).await
     }
 }
 

@@ -210,8 +210,8 @@ impl PostgresPool {
     }
 
     /// Deletes every job (with its attempts and steps), idempotency key, paused queue,
-    /// schedule and worker record of `namespace` in this backend's schema, in one
-    /// transaction, and returns how many jobs it deleted. The schema and the other
+    /// schedule, worker record and event (with the record of its trims) of `namespace`
+    /// in this backend's schema, in one transaction, and returns how many jobs it deleted. The schema and the other
     /// namespaces are left as they are.
     ///
     /// For tests and for retiring a namespace: jobs still running in it are gone

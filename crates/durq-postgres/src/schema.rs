@@ -87,6 +87,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "steps",
         sql: include_str!("../migrations/0014_steps.sql"),
     },
+    Migration {
+        version: 15,
+        name: "events",
+        sql: include_str!("../migrations/0015_events.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.

@@ -49,8 +49,8 @@ SELECT queue FROM {schema}.paused_queues WHERE namespace = $1 ORDER BY queue
 "#;
 
 /// Deletes every row of namespace `$1`, jobs, attempts, steps, keys, dependencies,
-/// pauses, schedules, workers and flow control, in one transaction; returns how many
-/// jobs it deleted.
+/// pauses, schedules, workers, flow control, events and the trim record, in one
+/// transaction; returns how many jobs it deleted.
 pub(super) const DROP_NAMESPACE: &str = r#"
 WITH keys AS (
     DELETE FROM {schema}.dedup WHERE namespace = $1
@@ -81,6 +81,12 @@ turns AS (
 ),
 edges AS (
     DELETE FROM {schema}.dependencies WHERE namespace = $1
+),
+events AS (
+    DELETE FROM {schema}.events WHERE namespace = $1
+),
+trimmed AS (
+    DELETE FROM {schema}.events_trimmed WHERE namespace = $1
 ),
 gone AS (
     DELETE FROM {schema}.jobs WHERE namespace = $1

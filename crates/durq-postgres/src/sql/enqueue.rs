@@ -67,9 +67,9 @@ d AS (
 j AS (
     INSERT INTO {schema}.jobs (namespace, id, queue, tenant, idempotency_key, priority,
                                run_at, seq, max_attempts, parent, state, created_at,
-                               payload{rare_columns})
+                               payload{rare_columns}{mark_column})
     SELECT $1, ok.id, ok.queue, ok.tenant, ok.key, ok.priority, ok.run_at, ok.seq,
-           ok.max_attempts, ok.parent, 'queued', $2, ok.payload{rare_values}
+           ok.max_attempts, ok.parent, 'queued', $2, ok.payload{rare_values}{mark_value}
     FROM ok
     WHERE ok.key IS NULL OR EXISTS (SELECT 1 FROM d WHERE d.job_id = ok.id)
     RETURNING id
@@ -95,9 +95,9 @@ ORDER BY input.ord
 /// a batch is its order (C3).
 pub(super) const INSERT: &str = r#"
 INSERT INTO {schema}.jobs (namespace, id, queue, tenant, priority, run_at, seq,
-                           max_attempts, state, created_at, payload{rare_columns})
+                           max_attempts, state, created_at, payload{rare_columns}{mark_column})
 SELECT $1, t.id, t.queue, t.tenant, t.priority, t.run_at, nextval('{schema}.seq'),
-       t.max_attempts, 'queued', $2, t.payload{rare_values}
+       t.max_attempts, 'queued', $2, t.payload{rare_values}{mark_value}
 FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::int2[], $8::int8[],
             $9::int8[]{rare_arrays})
      AS t(id, queue, tenant, payload, priority, run_at, max_attempts{rare_names})
@@ -111,6 +111,12 @@ FROM unnest($3::uuid[], $4::text[], $5::bytea[], $6::bytea[], $7::int2[], $8::in
 /// benchmark's one-at-a-time enqueue. So a statement takes the leanest shape that
 /// stores all of its jobs' fields, and stores them exactly as the fullest shape would
 /// (NULLs, and a key judged by its window).
+///
+/// The shapes are rendered twice (see `Statements::enqueue_for`): as they always were,
+/// for a store that does not record events, and with the job's event mark
+/// (`records_events = true`, a constant, no parameter; migration 15) for one that
+/// does (CONTRACT V1). A store that does not record sends the very text it sent before
+/// the event stream existed: no parameter, no expression, no byte more per row.
 #[derive(Debug)]
 pub(crate) struct EnqueueStatements {
     /// [`INSERT`] for jobs with no key and no parent, and none of the rarer fields.
@@ -125,8 +131,20 @@ pub(crate) struct EnqueueStatements {
     pub(crate) checked_full: Text,
 }
 
+/// The column of the event mark, for the shapes of a store that records events.
+const MARK_COLUMN: &str = ", records_events";
+
+/// Its value: the job records its events (CONTRACT V1).
+const MARK_VALUE: &str = ", true";
+
 impl EnqueueStatements {
-    pub(super) fn render(r: &impl Fn(&str) -> Text) -> Self {
+    /// The shapes, with the event mark when `records_events`.
+    pub(super) fn render(r: &impl Fn(&str) -> Text, records_events: bool) -> Self {
+        let (mark_column, mark_value) = if records_events {
+            (MARK_COLUMN, MARK_VALUE)
+        } else {
+            ("", "")
+        };
         let shape = |template: &str, rare: [&str; 5]| {
             let [arrays, names, while_active, columns, values] = rare;
             r(&template
@@ -134,7 +152,9 @@ impl EnqueueStatements {
                 .replace("{rare_names}", names)
                 .replace("{while_active}", while_active)
                 .replace("{rare_columns}", columns)
-                .replace("{rare_values}", values))
+                .replace("{rare_values}", values)
+                .replace("{mark_column}", mark_column)
+                .replace("{mark_value}", mark_value))
         };
         let plain = ["", "", "false", "", ""];
         EnqueueStatements {

@@ -25,8 +25,9 @@
 //! is an uncorrelated scalar subquery, so Postgres runs it once per statement, as a
 //! one-time filter evaluated before any row is read, whether or not a row matches;
 //! the commit that ends the statement's implicit transaction then does not wait for
-//! the WAL flush. Enqueue, cancel, retry and the durable steps' statements (a save, a
-//! reopen) do not hold it and commit as the server is configured.
+//! the WAL flush. Enqueue, cancel, retry, the durable steps' statements (a save, a
+//! reopen) and the event stream's (an emit, a trim) do not hold it and commit as the
+//! server is configured.
 
 use std::sync::Arc;
 
@@ -209,7 +210,10 @@ impl Text {
 /// Every statement, rendered for one schema.
 #[derive(Debug)]
 pub(crate) struct Statements {
+    /// The enqueue shapes of a store that does not record events.
     pub(crate) enqueue: EnqueueStatements,
+    /// The same shapes writing the job's event mark (CONTRACT V1, migration 15).
+    pub(crate) enqueue_recording: EnqueueStatements,
     pub(crate) claim: Text,
     /// [`CLAIM`] of [`ONE_QUEUE`] for each limit from 1 to [`LIMITS_WRITTEN_OUT`],
     /// written out, at `limit - 1`.
@@ -278,6 +282,8 @@ pub(crate) struct Statements {
     pub(crate) record_edges: Text,
     /// The statements of durable steps.
     pub(crate) steps: StepStatements,
+    /// The statements of the event stream.
+    pub(crate) events: EventStatements,
 }
 
 impl Statements {
@@ -291,6 +297,16 @@ impl Statements {
             _ => None,
         };
         written_out.unwrap_or(&self.claim)
+    }
+
+    /// The enqueue shapes of a store that records events (`records_events`, CONTRACT
+    /// V1) or of one that does not.
+    pub(crate) fn enqueue_for(&self, records_events: bool) -> &EnqueueStatements {
+        if records_events {
+            &self.enqueue_recording
+        } else {
+            &self.enqueue
+        }
     }
 }
 
@@ -325,7 +341,8 @@ impl Statements {
         let relax = if relax_workers { RELAX } else { NO_RELAX };
         let r = |template: &str| Text::render(template, quoted_schema, relax, "false");
         Statements {
-            enqueue: EnqueueStatements::render(&r),
+            enqueue: EnqueueStatements::render(&r, false),
+            enqueue_recording: EnqueueStatements::render(&r, true),
             claim: r(&claim("", EVERY_QUEUE, "$4")),
             claim_one_queue: (1..=LIMITS_WRITTEN_OUT)
                 .map(|limit| r(&claim("", ONE_QUEUE, &limit.to_string())))
@@ -379,6 +396,7 @@ impl Statements {
             start_dependents: r(START_DEPENDENTS),
             record_edges: r(RECORD_EDGES),
             steps: StepStatements::render(&r),
+            events: EventStatements::render(&r),
         }
     }
 }
@@ -396,6 +414,7 @@ fn claim(fit: &str, queues: &str, probe_limit: &str) -> String {
 mod admin;
 mod claim;
 mod enqueue;
+mod events;
 mod graph;
 mod lease;
 mod limits;
@@ -409,6 +428,7 @@ use self::admin::*;
 use self::claim::*;
 pub(crate) use self::enqueue::EnqueueStatements;
 use self::enqueue::*;
+pub(crate) use self::events::EventStatements;
 use self::graph::*;
 use self::lease::*;
 pub(crate) use self::limits::LimitStatements;
@@ -432,6 +452,7 @@ mod tests {
                 .enqueue
                 .all()
                 .into_iter()
+                .chain(sql.enqueue_recording.all())
                 .chain([&sql.complete_in, &sql.notify_in])
             {
                 assert!(!text.0.contains("set_config"), "{}", text.0);
@@ -469,6 +490,10 @@ mod tests {
             &sql.enqueue.insert_full,
             &sql.enqueue.checked_plain,
             &sql.enqueue.checked_full,
+            &sql.enqueue_recording.insert_plain,
+            &sql.enqueue_recording.insert_full,
+            &sql.enqueue_recording.checked_plain,
+            &sql.enqueue_recording.checked_full,
             &sql.claim,
             &sql.claim_budgeted,
             &sql.claim_preferring,

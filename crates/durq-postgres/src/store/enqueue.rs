@@ -46,10 +46,11 @@ where
     if rows.iter().all(|r| is_unchecked(r.job)) {
         return insert(shared, settings, executor, now, rows, plain).await;
     }
+    let shapes = shared.sql.enqueue_for(settings.records_events());
     let text = if plain {
-        &shared.sql.enqueue.checked_plain
+        &shapes.checked_plain
     } else {
-        &shared.sql.enqueue.checked_full
+        &shapes.checked_full
     };
     let query = sqlx::query(text.sql())
         .bind(&settings.namespace)
@@ -176,10 +177,11 @@ async fn insert<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
+    let shapes = shared.sql.enqueue_for(settings.records_events());
     let text = if plain {
-        &shared.sql.enqueue.insert_plain
+        &shapes.insert_plain
     } else {
-        &shared.sql.enqueue.insert_full
+        &shapes.insert_full
     };
     let query = sqlx::query(text.sql())
         .bind(&settings.namespace)

@@ -3,8 +3,9 @@
 //! [`enqueue`] (single calls gathered, and batches), [`claim`] (and waiting for work),
 //! [`lease`] (heartbeat, complete and its gathering, fail, release), [`sweep`] (reclaim,
 //! purge), [`reads`] (get, payload, children, attempts, stats, queues, list), [`admin`]
-//! (cancel, retry, pause, and the hooks of tests), [`schedules`], [`workers`] and
-//! [`steps`] (durable steps: save, read, reopen).
+//! (cancel, retry, pause, and the hooks of tests), [`schedules`], [`workers`],
+//! [`steps`] (durable steps: save, read, reopen) and [`events`] (the event stream:
+//! read, emit, trim).
 //!
 //! This module holds what they share: the backend's statements, namespace and
 //! connections, the runs of a statement that answer one row, the reading of a job's
@@ -28,6 +29,7 @@ use crate::row::{self, column};
 pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
+pub(crate) mod events;
 pub(crate) mod graph;
 pub(crate) mod lease;
 pub(crate) mod limits;

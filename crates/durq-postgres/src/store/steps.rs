@@ -85,8 +85,7 @@ pub(crate) async fn save_step(
 }
 
 /// Rule D3, refused in the order `NotFound`, `InvalidState`, `StaleGeneration`, then a
-/// step not saved; each refusal writes nothing (the transaction rolls back when it is
-/// dropped).
+/// step not saved; each refusal writes nothing (the transaction is rolled back).
 ///
 /// One transaction: the first statement locks the job's row and reads it, the second
 /// (with a snapshot of its own, taken under the lock) cuts the steps, moves the
@@ -103,6 +102,40 @@ pub(crate) async fn retry_from(
     // Sent once: a second run after a first that committed unseen would refuse the job
     // as queued, as `retry` would.
     let mut tx = shared.begin("retry_from: begin").await?;
+    let queue = match reopen(store, &mut tx, id, step, expected, now).await {
+        Ok(queue) => queue,
+        Err(refused) => {
+            // Rolled back before the refusal is answered: a transaction only dropped
+            // is rolled back when sqlx's pool next pings its connection, in a task of
+            // its own, and until then it holds the job's row lock, so a claim made
+            // right after the answer skipped the queued job (`SKIP LOCKED`; the
+            // reopen races of tests/postgres met it). A rollback that fails leaves it
+            // to the drop.
+            if let Err(err) = tx.rollback().await {
+                tracing::debug!(error = %err, "retry_from: rollback of a refusal");
+            }
+            return Err(refused);
+        }
+    };
+    tx.commit()
+        .await
+        .map_err(|err| shared.error("retry_from: commit", err))?;
+    // Claimers waiting on the queue look again, as after a retry (A2).
+    shared.wake.announce(store.namespace(), [queue.as_str()]);
+    Ok(())
+}
+
+/// The two statements of [`retry_from`] on `tx`: the job's queue once it is reopened,
+/// or the refusal.
+async fn reopen(
+    store: &PostgresBackend,
+    tx: &mut sqlx::PgConnection,
+    id: JobId,
+    step: &str,
+    expected: u64,
+    now: Timestamp,
+) -> Result<String> {
+    let shared = store.shared();
     let locked = sqlx::query(store.sql().steps.lock_for_reopen.sql())
         .bind(store.namespace())
         .bind(Uuid::from(id))
@@ -139,11 +172,5 @@ pub(crate) async fn retry_from(
     let Some(reopened) = reopened else {
         return Err(not_saved(step));
     };
-    let queue: String = column(&reopened, 0, &|| format!("job {id}"))?;
-    tx.commit()
-        .await
-        .map_err(|err| shared.error("retry_from: commit", err))?;
-    // Claimers waiting on the queue look again, as after a retry (A2).
-    shared.wake.announce(store.namespace(), [queue.as_str()]);
-    Ok(())
+    column(&reopened, 0, &|| format!("job {id}"))
 }

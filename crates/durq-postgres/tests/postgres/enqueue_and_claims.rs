@@ -319,11 +319,14 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
     .expect("read migrations");
     assert_eq!(
         applied,
-        (1..=14).collect::<Vec<i32>>(),
+        (1..=LATEST_VERSION).collect::<Vec<i32>>(),
         "each migration is applied exactly once"
     );
     for backend in &backends {
-        assert_eq!(backend.schema_version().await.expect("version"), 14);
+        assert_eq!(
+            backend.schema_version().await.expect("version"),
+            LATEST_VERSION
+        );
     }
 
     // Migrations 2 onwards are safe to run again on a migrated schema with jobs (with
@@ -391,7 +394,10 @@ async fn concurrent_connects_migrate_a_fresh_schema_once() {
         .expect("schema")
         .max_connections(1);
     let again = PostgresPool::connect(config).await.expect("migrate again");
-    assert_eq!(again.schema_version().await.expect("version"), 14);
+    assert_eq!(
+        again.schema_version().await.expect("version"),
+        LATEST_VERSION
+    );
     assert_eq!(
         store.paused_queues().await.expect("paused"),
         vec!["held".to_owned()],
@@ -522,7 +528,10 @@ async fn migration_7_upgrades_a_schema_with_jobs() {
     .expect("back to version 6");
 
     let upgraded = PostgresPool::connect(config()).await.expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 14);
+    assert_eq!(
+        upgraded.schema_version().await.expect("version"),
+        LATEST_VERSION
+    );
     let store = open(&upgraded, settings);
     assert!(store.workers().await.expect("workers").is_empty());
     let worker = WorkerInfo::new("w", "host", 1, vec!["q".to_owned()], 1);
@@ -607,7 +616,10 @@ async fn migration_10_upgrades_a_schema_with_jobs_in_flight() {
     let upgraded = PostgresPool::connect(schema_config(&schema))
         .await
         .expect("upgrade");
-    assert_eq!(upgraded.schema_version().await.expect("version"), 14);
+    assert_eq!(
+        upgraded.schema_version().await.expect("version"),
+        LATEST_VERSION
+    );
     let store = open(&upgraded, settings);
     for id in [queued, running, done] {
         let job = store.get(id).await.expect("get");

@@ -6,6 +6,7 @@
 //! `postgres://postgres@127.0.0.1:5432/test`) and is skipped loudly without it.
 
 mod enqueue_and_claims;
+mod events;
 mod flow_control;
 mod leases_and_history;
 mod reads_and_connections;
@@ -28,6 +29,9 @@ use tokio::task::JoinSet;
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 const TTL: Duration = Duration::from_secs(30);
+
+/// The schema version this build migrates to.
+const LATEST_VERSION: i32 = 15;
 
 fn url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
@@ -286,4 +290,27 @@ async fn rows_of(backend: &PostgresPool, namespace: &str) -> (i64, i64) {
     .fetch_one(backend.pool())
     .await
     .expect("count rows")
+}
+
+/// Waits until a session named `app` waits for a lock (a row lock, in these tests).
+async fn until_waiting_for_a_lock(admin: &PgPool, app: &str) {
+    let waiting = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            )
+            .bind(app)
+            .fetch_one(admin)
+            .await
+            .expect("read the sessions");
+            if waiting > 0 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .unwrap_or_else(|_| panic!("no session of {app} waited for a lock"));
 }
