@@ -213,8 +213,9 @@ pub struct Event {
     /// An emitted event's data; `None` for the others.
     pub data: Option<Bytes>,
     /// When the event was recorded: informational, never ordering (the cursor orders).
-    /// The store's clock where the backend writes the event itself (memory, Redis),
-    /// the database's where a trigger writes it (SQLite, PostgreSQL).
+    /// The store's clock of the write that made the change (memory, SQLite, Redis, and
+    /// every `emitted`), the database server's where a PostgreSQL trigger records a
+    /// change.
     pub recorded_at: Timestamp,
 }
 

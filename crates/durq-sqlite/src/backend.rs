@@ -14,7 +14,9 @@ use durq_core::{
     ReclaimedJob, Result, Retry, ScheduleUpdate, StepLog, StoreSettings, StoredSchedule,
     StoredWorker, Timestamp,
 };
-use durq_core::{Admin, Inspect, Pause, Schedules, Steps, WorkerRegistry};
+use durq_core::{
+    Admin, EventCursor, EventPage, Events, Inspect, Pause, Schedules, Steps, WorkerRegistry,
+};
 use tokio::sync::Notify;
 
 use crate::config::SqliteConfig;
@@ -135,7 +137,8 @@ impl SqliteBackend {
     }
 
     /// Deletes every job of this store's namespace, with its payloads, attempts, steps and
-    /// idempotency records, and its pauses, schedules and workers, in one transaction;
+    /// idempotency records, and its pauses, schedules, workers and event stream, in one
+    /// transaction;
     /// other namespaces of the file are untouched. Returns how many jobs were deleted.
     /// For tests and for retiring a namespace.
     ///
@@ -412,6 +415,52 @@ impl Backend for SqliteBackend {
 
     fn as_steps(&self) -> Option<&dyn Steps> {
         Some(self)
+    }
+
+    fn as_events(&self) -> Option<&dyn Events> {
+        Some(self)
+    }
+}
+
+/// The stream lives in the file (`jobq_events`); the state changes are recorded by
+/// triggers in the statements that make them (schema version 12), so this implements
+/// only the reads, the handler's `emit` and the trim.
+#[async_trait]
+impl Events for SqliteBackend {
+    async fn events(&self, after: EventCursor, limit: usize) -> Result<EventPage> {
+        let ns = self.ns;
+        self.engine
+            .read(move |conn| store::read_events(conn, ns, after, limit))
+            .await
+    }
+
+    // Synced like an enqueue or a saved step (`WriteMode::DURABLE`): an acknowledged
+    // event is one a consumer will read, power loss or not.
+    async fn emit(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        name: &str,
+        data: Bytes,
+        now: Timestamp,
+    ) -> Result<()> {
+        let (ns, name) = (self.ns, name.to_owned());
+        self.engine
+            .write(WriteMode::DURABLE, move |tx| {
+                store::emit_event(tx, ns, id, token, &name, &data, now)
+            })
+            .await
+    }
+
+    // A housekeeping write, as `purge` is: a trim a power loss undid is done again by
+    // the next one, and the events and the trim record go or stay together.
+    async fn trim_events(&self, keep: u64) -> Result<u64> {
+        let ns = self.ns;
+        self.engine
+            .write(WriteMode::WORKER, move |tx| {
+                store::trim_events(tx, ns, keep)
+            })
+            .await
     }
 }
 

@@ -290,6 +290,92 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         UNIQUE (ns, job_id, name)
     );
     "#,
+    // Version 12: the event stream (CONTRACT V1-V4).
+    //
+    // `events_at` is not NULL on a job enqueued through a store that records events
+    // (`StoreSettings::record_events`) and NULL on every other: a nullable column, so
+    // adding it rewrites no row, and a job that does not record stores one NULL header
+    // byte. It holds the store's instant of the job's last change of state: the enqueue
+    // writes it, and every statement that changes the state moves it, for a job that
+    // records, in the same statement (`events_stamp!` in `store/mod.rs`). Old rows read
+    // NULL: a job enqueued before the upgrade records nothing, so a job's events are
+    // whole from its enqueue (V1).
+    //
+    // `jobq_events` holds the stream of every namespace. `seq` is the rowid: SQLite
+    // gives a new row the rowid one past the largest in the table, and a file has one
+    // writer at a time (every connection, every process), so rowid order is the order
+    // the rows were written and committed, and a reader's snapshot never holds an event
+    // without every event numbered before it (V2). Only the largest row going could
+    // make a number come again: a trim keeps at least one event of its namespace and so
+    // never deletes the largest, and `drop_namespace` leaves the largest behind, in
+    // namespace 0, which no store has. Not AUTOINCREMENT: its counter is read at the
+    // start of every statement whose triggers may insert here (every claim and
+    // completion), whether they insert or not.
+    //
+    // `jobq_events_trimmed` holds, per namespace, the newest `seq` a trim deleted (V3).
+    //
+    // The triggers record every change of a marked job's state in the statement that
+    // makes it, so every path that writes `state` (enqueue, claim, completion,
+    // failure, release, reclaim, the operator's cancel and retry, a reopen, the G3
+    // cascade, a burial) records it in the same transaction. A job without the mark
+    // costs its writes the WHEN alone. `recorded_at` is `events_at`, the store's
+    // instant of the change, not the database's clock: every SQL function call in a
+    // trigger makes SQLite open a statement journal for every statement that may fire
+    // it, recording or not, which cost a claim and a completion about 40% more
+    // instructions (`store/mod.rs`). The time is informational and never orders (V1,
+    // decided).
+    r#"
+    ALTER TABLE jobq_jobs ADD COLUMN events_at INTEGER;
+    CREATE TABLE jobq_events (
+        seq         INTEGER PRIMARY KEY,
+        ns          INTEGER NOT NULL,
+        job_id      BLOB NOT NULL,
+        queue       TEXT NOT NULL,
+        kind        TEXT NOT NULL,
+        attempt     INTEGER NOT NULL,
+        name        TEXT,
+        data        BLOB,
+        recorded_at INTEGER NOT NULL
+    );
+    CREATE INDEX jobq_events_ns ON jobq_events (ns, seq);
+    CREATE TABLE jobq_events_trimmed (
+        ns      INTEGER PRIMARY KEY,
+        through INTEGER NOT NULL
+    );
+    -- V1: `enqueued`, whatever the job's first state.
+    CREATE TRIGGER jobq_record_event_enqueued AFTER INSERT ON jobq_jobs
+    WHEN NEW.events_at IS NOT NULL
+    BEGIN
+        INSERT INTO jobq_events (ns, job_id, queue, kind, attempt, recorded_at)
+        VALUES (NEW.ns, NEW.id, NEW.queue, 'enqueued', NEW.attempts, NEW.events_at);
+    END;
+    -- V1: the kind of a change of state, exactly as `durq_core::EventKind::of_change`
+    -- decides it (states: 0 queued, 1 running, 2 succeeded, 3 dead, 4 cancelled,
+    -- 5 waiting). A running job queued again with fewer attempts was released, with as
+    -- many it failed; a waiting one is ready; an ended one was retried. A state left as
+    -- it was records nothing, nor does a move into waiting (no change makes one) or
+    -- into a state this does not know: the WHEN leaves them out. The body is one plain
+    -- INSERT, so the frame SQLite sets up for each firing is small, and calls no SQL
+    -- function (see above).
+    CREATE TRIGGER jobq_record_event_changed AFTER UPDATE OF state ON jobq_jobs
+    WHEN NEW.events_at IS NOT NULL AND OLD.state IS NOT NEW.state
+        AND NEW.state IN (0, 1, 2, 3, 4)
+    BEGIN
+        INSERT INTO jobq_events (ns, job_id, queue, kind, attempt, recorded_at)
+        VALUES (NEW.ns, NEW.id, NEW.queue, CASE NEW.state
+            WHEN 1 THEN 'started'
+            WHEN 2 THEN 'succeeded'
+            WHEN 3 THEN 'dead'
+            WHEN 4 THEN 'cancelled'
+            ELSE CASE
+                WHEN OLD.state = 1 AND NEW.attempts < OLD.attempts THEN 'released'
+                WHEN OLD.state = 1 THEN 'failed'
+                WHEN OLD.state = 5 THEN 'ready'
+                ELSE 'retried'
+            END
+        END, NEW.attempts, NEW.events_at);
+    END;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -438,7 +524,7 @@ mod tests {
     }
 
     /// Opens the file at `path`, written by an older build, and checks that the open
-    /// migrated it to this build's version (11: a new migration changes it here once).
+    /// migrated it to this build's version (12: a new migration changes it here once).
     async fn open_upgraded(
         path: &std::path::Path,
         settings: durq_core::StoreSettings,
@@ -454,7 +540,7 @@ mod tests {
             ),
             "read the version",
         );
-        assert_eq!((version, SCHEMA_VERSION), (11, 11), "{what}");
+        assert_eq!((version, SCHEMA_VERSION), (12, 12), "{what}");
         store
     }
 
@@ -518,7 +604,7 @@ mod tests {
 
         let settings = StoreSettings::default().clock(std::sync::Arc::new(clock.clone()));
         let store = open_upgraded(&path, settings, "open").await;
-        assert_eq!(SCHEMA_VERSION, 11);
+        assert_eq!(SCHEMA_VERSION, 12);
 
         let old = must(store.get(done).await, "get the finished job");
         assert_eq!(old.state, JobState::Succeeded);
@@ -575,7 +661,8 @@ mod tests {
             must(store.pause("stopped").await, "pause");
             must(store.enqueue(NewJob::new("old")).await, "enqueue").id
         };
-        // Take the file back to what a version 5 build left: no steps (version 11), no
+        // Take the file back to what a version 5 build left: no event stream (version
+        // 12), no steps (version 11), no
         // dependencies (version 10), no rates (version 9), no limits or concurrency keys
         // (version 8), no attempts, tags or trace context (version 7), no workers table
         // (version 6).
@@ -583,7 +670,12 @@ mod tests {
             let conn = must(Connection::open(&path), "reopen");
             must(
                 conn.execute_batch(
-                    "DROP TABLE jobq_steps;
+                    "DROP TRIGGER jobq_record_event_enqueued;
+                     DROP TRIGGER jobq_record_event_changed;
+                     DROP TABLE jobq_events_trimmed;
+                     DROP TABLE jobq_events;
+                     ALTER TABLE jobq_jobs DROP COLUMN events_at;
+                     DROP TABLE jobq_steps;
                      ALTER TABLE jobq_jobs DROP COLUMN generation;
                      DROP TABLE jobq_dependencies;
                      ALTER TABLE jobq_jobs DROP COLUMN has_dependents;
@@ -605,7 +697,7 @@ mod tests {
                      DROP TABLE jobq_workers;
                      UPDATE jobq_meta SET value = 5 WHERE name = 'schema_version';",
                 ),
-                "undo versions 11, 10, 9, 8, 7 and 6",
+                "undo versions 12, 11, 10, 9, 8, 7 and 6",
             );
         }
         let store = open_upgraded(&path, settings(), "open the version 5 file").await;
@@ -1044,6 +1136,177 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A file a version 11 build wrote (its migrations as they shipped: one job running
+    /// with a job waiting for it, one queued) opens at version 12 under a store that
+    /// records events. The jobs from before the upgrade carry no mark, so none of their
+    /// changes is recorded, the release of the waiting job by the completion included
+    /// (V1: a job's events are whole from its enqueue or absent); the running one still
+    /// emits under the lease it took before the upgrade, fenced by it; a job enqueued
+    /// after the upgrade records every change.
+    #[tokio::test]
+    async fn a_version_11_file_migrates_to_12_and_only_new_jobs_record_their_changes() {
+        use durq_core::{
+            Bytes, ClaimRequest, Clock, Error, EventCursor, EventKind, JobId, JobState, LeaseToken,
+            ManualClock, NewJob, StoreSettings,
+        };
+
+        let dir = must(tempfile::tempdir(), "temp dir");
+        let path = dir.path().join("v11.db");
+        let clock = ManualClock::default();
+        let now = clock.now().as_millis();
+        let (running, queued, waiting) = (
+            JobId::mint(clock.now()),
+            JobId::mint(clock.now()),
+            JobId::mint(clock.now()),
+        );
+        {
+            let mut conn = must(Connection::open(&path), "open");
+            let tx = must(conn.transaction(), "begin");
+            must(
+                tx.execute_batch(
+                    "CREATE TABLE jobq_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)
+                         WITHOUT ROWID;
+                     INSERT INTO jobq_meta (name, value) VALUES ('schema_version', 11);",
+                ),
+                "create the meta table",
+            );
+            for migration in &MIGRATIONS[..11] {
+                must(tx.execute_batch(migration), "apply a version 11 migration");
+            }
+            must(
+                tx.execute_batch(
+                    "INSERT INTO jobq_namespaces (id, name) VALUES (1, 'default');
+                     INSERT OR REPLACE INTO jobq_meta (name, value) VALUES ('seq', 3);",
+                ),
+                "register the namespace",
+            );
+            // Row 1 runs under w-old's lease (token 1) and row 3 waits for it, as a
+            // version 11 enqueue and claim left them; row 2 is queued.
+            let rows = [
+                (1, running, 1, 1, Some(now + 30_000), Some("w-old")),
+                (2, queued, 0, 0, None, None),
+                (3, waiting, 5, 0, None, None),
+            ];
+            for (row, id, state, attempts, expires, worker) in rows {
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_jobs (job, ns, id, queue, state, priority, run_at,
+                             seq, attempts, max_attempts, lease_token, lease_worker,
+                             lease_expires_at, cancel_requested, created_at, started_at,
+                             heartbeat_at, tenant)
+                         VALUES (?1, 1, ?2, 'old', ?3, 0, ?4, ?1, ?5, 5, ?5, ?6, ?7, 0, ?4,
+                             ?4, ?4, '')",
+                        rusqlite::params![
+                            row,
+                            id.to_bytes(),
+                            state,
+                            now,
+                            attempts,
+                            worker,
+                            expires
+                        ],
+                    ),
+                    "insert a version 11 job",
+                );
+                must(
+                    tx.execute(
+                        "INSERT INTO jobq_payloads (job, payload) VALUES (?1, x'01')",
+                        [row],
+                    ),
+                    "insert a version 11 payload",
+                );
+            }
+            must(
+                tx.execute("UPDATE jobq_jobs SET has_dependents = 1 WHERE job = 1", []),
+                "flag the running job",
+            );
+            must(
+                tx.execute(
+                    "UPDATE jobq_jobs SET depends_on = ?1, waiting_for = 1 WHERE job = 3",
+                    [running.to_bytes()],
+                ),
+                "make the waiting job wait",
+            );
+            must(
+                tx.execute(
+                    "INSERT INTO jobq_dependencies (ns, dependency, dependent)
+                     VALUES (1, ?1, ?2)",
+                    [running.to_bytes(), waiting.to_bytes()],
+                ),
+                "record the dependency",
+            );
+            must(tx.commit(), "commit");
+        }
+
+        let settings = StoreSettings::default()
+            .clock(std::sync::Arc::new(clock.clone()))
+            .record_events(100);
+        let store = open_upgraded(&path, settings, "open the version 11 file").await;
+        let stream = || async {
+            must(
+                store.events(EventCursor::START, 100).await,
+                "read the stream",
+            )
+        };
+        assert!(stream().await.events.is_empty());
+
+        let token = LeaseToken::new(1);
+        assert!(matches!(
+            store
+                .emit(running, LeaseToken::new(2), "progress", Bytes::new())
+                .await,
+            Err(Error::LeaseLost { .. })
+        ));
+        must(
+            store
+                .emit(running, token, "progress", Bytes::from_static(b"half"))
+                .await,
+            "emit under a lease taken before the upgrade",
+        );
+        must(store.complete(running, token, None).await, "complete");
+        assert_eq!(
+            must(store.get(waiting).await, "get the waiting job").state,
+            JobState::Queued,
+            "the completion released the job waiting for it"
+        );
+        let claim = || ClaimRequest::new(["old"], "w-new", std::time::Duration::from_secs(30));
+        assert_eq!(must(store.claim(claim().limit(2)).await, "claim").len(), 2);
+
+        let new = must(store.enqueue(NewJob::new("old")).await, "enqueue").id;
+        let claimed = must(store.claim(claim()).await, "claim the new job");
+        assert_eq!(
+            claimed.iter().map(|job| job.id()).collect::<Vec<_>>(),
+            [new]
+        );
+
+        let page = stream().await;
+        assert_eq!(
+            page.events
+                .iter()
+                .map(|e| (e.job, e.kind, e.attempt, e.name.as_deref(), e.data.clone()))
+                .collect::<Vec<_>>(),
+            vec![
+                (
+                    running,
+                    EventKind::Emitted,
+                    1,
+                    Some("progress"),
+                    Some(Bytes::from_static(b"half"))
+                ),
+                (new, EventKind::Enqueued, 0, None, None),
+                (new, EventKind::Started, 1, None, None),
+            ]
+        );
+        assert_eq!(
+            page.events[0].recorded_at,
+            clock.now(),
+            "emit is the store's clock"
+        );
+        assert!(page.events.windows(2).all(|w| w[0].cursor < w[1].cursor));
+        assert_eq!(page.next, page.events[2].cursor);
+        assert!(!page.trimmed);
     }
 
     #[test]

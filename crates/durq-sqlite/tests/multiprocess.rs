@@ -834,3 +834,306 @@ fn a_wait_is_answered_when_another_process_ends_its_job() {
         assert_eq!(answer.result.as_deref(), Some(&b"done elsewhere"[..]));
     });
 }
+
+/// The queue of the event stream test, the queue of its "all enqueued" marker, and
+/// how many jobs it runs.
+const EVENTS_QUEUE: &str = "mp-events";
+const EVENTS_DONE_QUEUE: &str = "mp-events-done";
+const EVENT_JOBS: usize = 600;
+
+/// A writer of the event stream test: claims from [`EVENTS_QUEUE`] in batches of
+/// varying size, emits one event for each job and completes it, until a claim comes
+/// back empty after the marker was seen. Answers how many jobs it completed.
+async fn event_writer(store: Store, worker: String) -> usize {
+    let queues = vec![EVENTS_QUEUE.to_owned()];
+    let mut completed = 0;
+    let mut limit = 1;
+    let started = std::time::Instant::now();
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "{worker}: still writing after five minutes"
+        );
+        let all_enqueued = match store.stats(EVENTS_DONE_QUEUE).await {
+            Ok(stats) => stats.ready > 0,
+            Err(err) => panic!("{worker}: stats failed: {err}"),
+        };
+        let request = ClaimRequest::new(queues.clone(), worker.clone(), Duration::from_secs(600))
+            .limit(limit);
+        limit = limit % 5 + 1;
+        let claimed = match store.claim(request).await {
+            Ok(claimed) => claimed,
+            Err(err) if err.is_retryable() => continue,
+            Err(err) => panic!("{worker}: claim failed: {err}"),
+        };
+        if claimed.is_empty() {
+            if all_enqueued {
+                return completed;
+            }
+            let _ = store
+                .wait_for_work(&queues, Duration::from_millis(200))
+                .await;
+            continue;
+        }
+        for job in claimed {
+            let data = durq_core::Bytes::from(worker.clone().into_bytes());
+            if let Err(err) = store.emit(job.id(), job.token(), "progress", data).await {
+                panic!("{worker}: emit for {} failed: {err}", job.id());
+            }
+            if let Err(err) = store.complete(job.id(), job.token(), None).await {
+                panic!("{worker}: complete of {} failed: {err}", job.id());
+            }
+            completed += 1;
+        }
+    }
+}
+
+/// Opens two stores on `db` with writer connections of their own (their configurations
+/// differ, so they share no engine), neither recording events: the jobs carry their
+/// mark from the store that enqueued them (V1).
+async fn two_writer_connections(db: &Path) -> [Store; 2] {
+    let mut stores = Vec::with_capacity(2);
+    for config in [config(), config().max_group(64).readers(1)] {
+        match config.open(db, settings()).await {
+            Ok(backend) => stores.push(Store::new(backend)),
+            Err(err) => panic!("open failed: {err}"),
+        }
+    }
+    match <[Store; 2]>::try_from(stores) {
+        Ok(stores) => stores,
+        Err(_) => panic!("two stores"),
+    }
+}
+
+/// Runs four [`event_writer`]s, two on each of `stores`, and answers how many jobs they
+/// completed in all.
+async fn run_event_writers(stores: &[Store; 2], name: &str) -> usize {
+    let tasks: Vec<_> = (0..4)
+        .map(|t| tokio::spawn(event_writer(stores[t % 2].clone(), format!("{name}-t{t}"))))
+        .collect();
+    let mut completed = 0;
+    for task in tasks {
+        match task.await {
+            Ok(n) => completed += n,
+            Err(err) => panic!("{name}: a writer failed: {err}"),
+        }
+    }
+    completed
+}
+
+/// A child of the event stream test: four writers on two connections of its own.
+#[test]
+fn child_event_writer() {
+    let (Ok(db), Ok(name)) = (std::env::var(CHILD_DB), std::env::var(CHILD_NAME)) else {
+        return;
+    };
+    runtime().block_on(async move {
+        let stores = two_writer_connections(Path::new(&db)).await;
+        println!("\nREADY");
+        let completed = run_event_writers(&stores, &name).await;
+        println!("\nWROTE {completed}");
+    });
+}
+
+/// CONTRACT V4 across processes and connections: three child processes and the parent,
+/// each with four writers on two writer connections of its own (sixteen writers on
+/// eight connections), claim, emit and complete jobs that a recording store enqueues
+/// meanwhile, while a reader in the parent follows the stream from `next`, a page of
+/// 17 at a time. Afterwards its recorded history holds each event once, skips none (it
+/// equals a whole read of the stream) and holds each job's events in the order of its
+/// changes: enqueued, started, emitted, succeeded.
+#[test]
+fn processes_changing_jobs_while_a_reader_follows_the_stream() {
+    use durq_core::{Event, EventCursor, EventKind};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    if std::env::var(CHILD_DB).is_ok() {
+        return;
+    }
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => panic!("no temp dir: {err}"),
+    };
+    let db = dir.path().join("events.db");
+    let rt = runtime();
+    let producer = rt.block_on(async {
+        match config()
+            .open(&db, settings().record_events(1_000_000))
+            .await
+        {
+            Ok(backend) => Store::new(backend),
+            Err(err) => panic!("open failed: {err}"),
+        }
+    });
+    let enqueue = |range: std::ops::Range<usize>| {
+        let producer = producer.clone();
+        async move {
+            for chunk in range.collect::<Vec<_>>().chunks(25) {
+                let jobs = chunk.iter().map(|_| NewJob::new(EVENTS_QUEUE)).collect();
+                if let Err(err) = producer.enqueue_batch(jobs).await {
+                    panic!("enqueue failed: {err}");
+                }
+            }
+        }
+    };
+    rt.block_on(enqueue(0..EVENT_JOBS / 3));
+
+    let mut children: Vec<_> = (0..CHILDREN)
+        .map(|n| spawn_test(&db, &format!("events{n}"), "child_event_writer"))
+        .collect();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|child| read_child(child, "WROTE ", ready_tx.clone()))
+        .collect();
+    for _ in 0..CHILDREN {
+        if ready_rx.recv_timeout(Duration::from_secs(120)).is_err() {
+            panic!("a child did not start");
+        }
+    }
+
+    let (history, pages_while_writing, parent_completed) = rt.block_on(async {
+        let done = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (store, done) = (producer.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut history: Vec<Event> = Vec::new();
+                let mut cursor = EventCursor::START;
+                let mut pages_while_writing = 0usize;
+                loop {
+                    // Read before the final look: once every writer ended, a read
+                    // that finds nothing has read the whole stream.
+                    let finished = done.load(Ordering::SeqCst);
+                    let page = match store.events(cursor, 17).await {
+                        Ok(page) => page,
+                        Err(err) => panic!("the reader failed: {err}"),
+                    };
+                    assert!(!page.trimmed, "nothing was trimmed");
+                    if page.events.is_empty() {
+                        if finished {
+                            return (history, pages_while_writing);
+                        }
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    if !finished {
+                        pages_while_writing += 1;
+                    }
+                    cursor = page.next;
+                    history.extend(page.events);
+                    // Four events a job: more means events read again, and the loop
+                    // would not end.
+                    assert!(
+                        history.len() <= 4 * EVENT_JOBS,
+                        "the reader reads events again"
+                    );
+                }
+            })
+        };
+        let stores = two_writer_connections(&db).await;
+        let writers = {
+            let stores = stores.clone();
+            tokio::spawn(async move { run_event_writers(&stores, "parent").await })
+        };
+        enqueue(EVENT_JOBS / 3..EVENT_JOBS).await;
+        // The marker through a store that does not record: it is no event.
+        if let Err(err) = stores[0].enqueue(NewJob::new(EVENTS_DONE_QUEUE)).await {
+            panic!("enqueue of the marker failed: {err}");
+        }
+        let parent_completed = match writers.await {
+            Ok(n) => n,
+            Err(err) => panic!("the parent's writers failed: {err}"),
+        };
+        let statuses = tokio::task::spawn_blocking(move || {
+            children
+                .iter_mut()
+                .map(|child| child.wait())
+                .collect::<Vec<_>>()
+        })
+        .await;
+        for status in statuses.unwrap_or_else(|err| panic!("waiting for the children: {err}")) {
+            match status {
+                Ok(status) => assert!(status.success(), "a child failed: {status}"),
+                Err(err) => panic!("cannot wait for a child: {err}"),
+            }
+        }
+        done.store(true, Ordering::SeqCst);
+        match reader.await {
+            Ok((history, pages)) => (history, pages, parent_completed),
+            Err(err) => panic!("the reader failed: {err}"),
+        }
+    });
+
+    let mut per_process = vec![parent_completed];
+    for reader in readers {
+        let lines = match reader.join() {
+            Ok(lines) => lines,
+            Err(_) => panic!("a reader thread panicked"),
+        };
+        let completed: usize = lines
+            .iter()
+            .map(|line| parse::<usize>(line.trim(), line))
+            .sum();
+        per_process.push(completed);
+    }
+    assert_eq!(
+        per_process.iter().sum::<usize>(),
+        EVENT_JOBS,
+        "every job was completed once: {per_process:?}"
+    );
+    assert!(
+        per_process.iter().filter(|n| **n > 0).count() >= 2,
+        "only one process wrote: {per_process:?}"
+    );
+    assert!(
+        pages_while_writing > 0,
+        "the reader read while the writers wrote"
+    );
+
+    // The whole stream, read afterwards.
+    let whole = rt.block_on(async {
+        let mut whole: Vec<Event> = Vec::new();
+        let mut cursor = EventCursor::START;
+        loop {
+            let page = match producer.events(cursor, 1_000).await {
+                Ok(page) => page,
+                Err(err) => panic!("read the stream: {err}"),
+            };
+            if page.events.is_empty() {
+                return whole;
+            }
+            cursor = page.next;
+            whole.extend(page.events);
+        }
+    });
+    let cursors: std::collections::HashSet<EventCursor> =
+        history.iter().map(|e| e.cursor).collect();
+    assert_eq!(cursors.len(), history.len(), "an event was read twice");
+    assert!(
+        history.windows(2).all(|w| w[0].cursor < w[1].cursor),
+        "the reader's history is out of cursor order"
+    );
+    assert_eq!(history.len(), whole.len(), "the reader skipped events");
+    assert!(history == whole, "the reader's history is not the stream");
+    let mut by_job: HashMap<JobId, Vec<(EventKind, u32)>> = HashMap::new();
+    for event in &history {
+        by_job
+            .entry(event.job)
+            .or_default()
+            .push((event.kind, event.attempt));
+    }
+    assert_eq!(by_job.len(), EVENT_JOBS);
+    for (job, events) in by_job {
+        assert_eq!(
+            events,
+            [
+                (EventKind::Enqueued, 0),
+                (EventKind::Started, 1),
+                (EventKind::Emitted, 1),
+                (EventKind::Succeeded, 1),
+            ],
+            "job {job}: its events in the order of its changes"
+        );
+    }
+}

@@ -78,13 +78,14 @@ pub(super) fn queue_again(
     let seq = tx.next_seq()?;
     let generations = i64::from(reopen == Reopen::Yes);
     tx.conn()
-        .prepare_cached(
-            "UPDATE jobq_jobs SET state = 0, run_at = ?2, seq = ?3, attempts = 0,
-                 cancel_requested = 0, finished_at = NULL, result = NULL,
-                 lease_worker = NULL, lease_expires_at = NULL, started_at = NULL,
-                 heartbeat_at = NULL, last_error = NULL, generation = generation + ?4
-             WHERE job = ?1",
-        )
+        .prepare_cached(concat!(
+            "UPDATE OR FAIL jobq_jobs SET state = 0, run_at = ?2, seq = ?3, attempts = 0,
+                     cancel_requested = 0, finished_at = NULL, result = NULL,
+                     lease_worker = NULL, lease_expires_at = NULL, started_at = NULL,
+                     heartbeat_at = NULL, last_error = NULL, generation = generation + ?4, ",
+            events_stamp!("2"),
+            " WHERE job = ?1"
+        ))
         .and_then(|mut stmt| stmt.execute(params![row, now.as_millis(), seq, generations]))
         .db("queue the job again")?;
     tx.wake(ns);
@@ -92,7 +93,8 @@ pub(super) fn queue_again(
 }
 
 /// Deletes every job of namespace `ns` with its payload, attempts and steps, and its
-/// idempotency records, dependencies, pauses, schedules and workers.
+/// idempotency records, dependencies, pauses, schedules, workers and event stream (with
+/// its trim record).
 /// The namespace's row stays, so its id is never reused (see
 /// `SqliteBackend::drop_namespace`).
 pub(crate) fn drop_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
@@ -139,6 +141,7 @@ pub(crate) fn drop_namespace(tx: &mut WriteTx<'_>, ns: i64) -> Result<u64> {
         "DELETE FROM jobq_steps WHERE ns = ?1",
         "delete the namespace's steps",
     )?;
+    events::drop_events(conn, ns)?;
     Ok(u64::try_from(jobs).unwrap_or(u64::MAX))
 }
 

@@ -541,12 +541,13 @@ pub(super) fn lease_rows(
 
     let expires_at = now.saturating_add(request.lease_ttl);
     let mut update = conn
-        .prepare_cached(
-            "UPDATE jobq_jobs SET state = 1, attempts = attempts + 1,
-                 lease_token = lease_token + 1, lease_worker = ?2, lease_expires_at = ?3,
-                 started_at = ?4, heartbeat_at = ?4
-             WHERE job = ?1",
-        )
+        .prepare_cached(concat!(
+            "UPDATE OR FAIL jobq_jobs SET state = 1, attempts = attempts + 1,
+                     lease_token = lease_token + 1, lease_worker = ?2, lease_expires_at = ?3,
+                     started_at = ?4, heartbeat_at = ?4, ",
+            events_stamp!("4"),
+            " WHERE job = ?1"
+        ))
         .db("prepare the claim")?;
     let mut claimed = Vec::with_capacity(picked.len());
     for (row, mut job, token, payload) in picked {

@@ -52,11 +52,12 @@ impl<'c> Enqueuer<'c> {
     fn new(conn: &'c Connection) -> Result<Self> {
         let insert_job = conn
             .prepare_cached(
-                "INSERT INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
+                "INSERT OR FAIL INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
                      max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key,
-                     parent, timeout_ms, placement, tags, trace_context, concurrency_key)
+                     parent, timeout_ms, placement, tags, trace_context, concurrency_key,
+                     events_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                     ?17, ?18, ?19)",
+                     ?17, ?18, ?19, ?20)",
             )
             .db("prepare the job insert")?;
         // OR REPLACE: a payload row left behind by a job deleted outside this crate must
@@ -138,6 +139,10 @@ impl<'c> Enqueuer<'c> {
                 encode_tags(&job.tags),
                 job.trace_context,
                 job.concurrency_key,
+                // V1: the mark the triggers of schema 12 read on this insert and every
+                // later change, the instant of the change; NULL (nothing recorded,
+                // ever) unless this store records events.
+                settings.records_events().then_some(now.as_millis()),
             ])
             .db("insert the job")?;
         let row = conn.last_insert_rowid();

@@ -128,19 +128,22 @@ pub(super) fn settle(
         .prepare_cached("UPDATE jobq_jobs SET waiting_for = waiting_for - 1 WHERE job = ?1")
         .db("prepare the dependency count")?;
     let mut release = conn
-        .prepare_cached(
-            "UPDATE jobq_jobs SET state = 0, run_at = MAX(run_at, ?2), seq = ?3,
-                 waiting_for = NULL
-             WHERE job = ?1",
-        )
+        .prepare_cached(concat!(
+            "UPDATE OR FAIL jobq_jobs SET state = 0,
+                     run_at = CASE WHEN run_at > ?2 THEN run_at ELSE ?2 END, seq = ?3,
+                     waiting_for = NULL, ",
+            events_stamp!("2"),
+            " WHERE job = ?1"
+        ))
         .db("prepare the release")?;
     let mut cancel = conn
-        .prepare_cached(
-            "UPDATE jobq_jobs SET state = 4, finished_at = ?2, last_error = ?3,
-                 waiting_for = NULL
-             WHERE job = ?1
-             RETURNING has_dependents",
-        )
+        .prepare_cached(concat!(
+            "UPDATE OR FAIL jobq_jobs SET state = 4, finished_at = ?2, last_error = ?3,
+                     waiting_for = NULL, ",
+            events_stamp!("2"),
+            " WHERE job = ?1
+                 RETURNING has_dependents"
+        ))
         .db("prepare the cancellation")?;
 
     let mut ended = vec![(id, state)];

@@ -124,12 +124,13 @@ impl<'t, 'c> Completer<'t, 'c> {
         // complete a job others wait for (G1), which has jobs to settle.
         let update = tx
             .conn()
-            .prepare_cached(
-                "UPDATE jobq_jobs SET state = 2, result = ?4, lease_expires_at = NULL,
-                     finished_at = ?5, last_error = NULL
-                 WHERE ns = ?1 AND id = ?2 AND state = 1 AND lease_token = ?3
-                     AND has_dependents IS NULL",
-            )
+            .prepare_cached(concat!(
+                "UPDATE OR FAIL jobq_jobs SET state = 2, result = ?4, lease_expires_at = NULL,
+                         finished_at = ?5, last_error = NULL, ",
+                events_stamp!("5"),
+                " WHERE ns = ?1 AND id = ?2 AND state = 1 AND lease_token = ?3
+                         AND has_dependents IS NULL"
+            ))
             .db("prepare the completion")?;
         Ok(Completer { tx, update })
     }
@@ -163,11 +164,12 @@ impl<'t, 'c> Completer<'t, 'c> {
             // The row is not running under this token (the check says which refusal),
             // or it is, and jobs wait for it.
             let lease = check_lease(conn, ns, id, token)?;
-            conn.prepare_cached(
-                "UPDATE jobq_jobs SET state = 2, result = ?2, lease_expires_at = NULL,
-                     finished_at = ?3, last_error = NULL
-                 WHERE job = ?1",
-            )
+            conn.prepare_cached(concat!(
+                "UPDATE OR FAIL jobq_jobs SET state = 2, result = ?2, lease_expires_at = NULL,
+                         finished_at = ?3, last_error = NULL, ",
+                events_stamp!("3"),
+                " WHERE job = ?1"
+            ))
             .and_then(|mut stmt| stmt.execute(params![lease.row, result, now.as_millis()]))
             .db("complete the job")?;
             graph::settle(self.tx, ns, id, JobState::Succeeded, now)?;
@@ -189,12 +191,14 @@ pub(super) fn finish(
 ) -> Result<()> {
     let ended: Option<(i64, [u8; 16], Option<i64>)> = tx
         .conn()
-        .prepare_cached(
-            "UPDATE jobq_jobs SET state = ?2, lease_worker = NULL, lease_expires_at = NULL,
-                 finished_at = ?3, last_error = COALESCE(?4, last_error), waiting_for = NULL
-             WHERE job = ?1
-             RETURNING ns, id, has_dependents",
-        )
+        .prepare_cached(concat!(
+            "UPDATE OR FAIL jobq_jobs SET state = ?2, lease_worker = NULL,
+                     lease_expires_at = NULL, finished_at = ?3,
+                     last_error = COALESCE(?4, last_error), waiting_for = NULL, ",
+            events_stamp!("3"),
+            " WHERE job = ?1
+                 RETURNING ns, id, has_dependents"
+        ))
         .and_then(|mut stmt| {
             stmt.query_row(params![row, state, now.as_millis(), error], |found| {
                 Ok((found.get(0)?, found.get(1)?, found.get(2)?))
@@ -215,7 +219,8 @@ pub(super) fn finish(
 }
 
 /// Puts a job back in `queued`, ready at `run_at`, behind every job already there
-/// (a fresh `seq`). `attempts_delta` takes back an attempt on release (L8).
+/// (a fresh `seq`), at `now`. `attempts_delta` takes back an attempt on release (L8),
+/// never below 0.
 pub(super) fn requeue(
     tx: &mut WriteTx<'_>,
     ns: i64,
@@ -223,17 +228,27 @@ pub(super) fn requeue(
     run_at: Timestamp,
     attempts_delta: i64,
     error: Option<&str>,
+    now: Timestamp,
 ) -> Result<()> {
     let seq = tx.next_seq()?;
     tx.conn()
-        .prepare_cached(
-            "UPDATE jobq_jobs SET state = 0, run_at = ?2, seq = ?3,
-                 attempts = MAX(attempts + ?4, 0), lease_worker = NULL,
-                 lease_expires_at = NULL, last_error = COALESCE(?5, last_error)
-             WHERE job = ?1",
-        )
+        .prepare_cached(concat!(
+            "UPDATE OR FAIL jobq_jobs SET state = 0, run_at = ?2, seq = ?3,
+                     attempts = CASE WHEN attempts + ?4 > 0 THEN attempts + ?4 ELSE 0 END,
+                     lease_worker = NULL, lease_expires_at = NULL,
+                     last_error = COALESCE(?5, last_error), ",
+            events_stamp!("6"),
+            " WHERE job = ?1"
+        ))
         .and_then(|mut stmt| {
-            stmt.execute(params![row, run_at.as_millis(), seq, attempts_delta, error])
+            stmt.execute(params![
+                row,
+                run_at.as_millis(),
+                seq,
+                attempts_delta,
+                error,
+                now.as_millis()
+            ])
         })
         .db("requeue the job")?;
     tx.wake(ns);
@@ -252,7 +267,7 @@ pub(super) fn apply(
     now: Timestamp,
 ) -> Result<JobState> {
     match next {
-        Next::Queued { ready_at } => requeue(tx, ns, row, ready_at, attempts_delta, error)?,
+        Next::Queued { ready_at } => requeue(tx, ns, row, ready_at, attempts_delta, error, now)?,
         Next::Finished(state) => finish(tx, row, state_code(state), error, now)?,
     }
     Ok(next.state())

@@ -2,9 +2,11 @@
 //! migrations, group commit with savepoints, in-process wake-ups, the priority-band
 //! claim scan, corrupt rows, emptying a namespace, a backend that takes its instant
 //! and its input from the `Store` handle, fitted claims (CONTRACT F1–F6) against
-//! the durq-core reference, and durable steps in the file (D1–D4).
+//! the durq-core reference, durable steps in the file (D1–D4), and the event stream
+//! (V1–V4).
 
 mod claims_and_reads;
+mod events;
 mod files_and_writers;
 mod steps;
 
