@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 
 use crate::config::SqliteConfig;
 use crate::engine::{Engine, WriteMode};
+use crate::error::DbResultExt;
 use crate::{store, transaction, SqliteTransaction};
 
 /// A job store [`Backend`] in one SQLite file. Wrap it in a [`durq_core::Store`]
@@ -72,8 +73,15 @@ impl SqliteBackend {
         config.validate()?;
         let engine = Engine::get(path, &config).await?;
         let name = settings.namespace.clone();
+        let records_events = settings.records_events();
         let ns = engine
-            .write(WriteMode::DURABLE, move |tx| store::namespace_id(tx, &name))
+            .write(WriteMode::DURABLE, move |tx| {
+                if records_events {
+                    crate::schema::ensure_event_triggers(tx.conn())
+                        .db("create the event triggers")?;
+                }
+                store::namespace_id(tx, &name)
+            })
             .await?;
         let notify = engine.wakers.for_ns(ns);
         Ok(SqliteBackend {

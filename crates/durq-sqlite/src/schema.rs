@@ -314,16 +314,9 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     //
     // `jobq_events_trimmed` holds, per namespace, the newest `seq` a trim deleted (V3).
     //
-    // The triggers record every change of a marked job's state in the statement that
-    // makes it, so every path that writes `state` (enqueue, claim, completion,
-    // failure, release, reclaim, the operator's cancel and retry, a reopen, the G3
-    // cascade, a burial) records it in the same transaction. A job without the mark
-    // costs its writes the WHEN alone. `recorded_at` is `events_at`, the store's
-    // instant of the change, not the database's clock: every SQL function call in a
-    // trigger makes SQLite open a statement journal for every statement that may fire
-    // it, recording or not, which cost a claim and a completion about 40% more
-    // instructions (`store/mod.rs`). The time is informational and never orders (V1,
-    // decided).
+    // The triggers that record the changes are not part of the migration: they are
+    // created by the first store that opens the file recording events
+    // ([`EVENT_TRIGGERS`]), so a file no such store has opened pays nothing for them.
     r#"
     ALTER TABLE jobq_jobs ADD COLUMN events_at INTEGER;
     CREATE TABLE jobq_events (
@@ -342,8 +335,29 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         ns      INTEGER PRIMARY KEY,
         through INTEGER NOT NULL
     );
+    "#,
+];
+
+/// The event stream's triggers (CONTRACT V1), created by [`ensure_event_triggers`] when
+/// a store that records events opens the file, not by a migration.
+///
+/// They record every change of a marked job's state in the statement that makes it, so
+/// every path that writes `state` (enqueue, claim, completion, failure, release,
+/// reclaim, the operator's cancel and retry, a reopen, the G3 cascade, a burial)
+/// records it in the same transaction. Created only once some store records events: a
+/// row trigger costs every statement that may fire it, its `WHEN` false or not (about
+/// 0.8k instructions per enqueue and 3.1k per claim or completion, some 5% of what
+/// SQLite spends on a job), so a file where nothing records events has none. Once
+/// created they stay: a marked job may be changed by any store of any process, and
+/// SQLite prepares every connection's statements again after the schema changes, so
+/// those fire them too. `recorded_at` is `events_at`, the store's instant of the
+/// change, not the database's clock: every SQL function call in a trigger makes SQLite
+/// open a statement journal for every statement that may fire it, recording or not,
+/// which cost a claim and a completion about 40% more instructions (`store/mod.rs`).
+/// The time is informational and never orders (V1, decided).
+pub(crate) const EVENT_TRIGGERS: &str = r#"
     -- V1: `enqueued`, whatever the job's first state.
-    CREATE TRIGGER jobq_record_event_enqueued AFTER INSERT ON jobq_jobs
+    CREATE TRIGGER IF NOT EXISTS jobq_record_event_enqueued AFTER INSERT ON jobq_jobs
     WHEN NEW.events_at IS NOT NULL
     BEGIN
         INSERT INTO jobq_events (ns, job_id, queue, kind, attempt, recorded_at)
@@ -357,7 +371,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     -- into a state this does not know: the WHEN leaves them out. The body is one plain
     -- INSERT, so the frame SQLite sets up for each firing is small, and calls no SQL
     -- function (see above).
-    CREATE TRIGGER jobq_record_event_changed AFTER UPDATE OF state ON jobq_jobs
+    CREATE TRIGGER IF NOT EXISTS jobq_record_event_changed AFTER UPDATE OF state ON jobq_jobs
     WHEN NEW.events_at IS NOT NULL AND OLD.state IS NOT NEW.state
         AND NEW.state IN (0, 1, 2, 3, 4)
     BEGIN
@@ -375,8 +389,13 @@ pub(crate) const MIGRATIONS: &[&str] = &[
             END
         END, NEW.attempts, NEW.events_at);
     END;
-    "#,
-];
+"#;
+
+/// Creates the event stream's triggers on the file if they are not there yet, in the
+/// caller's write transaction (see [`EVENT_TRIGGERS`]).
+pub(crate) fn ensure_event_triggers(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(EVENT_TRIGGERS)
+}
 
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -670,8 +689,8 @@ mod tests {
             let conn = must(Connection::open(&path), "reopen");
             must(
                 conn.execute_batch(
-                    "DROP TRIGGER jobq_record_event_enqueued;
-                     DROP TRIGGER jobq_record_event_changed;
+                    "DROP TRIGGER IF EXISTS jobq_record_event_enqueued;
+                     DROP TRIGGER IF EXISTS jobq_record_event_changed;
                      DROP TABLE jobq_events_trimmed;
                      DROP TABLE jobq_events;
                      ALTER TABLE jobq_jobs DROP COLUMN events_at;

@@ -233,6 +233,11 @@ mod tests {
         for migration in crate::schema::MIGRATIONS {
             must(conn.execute_batch(migration), "apply a migration");
         }
+        // As a store that records events does when it opens the file.
+        must(
+            crate::schema::ensure_event_triggers(&conn),
+            "create the event triggers",
+        );
         conn
     }
 
@@ -291,7 +296,7 @@ mod tests {
         must(rows.and_then(|rows| rows.collect()), "read the events")
     }
 
-    /// The triggers of schema 12 record, for every change of state and of attempts,
+    /// The event triggers record, for every change of state and of attempts,
     /// exactly the kind `EventKind::of_change` decides (none where it decides none), with
     /// the attempts after the change and the change's instant (an instant of 0
     /// included); an unmarked job records nothing, ever, and stays unmarked.
