@@ -373,7 +373,11 @@ async fn only_a_marked_job_records_its_changes_whoever_makes_them() {
                     AND name LIKE 'jobq_record_event_%'";
     assert_eq!(count(&path, triggers), 0, "no store records events yet");
     let recorder = open(&path, recording(&clock, 100), SqliteConfig::default()).await;
-    assert_eq!(count(&path, triggers), 2, "the recording store created them");
+    assert_eq!(
+        count(&path, triggers),
+        2,
+        "the recording store created them"
+    );
 
     let unmarked = enqueue(&plain, NewJob::new("q")).await;
     let marked = enqueue(&recorder, NewJob::new("q")).await;
