@@ -727,9 +727,15 @@ async fn final_states(
     read_each(ids, "record", |id| store.get(id)).await
 }
 
+/// How often the checker reads again what a store refused, and its deliberate
+/// back-off between two tries: it runs right after the fault window, and a server a
+/// fault restarted may still refuse for a moment.
+const READ_TRIES: u32 = 20;
+const READ_BACK_OFF: Duration = Duration::from_millis(100);
+
 /// `read(id)` for every id of `ids`, 32 at a time: `None` where the store answers
 /// `NotFound`. A read the store refuses otherwise is tried again after a deliberate
-/// back-off (100 ms, at most 20 times), since the checker runs right after the fault
+/// back-off ([`READ_BACK_OFF`], at most [`READ_TRIES`] times), since the checker runs right after the fault
 /// window and a server a fault restarted may still refuse for a moment.
 async fn read_each<T, F, Fut>(
     ids: Vec<JobId>,
@@ -740,8 +746,6 @@ where
     F: Fn(JobId) -> Fut,
     Fut: std::future::Future<Output = Result<T, Error>>,
 {
-    const TRIES: u32 = 20;
-    const BACK_OFF: Duration = Duration::from_millis(100);
     let read = &read;
     let answers: Vec<(JobId, Result<Option<T>, Error>)> = futures::stream::iter(ids)
         .map(|id| async move {
@@ -750,9 +754,9 @@ where
                 match read(id).await {
                     Ok(value) => return (id, Ok(Some(value))),
                     Err(err) if err.is_not_found() => return (id, Ok(None)),
-                    Err(_) if tries < TRIES => {
+                    Err(_) if tries < READ_TRIES => {
                         tries += 1;
-                        tokio::time::sleep(BACK_OFF).await;
+                        tokio::time::sleep(READ_BACK_OFF).await;
                     }
                     Err(err) => return (id, Err(err)),
                 }
@@ -1133,10 +1137,8 @@ fn judge_saved_steps(
 }
 
 /// The whole event stream, page by page, each page read again after a deliberate
-/// back-off (100 ms, at most 20 times) while the store refuses, as `read_each` does.
+/// back-off ([`READ_BACK_OFF`], at most [`READ_TRIES`] times) while the store refuses, as `read_each` does.
 async fn read_stream(store: &Store) -> Result<Vec<durq::stream::Event>, String> {
-    const TRIES: u32 = 20;
-    const BACK_OFF: Duration = Duration::from_millis(100);
     let mut events = Vec::new();
     let mut after = durq::stream::EventCursor::START;
     let mut tries = 0;
@@ -1147,9 +1149,9 @@ async fn read_stream(store: &Store) -> Result<Vec<durq::stream::Event>, String> 
                 after = page.next;
                 events.extend(page.events);
             }
-            Err(_) if tries < TRIES => {
+            Err(_) if tries < READ_TRIES => {
                 tries += 1;
-                tokio::time::sleep(BACK_OFF).await;
+                tokio::time::sleep(READ_BACK_OFF).await;
             }
             Err(err) => return Err(format!("cannot read the event stream: {err}")),
         }

@@ -108,6 +108,10 @@ struct Follower {
     sentinels: HashSet<JobId>,
 }
 
+/// The pause between two empty reads of [`Follower::catch_up`] while another
+/// transaction of the cluster holds the read horizon back (CONTRACT V2).
+const HORIZON_BACK_OFF: Duration = Duration::from_millis(2);
+
 impl Follower {
     /// Follows the stream of `store`'s namespace from its start; `store` records events
     /// (its sentinels must be recorded).
@@ -147,8 +151,9 @@ impl Follower {
         let reading = async {
             while !self.history[from..].iter().any(|e| e.job == sentinel) {
                 if self.read(1_000).await == 0 {
-                    // Another test's transaction may hold the horizon back for a moment.
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    // Another test's transaction may hold the horizon back for a moment:
+                    // a deliberate back-off while it ends, not a wait for an expiry.
+                    tokio::time::sleep(HORIZON_BACK_OFF).await;
                 }
             }
         };
