@@ -190,6 +190,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/jobs/{id}", get(pages::job::page))
         .route("/workers", get(pages::workers::page))
         .route("/schedules", get(pages::schedules::page))
+        .route("/events", get(pages::events::page))
         .route("/metrics", get(metrics::scrape))
         .route("/assets/dashboard.css", get(crate::layout::stylesheet))
         .route("/login", get(actions::login_page).post(actions::login))

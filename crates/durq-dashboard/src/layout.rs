@@ -128,6 +128,7 @@ fn frame(ctx: &Ctx, view: &View) -> Markup {
                         a href=(ctx.href("/jobs")) { "Jobs" }
                         a href=(ctx.href("/workers")) { "Workers" }
                         a href=(ctx.href("/schedules")) { "Schedules" }
+                        a href=(ctx.href("/events")) { "Events" }
                         a href=(ctx.href("/metrics")) { "Metrics" }
                     }
                     div class="mode" {

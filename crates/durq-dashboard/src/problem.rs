@@ -79,6 +79,9 @@ impl From<durq::Error> for Problem {
                 StatusCode::CONFLICT
             }
             durq::Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            // A page over a capability the store lacks (an event stream, a worker
+            // registry): nothing the request or a retry can change.
+            durq::Error::Unsupported { .. } => StatusCode::NOT_IMPLEMENTED,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Problem::new(status, err.to_string())
@@ -123,6 +126,10 @@ mod tests {
                     source: None,
                 },
                 StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                durq::Error::unsupported(durq::Capability::Events),
+                StatusCode::NOT_IMPLEMENTED,
             ),
             (
                 durq::Error::Corrupt {

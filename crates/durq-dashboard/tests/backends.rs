@@ -144,6 +144,24 @@ async fn pages_over(store: Store) {
         }
     }
 
+    // The event stream, read by the store, then by the page: the page reads later, so
+    // it shows at least those (on PostgreSQL a read may answer only the events below
+    // the cluster's horizon, which only moves forward, CONTRACT V2).
+    let recorded = store
+        .events(durq::stream::EventCursor::START, 1_000)
+        .await
+        .expect("read the event stream")
+        .events;
+    let stream = get(&router, "/events").await;
+    assert_eq!(stream.status, StatusCode::OK, "{}", stream.body);
+    for event in &recorded {
+        let row = format!(
+            "data-event=\"{}\" data-kind=\"{}\"",
+            event.cursor, event.kind
+        );
+        assert!(stream.body.contains(&row), "lacks {row}: {}", stream.body);
+    }
+
     let csrf = get(&router, "/").await.csrf();
     let retried = send(
         &router,
@@ -186,7 +204,11 @@ where
 async fn pages_over_redis() {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let namespace = unique_namespace("dash");
-    let settings = || StoreSettings::default().namespace(namespace.clone());
+    let settings = || {
+        StoreSettings::default()
+            .namespace(namespace.clone())
+            .record_events(1_000)
+    };
     let store = match durq::connect_with(&url, settings()).await {
         Ok(store) => store,
         Err(err) => return skip_or_fail(&format!("Redis at {url}"), &err),
@@ -218,7 +240,9 @@ async fn pages_over_postgres() {
         Ok(backend) => backend,
         Err(err) => return skip_or_fail(&format!("PostgreSQL at {url}"), &err),
     };
-    let settings = StoreSettings::default().namespace(namespace.clone());
+    let settings = StoreSettings::default()
+        .namespace(namespace.clone())
+        .record_events(1_000);
     let store = Store::new(backend.backend(settings).expect("a postgres store"));
     let teardown = async {
         backend

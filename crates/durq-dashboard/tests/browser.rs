@@ -253,7 +253,11 @@ async fn the_dashboard_in_a_real_browser() {
     };
     let dir = tempfile::tempdir().expect("a temp dir");
     let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
-    let store = durq::connect(&url).await.expect("an SQLite store");
+    // Its jobs record their events, for the event stream's live page.
+    let settings = durq::StoreSettings::default().record_events(100_000);
+    let store = durq::connect_with(&url, settings)
+        .await
+        .expect("an SQLite store");
 
     // Three dead jobs (the worker is not running yet, so they stay dead), tagged and
     // with the trace context of the request that enqueued them, and jobs for the
@@ -477,6 +481,32 @@ async fn the_dashboard_in_a_real_browser() {
     wait_for(&client, "form[action=\"/queue/pause\"] button").await;
     assert!(!store.stats("emails").await.expect("stats").paused);
     wait_for_state(&store, held, JobState::Succeeded).await;
+
+    // The event stream's page, from the navigation: the held job's whole life, and a
+    // job that runs while the page is open shows up as the page reloads itself.
+    wait_for(&client, "header nav a[href=\"/events\"]")
+        .await
+        .click()
+        .await
+        .expect("open the events");
+    for kind in ["enqueued", "started", "succeeded"] {
+        wait_for(
+            &client,
+            &format!("tr[data-kind=\"{kind}\"] a[href=\"/jobs/{held}\"]"),
+        )
+        .await;
+    }
+    let late = store
+        .enqueue(NewJob::new("probes"))
+        .await
+        .expect("enqueue")
+        .id;
+    wait_for(
+        &client,
+        &format!("tr[data-kind=\"succeeded\"] a[href=\"/jobs/{late}\"]"),
+    )
+    .await;
+    screenshot(&client, "events.png").await;
 
     client.close().await.expect("close the browser");
     drop(driver);

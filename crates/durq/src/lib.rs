@@ -30,6 +30,7 @@ pub use durq_core::{
 /// [`JobEvent`], the lifecycle hooks of one worker process: the stream is durable,
 /// ordered across every process, and resumable from a cursor.
 pub mod stream {
+    pub use durq_core::events::MAX_EVENTS_PAGE;
     pub use durq_core::{Event, EventCursor, EventKind, EventPage};
 }
 

@@ -1,6 +1,7 @@
 //! The pages: one module each, every one a handler that checks its input, reads the
 //! store, and renders a [`View`](crate::layout::View).
 
+pub(crate) mod events;
 pub(crate) mod job;
 pub(crate) mod list;
 pub(crate) mod overview;

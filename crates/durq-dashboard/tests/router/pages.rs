@@ -809,3 +809,207 @@ async fn the_job_page_shows_what_it_waits_for_and_its_steps() {
         "the charge waits for nothing"
     );
 }
+
+/// A store of the memory backend whose jobs record their events (CONTRACT V1).
+async fn recording() -> Store {
+    let settings = durq::StoreSettings::default().record_events(10_000);
+    durq::connect_with("memory://", settings)
+        .await
+        .expect("a memory store")
+}
+
+/// The events on `page` (rows `data-event`), in the page's order, with their kinds.
+fn events_on(page: &common::Answer) -> Vec<(String, String)> {
+    page.body
+        .split("data-event=\"")
+        .skip(1)
+        .map(|row| {
+            let cursor = row[..row.find('"').expect("the cursor ends")].to_owned();
+            let kind = row
+                .split("data-kind=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .expect("each row names its kind")
+                .to_owned();
+            (cursor, kind)
+        })
+        .collect()
+}
+
+/// Where `page` reloads to, `&amp;` decoded.
+fn reload_of(page: &common::Answer) -> String {
+    let start = page
+        .body
+        .find("http-equiv=\"refresh\" content=\"5; url=")
+        .expect("the page reloads to an address")
+        + "http-equiv=\"refresh\" content=\"5; url=".len();
+    let rest = &page.body[start..];
+    rest[..rest.find('"').expect("the address ends")].replace("&amp;", "&")
+}
+
+#[tokio::test]
+async fn the_event_stream_shows_every_change_and_what_handlers_emit() {
+    let store = recording().await;
+    let first = store
+        .enqueue(NewJob::new("orders"))
+        .await
+        .expect("enqueue")
+        .id;
+    let second = store
+        .enqueue(NewJob::new("orders"))
+        .await
+        .expect("enqueue")
+        .id;
+    let claimed = store
+        .claim(ClaimRequest::new(["orders"], "w", Duration::from_secs(30)).reserved(first))
+        .await
+        .expect("claim");
+    let token = claimed.first().expect("the first job is claimed").token();
+    store
+        .emit(first, token, "charged", "{\"cents\":<1250>}".into())
+        .await
+        .expect("emit");
+    store.complete(first, token, None).await.expect("complete");
+    let router = router(&store);
+
+    let page = get(&router, "/events").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let kinds: Vec<String> = events_on(&page).into_iter().map(|(_, kind)| kind).collect();
+    assert_eq!(
+        kinds,
+        ["succeeded", "emitted", "started", "enqueued", "enqueued"],
+        "every change, newest first: {}",
+        page.body
+    );
+    for text in [
+        format!("href=\"/jobs/{first}\""),
+        format!("href=\"/jobs/{second}\""),
+        "href=\"/queue?name=orders\"".to_owned(),
+        "charged".to_owned(),
+        // The handler's data, escaped.
+        "{&quot;cents&quot;:&lt;1250&gt;}".to_owned(),
+        "href=\"/events\"".to_owned(),
+    ] {
+        assert!(page.body.contains(&text), "lacks {text}: {}", page.body);
+    }
+    // The newest events follow the stream: the page reloads from before the first
+    // event it shows, so it shows them again with what came since.
+    assert_eq!(reload_of(&page), "/events?tail=0-0");
+    let third = store
+        .enqueue(NewJob::new("orders"))
+        .await
+        .expect("enqueue")
+        .id;
+    let reloaded = get(&router, &reload_of(&page)).await;
+    assert_eq!(reloaded.status, StatusCode::OK, "{}", reloaded.body);
+    assert_eq!(events_on(&reloaded).len(), 6);
+    assert!(reloaded.body.contains(&format!("href=\"/jobs/{third}\"")));
+}
+
+#[tokio::test]
+async fn the_newest_events_are_the_last_hundred_and_the_reload_reads_on() {
+    let store = recording().await;
+    let batch: Vec<NewJob> = (0..150).map(|_| NewJob::new("q")).collect();
+    store.enqueue_batch(batch).await.expect("enqueue 150");
+    let all = store
+        .events(durq::stream::EventCursor::START, 1_000)
+        .await
+        .expect("read the stream")
+        .events;
+    assert_eq!(all.len(), 150);
+    let router = router(&store);
+
+    let page = get(&router, "/events").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let shown: Vec<String> = events_on(&page).into_iter().map(|(c, _)| c).collect();
+    let newest: Vec<String> = all[50..]
+        .iter()
+        .rev()
+        .map(|e| e.cursor.to_string())
+        .collect();
+    assert_eq!(shown, newest, "the newest 100, newest first");
+    assert_eq!(reload_of(&page), format!("/events?tail={}", all[49].cursor));
+
+    // Twenty more: the reload shows the newest 100 again, read from its cursor on.
+    let batch: Vec<NewJob> = (0..20).map(|_| NewJob::new("q")).collect();
+    store.enqueue_batch(batch).await.expect("enqueue 20");
+    let all = store
+        .events(durq::stream::EventCursor::START, 1_000)
+        .await
+        .expect("read the stream")
+        .events;
+    let reloaded = get(&router, &reload_of(&page)).await;
+    let shown: Vec<String> = events_on(&reloaded).into_iter().map(|(c, _)| c).collect();
+    let newest: Vec<String> = all[70..]
+        .iter()
+        .rev()
+        .map(|e| e.cursor.to_string())
+        .collect();
+    assert_eq!(shown, newest);
+    assert_eq!(
+        reload_of(&reloaded),
+        format!("/events?tail={}", all[69].cursor)
+    );
+}
+
+#[tokio::test]
+async fn the_stream_read_page_by_page_shows_each_event_once_and_says_when_it_was_trimmed() {
+    let store = recording().await;
+    let batch: Vec<NewJob> = (0..230).map(|_| NewJob::new("q")).collect();
+    store.enqueue_batch(batch).await.expect("enqueue 230");
+    let router = router(&store);
+
+    let mut seen = Vec::new();
+    let mut uri = Some("/events?after=0-0".to_owned());
+    let mut pages = 0;
+    while let Some(at) = uri.take() {
+        let page = get(&router, &at).await;
+        assert_eq!(page.status, StatusCode::OK, "{at}: {}", page.body);
+        assert!(!page.body.contains("id=\"trimmed\""), "nothing was trimmed");
+        seen.extend(events_on(&page).into_iter().map(|(cursor, _)| cursor));
+        uri = next_page(&page);
+        pages += 1;
+        // A full page is still; the last, which new events extend, reloads itself.
+        assert_eq!(
+            page.body.contains("http-equiv=\"refresh\""),
+            uri.is_none(),
+            "{at}"
+        );
+        assert!(pages <= 3, "{seen:?}");
+    }
+    let all: Vec<String> = store
+        .events(durq::stream::EventCursor::START, 1_000)
+        .await
+        .expect("read the stream")
+        .events
+        .iter()
+        .map(|event| event.cursor.to_string())
+        .collect();
+    assert_eq!(seen.len(), all.len(), "{seen:?}");
+    assert_eq!(seen, all, "every event once, in order");
+
+    assert_eq!(store.trim_events(10).await.expect("trim"), 220);
+    let page = get(&router, "/events?after=0-0").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("id=\"trimmed\""), "{}", page.body);
+    assert_eq!(events_on(&page).len(), 10);
+}
+
+#[tokio::test]
+async fn the_event_pages_say_when_nothing_was_recorded_and_refuse_bad_cursors() {
+    let store = recording().await;
+    let router = router(&store);
+    let empty = get(&router, "/events").await;
+    assert_eq!(empty.status, StatusCode::OK, "{}", empty.body);
+    assert!(empty.body.contains("id=\"no-events\""), "{}", empty.body);
+    for bad in [
+        "/events?after=x",
+        "/events?tail=1",
+        "/events?after=1-2-3",
+        "/events?after=0-0&tail=0-0",
+        "/events?limit=5",
+    ] {
+        let page = get(&router, bad).await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{bad}: {}", page.body);
+    }
+}
