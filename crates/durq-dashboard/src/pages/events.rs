@@ -24,7 +24,7 @@ use crate::pages::{job_href, queue_href};
 use crate::problem::Problem;
 
 /// Events on one page.
-pub(crate) const SHOWN: usize = 100;
+const SHOWN: usize = 100;
 /// Events per read of the tail's walk: the most one read may ask for (V2).
 const WALK_PAGE: usize = MAX_EVENTS_PAGE;
 /// Reads of one request's walk: 50,000 events at most.
@@ -68,7 +68,8 @@ async fn live_tail(ctx: &Ctx, from: EventCursor) -> Result<View, Problem> {
         @if !tail.reached_end {
             p class="notice" id="catching-up" {
                 "The stream holds more events than one visit reads ("
-                (WALK_PAGES * WALK_PAGE) "); each reload reads on from the last event shown."
+                (WALK_PAGES * WALK_PAGE) "), so these are not the newest yet: each reload "
+                "reads on from them."
             }
         }
         // Newest first: the page reloads at its top, where what just happened is.

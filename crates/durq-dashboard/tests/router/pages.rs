@@ -953,6 +953,50 @@ async fn the_newest_events_are_the_last_hundred_and_the_reload_reads_on() {
 }
 
 #[tokio::test]
+async fn a_stream_longer_than_one_walk_is_caught_up_with_reload_by_reload() {
+    // More events than one request walks (50 reads of 1,000).
+    const WALKED: usize = 50_000;
+    let store = recording().await;
+    for _ in 0..51 {
+        let batch: Vec<NewJob> = (0..1_000).map(|_| NewJob::new("q")).collect();
+        store.enqueue_batch(batch).await.expect("enqueue 1,000");
+    }
+    let mut all = Vec::new();
+    let mut after = durq::stream::EventCursor::START;
+    loop {
+        let page = store.events(after, 1_000).await.expect("read the stream");
+        if page.events.is_empty() {
+            break;
+        }
+        after = page.next;
+        all.extend(
+            page.events
+                .into_iter()
+                .map(|event| event.cursor.to_string()),
+        );
+    }
+    assert_eq!(all.len(), 51_000);
+    let router = router(&store);
+
+    let page = get(&router, "/events").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("id=\"catching-up\""), "{}", page.body);
+    let shown: Vec<String> = events_on(&page).into_iter().map(|(c, _)| c).collect();
+    let walked: Vec<String> = all[WALKED - 100..WALKED].iter().rev().cloned().collect();
+    assert_eq!(shown, walked, "the last 100 the walk read");
+    assert_eq!(
+        reload_of(&page),
+        format!("/events?tail={}", all[WALKED - 101])
+    );
+
+    let reloaded = get(&router, &reload_of(&page)).await;
+    assert!(!reloaded.body.contains("id=\"catching-up\""), "caught up");
+    let shown: Vec<String> = events_on(&reloaded).into_iter().map(|(c, _)| c).collect();
+    let newest: Vec<String> = all[all.len() - 100..].iter().rev().cloned().collect();
+    assert_eq!(shown, newest);
+}
+
+#[tokio::test]
 async fn the_stream_read_page_by_page_shows_each_event_once_and_says_when_it_was_trimmed() {
     let store = recording().await;
     let batch: Vec<NewJob> = (0..230).map(|_| NewJob::new("q")).collect();
