@@ -513,24 +513,25 @@ impl LayeredBackend for RecordCalls {
     }
 }
 
-/// Wakes the first wait for work at once, for nothing; reports every later wait
-/// (its number) before making it.
+/// Wakes the first `for_nothing` waits for work at once, for nothing; reports every
+/// later wait (its number) before making it.
 #[derive(Debug)]
-struct WakesOnceForNothing {
+struct WakesForNothing {
     inner: Arc<dyn Backend>,
+    for_nothing: usize,
     waits: AtomicUsize,
     report: mpsc::UnboundedSender<usize>,
 }
 
 #[async_trait]
-impl LayeredBackend for WakesOnceForNothing {
+impl LayeredBackend for WakesForNothing {
     fn inner(&self) -> &dyn Backend {
         &*self.inner
     }
 
     async fn wait_for_work(&self, queues: &[String], timeout: Duration) -> durq::Result<()> {
         let n = self.waits.fetch_add(1, Ordering::SeqCst) + 1;
-        if n == 1 {
+        if n <= self.for_nothing {
             return Ok(());
         }
         let _ = self.report.send(n);
@@ -538,47 +539,52 @@ impl LayeredBackend for WakesOnceForNothing {
     }
 }
 
-/// One wake-up for nothing (a notice for a job another claim already took, as
-/// PostgreSQL and Redis send now and then) leaves the worker listening: its next wait
-/// is a wait for work, not a poll, so a job enqueued then is picked up at once rather
-/// than after the poll interval (ten minutes here). A worker that polled after every
-/// such wake-up kept pickups waiting up to the poll interval.
+/// Wake-ups for nothing (notices for jobs another claim already took, as PostgreSQL
+/// and Redis send now and then), once or twice in a row, leave the worker listening:
+/// its next wait is a wait for work (after a pause of 10 ms, following two), not a
+/// poll, so a job enqueued then is picked up at once rather than after the poll
+/// interval (ten minutes here). A worker that polled after every such wake-up, or
+/// after every two in a row, kept pickups waiting up to the poll interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_wake_up_for_nothing_leaves_the_worker_listening() {
-    let Some(server) = backends::memory().await else {
-        return;
-    };
-    let env = Env::new(server);
-    let store = env.store().await;
-    let (report, mut waits) = mpsc::unbounded_channel();
-    let (woken, _layer) = env
-        .layered(|inner| WakesOnceForNothing {
-            inner,
-            waits: AtomicUsize::new(0),
-            report,
-        })
-        .await;
-    let (ran, mut runs) = mpsc::unbounded_channel();
-    let worker = test_worker(woken, "w")
-        .poll_interval(Duration::from_secs(600))
-        .handler("q", move |ctx: JobContext, _payload: Bytes| {
-            let ran = ran.clone();
-            async move {
-                let _ = ran.send(ctx.id());
-                Ok(())
-            }
-        });
-    let handle = build(worker).spawn();
-    assert_eq!(
-        recv(&mut waits, "a wait for work after the wake-up for nothing").await,
-        2
-    );
-    let id = enqueue(&store, NewJob::new("q")).await;
-    assert_eq!(
-        recv(&mut runs, "the job enqueued while the worker waits").await,
-        id
-    );
-    handle.shutdown().await;
+async fn wake_ups_for_nothing_leave_the_worker_listening() {
+    for for_nothing in [1, 2] {
+        let Some(server) = backends::memory().await else {
+            return;
+        };
+        let env = Env::new(server);
+        let store = env.store().await;
+        let (report, mut waits) = mpsc::unbounded_channel();
+        let (woken, _layer) = env
+            .layered(|inner| WakesForNothing {
+                inner,
+                for_nothing,
+                waits: AtomicUsize::new(0),
+                report,
+            })
+            .await;
+        let (ran, mut runs) = mpsc::unbounded_channel();
+        let worker = test_worker(woken, "w")
+            .poll_interval(Duration::from_secs(600))
+            .handler("q", move |ctx: JobContext, _payload: Bytes| {
+                let ran = ran.clone();
+                async move {
+                    let _ = ran.send(ctx.id());
+                    Ok(())
+                }
+            });
+        let handle = build(worker).spawn();
+        assert_eq!(
+            recv(&mut waits, "a wait for work after the wake-ups for nothing").await,
+            for_nothing + 1
+        );
+        let id = enqueue(&store, NewJob::new("q")).await;
+        assert_eq!(
+            recv(&mut runs, "the job enqueued while the worker waits").await,
+            id,
+            "after {for_nothing} wake-up(s) for nothing"
+        );
+        handle.shutdown().await;
+    }
 }
 
 fn test_outage() -> durq::Error {
