@@ -631,6 +631,20 @@ async fn a_filtered_list_examines_a_bounded_number_of_rows_per_page() {
     clean_up(&backend, &namespace).await;
 }
 
+/// An admin connection and a backend migrated into the new schema `schema`, whose job
+/// table has never been analyzed; `None` when the server is not there and the tests
+/// may skip.
+async fn fresh_schema(schema: &str) -> Option<(PgPool, PostgresPool)> {
+    let admin = admin().await?;
+    let config = PostgresConfig::new(&url())
+        .expect("url")
+        .schema(schema.to_owned())
+        .expect("schema")
+        .max_connections(2);
+    let backend = PostgresPool::connect(config).await.expect("migrate");
+    Some((admin, backend))
+}
+
 /// `pg_class.reltuples` of `schema`'s job table: negative until its first `ANALYZE`.
 async fn analyzed_rows(admin: &PgPool, schema: &str) -> f32 {
     sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE oid = $1::regclass")
@@ -677,15 +691,9 @@ async fn analyzed(admin: &PgPool, schema: &str, rows: f32) -> (f32, i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_growing_job_table_gets_fresh_statistics() {
     let schema = unique_name("jobs_stats");
-    let Some(admin) = admin().await else {
+    let Some((admin, backend)) = fresh_schema(&schema).await else {
         return;
     };
-    let config = PostgresConfig::new(&url())
-        .expect("url")
-        .schema(schema.clone())
-        .expect("schema")
-        .max_connections(2);
-    let backend = PostgresPool::connect(config).await.expect("migrate");
     assert!(
         analyzed_rows(&admin, &schema).await < 0.0,
         "a new table is never analyzed"
@@ -735,18 +743,12 @@ async fn a_growing_job_table_gets_fresh_statistics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_young_job_table_is_analyzed_within_its_first_hundred_claims() {
     let schema = unique_name("jobs_young");
-    let Some(admin) = admin().await else {
+    let Some((admin, backend)) = fresh_schema(&schema).await else {
         return;
     };
-    let config = PostgresConfig::new(&url())
-        .expect("url")
-        .schema(schema.clone())
-        .expect("schema")
-        .max_connections(2);
-    let backend = PostgresPool::connect(config).await.expect("migrate");
     let clock = ManualClock::default();
     let store = open(&backend, settings(&clock));
-    // 200 jobs of 1 KiB: 25 pages at least, past the 16 below which statistics do
+    // 200 jobs of 1 KiB: 25 pages at least, past the 4 below which statistics do
     // not matter.
     let jobs = (0..200)
         .map(|_| NewJob::new("q").payload(vec![b'x'; 1024]))
