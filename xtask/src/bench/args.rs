@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use super::baseline::PairSettings;
 
-const BACKENDS: &[&str] = &["memory", "sqlite", "redis", "postgres"];
+/// Every backend the benchmark measures, in the report's order.
+pub(super) const BACKENDS: &[&str] = &["memory", "sqlite", "redis", "postgres"];
 
 /// `cargo xtask bench`'s command line.
 #[derive(Debug, clap::Args)]
