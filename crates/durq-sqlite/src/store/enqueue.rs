@@ -39,27 +39,38 @@ pub(crate) fn enqueue_batch(
     Ok(answers)
 }
 
-/// The two statements every enqueue runs, prepared once per call rather than once per
+/// The statements every enqueue runs, prepared once per call rather than once per
 /// job: looking a statement up in the connection's cache hashes its whole text, which
-/// cost a batch of small jobs about as much as binding them.
+/// cost a batch of small jobs about as much as binding them. The job's insert comes in
+/// two shapes, each prepared the first time a job of the call needs it.
 pub(super) struct Enqueuer<'c> {
     conn: &'c Connection,
-    insert_job: CachedStatement<'c>,
+    /// [`INSERT_JOB`]: every column a new job may fill.
+    insert_job: Option<CachedStatement<'c>>,
+    /// [`INSERT_PLAIN_JOB`]: a job with none of the rarer fields, most jobs.
+    insert_plain_job: Option<CachedStatement<'c>>,
     insert_payload: CachedStatement<'c>,
 }
 
+/// A new job's row, every column a new job may fill.
+const INSERT_JOB: &str =
+    "INSERT OR FAIL INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq,
+         attempts, max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key,
+         parent, timeout_ms, placement, tags, trace_context, concurrency_key, events_at)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+         ?18, ?19, ?20)";
+
+/// The same row for a queued job with no key, parent, timeout, placement, tags, trace
+/// context or concurrency key, from a store that does not record events: the columns
+/// it leaves out are NULL either way. Nine values bound instead of twenty, which was
+/// about a tenth of a microsecond each in `enqueue-one`.
+const INSERT_PLAIN_JOB: &str =
+    "INSERT OR FAIL INTO jobq_jobs (ns, id, queue, state, priority, run_at,
+         seq, attempts, max_attempts, lease_token, cancel_requested, created_at, tenant)
+     VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, 0, ?7, 0, 0, ?8, ?9)";
+
 impl<'c> Enqueuer<'c> {
     fn new(conn: &'c Connection) -> Result<Self> {
-        let insert_job = conn
-            .prepare_cached(
-                "INSERT OR FAIL INTO jobq_jobs (ns, id, queue, state, priority, run_at, seq, attempts,
-                     max_attempts, lease_token, cancel_requested, created_at, tenant, idem_key,
-                     parent, timeout_ms, placement, tags, trace_context, concurrency_key,
-                     events_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                     ?17, ?18, ?19, ?20)",
-            )
-            .db("prepare the job insert")?;
         // OR REPLACE: a payload row left behind by a job deleted outside this crate must
         // not block the new job that reuses its rowid.
         let insert_payload = conn
@@ -67,7 +78,8 @@ impl<'c> Enqueuer<'c> {
             .db("prepare the payload insert")?;
         Ok(Enqueuer {
             conn,
-            insert_job,
+            insert_job: None,
+            insert_plain_job: None,
             insert_payload,
         })
     }
@@ -118,33 +130,76 @@ impl<'c> Enqueuer<'c> {
                 Start::Cancelled(_) => job.state = JobState::Cancelled,
             }
         }
-        self.insert_job
-            .execute(params![
-                ns,
-                id.to_bytes(),
-                job.queue,
-                state_code(job.state),
-                job.priority,
-                job.run_at.as_millis(),
-                seq,
-                job.attempts,
-                job.max_attempts,
-                job.cancel_requested,
-                job.created_at.as_millis(),
-                job.tenant,
-                job.idempotency_key,
-                job.parent.map(JobId::to_bytes),
-                job.timeout.map(durq_core::duration_millis),
-                job.placement(),
-                encode_tags(&job.tags),
-                job.trace_context,
-                job.concurrency_key,
-                // V1: the mark the triggers of schema 12 read on this insert and every
-                // later change, the instant of the change; NULL (nothing recorded,
-                // ever) unless this store records events.
-                settings.records_events().then_some(now.as_millis()),
-            ])
-            .db("insert the job")?;
+        let events_at = settings.records_events().then_some(now.as_millis());
+        let plain = job.state == JobState::Queued
+            && job.attempts == 0
+            && !job.cancel_requested
+            && job.idempotency_key.is_none()
+            && job.parent.is_none()
+            && job.timeout.is_none()
+            && job.needs.is_empty()
+            && job.locality.is_none()
+            && job.tags.is_empty()
+            && job.trace_context.is_none()
+            && job.concurrency_key.is_none()
+            && events_at.is_none();
+        if plain {
+            let statement = match &mut self.insert_plain_job {
+                Some(statement) => statement,
+                slot => slot.insert(
+                    conn.prepare_cached(INSERT_PLAIN_JOB)
+                        .db("prepare the job insert")?,
+                ),
+            };
+            statement
+                .execute(params![
+                    ns,
+                    id.to_bytes(),
+                    job.queue,
+                    job.priority,
+                    job.run_at.as_millis(),
+                    seq,
+                    job.max_attempts,
+                    job.created_at.as_millis(),
+                    job.tenant,
+                ])
+                .db("insert the job")?;
+        } else {
+            let statement = match &mut self.insert_job {
+                Some(statement) => statement,
+                slot => slot.insert(
+                    conn.prepare_cached(INSERT_JOB)
+                        .db("prepare the job insert")?,
+                ),
+            };
+            statement
+                .execute(params![
+                    ns,
+                    id.to_bytes(),
+                    job.queue,
+                    state_code(job.state),
+                    job.priority,
+                    job.run_at.as_millis(),
+                    seq,
+                    job.attempts,
+                    job.max_attempts,
+                    job.cancel_requested,
+                    job.created_at.as_millis(),
+                    job.tenant,
+                    job.idempotency_key,
+                    job.parent.map(JobId::to_bytes),
+                    job.timeout.map(durq_core::duration_millis),
+                    job.placement(),
+                    encode_tags(&job.tags),
+                    job.trace_context,
+                    job.concurrency_key,
+                    // V1: the mark the triggers of schema 12 read on this insert and
+                    // every later change, the instant of the change; NULL (nothing
+                    // recorded, ever) unless this store records events.
+                    events_at,
+                ])
+                .db("insert the job")?;
+        }
         let row = conn.last_insert_rowid();
         self.insert_payload
             .execute(params![row, &payload[..]])
