@@ -69,6 +69,19 @@ const INSERT_PLAIN_JOB: &str =
          seq, attempts, max_attempts, lease_token, cancel_requested, created_at, tenant)
      VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, 0, ?7, 0, 0, ?8, ?9)";
 
+/// The statement `sql` held in `slot`, prepared (looked up in the connection's cache)
+/// the first time it is asked for.
+fn prepared<'s, 'c>(
+    conn: &'c Connection,
+    slot: &'s mut Option<CachedStatement<'c>>,
+    sql: &str,
+) -> Result<&'s mut CachedStatement<'c>> {
+    match slot {
+        Some(statement) => Ok(statement),
+        empty => Ok(empty.insert(conn.prepare_cached(sql).db("prepare the job insert")?)),
+    }
+}
+
 impl<'c> Enqueuer<'c> {
     fn new(conn: &'c Connection) -> Result<Self> {
         // OR REPLACE: a payload row left behind by a job deleted outside this crate must
@@ -144,14 +157,7 @@ impl<'c> Enqueuer<'c> {
             && job.concurrency_key.is_none()
             && events_at.is_none();
         if plain {
-            let statement = match &mut self.insert_plain_job {
-                Some(statement) => statement,
-                slot => slot.insert(
-                    conn.prepare_cached(INSERT_PLAIN_JOB)
-                        .db("prepare the job insert")?,
-                ),
-            };
-            statement
+            prepared(conn, &mut self.insert_plain_job, INSERT_PLAIN_JOB)?
                 .execute(params![
                     ns,
                     id.to_bytes(),
@@ -165,14 +171,7 @@ impl<'c> Enqueuer<'c> {
                 ])
                 .db("insert the job")?;
         } else {
-            let statement = match &mut self.insert_job {
-                Some(statement) => statement,
-                slot => slot.insert(
-                    conn.prepare_cached(INSERT_JOB)
-                        .db("prepare the job insert")?,
-                ),
-            };
-            statement
+            prepared(conn, &mut self.insert_job, INSERT_JOB)?
                 .execute(params![
                     ns,
                     id.to_bytes(),
