@@ -147,6 +147,20 @@ impl NewJob {
         }
     }
 
+    /// Whether the job sets any of the fields most jobs leave unset: a timeout, needs, a
+    /// locality, tags, a trace context or a concurrency key. A backend may store a job
+    /// that sets none of them with a leaner statement that leaves their columns NULL,
+    /// as the full one would store them; this is the one place that says which fields
+    /// those are.
+    pub fn sets_rarer_fields(&self) -> bool {
+        self.timeout.is_some()
+            || !self.needs.is_empty()
+            || self.locality.is_some()
+            || !self.tags.is_empty()
+            || self.trace_context.is_some()
+            || self.concurrency_key.is_some()
+    }
+
     /// Makes the job wait for `dependency` (CONTRACT G1): a stored job's id, or
     /// [`Dependency::Earlier`] for a job before it in the same batch (G2). A job waits
     /// for all it names (fan-in).
@@ -818,5 +832,30 @@ impl StoreSettings {
     /// Terminal jobs that finished at or before this instant are due for deletion.
     pub fn retention_cutoff(&self, now: Timestamp) -> Timestamp {
         now.saturating_sub(self.retention)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend stores a job that sets none of the rarer fields with a statement that
+    /// leaves their columns NULL: each of them must count, or it would be lost.
+    #[test]
+    fn each_rarer_field_counts() {
+        assert!(!NewJob::new("q").payload(&b"{}"[..]).sets_rarer_fields());
+        let rarer = [
+            NewJob::new("q").timeout(Duration::from_secs(1)),
+            NewJob::new("q").needs(Needs::new().amount("gpu", 1)),
+            NewJob::new("q").needs(Needs::new().capability("fpga")),
+            NewJob::new("q").locality("here"),
+            NewJob::new("q").tag("tenant", "acme"),
+            NewJob::new("q")
+                .trace_context("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            NewJob::new("q").concurrency_key("customer-7"),
+        ];
+        for job in rarer {
+            assert!(job.sets_rarer_fields(), "{job:?}");
+        }
     }
 }

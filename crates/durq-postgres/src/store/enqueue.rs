@@ -224,13 +224,7 @@ fn is_unchecked(job: &NewJob) -> bool {
 /// Whether `job` leaves every field of the full statement's extra parameters unset, so
 /// the plain statement stores it exactly as the full one would (`sql::ENQUEUE`).
 fn is_plain(job: &NewJob) -> bool {
-    job.timeout.is_none()
-        && job.uniqueness != Uniqueness::WhileActive
-        && job.needs.is_empty()
-        && job.locality.is_none()
-        && job.tags.is_empty()
-        && job.trace_context.is_none()
-        && job.concurrency_key.is_none()
+    !job.sets_rarer_fields() && job.uniqueness != Uniqueness::WhileActive
 }
 
 fn unknown_parent(parent: JobId) -> Error {

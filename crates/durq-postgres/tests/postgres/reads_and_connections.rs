@@ -631,17 +631,14 @@ async fn a_filtered_list_examines_a_bounded_number_of_rows_per_page() {
     clean_up(&backend, &namespace).await;
 }
 
-/// An admin connection and a backend migrated into the new schema `schema`, whose job
-/// table has never been analyzed; `None` when the server is not there and the tests
-/// may skip.
+/// An admin connection and a backend migrated into the new schema `schema`
+/// ([`schema_config`]), whose job table has never been analyzed; `None` when the
+/// server is not there and the tests may skip.
 async fn fresh_schema(schema: &str) -> Option<(PgPool, PostgresPool)> {
     let admin = admin().await?;
-    let config = PostgresConfig::new(&url())
-        .expect("url")
-        .schema(schema.to_owned())
-        .expect("schema")
-        .max_connections(2);
-    let backend = PostgresPool::connect(config).await.expect("migrate");
+    let backend = PostgresPool::connect(schema_config(schema))
+        .await
+        .expect("migrate");
     Some((admin, backend))
 }
 
@@ -657,13 +654,17 @@ async fn analyzed_rows(admin: &PgPool, schema: &str) -> f32 {
 /// Waits until `schema`'s job table has been analyzed with at least `rows` rows and its
 /// `namespace` and `id` statistics (the columns the hot path's plans hinge on) are
 /// committed; answers the rows `ANALYZE` counted and how many of those two columns
-/// have statistics, as they stand when that happened or at the deadline. The look and the `ANALYZE` run in a
-/// task of the backend, after the claim that set them off returned. `ANALYZE` writes
-/// `pg_class.reltuples` in place, visible at once, but its `pg_stats` rows only when
-/// its transaction commits: this waits for both, up to 20 s.
+/// have statistics, as they stand when that happened or at the deadline.
+///
+/// The look and the `ANALYZE` run in a task of the backend, after the claim that set
+/// them off returned, and nothing announces their end: this reads the catalog until it
+/// shows them, each read paced by its own round trip (no timer), for up to 20 s.
+/// `ANALYZE` writes `pg_class.reltuples` in place, visible at once, but its
+/// `pg_stats` rows only when its transaction commits: this waits for both.
 async fn analyzed(admin: &PgPool, schema: &str, rows: f32) -> (f32, i64) {
-    let stats = || async {
-        let count: i64 = sqlx::query_scalar(
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let columns: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'jobs' \
              AND attname IN ('namespace', 'id')",
         )
@@ -671,15 +672,10 @@ async fn analyzed(admin: &PgPool, schema: &str, rows: f32) -> (f32, i64) {
         .fetch_one(admin)
         .await
         .expect("read pg_stats");
-        count
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let seen = (analyzed_rows(admin, schema).await, stats().await);
+        let seen = (analyzed_rows(admin, schema).await, columns);
         if (seen.0 >= rows && seen.1 == 2) || tokio::time::Instant::now() >= deadline {
             return seen;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -132,6 +132,14 @@ impl<'c> Enqueuer<'c> {
             )?),
         };
 
+        // A job with no key, parent, dependency or rarer field, from a store that does
+        // not record events, is a queued row whose other columns are all NULL: the lean
+        // insert (`INSERT_PLAIN_JOB`) writes the same row.
+        let plain = !job.sets_rarer_fields()
+            && job.idempotency_key.is_none()
+            && job.parent.is_none()
+            && waits.is_none()
+            && !settings.records_events();
         let id = JobId::mint(now);
         let seq = tx.next_seq()?;
         // The record is what durq-core says a new job is; the row stores it as it stands.
@@ -144,18 +152,6 @@ impl<'c> Enqueuer<'c> {
             }
         }
         let events_at = settings.records_events().then_some(now.as_millis());
-        let plain = job.state == JobState::Queued
-            && job.attempts == 0
-            && !job.cancel_requested
-            && job.idempotency_key.is_none()
-            && job.parent.is_none()
-            && job.timeout.is_none()
-            && job.needs.is_empty()
-            && job.locality.is_none()
-            && job.tags.is_empty()
-            && job.trace_context.is_none()
-            && job.concurrency_key.is_none()
-            && events_at.is_none();
         if plain {
             prepared(conn, &mut self.insert_plain_job, INSERT_PLAIN_JOB)?
                 .execute(params![
