@@ -6,7 +6,9 @@
 //! socket wait in the kernel until the next statement reads them. sqlx pings a pooled
 //! connection on its way out only when asked to, and pinging every time costs a round
 //! trip per statement, so the pool pings only connections idle for a while (see
-//! `config::PING_AFTER_IDLE`). Without more, every idle connection of a pool whose
+//! `config::PING_AFTER_IDLE`); a connection the store keeps between statements (see
+//! `warm`) is given back to the pool once idle that long. Without more, every idle
+//! connection of a pool whose
 //! connections were all terminated fails one statement each, whoever gets it: a
 //! worker retrying a completion could draw a dead connection on every try.
 //!
@@ -17,8 +19,10 @@
 //!   on the pool's `before_acquire` hook pings every connection that went idle before
 //!   that moment before handing it out: one round trip per suspect connection, once.
 //!   Connections returned after the moment were pinged by sqlx on their return, after
-//!   the kill, so they go out unchecked as usual. The wake-up listener reports the loss
-//!   of its own connection too, usually before any statement meets a dead one.
+//!   the kill, so they go out unchecked as usual. Connections the store parked before
+//!   the moment go back to the pool instead of to the next statement (`warm`). The
+//!   wake-up listener reports the loss of its own connection too, usually before any
+//!   statement meets a dead one.
 //! - Statements that are safe to run twice (reads; claim, heartbeat, reclaim, purge,
 //!   cancel; complete, whose second run recognises its own first one, see
 //!   `sql::COMPLETE`) are then sent once more, on a connection that has just answered
@@ -30,7 +34,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use durq_core::Result;
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Connection, PgPool, Postgres, Transaction};
 
@@ -39,6 +42,7 @@ use crate::health::Health;
 use crate::sql::Statements;
 use crate::statistics::TableGrowth;
 use crate::wake::Wake;
+use crate::warm::{Checkout, WarmConnections};
 
 /// Times [`Shared::fetch_all_again`] sends a statement again after the server aborted
 /// it to break a deadlock: each time, the statement it deadlocked with went on.
@@ -61,6 +65,8 @@ pub(crate) struct Shared {
     pub(crate) growth: TableGrowth,
     /// The in-process turns of the claims of limited queues (CONTRACT K1–K5).
     pub(crate) flow_gates: crate::store::limits::FlowGates,
+    /// Connections kept out of the pool between statements (see `warm`).
+    pub(crate) warm: Arc<WarmConnections>,
 }
 
 impl fmt::Debug for Shared {
@@ -75,15 +81,10 @@ impl fmt::Debug for Shared {
 impl Shared {
     /// The error of a statement that failed on `conn`: when the connection is gone,
     /// it is detached (dropped, never returned to the pool) and the loss recorded.
-    fn failed(
-        &self,
-        what: &str,
-        conn: PoolConnection<Postgres>,
-        err: sqlx::Error,
-    ) -> durq_core::Error {
+    fn failed(&self, what: &str, conn: Checkout, err: sqlx::Error) -> durq_core::Error {
         if is_connection_lost(&err) {
             self.health.mark_lost();
-            drop(conn.detach());
+            drop(conn.into_inner().detach());
         }
         map(what, err)
     }
@@ -111,6 +112,7 @@ impl Shared {
     /// once it is begun, which rolls it back. Once begun, a transaction dropped halfway
     /// rolls back (sqlx queues the `ROLLBACK` before the connection's next use).
     pub(crate) async fn begin(&self, what: &str) -> Result<Transaction<'static, Postgres>> {
+        self.warm.make_room();
         let pool = self.pool.clone();
         match tokio::spawn(async move { pool.begin().await }).await {
             Ok(begun) => begun.map_err(|err| self.error(what, err)),
@@ -121,18 +123,32 @@ impl Shared {
         }
     }
 
-    async fn acquire(&self, what: &str) -> Result<PoolConnection<Postgres>> {
-        self.pool
-            .acquire()
-            .await
-            .map_err(|err| self.error(what, err))
+    /// A connection for one or more statements: a parked one if there is one (see
+    /// `warm`), else one from the pool. Give it back with [`Shared::park`] once its
+    /// last statement has answered; dropped, it goes back to the pool.
+    pub(crate) async fn acquire(&self, what: &str) -> Result<Checkout> {
+        if let Some(conn) = self.warm.take(&self.health) {
+            return Ok(conn);
+        }
+        match self.pool.acquire().await {
+            Ok(conn) => Ok(Checkout::new(conn)),
+            Err(err) => Err(self.error(what, err)),
+        }
+    }
+
+    /// Keeps `conn`, whose last statement ran to its answer, for the next statement.
+    pub(crate) fn park(&self, conn: Checkout) {
+        self.warm.park(conn);
     }
 
     /// Runs `query` once.
     pub(crate) async fn fetch_all(&self, what: &str, query: PgQuery<'_>) -> Result<Vec<PgRow>> {
         let mut conn = self.acquire(what).await?;
         match query.fetch_all(&mut *conn).await {
-            Ok(rows) => Ok(rows),
+            Ok(rows) => {
+                self.park(conn);
+                Ok(rows)
+            }
             Err(err) => Err(self.failed(what, conn, err)),
         }
     }
@@ -157,7 +173,10 @@ impl Shared {
         let mut deadlocks = 0;
         let err = loop {
             match build(false).fetch_all(&mut *conn).await {
-                Ok(rows) => return Ok(rows),
+                Ok(rows) => {
+                    self.park(conn);
+                    return Ok(rows);
+                }
                 Err(err) if is_deadlock(&err) && deadlocks < DEADLOCK_RETRIES => {
                     deadlocks += 1;
                     tracing::debug!(what, error = %err, "deadlock; running the statement again");
@@ -169,11 +188,14 @@ impl Shared {
             return Err(map(what, err));
         }
         self.health.mark_lost();
-        drop(conn.detach());
+        drop(conn.into_inner().detach());
         tracing::debug!(what, error = %err, "connection lost; running the statement again");
         let mut conn = self.live_connection(what).await?;
         match build(true).fetch_all(&mut *conn).await {
-            Ok(rows) => Ok(rows),
+            Ok(rows) => {
+                self.park(conn);
+                Ok(rows)
+            }
             Err(err) => Err(self.failed(what, conn, err)),
         }
     }
@@ -182,7 +204,7 @@ impl Shared {
     /// `PostgresConfig` already check suspect connections before handing them out; a
     /// pool given to `from_pool` may not, so every connection it holds may be dead:
     /// one more try than it has connections.
-    async fn live_connection(&self, what: &str) -> Result<PoolConnection<Postgres>> {
+    async fn live_connection(&self, what: &str) -> Result<Checkout> {
         let tries = self.pool.options().get_max_connections().saturating_add(1);
         let mut last = None;
         for _ in 0..tries {
@@ -190,7 +212,7 @@ impl Shared {
             match conn.ping().await {
                 Ok(()) => return Ok(conn),
                 Err(err) if is_connection_lost(&err) => {
-                    drop(conn.detach());
+                    drop(conn.into_inner().detach());
                     last = Some(err);
                 }
                 Err(err) => return Err(self.failed(what, conn, err)),

@@ -14,6 +14,7 @@ mod statistics;
 mod store;
 mod transaction;
 mod wake;
+mod warm;
 
 pub use backend::PostgresBackend;
 pub use config::{Durability, PostgresConfig, DEFAULT_APPLICATION_NAME, DEFAULT_SCHEMA};

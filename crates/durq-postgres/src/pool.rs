@@ -17,6 +17,7 @@ use crate::schema;
 use crate::sql::Statements;
 use crate::statistics::TableGrowth;
 use crate::wake::Wake;
+use crate::warm::WarmConnections;
 
 /// Opens one connection and closes it, so a server that cannot be reached is reported
 /// at once, with its address and the cause. The pool alone would retry a refused
@@ -75,15 +76,18 @@ pub(crate) fn reopened(old: &Shared) -> Arc<Shared> {
     let pool = config
         .pool_options(Arc::clone(&health))
         .connect_lazy_with(config.options.clone());
+    let warm = Arc::new(WarmConnections::new(pool.clone()));
     let shared = Shared {
         wake: Wake::new(
             pool.clone(),
             old.wake.channel().to_owned(),
             old.sql.notify.clone(),
             Arc::clone(&health),
+            Arc::clone(&warm),
         ),
         sql: Arc::clone(&old.sql),
         schema: old.schema.clone(),
+        warm,
         pool,
         health,
         growth: TableGrowth::default(),
@@ -161,15 +165,18 @@ impl PostgresPool {
         schema::migrate(&pool, schema, &quoted).await?;
         let channel = format!("{schema}.jobs_wake");
         let sql = Statements::new(&quoted, durability.relaxes_workers());
+        let warm = Arc::new(WarmConnections::new(pool.clone()));
         let shared = Shared {
             wake: Wake::new(
                 pool.clone(),
                 channel,
                 sql.notify.clone(),
                 Arc::clone(&health),
+                Arc::clone(&warm),
             ),
             sql: Arc::new(sql),
             schema: schema.to_owned(),
+            warm,
             pool,
             health,
             growth: TableGrowth::default(),

@@ -25,6 +25,7 @@ use durq_core::JobId;
 use crate::error::is_connection_lost;
 use crate::health::Health;
 use crate::sql::Text;
+use crate::warm::{Checkout, WarmConnections};
 
 /// Counters of notices per (namespace, queue), for the keys someone waits on.
 #[derive(Debug, Default)]
@@ -175,6 +176,8 @@ pub(crate) struct Wake {
     pub(crate) hub: Arc<Hub>,
     channel: String,
     pool: PgPool,
+    /// The store's parked connections, which send the notices too.
+    warm: Arc<WarmConnections>,
     notify_sql: Text,
     task: tokio::sync::Mutex<ListenerTask>,
     outbox: Arc<Outbox>,
@@ -194,9 +197,11 @@ impl Wake {
         channel: String,
         notify_sql: Text,
         health: Arc<Health>,
+        warm: Arc<WarmConnections>,
     ) -> Self {
         Wake {
             health,
+            warm,
             hub: Arc::default(),
             channel,
             pool,
@@ -235,6 +240,7 @@ impl Wake {
         if !running && tokio::runtime::Handle::try_current().is_ok() {
             *sender = Some(tokio::spawn(send_notices(
                 self.pool.clone(),
+                Arc::clone(&self.warm),
                 Arc::clone(&self.health),
                 self.channel.clone(),
                 self.notify_sql.clone(),
@@ -305,6 +311,7 @@ impl Drop for Wake {
 /// in flight go together in the next.
 async fn send_notices(
     pool: PgPool,
+    warm: Arc<WarmConnections>,
     health: Arc<Health>,
     channel: String,
     sql: Text,
@@ -332,12 +339,20 @@ async fn send_notices(
             retry_pause = None;
             continue;
         }
-        match sqlx::query(sql.sql())
-            .bind(&channel)
-            .bind(&payloads)
-            .execute(&pool)
-            .await
-        {
+        let sent = async {
+            let mut conn = match warm.take(&health) {
+                Some(conn) => conn,
+                None => Checkout::new(pool.acquire().await?),
+            };
+            sqlx::query(sql.sql())
+                .bind(&channel)
+                .bind(&payloads)
+                .execute(&mut *conn)
+                .await?;
+            warm.park(conn);
+            Ok::<(), sqlx::Error>(())
+        };
+        match sent.await {
             Ok(_) => retry_pause = None,
             Err(err) => {
                 tracing::debug!(error = %err, "wake-up notices not sent; retrying");

@@ -370,7 +370,10 @@ pub(crate) async fn enqueue_all(
     }
     let plan = Plan::new(jobs, now);
     let answers = if let [only] = plan.chunks()[..] {
-        statement(shared, settings, &shared.pool, now, only, true).await?
+        let mut conn = shared.acquire("enqueue").await?;
+        let answers = statement(shared, settings, &mut *conn, now, only, true).await?;
+        shared.park(conn);
+        answers
     } else {
         let mut tx = shared.begin("enqueue: begin").await?;
         let mut answers = Vec::with_capacity(plan.sent.len());
@@ -514,15 +517,10 @@ impl Batch for Enqueues {
                 job: &call.job,
             })
             .collect();
-        let answers = statement(
-            &self.shared,
-            &self.settings,
-            &self.shared.pool,
-            now,
-            &rows,
-            false,
-        )
-        .await?;
+        let mut conn = self.shared.acquire("enqueue").await?;
+        let answers =
+            statement(&self.shared, &self.settings, &mut *conn, now, &rows, false).await?;
+        self.shared.park(conn);
         announce(&self.shared, &self.settings, now, &rows, &answers);
         Ok(answers
             .into_iter()

@@ -768,3 +768,83 @@ async fn a_young_job_table_is_analyzed_within_its_first_hundred_claims() {
     drop(backend);
     drop_schema(&admin, &schema).await;
 }
+
+/// A pool whose connections count their returns to it, for `from_pool`.
+async fn counting_pool(max_connections: u32) -> (PgPool, Arc<AtomicU64>) {
+    let returns = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&returns);
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(20))
+        .after_release(move |_, _| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async { Ok(true) })
+        })
+        .connect(&url())
+        .await
+        .expect("connect");
+    (pool, returns)
+}
+
+/// sqlx pings every connection it takes back into its pool, a round trip per
+/// statement; a busy store keeps its connection between statements instead, so a run
+/// of calls one after another gives none back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_store_keeps_its_connection_between_statements() {
+    let Some(_admin) = admin().await else { return };
+    let (pool, returns) = counting_pool(4).await;
+    let backend = PostgresPool::from_pool(pool, durq_postgres::DEFAULT_SCHEMA)
+        .await
+        .expect("open");
+    let clock = ManualClock::default();
+    let settings = settings(&clock);
+    let namespace = settings.namespace.clone();
+    let store = open(&backend, settings);
+    let before = returns.load(Ordering::Relaxed);
+    for _ in 0..30 {
+        store.enqueue(NewJob::new("warm")).await.expect("enqueue");
+        let claimed = store
+            .claim(ClaimRequest::new(["warm"], "w", TTL))
+            .await
+            .expect("claim");
+        let [job] = &claimed[..] else {
+            panic!("one job claimed, got {}", claimed.len())
+        };
+        store
+            .complete(job.id(), job.token(), None)
+            .await
+            .expect("complete");
+    }
+    let given_back = returns.load(Ordering::Relaxed) - before;
+    clean_up(&backend, &namespace).await;
+    // 90 statements; before, each gave its connection back. A pause of a second
+    // (a slow machine) may hand one back to the pool's idle rules.
+    assert!(
+        given_back <= 3,
+        "{given_back} connections given back to the pool over 90 statements"
+    );
+}
+
+/// A connection the store keeps between statements goes back to the pool once idle,
+/// so an application sharing the pool (`from_pool`) is not left waiting for it; and a
+/// closed pool gets it back at once, so `close` completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_sharing_the_pool_gets_the_stores_idle_connection() {
+    let Some(_admin) = admin().await else { return };
+    let (pool, _) = counting_pool(2).await;
+    let backend = PostgresPool::from_pool(pool.clone(), durq_postgres::DEFAULT_SCHEMA)
+        .await
+        .expect("open");
+    let clock = ManualClock::default();
+    let store = open(&backend, settings(&clock));
+    store.stats("q").await.expect("a statement");
+    // Two connections at most: the application's second waits for the store's.
+    let first = pool.acquire().await.expect("the application's first");
+    let second = pool.acquire().await.expect("the application's second");
+    drop((first, second));
+
+    store.stats("q").await.expect("a statement");
+    tokio::time::timeout(Duration::from_secs(10), pool.close())
+        .await
+        .expect("the pool closes with the store's connection parked");
+}
