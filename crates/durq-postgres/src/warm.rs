@@ -5,9 +5,8 @@
 //! options (`Floating::return_to_pool` sends a `Sync` and waits for the server's
 //! `ReadyForQuery`), so that a connection left mid-statement by a dropped future is
 //! never handed out. That is a round trip, a task spawned to run it, two system calls
-//! and a wake-up of the server process per statement; on an end-to-end run it was the
-//! largest single cost of this crate on the client after the statements themselves
-//! (a tenth of the client's CPU samples), and a share of the server's.
+//! and a wake-up of the server process per statement: 8 % of the client's CPU samples
+//! on an end-to-end run (docs/benchmarks.md), and a share of the server's.
 //!
 //! A connection whose statement ran to its answer is in a known state and needs no such
 //! check, so the store parks it here instead, and the next statement takes it back
@@ -28,6 +27,9 @@
 //!   the pool had room waits at most [`PARK_AT_MOST`] before a waiter can have it, and
 //!   the store's own waiters take one back at once ([`WarmConnections::make_room`]).
 //! - A closed pool gets every parked connection back, so `PgPool::close` completes.
+//!
+//! Transactions still take their connection from the pool and give it back to it:
+//! sqlx rolls back a transaction dropped halfway on that way back.
 
 use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
@@ -150,7 +152,16 @@ impl<T> Parking<T> {
     }
 }
 
-type State = Mutex<Parking<Checkout>>;
+/// The parked connections, and the task giving them back once idle.
+#[derive(Debug, Default)]
+struct Parked {
+    parking: Parking<Checkout>,
+    /// The sweep last started. A sweep whose runtime shut down ended without saying
+    /// so in `parking`; its handle tells.
+    sweeper: Option<tokio::task::JoinHandle<()>>,
+}
+
+type State = Mutex<Parked>;
 
 /// The parked connections of one pool (see the module documentation).
 #[derive(Debug)]
@@ -168,7 +179,7 @@ impl WarmConnections {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Parking<Checkout>> {
+    fn lock(&self) -> MutexGuard<'_, Parked> {
         lock(&self.state)
     }
 
@@ -176,7 +187,7 @@ impl WarmConnections {
     /// that may not go back to the pool on the way.
     pub(crate) fn take(&self, health: &Health) -> Option<Checkout> {
         let closed = self.pool.is_closed();
-        let (found, refused) = self.lock().take(Instant::now(), |idle| {
+        let (found, refused) = self.lock().parking.take(Instant::now(), |idle| {
             closed || idle >= PARK_AT_MOST || health.is_suspect(idle)
         });
         // Outside the lock: each drop spawns the pool's return, with its ping.
@@ -198,8 +209,12 @@ impl WarmConnections {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        if self.lock().park(checkout, now) {
-            runtime.spawn(sweep(Arc::downgrade(&self.state), self.pool.clone()));
+        let mut state = self.lock();
+        let idle_sweep = state.parking.park(checkout, now);
+        let lost_sweep = state.sweeper.as_ref().is_some_and(|s| s.is_finished());
+        if idle_sweep || lost_sweep {
+            let sweep = sweep(Arc::downgrade(&self.state), self.pool.clone());
+            state.sweeper = Some(runtime.spawn(sweep));
         }
     }
 
@@ -207,7 +222,7 @@ impl WarmConnections {
     /// idle and no room, so that a caller about to wait for one gets it at once.
     pub(crate) fn make_room(&self) {
         if self.pool_is_short() {
-            let oldest = self.lock().oldest();
+            let oldest = self.lock().parking.oldest();
             drop(oldest);
         }
     }
@@ -229,7 +244,7 @@ impl Drop for WarmConnections {
             return;
         }
         let keeps_a_minimum = self.pool.options().get_min_connections() > 0;
-        for checkout in self.lock().drain() {
+        for checkout in self.lock().parking.drain() {
             if keeps_a_minimum {
                 std::mem::forget(checkout);
             } else {
@@ -239,9 +254,9 @@ impl Drop for WarmConnections {
     }
 }
 
-fn lock(state: &State) -> MutexGuard<'_, Parking<Checkout>> {
-    // The state is a queue and a flag, whole after every step: a panic elsewhere while
-    // the lock was held leaves nothing half-done.
+fn lock(state: &State) -> MutexGuard<'_, Parked> {
+    // The state is a queue, a flag and a task's handle, whole after every step: a
+    // panic elsewhere while the lock was held leaves nothing half-done.
     state
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -256,7 +271,7 @@ async fn sweep(weak: Weak<State>, pool: PgPool) {
         let Some(state) = weak.upgrade() else {
             return;
         };
-        let (expired, next) = lock(&state).expire(Instant::now(), closed);
+        let (expired, next) = lock(&state).parking.expire(Instant::now(), closed);
         // Outside the lock: each drop spawns the pool's return, with its ping.
         drop(expired);
         match next {
