@@ -8,9 +8,9 @@
 //! trip per statement, so the pool pings only connections idle for a while (see
 //! `config::PING_AFTER_IDLE`); a connection the store keeps between statements (see
 //! `warm`) is given back to the pool once idle that long. Without more, every idle
-//! connection of a pool whose
-//! connections were all terminated fails one statement each, whoever gets it: a
-//! worker retrying a completion could draw a dead connection on every try.
+//! connection of a pool whose connections were all terminated fails one statement
+//! each, whoever gets it: a worker retrying a completion could draw a dead connection
+//! on every try.
 //!
 //! What is done instead:
 //! - A statement that fails because its connection is gone detaches that connection

@@ -138,6 +138,11 @@ impl PostgresPool {
     /// Uses an existing pool (its size and options are the caller's) with the
     /// tables in `schema`, migrating it first, with the default durability.
     ///
+    /// The store keeps a connection it used out of the pool until the next statement
+    /// takes it, for a second at most, and never while the pool has nothing idle and
+    /// no room (see `docs/postgres.md`, "Connections kept between statements"): an
+    /// application sharing the pool waits that second at the most for one of them.
+    ///
     /// Such a pool lacks the check that keeps connections the server has closed from
     /// being handed out again (see `docs/postgres.md`): after a terminate round, each
     /// of its idle connections fails one statement (with `Unavailable`) before sqlx

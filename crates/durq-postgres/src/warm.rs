@@ -207,6 +207,9 @@ impl WarmConnections {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // Not from the store's calls, which all run in a runtime; but dropped here,
+            // the connection's return would need one.
+            close_outside_a_runtime(checkout, &self.pool);
             return;
         };
         let mut state = self.lock();
@@ -236,21 +239,26 @@ impl WarmConnections {
 impl Drop for WarmConnections {
     fn drop(&mut self) {
         // Dropped in a runtime, each parked connection goes back to the pool as usual.
-        // Outside one, sqlx would spawn that return with no runtime to spawn on, which
-        // panics: each is detached and closed instead. A pool keeping a minimum of
-        // connections spawns even for a detached one, so there they are leaked: that
-        // is a pool dropped outside its runtime, whose connections go with the process.
         if tokio::runtime::Handle::try_current().is_ok() {
             return;
         }
-        let keeps_a_minimum = self.pool.options().get_min_connections() > 0;
-        for checkout in self.lock().parking.drain() {
-            if keeps_a_minimum {
-                std::mem::forget(checkout);
-            } else {
-                drop(checkout.into_inner().detach());
-            }
+        let parked: Vec<Checkout> = self.lock().parking.drain().collect();
+        for checkout in parked {
+            close_outside_a_runtime(checkout, &self.pool);
         }
+    }
+}
+
+/// Lets go of `checkout` where no runtime runs. Dropped as it is, sqlx would spawn its
+/// return to `pool` with no runtime to spawn on, which panics: it is detached and
+/// closed instead. A pool keeping a minimum of connections spawns even for a detached
+/// one, so there it is leaked: that is a pool dropped outside its runtime, whose
+/// connections go with the process.
+fn close_outside_a_runtime(checkout: Checkout, pool: &PgPool) {
+    if pool.options().get_min_connections() > 0 {
+        std::mem::forget(checkout);
+    } else {
+        drop(checkout.into_inner().detach());
     }
 }
 

@@ -575,6 +575,32 @@ fn a_reopened_store_is_driven_by_the_runtime_that_reopened_it() {
     opening.block_on(clean_up(&backend, &namespace));
 }
 
+/// A store dropped where no runtime runs lets go of the connection it keeps between
+/// statements: dropped as it is, a pooled connection has sqlx spawn its return to the
+/// pool, which panics without a runtime; the store closes it instead.
+#[test]
+fn a_store_dropped_outside_a_runtime_lets_go_of_its_parked_connection() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    // Room in the pool, so the statement's connection is parked, not given back.
+    let Some(backend) = runtime.block_on(backend("jobs_drop_outside", 4)) else {
+        return;
+    };
+    let clock = ManualClock::default();
+    let store = open(&backend, settings(&clock));
+    runtime
+        .block_on(store.stats("q"))
+        .expect("a statement, whose connection is parked");
+    assert!(
+        tokio::runtime::Handle::try_current().is_err(),
+        "no runtime is current outside block_on"
+    );
+    drop(store);
+    drop(backend);
+}
+
 /// A `list` filtered by tenant or tags examines at most 4,096 rows per call (CONTRACT
 /// A4 lets a backend bound one call's work): a page over more rows that do not match
 /// ends early with `next` set, and paging on still finds every match once. Each of the
