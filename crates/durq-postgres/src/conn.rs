@@ -127,13 +127,10 @@ impl Shared {
     /// `warm`), else one from the pool. Give it back with [`Shared::park`] once its
     /// last statement has answered; dropped, it goes back to the pool.
     pub(crate) async fn acquire(&self, what: &str) -> Result<Checkout> {
-        if let Some(conn) = self.warm.take(&self.health) {
-            return Ok(conn);
-        }
-        match self.pool.acquire().await {
-            Ok(conn) => Ok(Checkout::new(conn)),
-            Err(err) => Err(self.error(what, err)),
-        }
+        self.warm
+            .acquire(&self.health)
+            .await
+            .map_err(|err| self.error(what, err))
     }
 
     /// Keeps `conn`, whose last statement ran to its answer, for the next statement.

@@ -25,7 +25,7 @@ use durq_core::JobId;
 use crate::error::is_connection_lost;
 use crate::health::Health;
 use crate::sql::Text;
-use crate::warm::{Checkout, WarmConnections};
+use crate::warm::WarmConnections;
 
 /// Counters of notices per (namespace, queue), for the keys someone waits on.
 #[derive(Debug, Default)]
@@ -239,7 +239,6 @@ impl Wake {
         let running = sender.as_ref().is_some_and(|h| !h.is_finished());
         if !running && tokio::runtime::Handle::try_current().is_ok() {
             *sender = Some(tokio::spawn(send_notices(
-                self.pool.clone(),
                 Arc::clone(&self.warm),
                 Arc::clone(&self.health),
                 self.channel.clone(),
@@ -310,7 +309,6 @@ impl Drop for Wake {
 /// Sends pending notices, one transaction at a time; notices announced while one is
 /// in flight go together in the next.
 async fn send_notices(
-    pool: PgPool,
     warm: Arc<WarmConnections>,
     health: Arc<Health>,
     channel: String,
@@ -340,10 +338,7 @@ async fn send_notices(
             continue;
         }
         let sent = async {
-            let mut conn = match warm.take(&health) {
-                Some(conn) => conn,
-                None => Checkout::new(pool.acquire().await?),
-            };
+            let mut conn = warm.acquire(&health).await?;
             sqlx::query(sql.sql())
                 .bind(&channel)
                 .bind(&payloads)

@@ -43,11 +43,11 @@ use crate::health::Health;
 
 /// How long a parked connection waits for the next statement before it goes back to
 /// the pool.
-pub(crate) const PARK_AT_MOST: Duration = Duration::from_secs(1);
+const PARK_AT_MOST: Duration = Duration::from_secs(1);
 
 /// How long a connection may stay out of the pool, parked and used in turn, before it
 /// goes back at its next park.
-pub(crate) const HOLD_AT_MOST: Duration = Duration::from_secs(60);
+const HOLD_AT_MOST: Duration = Duration::from_secs(60);
 
 /// A connection out of the pool, with the moment it left it.
 #[derive(Debug)]
@@ -183,9 +183,18 @@ impl WarmConnections {
         lock(&self.state)
     }
 
+    /// A connection for one or more statements: the most recently parked one that may
+    /// be used as it is, else one from the pool.
+    pub(crate) async fn acquire(&self, health: &Health) -> Result<Checkout, sqlx::Error> {
+        match self.take(health) {
+            Some(conn) => Ok(conn),
+            None => Ok(Checkout::new(self.pool.acquire().await?)),
+        }
+    }
+
     /// The most recently parked connection that may be used as it is, if any; those
     /// that may not go back to the pool on the way.
-    pub(crate) fn take(&self, health: &Health) -> Option<Checkout> {
+    fn take(&self, health: &Health) -> Option<Checkout> {
         let closed = self.pool.is_closed();
         let (found, refused) = self.lock().parking.take(Instant::now(), |idle| {
             closed || idle >= PARK_AT_MOST || health.is_suspect(idle)

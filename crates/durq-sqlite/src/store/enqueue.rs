@@ -69,6 +69,12 @@ const INSERT_PLAIN_JOB: &str =
          seq, attempts, max_attempts, lease_token, cancel_requested, created_at, tenant)
      VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, 0, ?7, 0, 0, ?8, ?9)";
 
+// `INSERT_PLAIN_JOB` writes the state as the literal 0.
+const _: () = assert!(
+    QUEUED == 0,
+    "INSERT_PLAIN_JOB writes a queued job's state as 0"
+);
+
 /// The statement `sql` held in `slot`, prepared (looked up in the connection's cache)
 /// the first time it is asked for.
 fn prepared<'s, 'c>(
